@@ -1,0 +1,28 @@
+# aml-hpc. On a fresh clone `make demo` and `make test` install everything they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+.PHONY: help bootstrap demo test bench plan preview up down images new-experiment expired lint clean
+
+STACK ?= dev
+PY := .venv/bin/python
+# Pulumi state lives in a local folder unless you point PULUMI_BACKEND_URL elsewhere.
+export PULUMI_BACKEND_URL ?= file://$(CURDIR)/.pulumi-state
+export PULUMI_SKIP_UPDATE_CHECK := true
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
+
+bootstrap: ## install uv, the locked environment, PyTorch (CPU here) and Azurite
+	@scripts/bootstrap.sh
+
+demo: bootstrap ## the main job, offline: dev plan, cosmoflow rendered and rehearsed on 2 nodes
+	$(PY) -m infra plan --stack dev
+
+test: bootstrap ## the whole test suite
+	$(PY) -m pytest
+
+plan: bootstrap ## offline plan of STACK (no Azure, no Pulumi CLI)
+	$(PY) -m infra plan --stack $(STACK)
+
+lint: bootstrap ## ruff
+	$(PY) -m ruff check infra jobs images tests

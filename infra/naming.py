@@ -1,0 +1,162 @@
+"""Physical Azure names: built and checked in one place.
+
+Pulumi's logical names (the URN) are identity; renaming one needs `aliases`. Physical
+names follow Azure's per-type rules, and some are global (storage accounts, key vaults,
+container registries), so derived names carry a short hash of prefix, stack and location.
+Users can override a derived name in the stack file (`aml-hpc:names`); every name, derived
+or given, goes through `check()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+NameKind = Literal[
+    "namePrefix",
+    "resourceGroup",
+    "storageAccount",
+    "keyVault",
+    "containerRegistry",
+    "workspace",
+    "mlRegistry",
+    "cluster",
+    "logAnalytics",
+    "appInsights",
+    "identity",
+    "virtualNetwork",
+    "budget",
+]
+
+
+@dataclass(frozen=True)
+class NameRule:
+    min_len: int
+    max_len: int
+    pattern: str
+    allowed: str
+    """Human wording of the rule, for error messages."""
+    globally_unique: bool = False
+
+
+RULES: dict[NameKind, NameRule] = {
+    "namePrefix": NameRule(2, 10, r"^[a-z][a-z0-9]*$", "2-10 lowercase letters and digits, starting with a letter"),
+    "resourceGroup": NameRule(1, 90, r"^[-\w().]*[-\w()]$", "1-90 letters, digits, '_', '-', '.', '(' or ')', not ending in '.'"),
+    "storageAccount": NameRule(3, 24, r"^[a-z0-9]+$", "3-24 lowercase letters and digits, unique across Azure", True),
+    "keyVault": NameRule(3, 24, r"^[a-zA-Z](?!.*--)[a-zA-Z0-9-]*[a-zA-Z0-9]$", "3-24 letters, digits and single hyphens, starting with a letter and ending with a letter or digit, unique across Azure", True),
+    "containerRegistry": NameRule(5, 50, r"^[a-zA-Z0-9]+$", "5-50 letters and digits, unique across Azure", True),
+    "workspace": NameRule(3, 33, r"^[a-zA-Z0-9][\w-]*$", "3-33 letters, digits, '-' or '_', starting with a letter or digit"),
+    "mlRegistry": NameRule(3, 33, r"^[a-zA-Z0-9][\w-]*$", "3-33 letters, digits, '-' or '_', starting with a letter or digit"),
+    "cluster": NameRule(2, 16, r"^[a-zA-Z](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?$", "2-16 letters, digits and hyphens, starting with a letter and ending with a letter or digit"),
+    "logAnalytics": NameRule(4, 63, r"^[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]$", "4-63 letters, digits and hyphens, starting and ending with a letter or digit"),
+    "appInsights": NameRule(1, 255, r"^[^%&\\?/]+$", "1-255 characters without %, &, \\, ? or /"),
+    "identity": NameRule(3, 128, r"^[a-zA-Z0-9][\w-]*$", "3-128 letters, digits, '-' or '_', starting with a letter or digit"),
+    "virtualNetwork": NameRule(2, 64, r"^[a-zA-Z0-9][\w.-]*\w$", "2-64 letters, digits, '_', '.', '-', starting with a letter or digit"),
+    "budget": NameRule(1, 63, r"^[\w-]+$", "1-63 letters, digits, '-' or '_'"),
+}
+
+
+def check(kind: NameKind, value: str) -> str | None:
+    """Why `value` is not a valid `kind` name, or None if it is."""
+    rule = RULES[kind]
+    if not isinstance(value, str) or not value:
+        return f"must be {rule.allowed}"
+    if not rule.min_len <= len(value) <= rule.max_len:
+        return f"{value!r} is {len(value)} characters; must be {rule.allowed}"
+    if not re.fullmatch(rule.pattern, value):
+        return f"{value!r} has characters Azure does not allow here; must be {rule.allowed}"
+    return None
+
+
+def _slug(text: str) -> str:
+    """Lowercase letters and digits only."""
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def uniqueness_suffix(*parts: str, length: int = 5) -> str:
+    """Short, stable hex hash of `parts`: the same stack always gets the same names."""
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:length]
+
+
+@dataclass(frozen=True)
+class StackNames:
+    """Every physical name one stack uses. Build with `derive()`; override per key."""
+
+    resource_group: str
+    dataset_storage: str
+    workspace_storage: str
+    key_vault: str
+    container_registry: str
+    workspace: str
+    ml_registry: str
+    log_analytics: str
+    app_insights: str
+    identity: str
+    virtual_network: str
+    budget: str
+
+    # stack-file key (aml-hpc:names.<key>) -> (field, kind)
+    OVERRIDABLE = {
+        "resourceGroup": ("resource_group", "resourceGroup"),
+        "datasetStorageAccount": ("dataset_storage", "storageAccount"),
+        "workspaceStorageAccount": ("workspace_storage", "storageAccount"),
+        "keyVault": ("key_vault", "keyVault"),
+        "containerRegistry": ("container_registry", "containerRegistry"),
+        "workspace": ("workspace", "workspace"),
+        "mlRegistry": ("ml_registry", "mlRegistry"),
+    }
+
+    @classmethod
+    def derive(cls, prefix: str, stack: str, location: str, overrides: dict[str, str] | None = None) -> StackNames:
+        """Names from prefix, stack and location, with `overrides` (stack-file keys) applied."""
+        suffix = uniqueness_suffix(prefix, stack, location)
+        stack_slug = _slug(stack)
+        short = f"{prefix[:8]}{stack_slug[:7]}"
+        derived = dict(
+            resource_group=f"rg-{prefix}-{stack}",
+            dataset_storage=f"{short}ds{suffix}"[:24],
+            workspace_storage=f"{short}ws{suffix}"[:24],
+            key_vault=_key_vault_name(prefix, stack, suffix),
+            container_registry=f"{prefix}{stack_slug[:20]}acr{suffix}",
+            workspace=f"mlw-{prefix}-{stack}"[:33].rstrip("-_"),
+            ml_registry=f"mlr-{prefix}-{stack}"[:33].rstrip("-_"),
+            log_analytics=f"log-{prefix}-{stack}"[:63],
+            app_insights=f"appi-{prefix}-{stack}",
+            identity=f"id-{prefix}-{stack}-compute",
+            virtual_network=f"vnet-{prefix}-{stack}",
+            budget=f"budget-{prefix}-{stack}"[:63],
+        )
+        for key, value in (overrides or {}).items():
+            field_name, _ = cls.OVERRIDABLE[key]
+            derived[field_name] = value
+        return cls(**derived)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, message) for every name that breaks its rule."""
+        kinds = {
+            "resource_group": "resourceGroup",
+            "dataset_storage": "storageAccount",
+            "workspace_storage": "storageAccount",
+            "key_vault": "keyVault",
+            "container_registry": "containerRegistry",
+            "workspace": "workspace",
+            "ml_registry": "mlRegistry",
+            "log_analytics": "logAnalytics",
+            "app_insights": "appInsights",
+            "identity": "identity",
+            "virtual_network": "virtualNetwork",
+            "budget": "budget",
+        }
+        out = []
+        for field_name, kind in kinds.items():
+            message = check(kind, getattr(self, field_name))  # type: ignore[arg-type]
+            if message:
+                out.append((field_name, message))
+        return out
+
+
+def _key_vault_name(prefix: str, stack: str, suffix: str) -> str:
+    body = re.sub(r"-+", "-", f"kv-{prefix}-{_slug(stack)}")[: 24 - len(suffix) - 1].rstrip("-")
+    return f"{body}-{suffix}"

@@ -1,0 +1,107 @@
+"""Start and stop Azurite, the Blob-compatible server the tests, the rehearsal and the
+benchmarks run against.
+
+Each start gets its own account with a freshly generated key (AZURITE_ACCOUNTS), so no
+storage key lives in the repository, and its own data folder and port, so concurrent
+runs do not collide.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AZURITE_BIN = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
+
+
+class AzuriteNotInstalled(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Azurite:
+    """A running Azurite blob service. Use as a context manager or call stop()."""
+
+    account: str
+    key: str
+    port: int
+    workdir: Path
+    process: subprocess.Popen | None = field(default=None, repr=False)
+    owns_workdir: bool = False
+
+    @property
+    def blob_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{self.account}"
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={self.account};AccountKey={self.key};"
+            f"BlobEndpoint={self.blob_endpoint};"
+        )
+
+    def __enter__(self) -> Azurite:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start(workdir: Path | None = None, port: int | None = None, account: str = "amlhpcdev", timeout_s: float = 30.0) -> Azurite:
+    """Start Azurite's blob service on 127.0.0.1 and wait until it answers."""
+    if not AZURITE_BIN.exists():
+        raise AzuriteNotInstalled(
+            f"{AZURITE_BIN} not found: run `scripts/bootstrap.sh` (or `make test`), which installs it from npm"
+        )
+    owns = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="azurite-")) if workdir is None else workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or _free_port()
+    key = base64.b64encode(secrets.token_bytes(64)).decode()
+    env = {**os.environ, "AZURITE_ACCOUNTS": f"{account}:{key}"}
+    log = open(workdir / "azurite.log", "ab")  # noqa: SIM115 - lives as long as the process
+    process = subprocess.Popen(
+        [str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(workdir),
+         "--skipApiVersionCheck", "--loose", "--silent"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    server = Azurite(account, key, port, workdir, process, owns)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"Azurite exited with {process.returncode}; see {workdir / 'azurite.log'}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return server
+        except OSError:
+            time.sleep(0.1)
+    server.stop()
+    raise TimeoutError(f"Azurite did not listen on port {port} within {timeout_s}s")

@@ -1,0 +1,34 @@
+"""Environment variables shared by the job builder, the in-job runtime, the local
+rehearsal and the training code. One place for the names (docs/contracts.md, section 4).
+"""
+
+from __future__ import annotations
+
+# Set on the job by jobs/build.py (and by the local rehearsal).
+SKU_JSON = "AMLHPC_SKU_JSON"
+STAGE_JSON = "AMLHPC_STAGE_JSON"
+BLOB_CONNECTION_STRING = "AMLHPC_BLOB_CONNECTION_STRING"
+SCRATCH = "AMLHPC_SCRATCH"
+SHARED_DIR = "AMLHPC_SHARED_DIR"
+HEALTH = "AMLHPC_HEALTH"
+PIN = "AMLHPC_PIN"
+CHECKPOINT_JSON = "AMLHPC_CHECKPOINT_JSON"
+REPORT_DIR = "AMLHPC_REPORT_DIR"
+
+# Set by jobs.runtime.launch for the training command.
+DATA_DIR_PREFIX = "AMLHPC_DATA_DIR_"
+FILE_LIST_PREFIX = "AMLHPC_FILE_LIST_"
+CHECKPOINT_DIR = "AMLHPC_CHECKPOINT_DIR"
+RESUME_DIR = "AMLHPC_RESUME_DIR"
+
+DEFAULT_REPORT_DIR = "outputs/aml-hpc"
+
+
+def data_dir_var(input_name: str) -> str:
+    """AMLHPC_DATA_DIR_<NAME> for an input (upper-case, '-' -> '_')."""
+    return DATA_DIR_PREFIX + input_name.upper().replace("-", "_")
+
+
+def file_list_var(input_name: str) -> str:
+    """AMLHPC_FILE_LIST_<NAME> for an input (upper-case, '-' -> '_')."""
+    return FILE_LIST_PREFIX + input_name.upper().replace("-", "_")

@@ -1,0 +1,36 @@
+"""Shared fixtures. Azure's control plane is faked per test (Pulumi mocks, a mocked
+MLClient); Blob is always a real Azurite server started here, once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.local import azurite as azurite_server
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """A running Azurite blob service for the whole session (its own account and key)."""
+    with azurite_server.start(tmp_path_factory.mktemp("azurite")) as server:
+        yield server
+
+
+@pytest.fixture
+def blob_service(azurite):
+    """A BlobServiceClient on the session's Azurite."""
+    from azure.storage.blob import BlobServiceClient
+
+    return BlobServiceClient.from_connection_string(azurite.connection_string)
+
+
+@pytest.fixture
+def container(blob_service, request):
+    """A fresh, empty container named after the test (deleted afterwards)."""
+    import re
+    import uuid
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"t-{name}-{uuid.uuid4().hex[:8]}".replace("--", "-")
+    client = blob_service.create_container(name)
+    yield client
+    client.delete_container()
