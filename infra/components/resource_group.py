@@ -1,0 +1,41 @@
+"""The stack's resource group, tagged so cost and teardown can find what it holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_azure_native import resources
+
+
+@dataclass
+class ResourceGroupArgs:
+    name: str
+    """Physical name (infra.naming). Changing it replaces the group and everything in it."""
+    location: str
+    """Azure region. Changing it replaces the group."""
+    tags: dict[str, str]
+    """owner, environment, stack, cost-center and expiresAt (experiments) - see StackConfig.tags()."""
+
+
+class ResourceGroup(pulumi.ComponentResource):
+    """A resource group with the stack's tags."""
+
+    name: pulumi.Output[str]
+    id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ResourceGroupArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("aml-hpc:core:ResourceGroup", name, None, opts)
+        for required in ("owner", "environment", "stack"):
+            if required not in args.tags:
+                raise pulumi.ResourceError(f"resource group tags must include {required!r}", self)
+        group = resources.ResourceGroup(
+            f"{name}-rg",
+            resource_group_name=args.name,
+            location=args.location,
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.name = group.name
+        self.id = group.id
+        self.register_outputs({"name": self.name, "id": self.id})
