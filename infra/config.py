@@ -88,6 +88,14 @@ class NetworkConfig(_Model):
     """Defaults to the second half of addressSpace."""
 
 
+class PrincipalConfig(_Model):
+    """A person, group or service principal granted data rights (e.g. to upload datasets)."""
+
+    principal_id: str
+    """Entra object id (a GUID): `az ad signed-in-user show --query id -o tsv` for yourself."""
+    principal_type: Literal["User", "Group", "ServicePrincipal"] = "Group"
+
+
 class StorageConfig(_Model):
     tier: Literal["StandardHot", "PremiumBlockBlob"] = "StandardHot"
     """Dataset account: Standard_LRS hot, or Premium_LRS BlockBlobStorage (lower latency).
@@ -98,6 +106,8 @@ class StorageConfig(_Model):
     """The account's egress limit, Gb/s; staging warns when nodes x per-node rate exceeds it."""
     ingress_gbps: float = Field(skus.STORAGE_ACCOUNT_INGRESS_GBITS_PER_S_DEFAULT, gt=0)
     """The account's ingress limit, Gb/s; checkpoint uploads are capped below it."""
+    data_contributors: list[PrincipalConfig] = Field(default_factory=list)
+    """Who may upload datasets (Storage Blob Data Contributor on `datasets`); shared keys are off."""
 
 
 class BudgetConfig(_Model):
@@ -354,6 +364,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     names = _check_names(found, stack, raw, location)
     compute_subnet, endpoint_subnet = _check_network(found, stack, raw)
     _check_clusters(found, stack, raw)
+    _check_storage(found, stack, raw)
     _check_budget(found, stack, raw)
     _check_prices(found, raw)
     found.raise_if_any()
@@ -497,6 +508,17 @@ def _check_network(found: ProblemCollector, stack: str, raw: _RawConfig) -> tupl
     return str(chosen[0]), str(chosen[1])
 
 
+_GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+def _check_storage(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
+    for i, principal in enumerate(raw.storage.data_contributors):
+        if not _GUID.match(principal.principal_id):
+            found.add(f"{NAMESPACE}storage.dataContributors[{i}].principalId",
+                      f"{principal.principal_id!r} is not an Entra object id (a GUID)",
+                      "find it with `az ad signed-in-user show --query id -o tsv` or `az ad group show -g NAME --query id -o tsv`")
+
+
 def _check_clusters(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
     seen: dict[str, int] = {}
     for i, cluster in enumerate(raw.clusters):
@@ -580,3 +602,17 @@ def _check_prices(found: ProblemCollector, raw: _RawConfig) -> None:
                       f"did you mean {' or '.join(near)}?" if near else f"known sizes: {', '.join(skus.names())}")
         if price <= 0:
             found.add(f"{NAMESPACE}prices.{sku_name}", f"price {price} must be positive", "use USD per node-hour")
+
+
+def check_experiment_against_environment(experiment: StackConfig, environment: StackConfig) -> None:
+    """An experiment's clusters join the environment's workspace: names must not collide."""
+    found = ProblemCollector(experiment.source, f"stack {experiment.stack!r} conflicts with {environment.source}")
+    taken = {c.name.lower(): c.name for c in environment.clusters}
+    for i, cluster in enumerate(experiment.clusters):
+        if cluster.name.lower() in taken:
+            found.add(f"{NAMESPACE}clusters[{i}].name",
+                      f"cluster {cluster.name!r} already exists in environment {environment.stack!r}'s workspace",
+                      f"pick a name not taken in {environment.source} (taken: {', '.join(sorted(taken.values()))})")
+    if environment.kind != "environment":
+        found.add(f"{NAMESPACE}environment", f"{environment.stack!r} is not an environment stack", "name dev, prod or another environment")
+    found.raise_if_any()

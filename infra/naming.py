@@ -64,7 +64,7 @@ def check(kind: NameKind, value: str) -> str | None:
     if not isinstance(value, str) or not value:
         return f"must be {rule.allowed}"
     if not rule.min_len <= len(value) <= rule.max_len:
-        return f"{value!r} is {len(value)} characters; must be {rule.allowed}"
+        return f"{value!r} is {len(value)} characters long; must be {rule.allowed}"
     if not re.fullmatch(rule.pattern, value):
         return f"{value!r} has characters Azure does not allow here; must be {rule.allowed}"
     return None

@@ -28,7 +28,9 @@ fi
 stamp=.venv/.aml-hpc-synced
 if [[ ! -f $stamp || uv.lock -nt $stamp || pyproject.toml -nt $stamp ]]; then
   log "syncing .venv from uv.lock"
-  "$UV" sync --frozen --inexact
+  # Precompiled bytecode: this machine (and CI) may set PYTHONDONTWRITEBYTECODE, and the
+  # Azure SDKs are large enough that compiling them on every import costs seconds.
+  "$UV" sync --frozen --inexact --compile-bytecode
   touch "$stamp"
 fi
 
@@ -46,10 +48,10 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   if [[ -n $wheel ]]; then
     version=$(basename "$wheel" | cut -d- -f2)
     log "installing PyTorch $version (CPU) from $(dirname "$wheel")"
-    "$UV" pip install --python .venv/bin/python --find-links "$(dirname "$wheel")" "torch==$version" numpy
+    "$UV" pip install --compile-bytecode --python .venv/bin/python --find-links "$(dirname "$wheel")" "torch==$version" numpy
   else
     log "installing PyTorch from PyPI (set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for the CPU build)"
-    "$UV" pip install --python .venv/bin/python ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple} torch numpy
+    "$UV" pip install --compile-bytecode --python .venv/bin/python ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple} torch numpy
   fi
 fi
 

@@ -1,0 +1,24 @@
+"""Entry point for both the Pulumi engine (Pulumi.yaml `main: infra/`) and `python -m infra`.
+
+Under the engine a resource monitor is configured before this file runs: then it is the
+Pulumi program. Otherwise it is the offline CLI (infra/cli.py).
+"""
+
+import sys
+from pathlib import Path
+
+# The engine runs this file by path; make the repository importable as `infra`, `jobs`.
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from pulumi.runtime import settings  # noqa: E402
+
+if settings.get_monitor() is None:
+    from infra.cli import app
+
+    app(prog_name="python -m infra")
+else:
+    from infra.engine import run
+
+    run()

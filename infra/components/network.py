@@ -1,0 +1,151 @@
+"""Our own virtual network for private isolation: a compute subnet behind an NSG with a
+NAT gateway for outbound traffic (nodes have no public IP), an endpoint subnet, and the
+private DNS zones the private endpoints register in, linked to the VNet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi_azure_native import network, privatedns
+
+from infra import quirks
+
+
+@dataclass
+class NetworkArgs:
+    resource_group_name: pulumi.Input[str]
+    location: str
+    vnet_name: str
+    address_space: str
+    """VNet CIDR. Changing it replaces the VNet, its subnets and every cluster in them."""
+    compute_subnet: str
+    """CIDR for the cluster nodes (inside address_space). Changing it replaces the clusters."""
+    endpoint_subnet: str
+    """CIDR for private endpoints (inside address_space)."""
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class Network(pulumi.ComponentResource):
+    """VNet, subnets, NSG, NAT gateway and private DNS zones."""
+
+    vnet_id: pulumi.Output[str]
+    compute_subnet_id: pulumi.Output[str]
+    endpoint_subnet_id: pulumi.Output[str]
+    dns_zone_ids: dict[str, pulumi.Output[str]]
+    """Private DNS zone name -> zone id."""
+
+    def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("aml-hpc:network:Network", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        nsg = network.NetworkSecurityGroup(
+            f"{name}-compute-nsg",
+            network_security_group_name=f"{args.vnet_name}-compute-nsg",
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            security_rules=[
+                # Nodes have no public IP; nothing from the internet may reach them. Traffic
+                # inside the VNet (MPI, NCCL sockets, BeeOND) stays allowed by the defaults.
+                network.SecurityRuleArgs(
+                    name="deny-internet-inbound",
+                    priority=4000,
+                    direction="Inbound",
+                    access="Deny",
+                    protocol="*",
+                    source_address_prefix="Internet",
+                    source_port_range="*",
+                    destination_address_prefix="*",
+                    destination_port_range="*",
+                ),
+            ],
+            tags=args.tags,
+            opts=child,
+        )
+        egress_ip = network.PublicIPAddress(
+            f"{name}-nat-ip",
+            public_ip_address_name=f"{args.vnet_name}-nat-ip",
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            sku=network.PublicIPAddressSkuArgs(name="Standard"),
+            public_ip_allocation_method="Static",
+            tags=args.tags,
+            opts=child,
+        )
+        nat = network.NatGateway(
+            f"{name}-nat",
+            nat_gateway_name=f"{args.vnet_name}-nat",
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            sku=network.NatGatewaySkuArgs(name="Standard"),
+            public_ip_addresses=[network.SubResourceArgs(id=egress_ip.id)],
+            tags=args.tags,
+            opts=child,
+        )
+        vnet = network.VirtualNetwork(
+            f"{name}-vnet",
+            virtual_network_name=args.vnet_name,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            address_space=network.AddressSpaceArgs(address_prefixes=[args.address_space]),
+            tags=args.tags,
+            # Subnets are their own resources below; don't let the VNet fight over them.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["subnets"]),
+        )
+        compute = network.Subnet(
+            f"{name}-compute-subnet",
+            subnet_name="compute",
+            virtual_network_name=vnet.name,
+            resource_group_name=args.resource_group_name,
+            address_prefix=args.compute_subnet,
+            network_security_group=network.NetworkSecurityGroupArgs(id=nsg.id),
+            nat_gateway=network.SubResourceArgs(id=nat.id),
+            default_outbound_access=False,
+            opts=child,
+        )
+        endpoints = network.Subnet(
+            f"{name}-endpoint-subnet",
+            subnet_name="endpoints",
+            virtual_network_name=vnet.name,
+            resource_group_name=args.resource_group_name,
+            address_prefix=args.endpoint_subnet,
+            private_endpoint_network_policies="Disabled",
+            default_outbound_access=False,
+            # Azure serialises subnet changes on one VNet.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[compute]),
+        )
+
+        self.dns_zone_ids = {}
+        zone_names = sorted({zone for zones in quirks.PRIVATE_DNS_ZONES.values() for zone in zones})
+        for zone_name in zone_names:
+            short = zone_name.removeprefix("privatelink.").split(".")[0]
+            zone = privatedns.PrivateZone(
+                f"{name}-dns-{short}",
+                private_zone_name=zone_name,
+                resource_group_name=args.resource_group_name,
+                location="global",
+                tags=args.tags,
+                opts=child,
+            )
+            privatedns.VirtualNetworkLink(
+                f"{name}-dns-{short}-link",
+                virtual_network_link_name=f"{args.vnet_name}-link",
+                private_zone_name=zone.name,
+                resource_group_name=args.resource_group_name,
+                location="global",
+                registration_enabled=False,
+                virtual_network=privatedns.SubResourceArgs(id=vnet.id),
+                tags=args.tags,
+                opts=child,
+            )
+            self.dns_zone_ids[zone_name] = zone.id
+
+        self.vnet_id = vnet.id
+        self.compute_subnet_id = compute.id
+        self.endpoint_subnet_id = endpoints.id
+        self.register_outputs({
+            "vnetId": self.vnet_id,
+            "computeSubnetId": self.compute_subnet_id,
+            "endpointSubnetId": self.endpoint_subnet_id,
+        })

@@ -1,0 +1,178 @@
+"""The Azure ML workspace and what it depends on: Key Vault (RBAC, purge protection),
+Application Insights on Log Analytics, a container registry (admin user off), the
+workspace's own storage account, and the user-assigned identity the GPU clusters run as.
+
+Lives only in environment stacks: a deleted workspace blocks its name for 14 days
+(infra.quirks.WORKSPACE_SOFT_DELETE_DAYS), so experiments borrow it instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi_azure_native import (
+    applicationinsights,
+    containerregistry,
+    keyvault,
+    machinelearningservices as ml,
+    managedidentity,
+    operationalinsights,
+    storage,
+)
+
+from infra import quirks
+from infra.naming import StackNames
+
+
+@dataclass
+class WorkspaceArgs:
+    resource_group_name: pulumi.Input[str]
+    location: str
+    names: StackNames
+    """Physical names for the workspace, vault, registry, storage, logs and identity."""
+    tenant_id: pulumi.Input[str]
+    """Entra tenant for the Key Vault (from the deploying credential)."""
+    private: bool = False
+    """Private isolation: public network access off on every dependency and the workspace."""
+    tags: dict[str, str] = field(default_factory=dict)
+    log_retention_days: int = 30
+
+
+class Workspace(pulumi.ComponentResource):
+    """An Azure ML workspace with secure dependencies and a compute identity."""
+
+    workspace_name: pulumi.Output[str]
+    workspace_id: pulumi.Output[str]
+    key_vault_id: pulumi.Output[str]
+    registry_id: pulumi.Output[str]
+    registry_login_server: pulumi.Output[str]
+    workspace_storage_id: pulumi.Output[str]
+    identity_id: pulumi.Output[str]
+    identity_client_id: pulumi.Output[str]
+    identity_principal_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: WorkspaceArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("aml-hpc:ml:Workspace", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        public_access = "Disabled" if args.private else "Enabled"
+        n = args.names
+
+        identity = managedidentity.UserAssignedIdentity(
+            f"{name}-compute-identity",
+            resource_name_=n.identity,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            tags=args.tags,
+            opts=child,
+        )
+        vault = keyvault.Vault(
+            f"{name}-kv",
+            vault_name=n.key_vault,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            properties=keyvault.VaultPropertiesArgs(
+                tenant_id=args.tenant_id,
+                sku=keyvault.SkuArgs(family="A", name="standard"),
+                enable_rbac_authorization=True,
+                enable_purge_protection=True,
+                enable_soft_delete=True,
+                soft_delete_retention_in_days=quirks.KEY_VAULT_SOFT_DELETE_DAYS,
+                public_network_access=public_access,
+                network_acls=keyvault.NetworkRuleSetArgs(
+                    default_action="Deny" if args.private else "Allow", bypass="AzureServices"
+                ),
+            ),
+            tags=args.tags,
+            opts=child,
+        )
+        logs = operationalinsights.Workspace(
+            f"{name}-logs",
+            workspace_name=n.log_analytics,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            sku=operationalinsights.WorkspaceSkuArgs(name="PerGB2018"),
+            retention_in_days=args.log_retention_days,
+            tags=args.tags,
+            opts=child,
+        )
+        insights = applicationinsights.Component(
+            f"{name}-insights",
+            resource_name_=n.app_insights,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            kind="web",
+            application_type="web",
+            ingestion_mode="LogAnalytics",
+            workspace_resource_id=logs.id,
+            tags=args.tags,
+            opts=child,
+        )
+        registry = containerregistry.Registry(
+            f"{name}-acr",
+            registry_name=n.container_registry,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            sku=containerregistry.SkuArgs(name=quirks.ACR_SKU["private" if args.private else "public"]),
+            admin_user_enabled=False,
+            anonymous_pull_enabled=False,
+            public_network_access=public_access,
+            tags=args.tags,
+            opts=child,
+        )
+        ws_storage = storage.StorageAccount(
+            f"{name}-storage",
+            account_name=n.workspace_storage,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            kind="StorageV2",
+            sku=storage.SkuArgs(name="Standard_LRS"),
+            access_tier="Hot",
+            enable_https_traffic_only=True,
+            minimum_tls_version="TLS1_2",
+            allow_blob_public_access=False,
+            # The workspace uses identity-based access to its own storage
+            # (system_datastores_auth_mode="identity" below), so keys can stay off here too.
+            allow_shared_key_access=False,
+            public_network_access=public_access,
+            network_rule_set=storage.NetworkRuleSetArgs(
+                default_action="Deny" if args.private else "Allow", bypass="AzureServices"
+            ),
+            tags=args.tags,
+            opts=child,
+        )
+        workspace = ml.Workspace(
+            f"{name}-mlw",
+            workspace_name=n.workspace,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            kind="Default",
+            sku=ml.SkuArgs(name="Basic", tier="Basic"),
+            identity=ml.ManagedServiceIdentityArgs(type="SystemAssigned"),
+            key_vault=vault.id,
+            application_insights=insights.id,
+            container_registry=registry.id,
+            storage_account=ws_storage.id,
+            public_network_access=public_access,
+            v1_legacy_mode=False,
+            system_datastores_auth_mode="identity",
+            friendly_name=n.workspace,
+            tags=args.tags,
+            opts=child,
+        )
+
+        self.workspace_name = workspace.name
+        self.workspace_id = workspace.id
+        self.key_vault_id = vault.id
+        self.registry_id = registry.id
+        self.registry_login_server = registry.login_server
+        self.workspace_storage_id = ws_storage.id
+        self.identity_id = identity.id
+        self.identity_client_id = identity.client_id
+        self.identity_principal_id = identity.principal_id
+        self.register_outputs({
+            "workspaceName": self.workspace_name,
+            "workspaceId": self.workspace_id,
+            "registryLoginServer": self.registry_login_server,
+            "identityClientId": self.identity_client_id,
+        })

@@ -1,0 +1,162 @@
+"""The offline plan: the real program under Pulumi's mock runtime, no Azure, no Pulumi CLI.
+
+`evaluate(stack)` validates the stack file (a bad value raises `UserError` before any
+resource is registered), runs `infra.program.build` with `RecordingMonitor`, and returns
+every resource with its inputs and options, the outputs document, the cost and the quota.
+Each evaluation runs on its own thread so Pulumi's context-local runtime state never leaks
+between evaluations (tests, `--offline` in jobs). See docs/contracts.md section 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from infra.config import REPO_ROOT, StackConfig, check_experiment_against_environment, load_stack_config
+from infra.plan.cost import Cost, QuotaNeed, cost, quota
+from infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks, RecordedResource, RecordingMonitor
+
+PROJECT = "aml-hpc"
+
+
+@dataclass
+class Plan:
+    config: StackConfig
+    resources: list[RecordedResource]
+    outputs: dict[str, Any]
+    secret_outputs: list[str]
+    cost: Cost
+    quota: list[QuotaNeed]
+    environment: Plan | None = field(default=None, repr=False)
+    """For experiment stacks: the plan of the environment they join."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stack": self.config.stack,
+            "kind": self.config.kind,
+            "source": self.config.source,
+            "note": "offline plan: desired state under Pulumi mocks; ids and endpoints are synthetic",
+            "resources": [r.to_json() for r in self.resources],
+            "outputs": self.outputs,
+            "secretOutputs": self.secret_outputs,
+            "cost": self.cost.to_json(),
+            "quota": [q.to_json() for q in self.quota],
+        }
+
+    def custom_resources(self) -> list[RecordedResource]:
+        return [r for r in self.resources if r.custom]
+
+    def of_type(self, type_token: str) -> list[RecordedResource]:
+        return [r for r in self.resources if r.type == type_token]
+
+
+def evaluate(stack: str, root: Path = REPO_ROOT, now: datetime | None = None,
+             subscription_id: str = FAKE_SUBSCRIPTION) -> Plan:
+    """Plan `stack` from `root/Pulumi.<stack>.yaml`. Raises UserError on bad config."""
+    cfg = load_stack_config(stack, root, now=now)
+    env_plan = None
+    stack_outputs: dict[str, dict[str, Any]] = {}
+    if cfg.is_experiment:
+        env_plan = evaluate(cfg.environment, root, now, subscription_id)
+        check_experiment_against_environment(cfg, env_plan.config)
+        assert cfg.environment_stack is not None
+        stack_outputs[cfg.environment_stack] = env_plan.outputs
+
+    from infra import program
+
+    env_cfg = env_plan.config if env_plan else None
+    resources, outputs, secrets = record(lambda: program.build(cfg, env_cfg, now=now), cfg.stack,
+                                         stack_outputs, subscription_id)
+    return Plan(cfg, resources, outputs, secrets, cost(cfg), quota(cfg), env_plan)
+
+
+def offline_outputs(stack: str, root: Path = REPO_ROOT) -> dict[str, Any]:
+    """The stack outputs document the deployed stack would have (docs/contracts.md §2)."""
+    return evaluate(stack, root).outputs
+
+
+def record(build: Callable[[], dict[str, Any] | None], stack: str = "test",
+           stack_outputs: dict[str, dict[str, Any]] | None = None,
+           subscription_id: str = FAKE_SUBSCRIPTION) -> tuple[list[RecordedResource], dict[str, Any], list[str]]:
+    """Run `build` under the recording mock runtime on a fresh thread.
+
+    Returns the recorded resources, the resolved dict `build` returned (JSON-safe) and the
+    keys of that dict whose values are Pulumi secrets. Exceptions from `build` or from
+    resource registration are re-raised here.
+    """
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = _run(build, stack, stack_outputs or {}, subscription_id)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=run, name=f"plan-{stack}")
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+_VERSIONED_TYPE = re.compile(r"^azure-native:[a-zA-Z]+/v\d")
+
+
+def _drop_provider_version_aliases(args):
+    """azure-native gives every resource a dozen aliases to its older API-version type tokens
+    (state migration between provider versions). They mean nothing to a plan but cost the
+    SDK a third of its time; aliases we declare ourselves are kept."""
+    import pulumi
+
+    aliases = args.opts.aliases
+    if not aliases:
+        return None
+    kept = [a for a in aliases if not (isinstance(a, pulumi.Alias) and isinstance(a.type_, str)
+                                       and _VERSIONED_TYPE.match(a.type_))]
+    if len(kept) == len(aliases):
+        return None
+    opts = args.opts._copy()  # noqa: SLF001 - ResourceOptions has no public copy
+    opts.aliases = kept
+    return pulumi.ResourceTransformationResult(args.props, opts)
+
+
+def _run(build: Callable[[], dict[str, Any] | None], stack: str, stack_outputs: dict[str, dict[str, Any]],
+         subscription_id: str):
+    import pulumi
+    from pulumi.runtime import settings
+    from pulumi.runtime.mocks import set_mocks
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    asyncio.set_event_loop(asyncio.new_event_loop())  # this thread's own loop
+    settings.ROOT.set(None)
+    monitor = RecordingMonitor(PlanMocks(subscription_id, stack_outputs))
+    set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    settings.SETTINGS.rpc_manager.clear()
+    settings.SETTINGS.outputs.clear()
+    pulumi.runtime.register_stack_transformation(_drop_provider_version_aliases)
+
+    resolved: dict[str, Any] = {}
+    secret_keys: list[str] = []
+
+    async def resolve(document: dict[str, Any] | None) -> None:
+        # Awaited by run_pulumi_func; resolving with _sync_await here instead would spin the
+        # event loop against the mock monitor's worker threads and run several times slower.
+        for key, value in (document or {}).items():
+            out = pulumi.Output.from_input(value)
+            resolved[key] = await out.future()
+            if await out.is_secret():
+                secret_keys.append(key)
+
+    try:
+        _sync_await(run_pulumi_func(lambda: resolve(build())))
+    finally:
+        asyncio.get_event_loop().close()
+    return monitor.recorded, json.loads(json.dumps(resolved, default=str)), secret_keys

@@ -1,0 +1,106 @@
+"""What a stack's GPU clusters cost and which quota they need, from the SKU catalog.
+
+Cost covers GPU nodes only (storage, registry, networking and logs are billed by use).
+Low-priority nodes are priced at the on-demand reference, an upper bound: their discount
+varies by region and over time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from infra import skus
+from infra.config import StackConfig
+
+
+@dataclass(frozen=True)
+class ClusterCost:
+    name: str
+    sku: str
+    priority: str
+    min_nodes: int
+    max_nodes: int
+    usd_per_node_hour: float | None
+    price_source: str
+
+    @property
+    def full_scale_usd_per_hour(self) -> float | None:
+        return None if self.usd_per_node_hour is None else self.max_nodes * self.usd_per_node_hour
+
+    @property
+    def idle_usd_per_day(self) -> float | None:
+        return None if self.usd_per_node_hour is None else self.min_nodes * self.usd_per_node_hour * 24
+
+
+@dataclass(frozen=True)
+class Cost:
+    clusters: tuple[ClusterCost, ...]
+
+    @property
+    def full_scale_usd_per_hour(self) -> float:
+        return sum(c.full_scale_usd_per_hour or 0.0 for c in self.clusters)
+
+    @property
+    def idle_usd_per_day(self) -> float:
+        return sum(c.idle_usd_per_day or 0.0 for c in self.clusters)
+
+    @property
+    def unpriced(self) -> list[str]:
+        return [c.name for c in self.clusters if c.usd_per_node_hour is None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fullScaleUsdPerHour": round(self.full_scale_usd_per_hour, 3),
+            "idleUsdPerDay": round(self.idle_usd_per_day, 3),
+            "scope": "GPU nodes only; low priority priced at on-demand (upper bound)",
+            "clusters": [
+                {**{k: v for k, v in asdict(c).items()},
+                 "fullScaleUsdPerHour": c.full_scale_usd_per_hour, "idleUsdPerDay": c.idle_usd_per_day}
+                for c in self.clusters
+            ],
+            "unpriced": self.unpriced,
+        }
+
+
+@dataclass(frozen=True)
+class QuotaNeed:
+    quota_name: str
+    """The usage name Azure checks: the VM family for dedicated, lowPriorityCores otherwise."""
+    priority: str
+    vcpus_needed: int
+    families: tuple[str, ...]
+    clusters: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"quotaName": self.quota_name, "priority": self.priority, "vcpusNeeded": self.vcpus_needed,
+                "families": list(self.families), "clusters": list(self.clusters)}
+
+
+def cost(cfg: StackConfig) -> Cost:
+    rows = []
+    for c in cfg.clusters:
+        price = cfg.hourly_price(c.sku)
+        rows.append(ClusterCost(
+            name=c.name, sku=c.sku, priority=c.priority, min_nodes=c.min_nodes, max_nodes=c.max_nodes,
+            usd_per_node_hour=price.usd_per_hour if price else None,
+            price_source=f"{price.source}, {price.region}, {price.as_of}" if price else
+            f"no reference price: set aml-hpc:prices.{c.sku} in {cfg.source}",
+        ))
+    return Cost(tuple(rows))
+
+
+def quota(cfg: StackConfig) -> list[QuotaNeed]:
+    """vCPUs needed at full scale per quota bucket (dedicated per family; low priority pooled)."""
+    need: dict[tuple[str, str], int] = defaultdict(int)
+    families: dict[tuple[str, str], set[str]] = defaultdict(set)
+    clusters: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for c in cfg.clusters:
+        sku = skus.get(c.sku)
+        key = (sku.quota_family, "Dedicated") if c.priority == "Dedicated" else (skus.LOW_PRIORITY_QUOTA, "LowPriority")
+        need[key] += c.max_nodes * sku.vcpus
+        families[key].add(sku.quota_family)
+        clusters[key].append(c.name)
+    return [QuotaNeed(name, prio, need[(name, prio)], tuple(sorted(families[(name, prio)])), tuple(clusters[(name, prio)]))
+            for (name, prio) in sorted(need)]

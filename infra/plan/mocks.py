@@ -1,0 +1,217 @@
+"""Pulumi's mock runtime, recording what the program declares.
+
+`RecordingMonitor` keeps every RegisterResource request - type, name, parent, inputs and
+the options the engine would see (protect, retainOnDelete, replaceOnChanges,
+deleteBeforeReplace, dependencies) plus which inputs are secrets. `PlanMocks` answers like
+Azure would in shape (ARM ids, endpoints, identity ids) but with synthetic values: the plan
+is the desired state, not Azure's answer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from google.protobuf import struct_pb2
+from pulumi.runtime import mocks, rpc
+
+FAKE_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
+FAKE_TENANT = "00000000-0000-0000-0000-0000000000aa"
+_SECRET_SIG = rpc._special_sig_key  # noqa: SLF001 - the wire marker for special values
+_SECRET_VALUE = rpc._special_secret_sig  # noqa: SLF001
+
+
+@dataclass
+class RecordedResource:
+    urn: str
+    type: str
+    name: str
+    parent: str | None
+    custom: bool
+    inputs: dict[str, Any]
+    protect: bool
+    retain_on_delete: bool
+    delete_before_replace: bool
+    replace_on_changes: list[str]
+    depends_on: list[str]
+    secret_inputs: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "urn": self.urn,
+            "type": self.type,
+            "name": self.name,
+            "parent": self.parent,
+            "custom": self.custom,
+            "inputs": self.inputs,
+            "options": {
+                "protect": self.protect,
+                "retainOnDelete": self.retain_on_delete,
+                "deleteBeforeReplace": self.delete_before_replace,
+                "replaceOnChanges": list(self.replace_on_changes),
+                "dependsOn": list(self.depends_on),
+            },
+            "secretInputs": list(self.secret_inputs),
+        }
+
+
+def _has_secret(value: struct_pb2.Value) -> bool:
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        fields = value.struct_value.fields
+        if _SECRET_SIG in fields and fields[_SECRET_SIG].string_value == _SECRET_VALUE:
+            return True
+        return any(_has_secret(v) for v in fields.values())
+    if kind == "list_value":
+        return any(_has_secret(v) for v in value.list_value.values)
+    return False
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy of deserialized inputs (resource references become their URN)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, pulumi.Resource):
+        return f"<resource {type(value).__name__}>"
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+class RecordingMonitor(mocks.MockMonitor):
+    def __init__(self, mocks_impl: mocks.Mocks):
+        super().__init__(mocks_impl)
+        self.recorded: list[RecordedResource] = []
+
+    def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+        response = super().RegisterResource(request)
+        if request.type == "pulumi:pulumi:Stack":
+            return response
+        inputs = rpc.deserialize_properties(request.object) if request.object else {}
+        self.recorded.append(RecordedResource(
+            urn=response.urn,
+            type=request.type,
+            name=request.name,
+            parent=request.parent or None,
+            custom=bool(request.custom),
+            inputs=_plain(dict(inputs)),
+            protect=bool(request.protect),
+            retain_on_delete=bool(request.retainOnDelete),
+            delete_before_replace=bool(request.deleteBeforeReplace),
+            replace_on_changes=list(request.replaceOnChanges),
+            depends_on=list(request.dependencies),
+            secret_inputs=sorted(k for k, v in request.object.fields.items() if _has_secret(v)),
+        ))
+        return response
+
+
+# type token -> (ARM provider path, name input, parent name inputs...) for synthetic ids
+_ARM: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "azure-native:storage:StorageAccount": ("Microsoft.Storage/storageAccounts/{name}", "accountName", ()),
+    "azure-native:storage:BlobServiceProperties": ("Microsoft.Storage/storageAccounts/{accountName}/blobServices/default", "blobServicesName", ("accountName",)),
+    "azure-native:storage:BlobContainer": ("Microsoft.Storage/storageAccounts/{accountName}/blobServices/default/containers/{name}", "containerName", ("accountName",)),
+    "azure-native:keyvault:Vault": ("Microsoft.KeyVault/vaults/{name}", "vaultName", ()),
+    "azure-native:operationalinsights:Workspace": ("Microsoft.OperationalInsights/workspaces/{name}", "workspaceName", ()),
+    "azure-native:applicationinsights:Component": ("Microsoft.Insights/components/{name}", "resourceName", ()),
+    "azure-native:containerregistry:Registry": ("Microsoft.ContainerRegistry/registries/{name}", "registryName", ()),
+    "azure-native:managedidentity:UserAssignedIdentity": ("Microsoft.ManagedIdentity/userAssignedIdentities/{name}", "resourceName", ()),
+    "azure-native:machinelearningservices:Workspace": ("Microsoft.MachineLearningServices/workspaces/{name}", "workspaceName", ()),
+    "azure-native:machinelearningservices:Compute": ("Microsoft.MachineLearningServices/workspaces/{workspaceName}/computes/{name}", "computeName", ("workspaceName",)),
+    "azure-native:machinelearningservices:Datastore": ("Microsoft.MachineLearningServices/workspaces/{workspaceName}/datastores/{name}", "name", ("workspaceName",)),
+    "azure-native:machinelearningservices:EnvironmentContainer": ("Microsoft.MachineLearningServices/workspaces/{workspaceName}/environments/{name}", "name", ("workspaceName",)),
+    "azure-native:machinelearningservices:EnvironmentVersion": ("Microsoft.MachineLearningServices/workspaces/{workspaceName}/environments/{name}/versions/{version}", "name", ("workspaceName", "version")),
+    "azure-native:machinelearningservices:Registry": ("Microsoft.MachineLearningServices/registries/{name}", "registryName", ()),
+    "azure-native:network:VirtualNetwork": ("Microsoft.Network/virtualNetworks/{name}", "virtualNetworkName", ()),
+    "azure-native:network:Subnet": ("Microsoft.Network/virtualNetworks/{virtualNetworkName}/subnets/{name}", "subnetName", ("virtualNetworkName",)),
+    "azure-native:network:NetworkSecurityGroup": ("Microsoft.Network/networkSecurityGroups/{name}", "networkSecurityGroupName", ()),
+    "azure-native:network:PublicIPAddress": ("Microsoft.Network/publicIPAddresses/{name}", "publicIpAddressName", ()),
+    "azure-native:network:NatGateway": ("Microsoft.Network/natGateways/{name}", "natGatewayName", ()),
+    "azure-native:network:PrivateEndpoint": ("Microsoft.Network/privateEndpoints/{name}", "privateEndpointName", ()),
+    "azure-native:network:PrivateDnsZoneGroup": ("Microsoft.Network/privateEndpoints/{privateEndpointName}/privateDnsZoneGroups/{name}", "privateDnsZoneGroupName", ("privateEndpointName",)),
+    "azure-native:privatedns:PrivateZone": ("Microsoft.Network/privateDnsZones/{name}", "privateZoneName", ()),
+    "azure-native:privatedns:VirtualNetworkLink": ("Microsoft.Network/privateDnsZones/{privateZoneName}/virtualNetworkLinks/{name}", "virtualNetworkLinkName", ("privateZoneName",)),
+}
+
+
+def _stable_uuid(*parts: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(parts)))
+
+
+def physical_name(type_token: str, inputs: dict[str, Any], logical: str) -> str:
+    """The Azure name a resource gets (its name input), or the logical name."""
+    if type_token == "azure-native:resources:ResourceGroup":
+        return inputs.get("resourceGroupName") or logical
+    if type_token == "azure-native:consumption:Budget":
+        return inputs.get("budgetName") or logical
+    arm = _ARM.get(type_token)
+    if arm and inputs.get(arm[1]):
+        return str(inputs[arm[1]])
+    return logical
+
+
+class PlanMocks(mocks.Mocks):
+    """Synthetic, Azure-shaped answers for the program's resources and invokes."""
+
+    def __init__(self, subscription_id: str = FAKE_SUBSCRIPTION, stack_outputs: dict[str, dict[str, Any]] | None = None):
+        self.subscription_id = subscription_id
+        self.stack_outputs = stack_outputs or {}
+        """StackReference name -> outputs document it returns."""
+
+    def call(self, args: mocks.MockCallArgs):
+        if args.token == "azure-native:authorization:getClientConfig":
+            return {"subscriptionId": self.subscription_id, "tenantId": FAKE_TENANT,
+                    "clientId": _stable_uuid("client"), "objectId": _stable_uuid("object")}, []
+        return {}, []
+
+    def new_resource(self, args: mocks.MockResourceArgs):
+        inputs = dict(args.inputs)
+        if args.typ == "pulumi:pulumi:StackReference":
+            name = inputs.get("name", args.name)
+            if name not in self.stack_outputs:
+                raise KeyError(f"no outputs known for stack reference {name!r}")
+            return f"{name}", {"name": name, "outputs": self.stack_outputs[name], "secretOutputNames": []}
+        if not args.custom:
+            return f"{args.name}-id", inputs
+        return self._arm_id(args.typ, inputs, args.name), {**inputs, **self._computed(args.typ, inputs, args.name)}
+
+    def _arm_id(self, type_token: str, inputs: dict[str, Any], logical: str) -> str:
+        name = physical_name(type_token, inputs, logical)
+        if type_token == "azure-native:resources:ResourceGroup":
+            return f"/subscriptions/{self.subscription_id}/resourceGroups/{name}"
+        if type_token == "azure-native:authorization:RoleAssignment":
+            return f"{inputs.get('scope')}/providers/Microsoft.Authorization/roleAssignments/{_stable_uuid(logical)}"
+        if type_token == "azure-native:consumption:Budget":
+            return f"{inputs.get('scope')}/providers/Microsoft.Consumption/budgets/{name}"
+        arm = _ARM.get(type_token)
+        group = inputs.get("resourceGroupName", "unknown-group")
+        prefix = f"/subscriptions/{self.subscription_id}/resourceGroups/{group}/providers/"
+        if arm is None:
+            return prefix + f"{type_token.split(':')[1]}/{logical}"
+        fields = {key: inputs.get(key, "x") for key in arm[2]}
+        return prefix + arm[0].format(name=name, **fields)
+
+    def _computed(self, type_token: str, inputs: dict[str, Any], logical: str) -> dict[str, Any]:
+        name = physical_name(type_token, inputs, logical)
+        out: dict[str, Any] = {"name": name}
+        identity = inputs.get("identity")
+        if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
+            # Azure answers a list of identity ids with a map keyed by id.
+            out["identity"] = {**identity, "userAssignedIdentities": {
+                uid: {"clientId": _stable_uuid("client", uid), "principalId": _stable_uuid("principal", uid)}
+                for uid in identity["userAssignedIdentities"]}}
+        if type_token == "azure-native:storage:StorageAccount":
+            out["primaryEndpoints"] = {"blob": f"https://{name}.blob.core.windows.net/",
+                                       "file": f"https://{name}.file.core.windows.net/"}
+        elif type_token == "azure-native:containerregistry:Registry":
+            out["loginServer"] = f"{name.lower()}.azurecr.io"
+        elif type_token == "azure-native:managedidentity:UserAssignedIdentity":
+            out["clientId"] = _stable_uuid("client", name)
+            out["principalId"] = _stable_uuid("principal", name)
+            out["tenantId"] = FAKE_TENANT
+        elif type_token == "azure-native:machinelearningservices:Workspace":
+            out["discoveryUrl"] = f"https://{inputs.get('location', 'region')}.api.azureml.ms/discovery"
+        return out

@@ -1,0 +1,27 @@
+"""Platform policy: one set of rules, enforced by `pulumi preview --policy-pack
+infra/policy/pack` and offline by `python -m infra plan --stack NAME --policy`.
+
+    from infra.policy import check_plan, has_mandatory, render
+    violations = check_plan(infra.plan.evaluate("dev").to_json())
+
+Pure (no Pulumi import): rules.py holds the rules, model.py the neutral view they read,
+plan_check.py the offline adapter, pack/ the Pulumi policy pack adapter.
+"""
+
+from infra.policy.model import Limits, ResourceView, StackView, Violation
+from infra.policy.plan_check import EXIT_POLICY_VIOLATION, check_plan, has_mandatory, render, run_rules
+from infra.policy.rules import RULES, RULES_BY_NAME
+
+__all__ = [
+    "EXIT_POLICY_VIOLATION",
+    "Limits",
+    "RULES",
+    "RULES_BY_NAME",
+    "ResourceView",
+    "StackView",
+    "Violation",
+    "check_plan",
+    "has_mandatory",
+    "render",
+    "run_rules",
+]

@@ -1,0 +1,198 @@
+"""Stack outputs for jobs: from the deployed stack, a JSON file, or the offline plan.
+
+Three sources, one validated document (docs/contracts.md section 2):
+
+- deployed: `pulumi stack output --json --stack S` (secrets stay masked: never --show-secrets);
+- file: `--outputs FILE`, e.g. a saved copy of the above or tests/fixtures/outputs/dev.json;
+- offline: `infra.plan.offline_outputs(S)`, the document the program would export.
+
+`load()` checks every key jobs rely on and raises one `UserError` listing each missing or
+mistyped key with the source it came from and how to refresh it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra.errors import Problem, UserError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+Source = Literal["deployed", "file", "offline"]
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+
+
+class ClusterOut(_Doc):
+    sku: str
+    max_nodes: int = Field(alias="maxNodes", ge=1)
+    min_nodes: int = Field(0, alias="minNodes")
+    priority: Literal["Dedicated", "LowPriority"]
+    gpus_per_node: int = Field(alias="gpusPerNode")
+    infiniband: bool
+
+
+class StorageOut(_Doc):
+    account: str
+    blob_endpoint: str = Field(alias="blobEndpoint")
+    containers: dict[str, str]
+    egress_gbps: float = Field(alias="egressGbps")
+    ingress_gbps: float = Field(alias="ingressGbps")
+
+
+class RegistryOut(_Doc):
+    login_server: str = Field(alias="loginServer")
+    environments: dict[str, str]
+
+
+class IdentityOut(_Doc):
+    client_id: str = Field(alias="clientId")
+
+
+class BudgetOut(_Doc):
+    monthly_amount_usd: float = Field(alias="monthlyAmountUsd")
+
+
+class StackOutputs(_Doc):
+    """The keys of the outputs document that jobs use (others are kept, unvalidated)."""
+
+    stack: str
+    subscription_id: str = Field(alias="subscriptionId")
+    resource_group: str = Field(alias="resourceGroup")
+    location: str
+    workspace: str
+    clusters: dict[str, ClusterOut]
+    datastores: dict[str, str]
+    storage: StorageOut
+    registry: RegistryOut
+    identity: IdentityOut
+    budget: BudgetOut | None = None
+    prices: dict[str, float] = Field(default_factory=dict)
+    """USD per node-hour overrides (the stack's `aml-hpc:prices`); not part of the outputs
+    document: read from Pulumi.<stack>.yaml next to it when that file exists."""
+
+
+_REQUIRED_DATASTORES = ("datasets", "checkpoints")
+_REQUIRED_CONTAINERS = ("datasets", "checkpoints")
+
+
+@dataclass(frozen=True)
+class LoadedOutputs:
+    outputs: StackOutputs
+    source: Source
+    reference: str
+    """Where it came from, for messages: a file path or the command that produced it."""
+
+
+def load(stack: str, *, outputs_file: str | Path | None = None, offline: bool = False,
+         root: Path = REPO_ROOT, runner=subprocess.run) -> LoadedOutputs:
+    """The validated outputs of `stack` from exactly one source (default: the deployed stack)."""
+    if outputs_file is not None and offline:
+        raise UserError([Problem("command line", "--outputs/--offline", "give at most one of --outputs FILE and --offline",
+                                 "--offline plans the stack locally; --outputs reads a saved `pulumi stack output --json`")],
+                        "conflicting options")
+    if outputs_file is not None:
+        reference = str(outputs_file)
+        document, source = _from_file(Path(outputs_file)), "file"
+        refresh = f"regenerate it: pulumi stack output --json --stack {stack} > {outputs_file}"
+    elif offline:
+        reference = f"offline plan of Pulumi.{stack}.yaml"
+        document, source = _from_offline(stack, root), "offline"
+        refresh = f"check Pulumi.{stack}.yaml with `python -m infra plan --stack {stack}`"
+    else:
+        reference = f"pulumi stack output --json --stack {stack}"
+        document, source = _from_pulumi(stack, runner), "deployed"
+        refresh = f"run `pulumi up --stack {stack}` so the stack exports it (or use --offline to plan without Azure)"
+    if "prices" not in document:
+        document = {**document, "prices": _stack_prices(stack, root)}
+    outputs = validate(document, reference, refresh)
+    if outputs.stack != stack:
+        raise UserError([Problem(reference, "stack", f"these outputs are for stack {outputs.stack!r}, not {stack!r}",
+                                 f"pass --stack {outputs.stack}, or the outputs of {stack!r}")], "wrong stack outputs")
+    return LoadedOutputs(outputs, source, reference)  # type: ignore[arg-type]
+
+
+def validate(document: Any, reference: str, refresh: str) -> StackOutputs:
+    """Check the outputs document; every missing or mistyped key is one problem."""
+    if not isinstance(document, dict):
+        raise UserError([Problem(reference, "", "is not a JSON object of stack outputs", refresh)], "invalid stack outputs")
+    problems: list[Problem] = []
+    try:
+        outputs = StackOutputs.model_validate(document)
+    except ValidationError as exc:
+        for err in exc.errors():
+            path = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "missing":
+                problems.append(Problem(reference, path, "stack outputs are missing this key", refresh))
+            else:
+                problems.append(Problem(reference, path, f"{err.get('input')!r}: {err['msg'].lower()}", refresh))
+        raise UserError(problems, "invalid stack outputs") from None
+    for key in _REQUIRED_DATASTORES:
+        if key not in outputs.datastores:
+            problems.append(Problem(reference, f"datastores.{key}", "stack outputs are missing this key", refresh))
+    for key in _REQUIRED_CONTAINERS:
+        if key not in outputs.storage.containers:
+            problems.append(Problem(reference, f"storage.containers.{key}", "stack outputs are missing this key", refresh))
+    if problems:
+        raise UserError(problems, "invalid stack outputs")
+    return outputs
+
+
+def _from_file(path: Path) -> Any:
+    if not path.is_file():
+        raise UserError([Problem(str(path), "", "outputs file not found",
+                                 "save one with `pulumi stack output --json --stack S > FILE`, or use --offline")], "missing outputs file")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError([Problem(str(path), f"line {exc.lineno}", f"not valid JSON: {exc.msg}",
+                                 "the file must be the output of `pulumi stack output --json`")], "invalid outputs file") from None
+
+
+def _from_offline(stack: str, root: Path) -> Any:
+    from infra import plan
+
+    return plan.offline_outputs(stack, root=root)
+
+
+def _from_pulumi(stack: str, runner) -> Any:
+    command = ["pulumi", "stack", "output", "--json", "--stack", stack]
+    if shutil.which("pulumi") is None:
+        raise UserError([Problem("pulumi CLI", "", "the pulumi command is not installed or not on PATH",
+                                 "install it (https://www.pulumi.com/docs/install/), or use --offline (plan locally) "
+                                 "or --outputs FILE (a saved `pulumi stack output --json`)")], "cannot read stack outputs")
+    result = runner(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        # stderr of `pulumi stack output` names the stack/backend problem; it holds no secrets
+        detail = (result.stderr or result.stdout or "").strip().splitlines()
+        raise UserError([Problem(" ".join(command), "", f"failed (exit {result.returncode}): {detail[-1] if detail else 'no output'}",
+                                 "log in to the state backend (`pulumi login`), check the stack name (`pulumi stack ls`), "
+                                 "or use --offline")], "cannot read stack outputs")
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise UserError([Problem(" ".join(command), "", "did not print JSON", "run it by hand to see what it prints")],
+                        "cannot read stack outputs") from None
+
+
+def _stack_prices(stack: str, root: Path) -> dict[str, float]:
+    """`aml-hpc:prices` from the stack file, when it is here (price overrides per VM size)."""
+    path = root / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        config = (yaml.safe_load(path.read_text()) or {}).get("config") or {}
+    except yaml.YAMLError:
+        return {}  # the plan/deploy path reports a broken stack file; prices are optional
+    prices = config.get("aml-hpc:prices") or {}
+    return {str(k): float(v) for k, v in prices.items() if isinstance(v, (int, float))} if isinstance(prices, dict) else {}

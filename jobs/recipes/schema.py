@@ -1,0 +1,239 @@
+"""The recipe schema: what a YAML file under jobs/recipes/ may say, validated with pydantic.
+
+A recipe describes a training run independently of any stack: the command, how it is
+distributed, which image, its inputs and outputs, and the platform switches (health gate,
+pinning, checkpoints, profiling, services, cost ceiling). `jobs.build` combines it with a
+stack's outputs and the SKU catalog. No azure-ai-ml import here (STYLE.md 6).
+
+Keys are snake_case. Every field has a default except `name` and `command`; defaults are
+chosen for InfiniBand GPU clusters (see each field's docstring for why).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SHM_SIZE_DEFAULT = "3100m"
+"""Docker's /dev/shm for the job. Azure ML's default (2 GB) starves PyTorch data loader
+workers and NCCL's shared-memory transport; seeds 000/004 use 3100m."""
+
+_SHM = re.compile(r"^[1-9][0-9]*[bkmg]$")
+_NAME = re.compile(r"^[a-z][a-z0-9-]{1,40}$")
+_INPUT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Distribution = Literal["pytorch", "mpi", "tensorflow", "deepspeed"]
+Framework = Literal["pytorch", "tensorflow"]
+InputMode = Literal["stage", "download", "ro_mount"]
+Placement = Literal["local", "shared", "replica"]
+HealthMode = Literal["gate", "warn", "off"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvironmentRef(_Model):
+    """Which image the job runs in: exactly one of the three."""
+
+    registered: str | None = None
+    """An image from images/ registered in the stack (`registry.environments` in the stack
+    outputs), e.g. aml-hpc-pytorch. The job pins the exact image reference the stack names."""
+    curated: str | None = None
+    """An Azure ML curated environment in the `azureml` registry, e.g.
+    acpt-pytorch-2.2-cuda12.1 (latest label)."""
+    image: str | None = None
+    """Any image reference (registry/repository:tag or @sha256:...)."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvironmentRef:
+        given = [k for k in ("registered", "curated", "image") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of registered, curated, image (got {given or 'none'})")
+        return self
+
+
+class InputSpec(_Model):
+    """A dataset the job reads, from the stack's `datasets` datastore/container."""
+
+    path: str | None = None
+    """Folder (blob prefix) inside the datasets container. Required: a recipe may leave it
+    empty to force the user to pass `--set inputs.<name>.path=...`."""
+    mode: InputMode = "stage"
+    """stage: Azure ML mounts nothing; the in-job launcher copies the blobs to node-local
+    scratch (NVMe RAID0) with transparent gunzip, sharded over nodes - the fast path for
+    data read many times (seed 000). download / ro_mount: Azure ML's own input modes."""
+    placement: Placement = "local"
+    """For mode stage: local (each node gets its share; each rank a file list), replica
+    (every node gets everything) or shared (BeeOND: staged once into `shared_dir`)."""
+    shared_dir: str = "/mnt/beeond"
+    """Where the BeeOND file system is mounted on the nodes (placement shared)."""
+
+
+class OutputSpec(_Model):
+    """A named job output (uri_folder). Azure ML's `outputs/` folder is always captured too."""
+
+    mode: Literal["upload", "rw_mount"] = "upload"
+    datastore: str = "checkpoints"
+    """A datastore key of the stack outputs' `datastores` (datasets or checkpoints)."""
+    path: str | None = None
+    """Folder in the datastore; default <recipe>/<job name>/<output name>."""
+
+
+class TensorBoardService(_Model):
+    log_dir: str = "outputs/tensorboard"
+
+
+class Services(_Model):
+    """Interactive job services (seed 004): each runs on every node when enabled."""
+
+    tensorboard: TensorBoardService | None = None
+    jupyter_lab: bool = False
+    vs_code: bool = False
+
+
+class Profiling(_Model):
+    enabled: bool = False
+    """Turns on the PyTorch profiler in the training code (AMLHPC_PROFILE_DIR)."""
+    dir: str = "outputs/tensorboard/profiler"
+    """Trace folder; put it under the TensorBoard service's log_dir to see it there."""
+
+
+class Checkpoint(_Model):
+    enabled: bool = True
+    keep: int = Field(3, ge=1)
+    """Complete checkpoint versions kept in the checkpoints container."""
+    interval_s: int = Field(600, ge=10)
+    """How often the launcher uploads the checkpoint directory while training runs."""
+    writers: Literal["rank0", "per_node", "per_rank"] | None = None
+    """Who writes checkpoint files, for the upload cap (seed 003: writers x cap below the
+    account's ingress). Default: per_rank for deepspeed (ZeRO shards), else rank0."""
+    cap_mbps: int | None = Field(None, ge=1)
+    """Per-writer upload cap in Mb/s; default: 90 % of the account ingress / writers."""
+
+
+class Cost(_Model):
+    expected_hours: float = Field(1.0, gt=0)
+    """Wall-clock estimate used by `estimate` and by submit's ceiling check."""
+    ceiling_usd: float | None = Field(None, gt=0)
+    """Submit refuses (unless --yes) when the estimate exceeds it."""
+
+
+class ModelShape(_Model):
+    """A transformer's shape, for the parameter count and activation memory."""
+
+    hidden_size: int = Field(ge=1)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    intermediate_size: int | None = Field(None, ge=1)
+    """Default 4 x hidden_size."""
+    vocab_size: int = Field(30522, ge=1)
+    max_position: int = Field(512, ge=1)
+    seq_len: int = Field(128, ge=1)
+
+
+class DeepSpeedSpec(_Model):
+    """DeepSpeed settings (distribution: deepspeed); see jobs/deepspeed.py."""
+
+    model: ModelShape
+    zero_stage: Literal["auto", 0, 1, 2, 3] = "auto"
+    """auto: by model size (seed 004: <300M 0, <1B 1, <10B 2, else 3), raised until the
+    model states fit the GPU; CPU offload only when even stage 3 does not fit."""
+    micro_batch: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    activation_checkpointing: bool = False
+    tensorboard: bool = True
+    flops_profiler: bool = False
+    autotune: bool = False
+    """Run the autotuning mode instead of training: tries micro-batch x grad-accum x ZeRO
+    stage for a few steps each and writes the fastest ds_config to outputs."""
+    ort: bool = False
+    """Wrap the model in ONNX Runtime's ORTModule before DeepSpeed (seed 003 order); the
+    image must ship onnxruntime-training."""
+
+
+class Recipe(_Model):
+    """One training run, stack-independent."""
+
+    name: str
+    description: str = ""
+    code: list[str] = Field(default_factory=lambda: ["jobs/runtime", "jobs/workloads"])
+    """Repository folders copied into the job's code snapshot (see docs/jobs.md)."""
+    command: str
+    """The training command; it runs under `python -m jobs.runtime.launch -- <command>`.
+    May reference `${{inputs.<name>}}` for download/ro_mount inputs."""
+    framework: Framework = "pytorch"
+    distribution: Distribution = "pytorch"
+    environment: EnvironmentRef = EnvironmentRef(registered="aml-hpc-pytorch")
+    cluster: str | None = None
+    """Preferred cluster name; --cluster wins. Default: the stack's first InfiniBand cluster."""
+    nodes: int = Field(1, ge=1)
+    processes_per_node: int | None = Field(None, ge=1)
+    """Default: one per GPU (tensorflow distribution: one per node)."""
+    inputs: dict[str, InputSpec] = Field(default_factory=dict)
+    outputs: dict[str, OutputSpec] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    shm_size: str = SHM_SIZE_DEFAULT
+    services: Services = Services()
+    prepare: str | None = None
+    """Shell command run once per node (local rank 0) before the launcher; the other ranks
+    wait for it - what Batch AI's job preparation did (seed 001)."""
+    profiling: Profiling = Profiling()
+    health: HealthMode = "gate"
+    """gate: a failing node stops the job before training; warn: report and go on; off."""
+    pin: Literal["auto", "off"] = "auto"
+    checkpoint: Checkpoint = Checkpoint()
+    cost: Cost = Cost()
+    timeout_hours: float | None = Field(None, gt=0)
+    """Azure ML kills the job after this; default: 2 x cost.expected_hours, at least 1 h."""
+    deepspeed: DeepSpeedSpec | None = None
+    experiment: str | None = None
+    """Azure ML experiment name; default: the recipe name."""
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be 2-41 lowercase letters, digits or hyphens, starting with a letter")
+        return value
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, value: str) -> str:
+        if not _SHM.match(value):
+            raise ValueError("must be a number with a unit b, k, m or g, e.g. 3100m or 16g")
+        return value
+
+    @field_validator("inputs")
+    @classmethod
+    def _input_names(cls, value: dict[str, InputSpec]) -> dict[str, InputSpec]:
+        for key in value:
+            if not _INPUT_NAME.match(key):
+                raise ValueError(f"input name {key!r} must be lowercase letters, digits or _ (it becomes AMLHPC_DATA_DIR_{key.upper()})")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        if self.distribution == "deepspeed" and self.deepspeed is None:
+            raise ValueError("distribution deepspeed needs a `deepspeed:` block (at least deepspeed.model)")
+        if self.framework == "tensorflow" and self.distribution in ("pytorch", "deepspeed"):
+            raise ValueError(f"framework tensorflow cannot use distribution {self.distribution} (use mpi for Horovod, or tensorflow)")
+        return self
+
+    @property
+    def checkpoint_writers(self) -> str:
+        if self.checkpoint.writers:
+            return self.checkpoint.writers
+        return "per_rank" if self.distribution == "deepspeed" else "rank0"

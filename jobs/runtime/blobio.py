@@ -1,0 +1,171 @@
+"""Blob clients for the runtime: one way to reach a container, on Azure and on Azurite.
+
+- Azure: the account URL from the stack outputs (`storage.blobEndpoint`) and
+  `DefaultAzureCredential`, which on a cluster node picks the managed identity named by
+  `AZURE_CLIENT_ID` (jobs/build.py sets it) and on a laptop the `az login` session.
+- Azurite (tests, local rehearsal): a connection string, read from an environment
+  variable (`AMLHPC_BLOB_CONNECTION_STRING` by default). It holds an account key, so it
+  is never printed, logged or put in an exception message; `safe_endpoint()` gives the
+  part that may be shown.
+
+Retries: the storage SDK's `ExponentialRetry` (an azure-core `HTTPPolicy`) tuned for
+staging at scale. Throttling arrives as 503 ServerBusy / 500 OperationTimedOut, which the
+policy retries; dropped connections arrive as ServiceRequestError (before the request
+reached the server) or ServiceResponseError (mid-response), counted separately. The SDK's
+defaults (15 s first backoff, 3 read retries) are tuned for interactive use; a node
+pulling thousands of blobs wants a short first backoff with exponential growth and
+jitter (so a fleet does not retry in lock step) and more patience for dropped reads.
+Every number is in `RetrySettings`, so tests and benchmarks can shorten the waits.
+
+Connections: requests' default pool keeps 10 connections per host; with more download
+threads than that, connections are torn down and re-opened for every request (and
+urllib3 warns). The transport here keeps as many as there are threads.
+
+Standard library plus azure-storage-blob / azure-core / azure-identity: ships in the image.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+CONNECTION_STRING_VARIABLE = "AMLHPC_BLOB_CONNECTION_STRING"
+"""Same name as jobs.runtime.contract.BLOB_CONNECTION_STRING (runtime modules import nothing else)."""
+CLIENT_ID_VARIABLE = "AZURE_CLIENT_ID"
+
+
+class BlobConfigError(ValueError):
+    """How to reach Blob storage is missing or malformed. The message never holds a secret."""
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """Retry budget and backoff for every Blob request (see the module docstring).
+
+    Backoff before retry k (k = 0, 1, ...): initial_backoff_s + increment_base_s ** k
+    (k > 0), +- jitter_s, as the storage SDK's ExponentialRetry computes it. The defaults
+    wait about 1, 3, 5, 9, 17, 33 s: a minute of throttling is ridden out.
+    """
+
+    total: int = 10
+    """Retries of one request, all causes together."""
+    connect: int = 6
+    """Of those, for errors before the server got the request (refused, reset on connect)."""
+    read: int = 6
+    """Of those, for errors after the request was sent (connection dropped mid-response)."""
+    status: int = 8
+    """Of those, for retryable statuses (408, 500, 502, 503 ServerBusy, 504)."""
+    initial_backoff_s: float = 1.0
+    increment_base_s: float = 2.0
+    jitter_s: float = 0.5
+    connection_timeout_s: float = 20.0
+    read_timeout_s: float = 60.0
+    """A stalled socket is given up (and retried) after this long without a byte."""
+
+    @classmethod
+    def fast(cls) -> RetrySettings:
+        """Millisecond backoffs for tests and benchmarks against a local Azurite."""
+        return cls(initial_backoff_s=0.02, increment_base_s=1.3, jitter_s=0.01,
+                   connection_timeout_s=5.0, read_timeout_s=10.0)
+
+    def policy(self):
+        """The storage SDK retry policy configured from these settings."""
+        from azure.storage.blob import ExponentialRetry
+
+        return ExponentialRetry(
+            initial_backoff=self.initial_backoff_s,
+            increment_base=self.increment_base_s,
+            random_jitter_range=self.jitter_s,
+            retry_total=self.total,
+            retry_connect=self.connect,
+            retry_read=self.read,
+            retry_status=self.status,
+        )
+
+
+def _transport(max_connections: int, retry: RetrySettings):
+    import requests
+    from azure.core.pipeline.transport import RequestsTransport
+
+    session = requests.Session()
+    # Retries belong to the storage policy above; urllib3's own would double them.
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=max(10, max_connections), max_retries=0)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    return RequestsTransport(session=session, session_owner=True,
+                             connection_timeout=retry.connection_timeout_s, read_timeout=retry.read_timeout_s)
+
+
+def safe_endpoint(account_url: str | None = None, connection_string: str | None = None) -> str:
+    """The account endpoint for messages: scheme, host, path; never a key, SAS or query."""
+    if connection_string:
+        parts = dict(p.split("=", 1) for p in connection_string.split(";") if "=" in p)
+        if parts.get("BlobEndpoint"):
+            account_url = parts["BlobEndpoint"]
+        elif parts.get("AccountName"):
+            suffix = parts.get("EndpointSuffix", "core.windows.net")
+            account_url = f"{parts.get('DefaultEndpointsProtocol', 'https')}://{parts['AccountName']}.blob.{suffix}"
+        else:
+            return "<connection string>"
+    if not account_url:
+        return "<unknown endpoint>"
+    split = urlsplit(account_url)
+    return f"{split.scheme}://{split.netloc}{split.path}".rstrip("/")
+
+
+def credential_from_env(env: Mapping[str, str] | None = None):
+    """DefaultAzureCredential for a node (managed identity by AZURE_CLIENT_ID) or a workstation."""
+    from azure.identity import DefaultAzureCredential
+
+    env = os.environ if env is None else env
+    client_id = env.get(CLIENT_ID_VARIABLE) or None
+    return DefaultAzureCredential(managed_identity_client_id=client_id, exclude_interactive_browser_credential=True)
+
+
+def container_client(container: str, *, account_url: str | None = None, connection_string: str | None = None,
+                     credential=None, retry: RetrySettings | None = None, max_connections: int = 32):
+    """A ContainerClient for `container`.
+
+    With `connection_string` (Azurite) it wins over `account_url`; otherwise `account_url`
+    is required and `credential` defaults to `credential_from_env()`.
+    """
+    from azure.storage.blob import ContainerClient
+
+    retry = retry or RetrySettings()
+    options = {
+        "retry_policy": retry.policy(),
+        "transport": _transport(max_connections, retry),
+        # Single GETs up to 8 MiB, ranges of 8 MiB after that: staging does its own ranging,
+        # this only shapes whole-blob reads such as manifests and metadata probes.
+        "max_single_get_size": 8 << 20,
+        "max_chunk_get_size": 8 << 20,
+    }
+    if connection_string:
+        try:
+            return ContainerClient.from_connection_string(connection_string, container, **options)
+        except ValueError:
+            # The SDK's message is generic, and the string itself must not be echoed.
+            raise BlobConfigError(
+                "the Blob connection string is malformed (expected 'DefaultEndpointsProtocol=...;AccountName=...;"
+                "AccountKey=...;BlobEndpoint=...'); for Azurite take it from `jobs.local.azurite`"
+            ) from None
+    if not account_url:
+        raise BlobConfigError(
+            f"no Blob endpoint for container {container!r}: give the account URL (the stack output "
+            f"storage.blobEndpoint) or set {CONNECTION_STRING_VARIABLE} for Azurite"
+        )
+    if not account_url.startswith(("https://", "http://")):
+        raise BlobConfigError(f"account URL {safe_endpoint(account_url)!r} must start with https://")
+    return ContainerClient(account_url, container, credential=credential or credential_from_env(), **options)
+
+
+def container_client_from_env(container: str, account_url: str | None = None, env: Mapping[str, str] | None = None,
+                              connection_string_variable: str = CONNECTION_STRING_VARIABLE, **kwargs):
+    """Azurite when `connection_string_variable` is set in `env`, else Azure with DefaultAzureCredential."""
+    env = os.environ if env is None else env
+    connection_string = env.get(connection_string_variable) or None
+    credential = None if connection_string else kwargs.pop("credential", None) or credential_from_env(env)
+    return container_client(container, account_url=account_url, connection_string=connection_string,
+                            credential=credential, **kwargs)

@@ -1,0 +1,54 @@
+"""Bad-input errors for the in-job runtime, shaped like `infra.errors` (which the runtime
+cannot import: it ships alone into the training image).
+
+A `RuntimeInputError` holds every `RuntimeProblem` found in one input (an environment
+variable such as AMLHPC_SKU_JSON, a flag, a file): where it came from, which key, what is
+wrong with which value, and how to fix it. Entry points print `render()` to stderr and
+exit with `EXIT_USAGE`. Values that may be secrets are never put in a message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_USAGE = 2
+"""Exit status for bad input, as in `infra.errors` and argparse."""
+
+
+@dataclass(frozen=True)
+class RuntimeProblem:
+    """One thing wrong: `reference` (variable or file), `path` (key inside it), message, hint."""
+
+    reference: str
+    path: str
+    message: str
+    hint: str = ""
+
+    def render(self) -> str:
+        where = f"{self.reference}: {self.path}" if self.path else self.reference
+        text = f"{where}: {self.message}"
+        if self.hint:
+            text += f"\n    fix: {self.hint}"
+        return text
+
+
+class RuntimeInputError(Exception):
+    """Bad input to a runtime entry point, with every problem found."""
+
+    def __init__(self, problems: list[RuntimeProblem], title: str = "invalid runtime input"):
+        self.problems = list(problems)
+        self.title = title
+        super().__init__(self.render())
+
+    @classmethod
+    def single(cls, reference: str, path: str, message: str, hint: str = "") -> RuntimeInputError:
+        return cls([RuntimeProblem(reference, path, message, hint)])
+
+    def render(self) -> str:
+        count = len(self.problems)
+        head = f"{self.title} ({count} problem{'s' if count != 1 else ''}):"
+        lines = ["  - " + p.render().replace("\n", "\n  ") for p in self.problems]
+        return "\n".join([head, *lines])
+
+    def __str__(self) -> str:
+        return self.render()

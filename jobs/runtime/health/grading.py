@@ -1,0 +1,58 @@
+"""Pass, warn or fail for one measured figure (pure functions, no I/O).
+
+Published pass marks (FIELD_NOTES, azure-nhc) say "pass if measured >= expected", so the
+published figure is the fail line. A value within `WARN_MARGIN` (3.5 %) above it passes
+but is flagged: it is one bad day away from failing. Where a size publishes three figures
+(H100 v5 multi-node all-reduce: expected 450, warn below 400, fail below 300 GB/s) those
+are used as given.
+"""
+
+from __future__ import annotations
+
+PASS, WARN, FAIL, SKIP, INFO = "pass", "warn", "fail", "skip", "info"
+"""Statuses. `skip`: not measured (with the reason). `info`: measured, no pass mark."""
+
+WARN_MARGIN = 0.035
+"""Warn when a figure is less than 3.5 % above its fail line (FIELD_NOTES fleet rule)."""
+
+_SEVERITY = {FAIL: 3, WARN: 2, PASS: 1, INFO: 0, SKIP: 0}
+
+
+def grade_minimum(value: float, minimum: float | None, warn_margin: float = WARN_MARGIN) -> str:
+    """fail below `minimum`, warn below minimum x (1 + margin), else pass; info without a minimum."""
+    if minimum is None:
+        return INFO
+    if value < minimum:
+        return FAIL
+    if value < minimum * (1 + warn_margin):
+        return WARN
+    return PASS
+
+
+def grade_band(value: float, warn_below: float, fail_below: float) -> str:
+    """Explicit thresholds: fail below `fail_below`, warn below `warn_below`."""
+    if value < fail_below:
+        return FAIL
+    if value < warn_below:
+        return WARN
+    return PASS
+
+
+def worst(statuses) -> str:
+    """The most severe status (fail > warn > pass); pass when nothing was graded."""
+    result = PASS
+    for status in statuses:
+        if _SEVERITY[status] > _SEVERITY[result]:
+            result = status
+    return result
+
+
+def bus_bandwidth(algbw: float, ranks: int) -> float:
+    """NCCL all-reduce bus bandwidth: algbw x 2(n-1)/n (nccl-tests' PERFORMANCE.md).
+
+    An all-reduce moves 2(n-1)/n of the buffer over each rank's busiest link, so busbw is
+    comparable with the hardware's link speed whatever the rank count.
+    """
+    if ranks < 1:
+        raise ValueError(f"an all-reduce needs at least one rank, got {ranks}")
+    return algbw * 2 * (ranks - 1) / ranks

@@ -1,0 +1,222 @@
+"""The VM size's facts inside the job, read from AMLHPC_SKU_JSON.
+
+Shape: the job builder serialises the catalog record as it is,
+`json.dumps(dataclasses.asdict(infra.skus.get(name)))`, so every key keeps its
+`infra/skus.py` name and unit. The runtime reads this subset (others are ignored, so the
+catalog can grow without breaking running images):
+
+    {"name": "Standard_ND96asr_v4",            required, str
+     "gpus": 8,                                 required, int >= 0
+     "vcpus": 96, "gpu_model": "A100-SXM4-40GB",
+     "gpu_gemm_dtype": "bf16" | "fp16",         GEMM health check dtype
+     "gpu_peak_dense_tflops": 312.0,            per GPU, for gpu_gemm_dtype
+     "gpu_memory_gbytes_per_s": 1555.0,
+     "ib_hcas": 8, "ib_gbits_per_s_per_hca": 200, "ib_generation": "HDR" | null,
+     "nvme_devices": 8, "storage_nic_gbits_per_s": 24.0,
+     "numa": [{"node": 0, "cpulist": "0-23", "gpu_ids": [2, 3]}, ...] | null,
+     "health": {"h2d_gbytes_per_s_min": 21.0 | null, "d2h_gbytes_per_s_min": 21.0 | null,
+                "nccl_allreduce_busbw_gbytes_per_s_min": 228.0 | null,
+                "nccl_allreduce_message_bytes": 8589934592,
+                "ib_write_gbits_per_s_per_hca_min": 180.0 | null,
+                "gemm_fraction_of_peak_min": 0.6,
+                "nccl_multinode_busbw_gbytes_per_s": [450.0, 400.0, 300.0] | null}}
+
+A missing optional key means "unknown" (no threshold, no catalog map); a present key with
+the wrong type is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.runtime.contract import SKU_JSON
+from jobs.runtime.errors import RuntimeInputError, RuntimeProblem
+
+_FIX = "the job builder sets it from infra/skus.py: json.dumps(dataclasses.asdict(sku)); resubmit the job, or correct the value by hand"
+
+
+@dataclass(frozen=True)
+class NumaFacts:
+    node: int
+    cpulist: str
+    gpu_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HealthFacts:
+    """Pass marks (measured >= value passes); None: no published figure, report only."""
+
+    h2d_gbytes_per_s_min: float | None = None
+    d2h_gbytes_per_s_min: float | None = None
+    nccl_allreduce_busbw_gbytes_per_s_min: float | None = None
+    nccl_allreduce_message_bytes: int = 1 << 30
+    ib_write_gbits_per_s_per_hca_min: float | None = None
+    gemm_fraction_of_peak_min: float | None = None
+    nccl_multinode_busbw_gbytes_per_s: tuple[float, float, float] | None = None
+    """(expected, warn below, fail below), GB/s."""
+
+
+@dataclass(frozen=True)
+class SkuFacts:
+    name: str
+    gpus: int
+    vcpus: int | None = None
+    gpu_model: str | None = None
+    gpu_gemm_dtype: str = "bf16"
+    gpu_peak_dense_tflops: float | None = None
+    gpu_memory_gbytes_per_s: float | None = None
+    ib_hcas: int = 0
+    ib_gbits_per_s_per_hca: int = 0
+    ib_generation: str | None = None
+    nvme_devices: int = 0
+    storage_nic_gbits_per_s: float | None = None
+    numa: tuple[NumaFacts, ...] | None = None
+    health: HealthFacts = HealthFacts()
+
+    @property
+    def infiniband(self) -> bool:
+        return self.ib_hcas > 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class _Reader:
+    """Typed getters that collect a problem per bad key instead of stopping at the first."""
+
+    def __init__(self, reference: str):
+        self.reference = reference
+        self.problems: list[RuntimeProblem] = []
+
+    def bad(self, path: str, message: str) -> None:
+        self.problems.append(RuntimeProblem(self.reference, path, message, _FIX))
+
+    def number(self, data: Mapping, key: str, path: str, *, default=None, integer=False, minimum=0.0):
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        kind = "an integer" if integer else "a number"
+        if not _is_number(value) or (integer and not isinstance(value, int)):
+            self.bad(path, f"must be {kind}, got {value!r}")
+            return default
+        if value < minimum:
+            self.bad(path, f"must be >= {minimum:g}, got {value!r}")
+            return default
+        return value
+
+    def text(self, data: Mapping, key: str, path: str, *, default=None, allowed: tuple[str, ...] = ()):
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if not isinstance(value, str) or not value:
+            self.bad(path, f"must be a non-empty string, got {value!r}")
+            return default
+        if allowed and value not in allowed:
+            self.bad(path, f"must be one of {', '.join(allowed)}, got {value!r}")
+            return default
+        return value
+
+
+def _parse_numa(reader: _Reader, raw: Any) -> tuple[NumaFacts, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        reader.bad("numa", f"must be a list of {{node, cpulist, gpu_ids}} or null, got {type(raw).__name__}")
+        return None
+    domains = []
+    for i, item in enumerate(raw):
+        path = f"numa[{i}]"
+        if not isinstance(item, Mapping):
+            reader.bad(path, f"must be an object, got {item!r}")
+            continue
+        node = reader.number(item, "node", f"{path}.node", integer=True)
+        cpulist = reader.text(item, "cpulist", f"{path}.cpulist")
+        gpu_ids = item.get("gpu_ids")
+        if not isinstance(gpu_ids, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in gpu_ids):
+            reader.bad(f"{path}.gpu_ids", f"must be a list of integers, got {gpu_ids!r}")
+            continue
+        if node is None or cpulist is None:
+            if "node" not in item or "cpulist" not in item:
+                reader.bad(path, "needs both 'node' and 'cpulist'")
+            continue
+        domains.append(NumaFacts(node, cpulist, tuple(gpu_ids)))
+    return tuple(domains)
+
+
+def _parse_health(reader: _Reader, raw: Any) -> HealthFacts:
+    if raw is None:
+        return HealthFacts()
+    if not isinstance(raw, Mapping):
+        reader.bad("health", f"must be an object, got {type(raw).__name__}")
+        return HealthFacts()
+    values: dict[str, Any] = {}
+    for key in ("h2d_gbytes_per_s_min", "d2h_gbytes_per_s_min", "nccl_allreduce_busbw_gbytes_per_s_min",
+                "ib_write_gbits_per_s_per_hca_min", "gemm_fraction_of_peak_min"):
+        values[key] = reader.number(raw, key, f"health.{key}")
+    fraction = values["gemm_fraction_of_peak_min"]
+    if fraction is not None and fraction > 1:
+        reader.bad("health.gemm_fraction_of_peak_min", f"is a fraction of peak (0-1), got {fraction!r}")
+        values["gemm_fraction_of_peak_min"] = None
+    message = reader.number(raw, "nccl_allreduce_message_bytes", "health.nccl_allreduce_message_bytes",
+                            integer=True, minimum=1)
+    if message is not None:
+        values["nccl_allreduce_message_bytes"] = message
+    triple = raw.get("nccl_multinode_busbw_gbytes_per_s")
+    if triple is not None:
+        if isinstance(triple, list) and len(triple) == 3 and all(_is_number(v) for v in triple):
+            expected, warn, fail = triple
+            if not expected >= warn >= fail:
+                reader.bad("health.nccl_multinode_busbw_gbytes_per_s",
+                           f"must be [expected, warn below, fail below] in falling order, got {triple!r}")
+            else:
+                values["nccl_multinode_busbw_gbytes_per_s"] = (float(expected), float(warn), float(fail))
+        else:
+            reader.bad("health.nccl_multinode_busbw_gbytes_per_s",
+                       f"must be [expected, warn below, fail below] (3 numbers) or null, got {triple!r}")
+    return HealthFacts(**values)
+
+
+def parse_sku_facts(text: str, reference: str = SKU_JSON) -> SkuFacts:
+    """Parse the JSON document; raises RuntimeInputError naming every bad key."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RuntimeInputError.single(reference, "", f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", _FIX) from None
+    if not isinstance(data, Mapping):
+        raise RuntimeInputError.single(reference, "", f"must be a JSON object, got {type(data).__name__}", _FIX)
+    reader = _Reader(reference)
+    name = reader.text(data, "name", "name")
+    if "name" not in data:
+        reader.bad("name", "is missing (the VM size, e.g. Standard_ND96asr_v4)")
+    gpus = reader.number(data, "gpus", "gpus", integer=True)
+    if "gpus" not in data:
+        reader.bad("gpus", "is missing (GPUs per node)")
+    facts = dict(
+        vcpus=reader.number(data, "vcpus", "vcpus", integer=True),
+        gpu_model=reader.text(data, "gpu_model", "gpu_model"),
+        gpu_gemm_dtype=reader.text(data, "gpu_gemm_dtype", "gpu_gemm_dtype", default="bf16", allowed=("bf16", "fp16")),
+        gpu_peak_dense_tflops=reader.number(data, "gpu_peak_dense_tflops", "gpu_peak_dense_tflops"),
+        gpu_memory_gbytes_per_s=reader.number(data, "gpu_memory_gbytes_per_s", "gpu_memory_gbytes_per_s"),
+        ib_hcas=reader.number(data, "ib_hcas", "ib_hcas", default=0, integer=True),
+        ib_gbits_per_s_per_hca=reader.number(data, "ib_gbits_per_s_per_hca", "ib_gbits_per_s_per_hca", default=0, integer=True),
+        ib_generation=reader.text(data, "ib_generation", "ib_generation"),
+        nvme_devices=reader.number(data, "nvme_devices", "nvme_devices", default=0, integer=True),
+        storage_nic_gbits_per_s=reader.number(data, "storage_nic_gbits_per_s", "storage_nic_gbits_per_s"),
+        numa=_parse_numa(reader, data.get("numa")),
+        health=_parse_health(reader, data.get("health")),
+    )
+    if reader.problems:
+        raise RuntimeInputError(reader.problems, title=f"{reference} is not a usable SKU description")
+    return SkuFacts(name=name, gpus=gpus, **facts)
+
+
+def load_sku_facts(environ: Mapping[str, str] | None = None) -> SkuFacts | None:
+    """The facts from AMLHPC_SKU_JSON, or None when it is unset (thresholds unknown)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(SKU_JSON, "").strip()
+    return parse_sku_facts(text) if text else None

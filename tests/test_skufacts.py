@@ -1,0 +1,86 @@
+"""AMLHPC_SKU_JSON: the catalog record as the job builder serialises it, read inside the job."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from infra import skus
+from jobs.runtime.errors import RuntimeInputError
+from jobs.runtime.skufacts import load_sku_facts, parse_sku_facts
+
+
+def _doc(name: str) -> dict:
+    return dataclasses.asdict(skus.get(name))
+
+
+@pytest.mark.parametrize("name", skus.names())
+def test_every_catalog_size_round_trips(name):
+    """Each runtime field equals the catalog's, so the runtime never re-types a figure."""
+    sku = skus.get(name)
+    facts = parse_sku_facts(json.dumps(_doc(name)))
+    assert (facts.name, facts.gpus, facts.vcpus, facts.gpu_gemm_dtype) == (sku.name, sku.gpus, sku.vcpus, sku.gpu_gemm_dtype)
+    assert facts.gpu_peak_dense_tflops == sku.gpu_peak_dense_tflops
+    assert (facts.ib_hcas, facts.ib_gbits_per_s_per_hca, facts.ib_generation) == (sku.ib_hcas, sku.ib_gbits_per_s_per_hca, sku.ib_generation)
+    assert facts.storage_nic_gbits_per_s == sku.storage_nic_gbits_per_s
+    for field in dataclasses.fields(facts.health):
+        assert getattr(facts.health, field.name) == getattr(sku.health, field.name), field.name
+    if sku.numa is None:
+        assert facts.numa is None
+    else:
+        assert [(d.node, d.cpulist, d.gpu_ids) for d in facts.numa] == [(d.node, d.cpulist, d.gpu_ids) for d in sku.numa]
+
+
+def test_unknown_keys_are_ignored():
+    """A newer catalog with extra fields still works in an older image."""
+    doc = _doc("Standard_ND96asr_v4") | {"future_field": 1}
+    assert parse_sku_facts(json.dumps(doc)).name == "Standard_ND96asr_v4"
+
+
+def test_unset_means_unknown():
+    assert load_sku_facts({}) is None
+    assert load_sku_facts({"AMLHPC_SKU_JSON": "  "}) is None
+
+
+def test_missing_required_keys_are_all_named():
+    with pytest.raises(RuntimeInputError) as info:
+        parse_sku_facts("{}")
+    text = info.value.render()
+    assert "AMLHPC_SKU_JSON: name: is missing" in text
+    assert "AMLHPC_SKU_JSON: gpus: is missing" in text
+    assert "fix: the job builder sets it from infra/skus.py" in text
+
+
+def test_wrong_types_name_key_and_value():
+    doc = _doc("Standard_ND96asr_v4")
+    doc["gpus"] = "8"
+    doc["gpu_gemm_dtype"] = "fp8"
+    doc["health"]["h2d_gbytes_per_s_min"] = "fast"
+    doc["health"]["gemm_fraction_of_peak_min"] = 60
+    doc["health"]["nccl_multinode_busbw_gbytes_per_s"] = [300, 400, 450]
+    doc["numa"][1]["gpu_ids"] = "0,1"
+    with pytest.raises(RuntimeInputError) as info:
+        parse_sku_facts(json.dumps(doc))
+    problems = {p.path: p.message for p in info.value.problems}
+    assert problems["gpus"] == "must be an integer, got '8'"
+    assert "fp8" in problems["gpu_gemm_dtype"] and "bf16, fp16" in problems["gpu_gemm_dtype"]
+    assert problems["health.h2d_gbytes_per_s_min"] == "must be a number, got 'fast'"
+    assert "fraction of peak (0-1), got 60" in problems["health.gemm_fraction_of_peak_min"]
+    assert "falling order" in problems["health.nccl_multinode_busbw_gbytes_per_s"]
+    assert "list of integers" in problems["numa[1].gpu_ids"]
+    assert len(problems) == 6
+
+
+def test_not_json_and_not_an_object():
+    with pytest.raises(RuntimeInputError, match="not valid JSON"):
+        parse_sku_facts("Standard_ND96asr_v4")
+    with pytest.raises(RuntimeInputError, match="must be a JSON object, got list"):
+        parse_sku_facts("[1, 2]")
+
+
+def test_negative_count_is_refused():
+    doc = _doc("Standard_NC24s_v3") | {"ib_hcas": -1}
+    with pytest.raises(RuntimeInputError, match="ib_hcas: must be >= 0"):
+        parse_sku_facts(json.dumps(doc))
