@@ -19,7 +19,6 @@ from rich.console import Console
 from infra.errors import EXIT_USAGE, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
-err = Console(stderr=True)
 
 EXIT_POLICY = 3
 """`plan --policy` found a mandatory policy violation."""
@@ -33,7 +32,7 @@ def main() -> None:
 def fail(exc: UserError, debug: bool) -> None:
     if debug:
         raise exc
-    err.print(exc.render(), markup=False, highlight=False)
+    sys.stderr.write(exc.render() + "\n")
     raise typer.Exit(EXIT_USAGE)
 
 

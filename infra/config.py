@@ -286,7 +286,8 @@ def _type_problems(reference: str, stack: str, exc: ValidationError) -> list[Pro
             problems.append(Problem(reference, path, "is required", fix_command(stack, path)))
             continue
         bad = err.get("input")
-        problems.append(Problem(reference, path, f"{bad!r}: {err['msg'].lower()}", fix_command(stack, path)))
+        msg = err["msg"][:1].lower() + err["msg"][1:]
+        problems.append(Problem(reference, path, f"{bad!r}: {msg}", fix_command(stack, path)))
     return problems
 
 

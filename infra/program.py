@@ -201,7 +201,7 @@ def _experiment(cfg: StackConfig, env_cfg: StackConfig, now: datetime | None) ->
     for c in cfg.clusters:
         _cluster(c, resource_group_name=group_name, workspace_name=env.require_output("workspace"),
                  location=env.require_output("location"), identity_id=identity.apply(lambda i: i["id"]),
-                 subnet_id=network.apply(lambda n: n["subnetId"]), private=private, tags=tags, depends_on=[])
+                 subnet_id=network.apply(lambda n: n.get("subnetId")), private=private, tags=tags, depends_on=[])
 
     if cfg.budget is not None:
         scope = pulumi.Output.all(subscription, group_name).apply(lambda a: f"/subscriptions/{a[0]}/resourceGroups/{a[1]}")

@@ -14,6 +14,7 @@ import pulumi
 from pulumi_azure_native import authorization
 
 from infra import quirks
+from infra.components import ComponentError
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Access(pulumi.ComponentResource):
         super().__init__("aml-hpc:security:Access", name, None, opts)
         keys = [g.key for g in args.grants]
         if len(keys) != len(set(keys)):
-            raise pulumi.ResourceError(f"duplicate grant keys in {keys}", self)
+            raise ComponentError(self, f"duplicate grant keys in {keys}")
         for grant in args.grants:
             authorization.RoleAssignment(
                 f"{name}-{grant.key}",

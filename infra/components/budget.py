@@ -13,6 +13,7 @@ import pulumi
 from pulumi_azure_native import consumption
 
 from infra import quirks
+from infra.components import ComponentError
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Budget(pulumi.ComponentResource):
     def __init__(self, name: str, args: BudgetArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("aml-hpc:cost:Budget", name, None, opts)
         if not args.alert_emails:
-            raise pulumi.ResourceError("a budget needs at least one alert email", self)
+            raise ComponentError(self, "a budget needs at least one alert email")
         notifications = {
             f"actual-{pct}": consumption.NotificationArgs(
                 enabled=True, operator="GreaterThanOrEqualTo", threshold=pct,

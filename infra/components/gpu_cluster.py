@@ -14,6 +14,7 @@ import pulumi
 from pulumi_azure_native import machinelearningservices as ml
 
 from infra import quirks, skus
+from infra.components import ComponentError
 
 
 @dataclass
@@ -54,10 +55,10 @@ class GpuCluster(pulumi.ComponentResource):
         super().__init__("aml-hpc:compute:GpuCluster", name, None, opts)
         sku = skus.get(args.sku)
         if args.min_nodes > args.max_nodes:
-            raise pulumi.ResourceError(f"minNodes {args.min_nodes} exceeds maxNodes {args.max_nodes}", self)
+            raise ComponentError(self, f"minNodes {args.min_nodes} exceeds maxNodes {args.max_nodes}")
         if not args.node_public_ip and args.subnet_id is None:
             # Without a public IP the nodes need our VNet (or a managed VNet) to reach Azure ML.
-            raise pulumi.ResourceError("a cluster without node public IPs needs a subnet", self)
+            raise ComponentError(self, "a cluster without node public IPs needs a subnet")
 
         ssh_on = bool(args.ssh_public_key)
         credentials = (
@@ -100,6 +101,9 @@ class GpuCluster(pulumi.ComponentResource):
             tags=args.tags,
             opts=pulumi.ResourceOptions(
                 parent=self,
+                # Children do not inherit a component's depends_on: pass it on, so nodes
+                # start only after their role assignments and endpoints exist.
+                depends_on=list((opts.depends_on if opts else None) or []),
                 replace_on_changes=list(quirks.CLUSTER_REPLACE_ON_CHANGES),
                 delete_before_replace=True,
             ),

@@ -12,6 +12,7 @@ import pulumi
 from pulumi_azure_native import network
 
 from infra import quirks
+from infra.components import ComponentError
 
 
 @dataclass
@@ -46,10 +47,10 @@ class PrivateEndpoints(pulumi.ComponentResource):
         for target in args.targets:
             zones = quirks.PRIVATE_DNS_ZONES.get(target.group_id)
             if zones is None:
-                raise pulumi.ResourceError(f"no private DNS zone known for sub-resource {target.group_id!r}", self)
+                raise ComponentError(self, f"no private DNS zone known for sub-resource {target.group_id!r}")
             missing = [z for z in zones if z not in args.dns_zone_ids]
             if missing:
-                raise pulumi.ResourceError(f"the network has no private DNS zone {missing[0]}", self)
+                raise ComponentError(self, f"the network has no private DNS zone {missing[0]}")
             endpoint_name = f"pe-{args.name_prefix}-{target.key}"
             endpoint = network.PrivateEndpoint(
                 f"{name}-{target.key}",

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_azure_native import resources
 
+from infra.components import ComponentError
+
 
 @dataclass
 class ResourceGroupArgs:
@@ -28,7 +30,7 @@ class ResourceGroup(pulumi.ComponentResource):
         super().__init__("aml-hpc:core:ResourceGroup", name, None, opts)
         for required in ("owner", "environment", "stack"):
             if required not in args.tags:
-                raise pulumi.ResourceError(f"resource group tags must include {required!r}", self)
+                raise ComponentError(self, f"resource group tags must include {required!r}")
         group = resources.ResourceGroup(
             f"{name}-rg",
             resource_group_name=args.name,

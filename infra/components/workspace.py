@@ -15,10 +15,12 @@ from pulumi_azure_native import (
     applicationinsights,
     containerregistry,
     keyvault,
-    machinelearningservices as ml,
     managedidentity,
     operationalinsights,
     storage,
+)
+from pulumi_azure_native import (
+    machinelearningservices as ml,
 )
 
 from infra import quirks

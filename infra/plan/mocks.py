@@ -109,6 +109,18 @@ class RecordingMonitor(mocks.MockMonitor):
         return response
 
 
+    def ReadResource(self, request):  # noqa: N802 - gRPC method name
+        """Reads of existing resources (StackReference): recorded with custom=False inputs."""
+        response = super().ReadResource(request)
+        self.recorded.append(RecordedResource(
+            urn=response.urn, type=request.type, name=request.name, parent=request.parent or None,
+            custom=False, inputs=_plain(dict(rpc.deserialize_properties(request.properties))),
+            protect=False, retain_on_delete=False, delete_before_replace=False,
+            replace_on_changes=[], depends_on=list(request.dependencies),
+        ))
+        return response
+
+
 # type token -> (ARM provider path, name input, parent name inputs...) for synthetic ids
 _ARM: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "azure-native:storage:StorageAccount": ("Microsoft.Storage/storageAccounts/{name}", "accountName", ()),

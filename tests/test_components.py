@@ -1,0 +1,208 @@
+"""Each component built directly under the recording mock runtime: properties, secure
+defaults, options (protect/retain/replace), and refusals when options contradict."""
+
+from __future__ import annotations
+
+import pulumi
+import pytest
+
+from infra import quirks
+from infra.components.access import Access, AccessArgs, Grant, cluster_identity_grants
+from infra.components.budget import Budget, BudgetArgs
+from infra.components.dataset_storage import DatasetStorage, DatasetStorageArgs
+from infra.components.gpu_cluster import GpuCluster, GpuClusterArgs
+from infra.components.private_endpoints import EndpointTarget, PrivateEndpoints, PrivateEndpointsArgs
+from infra.components.resource_group import ResourceGroup, ResourceGroupArgs
+from infra.components.workspace import Workspace, WorkspaceArgs
+from infra.naming import StackNames
+from infra.plan import record
+
+TAGS = {"owner": "o@example.com", "environment": "dev", "stack": "dev"}
+
+
+def only(resources, type_token):
+    found = [r for r in resources if r.type == type_token]
+    assert len(found) == 1, f"expected one {type_token}, got {len(found)}"
+    return found[0]
+
+
+def cluster(**overrides):
+    args = dict(resource_group_name="rg", workspace_name="ws", location="eastus", cluster_name="nd-a100",
+                sku="Standard_ND96asr_v4", max_nodes=4, identity_id="/subscriptions/s/uai/id", tags=TAGS)
+    args.update(overrides)
+    resources, _, _ = record(lambda: GpuCluster("c", GpuClusterArgs(**args)) and None)
+    return only(resources, "azure-native:machinelearningservices:Compute")
+
+
+class TestResourceGroup:
+    def test_tags_and_name(self):
+        resources, _, _ = record(lambda: ResourceGroup("core", ResourceGroupArgs("rg-x", "eastus", TAGS)) and None)
+        rg = only(resources, "azure-native:resources:ResourceGroup")
+        assert rg.inputs["resourceGroupName"] == "rg-x" and rg.inputs["tags"] == TAGS
+
+    def test_required_tags_enforced(self):
+        with pytest.raises(pulumi.RunError, match="must include 'owner'"):
+            record(lambda: ResourceGroup("core", ResourceGroupArgs("rg", "eastus", {"stack": "dev"})) and None)
+
+
+class TestDatasetStorage:
+    def build(self, **overrides):
+        args = dict(resource_group_name="rg", account_name="amlhpcdata01", location="eastus", tags=TAGS)
+        args.update(overrides)
+        resources, outputs, _ = record(lambda: {"endpoint": DatasetStorage("data", DatasetStorageArgs(**args)).blob_endpoint})
+        return resources, outputs
+
+    def test_secure_defaults(self):
+        resources, outputs = self.build()
+        account = only(resources, "azure-native:storage:StorageAccount")
+        i = account.inputs
+        assert i["enableHttpsTrafficOnly"] is True and i["minimumTlsVersion"] == "TLS1_2"
+        assert i["allowBlobPublicAccess"] is False and i["allowSharedKeyAccess"] is False
+        assert i["kind"] == "StorageV2" and i["sku"]["name"] == "Standard_LRS" and i["accessTier"] == "Hot"
+        assert i["publicNetworkAccess"] == "Enabled"
+        assert outputs["endpoint"] == "https://amlhpcdata01.blob.core.windows.net/"
+
+    def test_containers_and_soft_delete(self):
+        resources, _ = self.build(soft_delete_days=21)
+        containers = sorted(r.inputs["containerName"] for r in resources if r.type == "azure-native:storage:BlobContainer")
+        assert containers == ["checkpoints", "datasets"]
+        assert all(r.inputs["publicAccess"] == "None" for r in resources if r.type == "azure-native:storage:BlobContainer")
+        service = only(resources, "azure-native:storage:BlobServiceProperties")
+        assert service.inputs["deleteRetentionPolicy"] == {"enabled": True, "days": 21}
+        assert service.inputs["containerDeleteRetentionPolicy"] == {"enabled": True, "days": 21}
+
+    @pytest.mark.parametrize("protect", [True, False])
+    def test_data_is_retained_and_protected_outside_dev(self, protect):
+        resources, _ = self.build(protect=protect)
+        data = [r for r in resources if r.type in ("azure-native:storage:StorageAccount", "azure-native:storage:BlobContainer")]
+        assert len(data) == 3
+        assert all(r.retain_on_delete for r in data)
+        assert all(r.protect is protect for r in data)
+
+    def test_premium_tier_and_private_network(self):
+        resources, _ = self.build(tier="PremiumBlockBlob", private=True, allow_shared_key_access=True)
+        i = only(resources, "azure-native:storage:StorageAccount").inputs
+        assert i["kind"] == "BlockBlobStorage" and i["sku"]["name"] == "Premium_LRS" and "accessTier" not in i
+        assert i["publicNetworkAccess"] == "Disabled" and i["networkRuleSet"]["defaultAction"] == "Deny"
+        assert i["allowSharedKeyAccess"] is True
+
+
+class TestWorkspace:
+    def build(self, private):
+        names = StackNames.derive("amlhpc", "dev", "eastus")
+        resources, outputs, _ = record(lambda: {"login": Workspace("ml", WorkspaceArgs(
+            "rg", "eastus", names, "tenant", private, TAGS)).registry_login_server})
+        return resources, outputs
+
+    @pytest.mark.parametrize("private", [False, True])
+    def test_dependencies_are_secure(self, private):
+        resources, outputs = self.build(private)
+        expected = "Disabled" if private else "Enabled"
+        vault = only(resources, "azure-native:keyvault:Vault").inputs["properties"]
+        assert vault["enableRbacAuthorization"] is True and vault["enablePurgeProtection"] is True
+        assert vault["publicNetworkAccess"] == expected
+        acr = only(resources, "azure-native:containerregistry:Registry").inputs
+        assert acr["adminUserEnabled"] is False and acr["publicNetworkAccess"] == expected
+        assert acr["sku"]["name"] == ("Premium" if private else "Standard")
+        ws = only(resources, "azure-native:machinelearningservices:Workspace").inputs
+        assert ws["publicNetworkAccess"] == expected and ws["v1LegacyMode"] is False
+        for key in ("keyVault", "applicationInsights", "containerRegistry", "storageAccount"):
+            assert ws[key].startswith("/subscriptions/")
+        insights = only(resources, "azure-native:applicationinsights:Component").inputs
+        assert insights["workspaceResourceId"].endswith("/workspaces/log-amlhpc-dev")
+        assert only(resources, "azure-native:managedidentity:UserAssignedIdentity").inputs["resourceName"] == "id-amlhpc-dev-compute"
+        assert outputs["login"].endswith(".azurecr.io")
+
+    def test_workspace_storage_is_its_own_account(self):
+        resources, _ = self.build(False)
+        accounts = [r.inputs["accountName"] for r in resources if r.type == "azure-native:storage:StorageAccount"]
+        assert accounts == [StackNames.derive("amlhpc", "dev", "eastus").workspace_storage]
+
+
+class TestGpuCluster:
+    def test_defaults_scale_to_zero_and_ssh_off(self):
+        c = cluster()
+        props = c.inputs["properties"]["properties"]
+        assert props["scaleSettings"] == {"minNodeCount": 0, "maxNodeCount": 4, "nodeIdleTimeBeforeScaleDown": "PT10M"}
+        assert props["vmSize"] == "Standard_ND96asr_v4" and props["vmPriority"] == "Dedicated"
+        assert props["osType"] == "Linux" and props["remoteLoginPortPublicAccess"] == "Disabled"
+        assert "userAccountCredentials" not in props and "subnet" not in props
+        assert c.inputs["properties"]["disableLocalAuth"] is True
+        assert c.inputs["identity"] == {"type": "UserAssigned", "userAssignedIdentities": ["/subscriptions/s/uai/id"]}
+
+    def test_immutable_fields_replace_and_delete_first(self):
+        c = cluster()
+        assert set(c.replace_on_changes) == set(quirks.CLUSTER_REPLACE_ON_CHANGES)
+        assert {p.rsplit(".", 1)[-1] for p in c.replace_on_changes} == {
+            "vmSize", "vmPriority", "subnet", "enableNodePublicIp", "osType"}
+        assert c.delete_before_replace is True
+
+    def test_ssh_key_only(self):
+        c = cluster(ssh_public_key="ssh-ed25519 AAAAkey", idle_minutes=5, priority="LowPriority")
+        props = c.inputs["properties"]["properties"]
+        assert props["userAccountCredentials"] == {"adminUserName": "azureuser", "adminUserSshPublicKey": "ssh-ed25519 AAAAkey"}
+        assert "adminUserPassword" not in props["userAccountCredentials"]
+        assert props["remoteLoginPortPublicAccess"] == "Enabled"
+        assert props["vmPriority"] == "LowPriority" and props["scaleSettings"]["nodeIdleTimeBeforeScaleDown"] == "PT5M"
+
+    def test_private_mode_no_public_ip_in_subnet(self):
+        c = cluster(node_public_ip=False, subnet_id="/sub/vnet/subnets/compute", ssh_public_key="ssh-rsa AAAAkey")
+        props = c.inputs["properties"]["properties"]
+        assert props["enableNodePublicIp"] is False and props["subnet"] == {"id": "/sub/vnet/subnets/compute"}
+        assert props["remoteLoginPortPublicAccess"] == "Disabled", "SSH only from inside the VNet"
+
+    def test_contradictions_refused(self):
+        with pytest.raises(pulumi.RunError, match="needs a subnet"):
+            cluster(node_public_ip=False)
+        with pytest.raises(pulumi.RunError, match="exceeds maxNodes"):
+            cluster(min_nodes=5)
+
+
+class TestAccess:
+    def test_cluster_identity_least_privilege(self):
+        grants = cluster_identity_grants("pid", "/acct/containers/datasets", "/acct/containers/checkpoints", "/acr")
+        resources, _, _ = record(lambda: Access("access", AccessArgs("sub-1", grants)) and None)
+        roles = {r.inputs["scope"]: r.inputs["roleDefinitionId"] for r in resources
+                 if r.type == "azure-native:authorization:RoleAssignment"}
+        assert roles == {
+            "/acct/containers/datasets": quirks.role_definition_id("sub-1", quirks.ROLE_STORAGE_BLOB_DATA_READER),
+            "/acct/containers/checkpoints": quirks.role_definition_id("sub-1", quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR),
+            "/acr": quirks.role_definition_id("sub-1", quirks.ROLE_ACR_PULL),
+        }
+
+    def test_duplicate_keys_refused(self):
+        grants = [Grant("x", "r", "/s", "p"), Grant("x", "r", "/t", "p")]
+        with pytest.raises(pulumi.RunError, match="duplicate grant keys"):
+            record(lambda: Access("access", AccessArgs("sub", grants)) and None)
+
+
+class TestPrivateEndpoints:
+    def test_endpoint_per_target_with_dns(self):
+        zones = {z: f"/zones/{z}" for group in quirks.PRIVATE_DNS_ZONES.values() for z in group}
+        targets = [EndpointTarget("kv", "/vault", "vault"), EndpointTarget("workspace", "/ws", "amlworkspace")]
+        resources, _, _ = record(lambda: PrivateEndpoints("pe", PrivateEndpointsArgs(
+            "rg", "eastus", "/subnet", zones, targets, "amlhpc-prod", TAGS)) and None)
+        endpoints = [r for r in resources if r.type == "azure-native:network:PrivateEndpoint"]
+        assert sorted(e.inputs["privateLinkServiceConnections"][0]["groupIds"][0] for e in endpoints) == ["amlworkspace", "vault"]
+        groups = {len(r.inputs["privateDnsZoneConfigs"]) for r in resources if r.type == "azure-native:network:PrivateDnsZoneGroup"}
+        assert groups == {1, 2}, "the workspace registers in two zones"
+
+    def test_missing_zone_refused(self):
+        with pytest.raises(pulumi.RunError, match="no private DNS zone"):
+            record(lambda: PrivateEndpoints("pe", PrivateEndpointsArgs(
+                "rg", "eastus", "/subnet", {}, [EndpointTarget("kv", "/vault", "vault")], "x")) and None)
+
+
+class TestBudget:
+    def test_alerts_and_experiment_filter(self):
+        resources, _, _ = record(lambda: Budget("b", BudgetArgs(
+            "budget-x", "/subscriptions/s/resourceGroups/rg", 500, ["a@example.com"], [80, 50], stack_tag="exp-x")) and None)
+        budget = only(resources, "azure-native:consumption:Budget")
+        assert budget.inputs["amount"] == 500 and budget.inputs["timeGrain"] == "Monthly"
+        assert sorted(budget.inputs["notifications"]) == ["actual-50", "actual-80", "forecast-100"]
+        assert budget.inputs["filter"]["tags"] == {"name": "stack", "operator": "In", "values": ["exp-x"]}
+        assert budget.inputs["timePeriod"]["startDate"].endswith("-01T00:00:00Z")
+
+    def test_needs_an_email(self):
+        with pytest.raises(pulumi.RunError, match="alert email"):
+            record(lambda: Budget("b", BudgetArgs("b", "/rg", 10, [])) and None)

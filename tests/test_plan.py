@@ -1,0 +1,214 @@
+"""The offline plan of whole stacks: what dev, prod and an experiment declare, the outputs
+contract, no secrets, cost and quota, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra import skus
+from infra.config import REPO_ROOT
+from infra.errors import UserError
+from infra.plan import evaluate
+
+FIXTURES = Path(__file__).parent / "fixtures" / "outputs"
+SECRET_MARKERS = ("AccountKey=", "SharedAccessSignature", "sig=", "PRIVATE KEY", "password", "connectionString")
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return evaluate("dev")
+
+
+@pytest.fixture(scope="module")
+def prod():
+    return evaluate("prod")
+
+
+def types(plan) -> list[str]:
+    return [r.type for r in plan.custom_resources()]
+
+
+def shape(value):
+    """Keys all the way down (values ignored) - what the contract fixes."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    return type(value).__name__ if value is not None else None
+
+
+class TestOutputsContract:
+    @pytest.mark.parametrize("stack", ["dev", "prod"])
+    def test_document_matches_the_contract(self, stack, request):
+        plan = request.getfixturevalue(stack)
+        fixture = json.loads((FIXTURES / f"{stack}.json").read_text())
+        assert set(plan.outputs) == set(fixture)
+        for key in ("storage", "identity", "network", "registry"):
+            assert set(plan.outputs[key]) == set(fixture[key]), key
+        assert plan.outputs["clusters"] == fixture["clusters"]
+        assert plan.outputs["datastores"] == {"datasets": "datasets", "checkpoints": "checkpoints"}
+
+    @pytest.mark.parametrize("stack", ["dev", "prod"])
+    def test_no_secret_in_outputs(self, stack, request):
+        plan = request.getfixturevalue(stack)
+        assert plan.secret_outputs == []
+        text = json.dumps(plan.outputs)
+        for marker in SECRET_MARKERS:
+            assert marker not in text
+        assert not any(r.secret_inputs for r in plan.resources), "nothing we declare needs a secret"
+
+    def test_cluster_facts_come_from_the_catalog(self, dev):
+        nd = dev.outputs["clusters"]["nd-a100"]
+        assert nd["gpusPerNode"] == skus.get("Standard_ND96asr_v4").gpus and nd["infiniband"] is True
+
+
+class TestEnvironmentStacks:
+    def test_dev_declares_the_platform(self, dev):
+        t = types(dev)
+        for required in ("resources:ResourceGroup", "storage:StorageAccount", "keyvault:Vault",
+                         "containerregistry:Registry", "machinelearningservices:Workspace",
+                         "applicationinsights:Component", "operationalinsights:Workspace",
+                         "managedidentity:UserAssignedIdentity", "machinelearningservices:Datastore",
+                         "authorization:RoleAssignment", "consumption:Budget"):
+            assert f"azure-native:{required}" in t, required
+        assert t.count("azure-native:machinelearningservices:Compute") == 2
+        assert "azure-native:network:VirtualNetwork" not in t, "public isolation has no VNet of ours"
+
+    def test_dev_data_is_retained_not_protected(self, dev):
+        data = [r for r in dev.resources if r.type in ("azure-native:storage:BlobContainer",)
+                or (r.type == "azure-native:storage:StorageAccount" and r.name == "data-account")]
+        assert len(data) == 3 and all(r.retain_on_delete and not r.protect for r in data)
+
+    def test_prod_is_private_and_protected(self, prod):
+        t = types(prod)
+        assert t.count("azure-native:network:PrivateEndpoint") == 6
+        groups = sorted(r.inputs["privateLinkServiceConnections"][0]["groupIds"][0]
+                        for r in prod.of_type("azure-native:network:PrivateEndpoint"))
+        assert groups == ["amlworkspace", "blob", "blob", "file", "registry", "vault"]
+        assert t.count("azure-native:privatedns:PrivateZone") == 6
+        assert "azure-native:network:NatGateway" in t and "azure-native:network:NetworkSecurityGroup" in t
+        account = next(r for r in prod.resources if r.name == "data-account")
+        assert account.protect and account.retain_on_delete
+        compute = prod.of_type("azure-native:machinelearningservices:Compute")[0].inputs["properties"]["properties"]
+        assert compute["enableNodePublicIp"] is False and compute["subnet"]["id"].endswith("/subnets/compute")
+        assert "azure-native:machinelearningservices:Registry" in t
+        assert prod.outputs["network"]["subnetId"].endswith("/subnets/compute")
+
+    def test_clusters_wait_for_their_access(self, prod):
+        """Nodes must not start before role assignments and the workspace endpoint exist."""
+        compute = prod.of_type("azure-native:machinelearningservices:Compute")[0]
+        roles = {r.urn for r in prod.of_type("azure-native:authorization:RoleAssignment")}
+        endpoint = next(r.urn for r in prod.of_type("azure-native:network:PrivateEndpoint")
+                        if r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["amlworkspace"])
+        assert len(roles) == 3 and roles | {endpoint} <= set(compute.depends_on)
+
+
+class TestCostAndQuota:
+    def test_dev_cost_from_catalog_prices(self, dev):
+        expected = 2 * 27.197 + 1 * 3.673
+        assert dev.cost.full_scale_usd_per_hour == pytest.approx(expected)
+        assert dev.cost.idle_usd_per_day == 0
+
+    def test_low_priority_pools_into_one_quota(self, dev):
+        (need,) = dev.quota
+        assert need.quota_name == "lowPriorityCores" and need.vcpus_needed == 2 * 96 + 1 * 24
+        assert set(need.families) == {"StandardNDASv4_A100Family", "StandardNCADSA100v4Family"}
+
+    def test_prod_dedicated_quota_per_family(self, prod):
+        assert [(q.quota_name, q.vcpus_needed) for q in prod.quota] == [("standardNDSH100v5Family", 768)]
+
+
+def _env_dir(tmp_path: Path, extra_stacks: dict[str, dict]) -> Path:
+    shutil.copy(REPO_ROOT / "Pulumi.dev.yaml", tmp_path / "Pulumi.dev.yaml")
+    for stack, config in extra_stacks.items():
+        (tmp_path / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}))
+    return tmp_path
+
+
+EXP = {
+    "azure-native:location": "swedencentral",
+    "aml-hpc:owner": "researcher@example.com",
+    "aml-hpc:environment": "dev",
+    "aml-hpc:expiresAt": "2026-12-31",
+    "aml-hpc:clusters": [{"name": "sweep-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 4, "priority": "LowPriority"}],
+    "aml-hpc:budget": {"monthlyAmountUsd": 500, "alertEmails": ["researcher@example.com"]},
+}
+
+
+class TestExperimentStacks:
+    def test_adds_clusters_to_the_environment_workspace(self, tmp_path):
+        plan = evaluate("exp-sweep", _env_dir(tmp_path, {"exp-sweep": EXP}))
+        assert sorted(types(plan)) == ["azure-native:consumption:Budget", "azure-native:machinelearningservices:Compute"]
+        ref = plan.of_type("pulumi:pulumi:StackReference")
+        assert ref and ref[0].inputs["name"] == "organization/aml-hpc/dev"
+        compute = plan.of_type("azure-native:machinelearningservices:Compute")[0]
+        assert compute.inputs["workspaceName"] == "mlw-amlhpc-dev" and compute.inputs["tags"]["stack"] == "exp-sweep"
+        budget = plan.of_type("azure-native:consumption:Budget")[0]
+        assert budget.inputs["filter"]["tags"]["values"] == ["exp-sweep"]
+        assert plan.outputs["expiresAt"] == "2026-12-31T00:00:00Z"
+        assert list(plan.outputs["clusters"]) == ["sweep-a100"]
+        assert plan.outputs["storage"] == plan.environment.outputs["storage"]
+
+    def test_cluster_name_taken_in_environment(self, tmp_path):
+        clash = {**EXP, "aml-hpc:clusters": [{"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2}]}
+        with pytest.raises(UserError) as info:
+            evaluate("exp-clash", _env_dir(tmp_path, {"exp-clash": clash}))
+        assert "cluster 'nd-a100' already exists in environment 'dev'" in info.value.render()
+
+
+class TestBadConfigRegistersNothing:
+    def test_program_never_runs(self, tmp_path, monkeypatch):
+        import infra.program
+
+        called = []
+        monkeypatch.setattr(infra.program, "build", lambda *a, **k: called.append(1))
+        bad = yaml.safe_load((REPO_ROOT / "Pulumi.dev.yaml").read_text())
+        bad["config"]["aml-hpc:clusters"][0]["sku"] = "Standard_Bogus"
+        (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(bad))
+        with pytest.raises(UserError):
+            evaluate("dev", tmp_path)
+        assert called == []
+
+
+class TestPrices:
+    def test_unpriced_size_is_reported_and_override_prices_it(self, tmp_path):
+        config = yaml.safe_load((REPO_ROOT / "Pulumi.dev.yaml").read_text())["config"]
+        config["aml-hpc:clusters"] = [{"name": "h200", "sku": "Standard_ND96isr_H200_v5", "maxNodes": 2}]
+        (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": config}))
+        assert evaluate("dev", tmp_path).cost.unpriced == ["h200"]
+        config["aml-hpc:prices"] = {"Standard_ND96isr_H200_v5": 110.0}
+        (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": config}))
+        plan = evaluate("dev", tmp_path)
+        assert plan.cost.unpriced == [] and plan.cost.full_scale_usd_per_hour == pytest.approx(220.0)
+
+
+class TestCli:
+    def run(self, *args):
+        env = {**os.environ, "COLUMNS": "250"}
+        return subprocess.run([sys.executable, "-m", "infra", *args], cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+
+    def test_prod_json_is_valid_and_has_the_outputs_document(self):
+        result = self.run("plan", "--stack", "prod", "--json")
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        assert document["outputs"]["workspace"] == "mlw-amlhpc-prod"
+        assert document["cost"]["fullScaleUsdPerHour"] == pytest.approx(8 * 98.32)
+        assert all({"type", "name", "inputs", "options"} <= set(r) for r in document["resources"])
+
+    def test_unknown_stack_exits_2_with_the_fix(self):
+        result = self.run("plan", "--stack", "staging")
+        assert result.returncode == 2
+        assert "Pulumi.staging.yaml" in result.stderr and "make new-experiment" in result.stderr
+        assert "Traceback" not in result.stderr
+
+    def test_text_plan_marks_retained_and_replace_on_change(self):
+        result = self.run("plan", "--stack", "dev")
+        assert result.returncode == 0, result.stderr
+        assert "retained" in result.stdout and "replace-on-change(5)" in result.stdout
+        assert "Full scale:" in result.stdout and "lowPriorityCores" in result.stdout

@@ -1,0 +1,87 @@
+"""The SKU catalog: complete for the sizes we promise, internally consistent, pure lookups."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra import skus
+
+REQUIRED = {
+    # FIELD_NOTES.md hardware table
+    "Standard_ND40rs_v2", "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5",
+    "Standard_NC24rs_v3", "Standard_NC24s_v3",
+    # issue 2: H200 and a non-InfiniBand NC A100 v4 size
+    "Standard_ND96isr_H200_v5", "Standard_NC24ads_A100_v4",
+}
+
+
+class TestCatalogContents:
+    def test_every_promised_size_is_present(self):
+        assert REQUIRED <= set(skus.CATALOG)
+
+    @pytest.mark.parametrize("name", sorted(skus.CATALOG))
+    def test_size_is_self_consistent(self, name):
+        sku = skus.get(name)
+        assert sku.name == name
+        assert sku.gpus > 0 and sku.vcpus > 0 and sku.gpu_memory_gib > 0
+        assert sku.gpu_peak_dense_tflops > 0 and sku.gpu_memory_gbytes_per_s > 0
+        assert sku.infiniband == (sku.ib_generation is not None) == (sku.ib_gbits_per_s_per_hca > 0)
+        assert sku.quota_family
+        assert (sku.nvme_devices == 0) == (sku.nvme_total_gib == 0)
+        if sku.price is not None:
+            assert sku.price.usd_per_hour > 0 and sku.price.region and sku.price.as_of and sku.price.source
+        if sku.numa is not None:
+            listed = [g for d in sku.numa for g in d.gpu_ids]
+            assert sorted(listed) == list(range(sku.gpus)), "each GPU in exactly one NUMA domain"
+
+    @pytest.mark.parametrize("name", sorted(skus.CATALOG))
+    def test_rdma_sizes_have_an_r_in_the_name(self, name):
+        """FIELD_NOTES: RDMA (InfiniBand) sizes have an "r" in the size suffix."""
+        suffix = name.split("_")[1]  # e.g. ND96asr, NC24s, NC24ads
+        letters = suffix.lstrip("NDCV").lstrip("0123456789")
+        assert ("r" in letters) == skus.get(name).infiniband
+
+    def test_seed_000_price_for_nd40rs_v2(self):
+        price = skus.get("Standard_ND40rs_v2").price
+        assert price is not None and price.usd_per_hour == pytest.approx(26.438)
+
+    def test_field_notes_health_thresholds(self):
+        a100 = skus.get("Standard_ND96asr_v4").health
+        assert a100.nccl_allreduce_busbw_gbytes_per_s_min == 228 and a100.nccl_allreduce_message_bytes == 8 << 30
+        assert a100.h2d_gbytes_per_s_min == 21 and a100.ib_write_gbits_per_s_per_hca_min == 180
+        h100 = skus.get("Standard_ND96isr_H100_v5").health
+        assert h100.nccl_allreduce_busbw_gbytes_per_s_min == 460 and h100.nccl_allreduce_message_bytes == 16 << 30
+        assert h100.h2d_gbytes_per_s_min == 48 and h100.nccl_multinode_busbw_gbytes_per_s == (450, 400, 300)
+        assert skus.get("Standard_NC24rs_v3").health.nccl_allreduce_busbw_gbytes_per_s_min is None
+
+
+class TestDerivedFacts:
+    def test_nd96asr_v4_gpu_order_follows_numa(self):
+        """seed 003: CUDA_VISIBLE_DEVICES=2,3,0,1,6,7,4,5 with two GPUs per NUMA domain."""
+        sku = skus.get("Standard_ND96asr_v4")
+        assert sku.gpu_order == (2, 3, 0, 1, 6, 7, 4, 5)
+        assert all(len(d.gpu_ids) == 2 for d in sku.numa)
+
+    def test_unknown_topology_has_no_order(self):
+        assert skus.get("Standard_NC24s_v3").gpu_order is None
+
+    def test_infiniband_per_gpu(self):
+        assert skus.get("Standard_ND96isr_H100_v5").ib_gbits_per_s_per_gpu == 400
+        assert skus.get("Standard_ND40rs_v2").ib_gbits_per_s_per_gpu == 12.5  # one EDR port for 8 GPUs
+        assert skus.get("Standard_NC24s_v3").ib_gbits_per_s_per_gpu == 0
+
+
+class TestLookups:
+    def test_case_insensitive_get_returns_canonical(self):
+        assert skus.get("standard_nd96asr_v4").name == "Standard_ND96asr_v4"
+
+    def test_unknown_size_suggests_near_match(self):
+        with pytest.raises(skus.UnknownSkuError) as info:
+            skus.get("Standard_ND96asr_v5")
+        assert "Standard_ND96asr_v4" in info.value.suggestions
+        assert "did you mean" in str(info.value)
+
+    def test_nonsense_has_no_suggestion(self):
+        with pytest.raises(skus.UnknownSkuError) as info:
+            skus.get("banana")
+        assert info.value.suggestions == []
