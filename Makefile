@@ -26,3 +26,20 @@ plan: bootstrap ## offline plan of STACK (no Azure, no Pulumi CLI)
 
 lint: bootstrap ## ruff
 	$(PY) -m ruff check infra jobs images tests
+
+preview: bootstrap ## pulumi preview STACK against Azure, policy pack on (needs the Pulumi CLI and az login)
+	@scripts/pulumi-stack.sh preview $(STACK)
+
+up: bootstrap ## pulumi up STACK, policy pack on
+	@scripts/pulumi-stack.sh up $(STACK)
+
+down: bootstrap ## destroy STACK (environments need CONFIRM=STACK; experiments are also removed)
+	@CONFIRM=$(CONFIRM) scripts/pulumi-stack.sh down $(STACK)
+
+ENV ?= dev
+DAYS ?= 7
+new-experiment: bootstrap ## write Pulumi.exp-NAME.yaml: make new-experiment NAME=x ENV=dev DAYS=7
+	$(PY) -m infra new-experiment "$(NAME)" --env $(ENV) --days $(DAYS)
+
+expired: bootstrap ## experiment stacks past their expiresAt
+	$(PY) -m infra expired

@@ -42,6 +42,16 @@ def build(cfg: StackConfig, environment_cfg: StackConfig | None = None, now: dat
     return _environment(cfg, now)
 
 
+def opt_in_tags(cluster: ClusterConfig) -> dict[str, str]:
+    """Opt-ins from the stack file, made visible on the cluster for policy and reviewers."""
+    tags = {}
+    if cluster.allow_idle_nodes:
+        tags["allowIdleNodes"] = "true"
+    if cluster.allow_tcp_multi_node:
+        tags["allowTcpMultiNode"] = "true"
+    return tags
+
+
 def _cluster(cfg_cluster: ClusterConfig, *, resource_group_name, workspace_name, location, identity_id,
              subnet_id, private: bool, tags: dict[str, str], depends_on: list[pulumi.Resource]) -> GpuCluster:
     ssh = cfg_cluster.ssh
@@ -62,7 +72,7 @@ def _cluster(cfg_cluster: ClusterConfig, *, resource_group_name, workspace_name,
             ssh_admin_user=ssh.admin_user if ssh else "azureuser",
             subnet_id=subnet_id if private else None,
             node_public_ip=not private,
-            tags=tags,
+            tags={**tags, **opt_in_tags(cfg_cluster)},
         ),
         opts=pulumi.ResourceOptions(depends_on=depends_on),
     )

@@ -18,6 +18,9 @@ class ResourceGroupArgs:
     """Azure region. Changing it replaces the group."""
     tags: dict[str, str]
     """owner, environment, stack, cost-center and expiresAt (experiments) - see StackConfig.tags()."""
+    retain_on_delete: bool = True
+    """Keep the group on `pulumi destroy`. Azure deletes everything inside a deleted group,
+    retained resources included, so a group holding retained data must be retained too."""
 
 
 class ResourceGroup(pulumi.ComponentResource):
@@ -36,7 +39,7 @@ class ResourceGroup(pulumi.ComponentResource):
             resource_group_name=args.name,
             location=args.location,
             tags=args.tags,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_delete),
         )
         self.name = group.name
         self.id = group.id

@@ -1,15 +1,24 @@
 """Platform policy: one set of rules, enforced by `pulumi preview --policy-pack
 infra/policy/pack` and offline by `python -m infra plan --stack NAME --policy`.
 
-    from infra.policy import check_plan, has_mandatory, render
+    from infra.policy import check_plan, has_mandatory, render, render_violations
     violations = check_plan(infra.plan.evaluate("dev").to_json())
+    print(render(violations, "dev"))          # plain text, or
+    render_violations(violations, Console())  # a rich table
 
 Pure (no Pulumi import): rules.py holds the rules, model.py the neutral view they read,
 plan_check.py the offline adapter, pack/ the Pulumi policy pack adapter.
 """
 
 from infra.policy.model import Limits, ResourceView, StackView, Violation
-from infra.policy.plan_check import EXIT_POLICY_VIOLATION, check_plan, has_mandatory, render, run_rules
+from infra.policy.plan_check import (
+    EXIT_POLICY_VIOLATION,
+    check_plan,
+    has_mandatory,
+    render,
+    render_violations,
+    run_rules,
+)
 from infra.policy.rules import RULES, RULES_BY_NAME
 
 __all__ = [
@@ -23,5 +32,6 @@ __all__ = [
     "check_plan",
     "has_mandatory",
     "render",
+    "render_violations",
     "run_rules",
 ]

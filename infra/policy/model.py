@@ -100,6 +100,9 @@ class Limits:
     nodes well within that window."""
 
 
+DEFAULT_LIMITS = Limits()
+
+
 @dataclass(frozen=True)
 class Finding:
     """What a rule found: the problem, how to fix it, and (for stack rules) where."""

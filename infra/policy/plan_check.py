@@ -12,7 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infra.errors import Problem, UserError
-from infra.policy.model import Limits, NotVisible, ResourceView, StackView, Violation
+from infra.policy.model import (
+    DEFAULT_LIMITS,
+    Limits,
+    NotVisible,
+    ResourceView,
+    StackView,
+    Violation,
+)
 from infra.policy.rules import RULES, Rule
 
 EXIT_POLICY_VIOLATION = 3
@@ -56,7 +63,7 @@ def views_from_plan(plan: Mapping[str, Any]) -> tuple[list[ResourceView], StackV
     return resources, StackView(stack_name, kind, dict(tags))
 
 
-def run_rules(resources: Sequence[ResourceView], stack: StackView, limits: Limits = Limits(),
+def run_rules(resources: Sequence[ResourceView], stack: StackView, limits: Limits = DEFAULT_LIMITS,
               rules: Sequence[Rule] = RULES) -> list[Violation]:
     """Every rule over every resource; violations sorted mandatory first."""
     out: list[Violation] = []
@@ -76,7 +83,7 @@ def run_rules(resources: Sequence[ResourceView], stack: StackView, limits: Limit
     return sorted(out, key=lambda v: (_LEVEL_ORDER[v.level], v.rule, v.urn or ""))
 
 
-def check_plan(plan: Mapping[str, Any] | Any, limits: Limits = Limits()) -> list[Violation]:
+def check_plan(plan: Mapping[str, Any] | Any, limits: Limits = DEFAULT_LIMITS) -> list[Violation]:
     """Policy violations of an offline plan (a plan JSON dict, or a Plan with `to_json()`)."""
     document = plan.to_json() if hasattr(plan, "to_json") else plan
     resources, stack = views_from_plan(document)
@@ -85,6 +92,25 @@ def check_plan(plan: Mapping[str, Any] | Any, limits: Limits = Limits()) -> list
 
 def has_mandatory(violations: Sequence[Violation]) -> bool:
     return any(v.level == "mandatory" for v in violations)
+
+
+def render_violations(violations: Sequence[Violation], console, stack: str | None = None) -> None:
+    """Print violations to a rich Console (what `python -m infra plan --policy` shows):
+    one block per violation - level, rule, resource - with the problem and the fix."""
+    from rich.markup import escape
+
+    name = f" {stack!r}" if stack else ""
+    if not violations:
+        console.print(f"[green]policy:[/green] stack{name} passes all {len(RULES)} rules")
+        return
+    mandatory = sum(v.level == "mandatory" for v in violations)
+    console.print(f"[bold]policy:[/bold] stack{name}: {mandatory} mandatory, "
+                  f"{len(violations) - mandatory} advisory violation(s)")
+    for v in violations:
+        style = "bold red" if v.level == "mandatory" else "yellow"
+        console.print(f"  [{style}]{v.level.upper()}[/{style}] [bold]{v.rule}[/bold] {escape(v.name or '(stack)')}")
+        console.print(f"    {escape(v.message)}", soft_wrap=False)
+        console.print(f"    [dim]fix:[/dim] {escape(v.fix)}")
 
 
 def render(violations: Sequence[Violation], stack: str) -> str:

