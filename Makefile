@@ -24,8 +24,12 @@ test: bootstrap ## the whole test suite
 plan: bootstrap ## offline plan of STACK (no Azure, no Pulumi CLI)
 	$(PY) -m infra plan --stack $(STACK)
 
-lint: bootstrap ## ruff
+lint: bootstrap ## ruff and the image checks (pins, Dockerfiles, hadolint)
 	$(PY) -m ruff check infra jobs images tests
+	$(PY) -m images check
+
+images: bootstrap ## build the training images missing from STACK's registry (az acr build); print their refs
+	$(PY) -m images build --stack $(STACK)
 
 preview: bootstrap ## pulumi preview STACK against Azure, policy pack on (needs the Pulumi CLI and az login)
 	@scripts/pulumi-stack.sh preview $(STACK)

@@ -36,14 +36,15 @@ COMMON_SOURCE = Path("images/common")
 CONTEXT_PREFIX = "aml-hpc"
 PYTHON_DIR = f"{CONTEXT_PREFIX}/python"
 JOBS_STUB = (
-    '"""aml-hpc job runtime as installed in the training image: only jobs.runtime is here.\n\n'
-    "The image build generates this file; the repository's jobs/__init__.py belongs to the\n"
-    'submit side. See docs/images.md."""\n'
-).encode()
+    b'"""aml-hpc job runtime as installed in the training image: only jobs.runtime is here.\n\n'
+    b"The image build generates this file; the repository's jobs/__init__.py belongs to the\n"
+    b'submit side. See docs/images.md."""\n'
+)
 
-# Editor, OS and interpreter litter never changes the image, so it never changes the tag.
+# Editor, OS and interpreter litter and docs never change the image, so they never change the tag.
 _IGNORED_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
-_IGNORED_SUFFIXES = (".pyc", ".pyo", ".swp", "~", ".orig", ".rej")
+_IGNORED_SUFFIXES = (".pyc", ".pyo", ".swp", "~", ".orig", ".rej", ".md")
+"""Includes Markdown: notes next to the files (nccl-topo/README.md) are not image content."""
 _IGNORED_NAMES = {".DS_Store", "Thumbs.db"}
 
 

@@ -155,14 +155,23 @@ def load_pins(path: Path = PINS_FILE) -> Pins:
     except tomllib.TOMLDecodeError as exc:
         raise UserError([Problem(reference, "", f"not valid TOML: {exc}", "fix the syntax at the line shown")],
                         "cannot read the image pins") from exc
+    found = ProblemCollector(reference, "invalid image pins")
     try:
-        return Pins.model_validate(raw)
+        pins = Pins.model_validate(raw)
     except ValidationError as exc:
-        found = ProblemCollector(reference, "invalid image pins")
         for err in exc.errors():
             found.problems.append(_problem(reference, err))
         found.raise_if_any()
         raise  # unreachable: a ValidationError always carries at least one error
+    ib = pins.infiniband
+    if ib.userspace == "mlnx-ofed" and not ib.mlnx_ofed_sha256:
+        # The legacy tarball is downloaded at build time; without a checksum nothing
+        # proves it is the file we meant. Refuse before any build (or registration) starts.
+        found.add("infiniband.mlnx_ofed_sha256", 'is empty but userspace = "mlnx-ofed" downloads the MLNX_OFED tarball',
+                  f"set it to the sha256sum of MLNX_OFED_LINUX-{ib.mlnx_ofed}-ubuntu24.04-x86_64.tgz, "
+                  'or set userspace = "doca" / "none"')
+    found.raise_if_any()
+    return pins
 
 
 def _problem(reference: str, err: Any) -> Problem:

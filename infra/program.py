@@ -19,6 +19,7 @@ from infra.components.access import Access, AccessArgs, Grant, cluster_identity_
 from infra.components.budget import Budget, BudgetArgs
 from infra.components.dataset_storage import CONTAINERS, DatasetStorage, DatasetStorageArgs
 from infra.components.datastores import Datastores, DatastoresArgs
+from infra.components.environments import TrainingEnvironments, TrainingEnvironmentsArgs
 from infra.components.gpu_cluster import GpuCluster, GpuClusterArgs
 from infra.components.ml_registry import MlRegistry, MlRegistryArgs
 from infra.components.network import Network, NetworkArgs
@@ -146,7 +147,11 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         ml_registry_name = MlRegistry("registry", MlRegistryArgs(
             group.name, names.ml_registry, cfg.location, list(cfg.ml_registry.regions), private, tags)).registry_name
 
-    environments = _training_environments(group, ws, tags)
+    # Azure ML environments for our images, registered by image reference (never rebuilt).
+    environments = TrainingEnvironments("environments", TrainingEnvironmentsArgs(
+        resource_group_name=group.name, workspace_name=ws.workspace_name,
+        login_server=ws.registry_login_server, tags=tags,
+    ))
 
     if cfg.budget is not None:
         Budget("budget", BudgetArgs(
@@ -176,7 +181,8 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         },
         "registry": {
             "loginServer": ws.registry_login_server,
-            "environments": environments,
+            "environments": environments.environments,
+            "environmentIds": environments.environment_ids,
             "mlRegistry": ml_registry_name,
         },
         "identity": {"clientId": ws.identity_client_id, "principalId": ws.identity_principal_id, "id": ws.identity_id},
@@ -187,16 +193,6 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     }
 
 
-def _training_environments(group: ResourceGroup, ws: Workspace, tags: dict[str, str]) -> Any:
-    """Azure ML environments for our images, registered by image reference."""
-    try:
-        from infra.components.environments import TrainingEnvironments, TrainingEnvironmentsArgs
-    except ImportError:  # the images component is being written; remove this guard when it lands
-        return {}
-    return TrainingEnvironments("environments", TrainingEnvironmentsArgs(
-        resource_group_name=group.name, workspace_name=ws.workspace_name,
-        login_server=ws.registry_login_server, tags=tags,
-    )).environments
 
 
 def _experiment(cfg: StackConfig, env_cfg: StackConfig, now: datetime | None) -> dict[str, Any]:

