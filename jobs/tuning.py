@@ -25,9 +25,9 @@ from infra import skus
 from infra.errors import Problem, UserError
 from jobs.runtime import contract
 
-NCCL_TOPO_DIR = "/opt/microsoft"
-"""Where Azure's HPC images (and our training images) keep the NDv4/NDv5 NCCL topology
-files (ndv4-topo.xml, ndv5-topo.xml)."""
+NCCL_TOPO_DIR = "/opt/aml-hpc/nccl-topo"
+"""Where our training images install the NDv4/NDv5 NCCL topology files (images/catalog.py
+NCCL_TOPO_DIR; a test keeps the two equal)."""
 
 FORBIDDEN_ON_INFINIBAND = ("NCCL_IB_DISABLE",)
 

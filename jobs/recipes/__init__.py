@@ -18,6 +18,8 @@ from infra.errors import Problem, ProblemCollector, UserError
 from jobs.recipes.schema import Recipe
 
 RECIPES_DIR = Path(__file__).resolve().parent
+_STRING_MAPS = {"env", "tags"}
+_YAML11_WORDS = {"on", "off", "yes", "no", "y", "n"}
 
 
 def available() -> list[str]:
@@ -50,6 +52,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
             found.add(pair, "is not key=value", "e.g. --set nodes=2 --set inputs.cosmoflow.mode=download")
+            continue
+        if key.split(".")[0] in _STRING_MAPS or raw.strip().lower() in _YAML11_WORDS:
+            # environment values and tags are strings; on/off/yes/no stay words (health=off)
+            parsed[key] = raw
             continue
         try:
             parsed[key] = yaml.safe_load(raw) if raw.strip() else ""

@@ -1,0 +1,464 @@
+"""Recipe + stack outputs + SKU catalog -> an Azure ML command job. The only module that
+makes azure-ai-ml objects.
+
+Two steps, so the local rehearsal can reuse the first without azure-ai-ml:
+
+1. `plan_job(recipe, outputs, ...) -> JobPlan`: pure. Picks the cluster, nodes and
+   processes per node, checks them against the catalog, tunes the environment for the
+   size (jobs.tuning), plans inputs (staged by the launcher, or Azure ML download /
+   ro_mount), checkpoints, services, DeepSpeed, cost; raises one UserError for bad input.
+2. `to_command_job(plan, code_path) -> azure.ai.ml.entities.Command` and `to_yaml(...)`:
+   the Azure ML entity, and its YAML (what `--dry-run` prints; `load_job` and
+   `az ml job create -f` read it).
+
+The command every process runs is `python -m jobs.runtime.launch -- <recipe command>`,
+wrapped, when the recipe has a `prepare` step, in a small shell barrier that runs it once
+per node (local rank 0) while the other local ranks wait.
+
+Code snapshot: Azure ML uploads one folder. `snapshot()` assembles the recipe's `code`
+folders (default jobs/runtime and jobs/workloads, plus jobs/__init__.py) into
+`.scratch/code-snapshots/<content hash>/`, so the job imports `jobs.runtime...` and
+`jobs.workloads...` exactly as in this checkout; the training image also carries
+jobs/runtime, but the snapshot comes first on sys.path (the job's working directory), so
+launcher and training code always match the submitted commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from infra import skus
+from infra.errors import Problem, ProblemCollector, UserError
+from jobs import cost as cost_mod
+from jobs import deepspeed as ds_mod
+from jobs import tuning
+from jobs.outputs import StackOutputs
+from jobs.recipes.schema import Recipe
+from jobs.runtime import contract
+from jobs.workloads import env as workload_env
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOT_ROOT = REPO_ROOT / ".scratch" / "code-snapshots"
+CHECKPOINT_INGRESS_SHARE = 0.9
+"""Checkpoint writers together stay under 90 % of the account's ingress (seed 003: 8 x 2300
+Mb/s = 18.4 of 20 Gb/s)."""
+PREPARE_TIMEOUT_S = 3600
+_INPUT_REF = re.compile(r"\$\{\{\s*inputs\.([A-Za-z0-9_]+)\s*\}\}")
+AML_DISTRIBUTION = {"pytorch": "pytorch", "deepspeed": "pytorch", "mpi": "mpi", "tensorflow": "tensorflow"}
+"""DeepSpeed launches through torch.distributed (no ssh hostfile; FIELD_NOTES)."""
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything the job is, before it becomes an azure-ai-ml entity (plain data)."""
+
+    name: str
+    recipe: str
+    stack: str
+    experiment: str
+    display_name: str
+    command: str
+    """What every process runs (launcher, prepare barrier, input variables included)."""
+    training_command: str
+    """The recipe's command alone (what the launcher execs)."""
+    distribution: str
+    """Azure ML distribution type: pytorch, mpi or tensorflow."""
+    recipe_distribution: str
+    instance_count: int
+    processes_per_node: int
+    cluster: str
+    sku: str
+    priority: str
+    environment: dict[str, str]
+    """{"image": ref} or {"reference": "azureml://registries/..."}."""
+    environment_variables: dict[str, str]
+    env_reasons: dict[str, str]
+    inputs: dict[str, dict[str, str]]
+    """Azure ML inputs (download / ro_mount): name -> {type, path, mode}."""
+    staged_inputs: list[dict[str, Any]]
+    """AMLHPC_STAGE_JSON entries (mode stage)."""
+    outputs: dict[str, dict[str, str]]
+    services: dict[str, dict[str, str]]
+    shm_size: str
+    docker_args: str | None
+    code_dirs: tuple[str, ...]
+    tags: dict[str, str]
+    timeout_s: int
+    identity_client_id: str
+    estimate: cost_mod.Estimate
+    deepspeed: ds_mod.MemoryPlan | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.instance_count * self.processes_per_node
+
+
+def job_name(recipe: str, now: datetime | None = None) -> str:
+    """Unique, readable job name: <recipe>-<UTC time>-<4 hex>."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
+    return f"{recipe}-{stamp}-{secrets.token_hex(2)}"
+
+
+def pick_cluster(recipe: Recipe, outputs: StackOutputs, requested: str | None) -> str:
+    """--cluster wins, then the recipe's cluster, then the stack's first InfiniBand cluster."""
+    names = list(outputs.clusters)
+    wanted = requested or recipe.cluster
+    if wanted is not None:
+        if wanted in outputs.clusters:
+            return wanted
+        source = "--cluster" if requested else f"jobs/recipes/{recipe.name}.yaml: cluster"
+        import difflib
+
+        near = difflib.get_close_matches(wanted, names, n=1)
+        raise UserError([Problem(f"stack {outputs.stack!r}", source, f"unknown cluster {wanted!r}",
+                                 (f"did you mean {near[0]!r}? " if near else "") + f"clusters in {outputs.stack}: {', '.join(names) or 'none'}")],
+                        "unknown cluster")
+    if not names:
+        raise UserError([Problem(f"stack {outputs.stack!r}", "clusters", "the stack has no clusters",
+                                 f"add one to Pulumi.{outputs.stack}.yaml (aml-hpc:clusters) and deploy, or use an experiment stack")],
+                        "no cluster")
+    infiniband = [n for n in names if outputs.clusters[n].infiniband]
+    return (infiniband or names)[0]
+
+
+def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = None, nodes: int | None = None,
+             processes_per_node: int | None = None, allow_tcp: bool = False, hours: float | None = None,
+             name: str | None = None, resume: str | None = None, extra_tags: dict[str, str] | None = None,
+             now: datetime | None = None, root: Path = REPO_ROOT) -> JobPlan:
+    """Plan the job; every bad input is collected and raised as one UserError."""
+    reference = f"jobs/recipes/{recipe.name}.yaml"
+    cluster_name = pick_cluster(recipe, outputs, cluster)
+    target = outputs.clusters[cluster_name]
+    sku = skus.get(target.sku)
+    found = ProblemCollector(reference, f"cannot build job {recipe.name!r} for stack {outputs.stack!r}")
+    warnings: list[str] = []
+
+    node_count = nodes if nodes is not None else recipe.nodes
+    if node_count < 1:
+        found.add("nodes", f"{node_count} nodes", "pass --nodes 1 or more")
+    elif node_count > target.max_nodes:
+        found.add("nodes", f"{node_count} nodes requested but cluster {cluster_name!r} scales to at most {target.max_nodes}",
+                  f"pass --nodes {target.max_nodes} or fewer, or raise maxNodes in Pulumi.{outputs.stack}.yaml and deploy")
+    ppn = processes_per_node or recipe.processes_per_node or (1 if recipe.distribution == "tensorflow" else sku.gpus)
+    if ppn > sku.gpus:
+        found.add("processes_per_node", f"{ppn} processes per node but {sku.name} has {sku.gpus} GPU{'s' if sku.gpus != 1 else ''}",
+                  f"use at most {sku.gpus} (one process per GPU): --set processes_per_node={sku.gpus}")
+    found.raise_if_any()
+    tuning.check_multi_node(sku, node_count, cluster_name, allow_tcp, reference)
+
+    environment = _environment(recipe, outputs, found)
+    code_dirs = _code_dirs(recipe, root, found)
+    aml_inputs, staged, input_env, shared_dirs = _inputs(recipe, outputs, found)
+    outs = _outputs(recipe, outputs, found)
+    found.raise_if_any()
+
+    run_name = name or job_name(recipe.name, now)
+    tuned = tuning.tune(sku, node_count, recipe.distribution, recipe.env, recipe.pin)
+    warnings.extend(tuned.warnings)
+    env = dict(tuned.env)
+    reasons = dict(tuned.reasons)
+
+    def put(key: str, value: str, why: str) -> None:
+        env[key] = value
+        reasons[key] = why
+
+    put(contract.HEALTH, recipe.health, "health gate before training (recipe: health)")
+    put(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR, "per-node JSON reports, uploaded with outputs/")
+    put("AZURE_CLIENT_ID", outputs.identity.client_id, "the cluster's managed identity for Blob access from the node")
+    if staged:
+        put(contract.STAGE_JSON, json.dumps(staged, separators=(",", ":")), "inputs the launcher stages from Blob")
+    if shared_dirs:
+        put(contract.SHARED_DIR, shared_dirs[0], "BeeOND mount for placement: shared")
+    world = node_count * ppn
+    run_key = resume or run_name
+    if recipe.checkpoint.enabled:
+        writers = {"rank0": 1, "per_node": node_count, "per_rank": world}[recipe.checkpoint_writers]
+        cap = recipe.checkpoint.cap_mbps or max(1, int(outputs.storage.ingress_gbps * 1000 * CHECKPOINT_INGRESS_SHARE / writers))
+        put(contract.CHECKPOINT_JSON, json.dumps({
+            "account_url": outputs.storage.blob_endpoint, "container": outputs.storage.containers["checkpoints"],
+            "prefix": f"{recipe.name}/{run_key}", "keep": recipe.checkpoint.keep, "cap_mbps": cap,
+            "interval_s": recipe.checkpoint.interval_s}, separators=(",", ":")),
+            f"checkpoints to Blob: {writers} writer(s) x {cap} Mb/s under {CHECKPOINT_INGRESS_SHARE:.0%} of "
+            f"{outputs.storage.ingress_gbps:g} Gb/s ingress (seed 003)")
+    elif target.priority == "LowPriority":
+        warnings.append(f"cluster {cluster_name!r} is low priority and checkpoints are off: a preempted job fails and starts over")
+    if recipe.profiling.enabled:
+        put(workload_env.PROFILE_DIR, recipe.profiling.dir, "PyTorch profiler traces for TensorBoard (recipe: profiling)")
+
+    memory = None
+    if recipe.deepspeed is not None and recipe.distribution == "deepspeed":
+        memory = ds_mod.plan_memory(recipe.deepspeed, sku, world)
+        if not memory.fits:
+            warnings.append(f"DeepSpeed memory estimate {memory.total_gib:,.1f} GiB per GPU exceeds {memory.usable_gib:,.1f} GiB "
+                            "even with offload: add nodes, enable deepspeed.activation_checkpointing or lower deepspeed.micro_batch")
+        tb_dir = recipe.services.tensorboard.log_dir if recipe.services.tensorboard else "outputs/tensorboard"
+        plan = {"config": ds_mod.ds_config(recipe.deepspeed, sku, memory, tensorboard_dir=tb_dir, job_name=recipe.name),
+                "memory": memory.to_json(), "model": recipe.deepspeed.model.model_dump(),
+                "autotune": ds_mod.autotune_space(recipe.deepspeed, sku, world) if recipe.deepspeed.autotune else None,
+                "ort": recipe.deepspeed.ort}
+        put(workload_env.DEEPSPEED_JSON, json.dumps(plan, separators=(",", ":")),
+            f"ds_config: ZeRO {memory.stage}{' + CPU offload' if memory.offload else ''} ({'; '.join(memory.reasons)})")
+        if recipe.deepspeed.ort and "acpt" not in json.dumps(environment).lower():
+            warnings.append("deepspeed.ort needs onnxruntime-training in the image (Azure's ACPT images have it); "
+                            "the job stops at start with a clear message if it is missing")
+
+    est = cost_mod.estimate(sku.name, node_count, hours or recipe.cost.expected_hours, outputs.prices, target.priority)
+    timeout_h = recipe.timeout_hours or max(1.0, 2 * (hours or recipe.cost.expected_hours))
+
+    launch = "python -m jobs.runtime.launch -- " + " ".join(recipe.command.split())
+    if input_env:
+        launch = "env " + " ".join(f"{k}={v}" for k, v in input_env.items()) + " " + launch
+    command = _with_prepare(recipe.prepare, launch) if recipe.prepare else launch
+
+    tags = {"recipe": recipe.name, "stack": outputs.stack, "cluster": cluster_name, "sku": sku.name,
+            "nodes": str(node_count), "processes_per_node": str(ppn), "distribution": recipe.distribution,
+            "estimated_usd": f"{est.usd:.2f}", "checkpoint_prefix": f"{recipe.name}/{run_key}" if recipe.checkpoint.enabled else "",
+            **recipe.tags, **(extra_tags or {})}
+    return JobPlan(
+        name=run_name, recipe=recipe.name, stack=outputs.stack, experiment=recipe.experiment or recipe.name,
+        display_name=f"{recipe.name} {node_count}x{sku.name.removeprefix('Standard_')}",
+        command=command, training_command=" ".join(recipe.command.split()),
+        distribution=AML_DISTRIBUTION[recipe.distribution], recipe_distribution=recipe.distribution,
+        instance_count=node_count, processes_per_node=ppn, cluster=cluster_name, sku=sku.name, priority=target.priority,
+        environment=environment, environment_variables=env, env_reasons=reasons, inputs=aml_inputs, staged_inputs=staged,
+        outputs=outs, services=_services(recipe), shm_size=recipe.shm_size,
+        docker_args=" ".join(f"-v {d}:{d}" for d in shared_dirs) or None,
+        code_dirs=tuple(code_dirs), tags={k: v for k, v in tags.items() if v != ""}, timeout_s=int(timeout_h * 3600),
+        identity_client_id=outputs.identity.client_id, estimate=est, deepspeed=memory, warnings=warnings,
+    )
+
+
+def _environment(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector) -> dict[str, str]:
+    ref = recipe.environment
+    if ref.image:
+        return {"image": ref.image}
+    if ref.curated:
+        return {"reference": f"azureml://registries/azureml/environments/{ref.curated}/labels/latest"}
+    registered = outputs.registry.environments
+    if ref.registered not in registered:
+        found.add("environment.registered",
+                  f"environment {ref.registered!r} is not registered in stack {outputs.stack!r} "
+                  f"(registry.environments has: {', '.join(registered) or 'none'})",
+                  f"build and register the images (`make images STACK={outputs.stack}`, then `pulumi up`), "
+                  "or name an image directly: --set environment.registered=null --set environment.image=REGISTRY/REPO:TAG")
+        return {}
+    return {"image": registered[ref.registered]}
+
+
+def _code_dirs(recipe: Recipe, root: Path, found: ProblemCollector) -> list[str]:
+    dirs = []
+    for i, rel in enumerate(recipe.code):
+        path = (root / rel).resolve()
+        if not path.is_dir() or root.resolve() not in (path, *path.parents):
+            found.add(f"code[{i}]", f"{rel!r} is not a folder of this repository", "list folders relative to the repository root")
+            continue
+        dirs.append(rel.rstrip("/"))
+    return dirs
+
+
+def _inputs(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector):
+    aml: dict[str, dict[str, str]] = {}
+    staged: list[dict[str, Any]] = []
+    env: dict[str, str] = {}
+    shared: list[str] = []
+    datastore = outputs.datastores["datasets"]
+    for name, spec in recipe.inputs.items():
+        if not spec.path:
+            found.add(f"inputs.{name}.path", f"input {name!r} has no path in the datasets container",
+                      f"pass --set inputs.{name}.path=FOLDER (upload it first: python -m jobs data upload DIR --stack {outputs.stack} --prefix FOLDER)")
+            continue
+        prefix = spec.path.strip("/")
+        if spec.mode == "stage":
+            staged.append({"name": name, "account_url": outputs.storage.blob_endpoint,
+                           "container": outputs.storage.containers["datasets"], "prefix": prefix + "/",
+                           "mode": spec.placement, "egress_gbps": outputs.storage.egress_gbps})
+            if spec.placement == "shared" and spec.shared_dir not in shared:
+                shared.append(spec.shared_dir)
+        else:
+            aml[name] = {"type": "uri_folder", "path": f"azureml://datastores/{datastore}/paths/{prefix}/", "mode": spec.mode}
+            env[contract.data_dir_var(name)] = "${{inputs." + name + "}}"
+    for ref in sorted(set(_INPUT_REF.findall(recipe.command))):
+        if ref not in recipe.inputs:
+            found.add("command", f"references ${{{{inputs.{ref}}}}} but the recipe declares no input {ref!r}",
+                      f"add inputs.{ref} (path, mode) or remove the reference; declared: {', '.join(recipe.inputs) or 'none'}")
+        elif recipe.inputs[ref].mode == "stage":
+            found.add("command", f"references ${{{{inputs.{ref}}}}} but input {ref!r} is staged (Azure ML mounts nothing)",
+                      f"read ${contract.data_dir_var(ref)} in the training code, or use mode download/ro_mount")
+    return aml, staged, env, shared
+
+
+def _outputs(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector) -> dict[str, dict[str, str]]:
+    result = {}
+    for name, spec in recipe.outputs.items():
+        if spec.datastore not in outputs.datastores:
+            found.add(f"outputs.{name}.datastore", f"unknown datastore {spec.datastore!r}",
+                      f"use one of the stack's datastores: {', '.join(outputs.datastores)}")
+            continue
+        path = (spec.path or f"{recipe.name}/${{{{name}}}}/{name}").strip("/")
+        result[name] = {"type": "uri_folder", "mode": spec.mode,
+                        "path": f"azureml://datastores/{outputs.datastores[spec.datastore]}/paths/{path}/"}
+    return result
+
+
+def _services(recipe: Recipe) -> dict[str, dict[str, str]]:
+    services: dict[str, dict[str, str]] = {}
+    if recipe.services.tensorboard:
+        services["tensorboard"] = {"type": "tensor_board", "log_dir": recipe.services.tensorboard.log_dir, "nodes": "all"}
+    if recipe.services.jupyter_lab:
+        services["jupyter_lab"] = {"type": "jupyter_lab", "nodes": "all"}
+    if recipe.services.vs_code:
+        services["vs_code"] = {"type": "vs_code", "nodes": "all"}
+    return services
+
+
+def _with_prepare(prepare: str, launch: str, timeout_s: int = PREPARE_TIMEOUT_S) -> str:
+    """Run `prepare` once per node (local rank 0), the other local ranks wait, then exec launch.
+
+    The barrier lives in node-local scratch and is keyed by the Azure ML run id, so a retry
+    of the same job does not rebuild what a finished prepare already made.
+    """
+    prepare_one_line = " ".join(prepare.split())
+    script = "\n".join([
+        "set -eo pipefail",
+        'lr="${LOCAL_RANK:-${OMPI_COMM_WORLD_LOCAL_RANK:-0}}"',
+        'd="${AMLHPC_SCRATCH:-${TMPDIR:-/tmp}}/.amlhpc-prepare-${AZUREML_RUN_ID:-job}"',
+        'mkdir -p "$d"',
+        'if [ "$lr" = 0 ]; then',
+        '  if [ ! -e "$d/ok" ]; then',
+        '    rm -f "$d/failed"',
+        '    echo "[aml-hpc] prepare (once per node) starting" >&2',
+        f'    if ( {prepare_one_line} ) 2>&1 | tee "$d/log"; then touch "$d/ok"; else touch "$d/failed";'
+        ' echo "[aml-hpc] prepare failed on $(hostname); log: $d/log" >&2; exit 1; fi',
+        "  fi",
+        "else",
+        "  n=0",
+        '  until [ -e "$d/ok" ]; do',
+        '    if [ -e "$d/failed" ]; then echo "[aml-hpc] prepare failed on this node (local rank 0)" >&2; exit 1; fi',
+        f'    n=$((n+1)); if [ "$n" -gt {timeout_s} ]; then echo "[aml-hpc] prepare did not finish in {timeout_s}s" >&2; exit 1; fi',
+        "    sleep 1",
+        "  done",
+        "fi",
+        f"exec {launch}",
+    ])
+    return "bash -c " + shlex.quote(script)
+
+
+# ---------------------------------------------------------------------------------------
+# Code snapshot
+
+
+def snapshot(code_dirs: tuple[str, ...] | list[str], root: Path = REPO_ROOT, dest_root: Path = SNAPSHOT_ROOT) -> Path:
+    """Copy the code folders (and jobs/__init__.py) into a content-addressed folder; reuse it if present."""
+    files: list[tuple[str, Path]] = []
+    init = root / "jobs" / "__init__.py"
+    if init.is_file():
+        files.append(("jobs/__init__.py", init))
+    for rel in code_dirs:
+        for path in sorted((root / rel).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and not path.name.endswith((".pyc", ".pyo")):
+                files.append((path.relative_to(root).as_posix(), path))
+    digest = hashlib.sha256()
+    for rel, path in sorted(files):
+        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    dest = dest_root / digest.hexdigest()[:16]
+    if not dest.is_dir():
+        tmp = dest_root / f".tmp-{secrets.token_hex(4)}"
+        for rel, path in files:
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+        try:
+            tmp.rename(dest)
+        except OSError:  # a concurrent build made the same snapshot first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+# ---------------------------------------------------------------------------------------
+# azure-ai-ml
+
+
+def to_command_job(plan: JobPlan, code_path: str | Path):
+    """The Azure ML Command for a plan (code_path: the snapshot folder to upload)."""
+    from azure.ai.ml import (
+        Input,
+        MpiDistribution,
+        Output,
+        PyTorchDistribution,
+        TensorFlowDistribution,
+        command,
+    )
+    from azure.ai.ml.entities import (
+        Environment,
+        JupyterLabJobService,
+        ManagedIdentityConfiguration,
+        TensorBoardJobService,
+        VsCodeJobService,
+    )
+
+    if plan.distribution == "mpi":
+        distribution = MpiDistribution(process_count_per_instance=plan.processes_per_node)
+    elif plan.distribution == "tensorflow":
+        distribution = TensorFlowDistribution(worker_count=plan.world_size, parameter_server_count=0)
+    else:
+        distribution = PyTorchDistribution(process_count_per_instance=plan.processes_per_node)
+    environment = Environment(image=plan.environment["image"]) if "image" in plan.environment else plan.environment["reference"]
+    service_types = {"tensor_board": TensorBoardJobService, "jupyter_lab": JupyterLabJobService, "vs_code": VsCodeJobService}
+    services = {}
+    for key, spec in plan.services.items():
+        kwargs = {k: v for k, v in spec.items() if k != "type"}
+        services[key] = service_types[spec["type"]](**kwargs)
+    job = command(
+        name=plan.name,
+        display_name=plan.display_name,
+        experiment_name=plan.experiment,
+        description=f"aml-hpc recipe {plan.recipe} on {plan.stack}/{plan.cluster}",
+        tags=dict(plan.tags),
+        code=str(code_path),
+        command=plan.command,
+        environment=environment,
+        environment_variables=dict(plan.environment_variables),
+        compute=plan.cluster,
+        instance_count=plan.instance_count,
+        distribution=distribution,
+        inputs={k: Input(type=v["type"], path=v["path"], mode=v["mode"]) for k, v in plan.inputs.items()},
+        outputs={k: Output(type=v["type"], path=v["path"], mode=v["mode"]) for k, v in plan.outputs.items()},
+        shm_size=plan.shm_size,
+        services=services or None,
+        identity=ManagedIdentityConfiguration(client_id=plan.identity_client_id),
+        timeout=plan.timeout_s,
+    )
+    if plan.docker_args:
+        job.resources.docker_args = plan.docker_args
+    return job
+
+
+def to_job_dict(plan: JobPlan, code_path: str | Path) -> dict[str, Any]:
+    """The job as Azure ML's command-job YAML document (plain dict)."""
+    entity = to_command_job(plan, code_path)._to_job()
+    document = json.loads(json.dumps(entity._to_dict()))
+    if "image" in plan.environment:
+        # an inline image environment; the SDK's anonymous name/version is derived on submit
+        document["environment"] = {"image": plan.environment["image"]}
+    for key in ("properties", "parameters"):
+        if not document.get(key):
+            document.pop(key, None)
+    if isinstance(document.get("resources"), dict) and not document["resources"].get("properties"):
+        document["resources"].pop("properties", None)
+    return {"$schema": "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json", **document}
+
+
+def to_yaml(plan: JobPlan, code_path: str | Path) -> str:
+    import yaml
+
+    return yaml.safe_dump(to_job_dict(plan, code_path), sort_keys=False, width=120)

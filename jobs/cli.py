@@ -1,0 +1,375 @@
+"""`python -m jobs`: recipes -> Azure ML jobs. Thin: parse, call, print.
+
+Bad input (recipe, flags, stack outputs) prints one error block and exits 2; nothing is
+submitted. `--debug` shows the traceback instead. Which value wins when several set the
+same thing: a command-line flag beats `--set`, `--set` beats the recipe file, the recipe
+beats the stack's defaults (e.g. --nodes > --set nodes= > recipe nodes).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.errors import EXIT_USAGE, Problem, UserError
+
+app = typer.Typer(help="Submit and manage aml-hpc training jobs on Azure ML.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+out = Console()
+err = Console(stderr=True)
+
+Stack = Annotated[str, typer.Option("--stack", help="Stack whose outputs name the workspace, clusters and storage.")]
+Offline = Annotated[bool, typer.Option("--offline", help="Use the offline plan of Pulumi.<stack>.yaml instead of the deployed stack.")]
+OutputsFile = Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file (`pulumi stack output --json`); wins over the deployed stack.")]
+Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of the short error block.")]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster to run on; wins over the recipe's `cluster` (default: the stack's first InfiniBand cluster).")]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Nodes; wins over --set nodes= and the recipe's `nodes`.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key, e.g. --set inputs.cosmoflow.mode=download; wins over the recipe file.")]
+AllowTcp = Annotated[bool, typer.Option("--allow-tcp", help="Allow several nodes of a size without InfiniBand (TCP only, scales badly).")]
+
+
+def _guard(debug: bool, body: Callable[[], Any]) -> Any:
+    try:
+        return body()
+    except UserError as exc:
+        if debug:
+            raise
+        sys.stderr.write(exc.render() + "\n")  # one plain block: no wrapping, no markup
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def _outputs(stack: str, offline: bool, outputs_file: Path | None):
+    from jobs import outputs
+
+    return outputs.load(stack, outputs_file=outputs_file, offline=offline).outputs
+
+
+def _plan(recipe_name: str, stack: str, offline: bool, outputs_file: Path | None, cluster: str | None,
+          nodes: int | None, sets: list[str] | None, allow_tcp: bool, hours: float | None = None, **kwargs):
+    from jobs import build, recipes
+
+    overrides = recipes.parse_overrides(sets or [])
+    recipe = recipes.load(recipe_name, overrides)
+    stack_outputs = _outputs(stack, offline, outputs_file)
+    plan = build.plan_job(recipe, stack_outputs, cluster=cluster, nodes=nodes, allow_tcp=allow_tcp, hours=hours, **kwargs)
+    return recipe, stack_outputs, plan
+
+
+def _summary(plan, recipe, stack_outputs) -> None:
+    est = plan.estimate
+    err.print(f"[bold]{plan.name}[/]: {plan.instance_count} x {plan.sku} on {plan.cluster} ({plan.priority}), "
+              f"{plan.processes_per_node} processes/node, distribution {plan.recipe_distribution}", highlight=False)
+    err.print(f"estimate: {est.nodes} nodes x {est.hours:g} h x ${est.usd_per_node_hour:,.3f}/h = [bold]${est.usd:,.2f}[/] "
+              f"({est.price_source})", highlight=False)
+    for note in est.notes(stack_outputs.location):
+        err.print(f"  note: {note}", highlight=False)
+    if plan.deepspeed is not None:
+        m = plan.deepspeed
+        err.print(f"deepspeed: {m.params / 1e6:,.0f}M params, ZeRO {m.stage}{' + offload' if m.offload else ''}, "
+                  f"{m.total_gib:,.1f} of {m.usable_gib:,.1f} GiB per GPU", highlight=False)
+    for warning in plan.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+
+
+@app.command("recipes")
+def list_recipes() -> None:
+    """List the shipped recipes."""
+    from jobs import recipes
+
+    table = Table("recipe", "distribution", "nodes", "description")
+    for name in recipes.available():
+        r = recipes.load(name)
+        table.add_row(name, r.distribution, str(r.nodes), r.description)
+    out.print(table)
+
+
+@app.command()
+def submit(
+    recipe: Annotated[str, typer.Argument(help="Recipe name (jobs/recipes/NAME.yaml) or a path to a recipe file.")],
+    stack: Stack,
+    cluster: ClusterOpt = None,
+    nodes: NodesOpt = None,
+    sets: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the job as Azure ML YAML (load_job / az ml job create -f) and submit nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Submit even when the estimate exceeds the recipe's ceiling or the stack's budget.")] = False,
+    follow: Annotated[bool, typer.Option("--stream/--no-stream", help="Follow the job's logs after submitting.")] = False,
+    resume: Annotated[str | None, typer.Option("--resume", help="Resume from the checkpoints of this earlier job (its name).")] = None,
+    hours: Annotated[float | None, typer.Option("--hours", help="Expected hours for the cost check; wins over the recipe's cost.expected_hours.")] = None,
+    allow_tcp: AllowTcp = False,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    debug: Debug = False,
+) -> None:
+    """Build a job from RECIPE and the stack's outputs; submit it (or print it with --dry-run)."""
+
+    def body() -> None:
+        from jobs import build, cost
+        from jobs import submit as submitter
+
+        r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours, resume=resume)
+        _summary(plan, r, stack_outputs)
+        budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+        too_much = cost.over_limits(plan.estimate.usd, r.cost.ceiling_usd, budget)
+        code = build.snapshot(plan.code_dirs)
+        if dry_run:
+            for reason in too_much:
+                err.print(f"[yellow]warning:[/] {reason}; submit would need --yes", highlight=False)
+            sys.stdout.write(build.to_yaml(plan, code))
+            return
+        if too_much and not yes:
+            raise UserError([Problem(f"jobs/recipes/{r.name}.yaml", "cost", reason,
+                                     "pass --yes to submit anyway, or lower --nodes / --hours") for reason in too_much],
+                            "job not submitted: over its cost limit")
+        client = submitter.connect(stack_outputs)
+        submitter.submit(client, plan, code, follow=follow, echo=out.print)
+
+    _guard(debug, body)
+
+
+@app.command()
+def estimate(
+    recipe: Annotated[str, typer.Argument(help="Recipe name or path.")],
+    stack: Stack,
+    cluster: ClusterOpt = None,
+    nodes: NodesOpt = None,
+    hours: Annotated[float | None, typer.Option("--hours", help="Wall-clock hours; wins over the recipe's cost.expected_hours.")] = None,
+    sets: SetOpt = None,
+    allow_tcp: AllowTcp = False,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    debug: Debug = False,
+) -> None:
+    """Cost of RECIPE on the stack: nodes x hours x price per node-hour."""
+
+    def body() -> None:
+        r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
+        est = plan.estimate
+        table = Table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $", "price from")
+        table.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
+                      f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}", est.price_source)
+        out.print(table)
+        out.print(f"total: {est.nodes} x {plan.sku} x {est.hours:g} h x ${est.usd_per_node_hour:,.3f}/h = ${est.usd:,.2f}",
+                  highlight=False, soft_wrap=True)
+        for note in est.notes(stack_outputs.location):
+            out.print(f"note: {note}", highlight=False, soft_wrap=True)
+        if r.cost.ceiling_usd is not None:
+            out.print(f"recipe ceiling: ${r.cost.ceiling_usd:,.2f}", highlight=False)
+        if plan.deepspeed is not None:
+            out.print_json(json.dumps(plan.deepspeed.to_json()))
+
+    _guard(debug, body)
+
+
+@app.command()
+def quota(
+    stack: Stack,
+    recipe: Annotated[str | None, typer.Argument(help="A recipe: the quota its job needs (default: every cluster at maxNodes).")] = None,
+    cluster: ClusterOpt = None,
+    nodes: NodesOpt = None,
+    sets: SetOpt = None,
+    allow_tcp: AllowTcp = False,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    debug: Debug = False,
+) -> None:
+    """GPU quota needed vs available per VM family (low priority draws on lowPriorityCores)."""
+
+    def body() -> None:
+        from jobs import submit as submitter
+
+        if recipe:
+            _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
+            requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
+        else:
+            stack_outputs = _outputs(stack, offline, outputs_file)
+            requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
+        client = submitter.connect(stack_outputs)
+        lines = submitter.quota(client, stack_outputs, requests)
+        table = Table("quota", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
+        for line in lines:
+            table.add_row(line.quota_name, str(line.needed), _n(line.used), _n(line.limit), _n(line.available),
+                          {True: "yes", False: "[red]NO[/]", None: "?"}[line.ok], ", ".join(line.clusters))
+        out.print(table)
+        short = [line for line in lines if line.ok is False]
+        for line in short:
+            out.print(f"fix: {line.hint(stack_outputs.location)}", highlight=False)
+        if short:
+            raise typer.Exit(1)
+
+    _guard(debug, body)
+
+
+def _n(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _client(stack: str, offline: bool, outputs_file: Path | None):
+    from jobs import submit as submitter
+
+    stack_outputs = _outputs(stack, offline, outputs_file)
+    return submitter, submitter.connect(stack_outputs), stack_outputs
+
+
+@app.command()
+def status(job: Annotated[str, typer.Argument(help="Job name, as printed by submit.")], stack: Stack,
+           offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+    """Status of a job."""
+
+    def body() -> None:
+        submitter, client, o = _client(stack, offline, outputs_file)
+        info = submitter.status(client, job, o.workspace)
+        table = Table(show_header=False)
+        for key, value in info.items():
+            table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
+        out.print(table)
+
+    _guard(debug, body)
+
+
+@app.command()
+def stream(job: Annotated[str, typer.Argument(help="Job name.")], stack: Stack,
+           offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+    """Follow a job's logs until it ends."""
+
+    def body() -> None:
+        submitter, client, o = _client(stack, offline, outputs_file)
+        submitter.stream(client, job, o.workspace)
+
+    _guard(debug, body)
+
+
+@app.command()
+def cancel(job: Annotated[str, typer.Argument(help="Job name.")], stack: Stack,
+           offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+    """Cancel a job (waits until Azure ML accepted the cancellation)."""
+
+    def body() -> None:
+        submitter, client, o = _client(stack, offline, outputs_file)
+        submitter.cancel(client, job, o.workspace)
+        out.print(f"cancelled {job}")
+
+    _guard(debug, body)
+
+
+@app.command()
+def download(job: Annotated[str, typer.Argument(help="Job name.")], stack: Stack,
+             path: Annotated[Path, typer.Option("--path", help="Folder to download into (default ./downloads/JOB).")] = None,  # type: ignore[assignment]
+             output: Annotated[str | None, typer.Option("--output", help="A named output (default: the job's outputs/ folder and logs).")] = None,
+             everything: Annotated[bool, typer.Option("--all", help="Every output and the logs.")] = False,
+             offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+    """Download a job's outputs."""
+
+    def body() -> None:
+        submitter, client, o = _client(stack, offline, outputs_file)
+        target = submitter.download(client, job, o.workspace, path or Path("downloads") / job, output, everything)
+        out.print(f"downloaded {job} to {target}")
+
+    _guard(debug, body)
+
+
+@app.command()
+def scale(
+    recipe: Annotated[str, typer.Argument(help="Recipe name or path.")],
+    stack: Stack,
+    cluster: ClusterOpt = None,
+    max_nodes: Annotated[int | None, typer.Option("--max-nodes", help="Largest run (default: the cluster's maxNodes).")] = None,
+    sets: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every job of the study as YAML documents; submit nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Submit even when the study's total estimate exceeds the stack's budget.")] = False,
+    allow_tcp: AllowTcp = False,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    debug: Debug = False,
+) -> None:
+    """Scaling study: RECIPE on 1, 2, 4 ... nodes up to the cluster's maximum, tagged as one study."""
+
+    def body() -> None:
+        from jobs import build, cost, recipes
+        from jobs import scale as scaling
+        from jobs import submit as submitter
+
+        r = recipes.load(recipe, recipes.parse_overrides(sets or []))
+        stack_outputs = _outputs(stack, offline, outputs_file)
+        cluster_name = build.pick_cluster(r, stack_outputs, cluster)
+        top = max_nodes or stack_outputs.clusters[cluster_name].max_nodes
+        study = scaling.study_id(r.name)
+        plans = [build.plan_job(r, stack_outputs, cluster=cluster_name, nodes=n, allow_tcp=allow_tcp,
+                                name=f"{study}-n{n}", extra_tags={"study": study, "study_nodes": str(n)})
+                 for n in scaling.node_counts(top)]
+        total = sum(p.estimate.usd for p in plans)
+        err.print(f"study {study}: nodes {', '.join(str(p.instance_count) for p in plans)}; total estimate ${total:,.2f}", highlight=False)
+        code = build.snapshot(plans[0].code_dirs)
+        if dry_run:
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump_all([build.to_job_dict(p, code) for p in plans], sort_keys=False, width=120))
+            return
+        budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+        too_much = cost.over_limits(total, None, budget)
+        if too_much and not yes:
+            raise UserError([Problem(f"study {study}", "cost", reason, "pass --yes, or --max-nodes fewer") for reason in too_much],
+                            "study not submitted: over budget")
+        client = submitter.connect(stack_outputs)
+        for p in plans:
+            submitter.submit(client, p, code, echo=out.print)
+        out.print(f"report when they finish: python -m jobs scale-report {study} --stack {stack}", highlight=False)
+
+    _guard(debug, body)
+
+
+@app.command("scale-report")
+def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by `scale`.")], stack: Stack,
+                 offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+    """Throughput, speedup and scaling efficiency of a finished scaling study."""
+
+    def body() -> None:
+        from jobs import scale as scaling
+
+        submitter, client, o = _client(stack, offline, outputs_file)
+        rows = []
+        for job in submitter.study_jobs(client, study, o.workspace):
+            nodes = int((job.tags or {}).get("study_nodes", 0))
+            metrics = submitter.job_metrics(client, job.name, o.workspace) if job.status == "Completed" else None
+            rows.append(scaling.ScalingRow(nodes, job.name, job.status, (metrics or {}).get("throughput"),
+                                           (metrics or {}).get("throughput_unit", "samples/s")))
+        if not rows:
+            raise UserError([Problem(f"workspace {o.workspace}", study, "no jobs carry this study tag",
+                                     "use the id printed by `python -m jobs scale`")], "unknown study")
+        table = Table("nodes", "job", "status", "throughput", "speedup", "efficiency")
+        for row in scaling.report(rows):
+            table.add_row(str(row.nodes), row.job, row.status,
+                          f"{row.throughput:,.1f} {row.unit}" if row.throughput else "-",
+                          f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
+        out.print(table)
+
+    _guard(debug, body)
+
+
+def _mount_optional(module: str, name: str, help_text: str) -> None:
+    """Mount another engineer's sub-app when its module exists (it may land later)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    if found:
+        sub = getattr(importlib.import_module(module), "app", None)
+        if sub is not None:
+            app.add_typer(sub, name=name, help=help_text)
+
+
+_mount_optional("jobs.data.cli", "data", "Datasets: gzip upload to the stack's datasets container.")
+_mount_optional("jobs.beeond.cli", "beeond", "BeeOND shared scratch on a fixed-size cluster.")
+_mount_optional("jobs.local.cli", "local", "Local rehearsal of a job on this machine.")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,184 @@
+"""Helpers every training script here shares: process group, metrics, checkpoints, profiler.
+
+- `init_distributed()`: torch.distributed from the launcher's environment (RANK /
+  WORLD_SIZE / MASTER_ADDR, or OpenMPI's variables under MPI), NCCL on GPUs, gloo on CPU.
+- `Metrics`: one JSON line per log step on stdout (rank 0), MLflow when the image has it
+  (Azure ML picks MLflow metrics up), and a summary file under outputs/ for `jobs scale report`.
+- checkpoint helpers over AMLHPC_CHECKPOINT_DIR / AMLHPC_RESUME_DIR (the launcher uploads
+  and restores them; docs/contracts.md section 4).
+- `profiler()`: torch.profiler writing TensorBoard traces when AMLHPC_PROFILE_DIR is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobs.runtime import contract
+from jobs.workloads import env as workload_env
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    local_rank: int
+    world: int
+    device: Any
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _first(*names: str, default: str | None = None) -> str | None:
+    for name in names:
+        if os.environ.get(name):
+            return os.environ[name]
+    return default
+
+
+def init_distributed(backend: str | None = None) -> Dist:
+    """Join the job's process group (a world of 1 needs no group)."""
+    import torch
+    import torch.distributed as dist
+
+    rank = int(_first("RANK", "OMPI_COMM_WORLD_RANK", default="0"))
+    world = int(_first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", default="1"))
+    local_rank = int(_first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default="0"))
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    os.environ.setdefault("LOCAL_RANK", str(local_rank))
+    if "MASTER_ADDR" not in os.environ:
+        # Azure ML's MPI jobs name the head node as AZ_BATCH_MASTER_NODE=ip:port
+        master = _first("AZ_BATCH_MASTER_NODE", "AZ_BATCHAI_MPI_MASTER_NODE", default="127.0.0.1:29500")
+        addr, _, port = master.partition(":")
+        os.environ["MASTER_ADDR"] = addr
+        os.environ.setdefault("MASTER_PORT", port or "29500")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"), init_method="env://")
+    return Dist(rank, local_rank, world, device)
+
+
+def barrier(d: Dist) -> None:
+    import torch.distributed as dist
+
+    if d.world > 1 and dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_min(d: Dist, value: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    if d.world == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.long, device=d.device if d.device.type == "cuda" else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
+
+
+def all_reduce_mean(d: Dist, value: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    if d.world == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=d.device if d.device.type == "cuda" else "cpu")
+    dist.all_reduce(tensor)
+    return float(tensor.item()) / d.world
+
+
+class Metrics:
+    """Step metrics on rank 0: JSON lines, MLflow if present, and a final summary file."""
+
+    def __init__(self, d: Dist, output_dir: str | Path = workload_env.OUTPUT_DIR_DEFAULT):
+        self.d = d
+        self.output_dir = Path(output_dir)
+        self._mlflow = None
+        if d.is_main:
+            try:
+                import mlflow
+
+                self._mlflow = mlflow if os.environ.get("MLFLOW_TRACKING_URI") else None
+            except ImportError:
+                self._mlflow = None
+
+    def log(self, step: int, **values: float) -> None:
+        if not self.d.is_main:
+            return
+        print(json.dumps({"step": step, **{k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}}), flush=True)
+        if self._mlflow is not None:
+            self._mlflow.log_metrics({k: float(v) for k, v in values.items()}, step=step)
+
+    def summary(self, **values: Any) -> Path | None:
+        if not self.d.is_main:
+            return None
+        path = self.output_dir / workload_env.METRICS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values, indent=2, sort_keys=True))
+        return path
+
+
+def checkpoint_dir(default: str | Path = "outputs/checkpoints") -> Path:
+    path = Path(os.environ.get(contract.CHECKPOINT_DIR) or default)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def latest_checkpoint(pattern: str = "ckpt-*.pt") -> Path | None:
+    """The newest checkpoint the launcher restored (AMLHPC_RESUME_DIR), else one left locally."""
+    for folder in (os.environ.get(contract.RESUME_DIR), os.environ.get(contract.CHECKPOINT_DIR)):
+        if folder and Path(folder).is_dir():
+            found = sorted(Path(folder).glob(pattern), key=lambda p: int("".join(c for c in p.stem if c.isdigit()) or 0))
+            if found:
+                return found[-1]
+    return None
+
+
+def save_checkpoint(state: dict[str, Any], step: int, keep: int = 2) -> Path:
+    """Write atomically (temp file + rename) so the uploader never sees half a file."""
+    import torch
+
+    folder = checkpoint_dir()
+    final = folder / f"ckpt-{step:09d}.pt"
+    tmp = folder / f".{final.name}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, final)
+    for old in sorted(folder.glob("ckpt-*.pt"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+@contextlib.contextmanager
+def profiler(d: Dist, enabled_dir: str | None = None):
+    """torch.profiler into AMLHPC_PROFILE_DIR (TensorBoard trace handler); a no-op when unset."""
+    folder = enabled_dir or os.environ.get(workload_env.PROFILE_DIR)
+    if not folder:
+        yield None
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(str(Path(folder) / f"rank{d.rank}")),
+                 record_shapes=True, profile_memory=True) as prof:
+        yield prof
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start

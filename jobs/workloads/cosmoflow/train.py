@@ -1,0 +1,152 @@
+"""Train CosmoFlow with PyTorch DDP on the files the launcher staged (or any folder).
+
+    python -m jobs.workloads.cosmoflow.train --input cosmoflow --epochs 48 --batch-size 4 --amp
+
+Reads AMLHPC_DATA_DIR_<INPUT> / AMLHPC_FILE_LIST_<INPUT> (jobs/workloads/cosmoflow/data.py),
+logs the loss per step (JSON lines; MLflow in Azure ML), validates each epoch (MAE),
+saves a checkpoint into AMLHPC_CHECKPOINT_DIR after every epoch and resumes from
+AMLHPC_RESUME_DIR. `--from-memory` feeds the same model from RAM to measure the input
+pipeline: throughput(files) / throughput(memory) is its efficiency. The PyTorch profiler
+runs when AMLHPC_PROFILE_DIR is set (or --profile-dir). Exit codes: 0 done, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from jobs.workloads import common
+from jobs.workloads.cosmoflow import data
+from jobs.workloads.cosmoflow.model import CosmoFlow
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="CosmoFlow training (PyTorch DDP)")
+    p.add_argument("--input", default="cosmoflow", help="input name: reads AMLHPC_DATA_DIR_<INPUT>")
+    p.add_argument("--data-dir", help="folder of *.tfrecord files (default: from the launcher)")
+    p.add_argument("--file-list", help="this rank's files, one relative path a line (default: from the launcher)")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--max-steps-per-epoch", type=int, default=0, help="0: the whole epoch")
+    p.add_argument("--batch-size", type=int, default=4, help="per rank")
+    p.add_argument("--lr", type=float, default=0.001, help="per-rank base rate; scaled by the world size")
+    p.add_argument("--warmup-epochs", type=int, default=0)
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--conv-size", type=int, default=32)
+    p.add_argument("--n-conv-layers", type=int, default=5)
+    p.add_argument("--fc1", type=int, default=128)
+    p.add_argument("--fc2", type=int, default=64)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--amp", action="store_true", help="mixed precision on GPUs (bf16 where supported, else fp16)")
+    p.add_argument("--from-memory", action="store_true", help="preload the samples into RAM: no input I/O while training")
+    p.add_argument("--workers", type=int, default=4, help="data loader workers per rank (0: in the main process)")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--output-dir", default="outputs")
+    p.add_argument("--profile-dir", help="force the PyTorch profiler on (default: AMLHPC_PROFILE_DIR)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    d = common.init_distributed()
+    torch.manual_seed(args.seed)
+    root = data.data_dir(args.input, args.data_dir)
+    train_files, val_files = data.split(data.rank_files(root, args.input, d.rank, d.world, args.file_list))
+    if common.all_reduce_min(d, len(train_files)) == 0:
+        print(f"rank {d.rank}: no training files under {root} (need *.tfrecord; check the input's path and staging)", file=sys.stderr)
+        return 2
+    dataset = (data.InMemory if args.from_memory else data.CosmoFlowFiles)(train_files)
+    x0, _ = dataset[0]
+    volume = x0.shape[-1]
+    model = CosmoFlow(volume, x0.shape[0], args.conv_size, args.n_conv_layers, args.fc1, args.fc2, dropout=args.dropout).to(d.device)
+    ddp = DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None) if d.world > 1 else model
+    lr = args.lr * d.world
+    optimizer = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9) if args.optimizer == "sgd"
+                 else torch.optim.Adam(model.parameters(), lr=lr))
+    amp_dtype = torch.bfloat16 if (d.device.type == "cuda" and torch.cuda.is_bf16_supported()) else torch.float16
+    use_amp = args.amp and d.device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+
+    start_epoch, step = 0, 0
+    resume = common.latest_checkpoint()
+    if resume is not None:
+        state = torch.load(resume, map_location=d.device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch, step = state["epoch"] + 1, state["step"]
+        if d.is_main:
+            print(f"resumed from {resume} (epoch {state['epoch']}, step {step})", flush=True)
+
+    generator = torch.Generator().manual_seed(args.seed + d.rank)
+    workers = 0 if args.from_memory else args.workers
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True, num_workers=workers,
+                        generator=generator, pin_memory=d.device.type == "cuda", persistent_workers=workers > 0)
+    steps_per_epoch = common.all_reduce_min(d, len(loader))  # DDP needs equal step counts on every rank
+    if args.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, args.max_steps_per_epoch)
+    if steps_per_epoch == 0:
+        print(f"rank {d.rank}: fewer samples than --batch-size {args.batch_size}", file=sys.stderr)
+        return 2
+    val_loader = DataLoader(data.CosmoFlowFiles(val_files), batch_size=args.batch_size) if val_files else None
+    metrics = common.Metrics(d, args.output_dir)
+    samples, seconds, loss_value, val_mae = 0, 0.0, math.nan, None
+
+    with common.profiler(d, args.profile_dir) as prof:
+        for epoch in range(start_epoch, args.epochs):
+            if args.warmup_epochs and epoch < args.warmup_epochs:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * (epoch + 1) / args.warmup_epochs
+            model.train()
+            timer = common.Timer()
+            for i, (x, y) in enumerate(loader):
+                if i >= steps_per_epoch:
+                    break
+                x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(d.device.type, dtype=amp_dtype, enabled=use_amp):
+                    loss = F.mse_loss(ddp(x).float(), y)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                step += 1
+                if prof is not None:
+                    prof.step()
+                if step % args.log_every == 0 or i == 0:
+                    loss_value = float(loss.item())
+                    metrics.log(step, loss=loss_value, epoch=epoch)
+            loss_value = common.all_reduce_mean(d, float(loss.item()))
+            epoch_s = timer.elapsed()
+            seconds += epoch_s
+            samples += steps_per_epoch * args.batch_size * d.world
+            val_mae = _validate(model, val_loader, d) if val_loader is not None else None
+            metrics.log(step, epoch_loss=loss_value, epoch=epoch, samples_per_s=steps_per_epoch * args.batch_size * d.world / epoch_s,
+                        **({"val_mae": val_mae} if val_mae is not None else {}))
+            if d.is_main:
+                common.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                        "epoch": epoch, "step": step}, step)
+            common.barrier(d)
+    metrics.summary(throughput=samples / seconds if seconds else None, throughput_unit="samples/s", final_loss=loss_value,
+                    val_mae=val_mae, world_size=d.world, steps=step, epochs=args.epochs, from_memory=args.from_memory,
+                    volume=volume, workload="cosmoflow")
+    return 0
+
+
+def _validate(model, loader, d) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            pred = model(x.to(d.device))
+            total += float((pred.float() - y.to(d.device)).abs().sum())
+            count += y.numel()
+    return common.all_reduce_mean(d, total / max(count, 1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

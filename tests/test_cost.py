@@ -1,0 +1,40 @@
+"""jobs.cost: nodes x hours x price, seed 000's figure, overrides and limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra import skus
+from infra.errors import UserError
+from jobs import cost
+
+
+def test_seed000_cosmoflow_figure():
+    """Seed 000: 4 x ND40rs_v2 x 11.5 h at $26.438/h is a little over $1,200 ($1,216.15)."""
+    est = cost.estimate("Standard_ND40rs_v2", 4, 11.5)
+    assert est.usd_per_node_hour == 26.438
+    assert est.usd == 1216.15
+
+
+def test_stack_price_override_wins():
+    est = cost.estimate("Standard_ND96asr_v4", 2, 10, {"Standard_ND96asr_v4": 20.0})
+    assert est.usd == 400.0 and est.price_source == "stack"
+
+
+def test_unpriced_size_needs_override():
+    assert skus.get("Standard_ND96isr_H200_v5").price is None
+    with pytest.raises(UserError) as info:
+        cost.estimate("Standard_ND96isr_H200_v5", 1, 1)
+    assert "aml-hpc:prices.Standard_ND96isr_H200_v5" in info.value.render()
+
+
+def test_notes_for_low_priority_and_region():
+    est = cost.estimate("Standard_ND96asr_v4", 1, 1, priority="LowPriority")
+    notes = est.notes("swedencentral")
+    assert any("upper bound" in n for n in notes) and any("eastus" in n and "swedencentral" in n for n in notes)
+
+
+def test_limits():
+    assert cost.over_limits(100, 200, 3000) == []
+    reasons = cost.over_limits(5000, 1500, 3000)
+    assert len(reasons) == 2 and "ceiling $1,500.00" in reasons[0] and "budget $3,000.00" in reasons[1]
