@@ -13,43 +13,11 @@ import pytest
 from infra import skus
 from jobs.runtime import topology
 from jobs.runtime.skufacts import parse_sku_facts
+from tests.fake_sysfs import build_nd96asr_sysfs
+from tests.fake_sysfs import pci_device as _device
 
-# Seed 003 (check_app_pinning.py on ND96asr_v4): NUMA node -> (cores, GPU ids).
-SEED003_LAYOUT = {0: ("0-23", (2, 3)), 1: ("24-47", (0, 1)), 2: ("48-71", (6, 7)), 3: ("72-95", (4, 5))}
 ALL_CPUS = frozenset(range(96))
 ND96ASR = parse_sku_facts(json.dumps(dataclasses.asdict(skus.get("Standard_ND96asr_v4"))))
-
-
-def _device(root: Path, address: str, vendor: str, pci_class: str, numa: int, cpulist: str | None) -> Path:
-    device = root / "bus" / "pci" / "devices" / address
-    device.mkdir(parents=True)
-    (device / "vendor").write_text(vendor + "\n")
-    (device / "class").write_text(pci_class + "\n")
-    (device / "numa_node").write_text(f"{numa}\n")
-    if cpulist is not None:
-        (device / "local_cpulist").write_text(cpulist + "\n")
-    return device
-
-
-def build_nd96asr_sysfs(root: Path, *, numa_known: bool = True, gpus: int = 8) -> Path:
-    """GPUs 0-7 at PCI domains 0001-0008 (CUDA's PCI order), one HCA next to each GPU,
-    plus devices that must not count as GPUs (an NVSwitch bridge, the Ethernet NIC)."""
-    gpu_node = {g: node for node, (_, ids) in SEED003_LAYOUT.items() for g in ids}
-    for gpu in range(gpus):
-        node = gpu_node[gpu]
-        cpulist = SEED003_LAYOUT[node][0] if numa_known else None
-        _device(root, f"{gpu + 1:04x}:00:00.0", "0x10de", "0x030200", node if numa_known else -1, cpulist)
-        hca = _device(root, f"{0x101 + gpu:04x}:00:00.0", "0x15b3", "0x020700", node if numa_known else -1, cpulist)
-        link = root / "class" / "infiniband" / f"mlx5_ib{gpu}"
-        link.mkdir(parents=True)
-        (link / "device").symlink_to(hca)
-    _device(root, "0009:00:00.0", "0x10de", "0x068000", 0, "0-23")  # NVSwitch: not a GPU
-    _device(root, "c05b:00:02.0", "0x15b3", "0x020000", -1, None)  # accelerated networking NIC
-    for node, (cpulist, _) in SEED003_LAYOUT.items():
-        folder = root / "devices" / "system" / "node" / f"node{node}"
-        folder.mkdir(parents=True)
-        (folder / "cpulist").write_text(cpulist + "\n")
-    return root
 
 
 @pytest.fixture

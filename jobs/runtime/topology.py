@@ -157,7 +157,7 @@ def sysfs_gpus(sysfs: Path) -> list[GpuLocation] | None:
 
 
 def sysfs_hcas(sysfs: Path) -> list[HcaLocation]:
-    """RDMA devices under /sys/class/infiniband with the PCI device behind each."""
+    """InfiniBand devices under /sys/class/infiniband with the PCI device behind each."""
     root = sysfs / "class" / "infiniband"
     try:
         names = sorted(os.listdir(root))
@@ -165,6 +165,9 @@ def sysfs_hcas(sysfs: Path) -> list[HcaLocation]:
         return []
     hcas = []
     for name in names:
+        layers = {_read(port / "link_layer") for port in (root / name / "ports").glob("*")}
+        if layers and "InfiniBand" not in layers:
+            continue  # Azure's accelerated-networking NIC is an mlx5 RDMA device on Ethernet
         device = root / name / "device"
         address = os.path.basename(os.path.realpath(device)) if device.exists() else None
         hcas.append(HcaLocation(name, address, _numa_node(device)))

@@ -1,0 +1,164 @@
+"""The checks one node runs on itself: GPU count, GEMM, H2D, D2H, D2D per GPU, InfiniBand
+ports, ECC / row remapping. (The all-reduce needs every rank: see collective.py.)
+
+Thresholds come from the size's facts (AMLHPC_SKU_JSON): GEMM must reach
+`gemm_fraction_of_peak_min` x `gpu_peak_dense_tflops`, copies `h2d/d2h_gbytes_per_s_min`;
+D2D has no published pass mark and is judged against the fleet only. A machine with no
+NVIDIA GPU on its PCI bus is not the size's hardware (a CPU rehearsal): the GPU checks say
+so and are skipped, and so are InfiniBand and ECC, whose expectations belong to that
+hardware. GPUs on the bus that CUDA cannot use are a failure, not a skip.
+
+Copies run with this process pinned to the GPU's local CPUs (from sysfs), so the pinned
+buffer lives on the GPU's NUMA node, as seed 003's `numactl --cpunodebind` does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.runtime import topology
+from jobs.runtime.health.ecc import check_ecc
+from jobs.runtime.health.grading import FAIL, PASS, SKIP, grade_minimum
+from jobs.runtime.health.infiniband import check_infiniband
+from jobs.runtime.health.measure import MIB, GpuMeasurer
+from jobs.runtime.health.results import CheckResult
+from jobs.runtime.nvml import NvmlSession
+from jobs.runtime.skufacts import SkuFacts
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each measurement does."""
+
+    gemm_n: int = 8192
+    gemm_iters: int = 50
+    copy_bytes: int = 256 * MIB
+    copy_iters: int = 20
+    allreduce_iters: int = 10
+    allreduce_warmup: int = 3
+    cpu_allreduce_bytes: int = 64 * MIB
+    """Message size over gloo on a CPU-only run (no pass mark there: GPU figures do not apply)."""
+
+
+FULL = Sizes()
+QUICK = Sizes(gemm_iters=10, copy_iters=5, allreduce_iters=3, allreduce_warmup=1, cpu_allreduce_bytes=16 * MIB)
+"""--quick: the same GPU sizes (pass marks hold for them), fewer repetitions; a smaller
+gloo message on CPU-only runs, which have no pass marks."""
+
+
+@contextmanager
+def _on_cpus(cpus: frozenset[int]):
+    """Run the block on `cpus` (when some are usable), then restore the previous affinity."""
+    before = os.sched_getaffinity(0)
+    usable = set(cpus) & before
+    if usable:
+        os.sched_setaffinity(0, usable)
+    try:
+        yield bool(usable)
+    finally:
+        if usable:
+            os.sched_setaffinity(0, before)
+
+
+def _physical_gpus(environ: Mapping[str, str], pci: list[topology.GpuLocation]) -> list[topology.GpuLocation | None]:
+    """The sysfs GPU behind each CUDA device number, when the numbering is known."""
+    if environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        return []  # FASTEST_FIRST numbering cannot be matched to PCI addresses
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(pci)
+    try:
+        return [pci[int(v)] if 0 <= int(v) < len(pci) else None for v in visible.split(",") if v.strip()]
+    except ValueError:
+        return []  # UUIDs
+
+
+def _gpu_count(sku: SkuFacts | None, pci_count: int | None, cuda_count: int, measurer: GpuMeasurer,
+               environ: Mapping[str, str]) -> CheckResult:
+    expected = sku.gpus if sku else None
+    if cuda_count == 0 and pci_count:
+        if measurer.software_missing:
+            return CheckResult("gpu_count", "node", SKIP, float(pci_count), "GPUs", detail=f"{measurer.unavailable_reason}: GPUs not measured")
+        return CheckResult("gpu_count", "node", FAIL, 0.0, "GPUs", float(pci_count),
+                           f"{pci_count} NVIDIA GPU(s) on the PCI bus but CUDA sees none: {measurer.unavailable_reason}")
+    if expected is not None and pci_count is not None and pci_count != expected:
+        return CheckResult("gpu_count", "node", FAIL, float(pci_count), "GPUs", float(expected),
+                           f"{pci_count} GPU(s) on the PCI bus, {sku.name} has {expected} (a GPU fell off the bus?)")
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    wanted = len([v for v in visible.split(",") if v.strip()]) if visible is not None else (pci_count or expected)
+    if wanted is not None and cuda_count != wanted:
+        return CheckResult("gpu_count", "node", FAIL, float(cuda_count), "GPUs", float(wanted),
+                           f"CUDA sees {cuda_count} GPU(s), {wanted} expected")
+    return CheckResult("gpu_count", "node", PASS, float(cuda_count), "GPUs", None if expected is None else float(expected),
+                       f"{cuda_count} GPU(s) usable")
+
+
+def _measure(check: str, subject: str, unit: str, minimum: float | None, detail: str, run) -> CheckResult:
+    """Run one measurement and grade it; a CUDA error is a failure of that GPU."""
+    try:
+        value = float(run())
+    except Exception as exc:  # noqa: BLE001 - any error from the GPU is the finding
+        return CheckResult(check, subject, FAIL, detail=f"measurement failed: {type(exc).__name__}: {exc}"[:400])
+    return CheckResult(check, subject, grade_minimum(value, minimum), value, unit, minimum, detail)
+
+
+def gpu_checks(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, sysfs: Path,
+               environ: Mapping[str, str]) -> list[CheckResult]:
+    """GPU count, then GEMM/H2D/D2H/D2D on every GPU (in turn, so copies do not share PCIe)."""
+    pci = topology.sysfs_gpus(sysfs)
+    pci_count = None if pci is None else len(pci)
+    cuda_count = measurer.device_count()
+    if not pci_count and cuda_count == 0:
+        where = f" (a {sku.name} has {sku.gpus})" if sku and sku.gpus else ""
+        return [CheckResult("gpu_count", "node", SKIP, 0.0, "GPUs",
+                            detail=f"no NVIDIA GPU on this machine{where}: GPU checks skipped, not faked")]
+    results = [_gpu_count(sku, pci_count, cuda_count, measurer, environ)]
+    if cuda_count == 0:
+        return results
+    physical = _physical_gpus(environ, pci or [])
+    health = sku.health if sku else None
+    dtype = sku.gpu_gemm_dtype if sku else "bf16"
+    gemm_min = None
+    gemm_detail = f"{dtype} {sizes.gemm_n}x{sizes.gemm_n} matmul"
+    if sku and sku.gpu_peak_dense_tflops and health.gemm_fraction_of_peak_min:
+        gemm_min = sku.gpu_peak_dense_tflops * health.gemm_fraction_of_peak_min
+        gemm_detail += f", pass mark {health.gemm_fraction_of_peak_min:.0%} of the {sku.gpu_peak_dense_tflops:g} TFLOP/s peak"
+    copy_mib = sizes.copy_bytes // MIB
+    for index in range(cuda_count):
+        location = physical[index] if index < len(physical) else None
+        subject = f"gpu{index} {location.pci_address}" if location else f"gpu{index}"
+        results.append(_measure("gemm", subject, "TFLOP/s", gemm_min, gemm_detail,
+                                lambda i=index: measurer.gemm_tflops(i, dtype, sizes.gemm_n, sizes.gemm_iters)))
+        cpus = location.cpus if location else frozenset()
+        with _on_cpus(cpus) as pinned:
+            where = f"pinned {copy_mib} MiB from NUMA node {location.numa_node}" if pinned and location else f"pinned {copy_mib} MiB (NUMA placement unknown)"
+            results.append(_measure("h2d", subject, "GB/s", health.h2d_gbytes_per_s_min if health else None, where,
+                                    lambda i=index: measurer.h2d_gbytes_per_s(i, sizes.copy_bytes, sizes.copy_iters)))
+            results.append(_measure("d2h", subject, "GB/s", health.d2h_gbytes_per_s_min if health else None, where,
+                                    lambda i=index: measurer.d2h_gbytes_per_s(i, sizes.copy_bytes, sizes.copy_iters)))
+        d2d = _measure("d2d", subject, "GB/s", None, f"{copy_mib} MiB on-device copy (read + write); no published pass mark, compared with the fleet",
+                       lambda i=index: measurer.d2d_gbytes_per_s(i, sizes.copy_bytes, sizes.copy_iters))
+        results.append(d2d)
+    return results
+
+
+def node_checks(sku: SkuFacts | None, measurer: GpuMeasurer, nvml: NvmlSession, sizes: Sizes,
+                sysfs: Path = Path("/sys"), environ: Mapping[str, str] | None = None) -> list[CheckResult]:
+    """Everything one node checks about itself."""
+    environ = os.environ if environ is None else environ
+    results = gpu_checks(sku, measurer, sizes, sysfs, environ)
+    no_gpu_hardware = results[0].check == "gpu_count" and results[0].status == SKIP and results[0].value == 0.0
+    if no_gpu_hardware:
+        what = f"a {sku.name}" if sku else "a GPU node"
+        reason = f"not {what} (no NVIDIA GPU): the size's InfiniBand and ECC expectations do not apply here"
+        results.append(CheckResult("infiniband", "node", SKIP, detail=reason))
+        results.append(CheckResult("ecc", "node", SKIP, detail=reason))
+        return results
+    results.extend(check_infiniband(sysfs, sku))
+    results.extend(check_ecc(nvml, sku.gpus if sku else 0))
+    return results
+

@@ -1,0 +1,97 @@
+"""InfiniBand ports present, ACTIVE and at the size's rate, from sysfs.
+
+Each RDMA device is /sys/class/infiniband/<hca>/ports/<n>/ with one-line files:
+`link_layer` ("InfiniBand" or "Ethernet"), `state` ("4: ACTIVE"), `phys_state`
+("5: LinkUp") and `rate` ("200 Gb/sec (4X HDR)"). Only InfiniBand ports count: Azure's
+accelerated-networking NIC is an mlx5 device too, with an Ethernet link layer.
+
+Expected per node: `ib_hcas` ports at `ib_gbits_per_s_per_hca` (the catalog). A port in
+INIT has a link but no subnet-manager configuration (traffic cannot flow); a port below
+the rate trained down (bad cable or transceiver); fewer ports than HCAs means a device
+is missing. Each of those fails, because NCCL would silently route around it or fall
+back to TCP and the job would crawl instead of failing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from jobs.runtime.health.grading import FAIL, PASS, SKIP
+from jobs.runtime.health.results import CheckResult
+from jobs.runtime.skufacts import SkuFacts
+
+_RATE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _state_name(text: str) -> str:
+    """'4: ACTIVE' -> 'ACTIVE'; 'LinkUp' stays."""
+    return text.split(":", 1)[1].strip() if ":" in text else text
+
+
+def ib_ports(sysfs: Path) -> list[dict]:
+    """Every InfiniBand port: {hca, port, state, phys_state, rate_gbits}."""
+    root = sysfs / "class" / "infiniband"
+    try:
+        hcas = sorted(os.listdir(root))
+    except OSError:
+        return []
+    ports = []
+    for hca in hcas:
+        try:
+            numbers = sorted(os.listdir(root / hca / "ports"), key=lambda p: int(p) if p.isdigit() else 0)
+        except OSError:
+            continue
+        for number in numbers:
+            port = root / hca / "ports" / number
+            if _read(port / "link_layer") not in ("InfiniBand", ""):
+                continue  # Ethernet (accelerated networking) or RoCE: not our fabric
+            match = _RATE.match(_read(port / "rate"))
+            ports.append({"hca": hca, "port": number, "state": _state_name(_read(port / "state")),
+                          "phys_state": _state_name(_read(port / "phys_state")),
+                          "rate_gbits": float(match.group(1)) if match else None,
+                          "rate_text": _read(port / "rate")})
+    return ports
+
+
+def check_infiniband(sysfs: Path, sku: SkuFacts | None) -> list[CheckResult]:
+    """One result per port plus one for the port count."""
+    if sku is None:
+        ports = ib_ports(sysfs)
+        return [CheckResult("infiniband", "node", SKIP, len(ports), "ports",
+                            detail="no SKU facts (AMLHPC_SKU_JSON) to compare the ports with")]
+    if not sku.infiniband:
+        return [CheckResult("infiniband", "node", SKIP, detail=f"{sku.name} has no InfiniBand")]
+    ports = ib_ports(sysfs)
+    results = []
+    for port in ports:
+        subject = f"{port['hca']}/{port['port']}"
+        problems = []
+        if port["state"] != "ACTIVE":
+            hint = " (link up but not configured by the subnet manager)" if port["state"] == "INIT" else ""
+            problems.append(f"state {port['state'] or 'unknown'}{hint}")
+        if port["phys_state"] and port["phys_state"] != "LinkUp":
+            problems.append(f"physical state {port['phys_state']}")
+        rate = port["rate_gbits"]
+        if rate is None:
+            problems.append(f"unreadable rate {port['rate_text']!r}")
+        elif rate < sku.ib_gbits_per_s_per_hca:
+            problems.append(f"rate {rate:g} Gb/s below {sku.ib_generation or ''} {sku.ib_gbits_per_s_per_hca} Gb/s".replace("  ", " "))
+        results.append(CheckResult("infiniband", subject, FAIL if problems else PASS, rate, "Gb/s",
+                                   float(sku.ib_gbits_per_s_per_hca), "; ".join(problems) or port["state"]))
+    active = sum(1 for r in results if r.status == PASS)
+    count_status = PASS if len(ports) >= sku.ib_hcas else FAIL
+    detail = f"{len(ports)} InfiniBand port(s), {active} healthy, {sku.name} has {sku.ib_hcas}"
+    if not ports:
+        detail += ": no /sys/class/infiniband ports (driver not loaded, or the image lacks the IB user space?)"
+    results.insert(0, CheckResult("infiniband", "node", count_status, float(len(ports)), "ports",
+                                  float(sku.ib_hcas), detail))
+    return results

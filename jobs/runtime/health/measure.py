@@ -1,0 +1,125 @@
+"""GPU micro-benchmarks through PyTorch (imported lazily): the "measure" layer.
+
+`GpuMeasurer` is the seam the checks call; `TorchGpuMeasurer` is the real one, a fake
+in the tests drives the threshold logic. Every figure is timed with CUDA events after
+warm-up, so kernel launch and first-touch costs are excluded:
+
+- GEMM: C = A @ B with square n x n matrices in the size's tensor-core dtype (bf16, or
+  fp16 on V100); 2 n^3 flops per product, reported in TFLOP/s (10^12/s).
+- H2D / D2H: one large copy from / into page-locked (pinned) host memory, as CUDA's
+  bandwidthTest does (seed 003); GB/s = 10^9 bytes/s. The caller runs it on the CPUs near
+  the GPU (the buffer is first touched there, so it lives on the GPU's NUMA node).
+- D2D: a copy within the GPU's memory, counted as bytes read + bytes written, as
+  bandwidthTest's device-to-device figure is.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class GpuMeasurer(Protocol):
+    """What the node checks need from the GPUs (index = CUDA device number)."""
+
+    unavailable_reason: str
+    """Why there are no GPUs to measure ("" when there are)."""
+    software_missing: bool
+    """True when the measuring software (PyTorch) is absent, as opposed to no usable GPU."""
+
+    def device_count(self) -> int: ...
+    def device_name(self, index: int) -> str: ...
+    def gemm_tflops(self, index: int, dtype: str, n: int, iters: int) -> float: ...
+    def h2d_gbytes_per_s(self, index: int, nbytes: int, iters: int) -> float: ...
+    def d2h_gbytes_per_s(self, index: int, nbytes: int, iters: int) -> float: ...
+    def d2d_gbytes_per_s(self, index: int, nbytes: int, iters: int) -> float: ...
+
+
+class TorchGpuMeasurer:
+    """Measures with torch.cuda; reports why not when PyTorch or CUDA is missing."""
+
+    def __init__(self) -> None:
+        self.unavailable_reason = ""
+        self.software_missing = False
+        try:
+            import torch
+        except ImportError:
+            self.torch = None
+            self.software_missing = True
+            self.unavailable_reason = "PyTorch is not installed"
+            return
+        self.torch = torch
+        if not torch.cuda.is_available():
+            self.unavailable_reason = f"CUDA is not available to PyTorch {torch.__version__} (no GPU or no driver)"
+
+    def device_count(self) -> int:
+        if self.torch is None or self.unavailable_reason:
+            return 0
+        return self.torch.cuda.device_count()
+
+    def device_name(self, index: int) -> str:
+        return self.torch.cuda.get_device_name(index)
+
+    def _elapsed_s(self, index: int, step, iters: int, warmup: int = 3) -> float:
+        torch = self.torch
+        with torch.cuda.device(index):
+            for _ in range(warmup):
+                step()
+            torch.cuda.synchronize(index)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                step()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+
+    def _release(self) -> None:
+        self.torch.cuda.empty_cache()
+
+    def _gemm_seconds(self, index: int, dtype: str, n: int, iters: int) -> float:
+        torch = self.torch
+        kind = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        device = torch.device("cuda", index)
+        a = torch.randn(n, n, device=device, dtype=kind)
+        b = torch.randn(n, n, device=device, dtype=kind)
+        c = torch.empty(n, n, device=device, dtype=kind)
+        return self._elapsed_s(index, lambda: torch.matmul(a, b, out=c), iters)
+
+    def gemm_tflops(self, index: int, dtype: str, n: int, iters: int) -> float:
+        try:
+            seconds = self._gemm_seconds(index, dtype, n, iters)
+        finally:
+            self._release()  # the buffers went out of scope with the helper's frame
+        return 2 * n ** 3 * iters / seconds / 1e12
+
+    def _copy_seconds(self, index: int, nbytes: int, iters: int, direction: str) -> float:
+        torch = self.torch
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        host.fill_(1)  # first touch happens here, on the caller's (GPU-local) CPUs
+        gpu = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
+        if direction == "h2d":
+            return self._elapsed_s(index, lambda: gpu.copy_(host, non_blocking=True), iters)
+        if direction == "d2h":
+            return self._elapsed_s(index, lambda: host.copy_(gpu, non_blocking=True), iters)
+        twin = torch.empty_like(gpu)
+        return self._elapsed_s(index, lambda: twin.copy_(gpu), iters)
+
+    def _copy_rate(self, index: int, nbytes: int, iters: int, direction: str) -> float:
+        try:
+            seconds = self._copy_seconds(index, nbytes, iters, direction)
+        finally:
+            self._release()
+        moved = 2 * nbytes if direction == "d2d" else nbytes  # d2d: read + write, as bandwidthTest counts
+        return moved * iters / seconds / 1e9
+
+    def h2d_gbytes_per_s(self, index: int, nbytes: int, iters: int) -> float:
+        return self._copy_rate(index, nbytes, iters, "h2d")
+
+    def d2h_gbytes_per_s(self, index: int, nbytes: int, iters: int) -> float:
+        return self._copy_rate(index, nbytes, iters, "d2h")
+
+    def d2d_gbytes_per_s(self, index: int, nbytes: int, iters: int) -> float:
+        return self._copy_rate(index, nbytes, iters, "d2d")

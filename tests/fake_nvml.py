@@ -1,0 +1,141 @@
+"""A fake NVML module for tests: the names jobs.runtime.{nvml,clocks,health.ecc} call, with
+the constants and error codes of the real bindings (nvidia-ml-py's pynvml), backed by a
+list of `FakeGpu` records a test sets up. tests/test_clocks.py checks that every name
+used here exists in the real pynvml with the same value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Values from nvml.h / pynvml.
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_MEM = 2
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_MEMORY_LOCATION_SRAM = 7
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+
+CONSTANTS = [name for name in dir() if name.startswith("NVML_")]
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int):
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return {3: "Not Supported", 4: "Insufficient Permissions", 9: "Driver Not Loaded"}.get(self.value, f"code {self.value}")
+
+
+@dataclass
+class FakeGpu:
+    bus_id: str
+    name: str = "NVIDIA A100-SXM4-40GB"
+    memory_clocks: tuple[int, ...] = (1215, 877, 405)
+    graphics_clocks: dict[int, tuple[int, ...]] = field(default_factory=lambda: {1215: (1410, 1395, 1005, 210), 877: (1200,), 405: (405,)})
+    app_clocks: dict[int, int] = field(default_factory=lambda: {NVML_CLOCK_MEM: 1215, NVML_CLOCK_GRAPHICS: 1095})
+    default_app_clocks: dict[int, int] = field(default_factory=lambda: {NVML_CLOCK_MEM: 1215, NVML_CLOCK_GRAPHICS: 1095})
+    clocks_error: int | None = None
+    """Error code SetApplicationsClocks/Reset raise (permission, not supported)."""
+    ecc_enabled: bool = True
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
+    """(correctable, uncorrectable, pending, failure); None: not supported (V100)."""
+    sram_uncorrectable: dict[int, int] = field(default_factory=lambda: {NVML_VOLATILE_ECC: 0, NVML_AGGREGATE_ECC: 0})
+    retired_pending: int | None = None
+    """Page retirement pending flag; None: not supported (A100 and later remap rows instead)."""
+
+
+class FakeNvml:
+    """Instances behave like the pynvml module."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None):
+        self.gpus = gpus
+        self.init_error = init_error
+        self.calls: list[tuple] = []
+        self.initialised = False
+        for name in CONSTANTS:
+            setattr(self, name, globals()[name])
+
+    # session
+    def nvmlInit(self):
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+        self.initialised = True
+
+    def nvmlShutdown(self):
+        self.initialised = False
+
+    # devices
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return self.gpus[index]
+
+    def nvmlDeviceGetName(self, gpu):
+        return gpu.name
+
+    def nvmlDeviceGetPciInfo(self, gpu):
+        return type("PciInfo", (), {"busId": gpu.bus_id.encode()})()
+
+    # clocks
+    def nvmlDeviceGetSupportedMemoryClocks(self, gpu):
+        return list(gpu.memory_clocks)
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, gpu, memory):
+        return list(gpu.graphics_clocks[memory])
+
+    def nvmlDeviceGetApplicationsClock(self, gpu, kind):
+        return gpu.app_clocks[kind]
+
+    def nvmlDeviceSetApplicationsClocks(self, gpu, memory, graphics):
+        self.calls.append(("set", gpu.bus_id, memory, graphics))
+        if gpu.clocks_error is not None:
+            raise NVMLError(gpu.clocks_error)
+        if graphics not in gpu.graphics_clocks.get(memory, ()):
+            raise NVMLError(2)  # invalid argument: not a supported pair
+        gpu.app_clocks = {NVML_CLOCK_MEM: memory, NVML_CLOCK_GRAPHICS: graphics}
+
+    def nvmlDeviceResetApplicationsClocks(self, gpu):
+        self.calls.append(("reset", gpu.bus_id))
+        if gpu.clocks_error is not None:
+            raise NVMLError(gpu.clocks_error)
+        gpu.app_clocks = dict(gpu.default_app_clocks)
+
+    # memory health
+    def nvmlDeviceGetEccMode(self, gpu):
+        return [int(gpu.ecc_enabled), int(gpu.ecc_enabled)]
+
+    def nvmlDeviceGetRemappedRows(self, gpu):
+        if gpu.remapped_rows is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.remapped_rows
+
+    def nvmlDeviceGetMemoryErrorCounter(self, gpu, error_type, counter_type, location):
+        assert (error_type, location) == (NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_MEMORY_LOCATION_SRAM)
+        return gpu.sram_uncorrectable[counter_type]
+
+    def nvmlDeviceGetRetiredPages(self, gpu, cause):
+        if gpu.retired_pending is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [0x1000] * gpu.retired_pending
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, gpu):
+        if gpu.retired_pending is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return int(gpu.retired_pending > 0)
+
+
+FAKE_FUNCTIONS = [name for name in dir(FakeNvml) if name.startswith("nvml")]
+
+
+def nd96asr_gpus(n: int = 8) -> list[FakeGpu]:
+    """GPUs with the bus ids NVML reports on ND96asr_v4 (seed 003: 00000001:00:00.0 ...)."""
+    return [FakeGpu(f"0000000{i + 1}:00:00.0") for i in range(n)]

@@ -1,0 +1,291 @@
+"""A node's own checks: GPU figures graded against the catalog (fake measure layer),
+InfiniBand ports (fake sysfs), ECC and row remapping (fake NVML)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from infra import skus
+from jobs.runtime.health import checks
+from jobs.runtime.health.checks import QUICK, gpu_checks, node_checks
+from jobs.runtime.health.ecc import check_ecc
+from jobs.runtime.health.grading import FAIL, INFO, PASS, SKIP, WARN
+from jobs.runtime.health.infiniband import check_infiniband, ib_ports
+from jobs.runtime.health.measure import TorchGpuMeasurer
+from jobs.runtime.nvml import NvmlSession
+from jobs.runtime.skufacts import parse_sku_facts
+from tests import fake_nvml
+from tests.fake_nvml import FakeNvml, nd96asr_gpus
+from tests.fake_sysfs import build_nd96asr_sysfs, ib_port, pci_device
+
+
+def facts(name: str):
+    return parse_sku_facts(json.dumps(dataclasses.asdict(skus.get(name))))
+
+
+ND96ASR = facts("Standard_ND96asr_v4")
+A100 = skus.get("Standard_ND96asr_v4")
+GEMM_MIN = A100.gpu_peak_dense_tflops * A100.health.gemm_fraction_of_peak_min
+PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+class FakeMeasurer:
+    """The measure layer with chosen figures; records calls and the CPU affinity of copies."""
+
+    software_missing = False
+
+    def __init__(self, gpus: int = 8, gemm=260.0, h2d=25.0, d2h=25.0, d2d=2600.0, reason: str = ""):
+        self.gpus, self.unavailable_reason = gpus, reason
+        self.figures = {"gemm": gemm, "h2d": h2d, "d2h": d2h, "d2d": d2d}
+        self.calls: list[tuple] = []
+        self.copy_affinity: dict[int, set[int]] = {}
+
+    def _figure(self, kind: str, index: int) -> float:
+        value = self.figures[kind]
+        value = value(index) if callable(value) else value
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def device_count(self) -> int:
+        return self.gpus
+
+    def device_name(self, index: int) -> str:
+        return "NVIDIA A100-SXM4-40GB"
+
+    def gemm_tflops(self, index, dtype, n, iters):
+        self.calls.append(("gemm", index, dtype, n, iters))
+        return self._figure("gemm", index)
+
+    def h2d_gbytes_per_s(self, index, nbytes, iters):
+        self.copy_affinity[index] = set(os.sched_getaffinity(0))
+        self.calls.append(("h2d", index, nbytes, iters))
+        return self._figure("h2d", index)
+
+    def d2h_gbytes_per_s(self, index, nbytes, iters):
+        return self._figure("d2h", index)
+
+    def d2d_gbytes_per_s(self, index, nbytes, iters):
+        return self._figure("d2d", index)
+
+
+@pytest.fixture
+def nd96asr(tmp_path):
+    return build_nd96asr_sysfs(tmp_path / "sys")
+
+
+def by(results, check):
+    return [r for r in results if r.check == check]
+
+
+class TestGpuChecks:
+    def test_healthy_node(self, nd96asr):
+        """Eight GPUs above every mark: each figure passes and names its GPU's PCI address."""
+        measurer = FakeMeasurer()
+        results = gpu_checks(ND96ASR, measurer, QUICK, nd96asr, PCI_ORDER)
+        assert by(results, "gpu_count")[0].status == PASS
+        gemm = by(results, "gemm")
+        assert [r.status for r in gemm] == [PASS] * 8
+        assert gemm[2].subject == "gpu2 0003:00:00.0"
+        assert gemm[0].threshold == pytest.approx(GEMM_MIN)
+        assert "60% of the 312 TFLOP/s peak" in gemm[0].detail
+        assert [r.threshold for r in by(results, "h2d")] == [A100.health.h2d_gbytes_per_s_min] * 8
+        assert all(r.status == INFO for r in by(results, "d2d"))  # no published mark
+
+    def test_gemm_uses_the_catalog_dtype(self, nd96asr):
+        """V100 sizes measure fp16 (no bf16 tensor cores), A100 bf16."""
+        v100 = FakeMeasurer()
+        gpu_checks(facts("Standard_ND40rs_v2"), v100, QUICK, nd96asr, PCI_ORDER)
+        assert {c[2] for c in v100.calls if c[0] == "gemm"} == {"fp16"}
+        a100 = FakeMeasurer()
+        gpu_checks(ND96ASR, a100, QUICK, nd96asr, PCI_ORDER)
+        assert {c[2] for c in a100.calls if c[0] == "gemm"} == {"bf16"}
+
+    def test_slow_gpu_fails_and_borderline_warns(self, nd96asr):
+        """GPU 5 below 60 % of peak fails; GPU 6 just above the mark warns."""
+        gemm = {5: GEMM_MIN - 1, 6: GEMM_MIN * 1.01}
+        results = gpu_checks(ND96ASR, FakeMeasurer(gemm=lambda i: gemm.get(i, 260.0)), QUICK, nd96asr, PCI_ORDER)
+        statuses = [r.status for r in by(results, "gemm")]
+        assert statuses == [PASS] * 5 + [FAIL, WARN, PASS]
+        assert "(<" in by(results, "gemm")[5].line()
+
+    def test_h2d_below_seed003_mark_fails(self, nd96asr):
+        results = gpu_checks(ND96ASR, FakeMeasurer(h2d=lambda i: 12.0 if i == 3 else 25.0), QUICK, nd96asr, PCI_ORDER)
+        assert [r.status for r in by(results, "h2d")][3] == FAIL
+
+    def test_cuda_error_is_a_failure_of_that_gpu(self, nd96asr):
+        error = RuntimeError("CUDA error: uncorrectable ECC error encountered")
+        results = gpu_checks(ND96ASR, FakeMeasurer(gemm=lambda i: error if i == 1 else 260.0), QUICK, nd96asr, PCI_ORDER)
+        failed = by(results, "gemm")[1]
+        assert failed.status == FAIL and "uncorrectable ECC error" in failed.detail
+
+    def test_missing_gpu_fails(self, tmp_path):
+        """Seven GPUs on the bus of an eight-GPU size."""
+        root = build_nd96asr_sysfs(tmp_path / "sys", gpus=7)
+        results = gpu_checks(ND96ASR, FakeMeasurer(gpus=7), QUICK, root, PCI_ORDER)
+        count = by(results, "gpu_count")[0]
+        assert count.status == FAIL and "7 GPU(s) on the PCI bus, Standard_ND96asr_v4 has 8" in count.detail
+
+    def test_gpus_on_bus_but_not_in_cuda_fail(self, nd96asr):
+        results = gpu_checks(ND96ASR, FakeMeasurer(gpus=0, reason="CUDA driver not loaded"), QUICK, nd96asr, PCI_ORDER)
+        assert len(results) == 1
+        assert results[0].status == FAIL and "CUDA sees none: CUDA driver not loaded" in results[0].detail
+
+    def test_no_gpu_machine_is_skipped_not_faked(self, tmp_path):
+        """A CPU machine: one skip that says so, no figures."""
+        pci_device(tmp_path, "0000:00:00.0", "0x8086", "0x060000", -1, None)
+        measurer = FakeMeasurer(gpus=0, reason="CUDA is not available")
+        results = gpu_checks(ND96ASR, measurer, QUICK, tmp_path, PCI_ORDER)
+        assert [(r.check, r.status) for r in results] == [("gpu_count", SKIP)]
+        assert "no NVIDIA GPU on this machine (a Standard_ND96asr_v4 has 8)" in results[0].detail
+        assert measurer.calls == []
+
+    def test_real_torch_on_this_cpu_machine_is_skipped(self, tmp_path):
+        """The real measure layer on this GPU-less machine reports why and measures nothing."""
+        measurer = TorchGpuMeasurer()
+        assert measurer.device_count() == 0 and "CUDA is not available" in measurer.unavailable_reason
+        results = gpu_checks(ND96ASR, measurer, QUICK, tmp_path, PCI_ORDER)
+        assert [r.status for r in results] == [SKIP]
+
+    def test_copies_run_on_the_gpus_numa_cpus(self, tmp_path):
+        """H2D for each GPU runs pinned to that GPU's local CPUs; affinity is restored afterwards."""
+        available = sorted(os.sched_getaffinity(0))
+        if len(available) < 2:
+            pytest.skip("needs two CPUs to tell placements apart")
+        first, second = available[:2]
+        pci_device(tmp_path, "0001:00:00.0", "0x10de", "0x030200", 1, str(second))
+        pci_device(tmp_path, "0002:00:00.0", "0x10de", "0x030200", 0, str(first))
+        measurer = FakeMeasurer(gpus=2)
+        before = os.sched_getaffinity(0)
+        results = gpu_checks(None, measurer, QUICK, tmp_path, PCI_ORDER)
+        assert measurer.copy_affinity == {0: {second}, 1: {first}}
+        assert os.sched_getaffinity(0) == before
+        assert "from NUMA node 1" in by(results, "h2d")[0].detail
+
+    def test_fastest_first_numbering_is_not_matched_to_pci(self, nd96asr):
+        """Without PCI_BUS_ID numbering a CUDA index says nothing about the PCI slot."""
+        results = gpu_checks(ND96ASR, FakeMeasurer(), QUICK, nd96asr, {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
+        assert by(results, "gemm")[0].subject == "gpu0"
+        assert "NUMA placement unknown" in by(results, "h2d")[0].detail
+
+    def test_visible_devices_map_to_their_pci_slots(self, nd96asr):
+        env = {**PCI_ORDER, "CUDA_VISIBLE_DEVICES": "2,3"}
+        results = gpu_checks(ND96ASR, FakeMeasurer(gpus=2), QUICK, nd96asr, env)
+        assert [r.subject for r in by(results, "gemm")] == ["gpu0 0003:00:00.0", "gpu1 0004:00:00.0"]
+        assert by(results, "gpu_count")[0].status == PASS
+
+    def test_without_sku_facts_figures_are_info(self, nd96asr):
+        results = gpu_checks(None, FakeMeasurer(), QUICK, nd96asr, PCI_ORDER)
+        assert {r.status for r in results if r.check in ("gemm", "h2d", "d2h", "d2d")} == {INFO}
+
+
+class TestInfiniband:
+    def test_eight_active_hdr_ports_pass(self, nd96asr):
+        """The Ethernet accelerated-networking port is not counted."""
+        results = check_infiniband(nd96asr, ND96ASR)
+        assert results[0].subject == "node" and results[0].status == PASS and results[0].value == 8
+        assert [r.subject for r in results[1:]] == [f"mlx5_ib{i}/1" for i in range(8)]
+        assert all(r.status == PASS and r.value == 200.0 for r in results[1:])
+
+    def test_port_in_init_fails_with_the_reason(self, nd96asr):
+        ib_port(nd96asr, "mlx5_ib3", state="2: INIT")
+        failed = [r for r in check_infiniband(nd96asr, ND96ASR) if r.status == FAIL]
+        assert [r.subject for r in failed] == ["mlx5_ib3/1"]
+        assert "state INIT (link up but not configured by the subnet manager)" in failed[0].detail
+
+    def test_port_trained_down_fails(self, nd96asr):
+        ib_port(nd96asr, "mlx5_ib5", rate="100 Gb/sec (4X EDR)")
+        failed = [r for r in check_infiniband(nd96asr, ND96ASR) if r.status == FAIL]
+        assert failed[0].subject == "mlx5_ib5/1" and "rate 100 Gb/s below HDR 200 Gb/s" in failed[0].detail
+
+    def test_link_down_fails(self, nd96asr):
+        ib_port(nd96asr, "mlx5_ib0", state="1: DOWN", phys_state="3: Disabled")
+        failed = [r for r in check_infiniband(nd96asr, ND96ASR) if r.status == FAIL]
+        assert "state DOWN" in failed[0].detail and "physical state Disabled" in failed[0].detail
+
+    def test_missing_hca_fails_the_count(self, tmp_path):
+        root = build_nd96asr_sysfs(tmp_path / "sys", hcas=6)
+        node = check_infiniband(root, ND96ASR)[0]
+        assert node.status == FAIL and "6 InfiniBand port(s), 6 healthy, Standard_ND96asr_v4 has 8" in node.detail
+
+    def test_no_ib_tree_fails_with_a_hint(self, tmp_path):
+        node = check_infiniband(tmp_path, ND96ASR)[0]
+        assert node.status == FAIL and "driver not loaded" in node.detail
+
+    def test_size_without_infiniband_is_skipped(self, tmp_path):
+        (result,) = check_infiniband(tmp_path, facts("Standard_NC24s_v3"))
+        assert result.status == SKIP and "has no InfiniBand" in result.detail
+
+    def test_ports_parse(self, nd96asr):
+        ports = ib_ports(nd96asr)
+        assert ports[0] == {"hca": "mlx5_ib0", "port": "1", "state": "ACTIVE", "phys_state": "LinkUp",
+                            "rate_gbits": 200.0, "rate_text": "200 Gb/sec (4X HDR)"}
+
+
+class TestEcc:
+    def test_healthy_gpus_pass(self):
+        results = check_ecc(NvmlSession(FakeNvml(nd96asr_gpus(8))), 8)
+        assert [r.status for r in results] == [PASS] * 8
+        assert results[0].subject == "gpu0 00000001:00:00.0"
+
+    def test_pending_remap_fails(self):
+        gpus = nd96asr_gpus(2)
+        gpus[1].remapped_rows = (0, 1, 1, 0)
+        results = check_ecc(NvmlSession(FakeNvml(gpus)), 2)
+        assert results[1].status == FAIL and "row remapping pending" in results[1].detail
+
+    def test_remap_failure_fails(self):
+        gpus = nd96asr_gpus(1)
+        gpus[0].remapped_rows = (0, 512, 0, 1)
+        (result,) = check_ecc(NvmlSession(FakeNvml(gpus)), 1)
+        assert result.status == FAIL and "spare rows exhausted" in result.detail
+
+    def test_volatile_sram_error_fails_lifetime_warns(self):
+        gpus = nd96asr_gpus(2)
+        gpus[0].sram_uncorrectable = {fake_nvml.NVML_VOLATILE_ECC: 1, fake_nvml.NVML_AGGREGATE_ECC: 1}
+        gpus[1].sram_uncorrectable = {fake_nvml.NVML_VOLATILE_ECC: 0, fake_nvml.NVML_AGGREGATE_ECC: 2}
+        first, second = check_ecc(NvmlSession(FakeNvml(gpus)), 2)
+        assert first.status == FAIL and "since the driver loaded" in first.detail
+        assert second.status == WARN and "2 uncorrectable SRAM error(s) in the GPU's lifetime" in second.detail
+
+    def test_v100_pending_page_retirement_fails(self):
+        """V100 has no row remapping (not supported: left out) but retires pages."""
+        gpus = nd96asr_gpus(1)
+        gpus[0].remapped_rows, gpus[0].retired_pending = None, 3
+        (result,) = check_ecc(NvmlSession(FakeNvml(gpus)), 1)
+        assert result.status == FAIL and "page retirement pending" in result.detail
+        assert "retired_pages_double_bit=3" in result.detail
+
+    def test_ecc_disabled_warns(self):
+        gpus = nd96asr_gpus(1)
+        gpus[0].ecc_enabled = False
+        (result,) = check_ecc(NvmlSession(FakeNvml(gpus)), 1)
+        assert result.status == WARN and "ECC is disabled" in result.detail
+
+    def test_without_nvml_skipped_with_reason(self):
+        (result,) = check_ecc(NvmlSession(None, "the NVML bindings (pip package nvidia-ml-py) are not installed"), 8)
+        assert result.status == SKIP and "nvidia-ml-py" in result.detail
+
+
+class TestNodeChecks:
+    def test_cpu_machine_skips_hardware_checks_too(self, tmp_path):
+        """No GPU at all: not the size's hardware, so IB and ECC expectations are skipped, with why."""
+        results = node_checks(ND96ASR, FakeMeasurer(gpus=0, reason="no CUDA"), NvmlSession(None, "no driver"),
+                              QUICK, tmp_path, PCI_ORDER)
+        assert [(r.check, r.status) for r in results] == [("gpu_count", SKIP), ("infiniband", SKIP), ("ecc", SKIP)]
+        assert "not a Standard_ND96asr_v4" in results[1].detail
+
+    def test_gpu_node_runs_everything(self, nd96asr):
+        results = node_checks(ND96ASR, FakeMeasurer(), NvmlSession(FakeNvml(nd96asr_gpus(8))), QUICK, nd96asr, PCI_ORDER)
+        counts = {name: len(by(results, name)) for name in ("gpu_count", "gemm", "h2d", "d2h", "d2d", "infiniband", "ecc")}
+        assert counts == {"gpu_count": 1, "gemm": 8, "h2d": 8, "d2h": 8, "d2d": 8, "infiniband": 9, "ecc": 8}
+        assert {r.status for r in results} <= {PASS, INFO}
+
+    def test_quick_keeps_the_published_sizes(self):
+        """--quick repeats less but keeps the GEMM size the pass mark assumes."""
+        assert (checks.QUICK.gemm_n, checks.QUICK.copy_bytes) == (checks.FULL.gemm_n, checks.FULL.copy_bytes)
+        assert checks.QUICK.gemm_iters < checks.FULL.gemm_iters and checks.QUICK.copy_iters < checks.FULL.copy_iters
