@@ -182,12 +182,15 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     world = node_count * ppn
     run_key = resume or run_name
     if recipe.checkpoint.enabled:
-        writers = {"rank0": 1, "per_node": node_count, "per_rank": world}[recipe.checkpoint_writers]
+        # One process per node uploads (jobs/runtime/checkpoint.py), so the cap is per node and
+        # the writers that share the account's ingress are nodes, not ranks.
+        writers = 1 if recipe.checkpoint_writers == "rank0" else node_count
         cap = recipe.checkpoint.cap_mbps or max(1, int(outputs.storage.ingress_gbps * 1000 * CHECKPOINT_INGRESS_SHARE / writers))
         put(contract.CHECKPOINT_JSON, json.dumps({
             "account_url": outputs.storage.blob_endpoint, "container": outputs.storage.containers["checkpoints"],
             "prefix": f"{recipe.name}/{run_key}", "keep": recipe.checkpoint.keep, "cap_mbps": cap,
-            "interval_s": recipe.checkpoint.interval_s}, separators=(",", ":")),
+            "interval_s": recipe.checkpoint.interval_s, "writers": recipe.checkpoint_writers,
+            "ingress_gbps": outputs.storage.ingress_gbps}, separators=(",", ":")),
             f"checkpoints to Blob: {writers} writer(s) x {cap} Mb/s under {CHECKPOINT_INGRESS_SHARE:.0%} of "
             f"{outputs.storage.ingress_gbps:g} Gb/s ingress (seed 003)")
     elif target.priority == "LowPriority":
@@ -215,7 +218,8 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     est = cost_mod.estimate(sku.name, node_count, hours or recipe.cost.expected_hours, outputs.prices, target.priority)
     timeout_h = recipe.timeout_hours or max(1.0, 2 * (hours or recipe.cost.expected_hours))
 
-    launch = "python -m jobs.runtime.launch -- " + " ".join(recipe.command.split())
+    launch = ("python -m jobs.runtime.launch " + ("--max-clocks " if recipe.max_clocks else "")
+              + "-- " + " ".join(recipe.command.split()))
     if input_env:
         launch = "env " + " ".join(f"{k}={v}" for k, v in input_env.items()) + " " + launch
     command = _with_prepare(recipe.prepare, launch) if recipe.prepare else launch

@@ -42,7 +42,8 @@ def test_every_recipe_loads_with_load_job(tmp_path, name, stack):
         assert job.distribution.process_count_per_instance == sku.gpus
     assert job.environment_variables[contract.SKU_JSON] == json.dumps(json.loads(job.environment_variables[contract.SKU_JSON]), sort_keys=True, separators=(",", ":"))
     assert json.loads(job.environment_variables[contract.SKU_JSON])["name"] == sku.name
-    assert job.command.startswith(("python -m jobs.runtime.launch -- ", "env ", "bash -c "))
+    assert job.command.startswith(("python -m jobs.runtime.launch ", "env ", "bash -c "))
+    assert " -- " in job.command
     assert job.identity.client_id == stack_outputs(stack).identity.client_id
     assert job.limits.timeout == plan.timeout_s
 
@@ -105,11 +106,14 @@ class TestEnvironmentPerSku:
         assert any("dropped NCCL_IB_DISABLE" in w for w in plan.warnings)
 
     def test_checkpoint_cap_under_ingress(self, tmp_path):
-        """per-rank writers x cap stay under 90 % of the account ingress (seed 003)."""
+        """Uploading nodes x cap stay under 90 % of the account ingress (seed 003); one
+        process per node uploads, so per-rank writers share their node's cap."""
         plan, job = _render(tmp_path, "bert-pretrain", "dev")
         ckpt = json.loads(job.environment_variables[contract.CHECKPOINT_JSON])
-        writers = plan.world_size
-        assert writers * ckpt["cap_mbps"] <= 25_000 * 0.9
+        assert ckpt["writers"] == "per_rank" and ckpt["ingress_gbps"] == 25
+        uploading_nodes = plan.instance_count
+        assert uploading_nodes * ckpt["cap_mbps"] <= 25_000 * 0.9
+        assert (uploading_nodes + 1) * ckpt["cap_mbps"] > 25_000 * 0.9, "the cap uses the share, not a token value"
         assert ckpt["container"] == "checkpoints" and ckpt["prefix"] == f"bert-pretrain/{plan.name}"
 
     def test_resume_uses_earlier_prefix(self, tmp_path):
@@ -274,3 +278,13 @@ def test_every_recipe_renders_against_the_real_offline_plan(tmp_path, offline_ou
         job = load_job(path)
         assert job.environment.image == offline_outputs[stack].registry.environments[recipes.load(name).environment.registered]
         assert job.resources.instance_count == plan.instance_count
+
+
+class TestMaxClocks:
+    def test_recipe_switch_reaches_the_launcher(self, tmp_path):
+        plan, _ = _render(tmp_path, "nccl-allreduce", "dev")
+        assert "python -m jobs.runtime.launch --max-clocks -- " in plan.command
+
+    def test_off_by_default(self, tmp_path):
+        plan, _ = _render(tmp_path, "cosmoflow", "dev")
+        assert "--max-clocks" not in plan.command

@@ -185,6 +185,9 @@ class Recipe(_Model):
     health: HealthMode = "gate"
     """gate: a failing node stops the job before training; warn: report and go on; off."""
     pin: Literal["auto", "off"] = "auto"
+    max_clocks: bool = False
+    """Set GPU application clocks to their maximum for the job and reset them after (seed 003);
+    needs the rights to change clocks on the node, otherwise it is reported and skipped."""
     checkpoint: Checkpoint = Checkpoint()
     cost: Cost = Cost()
     timeout_hours: float | None = Field(None, gt=0)
