@@ -15,8 +15,8 @@ help: ## list the targets
 bootstrap: ## install uv, the locked environment, PyTorch (CPU here) and Azurite
 	@scripts/bootstrap.sh
 
-demo: bootstrap ## the main job, offline: dev plan, cosmoflow rendered and rehearsed on 2 nodes
-	$(PY) -m infra plan --stack dev
+demo: bootstrap ## the main job, offline: dev plan, cosmoflow rendered, data uploaded, rehearsed on 2 nodes x 2 ranks
+	$(PY) -m jobs.local.demo
 
 test: bootstrap ## the whole test suite
 	$(PY) -m pytest

@@ -8,8 +8,6 @@ beats the stack's defaults (e.g. --nodes > --set nodes= > recipe nodes).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -354,21 +352,18 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
     _guard(debug, body)
 
 
-def _mount_optional(module: str, name: str, help_text: str) -> None:
-    """Mount another engineer's sub-app when its module exists (it may land later)."""
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        found = False
-    if found:
-        sub = getattr(importlib.import_module(module), "app", None)
-        if sub is not None:
-            app.add_typer(sub, name=name, help=help_text)
+def _mount() -> None:
+    """The data, BeeOND and rehearsal commands live with their own code."""
+    from jobs.beeond.cli import app as beeond_app
+    from jobs.data.cli import app as data_app
+    from jobs.local.cli import run
+
+    app.add_typer(data_app, name="data", help="Datasets: gzip upload to the stack's datasets container.")
+    app.add_typer(beeond_app, name="beeond", help="BeeOND shared scratch on a fixed-size cluster.")
+    app.command("run")(run)
 
 
-_mount_optional("jobs.data.cli", "data", "Datasets: gzip upload to the stack's datasets container.")
-_mount_optional("jobs.beeond.cli", "beeond", "BeeOND shared scratch on a fixed-size cluster.")
-_mount_optional("jobs.local.cli", "local", "Local rehearsal of a job on this machine.")
+_mount()
 
 
 def main() -> None:

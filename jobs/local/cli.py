@@ -1,0 +1,161 @@
+"""`python -m jobs run RECIPE --local`: rehearse a recipe on this machine (jobs/local/rehearsal.py).
+
+    python -m jobs run cosmoflow --local [--nodes 2] [--procs-per-node 2] [--stack dev]
+        [--set key=value ...] [--name NAME] [--data INPUT=DIR] [--quiet]
+
+Blob: when AMLHPC_BLOB_CONNECTION_STRING is set (e.g. by `make demo`) that Azurite is used;
+otherwise one is started for the run with its data in .azurite/ (kept between runs, so a
+dataset uploaded once stays) and stopped afterwards. The same --name resumes from the
+checkpoint the previous run left. Exit status: 0 when every process succeeded, else the
+first failing process's status; 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.errors import Problem, UserError
+from jobs.runtime import contract
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+out = Console(highlight=False)
+
+
+def _blob_endpoint(connection_string: str) -> str:
+    match = re.search(r"BlobEndpoint=([^;]+)", connection_string)
+    if not match:
+        raise UserError([Problem(contract.BLOB_CONNECTION_STRING, "BlobEndpoint",
+                                 "the connection string has no BlobEndpoint=...", "use Azurite's full connection string")],
+                        "invalid Blob connection")
+    return match.group(1).rstrip("/")
+
+
+@contextlib.contextmanager
+def local_blob():
+    """(endpoint, connection string) of the Azurite to use: the caller's, or one we start."""
+    given = os.environ.get(contract.BLOB_CONNECTION_STRING)
+    if given:
+        yield _blob_endpoint(given), given
+        return
+    from jobs.local import azurite
+
+    with azurite.start(REPO_ROOT / ".azurite") as server:
+        yield server.blob_endpoint, server.connection_string
+
+
+def _parse_data(pairs: list[str]) -> dict[str, Path]:
+    data = {}
+    for pair in pairs:
+        name, sep, folder = pair.partition("=")
+        if not sep or not name or not Path(folder).is_dir():
+            raise UserError([Problem("--data", pair, "is not INPUT=DIR with an existing folder",
+                                     "e.g. --data cosmoflow=.scratch/cosmoflow-synthetic")], "invalid --data")
+        data[name] = Path(folder)
+    return data
+
+
+def upload_inputs(plan, data: dict[str, Path], connection_string: str, echo) -> None:
+    """Upload local folders to the staged inputs' prefixes (resumable: unchanged files skip)."""
+    from jobs.data import upload
+    from jobs.runtime import blobio
+
+    staged = {spec["name"]: spec for spec in plan.staged_inputs}
+    for name, folder in data.items():
+        if name not in staged:
+            raise UserError([Problem("--data", name, f"recipe {plan.recipe!r} stages no input called {name!r}",
+                                     f"staged inputs: {', '.join(staged) or 'none'}")], "invalid --data")
+        spec = staged[name]
+        client = blobio.container_client(spec["container"], connection_string=connection_string)
+        report = upload.upload_directory(client, folder, spec["prefix"])
+        echo(f"uploaded {folder} -> {spec['container']}/{spec['prefix']}: {report.uploaded} new, "
+             f"{report.unchanged} unchanged, {report.bytes_in / 1e6:,.1f} MB as {report.bytes_stored / 1e6:,.1f} MB gzip")
+
+
+def run(
+    recipe: Annotated[str, typer.Argument(help="Recipe name (jobs/recipes/NAME.yaml) or path.")],
+    local: Annotated[bool, typer.Option("--local", help="Rehearse on this machine (the only mode; Azure runs use `submit`).")] = False,
+    stack: Annotated[str, typer.Option("--stack", help="Stack whose outputs the job is planned against.")] = "dev",
+    outputs_file: Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file instead of the offline plan.")] = None,
+    nodes: Annotated[int, typer.Option("--nodes", help="Simulated nodes; wins over --set nodes= and the recipe.")] = 2,
+    procs_per_node: Annotated[int, typer.Option("--procs-per-node", help="Processes per simulated node (CPU ranks).")] = 2,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key, as for submit.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Run name: the checkpoint prefix; reuse it to resume. Default <recipe>-local.")] = None,
+    data: Annotated[list[str] | None, typer.Option("--data", help="INPUT=DIR: upload DIR to the input's Blob prefix first.")] = None,
+    workdir: Annotated[Path | None, typer.Option("--workdir", help="Folder for the simulated nodes (default .rehearsal/<name>).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Stop every process after this many seconds.")] = 1800,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Show rank 0's lines and errors only.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Run RECIPE on this machine as Azure ML would: N simulated nodes, real launcher, Azurite as Blob."""
+    from jobs import build, recipes
+    from jobs import outputs as outputs_mod
+    from jobs.cli import _guard
+    from jobs.local import rehearsal
+
+    def body() -> None:
+        if not local:
+            raise UserError([Problem("command line", "--local", "`run` rehearses locally only",
+                                     f"add --local, or submit to Azure: python -m jobs submit {recipe} --stack {stack}")],
+                            "nothing to run")
+        if procs_per_node < 1 or nodes < 1:
+            raise UserError([Problem("command line", "--nodes/--procs-per-node", "must be 1 or more", "e.g. --nodes 2 --procs-per-node 2")],
+                            "invalid rehearsal size")
+        r = recipes.load(recipe, recipes.parse_overrides(sets or []))
+        loaded = outputs_mod.load(stack, outputs_file=outputs_file, offline=outputs_file is None)
+        run_name = name or f"{r.name}-local"
+        plan = build.plan_job(r, loaded.outputs, nodes=nodes, processes_per_node=procs_per_node, name=run_name)
+        folder = workdir or REPO_ROOT / ".rehearsal" / run_name
+        snapshot = build.snapshot(plan.code_dirs)
+        uploads = _parse_data(data or [])
+        out.print(f"[bold]rehearsal[/] {plan.name}: {nodes} simulated node(s) x {procs_per_node} process(es), "
+                  f"recipe {r.name}, planned for {plan.sku} on stack {stack} ({loaded.source} outputs); folder {folder}")
+
+        def sink(proc, line: str) -> None:
+            if quiet and proc.rank != 0 and "error" not in line.lower():
+                return
+            out.print(f"[dim]\\[n{proc.node}r{proc.local_rank}][/] {line}", markup=True, soft_wrap=True, highlight=False)
+
+        with local_blob() as (endpoint, connection):
+            rehearsal.ensure_containers(list(loaded.outputs.storage.containers.values()), connection)
+            if uploads:
+                upload_inputs(plan, uploads, connection, out.print)
+            result = rehearsal.rehearse(plan, snapshot=snapshot, workdir=folder, procs_per_node=procs_per_node,
+                                        blob_endpoint=endpoint, connection_string=connection,
+                                        containers=list(loaded.outputs.storage.containers.values()),
+                                        sink=sink, timeout_s=timeout)
+        summarize(result)
+        if not result.ok:
+            first = next(code for _, code in sorted(result.exit_codes.items()) if code != 0)
+            raise typer.Exit(first)
+
+    _guard(debug, body)
+
+
+def summarize(result) -> None:
+    """Staging per node, the checkpoint, and how every process ended."""
+    staging = {k: v for k, v in result.reports.items() if "/staging-node" in k}
+    if staging:
+        table = Table(title="staging (per node)")
+        for col in ("node", "files", "MB in (gzip)", "MB out", "seconds", "MB/s written"):
+            table.add_column(col, justify="right")
+        for key, doc in sorted(staging.items()):
+            table.add_row(str(doc.get("node_index")), str(doc.get("files")), f"{doc.get('bytes_in', 0) / 1e6:,.1f}",
+                          f"{doc.get('bytes_out', 0) / 1e6:,.1f}", f"{doc.get('seconds', 0):.2f}", f"{doc.get('mb_per_s', 0):,.1f}")
+        out.print(table)
+    if result.checkpoint:
+        ck = result.checkpoint
+        latest = ck.get("latest")
+        version = latest.get("version") if isinstance(latest, dict) else latest
+        out.print(f"checkpoint: Blob container [bold]{ck['container']}[/], prefix [bold]{ck['prefix']}[/], "
+                  f"latest version {version or 'none'}")
+    failed = {rank: code for rank, code in result.exit_codes.items() if code != 0}
+    verdict = "[green]succeeded[/]" if not failed else f"[red]failed[/] (rank: status {failed})"
+    out.print(f"rehearsal {verdict}: {len(result.exit_codes)} processes in {result.seconds:.1f} s; reports under {result.workdir}")

@@ -1,0 +1,309 @@
+"""Rehearse a recipe on this machine the way Azure ML would run it.
+
+The job is planned exactly as for Azure (`jobs.build.plan_job` against the stack's outputs),
+its code snapshot is copied into one working folder per simulated node, and every process
+runs the job's own command - `python -m jobs.runtime.launch -- <training command>` - with the
+variables Azure ML's launcher sets (torch.distributed or OpenMPI ranks, MASTER_ADDR/PORT)
+plus the job's `AMLHPC_*` variables. Only two things change, both at the seams:
+
+- Blob is Azurite: the stage and checkpoint account URLs point at it and
+  `AMLHPC_BLOB_CONNECTION_STRING` carries its (per-start, generated) key instead of the
+  node's managed identity.
+- Each simulated node gets its own scratch folder (`AMLHPC_SCRATCH`), as each real node has
+  its own NVMe.
+
+Staging, the health gate (GPU checks skipped on a CPU), pinning, training over gloo and
+checkpoints all run through the same code as in the cloud. A second rehearsal with the same
+`name` uses the same checkpoint prefix and resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra.errors import Problem, UserError
+from jobs.runtime import contract
+
+# Variables that only make sense on an Azure node (identity) or would point the rehearsal
+# at real Azure; the seam replaces them.
+_AZURE_ONLY = ("AZURE_CLIENT_ID",)
+_MPI_DISTRIBUTIONS = ("mpi", "tensorflow")
+
+
+@dataclass
+class NodeProcess:
+    node: int
+    local_rank: int
+    rank: int
+    process: subprocess.Popen
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RehearsalResult:
+    plan: Any
+    """The JobPlan that was rehearsed."""
+    workdir: Path
+    exit_codes: dict[int, int]
+    """Global rank -> exit status."""
+    seconds: float
+    reports: dict[str, dict[str, Any]]
+    """File name -> per-node JSON report (staging, launch, health) from every node."""
+    checkpoint: dict[str, Any] | None
+    """Where checkpoints went: container, prefix and the committed version, if any."""
+
+    @property
+    def ok(self) -> bool:
+        return all(code == 0 for code in self.exit_codes.values())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _free_port_pair() -> int:
+    """A port P with P+1 also free: the health gate rendezvouses on MASTER_PORT + 1."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
+
+
+def redirect_blob(env: dict[str, str], blob_endpoint: str, connection_string: str) -> dict[str, str]:
+    """The job's variables with Blob pointed at Azurite and Azure-only identity removed."""
+    env = {k: v for k, v in env.items() if k not in _AZURE_ONLY}
+    if contract.STAGE_JSON in env:
+        specs = json.loads(env[contract.STAGE_JSON])
+        for spec in specs:
+            spec["account_url"] = blob_endpoint
+        env[contract.STAGE_JSON] = json.dumps(specs, separators=(",", ":"))
+    if contract.CHECKPOINT_JSON in env:
+        ckpt = json.loads(env[contract.CHECKPOINT_JSON])
+        ckpt["account_url"] = blob_endpoint
+        env[contract.CHECKPOINT_JSON] = json.dumps(ckpt, separators=(",", ":"))
+    env[contract.BLOB_CONNECTION_STRING] = connection_string
+    return env
+
+
+def rank_env(distribution: str, *, node: int, local_rank: int, nodes: int, procs_per_node: int,
+             master_port: int) -> dict[str, str]:
+    """What Azure ML's launcher sets for one process (PyTorch or MPI distribution)."""
+    rank = node * procs_per_node + local_rank
+    world = nodes * procs_per_node
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+    if distribution in _MPI_DISTRIBUTIONS:
+        env.update({
+            "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(procs_per_node),
+            "OMPI_COMM_WORLD_NODE_RANK": str(node),
+        })
+    else:
+        env.update({
+            "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(procs_per_node), "NODE_RANK": str(node), "GROUP_RANK": str(node),
+        })
+    return env
+
+
+def prepare_nodes(snapshot: Path, workdir: Path, nodes: int) -> list[Path]:
+    """One working folder per node holding its own copy of the job's code (as Azure ML
+    gives each node), plus its scratch. Earlier outputs are kept: a rerun resumes."""
+    folders = []
+    for node in range(nodes):
+        folder = workdir / f"node{node}"
+        code = folder / "jobs"
+        if code.exists():
+            shutil.rmtree(code)
+        shutil.copytree(snapshot / "jobs", code)
+        (folder / "scratch").mkdir(parents=True, exist_ok=True)
+        folders.append(folder)
+    return folders
+
+
+def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None]) -> None:
+    assert proc.process.stdout is not None
+    for raw in proc.process.stdout:
+        line = raw.rstrip("\n")
+        proc.lines.append(line)
+        sink(proc, line)
+
+
+def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, procs_per_node: int,
+                  sink: Callable[[NodeProcess, str], None], timeout_s: float) -> dict[int, int]:
+    """Start every process of every simulated node; stop the rest when one fails (as Azure ML
+    does); return global rank -> exit status."""
+    nodes = len(folders)
+    port = _free_port_pair()
+    procs: list[NodeProcess] = []
+    for node, folder in enumerate(folders):
+        for local_rank in range(procs_per_node):
+            env = {**base_env, **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
+                                          procs_per_node=procs_per_node, master_port=port)}
+            env[contract.SCRATCH] = str(folder / "scratch")
+            process = subprocess.Popen(
+                ["bash", "-c", plan.command], cwd=folder, env=env, text=True, bufsize=1,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
+    pumps = [threading.Thread(target=_pump, args=(p, sink), daemon=True) for p in procs]
+    for t in pumps:
+        t.start()
+
+    deadline = time.monotonic() + timeout_s
+    codes: dict[int, int] = {}
+    failed_at: float | None = None
+    while len(codes) < len(procs):
+        for p in procs:
+            if p.rank in codes:
+                continue
+            status = p.process.poll()
+            if status is not None:
+                codes[p.rank] = status
+                if status != 0 and failed_at is None:
+                    failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > 30:
+            _stop(procs, codes)  # the others had 30 s to notice; Azure ML would cancel the job
+        if time.monotonic() > deadline:
+            sink(procs[0], f"rehearsal timed out after {timeout_s:.0f} s: stopping every process")
+            _stop(procs, codes)
+        time.sleep(0.2)
+    for t in pumps:
+        t.join(timeout=5)
+    return codes
+
+
+def _stop(procs: list[NodeProcess], codes: dict[int, int]) -> None:
+    import signal
+
+    for p in procs:
+        if p.rank not in codes and p.process.poll() is None:
+            try:
+                os.killpg(p.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        if p.rank not in codes:
+            try:
+                codes[p.rank] = p.process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.process.pid, signal.SIGKILL)
+                codes[p.rank] = p.process.wait()
+
+
+def collect_reports(folders: list[Path], report_dir: str) -> dict[str, dict[str, Any]]:
+    reports = {}
+    for folder in folders:
+        for path in sorted((folder / report_dir).glob("*.json")):
+            try:
+                reports[f"{folder.name}/{path.name}"] = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+    return reports
+
+
+def checkpoint_state(env: dict[str, str], connection_string: str) -> dict[str, Any] | None:
+    """The committed checkpoint under the job's prefix (reads the `latest` pointer)."""
+    if contract.CHECKPOINT_JSON not in env:
+        return None
+    from azure.core.exceptions import ResourceNotFoundError
+
+    from jobs.runtime import blobio
+
+    ckpt = json.loads(env[contract.CHECKPOINT_JSON])
+    client = blobio.container_client(ckpt["container"], connection_string=connection_string)
+    state: dict[str, Any] = {"container": ckpt["container"], "prefix": ckpt["prefix"], "latest": None}
+    for pointer in (f"{ckpt['prefix']}/latest", f"{ckpt['prefix']}/node-0/latest"):
+        try:
+            text = client.get_blob_client(pointer).download_blob().readall().decode()
+        except ResourceNotFoundError:
+            continue
+        try:
+            state["latest"] = json.loads(text)
+        except json.JSONDecodeError:
+            state["latest"] = text.strip()
+        state["pointer"] = pointer
+        break
+    return state
+
+
+def ensure_containers(containers: list[str], connection_string: str) -> None:
+    """The stack declares its containers; in Azurite the rehearsal creates them."""
+    from azure.core.exceptions import ResourceExistsError
+
+    from jobs.runtime import blobio
+
+    for name in containers:
+        try:
+            blobio.container_client(name, connection_string=connection_string).create_container()
+        except ResourceExistsError:
+            pass
+
+
+def check_dataset(plan: Any, connection_string: str) -> None:
+    """Staged inputs must exist in Azurite before the job starts, as in Azure."""
+    from jobs.runtime import blobio
+
+    problems = []
+    for spec in plan.staged_inputs:
+        client = blobio.container_client(spec["container"], connection_string=connection_string)
+        prefix = spec.get("prefix", "").rstrip("/") + "/"
+        if not client.exists() or next(iter(client.list_blobs(name_starts_with=prefix)), None) is None:
+            problems.append(Problem(
+                f"jobs/recipes/{plan.recipe}.yaml", f"inputs.{spec['name']}",
+                f"no blobs under {spec['container']}/{prefix} in the local Blob (Azurite)",
+                f"upload them first: python -m jobs data upload DIR --stack {plan.stack} --prefix {prefix.rstrip('/')} "
+                f"--connection-string-env {contract.BLOB_CONNECTION_STRING} (or pass --data {spec['name']}=DIR)"))
+    if problems:
+        raise UserError(problems, "rehearsal cannot start: its dataset is missing")
+
+
+_LOSS = re.compile(r'"loss"')
+
+
+def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
+             connection_string: str, containers: list[str], sink: Callable[[NodeProcess, str], None],
+             timeout_s: float = 1800) -> RehearsalResult:
+    """Run `plan` locally: one folder and `procs_per_node` processes per simulated node.
+
+    containers: the stack's Blob containers (outputs storage.containers), created in Azurite.
+    """
+    ensure_containers(sorted(containers), connection_string)
+    check_dataset(plan, connection_string)
+    folders = prepare_nodes(snapshot, workdir, plan.instance_count)
+    env = redirect_blob(dict(plan.environment_variables), blob_endpoint, connection_string)
+    base = {**os.environ, **env}
+    # `python` in the job's command is this interpreter, as the image's python is in Azure.
+    base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
+    base.pop("PYTHONPATH", None)  # the node's code folder is the job's import root
+    base["PYTHONUNBUFFERED"] = "1"
+    # Each attempt is a new job run, as AZUREML_RUN_ID is in Azure: node-local markers of an
+    # earlier attempt in the same folders must not be taken for this one's.
+    base["AMLHPC_RUN_ID"] = f"{plan.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    started = time.monotonic()
+    codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s)
+    report_dir = env.get(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR)
+    return RehearsalResult(plan, workdir, codes, time.monotonic() - started, collect_reports(folders, report_dir),
+                           checkpoint_state(env, connection_string))
+
+
+def is_loss_line(line: str) -> bool:
+    return bool(_LOSS.search(line))

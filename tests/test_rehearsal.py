@@ -1,0 +1,156 @@
+"""The local rehearsal: the job's own command on simulated nodes, Azurite as Blob, and a
+second run with the same name resuming from the checkpoint it left."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.errors import UserError
+from jobs import build, recipes
+from jobs import outputs as outputs_mod
+from jobs.local import rehearsal
+from jobs.runtime import contract
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = ("python -m jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 2 --conv-size 4 "
+         "--n-conv-layers 3 --fc1 16 --fc2 8 --workers 0 --log-every 1 --epochs {epochs}")
+
+
+class TestSeams:
+    def test_blob_redirected_to_azurite_and_identity_dropped(self):
+        env = {
+            contract.STAGE_JSON: json.dumps([{"name": "x", "account_url": "https://acct.blob.core.windows.net/",
+                                              "container": "datasets", "prefix": "p", "mode": "local"}]),
+            contract.CHECKPOINT_JSON: json.dumps({"account_url": "https://acct.blob.core.windows.net/",
+                                                  "container": "checkpoints", "prefix": "r"}),
+            "AZURE_CLIENT_ID": "11111111-1111-1111-1111-111111111111",
+            "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+        }
+        out = rehearsal.redirect_blob(env, "http://127.0.0.1:1/acct", "conn")
+        assert json.loads(out[contract.STAGE_JSON])[0]["account_url"] == "http://127.0.0.1:1/acct"
+        assert json.loads(out[contract.CHECKPOINT_JSON])["account_url"] == "http://127.0.0.1:1/acct"
+        assert out[contract.BLOB_CONNECTION_STRING] == "conn"
+        assert "AZURE_CLIENT_ID" not in out and out["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
+
+    def test_torch_ranks(self):
+        env = rehearsal.rank_env("pytorch", node=1, local_rank=1, nodes=2, procs_per_node=2, master_port=29500)
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == \
+            ("3", "1", "4", "2", "1")
+        assert env["MASTER_ADDR"] == "127.0.0.1" and "OMPI_COMM_WORLD_RANK" not in env
+
+    def test_mpi_ranks(self):
+        env = rehearsal.rank_env("mpi", node=1, local_rank=0, nodes=3, procs_per_node=4, master_port=29500)
+        assert (env["OMPI_COMM_WORLD_RANK"], env["OMPI_COMM_WORLD_SIZE"], env["OMPI_COMM_WORLD_LOCAL_RANK"],
+                env["OMPI_COMM_WORLD_LOCAL_SIZE"]) == ("4", "12", "0", "4")
+        assert "RANK" not in env
+
+    def test_each_node_gets_its_own_code_copy_and_scratch(self, tmp_path):
+        snapshot = tmp_path / "snap"
+        (snapshot / "jobs" / "runtime").mkdir(parents=True)
+        (snapshot / "jobs" / "runtime" / "launch.py").write_text("# launcher\n")
+        folders = rehearsal.prepare_nodes(snapshot, tmp_path / "work", 3)
+        assert [f.name for f in folders] == ["node0", "node1", "node2"]
+        for f in folders:
+            assert (f / "jobs" / "runtime" / "launch.py").read_text() == "# launcher\n"
+            assert (f / "scratch").is_dir()
+        assert not (folders[0] / "jobs").samefile(folders[1] / "jobs")
+
+
+class TestCli:
+    def run(self, *args):
+        return subprocess.run([sys.executable, "-m", "jobs", "run", *args], cwd=REPO, capture_output=True, text=True)
+
+    def test_needs_local(self):
+        result = self.run("cosmoflow")
+        assert result.returncode == 2
+        assert "--local" in result.stderr and "python -m jobs submit cosmoflow" in result.stderr
+
+    def test_unknown_recipe(self):
+        result = self.run("cosmoflw", "--local")
+        assert result.returncode == 2 and "did you mean cosmoflow" in result.stderr
+
+    def test_bad_data_flag(self):
+        result = self.run("cosmoflow", "--local", "--data", "cosmoflow=/no/such/folder")
+        assert result.returncode == 2 and "is not INPUT=DIR with an existing folder" in result.stderr
+
+
+def _plan(name: str, nodes: int, procs: int, epochs: int, health: str = "gate"):
+    recipe = recipes.load("cosmoflow", recipes.parse_overrides([f"command={TRAIN.format(epochs=epochs)}", f"health={health}"]))
+    outputs = outputs_mod.load("dev", offline=True).outputs
+    return build.plan_job(recipe, outputs, nodes=nodes, processes_per_node=procs, name=name), outputs
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from jobs.workloads.cosmoflow import generate
+
+    folder = tmp_path_factory.mktemp("cosmo")
+    generate.generate(folder, universes=1, volume=16, subvolumes=8, validation_universes=1, seed=3)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.azurite
+class TestRehearsal:
+    def test_missing_dataset_names_the_upload(self, azurite):
+        plan, outputs = _plan("nodata", 1, 1, 1)
+        plan.staged_inputs[0]["prefix"] = "nothing/here"
+        rehearsal.ensure_containers(list(outputs.storage.containers.values()), azurite.connection_string)
+        with pytest.raises(UserError) as info:
+            rehearsal.check_dataset(plan, azurite.connection_string)
+        text = info.value.render()
+        assert "no blobs under datasets/nothing/here/" in text and "python -m jobs data upload" in text
+
+    def test_two_nodes_then_resume(self, azurite, dataset, tmp_path):
+        from jobs.data import upload
+        from jobs.runtime import blobio
+
+        plan, outputs = _plan("rehearse-test", nodes=2, procs=2, epochs=1)
+        containers = list(outputs.storage.containers.values())
+        rehearsal.ensure_containers(containers, azurite.connection_string)
+        spec = plan.staged_inputs[0]
+        upload.upload_directory(blobio.container_client(spec["container"], connection_string=azurite.connection_string),
+                                dataset, spec["prefix"])
+        lines: dict[int, list[str]] = {}
+
+        def sink(proc, line):
+            lines.setdefault(proc.rank, []).append(line)
+
+        snapshot = build.snapshot(plan.code_dirs)
+        work = tmp_path / "work"
+        first = rehearsal.rehearse(plan, snapshot=snapshot, workdir=work, procs_per_node=2,
+                                   blob_endpoint=azurite.blob_endpoint, connection_string=azurite.connection_string,
+                                   containers=containers, sink=sink, timeout_s=600)
+        assert first.ok, "\n".join(lines.get(0, [])[-30:])
+        assert sorted(first.exit_codes) == [0, 1, 2, 3]
+
+        # every node staged its own share, decompressed, byte-identical to the source
+        staging = {k: v for k, v in first.reports.items() if "/staging-node" in k}
+        assert len(staging) == 2 and sum(doc["files"] for doc in staging.values()) == 16
+        staged = {p.name: p.read_bytes() for n in (0, 1) for p in (work / f"node{n}" / "scratch" / "cosmoflow").rglob("*.tfrecord")}
+        source = {p.name: p.read_bytes() for p in dataset.rglob("*.tfrecord")}
+        assert staged == source
+
+        losses = [json.loads(line) for line in lines[0] if line.startswith("{") and '"loss"' in line]
+        assert losses and all(l["loss"] > 0 for l in losses)
+        assert first.checkpoint and first.checkpoint["latest"], "a committed checkpoint version"
+        version = first.checkpoint["latest"]["version"]
+        health = [k for k in first.reports if "launch-node" in k]
+        assert len(health) == 2
+
+        # same name, one epoch more, fewer ranks and no gate: restores the checkpoint and goes on
+        again, _ = _plan("rehearse-test", nodes=2, procs=1, epochs=2, health="off")
+        lines.clear()
+        second = rehearsal.rehearse(again, snapshot=snapshot, workdir=work, procs_per_node=1,
+                                    blob_endpoint=azurite.blob_endpoint, connection_string=azurite.connection_string,
+                                    containers=containers, sink=sink, timeout_s=600)
+        assert second.ok, "\n".join(lines.get(0, [])[-30:])
+        assert any("resumed from" in line for line in lines[0])
+        steps = [json.loads(line)["epoch"] for line in lines[0] if line.startswith("{") and '"loss"' in line]
+        assert steps and min(steps) == 1, "the resumed run starts at the second epoch"
+        assert second.checkpoint["latest"]["version"] != version
