@@ -24,6 +24,10 @@ test: bootstrap ## the whole test suite
 plan: bootstrap ## offline plan of STACK (no Azure, no Pulumi CLI)
 	$(PY) -m infra plan --stack $(STACK)
 
+bench: bootstrap ## staging vs naive and each stage alone against Azurite (writes bench/RESULTS.md); offline plan timing
+	$(PY) -m bench.staging
+	$(PY) -m infra.plan.bench
+
 lint: bootstrap ## ruff and the image checks (pins, Dockerfiles, hadolint)
 	$(PY) -m ruff check infra jobs images tests
 	$(PY) -m images check

@@ -172,6 +172,10 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
         env[key] = value
         reasons[key] = why
 
+    if recipe.distribution in ("pytorch", "deepspeed"):
+        # Azure ML's pytorch launcher sets RANK/LOCAL_RANK/WORLD_SIZE; the local size lets
+        # every process find its node (rank // local size) without guessing.
+        put("LOCAL_WORLD_SIZE", str(ppn), "processes per node, for node-local staging and barriers")
     put(contract.HEALTH, recipe.health, "health gate before training (recipe: health)")
     put(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR, "per-node JSON reports, uploaded with outputs/")
     put("AZURE_CLIENT_ID", outputs.identity.client_id, "the cluster's managed identity for Blob access from the node")

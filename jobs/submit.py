@@ -127,6 +127,11 @@ def quota(ml_client, outputs: StackOutputs, requests: Iterable[tuple[str, str, s
     return quota_mod.compare(needs, usage_by_name(ml_client, outputs.location))
 
 
+def cluster_nodes(ml_client, cluster: str) -> list[Any]:
+    """The cluster's nodes (AmlComputeNodeInformation: node_id, node_state, IP addresses, port)."""
+    return list(ml_client.compute.list_nodes(cluster))
+
+
 def study_jobs(ml_client, study: str, workspace: str) -> list[Any]:
     """Jobs tagged with this scaling study (the service cannot filter by tag: filter here)."""
     with azure_errors(f"study {study}", workspace):

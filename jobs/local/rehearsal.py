@@ -297,7 +297,7 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     base["PYTHONUNBUFFERED"] = "1"
     # Each attempt is a new job run, as AZUREML_RUN_ID is in Azure: node-local markers of an
     # earlier attempt in the same folders must not be taken for this one's.
-    base["AMLHPC_RUN_ID"] = f"{plan.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    base[contract.RUN_ID] = f"{plan.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     started = time.monotonic()
     codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s)
     report_dir = env.get(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR)

@@ -9,7 +9,7 @@
   part that may be shown.
 
 Retries: the storage SDK's `ExponentialRetry` (an azure-core `HTTPPolicy`) tuned for
-staging at scale. Throttling arrives as 503 ServerBusy / 500 OperationTimedOut, which the
+staging at scale, with a capped exponential backoff of our own. Throttling arrives as 503 ServerBusy / 500 OperationTimedOut, which the
 policy retries; dropped connections arrive as ServiceRequestError (before the request
 reached the server) or ServiceResponseError (mid-response), counted separately. The SDK's
 defaults (15 s first backoff, 3 read retries) are tuned for interactive use; a node
@@ -19,7 +19,8 @@ Every number is in `RetrySettings`, so tests and benchmarks can shorten the wait
 
 Connections: requests' default pool keeps 10 connections per host; with more download
 threads than that, connections are torn down and re-opened for every request (and
-urllib3 warns). The transport here keeps as many as there are threads.
+urllib3 warns). The transport here keeps as many as there are threads, and reads
+response bodies in 1 MiB pieces instead of azure-core's 4 KiB (see RESPONSE_READ_BYTES).
 
 Standard library plus azure-storage-blob / azure-core / azure-identity: ships in the image.
 """
@@ -27,13 +28,18 @@ Standard library plus azure-storage-blob / azure-core / azure-identity: ships in
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-CONNECTION_STRING_VARIABLE = "AMLHPC_BLOB_CONNECTION_STRING"
-"""Same name as jobs.runtime.contract.BLOB_CONNECTION_STRING (runtime modules import nothing else)."""
+from jobs.runtime.contract import BLOB_CONNECTION_STRING as CONNECTION_STRING_VARIABLE
+
 CLIENT_ID_VARIABLE = "AZURE_CLIENT_ID"
+RESPONSE_READ_BYTES = 1 << 20
+"""Bytes per read of a response body. azure-core's default is 4 KiB, which costs a Python
+loop iteration per 4 KiB: on a 2-core machine that alone held a download to 31-60 MB/s;
+1 MiB reads gave 116-142 MB/s (bench/RESULTS.md)."""
 
 
 class BlobConfigError(ValueError):
@@ -44,9 +50,9 @@ class BlobConfigError(ValueError):
 class RetrySettings:
     """Retry budget and backoff for every Blob request (see the module docstring).
 
-    Backoff before retry k (k = 0, 1, ...): initial_backoff_s + increment_base_s ** k
-    (k > 0), +- jitter_s, as the storage SDK's ExponentialRetry computes it. The defaults
-    wait about 1, 3, 5, 9, 17, 33 s: a minute of throttling is ridden out.
+    Backoff before retry k (k = 0, 1, ...): min(initial_backoff_s * backoff_factor ** k,
+    max_backoff_s), scaled by a random factor in [1 - jitter, 1 + jitter]. The defaults
+    wait about 1, 2, 4, 8, 16, 30, 30 ... s: a few minutes of throttling are ridden out.
     """
 
     total: int = 10
@@ -58,8 +64,10 @@ class RetrySettings:
     status: int = 8
     """Of those, for retryable statuses (408, 500, 502, 503 ServerBusy, 504)."""
     initial_backoff_s: float = 1.0
-    increment_base_s: float = 2.0
-    jitter_s: float = 0.5
+    backoff_factor: float = 2.0
+    max_backoff_s: float = 30.0
+    jitter: float = 0.3
+    """Fraction of each backoff that is randomised, so a fleet does not retry in lock step."""
     connection_timeout_s: float = 20.0
     read_timeout_s: float = 60.0
     """A stalled socket is given up (and retried) after this long without a byte."""
@@ -67,22 +75,34 @@ class RetrySettings:
     @classmethod
     def fast(cls) -> RetrySettings:
         """Millisecond backoffs for tests and benchmarks against a local Azurite."""
-        return cls(initial_backoff_s=0.02, increment_base_s=1.3, jitter_s=0.01,
-                   connection_timeout_s=5.0, read_timeout_s=10.0)
+        return cls(initial_backoff_s=0.01, backoff_factor=2.0, max_backoff_s=0.2, connection_timeout_s=5.0,
+                   read_timeout_s=10.0)
+
+    def backoff_s(self, count: int, rng: random.Random | None = None) -> float:
+        base = min(self.initial_backoff_s * self.backoff_factor ** count, self.max_backoff_s)
+        return base * (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
 
     def policy(self):
         """The storage SDK retry policy configured from these settings."""
-        from azure.storage.blob import ExponentialRetry
+        return _retry_policy_class()(self)
 
-        return ExponentialRetry(
-            initial_backoff=self.initial_backoff_s,
-            increment_base=self.increment_base_s,
-            random_jitter_range=self.jitter_s,
-            retry_total=self.total,
-            retry_connect=self.connect,
-            retry_read=self.read,
-            retry_status=self.status,
-        )
+
+def _retry_policy_class():
+    from azure.storage.blob import ExponentialRetry
+
+    class StagingRetry(ExponentialRetry):
+        """The storage SDK's retry (which knows storage's retryable errors) with our backoff curve."""
+
+        def __init__(self, settings: RetrySettings):
+            super().__init__(initial_backoff=settings.initial_backoff_s, increment_base=settings.backoff_factor,
+                             random_jitter_range=0, retry_total=settings.total, retry_connect=settings.connect,
+                             retry_read=settings.read, retry_status=settings.status)
+            self.settings = settings
+
+        def get_backoff_time(self, settings) -> float:
+            return self.settings.backoff_s(settings["count"])
+
+    return StagingRetry
 
 
 def _transport(max_connections: int, retry: RetrySettings):
@@ -94,7 +114,7 @@ def _transport(max_connections: int, retry: RetrySettings):
     adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=max(10, max_connections), max_retries=0)
     session.mount("https://", adapter)
     session.mount("http://", adapter)
-    return RequestsTransport(session=session, session_owner=True,
+    return RequestsTransport(session=session, session_owner=True, connection_data_block_size=RESPONSE_READ_BYTES,
                              connection_timeout=retry.connection_timeout_s, read_timeout=retry.read_timeout_s)
 
 

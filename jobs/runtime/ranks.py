@@ -11,7 +11,10 @@ Read from the launcher's environment, in this order (the first complete set wins
 
 A launcher that sets none of them means one process: rank 0 of 1. A launcher that sets
 some but not all of a set is an error naming the missing variables, because guessing a
-local rank wrong makes two processes stage into the same directory.
+local rank wrong makes two processes stage into the same directory. One gap is filled:
+Azure ML's `distribution: pytorch` sets RANK, LOCAL_RANK and WORLD_SIZE but not
+LOCAL_WORLD_SIZE, so the local size is then WORLD_SIZE / AZUREML_NODE_COUNT (when that
+divides exactly); jobs/build.py may also set LOCAL_WORLD_SIZE on the job directly.
 
 node index = rank // local size, computed with integers. That holds for the block
 placement every launcher above uses by default (ranks 0..L-1 on the first node, L..2L-1
@@ -31,6 +34,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+from jobs.runtime import contract
+from jobs.runtime.errors import RuntimeInputError
+
 RANK_SOURCES: tuple[tuple[str, tuple[str, str, str, str]], ...] = (
     ("torch", ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")),
     ("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -41,7 +47,7 @@ RANK_SOURCES: tuple[tuple[str, tuple[str, str, str, str]], ...] = (
 """(source name, (rank, local rank, world size, local size) variable names), in priority order."""
 
 RUN_ID_VARIABLES: tuple[str, ...] = (
-    "AMLHPC_RUN_ID",  # explicit (local rehearsal, tests)
+    contract.RUN_ID,  # explicit (local rehearsal, tests)
     "AZUREML_RUN_ID",  # every Azure ML job process
     "TORCHELASTIC_RUN_ID",  # torchrun
     "PMIX_NAMESPACE",  # OpenMPI 4/5 under PMIx: one namespace per mpirun
@@ -50,8 +56,12 @@ RUN_ID_VARIABLES: tuple[str, ...] = (
 """Variables that identify the job, first set wins."""
 
 
-class RankError(ValueError):
-    """The launcher's rank variables are incomplete or inconsistent."""
+class RankError(RuntimeInputError):
+    """The launcher's rank variables are incomplete or inconsistent (exit 2 at entry points)."""
+
+    @classmethod
+    def about(cls, variable: str, message: str, hint: str) -> RankError:
+        return cls.single(variable, "", message, hint)
 
 
 @dataclass(frozen=True)
@@ -99,8 +109,8 @@ def _parse_int(env: Mapping[str, str], name: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise RankError(f"{name}={text!r} is not an integer; the launcher sets it, so check how the job "
-                        "was started (or unset it to run as a single process)") from None
+        raise RankError.about(name, f"{text!r} is not an integer",
+                              "the launcher sets it: check how the job was started, or unset it to run as one process") from None
 
 
 def run_id_from(env: Mapping[str, str]) -> str:
@@ -113,6 +123,15 @@ def run_id_from(env: Mapping[str, str]) -> str:
     return "default"
 
 
+def _local_size_from_node_count(env: Mapping[str, str]) -> int | None:
+    """WORLD_SIZE / AZUREML_NODE_COUNT when both are integers and divide exactly."""
+    try:
+        world, nodes = int(env["WORLD_SIZE"]), int(env.get("AZUREML_NODE_COUNT", ""))
+    except (KeyError, ValueError):
+        return None
+    return world // nodes if nodes > 0 and world % nodes == 0 else None
+
+
 def from_env(env: Mapping[str, str] | None = None) -> Ranks:
     """Ranks from the launcher's variables (see the module docstring), or rank 0 of 1."""
     env = os.environ if env is None else env
@@ -122,11 +141,15 @@ def from_env(env: Mapping[str, str] | None = None) -> Ranks:
         if not present:
             continue
         missing = [n for n in names if n not in present]
+        if source == "torch" and missing == ["LOCAL_WORLD_SIZE"]:
+            derived = _local_size_from_node_count(env)
+            if derived is not None:
+                env = {**env, "LOCAL_WORLD_SIZE": str(derived)}
+                missing = []
         if missing:
-            raise RankError(
-                f"{source} launcher variables are incomplete: {', '.join(present)} set but "
-                f"{', '.join(missing)} missing; set all four ({', '.join(names)}) or none"
-            )
+            raise RankError.about(
+                ", ".join(missing), f"missing while {', '.join(present)} {'is' if len(present) == 1 else 'are'} set "
+                f"({source} launcher variables are incomplete)", f"set all four of {', '.join(names)}, or none")
         rank, local_rank, world, local = (_parse_int(env, n) for n in names)
         return validated(rank, local_rank, world, local, source, run_id, names)
     return Ranks(0, 0, 1, 1, "single", run_id)
@@ -137,22 +160,21 @@ def validated(rank: int, local_rank: int, world_size: int, local_size: int, sour
     """A Ranks after checking the numbers are consistent; RankError names the variable that is not."""
     r, lr, w, ls = names
     if world_size < 1:
-        raise RankError(f"{w}={world_size}: the world size must be at least 1")
+        raise RankError.about(w, f"{world_size}: the world size must be at least 1", "check how the job was launched")
     if local_size < 1:
-        raise RankError(f"{ls}={local_size}: the local size must be at least 1")
+        raise RankError.about(ls, f"{local_size}: the local size must be at least 1", "check how the job was launched")
     if not 0 <= rank < world_size:
-        raise RankError(f"{r}={rank} is outside 0..{world_size - 1} ({w}={world_size})")
+        raise RankError.about(r, f"{rank} is outside 0..{world_size - 1} ({w}={world_size})",
+                              "check how the job was launched")
     if not 0 <= local_rank < local_size:
-        raise RankError(f"{lr}={local_rank} is outside 0..{local_size - 1} ({ls}={local_size})")
+        raise RankError.about(lr, f"{local_rank} is outside 0..{local_size - 1} ({ls}={local_size})",
+                              "check how the job was launched")
     if world_size % local_size:
-        raise RankError(
-            f"{w}={world_size} is not a multiple of {ls}={local_size}: every node must run the same number "
-            "of processes (set process_count_per_instance / -npernode so nodes x processes = world size)"
-        )
+        raise RankError.about(
+            w, f"{world_size} is not a multiple of {ls}={local_size}: nodes run different numbers of processes",
+            "run the same number of processes on every node (process_count_per_instance / mpirun -npernode)")
     if rank % local_size != local_rank:
-        raise RankError(
-            f"{r}={rank} with {lr}={local_rank} is not block placement (rank % local size should be "
-            f"{rank % local_size}): launch with ranks filled node by node (mpirun --map-by ppr:N:node or "
-            "--map-by slot, torchrun's default)"
-        )
+        raise RankError.about(
+            lr, f"{local_rank} with {r}={rank} is not block placement (rank % local size = {rank % local_size})",
+            "fill nodes one after another: mpirun --map-by ppr:N:node (or slot), torchrun's default")
     return Ranks(rank, local_rank, world_size, local_size, source, run_id)

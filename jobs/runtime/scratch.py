@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-SCRATCH_VARIABLE = "AMLHPC_SCRATCH"
-"""Same name as jobs.runtime.contract.SCRATCH (runtime modules import nothing else)."""
+from jobs.runtime.contract import SCRATCH as SCRATCH_VARIABLE
+
 NVME_MOUNT_POINT = "/mnt/resource_nvme"  # seed 003's mount point
 MD_DEVICE = "/dev/md128"  # seed 003's array name
 TEMP_DISK_CANDIDATES = ("/mnt", "/mnt/resource")
@@ -369,12 +369,16 @@ def _scratch_in(host: Host, mount: str, kind: ScratchKind, detail: str, notes: l
     return Scratch(path, kind, detail, free_bytes(path), tuple(notes), commands)
 
 
-def pick_scratch(host: Host | None = None, *, required_bytes: int = 0, mount_point: str = NVME_MOUNT_POINT,
-                 md_device: str = MD_DEVICE, lock_timeout_s: float = 900.0) -> Scratch:
+def pick_scratch(host: Host | None = None, *, required_bytes: int = 0, resume_markers: Sequence[str] = (),
+                 mount_point: str = NVME_MOUNT_POINT, md_device: str = MD_DEVICE, lock_timeout_s: float = 900.0) -> Scratch:
     """The fastest usable scratch on this node (see the module docstring).
 
     required_bytes: skip candidates with less free space than this (0: no check); the
         override is never skipped, only noted.
+    resume_markers: paths below the scratch directory that an earlier run leaves (staging's
+        manifests). A candidate holding one is kept whatever its free space: the bytes
+        already there count towards what is needed, and moving elsewhere would download
+        everything again.
     """
     host = host or Host()
     notes: list[str] = []
@@ -394,8 +398,13 @@ def pick_scratch(host: Host | None = None, *, required_bytes: int = 0, mount_poi
             notes.append(f"{override} has {free / 1e9:.1f} GB free, staging needs {required_bytes / 1e9:.1f} GB")
         return Scratch(path, "override", f"{SCRATCH_VARIABLE}={override}", free, tuple(notes))
 
+    def fits(scratch_dir: Path, free: int | None) -> bool:
+        if not required_bytes or free is None or free >= required_bytes:
+            return True
+        return any((scratch_dir / marker).exists() for marker in resume_markers)
+
     nvme = _nvme_scratch(host, notes, mount_point, md_device, lock_timeout_s)
-    if nvme and (not required_bytes or nvme.free_bytes is None or nvme.free_bytes >= required_bytes):
+    if nvme and fits(nvme.path, nvme.free_bytes):
         return nvme
     if nvme:
         notes.append(f"{nvme.detail} has {nvme.free_bytes / 1e9:.1f} GB free, staging needs {required_bytes / 1e9:.1f} GB")
@@ -405,7 +414,7 @@ def pick_scratch(host: Host | None = None, *, required_bytes: int = 0, mount_poi
         if not _usable_dir(directory):
             continue
         free = free_bytes(directory)
-        if required_bytes and free is not None and free < required_bytes:
+        if not fits(directory / SUBDIR, free):
             notes.append(f"temp disk {candidate} has {free / 1e9:.1f} GB free, staging needs {required_bytes / 1e9:.1f} GB")
             continue
         return _scratch_in(host, candidate, "temp-disk", f"temp disk {candidate}", notes)

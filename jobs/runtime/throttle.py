@@ -29,6 +29,10 @@ def mbits_to_bytes_per_s(mbits_per_s: float) -> float:
     return mbits_per_s * 1e6 / 8
 
 
+_NEGLIGIBLE_S = 1e-9
+"""Waits below this are rounding noise in the virtual clock, not a reason to sleep."""
+
+
 class Throttle:
     """Caps the byte rate of everything that calls `acquire` on the same instance.
 
@@ -79,9 +83,9 @@ class Throttle:
             self._next_free = max(self._next_free, now) + nbytes / self.rate
             wait = self._next_free - now - self.burst / self.rate
             self.total_bytes += nbytes
-            if wait > 0:
+            if wait > _NEGLIGIBLE_S:
                 self.total_wait_s += wait
-        if wait > 0:
+        if wait > _NEGLIGIBLE_S:
             self._sleep(wait)
             return wait
         return 0.0

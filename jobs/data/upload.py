@@ -1,0 +1,376 @@
+"""Upload a local dataset directory to Blob, gzip-compressed, resumable.
+
+Every file under LOCAL_DIR becomes the blob `<prefix>/<relative path>.gz` with
+`Content-Encoding: gzip` and the metadata of docs/contracts.md section 5: `amlhpc_size`
+(uncompressed bytes), `amlhpc_sha256` (of the uncompressed bytes) and `amlhpc_mtime` (the
+source's mtime in ns). Staging (jobs/runtime/staging.py) decompresses, drops the `.gz` and
+verifies size and checksum, so a round trip is byte-exact. Every file is compressed, even
+one already compressed (a `.tar.gz` is stored as `.tar.gz.gz` and staged back to
+`.tar.gz`): one rule keeps the round trip exact, and gzip at isal's speed costs little on
+incompressible input.
+
+Files are compressed in parallel (one file per worker thread; isal's deflate releases the
+GIL) and streamed: a file is read, hashed and compressed in pieces, and the compressed
+stream is sent as 8 MiB blocks (Put Block, several in flight per file) committed at the
+end (Put Block List) with its metadata, so a blob appears complete or not at all and a
+file never has to fit in memory. A file whose compressed form fits in one block goes up in
+a single Put Blob. Each request carries a Content-MD5 the service checks.
+
+Resume: blobs already under the prefix are listed with their metadata first. A file is
+skipped when its blob has the same `amlhpc_size` and `amlhpc_mtime`; when only the mtime
+differs (a fresh checkout, a copy) the file is hashed and, if `amlhpc_sha256` matches, only
+the blob's metadata is refreshed; anything else is uploaded again. Blobs with no local
+file are reported and left alone: an upload never deletes data.
+
+Compression level: isal levels 0-3 (fast, the default 1) or zlib levels 4-9 (smaller
+output, 10-30x slower). bench/RESULTS.md has the measurements behind the default.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import mimetypes
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from jobs.runtime.throttle import UNLIMITED, Throttle
+
+try:
+    from isal import isal_zlib
+
+    HAVE_ISAL = True
+except ImportError:  # pragma: no cover - isal is locked; this keeps a bare environment working
+    isal_zlib = None  # type: ignore[assignment]
+    HAVE_ISAL = False
+
+GZIP_WBITS = 16 + zlib.MAX_WBITS
+DEFAULT_LEVEL = 1
+"""isal level 1: see bench/RESULTS.md (compression levels) for the measurement."""
+READ_BYTES = 4 << 20
+BLOCK_BYTES = 8 << 20
+BLOCKS_IN_FLIGHT = 3
+"""Put Block requests in flight per file: overlap the network with compressing the next block."""
+META_SIZE, META_SHA256, META_MTIME = "amlhpc_size", "amlhpc_sha256", "amlhpc_mtime"
+
+Action = Literal["upload", "skip", "check"]
+
+
+class UploadError(RuntimeError):
+    """Some files could not be uploaded; the message lists them."""
+
+
+def compressor(level: int):
+    """A gzip compressobj: isal for levels 0-3 (zlib's level 1 when isal is missing), zlib for 4-9."""
+    if not 0 <= level <= 9:
+        raise ValueError(f"compression level {level} is outside 0-9")
+    if level <= 3:
+        if HAVE_ISAL:
+            return isal_zlib.compressobj(level, isal_zlib.DEFLATED, GZIP_WBITS)
+        return zlib.compressobj(max(level, 1), zlib.DEFLATED, GZIP_WBITS)
+    return zlib.compressobj(level, zlib.DEFLATED, GZIP_WBITS)
+
+
+def compressor_name(level: int) -> str:
+    if level <= 3:
+        return f"isal level {level}" if HAVE_ISAL else f"zlib level {max(level, 1)} (isal missing)"
+    return f"zlib level {level}"
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    rel: str
+    """Path below the dataset directory, '/'-separated."""
+    path: Path
+    size: int
+    mtime_ns: int
+
+
+def scan(local_dir: Path) -> list[LocalFile]:
+    """Regular files under `local_dir` (following file symlinks), sorted by relative path."""
+    files: list[LocalFile] = []
+    for dirpath, dirnames, filenames in os.walk(local_dir):
+        dirnames.sort()
+        for name in filenames:
+            path = Path(dirpath) / name
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # a dangling symlink
+                continue
+            if not path.is_file():
+                continue
+            files.append(LocalFile(path.relative_to(local_dir).as_posix(), path, st.st_size, st.st_mtime_ns))
+    return sorted(files, key=lambda f: f.rel)
+
+
+def normalize_prefix(prefix: str) -> str:
+    return prefix.strip().strip("/")
+
+
+def blob_name(prefix: str, rel: str) -> str:
+    prefix = normalize_prefix(prefix)
+    return f"{prefix}/{rel}.gz" if prefix else f"{rel}.gz"
+
+
+@dataclass(frozen=True)
+class RemoteBlob:
+    name: str
+    size: int
+    etag: str | None
+    content_encoding: str | None
+    metadata: dict[str, str]
+
+
+def list_remote(container, prefix: str) -> dict[str, RemoteBlob]:
+    """Blobs under `prefix/` with their metadata, by name."""
+    start = normalize_prefix(prefix)
+    found = {}
+    for props in container.list_blobs(name_starts_with=f"{start}/" if start else None, include=["metadata"]):
+        settings = props.content_settings
+        found[props.name] = RemoteBlob(props.name, int(props.size or 0), props.etag,
+                                       getattr(settings, "content_encoding", None), dict(props.metadata or {}))
+    return found
+
+
+def decide(local: LocalFile, remote: RemoteBlob | None) -> Action:
+    """upload (missing or changed), skip (same size and mtime), check (same size, other mtime: hash it)."""
+    if remote is None or (remote.content_encoding or "").lower() != "gzip":
+        return "upload"
+    meta = remote.metadata
+    if meta.get(META_SIZE) != str(local.size) or not meta.get(META_SHA256):
+        return "upload"
+    if meta.get(META_MTIME) == str(local.mtime_ns):
+        return "skip"
+    return "check"
+
+
+def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_BYTES):
+            digest.update(chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
+    return digest.hexdigest()
+
+
+@dataclass
+class UploadReport:
+    files: int = 0
+    uploaded: int = 0
+    unchanged: int = 0
+    refreshed: int = 0
+    """Same content, new mtime: only the metadata was updated."""
+    bytes_in: int = 0
+    """Uncompressed bytes read from uploaded files."""
+    bytes_stored: int = 0
+    """Compressed bytes sent."""
+    seconds: float = 0.0
+    remote_only: list[str] = field(default_factory=list)
+    """Blobs under the prefix with no local file (left alone)."""
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_in / self.bytes_stored if self.bytes_stored else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        """Uncompressed MB/s through compress + upload."""
+        return self.bytes_in / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {"files": self.files, "uploaded": self.uploaded, "unchanged": self.unchanged, "refreshed": self.refreshed,
+                "bytes_in": self.bytes_in, "bytes_stored": self.bytes_stored, "ratio": round(self.ratio, 3),
+                "seconds": round(self.seconds, 3), "mb_per_s": round(self.mb_per_s, 2),
+                "remote_only": len(self.remote_only), "failures": self.failures}
+
+
+class Progress:
+    """Callbacks the uploader reports through (the CLI draws a rich bar from them)."""
+
+    def start(self, files: int, total_bytes: int) -> None: ...
+
+    def advance(self, uncompressed: int, stored: int) -> None: ...
+
+    def file_done(self, rel: str, action: str) -> None: ...
+
+
+def _block_id(index: int) -> str:
+    # Block ids must all have the same length within a blob.
+    return base64.b64encode(f"amlhpc-{index:08d}".encode()).decode()
+
+
+class _FileUploader:
+    def __init__(self, container, level: int, http: ThreadPoolExecutor, throttle: Throttle, progress: Progress,
+                 block_bytes: int = BLOCK_BYTES):
+        self.container = container
+        self.level = level
+        self.http = http
+        self.throttle = throttle
+        self.progress = progress
+        self.block_bytes = block_bytes
+
+    def _stage(self, blob, block_id: str, data: bytes) -> int:
+        self.throttle.acquire(len(data))
+        blob.stage_block(block_id, data, length=len(data), validate_content=True)
+        return len(data)
+
+    def upload(self, local: LocalFile, name: str) -> tuple[int, int]:
+        """Compress and upload one file; returns (uncompressed bytes, stored bytes)."""
+        from azure.storage.blob import BlobBlock, ContentSettings
+
+        blob = self.container.get_blob_client(name)
+        comp = compressor(self.level)
+        digest = hashlib.sha256()
+        buf = bytearray()
+        block_ids: list[str] = []
+        pending: list[Future] = []
+        read = stored = 0
+
+        def send(data: bytes) -> None:
+            nonlocal stored
+            while len(pending) >= BLOCKS_IN_FLIGHT:
+                stored += pending.pop(0).result()
+            block_id = _block_id(len(block_ids))
+            block_ids.append(block_id)
+            pending.append(self.http.submit(self._stage, blob, block_id, data))
+
+        try:
+            with open(local.path, "rb") as f:
+                before = os.fstat(f.fileno())
+                while chunk := f.read(READ_BYTES):
+                    read += len(chunk)
+                    digest.update(chunk)
+                    out = comp.compress(chunk)
+                    buf += out
+                    self.progress.advance(len(chunk), len(out))
+                    while len(buf) >= self.block_bytes:
+                        send(bytes(buf[: self.block_bytes]))
+                        del buf[: self.block_bytes]
+                tail = comp.flush()
+                buf += tail
+                self.progress.advance(0, len(tail))
+                after = os.fstat(f.fileno())
+            if read != local.size or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+                raise UploadError(f"{local.rel}: changed while it was being uploaded; re-run the upload when it is stable")
+            metadata = {META_SIZE: str(read), META_SHA256: digest.hexdigest(), META_MTIME: str(local.mtime_ns)}
+            settings = ContentSettings(content_type=mimetypes.guess_type(local.rel)[0] or "application/octet-stream",
+                                       content_encoding="gzip")
+            if not block_ids:
+                data = bytes(buf)
+                self.throttle.acquire(len(data))
+                blob.upload_blob(data, length=len(data), overwrite=True, content_settings=settings, metadata=metadata,
+                                 validate_content=True, max_concurrency=1)
+                stored += len(data)
+            else:
+                if buf:
+                    send(bytes(buf))
+                for future in pending:
+                    stored += future.result()
+                pending.clear()
+                # The commit is what makes the new content visible, all at once.
+                blob.commit_block_list([BlobBlock(block_id=b) for b in block_ids], content_settings=settings,
+                                       metadata=metadata)
+        finally:
+            for future in pending:
+                future.cancel()
+        return read, stored
+
+
+def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | None = None, level: int = DEFAULT_LEVEL,
+                     throttle: Throttle = UNLIMITED, progress: Progress | None = None,
+                     block_bytes: int = BLOCK_BYTES, files: Iterable[LocalFile] | None = None) -> UploadReport:
+    """Upload `local_dir` under `prefix` (see the module docstring); raises UploadError listing failures."""
+    progress = progress or Progress()
+    started = time.monotonic()
+    local_files = list(files) if files is not None else scan(local_dir)
+    remote = list_remote(container, prefix)
+    report = UploadReport(files=len(local_files))
+    names = {f.rel: blob_name(prefix, f.rel) for f in local_files}
+    report.remote_only = sorted(set(remote) - set(names.values()))
+    actions = {f.rel: decide(f, remote.get(names[f.rel])) for f in local_files}
+    work = [f for f in local_files if actions[f.rel] != "skip"]
+    for f in local_files:
+        if actions[f.rel] == "skip":
+            report.unchanged += 1
+    progress.start(len(work), sum(f.size for f in work))
+    workers = workers or max(2, os.cpu_count() or 2)
+    lock = threading.Lock()
+
+    def handle(local: LocalFile) -> str:
+        name = names[local.rel]
+        if actions[local.rel] == "check":
+            known = remote[name]
+            sha = sha256_file(local.path, lambda n: progress.advance(n, 0))
+            if sha == known.metadata.get(META_SHA256):
+                from azure.core import MatchConditions
+
+                # Same bytes: record the new mtime so the next run skips without hashing.
+                blob = container.get_blob_client(name)
+                blob.set_blob_metadata({**known.metadata, META_MTIME: str(local.mtime_ns)}, etag=known.etag,
+                                       match_condition=MatchConditions.IfNotModified)
+                with lock:
+                    report.refreshed += 1
+                return "refreshed"
+        read, stored = uploader.upload(local, name)
+        with lock:
+            report.uploaded += 1
+            report.bytes_in += read
+            report.bytes_stored += stored
+        return "uploaded"
+
+    with ThreadPoolExecutor(max(4, workers * BLOCKS_IN_FLIGHT), thread_name_prefix="put-block") as http, \
+            ThreadPoolExecutor(workers, thread_name_prefix="gzip") as pool:
+        uploader = _FileUploader(container, level, http, throttle, progress, block_bytes)
+        queue = iter(sorted(work, key=lambda f: -f.size))  # big files first: a shorter tail
+        futures: dict[Future, LocalFile] = {}
+        try:
+            while True:
+                # A bounded number of files queued at once, however many the directory holds.
+                while len(futures) < 4 * workers:
+                    local = next(queue, None)
+                    if local is None:
+                        break
+                    futures[pool.submit(handle, local)] = local
+                if not futures:
+                    break
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for future in done:
+                    local = futures.pop(future)
+                    try:
+                        progress.file_done(local.rel, future.result())
+                    except UploadError as exc:
+                        report.failures.append(str(exc))
+                    except Exception as exc:  # noqa: BLE001 - collected per file, reported together
+                        report.failures.append(f"{local.rel}: {describe_azure_error(exc)}")
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()
+            raise
+    report.seconds = time.monotonic() - started
+    if report.failures:
+        shown = "\n  - ".join(report.failures[:10])
+        more = f"\n  ... and {len(report.failures) - 10} more" if len(report.failures) > 10 else ""
+        raise UploadError(f"{len(report.failures)} of {len(work)} files failed (the others are uploaded; re-run to "
+                          f"retry only what is missing):\n  - {shown}{more}")
+    return report
+
+
+def describe_azure_error(exc: BaseException) -> str:
+    """One line for an SDK error, without request headers (which could carry a SAS)."""
+    status = getattr(exc, "status_code", None)
+    code = getattr(exc, "error_code", None)
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if type(exc).__name__ == "ClientAuthenticationError" or status == 403:
+        return ("access denied: your identity needs 'Storage Blob Data Contributor' on the datasets account "
+                "(add your object id to aml-hpc:storage.dataContributors in Pulumi.<stack>.yaml, then `pulumi up`)")
+    tag = ", ".join(str(x) for x in (status, code) if x)
+    return f"{type(exc).__name__}{f' ({tag})' if tag else ''}: {first}"

@@ -1,0 +1,104 @@
+"""jobs.runtime.assign: byte-balanced, deterministic split of files over nodes and ranks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench.dataset import cosmoflow_name
+from jobs.runtime.assign import Item, balance, measure, split_for_ranks
+
+
+def cosmoflow_items(n: int = 64, size: int = 1000) -> list[Item]:
+    return [Item(cosmoflow_name(10000, i), size) for i in range(n)]
+
+
+def optimum_lower_bound(items: list[Item], bins: int) -> int:
+    total = sum(i.size for i in items)
+    return max(-(-total // bins), max(i.size for i in items))
+
+
+class TestBalance:
+    @pytest.mark.parametrize("bins", [1, 2, 3, 4, 5, 7, 16, 64, 100])
+    def test_equal_sizes_give_counts_within_one(self, bins):
+        groups = balance(cosmoflow_items(), bins)
+        counts = [len(g) for g in groups]
+        assert max(counts) - min(counts) <= 1
+        assert sum(counts) == 64
+
+    def test_every_item_exactly_once_and_bins_sorted_by_name(self):
+        items = [Item(f"f{i:03d}", random.Random(i).randint(1, 10**6)) for i in range(300)]
+        groups = balance(items, 7)
+        flat = [i.name for g in groups for i in g]
+        assert sorted(flat) == sorted(i.name for i in items)
+        assert all([i.name for i in g] == sorted(i.name for i in g) for g in groups)
+
+    def test_deterministic_whatever_the_input_order(self):
+        items = [Item(f"f{i:03d}", random.Random(i).randint(1, 5000)) for i in range(200)]
+        shuffled = items[:]
+        random.Random(1).shuffle(shuffled)
+        assert balance(items, 6) == balance(shuffled, 6)
+
+    def test_balances_bytes_not_counts(self):
+        """One large file and many small ones: the large one gets a bin to itself."""
+        items = [Item("big", 1000)] + [Item(f"s{i:02d}", 10) for i in range(100)]
+        groups = balance(items, 2)
+        big = next(g for g in groups if any(i.name == "big" for i in g))
+        assert len(big) == 1
+        assert measure(groups).max_bytes == 1000
+
+    def test_local_search_fixes_what_largest_first_misses(self):
+        """LPT puts {3,2,2} | {3,2} = 7/5; the optimum is 6/6."""
+        items = [Item(str(i), s) for i, s in enumerate([3, 3, 2, 2, 2])]
+        assert sorted(measure(balance(items, 2)).bytes_per_bin) == [6, 6]
+
+    @pytest.mark.parametrize("seed", range(8))
+    def test_close_to_optimal_on_random_sizes(self, seed):
+        rng = random.Random(seed)
+        items = [Item(f"f{i:04d}", rng.randint(1, 10**7)) for i in range(rng.randint(20, 400))]
+        bins = rng.randint(2, 9)
+        result = measure(balance(items, bins))
+        assert result.max_bytes <= optimum_lower_bound(items, bins) * 1.02 + max(i.size for i in items) * 0.05
+
+    def test_zero_bins_is_an_error(self):
+        with pytest.raises(ValueError, match="at least one bin"):
+            balance(cosmoflow_items(), 0)
+
+    def test_duplicate_names_are_an_error(self):
+        with pytest.raises(ValueError, match="unique"):
+            balance([Item("a", 1), Item("a", 2)], 2)
+
+    def test_large_listing_is_fast(self):
+        """50k files over 7 nodes: well under the time a node takes to list them."""
+        import time
+
+        rng = random.Random(3)
+        items = [Item(f"f{i:07d}", rng.randint(1, 1000)) for i in range(50_000)]
+        start = time.monotonic()
+        groups = balance(items, 7)
+        assert time.monotonic() - start < 10
+        assert measure(groups).imbalance < 1.001
+
+
+class TestSplitForRanks:
+    @pytest.mark.parametrize(("nodes", "local"), [(1, 1), (2, 2), (3, 2), (3, 4), (4, 8)])
+    def test_ranks_partition_the_dataset_and_nodes_hold_their_ranks_files(self, nodes, local):
+        items = cosmoflow_items()
+        split = split_for_ranks(items, nodes, local)
+        assert len(split.per_rank) == nodes * local
+        every = [i.name for files in split.per_rank for i in files]
+        assert sorted(every) == sorted(i.name for i in items)  # each file read by exactly one rank
+        for node in range(nodes):
+            ranks_files = {i.name for r in range(node * local, (node + 1) * local) for i in split.per_rank[r]}
+            assert ranks_files == {i.name for i in split.per_node[node]}
+        counts = [len(f) for f in split.per_rank]
+        assert max(counts) - min(counts) <= 1 + (1 if nodes > 1 else 0)
+
+    def test_balance_report(self):
+        split = split_for_ranks(cosmoflow_items(64, 1000), 3, 2)
+        node_balance = split.node_balance()
+        assert node_balance.bytes_per_bin == (22000, 21000, 21000)
+        assert node_balance.max_bytes == 22000
+        assert node_balance.mean_bytes == pytest.approx(64000 / 3)
+        assert node_balance.to_json()["imbalance"] == pytest.approx(22000 / (64000 / 3), rel=1e-3)
