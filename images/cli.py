@@ -35,7 +35,7 @@ from images.build import (
 from images.commands import CommandNotFound, Runner, SubprocessRunner
 from images.pins import load_pins
 from images.stack import check_login_server, resolve_login_server
-from infra.errors import EXIT_USAGE, Problem, UserError
+from infra.errors import Problem, UserError, exit_with
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 console = Console(stderr=True)
@@ -46,13 +46,6 @@ runner_factory: Callable[[], Runner] | None = None
 
 def _runner() -> Runner:
     return (runner_factory or SubprocessRunner)()
-
-
-def _fail(exc: UserError, debug: bool) -> None:
-    if debug:
-        raise exc
-    sys.stderr.write(exc.render() + "\n")
-    raise typer.Exit(EXIT_USAGE)
 
 
 def _select(names: list[str] | None) -> list[catalog.ImageSpec]:
@@ -103,7 +96,7 @@ def build(
                                 dry_run=dry_run, platform=platform, timeout_s=timeout, agent_pool=agent_pool,
                                 echo=console.print)
     except UserError as exc:
-        _fail(exc, debug)
+        exit_with(exc, debug)
         return
     except AzError as exc:
         if debug:
@@ -132,7 +125,7 @@ def list_images(
         server = check_login_server(login_server, "--login-server", "") if login_server else None
         releases = catalog.releases()
     except UserError as exc:
-        _fail(exc, debug)
+        exit_with(exc, debug)
         return
     rows = [{
         "name": r.spec.name, "repository": r.spec.repository, "tag": r.tag,
@@ -154,14 +147,14 @@ def check(debug: bool = typer.Option(False, "--debug", help="Show tracebacks."))
     try:
         pins = load_pins()
     except UserError as exc:
-        _fail(exc, debug)
+        exit_with(exc, debug)
         return
     problems: list[Problem] = []
     for spec in catalog.IMAGES:
         problems += lint.check_dockerfile(spec, pins, context.REPO_ROOT / spec.dockerfile)
     problems += lint.hadolint([context.REPO_ROOT / spec.dockerfile for spec in catalog.IMAGES])
     if problems:
-        _fail(UserError(problems, "the image definitions have problems"), debug)
+        exit_with(UserError(problems, "the image definitions have problems"), debug)
     console.print(f"ok: {len(catalog.IMAGES)} Dockerfiles match images/pins.toml and pass hadolint")
 
 
@@ -179,7 +172,7 @@ def stage_context(
         except FileExistsError as exc:
             raise UserError([Problem(str(out), "", "is not empty", "pass a new or empty folder")], "cannot stage the context") from exc
     except UserError as exc:
-        _fail(exc, debug)
+        exit_with(exc, debug)
         return
     args = " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in release.build_args.items())
     print(f"docker build --platform {DEFAULT_PLATFORM} {args} --build-arg IMAGE_VERSION={release.tag} "
@@ -209,7 +202,7 @@ def smoke(
     try:
         result = _runner()(argv, capture=False)
     except CommandNotFound:
-        _fail(UserError([Problem("docker", "", "Docker is not installed here",
+        exit_with(UserError([Problem("docker", "", "Docker is not installed here",
                                  "run the smoke on a GPU machine with Docker, or as an Azure ML job: aml-hpc-smoke --expect-gpu --expect-ib")],
                         "cannot run the smoke test"), debug)
         return

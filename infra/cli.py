@@ -16,7 +16,7 @@ import sys
 import typer
 from rich.console import Console
 
-from infra.errors import EXIT_USAGE, UserError
+from infra.errors import exit_on_bad_input
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 
@@ -29,13 +29,6 @@ def main() -> None:
     """aml-hpc infrastructure, offline: plans, experiment lifecycle."""
 
 
-def fail(exc: UserError, debug: bool) -> None:
-    if debug:
-        raise exc
-    sys.stderr.write(exc.render() + "\n")
-    raise typer.Exit(EXIT_USAGE)
-
-
 @app.command()
 def plan(
     stack: str = typer.Option(..., "--stack", "-s", help="Stack name: reads Pulumi.<stack>.yaml."),
@@ -46,10 +39,8 @@ def plan(
     """Show every resource STACK declares, its cost and GPU quota, without Azure."""
     from infra.plan import evaluate
 
-    try:
+    with exit_on_bad_input(debug):
         result = evaluate(stack)
-    except UserError as exc:
-        fail(exc, debug)
     document = result.to_json()
     violations = []
     if policy:

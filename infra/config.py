@@ -457,7 +457,7 @@ def _check_names(found: ProblemCollector, stack: str, raw: _RawConfig, location:
     if not prefix_problem:
         for field_name, message in names.problems():
             found.add(f"{NAMESPACE}namePrefix", f"the derived {field_name.replace('_', ' ')} name {message}",
-                      f"choose a shorter namePrefix or set aml-hpc:names.<key> explicitly")
+                      "choose a shorter namePrefix or set aml-hpc:names.<key> explicitly")
     return names
 
 

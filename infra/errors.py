@@ -8,7 +8,11 @@ fixes every mistake in one pass. CLIs print `UserError.render()` and exit with
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 EXIT_USAGE = 2
 """Exit status for bad input (config, recipe, flags), as argparse and typer use."""
@@ -73,3 +77,21 @@ class ProblemCollector:
     def raise_if_any(self) -> None:
         if self.problems:
             raise UserError(list(self.problems), self.title)
+
+
+def exit_with(exc: UserError, debug: bool = False) -> NoReturn:
+    """For CLIs: print the error's block on stderr (plain text: no wrapping, no markup) and
+    exit EXIT_USAGE; with --debug, re-raise for the traceback instead."""
+    if debug:
+        raise exc
+    sys.stderr.write(exc.render() + "\n")
+    raise SystemExit(EXIT_USAGE)
+
+
+@contextmanager
+def exit_on_bad_input(debug: bool = False) -> Iterator[None]:
+    """`with exit_on_bad_input(debug): ...` - a UserError inside becomes `exit_with`."""
+    try:
+        yield
+    except UserError as exc:
+        exit_with(exc, debug)

@@ -19,7 +19,6 @@ import json as jsonlib
 import math
 import os
 import re
-import sys
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -43,7 +42,7 @@ from infra.config import (
     read_stack_file,
     stack_file,
 )
-from infra.errors import EXIT_USAGE, Problem, UserError
+from infra.errors import Problem, UserError, exit_with
 
 MAX_DAYS = 90
 """Longest lifetime `new-experiment` grants. Work that runs longer than a quarter belongs
@@ -394,11 +393,6 @@ def _write_new(path: Path, text: str) -> None:
 # Commands (typer; mounted as `python -m infra expired` and `python -m infra new-experiment`)
 
 
-def _fail(exc: UserError) -> typer.Exit:
-    print(exc.render(), file=sys.stderr)
-    return typer.Exit(EXIT_USAGE)
-
-
 def _parse_now(value: str | None) -> datetime | None:
     if value is None:
         return None
@@ -426,7 +420,7 @@ def expired_command(
     try:
         moment = _now(_parse_now(now))
     except UserError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     if json:
         print(jsonlib.dumps(expiry_report(REPO_ROOT, moment), indent=2))
         return
@@ -465,7 +459,7 @@ def new_experiment_command(
         path = new_experiment(name, env, days, REPO_ROOT, owner=owner, sku=sku, max_nodes=max_nodes,
                               budget_usd=budget_usd)
     except UserError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     stack = path.name[len("Pulumi."):-len(".yaml")]
     print(f"created {path.name}\n"
           f"  offline check:  python -m infra plan --stack {stack} --policy\n"

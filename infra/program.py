@@ -23,7 +23,11 @@ from infra.components.environments import TrainingEnvironments, TrainingEnvironm
 from infra.components.gpu_cluster import GpuCluster, GpuClusterArgs
 from infra.components.ml_registry import MlRegistry, MlRegistryArgs
 from infra.components.network import Network, NetworkArgs
-from infra.components.private_endpoints import EndpointTarget, PrivateEndpoints, PrivateEndpointsArgs
+from infra.components.private_endpoints import (
+    EndpointTarget,
+    PrivateEndpoints,
+    PrivateEndpointsArgs,
+)
 from infra.components.resource_group import ResourceGroup, ResourceGroupArgs
 from infra.components.workspace import Workspace, WorkspaceArgs
 from infra.config import ClusterConfig, StackConfig

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.errors import EXIT_USAGE, Problem, UserError
+from infra.errors import Problem, UserError, exit_on_bad_input
 
 app = typer.Typer(help="Submit and manage aml-hpc training jobs on Azure ML.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -36,13 +36,8 @@ AllowTcp = Annotated[bool, typer.Option("--allow-tcp", help="Allow several nodes
 
 
 def _guard(debug: bool, body: Callable[[], Any]) -> Any:
-    try:
+    with exit_on_bad_input(debug):
         return body()
-    except UserError as exc:
-        if debug:
-            raise
-        sys.stderr.write(exc.render() + "\n")  # one plain block: no wrapping, no markup
-        raise typer.Exit(EXIT_USAGE) from None
 
 
 def _outputs(stack: str, offline: bool, outputs_file: Path | None):

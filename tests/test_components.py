@@ -11,7 +11,11 @@ from infra.components.access import Access, AccessArgs, Grant, cluster_identity_
 from infra.components.budget import Budget, BudgetArgs
 from infra.components.dataset_storage import DatasetStorage, DatasetStorageArgs
 from infra.components.gpu_cluster import GpuCluster, GpuClusterArgs
-from infra.components.private_endpoints import EndpointTarget, PrivateEndpoints, PrivateEndpointsArgs
+from infra.components.private_endpoints import (
+    EndpointTarget,
+    PrivateEndpoints,
+    PrivateEndpointsArgs,
+)
 from infra.components.resource_group import ResourceGroup, ResourceGroupArgs
 from infra.components.workspace import Workspace, WorkspaceArgs
 from infra.naming import StackNames

@@ -137,7 +137,7 @@ class TestRehearsal:
         assert staged == source
 
         losses = [json.loads(line) for line in lines[0] if line.startswith("{") and '"loss"' in line]
-        assert losses and all(l["loss"] > 0 for l in losses)
+        assert losses and all(entry["loss"] > 0 for entry in losses)
         assert first.checkpoint and first.checkpoint["latest"], "a committed checkpoint version"
         version = first.checkpoint["latest"]["version"]
         health = [k for k in first.reports if "launch-node" in k]

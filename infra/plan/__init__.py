@@ -13,12 +13,18 @@ import asyncio
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from infra.config import REPO_ROOT, StackConfig, check_experiment_against_environment, load_stack_config
+from infra.config import (
+    REPO_ROOT,
+    StackConfig,
+    check_experiment_against_environment,
+    load_stack_config,
+)
 from infra.plan.cost import Cost, QuotaNeed, cost, quota
 from infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks, RecordedResource, RecordingMonitor
 

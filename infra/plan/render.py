@@ -116,8 +116,10 @@ def render(plan: Plan, console: Console | None = None) -> None:
     ctable = Table(title="GPU cost (reference on-demand prices)")
     for col in ("cluster", "size", "priority", "nodes", "$/node-h", "full scale $/h", "idle $/day", "price source"):
         ctable.add_column(col, overflow="fold")
+    def money(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:,.2f}"
+
     for c in cost.clusters:
-        money = (lambda v: "n/a" if v is None else f"{v:,.2f}")
         ctable.add_row(c.name, c.sku, c.priority, f"{c.min_nodes}-{c.max_nodes}", money(c.usd_per_node_hour),
                        money(c.full_scale_usd_per_hour), money(c.idle_usd_per_day), c.price_source)
     console.print(ctable)

@@ -13,7 +13,6 @@ The SSH private key is used by path only (`ssh -i`); it is never read or printed
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -21,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.errors import EXIT_USAGE, Problem, UserError
+from infra.errors import Problem, UserError, exit_on_bad_input
 from jobs.beeond import cluster as beeond
 from jobs.beeond import scripts
 from jobs.beeond.ssh import OpenSshRunner, SshRunner, default_key, known_hosts_file
@@ -87,12 +86,8 @@ def _address(value: str) -> Literal["public", "private"]:
 
 def _run(debug: bool, body) -> None:
     try:
-        body()
-    except UserError as exc:
-        if debug:
-            raise
-        sys.stderr.write(exc.render() + "\n")
-        raise typer.Exit(EXIT_USAGE) from None
+        with exit_on_bad_input(debug):
+            body()
     except beeond.BeeondError as exc:
         if debug:
             raise

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
@@ -40,7 +39,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgressBar
 from rich.table import Table
 
-from infra.errors import EXIT_USAGE, Problem, ProblemCollector, UserError
+from infra.errors import Problem, ProblemCollector, UserError, exit_with
 from jobs.data import upload as uploader
 from jobs.runtime import blobio
 from jobs.runtime.throttle import Throttle
@@ -191,10 +190,7 @@ def upload_command(
             raise UserError([Problem(str(local_dir), "", "holds no files", "point LOCAL_DIR at the dataset")], "invalid options")
         _ensure_container(target, stack)
     except UserError as exc:
-        if debug:
-            raise
-        sys.stderr.write(exc.render() + "\n")
-        raise typer.Exit(EXIT_USAGE) from None
+        exit_with(exc, debug)
 
     clean = uploader.normalize_prefix(prefix)
     err.print(f"uploading {len(files)} files ({sum(f.size for f in files) / 1e6:,.1f} MB) from {local_dir} to "

@@ -146,7 +146,7 @@ def summarize(result) -> None:
         table = Table(title="staging (per node)")
         for col in ("node", "files", "MB in (gzip)", "MB out", "seconds", "MB/s written"):
             table.add_column(col, justify="right")
-        for key, doc in sorted(staging.items()):
+        for _, doc in sorted(staging.items()):
             table.add_row(str(doc.get("node_index")), str(doc.get("files")), f"{doc.get('bytes_in', 0) / 1e6:,.1f}",
                           f"{doc.get('bytes_out', 0) / 1e6:,.1f}", f"{doc.get('seconds', 0):.2f}", f"{doc.get('mb_per_s', 0):,.1f}")
         out.print(table)
