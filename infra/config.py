@@ -143,6 +143,7 @@ class _RawConfig(_Model):
 
 _TOP_LEVEL_KEYS = {field.alias or name for name, field in _RawConfig.model_fields.items()}
 _ENVIRONMENT_ONLY = {"network", "storage", "mlRegistry", "names"}
+_TEXT_KEYS = {"namePrefix", "owner", "costCenter", "environment", "environmentStack", "expiresAt"}
 
 
 class StackConfig(_Model):
@@ -237,13 +238,24 @@ def from_pulumi() -> StackConfig:
     """Read the current stack's config through the Pulumi engine (honours `pulumi config set`)."""
     import pulumi
 
+    import json
+
     stack = pulumi.get_stack()
     ours = pulumi.Config(PROJECT)
     flat: dict[str, Any] = {}
     for key in _TOP_LEVEL_KEYS:
-        value = ours.get_object(key)
-        if value is not None:
-            flat[NAMESPACE + key] = value
+        # The engine hands every value over as a string: objects, lists, numbers and
+        # booleans JSON-encoded, text as is (so "1234" as a cost center stays text).
+        raw = ours.get(key)
+        if raw is None:
+            continue
+        if key in _TEXT_KEYS:
+            flat[NAMESPACE + key] = raw
+            continue
+        try:
+            flat[NAMESPACE + key] = json.loads(raw)
+        except ValueError:
+            flat[NAMESPACE + key] = raw  # the validator names the key and the bad value
     location = pulumi.Config("azure-native").get("location")
     if location is not None:
         flat[LOCATION_KEY] = location

@@ -1,0 +1,105 @@
+"""Under the Pulumi engine the stack config arrives through `pulumi.Config` (strings, with
+objects JSON-encoded) instead of the file: it must validate to the same StackConfig, and a
+bad value must stop the program before any resource is registered."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import yaml
+
+from infra.config import REPO_ROOT, from_pulumi, load_stack_config
+from infra.errors import UserError
+
+
+def engine_config(stack: str) -> dict[str, str]:
+    """What the engine hands the program for Pulumi.<stack>.yaml: every value a string."""
+    document = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in document.items()}
+
+
+def in_engine(stack: str, config: dict[str, str], fn):
+    """Run `fn` on a fresh thread with the engine's settings and config in place."""
+    from pulumi.runtime import config as runtime_config
+    from pulumi.runtime import settings
+
+    box: dict = {}
+
+    def run():
+        try:
+            settings.configure(settings.Settings(project="aml-hpc", stack=stack))
+            runtime_config.set_all_config(config)
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_engine_config_equals_the_file(stack):
+    assert in_engine(stack, engine_config(stack), from_pulumi) == load_stack_config(stack)
+
+
+def test_pulumi_config_set_override_is_honoured():
+    config = engine_config("dev")
+    clusters = json.loads(config["aml-hpc:clusters"])
+    clusters[0]["maxNodes"] = 1
+    config["aml-hpc:clusters"] = json.dumps(clusters)
+    assert in_engine("dev", config, from_pulumi).clusters[0].max_nodes == 1
+
+
+def test_bad_value_under_the_engine_names_the_stack_file():
+    config = engine_config("prod")
+    config["aml-hpc:network"] = json.dumps({"isolation": "private"})
+    with pytest.raises(UserError) as info:
+        in_engine("prod", config, from_pulumi)
+    assert "Pulumi.prod.yaml: aml-hpc:network.addressSpace" in info.value.render()
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_engine_entry_point_declares_the_same_resources_as_the_plan(stack):
+    """infra.engine.run (what `pulumi up` executes) under the mock runtime."""
+    from pulumi.runtime import config as runtime_config
+
+    from infra import engine
+    from infra.plan import evaluate, record
+
+    config = engine_config(stack)
+
+    def program():
+        runtime_config.set_all_config(config)
+        engine.run()
+
+    resources, _, _ = record(program, stack=stack)
+    planned = evaluate(stack)
+    assert sorted((r.type, r.name) for r in resources) == sorted((r.type, r.name) for r in planned.resources)
+
+
+def test_engine_refuses_bad_config_before_any_resource():
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    from infra import engine
+    from infra.plan import record
+
+    config = engine_config("dev")
+    config["aml-hpc:clusters"] = json.dumps([{"name": "x", "sku": "Standard_Nope", "maxNodes": 1}])
+    seen = []
+
+    def program():
+        runtime_config.set_all_config(config)
+        try:
+            engine.run()
+        except pulumi.RunError as exc:
+            seen.append(str(exc))
+
+    resources, _, _ = record(program, stack="dev")
+    assert resources == [] and "aml-hpc:clusters[0].sku" in seen[0] and "unknown VM size" in seen[0]
