@@ -79,7 +79,8 @@ class JobPlan:
     sku: str
     priority: str
     environment: dict[str, str]
-    """{"image": ref} or {"reference": "azureml://registries/..."}."""
+    """{"image": ref}, or {"reference": "azureml:<name>:<version>" (registered in the stack's
+    workspace) or "azureml://registries/..." (curated)}."""
     environment_variables: dict[str, str]
     env_reasons: dict[str, str]
     inputs: dict[str, dict[str, str]]
@@ -260,6 +261,9 @@ def _environment(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector)
                   f"build and register the images (`make images STACK={outputs.stack}`, then `pulumi up`), "
                   "or name an image directly: --set environment.registered=null --set environment.image=REGISTRY/REPO:TAG")
         return {}
+    if ref.registered in outputs.registry.environment_ids:
+        # The environment the stack registered for this image (Azure ML never rebuilds it).
+        return {"reference": outputs.registry.environment_ids[ref.registered]}
     return {"image": registered[ref.registered]}
 
 

@@ -53,6 +53,8 @@ class StorageOut(_Doc):
 class RegistryOut(_Doc):
     login_server: str = Field(alias="loginServer")
     environments: dict[str, str]
+    environment_ids: dict[str, str] = Field(default_factory=dict, alias="environmentIds")
+    """name -> azureml:<name>:<version>, the registered environments (version = image tag)."""
 
 
 class IdentityOut(_Doc):

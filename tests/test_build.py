@@ -276,7 +276,11 @@ def test_every_recipe_renders_against_the_real_offline_plan(tmp_path, offline_ou
         path = tmp_path / f"{name}.yml"
         path.write_text(build.to_yaml(plan, build.snapshot(plan.code_dirs, dest_root=tmp_path / "snap")))
         job = load_job(path)
-        assert job.environment.image == offline_outputs[stack].registry.environments[recipes.load(name).environment.registered]
+        registered = recipes.load(name).environment.registered
+        # the environment the stack registered for the image (version = the image's tag)
+        tag = offline_outputs[stack].registry.environments[registered].rsplit(":", 1)[1]
+        assert offline_outputs[stack].registry.environment_ids[registered] == f"azureml:{registered}:{tag}"
+        assert job.environment.removeprefix("azureml:") == f"{registered}:{tag}"  # load_job drops the prefix
         assert job.resources.instance_count == plan.instance_count
 
 
