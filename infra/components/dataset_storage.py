@@ -10,6 +10,8 @@ from typing import Literal
 import pulumi
 from pulumi_azure_native import storage
 
+from infra.components.storage_account import secure_storage_account
+
 CONTAINERS = ("datasets", "checkpoints")
 
 
@@ -49,24 +51,14 @@ class DatasetStorage(pulumi.ComponentResource):
         # Data outlives the stack: retained on delete always, protected outside dev.
         keep = pulumi.ResourceOptions(parent=self, retain_on_delete=True, protect=args.protect)
 
-        account = storage.StorageAccount(
+        account = secure_storage_account(
             f"{name}-account",
             account_name=args.account_name,
             resource_group_name=args.resource_group_name,
             location=args.location,
-            kind="BlockBlobStorage" if premium else "StorageV2",
-            sku=storage.SkuArgs(name="Premium_LRS" if premium else "Standard_LRS"),
-            access_tier=None if premium else "Hot",
-            enable_https_traffic_only=True,
-            minimum_tls_version="TLS1_2",
-            allow_blob_public_access=False,
+            premium=premium,
             allow_shared_key_access=args.allow_shared_key_access,
-            default_to_o_auth_authentication=not args.allow_shared_key_access,
-            public_network_access="Disabled" if args.private else "Enabled",
-            network_rule_set=storage.NetworkRuleSetArgs(
-                default_action="Deny" if args.private else "Allow",
-                bypass="AzureServices",
-            ),
+            private=args.private,
             tags=args.tags,
             opts=keep,
         )

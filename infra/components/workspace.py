@@ -17,13 +17,13 @@ from pulumi_azure_native import (
     keyvault,
     managedidentity,
     operationalinsights,
-    storage,
 )
 from pulumi_azure_native import (
     machinelearningservices as ml,
 )
 
 from infra import quirks
+from infra.components.storage_account import secure_storage_account
 from infra.naming import StackNames
 
 
@@ -122,24 +122,14 @@ class Workspace(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
-        ws_storage = storage.StorageAccount(
+        # The workspace uses identity-based access to its own storage
+        # (system_datastores_auth_mode="identity" below), so keys stay off here too.
+        ws_storage = secure_storage_account(
             f"{name}-storage",
             account_name=n.workspace_storage,
             resource_group_name=args.resource_group_name,
             location=args.location,
-            kind="StorageV2",
-            sku=storage.SkuArgs(name="Standard_LRS"),
-            access_tier="Hot",
-            enable_https_traffic_only=True,
-            minimum_tls_version="TLS1_2",
-            allow_blob_public_access=False,
-            # The workspace uses identity-based access to its own storage
-            # (system_datastores_auth_mode="identity" below), so keys can stay off here too.
-            allow_shared_key_access=False,
-            public_network_access=public_access,
-            network_rule_set=storage.NetworkRuleSetArgs(
-                default_action="Deny" if args.private else "Allow", bypass="AzureServices"
-            ),
+            private=args.private,
             tags=args.tags,
             opts=child,
         )

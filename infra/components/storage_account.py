@@ -1,0 +1,36 @@
+"""The platform's secure storage account settings, in one place.
+
+Used by the dataset storage and by the workspace's own account: HTTPS only, TLS 1.2, no
+anonymous blob access, Entra ID first (shared keys off unless opted in), and in private
+isolation no public network access at all.
+"""
+
+from __future__ import annotations
+
+import pulumi
+from pulumi_azure_native import storage
+
+
+def secure_storage_account(resource_name: str, *, account_name: str, resource_group_name: pulumi.Input[str],
+                           location: str, premium: bool = False, allow_shared_key_access: bool = False,
+                           private: bool = False, tags: dict[str, str] | None = None,
+                           opts: pulumi.ResourceOptions | None = None) -> storage.StorageAccount:
+    """premium: BlockBlobStorage on Premium_LRS; otherwise StorageV2 Standard_LRS, hot tier."""
+    return storage.StorageAccount(
+        resource_name,
+        account_name=account_name,
+        resource_group_name=resource_group_name,
+        location=location,
+        kind="BlockBlobStorage" if premium else "StorageV2",
+        sku=storage.SkuArgs(name="Premium_LRS" if premium else "Standard_LRS"),
+        access_tier=None if premium else "Hot",
+        enable_https_traffic_only=True,
+        minimum_tls_version="TLS1_2",
+        allow_blob_public_access=False,
+        allow_shared_key_access=allow_shared_key_access,
+        default_to_o_auth_authentication=not allow_shared_key_access,
+        public_network_access="Disabled" if private else "Enabled",
+        network_rule_set=storage.NetworkRuleSetArgs(default_action="Deny" if private else "Allow", bypass="AzureServices"),
+        tags=tags or {},
+        opts=opts,
+    )
