@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.runtime.contract import CHECKPOINT_JSON
-from jobs.runtime.errors import EXIT_USAGE, RuntimeInputError, RuntimeProblem
+from jobs.runtime.errors import EXIT_USAGE, RuntimeInputError, RuntimeProblem, load_json_object
 from jobs.runtime.throttle import UNLIMITED, Throttle
 
 log = logging.getLogger("amlhpc.checkpoint")
@@ -148,12 +148,7 @@ def _number(problems: list[RuntimeProblem], data: Mapping, key: str, minimum: fl
 
 def parse_settings(text: str, reference: str = CHECKPOINT_JSON) -> CheckpointSettings:
     """Parse AMLHPC_CHECKPOINT_JSON; RuntimeInputError names every bad key."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RuntimeInputError.single(reference, "", f"is not valid JSON ({exc.msg} at column {exc.colno})", _FIX) from None
-    if not isinstance(data, Mapping):
-        raise RuntimeInputError.single(reference, "", f"must be a JSON object, got {type(data).__name__}", _FIX)
+    data = load_json_object(text, reference, _FIX)
     problems: list[RuntimeProblem] = []
     container = data.get("container")
     if not isinstance(container, str) or not _CONTAINER_NAME.match(container):

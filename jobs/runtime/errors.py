@@ -9,7 +9,10 @@ exit with `EXIT_USAGE`. Values that may be secrets are never put in a message.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 EXIT_USAGE = 2
 """Exit status for bad input, as in `infra.errors` and argparse."""
@@ -52,3 +55,15 @@ class RuntimeInputError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+def load_json_object(text: str, reference: str, hint: str) -> Mapping[str, Any]:
+    """Parse `text` (the value of `reference`) as a JSON object, or raise RuntimeInputError."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RuntimeInputError.single(
+            reference, "", f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", hint) from None
+    if not isinstance(data, Mapping):
+        raise RuntimeInputError.single(reference, "", f"must be a JSON object, got {type(data).__name__}", hint)
+    return data

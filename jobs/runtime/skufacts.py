@@ -27,14 +27,13 @@ the wrong type is an error naming the key.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from jobs.runtime.contract import SKU_JSON
-from jobs.runtime.errors import RuntimeInputError, RuntimeProblem
+from jobs.runtime.errors import RuntimeInputError, RuntimeProblem, load_json_object
 
 _FIX = "the job builder sets it from infra/skus.py: json.dumps(dataclasses.asdict(sku)); resubmit the job, or correct the value by hand"
 
@@ -183,12 +182,7 @@ def _parse_health(reader: _Reader, raw: Any) -> HealthFacts:
 
 def parse_sku_facts(text: str, reference: str = SKU_JSON) -> SkuFacts:
     """Parse the JSON document; raises RuntimeInputError naming every bad key."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RuntimeInputError.single(reference, "", f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", _FIX) from None
-    if not isinstance(data, Mapping):
-        raise RuntimeInputError.single(reference, "", f"must be a JSON object, got {type(data).__name__}", _FIX)
+    data = load_json_object(text, reference, _FIX)
     reader = _Reader(reference)
     name = reader.text(data, "name", "name")
     if "name" not in data:
