@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra import skus
+from jobs.local.azurite import free_port
 from jobs.runtime.health import HealthOptions, run_health
 from jobs.runtime.health.__main__ import main as health_main
 from jobs.runtime.health.collective import AllReduceFigure, rendezvous_address
@@ -28,12 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 def sku_json(name: str) -> str:
     return json.dumps(dataclasses.asdict(skus.get(name)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_ranks(world: int, local: int, report_dir: Path, extra_args=(), per_rank_args=None, mode="gate", timeout=120):

@@ -28,7 +28,8 @@ class AzuriteNotInstalled(RuntimeError):
     pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nothing on 127.0.0.1 listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -86,7 +87,7 @@ def start(workdir: Path | None = None, port: int | None = None, account: str = "
     owns = workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="azurite-")) if workdir is None else workdir
     workdir.mkdir(parents=True, exist_ok=True)
-    port = port or _free_port()
+    port = port or free_port()
     key = base64.b64encode(secrets.token_bytes(64)).decode()
     env = {**os.environ, "AZURITE_ACCOUNTS": f"{account}:{key}"}
     log = open(workdir / "azurite.log", "ab")  # noqa: SIM115 - lives as long as the process

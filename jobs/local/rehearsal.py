@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import Problem, UserError
+from jobs.local.azurite import free_port
 from jobs.runtime import contract
 
 # Variables that only make sense on an Azure node (identity) or would point the rehearsal
@@ -67,12 +68,6 @@ class RehearsalResult:
     @property
     def ok(self) -> bool:
         return all(code == 0 for code in self.exit_codes.values())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _free_port_pair() -> int:
