@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -271,9 +270,6 @@ def check_dataset(plan: Any, connection_string: str) -> None:
         raise UserError(problems, "rehearsal cannot start: its dataset is missing")
 
 
-_LOSS = re.compile(r'"loss"')
-
-
 def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
              connection_string: str, containers: list[str], sink: Callable[[NodeProcess, str], None],
              timeout_s: float = 1800) -> RehearsalResult:
@@ -298,7 +294,3 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     report_dir = env.get(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR)
     return RehearsalResult(plan, workdir, codes, time.monotonic() - started, collect_reports(folders, report_dir),
                            checkpoint_state(env, connection_string))
-
-
-def is_loss_line(line: str) -> bool:
-    return bool(_LOSS.search(line))
