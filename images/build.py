@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import Problem, UserError
 from images import context
 from images.catalog import ImageRelease
 from images.commands import CommandNotFound, Runner
 from images.stack import registry_name
-from infra.errors import Problem, UserError
 
 DEFAULT_PLATFORM = "linux/amd64"
 """Every GPU size in the catalog is x86_64."""

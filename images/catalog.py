@@ -33,7 +33,7 @@ NOT_HASHED_ARGS = ("GIT_COMMIT", "IMAGE_VERSION")
 
 
 def nccl_topo_path(file_name: str) -> str:
-    """Absolute path inside the image of a topology file named in infra.skus (nccl_topo_file)."""
+    """Absolute path inside the image of a topology file named in core.skus (nccl_topo_file)."""
     return f"{NCCL_TOPO_DIR}/{file_name}"
 
 

@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from core.errors import Problem, UserError, exit_with
 from images import catalog, context, lint
 from images.build import (
     DEFAULT_PLATFORM,
@@ -35,7 +36,6 @@ from images.build import (
 from images.commands import CommandNotFound, Runner, SubprocessRunner
 from images.pins import load_pins
 from images.stack import check_login_server, resolve_login_server
-from infra.errors import Problem, UserError, exit_with
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 console = Console(stderr=True)

@@ -19,9 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import Problem
 from images.catalog import NOT_HASHED_ARGS, ImageSpec, build_args
 from images.pins import Pins
-from infra.errors import Problem
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The version pins of the training images: `images/pins.toml`, parsed once and validated.
 
-Every problem in the file is reported together, by key, with the fix (infra.errors);
+Every problem in the file is reported together, by key, with the fix (core.errors);
 nothing else in `images/` reads the TOML itself. Pure: no Pulumi, no Azure SDK.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from infra.errors import Problem, ProblemCollector, UserError
+from core.errors import Problem, ProblemCollector, UserError
 
 IMAGES_DIR = Path(__file__).resolve().parent
 PINS_FILE = IMAGES_DIR / "pins.toml"

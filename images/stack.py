@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from core.errors import Problem, UserError
 from images.commands import Runner
-from infra.errors import Problem, UserError
 
 _HOST = re.compile(r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9-]+)+$")
 

@@ -16,7 +16,7 @@ import sys
 import typer
 from rich.console import Console
 
-from infra.errors import exit_on_bad_input
+from core.errors import exit_on_bad_input
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 

@@ -22,8 +22,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from infra import naming, regions, skus
-from infra.errors import Problem, ProblemCollector, UserError
+from core import pricing, regions, skus
+from core.errors import Problem, ProblemCollector, UserError
+from infra import naming
 
 PROJECT = "aml-hpc"
 NAMESPACE = f"{PROJECT}:"
@@ -62,7 +63,7 @@ class ClusterConfig(_Model):
     name: str
     """2-16 characters; the cluster's name in the workspace. Changing it replaces the cluster."""
     sku: str
-    """Azure VM size, one of infra.skus.CATALOG. Changing it replaces the cluster."""
+    """Azure VM size, one of core.skus.CATALOG. Changing it replaces the cluster."""
     min_nodes: int = Field(0, ge=0)
     """Nodes kept even when idle. Anything above 0 bills around the clock: needs allowIdleNodes."""
     max_nodes: int = Field(ge=1)
@@ -102,9 +103,9 @@ class StorageConfig(_Model):
     Changing it replaces the account, so the data would have to be copied: it is protected."""
     allow_shared_key_access: bool = False
     soft_delete_days: int = Field(14, ge=1, le=365)
-    egress_gbps: float = Field(skus.STORAGE_ACCOUNT_EGRESS_GBITS_PER_S_DEFAULT, gt=0)
+    egress_gbps: float = Field(skus.STORAGE_ACCOUNT.egress_gbits_per_s_default, gt=0)
     """The account's egress limit, Gb/s; staging warns when nodes x per-node rate exceeds it."""
-    ingress_gbps: float = Field(skus.STORAGE_ACCOUNT_INGRESS_GBITS_PER_S_DEFAULT, gt=0)
+    ingress_gbps: float = Field(skus.STORAGE_ACCOUNT.ingress_gbits_per_s_default, gt=0)
     """The account's ingress limit, Gb/s; checkpoint uploads are capped below it."""
     data_contributors: list[PrincipalConfig] = Field(default_factory=list)
     """Who may upload datasets (Storage Blob Data Contributor on `datasets`); shared keys are off."""
@@ -188,9 +189,12 @@ class StackConfig(_Model):
 
     def hourly_price(self, sku_name: str) -> skus.Price | None:
         """The stack's price override for a size, else the catalog's reference price."""
-        if sku_name in self.prices:
-            return skus.Price(self.prices[sku_name], self.location, "stack config", f"{self.source}: aml-hpc:prices")
-        return skus.get(sku_name).price
+        return pricing.node_hour_price(sku_name, self.prices, location=self.location, reference=self.source)
+
+    def price_table(self) -> dict[str, skus.Price]:
+        """Prices of the stack's cluster sizes, for the outputs document."""
+        return pricing.price_table((c.sku for c in self.clusters), self.prices, location=self.location,
+                                   reference=self.source)
 
 
 # --------------------------------------------------------------------------------------
@@ -236,9 +240,9 @@ def load_stack_config(stack: str, root: Path = REPO_ROOT, now: datetime | None =
 
 def from_pulumi() -> StackConfig:
     """Read the current stack's config through the Pulumi engine (honours `pulumi config set`)."""
-    import pulumi
-
     import json
+
+    import pulumi
 
     stack = pulumi.get_stack()
     ours = pulumi.Config(PROJECT)

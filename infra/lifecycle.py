@@ -28,7 +28,9 @@ from typing import Annotated, Any, Literal
 import typer
 import yaml
 
-from infra import naming, skus
+from core import skus
+from core.errors import Problem, UserError, exit_with
+from infra import naming
 from infra.config import (
     EXPERIMENT_PREFIX,
     LOCATION_KEY,
@@ -42,7 +44,6 @@ from infra.config import (
     read_stack_file,
     stack_file,
 )
-from infra.errors import Problem, UserError, exit_with
 
 MAX_DAYS = 90
 """Longest lifetime `new-experiment` grants. Work that runs longer than a quarter belongs
@@ -267,15 +268,12 @@ def _template_cluster(environment: StackConfig, sku: str | None):
     return clusters[0].sku, clusters[0]
 
 
-def _default_budget(sku_name: str, max_nodes: int, days: int, prices: dict[str, float]) -> float | None:
+def _default_budget(sku_name: str, max_nodes: int, days: int, environment: StackConfig) -> float | None:
     """Full scale for the whole lifetime, rounded up to $100: what a forgotten experiment costs."""
-    usd_per_hour = prices.get(sku_name)
-    if usd_per_hour is None:
-        price = skus.get(sku_name).price
-        usd_per_hour = price.usd_per_hour if price else None
-    if usd_per_hour is None:
+    price = environment.hourly_price(sku_name)
+    if price is None:
         return None
-    return float(max(100, math.ceil(usd_per_hour * max_nodes * 24 * days / 100) * 100))
+    return float(max(100, math.ceil(price.usd_per_hour * max_nodes * 24 * days / 100) * 100))
 
 
 def render_experiment(stack: str, flat: dict[str, Any], environment: StackConfig, days: int,
@@ -343,7 +341,7 @@ def new_experiment(name: str, env: str = "dev", days: int = 7, root: Path = REPO
     emails = list(environment.budget.alert_emails) if environment.budget else []
     if not emails and "@" in who:
         emails = [who]
-    amount = budget_usd or _default_budget(sku_name, nodes, days, environment.prices)
+    amount = budget_usd or _default_budget(sku_name, nodes, days, environment)
     if not emails or amount is None:
         missing = []
         if not emails:

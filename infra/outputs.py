@@ -1,7 +1,9 @@
-"""The stack outputs document: the contract between infra and jobs (docs/contracts.md §2).
+"""Producing the stack outputs document (the model is core.outputs, shared with jobs).
 
-Built from validated config (static facts) and component outputs (what Azure assigns).
-Never holds a secret: keys, SAS tokens and connection strings are not outputs at all.
+Entries that come from validated config are built through the model itself, so their keys
+are the model's; entries that carry Pulumi Outputs are assembled by infra/program.py and
+checked here against the model's keys before they are exported. Never holds a secret:
+keys, SAS tokens and connection strings are not outputs at all.
 """
 
 from __future__ import annotations
@@ -10,29 +12,17 @@ from typing import Any
 
 import pulumi
 
-from infra import skus
+from core import skus
+from core.outputs import BudgetOut, ClusterOut, PriceOut, StackOutputs, keys
 from infra.config import ClusterConfig, StackConfig
-
-REQUIRED_KEYS = (
-    "stack", "kind", "environment", "subscriptionId", "resourceGroup", "location", "workspace",
-    "workspaceId", "clusters", "datastores", "storage", "registry", "identity", "network",
-    "budget", "expiresAt", "tags",
-)
 
 
 def cluster_entry(cluster: ClusterConfig) -> dict[str, Any]:
     """What jobs need to know about a cluster, from config and the SKU catalog."""
     sku = skus.get(cluster.sku)
-    return {
-        "sku": sku.name,
-        "minNodes": cluster.min_nodes,
-        "maxNodes": cluster.max_nodes,
-        "priority": cluster.priority,
-        "gpusPerNode": sku.gpus,
-        "infiniband": sku.infiniband,
-        "sshEnabled": bool(cluster.ssh and cluster.ssh.on),
-        "idleMinutes": cluster.idle_minutes,
-    }
+    return ClusterOut(sku=sku.name, min_nodes=cluster.min_nodes, max_nodes=cluster.max_nodes,
+                      priority=cluster.priority, gpus_per_node=sku.gpus, infiniband=sku.infiniband,
+                      ssh_enabled=bool(cluster.ssh and cluster.ssh.on), idle_minutes=cluster.idle_minutes).document()
 
 
 def clusters_entry(cfg: StackConfig) -> dict[str, Any]:
@@ -42,17 +32,28 @@ def clusters_entry(cfg: StackConfig) -> dict[str, Any]:
 def budget_entry(cfg: StackConfig) -> dict[str, Any] | None:
     if cfg.budget is None:
         return None
-    return {"monthlyAmountUsd": cfg.budget.monthly_amount_usd, "alertEmails": list(cfg.budget.alert_emails)}
+    return BudgetOut(monthly_amount_usd=cfg.budget.monthly_amount_usd, alert_emails=list(cfg.budget.alert_emails)).document()
+
+
+def prices_entry(cfg: StackConfig) -> dict[str, Any]:
+    """Price per node-hour of each size the stack's clusters use (core.pricing's rule)."""
+    return {name: PriceOut.of(price).document() for name, price in cfg.price_table().items()}
 
 
 def expires_entry(cfg: StackConfig) -> str | None:
     return cfg.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ") if cfg.expires_at else None
 
 
+def check_keys(document: dict[str, Any]) -> None:
+    """The top-level keys must be exactly the model's (a rename on either side fails here)."""
+    expected = keys(StackOutputs)
+    missing, unknown = sorted(expected - set(document)), sorted(set(document) - expected)
+    if missing or unknown:
+        raise ValueError(f"outputs document does not match core.outputs.StackOutputs: missing {missing}, unknown {unknown}")
+
+
 def export(document: dict[str, Any]) -> None:
     """Export each top-level key, so `pulumi stack output --json` is the document."""
-    missing = [k for k in REQUIRED_KEYS if k not in document]
-    if missing:
-        raise ValueError(f"outputs document is missing {missing}")
+    check_keys(document)
     for key, value in document.items():
         pulumi.export(key, value)

@@ -3,11 +3,13 @@
 `build(cfg)` is called by the Pulumi engine (infra/__main__.py) and by the offline plan
 (infra/plan), so both see exactly the same resources. Environment stacks own the long-lived
 resources; experiment stacks (exp-*) add clusters to an environment's workspace through a
-StackReference and are torn down after `expiresAt`.
+StackReference (the environment's deployed outputs decide isolation and which cluster
+names are taken) and are torn down after `expiresAt`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -34,16 +36,10 @@ from infra.config import ClusterConfig, StackConfig
 from infra.quirks import ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR
 
 
-def build(cfg: StackConfig, environment_cfg: StackConfig | None = None, now: datetime | None = None) -> dict[str, Any]:
-    """Declare the stack's resources; return the outputs document (values may be Outputs).
-
-    environment_cfg: for experiment stacks, the validated config of the environment they
-    join (isolation decides node public IPs; its clusters' names are taken).
-    """
+def build(cfg: StackConfig, now: datetime | None = None) -> dict[str, Any]:
+    """Declare the stack's resources; return the outputs document (values may be Outputs)."""
     if cfg.is_experiment:
-        if environment_cfg is None:
-            raise ValueError("an experiment stack needs its environment's config")
-        return _experiment(cfg, environment_cfg, now)
+        return _experiment(cfg, now)
     return _environment(cfg, now)
 
 
@@ -57,30 +53,87 @@ def opt_in_tags(cluster: ClusterConfig) -> dict[str, str]:
     return tags
 
 
-def _cluster(cfg_cluster: ClusterConfig, *, resource_group_name, workspace_name, location, identity_id,
-             subnet_id, private: bool, tags: dict[str, str], depends_on: list[pulumi.Resource]) -> GpuCluster:
-    ssh = cfg_cluster.ssh
-    return GpuCluster(
-        f"cluster-{cfg_cluster.name}",
-        GpuClusterArgs(
-            resource_group_name=resource_group_name,
-            workspace_name=workspace_name,
-            location=location,
-            cluster_name=cfg_cluster.name,
-            sku=cfg_cluster.sku,
-            min_nodes=cfg_cluster.min_nodes,
-            max_nodes=cfg_cluster.max_nodes,
-            idle_minutes=cfg_cluster.idle_minutes,
-            priority=cfg_cluster.priority,
-            identity_id=identity_id,
-            ssh_public_key=(ssh.public_key.strip() if ssh and ssh.on and ssh.public_key else None),
-            ssh_admin_user=ssh.admin_user if ssh else "azureuser",
-            subnet_id=subnet_id if private else None,
-            node_public_ip=not private,
-            tags={**tags, **opt_in_tags(cfg_cluster)},
-        ),
-        opts=pulumi.ResourceOptions(depends_on=depends_on),
+@dataclass(frozen=True)
+class ClusterPlacement:
+    """Where a stack's clusters go: a workspace, its identity and network (plain or Outputs)."""
+
+    resource_group_name: pulumi.Input[str]
+    workspace_name: pulumi.Input[str]
+    location: pulumi.Input[str]
+    identity_id: pulumi.Input[str]
+    subnet_id: pulumi.Input[str] | None
+    """The compute subnet under private isolation, else None."""
+    node_public_ip: pulumi.Input[bool]
+    depends_on: tuple[pulumi.Resource, ...] = ()
+
+
+def _clusters(cfg: StackConfig, where: ClusterPlacement, tags: dict[str, str]) -> None:
+    for c in cfg.clusters:
+        ssh = c.ssh
+        GpuCluster(
+            f"cluster-{c.name}",
+            GpuClusterArgs(
+                resource_group_name=where.resource_group_name,
+                workspace_name=where.workspace_name,
+                location=where.location,
+                cluster_name=c.name,
+                sku=c.sku,
+                min_nodes=c.min_nodes,
+                max_nodes=c.max_nodes,
+                idle_minutes=c.idle_minutes,
+                priority=c.priority,
+                identity_id=where.identity_id,
+                ssh_public_key=(ssh.public_key.strip() if ssh and ssh.on and ssh.public_key else None),
+                ssh_admin_user=ssh.admin_user if ssh else "azureuser",
+                subnet_id=where.subnet_id,
+                node_public_ip=where.node_public_ip,
+                tags={**tags, **opt_in_tags(c)},
+            ),
+            opts=pulumi.ResourceOptions(depends_on=list(where.depends_on)),
+        )
+
+
+def _budget(cfg: StackConfig, scope: pulumi.Input[str], now: datetime | None, stack_tag: str | None = None) -> None:
+    if cfg.budget is None:
+        return
+    Budget("budget", BudgetArgs(
+        budget_name=cfg.names.budget, scope=scope, monthly_amount_usd=cfg.budget.monthly_amount_usd,
+        alert_emails=list(cfg.budget.alert_emails), thresholds_percent=list(cfg.budget.thresholds_percent),
+        stack_tag=stack_tag, start=now,
+    ))
+
+
+def _data_access(cfg: StackConfig, ws: Workspace, data: DatasetStorage, subscription_id: pulumi.Input[str]) -> Access:
+    """The compute identity's data and image rights, plus the stack's dataset uploaders."""
+    grants = cluster_identity_grants(
+        ws.identity_principal_id, data.container_ids["datasets"], data.container_ids["checkpoints"], ws.registry_id
     )
+    grants += [
+        Grant(f"datasets-write-{i}", ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, data.container_ids["datasets"],
+              p.principal_id, p.principal_type)
+        for i, p in enumerate(cfg.storage.data_contributors)
+    ]
+    return Access("access", AccessArgs(subscription_id, grants))
+
+
+def _private_endpoints(cfg: StackConfig, group: ResourceGroup, net: Network, ws: Workspace,
+                       data: DatasetStorage, tags: dict[str, str]) -> PrivateEndpoints:
+    return PrivateEndpoints("endpoints", PrivateEndpointsArgs(
+        resource_group_name=group.name,
+        location=cfg.location,
+        subnet_id=net.endpoint_subnet_id,
+        dns_zone_ids=dict(net.dns_zone_ids),
+        name_prefix=f"{cfg.name_prefix}-{cfg.stack}",
+        targets=[
+            EndpointTarget("datasets-blob", data.account_id, "blob"),
+            EndpointTarget("ws-blob", ws.workspace_storage_id, "blob"),
+            EndpointTarget("ws-file", ws.workspace_storage_id, "file"),
+            EndpointTarget("kv", ws.key_vault_id, "vault"),
+            EndpointTarget("acr", ws.registry_id, "registry"),
+            EndpointTarget("workspace", ws.workspace_id, "amlworkspace"),
+        ],
+        tags=tags,
+    ))
 
 
 def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
@@ -109,42 +162,13 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         tags=tags,
     ))
     stores = Datastores("datastores", DatastoresArgs(group.name, ws.workspace_name, data.account_name, list(CONTAINERS)))
-
-    grants = cluster_identity_grants(
-        ws.identity_principal_id, data.container_ids["datasets"], data.container_ids["checkpoints"], ws.registry_id
-    )
-    grants += [
-        Grant(f"datasets-write-{i}", ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, data.container_ids["datasets"],
-              p.principal_id, p.principal_type)
-        for i, p in enumerate(cfg.storage.data_contributors)
-    ]
-    access = Access("access", AccessArgs(client.subscription_id, grants))
-
-    cluster_deps: list[pulumi.Resource] = [access]
+    cluster_deps: list[pulumi.Resource] = [_data_access(cfg, ws, data, client.subscription_id)]
     if net is not None:
-        endpoints = PrivateEndpoints("endpoints", PrivateEndpointsArgs(
-            resource_group_name=group.name,
-            location=cfg.location,
-            subnet_id=net.endpoint_subnet_id,
-            dns_zone_ids=dict(net.dns_zone_ids),
-            name_prefix=f"{cfg.name_prefix}-{cfg.stack}",
-            targets=[
-                EndpointTarget("datasets-blob", data.account_id, "blob"),
-                EndpointTarget("ws-blob", ws.workspace_storage_id, "blob"),
-                EndpointTarget("ws-file", ws.workspace_storage_id, "file"),
-                EndpointTarget("kv", ws.key_vault_id, "vault"),
-                EndpointTarget("acr", ws.registry_id, "registry"),
-                EndpointTarget("workspace", ws.workspace_id, "amlworkspace"),
-            ],
-            tags=tags,
-        ))
         # Nodes without public IPs reach the workspace only through its private endpoint.
-        cluster_deps.append(endpoints)
+        cluster_deps.append(_private_endpoints(cfg, group, net, ws, data, tags))
 
-    for c in cfg.clusters:
-        _cluster(c, resource_group_name=group.name, workspace_name=ws.workspace_name, location=cfg.location,
-                 identity_id=ws.identity_id, subnet_id=net.compute_subnet_id if net else None, private=private,
-                 tags=tags, depends_on=cluster_deps)
+    _clusters(cfg, ClusterPlacement(group.name, ws.workspace_name, cfg.location, ws.identity_id,
+                                    net.compute_subnet_id if net else None, not private, tuple(cluster_deps)), tags)
 
     ml_registry_name: Any = None
     if cfg.ml_registry.enabled:
@@ -156,24 +180,15 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         resource_group_name=group.name, workspace_name=ws.workspace_name,
         login_server=ws.registry_login_server, tags=tags,
     ))
-
-    if cfg.budget is not None:
-        Budget("budget", BudgetArgs(
-            budget_name=names.budget, scope=group.id, monthly_amount_usd=cfg.budget.monthly_amount_usd,
-            alert_emails=list(cfg.budget.alert_emails), thresholds_percent=list(cfg.budget.thresholds_percent),
-            start=now,
-        ))
+    _budget(cfg, group.id, now)
 
     return {
-        "stack": cfg.stack,
-        "kind": cfg.kind,
-        "environment": cfg.environment,
+        **_own_entries(cfg, tags),
         "subscriptionId": client.subscription_id,
         "resourceGroup": group.name,
         "location": cfg.location,
         "workspace": ws.workspace_name,
         "workspaceId": ws.workspace_id,
-        "clusters": outputs.clusters_entry(cfg),
         "datastores": stores.names,
         "storage": {
             "account": data.account_name,
@@ -191,46 +206,52 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         },
         "identity": {"clientId": ws.identity_client_id, "principalId": ws.identity_principal_id, "id": ws.identity_id},
         "network": {"isolation": cfg.network.isolation, "subnetId": net.compute_subnet_id if net else None},
-        "budget": outputs.budget_entry(cfg),
-        "expiresAt": None,
-        "tags": tags,
     }
 
 
-
-
-def _experiment(cfg: StackConfig, env_cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
-    env = pulumi.StackReference("environment", stack_name=cfg.environment_stack)
-    tags = cfg.tags()
-    private = env_cfg.network.isolation == "private"
-    subscription = env.require_output("subscriptionId")
-    group_name = env.require_output("resourceGroup")
-    identity = env.require_output("identity")
-    network = env.require_output("network")
-
-    for c in cfg.clusters:
-        _cluster(c, resource_group_name=group_name, workspace_name=env.require_output("workspace"),
-                 location=env.require_output("location"), identity_id=identity.apply(lambda i: i["id"]),
-                 subnet_id=network.apply(lambda n: n.get("subnetId")), private=private, tags=tags, depends_on=[])
-
-    if cfg.budget is not None:
-        scope = pulumi.Output.all(subscription, group_name).apply(lambda a: f"/subscriptions/{a[0]}/resourceGroups/{a[1]}")
-        Budget("budget", BudgetArgs(
-            budget_name=cfg.names.budget, scope=scope, monthly_amount_usd=cfg.budget.monthly_amount_usd,
-            alert_emails=list(cfg.budget.alert_emails), thresholds_percent=list(cfg.budget.thresholds_percent),
-            stack_tag=cfg.stack, start=now,
-        ))
-
-    passthrough = ("subscriptionId", "resourceGroup", "location", "workspace", "workspaceId", "datastores",
-                   "storage", "registry", "identity", "network")
-    document: dict[str, Any] = {key: env.require_output(key) for key in passthrough}
-    document.update({
+def _own_entries(cfg: StackConfig, tags: dict[str, str]) -> dict[str, Any]:
+    """The entries every stack exports from its own config (environment or experiment)."""
+    return {
         "stack": cfg.stack,
         "kind": cfg.kind,
         "environment": cfg.environment,
         "clusters": outputs.clusters_entry(cfg),
         "budget": outputs.budget_entry(cfg),
+        "prices": outputs.prices_entry(cfg),
         "expiresAt": outputs.expires_entry(cfg),
         "tags": tags,
-    })
-    return document
+    }
+
+
+PASSTHROUGH = ("subscriptionId", "resourceGroup", "location", "workspace", "workspaceId", "datastores",
+               "storage", "registry", "identity", "network")
+"""Entries an experiment stack re-exports from its environment's deployed outputs."""
+
+
+def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
+    env = pulumi.StackReference("environment", stack_name=cfg.environment_stack)
+    tags = cfg.tags()
+    passthrough: dict[str, Any] = {key: env.require_output(key) for key in PASSTHROUGH}
+    network = passthrough["network"]
+    env.require_output("clusters").apply(lambda taken: _refuse_taken_cluster_names(cfg, taken))
+
+    private = network.apply(lambda n: n["isolation"] == "private")
+    _clusters(cfg, ClusterPlacement(
+        resource_group_name=passthrough["resourceGroup"], workspace_name=passthrough["workspace"],
+        location=passthrough["location"], identity_id=passthrough["identity"].apply(lambda i: i["id"]),
+        subnet_id=network.apply(lambda n: n.get("subnetId")), node_public_ip=private.apply(lambda p: not p),
+    ), tags)
+
+    scope = pulumi.Output.all(passthrough["subscriptionId"], passthrough["resourceGroup"]).apply(
+        lambda a: f"/subscriptions/{a[0]}/resourceGroups/{a[1]}")
+    _budget(cfg, scope, now, stack_tag=cfg.stack)
+    return {**passthrough, **_own_entries(cfg, tags)}
+
+
+def _refuse_taken_cluster_names(cfg: StackConfig, taken: dict[str, Any]) -> None:
+    """An experiment's clusters join the environment's workspace: their names must be free."""
+    taken_lower = {name.lower() for name in taken}
+    clash = sorted(c.name for c in cfg.clusters if c.name.lower() in taken_lower)
+    if clash:
+        raise pulumi.RunError(f"{cfg.source}: cluster name(s) {', '.join(clash)} already exist in environment "
+                              f"{cfg.environment!r}'s workspace (taken: {', '.join(sorted(taken))}); rename them")

@@ -36,12 +36,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra import skus
-from infra.errors import Problem, ProblemCollector, UserError
+from core import skus
+from core.errors import Problem, ProblemCollector, UserError
+from core.outputs import StackOutputs
 from jobs import cost as cost_mod
 from jobs import deepspeed as ds_mod
 from jobs import tuning
-from jobs.outputs import StackOutputs
 from jobs.recipes.schema import Recipe
 from jobs.runtime import contract
 from jobs.workloads import env as workload_env
@@ -220,7 +220,7 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
             warnings.append("deepspeed.ort needs onnxruntime-training in the image (Azure's ACPT images have it); "
                             "the job stops at start with a clear message if it is missing")
 
-    est = cost_mod.estimate(sku.name, node_count, hours or recipe.cost.expected_hours, outputs.prices, target.priority)
+    est = cost_mod.estimate(sku.name, node_count, hours or recipe.cost.expected_hours, outputs.stack_prices(), target.priority)
     timeout_h = recipe.timeout_hours or max(1.0, 2 * (hours or recipe.cost.expected_hours))
 
     launch = ("python -m jobs.runtime.launch " + ("--max-clocks " if recipe.max_clocks else "")

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.errors import Problem, UserError, exit_on_bad_input
+from core.errors import Problem, UserError, exit_on_bad_input
 
 app = typer.Typer(help="Submit and manage aml-hpc training jobs on Azure ML.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)

@@ -1,19 +1,22 @@
-"""What a job costs: nodes x hours x price per node-hour, from the catalog or the stack.
+"""What a job costs: nodes x hours x price per node-hour.
 
-The price is the stack's override (`aml-hpc:prices` in Pulumi.<stack>.yaml) when it has
-one for the size, else the catalog's reference price (one region, one date: both are
-reported, so a user can tell when to override). Low-priority nodes are priced at the
-on-demand figure: an upper bound, since the discount varies by region and over time.
+The price of each size comes with the stack's outputs (`prices`, resolved by infra from the
+stack's overrides and the catalog, core.pricing); a size the outputs do not price falls
+back to the catalog's reference price. Low-priority nodes are priced at the on-demand
+figure: an upper bound, since the discount varies by region and over time.
 
-Seed 000's figure is the check: 4 x ND40rs_v2 x 11.5 h at $26.438/h = $1,216.15.
+The check against a published figure: NAG's CosmoFlow tutorial (2021) ran 4 x ND40rs_v2
+for 11.5 h at $26.438/h = $1,216.15.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra import skus
-from infra.errors import Problem, UserError
+from core import pricing
+from core.errors import Problem, UserError
+from core.skus import Price
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class Estimate:
     price_source: str
     price_region: str
     priority: str
+    price_from_stack: bool = False
 
     @property
     def node_hours(self) -> float:
@@ -38,32 +42,31 @@ class Estimate:
         out = []
         if self.priority == "LowPriority":
             out.append("low-priority nodes priced at the on-demand rate (an upper bound)")
-        if stack_location and self.price_region not in (stack_location, "") and self.price_source != "stack":
+        if stack_location and not self.price_from_stack and self.price_region not in (stack_location, ""):
             out.append(f"reference price is for {self.price_region}, the stack is in {stack_location}: "
                        f"set aml-hpc:prices.{self.sku} in the stack file for your rate")
         return out
 
 
-def price(sku_name: str, overrides: dict[str, float] | None = None) -> tuple[float, str, str]:
-    """(USD per node-hour, source, region) for a size; UserError when nothing prices it."""
-    overrides = overrides or {}
-    if sku_name in overrides:
-        return float(overrides[sku_name]), "stack", ""
-    reference = skus.get(sku_name).price
-    if reference is None:
-        raise UserError([Problem("infra/skus.py", sku_name, "has no reference price",
-                                 f"set one in the stack: pulumi config set --path 'aml-hpc:prices.{sku_name}' <usd-per-hour>")],
+def price(sku_name: str, stack_prices: Mapping[str, Price] | None = None) -> Price:
+    """The stack's price for a size (from its outputs), else the catalog's; UserError when none."""
+    found = (stack_prices or {}).get(sku_name) or pricing.node_hour_price(sku_name)
+    if found is None:
+        raise UserError([Problem("core/catalog/skus.toml", sku_name, "has no reference price",
+                                 f"set one in the stack: pulumi config set --path 'aml-hpc:prices.{sku_name}' <usd-per-hour>, "
+                                 "then deploy (or plan --offline) so the outputs carry it")],
                         "cannot estimate cost")
-    return reference.usd_per_hour, f"catalog ({reference.source}, {reference.as_of})", reference.region
+    return found
 
 
-def estimate(sku_name: str, nodes: int, hours: float, overrides: dict[str, float] | None = None,
+def estimate(sku_name: str, nodes: int, hours: float, stack_prices: Mapping[str, Price] | None = None,
              priority: str = "Dedicated") -> Estimate:
     if nodes < 1 or hours <= 0:
         raise UserError([Problem("estimate", "nodes/hours", f"nodes={nodes}, hours={hours}: both must be positive",
                                  "pass --nodes >= 1 and --hours > 0")], "cannot estimate cost")
-    usd, source, region = price(sku_name, overrides)
-    return Estimate(sku_name, nodes, hours, usd, source, region, priority)
+    found = price(sku_name, stack_prices)
+    return Estimate(sku_name, nodes, hours, found.usd_per_hour, pricing.describe(found), found.region, priority,
+                    pricing.is_override(found))
 
 
 def over_limits(estimate_usd: float, ceiling_usd: float | None, budget_usd: float | None) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import skus
+from core import skus
 from jobs.recipes.schema import DeepSpeedSpec, ModelShape
 
 GIB = 1 << 30

@@ -1,6 +1,8 @@
 """Stack outputs for jobs: from the deployed stack, a JSON file, or the offline plan.
 
-Three sources, one validated document (docs/contracts.md section 2):
+Three sources, one document validated with the model infra produces it with
+(core.outputs.StackOutputs; docs/contracts.md section 2). Reading a file or a deployed
+stack imports no Pulumi; only --offline runs the program under Pulumi's mock runtime:
 
 - deployed: `pulumi stack output --json --stack S` (secrets stay masked: never --show-secrets);
 - file: `--outputs FILE`, e.g. a saved copy of the above or tests/fixtures/outputs/dev.json;
@@ -19,73 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from infra.errors import Problem, UserError
+from core.errors import Problem, UserError
+from core.outputs import REQUIRED_CONTAINERS, REQUIRED_DATASTORES, StackOutputs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 Source = Literal["deployed", "file", "offline"]
-
-
-class _Doc(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
-
-
-class ClusterOut(_Doc):
-    sku: str
-    max_nodes: int = Field(alias="maxNodes", ge=1)
-    min_nodes: int = Field(0, alias="minNodes")
-    priority: Literal["Dedicated", "LowPriority"]
-    gpus_per_node: int = Field(alias="gpusPerNode")
-    infiniband: bool
-
-
-class StorageOut(_Doc):
-    account: str
-    blob_endpoint: str = Field(alias="blobEndpoint")
-    containers: dict[str, str]
-    egress_gbps: float = Field(alias="egressGbps")
-    ingress_gbps: float = Field(alias="ingressGbps")
-
-
-class RegistryOut(_Doc):
-    login_server: str = Field(alias="loginServer")
-    environments: dict[str, str]
-    environment_ids: dict[str, str] = Field(default_factory=dict, alias="environmentIds")
-    """name -> azureml:<name>:<version>, the registered environments (version = image tag)."""
-
-
-class IdentityOut(_Doc):
-    client_id: str = Field(alias="clientId")
-
-
-class BudgetOut(_Doc):
-    monthly_amount_usd: float = Field(alias="monthlyAmountUsd")
-
-
-class StackOutputs(_Doc):
-    """The keys of the outputs document that jobs use (others are kept, unvalidated)."""
-
-    stack: str
-    subscription_id: str = Field(alias="subscriptionId")
-    resource_group: str = Field(alias="resourceGroup")
-    location: str
-    workspace: str
-    clusters: dict[str, ClusterOut]
-    datastores: dict[str, str]
-    storage: StorageOut
-    registry: RegistryOut
-    identity: IdentityOut
-    budget: BudgetOut | None = None
-    prices: dict[str, float] = Field(default_factory=dict)
-    """USD per node-hour overrides (the stack's `aml-hpc:prices`); not part of the outputs
-    document: read from Pulumi.<stack>.yaml next to it when that file exists."""
-
-
-_REQUIRED_DATASTORES = ("datasets", "checkpoints")
-_REQUIRED_CONTAINERS = ("datasets", "checkpoints")
 
 
 @dataclass(frozen=True)
@@ -115,8 +58,6 @@ def load(stack: str, *, outputs_file: str | Path | None = None, offline: bool = 
         reference = f"pulumi stack output --json --stack {stack}"
         document, source = _from_pulumi(stack, runner), "deployed"
         refresh = f"run `pulumi up --stack {stack}` so the stack exports it (or use --offline to plan without Azure)"
-    if "prices" not in document:
-        document = {**document, "prices": _stack_prices(stack, root)}
     outputs = validate(document, reference, refresh)
     if outputs.stack != stack:
         raise UserError([Problem(reference, "stack", f"these outputs are for stack {outputs.stack!r}, not {stack!r}",
@@ -136,13 +77,16 @@ def validate(document: Any, reference: str, refresh: str) -> StackOutputs:
             path = ".".join(str(p) for p in err["loc"])
             if err["type"] == "missing":
                 problems.append(Problem(reference, path, "stack outputs are missing this key", refresh))
+            elif err["type"] == "extra_forbidden":
+                problems.append(Problem(reference, path, "is not a key of aml-hpc's stack outputs (another version of aml-hpc "
+                                        "deployed this stack?)", f"{refresh}, or update this checkout"))
             else:
                 problems.append(Problem(reference, path, f"{err.get('input')!r}: {err['msg'].lower()}", refresh))
         raise UserError(problems, "invalid stack outputs") from None
-    for key in _REQUIRED_DATASTORES:
+    for key in REQUIRED_DATASTORES:
         if key not in outputs.datastores:
             problems.append(Problem(reference, f"datastores.{key}", "stack outputs are missing this key", refresh))
-    for key in _REQUIRED_CONTAINERS:
+    for key in REQUIRED_CONTAINERS:
         if key not in outputs.storage.containers:
             problems.append(Problem(reference, f"storage.containers.{key}", "stack outputs are missing this key", refresh))
     if problems:
@@ -162,9 +106,9 @@ def _from_file(path: Path) -> Any:
 
 
 def _from_offline(stack: str, root: Path) -> Any:
-    from infra import plan
+    from infra.plan import offline_outputs  # the program under Pulumi's mock runtime
 
-    return plan.offline_outputs(stack, root=root)
+    return offline_outputs(stack, root=root)
 
 
 def _from_pulumi(stack: str, runner) -> Any:
@@ -185,16 +129,3 @@ def _from_pulumi(stack: str, runner) -> Any:
     except json.JSONDecodeError:
         raise UserError([Problem(" ".join(command), "", "did not print JSON", "run it by hand to see what it prints")],
                         "cannot read stack outputs") from None
-
-
-def _stack_prices(stack: str, root: Path) -> dict[str, float]:
-    """`aml-hpc:prices` from the stack file, when it is here (price overrides per VM size)."""
-    path = root / f"Pulumi.{stack}.yaml"
-    if not path.is_file():
-        return {}
-    try:
-        config = (yaml.safe_load(path.read_text()) or {}).get("config") or {}
-    except yaml.YAMLError:
-        return {}  # the plan/deploy path reports a broken stack file; prices are optional
-    prices = config.get("aml-hpc:prices") or {}
-    return {str(k): float(v) for k, v in prices.items() if isinstance(v, (int, float))} if isinstance(prices, dict) else {}

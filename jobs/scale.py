@@ -12,7 +12,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from infra.errors import Problem, UserError
+from core.errors import Problem, UserError
 
 
 def node_counts(max_nodes: int, start: int = 1) -> list[int]:

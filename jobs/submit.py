@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from infra.errors import Problem, UserError
+from core.errors import Problem, UserError
+from core.outputs import StackOutputs
 from jobs import quota as quota_mod
 from jobs.build import JobPlan, to_command_job
-from jobs.outputs import StackOutputs
 from jobs.workloads import env as workload_env
 
 Printer = Callable[[str], None]

@@ -21,8 +21,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from infra import skus
-from infra.errors import Problem, UserError
+from core import skus
+from core.errors import Problem, UserError
 from jobs.runtime import contract
 
 NCCL_TOPO_DIR = "/opt/aml-hpc/nccl-topo"
@@ -40,7 +40,7 @@ class Tuning:
 
 
 def sku_json(sku: skus.Sku) -> str:
-    """AMLHPC_SKU_JSON: the catalog record as it is (field names and units of infra/skus.py)."""
+    """AMLHPC_SKU_JSON: the catalog record as it is (field names and units of core/skus.py)."""
     return json.dumps(dataclasses.asdict(sku), sort_keys=True, separators=(",", ":"))
 
 

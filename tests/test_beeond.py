@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from infra.errors import UserError
+from core.errors import UserError
 from jobs import outputs as outputs_module
 from jobs.beeond import cli as beeond_cli
 from jobs.beeond import cluster as beeond

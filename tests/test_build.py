@@ -8,8 +8,8 @@ import json
 import pytest
 from azure.ai.ml import load_job
 
-from infra import skus
-from infra.errors import UserError
+from core import skus
+from core.errors import UserError
 from jobs import build, recipes
 from jobs.runtime import contract
 from tests.jobs_helpers import STACKS, stack_outputs

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.errors import UserError
 from infra.config import load_stack_config, parse, read_stack_file
-from infra.errors import UserError
 
 GOOD_ENV = {
     "azure-native:location": "eastus",

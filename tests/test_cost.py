@@ -1,24 +1,33 @@
-"""jobs.cost: nodes x hours x price, seed 000's figure, overrides and limits."""
+"""jobs.cost: nodes x hours x price, a published figure, stack prices and limits."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra import skus
-from infra.errors import UserError
+from core import pricing, skus
+from core.errors import UserError
 from jobs import cost
 
 
-def test_seed000_cosmoflow_figure():
-    """Seed 000: 4 x ND40rs_v2 x 11.5 h at $26.438/h is a little over $1,200 ($1,216.15)."""
+def test_nag_cosmoflow_figure():
+    """NAG's CosmoFlow tutorial (2021): 4 x ND40rs_v2 x 11.5 h at $26.438/h = $1,216.15."""
     est = cost.estimate("Standard_ND40rs_v2", 4, 11.5)
     assert est.usd_per_node_hour == 26.438
     assert est.usd == 1216.15
 
 
-def test_stack_price_override_wins():
-    est = cost.estimate("Standard_ND96asr_v4", 2, 10, {"Standard_ND96asr_v4": 20.0})
-    assert est.usd == 400.0 and est.price_source == "stack"
+def test_stack_price_from_the_outputs_wins():
+    stack_prices = pricing.price_table(["Standard_ND96asr_v4"], {"Standard_ND96asr_v4": 20.0},
+                                       location="swedencentral", reference="Pulumi.dev.yaml")
+    est = cost.estimate("Standard_ND96asr_v4", 2, 10, stack_prices)
+    assert est.usd == 400.0 and est.price_from_stack
+    assert est.price_source == "Pulumi.dev.yaml: aml-hpc:prices.Standard_ND96asr_v4"
+    assert est.notes("swedencentral") == []
+
+
+def test_catalog_price_is_cited():
+    est = cost.estimate("Standard_ND96asr_v4", 1, 1)
+    assert "Azure Retail Prices API" in est.price_source and "2026-08" in est.price_source
 
 
 def test_unpriced_size_needs_override():

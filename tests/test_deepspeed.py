@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra import skus
+from core import skus
 from jobs import deepspeed as ds
 from jobs.recipes.schema import DeepSpeedSpec, ModelShape
 

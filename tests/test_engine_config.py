@@ -10,8 +10,8 @@ import threading
 import pytest
 import yaml
 
+from core.errors import UserError
 from infra.config import REPO_ROOT, from_pulumi, load_stack_config
-from infra.errors import UserError
 
 
 def engine_config(stack: str) -> dict[str, str]:

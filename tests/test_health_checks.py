@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from infra import skus
+from core import skus
 from jobs.runtime.health import checks
 from jobs.runtime.health.checks import QUICK, gpu_checks, node_checks
 from jobs.runtime.health.ecc import check_ecc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import skus
+from core import skus
 from jobs.runtime.health import fleet
 from jobs.runtime.health.grading import (
     FAIL,

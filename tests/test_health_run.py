@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import skus
+from core import skus
 from jobs.local.azurite import free_port
 from jobs.runtime.health import HealthOptions, run_health
 from jobs.runtime.health.__main__ import main as health_main

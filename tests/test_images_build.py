@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from core.errors import UserError
 from images import catalog, cli, context
 from images.build import AzError, AzureCli, build_images, git_commit
 from images.commands import CommandNotFound, CommandResult
 from images.stack import registry_name, resolve_login_server
-from infra.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_OUTPUTS = ROOT / "tests" / "fixtures" / "outputs" / "dev.json"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from core import skus
 from images import catalog, lint
 from images.pins import load_pins
-from infra import skus
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = {spec.name: ROOT / spec.dockerfile for spec in catalog.IMAGES}

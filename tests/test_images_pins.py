@@ -11,8 +11,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from core.errors import UserError
 from images.pins import PINS_FILE, load_pins
-from infra.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS_TEXT = PINS_FILE.read_text()

@@ -1,9 +1,13 @@
 """Imports go one way (docs/contracts.md section 1). Parsed from source, so a lazy import
-inside a function counts too."""
+inside a function counts too; one test runs jobs commands with Pulumi made unimportable."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,10 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = tree.body if top_level_only else ast.walk(tree)
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -28,41 +33,59 @@ def py_files(*parts: str) -> list[Path]:
     return sorted(base.rglob("*.py")) if base.is_dir() else [base]
 
 
-def offenders(files: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+def matches(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def offenders(files: list[Path], forbidden: tuple[str, ...], allowed: tuple[str, ...] = (),
+              top_level_only: bool = False) -> dict[str, list[str]]:
     bad = {}
     for path in files:
-        hits = sorted(m for m in imports_of(path) if any(m == f or m.startswith(f + ".") for f in forbidden))
+        hits = sorted(m for m in imports_of(path, top_level_only=top_level_only)
+                      if matches(m, forbidden) and not matches(m, allowed))
         if hits:
             bad[str(path.relative_to(ROOT))] = hits
     return bad
 
 
-PURE_INFRA = [ROOT / "infra" / f for f in ("skus.py", "errors.py", "regions.py", "naming.py", "quirks.py")]
-
-
-@pytest.mark.parametrize("path", PURE_INFRA, ids=lambda p: p.name)
-def test_catalog_and_helpers_import_no_sdk(path):
-    assert offenders([path], ("pulumi", "pulumi_azure_native", "azure", "jobs", "infra.config",
-                              "infra.components", "infra.program", "infra.plan")) == {}
+def test_core_imports_no_sdk_and_nothing_else_from_the_repository():
+    """core is shared by infra, jobs and images: pure Python, pydantic and the standard library."""
+    assert offenders(py_files("core"), ("pulumi", "pulumi_azure_native", "azure", "infra", "jobs", "images")) == {}
 
 
 def test_runtime_imports_nothing_else_from_the_repository():
     """jobs/runtime ships into the training image on its own."""
-    assert offenders(py_files("jobs", "runtime"), ("infra", "images", "jobs.build", "jobs.cli", "jobs.recipes",
-                                                   "jobs.submit", "jobs.outputs", "jobs.data", "jobs.local",
-                                                   "jobs.beeond", "jobs.workloads", "pulumi", "azure.ai")) == {}
+    assert offenders(py_files("jobs", "runtime"), ("core", "infra", "images", "jobs", "pulumi", "azure.ai"),
+                     allowed=("jobs.runtime",)) == {}
 
 
 def test_infra_never_imports_jobs():
     assert offenders(py_files("infra"), ("jobs",)) == {}
 
 
+def test_images_use_core_not_infra():
+    assert offenders(py_files("images"), ("infra", "pulumi", "pulumi_azure_native")) == {}
+
+
+def test_jobs_reach_infra_only_for_the_offline_plan_and_stack_files():
+    """jobs never creates Azure resources; it may plan offline (infra.plan) and read stack files
+    (infra.config) for messages, both lazily."""
+    jobs_files = [p for p in py_files("jobs") if "runtime" not in p.parts]
+    assert offenders(jobs_files, ("pulumi", "pulumi_azure_native", "infra"),
+                     allowed=("infra.plan", "infra.config")) == {}
+    assert offenders(jobs_files, ("infra", "pulumi"), top_level_only=True) == {}
+
+
+@pytest.mark.parametrize("path", py_files("core") + [ROOT / "infra" / "naming.py", ROOT / "infra" / "quirks.py"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_shared_pieces_import_no_pulumi(path):
+    assert offenders([path], ("pulumi", "pulumi_azure_native", "azure.ai", "infra.components", "infra.program",
+                              "infra.plan")) == {}
+
+
 def test_config_imports_pulumi_only_lazily():
     """A bad config must fail before Pulumi is even loaded at module level."""
-    tree = ast.parse((ROOT / "infra" / "config.py").read_text())
-    top_level = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
-    top_level |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
-    assert not any(m.startswith("pulumi") for m in top_level)
+    assert not any(m.startswith("pulumi") for m in imports_of(ROOT / "infra" / "config.py", top_level_only=True))
 
 
 def test_components_never_read_pulumi_config():
@@ -70,5 +93,44 @@ def test_components_never_read_pulumi_config():
         assert "pulumi.Config(" not in path.read_text(), path.name
 
 
-def test_jobs_never_creates_azure_resources():
-    assert offenders([p for p in py_files("jobs")], ("pulumi_azure_native", "infra.components", "infra.program")) == {}
+_BLOCK_PULUMI = """
+import importlib.abc, runpy, sys
+class NoPulumi(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "pulumi" or name.startswith(("pulumi.", "pulumi_")):
+            raise ImportError(f"test: {name} must not be imported by this command")
+sys.meta_path.insert(0, NoPulumi())
+sys.argv = ["jobs", *sys.argv[1:]]
+runpy.run_module("jobs", run_name="__main__")
+"""
+
+
+def run_without_pulumi(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _BLOCK_PULUMI, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+class TestJobsWithoutPulumi:
+    """Reading outputs from a file or a deployed stack needs no Pulumi SDK."""
+
+    def test_estimate_from_an_outputs_file(self):
+        result = run_without_pulumi(["estimate", "cosmoflow", "--stack", "dev", "--outputs",
+                                     "tests/fixtures/outputs/dev.json", "--nodes", "2", "--hours", "3"])
+        assert result.returncode == 0, result.stderr
+        assert "total: 2 x Standard_ND96asr_v4 x 3 h" in result.stdout
+
+    def test_dry_run_submit_from_a_deployed_stack(self, tmp_path):
+        """`pulumi stack output` (the CLI, faked on PATH) is read; the SDK is never imported."""
+        document = json.loads((ROOT / "tests" / "fixtures" / "outputs" / "prod.json").read_text())
+        fake = tmp_path / "pulumi"
+        fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(document)}\nEOF\n")
+        fake.chmod(0o755)
+        result = run_without_pulumi(["submit", "nccl-allreduce", "--stack", "prod", "--dry-run"],
+                                    env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+        assert result.returncode == 0, result.stderr
+        assert "compute: azureml:" in result.stdout
+
+    def test_the_blocker_blocks(self):
+        """--offline runs the program, so it needs Pulumi: the blocker must stop it."""
+        result = run_without_pulumi(["estimate", "cosmoflow", "--stack", "dev", "--offline", "--debug"])
+        assert result.returncode != 0 and "must not be imported" in result.stderr

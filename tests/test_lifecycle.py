@@ -14,9 +14,10 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from infra import lifecycle, skus
+from core import skus
+from core.errors import EXIT_USAGE, UserError
+from infra import lifecycle
 from infra.config import REPO_ROOT, load_stack_config
-from infra.errors import EXIT_USAGE, UserError
 from infra.lifecycle import (
     MAX_DAYS,
     experiment_stacks,

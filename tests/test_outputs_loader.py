@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from infra.errors import UserError
+from core.errors import UserError
 from jobs import outputs
 from tests.jobs_helpers import outputs_doc, outputs_file
 
@@ -93,7 +93,20 @@ def test_deployed_failure_is_explained(monkeypatch):
     assert "no stack named 'dev' found" in info.value.render() and "pulumi login" in info.value.render()
 
 
-def test_stack_price_override_read_from_stack_file(tmp_path):
+def test_prices_come_with_the_outputs_not_the_local_stack_file(tmp_path):
+    """A local stack file's price override is not read: the outputs carry the stack's prices."""
     (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  aml-hpc:prices:\n    Standard_ND96asr_v4: 12.5\n")
     loaded = outputs.load("dev", outputs_file=outputs_file("dev"), root=tmp_path)
-    assert loaded.outputs.prices == {"Standard_ND96asr_v4": 12.5}
+    assert loaded.outputs.stack_prices()["Standard_ND96asr_v4"].usd_per_hour == 27.197
+
+
+def test_unknown_key_is_named(tmp_path):
+    doc = outputs_doc("dev")
+    doc["storage"]["blobEndpiont"] = doc["storage"].pop("blobEndpoint")
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError) as info:
+        outputs.load("dev", outputs_file=path)
+    text = info.value.render()
+    assert "storage.blobEndpiont: is not a key of aml-hpc's stack outputs" in text
+    assert "storage.blobEndpoint: stack outputs are missing this key" in text

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import skus
+from core import skus
+from core.errors import UserError
 from infra.config import REPO_ROOT
-from infra.errors import UserError
 from infra.plan import evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "outputs"
@@ -117,11 +117,11 @@ class TestCostAndQuota:
 
     def test_low_priority_pools_into_one_quota(self, dev):
         (need,) = dev.quota
-        assert need.quota_name == "lowPriorityCores" and need.vcpus_needed == 2 * 96 + 1 * 24
+        assert need.quota_name == "lowPriorityCores" and need.vcpus == 2 * 96 + 1 * 24
         assert set(need.families) == {"StandardNDASv4_A100Family", "StandardNCADSA100v4Family"}
 
     def test_prod_dedicated_quota_per_family(self, prod):
-        assert [(q.quota_name, q.vcpus_needed) for q in prod.quota] == [("standardNDSH100v5Family", 768)]
+        assert [(q.quota_name, q.vcpus) for q in prod.quota] == [("standardNDSH100v5Family", 768)]
 
 
 def _env_dir(tmp_path: Path, extra_stacks: dict[str, dict]) -> Path:

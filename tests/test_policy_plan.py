@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.errors import UserError
 from infra.config import REPO_ROOT
-from infra.errors import UserError
 from infra.plan import evaluate
 from infra.policy import Limits, check_plan, has_mandatory, render, render_violations
 

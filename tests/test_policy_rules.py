@@ -9,7 +9,7 @@ import inspect
 
 import pytest
 
-from infra import skus
+from core import skus
 from infra.policy import RULES, RULES_BY_NAME, Limits, ResourceView, StackView, run_rules
 from infra.policy.model import DEFAULT_LIMITS, NotVisible
 from infra.policy.rules import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.errors import UserError
+from core.errors import UserError
 from jobs import recipes
 
 SHIPPED = {"cosmoflow", "cosmoflow-tf", "maskrcnn", "bert-pretrain", "nccl-allreduce", "node-health"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.errors import UserError
+from core.errors import UserError
 from jobs import build, recipes
 from jobs import outputs as outputs_mod
 from jobs.local import rehearsal

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from infra import skus
+from core import skus
 
 REQUIRED = {
-    # FIELD_NOTES.md hardware table
+    # the sizes of the published guides this platform follows (NAG's CosmoFlow and Mask R-CNN
+    # tutorials, Microsoft's NDv4 performance article, Azure's large-scale training guide)
     "Standard_ND40rs_v2", "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5",
     "Standard_NC24rs_v3", "Standard_NC24s_v3",
     # issue 2: H200 and a non-InfiniBand NC A100 v4 size
@@ -36,7 +37,7 @@ class TestCatalogContents:
 
     @pytest.mark.parametrize("name", sorted(skus.CATALOG))
     def test_rdma_sizes_have_an_r_in_the_name(self, name):
-        """FIELD_NOTES: RDMA (InfiniBand) sizes have an "r" in the size suffix."""
+        """Azure's size naming: RDMA (InfiniBand) sizes have an "r" in the size suffix."""
         suffix = name.split("_")[1]  # e.g. ND96asr, NC24s, NC24ads
         letters = suffix.lstrip("NDCV").lstrip("0123456789")
         assert ("r" in letters) == skus.get(name).infiniband
@@ -85,3 +86,32 @@ class TestLookups:
         with pytest.raises(skus.UnknownSkuError) as info:
             skus.get("banana")
         assert info.value.suggestions == []
+
+
+class TestCatalogData:
+    """The catalog is data (core/catalog/skus.toml): every figure cites a known source, and
+    a malformed entry fails loudly, naming the entry and the key."""
+
+    @pytest.mark.parametrize("name", sorted(skus.CATALOG))
+    def test_every_source_is_listed_with_title_url_and_date(self, name):
+        sku = skus.get(name)
+        cited = [sku.facts_source, sku.health.source] + ([sku.price.source] if sku.price else [])
+        for source_id in cited:
+            source = skus.SOURCES[source_id]
+            assert source.title and source.url.startswith("https://") and source.as_of
+
+    def test_unknown_key_is_named(self, tmp_path):
+        text = skus.CATALOG_FILE.read_text().replace("gpu_memory_gib = 32", "gpu_memory_gb = 32", 1)
+        (tmp_path / "skus.toml").write_text(text)
+        with pytest.raises(skus.CatalogError, match=r"sku\[0\] \(Standard_ND40rs_v2\): unknown key\(s\) gpu_memory_gb"):
+            skus._load(tmp_path / "skus.toml")
+
+    def test_unknown_source_is_named(self, tmp_path):
+        text = skus.CATALOG_FILE.read_text().replace('source = "nag-cosmoflow"', 'source = "nag-cosmoflw"', 1)
+        (tmp_path / "skus.toml").write_text(text)
+        with pytest.raises(skus.CatalogError, match=r"price.source: source 'nag-cosmoflw' is not in \[sources\]"):
+            skus._load(tmp_path / "skus.toml")
+
+    def test_records_are_frozen(self):
+        with pytest.raises(AttributeError):
+            skus.get("Standard_ND96asr_v4").gpus = 4  # type: ignore[misc]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from azure.ai.ml.entities import Command
 
-from infra.errors import UserError
+from core.errors import UserError
 from jobs import build, recipes, submit
 from jobs.runtime import contract
 from tests.jobs_helpers import stack_outputs

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import skus
+from core import skus
 from jobs.runtime import topology
 from jobs.runtime.skufacts import parse_sku_facts
 from tests.fake_sysfs import build_nd96asr_sysfs

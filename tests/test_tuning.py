@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from infra import skus
-from infra.errors import UserError
+from core import skus
+from core.errors import UserError
 from jobs import scale, tuning
 
 

@@ -117,7 +117,7 @@ class TestCosmoFlowTraining:
 
 class TestAllReduce:
     def test_sweep_over_gloo(self, tmp_path):
-        from infra import skus
+        from core import skus
         from jobs import tuning
 
         env = {"AMLHPC_SKU_JSON": tuning.sku_json(skus.get("Standard_ND96isr_H100_v5"))}

@@ -13,7 +13,8 @@ from typing import Literal
 import pulumi
 from pulumi_azure_native import machinelearningservices as ml
 
-from infra import quirks, skus
+from core import skus
+from infra import quirks
 from infra.components import ComponentError
 
 
@@ -25,7 +26,7 @@ class GpuClusterArgs:
     cluster_name: str
     """2-16 characters (validated in infra.config). Changing it replaces the cluster."""
     sku: str
-    """Azure VM size from infra.skus. Changing it replaces the cluster."""
+    """Azure VM size from core.skus. Changing it replaces the cluster."""
     max_nodes: int
     identity_id: pulumi.Input[str]
     """User-assigned identity the nodes run as (data access, image pulls)."""
@@ -40,8 +41,9 @@ class GpuClusterArgs:
     ssh_admin_user: str = "azureuser"
     subnet_id: pulumi.Input[str] | None = None
     """Our own VNet's compute subnet (private isolation only). Changing it replaces the cluster."""
-    node_public_ip: bool = True
-    """False under private isolation. Changing it replaces the cluster."""
+    node_public_ip: pulumi.Input[bool] = True
+    """False under private isolation (an Output for experiments, which read it from the
+    environment's outputs). Changing it replaces the cluster."""
     tags: dict[str, str] = field(default_factory=dict)
 
 
@@ -56,7 +58,7 @@ class GpuCluster(pulumi.ComponentResource):
         sku = skus.get(args.sku)
         if args.min_nodes > args.max_nodes:
             raise ComponentError(self, f"minNodes {args.min_nodes} exceeds maxNodes {args.max_nodes}")
-        if not args.node_public_ip and args.subnet_id is None:
+        if args.node_public_ip is False and args.subnet_id is None:
             # Without a public IP the nodes need our VNet (or a managed VNet) to reach Azure ML.
             raise ComponentError(self, "a cluster without node public IPs needs a subnet")
 
@@ -93,9 +95,10 @@ class GpuCluster(pulumi.ComponentResource):
                         node_idle_time_before_scale_down=quirks.idle_duration(args.idle_minutes),
                     ),
                     enable_node_public_ip=args.node_public_ip,
-                    remote_login_port_public_access="Enabled" if (ssh_on and args.node_public_ip) else "Disabled",
+                    remote_login_port_public_access=pulumi.Output.from_input(args.node_public_ip).apply(
+                        lambda public: "Enabled" if ssh_on and public else "Disabled"),
                     user_account_credentials=credentials,
-                    subnet=ml.ResourceIdArgs(id=args.subnet_id) if args.subnet_id is not None else None,
+                    subnet=_subnet(args.subnet_id),
                 ),
             ),
             tags=args.tags,
@@ -111,3 +114,12 @@ class GpuCluster(pulumi.ComponentResource):
         self.cluster_name = compute.name
         self.cluster_id = compute.id
         self.register_outputs({"clusterName": self.cluster_name, "clusterId": self.cluster_id})
+
+
+def _subnet(subnet_id: pulumi.Input[str] | None) -> pulumi.Input[ml.ResourceIdArgs] | None:
+    """The compute subnet, or none (an experiment learns it from its environment's outputs)."""
+    if subnet_id is None:
+        return None
+    if isinstance(subnet_id, str):
+        return ml.ResourceIdArgs(id=subnet_id)
+    return pulumi.Output.from_input(subnet_id).apply(lambda s: ml.ResourceIdArgs(id=s) if s else None)

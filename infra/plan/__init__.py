@@ -19,13 +19,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from core.quota import Need
 from infra.config import (
     REPO_ROOT,
     StackConfig,
     check_experiment_against_environment,
     load_stack_config,
 )
-from infra.plan.cost import Cost, QuotaNeed, cost, quota
+from infra.plan.cost import Cost, cost, quota
 from infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks, RecordedResource, RecordingMonitor
 
 PROJECT = "aml-hpc"
@@ -38,7 +39,7 @@ class Plan:
     outputs: dict[str, Any]
     secret_outputs: list[str]
     cost: Cost
-    quota: list[QuotaNeed]
+    quota: list[Need]
     environment: Plan | None = field(default=None, repr=False)
     """For experiment stacks: the plan of the environment they join."""
 
@@ -76,8 +77,7 @@ def evaluate(stack: str, root: Path = REPO_ROOT, now: datetime | None = None,
 
     from infra import program
 
-    env_cfg = env_plan.config if env_plan else None
-    resources, outputs, secrets = record(lambda: program.build(cfg, env_cfg, now=now), cfg.stack,
+    resources, outputs, secrets = record(lambda: program.build(cfg, now=now), cfg.stack,
                                          stack_outputs, subscription_id)
     return Plan(cfg, resources, outputs, secrets, cost(cfg), quota(cfg), env_plan)
 

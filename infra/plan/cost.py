@@ -7,11 +7,11 @@ varies by region and over time.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from infra import skus
+from core import pricing
+from core.quota import Need, needs
 from infra.config import StackConfig
 
 
@@ -64,20 +64,6 @@ class Cost:
         }
 
 
-@dataclass(frozen=True)
-class QuotaNeed:
-    quota_name: str
-    """The usage name Azure checks: the VM family for dedicated, lowPriorityCores otherwise."""
-    priority: str
-    vcpus_needed: int
-    families: tuple[str, ...]
-    clusters: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"quotaName": self.quota_name, "priority": self.priority, "vcpusNeeded": self.vcpus_needed,
-                "families": list(self.families), "clusters": list(self.clusters)}
-
-
 def cost(cfg: StackConfig) -> Cost:
     rows = []
     for c in cfg.clusters:
@@ -85,22 +71,12 @@ def cost(cfg: StackConfig) -> Cost:
         rows.append(ClusterCost(
             name=c.name, sku=c.sku, priority=c.priority, min_nodes=c.min_nodes, max_nodes=c.max_nodes,
             usd_per_node_hour=price.usd_per_hour if price else None,
-            price_source=f"{price.source}, {price.region}, {price.as_of}" if price else
+            price_source=pricing.describe(price) if price else
             f"no reference price: set aml-hpc:prices.{c.sku} in {cfg.source}",
         ))
     return Cost(tuple(rows))
 
 
-def quota(cfg: StackConfig) -> list[QuotaNeed]:
+def quota(cfg: StackConfig) -> list[Need]:
     """vCPUs needed at full scale per quota bucket (dedicated per family; low priority pooled)."""
-    need: dict[tuple[str, str], int] = defaultdict(int)
-    families: dict[tuple[str, str], set[str]] = defaultdict(set)
-    clusters: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for c in cfg.clusters:
-        sku = skus.get(c.sku)
-        key = (sku.quota_family, "Dedicated") if c.priority == "Dedicated" else (skus.LOW_PRIORITY_QUOTA, "LowPriority")
-        need[key] += c.max_nodes * sku.vcpus
-        families[key].add(sku.quota_family)
-        clusters[key].append(c.name)
-    return [QuotaNeed(name, prio, need[(name, prio)], tuple(sorted(families[(name, prio)])), tuple(clusters[(name, prio)]))
-            for (name, prio) in sorted(need)]
+    return needs((c.name, c.sku, c.priority, c.max_nodes) for c in cfg.clusters)

@@ -131,7 +131,7 @@ def render(plan: Plan, console: Console | None = None) -> None:
     for col in ("quota", "priority", "vCPUs", "families", "clusters"):
         qtable.add_column(col)
     for q in plan.quota:
-        qtable.add_row(q.quota_name, q.priority, str(q.vcpus_needed), ", ".join(q.families), ", ".join(q.clusters))
+        qtable.add_row(q.quota_name, q.priority, str(q.vcpus), ", ".join(q.families), ", ".join(q.clusters))
     console.print(qtable)
     env_names = ", ".join(sorted((plan.outputs.get("registry") or {}).get("environments") or {})) or "none"
     console.print(f"Outputs: workspace [bold]{plan.outputs.get('workspace')}[/bold], clusters "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infra.errors import Problem, UserError
+from core.errors import Problem, UserError
 from infra.policy.model import (
     DEFAULT_LIMITS,
     Limits,

@@ -11,7 +11,7 @@ Some rules cannot be broken through a valid stack file, because the config valid
 protection). They stay: they guard the program itself against a regression, and they
 guard stacks deployed from another branch of it.
 
-Facts come from the SKU catalog (infra/skus.py); nothing here imports Pulumi.
+Facts come from the SKU catalog (core/catalog/skus.toml); nothing here imports Pulumi.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from infra import skus
+from core import skus
 from infra.policy.model import (
     Finding,
     Level,
@@ -235,7 +235,7 @@ def _multi_node_infiniband(r: ResourceView, stack: StackView, limits: Limits) ->
     max_nodes = _number(get_path(props, "scaleSettings", "maxNodeCount")) or 1
     if max_nodes > 1 and not facts.infiniband and not _opted_in(r, TAG_ALLOW_TCP_MULTI_NODE):
         ib_sizes = ", ".join(s for s in skus.names() if skus.get(s).infiniband)
-        inferred = "" if facts.known else " (inferred from the size name; it is not in infra/skus.py)"
+        inferred = "" if facts.known else " (inferred from the size name; it is not in core/catalog/skus.toml)"
         yield Finding(
             f"GPU cluster {_cluster_name(r)!r} scales to {max_nodes:g} nodes of {props.get('vmSize')}, which has no "
             f"InfiniBand{inferred}: multi-node training would run over TCP",

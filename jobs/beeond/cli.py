@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.errors import Problem, UserError, exit_on_bad_input
+from core.errors import Problem, UserError, exit_on_bad_input
 from jobs.beeond import cluster as beeond
 from jobs.beeond import scripts
 from jobs.beeond.ssh import OpenSshRunner, SshRunner, default_key, known_hosts_file

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from infra.errors import Problem, UserError
+from core.errors import Problem, UserError
 from jobs.beeond import scripts
 from jobs.beeond.ssh import SshResult, SshRunner, SshTarget
 from jobs.runtime.contract import SHARED_DIR
@@ -77,7 +77,6 @@ def cluster_facts(outputs, stack: str, cluster: str, root: Path | None = None) -
         raise UserError([Problem(f"stack {stack} outputs", "clusters", f"no cluster named {cluster!r}",
                                  f"clusters in this stack: {known}")], "unknown cluster")
     info = clusters[cluster]
-    extra = getattr(info, "model_extra", None) or {}
     admin_user, index = "azureuser", None
     try:
         from infra.config import REPO_ROOT, load_stack_config
@@ -91,7 +90,7 @@ def cluster_facts(outputs, stack: str, cluster: str, root: Path | None = None) -
     except UserError:
         pass  # the outputs are what counts; the stack file only improves the messages
     return ClusterFacts(stack=stack, name=cluster, sku=info.sku, min_nodes=info.min_nodes, max_nodes=info.max_nodes,
-                        ssh_enabled=bool(extra.get("sshEnabled", False)), infiniband=bool(info.infiniband),
+                        ssh_enabled=info.ssh_enabled, infiniband=bool(info.infiniband),
                         admin_user=admin_user, config_index=index)
 
 

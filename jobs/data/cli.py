@@ -39,7 +39,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgressBar
 from rich.table import Table
 
-from infra.errors import Problem, ProblemCollector, UserError, exit_with
+from core.errors import Problem, ProblemCollector, UserError, exit_with
 from jobs.data import upload as uploader
 from jobs.runtime import blobio
 from jobs.runtime.throttle import Throttle

@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.errors import Problem, UserError
+from core.errors import Problem, UserError
 from jobs.runtime import contract
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

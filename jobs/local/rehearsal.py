@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.errors import Problem, UserError
+from core.errors import Problem, UserError
 from jobs.local.azurite import free_port
 from jobs.runtime import contract
 

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from infra.errors import Problem, ProblemCollector, UserError
+from core.errors import Problem, ProblemCollector, UserError
 from jobs.recipes.schema import Recipe
 
 RECIPES_DIR = Path(__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""Bad-input errors for the in-job runtime, shaped like `infra.errors` (which the runtime
+"""Bad-input errors for the in-job runtime, shaped like `core.errors` (which the runtime
 cannot import: it ships alone into the training image).
 
 A `RuntimeInputError` holds every `RuntimeProblem` found in one input (an environment
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 EXIT_USAGE = 2
-"""Exit status for bad input, as in `infra.errors` and argparse."""
+"""Exit status for bad input, as in `core.errors` and argparse."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The VM size's facts inside the job, read from AMLHPC_SKU_JSON.
 
 Shape: the job builder serialises the catalog record as it is,
-`json.dumps(dataclasses.asdict(infra.skus.get(name)))`, so every key keeps its
-`infra/skus.py` name and unit. The runtime reads this subset (others are ignored, so the
+`json.dumps(dataclasses.asdict(core.skus.get(name)))`, so every key keeps its
+`core/skus.py` name and unit. The runtime reads this subset (others are ignored, so the
 catalog can grow without breaking running images):
 
     {"name": "Standard_ND96asr_v4",            required, str
@@ -35,7 +35,7 @@ from typing import Any
 from jobs.runtime.contract import SKU_JSON
 from jobs.runtime.errors import RuntimeInputError, RuntimeProblem, load_json_object
 
-_FIX = "the job builder sets it from infra/skus.py: json.dumps(dataclasses.asdict(sku)); resubmit the job, or correct the value by hand"
+_FIX = "the job builder sets it from core/catalog/skus.toml: json.dumps(dataclasses.asdict(sku)); resubmit the job, or correct the value by hand"
 
 
 @dataclass(frozen=True)

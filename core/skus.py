@@ -1,0 +1,249 @@
+"""The hardware catalog: the Azure GPU VM sizes aml-hpc supports, as frozen records.
+
+The facts live as data in `core/catalog/skus.toml`, each figure with its source; this
+module reads that file once and offers pure lookups. infra uses it for validation, quota
+and cost; jobs for processes per node, NCCL tuning, pinning and health thresholds; images
+for the topology files. No Pulumi, no Azure SDK. Field names carry their unit.
+
+A catalog entry with a key this module does not know, a missing key or a source id that
+is not in `[sources]` fails at load with the entry and key named: a typo in the data
+never passes silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+CATALOG_FILE = Path(__file__).resolve().parent / "catalog" / "skus.toml"
+
+InfinibandGeneration = Literal["FDR", "EDR", "HDR", "NDR"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a figure comes from: a public document and the date it was read or published."""
+
+    id: str
+    title: str
+    url: str
+    as_of: str
+
+    def cite(self) -> str:
+        return f"{self.title} ({self.as_of})"
+
+
+@dataclass(frozen=True)
+class NumaDomain:
+    """One NUMA domain: its CPUs (a Linux cpulist, e.g. "0-23") and the GPUs attached to it."""
+
+    node: int
+    cpulist: str
+    gpu_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HealthThresholds:
+    """Pass marks for node health checks; a check passes when measured >= the value.
+
+    None means no published figure: the check still runs and reports, but cannot fail
+    on that size.
+    """
+
+    h2d_gbytes_per_s_min: float | None = None
+    """Host-to-device copy from pinned memory, per GPU, GB/s."""
+    d2h_gbytes_per_s_min: float | None = None
+    """Device-to-host copy into pinned memory, per GPU, GB/s."""
+    nccl_allreduce_busbw_gbytes_per_s_min: float | None = None
+    """Single-node NCCL all-reduce bus bandwidth (algbw x 2(n-1)/n), GB/s."""
+    nccl_allreduce_message_bytes: int = 1 << 30
+    """Message size the all-reduce figure was published for."""
+    ib_write_gbits_per_s_per_hca_min: float | None = None
+    """GPUDirect RDMA write bandwidth per HCA, Gb/s."""
+    gemm_fraction_of_peak_min: float = 0.6
+    """Dense GEMM throughput must reach this fraction of `Sku.gpu_peak_dense_tflops`."""
+    nccl_multinode_busbw_gbytes_per_s: tuple[float, float, float] | None = None
+    """Multi-node all-reduce (expected, warn below, fail below), GB/s."""
+    source: str = ""
+    """Source id (catalog [sources]) of these pass marks."""
+
+
+@dataclass(frozen=True)
+class Price:
+    """A reference on-demand price. Real bills differ: negotiated rates, low priority."""
+
+    usd_per_hour: float
+    region: str
+    as_of: str
+    source: str
+    """Source id (catalog [sources]), or a free text for prices that come from a stack."""
+
+
+@dataclass(frozen=True)
+class Sku:
+    """One Azure VM size. Immutable; look it up with `get()`."""
+
+    name: str
+    series: str
+    quota_family: str
+    """Compute usage name that bounds dedicated vCPUs (low priority uses `lowPriorityCores`)."""
+    facts_source: str
+    """Source id of the size's hardware description."""
+    vcpus: int
+    memory_gib: int
+    temp_disk_gib: int
+    gpus: int
+    gpu_model: str
+    gpu_memory_gib: int
+    gpu_peak_dense_tflops: float
+    """Per GPU, dense tensor-core rate for `gpu_gemm_dtype` (no sparsity)."""
+    gpu_gemm_dtype: Literal["bf16", "fp16"]
+    """The fastest 16-bit type the GPU has tensor cores for (V100 has no bf16)."""
+    gpu_memory_gbytes_per_s: float
+    ib_hcas: int
+    """InfiniBand host channel adapters per node; 0 when the size has no InfiniBand."""
+    ib_gbits_per_s_per_hca: int
+    nvme_devices: int
+    """Local NVMe devices that can be striped into one RAID0 scratch volume."""
+    nvme_total_gib: int
+    storage_nic_gbits_per_s: float
+    """What one node pulls from Blob in practice (not the NIC's nominal rate)."""
+    health: HealthThresholds
+    price: Price | None = None
+    ib_generation: InfinibandGeneration | None = None
+    numa: tuple[NumaDomain, ...] | None = None
+    """GPU-to-NUMA layout where it is published; runtime derives it from sysfs first."""
+    nccl_topo_file: str | None = None
+    """File name of the NCCL topology the size needs inside containers, if any."""
+    notes: str = ""
+
+    @property
+    def infiniband(self) -> bool:
+        return self.ib_hcas > 0
+
+    @property
+    def ib_gbits_per_s_per_gpu(self) -> float:
+        """InfiniBand bandwidth available to each GPU, Gb/s (0 without InfiniBand)."""
+        return self.ib_hcas * self.ib_gbits_per_s_per_hca / self.gpus if self.gpus else 0.0
+
+    @property
+    def gpu_order(self) -> tuple[int, ...] | None:
+        """CUDA_VISIBLE_DEVICES order that walks NUMA domains in order, or None if unknown."""
+        if self.numa is None:
+            return None
+        return tuple(g for domain in sorted(self.numa, key=lambda d: d.node) for g in domain.gpu_ids)
+
+
+@dataclass(frozen=True)
+class StorageAccountLimits:
+    """Standard general-purpose v2 account throughput limits, Gb/s."""
+
+    egress_gbits_per_s_default: float
+    egress_gbits_per_s_large_region: float
+    ingress_gbits_per_s_default: float
+    ingress_gbits_per_s_large_region: float
+    source: str
+
+
+class CatalogError(ValueError):
+    """The catalog data file is malformed: names the entry and the key."""
+
+
+def _record(cls: type, data: dict[str, Any], where: str, **nested: Any) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise CatalogError(f"{CATALOG_FILE.name}: {where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    values.update(nested)
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a required key is missing
+        raise CatalogError(f"{CATALOG_FILE.name}: {where}: {exc}") from None
+
+
+def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccountLimits]:
+    document = tomllib.loads(path.read_text())
+    sources = {key: _record(Source, {"id": key, **value}, f"sources.{key}")
+               for key, value in document.get("sources", {}).items()}
+
+    def cited(source_id: str, where: str) -> str:
+        if source_id not in sources:
+            raise CatalogError(f"{path.name}: {where}: source {source_id!r} is not in [sources] ({', '.join(sorted(sources))})")
+        return source_id
+
+    catalog: dict[str, Sku] = {}
+    for i, entry in enumerate(document.get("sku", [])):
+        entry = dict(entry)
+        where = f"sku[{i}] ({entry.get('name', '?')})"
+        health = _record(HealthThresholds, entry.pop("health", {}), f"{where}.health")
+        cited(health.source, f"{where}.health.source")
+        price = entry.pop("price", None)
+        if price is not None:
+            price = _record(Price, price, f"{where}.price")
+            cited(price.source, f"{where}.price.source")
+        numa = entry.pop("numa", None)
+        numa_domains = tuple(_record(NumaDomain, d, f"{where}.numa[{j}]") for j, d in enumerate(numa)) if numa else None
+        sku = _record(Sku, entry, where, health=health, price=price, numa=numa_domains)
+        cited(sku.facts_source, f"{where}.facts_source")
+        if sku.name in catalog:
+            raise CatalogError(f"{path.name}: {where}: duplicate size {sku.name}")
+        catalog[sku.name] = sku
+    storage = _record(StorageAccountLimits, document.get("storage_account", {}), "storage_account")
+    cited(storage.source, "storage_account.source")
+    return catalog, sources, storage
+
+
+_catalog, _sources, STORAGE_ACCOUNT = _load(CATALOG_FILE)
+
+CATALOG: MappingProxyType[str, Sku] = MappingProxyType(_catalog)
+"""Every supported size by its exact Azure name."""
+
+SOURCES: MappingProxyType[str, Source] = MappingProxyType(_sources)
+"""Every source the catalog cites, by id."""
+
+
+def cite(source_id: str) -> str:
+    """A readable citation for a catalog source id (the id itself when it is free text)."""
+    source = SOURCES.get(source_id)
+    return source.cite() if source else source_id
+
+
+class UnknownSkuError(KeyError):
+    """An unknown VM size; carries near matches for the message."""
+
+    def __init__(self, name: str, suggestions: list[str]):
+        super().__init__(name)
+        self.name = name
+        self.suggestions = suggestions
+
+    def __str__(self) -> str:
+        hint = f" (did you mean {' or '.join(self.suggestions)}?)" if self.suggestions else ""
+        return f"unknown VM size {self.name!r}{hint}"
+
+
+def names() -> list[str]:
+    """All supported size names, sorted."""
+    return sorted(CATALOG)
+
+
+def suggest(name: str, n: int = 2) -> list[str]:
+    """Near matches for a mistyped size name, case-insensitively."""
+    lowered = {k.lower(): k for k in CATALOG}
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.6)
+    return [lowered[h] for h in hits]
+
+
+def get(name: str) -> Sku:
+    """The size called `name` (exact Azure spelling; case-insensitive fallback)."""
+    sku = CATALOG.get(name)
+    if sku is None:
+        for key, value in CATALOG.items():
+            if key.lower() == name.lower():
+                return value
+        raise UnknownSkuError(name, suggest(name))
+    return sku
