@@ -132,18 +132,84 @@ def pick_cluster(recipe: Recipe, outputs: StackOutputs, requested: str | None) -
     return (infiniband or names)[0]
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """Where and how wide the job runs."""
+
+    cluster: str
+    sku: skus.Sku
+    priority: str
+    nodes: int
+    processes_per_node: int
+
+
+class _EnvBuilder:
+    """Environment variables with the reason each one is set (shown by --dry-run)."""
+
+    def __init__(self, env: dict[str, str], reasons: dict[str, str]):
+        self.env, self.reasons = dict(env), dict(reasons)
+
+    def put(self, key: str, value: str, why: str) -> None:
+        self.env[key] = value
+        self.reasons[key] = why
+
+
 def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = None, nodes: int | None = None,
              processes_per_node: int | None = None, allow_tcp: bool = False, hours: float | None = None,
              name: str | None = None, resume: str | None = None, extra_tags: dict[str, str] | None = None,
              now: datetime | None = None, root: Path = REPO_ROOT) -> JobPlan:
     """Plan the job; every bad input is collected and raised as one UserError."""
     reference = f"jobs/recipes/{recipe.name}.yaml"
+    found = ProblemCollector(reference, f"cannot build job {recipe.name!r} for stack {outputs.stack!r}")
+    shape = _shape(recipe, outputs, cluster, nodes, processes_per_node, found)
+    tuning.check_multi_node(shape.sku, shape.nodes, shape.cluster, allow_tcp, reference)
+
+    environment = _environment(recipe, outputs, found)
+    code_dirs = _code_dirs(recipe, root, found)
+    aml_inputs, staged, input_env, shared_dirs = _inputs(recipe, outputs, found)
+    outs = _outputs(recipe, outputs, found)
+    found.raise_if_any()
+
+    run_name = name or job_name(recipe.name, now)
+    run_key = resume or run_name
+    tuned = tuning.tune(shape.sku, shape.nodes, recipe.distribution, recipe.env, recipe.pin)
+    warnings = list(tuned.warnings)
+    env = _EnvBuilder(tuned.env, tuned.reasons)
+    _runtime_variables(env, recipe, outputs, shape, staged, shared_dirs)
+    _checkpoint_variables(env, recipe, outputs, shape, run_key, warnings)
+    memory = _deepspeed(env, recipe, shape, environment, warnings)
+
+    est = cost_mod.estimate(shape.sku.name, shape.nodes, hours or recipe.cost.expected_hours, outputs.stack_prices(),
+                            shape.priority)
+    timeout_h = recipe.timeout_hours or max(1.0, 2 * (hours or recipe.cost.expected_hours))
+    tags = _tags(recipe, outputs, shape, est, run_key, extra_tags)
+    return JobPlan(
+        name=run_name, recipe=recipe.name, stack=outputs.stack, experiment=recipe.experiment or recipe.name,
+        display_name=f"{recipe.name} {shape.nodes}x{shape.sku.name.removeprefix('Standard_')}",
+        command=_command(recipe, input_env), training_command=" ".join(recipe.command.split()),
+        distribution=AML_DISTRIBUTION[recipe.distribution], recipe_distribution=recipe.distribution,
+        instance_count=shape.nodes, processes_per_node=shape.processes_per_node, cluster=shape.cluster,
+        sku=shape.sku.name, priority=shape.priority, environment=environment, environment_variables=env.env,
+        env_reasons=env.reasons, inputs=aml_inputs, staged_inputs=staged, outputs=outs, services=_services(recipe),
+        shm_size=recipe.shm_size, docker_args=" ".join(f"-v {d}:{d}" for d in shared_dirs) or None,
+        code_dirs=tuple(code_dirs), tags=tags, timeout_s=int(timeout_h * 3600),
+        identity_client_id=outputs.identity.client_id, estimate=est, deepspeed=memory, warnings=warnings,
+    )
+
+
+def _shape(recipe: Recipe, outputs: StackOutputs, cluster: str | None, nodes: int | None,
+           processes_per_node: int | None, found: ProblemCollector) -> _Shape:
+    """Cluster, size, node count and processes per node, checked against the cluster and catalog."""
     cluster_name = pick_cluster(recipe, outputs, cluster)
     target = outputs.clusters[cluster_name]
-    sku = skus.get(target.sku)
-    found = ProblemCollector(reference, f"cannot build job {recipe.name!r} for stack {outputs.stack!r}")
-    warnings: list[str] = []
-
+    try:
+        sku = skus.get(target.sku)
+    except skus.UnknownSkuError as exc:
+        raise UserError([Problem(f"stack {outputs.stack!r} outputs", f"clusters.{cluster_name}.sku",
+                                 f"unknown VM size {target.sku!r}" + (f" (did you mean {' or '.join(exc.suggestions)}?)"
+                                                                      if exc.suggestions else ""),
+                                 f"this checkout's catalog knows {', '.join(skus.names())}: update the checkout, "
+                                 "or redeploy the stack with a size it knows")], "unknown VM size") from None
     node_count = nodes if nodes is not None else recipe.nodes
     if node_count < 1:
         found.add("nodes", f"{node_count} nodes", "pass --nodes 1 or more")
@@ -155,96 +221,85 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
         found.add("processes_per_node", f"{ppn} processes per node but {sku.name} has {sku.gpus} GPU{'s' if sku.gpus != 1 else ''}",
                   f"use at most {sku.gpus} (one process per GPU): --set processes_per_node={sku.gpus}")
     found.raise_if_any()
-    tuning.check_multi_node(sku, node_count, cluster_name, allow_tcp, reference)
+    return _Shape(cluster_name, sku, target.priority, node_count, ppn)
 
-    environment = _environment(recipe, outputs, found)
-    code_dirs = _code_dirs(recipe, root, found)
-    aml_inputs, staged, input_env, shared_dirs = _inputs(recipe, outputs, found)
-    outs = _outputs(recipe, outputs, found)
-    found.raise_if_any()
 
-    run_name = name or job_name(recipe.name, now)
-    tuned = tuning.tune(sku, node_count, recipe.distribution, recipe.env, recipe.pin)
-    warnings.extend(tuned.warnings)
-    env = dict(tuned.env)
-    reasons = dict(tuned.reasons)
-
-    def put(key: str, value: str, why: str) -> None:
-        env[key] = value
-        reasons[key] = why
-
+def _runtime_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutputs, shape: _Shape,
+                       staged: list[dict[str, Any]], shared_dirs: list[str]) -> None:
+    """What the in-job launcher reads (jobs/runtime/contract.py)."""
     if recipe.distribution in ("pytorch", "deepspeed"):
         # Azure ML's pytorch launcher sets RANK/LOCAL_RANK/WORLD_SIZE; the local size lets
         # every process find its node (rank // local size) without guessing.
-        put("LOCAL_WORLD_SIZE", str(ppn), "processes per node, for node-local staging and barriers")
-    put(contract.HEALTH, recipe.health, "health gate before training (recipe: health)")
-    put(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR, "per-node JSON reports, uploaded with outputs/")
-    put("AZURE_CLIENT_ID", outputs.identity.client_id, "the cluster's managed identity for Blob access from the node")
+        env.put("LOCAL_WORLD_SIZE", str(shape.processes_per_node), "processes per node, for node-local staging and barriers")
+    env.put(contract.HEALTH, recipe.health, "health gate before training (recipe: health)")
+    env.put(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR, "per-node JSON reports, uploaded with outputs/")
+    env.put("AZURE_CLIENT_ID", outputs.identity.client_id, "the cluster's managed identity for Blob access from the node")
     if staged:
-        put(contract.STAGE_JSON, json.dumps(staged, separators=(",", ":")), "inputs the launcher stages from Blob")
+        env.put(contract.STAGE_JSON, json.dumps(staged, separators=(",", ":")), "inputs the launcher stages from Blob")
     if shared_dirs:
-        put(contract.SHARED_DIR, shared_dirs[0], "BeeOND mount for placement: shared")
-    world = node_count * ppn
-    run_key = resume or run_name
-    if recipe.checkpoint.enabled:
-        # One process per node uploads (jobs/runtime/checkpoint.py), so the cap is per node and
-        # the writers that share the account's ingress are nodes, not ranks.
-        writers = 1 if recipe.checkpoint_writers == "rank0" else node_count
-        cap = recipe.checkpoint.cap_mbps or max(1, int(outputs.storage.ingress_gbps * 1000 * CHECKPOINT_INGRESS_SHARE / writers))
-        put(contract.CHECKPOINT_JSON, json.dumps({
-            "account_url": outputs.storage.blob_endpoint, "container": outputs.storage.containers["checkpoints"],
-            "prefix": f"{recipe.name}/{run_key}", "keep": recipe.checkpoint.keep, "cap_mbps": cap,
-            "interval_s": recipe.checkpoint.interval_s, "writers": recipe.checkpoint_writers,
-            "ingress_gbps": outputs.storage.ingress_gbps}, separators=(",", ":")),
-            f"checkpoints to Blob: {writers} writer(s) x {cap} Mb/s under {CHECKPOINT_INGRESS_SHARE:.0%} of "
-            f"{outputs.storage.ingress_gbps:g} Gb/s ingress (seed 003)")
-    elif target.priority == "LowPriority":
-        warnings.append(f"cluster {cluster_name!r} is low priority and checkpoints are off: a preempted job fails and starts over")
+        env.put(contract.SHARED_DIR, shared_dirs[0], "BeeOND mount for placement: shared")
     if recipe.profiling.enabled:
-        put(workload_env.PROFILE_DIR, recipe.profiling.dir, "PyTorch profiler traces for TensorBoard (recipe: profiling)")
+        env.put(workload_env.PROFILE_DIR, recipe.profiling.dir, "PyTorch profiler traces for TensorBoard (recipe: profiling)")
 
-    memory = None
-    if recipe.deepspeed is not None and recipe.distribution == "deepspeed":
-        memory = ds_mod.plan_memory(recipe.deepspeed, sku, world)
-        if not memory.fits:
-            warnings.append(f"DeepSpeed memory estimate {memory.total_gib:,.1f} GiB per GPU exceeds {memory.usable_gib:,.1f} GiB "
-                            "even with offload: add nodes, enable deepspeed.activation_checkpointing or lower deepspeed.micro_batch")
-        tb_dir = recipe.services.tensorboard.log_dir if recipe.services.tensorboard else "outputs/tensorboard"
-        plan = {"config": ds_mod.ds_config(recipe.deepspeed, sku, memory, tensorboard_dir=tb_dir, job_name=recipe.name),
-                "memory": memory.to_json(), "model": recipe.deepspeed.model.model_dump(),
-                "autotune": ds_mod.autotune_space(recipe.deepspeed, sku, world) if recipe.deepspeed.autotune else None,
-                "ort": recipe.deepspeed.ort}
-        put(workload_env.DEEPSPEED_JSON, json.dumps(plan, separators=(",", ":")),
+
+def _checkpoint_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutputs, shape: _Shape, run_key: str,
+                          warnings: list[str]) -> None:
+    if not recipe.checkpoint.enabled:
+        if shape.priority == "LowPriority":
+            warnings.append(f"cluster {shape.cluster!r} is low priority and checkpoints are off: a preempted job fails and starts over")
+        return
+    # One process per node uploads (jobs/runtime/checkpoint.py), so the cap is per node and
+    # the writers that share the account's ingress are nodes, not ranks.
+    writers = 1 if recipe.checkpoint_writers == "rank0" else shape.nodes
+    cap = recipe.checkpoint.cap_mbps or max(1, int(outputs.storage.ingress_gbps * 1000 * CHECKPOINT_INGRESS_SHARE / writers))
+    env.put(contract.CHECKPOINT_JSON, json.dumps({
+        "account_url": outputs.storage.blob_endpoint, "container": outputs.storage.containers["checkpoints"],
+        "prefix": f"{recipe.name}/{run_key}", "keep": recipe.checkpoint.keep, "cap_mbps": cap,
+        "interval_s": recipe.checkpoint.interval_s, "writers": recipe.checkpoint_writers,
+        "ingress_gbps": outputs.storage.ingress_gbps}, separators=(",", ":")),
+        f"checkpoints to Blob: {writers} writer(s) x {cap} Mb/s under {CHECKPOINT_INGRESS_SHARE:.0%} of "
+        f"{outputs.storage.ingress_gbps:g} Gb/s ingress")
+
+
+def _deepspeed(env: _EnvBuilder, recipe: Recipe, shape: _Shape, environment: dict[str, str],
+               warnings: list[str]) -> ds_mod.MemoryPlan | None:
+    if recipe.deepspeed is None or recipe.distribution != "deepspeed":
+        return None
+    world = shape.nodes * shape.processes_per_node
+    memory = ds_mod.plan_memory(recipe.deepspeed, shape.sku, world)
+    if not memory.fits:
+        warnings.append(f"DeepSpeed memory estimate {memory.total_gib:,.1f} GiB per GPU exceeds {memory.usable_gib:,.1f} GiB "
+                        "even with offload: add nodes, enable deepspeed.activation_checkpointing or lower deepspeed.micro_batch")
+    tb_dir = recipe.services.tensorboard.log_dir if recipe.services.tensorboard else "outputs/tensorboard"
+    plan = {"config": ds_mod.ds_config(recipe.deepspeed, shape.sku, memory, tensorboard_dir=tb_dir, job_name=recipe.name),
+            "memory": memory.to_json(), "model": recipe.deepspeed.model.model_dump(),
+            "autotune": ds_mod.autotune_space(recipe.deepspeed, shape.sku, world) if recipe.deepspeed.autotune else None,
+            "ort": recipe.deepspeed.ort}
+    env.put(workload_env.DEEPSPEED_JSON, json.dumps(plan, separators=(",", ":")),
             f"ds_config: ZeRO {memory.stage}{' + CPU offload' if memory.offload else ''} ({'; '.join(memory.reasons)})")
-        if recipe.deepspeed.ort and "acpt" not in json.dumps(environment).lower():
-            warnings.append("deepspeed.ort needs onnxruntime-training in the image (Azure's ACPT images have it); "
-                            "the job stops at start with a clear message if it is missing")
+    if recipe.deepspeed.ort and "acpt" not in json.dumps(environment).lower():
+        warnings.append("deepspeed.ort needs onnxruntime-training in the image (Azure's ACPT images have it); "
+                        "the job stops at start with a clear message if it is missing")
+    return memory
 
-    est = cost_mod.estimate(sku.name, node_count, hours or recipe.cost.expected_hours, outputs.stack_prices(), target.priority)
-    timeout_h = recipe.timeout_hours or max(1.0, 2 * (hours or recipe.cost.expected_hours))
 
+def _command(recipe: Recipe, input_env: dict[str, str]) -> str:
+    """What every process runs: the launcher around the recipe's command (and its prepare step)."""
     launch = ("python -m jobs.runtime.launch " + ("--max-clocks " if recipe.max_clocks else "")
               + "-- " + " ".join(recipe.command.split()))
     if input_env:
         launch = "env " + " ".join(f"{k}={v}" for k, v in input_env.items()) + " " + launch
-    command = _with_prepare(recipe.prepare, launch) if recipe.prepare else launch
+    return _with_prepare(recipe.prepare, launch) if recipe.prepare else launch
 
-    tags = {"recipe": recipe.name, "stack": outputs.stack, "cluster": cluster_name, "sku": sku.name,
-            "nodes": str(node_count), "processes_per_node": str(ppn), "distribution": recipe.distribution,
-            "estimated_usd": f"{est.usd:.2f}", "checkpoint_prefix": f"{recipe.name}/{run_key}" if recipe.checkpoint.enabled else "",
-            **recipe.tags, **(extra_tags or {})}
-    return JobPlan(
-        name=run_name, recipe=recipe.name, stack=outputs.stack, experiment=recipe.experiment or recipe.name,
-        display_name=f"{recipe.name} {node_count}x{sku.name.removeprefix('Standard_')}",
-        command=command, training_command=" ".join(recipe.command.split()),
-        distribution=AML_DISTRIBUTION[recipe.distribution], recipe_distribution=recipe.distribution,
-        instance_count=node_count, processes_per_node=ppn, cluster=cluster_name, sku=sku.name, priority=target.priority,
-        environment=environment, environment_variables=env, env_reasons=reasons, inputs=aml_inputs, staged_inputs=staged,
-        outputs=outs, services=_services(recipe), shm_size=recipe.shm_size,
-        docker_args=" ".join(f"-v {d}:{d}" for d in shared_dirs) or None,
-        code_dirs=tuple(code_dirs), tags={k: v for k, v in tags.items() if v != ""}, timeout_s=int(timeout_h * 3600),
-        identity_client_id=outputs.identity.client_id, estimate=est, deepspeed=memory, warnings=warnings,
-    )
+
+def _tags(recipe: Recipe, outputs: StackOutputs, shape: _Shape, est: cost_mod.Estimate, run_key: str,
+          extra: dict[str, str] | None) -> dict[str, str]:
+    tags = {"recipe": recipe.name, "stack": outputs.stack, "cluster": shape.cluster, "sku": shape.sku.name,
+            "nodes": str(shape.nodes), "processes_per_node": str(shape.processes_per_node),
+            "distribution": recipe.distribution, "estimated_usd": f"{est.usd:.2f}",
+            "checkpoint_prefix": f"{recipe.name}/{run_key}" if recipe.checkpoint.enabled else "",
+            **recipe.tags, **(extra or {})}
+    return {k: v for k, v in tags.items() if v != ""}
 
 
 def _environment(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector) -> dict[str, str]:
@@ -401,17 +456,20 @@ def snapshot(code_dirs: tuple[str, ...] | list[str], root: Path = REPO_ROOT, des
 
 
 def to_command_job(plan: JobPlan, code_path: str | Path):
-    """The Azure ML Command for a plan (code_path: the snapshot folder to upload)."""
+    """The Azure ML CommandJob for a plan (code_path: the snapshot folder to upload), built from
+    azure-ai-ml's public entities only."""
     from azure.ai.ml import (
         Input,
         MpiDistribution,
         Output,
         PyTorchDistribution,
         TensorFlowDistribution,
-        command,
     )
     from azure.ai.ml.entities import (
+        CommandJob,
+        CommandJobLimits,
         Environment,
+        JobResourceConfiguration,
         JupyterLabJobService,
         ManagedIdentityConfiguration,
         TensorBoardJobService,
@@ -430,7 +488,7 @@ def to_command_job(plan: JobPlan, code_path: str | Path):
     for key, spec in plan.services.items():
         kwargs = {k: v for k, v in spec.items() if k != "type"}
         services[key] = service_types[spec["type"]](**kwargs)
-    job = command(
+    return CommandJob(
         name=plan.name,
         display_name=plan.display_name,
         experiment_name=plan.experiment,
@@ -441,24 +499,26 @@ def to_command_job(plan: JobPlan, code_path: str | Path):
         environment=environment,
         environment_variables=dict(plan.environment_variables),
         compute=plan.cluster,
-        instance_count=plan.instance_count,
+        resources=JobResourceConfiguration(instance_count=plan.instance_count, shm_size=plan.shm_size,
+                                           docker_args=plan.docker_args),
         distribution=distribution,
         inputs={k: Input(type=v["type"], path=v["path"], mode=v["mode"]) for k, v in plan.inputs.items()},
         outputs={k: Output(type=v["type"], path=v["path"], mode=v["mode"]) for k, v in plan.outputs.items()},
-        shm_size=plan.shm_size,
         services=services or None,
         identity=ManagedIdentityConfiguration(client_id=plan.identity_client_id),
-        timeout=plan.timeout_s,
+        limits=CommandJobLimits(timeout=plan.timeout_s),
     )
-    if plan.docker_args:
-        job.resources.docker_args = plan.docker_args
-    return job
 
 
 def to_job_dict(plan: JobPlan, code_path: str | Path) -> dict[str, Any]:
-    """The job as Azure ML's command-job YAML document (plain dict)."""
-    entity = to_command_job(plan, code_path)._to_job()
-    document = json.loads(json.dumps(entity._to_dict()))
+    """The job as Azure ML's command-job YAML document (plain dict), as the SDK's own `dump` writes it."""
+    import io
+
+    import yaml
+
+    stream = io.StringIO()
+    to_command_job(plan, code_path).dump(stream)
+    document = yaml.safe_load(stream.getvalue())
     if "image" in plan.environment:
         # an inline image environment; the SDK's anonymous name/version is derived on submit
         document["environment"] = {"image": plan.environment["image"]}

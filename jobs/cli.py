@@ -1,49 +1,39 @@
 """`python -m jobs`: recipes -> Azure ML jobs. Thin: parse, call, print.
 
 Bad input (recipe, flags, stack outputs) prints one error block and exits 2; nothing is
-submitted. `--debug` shows the traceback instead. Which value wins when several set the
-same thing: a command-line flag beats `--set`, `--set` beats the recipe file, the recipe
-beats the stack's defaults (e.g. --nodes > --set nodes= > recipe nodes).
+submitted. `--debug` shows the traceback instead. Shared options and which value wins
+when several set the same thing: jobs/cli_options.py.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from core.errors import Problem, UserError, exit_on_bad_input
+from core.errors import Problem, UserError
+from jobs.cli_options import (
+    AllowTcp,
+    ClusterOpt,
+    Debug,
+    JobName,
+    NodesOpt,
+    Offline,
+    OutputsFile,
+    SetOpt,
+    Stack,
+    err,
+    guard,
+    load_outputs,
+    out,
+)
 
 app = typer.Typer(help="Submit and manage aml-hpc training jobs on Azure ML.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
-out = Console()
-err = Console(stderr=True)
-
-Stack = Annotated[str, typer.Option("--stack", help="Stack whose outputs name the workspace, clusters and storage.")]
-Offline = Annotated[bool, typer.Option("--offline", help="Use the offline plan of Pulumi.<stack>.yaml instead of the deployed stack.")]
-OutputsFile = Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file (`pulumi stack output --json`); wins over the deployed stack.")]
-Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of the short error block.")]
-ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster to run on; wins over the recipe's `cluster` (default: the stack's first InfiniBand cluster).")]
-NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Nodes; wins over --set nodes= and the recipe's `nodes`.")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key, e.g. --set inputs.cosmoflow.mode=download; wins over the recipe file.")]
-AllowTcp = Annotated[bool, typer.Option("--allow-tcp", help="Allow several nodes of a size without InfiniBand (TCP only, scales badly).")]
-
-
-def _guard(debug: bool, body: Callable[[], Any]) -> Any:
-    with exit_on_bad_input(debug):
-        return body()
-
-
-def _outputs(stack: str, offline: bool, outputs_file: Path | None):
-    from jobs import outputs
-
-    return outputs.load(stack, outputs_file=outputs_file, offline=offline).outputs
 
 
 def _plan(recipe_name: str, stack: str, offline: bool, outputs_file: Path | None, cluster: str | None,
@@ -52,7 +42,7 @@ def _plan(recipe_name: str, stack: str, offline: bool, outputs_file: Path | None
 
     overrides = recipes.parse_overrides(sets or [])
     recipe = recipes.load(recipe_name, overrides)
-    stack_outputs = _outputs(stack, offline, outputs_file)
+    stack_outputs = load_outputs(stack, offline, outputs_file)
     plan = build.plan_job(recipe, stack_outputs, cluster=cluster, nodes=nodes, allow_tcp=allow_tcp, hours=hours, **kwargs)
     return recipe, stack_outputs, plan
 
@@ -125,7 +115,7 @@ def submit(
         client = submitter.connect(stack_outputs)
         submitter.submit(client, plan, code, follow=follow, echo=out.print)
 
-    _guard(debug, body)
+    guard(debug, body)
 
 
 @app.command()
@@ -159,7 +149,7 @@ def estimate(
         if plan.deepspeed is not None:
             out.print_json(json.dumps(plan.deepspeed.to_json()))
 
-    _guard(debug, body)
+    guard(debug, body)
 
 
 @app.command()
@@ -183,7 +173,7 @@ def quota(
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
         else:
-            stack_outputs = _outputs(stack, offline, outputs_file)
+            stack_outputs = load_outputs(stack, offline, outputs_file)
             requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
         client = submitter.connect(stack_outputs)
         lines = submitter.quota(client, stack_outputs, requests)
@@ -198,75 +188,68 @@ def quota(
         if short:
             raise typer.Exit(1)
 
-    _guard(debug, body)
+    guard(debug, body)
 
 
 def _n(value: int | None) -> str:
     return "?" if value is None else str(value)
 
 
-def _client(stack: str, offline: bool, outputs_file: Path | None):
-    from jobs import submit as submitter
+def _on_job(stack: str, offline: bool, outputs_file: Path | None, debug: bool, action) -> None:
+    """Connect to the stack's workspace and run `action(submit module, MLClient, outputs)`."""
 
-    stack_outputs = _outputs(stack, offline, outputs_file)
-    return submitter, submitter.connect(stack_outputs), stack_outputs
+    def body() -> None:
+        from jobs import submit as submitter
+
+        stack_outputs = load_outputs(stack, offline, outputs_file)
+        action(submitter, submitter.connect(stack_outputs), stack_outputs)
+
+    guard(debug, body)
 
 
 @app.command()
-def status(job: Annotated[str, typer.Argument(help="Job name, as printed by submit.")], stack: Stack,
-           offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
     """Status of a job."""
 
-    def body() -> None:
-        submitter, client, o = _client(stack, offline, outputs_file)
-        info = submitter.status(client, job, o.workspace)
+    def show(submitter, client, o) -> None:
         table = Table(show_header=False)
-        for key, value in info.items():
+        for key, value in submitter.status(client, job, o.workspace).items():
             table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
         out.print(table)
 
-    _guard(debug, body)
+    _on_job(stack, offline, outputs_file, debug, show)
 
 
 @app.command()
-def stream(job: Annotated[str, typer.Argument(help="Job name.")], stack: Stack,
-           offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+def stream(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
     """Follow a job's logs until it ends."""
-
-    def body() -> None:
-        submitter, client, o = _client(stack, offline, outputs_file)
-        submitter.stream(client, job, o.workspace)
-
-    _guard(debug, body)
+    _on_job(stack, offline, outputs_file, debug, lambda submitter, client, o: submitter.stream(client, job, o.workspace))
 
 
 @app.command()
-def cancel(job: Annotated[str, typer.Argument(help="Job name.")], stack: Stack,
-           offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
     """Cancel a job (waits until Azure ML accepted the cancellation)."""
 
-    def body() -> None:
-        submitter, client, o = _client(stack, offline, outputs_file)
+    def cancel_it(submitter, client, o) -> None:
         submitter.cancel(client, job, o.workspace)
         out.print(f"cancelled {job}")
 
-    _guard(debug, body)
+    _on_job(stack, offline, outputs_file, debug, cancel_it)
 
 
 @app.command()
-def download(job: Annotated[str, typer.Argument(help="Job name.")], stack: Stack,
-             path: Annotated[Path, typer.Option("--path", help="Folder to download into (default ./downloads/JOB).")] = None,  # type: ignore[assignment]
+def download(job: JobName, stack: Stack,
+             path: Annotated[Path | None, typer.Option("--path", help="Folder to download into (default ./downloads/JOB).")] = None,
              output: Annotated[str | None, typer.Option("--output", help="A named output (default: the job's outputs/ folder and logs).")] = None,
              everything: Annotated[bool, typer.Option("--all", help="Every output and the logs.")] = False,
              offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
     """Download a job's outputs."""
 
-    def body() -> None:
-        submitter, client, o = _client(stack, offline, outputs_file)
+    def fetch(submitter, client, o) -> None:
         target = submitter.download(client, job, o.workspace, path or Path("downloads") / job, output, everything)
         out.print(f"downloaded {job} to {target}")
 
-    _guard(debug, body)
+    _on_job(stack, offline, outputs_file, debug, fetch)
 
 
 @app.command()
@@ -291,7 +274,7 @@ def scale(
         from jobs import submit as submitter
 
         r = recipes.load(recipe, recipes.parse_overrides(sets or []))
-        stack_outputs = _outputs(stack, offline, outputs_file)
+        stack_outputs = load_outputs(stack, offline, outputs_file)
         cluster_name = build.pick_cluster(r, stack_outputs, cluster)
         top = max_nodes or stack_outputs.clusters[cluster_name].max_nodes
         study = scaling.study_id(r.name)
@@ -316,7 +299,7 @@ def scale(
             submitter.submit(client, p, code, echo=out.print)
         out.print(f"report when they finish: python -m jobs scale-report {study} --stack {stack}", highlight=False)
 
-    _guard(debug, body)
+    guard(debug, body)
 
 
 @app.command("scale-report")
@@ -324,10 +307,9 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
                  offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
     """Throughput, speedup and scaling efficiency of a finished scaling study."""
 
-    def body() -> None:
+    def report(submitter, client, o) -> None:
         from jobs import scale as scaling
 
-        submitter, client, o = _client(stack, offline, outputs_file)
         rows = []
         for job in submitter.study_jobs(client, study, o.workspace):
             nodes = int((job.tags or {}).get("study_nodes", 0))
@@ -344,7 +326,7 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
                           f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
         out.print(table)
 
-    _guard(debug, body)
+    _on_job(stack, offline, outputs_file, debug, report)
 
 
 def _mount() -> None:

@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from azure.ai.ml.entities import Command
+from azure.ai.ml.entities import CommandJob
 
 from core.errors import UserError
 from jobs import build, recipes, submit
@@ -32,7 +32,7 @@ def test_submit_sends_the_command_job(client, tmp_path):
     printed = []
     created = submit.submit(client, plan, tmp_path, echo=printed.append)
     job = client.jobs.create_or_update.call_args.args[0]
-    assert isinstance(job, Command)
+    assert isinstance(job, CommandJob)
     assert client.jobs.create_or_update.call_args.kwargs == {"experiment_name": "cosmoflow"}
     assert job.distribution.type == "pytorch" and job.distribution.process_count_per_instance == 8
     assert job.resources.instance_count == 2 and job.resources.shm_size == "3100m"

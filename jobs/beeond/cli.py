@@ -24,14 +24,13 @@ from core.errors import Problem, UserError, exit_on_bad_input
 from jobs.beeond import cluster as beeond
 from jobs.beeond import scripts
 from jobs.beeond.ssh import OpenSshRunner, SshRunner, default_key, known_hosts_file
+from jobs.cli_options import Debug, OutputsFile, Stack
 
 app = typer.Typer(help="BeeOND shared scratch across a fixed-size cluster's nodes (seed 000).", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 err = Console(stderr=True)
 
-Stack = Annotated[str, typer.Option("--stack", help="Stack that declares the cluster.")]
 ClusterName = Annotated[str, typer.Option("--cluster", help="Cluster name (a key of the stack output `clusters`).")]
-OutputsFile = Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file; wins over the deployed stack.")]
 Offline = Annotated[bool, typer.Option("--offline", help="Check the cluster against the offline plan (status/start still need the deployed nodes).")]
 SshKey = Annotated[Path | None, typer.Option("--ssh-key", help="Private key matching the cluster's ssh.publicKey (default: ~/.ssh/id_ed25519, id_ecdsa or id_rsa).")]
 Mount = Annotated[str, typer.Option("--mount", help="Mount point of the shared filesystem on every node.")]
@@ -39,7 +38,6 @@ DataDir = Annotated[str, typer.Option("--data-dir", help="Where each node keeps 
 IbInterface = Annotated[str, typer.Option("--ib-interface", help="IPoIB interface whose addresses form the node file.")]
 Address = Annotated[str, typer.Option("--address", help="Reach nodes by their public (default) or private IP.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print the status as JSON on stdout.")]
-Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of the short error block.")]
 
 
 def _ml_client(outputs):

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from core.errors import Problem, UserError
+from jobs.cli_options import guard
 from jobs.runtime import contract
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,6 @@ def run(
     """Run RECIPE on this machine as Azure ML would: N simulated nodes, real launcher, Azurite as Blob."""
     from jobs import build, recipes
     from jobs import outputs as outputs_mod
-    from jobs.cli import _guard
     from jobs.local import rehearsal
 
     def body() -> None:
@@ -136,7 +136,7 @@ def run(
             first = next(code for _, code in sorted(result.exit_codes.items()) if code != 0)
             raise typer.Exit(first)
 
-    _guard(debug, body)
+    guard(debug, body)
 
 
 def summarize(result) -> None:
