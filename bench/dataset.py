@@ -1,13 +1,13 @@
 """A synthetic dataset in CosmoFlow's file naming, compressible like the real volumes.
 
-Names follow the MLPerf HPC CosmoFlow set (seed 000): `univ_ics_2019-03_aXXXXX_YYY.tfrecord`,
+Names follow the MLPerf HPC CosmoFlow set (NAG's CosmoFlow tutorial): `univ_ics_2019-03_aXXXXX_YYY.tfrecord`,
 XXXXX one number per simulated universe, YYY 000-063 within it.
 
 Contents: int16 particle counts, the kind of data CosmoFlow's volumes hold: mostly small
 counts whose typical size drifts through space (voids, filaments, halos). Counts are
 drawn from a geometric distribution whose mean follows a random walk along the volume,
 segment by segment. Gzip then shrinks it about 4.8x with isal and 5.5x with zlib's level
-6, in line with seed 000's 5.1 TB -> 1.1 TB (4.6x); random bytes would not compress at
+6, in line with NAG's CosmoFlow tutorial's 5.1 TB -> 1.1 TB (4.6x); random bytes would not compress at
 all and a constant would compress 1000x, both giving meaningless staging numbers. The
 generator runs at C speed (bytes.translate over random bytes), tens of MB/s, without
 numpy, so tests and benchmarks can make their data on the fly. Deterministic per seed.

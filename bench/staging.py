@@ -319,7 +319,7 @@ def render(results: dict) -> str:
         f"{m['load_before']} / {m['load_after']} (other work shared the CPUs).",
         "",
         f"Dataset: {d['files']} CosmoFlow-named files, {d['bytes'] / MB:.1f} MB, stored gzip-encoded as "
-        f"{d['stored_bytes'] / MB:.1f} MB (ratio {d['ratio']:.2f}; seed 000's CosmoFlow: 5.1 TB -> 1.1 TB = 4.6).",
+        f"{d['stored_bytes'] / MB:.1f} MB (ratio {d['ratio']:.2f}; NAG's CosmoFlow tutorial: 5.1 TB -> 1.1 TB = 4.6).",
         "",
         "All rates are decompressed MB/s (10^6 bytes of dataset per second). CPU s counts this process, its "
         "worker processes and Azurite; 'MB/s if CPU-bound on all cores' divides the dataset by CPU s / cores, "

@@ -1,7 +1,7 @@
 """Azure facts and workarounds the components depend on, each with its reason.
 
 One place for what is Azure's behaviour rather than our design, so a change upstream is a
-one-line change here (STYLE.md 8).
+one-line change here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from datetime import datetime
 
 # AmlCompute accepts updates to these fields and silently ignores them: the only way to
 # change them is a new cluster. Paths are the Compute resource's input properties.
-# (Azure ML issue trackers; FIELD_NOTES.md "AmlCompute".)
+# (Azure ML issue trackers, e.g. Azure/azure-sdk-for-python and azureml-examples.)
 CLUSTER_REPLACE_ON_CHANGES: tuple[str, ...] = (
     "properties.properties.vmSize",
     "properties.properties.vmPriority",
@@ -44,7 +44,7 @@ PRIVATE_DNS_ZONES: dict[str, tuple[str, ...]] = {
 ACR_SKU = {"public": "Standard", "private": "Premium"}
 
 # A deleted workspace stays soft-deleted for 14 days and blocks its name: experiment
-# stacks therefore never own a workspace (DESIGN.md "Stacks").
+# stacks therefore never own a workspace (docs/deploying.md).
 WORKSPACE_SOFT_DELETE_DAYS = 14
 
 # Key Vault soft delete cannot be turned off; purge protection makes it mandatory for the

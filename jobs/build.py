@@ -49,12 +49,12 @@ from jobs.workloads import env as workload_env
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT_ROOT = REPO_ROOT / ".scratch" / "code-snapshots"
 CHECKPOINT_INGRESS_SHARE = 0.9
-"""Checkpoint writers together stay under 90 % of the account's ingress (seed 003: 8 x 2300
+"""Checkpoint writers together stay under 90 % of the account's ingress (the NDv4 performance article: 8 x 2300
 Mb/s = 18.4 of 20 Gb/s)."""
 PREPARE_TIMEOUT_S = 3600
 _INPUT_REF = re.compile(r"\$\{\{\s*inputs\.([A-Za-z0-9_]+)\s*\}\}")
 AML_DISTRIBUTION = {"pytorch": "pytorch", "deepspeed": "pytorch", "mpi": "mpi", "tensorflow": "tensorflow"}
-"""DeepSpeed launches through torch.distributed (no ssh hostfile; FIELD_NOTES)."""
+"""DeepSpeed launches through torch.distributed (no ssh hostfile, which DeepSpeed's own launcher needs)."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""DeepSpeed planning (seed 004): memory estimate, ZeRO stage, ds_config, autotuning space.
+"""DeepSpeed planning (Azure's large-scale training guide): memory estimate, ZeRO stage, ds_config, autotuning space.
 
 Model states with fp16/bf16 mixed precision and Adam take 20 bytes per parameter (seed
 004): 16-bit parameters 2 + 16-bit gradients 2 + fp32 momentum and variance 8 + fp32
@@ -11,9 +11,9 @@ s*b*h*(34 + 5*a*s/h) bytes (Korthikanti et al., "Reducing Activation Recomputati
 Large Transformer Models", 2022); with activation checkpointing only each layer's input
 (2*s*b*h) is kept, plus one layer's activations during its recomputation.
 
-The stage starts from the model size (seed 004: < 300M -> 0, < 1B -> 1, < 10B -> 2,
+The stage starts from the model size (Azure's large-scale training guide: < 300M -> 0, < 1B -> 1, < 10B -> 2,
 else 3) and is raised until the states fit the GPU; CPU offload is used only when even
-stage 3 does not fit (seed 004: "only use cpu_offload if not enough GPUs to fit").
+stage 3 does not fit (Azure's large-scale training guide: "only use cpu_offload if not enough GPUs to fit").
 Pure: no DeepSpeed import (it runs inside the job).
 """
 
@@ -116,7 +116,7 @@ def plan_memory(spec: DeepSpeedSpec, sku: skus.Sku, world: int, micro_batch: int
         return MemoryPlan(params, world, stage, offload, state(stage, offload), activations, sku.gpu_memory_gib, usable, reasons)
 
     stage = stage_by_size(params)
-    reasons.append(f"{params / 1e6:,.0f}M parameters -> stage {stage} by size (seed 004)")
+    reasons.append(f"{params / 1e6:,.0f}M parameters -> stage {stage} by size (Azure's large-scale training guide)")
     while stage < 3 and state(stage, False) + activations > usable:
         stage += 1
         reasons.append(f"raised to stage {stage}: {state(stage - 1, False) + activations:,.1f} GiB would not fit in {usable:,.1f} GiB")
@@ -157,7 +157,7 @@ def ds_config(spec: DeepSpeedSpec, sku: skus.Sku, memory: MemoryPlan, *, tensorb
     if spec.activation_checkpointing:
         config["activation_checkpointing"] = {"partition_activations": zero_stage == 3, "contiguous_memory_optimization": False}
     if spec.tensorboard:
-        # seed 004: DeepSpeed's own metrics next to the job's TensorBoard logs
+        # Azure's large-scale training guide: DeepSpeed's own metrics next to the job's TensorBoard logs
         config["tensorboard"] = {"enabled": True, "output_path": tensorboard_dir, "job_name": job_name}
     if spec.flops_profiler:
         config["flops_profiler"] = {"enabled": True, "profile_step": 10, "module_depth": -1, "top_modules": 3,
@@ -169,7 +169,7 @@ def autotune_space(spec: DeepSpeedSpec, sku: skus.Sku, world: int, max_micro_bat
                    grad_accums: tuple[int, ...] = (1, 2)) -> list[dict[str, int]]:
     """Candidates (stage, micro batch, grad accum) the memory model says fit, smallest first.
 
-    Seed 004's autotuning tunes exactly these three. Per stage, micro batches double from
+    The autotuning of Azure's large-scale training guide tunes exactly these three. Per stage, micro batches double from
     1 up to the largest that fits; infeasible combinations are never tried on the GPU.
     """
     params = param_count(spec.model)

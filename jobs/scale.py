@@ -1,4 +1,4 @@
-"""Scaling studies (seed 004's InfiniBand comparison): one recipe on 1, 2, 4 ... nodes.
+"""Scaling studies (the InfiniBand comparison of Azure's large-scale training guide): one recipe on 1, 2, 4 ... nodes.
 
 `node_counts(max)` gives the doubling series up to the cluster's maximum (the maximum
 itself included). Each job of a study carries the tags `study` and `study_nodes`;

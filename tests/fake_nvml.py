@@ -137,5 +137,5 @@ FAKE_FUNCTIONS = [name for name in dir(FakeNvml) if name.startswith("nvml")]
 
 
 def nd96asr_gpus(n: int = 8) -> list[FakeGpu]:
-    """GPUs with the bus ids NVML reports on ND96asr_v4 (seed 003: 00000001:00:00.0 ...)."""
+    """GPUs with the bus ids NVML reports on ND96asr_v4 (the NDv4 performance article: 00000001:00:00.0 ...)."""
     return [FakeGpu(f"0000000{i + 1}:00:00.0") for i in range(n)]

@@ -1,12 +1,12 @@
 """Fake sysfs trees for the runtime tests: PCI devices, NUMA nodes and InfiniBand ports laid
-out like seed 003's Standard_ND96asr_v4 (or broken in the ways real nodes break)."""
+out like the NDv4 performance article's Standard_ND96asr_v4 (or broken in the ways real nodes break)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-# Seed 003 (check_app_pinning.py on ND96asr_v4): NUMA node -> (cores, GPU ids).
-SEED003_LAYOUT = {0: ("0-23", (2, 3)), 1: ("24-47", (0, 1)), 2: ("48-71", (6, 7)), 3: ("72-95", (4, 5))}
+# The NDv4 performance article (check_app_pinning.py on ND96asr_v4): NUMA node -> (cores, GPU ids).
+NDV4_ARTICLE_LAYOUT = {0: ("0-23", (2, 3)), 1: ("24-47", (0, 1)), 2: ("48-71", (6, 7)), 3: ("72-95", (4, 5))}
 
 
 def pci_device(root: Path, address: str, vendor: str, pci_class: str, numa: int, cpulist: str | None) -> Path:
@@ -33,14 +33,14 @@ def build_nd96asr_sysfs(root: Path, *, numa_known: bool = True, gpus: int = 8, h
     """GPUs 0-7 at PCI domains 0001-0008 (CUDA's PCI order), one HDR HCA next to each GPU
     with an ACTIVE port, plus devices that must not count: an NVSwitch bridge, and the
     accelerated-networking NIC (an mlx5 device with an Ethernet port)."""
-    gpu_node = {g: node for node, (_, ids) in SEED003_LAYOUT.items() for g in ids}
+    gpu_node = {g: node for node, (_, ids) in NDV4_ARTICLE_LAYOUT.items() for g in ids}
     for gpu in range(gpus):
         node = gpu_node[gpu]
-        cpulist = SEED003_LAYOUT[node][0] if numa_known else None
+        cpulist = NDV4_ARTICLE_LAYOUT[node][0] if numa_known else None
         pci_device(root, f"{gpu + 1:04x}:00:00.0", "0x10de", "0x030200", node if numa_known else -1, cpulist)
     for hca in range(hcas):
         node = gpu_node[hca]
-        cpulist = SEED003_LAYOUT[node][0] if numa_known else None
+        cpulist = NDV4_ARTICLE_LAYOUT[node][0] if numa_known else None
         device = pci_device(root, f"{0x101 + hca:04x}:00:00.0", "0x15b3", "0x020700", node if numa_known else -1, cpulist)
         ib_port(root, f"mlx5_ib{hca}")
         (root / "class" / "infiniband" / f"mlx5_ib{hca}" / "device").symlink_to(device)
@@ -48,7 +48,7 @@ def build_nd96asr_sysfs(root: Path, *, numa_known: bool = True, gpus: int = 8, h
     nic = pci_device(root, "c05b:00:02.0", "0x15b3", "0x020000", -1, None)
     ib_port(root, "mlx5_an0", link_layer="Ethernet", rate="40 Gb/sec (4X QDR)")
     (root / "class" / "infiniband" / "mlx5_an0" / "device").symlink_to(nic)
-    for node, (cpulist, _) in SEED003_LAYOUT.items():
+    for node, (cpulist, _) in NDV4_ARTICLE_LAYOUT.items():
         folder = root / "devices" / "system" / "node" / f"node{node}"
         folder.mkdir(parents=True)
         (folder / "cpulist").write_text(cpulist + "\n")

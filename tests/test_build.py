@@ -61,7 +61,7 @@ class TestDistribution:
         plan, job = _render(tmp_path, "bert-pretrain", "prod")
         assert plan.recipe_distribution == "deepspeed" and job.distribution.type == "pytorch"
         ds = json.loads(job.environment_variables["AMLHPC_DEEPSPEED_JSON"])
-        assert ds["config"]["zero_optimization"]["stage"] == 1  # 336M params: seed 004's table
+        assert ds["config"]["zero_optimization"]["stage"] == 1  # 336M params: the table of Azure's large-scale training guide
         assert ds["config"]["bf16"] == {"enabled": True}  # H100
         assert ds["config"]["train_batch_size"] == 64 * 2 * 8
 
@@ -106,7 +106,7 @@ class TestEnvironmentPerSku:
         assert any("dropped NCCL_IB_DISABLE" in w for w in plan.warnings)
 
     def test_checkpoint_cap_under_ingress(self, tmp_path):
-        """Uploading nodes x cap stay under 90 % of the account ingress (seed 003); one
+        """Uploading nodes x cap stay under 90 % of the account ingress (the NDv4 performance article); one
         process per node uploads, so per-rank writers share their node's cap."""
         plan, job = _render(tmp_path, "bert-pretrain", "dev")
         ckpt = json.loads(job.environment_variables[contract.CHECKPOINT_JSON])

@@ -90,7 +90,7 @@ class TestSettings:
     def test_unset_means_no_checkpoints(self):
         assert checkpoint.settings_from_env({}) is None
 
-    def test_seed003_ingress_rule(self):
+    def test_ndv4_article_ingress_rule(self):
         """8 writers x 2300 Mb/s = 18.4 Gb/s fits a 20 Gb/s ingress; 8 x 3000 does not."""
         ok = parse_settings(json.dumps(self.GOOD | {"writers": "per_node", "ingress_gbps": 20}))
         assert ok.ingress_warning(8) is None

@@ -1,4 +1,4 @@
-"""GPU application clocks at maximum for the job and reset afterwards (seed 003), on a fake NVML."""
+"""GPU application clocks at maximum for the job and reset afterwards (the NDv4 performance article), on a fake NVML."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ class TestFakeMatchesRealBindings:
 
 
 class TestSetMax:
-    def test_seed003_pair_on_every_gpu(self):
-        """A100: memory 1215 MHz, SM 1410 MHz, the pair seed 003 sets with nvidia-smi -ac."""
+    def test_ndv4_article_pair_on_every_gpu(self):
+        """A100: memory 1215 MHz, SM 1410 MHz, the pair the NDv4 performance article sets with nvidia-smi -ac."""
         lib = FakeNvml(nd96asr_gpus(8))
         results = clocks.set_max_clocks(lib)
         assert [(r.status, r.memory_mhz, r.graphics_mhz) for r in results] == [("set", 1215, 1410)] * 8

@@ -14,7 +14,7 @@ def spec(**kwargs) -> DeepSpeedSpec:
 
 
 def test_bert_large_parameter_count():
-    """BERT-large is the 0.34B model of seed 004's tables."""
+    """BERT-large is the 0.34B model of the tables of Azure's large-scale training guide."""
     assert 330e6 < ds.param_count(BERT_LARGE) < 345e6
 
 
@@ -30,7 +30,7 @@ def test_zero_partitions_shrink_states():
 
 
 def test_stage_by_size_table():
-    """Seed 004: < 300M: 0, < 1B: 1, < 10B: 2, else 3."""
+    """Azure's large-scale training guide: < 300M: 0, < 1B: 1, < 10B: 2, else 3."""
     assert [ds.stage_by_size(n) for n in (100e6, 299e6, 300e6, 999e6, 5e9, 20e9)] == [0, 0, 1, 1, 2, 3]
 
 

@@ -113,7 +113,7 @@ class TestGpuChecks:
         assert statuses == [PASS] * 5 + [FAIL, WARN, PASS]
         assert "(<" in by(results, "gemm")[5].line()
 
-    def test_h2d_below_seed003_mark_fails(self, nd96asr):
+    def test_h2d_below_the_pass_mark_fails(self, nd96asr):
         results = gpu_checks(ND96ASR, FakeMeasurer(h2d=lambda i: 12.0 if i == 3 else 25.0), QUICK, nd96asr, PCI_ORDER)
         assert [r.status for r in by(results, "h2d")][3] == FAIL
 

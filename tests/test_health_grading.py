@@ -20,7 +20,7 @@ from jobs.runtime.health.results import CheckResult, NodeReport
 
 
 class TestGradeMinimum:
-    # ND96asr_v4's H2D pass mark from the catalog (azure-nhc: >= 21 GB/s; seed 003: > 20).
+    # ND96asr_v4's H2D pass mark from the catalog (azure-nhc: >= 21 GB/s; the NDv4 performance article: > 20).
     MINIMUM = skus.get("Standard_ND96asr_v4").health.h2d_gbytes_per_s_min
 
     def test_below_the_mark_fails(self):
@@ -35,7 +35,7 @@ class TestGradeMinimum:
 
     def test_beyond_the_margin_passes(self):
         assert grade_minimum(self.MINIMUM * 1.036, self.MINIMUM) == PASS
-        assert grade_minimum(26.1, self.MINIMUM) == PASS  # seed 003's measured bandwidthTest figure
+        assert grade_minimum(26.1, self.MINIMUM) == PASS  # the NDv4 performance article's measured bandwidthTest figure
 
     def test_no_mark_is_info(self):
         assert grade_minimum(1.0, None) == INFO

@@ -99,7 +99,7 @@ def test_debug_shows_traceback():
     assert result.exit_code != 0 and result.exception is not None
 
 
-def test_estimate_seed000_style():
+def test_estimate_as_nag_cosmoflow_tutorial():
     result = run("estimate", "cosmoflow", "--stack", "prod", "--outputs", outputs_file("prod"), "--nodes", "4", "--hours", "11.5")
     assert result.exit_code == 0, result.output
     assert "4,522.72" in result.stdout  # 4 x 98.32 x 11.5

@@ -21,7 +21,7 @@ class TestShipped:
         assert recipes.load(name).name == name
 
     def test_frameworks_and_distributions(self):
-        """Seed 000 TF+Horovod uses MPI, seed 002 MPI, seed 004 DeepSpeed, CosmoFlow port DDP."""
+        """NAG's CosmoFlow tutorial TF+Horovod uses MPI, NAG's Mask R-CNN tutorial MPI, Azure's large-scale training guide DeepSpeed, CosmoFlow port DDP."""
         assert recipes.load("cosmoflow-tf").framework == "tensorflow"
         assert recipes.load("cosmoflow-tf").distribution == "mpi"
         assert recipes.load("maskrcnn").distribution == "mpi"

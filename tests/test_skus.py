@@ -46,7 +46,7 @@ class TestCatalogContents:
         price = skus.get("Standard_ND40rs_v2").price
         assert price is not None and price.usd_per_hour == pytest.approx(26.438)
 
-    def test_field_notes_health_thresholds(self):
+    def test_published_health_thresholds(self):
         a100 = skus.get("Standard_ND96asr_v4").health
         assert a100.nccl_allreduce_busbw_gbytes_per_s_min == 228 and a100.nccl_allreduce_message_bytes == 8 << 30
         assert a100.h2d_gbytes_per_s_min == 21 and a100.ib_write_gbits_per_s_per_hca_min == 180
@@ -58,7 +58,7 @@ class TestCatalogContents:
 
 class TestDerivedFacts:
     def test_nd96asr_v4_gpu_order_follows_numa(self):
-        """seed 003: CUDA_VISIBLE_DEVICES=2,3,0,1,6,7,4,5 with two GPUs per NUMA domain."""
+        """the NDv4 performance article: CUDA_VISIBLE_DEVICES=2,3,0,1,6,7,4,5 with two GPUs per NUMA domain."""
         sku = skus.get("Standard_ND96asr_v4")
         assert sku.gpu_order == (2, 3, 0, 1, 6, 7, 4, 5)
         assert all(len(d.gpu_ids) == 2 for d in sku.numa)

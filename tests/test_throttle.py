@@ -63,7 +63,7 @@ class TestThrottle:
         assert clock.slept == 0 and not cap.limited and cap.total_bytes == 10**10
 
     def test_megabits(self):
-        """Mb/s as azcopy's --cap-mbps: seed 003's 2300 Mb/s is 287.5 MB/s."""
+        """Mb/s as azcopy's --cap-mbps: the NDv4 performance article 2300 Mb/s is 287.5 MB/s."""
         assert mbits_to_bytes_per_s(2300) == 287_500_000
         assert Throttle.from_mbits_per_s(2300).mbits_per_s == pytest.approx(2300)
         assert not Throttle.from_mbits_per_s(None).limited

@@ -1,4 +1,4 @@
-"""GPU-NUMA pinning from a fake sysfs tree laid out like seed 003's ND96asr_v4."""
+"""GPU-NUMA pinning from a fake sysfs tree laid out like the NDv4 performance article's ND96asr_v4."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class TestCpulist:
         assert topology.format_cpulist([]) == ""
 
     def test_mask_matches_seed_srun_masks(self):
-        """Seed 003's srun masks: NUMA1 (24-47) is ffffff000000, NUMA0 (0-23) is ffffff."""
+        """The NDv4 performance article's srun masks: NUMA1 (24-47) is ffffff000000, NUMA0 (0-23) is ffffff."""
         assert topology.cpu_mask_hex(topology.parse_cpulist("24-47")) == "ffffff000000"
         assert topology.cpu_mask_hex(topology.parse_cpulist("0-23")) == "ffffff"
         assert topology.cpu_mask_hex(topology.parse_cpulist("72-95")) == "ffffff" + "0" * 18
@@ -45,7 +45,7 @@ class TestCpulist:
 
 class TestDiscover:
     def test_sysfs_layout(self, nd96asr):
-        """Eight GPUs in PCI order with seed 003's NUMA nodes; the NVSwitch is not a GPU."""
+        """Eight GPUs in PCI order with the NDv4 performance article's NUMA nodes; the NVSwitch is not a GPU."""
         topo = topology.discover(nd96asr, ND96ASR, ALL_CPUS)
         assert topo.source == "sysfs"
         assert [g.index for g in topo.gpus] == list(range(8))
@@ -54,12 +54,12 @@ class TestDiscover:
         assert [h.name for h in topo.hcas] == [f"mlx5_ib{i}" for i in range(8)]
         assert topo.hcas[2].numa_node == 0 and topo.hcas[2].pci_address == "0103:00:00.0"
 
-    def test_numa_order_is_seed003(self, nd96asr):
+    def test_numa_order_is_the_ndv4_articles(self, nd96asr):
         """Walking NUMA domains in order gives CUDA_VISIBLE_DEVICES=2,3,0,1,6,7,4,5."""
         assert topology.discover(nd96asr, ND96ASR, ALL_CPUS).numa_order == (2, 3, 0, 1, 6, 7, 4, 5)
 
-    def test_catalog_order_is_seed003_too(self):
-        """The catalog's own map yields the same order (both derived from seed 003)."""
+    def test_catalog_order_is_the_same(self):
+        """The catalog's own map yields the same order (both derived from the NDv4 performance article)."""
         assert skus.get("Standard_ND96asr_v4").gpu_order == (2, 3, 0, 1, 6, 7, 4, 5)
 
     def test_falls_back_to_catalog_when_sysfs_has_no_numa(self, tmp_path):

@@ -26,7 +26,7 @@ from jobs.beeond import scripts
 from jobs.beeond.ssh import OpenSshRunner, SshRunner, default_key, known_hosts_file
 from jobs.cli_options import Debug, OutputsFile, Stack
 
-app = typer.Typer(help="BeeOND shared scratch across a fixed-size cluster's nodes (seed 000).", no_args_is_help=True,
+app = typer.Typer(help="BeeOND shared scratch across a fixed-size cluster's nodes (NAG's CosmoFlow tutorial).", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 err = Console(stderr=True)
 

@@ -1,11 +1,11 @@
 """The shell scripts BeeOND management runs on the nodes (bash, sent over SSH on stdin).
 
 Each is idempotent: running it twice leaves the node as running it once does. Steps follow
-seed 000's BeeOND setup on Azure ML (NAG, "BeeOND + AzureML", 2021): a root key pair made
+The BeeOND setup of NAG's CosmoFlow tutorial on Azure ML (NAG, "BeeOND + AzureML", 2021): a root key pair made
 on the first node whose public half is authorised on every node (the private half never
 leaves that node), BeeGFS's apt repository and the `beeond` package, the client's kernel
 module built against the OFED headers, then `beeond start` from the first node over the
-node file. The storage targets sit on the NVMe RAID0 of seed 003, assembled if needed.
+node file. The storage targets sit on the NVMe RAID0 of the NDv4 performance article, assembled if needed.
 
 The one secret BeeGFS needs (the connAuthFile shared by all nodes of an instance) is
 generated on the first node and copied from there with its root key, so it never passes
@@ -22,8 +22,8 @@ NODEFILE = f"{STATE_DIR}/nodefile"
 STATUS_FILE = f"{STATE_DIR}/beeond.status"
 CONFIG_DIR = "/etc/beegfs/amlhpc"
 ROOT_KEY = "/root/.ssh/amlhpc_beeond"
-NVME_MOUNT = "/mnt/resource_nvme"  # seed 003
-MD_DEVICE = "/dev/md128"  # seed 003
+NVME_MOUNT = "/mnt/resource_nvme"  # the NDv4 performance article
+MD_DEVICE = "/dev/md128"  # the NDv4 performance article
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,12 @@ if ! command -v beeond >/dev/null 2>&1; then
   sudo -n apt-get update -q
   sudo -n DEBIAN_FRONTEND=noninteractive apt-get install -y -q beeond libbeegfs-ib pdsh "linux-headers-$(uname -r)"
 fi
-# The client module is built at first mount; point it at the OFED headers for RDMA (seed 000).
+# The client module is built at first mount; point it at the OFED headers for RDMA (NAG's CosmoFlow tutorial).
 if [ -d /usr/src/ofa_kernel/default/include ]; then
   printf 'buildArgs=-j8 OFED_INCLUDE_PATH=/usr/src/ofa_kernel/default/include\\nbuildEnabled=true\\n' \\
     | sudo -n tee /etc/beegfs/beegfs-client-autobuild.conf >/dev/null
 fi
-# Storage targets on the NVMe RAID0 (seed 003), assembled once per node.
+# Storage targets on the NVMe RAID0 (the NDv4 performance article), assembled once per node.
 if ! mountpoint -q {NVME_MOUNT}; then
   devs=""
   for d in /sys/block/nvme*; do

@@ -3,7 +3,7 @@
 A recipe describes a training run independently of any stack: the command, how it is
 distributed, which image, its inputs and outputs, and the platform switches (health gate,
 pinning, checkpoints, profiling, services, cost ceiling). `jobs.build` combines it with a
-stack's outputs and the SKU catalog. No azure-ai-ml import here (STYLE.md 6).
+stack's outputs and the SKU catalog. No azure-ai-ml import here: jobs/build.py is the only module that makes its objects.
 
 Keys are snake_case. Every field has a default except `name` and `command`; defaults are
 chosen for InfiniBand GPU clusters (see each field's docstring for why).
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 SHM_SIZE_DEFAULT = "3100m"
 """Docker's /dev/shm for the job. Azure ML's default (2 GB) starves PyTorch data loader
-workers and NCCL's shared-memory transport; seeds 000/004 use 3100m."""
+workers and NCCL's shared-memory transport; NAG's CosmoFlow tutorial and Azure's large-scale training guide use 3100m."""
 
 _SHM = re.compile(r"^[1-9][0-9]*[bkmg]$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,40}$")
@@ -65,7 +65,7 @@ class InputSpec(_Model):
     mode: InputMode = "stage"
     """stage: Azure ML mounts nothing; the in-job launcher copies the blobs to node-local
     scratch (NVMe RAID0) with transparent gunzip, sharded over nodes - the fast path for
-    data read many times (seed 000). download / ro_mount: Azure ML's own input modes."""
+    data read many times (NAG's CosmoFlow tutorial). download / ro_mount: Azure ML's own input modes."""
     placement: Placement = "local"
     """For mode stage: local (each node gets its share; each rank a file list), replica
     (every node gets everything) or shared (BeeOND: staged once into `shared_dir`)."""
@@ -88,7 +88,7 @@ class TensorBoardService(_Model):
 
 
 class Services(_Model):
-    """Interactive job services (seed 004): each runs on every node when enabled."""
+    """Interactive job services (Azure's large-scale training guide): each runs on every node when enabled."""
 
     tensorboard: TensorBoardService | None = None
     jupyter_lab: bool = False
@@ -109,7 +109,7 @@ class Checkpoint(_Model):
     interval_s: int = Field(600, ge=10)
     """How often the launcher uploads the checkpoint directory while training runs."""
     writers: Literal["rank0", "per_node", "per_rank"] | None = None
-    """Who writes checkpoint files, for the upload cap (seed 003: writers x cap below the
+    """Who writes checkpoint files, for the upload cap (the NDv4 performance article: writers x cap below the
     account's ingress). Default: per_rank for deepspeed (ZeRO shards), else rank0."""
     cap_mbps: int | None = Field(None, ge=1)
     """Per-writer upload cap in Mb/s; default: 90 % of the account ingress / writers."""
@@ -140,7 +140,7 @@ class DeepSpeedSpec(_Model):
 
     model: ModelShape
     zero_stage: Literal["auto", 0, 1, 2, 3] = "auto"
-    """auto: by model size (seed 004: <300M 0, <1B 1, <10B 2, else 3), raised until the
+    """auto: by model size (Azure's large-scale training guide: <300M 0, <1B 1, <10B 2, else 3), raised until the
     model states fit the GPU; CPU offload only when even stage 3 does not fit."""
     micro_batch: int = Field(8, ge=1)
     grad_accum: int = Field(1, ge=1)
@@ -151,7 +151,7 @@ class DeepSpeedSpec(_Model):
     """Run the autotuning mode instead of training: tries micro-batch x grad-accum x ZeRO
     stage for a few steps each and writes the fastest ds_config to outputs."""
     ort: bool = False
-    """Wrap the model in ONNX Runtime's ORTModule before DeepSpeed (seed 003 order); the
+    """Wrap the model in ONNX Runtime's ORTModule before DeepSpeed (the NDv4 performance article's order); the
     image must ship onnxruntime-training."""
 
 
@@ -180,13 +180,13 @@ class Recipe(_Model):
     services: Services = Services()
     prepare: str | None = None
     """Shell command run once per node (local rank 0) before the launcher; the other ranks
-    wait for it - what Batch AI's job preparation did (seed 001)."""
+    wait for it - what Batch AI's job preparation did (Microsoft's Batch AI cluster article)."""
     profiling: Profiling = Profiling()
     health: HealthMode = "gate"
     """gate: a failing node stops the job before training; warn: report and go on; off."""
     pin: Literal["auto", "off"] = "auto"
     max_clocks: bool = False
-    """Set GPU application clocks to their maximum for the job and reset them after (seed 003);
+    """Set GPU application clocks to their maximum for the job and reset them after (the NDv4 performance article);
     needs the rights to change clocks on the node, otherwise it is reported and skipped."""
     checkpoint: Checkpoint = Checkpoint()
     cost: Cost = Cost()

@@ -12,7 +12,7 @@ Settings: AMLHPC_CHECKPOINT_JSON (docs/contracts.md section 4)
                               #   (sharded, e.g. DeepSpeed ZeRO: every node uploads its own stream)
      "ingress_gbps": 25}      # optional: account ingress, to warn when writers x cap exceeds it
 
-Seed 003 caps each writer so that writers x cap stays under the account's ingress (8 x
+The NDv4 performance article caps each writer so that writers x cap stays under the account's ingress (8 x
 2300 Mb/s < 20 Gb/s); the job builder derives `cap_mbps` that way, and the launcher warns
 when `ingress_gbps` is given and the product exceeds it.
 
@@ -117,7 +117,7 @@ class CheckpointSettings:
         return self.writers != "rank0" or node_index == 0
 
     def ingress_warning(self, nodes: int) -> str | None:
-        """Seed 003's rule: writers x cap must stay below the account's ingress."""
+        """The NDv4 performance article's rule: writers x cap must stay below the account's ingress."""
         if not self.ingress_gbps:
             return None
         writers = 1 if self.writers == "rank0" else nodes

@@ -1,6 +1,6 @@
-"""GPU application clocks at their maximum for the job, reset afterwards (seed 003).
+"""GPU application clocks at their maximum for the job, reset afterwards (the NDv4 performance article).
 
-Seed 003 queries `clocks.max.graphics`/`clocks.max.mem` and sets them with
+The NDv4 performance article queries `clocks.max.graphics`/`clocks.max.mem` and sets them with
 `nvidia-smi -ac MEM,GRAPHICS` (A100: 1215 MHz memory, 1410 MHz SM). We do the same
 through NVML, choosing the highest memory clock and the highest graphics clock supported
 *at that memory clock*, which NVML guarantees to be an accepted pair. Afterwards the

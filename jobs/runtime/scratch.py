@@ -3,7 +3,7 @@
 In order of preference:
 
 1. `AMLHPC_SCRATCH`, when set: the user (or the local rehearsal) decides; nothing is probed.
-2. NVMe: a RAID0 over the node's local NVMe devices (seed 003: 8 devices on ND96asr_v4 give
+2. NVMe: a RAID0 over the node's local NVMe devices (the NDv4 performance article: 8 devices on ND96asr_v4 give
    ~7 TB at ~8 GB/s), mounted at /mnt/resource_nvme. An array that is already assembled
    and mounted (an earlier job, the host image) is reused as is. Otherwise it is built once
    per node, under an exclusive file lock so concurrent callers do not race:
@@ -43,8 +43,8 @@ from typing import Literal, Protocol
 
 from jobs.runtime.contract import SCRATCH as SCRATCH_VARIABLE
 
-NVME_MOUNT_POINT = "/mnt/resource_nvme"  # seed 003's mount point
-MD_DEVICE = "/dev/md128"  # seed 003's array name
+NVME_MOUNT_POINT = "/mnt/resource_nvme"  # the NDv4 performance article's mount point
+MD_DEVICE = "/dev/md128"  # the NDv4 performance article's array name
 TEMP_DISK_CANDIDATES = ("/mnt", "/mnt/resource")
 LOCK_FILE = "amlhpc-scratch.lock"
 SUBDIR = "amlhpc"

@@ -1,6 +1,6 @@
 """A bandwidth cap shared by the threads of one process: staging downloads, checkpoint uploads.
 
-Seed 003 caps each checkpoint writer (`azcopy --cap-mbps 2300`, 8 writers x 2300 Mb/s <
+The NDv4 performance article caps each checkpoint writer (`azcopy --cap-mbps 2300`, 8 writers x 2300 Mb/s <
 the account's 20 Gb/s ingress) so a node never drives the storage account into throttling;
 staging can be capped the same way when several jobs share an account's egress.
 

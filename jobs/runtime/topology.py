@@ -1,6 +1,6 @@
 """GPU-to-NUMA pinning: which GPU and which CPUs each local rank should use.
 
-Seed 003 (ND96asr_v4): GPUs sit two per NUMA domain in the order NUMA0 -> GPUs 2,3,
+The NDv4 performance article (ND96asr_v4): GPUs sit two per NUMA domain in the order NUMA0 -> GPUs 2,3,
 NUMA1 -> 0,1, NUMA2 -> 6,7, NUMA3 -> 4,5. Walking the domains in order gives
 CUDA_VISIBLE_DEVICES=2,3,0,1,6,7,4,5; with ranks placed two per domain (`--map-by
 ppr:2:numa`), local rank r then drives CUDA device r, which is attached to the CPUs it
@@ -16,7 +16,7 @@ Where the facts come from, best first:
 3. nothing: no GPUs found, or an unknown layout; pinning reports why and changes nothing.
 
 Each local rank gets its GPU(s) in that order and the CPUs local to them (the whole
-domain, shared by the domain's ranks, as seed 003's srun masks do, so data-loader workers
+domain, shared by the domain's ranks, as the NDv4 performance article's srun masks do, so data-loader workers
 can use every core near the GPU), intersected with the CPUs this process may use.
 An existing CUDA_VISIBLE_DEVICES (set by a user or a scheduler) is respected: the order is
 kept and the CPU affinity follows it.
@@ -106,7 +106,7 @@ class Topology:
 
     @property
     def numa_order(self) -> tuple[int, ...]:
-        """GPU indices walked NUMA domain by domain (seed 003's CUDA_VISIBLE_DEVICES)."""
+        """GPU indices walked NUMA domain by domain (the NDv4 performance article's CUDA_VISIBLE_DEVICES)."""
         return tuple(g.index for g in sorted(self.gpus, key=lambda g: (g.numa_node if g.numa_node is not None else 1 << 30, g.index)))
 
 

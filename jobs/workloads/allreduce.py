@@ -1,9 +1,9 @@
 """All-reduce bandwidth sweep over every rank of the job (the nccl-tests all_reduce_perf
-measurement, seed 003, in torch.distributed): NCCL on GPUs, gloo on CPU.
+measurement, the NDv4 performance article, in torch.distributed): NCCL on GPUs, gloo on CPU.
 
     python -m jobs.workloads.allreduce --min-bytes 8 --max-bytes 8G --factor 2 --report FILE
 
-For each size: algbw = bytes / time, busbw = algbw x 2(n-1)/n (FIELD_NOTES). The largest
+For each size: algbw = bytes / time, busbw = algbw x 2(n-1)/n (NVIDIA nccl-tests' bus bandwidth). The largest
 size's bus bandwidth is judged against the SKU's marks from AMLHPC_SKU_JSON (multi-node
 expected / warn / fail, or the single-node minimum). Exit 0 pass or warn, 1 fail.
 """

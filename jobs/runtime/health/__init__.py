@@ -1,4 +1,4 @@
-"""Node health checks, as a gate before training or as a standalone job (seed 003).
+"""Node health checks, as a gate before training or as a standalone job (the NDv4 performance article).
 
 Per node: GEMM throughput (bf16, fp16 on V100), host<->device copies from pinned memory,
 device-to-device copies, NCCL all-reduce bus bandwidth within the node and across the

@@ -9,7 +9,7 @@ so and are skipped, and so are InfiniBand and ECC, whose expectations belong to 
 hardware. GPUs on the bus that CUDA cannot use are a failure, not a skip.
 
 Copies run with this process pinned to the GPU's local CPUs (from sysfs), so the pinned
-buffer lives on the GPU's NUMA node, as seed 003's `numactl --cpunodebind` does.
+buffer lives on the GPU's NUMA node, as the NDv4 performance article's `numactl --cpunodebind` does.
 """
 
 from __future__ import annotations

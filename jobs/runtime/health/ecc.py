@@ -1,6 +1,6 @@
 """GPU memory health from NVML: ECC mode, row remapping, uncorrectable SRAM errors.
 
-Per GPU (FIELD_NOTES: fail on pending/failed row remaps or any uncorrectable SRAM error):
+Per GPU (Azure's node health checks: fail on pending/failed row remaps or any uncorrectable SRAM error):
 - row remapping (A100 and later): a *pending* remap needs a GPU reset before the spare row
   is used, a remap *failure* means the spares ran out; both fail.
 - uncorrectable SRAM errors since the driver loaded (volatile) fail: SRAM has no spare

@@ -1,7 +1,7 @@
 """Compare each measured figure with the rest of the fleet (pure functions).
 
 A GPU can pass its absolute pass mark and still be the one that slows a synchronous job
-down: every step waits for the slowest rank. FIELD_NOTES' rule of thumb, applied to every
+down: every step waits for the slowest rank. Azure's node health checks' rule of thumb, applied to every
 sample of a metric across the job (each GPU's GEMM, H2D, D2H, D2D; each node's all-reduce):
 
 - with at least `MIN_SAMPLES` samples, the baseline is the median (one bad sample cannot

@@ -1,6 +1,6 @@
 """Pass, warn or fail for one measured figure (pure functions, no I/O).
 
-Published pass marks (FIELD_NOTES, azure-nhc) say "pass if measured >= expected", so the
+Published pass marks (Azure's node health checks, Azure/azurehpc-health-checks) say "pass if measured >= expected", so the
 published figure is the fail line. A value within `WARN_MARGIN` (3.5 %) above it passes
 but is flagged: it is one bad day away from failing. Where a size publishes three figures
 (H100 v5 multi-node all-reduce: expected 450, warn below 400, fail below 300 GB/s) those
@@ -13,7 +13,7 @@ PASS, WARN, FAIL, SKIP, INFO = "pass", "warn", "fail", "skip", "info"
 """Statuses. `skip`: not measured (with the reason). `info`: measured, no pass mark."""
 
 WARN_MARGIN = 0.035
-"""Warn when a figure is less than 3.5 % above its fail line (FIELD_NOTES fleet rule)."""
+"""Warn when a figure is less than 3.5 % above its fail line (the fleet rule of Azure's node health checks)."""
 
 _SEVERITY = {FAIL: 3, WARN: 2, PASS: 1, INFO: 0, SKIP: 0}
 
@@ -48,7 +48,7 @@ def worst(statuses) -> str:
 
 
 def bus_bandwidth(algbw: float, ranks: int) -> float:
-    """NCCL all-reduce bus bandwidth: algbw x 2(n-1)/n (nccl-tests' PERFORMANCE.md).
+    """NCCL all-reduce bus bandwidth: algbw x 2(n-1)/n (NVIDIA nccl-tests' documentation of its bandwidth figures).
 
     An all-reduce moves 2(n-1)/n of the buffer over each rank's busiest link, so busbw is
     comparable with the hardware's link speed whatever the rank count.

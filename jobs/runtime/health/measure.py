@@ -7,7 +7,7 @@ warm-up, so kernel launch and first-touch costs are excluded:
 - GEMM: C = A @ B with square n x n matrices in the size's tensor-core dtype (bf16, or
   fp16 on V100); 2 n^3 flops per product, reported in TFLOP/s (10^12/s).
 - H2D / D2H: one large copy from / into page-locked (pinned) host memory, as CUDA's
-  bandwidthTest does (seed 003); GB/s = 10^9 bytes/s. The caller runs it on the CPUs near
+  bandwidthTest does (the NDv4 performance article); GB/s = 10^9 bytes/s. The caller runs it on the CPUs near
   the GPU (the buffer is first touched there, so it lives on the GPU's NUMA node).
 - D2D: a copy within the GPU's memory, counted as bytes read + bytes written, as
   bandwidthTest's device-to-device figure is.

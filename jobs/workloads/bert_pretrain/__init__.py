@@ -1,1 +1,1 @@
-"""BERT masked-LM pretraining (seed 004): Hugging Face model, DeepSpeed when present."""
+"""BERT masked-LM pretraining (Azure's large-scale training guide): Hugging Face model, DeepSpeed when present."""

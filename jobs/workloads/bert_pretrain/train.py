@@ -9,7 +9,7 @@ tokenizer. Paths:
 - DeepSpeed (GPU, deepspeed importable): deepspeed.initialize with the planned config,
   launched by torch.distributed (Azure ML distribution: pytorch) - no ssh hostfile.
 - CPU / no DeepSpeed: DistributedDataParallel + AdamW over gloo (tests, rehearsal).
-- --ort / planned ort: wrap in ONNX Runtime's ORTModule first, then DeepSpeed (seed 003).
+- --ort / planned ort: wrap in ONNX Runtime's ORTModule first, then DeepSpeed (the NDv4 performance article).
 - autotuning (planned `autotune` candidates or --autotune): a few steps per (ZeRO stage,
   micro batch, grad accum), throughput recorded, fastest ds_config written to
   outputs/autotuning/. Exit codes: 0 done, 2 bad input or missing library.

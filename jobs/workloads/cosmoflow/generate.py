@@ -7,7 +7,7 @@ x = raw int16 [D, D, D, 4] and y = 4 floats in [-1, 1].
 
 Volumes are Poisson counts on a smooth density (a low-resolution Gaussian field,
 upsampled trilinearly and exponentiated), so they compress like real dark-matter
-histograms (seed 000: 5.1 TB -> 1.1 TB gzip) rather than like noise or constants; the four parameters shape the field (mean density,
+histograms (NAG's CosmoFlow tutorial: 5.1 TB -> 1.1 TB gzip) rather than like noise or constants; the four parameters shape the field (mean density,
 contrast, and two channel tilts) so a model can learn them. Deterministic per --seed.
 """
 
@@ -40,7 +40,7 @@ def subvolume(params: np.ndarray, volume: int, rng: np.random.Generator) -> np.n
     tilt = torch.tensor([1.0 + 0.25 * params[2], 1.0 - 0.25 * params[2], 1.0 + 0.25 * params[3], 1.0 - 0.25 * params[3]])
     density = torch.exp(mean + contrast * field * tilt.view(CHANNELS, 1, 1, 1)).permute(1, 2, 3, 0).numpy()
     # particle counts per voxel: Poisson shot noise on the smooth density, like the real
-    # N-body histograms (and it keeps gzip near the real dataset's ~4.6x, seed 000)
+    # N-body histograms (and it keeps gzip near the real dataset's ~4.6x, NAG's CosmoFlow tutorial)
     return np.clip(rng.poisson(density), 0, 32767).astype(np.int16)
 
 

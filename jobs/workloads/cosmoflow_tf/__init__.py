@@ -1,1 +1,1 @@
-"""CosmoFlow in TensorFlow/Keras with Horovod over MPI (seed 000), for the TF image."""
+"""CosmoFlow in TensorFlow/Keras with Horovod over MPI (NAG's CosmoFlow tutorial), for the TF image."""

@@ -1,4 +1,4 @@
-"""CosmoFlow in TensorFlow/Keras with Horovod over MPI (seed 000), one process per GPU.
+"""CosmoFlow in TensorFlow/Keras with Horovod over MPI (NAG's CosmoFlow tutorial), one process per GPU.
 
     python -m jobs.workloads.cosmoflow_tf.train --input cosmoflow --epochs 48 --batch-size 4
 

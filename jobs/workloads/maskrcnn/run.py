@@ -1,5 +1,5 @@
 """Run NVIDIA's Mask R-CNN training (DeepLearningExamples, PyTorch/Segmentation/MaskRCNN)
-as one MPI rank per GPU, the way seed 002 ran it on Azure ML.
+as one MPI rank per GPU, the way NAG's Mask R-CNN tutorial ran it on Azure ML.
 
     python -m jobs.workloads.maskrcnn.run --source DIR --coco DIR --iterations 1000
 
