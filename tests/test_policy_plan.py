@@ -19,7 +19,7 @@ import yaml
 from core.errors import UserError
 from infra.config import REPO_ROOT
 from infra.plan import evaluate
-from infra.policy import Limits, check_plan, has_mandatory, render, render_violations
+from infra.policy import RULES, Limits, check_plan, has_mandatory, render, render_violations
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 PROJECT_FILES = ("Pulumi.yaml", "Pulumi.dev.yaml", "Pulumi.prod.yaml")
@@ -305,8 +305,8 @@ class TestCheckPlanApi:
         assert "fix: set adminUserEnabled: false" in text
         clean = io.StringIO()
         render_violations([], Console(file=clean, color_system=None), "prod")
-        assert clean.getvalue().strip() == "policy: stack 'prod' passes all 15 rules"
+        assert clean.getvalue().strip() == f"policy: stack 'prod' passes all {len(RULES)} rules"
 
-    def test_render_clean(self, prod_plan):
+    def test_render_clean(self, dev_plan):
         """A clean plan says so."""
-        assert render(check_plan(prod_plan), "prod") == "policy: stack 'prod' passes all 15 rules"
+        assert render(check_plan(dev_plan), "dev") == f"policy: stack 'dev' passes all {len(RULES)} rules"
