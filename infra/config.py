@@ -748,6 +748,7 @@ def _check_hardening(found: ProblemCollector, stack: str, raw: _RawConfig, locat
                      now: datetime | None) -> dict[str, Any]:
     """Validate the hardening options; return the StackConfig fields they resolve to."""
     _check_cluster_regions(found, raw, location, (now or datetime.now(UTC)).date())
+    _check_managed_ssh(found, raw)
     _check_encryption(found, stack, raw)
     protect = raw.protect_data if raw.protect_data is not None else (raw.environment or stack) != "dev"
     lock = raw.locks.dataset_storage if raw.locks.dataset_storage is not None else protect
@@ -771,6 +772,19 @@ def _check_cluster_regions(found: ProblemCollector, raw: _RawConfig, location: s
         problem = availability.problem(size, location, today)
         if problem:
             found.add(f"{NAMESPACE}clusters[{i}].sku", *problem)
+
+
+def _check_managed_ssh(found: ProblemCollector, raw: _RawConfig) -> None:
+    """Nodes in Azure ML's managed VNet have no public IP and no route from our VNet: SSH (and
+    so `jobs beeond`) cannot reach them. Microsoft documents SSH into managed-network compute
+    for compute instances only (`az ml compute connect-ssh`)."""
+    if raw.network.isolation != "managed":
+        return
+    for i, cluster in enumerate(raw.clusters):
+        if cluster.ssh is not None and cluster.ssh.on:
+            found.add(f"{NAMESPACE}clusters[{i}].ssh", "nodes in a managed network cannot be reached by SSH: they have "
+                      "no public IP and our VNet has no route into Azure ML's managed VNet",
+                      "remove the ssh block, or use isolation: private (SSH from the jump box; docs/isolation.md)")
 
 
 _FQDN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")

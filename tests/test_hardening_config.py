@@ -96,6 +96,8 @@ BAD = [
      ["aml-hpc:hbiWorkspace", "'sometimes'", "boolean"]),
     ("lock not a flag", "aml-hpc:locks", {"datasetStorage": "maybe"},
      ["aml-hpc:locks.datasetStorage", "'maybe'"]),
+    ("ssh into a managed network", "aml-hpc:clusters/0/ssh", {"publicKey": PUBKEY},
+     ["aml-hpc:clusters[0].ssh", "cannot be reached by SSH", "isolation: private"]),
     ("size not offered in the region", "azure-native:location", "brazilsouth",
      ["aml-hpc:clusters[0].sku", "Standard_ND96asr_v4 is not offered in brazilsouth", "regions that offer it",
       "eastus", "availability.toml", "az vm list-skus"]),
@@ -106,9 +108,10 @@ BAD = [
 
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_hardening_config_is_refused_with_key_value_and_fix(tmp_path, case):
-    _, path, value, fragments = case
+    name, path, value, fragments = case
+    base = mutate(GOOD_ENV, "aml-hpc:network", network()) if "managed network" in name else GOOD_ENV
     with pytest.raises(UserError) as info:
-        load(tmp_path, mutate(GOOD_ENV, path, value))
+        load(tmp_path, mutate(base, path, value))
     message = info.value.render()
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in:\n{message}"

@@ -120,9 +120,14 @@ class TestConfigThatBreaksARule:
         assert "isolation: private" in found.fix
 
     def test_ssh_key_on_a_private_cluster_is_fine(self, root):
-        """prod (private network, no node public IPs) may enable SSH by key."""
+        """prod on our own VNet (private network, no node public IPs) may enable SSH by key."""
         key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPolicyTestKeyMaterial0000 dev@laptop"
-        edit_stack(root, "prod", lambda c: cluster_config(c, "nd-h100").update(ssh={"publicKey": key}))
+
+        def private_with_ssh(config):
+            config["aml-hpc:network"] = {"isolation": "private", "addressSpace": "10.40.0.0/16"}
+            cluster_config(config, "nd-h100").update(ssh={"publicKey": key})
+
+        edit_stack(root, "prod", private_with_ssh)
         assert violations_of(evaluate("prod", root, now=NOW), "no-public-ssh") == []
 
     def test_long_idle_time(self, root):
