@@ -70,9 +70,9 @@ class IdentityOut(_Doc):
 
 
 class NetworkOut(_Doc):
-    isolation: Literal["public", "private"]
+    isolation: Literal["public", "private", "managed"]
     subnet_id: str | None = Field(alias="subnetId")
-    """The compute subnet (private isolation), for experiment clusters."""
+    """The compute subnet (private isolation), for experiment clusters; None in a managed network."""
 
 
 class BudgetOut(_Doc):

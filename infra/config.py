@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from core import pricing, regions, skus
+from core import availability, pricing, regions, skus
 from core.errors import Problem, ProblemCollector, UserError
 from infra import naming
 
@@ -78,15 +78,115 @@ class ClusterConfig(_Model):
     """Opt-in for maxNodes > 1 on a size without InfiniBand (TCP only, scales badly)."""
 
 
+OutboundMode = Literal["AllowOnlyApprovedOutbound", "AllowInternetOutbound"]
+
+DEFAULT_FQDN_RULES: dict[str, str] = {
+    "pypi.org": "pip's index, for recipes and jobs that pip-install at start",
+    "files.pythonhosted.org": "where pip downloads what pypi.org lists",
+    "github.com": "git clone at job start (jobs/recipes/maskrcnn.yaml clones NVIDIA/DeepLearningExamples)",
+}
+"""Hosts a managed, approved-only network lets jobs reach unless the stack says otherwise, and
+why. Not here on purpose: nvcr.io (images are built by ACR Tasks outside the managed VNet and
+pulled from our registry through its private endpoint) and conda (our environments never build)."""
+
+
+class BastionConfig(_Model):
+    """Azure Bastion in our VNet: SSH to the jump box from a browser or the az CLI, no public IP on it."""
+
+    sku: Literal["Basic", "Standard"] = "Standard"
+    """Standard adds native-client tunnels (`az network bastion ssh|tunnel`); Basic is portal-only."""
+    subnet: str | None = None
+    """AzureBastionSubnet, /26 or larger; defaults to the first free /26 of addressSpace."""
+
+
+class JumpBoxConfig(_Model):
+    """A small Linux VM inside our VNet to run `jobs submit`, `make images` and `pulumi` from."""
+
+    public_key: str | None = None
+    """OpenSSH public key line: SSH by key only, as on cluster nodes."""
+    admin_user: str = "azureuser"
+    size: str = "Standard_D2s_v5"
+    subnet: str | None = None
+    """Defaults to the first free /28 of addressSpace after the Bastion subnet's."""
+
+
+class CiRunnersConfig(_Model):
+    """A subnet (NSG, outbound through NAT) for self-hosted CI runners registered outside Pulumi."""
+
+    subnet: str | None = None
+    """Defaults to the first free /27 of addressSpace after the jump box's."""
+
+
+class WayInConfig(_Model):
+    bastion: BastionConfig | None = None
+    jump_box: JumpBoxConfig | None = None
+    ci_runners: CiRunnersConfig | None = None
+
+
+class EncryptionConfig(_Model):
+    """Customer-managed key for the workspace: a Key Vault key; set when the workspace is created."""
+
+    customer_managed_key: bool = False
+    key_size: Literal[3072, 4096] = 3072
+    """RSA key size in bits: Microsoft recommends at least 3072 for Azure ML, so 2048 is refused."""
+    cosmos_db_principal_id: str | None = None
+    """Object id of the 'Azure Cosmos DB' service principal in your tenant, which must be able to
+    use the key: `az ad sp show --id a232010e-820c-4083-83bb-3ace5fc29d0b --query id -o tsv`."""
+
+
+class DiagnosticsConfig(_Model):
+    """Diagnostic settings of the workspace, Key Vault and storage, to the Log Analytics workspace."""
+
+    enabled: bool = True
+    retention_days: int = Field(30, ge=30, le=730)
+    """Log Analytics retention; ingestion and retention beyond 31 days are billed."""
+    storage_reads: bool = False
+    """Also log every blob read (StorageRead): training reads produce millions of entries."""
+
+
+class LocksConfig(_Model):
+    dataset_storage: bool | None = None
+    """CanNotDelete lock on the dataset account; defaults to protectData (on outside dev)."""
+
+
+class ManagedNetworkSettings(_Model):
+    """The managed VNet a stack declares, resolved from `network` with its defaults."""
+
+    outbound: OutboundMode
+    fqdn_rules: tuple[str, ...]
+    firewall_sku: Literal["Standard", "Basic"] | None
+
+
+class WayInSubnets(_Model):
+    """The way in a stack declares, with every subnet resolved to a CIDR."""
+
+    bastion: str | None = None
+    bastion_sku: Literal["Basic", "Standard"] = "Standard"
+    jump_box: str | None = None
+    ci_runners: str | None = None
+
+
 class NetworkConfig(_Model):
-    isolation: Literal["public", "private"] = "public"
-    """private: our own VNet, private endpoints, no public network access, no node public IPs."""
+    isolation: Literal["public", "private", "managed"] = "public"
+    """private: our own VNet for the nodes, private endpoints, no public network access, no node
+    public IPs. managed: the nodes in Azure ML's managed VNet (outbound rules below), our VNet
+    only for the private endpoints people and CI use. docs/isolation.md compares them."""
     address_space: str | None = None
-    """VNet CIDR (private isolation), e.g. 10.40.0.0/16."""
+    """VNet CIDR (private and managed isolation), e.g. 10.40.0.0/16."""
     compute_subnet: str | None = None
-    """Defaults to the first half of addressSpace."""
+    """Private isolation only; defaults to the first half of addressSpace."""
     endpoint_subnet: str | None = None
     """Defaults to the second half of addressSpace."""
+    outbound: OutboundMode | None = None
+    """Managed isolation: AllowOnlyApprovedOutbound (default) or AllowInternetOutbound. Azure
+    never lets a workspace go back (approved-only -> internet, or managed -> none)."""
+    fqdn_rules: list[str] | None = None
+    """Managed, approved-only: hosts jobs may reach (ports 80/443). Default DEFAULT_FQDN_RULES;
+    [] for none. Any FQDN rule makes Azure deploy a firewall in the managed VNet (billed)."""
+    firewall_sku: Literal["Standard", "Basic"] | None = None
+    """The managed VNet's Azure Firewall for FQDN rules (Azure's default: Standard)."""
+    way_in: WayInConfig | None = None
+    """How people and CI reach a private or managed stack (docs/isolation.md)."""
 
 
 class PrincipalConfig(_Model):
@@ -140,10 +240,14 @@ class _RawConfig(_Model):
     protect_data: bool | None = None
     prices: dict[str, float] = Field(default_factory=dict)
     names: dict[str, str] = Field(default_factory=dict)
+    encryption: EncryptionConfig = EncryptionConfig()
+    diagnostics: DiagnosticsConfig | None = None
+    hbi_workspace: bool = False
+    locks: LocksConfig = LocksConfig()
 
 
 _TOP_LEVEL_KEYS = {field.alias or name for name, field in _RawConfig.model_fields.items()}
-_ENVIRONMENT_ONLY = {"network", "storage", "mlRegistry", "names"}
+_ENVIRONMENT_ONLY = {"network", "storage", "mlRegistry", "names", "encryption", "diagnostics", "hbiWorkspace", "locks"}
 _TEXT_KEYS = {"namePrefix", "owner", "costCenter", "environment", "environmentStack", "expiresAt"}
 
 
@@ -173,6 +277,13 @@ class StackConfig(_Model):
     names: naming.StackNames
     compute_subnet: str | None
     endpoint_subnet: str | None
+    encryption: EncryptionConfig = EncryptionConfig()
+    diagnostics: DiagnosticsConfig | None = None
+    hbi_workspace: bool = False
+    lock_dataset_storage: bool = False
+    managed_network: ManagedNetworkSettings | None = None
+    """Set under managed isolation."""
+    way_in: WayInSubnets | None = None
 
     @property
     def is_experiment(self) -> bool:
@@ -380,6 +491,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     expires = _check_expiry(found, stack, kind, raw)
     names = _check_names(found, stack, raw, location)
     compute_subnet, endpoint_subnet = _check_network(found, stack, raw)
+    hardening = _check_hardening(found, stack, raw, location, compute_subnet, endpoint_subnet, now)
     _check_clusters(found, stack, raw)
     _check_storage(found, stack, raw)
     _check_budget(found, stack, raw)
@@ -408,6 +520,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
         names=names,
         compute_subnet=compute_subnet,
         endpoint_subnet=endpoint_subnet,
+        **hardening,
     )
 
 
@@ -483,11 +596,16 @@ def _check_network(found: ProblemCollector, stack: str, raw: _RawConfig) -> tupl
     if net.isolation == "public":
         for key in ("address_space", "compute_subnet", "endpoint_subnet"):
             if getattr(net, key):
-                found.add(f"{base}.{to_camel(key)}", "is only used with isolation: private",
+                found.add(f"{base}.{to_camel(key)}", "is only used with isolation: private or managed",
                           f"remove it, or {fix_command(stack, base + '.isolation', 'private')}")
         return None, None
+    managed = net.isolation == "managed"
+    if managed and net.compute_subnet:
+        found.add(f"{base}.computeSubnet", "is only used with isolation: private: clusters in a managed network "
+                  "take no subnet (Azure places them in the workspace's managed VNet)", "remove it")
+        return None, None
     if not net.address_space:
-        found.add(f"{base}.addressSpace", "private isolation needs an address space for our VNet",
+        found.add(f"{base}.addressSpace", f"{net.isolation} isolation needs an address space for our VNet",
                   fix_command(stack, f"{base}.addressSpace", "10.40.0.0/16"))
         return None, None
     try:
@@ -520,9 +638,9 @@ def _check_network(found: ProblemCollector, stack: str, raw: _RawConfig) -> tupl
             found.add(f"{base}.{to_camel(key)}", f"{text} is outside addressSpace {space}", f"use e.g. {default}")
             return None, None
         chosen.append(subnet)
-    if chosen[0].overlaps(chosen[1]):
+    if not managed and chosen[0].overlaps(chosen[1]):
         found.add(f"{base}.endpointSubnet", f"{chosen[1]} overlaps computeSubnet {chosen[0]}", "give the subnets disjoint ranges")
-    return str(chosen[0]), str(chosen[1])
+    return (None if managed else str(chosen[0])), str(chosen[1])
 
 
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -619,6 +737,195 @@ def _check_prices(found: ProblemCollector, raw: _RawConfig) -> None:
                       f"did you mean {' or '.join(near)}?" if near else f"known sizes: {', '.join(skus.names())}")
         if price <= 0:
             found.add(f"{NAMESPACE}prices.{sku_name}", f"price {price} must be positive", "use USD per node-hour")
+
+
+# --------------------------------------------------------------------------------------
+# Hardening: managed network, a way in, customer-managed key, diagnostics, locks, regions
+
+
+def _check_hardening(found: ProblemCollector, stack: str, raw: _RawConfig, location: str,
+                     compute_subnet: str | None, endpoint_subnet: str | None,
+                     now: datetime | None) -> dict[str, Any]:
+    """Validate the hardening options; return the StackConfig fields they resolve to."""
+    _check_cluster_regions(found, raw, location, (now or datetime.now(UTC)).date())
+    _check_managed_ssh(found, raw)
+    _check_encryption(found, stack, raw)
+    protect = raw.protect_data if raw.protect_data is not None else (raw.environment or stack) != "dev"
+    lock = raw.locks.dataset_storage if raw.locks.dataset_storage is not None else protect
+    return {
+        "encryption": raw.encryption,
+        "diagnostics": raw.diagnostics if raw.diagnostics and raw.diagnostics.enabled else None,
+        "hbi_workspace": raw.hbi_workspace,
+        "lock_dataset_storage": lock,
+        "managed_network": _check_managed_network(found, stack, raw),
+        "way_in": _check_way_in(found, stack, raw, compute_subnet, endpoint_subnet),
+    }
+
+
+def _check_cluster_regions(found: ProblemCollector, raw: _RawConfig, location: str, today: date) -> None:
+    """A cluster's size must be offered in the stack's region (core/catalog/availability.toml)."""
+    for i, cluster in enumerate(raw.clusters):
+        try:
+            size = skus.get(cluster.sku).name
+        except skus.UnknownSkuError:
+            continue  # reported by _check_clusters
+        problem = availability.problem(size, location, today)
+        if problem:
+            found.add(f"{NAMESPACE}clusters[{i}].sku", *problem)
+
+
+def _check_managed_ssh(found: ProblemCollector, raw: _RawConfig) -> None:
+    """Nodes in Azure ML's managed VNet have no public IP and no route from our VNet: SSH (and
+    so `jobs beeond`) cannot reach them. Microsoft documents SSH into managed-network compute
+    for compute instances only (`az ml compute connect-ssh`)."""
+    if raw.network.isolation != "managed":
+        return
+    for i, cluster in enumerate(raw.clusters):
+        if cluster.ssh is not None and cluster.ssh.on:
+            found.add(f"{NAMESPACE}clusters[{i}].ssh", "nodes in a managed network cannot be reached by SSH: they have "
+                      "no public IP and our VNet has no route into Azure ML's managed VNet",
+                      "remove the ssh block, or use isolation: private (SSH from the jump box; docs/isolation.md)")
+
+
+_FQDN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+_STORAGE_SUFFIXES = (".core.windows.net", ".storage.azure.net")
+
+
+def _check_managed_network(found: ProblemCollector, stack: str, raw: _RawConfig) -> ManagedNetworkSettings | None:
+    net = raw.network
+    base = f"{NAMESPACE}network"
+    if net.isolation != "managed":
+        for key in ("outbound", "fqdn_rules", "firewall_sku"):
+            if getattr(net, key) is not None:
+                found.add(f"{base}.{to_camel(key)}", "is only used with isolation: managed",
+                          f"remove it, or {fix_command(stack, base + '.isolation', 'managed')}")
+        return None
+    outbound = net.outbound or "AllowOnlyApprovedOutbound"
+    if outbound == "AllowInternetOutbound":
+        if net.fqdn_rules:
+            found.add(f"{base}.fqdnRules", "only apply with outbound: AllowOnlyApprovedOutbound "
+                      "(AllowInternetOutbound already lets jobs reach every host)",
+                      f"remove them, or {fix_command(stack, base + '.outbound', 'AllowOnlyApprovedOutbound')}")
+        if net.firewall_sku is not None:
+            found.add(f"{base}.firewallSku", "only matters for FQDN rules under outbound: AllowOnlyApprovedOutbound",
+                      "remove it")
+        return ManagedNetworkSettings(outbound=outbound, fqdn_rules=(), firewall_sku=None)
+    rules = list(DEFAULT_FQDN_RULES) if net.fqdn_rules is None else net.fqdn_rules
+    seen: set[str] = set()
+    for i, host in enumerate(rules):
+        path = f"{base}.fqdnRules[{i}]"
+        name = host.strip().lower()
+        if "://" in name or "/" in name or ":" in name:
+            found.add(path, f"{host!r} is not a host name (no scheme, port or path: FQDN rules allow 80 and 443)",
+                      "write just the host, e.g. pypi.org or *.anaconda.org")
+        elif not _FQDN.match(name):
+            found.add(path, f"{host!r} is not a fully qualified host name", "e.g. pypi.org, or *.example.com for its subdomains")
+        elif name.endswith(_STORAGE_SUFFIXES):
+            found.add(path, f"{host!r} is an Azure Storage endpoint: an approved-only managed network reaches storage "
+                      "through private endpoints, never FQDN rules", "remove it; the dataset account gets a private "
+                      "endpoint rule already (add other accounts as outbound private endpoints)")
+        elif name in seen:
+            found.add(path, f"{host!r} is listed twice", "remove the duplicate")
+        seen.add(name)
+    if net.firewall_sku is not None and not rules:
+        found.add(f"{base}.firewallSku", "no FQDN rules, so Azure deploys no firewall for it to size", "remove it")
+    return ManagedNetworkSettings(outbound=outbound, fqdn_rules=tuple(h.strip().lower() for h in rules),
+                                  firewall_sku=(net.firewall_sku or "Standard") if rules else None)
+
+
+# Smallest useful subnet per way in: Azure Bastion needs a /26 named AzureBastionSubnet; a jump
+# box needs a handful of addresses (Azure keeps 5 per subnet); runners a few dozen.
+_WAY_IN_SLOTS = (("bastion", "Bastion", 26), ("jump_box", "jump box", 28), ("ci_runners", "CI runner", 27))
+
+
+def _check_way_in(found: ProblemCollector, stack: str, raw: _RawConfig, compute_subnet: str | None,
+                  endpoint_subnet: str | None) -> WayInSubnets | None:
+    net, way_in = raw.network, raw.network.way_in
+    base = f"{NAMESPACE}network.wayIn"
+    if way_in is None:
+        return None
+    if net.isolation == "public":
+        found.add(base, "a public stack needs no way in: its workspace and storage take Entra ID sign-ins from anywhere",
+                  f"remove it, or {fix_command(stack, NAMESPACE + 'network.isolation', 'managed')}")
+        return None
+    if way_in.bastion and not way_in.jump_box:
+        found.add(f"{base}.bastion", "Bastion connects to a VM, and this way in declares none",
+                  f"add a jump box: {fix_command(stack, base + '.jumpBox.publicKey', chr(34) + '$(cat ~/.ssh/id_ed25519.pub)' + chr(34))}")
+    if way_in.jump_box:
+        box = way_in.jump_box
+        _check_ssh(found, stack, f"{base}.jumpBox", SshConfig(enabled=True, public_key=box.public_key, admin_user=box.admin_user))
+        if not re.fullmatch(r"Standard_[A-Za-z0-9_]+", box.size):
+            found.add(f"{base}.jumpBox.size", f"{box.size!r} is not an Azure VM size name", "e.g. Standard_D2s_v5")
+    if not net.address_space or endpoint_subnet is None:
+        return None  # the address space problem is reported already
+    space = ipaddress.ip_network(net.address_space)
+    taken = [ipaddress.ip_network(s) for s in (compute_subnet, endpoint_subnet) if s]
+    wanted = {key: getattr(way_in, key) for key, _, _ in _WAY_IN_SLOTS}
+    chosen: dict[str, str | None] = {}
+    for key, label, prefix in _WAY_IN_SLOTS:  # explicit ranges first: defaults fill around them
+        part = wanted[key]
+        if part is None or part.subnet is None:
+            continue
+        path = f"{base}.{to_camel(key)}.subnet"
+        try:
+            subnet = ipaddress.ip_network(part.subnet, strict=True)
+        except ValueError as exc:
+            found.add(path, f"{part.subnet!r} is not a valid CIDR block ({exc})", "e.g. 10.40.0.0/26")
+            continue
+        clash = next((t for t in taken if t.overlaps(subnet)), None)
+        if not subnet.subnet_of(space):  # type: ignore[arg-type]
+            found.add(path, f"{subnet} is outside addressSpace {space}", "pick a range inside addressSpace")
+        elif subnet.prefixlen > prefix:
+            found.add(path, f"{subnet} is too small for the {label} subnet", f"use a /{prefix} or larger")
+        elif clash is not None:
+            found.add(path, f"{subnet} overlaps {clash}, already used in this VNet", "give every subnet its own range")
+        else:
+            taken.append(subnet)
+            chosen[key] = str(subnet)
+    for key, label, prefix in _WAY_IN_SLOTS:  # then fixed slots, so enabling one later moves no other
+        part = wanted[key]
+        if part is not None and part.subnet is not None:
+            continue
+        slot = _first_free(space, taken, prefix)
+        if slot is None:
+            if part is not None:
+                half = next(ipaddress.ip_network(endpoint_subnet).subnets(prefixlen_diff=1))
+                found.add(f"{base}.{to_camel(key)}", f"addressSpace {space} has no free /{prefix} for the {label} "
+                          "subnet: the compute and endpoint subnets use all of it (by default they take its halves)",
+                          f"give the endpoints less room, e.g. {fix_command(stack, NAMESPACE + 'network.endpointSubnet', str(half))}, "
+                          f"or set {to_camel(key)}.subnet")
+            continue
+        taken.append(slot)
+        if part is not None:
+            chosen[key] = str(slot)
+    return WayInSubnets(bastion=chosen.get("bastion"), bastion_sku=way_in.bastion.sku if way_in.bastion else "Standard",
+                        jump_box=chosen.get("jump_box"), ci_runners=chosen.get("ci_runners"))
+
+
+def _first_free(space: ipaddress.IPv4Network | ipaddress.IPv6Network, taken: list, prefix: int):
+    """The lowest /prefix block of `space` that overlaps nothing in `taken`, or None."""
+    if prefix < space.prefixlen:
+        return None
+    for candidate in space.subnets(new_prefix=prefix):
+        if not any(candidate.overlaps(t) for t in taken):
+            return candidate
+    return None
+
+
+def _check_encryption(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
+    enc = raw.encryption
+    path = f"{NAMESPACE}encryption.cosmosDbPrincipalId"
+    lookup = "az ad sp show --id a232010e-820c-4083-83bb-3ace5fc29d0b --query id -o tsv"
+    if not enc.customer_managed_key:
+        if enc.cosmos_db_principal_id is not None:
+            found.add(path, "is only used with customerManagedKey: true", "remove it")
+        return
+    if not enc.cosmos_db_principal_id:
+        found.add(path, "a customer-managed key needs the object id of the 'Azure Cosmos DB' service principal, "
+                  "which encrypts the workspace's metadata with it", f"find it with `{lookup}`, then "
+                  f"{fix_command(stack, path, '<object id>')}")
+    elif not _GUID.match(enc.cosmos_db_principal_id):
+        found.add(path, f"{enc.cosmos_db_principal_id!r} is not an Entra object id (a GUID)", f"find it with `{lookup}`")
 
 
 def check_experiment_against_environment(experiment: StackConfig, environment: StackConfig) -> None:

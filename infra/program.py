@@ -21,8 +21,11 @@ from infra.components.access import Access, AccessArgs, Grant, cluster_identity_
 from infra.components.budget import Budget, BudgetArgs
 from infra.components.dataset_storage import CONTAINERS, DatasetStorage, DatasetStorageArgs
 from infra.components.datastores import Datastores, DatastoresArgs
+from infra.components.diagnostics import Diagnostics, DiagnosticsArgs, platform_targets
 from infra.components.environments import TrainingEnvironments, TrainingEnvironmentsArgs
 from infra.components.gpu_cluster import GpuCluster, GpuClusterArgs
+from infra.components.locks import cannot_delete_lock
+from infra.components.managed_network import PrivateEndpointRule, managed_network_settings
 from infra.components.ml_registry import MlRegistry, MlRegistryArgs
 from infra.components.network import Network, NetworkArgs
 from infra.components.private_endpoints import (
@@ -31,8 +34,10 @@ from infra.components.private_endpoints import (
     PrivateEndpointsArgs,
 )
 from infra.components.resource_group import ResourceGroup, ResourceGroupArgs
-from infra.components.workspace import Workspace, WorkspaceArgs
+from infra.components.way_in import JumpBoxSpec, WayIn, WayInArgs
+from infra.components.workspace import CustomerManagedKeySettings, Workspace, WorkspaceArgs
 from infra.config import ClusterConfig, StackConfig
+from infra.policy.rules import TAG_ALLOW_UNLOCKED
 from infra.quirks import ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR
 
 
@@ -65,6 +70,8 @@ class ClusterPlacement:
     """The compute subnet under private isolation, else None."""
     node_public_ip: pulumi.Input[bool]
     depends_on: tuple[pulumi.Resource, ...] = ()
+    managed_network: pulumi.Input[bool] = False
+    """The workspace has an Azure ML managed network (clusters take no subnet there)."""
 
 
 def _clusters(cfg: StackConfig, where: ClusterPlacement, tags: dict[str, str]) -> None:
@@ -87,6 +94,7 @@ def _clusters(cfg: StackConfig, where: ClusterPlacement, tags: dict[str, str]) -
                 ssh_admin_user=ssh.admin_user if ssh else "azureuser",
                 subnet_id=where.subnet_id,
                 node_public_ip=where.node_public_ip,
+                managed_network=where.managed_network,
                 tags={**tags, **opt_in_tags(c)},
             ),
             opts=pulumi.ResourceOptions(depends_on=list(where.depends_on)),
@@ -140,27 +148,34 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     client = authorization.get_client_config_output()
     tags = cfg.tags()
     names = cfg.names
-    private = cfg.network.isolation == "private"
+    isolation = cfg.network.isolation
+    private = isolation == "private"
+    closed = isolation != "public"  # no public network access: our VNet and its private endpoints
 
     group = ResourceGroup("core", ResourceGroupArgs(names.resource_group, cfg.location, tags))
     net = None
-    if private:
-        assert cfg.compute_subnet and cfg.endpoint_subnet and cfg.network.address_space
+    if closed:
+        assert cfg.endpoint_subnet and cfg.network.address_space
         net = Network("net", NetworkArgs(group.name, cfg.location, names.virtual_network, cfg.network.address_space,
                                          cfg.compute_subnet, cfg.endpoint_subnet, tags))
 
-    ws = Workspace("ml", WorkspaceArgs(group.name, cfg.location, names, client.tenant_id, private, tags))
     data = DatasetStorage("data", DatasetStorageArgs(
         resource_group_name=group.name,
         account_name=names.dataset_storage,
         location=cfg.location,
         tier=cfg.storage.tier,
         allow_shared_key_access=cfg.storage.allow_shared_key_access,
-        private=private,
+        private=closed,
         soft_delete_days=cfg.storage.soft_delete_days,
         protect=cfg.protect_data,
-        tags=tags,
+        tags={**tags, **data_opt_out_tags(cfg)},
     ))
+    ml_registry = None
+    if cfg.ml_registry.enabled:
+        ml_registry = MlRegistry("registry", MlRegistryArgs(
+            group.name, names.ml_registry, cfg.location, list(cfg.ml_registry.regions), closed, tags))
+    ws = Workspace("ml", WorkspaceArgs(group.name, cfg.location, names, client.tenant_id, closed, tags,
+                                       **_workspace_hardening(cfg, client.subscription_id, group, data, ml_registry)))
     stores = Datastores("datastores", DatastoresArgs(group.name, ws.workspace_name, data.account_name, list(CONTAINERS)))
     cluster_deps: list[pulumi.Resource] = [_data_access(cfg, ws, data, client.subscription_id)]
     if net is not None:
@@ -168,12 +183,9 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         cluster_deps.append(_private_endpoints(cfg, group, net, ws, data, tags))
 
     _clusters(cfg, ClusterPlacement(group.name, ws.workspace_name, cfg.location, ws.identity_id,
-                                    net.compute_subnet_id if net else None, not private, tuple(cluster_deps)), tags)
-
-    ml_registry_name: Any = None
-    if cfg.ml_registry.enabled:
-        ml_registry_name = MlRegistry("registry", MlRegistryArgs(
-            group.name, names.ml_registry, cfg.location, list(cfg.ml_registry.regions), private, tags)).registry_name
+                                    net.compute_subnet_id if net and private else None, not closed,
+                                    tuple(cluster_deps), managed_network=isolation == "managed"), tags)
+    ml_registry_name: Any = ml_registry.registry_name if ml_registry else None
 
     # Azure ML environments for our images, registered by image reference (never rebuilt).
     environments = TrainingEnvironments("environments", TrainingEnvironmentsArgs(
@@ -181,6 +193,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         login_server=ws.registry_login_server, tags=tags,
     ))
     _budget(cfg, group.id, now)
+    _hardening(cfg, group, net, ws, data, tags)
 
     return {
         **_own_entries(cfg, tags),
@@ -205,7 +218,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
             "mlRegistry": ml_registry_name,
         },
         "identity": {"clientId": ws.identity_client_id, "principalId": ws.identity_principal_id, "id": ws.identity_id},
-        "network": {"isolation": cfg.network.isolation, "subnetId": net.compute_subnet_id if net else None},
+        "network": {"isolation": isolation, "subnetId": net.compute_subnet_id if net and private else None},
     }
 
 
@@ -235,11 +248,12 @@ def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     network = passthrough["network"]
     env.require_output("clusters").apply(lambda taken: _refuse_taken_cluster_names(cfg, taken))
 
-    private = network.apply(lambda n: n["isolation"] == "private")
     _clusters(cfg, ClusterPlacement(
         resource_group_name=passthrough["resourceGroup"], workspace_name=passthrough["workspace"],
         location=passthrough["location"], identity_id=passthrough["identity"].apply(lambda i: i["id"]),
-        subnet_id=network.apply(lambda n: n.get("subnetId")), node_public_ip=private.apply(lambda p: not p),
+        subnet_id=network.apply(lambda n: n.get("subnetId")),
+        node_public_ip=network.apply(lambda n: n["isolation"] == "public"),
+        managed_network=network.apply(lambda n: n["isolation"] == "managed"),
     ), tags)
 
     scope = pulumi.Output.all(passthrough["subscriptionId"], passthrough["resourceGroup"]).apply(
@@ -255,3 +269,61 @@ def _refuse_taken_cluster_names(cfg: StackConfig, taken: dict[str, Any]) -> None
     if clash:
         raise pulumi.RunError(f"{cfg.source}: cluster name(s) {', '.join(clash)} already exist in environment "
                               f"{cfg.environment!r}'s workspace (taken: {', '.join(sorted(taken))}); rename them")
+
+
+# --------------------------------------------------------------------------------------
+# Hardening: managed network, customer-managed key, HBI, diagnostics, locks, a way in
+
+def data_opt_out_tags(cfg: StackConfig) -> dict[str, str]:
+    """Protected data without its delete lock is a choice the account itself records."""
+    return {TAG_ALLOW_UNLOCKED: "true"} if cfg.protect_data and not cfg.lock_dataset_storage else {}
+
+
+def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], group: ResourceGroup,
+                         data: DatasetStorage, ml_registry: MlRegistry | None) -> dict[str, Any]:
+    """The WorkspaceArgs the hardening options decide."""
+    extra: dict[str, Any] = {"hbi_workspace": cfg.hbi_workspace}
+    if cfg.diagnostics:
+        extra["log_retention_days"] = cfg.diagnostics.retention_days
+    if cfg.encryption.customer_managed_key:
+        assert cfg.encryption.cosmos_db_principal_id
+        extra["customer_managed_key"] = CustomerManagedKeySettings(
+            subscription_id, cfg.encryption.cosmos_db_principal_id, cfg.encryption.key_size)
+    managed = cfg.managed_network
+    if managed is not None:
+        # Our resources the nodes reach through the managed VNet: in approved-only mode a
+        # private endpoint is the only way to storage; the workspace's own storage, vault and
+        # registry get theirs from Azure.
+        endpoints = [PrivateEndpointRule("datasets-blob", data.account_id, "blob")]
+        if ml_registry is not None:
+            registry_id = pulumi.Output.all(subscription_id, group.name, ml_registry.registry_name).apply(
+                lambda a: f"/subscriptions/{a[0]}/resourceGroups/{a[1]}/providers/"
+                          f"Microsoft.MachineLearningServices/registries/{a[2]}")
+            endpoints.append(PrivateEndpointRule("ml-registry", registry_id, "amlregistry"))
+        extra["managed_network"] = managed_network_settings(
+            managed.outbound, fqdn_rules=managed.fqdn_rules, firewall_sku=managed.firewall_sku, endpoints=endpoints)
+    return extra
+
+
+def _hardening(cfg: StackConfig, group: ResourceGroup, net: Network | None, ws: Workspace,
+               data: DatasetStorage, tags: dict[str, str]) -> None:
+    """Diagnostic settings, the dataset account's delete lock and the way in, as configured."""
+    if cfg.diagnostics:
+        Diagnostics("diagnostics", DiagnosticsArgs(ws.log_analytics_id, platform_targets(
+            workspace_id=ws.workspace_id, vault_id=ws.key_vault_id,
+            storage_account_ids={"datasets": data.account_id, "workspace-storage": ws.workspace_storage_id},
+            storage_reads=cfg.diagnostics.storage_reads)))
+    if cfg.lock_dataset_storage:
+        cannot_delete_lock("data-lock", scope=data.account_id, opts=pulumi.ResourceOptions(parent=data),
+                           notes=f"Datasets and checkpoints of aml-hpc stack {cfg.stack}; lift only to delete "
+                                 "them on purpose (docs/isolation.md).")
+    way_in = cfg.way_in
+    if way_in is not None and net is not None and cfg.network.way_in is not None:
+        box = cfg.network.way_in.jump_box
+        WayIn("way-in", WayInArgs(
+            resource_group_name=group.name, location=cfg.location, vnet_name=cfg.names.virtual_network,
+            name_prefix=f"{cfg.name_prefix}-{cfg.stack}", bastion_subnet=way_in.bastion, bastion_sku=way_in.bastion_sku,
+            jump_box_subnet=way_in.jump_box,
+            jump_box=JumpBoxSpec(box.size, box.admin_user, (box.public_key or "").strip()) if box else None,
+            ci_runner_subnet=way_in.ci_runners, tags=tags,
+        ), opts=pulumi.ResourceOptions(depends_on=[net]))

@@ -23,6 +23,9 @@ CLUSTER_REPLACE_ON_CHANGES: tuple[str, ...] = (
 ROLE_STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 ROLE_ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
+# Key Vault Crypto Service Encryption User: wrap/unwrap with a key, for services that encrypt
+# with a customer-managed key (Microsoft Learn: Azure built-in roles, Security).
+ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER = "e147488a-f6f5-4113-8e2d-b22465e65bf6"
 
 
 def role_definition_id(subscription_id: str, role_guid: str) -> str:
@@ -67,3 +70,11 @@ BUDGET_IGNORE_CHANGES = ["timePeriod"]
 def idle_duration(minutes: int) -> str:
     """AmlCompute wants the scale-down idle time as an ISO 8601 duration."""
     return f"PT{minutes}M"
+
+
+# Azure Firewall, which an Azure ML managed network deploys for its FQDN outbound rules:
+# deployment price per hour in USD (plus data processed per GB), as listed on Azure's
+# pricing page (https://azure.microsoft.com/pricing/details/azure-firewall/, 2025, East US).
+# Policy and docs quote them so the cost of an FQDN rule is visible before it is billed.
+AZURE_FIREWALL_USD_PER_HOUR = {"Standard": 1.25, "Basic": 0.395}
+AZURE_FIREWALL_USD_PER_GB = {"Standard": 0.016, "Basic": 0.065}

@@ -55,8 +55,8 @@ DELETE = object()
 BAD = [
     ("unknown sku", "dev", GOOD_ENV, "aml-hpc:clusters/0/sku", "Standard_ND96asr_v5",
      ["aml-hpc:clusters[0].sku", "'Standard_ND96asr_v5'", "did you mean Standard_ND96asr_v4"]),
-    ("multi-node without infiniband", "dev", GOOD_ENV, "aml-hpc:clusters/0/sku", "Standard_NC24s_v3",
-     ["aml-hpc:clusters[0].sku", "Standard_NC24s_v3 has no InfiniBand", "4 nodes", "allowTcpMultiNode"]),
+    ("multi-node without infiniband", "dev", GOOD_ENV, "aml-hpc:clusters/0/sku", "Standard_NC24ads_A100_v4",
+     ["aml-hpc:clusters[0].sku", "Standard_NC24ads_A100_v4 has no InfiniBand", "4 nodes", "allowTcpMultiNode"]),
     ("max below min", "dev", GOOD_ENV, "aml-hpc:clusters/0",
      {"name": "nd-a100", "sku": "Standard_ND96asr_v4", "minNodes": 3, "maxNodes": 2, "allowIdleNodes": True},
      ["aml-hpc:clusters[0].maxNodes", "maxNodes 2 is below minNodes 3"]),
@@ -146,11 +146,12 @@ class TestGoodConfigs:
         dev, prod = load_stack_config("dev"), load_stack_config("prod")
         assert dev.kind == prod.kind == "environment"
         assert dev.protect_data is False and prod.protect_data is True
-        assert prod.network.isolation == "private" and prod.compute_subnet == "10.40.0.0/17"
+        assert prod.network.isolation == "managed" and prod.compute_subnet is None
+        assert prod.endpoint_subnet == "10.40.128.0/17"
 
     def test_opt_ins_make_the_flagged_cases_valid(self, tmp_path):
         config = mutate(GOOD_ENV, "aml-hpc:clusters/0", {
-            "name": "nc", "sku": "Standard_NC24s_v3", "minNodes": 1, "maxNodes": 4,
+            "name": "nc", "sku": "Standard_NC24ads_A100_v4", "minNodes": 1, "maxNodes": 4,
             "allowIdleNodes": True, "allowTcpMultiNode": True})
         write(tmp_path, "dev", config)
         assert load_stack_config("dev", tmp_path).clusters[0].min_nodes == 1
@@ -181,7 +182,7 @@ class TestCollectsEverything:
     def test_all_problems_reported_at_once(self, tmp_path):
         config = mutate(GOOD_ENV, "aml-hpc:clusters", [
             {"name": "x", "sku": "Standard_Nope", "maxNodes": 2},
-            {"name": "ok-name", "sku": "Standard_NC24s_v3", "maxNodes": 3},
+            {"name": "ok-name", "sku": "Standard_NC24ads_A100_v4", "maxNodes": 3},
         ])
         config["aml-hpc:budget"] = {"monthlyAmountUsd": 10}
         write(tmp_path, "dev", config)

@@ -85,7 +85,7 @@ class TestEnvironmentStacks:
                 or (r.type == "azure-native:storage:StorageAccount" and r.name == "data-account")]
         assert len(data) == 3 and all(r.retain_on_delete and not r.protect for r in data)
 
-    def test_prod_is_private_and_protected(self, prod):
+    def test_prod_is_isolated_and_protected(self, prod):
         t = types(prod)
         assert t.count("azure-native:network:PrivateEndpoint") == 6
         groups = sorted(r.inputs["privateLinkServiceConnections"][0]["groupIds"][0]
@@ -96,9 +96,12 @@ class TestEnvironmentStacks:
         account = next(r for r in prod.resources if r.name == "data-account")
         assert account.protect and account.retain_on_delete
         compute = prod.of_type("azure-native:machinelearningservices:Compute")[0].inputs["properties"]["properties"]
-        assert compute["enableNodePublicIp"] is False and compute["subnet"]["id"].endswith("/subnets/compute")
+        # Managed isolation (docs/isolation.md): the nodes live in Azure ML's managed VNet.
+        assert compute["enableNodePublicIp"] is False and "subnet" not in compute
+        workspace = prod.of_type("azure-native:machinelearningservices:Workspace")[0].inputs
+        assert workspace["managedNetwork"]["isolationMode"] == "AllowOnlyApprovedOutbound"
         assert "azure-native:machinelearningservices:Registry" in t
-        assert prod.outputs["network"]["subnetId"].endswith("/subnets/compute")
+        assert prod.outputs["network"] == {"isolation": "managed", "subnetId": None}
 
     def test_clusters_wait_for_their_access(self, prod):
         """Nodes must not start before role assignments and the workspace endpoint exist."""

@@ -115,7 +115,8 @@ class TestRuleSet:
     def test_the_issue_rules_are_all_mandatory(self):
         """Every rule the platform requires blocks a deployment; only opt-in reports are advisory."""
         advisory = {r.name for r in RULES if r.level == "advisory"}
-        assert advisory == {"gpu-idle-nodes-opted-in", "tcp-multi-node-opted-in"}
+        assert advisory == {"gpu-idle-nodes-opted-in", "tcp-multi-node-opted-in", "dataset-storage-unlocked-opted-in",
+                            "managed-network-outbound"}
 
 
 class TestGpuScaleToZero:

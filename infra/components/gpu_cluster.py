@@ -45,6 +45,9 @@ class GpuClusterArgs:
     """False under private isolation (an Output for experiments, which read it from the
     environment's outputs). Changing it replaces the cluster."""
     tags: dict[str, str] = field(default_factory=dict)
+    managed_network: pulumi.Input[bool] = False
+    """True when the workspace has an Azure ML managed network: the nodes take no subnet and
+    no public IP there (Azure places them in the managed VNet)."""
 
 
 class GpuCluster(pulumi.ComponentResource):
@@ -58,7 +61,7 @@ class GpuCluster(pulumi.ComponentResource):
         sku = skus.get(args.sku)
         if args.min_nodes > args.max_nodes:
             raise ComponentError(self, f"minNodes {args.min_nodes} exceeds maxNodes {args.max_nodes}")
-        if args.node_public_ip is False and args.subnet_id is None:
+        if args.node_public_ip is False and args.subnet_id is None and args.managed_network is False:
             # Without a public IP the nodes need our VNet (or a managed VNet) to reach Azure ML.
             raise ComponentError(self, "a cluster without node public IPs needs a subnet")
 

@@ -1,6 +1,9 @@
 """Our own virtual network for private isolation: a compute subnet behind an NSG with a
 NAT gateway for outbound traffic (nodes have no public IP), an endpoint subnet, and the
 private DNS zones the private endpoints register in, linked to the VNet.
+
+Under managed isolation the nodes live in Azure ML's managed VNet, so ours has no compute
+subnet (nor its NSG and NAT gateway): only the endpoints people and CI reach the stack by.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ class NetworkArgs:
     vnet_name: str
     address_space: str
     """VNet CIDR. Changing it replaces the VNet, its subnets and every cluster in them."""
-    compute_subnet: str
-    """CIDR for the cluster nodes (inside address_space). Changing it replaces the clusters."""
+    compute_subnet: str | None
+    """CIDR for the cluster nodes (inside address_space); None under managed isolation.
+    Changing it replaces the clusters."""
     endpoint_subnet: str
     """CIDR for private endpoints (inside address_space)."""
     tags: dict[str, str] = field(default_factory=dict)
@@ -31,7 +35,7 @@ class Network(pulumi.ComponentResource):
     """VNet, subnets, NSG, NAT gateway and private DNS zones."""
 
     vnet_id: pulumi.Output[str]
-    compute_subnet_id: pulumi.Output[str]
+    compute_subnet_id: pulumi.Output[str] | None
     endpoint_subnet_id: pulumi.Output[str]
     dns_zone_ids: dict[str, pulumi.Output[str]]
     """Private DNS zone name -> zone id."""
@@ -40,49 +44,6 @@ class Network(pulumi.ComponentResource):
         super().__init__("aml-hpc:network:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
-        nsg = network.NetworkSecurityGroup(
-            f"{name}-compute-nsg",
-            network_security_group_name=f"{args.vnet_name}-compute-nsg",
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            security_rules=[
-                # Nodes have no public IP; nothing from the internet may reach them. Traffic
-                # inside the VNet (MPI, NCCL sockets, BeeOND) stays allowed by the defaults.
-                network.SecurityRuleArgs(
-                    name="deny-internet-inbound",
-                    priority=4000,
-                    direction="Inbound",
-                    access="Deny",
-                    protocol="*",
-                    source_address_prefix="Internet",
-                    source_port_range="*",
-                    destination_address_prefix="*",
-                    destination_port_range="*",
-                ),
-            ],
-            tags=args.tags,
-            opts=child,
-        )
-        egress_ip = network.PublicIPAddress(
-            f"{name}-nat-ip",
-            public_ip_address_name=f"{args.vnet_name}-nat-ip",
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            sku=network.PublicIPAddressSkuArgs(name="Standard"),
-            public_ip_allocation_method="Static",
-            tags=args.tags,
-            opts=child,
-        )
-        nat = network.NatGateway(
-            f"{name}-nat",
-            nat_gateway_name=f"{args.vnet_name}-nat",
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            sku=network.NatGatewaySkuArgs(name="Standard"),
-            public_ip_addresses=[network.SubResourceArgs(id=egress_ip.id)],
-            tags=args.tags,
-            opts=child,
-        )
         vnet = network.VirtualNetwork(
             f"{name}-vnet",
             virtual_network_name=args.vnet_name,
@@ -93,17 +54,62 @@ class Network(pulumi.ComponentResource):
             # Subnets are their own resources below; don't let the VNet fight over them.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["subnets"]),
         )
-        compute = network.Subnet(
-            f"{name}-compute-subnet",
-            subnet_name="compute",
-            virtual_network_name=vnet.name,
-            resource_group_name=args.resource_group_name,
-            address_prefix=args.compute_subnet,
-            network_security_group=network.NetworkSecurityGroupArgs(id=nsg.id),
-            nat_gateway=network.SubResourceArgs(id=nat.id),
-            default_outbound_access=False,
-            opts=child,
-        )
+        compute = None
+        if args.compute_subnet is not None:
+            nsg = network.NetworkSecurityGroup(
+                f"{name}-compute-nsg",
+                network_security_group_name=f"{args.vnet_name}-compute-nsg",
+                resource_group_name=args.resource_group_name,
+                location=args.location,
+                security_rules=[
+                    # Nodes have no public IP; nothing from the internet may reach them. Traffic
+                    # inside the VNet (MPI, NCCL sockets, BeeOND) stays allowed by the defaults.
+                    network.SecurityRuleArgs(
+                        name="deny-internet-inbound",
+                        priority=4000,
+                        direction="Inbound",
+                        access="Deny",
+                        protocol="*",
+                        source_address_prefix="Internet",
+                        source_port_range="*",
+                        destination_address_prefix="*",
+                        destination_port_range="*",
+                    ),
+                ],
+                tags=args.tags,
+                opts=child,
+            )
+            egress_ip = network.PublicIPAddress(
+                f"{name}-nat-ip",
+                public_ip_address_name=f"{args.vnet_name}-nat-ip",
+                resource_group_name=args.resource_group_name,
+                location=args.location,
+                sku=network.PublicIPAddressSkuArgs(name="Standard"),
+                public_ip_allocation_method="Static",
+                tags=args.tags,
+                opts=child,
+            )
+            nat = network.NatGateway(
+                f"{name}-nat",
+                nat_gateway_name=f"{args.vnet_name}-nat",
+                resource_group_name=args.resource_group_name,
+                location=args.location,
+                sku=network.NatGatewaySkuArgs(name="Standard"),
+                public_ip_addresses=[network.SubResourceArgs(id=egress_ip.id)],
+                tags=args.tags,
+                opts=child,
+            )
+            compute = network.Subnet(
+                f"{name}-compute-subnet",
+                subnet_name="compute",
+                virtual_network_name=vnet.name,
+                resource_group_name=args.resource_group_name,
+                address_prefix=args.compute_subnet,
+                network_security_group=network.NetworkSecurityGroupArgs(id=nsg.id),
+                nat_gateway=network.SubResourceArgs(id=nat.id),
+                default_outbound_access=False,
+                opts=child,
+            )
         endpoints = network.Subnet(
             f"{name}-endpoint-subnet",
             subnet_name="endpoints",
@@ -113,7 +119,7 @@ class Network(pulumi.ComponentResource):
             private_endpoint_network_policies="Disabled",
             default_outbound_access=False,
             # Azure serialises subnet changes on one VNet.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[compute]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[compute] if compute else []),
         )
 
         self.dns_zone_ids = {}
@@ -142,7 +148,7 @@ class Network(pulumi.ComponentResource):
             self.dns_zone_ids[zone_name] = zone.id
 
         self.vnet_id = vnet.id
-        self.compute_subnet_id = compute.id
+        self.compute_subnet_id = compute.id if compute else None
         self.endpoint_subnet_id = endpoints.id
         self.register_outputs({
             "vnetId": self.vnet_id,

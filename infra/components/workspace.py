@@ -4,6 +4,12 @@ workspace's own storage account, and the user-assigned identity the GPU clusters
 
 Lives only in environment stacks: a deleted workspace blocks its name for 14 days
 (infra.quirks.WORKSPACE_SOFT_DELETE_DAYS), so experiments borrow it instead.
+
+Hardening options, all set when the workspace is created (Azure refuses changing the key
+setting and the HBI flag later, and a managed network cannot be turned off again):
+a managed network (infra/components/managed_network.py), a customer-managed key
+(infra/components/encryption.py) and the high-business-impact flag (`hbiWorkspace`: less
+diagnostic data to Microsoft, encrypted and wiped node scratch disks).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pulumi_azure_native import (
 )
 
 from infra import quirks
+from infra.components.encryption import CustomerManagedKey, CustomerManagedKeyArgs
 from infra.components.storage_account import secure_storage_account
 from infra.naming import StackNames
 
@@ -39,6 +46,20 @@ class WorkspaceArgs:
     """Private isolation: public network access off on every dependency and the workspace."""
     tags: dict[str, str] = field(default_factory=dict)
     log_retention_days: int = 30
+    managed_network: ml.ManagedNetworkSettingsArgs | None = None
+    """Managed isolation: the managed VNet and its outbound rules. Azure provisions it when the
+    workspace is created (provisionNetworkNow), so the first cluster does not wait for it."""
+    customer_managed_key: CustomerManagedKeySettings | None = None
+    hbi_workspace: bool = False
+
+
+@dataclass
+class CustomerManagedKeySettings:
+    """What the stack says about the key; the vault is the workspace's own."""
+
+    subscription_id: pulumi.Input[str]
+    cosmos_db_principal_id: str
+    key_size: int = 3072
 
 
 class Workspace(pulumi.ComponentResource):
@@ -53,6 +74,7 @@ class Workspace(pulumi.ComponentResource):
     identity_id: pulumi.Output[str]
     identity_client_id: pulumi.Output[str]
     identity_principal_id: pulumi.Output[str]
+    log_analytics_id: pulumi.Output[str]
 
     def __init__(self, name: str, args: WorkspaceArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("aml-hpc:ml:Workspace", name, None, opts)
@@ -133,6 +155,14 @@ class Workspace(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
+        cmk = None
+        if args.customer_managed_key is not None:
+            key = args.customer_managed_key
+            cmk = CustomerManagedKey(f"{name}-cmk", CustomerManagedKeyArgs(
+                resource_group_name=args.resource_group_name, location=args.location, vault_name=vault.name,
+                vault_id=vault.id, subscription_id=key.subscription_id, identity_name=f"{n.identity}-cmk",
+                cosmos_db_principal_id=key.cosmos_db_principal_id, key_size=key.key_size, tags=args.tags,
+            ), opts=child)
         workspace = ml.Workspace(
             f"{name}-mlw",
             workspace_name=n.workspace,
@@ -140,7 +170,11 @@ class Workspace(pulumi.ComponentResource):
             location=args.location,
             kind="Default",
             sku=ml.SkuArgs(name="Basic", tier="Basic"),
-            identity=ml.ManagedServiceIdentityArgs(type="SystemAssigned"),
+            identity=cmk.workspace_identity() if cmk else ml.ManagedServiceIdentityArgs(type="SystemAssigned"),
+            encryption=cmk.encryption() if cmk else None,
+            hbi_workspace=args.hbi_workspace or None,
+            managed_network=args.managed_network,
+            provision_network_now=True if args.managed_network else None,
             key_vault=vault.id,
             application_insights=insights.id,
             container_registry=registry.id,
@@ -150,7 +184,8 @@ class Workspace(pulumi.ComponentResource):
             system_datastores_auth_mode="identity",
             friendly_name=n.workspace,
             tags=args.tags,
-            opts=child,
+            # The key's role assignments must exist before Azure ML first uses the key.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=cmk.grants if cmk else None),
         )
 
         self.workspace_name = workspace.name
@@ -162,6 +197,7 @@ class Workspace(pulumi.ComponentResource):
         self.identity_id = identity.id
         self.identity_client_id = identity.client_id
         self.identity_principal_id = identity.principal_id
+        self.log_analytics_id = logs.id
         self.register_outputs({
             "workspaceName": self.workspace_name,
             "workspaceId": self.workspace_id,

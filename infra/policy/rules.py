@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from core import skus
+from infra import quirks
 from infra.policy.model import (
     Finding,
     Level,
@@ -41,6 +42,13 @@ KEY_VAULT = "azure-native:keyvault:Vault"
 CONTAINER_REGISTRY = "azure-native:containerregistry:Registry"
 BUDGET = "azure-native:consumption:Budget"
 RESOURCE_GROUP = "azure-native:resources:ResourceGroup"
+WORKSPACE = "azure-native:machinelearningservices:Workspace"
+DIAGNOSTIC_SETTING = "azure-native:monitor:DiagnosticSetting"
+LOCK_BY_SCOPE = "azure-native:authorization:ManagementLockByScope"
+LOCK_AT_RESOURCE = "azure-native:authorization:ManagementLockAtResourceLevel"
+VIRTUAL_MACHINE = "azure-native:compute:VirtualMachine"
+NETWORK_INTERFACE = "azure-native:network:NetworkInterface"
+KEY_VAULT_KEY = "azure-native:keyvault:Key"
 
 # The component that owns datasets and checkpoints (infra/components/dataset_storage.py).
 # Its type is part of every child's URN, so both adapters can tell dataset storage apart
@@ -52,6 +60,8 @@ DATASET_COMPONENT = "aml-hpc:data:DatasetStorage"
 # itself says it was a deliberate choice.
 TAG_ALLOW_IDLE_NODES = "allowIdleNodes"
 TAG_ALLOW_TCP_MULTI_NODE = "allowTcpMultiNode"
+# On protected dataset storage whose stack turned its delete lock off (aml-hpc:locks.datasetStorage).
+TAG_ALLOW_UNLOCKED = "allowUnlocked"
 
 REQUIRED_TAGS = ("owner", "environment")
 EXPERIMENT_TAG = "expiresAt"
@@ -77,6 +87,10 @@ TAGGABLE = frozenset({
     "azure-native:network:PrivateEndpoint",
     "azure-native:privatedns:PrivateZone",
     "azure-native:privatedns:VirtualNetworkLink",
+    "azure-native:network:BastionHost",
+    NETWORK_INTERFACE,
+    VIRTUAL_MACHINE,
+    KEY_VAULT_KEY,
 })
 
 # What an experiment stack may own. Everything long-lived (data, workspace, registry,
@@ -443,6 +457,160 @@ def _experiment_clusters_only(r: ResourceView, stack: StackView, limits: Limits)
     )
 
 
+# --------------------------------------------------------------------------------------
+# Hardening: delete locks, managed networks, diagnostics, keys, the way in
+
+
+def _locked_scopes(resources: Sequence[ResourceView]) -> list[str]:
+    """Resource ids (lower case) that carry a CanNotDelete or ReadOnly lock in this stack."""
+    scopes = []
+    for r in resources:
+        if r.type not in (LOCK_BY_SCOPE, LOCK_AT_RESOURCE) or r.inputs.get("level") not in ("CanNotDelete", "ReadOnly"):
+            continue
+        if r.type == LOCK_BY_SCOPE:
+            scopes.append(str(r.inputs.get("scope") or "").lower())
+        else:  # at resource level: provider namespace, type and name instead of an id
+            scopes.append(f"/providers/{r.inputs.get('resourceProviderNamespace')}/{r.inputs.get('resourceType')}/"
+                          f"{r.inputs.get('resourceName')}".lower())
+    return scopes
+
+
+def _protected_dataset_accounts(resources: Sequence[ResourceView]) -> list[ResourceView]:
+    return [r for r in resources if r.type == STORAGE_ACCOUNT and r.within(DATASET_COMPONENT) and r.protect]
+
+
+def _dataset_locked(resources: Sequence[ResourceView], stack: StackView, limits: Limits) -> Iterable[Finding]:
+    # `protect` guards against Pulumi only; an Azure lock guards against the portal, the CLI
+    # and a deleted resource group as well.
+    scopes = _locked_scopes(resources)
+    for r in _protected_dataset_accounts(resources):
+        account = str(r.inputs.get("accountName") or r.name)
+        suffix = f"/microsoft.storage/storageaccounts/{account.lower()}"
+        if _opted_in(r, TAG_ALLOW_UNLOCKED) or any(s.endswith(suffix) for s in scopes):
+            continue
+        yield Finding(
+            f"protected dataset storage {account!r} has no delete lock: Pulumi refuses to delete it, "
+            "anyone with Azure rights outside Pulumi can",
+            f"lock it (aml-hpc:locks.datasetStorage: true in Pulumi.{_short(stack)}.yaml, the default outside dev), "
+            f"or opt out with locks.datasetStorage: false (the account then carries {TAG_ALLOW_UNLOCKED}=true)",
+            urn=r.urn, name=r.name,
+        )
+
+
+def _dataset_unlocked_opted_in(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type == STORAGE_ACCOUNT and r.within(DATASET_COMPONENT) and r.protect and _opted_in(r, TAG_ALLOW_UNLOCKED):
+        yield Finding(
+            f"dataset storage {r.inputs.get('accountName') or r.name!r} is protected in Pulumi but not locked in Azure "
+            f"by choice ({TAG_ALLOW_UNLOCKED})",
+            "lock it once the deploying identity may create locks (Owner or User Access Administrator)",
+        )
+
+
+_MANAGED_MODES = ("AllowInternetOutbound", "AllowOnlyApprovedOutbound")
+
+
+def _managed_mode(resources: Sequence[ResourceView]) -> str | None:
+    for r in resources:
+        if r.type == WORKSPACE:
+            mode = get_path(r.inputs, "managedNetwork", "isolationMode")
+            if mode in _MANAGED_MODES:
+                return str(mode)
+    return None
+
+
+def _managed_network_clusters(resources: Sequence[ResourceView], stack: StackView, limits: Limits) -> Iterable[Finding]:
+    # Azure places a managed workspace's clusters in its managed VNet: a subnet of our own is
+    # refused at deployment, and a public node IP would bypass the outbound rules.
+    if _managed_mode(resources) is None:
+        return
+    for r in resources:
+        props = _aml(r)
+        if props is None:
+            continue
+        if props.get("subnet"):
+            yield Finding(f"cluster {_cluster_name(r)!r} names a subnet, but its workspace uses a managed network",
+                          "drop the subnet: clusters in a managed network take none", urn=r.urn, name=r.name)
+        if props.get("enableNodePublicIp") is not False:
+            yield Finding(f"cluster {_cluster_name(r)!r} in a managed network does not turn node public IPs off",
+                          "set enableNodePublicIp: false (infra/program.py does for managed isolation)",
+                          urn=r.urn, name=r.name)
+
+
+def _managed_network_outbound(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != WORKSPACE:
+        return
+    network = r.inputs.get("managedNetwork") or {}
+    mode = network.get("isolationMode")
+    name = r.inputs.get("workspaceName") or r.name
+    if mode == "AllowInternetOutbound":
+        yield Finding(f"workspace {name!r}: jobs may send data to any host on the internet (AllowInternetOutbound)",
+                      "use outbound: AllowOnlyApprovedOutbound with FQDN rules for the hosts jobs need; Azure allows "
+                      "that switch once, and never back")
+        return
+    rules = network.get("outboundRules") or {}
+    fqdn = [rule.get("destination") for rule in (rules.values() if hasattr(rules, "values") else [])
+            if rule.get("type") == "FQDN"]
+    if mode == "AllowOnlyApprovedOutbound" and fqdn:
+        sku = str(network.get("firewallSku") or "Standard")
+        hourly = quirks.AZURE_FIREWALL_USD_PER_HOUR.get(sku)
+        cost = (f"about ${hourly:.3g}/hour (${hourly * 730:,.0f}/month) plus "
+                f"${quirks.AZURE_FIREWALL_USD_PER_GB[sku]}/GB at the list price") if hourly else "billed hourly"
+        yield Finding(f"workspace {name!r}: {len(fqdn)} FQDN rule(s) ({', '.join(map(str, fqdn))}) make Azure run a "
+                      f"{sku} Azure Firewall in the managed VNet, {cost}",
+                      "keep the list to what jobs need (aml-hpc:network.fqdnRules); [] removes the firewall")
+
+
+def _diagnostics_complete(resources: Sequence[ResourceView], stack: StackView, limits: Limits) -> Iterable[Finding]:
+    # A stack that sends diagnostics sends them for the workspace, its vault and every storage
+    # account's blob service: a gap is the one place nobody looks.
+    settings = [str(r.inputs.get("resourceUri") or "").lower() for r in resources if r.type == DIAGNOSTIC_SETTING]
+    if not settings:
+        return
+    wanted = []
+    for r in resources:
+        if r.type == WORKSPACE:
+            wanted.append((r, f"/workspaces/{r.inputs.get('workspaceName') or ''}", "workspace"))
+        elif r.type == KEY_VAULT:
+            wanted.append((r, f"/vaults/{r.inputs.get('vaultName') or ''}", "key vault"))
+        elif r.type == STORAGE_ACCOUNT:
+            wanted.append((r, f"/storageaccounts/{r.inputs.get('accountName') or ''}/blobservices/default",
+                           "storage account (blob service)"))
+    for r, suffix, what in wanted:
+        if not any(s.endswith(suffix.lower()) for s in settings):
+            yield Finding(f"{what} {r.name!r} sends no diagnostics while the rest of the stack does",
+                          "add it to infra/components/diagnostics.py platform_targets", urn=r.urn, name=r.name)
+
+
+def _key_size(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != KEY_VAULT_KEY:
+        return
+    props = r.inputs.get("properties") or {}
+    size = _number(props.get("keySize"))
+    if str(props.get("kty", "")).startswith("RSA") and size is not None and size < 3072:
+        yield Finding(f"key {r.inputs.get('keyName') or r.name!r} is RSA {size:g} bits; Microsoft recommends 3072 or "
+                      "more for Azure ML customer-managed keys", "set aml-hpc:encryption.keySize: 3072 (or 4096)")
+
+
+def _vm_ssh_key_only(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != VIRTUAL_MACHINE:
+        return
+    profile = r.inputs.get("osProfile") or {}
+    name = r.inputs.get("vmName") or r.name
+    if profile.get("adminPassword") not in (None, ""):  # never echo the value
+        yield Finding(f"VM {name!r} sets an admin password", "remove it; give an SSH public key")
+    if get_path(profile, "linuxConfiguration", "disablePasswordAuthentication") is not True:
+        yield Finding(f"VM {name!r} allows password login", "set osProfile.linuxConfiguration.disablePasswordAuthentication: true")
+
+
+def _no_public_ip_nic(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != NETWORK_INTERFACE:
+        return
+    configs = r.inputs.get("ipConfigurations") or []
+    if any(c.get("publicIPAddress") for c in (configs if is_sequence(configs) else [])):
+        yield Finding(f"network interface {r.inputs.get('networkInterfaceName') or r.name!r} has a public IP",
+                      "reach VMs through Azure Bastion (aml-hpc:network.wayIn.bastion), never a public IP of their own")
+
+
 def _short(stack: StackView) -> str:
     return stack.name.rsplit("/", 1)[-1]
 
@@ -478,6 +646,25 @@ RULES: tuple[Rule, ...] = (
     Rule("experiment-clusters-only", "mandatory",
          "Experiment stacks own clusters and budgets only, so teardown never destroys data.",
          check_resource=_experiment_clusters_only),
+    Rule("dataset-storage-locked", "mandatory",
+         "Protected dataset storage also carries an Azure CanNotDelete lock (deletion outside Pulumi).",
+         check_stack=_dataset_locked),
+    Rule("dataset-storage-unlocked-opted-in", "advisory", "Protected dataset storage left unlocked by choice.",
+         check_resource=_dataset_unlocked_opted_in),
+    Rule("managed-network-clusters", "mandatory",
+         "Clusters of a managed-network workspace take no subnet and no node public IP.",
+         check_stack=_managed_network_clusters),
+    Rule("managed-network-outbound", "advisory",
+         "What a managed network lets out: internet outbound, or FQDN rules and their firewall's cost.",
+         check_resource=_managed_network_outbound),
+    Rule("diagnostics-complete", "mandatory",
+         "A stack with diagnostic settings covers the workspace, its Key Vault and every blob service.",
+         check_stack=_diagnostics_complete),
+    Rule("key-size", "mandatory", "RSA keys for customer-managed encryption have 3072 bits or more.",
+         check_resource=_key_size),
+    Rule("vm-ssh-key-only", "mandatory", "VMs (the jump box) allow SSH keys only.", check_resource=_vm_ssh_key_only),
+    Rule("no-public-ip-on-nics", "mandatory", "Network interfaces have no public IP (reach VMs through Bastion).",
+         check_resource=_no_public_ip_nic),
 )
 
 RULES_BY_NAME = {rule.name: rule for rule in RULES}

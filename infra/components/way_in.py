@@ -1,0 +1,193 @@
+"""A way into a private or managed stack: Azure Bastion and a jump box, and a CI runner subnet.
+
+The workspace, its storage and registry take no public traffic in those stacks, so people
+and CI need a seat inside our VNet to reach the private endpoints (docs/isolation.md):
+
+- **Azure Bastion** (public IP on Bastion only) and a **jump box**: a small Linux VM with no
+  public IP, SSH by key only, reached with `az network bastion ssh` (Standard SKU: native
+  client tunnels) or from the portal (Basic). `jobs submit`, `make images` and `pulumi`
+  run from it with the user's own `az login`.
+- a **CI runner subnet** for self-hosted runners (VMs or scale sets registered with the CI
+  outside Pulumi), behind the same NSG.
+
+The jump box and runners reach the internet (Entra ID sign-in, package indexes) through
+their own NAT gateway: our subnets have no default outbound access. Azure serialises
+subnet changes on a VNet, so each subnet waits for the one before it.
+
+Input names: pulumi-azure-native network (BastionHost, Subnet, NatGateway,
+NetworkSecurityGroup, NetworkInterface) and compute (VirtualMachine). Bastion needs a
+subnet named AzureBastionSubnet of /26 or larger and a Standard, static public IP
+(Microsoft Learn, "About Azure Bastion configuration settings").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pulumi
+from pulumi_azure_native import compute, network
+
+from infra.components import ComponentError
+
+BASTION_SUBNET_NAME = "AzureBastionSubnet"  # the only name Azure accepts for Bastion's subnet
+JUMP_BOX_IMAGE = compute.ImageReferenceArgs(publisher="Canonical", offer="ubuntu-24_04-lts", sku="server",
+                                            version="latest")
+
+
+@dataclass
+class JumpBoxSpec:
+    size: str
+    admin_user: str
+    public_key: str
+    """OpenSSH public key (validated in infra.config); passwords are never set."""
+
+
+@dataclass
+class WayInArgs:
+    resource_group_name: pulumi.Input[str]
+    location: str
+    vnet_name: str
+    """Our VNet (infra/components/network.py), created before this component."""
+    name_prefix: str
+    """e.g. amlhpc-prod: resource names derive from it."""
+    bastion_subnet: str | None = None
+    bastion_sku: Literal["Basic", "Standard"] = "Standard"
+    jump_box_subnet: str | None = None
+    jump_box: JumpBoxSpec | None = None
+    ci_runner_subnet: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class WayIn(pulumi.ComponentResource):
+    """Bastion, jump box and CI runner subnet, each only when its subnet is given."""
+
+    ci_runner_subnet_id: pulumi.Output[str] | None
+
+    def __init__(self, name: str, args: WayInArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("aml-hpc:network:WayIn", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        if args.bastion_subnet and not (args.jump_box and args.jump_box_subnet):
+            raise ComponentError(self, "Bastion needs a jump box to connect to")
+        # Children do not inherit a component's depends_on: the first subnet waits for the network.
+        previous: list[pulumi.Resource] = list((opts.depends_on if opts else None) or [])
+        prefix = args.name_prefix
+
+        def subnet(key: str, subnet_name: str, cidr: str, **props) -> network.Subnet:
+            created = network.Subnet(
+                f"{name}-{key}-subnet",
+                subnet_name=subnet_name,
+                virtual_network_name=args.vnet_name,
+                resource_group_name=args.resource_group_name,
+                address_prefix=cidr,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(previous)),
+                **props,
+            )
+            previous[:] = [created]
+            return created
+
+        inner = [s for s in (args.jump_box_subnet, args.ci_runner_subnet) if s]
+        nsg = nat = None
+        if inner:
+            rules = [
+                network.SecurityRuleArgs(
+                    name="deny-internet-inbound", priority=4000, direction="Inbound", access="Deny", protocol="*",
+                    source_address_prefix="Internet", source_port_range="*", destination_address_prefix="*",
+                    destination_port_range="*",
+                ),
+            ]
+            if args.bastion_subnet and args.jump_box_subnet:
+                rules.insert(0, network.SecurityRuleArgs(
+                    name="ssh-from-bastion", priority=1000, direction="Inbound", access="Allow", protocol="Tcp",
+                    source_address_prefix=args.bastion_subnet, source_port_range="*",
+                    destination_address_prefix=args.jump_box_subnet, destination_port_range="22",
+                ))
+            nsg = network.NetworkSecurityGroup(
+                f"{name}-nsg", network_security_group_name=f"nsg-{prefix}-way-in",
+                resource_group_name=args.resource_group_name, location=args.location, security_rules=rules,
+                tags=args.tags, opts=child,
+            )
+            egress_ip = network.PublicIPAddress(
+                f"{name}-nat-ip", public_ip_address_name=f"pip-{prefix}-way-in-nat",
+                resource_group_name=args.resource_group_name, location=args.location,
+                sku=network.PublicIPAddressSkuArgs(name="Standard"), public_ip_allocation_method="Static",
+                tags=args.tags, opts=child,
+            )
+            nat = network.NatGateway(
+                f"{name}-nat", nat_gateway_name=f"nat-{prefix}-way-in",
+                resource_group_name=args.resource_group_name, location=args.location,
+                sku=network.NatGatewaySkuArgs(name="Standard"),
+                public_ip_addresses=[network.SubResourceArgs(id=egress_ip.id)], tags=args.tags, opts=child,
+            )
+
+        def inner_subnet(key: str, subnet_name: str, cidr: str) -> network.Subnet:
+            assert nsg is not None and nat is not None
+            return subnet(key, subnet_name, cidr,
+                          network_security_group=network.NetworkSecurityGroupArgs(id=nsg.id),
+                          nat_gateway=network.SubResourceArgs(id=nat.id), default_outbound_access=False)
+
+        self.ci_runner_subnet_id = None
+        if args.bastion_subnet:
+            bastion_subnet = subnet("bastion", BASTION_SUBNET_NAME, args.bastion_subnet)
+            bastion_ip = network.PublicIPAddress(
+                f"{name}-bastion-ip", public_ip_address_name=f"pip-{prefix}-bastion",
+                resource_group_name=args.resource_group_name, location=args.location,
+                sku=network.PublicIPAddressSkuArgs(name="Standard"), public_ip_allocation_method="Static",
+                tags=args.tags, opts=child,
+            )
+            network.BastionHost(
+                f"{name}-bastion", bastion_host_name=f"bas-{prefix}",
+                resource_group_name=args.resource_group_name, location=args.location,
+                sku=network.SkuArgs(name=args.bastion_sku),
+                ip_configurations=[network.BastionHostIPConfigurationArgs(
+                    name="bastion", subnet=network.SubResourceArgs(id=bastion_subnet.id),
+                    public_ip_address=network.SubResourceArgs(id=bastion_ip.id),
+                )],
+                # Native-client tunnels (az network bastion ssh|tunnel) exist on Standard only.
+                enable_tunneling=args.bastion_sku == "Standard" or None,
+                enable_shareable_link=False,
+                tags=args.tags, opts=child,
+            )
+        if args.jump_box and args.jump_box_subnet:
+            box_subnet = inner_subnet("jump-box", "jump-box", args.jump_box_subnet)
+            nic = network.NetworkInterface(
+                f"{name}-jump-box-nic", network_interface_name=f"nic-{prefix}-jump-box",
+                resource_group_name=args.resource_group_name, location=args.location,
+                ip_configurations=[network.NetworkInterfaceIPConfigurationArgs(
+                    name="primary", subnet=network.SubnetArgs(id=box_subnet.id), private_ip_allocation_method="Dynamic",
+                )],
+                tags=args.tags, opts=child,
+            )
+            box = args.jump_box
+            compute.VirtualMachine(
+                f"{name}-jump-box", vm_name=f"vm-{prefix}-jump-box"[:64],
+                resource_group_name=args.resource_group_name, location=args.location,
+                hardware_profile=compute.HardwareProfileArgs(vm_size=box.size),
+                os_profile=compute.OSProfileArgs(
+                    computer_name="jump-box", admin_username=box.admin_user,
+                    linux_configuration=compute.LinuxConfigurationArgs(
+                        disable_password_authentication=True,
+                        ssh=compute.SshConfigurationArgs(public_keys=[compute.SshPublicKeyArgs(
+                            path=f"/home/{box.admin_user}/.ssh/authorized_keys", key_data=box.public_key)]),
+                    ),
+                ),
+                storage_profile=compute.StorageProfileArgs(
+                    image_reference=JUMP_BOX_IMAGE,
+                    os_disk=compute.OSDiskArgs(create_option="FromImage", delete_option="Delete",
+                                               managed_disk=compute.ManagedDiskParametersArgs(
+                                                   storage_account_type="StandardSSD_LRS")),
+                ),
+                network_profile=compute.NetworkProfileArgs(network_interfaces=[
+                    compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)]),
+                security_profile=compute.SecurityProfileArgs(
+                    security_type="TrustedLaunch",
+                    uefi_settings=compute.UefiSettingsArgs(secure_boot_enabled=True, v_tpm_enabled=True)),
+                diagnostics_profile=compute.DiagnosticsProfileArgs(
+                    boot_diagnostics=compute.BootDiagnosticsArgs(enabled=True)),  # managed storage
+                tags=args.tags,
+                # A new key replaces the VM (Azure cannot change osProfile in place).
+                opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["osProfile"], delete_before_replace=True),
+            )
+        if args.ci_runner_subnet:
+            self.ci_runner_subnet_id = inner_subnet("ci-runners", "ci-runners", args.ci_runner_subnet).id
+        self.register_outputs({"ciRunnerSubnetId": self.ci_runner_subnet_id})
