@@ -285,7 +285,8 @@ def _deepspeed(env: _EnvBuilder, recipe: Recipe, shape: _Shape, environment: dic
             "autotune": ds_mod.autotune_space(recipe.deepspeed, shape.sku, world) if recipe.deepspeed.autotune else None,
             "ort": recipe.deepspeed.ort}
     env.put(workload_env.DEEPSPEED_JSON, json.dumps(plan, separators=(",", ":")),
-            f"ds_config: ZeRO {memory.stage}{' + CPU offload' if memory.offload else ''} ({'; '.join(memory.reasons)})")
+            f"ds_config: ZeRO {memory.stage}{' + CPU offload' if memory.offload else ''} ({'; '.join(memory.reasons)}; "
+            "model states per DeepSpeed's estimators)")
     if recipe.deepspeed.ort and "acpt" not in json.dumps(environment).lower():
         warnings.append("deepspeed.ort needs onnxruntime-training in the image (Azure's ACPT images have it); "
                         "the job stops at start with a clear message if it is missing")

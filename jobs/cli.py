@@ -338,6 +338,7 @@ def _mount() -> None:
     app.add_typer(data_app, name="data", help="Datasets: gzip upload to the stack's datasets container.")
     app.add_typer(beeond_app, name="beeond", help="BeeOND shared scratch on a fixed-size cluster.")
     app.command("run")(run)
+    app.command("deepspeed-plan")(__import__("jobs.deepspeed_plan", fromlist=["deepspeed_plan"]).deepspeed_plan)
 
 
 _mount()

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 
 from core import nccl, skus
 from core.errors import Problem, UserError
-from jobs.runtime import contract
-from jobs.runtime import nccl_env
+from jobs.runtime import contract, nccl_env
 
 NCCL_TOPO_DIR = nccl_env.IMAGE_TOPO_DIR
 """Where the training images install the topology files (images/catalog.py NCCL_TOPO_DIR; a
