@@ -29,6 +29,7 @@ Exit status: the command's own (128+N when signal N killed it), or:
     5   the latest checkpoint could not be restored
     6   the command succeeded but its final checkpoint could not be uploaded
     8   NCCL would use TCP sockets between the nodes of an InfiniBand size (jobs/runtime/exit_codes.py)
+    9   the node's managed identity cannot reach the job's storage with the role it needs
     126 the command is not executable, 127 it was not found
 
 The connection string AMLHPC_BLOB_CONNECTION_STRING (Azurite) is removed from the
@@ -58,7 +59,7 @@ from pathlib import Path
 
 from jobs.runtime import contract
 from jobs.runtime.errors import EXIT_USAGE, RuntimeInputError, RuntimeProblem
-from jobs.runtime.exit_codes import EXIT_NCCL_SOCKETS
+from jobs.runtime.exit_codes import EXIT_NCCL_SOCKETS, EXIT_STORAGE_ACCESS
 
 log = logging.getLogger("amlhpc.launch")
 
@@ -130,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         usage="python -m jobs.runtime.launch [options] -- COMMAND [ARGS...]",
         description="Stage inputs, gate on node health, pin, restore the latest checkpoint, run COMMAND with "
                     "background checkpoint uploads. Exit: COMMAND's status, or 2 bad input, 3 health gate, "
-                    "4 staging, 5 restore, 6 final upload, 8 NCCL on TCP on an InfiniBand size, "
+                    "4 staging, 5 restore, 6 final upload, 8 NCCL on TCP on an InfiniBand size, 9 storage access, "
                     "126/127 COMMAND not executable/not found.")
     p.add_argument("--health", choices=HEALTH_MODES, default=None,
                    help=f"health gate before training; the flag wins over ${contract.HEALTH} (default: it, else off)")
@@ -330,6 +331,19 @@ class Launcher:
                                                self.environ, self.options.sysfs)
             if problem:
                 raise LaunchFailed(EXIT_NCCL_SOCKETS, problem)
+
+    # 1c. the node's identity can read the inputs and write the checkpoints (fail in seconds, role named)
+    def storage_preflight(self) -> None:
+        from jobs.runtime import blobio
+        from jobs.runtime.health import access
+
+        problems = access.check_access(
+            access.targets(self.specs, self.checkpoint), self.environ,
+            credential_factory=lambda: blobio.credential_from_env(self.environ),
+            client_factory=lambda t, credential: blobio.container_client(t.container, account_url=t.account_url,
+                                                                          credential=credential))
+        if problems:
+            raise LaunchFailed(EXIT_STORAGE_ACCESS, "storage access: " + "; ".join(problems))
 
     # 2. staging
     def stage(self) -> None:
@@ -603,6 +617,7 @@ class Launcher:
         with ExitStack() as stack:
             try:
                 self.nccl_preflight()
+                self.storage_preflight()
                 self.stage()
                 if self.options.max_clocks and self.ranks.is_node_leader:
                     changes = stack.enter_context(clocks.max_application_clocks())
