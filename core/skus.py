@@ -2,8 +2,8 @@
 
 The facts live as data in `core/catalog/skus.toml`, each figure with its source; this
 module reads that file once and offers pure lookups. infra uses it for validation, quota
-and cost; jobs for processes per node, NCCL tuning, pinning and health thresholds; images
-for the topology files. No Pulumi, no Azure SDK. Field names carry their unit.
+and cost; jobs for processes per node, pinning and health thresholds (the NCCL environment
+per size is core/catalog/nccl.toml, read by core/nccl.py). No Pulumi, no Azure SDK. Field names carry their unit.
 
 A catalog entry with a key this module does not know, a missing key or a source id that
 is not in `[sources]` fails at load with the entry and key named: a typo in the data
@@ -51,25 +51,47 @@ class HealthThresholds:
     """Pass marks for node health checks; a check passes when measured >= the value.
 
     None means no published figure: the check still runs and reports, but cannot fail
-    on that size.
+    on that size. The figures are Azure's node health checks for the size (`source`, one
+    conf file per size); the GEMM and multi-node figures are measured baselines with their
+    own sources.
     """
 
     h2d_gbytes_per_s_min: float | None = None
-    """Host-to-device copy from pinned memory, per GPU, GB/s."""
+    """Host-to-device copy from pinned memory, per GPU, GB/s (check_gpu_bw's first figure)."""
     d2h_gbytes_per_s_min: float | None = None
     """Device-to-host copy into pinned memory, per GPU, GB/s."""
+    p2p_gbytes_per_s_min: float | None = None
+    """Device-to-device copy over NVLink, per GPU pair, GB/s (check_gpu_bw's second figure)."""
     nccl_allreduce_busbw_gbytes_per_s_min: float | None = None
     """Single-node NCCL all-reduce bus bandwidth (algbw x 2(n-1)/n), GB/s."""
     nccl_allreduce_message_bytes: int = 1 << 30
     """Message size the all-reduce figure was published for."""
     ib_write_gbits_per_s_per_hca_min: float | None = None
-    """GPUDirect RDMA write bandwidth per HCA, Gb/s."""
-    gemm_fraction_of_peak_min: float = 0.6
-    """Dense GEMM throughput must reach this fraction of `Sku.gpu_peak_dense_tflops`."""
+    """RDMA write loopback bandwidth per HCA (ib_write_bw), Gb/s."""
+    ib_write_gpudirect: bool = True
+    """Whether the IB write test runs from GPU memory (GPUDirect RDMA) or host memory."""
+    ib_write_message_bytes: int = 8 << 20
+    """Message size of the IB write test (Azure's: 8 MiB with GPUDirect)."""
+    nvme_count: int | None = None
+    """NVMe namespaces (/dev/nvme<N>n1) the node must show, where Azure checks it."""
+    nvlink_check: bool = False
+    """Every NVLink of every GPU must be active (Azure runs check_nvlink_status on the size)."""
+    gemm_tflops: tuple[float, float, float] | None = None
+    """Dense GEMM per GPU in `Sku.gpu_gemm_dtype`: (expected, warn below, fail below), TFLOP/s."""
+    gemm_shape: tuple[int, int, int] | None = None
+    """(M, N, K) the GEMM baseline was measured at; the health check measures the same shape."""
+    gemm_source: str = ""
+    """Source id of the GEMM baseline."""
     nccl_multinode_busbw_gbytes_per_s: tuple[float, float, float] | None = None
     """Multi-node all-reduce (expected, warn below, fail below), GB/s."""
+    nccl_multinode_source: str = ""
+    """Source id of the multi-node figures."""
     source: str = ""
     """Source id (catalog [sources]) of these pass marks."""
+
+    def sources(self) -> list[str]:
+        """Every source id these pass marks cite."""
+        return [s for s in (self.source, self.gemm_source, self.nccl_multinode_source) if s]
 
 
 @dataclass(frozen=True)
@@ -117,13 +139,25 @@ class Sku:
     ib_generation: InfinibandGeneration | None = None
     numa: tuple[NumaDomain, ...] | None = None
     """GPU-to-NUMA layout where it is published; runtime derives it from sysfs first."""
-    nccl_topo_file: str | None = None
-    """File name of the NCCL topology the size needs inside containers, if any."""
+    nvlink: bool = False
+    """The GPUs are connected by NVLink (NVSwitch or bridges), not only PCIe."""
+    retired: str | None = None
+    """ISO date Azure retired the size (no new VMs from then on); None while it is offered."""
+    retired_source: str | None = None
+    """Source id of the retirement notice."""
     notes: str = ""
 
     @property
     def infiniband(self) -> bool:
         return self.ib_hcas > 0
+
+    @property
+    def retirement(self) -> str:
+        """"" while the size is offered, else a sentence for warnings: when and where it says so."""
+        if not self.retired:
+            return ""
+        return (f"{self.name} was retired by Azure on {self.retired} ({cite(self.retired_source or '')}): "
+                "clusters of it can no longer be created or scaled, and its price is the last one published")
 
     @property
     def ib_gbits_per_s_per_gpu(self) -> float:
@@ -181,7 +215,10 @@ def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccount
         entry = dict(entry)
         where = f"sku[{i}] ({entry.get('name', '?')})"
         health = _record(HealthThresholds, entry.pop("health", {}), f"{where}.health")
-        cited(health.source, f"{where}.health.source")
+        for source_id in health.sources():
+            cited(source_id, f"{where}.health")
+        if not health.source:
+            raise CatalogError(f"{path.name}: {where}.health: source is missing (the conf file the pass marks come from)")
         price = entry.pop("price", None)
         if price is not None:
             price = _record(Price, price, f"{where}.price")
@@ -190,6 +227,10 @@ def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccount
         numa_domains = tuple(_record(NumaDomain, d, f"{where}.numa[{j}]") for j, d in enumerate(numa)) if numa else None
         sku = _record(Sku, entry, where, health=health, price=price, numa=numa_domains)
         cited(sku.facts_source, f"{where}.facts_source")
+        if bool(sku.retired) != bool(sku.retired_source):
+            raise CatalogError(f"{path.name}: {where}: retired and retired_source go together (the date and the notice)")
+        if sku.retired:
+            cited(sku.retired_source, f"{where}.retired_source")
         if sku.name in catalog:
             raise CatalogError(f"{path.name}: {where}: duplicate size {sku.name}")
         catalog[sku.name] = sku

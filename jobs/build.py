@@ -20,7 +20,10 @@ folders (default jobs/runtime and jobs/workloads, plus jobs/__init__.py) into
 `.scratch/code-snapshots/<content hash>/`, so the job imports `jobs.runtime...` and
 `jobs.workloads...` exactly as in this checkout; the training image also carries
 jobs/runtime, but the snapshot comes first on sys.path (the job's working directory), so
-launcher and training code always match the submitted commit.
+launcher and training code always match the submitted commit. The NCCL topology and graph
+files (images/common/nccl-topo) travel in the snapshot too, under `nccl-topo/`: a job finds
+them whatever its image (a curated or plain `image:` environment has no /opt/aml-hpc), and
+the launcher points NCCL_TOPO_FILE at the copy it finds (jobs/runtime/nccl_env.py).
 """
 
 from __future__ import annotations
@@ -44,10 +47,13 @@ from jobs import deepspeed as ds_mod
 from jobs import tuning
 from jobs.recipes.schema import Recipe
 from jobs.runtime import contract
+from jobs.runtime.nccl_env import SNAPSHOT_TOPO_DIR
 from jobs.workloads import env as workload_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT_ROOT = REPO_ROOT / ".scratch" / "code-snapshots"
+TOPOLOGY_SOURCE = Path("images") / "common" / "nccl-topo"
+"""The topology files the images install; the snapshot carries the same files."""
 CHECKPOINT_INGRESS_SHARE = 0.9
 """Checkpoint writers together stay under 90 % of the account's ingress (the NDv4 performance article: 8 x 2300
 Mb/s = 18.4 of 20 Gb/s)."""
@@ -172,8 +178,11 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
 
     run_name = name or job_name(recipe.name, now)
     run_key = resume or run_name
-    tuned = tuning.tune(shape.sku, shape.nodes, recipe.distribution, recipe.env, recipe.pin)
+    tuned = tuning.tune(shape.sku, shape.nodes, recipe.distribution, recipe.env, recipe.pin,
+                        opt_ins={"sharp"} if recipe.sharp else set())
     warnings = list(tuned.warnings)
+    if shape.sku.retired:
+        warnings.append(f"{shape.sku.retirement}; move cluster {shape.cluster!r} to a current size")
     env = _EnvBuilder(tuned.env, tuned.reasons)
     _runtime_variables(env, recipe, outputs, shape, staged, shared_dirs)
     _checkpoint_variables(env, recipe, outputs, shape, run_key, warnings)
@@ -276,7 +285,8 @@ def _deepspeed(env: _EnvBuilder, recipe: Recipe, shape: _Shape, environment: dic
             "autotune": ds_mod.autotune_space(recipe.deepspeed, shape.sku, world) if recipe.deepspeed.autotune else None,
             "ort": recipe.deepspeed.ort}
     env.put(workload_env.DEEPSPEED_JSON, json.dumps(plan, separators=(",", ":")),
-            f"ds_config: ZeRO {memory.stage}{' + CPU offload' if memory.offload else ''} ({'; '.join(memory.reasons)})")
+            f"ds_config: ZeRO {memory.stage}{' + CPU offload' if memory.offload else ''} ({'; '.join(memory.reasons)}; "
+            "model states per DeepSpeed's estimators)")
     if recipe.deepspeed.ort and "acpt" not in json.dumps(environment).lower():
         warnings.append("deepspeed.ort needs onnxruntime-training in the image (Azure's ACPT images have it); "
                         "the job stops at start with a clear message if it is missing")
@@ -425,11 +435,14 @@ def _with_prepare(prepare: str, launch: str, timeout_s: int = PREPARE_TIMEOUT_S)
 
 
 def snapshot(code_dirs: tuple[str, ...] | list[str], root: Path = REPO_ROOT, dest_root: Path = SNAPSHOT_ROOT) -> Path:
-    """Copy the code folders (and jobs/__init__.py) into a content-addressed folder; reuse it if present."""
+    """Copy the code folders, jobs/__init__.py and the NCCL topology files into a
+    content-addressed folder; reuse it if present."""
     files: list[tuple[str, Path]] = []
     init = root / "jobs" / "__init__.py"
     if init.is_file():
         files.append(("jobs/__init__.py", init))
+    for path in sorted((root / TOPOLOGY_SOURCE).glob("*.xml")):
+        files.append((f"{SNAPSHOT_TOPO_DIR}/{path.name}", path))
     for rel in code_dirs:
         for path in sorted((root / rel).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and not path.name.endswith((".pyc", ".pyo")):

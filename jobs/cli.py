@@ -98,6 +98,12 @@ def submit(
         from jobs import build, cost
         from jobs import submit as submitter
 
+        if offline and not dry_run:
+            raise UserError([Problem("command line", "--offline",
+                                     "the offline plan's outputs are synthetic (subscription, workspace and identity "
+                                     "are placeholders): a job submitted with them would go nowhere",
+                                     f"add --dry-run to print the job, or drop --offline to submit to the deployed stack {stack!r}")],
+                            "job not submitted")
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours, resume=resume)
         _summary(plan, r, stack_outputs)
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
@@ -148,6 +154,8 @@ def estimate(
             out.print(f"recipe ceiling: ${r.cost.ceiling_usd:,.2f}", highlight=False)
         if plan.deepspeed is not None:
             out.print_json(json.dumps(plan.deepspeed.to_json()))
+        for warning in plan.warnings:
+            err.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
     guard(debug, body)
 
@@ -177,14 +185,19 @@ def quota(
             requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
         client = submitter.connect(stack_outputs)
         lines = submitter.quota(client, stack_outputs, requests)
-        table = Table("quota", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
+        table = Table("quota", "Azure's name", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
         for line in lines:
-            table.add_row(line.quota_name, str(line.needed), _n(line.used), _n(line.limit), _n(line.available),
+            table.add_row(line.quota_name, line.label or "-", str(line.needed), _n(line.used),
+                          "none" if line.limit == -1 else _n(line.limit), _n(line.available),
                           {True: "yes", False: "[red]NO[/]", None: "?"}[line.ok], ", ".join(line.clusters))
         out.print(table)
+        for line in lines:
+            if line.limit is None:
+                err.print(f"[yellow]warning:[/] Azure reported no usage for {line.quota_name} in {stack_outputs.location}: "
+                          "its limit is unknown (check Azure portal > Quotas > Machine learning)", highlight=False)
         short = [line for line in lines if line.ok is False]
         for line in short:
-            out.print(f"fix: {line.hint(stack_outputs.location)}", highlight=False)
+            out.print(f"fix: {line.hint(stack_outputs.location)}", highlight=False, soft_wrap=True)
         if short:
             raise typer.Exit(1)
 
@@ -338,6 +351,7 @@ def _mount() -> None:
     app.add_typer(data_app, name="data", help="Datasets: gzip upload to the stack's datasets container.")
     app.add_typer(beeond_app, name="beeond", help="BeeOND shared scratch on a fixed-size cluster.")
     app.command("run")(run)
+    app.command("deepspeed-plan")(__import__("jobs.deepspeed_plan", fromlist=["deepspeed_plan"]).deepspeed_plan)
 
 
 _mount()

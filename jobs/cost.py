@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from core import pricing
+from core import pricing, skus
 from core.errors import Problem, UserError
 from core.skus import Price
 
@@ -40,6 +40,9 @@ class Estimate:
 
     def notes(self, stack_location: str | None = None) -> list[str]:
         out = []
+        retired = skus.get(self.sku).retirement
+        if retired:
+            out.append(retired)
         if self.priority == "LowPriority":
             out.append("low-priority nodes priced at the on-demand rate (an upper bound)")
         if stack_location and not self.price_from_stack and self.price_region not in (stack_location, ""):

@@ -1,20 +1,28 @@
-"""DeepSpeed planning (Azure's large-scale training guide): memory estimate, ZeRO stage, ds_config, autotuning space.
+"""DeepSpeed planning (Azure's large-scale training guide): memory estimate, ZeRO stage and
+offload, ds_config, autotuning space.
 
-Model states with fp16/bf16 mixed precision and Adam take 20 bytes per parameter (seed
-004): 16-bit parameters 2 + 16-bit gradients 2 + fp32 momentum and variance 8 + fp32
-master parameters 4 + fp32 gradients 4. ZeRO partitions them over the data-parallel
-ranks: stage 1 the optimizer states and master parameters (12 B), stage 2 also the
-gradients (2 + 4 B), stage 3 also the 16-bit parameters (2 B).
+Model states per GPU follow DeepSpeed's own estimators (deepspeedai/DeepSpeed
+`estimate_zero2_model_states_mem_needs` in deepspeed/runtime/zero/stage_1_and_2.py and
+`estimate_zero3_model_states_mem_needs` in deepspeed/runtime/zero/stage3.py, version 0.19.6,
+commit edaa722 of 2026-08-22). With P parameters, N GPUs and L parameters in the largest layer:
+
+- stages 1-2 (one estimator for both): 2P bytes of 16-bit parameters + 18P/N of partitioned
+  16-bit and 32-bit gradients, 32-bit master parameters and Adam's two moments; with the
+  optimizer offloaded to the CPU (ZeRO-Offload) only the 2P stay on the GPU;
+- stage 3: 4L (the largest layer, gathered) + 18P/N; optimizer offloaded: 4L + 2P/N; optimizer
+  and parameters offloaded: 4L;
+- stage 0 (no ZeRO) is the stage 1-2 formula with nothing partitioned: 20P.
 
 Activations of a transformer layer in 16-bit without recomputation are about
 s*b*h*(34 + 5*a*s/h) bytes (Korthikanti et al., "Reducing Activation Recomputation in
 Large Transformer Models", 2022); with activation checkpointing only each layer's input
 (2*s*b*h) is kept, plus one layer's activations during its recomputation.
 
-The stage starts from the model size (Azure's large-scale training guide: < 300M -> 0, < 1B -> 1, < 10B -> 2,
-else 3) and is raised until the states fit the GPU; CPU offload is used only when even
-stage 3 does not fit (Azure's large-scale training guide: "only use cpu_offload if not enough GPUs to fit").
-Pure: no DeepSpeed import (it runs inside the job).
+The stage starts from the model size (Azure's large-scale training guide: < 300M -> 0, < 1B ->
+1, < 10B -> 2, else 3) and is raised until model states and activations fit the GPU; CPU
+offload comes only after that (the guide: "only use cpu_offload if not enough GPUs to fit"):
+first the optimizer at the chosen stage 1-2 (ZeRO-Offload) or stage 3, then the parameters at
+stage 3. Pure: no DeepSpeed import (it runs inside the job).
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ from core import skus
 from jobs.recipes.schema import DeepSpeedSpec, ModelShape
 
 GIB = 1 << 30
-BYTES_PER_PARAM_MIXED_ADAM = 20
 USABLE_GPU_MEMORY_FRACTION = 0.9
 """Leave 10 % for the CUDA context, NCCL buffers and allocator fragmentation."""
 
@@ -44,6 +51,14 @@ def param_count(shape: ModelShape) -> int:
     return embeddings + shape.num_layers * layer + pooler + mlm_head
 
 
+def largest_layer(shape: ModelShape) -> int:
+    """Parameters of the largest single module (what DeepSpeed's model_to_params counts): the
+    word embeddings, or a feed-forward projection when it is bigger."""
+    h = shape.hidden_size
+    inter = shape.intermediate_size or 4 * h
+    return max(shape.vocab_size * h, h * inter + inter, inter * h + h, shape.max_position * h)
+
+
 def stage_by_size(params: int) -> int:
     for limit, stage in _STAGE_BY_SIZE:
         if params < limit:
@@ -51,15 +66,82 @@ def stage_by_size(params: int) -> int:
     return 3
 
 
-def model_state_bytes_per_gpu(params: int, stage: int, world: int, offload: bool = False) -> float:
-    """Bytes of parameters, gradients and optimizer states one GPU holds."""
-    world = max(world, 1)
-    fp16_params = 2 * params / (world if stage >= 3 else 1)
-    grads = (2 + 4) * params / (world if stage >= 2 else 1)
-    optimizer = 12 * params / (world if stage >= 1 else 1)
-    if offload:
-        optimizer = 0.0  # optimizer states and master weights live in host memory
-    return fp16_params + grads + optimizer
+def model_state_bytes_per_gpu(params: int, stage: int, gpus: int, *, largest_layer_params: int = 0,
+                              offload_optimizer: bool = False, offload_param: bool = False) -> float:
+    """Bytes of parameters, gradients and optimizer states one GPU holds (DeepSpeed's estimators)."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0-3, got {stage}")
+    if offload_param and (stage != 3 or not offload_optimizer):
+        raise ValueError("parameter offload needs ZeRO stage 3 with the optimizer offloaded too")
+    if offload_optimizer and stage == 0:
+        raise ValueError("optimizer offload needs ZeRO stage 1 or more")
+    n = max(gpus, 1)
+    if stage == 0:
+        return 2 * params + 18 * params
+    if stage in (1, 2):
+        return 2 * params if offload_optimizer else 2 * params + 18 * params / n
+    gathered = 4 * largest_layer_params
+    if offload_param:
+        return gathered
+    return gathered + (2 if offload_optimizer else 18) * params / n
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ZeRO stage and offload combination, with its model states per GPU."""
+
+    stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    bytes_per_gpu: float
+
+    @property
+    def gib_per_gpu(self) -> float:
+        return self.bytes_per_gpu / GIB
+
+    @property
+    def label(self) -> str:
+        offload = [n for n, on in (("optimizer", self.offload_optimizer), ("parameters", self.offload_param)) if on]
+        return f"ZeRO {self.stage}" + (f" + {' and '.join(offload)} offloaded to CPU" if offload else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "offload_optimizer": self.offload_optimizer, "offload_param": self.offload_param,
+                "gib_per_gpu": round(self.gib_per_gpu, 3)}
+
+
+COMBINATIONS = ((0, False, False), (1, False, False), (1, True, False), (2, False, False), (2, True, False),
+                (3, False, False), (3, True, False), (3, True, True))
+"""Every stage and offload combination DeepSpeed's estimators price."""
+PREFERENCE = ((0, False, False), (1, False, False), (2, False, False), (3, False, False),
+              (2, True, False), (3, True, False), (3, True, True))
+"""Fastest first: more partitioning before any offload, then the optimizer before the parameters.
+ZeRO-Offload at stage 1 needs as much GPU memory as at stage 2 and is used when a recipe fixes stage 1."""
+
+
+def options(params: int, largest_layer_params: int, gpus: int) -> list[Option]:
+    """Model states per GPU for every combination, in COMBINATIONS order."""
+    return [Option(stage, opt, par, model_state_bytes_per_gpu(params, stage, gpus, largest_layer_params=largest_layer_params,
+                                                              offload_optimizer=opt, offload_param=par))
+            for stage, opt, par in COMBINATIONS]
+
+
+def choose(candidates: list[Option], usable_bytes: float, extra_bytes: float = 0.0, *, min_stage: int = 0,
+           stage: int | None = None) -> tuple[Option | None, list[str]]:
+    """The first option in PREFERENCE order (at `stage` if given, else from `min_stage` up) whose
+    model states plus `extra_bytes` fit in `usable_bytes`; None when none does. With reasons."""
+    by_key = {(o.stage, o.offload_optimizer, o.offload_param): o for o in candidates}
+    if stage is not None:
+        order = [k for k in COMBINATIONS if k[0] == stage]  # no offload, then the optimizer, then the parameters
+    else:
+        order = [k for k in PREFERENCE if k[0] >= min_stage]
+    reasons: list[str] = []
+    for key in order:
+        option = by_key[key]
+        total = option.bytes_per_gpu + extra_bytes
+        if total <= usable_bytes:
+            return option, reasons
+        reasons.append(f"{option.label}: {total / GIB:,.1f} GiB would not fit in {usable_bytes / GIB:,.1f} GiB")
+    return None, reasons
 
 
 def activation_bytes_per_gpu(shape: ModelShape, micro_batch: int, checkpointing: bool) -> float:
@@ -75,12 +157,17 @@ class MemoryPlan:
     params: int
     world: int
     stage: int
-    offload: bool
+    offload_optimizer: bool
+    offload_param: bool
     model_state_gib: float
     activations_gib: float
     gpu_memory_gib: float
     usable_gib: float
     reasons: list[str] = field(default_factory=list)
+
+    @property
+    def offload(self) -> bool:
+        return self.offload_optimizer or self.offload_param
 
     @property
     def total_gib(self) -> float:
@@ -91,7 +178,8 @@ class MemoryPlan:
         return self.total_gib <= self.usable_gib
 
     def to_json(self) -> dict[str, Any]:
-        return {"params": self.params, "world": self.world, "zeroStage": self.stage, "offload": self.offload,
+        return {"params": self.params, "world": self.world, "zeroStage": self.stage,
+                "offloadOptimizer": self.offload_optimizer, "offloadParam": self.offload_param,
                 "modelStateGiB": round(self.model_state_gib, 2), "activationsGiB": round(self.activations_gib, 2),
                 "gpuMemoryGiB": self.gpu_memory_gib, "fits": self.fits, "reasons": self.reasons}
 
@@ -99,31 +187,29 @@ class MemoryPlan:
 def plan_memory(spec: DeepSpeedSpec, sku: skus.Sku, world: int, micro_batch: int | None = None) -> MemoryPlan:
     """ZeRO stage and offload for this model on `world` GPUs of `sku`."""
     params = param_count(spec.model)
+    layer = largest_layer(spec.model)
     mbs = micro_batch or spec.micro_batch
     usable = sku.gpu_memory_gib * USABLE_GPU_MEMORY_FRACTION
-    activations = activation_bytes_per_gpu(spec.model, mbs, spec.activation_checkpointing) / GIB
+    activations = activation_bytes_per_gpu(spec.model, mbs, spec.activation_checkpointing)
+    candidates = options(params, layer, world)
     reasons: list[str] = []
-
-    def state(stage: int, offload: bool) -> float:
-        return model_state_bytes_per_gpu(params, stage, world, offload) / GIB
-
     if spec.zero_stage != "auto":
-        stage = int(spec.zero_stage)
-        reasons.append(f"ZeRO stage {stage} set by the recipe")
-        offload = state(stage, False) + activations > usable and stage == 3
-        if offload:
-            reasons.append("stage 3 without offload does not fit: optimizer offloaded to CPU")
-        return MemoryPlan(params, world, stage, offload, state(stage, offload), activations, sku.gpu_memory_gib, usable, reasons)
-
-    stage = stage_by_size(params)
-    reasons.append(f"{params / 1e6:,.0f}M parameters -> stage {stage} by size (Azure's large-scale training guide)")
-    while stage < 3 and state(stage, False) + activations > usable:
-        stage += 1
-        reasons.append(f"raised to stage {stage}: {state(stage - 1, False) + activations:,.1f} GiB would not fit in {usable:,.1f} GiB")
-    offload = state(stage, False) + activations > usable
-    if offload:
-        reasons.append("even stage 3 does not fit: optimizer states offloaded to CPU memory")
-    return MemoryPlan(params, world, stage, offload, state(stage, offload), activations, sku.gpu_memory_gib, usable, reasons)
+        fixed = int(spec.zero_stage)
+        reasons.append(f"ZeRO stage {fixed} set by the recipe")
+        chosen, why = choose(candidates, usable * GIB, activations, stage=fixed)
+        if chosen is None:  # nothing at this stage fits: report its smallest, offloaded as far as it goes
+            chosen = min((o for o in candidates if o.stage == fixed), key=lambda o: o.bytes_per_gpu)
+    else:
+        start = stage_by_size(params)
+        reasons.append(f"{params / 1e6:,.0f}M parameters -> stage {start} by size (Azure's large-scale training guide)")
+        chosen, why = choose(candidates, usable * GIB, activations, min_stage=start)
+        if chosen is None:
+            chosen = candidates[-1]  # everything offloaded: the least GPU memory there is
+    reasons.extend(why)
+    if chosen.offload_optimizer:
+        reasons.append(f"{chosen.label}: model states {chosen.gib_per_gpu:,.1f} GiB per GPU")
+    return MemoryPlan(params, world, chosen.stage, chosen.offload_optimizer, chosen.offload_param, chosen.gib_per_gpu,
+                      activations / GIB, sku.gpu_memory_gib, usable, reasons)
 
 
 def ds_config(spec: DeepSpeedSpec, sku: skus.Sku, memory: MemoryPlan, *, tensorboard_dir: str = "outputs/tensorboard",
@@ -150,12 +236,16 @@ def ds_config(spec: DeepSpeedSpec, sku: skus.Sku, memory: MemoryPlan, *, tensorb
         config["bf16"] = {"enabled": True}
     else:
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
-    if memory.offload and zero_stage >= 1:
+    if memory.offload_optimizer and zero_stage >= 1:
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if memory.offload_param and zero_stage == 3:
+        config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     if zero_stage == 3:
         config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     if spec.activation_checkpointing:
-        config["activation_checkpointing"] = {"partition_activations": zero_stage == 3, "contiguous_memory_optimization": False}
+        # No partition_activations: it splits activations across model-parallel ranks, and
+        # these jobs have none (pure data parallelism), so it would only add work.
+        config["activation_checkpointing"] = {"contiguous_memory_optimization": False}
     if spec.tensorboard:
         # Azure's large-scale training guide: DeepSpeed's own metrics next to the job's TensorBoard logs
         config["tensorboard"] = {"enabled": True, "output_path": tensorboard_dir, "job_name": job_name}
@@ -173,11 +263,12 @@ def autotune_space(spec: DeepSpeedSpec, sku: skus.Sku, world: int, max_micro_bat
     1 up to the largest that fits; infeasible combinations are never tried on the GPU.
     """
     params = param_count(spec.model)
+    layer = largest_layer(spec.model)
     usable = sku.gpu_memory_gib * USABLE_GPU_MEMORY_FRACTION
     stages = [int(spec.zero_stage)] if spec.zero_stage != "auto" else [s for s in (0, 1, 2, 3) if s >= stage_by_size(params) - 1]
     out = []
     for stage in stages:
-        state = model_state_bytes_per_gpu(params, stage, world) / GIB
+        state = model_state_bytes_per_gpu(params, stage, world, largest_layer_params=layer) / GIB
         mbs = 1
         while mbs <= max_micro_batch:
             act = activation_bytes_per_gpu(spec.model, mbs, spec.activation_checkpointing) / GIB

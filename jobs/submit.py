@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from core import skus
 from core.errors import Problem, UserError
 from core.outputs import StackOutputs
 from jobs import quota as quota_mod
@@ -32,36 +33,71 @@ def connect(outputs: StackOutputs):
     return MLClient(DefaultAzureCredential(), outputs.subscription_id, outputs.resource_group, outputs.workspace)
 
 
+NOT_FOUND_JOB = "check the job name (`python -m jobs status` needs the exact name printed by submit) and --stack"
+NOT_FOUND_SUBMIT = ("something the job names does not exist in the workspace (the cluster, the environment or a "
+                    "datastore): check the name in the message against the stack's outputs, deploy the stack "
+                    "(`pulumi up`), or pick another --cluster")
+
+
+def _service_message(exc) -> tuple[str, str]:
+    """(error code, first line of the message) from an Azure error, without the SDK's noise."""
+    error = getattr(exc, "error", None)
+    code = getattr(error, "code", None) or getattr(exc, "error_code", None) or type(exc).__name__
+    message = getattr(error, "message", None) or getattr(exc, "message", None) or str(exc)
+    first = next((line.strip() for line in str(message).splitlines() if line.strip() and not line.startswith("(")), str(message))
+    return str(code), first[:400]
+
+
 @contextmanager
-def azure_errors(what: str, workspace: str):
-    """Turn Azure's 'not found' and authentication failures into UserError with the fix."""
+def azure_errors(what: str, workspace: str, not_found: str = NOT_FOUND_JOB):
+    """Turn Azure's errors that mean bad input (not found, rejected, conflict, invalid) and
+    authentication failures into one UserError block with the fix."""
+    from azure.ai.ml.exceptions import ValidationException
     from azure.core.exceptions import (
         ClientAuthenticationError,
         HttpResponseError,
+        ResourceExistsError,
         ResourceNotFoundError,
     )
 
+    where = f"workspace {workspace!r}"
     try:
         yield
-    except ResourceNotFoundError:
-        raise UserError([Problem(f"workspace {workspace!r}", what, "not found",
-                                 "check the job name (`python -m jobs status` needs the exact name printed by submit) and --stack")],
-                        "not found") from None
+    except ResourceNotFoundError as exc:
+        raise UserError([Problem(where, what, f"not found: {_service_message(exc)[1]}", not_found)], "not found") from None
     except ClientAuthenticationError as exc:
         raise UserError([Problem("Azure credentials", what, f"authentication failed: {str(exc).splitlines()[0][:200]}",
                                  "run `az login` (or set AZURE_CLIENT_ID/AZURE_TENANT_ID for a service principal)")],
                         "not logged in to Azure") from None
+    except ValidationException as exc:
+        raise UserError([Problem(where, what, f"azure-ai-ml refused the job before sending it: {_service_message(exc)[1]}",
+                                 "fix the recipe value the message names; `--dry-run` prints the job as Azure ML YAML")],
+                        "invalid job") from None
+    except ResourceExistsError as exc:
+        code, message = _service_message(exc)
+        raise UserError([Problem(where, what, f"conflict ({code}): {message}",
+                                 "a job of that name exists or the resource is being changed: submit again "
+                                 "(a new name is generated), or pass another --set name")], "conflict") from None
     except HttpResponseError as exc:
+        code, message = _service_message(exc)
         if exc.status_code in (401, 403):
-            raise UserError([Problem(f"workspace {workspace!r}", what, f"access denied ({exc.status_code})",
+            raise UserError([Problem(where, what, f"access denied ({exc.status_code})",
                                      "you need AzureML Data Scientist (or Contributor) on the workspace")], "access denied") from None
+        if exc.status_code == 409:
+            raise UserError([Problem(where, what, f"conflict ({code}): {message}",
+                                     "the resource is being changed or the name is taken: wait and submit again")],
+                            "conflict") from None
+        if exc.status_code == 400:
+            raise UserError([Problem(where, what, f"Azure ML rejected it ({code}): {message}",
+                                     "fix the value the message names (`--dry-run` prints the job as Azure ML YAML)")],
+                            "rejected by Azure ML") from None
         raise
 
 
 def submit(ml_client, plan: JobPlan, code_path: str | Path, *, follow: bool = False, echo: Printer = print):
     """Create the job, print its Studio URL, optionally stream its logs until it ends."""
     job = to_command_job(plan, code_path)
-    with azure_errors(f"job {plan.name}", plan.stack):
+    with azure_errors(f"job {plan.name}", plan.stack, not_found=NOT_FOUND_SUBMIT):
         created = ml_client.jobs.create_or_update(job, experiment_name=plan.experiment)
     echo(f"submitted {created.name} ({plan.instance_count} x {plan.sku}, {plan.processes_per_node} processes per node)")
     if getattr(created, "studio_url", None):
@@ -98,24 +134,43 @@ def download(ml_client, name: str, workspace: str, path: Path, output_name: str 
     return path
 
 
-def usage_by_name(ml_client, location: str) -> dict[str, tuple[int, int]]:
-    """{quota name: (current vCPUs, limit)} for the region."""
-    result = {}
+def _field(obj: Any, *names: str) -> Any:
+    """An attribute under any of its names: azure-ai-ml's Usage entity keeps the service's
+    camelCase keys (currentValue) next to its own unset snake_case ones, and its name as a dict."""
+    for name in names:
+        value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def usages(ml_client, location: str) -> list[quota_mod.UsageRow]:
+    """The region's usage rows as plain data (name, type, id, used, limit)."""
+    rows = []
     with azure_errors("compute usage", location):
         for usage in ml_client.compute.list_usage(location=location):
-            name = getattr(getattr(usage, "name", None), "value", None)
-            if name and usage.limit is not None:
-                result[name] = (int(usage.current_value or 0), int(usage.limit))
-    return result
+            name = _field(_field(usage, "name") or {}, "value", "localized_value", "localizedValue")
+            limit = _field(usage, "limit")
+            if not name or limit is None:
+                continue
+            rows.append(quota_mod.UsageRow(str(name), str(_field(usage, "type") or ""), str(_field(usage, "id") or ""),
+                                           int(_field(usage, "current_value", "currentValue") or 0), int(limit)))
+    return rows
 
 
 def quota(ml_client, outputs: StackOutputs, requests: Iterable[tuple[str, str, str, int]]) -> list[quota_mod.QuotaLine]:
-    """Needed vs available vCPUs per family for (cluster, sku, priority, nodes) requests.
+    """Needed vs available vCPUs per quota bucket for (cluster, sku, priority, nodes) requests.
 
     The family comes from the catalog; Azure's size list for the region confirms it (and
     that the size is offered there at all).
     """
     requests = list(requests)
+    unknown = [(cluster, sku) for cluster, sku, _, _ in requests if sku.lower() not in {n.lower() for n in skus.names()}]
+    if unknown:
+        raise UserError([Problem(f"stack {outputs.stack!r} outputs", f"clusters.{cluster}.sku", f"unknown VM size {sku!r}",
+                                 f"this checkout's catalog knows {', '.join(skus.names())}: update the checkout, "
+                                 "or redeploy the stack with a size it knows") for cluster, sku in unknown],
+                        "unknown VM size")
     with azure_errors("VM sizes", outputs.location):
         sizes = {s.name.lower(): s for s in ml_client.compute.list_sizes(location=outputs.location)}
     missing = [sku for _, sku, _, _ in requests if sku.lower() not in sizes]
@@ -124,7 +179,7 @@ def quota(ml_client, outputs: StackOutputs, requests: Iterable[tuple[str, str, s
                                  "pick a region that offers it, or another size") for sku in sorted(set(missing))],
                         "VM size not available")
     needs = quota_mod.needs(requests)
-    return quota_mod.compare(needs, usage_by_name(ml_client, outputs.location))
+    return quota_mod.compare(needs, usages(ml_client, outputs.location))
 
 
 def cluster_nodes(ml_client, cluster: str) -> list[Any]:

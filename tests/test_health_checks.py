@@ -29,7 +29,7 @@ def facts(name: str):
 
 ND96ASR = facts("Standard_ND96asr_v4")
 A100 = skus.get("Standard_ND96asr_v4")
-GEMM_MIN = A100.gpu_peak_dense_tflops * A100.health.gemm_fraction_of_peak_min
+GEMM_EXPECTED, GEMM_WARN, GEMM_MIN = A100.health.gemm_tflops
 PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
@@ -38,9 +38,9 @@ class FakeMeasurer:
 
     software_missing = False
 
-    def __init__(self, gpus: int = 8, gemm=260.0, h2d=25.0, d2h=25.0, d2d=2600.0, reason: str = ""):
+    def __init__(self, gpus: int = 8, gemm=270.0, h2d=25.0, d2h=25.0, d2d=2600.0, p2p=250.0, reason: str = ""):
         self.gpus, self.unavailable_reason = gpus, reason
-        self.figures = {"gemm": gemm, "h2d": h2d, "d2h": d2h, "d2d": d2d}
+        self.figures = {"gemm": gemm, "h2d": h2d, "d2h": d2h, "d2d": d2d, "p2p": p2p}
         self.calls: list[tuple] = []
         self.copy_affinity: dict[int, set[int]] = {}
 
@@ -57,9 +57,14 @@ class FakeMeasurer:
     def device_name(self, index: int) -> str:
         return "NVIDIA A100-SXM4-40GB"
 
-    def gemm_tflops(self, index, dtype, n, iters):
-        self.calls.append(("gemm", index, dtype, n, iters))
+    def gemm_tflops(self, index, dtype, shape, iters):
+        self.calls.append(("gemm", index, dtype, shape, iters))
         return self._figure("gemm", index)
+
+    def p2p_gbytes_per_s(self, dst, src, nbytes, iters):
+        self.calls.append(("p2p", dst, src))
+        value = self._figure("p2p", dst)
+        return value(src) if callable(value) else value
 
     def h2d_gbytes_per_s(self, index, nbytes, iters):
         self.copy_affinity[index] = set(os.sched_getaffinity(0))
@@ -92,7 +97,11 @@ class TestGpuChecks:
         assert [r.status for r in gemm] == [PASS] * 8
         assert gemm[2].subject == "gpu2 0003:00:00.0"
         assert gemm[0].threshold == pytest.approx(GEMM_MIN)
-        assert "60% of the 312 TFLOP/s peak" in gemm[0].detail
+        assert "1024x10240x5120" in gemm[0].detail and "measured baseline ~271.2" in gemm[0].detail
+        assert {c[3] for c in measurer.calls if c[0] == "gemm"} == {(1024, 10240, 5120)}  # the baseline's shape
+        p2p = by(results, "p2p")
+        assert [r.status for r in p2p] == [PASS] * 8 and p2p[0].threshold == A100.health.p2p_gbytes_per_s_min
+        assert len([c for c in measurer.calls if c[0] == "p2p"]) == 8 * 7  # every ordered pair
         assert [r.threshold for r in by(results, "h2d")] == [A100.health.h2d_gbytes_per_s_min] * 8
         assert all(r.status == INFO for r in by(results, "d2d"))  # no published mark
 
@@ -106,9 +115,10 @@ class TestGpuChecks:
         assert {c[2] for c in a100.calls if c[0] == "gemm"} == {"bf16"}
 
     def test_slow_gpu_fails_and_borderline_warns(self, nd96asr):
-        """GPU 5 below 60 % of peak fails; GPU 6 just above the mark warns."""
-        gemm = {5: GEMM_MIN - 1, 6: GEMM_MIN * 1.01}
-        results = gpu_checks(ND96ASR, FakeMeasurer(gemm=lambda i: gemm.get(i, 260.0)), QUICK, nd96asr, PCI_ORDER)
+        """GPU 5 below the fail line (7 % under the measured baseline) fails; GPU 6 between the
+        warn and fail lines warns (Azure's SKU baseline rule)."""
+        gemm = {5: GEMM_MIN - 1, 6: (GEMM_MIN + GEMM_WARN) / 2}
+        results = gpu_checks(ND96ASR, FakeMeasurer(gemm=lambda i: gemm.get(i, GEMM_EXPECTED)), QUICK, nd96asr, PCI_ORDER)
         statuses = [r.status for r in by(results, "gemm")]
         assert statuses == [PASS] * 5 + [FAIL, WARN, PASS]
         assert "(<" in by(results, "gemm")[5].line()
@@ -119,7 +129,7 @@ class TestGpuChecks:
 
     def test_cuda_error_is_a_failure_of_that_gpu(self, nd96asr):
         error = RuntimeError("CUDA error: uncorrectable ECC error encountered")
-        results = gpu_checks(ND96ASR, FakeMeasurer(gemm=lambda i: error if i == 1 else 260.0), QUICK, nd96asr, PCI_ORDER)
+        results = gpu_checks(ND96ASR, FakeMeasurer(gemm=lambda i: error if i == 1 else 270.0), QUICK, nd96asr, PCI_ORDER)
         failed = by(results, "gemm")[1]
         assert failed.status == FAIL and "uncorrectable ECC error" in failed.detail
 
@@ -276,16 +286,25 @@ class TestNodeChecks:
         """No GPU at all: not the size's hardware, so IB and ECC expectations are skipped, with why."""
         results = node_checks(ND96ASR, FakeMeasurer(gpus=0, reason="no CUDA"), NvmlSession(None, "no driver"),
                               QUICK, tmp_path, PCI_ORDER)
-        assert [(r.check, r.status) for r in results] == [("gpu_count", SKIP), ("infiniband", SKIP), ("ecc", SKIP)]
-        assert "not a Standard_ND96asr_v4" in results[1].detail
+        assert {r.status for r in results} == {SKIP}
+        assert [r.check for r in results] == ["gpu_count", "infiniband", "ecc", "xid", "throttle", "nvlink", "ibstat",
+                                              "ib_link_flaps", "nvme_count", "ib_write", "nccl_tests"]
+        assert all("not a Standard_ND96asr_v4" in r.detail for r in results[1:])
 
     def test_gpu_node_runs_everything(self, nd96asr):
-        results = node_checks(ND96ASR, FakeMeasurer(), NvmlSession(FakeNvml(nd96asr_gpus(8))), QUICK, nd96asr, PCI_ORDER)
-        counts = {name: len(by(results, name)) for name in ("gpu_count", "gemm", "h2d", "d2h", "d2d", "infiniband", "ecc")}
-        assert counts == {"gpu_count": 1, "gemm": 8, "h2d": 8, "d2h": 8, "d2d": 8, "infiniband": 9, "ecc": 8}
-        assert {r.status for r in results} <= {PASS, INFO}
+        from tests.test_health_tools import recorded_tools
+
+        results = node_checks(ND96ASR, FakeMeasurer(), NvmlSession(FakeNvml(nd96asr_gpus(8))), QUICK, nd96asr, PCI_ORDER,
+                              tools=recorded_tools(healthy=True, missing=("ibstat",)))
+        counts = {name: len(by(results, name)) for name in ("gpu_count", "gemm", "h2d", "d2h", "d2d", "p2p", "infiniband", "ecc")}
+        assert counts == {"gpu_count": 1, "gemm": 8, "h2d": 8, "d2h": 8, "d2d": 8, "p2p": 8, "infiniband": 9, "ecc": 8}
+        assert {"xid", "throttle", "nvlink", "nvme_count"} <= {r.check for r in results}
+        assert {r.status for r in results} <= {PASS, INFO, SKIP}
 
     def test_quick_keeps_the_published_sizes(self):
         """--quick repeats less but keeps the GEMM size the pass mark assumes."""
         assert (checks.QUICK.gemm_n, checks.QUICK.copy_bytes) == (checks.FULL.gemm_n, checks.FULL.copy_bytes)
-        assert checks.QUICK.gemm_iters < checks.FULL.gemm_iters and checks.QUICK.copy_iters < checks.FULL.copy_iters
+        assert checks.QUICK.gemm_seconds < checks.FULL.gemm_seconds and checks.QUICK.copy_iters < checks.FULL.copy_iters
+        shape, iters, band, _ = checks.gemm_plan(ND96ASR, checks.QUICK)
+        assert shape == (1024, 10240, 5120) and band == (271.2, 261.7, 252.2)
+        assert iters == int(0.3 * 271.2e12 / (2 * 1024 * 10240 * 5120))  # about 0.3 s of work at the baseline

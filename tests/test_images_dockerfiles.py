@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from core import skus
+from core import nccl, skus
 from images import catalog, lint
 from images.pins import load_pins
 
@@ -169,24 +169,30 @@ def cpulist(text: str) -> set[int]:
     return out
 
 
-TOPO_SKUS = [s for s in skus.CATALOG.values() if s.nccl_topo_file]
+def topo_file(sku) -> str:
+    """The topology file core/catalog/nccl.toml names for a size."""
+    return nccl.topology_files(sku.name)["NCCL_TOPO_FILE"]
+
+
+TOPO_SKUS = [s for s in skus.CATALOG.values() if "NCCL_TOPO_FILE" in nccl.topology_files(s.name)]
 
 
 class TestNcclTopology:
     def test_every_file_the_catalog_names_is_in_the_images(self):
         assert TOPO_SKUS, "the catalog names no topology file"
         for sku in TOPO_SKUS:
-            assert (TOPO_DIR / sku.nccl_topo_file).is_file(), sku.nccl_topo_file
+            for name in nccl.topology_files(sku.name).values():
+                assert (TOPO_DIR / name).is_file(), name
 
     @pytest.mark.parametrize("sku", TOPO_SKUS, ids=lambda s: s.name)
     def test_one_entry_per_gpu_and_hca(self, sku):
-        gpus, hcas, _ = topology(TOPO_DIR / sku.nccl_topo_file)
+        gpus, hcas, _ = topology(TOPO_DIR / topo_file(sku))
         assert len(gpus) == sku.gpus and hcas == sku.ib_hcas
 
     @pytest.mark.parametrize("sku", [s for s in TOPO_SKUS if s.numa], ids=lambda s: s.name)
     def test_gpu_numa_map_matches_the_catalog(self, sku):
         """GPU index = position in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID)."""
-        gpus, _, cpus = topology(TOPO_DIR / sku.nccl_topo_file)
+        gpus, _, cpus = topology(TOPO_DIR / topo_file(sku))
         for domain in sku.numa:
             assert {i for i, (_, numa) in enumerate(gpus) if numa == domain.node} == set(domain.gpu_ids)
             assert cpus[domain.node] == cpulist(domain.cpulist)

@@ -95,3 +95,40 @@ class TestOverrides:
     def test_override_wins_over_file(self):
         r = recipes.load("cosmoflow", recipes.parse_overrides(["nodes=1", "inputs.cosmoflow.mode=download", "env.FOO=bar"]))
         assert r.nodes == 1 and r.inputs["cosmoflow"].mode == "download" and r.env == {"FOO": "bar"}
+
+
+class TestRecipeConsistency:
+    """Inputs the schema refuses (issue: accepted before)."""
+
+    def _load(self, tmp_path, **changes):
+        import yaml
+
+        from jobs import recipes
+
+        doc = yaml.safe_load(recipes.resolve("cosmoflow").read_text())
+        doc.update(changes)
+        path = tmp_path / "r.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return recipes.load(str(path))
+
+    def test_empty_command_is_refused(self, tmp_path):
+        from core.errors import UserError
+
+        with pytest.raises(UserError) as info:
+            self._load(tmp_path, command="   ")
+        assert "command" in info.value.render() and "is empty" in info.value.render()
+
+    def test_pytorch_code_under_tensorflow_distribution_is_refused(self, tmp_path):
+        from core.errors import UserError
+
+        with pytest.raises(UserError) as info:
+            self._load(tmp_path, framework="pytorch", distribution="tensorflow")
+        assert "framework pytorch cannot use distribution tensorflow" in info.value.render()
+
+    def test_maskrcnn_is_pinned_to_a_commit(self):
+        import re
+
+        from jobs import recipes
+
+        revision = recipes.load("maskrcnn").env["MASKRCNN_REVISION"]
+        assert re.fullmatch(r"[0-9a-f]{40}", revision), revision

@@ -58,7 +58,7 @@ def test_wrong_types_name_key_and_value():
     doc["gpus"] = "8"
     doc["gpu_gemm_dtype"] = "fp8"
     doc["health"]["h2d_gbytes_per_s_min"] = "fast"
-    doc["health"]["gemm_fraction_of_peak_min"] = 60
+    doc["health"]["gemm_tflops"] = [250.0, 260.0, 270.0]
     doc["health"]["nccl_multinode_busbw_gbytes_per_s"] = [300, 400, 450]
     doc["numa"][1]["gpu_ids"] = "0,1"
     with pytest.raises(RuntimeInputError) as info:
@@ -67,7 +67,7 @@ def test_wrong_types_name_key_and_value():
     assert problems["gpus"] == "must be an integer, got '8'"
     assert "fp8" in problems["gpu_gemm_dtype"] and "bf16, fp16" in problems["gpu_gemm_dtype"]
     assert problems["health.h2d_gbytes_per_s_min"] == "must be a number, got 'fast'"
-    assert "fraction of peak (0-1), got 60" in problems["health.gemm_fraction_of_peak_min"]
+    assert "falling order" in problems["health.gemm_tflops"]
     assert "falling order" in problems["health.nccl_multinode_busbw_gbytes_per_s"]
     assert "list of integers" in problems["numa[1].gpu_ids"]
     assert len(problems) == 6

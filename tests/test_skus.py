@@ -53,6 +53,7 @@ class TestCatalogContents:
         h100 = skus.get("Standard_ND96isr_H100_v5").health
         assert h100.nccl_allreduce_busbw_gbytes_per_s_min == 460 and h100.nccl_allreduce_message_bytes == 16 << 30
         assert h100.h2d_gbytes_per_s_min == 48 and h100.nccl_multinode_busbw_gbytes_per_s == (450, 400, 300)
+        assert h100.gemm_tflops == (769, 742, 715) and h100.gemm_source == "azure-sku-baseline"
         assert skus.get("Standard_NC24rs_v3").health.nccl_allreduce_busbw_gbytes_per_s_min is None
 
 
@@ -95,7 +96,7 @@ class TestCatalogData:
     @pytest.mark.parametrize("name", sorted(skus.CATALOG))
     def test_every_source_is_listed_with_title_url_and_date(self, name):
         sku = skus.get(name)
-        cited = [sku.facts_source, sku.health.source] + ([sku.price.source] if sku.price else [])
+        cited = [sku.facts_source, *sku.health.sources()] + ([sku.price.source] if sku.price else [])
         for source_id in cited:
             source = skus.SOURCES[source_id]
             assert source.title and source.url.startswith("https://") and source.as_of
@@ -115,3 +116,56 @@ class TestCatalogData:
     def test_records_are_frozen(self):
         with pytest.raises(AttributeError):
             skus.get("Standard_ND96asr_v4").gpus = 4  # type: ignore[misc]
+
+
+class TestPassMarksAreAzures:
+    """Every size's health pass marks equal Azure's node health checks for it: reference copies
+    of Azure/azurehpc-health-checks conf/<size>.conf at commit 0e0a1ac (read 2026-11-23) in
+    tests/reference/azurehpc-health-checks/conf/."""
+
+    CONF = __import__("pathlib").Path(__file__).parent / "reference" / "azurehpc-health-checks" / "conf"
+
+    @staticmethod
+    def checks(path) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for line in path.read_text().splitlines():
+            if "||" in line and not line.lstrip().startswith("#"):
+                words = line.split("||", 1)[1].split()
+                found.setdefault(words[0], words[1:])
+        return found
+
+    @pytest.mark.parametrize("name", sorted(skus.CATALOG))
+    def test_equal_to_azures_conf(self, name):
+        sku = skus.get(name)
+        conf = self.CONF / f"{name.removeprefix('Standard_').lower()}.conf"
+        assert conf.is_file(), f"no reference copy of Azure's conf for {name}"
+        azure, health = self.checks(conf), sku.health
+        assert skus.SOURCES[health.source].url.endswith(f"conf/{conf.name}")
+        bw = azure.get("check_gpu_bw", [])
+        assert health.h2d_gbytes_per_s_min == health.d2h_gbytes_per_s_min == (float(bw[0]) if bw else None)
+        if len(bw) > 1 and sku.gpus > 1:
+            assert health.p2p_gbytes_per_s_min == float(bw[1])
+        nccl = azure.get("check_nccl_allreduce")
+        assert health.nccl_allreduce_busbw_gbytes_per_s_min == (float(nccl[0]) if nccl else None)
+        if nccl:
+            size = {"8G": 8 << 30, "16G": 16 << 30}[nccl[2]]
+            assert health.nccl_allreduce_message_bytes == size
+        gdr, non_gdr = azure.get("check_ib_bw_gdr"), azure.get("check_ib_bw_non_gdr")
+        expected_ib = float((gdr or non_gdr)[0]) if (gdr or non_gdr) else None
+        assert health.ib_write_gbits_per_s_per_hca_min == expected_ib
+        assert health.ib_write_gpudirect == (non_gdr is None)
+        if non_gdr:
+            assert health.ib_write_message_bytes == int(non_gdr[1])
+        nvme = azure.get("check_nvme_count")
+        assert health.nvme_count == (int(nvme[0]) if nvme else None)
+        assert health.nvlink_check == ("check_nvlink_status" in azure)
+
+    def test_h200_infiniband_mark_is_360(self):
+        assert skus.get("Standard_ND96isr_H200_v5").health.ib_write_gbits_per_s_per_hca_min == 360
+
+    def test_retired_sizes_carry_date_and_notice(self):
+        for name in ("Standard_NC24s_v3", "Standard_NC24rs_v3"):
+            sku = skus.get(name)
+            assert sku.retired == "2025-09-30" and "retired by Azure on 2025-09-30" in sku.retirement
+            assert skus.SOURCES[sku.retired_source].url.startswith("https://learn.microsoft.com/")
+        assert skus.get("Standard_ND96isr_H100_v5").retired is None

@@ -196,12 +196,23 @@ class Recipe(_Model):
     experiment: str | None = None
     """Azure ML experiment name; default: the recipe name."""
     tags: dict[str, str] = Field(default_factory=dict)
+    sharp: bool = False
+    """In-network all-reduce (SHARP / CollNet) on sizes that have it (ND H100/H200 v5): the
+    settings of Azure's hopper.conf (core/catalog/nccl.toml, opt_in sharp). Needs the NCCL SHARP
+    plugin in the image and a SHARP-enabled fabric, so it is off unless asked for."""
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         if not _NAME.match(value):
             raise ValueError("must be 2-41 lowercase letters, digits or hyphens, starting with a letter")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is empty: give the training command, e.g. python -m jobs.workloads.cosmoflow.train ...")
         return value
 
     @field_validator("shm_size")
@@ -233,6 +244,9 @@ class Recipe(_Model):
             raise ValueError("distribution deepspeed needs a `deepspeed:` block (at least deepspeed.model)")
         if self.framework == "tensorflow" and self.distribution in ("pytorch", "deepspeed"):
             raise ValueError(f"framework tensorflow cannot use distribution {self.distribution} (use mpi for Horovod, or tensorflow)")
+        if self.framework == "pytorch" and self.distribution == "tensorflow":
+            raise ValueError("framework pytorch cannot use distribution tensorflow (it sets TF_CONFIG, not torch.distributed's "
+                             "variables): use pytorch, deepspeed or mpi, or set framework: tensorflow")
         return self
 
     @property

@@ -28,6 +28,8 @@ Exit status: the command's own (128+N when signal N killed it), or:
     4   staging failed or timed out
     5   the latest checkpoint could not be restored
     6   the command succeeded but its final checkpoint could not be uploaded
+    8   NCCL would use TCP sockets between the nodes of an InfiniBand size (jobs/runtime/exit_codes.py)
+    9   the node's managed identity cannot reach the job's storage with the role it needs
     126 the command is not executable, 127 it was not found
 
 The connection string AMLHPC_BLOB_CONNECTION_STRING (Azurite) is removed from the
@@ -57,6 +59,7 @@ from pathlib import Path
 
 from jobs.runtime import contract
 from jobs.runtime.errors import EXIT_USAGE, RuntimeInputError, RuntimeProblem
+from jobs.runtime.exit_codes import EXIT_NCCL_SOCKETS, EXIT_STORAGE_ACCESS
 
 log = logging.getLogger("amlhpc.launch")
 
@@ -128,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
         usage="python -m jobs.runtime.launch [options] -- COMMAND [ARGS...]",
         description="Stage inputs, gate on node health, pin, restore the latest checkpoint, run COMMAND with "
                     "background checkpoint uploads. Exit: COMMAND's status, or 2 bad input, 3 health gate, "
-                    "4 staging, 5 restore, 6 final upload, 126/127 COMMAND not executable/not found.")
+                    "4 staging, 5 restore, 6 final upload, 8 NCCL on TCP on an InfiniBand size, 9 storage access, "
+                    "126/127 COMMAND not executable/not found.")
     p.add_argument("--health", choices=HEALTH_MODES, default=None,
                    help=f"health gate before training; the flag wins over ${contract.HEALTH} (default: it, else off)")
     p.add_argument("--health-full", action="store_true", help="full repetitions (default: --quick before training)")
@@ -312,6 +316,35 @@ class Launcher:
         self.store = None
         self.checkpoint_dir: Path | None = None
 
+    # 1b. NCCL settings for this node; stop before anything runs when NCCL would fall back to TCP
+    def nccl_preflight(self) -> None:
+        from jobs.runtime import nccl_env, nccl_transport
+
+        try:
+            notes = nccl_env.apply(self.environ, self.options.sysfs)
+        except RuntimeInputError as exc:
+            raise LaunchFailed(EXIT_USAGE, exc.render()) from None
+        for note in notes:
+            (log.warning if note.startswith("warning:") else log.info)("nccl: %s", note.removeprefix("warning: "))
+        if self.sku is not None:
+            problem = nccl_transport.preflight(self.sku.name, self.sku.infiniband, self.ranks.node_count,
+                                               self.environ, self.options.sysfs)
+            if problem:
+                raise LaunchFailed(EXIT_NCCL_SOCKETS, problem)
+
+    # 1c. the node's identity can read the inputs and write the checkpoints (fail in seconds, role named)
+    def storage_preflight(self) -> None:
+        from jobs.runtime import blobio
+        from jobs.runtime.health import access
+
+        problems = access.check_access(
+            access.targets(self.specs, self.checkpoint), self.environ,
+            credential_factory=lambda: blobio.credential_from_env(self.environ),
+            client_factory=lambda t, credential: blobio.container_client(t.container, account_url=t.account_url,
+                                                                          credential=credential))
+        if problems:
+            raise LaunchFailed(EXIT_STORAGE_ACCESS, "storage access: " + "; ".join(problems))
+
     # 2. staging
     def stage(self) -> None:
         if not self.specs:
@@ -375,11 +408,13 @@ class Launcher:
                        "means a node or the network is broken")
         elif code == EXIT_HEALTH:
             message = "health gate failed: see the failing host and check above"
+        elif code == EXIT_NCCL_SOCKETS:
+            message = "NCCL fell back to TCP sockets on an InfiniBand size: see the cause above"
         else:
             message = f"the health checks crashed (exit {exit_status(code)})"
         self.report.health = "fail"
         if self.options.health == "gate":
-            raise LaunchFailed(EXIT_HEALTH, message)
+            raise LaunchFailed(EXIT_NCCL_SOCKETS if code == EXIT_NCCL_SOCKETS else EXIT_HEALTH, message)
         log.warning("%s; continuing (health: warn)", message)
 
     # 5. pinning
@@ -581,6 +616,8 @@ class Launcher:
 
         with ExitStack() as stack:
             try:
+                self.nccl_preflight()
+                self.storage_preflight()
                 self.stage()
                 if self.options.max_clocks and self.ranks.is_node_leader:
                     changes = stack.enter_context(clocks.max_application_clocks())

@@ -17,9 +17,14 @@ catalog can grow without breaking running images):
      "health": {"h2d_gbytes_per_s_min": 21.0 | null, "d2h_gbytes_per_s_min": 21.0 | null,
                 "nccl_allreduce_busbw_gbytes_per_s_min": 228.0 | null,
                 "nccl_allreduce_message_bytes": 8589934592,
+                "p2p_gbytes_per_s_min": 235.0 | null,
                 "ib_write_gbits_per_s_per_hca_min": 180.0 | null,
-                "gemm_fraction_of_peak_min": 0.6,
-                "nccl_multinode_busbw_gbytes_per_s": [450.0, 400.0, 300.0] | null}}
+                "ib_write_gpudirect": true, "ib_write_message_bytes": 8388608,
+                "nvme_count": 8 | null, "nvlink_check": true,
+                "gemm_tflops": [271.2, 261.7, 252.2] | null,     expected, warn below, fail below
+                "gemm_shape": [1024, 10240, 5120] | null,
+                "nccl_multinode_busbw_gbytes_per_s": [450.0, 400.0, 300.0] | null},
+     "nvlink": true}
 
 A missing optional key means "unknown" (no threshold, no catalog map); a present key with
 the wrong type is an error naming the key.
@@ -51,10 +56,17 @@ class HealthFacts:
 
     h2d_gbytes_per_s_min: float | None = None
     d2h_gbytes_per_s_min: float | None = None
+    p2p_gbytes_per_s_min: float | None = None
     nccl_allreduce_busbw_gbytes_per_s_min: float | None = None
     nccl_allreduce_message_bytes: int = 1 << 30
     ib_write_gbits_per_s_per_hca_min: float | None = None
-    gemm_fraction_of_peak_min: float | None = None
+    ib_write_gpudirect: bool = True
+    ib_write_message_bytes: int = 8 << 20
+    nvme_count: int | None = None
+    nvlink_check: bool = False
+    gemm_tflops: tuple[float, float, float] | None = None
+    """(expected, warn below, fail below), TFLOP/s per GPU."""
+    gemm_shape: tuple[int, int, int] | None = None
     nccl_multinode_busbw_gbytes_per_s: tuple[float, float, float] | None = None
     """(expected, warn below, fail below), GB/s."""
 
@@ -74,6 +86,7 @@ class SkuFacts:
     nvme_devices: int = 0
     storage_nic_gbits_per_s: float | None = None
     numa: tuple[NumaFacts, ...] | None = None
+    nvlink: bool = False
     health: HealthFacts = HealthFacts()
 
     @property
@@ -147,6 +160,21 @@ def _parse_numa(reader: _Reader, raw: Any) -> tuple[NumaFacts, ...] | None:
     return tuple(domains)
 
 
+def _triple(reader: _Reader, raw: Mapping, key: str, what: str, integer: bool = False, falling: bool = True):
+    value = raw.get(key)
+    if value is None:
+        return None
+    ok = isinstance(value, list) and len(value) == 3 and all(
+        (isinstance(v, int) and not isinstance(v, bool)) if integer else _is_number(v) for v in value)
+    if not ok:
+        reader.bad(f"health.{key}", f"must be {what} (3 {'integers' if integer else 'numbers'}) or null, got {value!r}")
+        return None
+    if falling and not value[0] >= value[1] >= value[2]:
+        reader.bad(f"health.{key}", f"must be {what} in falling order, got {value!r}")
+        return None
+    return tuple(int(v) if integer else float(v) for v in value)
+
+
 def _parse_health(reader: _Reader, raw: Any) -> HealthFacts:
     if raw is None:
         return HealthFacts()
@@ -154,29 +182,24 @@ def _parse_health(reader: _Reader, raw: Any) -> HealthFacts:
         reader.bad("health", f"must be an object, got {type(raw).__name__}")
         return HealthFacts()
     values: dict[str, Any] = {}
-    for key in ("h2d_gbytes_per_s_min", "d2h_gbytes_per_s_min", "nccl_allreduce_busbw_gbytes_per_s_min",
-                "ib_write_gbits_per_s_per_hca_min", "gemm_fraction_of_peak_min"):
+    for key in ("h2d_gbytes_per_s_min", "d2h_gbytes_per_s_min", "p2p_gbytes_per_s_min",
+                "nccl_allreduce_busbw_gbytes_per_s_min", "ib_write_gbits_per_s_per_hca_min"):
         values[key] = reader.number(raw, key, f"health.{key}")
-    fraction = values["gemm_fraction_of_peak_min"]
-    if fraction is not None and fraction > 1:
-        reader.bad("health.gemm_fraction_of_peak_min", f"is a fraction of peak (0-1), got {fraction!r}")
-        values["gemm_fraction_of_peak_min"] = None
-    message = reader.number(raw, "nccl_allreduce_message_bytes", "health.nccl_allreduce_message_bytes",
-                            integer=True, minimum=1)
-    if message is not None:
-        values["nccl_allreduce_message_bytes"] = message
-    triple = raw.get("nccl_multinode_busbw_gbytes_per_s")
-    if triple is not None:
-        if isinstance(triple, list) and len(triple) == 3 and all(_is_number(v) for v in triple):
-            expected, warn, fail = triple
-            if not expected >= warn >= fail:
-                reader.bad("health.nccl_multinode_busbw_gbytes_per_s",
-                           f"must be [expected, warn below, fail below] in falling order, got {triple!r}")
+    for key in ("nccl_allreduce_message_bytes", "ib_write_message_bytes"):
+        number = reader.number(raw, key, f"health.{key}", integer=True, minimum=1)
+        if number is not None:
+            values[key] = number
+    values["nvme_count"] = reader.number(raw, "nvme_count", "health.nvme_count", integer=True)
+    for key in ("ib_write_gpudirect", "nvlink_check"):
+        if key in raw and raw[key] is not None:
+            if isinstance(raw[key], bool):
+                values[key] = raw[key]
             else:
-                values["nccl_multinode_busbw_gbytes_per_s"] = (float(expected), float(warn), float(fail))
-        else:
-            reader.bad("health.nccl_multinode_busbw_gbytes_per_s",
-                       f"must be [expected, warn below, fail below] (3 numbers) or null, got {triple!r}")
+                reader.bad(f"health.{key}", f"must be true or false, got {raw[key]!r}")
+    values["gemm_tflops"] = _triple(reader, raw, "gemm_tflops", "[expected, warn below, fail below]")
+    values["gemm_shape"] = _triple(reader, raw, "gemm_shape", "[M, N, K]", integer=True, falling=False)
+    values["nccl_multinode_busbw_gbytes_per_s"] = _triple(reader, raw, "nccl_multinode_busbw_gbytes_per_s",
+                                                          "[expected, warn below, fail below]")
     return HealthFacts(**values)
 
 
@@ -202,6 +225,7 @@ def parse_sku_facts(text: str, reference: str = SKU_JSON) -> SkuFacts:
         nvme_devices=reader.number(data, "nvme_devices", "nvme_devices", default=0, integer=True),
         storage_nic_gbits_per_s=reader.number(data, "storage_nic_gbits_per_s", "storage_nic_gbits_per_s"),
         numa=_parse_numa(reader, data.get("numa")),
+        nvlink=bool(data.get("nvlink", False)),
         health=_parse_health(reader, data.get("health")),
     )
     if reader.problems:

@@ -1,9 +1,11 @@
 """The checks one node runs on itself: GPU count, GEMM, H2D, D2H, D2D per GPU, InfiniBand
 ports, ECC / row remapping. (The all-reduce needs every rank: see collective.py.)
 
-Thresholds come from the size's facts (AMLHPC_SKU_JSON): GEMM must reach
-`gemm_fraction_of_peak_min` x `gpu_peak_dense_tflops`, copies `h2d/d2h_gbytes_per_s_min`;
-D2D has no published pass mark and is judged against the fleet only. A machine with no
+Thresholds come from the size's facts (AMLHPC_SKU_JSON): GEMM is graded against the size's
+measured baseline `gemm_tflops` (expected, warn below, fail below) at the baseline's shape, copies
+against `h2d/d2h_gbytes_per_s_min` and peer reads against `p2p_gbytes_per_s_min` (Azure's
+check_gpu_bw); D2D has no published pass mark and is judged against the fleet only. Sizes
+without a measured GEMM baseline (V100) report the figure and compare it with the fleet. A machine with no
 NVIDIA GPU on its PCI bus is not the size's hardware (a CPU rehearsal): the GPU checks say
 so and are skipped, and so are InfiniBand and ECC, whose expectations belong to that
 hardware. GPUs on the bus that CUDA cannot use are a failure, not a skip.
@@ -22,10 +24,11 @@ from pathlib import Path
 
 from jobs.runtime import topology
 from jobs.runtime.health.ecc import check_ecc
-from jobs.runtime.health.grading import FAIL, PASS, SKIP, grade_minimum
+from jobs.runtime.health.grading import FAIL, PASS, SKIP, grade_band, grade_minimum
 from jobs.runtime.health.infiniband import check_infiniband
 from jobs.runtime.health.measure import MIB, GpuMeasurer
 from jobs.runtime.health.results import CheckResult
+from jobs.runtime.health.tools import Tools, skipped_on_cpu, tool_checks
 from jobs.runtime.nvml import NvmlSession
 from jobs.runtime.skufacts import SkuFacts
 
@@ -35,7 +38,11 @@ class Sizes:
     """How much work each measurement does."""
 
     gemm_n: int = 8192
-    gemm_iters: int = 50
+    """Square GEMM for sizes without a baseline shape."""
+    gemm_seconds: float = 1.0
+    """How long the timed GEMM loop should last (iterations follow from the shape)."""
+    gemm_tflops_guess: float = 300.0
+    """A rate to turn gemm_seconds into iterations before anything is measured."""
     copy_bytes: int = 256 * MIB
     copy_iters: int = 20
     allreduce_iters: int = 10
@@ -45,7 +52,7 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = Sizes(gemm_iters=10, copy_iters=5, allreduce_iters=3, allreduce_warmup=1, cpu_allreduce_bytes=16 * MIB)
+QUICK = Sizes(gemm_seconds=0.3, copy_iters=5, allreduce_iters=3, allreduce_warmup=1, cpu_allreduce_bytes=16 * MIB)
 """--quick: the same GPU sizes (pass marks hold for them), fewer repetitions; a smaller
 gloo message on CPU-only runs, which have no pass marks."""
 
@@ -97,13 +104,33 @@ def _gpu_count(sku: SkuFacts | None, pci_count: int | None, cuda_count: int, mea
                        f"{cuda_count} GPU(s) usable")
 
 
-def _measure(check: str, subject: str, unit: str, minimum: float | None, detail: str, run) -> CheckResult:
-    """Run one measurement and grade it; a CUDA error is a failure of that GPU."""
+def _measure(check: str, subject: str, unit: str, minimum: float | None, detail: str, run,
+             band: tuple[float, float, float] | None = None) -> CheckResult:
+    """Run one measurement and grade it (against a minimum, or an (expected, warn, fail) band);
+    a CUDA error is a failure of that GPU."""
     try:
         value = float(run())
     except Exception as exc:  # noqa: BLE001 - any error from the GPU is the finding
         return CheckResult(check, subject, FAIL, detail=f"measurement failed: {type(exc).__name__}: {exc}"[:400])
+    if band is not None:
+        return CheckResult(check, subject, grade_band(value, band[1], band[2]), value, unit, band[2], detail)
     return CheckResult(check, subject, grade_minimum(value, minimum), value, unit, minimum, detail)
+
+
+def gemm_plan(sku: SkuFacts | None, sizes: Sizes) -> tuple[tuple[int, int, int], int, tuple[float, float, float] | None, str]:
+    """(shape, iterations, band or None, detail) of the GEMM check for this size."""
+    health = sku.health if sku else None
+    dtype = sku.gpu_gemm_dtype if sku else "bf16"
+    shape = health.gemm_shape if health and health.gemm_shape else (sizes.gemm_n,) * 3
+    band = health.gemm_tflops if health else None
+    flops = 2 * shape[0] * shape[1] * shape[2]
+    iters = max(10, int(sizes.gemm_seconds * (band[0] if band else sizes.gemm_tflops_guess) * 1e12 / flops))
+    detail = f"{dtype} {shape[0]}x{shape[1]}x{shape[2]} matmul x {iters}"
+    if band:
+        detail += f", measured baseline ~{band[0]:g} TFLOP/s (warn below {band[1]:g}, fail below {band[2]:g})"
+    else:
+        detail += "; no measured baseline for this GPU: compared with the fleet"
+    return shape, iters, band, detail
 
 
 def gpu_checks(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, sysfs: Path,
@@ -122,17 +149,13 @@ def gpu_checks(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, sysfs:
     physical = _physical_gpus(environ, pci or [])
     health = sku.health if sku else None
     dtype = sku.gpu_gemm_dtype if sku else "bf16"
-    gemm_min = None
-    gemm_detail = f"{dtype} {sizes.gemm_n}x{sizes.gemm_n} matmul"
-    if sku and sku.gpu_peak_dense_tflops and health.gemm_fraction_of_peak_min:
-        gemm_min = sku.gpu_peak_dense_tflops * health.gemm_fraction_of_peak_min
-        gemm_detail += f", pass mark {health.gemm_fraction_of_peak_min:.0%} of the {sku.gpu_peak_dense_tflops:g} TFLOP/s peak"
+    shape, gemm_iters, band, gemm_detail = gemm_plan(sku, sizes)
     copy_mib = sizes.copy_bytes // MIB
     for index in range(cuda_count):
         location = physical[index] if index < len(physical) else None
         subject = f"gpu{index} {location.pci_address}" if location else f"gpu{index}"
-        results.append(_measure("gemm", subject, "TFLOP/s", gemm_min, gemm_detail,
-                                lambda i=index: measurer.gemm_tflops(i, dtype, sizes.gemm_n, sizes.gemm_iters)))
+        results.append(_measure("gemm", subject, "TFLOP/s", None, gemm_detail,
+                                lambda i=index: measurer.gemm_tflops(i, dtype, shape, gemm_iters), band))
         cpus = location.cpus if location else frozenset()
         with _on_cpus(cpus) as pinned:
             where = f"pinned {copy_mib} MiB from NUMA node {location.numa_node}" if pinned and location else f"pinned {copy_mib} MiB (NUMA placement unknown)"
@@ -143,22 +166,49 @@ def gpu_checks(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, sysfs:
         d2d = _measure("d2d", subject, "GB/s", None, f"{copy_mib} MiB on-device copy (read + write); no published pass mark, compared with the fleet",
                        lambda i=index: measurer.d2d_gbytes_per_s(i, sizes.copy_bytes, sizes.copy_iters))
         results.append(d2d)
+    results.extend(_p2p(measurer, cuda_count, health, sizes, physical))
+    return results
+
+
+def _p2p(measurer: GpuMeasurer, count: int, health, sizes: Sizes, physical: list) -> list[CheckResult]:
+    """Each GPU reads from every other; the slowest pair per GPU is graded (Azure's check_gpu_bw P2P)."""
+    minimum = health.p2p_gbytes_per_s_min if health else None
+    if count < 2:
+        return []
+    results = []
+    for dst in range(count):
+        location = physical[dst] if dst < len(physical) else None
+        subject = f"gpu{dst} {location.pci_address}" if location else f"gpu{dst}"
+        figures: list[tuple[float, int]] = []
+        try:
+            for src in range(count):
+                if src != dst:
+                    figures.append((float(measurer.p2p_gbytes_per_s(dst, src, sizes.copy_bytes, sizes.copy_iters)), src))
+        except Exception as exc:  # noqa: BLE001 - a failing peer copy is the finding
+            results.append(CheckResult("p2p", subject, FAIL, detail=f"peer copy failed: {type(exc).__name__}: {exc}"[:400]))
+            continue
+        slowest, peer = min(figures)
+        detail = f"slowest of {len(figures)} peer reads: from gpu{peer}" + ("" if minimum else "; no published pass mark")
+        results.append(CheckResult("p2p", subject, grade_minimum(slowest, minimum), slowest, "GB/s", minimum, detail))
     return results
 
 
 def node_checks(sku: SkuFacts | None, measurer: GpuMeasurer, nvml: NvmlSession, sizes: Sizes,
-                sysfs: Path = Path("/sys"), environ: Mapping[str, str] | None = None) -> list[CheckResult]:
+                sysfs: Path = Path("/sys"), environ: Mapping[str, str] | None = None,
+                tools: Tools | None = None) -> list[CheckResult]:
     """Everything one node checks about itself."""
     environ = os.environ if environ is None else environ
     results = gpu_checks(sku, measurer, sizes, sysfs, environ)
     no_gpu_hardware = results[0].check == "gpu_count" and results[0].status == SKIP and results[0].value == 0.0
     if no_gpu_hardware:
         what = f"a {sku.name}" if sku else "a GPU node"
-        reason = f"not {what} (no NVIDIA GPU): the size's InfiniBand and ECC expectations do not apply here"
+        reason = f"not {what} (no NVIDIA GPU): the size's InfiniBand, ECC and node-tool expectations do not apply here"
         results.append(CheckResult("infiniband", "node", SKIP, detail=reason))
         results.append(CheckResult("ecc", "node", SKIP, detail=reason))
+        results.extend(skipped_on_cpu(reason))
         return results
     results.extend(check_infiniband(sysfs, sku))
     results.extend(check_ecc(nvml, sku.gpus if sku else 0))
+    results.extend(tool_checks(sku, sysfs, measurer.device_count(), tools))
     return results
 

@@ -4,8 +4,11 @@
 in the tests drives the threshold logic. Every figure is timed with CUDA events after
 warm-up, so kernel launch and first-touch costs are excluded:
 
-- GEMM: C = A @ B with square n x n matrices in the size's tensor-core dtype (bf16, or
-  fp16 on V100); 2 n^3 flops per product, reported in TFLOP/s (10^12/s).
+- GEMM: C = A @ B with (M x K) @ (K x N) matrices in the size's tensor-core dtype (bf16, or
+  fp16 on V100), at the shape the size's baseline was measured at; 2 M N K flops per product,
+  reported in TFLOP/s (10^12/s), timed over enough products to last about a second.
+- P2P: a copy from another GPU's memory into this one (over NVLink where there is one), as
+  nvbandwidth's device_to_device_memcpy_read_ce that Azure's health checks grade.
 - H2D / D2H: one large copy from / into page-locked (pinned) host memory, as CUDA's
   bandwidthTest does (the NDv4 performance article); GB/s = 10^9 bytes/s. The caller runs it on the CPUs near
   the GPU (the buffer is first touched there, so it lives on the GPU's NUMA node).
@@ -31,7 +34,8 @@ class GpuMeasurer(Protocol):
 
     def device_count(self) -> int: ...
     def device_name(self, index: int) -> str: ...
-    def gemm_tflops(self, index: int, dtype: str, n: int, iters: int) -> float: ...
+    def gemm_tflops(self, index: int, dtype: str, shape: tuple[int, int, int], iters: int) -> float: ...
+    def p2p_gbytes_per_s(self, dst: int, src: int, nbytes: int, iters: int) -> float: ...
     def h2d_gbytes_per_s(self, index: int, nbytes: int, iters: int) -> float: ...
     def d2h_gbytes_per_s(self, index: int, nbytes: int, iters: int) -> float: ...
     def d2d_gbytes_per_s(self, index: int, nbytes: int, iters: int) -> float: ...
@@ -79,21 +83,36 @@ class TorchGpuMeasurer:
     def _release(self) -> None:
         self.torch.cuda.empty_cache()
 
-    def _gemm_seconds(self, index: int, dtype: str, n: int, iters: int) -> float:
+    def _gemm_seconds(self, index: int, dtype: str, shape: tuple[int, int, int], iters: int) -> float:
         torch = self.torch
+        m, n, k = shape
         kind = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         device = torch.device("cuda", index)
-        a = torch.randn(n, n, device=device, dtype=kind)
-        b = torch.randn(n, n, device=device, dtype=kind)
-        c = torch.empty(n, n, device=device, dtype=kind)
-        return self._elapsed_s(index, lambda: torch.matmul(a, b, out=c), iters)
+        a = torch.randn(m, k, device=device, dtype=kind)
+        b = torch.randn(k, n, device=device, dtype=kind)
+        c = torch.empty(m, n, device=device, dtype=kind)
+        return self._elapsed_s(index, lambda: torch.matmul(a, b, out=c), iters, warmup=max(3, iters // 5))
 
-    def gemm_tflops(self, index: int, dtype: str, n: int, iters: int) -> float:
+    def gemm_tflops(self, index: int, dtype: str, shape: tuple[int, int, int], iters: int) -> float:
         try:
-            seconds = self._gemm_seconds(index, dtype, n, iters)
+            seconds = self._gemm_seconds(index, dtype, shape, iters)
         finally:
             self._release()  # the buffers went out of scope with the helper's frame
-        return 2 * n ** 3 * iters / seconds / 1e12
+        m, n, k = shape
+        return 2 * m * n * k * iters / seconds / 1e12
+
+    def _p2p_seconds(self, dst: int, src: int, nbytes: int, iters: int) -> float:
+        torch = self.torch
+        source = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", src))
+        target = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", dst))
+        return self._elapsed_s(dst, lambda: target.copy_(source, non_blocking=True), iters)
+
+    def p2p_gbytes_per_s(self, dst: int, src: int, nbytes: int, iters: int) -> float:
+        try:
+            seconds = self._p2p_seconds(dst, src, nbytes, iters)
+        finally:
+            self._release()  # the buffers went out of scope with the helper's frame
+        return nbytes * iters / seconds / 1e9
 
     def _copy_seconds(self, index: int, nbytes: int, iters: int, direction: str) -> float:
         torch = self.torch

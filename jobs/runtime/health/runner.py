@@ -12,7 +12,10 @@ Order on each process:
 
 Exit status: 0 healthy (or `warn`/`report` mode); 2 bad input; 3 a node failed in `gate`
 mode (every rank of the job exits 3, so the job stops before training, with the host and
-the failed check in the log).
+the failed check in the log); 8 (jobs/runtime/exit_codes.py) when the failure is NCCL using
+TCP sockets between the nodes of an InfiniBand size. The node's all-reduce runs without the
+topology file, as Azure's check does; NCCL's init log goes to the report folder
+(nccl-init-<host>-<pid>.log) and is read back for the transport NCCL chose.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +33,7 @@ from typing import TextIO
 
 from jobs.runtime.contract import DEFAULT_REPORT_DIR
 from jobs.runtime.errors import EXIT_USAGE, RuntimeInputError
+from jobs.runtime.exit_codes import EXIT_NCCL_SOCKETS
 from jobs.runtime.health.checks import FULL, QUICK, node_checks
 from jobs.runtime.health.collective import (
     Collective,
@@ -38,10 +43,11 @@ from jobs.runtime.health.collective import (
     message_bytes,
 )
 from jobs.runtime.health.fleet import apply_fleet
-from jobs.runtime.health.grading import FAIL
+from jobs.runtime.health.grading import FAIL, SKIP
 from jobs.runtime.health.measure import TorchGpuMeasurer
 from jobs.runtime.health.results import CheckResult, NodeReport
 from jobs.runtime.health.summary import render, write_summary
+from jobs.runtime.nccl_transport import parse_init_log, verdict
 from jobs.runtime.nvml import open_nvml
 from jobs.runtime.ranks import Ranks, from_env
 
@@ -77,13 +83,52 @@ def _environment(measurer) -> dict:
     return info
 
 
+@contextmanager
+def _without_topology_file():
+    """The node's communicator starts without NCCL_TOPO_FILE, as Azure's single-node NCCL check
+    now runs (azure_nccl_allreduce.nhc passes NCCL_TOPO_FILE= since 2025-06-26: the file gave
+    false failures on H100/H200); the job-wide one keeps it."""
+    before = os.environ.get("NCCL_TOPO_FILE")
+    os.environ["NCCL_TOPO_FILE"] = ""
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("NCCL_TOPO_FILE", None)
+        else:
+            os.environ["NCCL_TOPO_FILE"] = before
+
+
+def nccl_log_settings(report_dir: Path) -> dict[str, str]:
+    """NCCL's init log into a file per process, so the transport NCCL chose can be read back."""
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+            "NCCL_DEBUG_FILE": str(report_dir / "nccl-init-%h-%p.log")}
+
+
+def transport_check(report_dir: Path, sku, node_count: int, environ: Mapping[str, str], sysfs: Path,
+                    backend: str) -> CheckResult:
+    """What NCCL chose between the nodes, read from this process's init log."""
+    if backend != "nccl":
+        return CheckResult("nccl_transport", "node", SKIP, detail=f"{backend} backend: NCCL did not start on this machine")
+    path = report_dir / f"nccl-init-{socket.gethostname()}-{os.getpid()}.log"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return CheckResult("nccl_transport", "node", SKIP, detail=f"no NCCL init log at {path}")
+    choice = parse_init_log(text)
+    status, detail = verdict(choice, sku.name if sku else "this size", bool(sku and sku.infiniband), node_count,
+                             environ, sysfs)
+    return CheckResult("nccl_transport", "node", status, detail=detail)
+
+
 def _collectives(collective: Collective, ranks: Ranks, sku, sizes, report: NodeReport) -> list[CheckResult]:
     """Per-node then job-wide all-reduce; returns the job-wide results."""
     job: list[CheckResult] = []
     nbytes, note = message_bytes(collective, sku, sizes.cpu_allreduce_bytes)
     if ranks.local_size > 1:
-        figure = collective.allreduce(collective.node_group(), ranks.local_rank, ranks.local_size, nbytes,
-                                      sizes.allreduce_iters, sizes.allreduce_warmup)
+        with _without_topology_file():
+            figure = collective.allreduce(collective.node_group(), ranks.local_rank, ranks.local_size, nbytes,
+                                          sizes.allreduce_iters, sizes.allreduce_warmup)
         if ranks.is_node_leader:
             report.checks.append(grade_node_allreduce(figure, sku, note))
     if ranks.node_count > 1:
@@ -114,6 +159,9 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
     job_checks: list[CheckResult] = []
     collective = None
     if ranks.world_size > 1:
+        options.report_dir.mkdir(parents=True, exist_ok=True)
+        saved_env = {k: os.environ.get(k) for k in nccl_log_settings(options.report_dir)}
+        os.environ.update(nccl_log_settings(options.report_dir))  # read by NCCL when it starts below
         try:
             collective = collective_factory(ranks, environ, options.timeout_s)
         except CollectiveError as exc:
@@ -133,6 +181,9 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
                 job_checks.append(CheckResult("allreduce_job", "job", FAIL,
                                               detail=f"all-reduce failed: {type(exc).__name__}: {exc}"[:400]))
             else:
+                if ranks.is_node_leader:
+                    report.checks.append(transport_check(options.report_dir, sku, ranks.node_count, environ,
+                                                         options.sysfs, getattr(collective, "backend", "")))
                 report.checks.extend(job_checks)
                 report.seconds = time.time() - started
                 try:
@@ -150,6 +201,8 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
     finally:
         if collective is not None:
             collective.close()
+        for key, value in (saved_env.items() if ranks.world_size > 1 else ()):
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     stats = apply_fleet(reports)
     mine = next((r for r in reports if r.node == ranks.node_index), report)
     if ranks.is_node_leader:
@@ -162,6 +215,8 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
     if not ranks.is_node_leader and any(c.status == FAIL for c in job_checks):
         failing = failing or [report]
     code = EXIT_UNHEALTHY if failing and options.mode == "gate" else EXIT_HEALTHY
+    if code == EXIT_UNHEALTHY and any(c.check == "nccl_transport" and c.status == FAIL for r in failing for c in r.checks):
+        code = EXIT_NCCL_SOCKETS  # the more specific cause: NCCL on TCP between the nodes
     if failing and (ranks.rank == 0 or (ranks.is_node_leader and mine in failing)):
         _print_verdict(failing, options.mode, stream)
     return HealthOutcome(code, reports, failing)

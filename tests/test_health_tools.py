@@ -1,0 +1,194 @@
+"""The node-tool checks (jobs/runtime/health/tools.py) on recorded real output: nvidia-smi,
+dmesg/syslog, ibstat, ib_write_bw and nccl-tests as those tools print it
+(tests/fixtures/tool-output/SOURCES.toml says where each sample comes from), and Azure's own
+samples (tests/reference/azurehpc-health-checks/test-data)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from core import skus
+from jobs.runtime.health import tools
+from jobs.runtime.health.grading import FAIL, INFO, PASS, SKIP, WARN
+from jobs.runtime.skufacts import parse_sku_facts
+from tests.fake_sysfs import ib_port
+
+OUTPUT = Path(__file__).parent / "fixtures" / "tool-output"
+AZURE = Path(__file__).parent / "reference" / "azurehpc-health-checks" / "test-data"
+
+
+def sample(name: str) -> str:
+    return (OUTPUT / name).read_text()
+
+
+def facts(name: str):
+    return parse_sku_facts(json.dumps(dataclasses.asdict(skus.get(name))))
+
+
+def recorded_tools(*, healthy: bool = True, outputs: dict[str, tuple[int, str]] | None = None,
+                   files: dict[str, str] | None = None, missing: tuple[str, ...] = (), now: float | None = None) -> tools.Tools:
+    """Tools that answer from recorded output: commands by their first words, files by path."""
+    answers = {"dmesg": (0, sample("dmesg-T-xid.txt") if healthy else sample("kernel-xid-79.txt")),
+               "nvidia-smi -q": (0, sample("nvidia-smi-performance-event-reasons.txt")),
+               "nvidia-smi nvlink": (0, (AZURE / ("good_nvlink_status.txt" if healthy else "bad_nvlink_status.txt")).read_text()),
+               "ibstat": (0, sample("ibstat-mlx5-infiniband-active.txt"))}
+    answers.update(outputs or {})
+
+    def run(command, timeout):
+        text = " ".join(command)
+        for key, answer in answers.items():
+            if text.startswith(key) or key in text:
+                return answer
+        return 127, f"{command[0]}: not found"
+
+    return tools.Tools(run=run, read=lambda path: (files or {}).get(str(path)),
+                       which=lambda name: None if name in missing or name in ("ib_write_bw", "all_reduce_perf") and name not in answers
+                       else f"/usr/bin/{name}", now=lambda: now or datetime(2026, 11, 23, 12).timestamp())
+
+
+class TestXid:
+    def test_application_xids_pass_and_are_named(self):
+        (result,) = tools.check_xid(recorded_tools(healthy=True))
+        assert result.status == PASS and "43, 31, 94" in result.detail.replace("31, 43", "43, 31")
+
+    def test_xid_79_fails(self):
+        (result,) = tools.check_xid(recorded_tools(healthy=False))
+        assert result.status == FAIL and "Xid 79 on PCI:0000:44:00" in result.detail
+
+    def test_journal_format_is_parsed(self):
+        events = tools.parse_xids(sample("journalctl-xid-45.txt"), 0)
+        assert [e.xid for e in events] == [45, 45, 45, 45] and events[0].pci == "PCI:0000:dc:00"
+
+    def test_dmesg_times_are_read(self):
+        events = tools.parse_xids(sample("dmesg-T-xid.txt"), datetime(2026, 1, 1).timestamp())
+        assert events[0].when == datetime(2024, 7, 31, 23, 14, 18).timestamp()
+
+    def test_unreadable_kernel_log_is_a_skip(self):
+        (result,) = tools.check_xid(recorded_tools(outputs={"dmesg": (1, "dmesg: read kernel buffer failed: Operation not permitted")}))
+        assert result.status == SKIP and "not readable" in result.detail
+
+
+class TestThrottle:
+    @pytest.mark.parametrize("name, bus", [("nvidia-smi-performance-event-reasons.txt", "00000000:42:00.0"),
+                                           ("nvidia-smi-performance-throttle-reasons.txt", "00000000:0E:00.0")])
+    def test_both_section_names_parse(self, name, bus):
+        reasons = tools.parse_clock_reasons(sample(name))
+        assert list(reasons) == [bus] and reasons[bus]["HW Slowdown"] is False and "SW Power Cap" in reasons[bus]
+
+    def test_idle_is_not_a_problem(self):
+        results = tools.check_throttle(recorded_tools(outputs={"nvidia-smi -q": (0, sample("nvidia-smi-performance-throttle-reasons.txt"))}))
+        assert [r.status for r in results] == [PASS] and "Idle" in results[0].detail
+
+    def test_hardware_slowdown_warns(self):
+        """The recorded sample with its HW Slowdown line switched to Active (the only edit)."""
+        text = sample("nvidia-smi-performance-event-reasons.txt").replace(
+            "HW Slowdown                       : Not Active", "HW Slowdown                       : Active")
+        results = tools.check_throttle(recorded_tools(outputs={"nvidia-smi -q": (0, text)}))
+        assert [r.status for r in results] == [WARN] and "HW Slowdown" in results[0].detail
+
+    def test_without_nvidia_smi_it_is_skipped(self):
+        assert tools.check_throttle(recorded_tools(missing=("nvidia-smi",)))[0].status == SKIP
+
+
+class TestNvlink:
+    def test_azures_good_sample_passes(self):
+        results = tools.check_nvlink(recorded_tools(healthy=True), facts("Standard_ND96amsr_A100_v4"))
+        assert [(r.subject, r.status, r.value) for r in results] == [("gpu7", PASS, 12.0)]
+
+    def test_azures_bad_sample_fails(self):
+        results = tools.check_nvlink(recorded_tools(healthy=False), facts("Standard_ND96amsr_A100_v4"))
+        assert [(r.subject, r.status) for r in results] == [("gpu6", FAIL)] and "all links inactive" in results[0].detail
+
+    def test_no_nvlink_output_on_an_nvlink_size_fails(self):
+        results = tools.check_nvlink(recorded_tools(outputs={"nvidia-smi nvlink": (0, "")}), facts("Standard_ND96asr_v4"))
+        assert results[0].status == FAIL
+        assert tools.check_nvlink(recorded_tools(outputs={"nvidia-smi nvlink": (0, "")}), facts("Standard_NC24ads_A100_v4"))[0].status == SKIP
+
+
+class TestInfiniband:
+    def test_ibstat_formats(self):
+        down = tools.parse_ibstat(sample("ibstat-mlx4-port-down.txt"))
+        assert [(p["port"], p["state"], p["phys_state"]) for p in down] == [("1", "DOWN", "Disabled"), ("2", "ACTIVE", "LinkUp")]
+        eth = tools.parse_ibstat(sample("ibstat-mlx5-ethernet.txt"))
+        assert {p["link_layer"] for p in eth} == {"Ethernet"} and eth[0]["rate_gbits"] == 200
+
+    def test_one_active_port_on_an_eight_hca_size_fails(self):
+        results = tools.check_ibstat(recorded_tools(), facts("Standard_ND96asr_v4"))
+        assert results[0].status == FAIL and "1 InfiniBand port(s)" in results[0].detail
+        assert results[1].subject == "mlx5_7/1" and results[1].status == PASS
+
+    def test_ethernet_rdma_ports_are_not_counted(self):
+        results = tools.check_ibstat(recorded_tools(outputs={"ibstat": (0, sample("ibstat-mlx5-ethernet.txt"))}),
+                                     facts("Standard_ND96isr_H100_v5"))
+        assert results[0].status == FAIL and "0 InfiniBand port(s)" in results[0].detail
+
+    def test_azures_flap_samples(self, tmp_path):
+        now = datetime(2026, 8, 17, 12).timestamp()
+        assert tools.count_link_flaps((AZURE / "1dev_6flap_syslog").read_text(), now) == {"ib6": 6}
+        assert tools.count_link_flaps((AZURE / "0flap_syslog").read_text(), now) == {}
+        sku = facts("Standard_ND96asr_v4")
+        flapping = recorded_tools(files={"/var/log/syslog": (AZURE / "1dev_6flap_syslog").read_text()}, now=now)
+        results = tools.check_link_flaps(flapping, sku, tmp_path)
+        assert [(r.check, r.status) for r in results] == [("ib_link_flaps", FAIL)] and "ib6 (6 lost carrier)" in results[0].detail
+        old = recorded_tools(files={"/var/log/syslog": (AZURE / "1dev_6flap_syslog").read_text()}, now=now + 3 * 86400)
+        assert tools.check_link_flaps(old, sku, tmp_path)[0].status == PASS  # outside the 24 h window
+
+    def test_link_downed_counter_warns(self, tmp_path):
+        port = ib_port(tmp_path, "mlx5_ib0")
+        (port / "counters").mkdir()
+        (port / "counters" / "link_downed").write_text("3\n")
+        results = tools.check_link_flaps(recorded_tools(), facts("Standard_ND96asr_v4"), tmp_path)
+        assert (results[0].check, results[0].status) == ("ib_link_downed", WARN) and "mlx5_ib0:1 x3" in results[0].detail
+        assert results[1].status == SKIP  # no syslog in the container
+
+    def test_ib_write_bw_report(self):
+        gbits, line = tools.parse_ib_write_bw(sample("ib_write_bw-report-gbits.txt"))
+        assert gbits == pytest.approx(0.48) and line.startswith("8 ")
+
+    def test_ib_write_graded_per_hca(self, tmp_path):
+        for hca in range(8):
+            ib_port(tmp_path, f"mlx5_ib{hca}")
+        report = sample("ib_write_bw-report-gbits.txt")
+        fake = recorded_tools(outputs={"ib_write_bw": (0, report)})
+        fake.which = lambda name: f"/usr/bin/{name}"
+        results = tools.check_ib_write(fake, facts("Standard_ND96asr_v4"), tmp_path)
+        assert len(results) == 8 and {r.status for r in results} == {FAIL} and results[0].threshold == 180.0
+        assert "GPUDirect RDMA" in results[0].detail
+        assert tools.check_ib_write(recorded_tools(), facts("Standard_ND96asr_v4"), tmp_path)[0].status == SKIP
+
+
+class TestNvmeAndNcclTests:
+    def test_nvme_count_against_azures_figure(self, tmp_path):
+        for n in range(7):
+            (tmp_path / "block" / f"nvme{n}n1").mkdir(parents=True)
+        (tmp_path / "block" / "sda").mkdir()
+        (result,) = tools.check_nvme(tmp_path, facts("Standard_ND96isr_H100_v5"))
+        assert result.status == FAIL and result.value == 7 and result.threshold == 8
+        assert tools.check_nvme(tmp_path, facts("Standard_ND96asr_v4"))[0].status == INFO
+
+    def test_nccl_tests_summary(self):
+        busbw, correct = tools.parse_nccl_tests(sample("all_reduce_perf-summary.txt"))
+        assert busbw == pytest.approx(92.3405) and correct
+
+    def test_nccl_tests_run_without_topology_file(self):
+        seen = []
+        fake = recorded_tools(outputs={"env NCCL_TOPO_FILE=": (0, sample("all_reduce_perf-summary.txt"))})
+        fake.which = lambda name: f"/usr/bin/{name}"
+        original = fake.run
+        fake.run = lambda command, timeout: seen.append(command) or original(command, timeout)
+        (result,) = tools.check_nccl_tests(fake, facts("Standard_ND96isr_H100_v5"), 8)
+        assert seen[0][:2] == ["env", "NCCL_TOPO_FILE="] and "-g" in seen[0] and str(16 << 30) in seen[0]
+        assert result.status == FAIL and result.threshold == 460.0  # 92 GB/s is far below the H100 pass mark
+
+
+def test_every_fixture_names_its_source():
+    sources = tomllib.loads((OUTPUT / "SOURCES.toml").read_text())
+    for path in OUTPUT.iterdir():
+        if path.name != "SOURCES.toml":
+            assert sources[path.name]["url"].startswith("https://github.com/") and sources[path.name]["date"], path.name
