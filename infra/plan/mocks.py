@@ -215,6 +215,10 @@ class PlanMocks(mocks.Mocks):
             out["identity"] = {**identity, "userAssignedIdentities": {
                 uid: {"clientId": _stable_uuid("client", uid), "principalId": _stable_uuid("principal", uid)}
                 for uid in identity["userAssignedIdentities"]}}
+        if isinstance(identity, dict) and "SystemAssigned" in str(identity.get("type", "")):
+            # Azure fills in the system-assigned identity's principal (role grants use it).
+            out["identity"] = {**out.get("identity", identity), "principalId": _stable_uuid("principal", type_token, name),
+                               "tenantId": FAKE_TENANT}
         if type_token == "azure-native:storage:StorageAccount":
             out["primaryEndpoints"] = {"blob": f"https://{name}.blob.core.windows.net/",
                                        "file": f"https://{name}.file.core.windows.net/"}
