@@ -125,15 +125,30 @@ def retained_resources(plan: Any) -> list[Retained]:
     for r in plan.custom_resources():
         if not r.retain_on_delete or r.type in SINGLETONS:
             continue
-        out.append(Retained(r.urn, r.type, r.name, r.parent, ids._arm_id(r.type, r.inputs, r.name),  # noqa: SLF001
+        parent = normalize_urn(r.parent) if r.parent else None
+        out.append(Retained(normalize_urn(r.urn), r.type, r.name, parent,
+                            ids._arm_id(r.type, r.inputs, r.name),  # noqa: SLF001
                             provider_api_version(r.type)))
     return out
 
 
+ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
+
+
+def normalize_urn(urn: str) -> str:
+    """The engine's form of a URN: Pulumi's mock runtime (the offline plan) puts the root
+    stack's type in front of every type chain, the engine does not."""
+    head, sep, rest = urn.partition("::" + ROOT_STACK_TYPE + "$")
+    if not sep:
+        return urn
+    stack, project = head.removeprefix("urn:pulumi:").split("::", 1)
+    return f"urn:pulumi:{stack}::{project}::{rest}"
+
+
 def state_urns(export: dict[str, Any]) -> set[str]:
-    """URNs in a `pulumi stack export` document."""
+    """URNs in a `pulumi stack export` document (normalized)."""
     deployment = export.get("deployment") or {}
-    return {r["urn"] for r in deployment.get("resources") or [] if "urn" in r}
+    return {normalize_urn(r["urn"]) for r in deployment.get("resources") or [] if "urn" in r}
 
 
 def _type_of(urn: str) -> str:
@@ -155,7 +170,7 @@ def import_document(resources: Iterable[Retained], in_state: set[str], exists: C
         if r.urn in in_state or not exists(r):
             continue
         entry: dict[str, Any] = {"type": r.type, "name": r.name, "id": r.arm_id}
-        if r.parent_urn and _type_of(r.parent_urn) != "pulumi:pulumi:Stack":
+        if r.parent_urn and _type_of(r.parent_urn) != ROOT_STACK_TYPE:
             parent = _name_of(r.parent_urn)
             entry["parent"] = parent
             if r.parent_urn in in_state:
@@ -225,7 +240,7 @@ def suffix_command(
 ) -> None:
     """Write aml-hpc:nameSuffix into an environment's stack file unless it has one; print it."""
     with exit_on_bad_input(debug):
-        value = ensure_suffix(stack)
+        value = ensure_suffix(stack, REPO_ROOT)
     print(value or "")
 
 
@@ -247,7 +262,7 @@ def import_file_command(
         except (OSError, ValueError) as exc:
             raise UserError([Problem(str(state), "", f"not a `pulumi stack export` document ({exc})",
                                      f"pulumi stack export --stack {stack} --file {state}")], "invalid option") from None
-        document = plan_import(stack, export, subscription, arm_exists())
+        document = plan_import(stack, export, subscription, arm_exists(), root=REPO_ROOT)
     out.unlink(missing_ok=True)
     if document["resources"]:
         out.write_text(json.dumps(document, indent=2) + "\n")
