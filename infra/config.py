@@ -61,7 +61,7 @@ class ClusterConfig(_Model):
     """One AmlCompute GPU cluster."""
 
     name: str
-    """2-16 characters; the cluster's name in the workspace. Changing it replaces the cluster."""
+    """3-24 letters, digits and hyphens, starting with a letter, a letter after the last hyphen; the cluster's name in the workspace. Changing it replaces the cluster."""
     sku: str
     """Azure VM size, one of core.skus.CATALOG. Changing it replaces the cluster."""
     min_nodes: int = Field(0, ge=0)

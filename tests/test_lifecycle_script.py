@@ -28,8 +28,9 @@ if [[ " $* " == *" import-file "* ]]; then
   out=""; prev=""
   for arg in "$@"; do [[ $prev == --out ]] && out=$arg; prev=$arg; done
   if [[ -n ${FAKE_IMPORT:-} ]]; then printf '%s' "$FAKE_IMPORT" > "$out"; echo 2; else echo 0; fi
+  exit "${FAKE_PYTHON_STATUS:-0}"
 fi
-exit "${FAKE_PYTHON_STATUS:-0}"
+exit 0
 """
 
 FAKE_PULUMI = r"""#!/usr/bin/env bash
@@ -159,8 +160,10 @@ class TestPreviewAndUp:
         assert ["up", "--stack"] not in [c[:2] for c in result.calls]
 
     def test_failed_adoption_plan_stops_the_up(self, repo):
+        """import-file failing (bad input, Azure unreadable) stops before pulumi up."""
         result = run(repo, "up", "dev", FAKE_PYTHON_STATUS="2")
-        assert result.status == 2 and ["up", "--stack"] not in [c[:2] for c in result.calls]
+        assert result.status == 2
+        assert [c[:2] for c in result.calls] == [["stack", "select"], ["stack", "export"]]
 
     def test_pulumi_failure_is_the_exit_status(self, repo):
         """A failing pulumi command fails the script with its status."""

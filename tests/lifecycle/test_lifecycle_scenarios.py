@@ -5,6 +5,7 @@ tooling's fixes are left out."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -77,7 +78,7 @@ class TestEnvironmentRedeploy:
         assert len(by_type(adopter, "dev", COMPUTE)) == 2
         # Nothing beyond the README: the only file change is the suffix line, made once.
         text = (adopter.root / "Pulumi.dev.yaml").read_text()
-        assert text.count(NAME_SUFFIX_KEY) == 1
+        assert len(re.findall(rf"^\s+{NAME_SUFFIX_KEY}:", text, flags=re.MULTILINE)) == 1
 
         adopter.make_down("dev")
         assert adopter.make_up("dev")["storage"] == first["storage"]  # and again
