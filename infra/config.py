@@ -61,7 +61,7 @@ class ClusterConfig(_Model):
     """One AmlCompute GPU cluster."""
 
     name: str
-    """2-16 characters; the cluster's name in the workspace. Changing it replaces the cluster."""
+    """3-24 letters, digits and hyphens, starting with a letter, a letter after the last hyphen; the cluster's name in the workspace. Changing it replaces the cluster."""
     sku: str
     """Azure VM size, one of core.skus.CATALOG. Changing it replaces the cluster."""
     min_nodes: int = Field(0, ge=0)
@@ -244,11 +244,21 @@ class _RawConfig(_Model):
     diagnostics: DiagnosticsConfig | None = None
     hbi_workspace: bool = False
     locks: LocksConfig = LocksConfig()
+    # Redeploys and access: per-stack name suffix, workspace storage access, job submitters.
+    name_suffix: str | None = None
+    workspace_storage_auth: Literal["identity", "accessKey"] | None = None
+    submitters: list[PrincipalConfig] = Field(default_factory=list)
 
 
 _TOP_LEVEL_KEYS = {field.alias or name for name, field in _RawConfig.model_fields.items()}
-_ENVIRONMENT_ONLY = {"network", "storage", "mlRegistry", "names", "encryption", "diagnostics", "hbiWorkspace", "locks"}
-_TEXT_KEYS = {"namePrefix", "owner", "costCenter", "environment", "environmentStack", "expiresAt"}
+_ENVIRONMENT_ONLY = {"network", "storage", "mlRegistry", "names", "encryption", "diagnostics", "hbiWorkspace", "locks",
+                     "nameSuffix", "workspaceStorageAuth", "submitters"}
+_TEXT_KEYS = {"namePrefix", "owner", "costCenter", "environment", "environmentStack", "expiresAt", "nameSuffix",
+              "workspaceStorageAuth"}
+NAME_SUFFIX_KEY = f"{NAMESPACE}nameSuffix"
+"""Random characters every global name of an environment carries, generated once per stack
+and kept in its stack file (infra/adopt.py), so two copies of this repository never ask
+Azure for the same storage account, Key Vault, registry or ML registry name."""
 
 
 class StackConfig(_Model):
@@ -275,6 +285,12 @@ class StackConfig(_Model):
     protect_data: bool
     prices: dict[str, float]
     names: naming.StackNames
+    name_suffix: str | None
+    """The stack file's aml-hpc:nameSuffix (None: derived names use a hash; deploys refuse)."""
+    workspace_storage_auth: Literal["identity", "accessKey"]
+    """How Azure ML reaches its own storage (infra.quirks.default_workspace_storage_auth)."""
+    submitters: tuple[PrincipalConfig, ...]
+    """People, groups or CI identities that submit jobs (workspace and storage roles)."""
     compute_subnet: str | None
     endpoint_subnet: str | None
     encryption: EncryptionConfig = EncryptionConfig()
@@ -374,7 +390,7 @@ def from_pulumi() -> StackConfig:
     location = pulumi.Config("azure-native").get("location")
     if location is not None:
         flat[LOCATION_KEY] = location
-    return parse(stack, flat, f"Pulumi.{stack}.yaml")
+    return parse(stack, flat, f"Pulumi.{stack}.yaml", deploying=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -450,8 +466,12 @@ def parse_expires_at(value: Any) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None = None) -> StackConfig:
-    """Validate a flat `namespace:key -> value` mapping into a StackConfig, or raise UserError."""
+def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None = None,
+          deploying: bool = False) -> StackConfig:
+    """Validate a flat `namespace:key -> value` mapping into a StackConfig, or raise UserError.
+
+    `deploying`: the engine is about to create resources (from_pulumi, the lifecycle
+    emulator): an environment stack must then carry its aml-hpc:nameSuffix."""
     found = ProblemCollector(reference, f"stack {stack!r} has invalid configuration")
     kind: StackKind = "experiment" if stack.startswith(EXPERIMENT_PREFIX) else "environment"
 
@@ -494,6 +514,8 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     hardening = _check_hardening(found, stack, raw, location, compute_subnet, endpoint_subnet, now)
     _check_clusters(found, stack, raw)
     _check_storage(found, stack, raw)
+    _check_principals(found, raw.submitters, f"{NAMESPACE}submitters")
+    _check_name_suffix(found, stack, kind, raw, deploying)
     _check_budget(found, stack, raw)
     _check_prices(found, raw)
     found.raise_if_any()
@@ -517,6 +539,9 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
         expires_at=expires,
         protect_data=raw.protect_data if raw.protect_data is not None else environment != "dev",
         prices=dict(raw.prices),
+        name_suffix=raw.name_suffix,
+        workspace_storage_auth=raw.workspace_storage_auth or _default_storage_auth(environment),
+        submitters=tuple(raw.submitters),
         names=names,
         compute_subnet=compute_subnet,
         endpoint_subnet=endpoint_subnet,
@@ -582,7 +607,8 @@ def _check_names(found: ProblemCollector, stack: str, raw: _RawConfig, location:
             found.add(f"{NAMESPACE}names.{key}", problem, fix_command(stack, f"{NAMESPACE}names.{key}"))
     safe_prefix = raw.name_prefix if not prefix_problem else "amlhpc"
     known = {k: v for k, v in raw.names.items() if k in naming.StackNames.OVERRIDABLE}
-    names = naming.StackNames.derive(safe_prefix, stack, location, known)
+    suffix = raw.name_suffix if raw.name_suffix and naming.check("nameSuffix", raw.name_suffix) is None else None
+    names = naming.StackNames.derive(safe_prefix, stack, location, known, suffix=suffix)
     if not prefix_problem:
         for field_name, message in names.problems():
             found.add(f"{NAMESPACE}namePrefix", f"the derived {field_name.replace('_', ' ')} name {message}",
@@ -647,11 +673,34 @@ _GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4
 
 
 def _check_storage(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
-    for i, principal in enumerate(raw.storage.data_contributors):
+    _check_principals(found, raw.storage.data_contributors, f"{NAMESPACE}storage.dataContributors")
+
+
+def _check_principals(found: ProblemCollector, principals: list[PrincipalConfig], path: str) -> None:
+    for i, principal in enumerate(principals):
         if not _GUID.match(principal.principal_id):
-            found.add(f"{NAMESPACE}storage.dataContributors[{i}].principalId",
+            found.add(f"{path}[{i}].principalId",
                       f"{principal.principal_id!r} is not an Entra object id (a GUID)",
                       "find it with `az ad signed-in-user show --query id -o tsv` or `az ad group show -g NAME --query id -o tsv`")
+
+
+def _default_storage_auth(environment: str) -> Literal["identity", "accessKey"]:
+    from infra import quirks
+
+    return quirks.default_workspace_storage_auth(environment)  # type: ignore[return-value]
+
+
+def _check_name_suffix(found: ProblemCollector, stack: str, kind: StackKind, raw: _RawConfig, deploying: bool) -> None:
+    if raw.name_suffix is not None:
+        problem = naming.check("nameSuffix", raw.name_suffix)
+        if problem:
+            found.add(NAME_SUFFIX_KEY, problem,
+                      f"remove it and let the tooling make one: python -m infra.adopt suffix --stack {stack}")
+    elif deploying and kind == "environment":
+        found.add(NAME_SUFFIX_KEY, "is not set: without it every copy of this repository asks Azure for the same "
+                  "globally unique storage, Key Vault and registry names",
+                  f"run `make preview STACK={stack}` once (it writes one), or python -m infra.adopt suffix --stack {stack}; "
+                  "commit the stack file")
 
 
 def _check_clusters(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
@@ -727,6 +776,19 @@ def _check_budget(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
     for i, pct in enumerate(raw.budget.thresholds_percent):
         if not 1 <= pct <= 1000:
             found.add(f"{path}.thresholdsPercent[{i}]", f"{pct} is outside 1-1000 percent", "use e.g. [50, 80, 100]")
+    _check_budget_notifications(found, raw.budget.thresholds_percent, path)
+
+
+def _check_budget_notifications(found: ProblemCollector, thresholds: list[int], path: str) -> None:
+    """Azure takes at most five notifications per budget; the forecast alert is one of them."""
+    from infra import quirks
+
+    actual = len(set(thresholds))
+    if actual + 1 > quirks.BUDGET_MAX_NOTIFICATIONS:
+        found.add(f"{path}.thresholdsPercent",
+                  f"{actual} thresholds plus the forecast alert make {actual + 1} notifications; an Azure budget "
+                  f"takes at most {quirks.BUDGET_MAX_NOTIFICATIONS} notifications",
+                  f"keep at most {quirks.BUDGET_MAX_NOTIFICATIONS - 1} thresholds, e.g. [50, 80, 95, 100]")
 
 
 def _check_prices(found: ProblemCollector, raw: _RawConfig) -> None:

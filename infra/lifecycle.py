@@ -241,16 +241,19 @@ def _taken_cluster_names(environment: StackConfig, root: Path) -> set[str]:
 
 def _cluster_name(name: str, taken: set[str]) -> str:
     """The experiment's cluster name: its own name when that is a valid, free cluster name;
-    otherwise a shortened name with a hash of the full one (clusters allow 16 characters
-    and must start with a letter)."""
+    otherwise the name made valid (Azure ML wants a letter first and a letter after the
+    last hyphen: `sweep-2` becomes `sweep-2x`), shortened with a hash of the full name when
+    too long or taken. Every candidate goes through infra.naming's rule."""
     digest = hashlib.sha256(name.encode()).hexdigest()
-    candidates = [name, f"x-{name}"]
-    candidates += [f"{c[:10].rstrip('-')}-{digest[:5]}" for c in candidates]
+    base = name if name[:1].isalpha() else f"x{name}"
+    fixed = base if naming.compute_hyphen_rule_ok(base) else f"{base}x"
+    # "h" keeps a letter after the hyphen whatever the hex digest holds.
+    candidates = [name, fixed] + [f"{fixed[:12].rstrip('-')}-h{digest[i:i + 6]}" for i in range(0, 24, 6)]
     candidates += [f"x{digest[i:i + 8]}" for i in range(0, 40, 8)]
     for candidate in candidates:
         if naming.check("cluster", candidate) is None and candidate.lower() not in taken:
             return candidate
-    raise AssertionError("no free cluster name")  # pragma: no cover - 5 hash slices all taken
+    raise AssertionError("no free cluster name")  # pragma: no cover - 9 hash slices all taken
 
 
 def _template_cluster(environment: StackConfig, sku: str | None):

@@ -2,7 +2,9 @@
 
 Pulumi's logical names (the URN) are identity; renaming one needs `aliases`. Physical
 names follow Azure's per-type rules, and some are global (storage accounts, key vaults,
-container registries), so derived names carry a short hash of prefix, stack and location.
+container registries, ML registries), so derived names end in the stack's random
+`aml-hpc:nameSuffix` (generated once by the tooling and kept in the stack file; a hash of
+prefix, stack and location stands in until then).
 Users can override a derived name in the stack file (`aml-hpc:names`); every name, derived
 or given, goes through `check()`.
 """
@@ -11,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Literal
 
 NameKind = Literal[
     "namePrefix",
+    "nameSuffix",
     "resourceGroup",
     "storageAccount",
     "keyVault",
@@ -43,13 +47,21 @@ class NameRule:
 
 RULES: dict[NameKind, NameRule] = {
     "namePrefix": NameRule(2, 10, r"^[a-z][a-z0-9]*$", "2-10 lowercase letters and digits, starting with a letter"),
+    "nameSuffix": NameRule(4, 8, r"^[a-z0-9]+$", "4-8 lowercase letters and digits"),
     "resourceGroup": NameRule(1, 90, r"^[-\w().]*[-\w()]$", "1-90 letters, digits, '_', '-', '.', '(' or ')', not ending in '.'"),
     "storageAccount": NameRule(3, 24, r"^[a-z0-9]+$", "3-24 lowercase letters and digits, unique across Azure", True),
     "keyVault": NameRule(3, 24, r"^[a-zA-Z](?!.*--)[a-zA-Z0-9-]*[a-zA-Z0-9]$", "3-24 letters, digits and single hyphens, starting with a letter and ending with a letter or digit, unique across Azure", True),
     "containerRegistry": NameRule(5, 50, r"^[a-zA-Z0-9]+$", "5-50 letters and digits, unique across Azure", True),
-    "workspace": NameRule(3, 33, r"^[a-zA-Z0-9][\w-]*$", "3-33 letters, digits, '-' or '_', starting with a letter or digit"),
-    "mlRegistry": NameRule(3, 33, r"^[a-zA-Z0-9][\w-]*$", "3-33 letters, digits, '-' or '_', starting with a letter or digit"),
-    "cluster": NameRule(2, 16, r"^[a-zA-Z](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?$", "2-16 letters, digits and hyphens, starting with a letter and ending with a letter or digit"),
+    # azure-ai-ml's workspace data-plane client checks ^[a-zA-Z0-9][a-zA-Z0-9_-]{2,32}$ (ASCII).
+    "workspace": NameRule(3, 33, r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$", "3-33 ASCII letters, digits, '-' or '_', starting with a letter or digit"),
+    # REST specification (machinelearningservices 2025-12-01, registries.json,
+    # RegistryNameParameter): ^[a-zA-Z0-9][a-zA-Z0-9\-_]{2,32}$; Microsoft's registry
+    # documentation caps the name at 32 characters. We enforce both: 3-32, ASCII.
+    "mlRegistry": NameRule(3, 32, r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$", "3-32 ASCII letters, digits, '-' or '_', starting with a letter or digit, unique across Azure", True),
+    # Microsoft Learn, "Create compute clusters" (checked 2026-11-23): 3-24 characters,
+    # letters, digits and '-', starting with a letter; a '-' must be followed by at least one
+    # letter later in the name. (The resource naming rules allow 3-32 for AmlCompute.)
+    "cluster": NameRule(3, 24, r"^[a-zA-Z][a-zA-Z0-9-]*$", "3-24 letters, digits and hyphens, starting with a letter, with a letter somewhere after the last hyphen (sweep-v2, not sweep-2)"),
     "logAnalytics": NameRule(4, 63, r"^[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]$", "4-63 letters, digits and hyphens, starting and ending with a letter or digit"),
     "appInsights": NameRule(1, 255, r"^[^%&\\?/]+$", "1-255 characters without %, &, \\, ? or /"),
     "identity": NameRule(3, 128, r"^[a-zA-Z0-9][\w-]*$", "3-128 letters, digits, '-' or '_', starting with a letter or digit"),
@@ -67,12 +79,30 @@ def check(kind: NameKind, value: str) -> str | None:
         return f"{value!r} is {len(value)} characters long; must be {rule.allowed}"
     if not re.fullmatch(rule.pattern, value):
         return f"{value!r} has characters Azure does not allow here; must be {rule.allowed}"
+    if kind == "cluster" and not compute_hyphen_rule_ok(value):
+        return f"{value!r} has no letter after its last hyphen; must be {rule.allowed}"
     return None
+
+
+def compute_hyphen_rule_ok(name: str) -> bool:
+    """Azure ML compute names: a hyphen must be followed by at least one letter later."""
+    return "-" not in name or re.search(r"[A-Za-z]", name[name.rindex("-"):]) is not None
 
 
 def _slug(text: str) -> str:
     """Lowercase letters and digits only."""
     return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+SUFFIX_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+SUFFIX_LENGTH = 6
+"""36**6 (about 2.2e9) suffixes: two deployments of this repository pick the same one with
+odds of about 1 in 2 billion."""
+
+
+def random_suffix() -> str:
+    """A fresh per-stack name suffix (generated once, then kept in the stack file)."""
+    return "".join(secrets.choice(SUFFIX_ALPHABET) for _ in range(SUFFIX_LENGTH))
 
 
 def uniqueness_suffix(*parts: str, length: int = 5) -> str:
@@ -109,9 +139,15 @@ class StackNames:
     }
 
     @classmethod
-    def derive(cls, prefix: str, stack: str, location: str, overrides: dict[str, str] | None = None) -> StackNames:
-        """Names from prefix, stack and location, with `overrides` (stack-file keys) applied."""
-        suffix = uniqueness_suffix(prefix, stack, location)
+    def derive(cls, prefix: str, stack: str, location: str, overrides: dict[str, str] | None = None,
+               suffix: str | None = None) -> StackNames:
+        """Names from prefix, stack and location, with `overrides` (stack-file keys) applied.
+
+        `suffix` is the stack's random aml-hpc:nameSuffix: every globally unique name ends in
+        it, so no two deployments of this repository collide. Without it (offline plans of a
+        stack file nobody has deployed yet) a hash of prefix, stack and location stands in.
+        """
+        suffix = suffix or uniqueness_suffix(prefix, stack, location)
         stack_slug = _slug(stack)
         short = f"{prefix[:8]}{stack_slug[:7]}"
         derived = dict(
@@ -121,7 +157,7 @@ class StackNames:
             key_vault=_key_vault_name(prefix, stack, suffix),
             container_registry=f"{prefix}{stack_slug[:20]}acr{suffix}",
             workspace=f"mlw-{prefix}-{stack}"[:33].rstrip("-_"),
-            ml_registry=f"mlr-{prefix}-{stack}"[:33].rstrip("-_"),
+            ml_registry=f"{f'mlr-{prefix}-{stack}'[: 31 - len(suffix)].rstrip('-_')}-{suffix}",
             log_analytics=f"log-{prefix}-{stack}"[:63],
             app_insights=f"appi-{prefix}-{stack}",
             identity=f"id-{prefix}-{stack}-compute",

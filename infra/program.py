@@ -16,7 +16,7 @@ from typing import Any
 import pulumi
 from pulumi_azure_native import authorization
 
-from infra import outputs
+from infra import outputs, quirks
 from infra.components.access import Access, AccessArgs, Grant, cluster_identity_grants
 from infra.components.budget import Budget, BudgetArgs
 from infra.components.dataset_storage import CONTAINERS, DatasetStorage, DatasetStorageArgs
@@ -74,10 +74,11 @@ class ClusterPlacement:
     """The workspace has an Azure ML managed network (clusters take no subnet there)."""
 
 
-def _clusters(cfg: StackConfig, where: ClusterPlacement, tags: dict[str, str]) -> None:
+def _clusters(cfg: StackConfig, where: ClusterPlacement, tags: dict[str, str]) -> list[GpuCluster]:
+    clusters = []
     for c in cfg.clusters:
         ssh = c.ssh
-        GpuCluster(
+        clusters.append(GpuCluster(
             f"cluster-{c.name}",
             GpuClusterArgs(
                 resource_group_name=where.resource_group_name,
@@ -98,16 +99,18 @@ def _clusters(cfg: StackConfig, where: ClusterPlacement, tags: dict[str, str]) -
                 tags={**tags, **opt_in_tags(c)},
             ),
             opts=pulumi.ResourceOptions(depends_on=list(where.depends_on)),
-        )
+        ))
+    return clusters
 
 
-def _budget(cfg: StackConfig, scope: pulumi.Input[str], now: datetime | None, stack_tag: str | None = None) -> None:
+def _budget(cfg: StackConfig, scope: pulumi.Input[str], now: datetime | None,
+            resource_ids: list[pulumi.Input[str]] | None = None) -> None:
     if cfg.budget is None:
         return
     Budget("budget", BudgetArgs(
         budget_name=cfg.names.budget, scope=scope, monthly_amount_usd=cfg.budget.monthly_amount_usd,
         alert_emails=list(cfg.budget.alert_emails), thresholds_percent=list(cfg.budget.thresholds_percent),
-        stack_tag=stack_tag, start=now,
+        resource_ids=resource_ids, start=now,
     ))
 
 
@@ -121,11 +124,47 @@ def _data_access(cfg: StackConfig, ws: Workspace, data: DatasetStorage, subscrip
               p.principal_id, p.principal_type)
         for i, p in enumerate(cfg.storage.data_contributors)
     ]
+    grants += workspace_grants(cfg, ws, data)
     return Access("access", AccessArgs(subscription_id, grants))
 
 
+def workspace_grants(cfg: StackConfig, ws: Workspace, data: DatasetStorage) -> list[Grant]:
+    """What the workspace's storage mode and its datastores need (infra.quirks has the sources).
+
+    - The workspace's own identity previews the identity-based datastores in studio:
+      Storage Blob Data Reader on the dataset account (not its default storage).
+    - The people and CI identities that submit jobs (aml-hpc:submitters): AzureML Data
+      Scientist on the workspace; in identity mode also Storage Blob Data Contributor and
+      Storage File Data Privileged Contributor on the workspace storage account.
+    - In identity mode the cluster identity writes job outputs and snapshots to the
+      workspace storage: Storage Blob Data Contributor on it.
+    """
+    grants = [Grant("ws-datasets-preview", quirks.ROLE_STORAGE_BLOB_DATA_READER, data.account_id, ws.principal_id)]
+    identity_mode = cfg.workspace_storage_auth == "identity"
+    if identity_mode:
+        grants.append(Grant("compute-ws-storage", ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, ws.workspace_storage_id,
+                            ws.identity_principal_id))
+    for i, who in enumerate(cfg.submitters):
+        grants.append(Grant(f"submitter-{i}-workspace", quirks.ROLE_AZUREML_DATA_SCIENTIST, ws.workspace_id,
+                            who.principal_id, who.principal_type))
+        if identity_mode:
+            grants += [
+                Grant(f"submitter-{i}-ws-blob", ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, ws.workspace_storage_id,
+                      who.principal_id, who.principal_type),
+                Grant(f"submitter-{i}-ws-file", quirks.ROLE_STORAGE_FILE_DATA_PRIVILEGED_CONTRIBUTOR,
+                      ws.workspace_storage_id, who.principal_id, who.principal_type),
+            ]
+    return grants
+
+
+STORAGE_ENDPOINTS = ("datasets-blob", "ws-blob", "ws-file")
+"""Private endpoints of storage the workspace's identity must read (Reader) under private isolation."""
+
+
 def _private_endpoints(cfg: StackConfig, group: ResourceGroup, net: Network, ws: Workspace,
-                       data: DatasetStorage, tags: dict[str, str]) -> PrivateEndpoints:
+                       data: DatasetStorage, registry: MlRegistry | None, tags: dict[str, str]) -> PrivateEndpoints:
+    # A registry with public access off is reachable only through its own endpoint.
+    extra = [EndpointTarget("mlregistry", registry.registry_id, "amlregistry")] if registry else []
     return PrivateEndpoints("endpoints", PrivateEndpointsArgs(
         resource_group_name=group.name,
         location=cfg.location,
@@ -139,6 +178,7 @@ def _private_endpoints(cfg: StackConfig, group: ResourceGroup, net: Network, ws:
             EndpointTarget("kv", ws.key_vault_id, "vault"),
             EndpointTarget("acr", ws.registry_id, "registry"),
             EndpointTarget("workspace", ws.workspace_id, "amlworkspace"),
+            *extra,
         ],
         tags=tags,
     ))
@@ -170,17 +210,26 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         protect=cfg.protect_data,
         tags={**tags, **data_opt_out_tags(cfg)},
     ))
+    # The ML registry exists before the workspace: a managed network's outbound rules name it.
     ml_registry = None
     if cfg.ml_registry.enabled:
         ml_registry = MlRegistry("registry", MlRegistryArgs(
-            group.name, names.ml_registry, cfg.location, list(cfg.ml_registry.regions), closed, tags))
+            group.name, names.ml_registry, cfg.location, list(cfg.ml_registry.regions), private=closed,
+            protect=cfg.protect_data, tags=tags))
     ws = Workspace("ml", WorkspaceArgs(group.name, cfg.location, names, client.tenant_id, closed, tags,
+                                       storage_auth=cfg.workspace_storage_auth, protect=cfg.protect_data,
                                        **_workspace_hardening(cfg, client.subscription_id, group, data, ml_registry)))
     stores = Datastores("datastores", DatastoresArgs(group.name, ws.workspace_name, data.account_name, list(CONTAINERS)))
     cluster_deps: list[pulumi.Resource] = [_data_access(cfg, ws, data, client.subscription_id)]
     if net is not None:
         # Nodes without public IPs reach the workspace only through its private endpoint.
-        cluster_deps.append(_private_endpoints(cfg, group, net, ws, data, tags))
+        endpoints = _private_endpoints(cfg, group, net, ws, data, ml_registry, tags)
+        cluster_deps.append(endpoints)
+        # Studio reaches private storage through the workspace's identity: Reader on the endpoints.
+        Access("endpoint-access", AccessArgs(client.subscription_id, [
+            Grant(f"ws-reads-{key}", quirks.ROLE_READER, endpoints.endpoint_ids[key], ws.principal_id)
+            for key in STORAGE_ENDPOINTS
+        ]))
 
     _clusters(cfg, ClusterPlacement(group.name, ws.workspace_name, cfg.location, ws.identity_id,
                                     net.compute_subnet_id if net and private else None, not closed,
@@ -248,7 +297,7 @@ def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     network = passthrough["network"]
     env.require_output("clusters").apply(lambda taken: _refuse_taken_cluster_names(cfg, taken))
 
-    _clusters(cfg, ClusterPlacement(
+    clusters = _clusters(cfg, ClusterPlacement(
         resource_group_name=passthrough["resourceGroup"], workspace_name=passthrough["workspace"],
         location=passthrough["location"], identity_id=passthrough["identity"].apply(lambda i: i["id"]),
         subnet_id=network.apply(lambda n: n.get("subnetId")),
@@ -258,7 +307,8 @@ def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
 
     scope = pulumi.Output.all(passthrough["subscriptionId"], passthrough["resourceGroup"]).apply(
         lambda a: f"/subscriptions/{a[0]}/resourceGroups/{a[1]}")
-    _budget(cfg, scope, now, stack_tag=cfg.stack)
+    # Compute tags never reach cost records: the budget counts the clusters' own cost.
+    _budget(cfg, scope, now, resource_ids=[c.cluster_id for c in clusters])
     return {**passthrough, **_own_entries(cfg, tags)}
 
 

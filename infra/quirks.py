@@ -6,17 +6,24 @@ one-line change here.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 # AmlCompute accepts updates to these fields and silently ignores them: the only way to
-# change them is a new cluster. Paths are the Compute resource's input properties.
-# (Azure ML issue trackers, e.g. Azure/azure-sdk-for-python and azureml-examples.)
+# change them is a new cluster. Azure ML's update model for an existing cluster
+# (ClusterUpdateParameters, API 2025-12-01 as azure-ai-ml ships it) carries scaleSettings
+# and nothing else. Paths are the Compute resource's input properties.
 CLUSTER_REPLACE_ON_CHANGES: tuple[str, ...] = (
     "properties.properties.vmSize",
     "properties.properties.vmPriority",
     "properties.properties.subnet",
     "properties.properties.enableNodePublicIp",
     "properties.properties.osType",
+    # SSH is set up when the nodes are provisioned: the admin user and key, and whether
+    # the SSH port is open, only take effect on a new cluster.
+    "properties.properties.userAccountCredentials",
+    "properties.properties.remoteLoginPortPublicAccess",
+    # The identity the nodes run as (data access, image pulls) is fixed at creation too.
+    "identity",
 )
 
 # Built-in role definition GUIDs (stable across tenants).
@@ -26,6 +33,33 @@ ROLE_ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
 # Key Vault Crypto Service Encryption User: wrap/unwrap with a key, for services that encrypt
 # with a customer-managed key (Microsoft Learn: Azure built-in roles, Security).
 ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER = "e147488a-f6f5-4113-8e2d-b22465e65bf6"
+ROLE_STORAGE_FILE_DATA_PRIVILEGED_CONTRIBUTOR = "69566ab7-960f-475b-8e7c-b3118f30c6bd"
+ROLE_READER = "acdd72a7-3385-48ef-bd42-f606fba81ae7"
+ROLE_AZUREML_DATA_SCIENTIST = "f6c7c914-8db3-469d-8ca1-694a8f32e121"
+
+# Workspace storage access (systemDatastoresAuthMode). Microsoft Learn, "Disable shared key
+# access for your workspace's storage account (preview)" (checked 2026-11-23): identity
+# mode is a preview "we don't recommend for production workloads"; with it, the users of
+# the workspace need Storage Blob Data Contributor and Storage File Data Privileged
+# Contributor on the account, and a compute identity that reads or writes job data needs
+# Storage Blob Data Contributor. So: identity in dev (no keys anywhere), access keys
+# elsewhere unless a stack opts in with aml-hpc:workspaceStorageAuth.
+SYSTEM_DATASTORES_AUTH_MODE = {"identity": "identity", "accessKey": "accesskey"}
+
+
+def default_workspace_storage_auth(environment: str) -> str:
+    return "identity" if environment == "dev" else "accessKey"
+
+
+# Under private isolation, what keeps a public endpoint and why (the plan is checked
+# against this table: a resource with a public switch left on must be listed here).
+PUBLIC_BY_DESIGN: dict[str, str] = {
+    "azure-native:operationalinsights:Workspace": (
+        "public ingestion and query: a private Log Analytics workspace needs an Azure Monitor "
+        "Private Link Scope (AMPLS), which this plan does not create"),
+    "azure-native:applicationinsights:Component": (
+        "ingests into the Log Analytics workspace over its public endpoint (same AMPLS reason)"),
+}
 
 
 def role_definition_id(subscription_id: str, role_guid: str) -> str:
@@ -40,6 +74,8 @@ PRIVATE_DNS_ZONES: dict[str, tuple[str, ...]] = {
     "vault": ("privatelink.vaultcore.azure.net",),
     "registry": ("privatelink.azurecr.io",),
     "amlworkspace": ("privatelink.api.azureml.ms", "privatelink.notebooks.azure.net"),
+    # Microsoft Learn, "Azure Private Endpoint DNS zone values": registries use amlregistry.
+    "amlregistry": ("privatelink.api.azureml.ms",),
 }
 
 # Private endpoints on a container registry need the Premium SKU; public registries are
@@ -56,12 +92,19 @@ KEY_VAULT_SOFT_DELETE_DAYS = 90
 
 
 def budget_start_date(now: datetime) -> str:
-    """Consumption budgets must start on the first of a month, not in the past at creation.
+    """Consumption budgets must start on the first of a month (in UTC), not in the past at
+    creation.
 
     The start date is computed at first deployment; the Budget resource ignores later
-    changes to `timePeriod` so the monthly value drift does not update the budget.
+    changes to `timePeriod` so the monthly value drift does not update the budget. A naive
+    `now` is taken as UTC.
     """
-    return f"{now.year:04d}-{now.month:02d}-01T00:00:00Z"
+    moment = now.astimezone(UTC) if now.tzinfo else now
+    return f"{moment.year:04d}-{moment.month:02d}-01T00:00:00Z"
+
+
+# azure-mgmt-consumption, Budget.notifications: "Budget can have up to five notifications."
+BUDGET_MAX_NOTIFICATIONS = 5
 
 
 BUDGET_IGNORE_CHANGES = ["timePeriod"]

@@ -9,6 +9,15 @@
 # - Secrets: the passphrase provider; set PULUMI_CONFIG_PASSPHRASE (or
 #   PULUMI_CONFIG_PASSPHRASE_FILE). Losing it loses the stack's secrets.
 # - preview and up run the policy pack (infra/policy/pack) and refresh from Azure first.
+# - Environment stacks: preview and up first give the stack its random aml-hpc:nameSuffix
+#   (written once into Pulumi.<stack>.yaml: commit it), so every copy of this repository
+#   gets its own globally unique names. up then adopts what an earlier `down` kept
+#   (retainOnDelete: the resource group, data, workspace, Key Vault, registry...):
+#   `pulumi stack export`, `python -m infra.adopt import-file` lists the retained resources
+#   that exist in Azure but not in the state, and `pulumi import --file` takes them back
+#   before `pulumi up` (which would otherwise fail: "cannot create already existing
+#   resource"). The subscription comes from ARM_SUBSCRIPTION_ID, AZURE_SUBSCRIPTION_ID or
+#   `az account show`.
 # - down refuses an environment stack unless CONFIRM=<stack name>, and then keeps
 #   protected resources (dataset storage); experiment stacks (exp-*) go without asking and
 #   are removed from the backend afterwards (`pulumi stack rm`, which also deletes the
@@ -81,9 +90,41 @@ if [[ $PULUMI_BACKEND_URL == file://* ]]; then
 fi
 printf 'pulumi-stack: %s %s (%s stack) on %s\n' "$action" "$stack" "$kind" "${PULUMI_BACKEND_URL%%\?*}" >&2
 
+subscription_id() {
+  local sub=${ARM_SUBSCRIPTION_ID:-${AZURE_SUBSCRIPTION_ID:-}}
+  if [[ -z $sub ]] && command -v az >/dev/null 2>&1; then
+    sub=$(az account show --query id -o tsv 2>/dev/null || true)
+  fi
+  [[ -n $sub ]] || die "cannot tell which Azure subscription stack '$stack' deploys to" \
+    "az login && az account set --subscription <id>, or export ARM_SUBSCRIPTION_ID=<id>"
+  printf '%s' "$sub"
+}
+
+adopt_retained() {  # import what an earlier destroy kept in Azure, before up creates anything
+  local work state plan count sub
+  sub=$(subscription_id) || exit 2
+  work=$(mktemp -d)
+  state=$work/state.json
+  plan=$work/import.json
+  pulumi stack export --stack "$stack" --file "$state"
+  count=$(.venv/bin/python -m infra.adopt import-file --stack "$stack" --state "$state" \
+    --subscription "$sub" --out "$plan") || { rm -rf "$work"; exit 2; }
+  if [[ -s $plan ]]; then
+    printf 'pulumi-stack: adopting %s retained resource(s) kept by an earlier down\n' "$count" >&2
+    pulumi import --stack "$stack" --file "$plan" --protect=false --generate-code=false --yes
+  fi
+  rm -rf "$work"
+}
+
 case $action in
   preview|up)
+    if [[ $kind == environment ]]; then
+      .venv/bin/python -m infra.adopt suffix --stack "$stack" >/dev/null
+    fi
     pulumi stack select --create --secrets-provider passphrase "$stack"
+    if [[ $action == up && $kind == environment ]]; then
+      adopt_retained
+    fi
     pulumi "$action" --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@"
     ;;
   down)
@@ -101,9 +142,11 @@ case $action in
       pulumi stack rm --stack "$stack" --yes
       printf 'pulumi-stack: destroyed and removed %s; commit the deletion of Pulumi.%s.yaml\n' "$stack" "$stack" >&2
     else
-      # Protected resources (dataset storage) and what they depend on stay in Azure and in the stack.
+      # Protected resources (outside dev) and what they depend on stay in Azure and in the
+      # stack; retained ones (data, workspace, Key Vault, registries) stay in Azure and are
+      # adopted again by the next `up`.
       pulumi destroy --stack "$stack" --refresh --yes --non-interactive --exclude-protected "$@"
-      printf 'pulumi-stack: destroyed %s except protected resources; the stack stays on the backend\n' "$stack" >&2
+      printf 'pulumi-stack: destroyed %s except protected and retained resources; the stack stays on the backend; make up STACK=%s adopts them again\n' "$stack" "$stack" >&2
     fi
     ;;
 esac

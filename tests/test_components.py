@@ -138,7 +138,8 @@ class TestGpuCluster:
         c = cluster()
         assert set(c.replace_on_changes) == set(quirks.CLUSTER_REPLACE_ON_CHANGES)
         assert {p.rsplit(".", 1)[-1] for p in c.replace_on_changes} == {
-            "vmSize", "vmPriority", "subnet", "enableNodePublicIp", "osType"}
+            "vmSize", "vmPriority", "subnet", "enableNodePublicIp", "osType",
+            "userAccountCredentials", "remoteLoginPortPublicAccess", "identity"}
         assert c.delete_before_replace is True
 
     def test_ssh_key_only(self):
@@ -200,11 +201,15 @@ class TestPrivateEndpoints:
 class TestBudget:
     def test_alerts_and_experiment_filter(self):
         resources, _, _ = record(lambda: Budget("b", BudgetArgs(
-            "budget-x", "/subscriptions/s/resourceGroups/rg", 500, ["a@example.com"], [80, 50], stack_tag="exp-x")) and None)
+            "budget-x", "/subscriptions/s/resourceGroups/rg", 500, ["a@example.com"], [80, 50],
+            resource_ids=["/subscriptions/s/resourceGroups/RG/providers/X/computes/Sweep"])) and None)
         budget = only(resources, "azure-native:consumption:Budget")
         assert budget.inputs["amount"] == 500 and budget.inputs["timeGrain"] == "Monthly"
         assert sorted(budget.inputs["notifications"]) == ["actual-50", "actual-80", "forecast-100"]
-        assert budget.inputs["filter"]["tags"] == {"name": "stack", "operator": "In", "values": ["exp-x"]}
+        # Compute tags never reach cost records: experiments filter on their clusters' ids,
+        # lower-cased as Cost Management keeps them.
+        assert budget.inputs["filter"] == {"dimensions": {"name": "ResourceId", "operator": "In",
+                                                          "values": ["/subscriptions/s/resourcegroups/rg/providers/x/computes/sweep"]}}
         assert budget.inputs["timePeriod"]["startDate"].endswith("-01T00:00:00Z")
 
     def test_needs_an_email(self):

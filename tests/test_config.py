@@ -68,9 +68,20 @@ BAD = [
     ("storage account too long", "dev", GOOD_ENV, "aml-hpc:names", {"datasetStorageAccount": "a" * 25},
      ["aml-hpc:names.datasetStorageAccount", "25 characters long"]),
     ("cluster name too short", "dev", GOOD_ENV, "aml-hpc:clusters/0/name", "g",
-     ["aml-hpc:clusters[0].name", "'g' is 1 characters long", "2-16 letters"]),
-    ("cluster name too long", "dev", GOOD_ENV, "aml-hpc:clusters/0/name", "a-very-long-cluster",
-     ["aml-hpc:clusters[0].name", "19 characters long"]),
+     ["aml-hpc:clusters[0].name", "'g' is 1 characters long", "3-24 letters"]),
+    ("cluster name too long", "dev", GOOD_ENV, "aml-hpc:clusters/0/name", "a-very-long-cluster-name-x",
+     ["aml-hpc:clusters[0].name", "26 characters long"]),
+    ("cluster name ends in a number after a hyphen", "dev", GOOD_ENV, "aml-hpc:clusters/0/name", "sweep-2",
+     ["aml-hpc:clusters[0].name", "no letter after its last hyphen", "sweep-v2"]),
+    ("too many budget notifications", "dev", GOOD_ENV, "aml-hpc:budget",
+     {"monthlyAmountUsd": 10, "alertEmails": ["a@example.com"], "thresholdsPercent": [10, 20, 30, 40, 50]},
+     ["aml-hpc:budget.thresholdsPercent", "6 notifications", "at most 5"]),
+    ("name suffix", "dev", GOOD_ENV, "aml-hpc:nameSuffix", "AB_1",
+     ["aml-hpc:nameSuffix", "'AB_1'", "4-8 lowercase letters and digits", "python -m infra.adopt suffix"]),
+    ("submitter not a guid", "dev", GOOD_ENV, "aml-hpc:submitters", [{"principalId": "alice"}],
+     ["aml-hpc:submitters[0].principalId", "not an Entra object id"]),
+    ("workspace storage auth", "dev", GOOD_ENV, "aml-hpc:workspaceStorageAuth", "keys",
+     ["aml-hpc:workspaceStorageAuth", "'keys'"]),
     ("key vault name", "dev", GOOD_ENV, "aml-hpc:names", {"keyVault": "kv--x"},
      ["aml-hpc:names.keyVault", "'kv--x'", "single hyphens"]),
     ("registry name", "dev", GOOD_ENV, "aml-hpc:names", {"containerRegistry": "my-acr"},
@@ -151,7 +162,7 @@ class TestGoodConfigs:
 
     def test_opt_ins_make_the_flagged_cases_valid(self, tmp_path):
         config = mutate(GOOD_ENV, "aml-hpc:clusters/0", {
-            "name": "nc", "sku": "Standard_NC24ads_A100_v4", "minNodes": 1, "maxNodes": 4,
+            "name": "nca100", "sku": "Standard_NC24ads_A100_v4", "minNodes": 1, "maxNodes": 4,
             "allowIdleNodes": True, "allowTcpMultiNode": True})
         write(tmp_path, "dev", config)
         assert load_stack_config("dev", tmp_path).clusters[0].min_nodes == 1

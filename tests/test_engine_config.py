@@ -11,13 +11,21 @@ import pytest
 import yaml
 
 from core.errors import UserError
-from infra.config import REPO_ROOT, from_pulumi, load_stack_config
+from infra.config import NAME_SUFFIX_KEY, REPO_ROOT, from_pulumi, parse
+
+SUFFIX = "k3x9q2"
+"""The per-stack name suffix `make preview` writes into a stack file before the first deploy."""
+
+
+def deployed_file(stack: str) -> dict:
+    """Pulumi.<stack>.yaml as the tooling leaves it: with its aml-hpc:nameSuffix."""
+    document = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+    return {**document, NAME_SUFFIX_KEY: SUFFIX}
 
 
 def engine_config(stack: str) -> dict[str, str]:
     """What the engine hands the program for Pulumi.<stack>.yaml: every value a string."""
-    document = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in document.items()}
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in deployed_file(stack).items()}
 
 
 def in_engine(stack: str, config: dict[str, str], fn):
@@ -45,7 +53,17 @@ def in_engine(stack: str, config: dict[str, str], fn):
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_engine_config_equals_the_file(stack):
-    assert in_engine(stack, engine_config(stack), from_pulumi) == load_stack_config(stack)
+    assert in_engine(stack, engine_config(stack), from_pulumi) == parse(stack, deployed_file(stack), f"Pulumi.{stack}.yaml")
+
+
+def test_engine_refuses_an_environment_without_its_name_suffix():
+    """A deploy without aml-hpc:nameSuffix would ask Azure for every other adopter's names."""
+    config = engine_config("dev")
+    del config[NAME_SUFFIX_KEY]
+    with pytest.raises(UserError) as info:
+        in_engine("dev", config, from_pulumi)
+    text = info.value.render()
+    assert "aml-hpc:nameSuffix" in text and "make preview STACK=dev" in text
 
 
 def test_pulumi_config_set_override_is_honoured():

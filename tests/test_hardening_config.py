@@ -185,7 +185,7 @@ class TestResolved:
         assert load(tmp_path, {**GOOD_ENV, **overrides}, stack=stack).lock_dataset_storage is locked
 
     def test_a_current_size_passes_and_a_retired_one_does_not(self, tmp_path):
-        current = mutate(GOOD_ENV, "aml-hpc:clusters/0", {"name": "nc", "sku": "Standard_NC24ads_A100_v4", "maxNodes": 1})
+        current = mutate(GOOD_ENV, "aml-hpc:clusters/0", {"name": "nca100", "sku": "Standard_NC24ads_A100_v4", "maxNodes": 1})
         write(tmp_path, "stage", current)
         assert load_stack_config("stage", tmp_path, now=NOW).clusters[0].sku == "Standard_NC24ads_A100_v4"
         config = mutate(mutate(GOOD_ENV, "aml-hpc:clusters/0/sku", "Standard_NC24rs_v3"), "aml-hpc:clusters/0/maxNodes", 2)

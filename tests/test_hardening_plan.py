@@ -1,8 +1,8 @@
 """The offline plan of hardened stacks, one per isolation mode (public, our own VNet, Azure
 ML's managed network, with approved-only and with internet outbound) and with the customer-
 managed key, diagnostics, HBI, the delete lock and a way in turned on: the resources exist,
-are wired to each other, pass the policy rules, and every input is a property Azure's SDK
-models know (tests/hardening_models.py)."""
+are wired to each other, pass the policy rules, and every input passes the conformance
+check against Azure's SDK models (tests/conformance)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from infra.plan import evaluate
 from infra.plan.mocks import PlanMocks
 from infra.policy import check_plan, has_mandatory, render
 from infra.quirks import ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER
-from tests import hardening_models
+from tests.conformance.conformance_rows import ROWS
+from tests.conformance.test_conformance import findings_for
 from tests.test_config import GOOD_ENV, PUBKEY
 
 COSMOS = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -51,6 +52,11 @@ def plans(root) -> dict:
     return {name: evaluate(name, root) for name in STACKS}
 
 
+def problems(type_token: str, inputs: dict) -> list[str]:
+    """What the conformance check finds in one resource's inputs (empty when it conforms)."""
+    return [f"{f.path}: {f.message}" for f in findings_for(ROWS[type_token], inputs)]
+
+
 def one(plan, type_token: str, name: str | None = None):
     found = [r for r in plan.of_type(type_token) if name is None or r.name == name]
     assert len(found) == 1, [r.name for r in plan.of_type(type_token)]
@@ -75,9 +81,8 @@ def test_every_mode_passes_the_mandatory_policy_rules(plans, stack):
 def test_every_declared_input_is_known_to_azures_models(plans, stack):
     checked = 0
     for r in plans[stack].custom_resources():
-        if r.type in hardening_models.REFERENCES:
-            assert hardening_models.problems(r.type, r.inputs) == [], r.name
-            checked += 1
+        assert problems(r.type, r.inputs) == [], r.name
+        checked += 1
     assert checked >= 3
 
 
@@ -89,7 +94,7 @@ class TestKeysDiagnosticsHbiLock:
         assert key.protect and key.inputs["vaultName"] == plan.config.names.key_vault
         grants = [r for r in plan.of_type("azure-native:authorization:RoleAssignment")
                   if r.inputs["roleDefinitionId"].endswith(ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER)]
-        assert len(grants) == 2 and all("ml-cmk-key" in g.inputs["scope"] for g in grants)
+        assert len(grants) == 2 and all(g.inputs["scope"].endswith(f"/keys/{key.inputs['keyName']}") for g in grants)
         assert COSMOS in {g.inputs["principalId"] for g in grants}
         assert all(g.inputs["principalType"] == "ServicePrincipal" for g in grants)
         identity = one(plan, "azure-native:managedidentity:UserAssignedIdentity", "ml-cmk-identity")
@@ -270,13 +275,13 @@ class TestTheModelCheckCanFail:
          lambda i: i["osProfile"]["linuxConfiguration"].update(disablePasswordAuth=True),
          "has no property 'disablePasswordAuth'"),
         ("priv", "azure-native:network:BastionHost", lambda i: i["sku"].update(name="Gold"), "'Gold' is not one of"),
-        ("priv", "azure-native:network:Subnet", lambda i: i.update(natGateway=["x"]), "a list where"),
+        ("priv", "azure-native:network:Subnet", lambda i: i.update(natGateway=["x"]), "expected an object"),
     ])
     def test_a_wrong_input_is_named(self, plans, stack, type_token, mutate, fragment):
         resource = plans[stack].of_type(type_token)[0]
         inputs = copy.deepcopy(resource.inputs)
         mutate(inputs)
-        found = hardening_models.problems(type_token, inputs)
+        found = problems(type_token, inputs)
         assert any(fragment in f for f in found), found
 
 
@@ -289,10 +294,12 @@ class TestAgainstAzuresOwnExamples:
 
     def test_the_model_check_accepts_azures_workspace_example(self):
         body = self.examples["workspaceCreate"]["body"]
-        found = hardening_models.problems("azure-native:machinelearningservices:Workspace", body)
+        body = {"workspaceName": "mlw-example", "resourceGroupName": "rg", **{k: v for k, v in body.items() if k != "properties"},
+                **body["properties"]}
+        found = problems("azure-native:machinelearningservices:Workspace", body)
         # The example carries one property that neither azure-ai-ml's model nor pulumi-azure-native
         # knows; we never send it.
-        assert found == ["Workspace.properties.managedNetwork: ManagedNetworkSettings has no property 'enableFirewallLog'"]
+        assert found == ["managedNetwork.enableFirewallLog: ManagedNetworkSettings has no property 'enableFirewallLog'"]
 
     def test_our_key_settings_have_the_examples_shape(self, plans):
         example = self.examples["workspaceCreate"]["body"]

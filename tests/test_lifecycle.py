@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from core import skus
 from core.errors import EXIT_USAGE, UserError
-from infra import lifecycle
+from infra import lifecycle, naming
 from infra.config import REPO_ROOT, load_stack_config
 from infra.lifecycle import (
     MAX_DAYS,
@@ -221,7 +221,7 @@ class TestNewExperiment:
             names.append(cluster.name)
         dev_clusters = {c.name for c in load_stack_config("dev", root).clusters}
         assert len(set(names)) == len(names) and not set(names) & dev_clusters
-        assert all(len(n) <= 16 and n[0].isalpha() for n in names)
+        assert all(naming.check("cluster", n) is None for n in names)
 
     def test_file_explains_itself(self, root):
         """The generated file says what it is, when it goes, and to commit it."""

@@ -1,6 +1,8 @@
 """scripts/pulumi-stack.sh (behind make preview/up/down), run by bash against a fake
-`pulumi` on PATH that records its arguments, in a throwaway copy of the repository
-layout (so the default .pulumi-state lands in the temporary directory)."""
+`pulumi` on PATH that records its arguments and a fake `.venv/bin/python` standing in for
+`python -m infra.adopt` (its real behaviour is tested in tests/lifecycle), in a throwaway
+copy of the repository layout (so the default .pulumi-state lands in the temporary
+directory)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,19 @@ from infra.config import REPO_ROOT
 SCRIPT = REPO_ROOT / "scripts" / "pulumi-stack.sh"
 PASSPHRASE = "correct-horse-battery-staple"
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"
+
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+# python -m infra.adopt: records the call; import-file writes $FAKE_IMPORT to --out.
+printf '%s\n' "$*" >> "$FAKE_PULUMI_LOG.python"
+if [[ " $* " == *" import-file "* ]]; then
+  out=""; prev=""
+  for arg in "$@"; do [[ $prev == --out ]] && out=$arg; prev=$arg; done
+  if [[ -n ${FAKE_IMPORT:-} ]]; then printf '%s' "$FAKE_IMPORT" > "$out"; echo 2; else echo 0; fi
+  exit "${FAKE_PYTHON_STATUS:-0}"
+fi
+exit 0
+"""
 
 FAKE_PULUMI = r"""#!/usr/bin/env bash
 # Records each call (arguments separated by 0x1f) and the backend it was given.
@@ -50,7 +65,7 @@ def repo(tmp_path: Path) -> Path:
     for stack in ("dev", "prod", "exp-demo"):
         (tmp_path / f"Pulumi.{stack}.yaml").write_text("config: {}\n")
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
-    (tmp_path / ".venv" / "bin" / "python").write_text("#!/bin/sh\n")
+    (tmp_path / ".venv" / "bin" / "python").write_text(FAKE_PYTHON)
     (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
     fake_bin = tmp_path / "fakebin"
     fake_bin.mkdir()
@@ -62,7 +77,8 @@ def repo(tmp_path: Path) -> Path:
 def run(repo: Path, *args: str, with_pulumi: bool = True, **env: str) -> Run:
     log = repo / "pulumi.log"
     path = f"{repo / 'fakebin'}:{SYSTEM_PATH}" if with_pulumi else SYSTEM_PATH
-    base = {"PATH": path, "HOME": str(repo), "FAKE_PULUMI_LOG": str(log), "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE}
+    base = {"PATH": path, "HOME": str(repo), "FAKE_PULUMI_LOG": str(log), "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
+            "ARM_SUBSCRIPTION_ID": SUBSCRIPTION}
     base.update(env)
     base = {k: v for k, v in base.items() if v is not None}
     proc = subprocess.run(["bash", str(repo / "scripts" / "pulumi-stack.sh"), *args], env=base,
@@ -105,9 +121,58 @@ class TestPreviewAndUp:
         assert result.calls[-1] == ["up", "--stack", "exp-demo", "--refresh", "--policy-pack", "infra/policy/pack",
                                     "--yes", "--target", "urn:x"]
 
+    def test_environment_preview_writes_its_name_suffix_first(self, repo):
+        """The stack's random name suffix is ensured before Pulumi sees the stack file."""
+        result = run(repo, "preview", "dev")
+        assert result.status == 0, result.stderr
+        assert python_calls(repo) == ["-m infra.adopt suffix --stack dev"]
+
+    def test_environment_up_adopts_what_down_kept_before_up(self, repo):
+        """up dev: export the state, plan the import, `pulumi import --file` it, then up."""
+        result = run(repo, "up", "dev", FAKE_IMPORT='{"resources": [{"type": "t", "name": "n", "id": "i"}]}')
+        assert result.status == 0, result.stderr
+        verbs = [c[:2] for c in result.calls]
+        assert verbs == [["stack", "select"], ["stack", "export"], ["import", "--stack"], ["up", "--stack"]]
+        export, imported = result.calls[1], result.calls[2]
+        state = export[export.index("--file") + 1]
+        assert imported[:4] == ["import", "--stack", "dev", "--file"]
+        assert imported[5:] == ["--protect=false", "--generate-code=false", "--yes"]
+        adopt = python_calls(repo)[-1]
+        assert f"--state {state}" in adopt and f"--subscription {SUBSCRIPTION}" in adopt
+        assert "adopting 2 retained resource(s)" in result.stderr
+        assert not Path(state).exists()  # the temporary files are gone
+
+    def test_nothing_to_adopt_goes_straight_to_up(self, repo):
+        result = run(repo, "up", "dev")
+        assert result.status == 0, result.stderr
+        assert [c[:2] for c in result.calls] == [["stack", "select"], ["stack", "export"], ["up", "--stack"]]
+
+    def test_experiments_retain_nothing_and_skip_adoption(self, repo):
+        result = run(repo, "up", "exp-demo")
+        assert [c[:2] for c in result.calls] == [["stack", "select"], ["up", "--stack"]]
+        assert python_calls(repo) == []
+
+    def test_unknown_subscription_stops_before_anything_changes(self, repo):
+        """Without a subscription id (no env var, no az) up refuses, naming the fix."""
+        result = run(repo, "up", "dev", ARM_SUBSCRIPTION_ID=None)
+        assert result.status == 2
+        assert "cannot tell which Azure subscription" in result.stderr and "az login" in result.stderr
+        assert ["up", "--stack"] not in [c[:2] for c in result.calls]
+
+    def test_failed_adoption_plan_stops_the_up(self, repo):
+        """import-file failing (bad input, Azure unreadable) stops before pulumi up."""
+        result = run(repo, "up", "dev", FAKE_PYTHON_STATUS="2")
+        assert result.status == 2
+        assert [c[:2] for c in result.calls] == [["stack", "select"], ["stack", "export"]]
+
     def test_pulumi_failure_is_the_exit_status(self, repo):
         """A failing pulumi command fails the script with its status."""
         assert run(repo, "preview", "dev", FAKE_FAIL="preview").status == 7
+
+
+def python_calls(repo: Path) -> list[str]:
+    log = repo / "pulumi.log.python"
+    return log.read_text().splitlines() if log.exists() else []
 
 
 class TestDown:

@@ -12,7 +12,7 @@ class TestCheck:
         ("storageAccount", "abc"), ("storageAccount", "a" * 24),
         ("keyVault", "kv-a1"), ("keyVault", "a" * 24),
         ("containerRegistry", "acr01"), ("containerRegistry", "A" * 50),
-        ("cluster", "ab"), ("cluster", "gpu-a100-cluster"), ("cluster", "nd-h100"),
+        ("cluster", "abc"), ("cluster", "gpu-a100-cluster"), ("cluster", "a" * 24), ("cluster", "nd-h100"),
         ("workspace", "mlw-x_y"), ("namePrefix", "amlhpc"),
     ])
     def test_valid(self, kind, value):
@@ -28,10 +28,11 @@ class TestCheck:
         ("containerRegistry", "acr-1", "characters Azure does not allow"),
         ("containerRegistry", "acr", "3 characters long"),
         ("cluster", "g", "1 characters long"),
-        ("cluster", "a" * 17, "17 characters long"),
+        ("cluster", "a" * 25, "25 characters long"),
+        ("cluster", "sweep-2", "no letter after its last hyphen"),
         ("cluster", "9gpu", "characters Azure does not allow"),
         ("cluster", "gpu_a100", "characters Azure does not allow"),
-        ("cluster", "gpu-", "characters Azure does not allow"),
+        ("cluster", "gpu-", "no letter after its last hyphen"),
         ("namePrefix", "Aml", "characters Azure does not allow"),
     ])
     def test_invalid_names_say_why_and_what_is_allowed(self, kind, value, why):

@@ -87,10 +87,10 @@ class TestEnvironmentStacks:
 
     def test_prod_is_isolated_and_protected(self, prod):
         t = types(prod)
-        assert t.count("azure-native:network:PrivateEndpoint") == 6
+        assert t.count("azure-native:network:PrivateEndpoint") == 7
         groups = sorted(r.inputs["privateLinkServiceConnections"][0]["groupIds"][0]
                         for r in prod.of_type("azure-native:network:PrivateEndpoint"))
-        assert groups == ["amlworkspace", "blob", "blob", "file", "registry", "vault"]
+        assert groups == ["amlregistry", "amlworkspace", "blob", "blob", "file", "registry", "vault"]
         assert t.count("azure-native:privatedns:PrivateZone") == 6
         assert "azure-native:network:NatGateway" in t and "azure-native:network:NetworkSecurityGroup" in t
         account = next(r for r in prod.resources if r.name == "data-account")
@@ -106,10 +106,11 @@ class TestEnvironmentStacks:
     def test_clusters_wait_for_their_access(self, prod):
         """Nodes must not start before role assignments and the workspace endpoint exist."""
         compute = prod.of_type("azure-native:machinelearningservices:Compute")[0]
-        roles = {r.urn for r in prod.of_type("azure-native:authorization:RoleAssignment")}
+        roles = {r.urn for r in prod.of_type("azure-native:authorization:RoleAssignment") if r.name.startswith("access-")}
         endpoint = next(r.urn for r in prod.of_type("azure-native:network:PrivateEndpoint")
                         if r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["amlworkspace"])
-        assert len(roles) == 3 and roles | {endpoint} <= set(compute.depends_on)
+        # the cluster identity's three, and the workspace identity's read of the datasets
+        assert len(roles) == 4 and roles | {endpoint} <= set(compute.depends_on)
 
 
 class TestCostAndQuota:
@@ -153,7 +154,8 @@ class TestExperimentStacks:
         compute = plan.of_type("azure-native:machinelearningservices:Compute")[0]
         assert compute.inputs["workspaceName"] == "mlw-amlhpc-dev" and compute.inputs["tags"]["stack"] == "exp-sweep"
         budget = plan.of_type("azure-native:consumption:Budget")[0]
-        assert budget.inputs["filter"]["tags"]["values"] == ["exp-sweep"]
+        assert budget.inputs["filter"]["dimensions"]["name"] == "ResourceId"
+        assert budget.inputs["filter"]["dimensions"]["values"][0].endswith("/computes/sweep-a100")
         assert plan.outputs["expiresAt"] == "2026-12-31T00:00:00Z"
         assert list(plan.outputs["clusters"]) == ["sweep-a100"]
         assert plan.outputs["storage"] == plan.environment.outputs["storage"]
@@ -213,5 +215,5 @@ class TestCli:
     def test_text_plan_marks_retained_and_replace_on_change(self):
         result = self.run("plan", "--stack", "dev")
         assert result.returncode == 0, result.stderr
-        assert "retained" in result.stdout and "replace-on-change(5)" in result.stdout
+        assert "retained" in result.stdout and "replace-on-change(8)" in result.stdout
         assert "Full scale:" in result.stdout and "lowPriorityCores" in result.stdout

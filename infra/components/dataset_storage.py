@@ -69,7 +69,10 @@ class DatasetStorage(pulumi.ComponentResource):
             blob_services_name="default",
             delete_retention_policy=storage.DeleteRetentionPolicyArgs(enabled=True, days=args.soft_delete_days),
             container_delete_retention_policy=storage.DeleteRetentionPolicyArgs(enabled=True, days=args.soft_delete_days),
-            opts=pulumi.ResourceOptions(parent=self),
+            # A singleton: azure-native "deletes" it by writing Azure's defaults back, which
+            # would switch soft delete off on the account destroy keeps. Retained with it
+            # (never protected: Pulumi would then refuse to destroy the stack's rest).
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
         )
         self.container_ids = {}
         self.container_names = {}

@@ -55,7 +55,10 @@ class CustomerManagedKey(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: CustomerManagedKeyArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("aml-hpc:security:CustomerManagedKey", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Kept with the workspace it encrypts: a workspace retained by `down` needs its key, its
+        # identity and their grants when the next `up` adopts it.
+        keep = bool(opts and opts.retain_on_delete) or None
+        child = pulumi.ResourceOptions(parent=self, retain_on_delete=keep)
         self._vault_id = args.vault_id
         identity = managedidentity.UserAssignedIdentity(
             f"{name}-identity",
@@ -77,7 +80,7 @@ class CustomerManagedKey(pulumi.ComponentResource):
             ),
             tags=args.tags,
             # Without the key the workspace's metadata cannot be read: never replace it silently.
-            opts=pulumi.ResourceOptions(parent=self, protect=True),
+            opts=pulumi.ResourceOptions(parent=self, protect=True, retain_on_delete=keep),
         )
         role = pulumi.Output.from_input(args.subscription_id).apply(
             lambda sub: quirks.role_definition_id(sub, quirks.ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER))

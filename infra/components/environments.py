@@ -7,7 +7,9 @@ anything - it pulls the image `python -m images build` pushed. The version strin
 image tag, so `azureml:aml-hpc-pytorch:<tag>` and the image reference name the same bytes.
 
 Versions are immutable in Azure ML: a new tag registers a new version, and the old one
-is kept (retain_on_delete) because finished jobs still point at it. Tags come from
+is kept (retain_on_delete) because finished jobs still point at it. Each tag is its own
+Pulumi resource, so a tag that comes back after a revert is adopted by the tooling
+(infra/adopt.py) rather than created twice. Tags come from
 images.catalog (pure), the same code the image build uses, so both always agree.
 """
 
@@ -75,10 +77,15 @@ class TrainingEnvironments(pulumi.ComponentResource):
                     description=spec.description,
                     tags=args.tags,
                 ),
-                opts=pulumi.ResourceOptions(parent=self),
+                # Jobs name environments by container; it outlives the stack like its versions.
+                opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
             )
             ml.EnvironmentVersion(
-                f"{name}-{spec.folder}-version",
+                # One logical name per tag: a tag that comes back (a revert) is the same
+                # resource again, so the tooling can adopt the retained version instead of
+                # trying to create it twice. The alias carries state from the single
+                # `-version` name earlier releases used.
+                f"{name}-{spec.folder}-{image.tag}",
                 name=spec.name,
                 version=image.tag,
                 resource_group_name=args.resource_group_name,
@@ -96,7 +103,8 @@ class TrainingEnvironments(pulumi.ComponentResource):
                 ),
                 # Finished jobs reference old versions; removing one from the stack must
                 # not delete it in Azure ML.
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[container], retain_on_delete=True),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[container], retain_on_delete=True,
+                                            aliases=[pulumi.Alias(name=f"{name}-{spec.folder}-version")]),
             )
             refs[spec.name] = ref
             ids[spec.name] = image.environment_id

@@ -24,7 +24,7 @@ class GpuClusterArgs:
     workspace_name: pulumi.Input[str]
     location: pulumi.Input[str]
     cluster_name: str
-    """2-16 characters (validated in infra.config). Changing it replaces the cluster."""
+    """3-24 characters with a letter after the last hyphen (infra.naming, validated in infra.config). Changing it replaces the cluster."""
     sku: str
     """Azure VM size from core.skus. Changing it replaces the cluster."""
     max_nodes: int

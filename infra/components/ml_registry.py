@@ -17,6 +17,10 @@ class MlRegistryArgs:
     replica_regions: list[str] = field(default_factory=list)
     """Extra regions the registry's storage and ACR replicate to (the location is always one)."""
     private: bool = False
+    """Public network access off; the program adds a private endpoint (amlregistry). The
+    registry's system-created storage and ACR keep their public endpoints: private
+    endpoints to them need their ids, which exist only after the registry does."""
+    protect: bool = False
     tags: dict[str, str] = field(default_factory=dict)
 
 
@@ -24,6 +28,7 @@ class MlRegistry(pulumi.ComponentResource):
     """Registry with system-created storage and Premium ACR in each region."""
 
     registry_name: pulumi.Output[str]
+    registry_id: pulumi.Output[str]
 
     def __init__(self, name: str, args: MlRegistryArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("aml-hpc:ml:MlRegistry", name, None, opts)
@@ -50,7 +55,10 @@ class MlRegistry(pulumi.ComponentResource):
                 for region in regions
             ],
             tags=args.tags,
-            opts=pulumi.ResourceOptions(parent=self),
+            # Assets shared across workspaces, and a name unique across Azure: kept by
+            # destroy and adopted by the next up, like the workspace.
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True, protect=args.protect),
         )
         self.registry_name = registry.name
-        self.register_outputs({"registryName": self.registry_name})
+        self.registry_id = registry.id
+        self.register_outputs({"registryName": self.registry_name, "registryId": self.registry_id})

@@ -2,8 +2,17 @@
 Application Insights on Log Analytics, a container registry (admin user off), the
 workspace's own storage account, and the user-assigned identity the GPU clusters run as.
 
-Lives only in environment stacks: a deleted workspace blocks its name for 14 days
-(infra.quirks.WORKSPACE_SOFT_DELETE_DAYS), so experiments borrow it instead.
+Lives only in environment stacks. The workspace and its dependencies are kept by
+`pulumi destroy` (retainOnDelete) and adopted again by the next `up`
+(scripts/pulumi-stack.sh, infra/adopt.py): a deleted workspace blocks its name for 14 days
+(infra.quirks.WORKSPACE_SOFT_DELETE_DAYS) and a purge-protected Key Vault its name for its
+retention, so deleting and recreating them would fail; keeping them also keeps run
+history, models and images.
+
+Under private isolation the workspace, Key Vault, registry and storage turn public network
+access off. Log Analytics and Application Insights keep public ingestion and query: making
+them private needs an Azure Monitor Private Link Scope, which this plan does not create
+(infra.quirks.PUBLIC_BY_DESIGN).
 
 Hardening options, all set when the workspace is created (Azure refuses changing the key
 setting and the HBI flag later, and a managed network cannot be turned off again):
@@ -15,6 +24,7 @@ diagnostic data to Microsoft, encrypted and wiped node scratch disks).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pulumi
 from pulumi_azure_native import (
@@ -43,9 +53,16 @@ class WorkspaceArgs:
     tenant_id: pulumi.Input[str]
     """Entra tenant for the Key Vault (from the deploying credential)."""
     private: bool = False
-    """Private isolation: public network access off on every dependency and the workspace."""
+    """Private isolation: public network access off on the workspace, Key Vault, registry and
+    storage (Log Analytics and Application Insights stay public, see the module docstring)."""
     tags: dict[str, str] = field(default_factory=dict)
     log_retention_days: int = 30
+    storage_auth: Literal["identity", "accessKey"] = "identity"
+    """How Azure ML reaches its own storage account: `identity` (shared keys off; a preview
+    Microsoft does not recommend for production; users and compute need data-plane roles,
+    infra.program grants them) or `accessKey` (the account key, kept in the Key Vault)."""
+    protect: bool = False
+    """Pulumi `protect` on the workspace and its dependencies (outside dev)."""
     managed_network: ml.ManagedNetworkSettingsArgs | None = None
     """Managed isolation: the managed VNet and its outbound rules. Azure provisions it when the
     workspace is created (provisionNetworkNow), so the first cluster does not wait for it."""
@@ -71,6 +88,8 @@ class Workspace(pulumi.ComponentResource):
     registry_id: pulumi.Output[str]
     registry_login_server: pulumi.Output[str]
     workspace_storage_id: pulumi.Output[str]
+    principal_id: pulumi.Output[str]
+    """The workspace's system-assigned identity (studio previews of identity-based datastores)."""
     identity_id: pulumi.Output[str]
     identity_client_id: pulumi.Output[str]
     identity_principal_id: pulumi.Output[str]
@@ -79,6 +98,8 @@ class Workspace(pulumi.ComponentResource):
     def __init__(self, name: str, args: WorkspaceArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("aml-hpc:ml:Workspace", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        # Names Azure reserves after deletion, and data: kept by destroy, adopted by the next up.
+        kept = pulumi.ResourceOptions(parent=self, retain_on_delete=True, protect=args.protect)
         public_access = "Disabled" if args.private else "Enabled"
         n = args.names
 
@@ -108,7 +129,7 @@ class Workspace(pulumi.ComponentResource):
                 ),
             ),
             tags=args.tags,
-            opts=child,
+            opts=kept,
         )
         logs = operationalinsights.Workspace(
             f"{name}-logs",
@@ -118,7 +139,7 @@ class Workspace(pulumi.ComponentResource):
             sku=operationalinsights.WorkspaceSkuArgs(name="PerGB2018"),
             retention_in_days=args.log_retention_days,
             tags=args.tags,
-            opts=child,
+            opts=kept,
         )
         insights = applicationinsights.Component(
             f"{name}-insights",
@@ -130,7 +151,7 @@ class Workspace(pulumi.ComponentResource):
             ingestion_mode="LogAnalytics",
             workspace_resource_id=logs.id,
             tags=args.tags,
-            opts=child,
+            opts=kept,
         )
         registry = containerregistry.Registry(
             f"{name}-acr",
@@ -142,18 +163,19 @@ class Workspace(pulumi.ComponentResource):
             anonymous_pull_enabled=False,
             public_network_access=public_access,
             tags=args.tags,
-            opts=child,
+            opts=kept,
         )
-        # The workspace uses identity-based access to its own storage
-        # (system_datastores_auth_mode="identity" below), so keys stay off here too.
+        # Identity mode: no keys at all. Access-key mode: Azure ML keeps the account key in
+        # the Key Vault and its system datastores use it, so shared keys must stay on.
         ws_storage = secure_storage_account(
             f"{name}-storage",
             account_name=n.workspace_storage,
             resource_group_name=args.resource_group_name,
             location=args.location,
+            allow_shared_key_access=args.storage_auth == "accessKey",
             private=args.private,
             tags=args.tags,
-            opts=child,
+            opts=kept,
         )
         cmk = None
         if args.customer_managed_key is not None:
@@ -162,7 +184,7 @@ class Workspace(pulumi.ComponentResource):
                 resource_group_name=args.resource_group_name, location=args.location, vault_name=vault.name,
                 vault_id=vault.id, subscription_id=key.subscription_id, identity_name=f"{n.identity}-cmk",
                 cosmos_db_principal_id=key.cosmos_db_principal_id, key_size=key.key_size, tags=args.tags,
-            ), opts=child)
+            ), opts=kept)  # a kept workspace needs its key after `down`
         workspace = ml.Workspace(
             f"{name}-mlw",
             workspace_name=n.workspace,
@@ -181,11 +203,11 @@ class Workspace(pulumi.ComponentResource):
             storage_account=ws_storage.id,
             public_network_access=public_access,
             v1_legacy_mode=False,
-            system_datastores_auth_mode="identity",
+            system_datastores_auth_mode=quirks.SYSTEM_DATASTORES_AUTH_MODE[args.storage_auth],
             friendly_name=n.workspace,
             tags=args.tags,
             # The key's role assignments must exist before Azure ML first uses the key.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=cmk.grants if cmk else None),
+            opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(depends_on=cmk.grants if cmk else None)),
         )
 
         self.workspace_name = workspace.name
@@ -194,6 +216,7 @@ class Workspace(pulumi.ComponentResource):
         self.registry_id = registry.id
         self.registry_login_server = registry.login_server
         self.workspace_storage_id = ws_storage.id
+        self.principal_id = workspace.identity.apply(lambda i: i.principal_id if i else None)
         self.identity_id = identity.id
         self.identity_client_id = identity.client_id
         self.identity_principal_id = identity.principal_id

@@ -127,6 +127,10 @@ _ARM: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "azure-native:storage:BlobServiceProperties": ("Microsoft.Storage/storageAccounts/{accountName}/blobServices/default", "blobServicesName", ("accountName",)),
     "azure-native:storage:BlobContainer": ("Microsoft.Storage/storageAccounts/{accountName}/blobServices/default/containers/{name}", "containerName", ("accountName",)),
     "azure-native:keyvault:Vault": ("Microsoft.KeyVault/vaults/{name}", "vaultName", ()),
+    "azure-native:keyvault:Key": ("Microsoft.KeyVault/vaults/{vaultName}/keys/{name}", "keyName", ("vaultName",)),
+    "azure-native:network:BastionHost": ("Microsoft.Network/bastionHosts/{name}", "bastionHostName", ()),
+    "azure-native:network:NetworkInterface": ("Microsoft.Network/networkInterfaces/{name}", "networkInterfaceName", ()),
+    "azure-native:compute:VirtualMachine": ("Microsoft.Compute/virtualMachines/{name}", "vmName", ()),
     "azure-native:operationalinsights:Workspace": ("Microsoft.OperationalInsights/workspaces/{name}", "workspaceName", ()),
     "azure-native:applicationinsights:Component": ("Microsoft.Insights/components/{name}", "resourceName", ()),
     "azure-native:containerregistry:Registry": ("Microsoft.ContainerRegistry/registries/{name}", "registryName", ()),
@@ -198,6 +202,11 @@ class PlanMocks(mocks.Mocks):
             return f"{inputs.get('scope')}/providers/Microsoft.Authorization/roleAssignments/{_stable_uuid(logical)}"
         if type_token == "azure-native:consumption:Budget":
             return f"{inputs.get('scope')}/providers/Microsoft.Consumption/budgets/{name}"
+        # Extension resources live under the resource they watch or lock.
+        if type_token == "azure-native:monitor:DiagnosticSetting":
+            return f"{inputs.get('resourceUri')}/providers/Microsoft.Insights/diagnosticSettings/{inputs.get('name') or logical}"
+        if type_token == "azure-native:authorization:ManagementLockByScope":
+            return f"{inputs.get('scope')}/providers/Microsoft.Authorization/locks/{inputs.get('lockName') or logical}"
         arm = _ARM.get(type_token)
         group = inputs.get("resourceGroupName", "unknown-group")
         prefix = f"/subscriptions/{self.subscription_id}/resourceGroups/{group}/providers/"
@@ -215,6 +224,10 @@ class PlanMocks(mocks.Mocks):
             out["identity"] = {**identity, "userAssignedIdentities": {
                 uid: {"clientId": _stable_uuid("client", uid), "principalId": _stable_uuid("principal", uid)}
                 for uid in identity["userAssignedIdentities"]}}
+        if isinstance(identity, dict) and "SystemAssigned" in str(identity.get("type", "")):
+            # Azure fills in the system-assigned identity's principal (role grants use it).
+            out["identity"] = {**out.get("identity", identity), "principalId": _stable_uuid("principal", type_token, name),
+                               "tenantId": FAKE_TENANT}
         if type_token == "azure-native:storage:StorageAccount":
             out["primaryEndpoints"] = {"blob": f"https://{name}.blob.core.windows.net/",
                                        "file": f"https://{name}.file.core.windows.net/"}
@@ -224,6 +237,11 @@ class PlanMocks(mocks.Mocks):
             out["clientId"] = _stable_uuid("client", name)
             out["principalId"] = _stable_uuid("principal", name)
             out["tenantId"] = FAKE_TENANT
+        elif type_token == "azure-native:keyvault:Key":
+            # Azure answers with the key's URL and its first version's URL.
+            key_uri = f"https://{inputs.get('vaultName', 'vault')}.vault.azure.net/keys/{name}"
+            out["keyUri"] = key_uri
+            out["keyUriWithVersion"] = f"{key_uri}/{uuid.uuid5(uuid.NAMESPACE_URL, key_uri).hex}"
         elif type_token == "azure-native:machinelearningservices:Workspace":
             out["discoveryUrl"] = f"https://{inputs.get('location', 'region')}.api.azureml.ms/discovery"
         return out

@@ -1,0 +1,273 @@
+"""Redeploy after teardown: each stack's own global names, and adopting what destroy kept.
+
+Two steps `scripts/pulumi-stack.sh` runs before Pulumi does (the lifecycle emulator in
+tests/lifecycle runs the same functions):
+
+1. `ensure_suffix`: an environment stack gets a random `aml-hpc:nameSuffix`, written once
+   into its stack file. Every globally unique name (storage accounts, Key Vault, container
+   registry, ML registry) ends in it, so two copies of this repository never ask Azure for
+   the same names (infra.naming).
+2. `import_document`: `pulumi destroy` leaves retainOnDelete resources in Azure but drops
+   them from the stack's state, and azure-native refuses to create a resource that exists
+   ("cannot create already existing resource", provider defaultCreate; pulumi-azure-native
+   issue #1123). Before `up`, every retained resource the program declares that exists in
+   Azure but not in the state goes into a `pulumi import --file` document (parents that
+   destroy removed are recreated as empty components, Pulumi >= 3.94). `pulumi import`
+   reads each one as it is, and the `up` that follows brings it to the declared settings.
+
+Singletons (blob service properties) are left out: azure-native creates them with a PUT
+whatever exists, so they never conflict.
+
+`python -m infra.adopt suffix --stack S` and `python -m infra.adopt import-file --stack S
+--state state.json --subscription ID --out import.json` are the two commands. Bad input
+exits 2 with the problem and its fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from core.errors import Problem, UserError, exit_on_bad_input
+from infra import naming
+from infra.config import EXPERIMENT_PREFIX, NAME_SUFFIX_KEY, REPO_ROOT, read_stack_file, stack_file
+
+SINGLETONS = frozenset({"azure-native:storage:BlobServiceProperties"})
+"""Types azure-native treats as always existing: create is a PUT, delete resets defaults."""
+
+ARM_ENDPOINT = "https://management.azure.com"
+
+
+# --------------------------------------------------------------------------------------
+# 1. The stack's name suffix
+
+
+def ensure_suffix(stack: str, root: Path = REPO_ROOT, make: Callable[[], str] = naming.random_suffix) -> str | None:
+    """The stack's aml-hpc:nameSuffix, written into Pulumi.<stack>.yaml if it has none.
+
+    Experiment stacks own no global names: None, file untouched. The line goes right under
+    `config:` so the file's comments survive."""
+    if stack.startswith(EXPERIMENT_PREFIX):
+        return None
+    config = read_stack_file(stack, root)
+    existing = config.get(NAME_SUFFIX_KEY)
+    if existing is not None:
+        problem = naming.check("nameSuffix", str(existing))
+        if problem:
+            raise UserError([Problem(f"Pulumi.{stack}.yaml", NAME_SUFFIX_KEY, problem,
+                                     "delete the line; the next `make preview` writes a new one")], "invalid stack file")
+        return str(existing)
+    suffix = make()
+    path = stack_file(stack, root)
+    text = path.read_text()
+    line = f"  {NAME_SUFFIX_KEY}: {suffix}  # random, once per stack: keeps global names unique (commit it)\n"
+    match = re.search(r"^config:[ \t]*\n", text, flags=re.MULTILINE)
+    if match:
+        updated = text[:match.end()] + line + text[match.end():]
+    else:  # `config: {}` or no config block: rewrite it (comments cannot survive this shape)
+        updated = yaml.safe_dump({"config": {**config, NAME_SUFFIX_KEY: suffix}}, sort_keys=False)
+    if read_yaml_config(updated).get(NAME_SUFFIX_KEY) != suffix:  # pragma: no cover - defensive
+        raise AssertionError(f"could not write {NAME_SUFFIX_KEY} into {path.name}")
+    path.write_text(updated)
+    return suffix
+
+
+def read_yaml_config(text: str) -> dict[str, Any]:
+    document = yaml.safe_load(text) or {}
+    return dict(document.get("config") or {})
+
+
+# --------------------------------------------------------------------------------------
+# 2. Adopting retained resources
+
+
+@dataclass(frozen=True)
+class Retained:
+    """A resource the program declares with retainOnDelete: what importing it needs."""
+
+    urn: str
+    type: str
+    name: str
+    parent_urn: str | None
+    arm_id: str
+    api_version: str
+
+
+def provider_api_version(type_token: str) -> str:
+    """The Azure REST API version the installed azure-native SDK uses for a type
+    (its docstring: "Uses Azure REST API version ...")."""
+    _, module, cls_name = type_token.split(":")
+    cls = getattr(importlib.import_module(f"pulumi_azure_native.{module}"), cls_name)
+    docs = [cls.__init__.__doc__ or ""] + [o.__doc__ or "" for o in typing.get_overloads(cls.__init__)]
+    for doc in docs:
+        found = re.search(r"Uses Azure REST API version ([0-9a-z-]+)\.", doc)
+        if found:
+            return found.group(1)
+    raise LookupError(f"no API version in the docstring of {type_token}")
+
+
+def retained_resources(plan: Any) -> list[Retained]:
+    """Retained custom resources of an offline plan (infra.plan.evaluate with the real
+    subscription id), singletons left out, with their ARM ids."""
+    from infra.plan.mocks import PlanMocks
+
+    ids = PlanMocks(plan.outputs["subscriptionId"])
+    out = []
+    for r in plan.custom_resources():
+        if not r.retain_on_delete or r.type in SINGLETONS:
+            continue
+        parent = normalize_urn(r.parent) if r.parent else None
+        out.append(Retained(normalize_urn(r.urn), r.type, r.name, parent,
+                            ids._arm_id(r.type, r.inputs, r.name),  # noqa: SLF001
+                            provider_api_version(r.type)))
+    return out
+
+
+ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
+
+
+def normalize_urn(urn: str) -> str:
+    """The engine's form of a URN: Pulumi's mock runtime (the offline plan) puts the root
+    stack's type in front of every type chain, the engine does not."""
+    head, sep, rest = urn.partition("::" + ROOT_STACK_TYPE + "$")
+    if not sep:
+        return urn
+    stack, project = head.removeprefix("urn:pulumi:").split("::", 1)
+    return f"urn:pulumi:{stack}::{project}::{rest}"
+
+
+def state_urns(export: dict[str, Any]) -> set[str]:
+    """URNs in a `pulumi stack export` document (normalized)."""
+    deployment = export.get("deployment") or {}
+    return {normalize_urn(r["urn"]) for r in deployment.get("resources") or [] if "urn" in r}
+
+
+def _type_of(urn: str) -> str:
+    return urn.split("::")[2].split("$")[-1]
+
+
+def _name_of(urn: str) -> str:
+    return urn.split("::", 3)[3]
+
+
+def import_document(resources: Iterable[Retained], in_state: set[str], exists: Callable[[Retained], bool]) -> dict[str, Any]:
+    """The `pulumi import --file` document: retained resources that exist in Azure but not
+    in the state. Their parents are named from the state when still there, else created
+    as empty components in the same import. Empty `resources`: nothing to adopt."""
+    entries: list[dict[str, Any]] = []
+    name_table: dict[str, str] = {}
+    components: dict[str, dict[str, Any]] = {}
+    for r in resources:
+        if r.urn in in_state or not exists(r):
+            continue
+        entry: dict[str, Any] = {"type": r.type, "name": r.name, "id": r.arm_id}
+        if r.parent_urn and _type_of(r.parent_urn) != ROOT_STACK_TYPE:
+            parent = _name_of(r.parent_urn)
+            entry["parent"] = parent
+            if r.parent_urn in in_state:
+                name_table[parent] = r.parent_urn
+            else:
+                components.setdefault(parent, {"type": _type_of(r.parent_urn), "name": parent, "component": True})
+        entries.append(entry)
+    if not entries:
+        return {"resources": []}
+    document: dict[str, Any] = {"resources": [*components.values(), *entries]}
+    if name_table:
+        document["nameTable"] = name_table
+    return document
+
+
+def arm_exists(credential: Any = None) -> Callable[[Retained], bool]:
+    """An existence probe against Azure Resource Manager: GET the id at the provider's API
+    version; 200 is there, 404 is not, anything else stops the deploy (retried by azure-core)."""
+    from azure.core.pipeline.policies import BearerTokenCredentialPolicy
+    from azure.mgmt.core import ARMPipelineClient
+
+    if credential is None:
+        from azure.identity import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+    client = ARMPipelineClient(base_url=ARM_ENDPOINT, policies=None, per_call_policies=[
+        BearerTokenCredentialPolicy(credential, f"{ARM_ENDPOINT}/.default")])
+
+    def exists(r: Retained) -> bool:
+        request = client.get(f"{ARM_ENDPOINT}{r.arm_id}", params={"api-version": r.api_version})
+        response = client.send_request(request)
+        if response.status_code == 404:
+            return False
+        if response.status_code == 200:
+            return True
+        raise UserError([Problem(r.urn, "", f"Azure answered {response.status_code} for {r.arm_id}",
+                                 "check `az login` and that your account can read the resource group")],
+                        "cannot tell what to adopt")
+
+    return exists
+
+
+def plan_import(stack: str, export: dict[str, Any], subscription_id: str, exists: Callable[[Retained], bool],
+                root: Path = REPO_ROOT) -> dict[str, Any]:
+    """The import document for `stack`: its offline plan's retained resources, the state
+    `export` already holds, and what `exists` finds in Azure."""
+    from infra.plan import evaluate
+
+    if stack.startswith(EXPERIMENT_PREFIX):
+        return {"resources": []}  # experiment stacks retain nothing
+    plan = evaluate(stack, root, subscription_id=subscription_id)
+    return import_document(retained_resources(plan), state_urns(export), exists)
+
+
+# --------------------------------------------------------------------------------------
+# Commands
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Name suffix and adoption of retained resources.")
+
+_GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
+
+
+@app.command("suffix")
+def suffix_command(
+    stack: Annotated[str, typer.Option("--stack", "-s", help="Stack name: Pulumi.<stack>.yaml.")],
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Write aml-hpc:nameSuffix into an environment's stack file unless it has one; print it."""
+    with exit_on_bad_input(debug):
+        value = ensure_suffix(stack, REPO_ROOT)
+    print(value or "")
+
+
+@app.command("import-file")
+def import_file_command(
+    stack: Annotated[str, typer.Option("--stack", "-s", help="Stack name: Pulumi.<stack>.yaml.")],
+    state: Annotated[Path, typer.Option("--state", help="`pulumi stack export` of the stack.")],
+    subscription: Annotated[str, typer.Option("--subscription", help="Azure subscription id the stack deploys to.")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the import document (only when not empty).")],
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Write the `pulumi import --file` document for retained resources to adopt; print their count."""
+    with exit_on_bad_input(debug):
+        if not _GUID.match(subscription):
+            raise UserError([Problem("--subscription", "", f"{subscription!r} is not a subscription id",
+                                     "az account show --query id -o tsv")], "invalid option")
+        try:
+            export = json.loads(state.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError([Problem(str(state), "", f"not a `pulumi stack export` document ({exc})",
+                                     f"pulumi stack export --stack {stack} --file {state}")], "invalid option") from None
+        document = plan_import(stack, export, subscription, arm_exists(), root=REPO_ROOT)
+    out.unlink(missing_ok=True)
+    if document["resources"]:
+        out.write_text(json.dumps(document, indent=2) + "\n")
+    print(sum(1 for r in document["resources"] if not r.get("component")))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,213 @@
+"""A stand-in for Azure Resource Manager as the lifecycle emulator needs it: resources by
+ARM id across subscriptions, with the rules that decide whether a second deployment works.
+
+Each rule is Azure's, with its source:
+- Globally unique names (storage accounts, Key Vaults, container registries, ML
+  registries) are taken across all subscriptions: Microsoft Learn, "Naming rules and
+  restrictions for Azure resources" (Scope: global) and "Manage Azure Machine Learning
+  registries" (registry names are unique across Azure).
+- Deleting a resource group deletes everything in it: Azure Resource Manager, "Delete
+  resource group and resources".
+- A deleted Azure ML workspace is soft-deleted for 14 days and its name cannot be reused
+  until then: Microsoft Learn, "Workspace soft deletion" ("You can't reuse the name of a
+  workspace that has been soft deleted until the retention period passes").
+- A deleted Key Vault stays soft-deleted for its retention; with purge protection nobody
+  can purge it, and a vault of the same name can only be recovered (createMode recover):
+  Microsoft Learn, "Azure Key Vault soft-delete overview".
+- A deleted Log Analytics workspace is kept 14 days; creating it again with the same name
+  in the same resource group recovers it: REST API, Log Analytics "Workspaces - Delete".
+- A role assignment for the same principal, role and scope exists at most once
+  (RoleAssignmentExists).
+- A blob service (storageAccounts/blobServices/default) exists as long as its account.
+
+Blobs are data: a container holds them, and they disappear with it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from infra import quirks
+
+GLOBAL_NAME_TYPES = {
+    "azure-native:storage:StorageAccount": "StorageAccountAlreadyTaken: the storage account name {name!r} is already taken",
+    "azure-native:keyvault:Vault": "VaultAlreadyExists: the vault name {name!r} is already in use",
+    "azure-native:containerregistry:Registry": "AlreadyInUse: the registry DNS name {name}.azurecr.io is already in use",
+    "azure-native:machinelearningservices:Registry": "the ML registry name {name!r} is already taken in Azure",
+}
+WORKSPACE = "azure-native:machinelearningservices:Workspace"
+VAULT = "azure-native:keyvault:Vault"
+LOGS = "azure-native:operationalinsights:Workspace"
+ACCOUNT = "azure-native:storage:StorageAccount"
+BLOB_SERVICE = "azure-native:storage:BlobServiceProperties"
+ROLE = "azure-native:authorization:RoleAssignment"
+
+
+class AzureError(Exception):
+    """What ARM answers when it refuses a request."""
+
+
+@dataclass
+class AzureObject:
+    id: str
+    type: str
+    name: str
+    body: dict[str, Any]
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class Deleted:
+    """A soft-deleted resource: its name is held until `until`."""
+
+    id: str
+    type: str
+    name: str
+    until: datetime
+    body: dict[str, Any]
+
+
+def _key(arm_id: str) -> str:
+    return arm_id.lower()
+
+
+def _resource_group_id(arm_id: str) -> str | None:
+    parts = arm_id.split("/")
+    return "/".join(parts[:5]) if len(parts) > 5 and parts[3].lower() == "resourcegroups" else None
+
+
+def _top_level_id(arm_id: str) -> str:
+    """/subscriptions/s/resourceGroups/g/providers/NS/type/name of a nested id."""
+    parts = arm_id.split("/")
+    return "/".join(parts[:9]) if "providers" in parts else arm_id
+
+
+class FakeAzure:
+    """All of Azure: every adopter's subscriptions share the global name space."""
+
+    def __init__(self, now: datetime | None = None):
+        self.now = now or datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
+        self.objects: dict[str, AzureObject] = {}
+        self.deleted: dict[str, Deleted] = {}
+        self.log: list[str] = []
+
+    # --- time ------------------------------------------------------------------------
+    def advance(self, days: float) -> None:
+        self.now += timedelta(days=days)
+        self.deleted = {k: d for k, d in self.deleted.items() if d.until > self.now}
+
+    # --- reads -----------------------------------------------------------------------
+    def get(self, arm_id: str) -> AzureObject | None:
+        return self.objects.get(_key(arm_id))
+
+    def exists(self, arm_id: str) -> bool:
+        return _key(arm_id) in self.objects
+
+    def of_type(self, type_token: str) -> list[AzureObject]:
+        return [o for o in self.objects.values() if o.type == type_token]
+
+    # --- writes ----------------------------------------------------------------------
+    def put(self, type_token: str, arm_id: str, name: str, body: dict[str, Any]) -> AzureObject:
+        """Create or update, refusing what Azure refuses."""
+        key = _key(arm_id)
+        existing = self.objects.get(key)
+        if existing is None:
+            self._check_parent(type_token, arm_id)
+            self._check_global_name(type_token, arm_id, name)
+            body = self._check_soft_deleted(type_token, arm_id, name, body)
+            if type_token == ROLE:
+                self._check_role_unique(arm_id, body)
+        obj = AzureObject(arm_id, type_token, name, copy.deepcopy(body), existing.blobs if existing else {})
+        self.objects[key] = obj
+        if type_token == ACCOUNT and _key(f"{arm_id}/blobServices/default") not in self.objects:
+            # Azure creates the blob service with the account, in its default state.
+            self.objects[_key(f"{arm_id}/blobServices/default")] = AzureObject(
+                f"{arm_id}/blobServices/default", BLOB_SERVICE, "default", {})
+        self.log.append(f"{'update' if existing else 'create'} {arm_id}")
+        return obj
+
+    def delete(self, arm_id: str) -> None:
+        key = _key(arm_id)
+        obj = self.objects.get(key)
+        if obj is None:
+            return  # ARM DELETE of a missing resource succeeds (azure-native treats 404 as done)
+        if obj.type == "azure-native:resources:ResourceGroup":
+            for child in [o for k, o in self.objects.items() if k.startswith(key + "/")]:
+                self._delete_one(child)
+        else:
+            for child in [o for k, o in self.objects.items() if k.startswith(key + "/")]:
+                self.objects.pop(_key(child.id), None)
+        self._delete_one(obj)
+
+    def reset_to_defaults(self, arm_id: str) -> None:
+        """What azure-native does to delete a singleton: PUT the default (empty) body."""
+        obj = self.objects[_key(arm_id)]
+        obj.body = {}
+        self.log.append(f"reset {arm_id}")
+
+    def upload(self, container_id: str, blob: str, data: bytes) -> None:
+        self.objects[_key(container_id)].blobs[blob] = data
+
+    # --- rules -----------------------------------------------------------------------
+    def _delete_one(self, obj: AzureObject) -> None:
+        self.objects.pop(_key(obj.id), None)
+        self.log.append(f"delete {obj.id}")
+        if obj.type == WORKSPACE:
+            self.deleted[_key(obj.id)] = Deleted(obj.id, obj.type, obj.name,
+                                                 self.now + timedelta(days=quirks.WORKSPACE_SOFT_DELETE_DAYS), obj.body)
+        elif obj.type == VAULT:
+            days = obj.body.get("properties", {}).get("softDeleteRetentionInDays", 90)
+            self.deleted[_key(obj.id)] = Deleted(obj.id, obj.type, obj.name, self.now + timedelta(days=days), obj.body)
+        elif obj.type == LOGS:
+            self.deleted[_key(obj.id)] = Deleted(obj.id, obj.type, obj.name, self.now + timedelta(days=14), obj.body)
+
+    def _check_parent(self, type_token: str, arm_id: str) -> None:
+        group = _resource_group_id(arm_id)
+        if type_token == "azure-native:resources:ResourceGroup" or group is None:
+            return
+        if _key(group) not in self.objects:
+            raise AzureError(f"ResourceGroupNotFound: resource group {group.rsplit('/', 1)[-1]!r} could not be found")
+        top = _top_level_id(arm_id)
+        if top != arm_id and _key(top) not in self.objects:
+            raise AzureError(f"ParentResourceNotFound: {top} does not exist")
+        if type_token == ROLE:
+            scope = arm_id.split("/providers/Microsoft.Authorization/")[0]
+            if _key(scope) not in self.objects and _key(_top_level_id(scope)) not in self.objects:
+                raise AzureError(f"the scope {scope} of the role assignment does not exist")
+
+    def _check_global_name(self, type_token: str, arm_id: str, name: str) -> None:
+        message = GLOBAL_NAME_TYPES.get(type_token)
+        if message is None:
+            return
+        taken = [o for o in self.objects.values() if o.type == type_token and o.name.lower() == name.lower()]
+        held = [d for d in self.deleted.values()
+                if d.type == type_token and d.name.lower() == name.lower() and type_token != VAULT]
+        if taken or held:
+            raise AzureError(message.format(name=name))
+
+    def _check_soft_deleted(self, type_token: str, arm_id: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        if type_token == WORKSPACE and _key(arm_id) in self.deleted:
+            raise AzureError(f"the workspace name {name!r} belongs to a soft-deleted workspace until "
+                             f"{self.deleted[_key(arm_id)].until:%Y-%m-%d}: recover or permanently delete it")
+        if type_token == VAULT:
+            held = [d for d in self.deleted.values() if d.type == VAULT and d.name.lower() == name.lower()]
+            if held:
+                if body.get("properties", {}).get("createMode") == "recover" and _key(held[0].id) == _key(arm_id):
+                    self.deleted.pop(_key(arm_id))
+                    return held[0].body
+                raise AzureError(f"ConflictError: a vault named {name!r} exists in deleted state (purge protection "
+                                 f"holds it until {held[0].until:%Y-%m-%d}): recover it (createMode recover)")
+        if type_token == LOGS and _key(arm_id) in self.deleted:
+            self.deleted.pop(_key(arm_id))  # same name, group and location: recovered
+        return body
+
+    def _check_role_unique(self, arm_id: str, body: dict[str, Any]) -> None:
+        scope = arm_id.split("/providers/Microsoft.Authorization/")[0].lower()
+        for o in self.of_type(ROLE):
+            other = o.id.split("/providers/Microsoft.Authorization/")[0].lower()
+            if (other == scope and o.body.get("principalId") == body.get("principalId")
+                    and o.body.get("roleDefinitionId") == body.get("roleDefinitionId")):
+                raise AzureError("RoleAssignmentExists: the role assignment already exists")

@@ -1,0 +1,78 @@
+"""What one adopter does, step for step as docs/deploying.md says, against the emulator.
+
+An `Adopter` is a clone of this repository (its own stack files in a directory), a Pulumi
+backend and an Azure subscription; several adopters share one `FakeAzure`. `make_up` and
+`make_down` do what `make up STACK=...` and `make down STACK=...` do through
+scripts/pulumi-stack.sh, calling the same Python the script calls (infra.adopt):
+
+    up (environment):  ensure the stack's name suffix -> stack select --create ->
+                       stack export -> infra.adopt.plan_import -> pulumi import --file
+                       --protect=false (when there is something to adopt) -> up --refresh
+    up (experiment):   stack select --create -> up --refresh
+    down (environment): destroy --refresh --exclude-protected (the stack stays)
+    down (experiment):  destroy --refresh -> stack rm (which deletes the stack file)
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra import adopt
+from infra.config import EXPERIMENT_PREFIX, REPO_ROOT, parse, read_stack_file, stack_file
+from tests.lifecycle.lifecycle_cloud import FakeAzure
+from tests.lifecycle.lifecycle_engine import Engine
+
+
+def clone(root: Path) -> Path:
+    """The files of a fresh clone a deployment reads: the project and stack files."""
+    root.mkdir(parents=True, exist_ok=True)
+    for path in REPO_ROOT.glob("Pulumi*.yaml"):
+        shutil.copy(path, root / path.name)
+    return root
+
+
+@dataclass
+class Adopter:
+    azure: FakeAzure
+    root: Path
+    subscription_id: str
+    engine: Engine = field(init=False)
+    adopted: list[str] = field(default_factory=list)
+    """URNs the last `make_up` imported."""
+
+    def __post_init__(self) -> None:
+        self.engine = Engine(self.azure, self.subscription_id)
+
+    def config(self, stack: str):
+        return parse(stack, read_stack_file(stack, self.root), f"Pulumi.{stack}.yaml",
+                     now=self.azure.now, deploying=True)
+
+    def make_up(self, stack: str) -> dict[str, Any]:
+        from infra import program
+
+        experiment = stack.startswith(EXPERIMENT_PREFIX)
+        if not experiment:
+            adopt.ensure_suffix(stack, self.root)
+        self.engine.select(stack)
+        self.adopted = []
+        if not experiment:
+            document = adopt.plan_import(stack, self.engine.select(stack).export(), self.subscription_id,
+                                         lambda r: self.azure.exists(r.arm_id), root=self.root)
+            if document["resources"]:
+                self.adopted = self.engine.import_file(stack, document, protect=False)
+        cfg = self.config(stack)
+        return self.engine.up(stack, lambda: program.build(cfg, now=self.azure.now))
+
+    def make_down(self, stack: str) -> None:
+        if stack.startswith(EXPERIMENT_PREFIX):
+            self.engine.destroy(stack)
+            self.engine.remove(stack)
+            stack_file(stack, self.root).unlink(missing_ok=True)  # `pulumi stack rm` deletes it
+        else:
+            self.engine.destroy(stack, exclude_protected=True)
+
+    def state(self, stack: str):
+        return self.engine.select(stack).resources

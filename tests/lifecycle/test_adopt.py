@@ -1,0 +1,202 @@
+"""infra.adopt on its own: the name suffix written once into a stack file, the import
+document for retained resources, the URN form, the ARM existence probe and the CLI's bad
+input (exit 2, the fix, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from core.errors import UserError
+from infra import adopt
+from infra.config import NAME_SUFFIX_KEY, REPO_ROOT, load_stack_config
+from infra.plan import evaluate
+from tests.lifecycle.lifecycle_tooling import clone
+
+SUB = "aaaaaaaa-0000-0000-0000-000000000001"
+
+
+class TestSuffix:
+    def test_written_once_under_config_keeping_the_comments(self, tmp_path):
+        root = clone(tmp_path)
+        before = (root / "Pulumi.dev.yaml").read_text()
+        first = adopt.ensure_suffix("dev", root, make=lambda: "q7w2k9")
+        text = (root / "Pulumi.dev.yaml").read_text()
+        assert first == "q7w2k9" and text.startswith(before.split("config:")[0])  # header comments kept
+        assert adopt.ensure_suffix("dev", root, make=lambda: "zzzzzz") == "q7w2k9"  # never replaced
+        assert load_stack_config("dev", root).names.dataset_storage.endswith("q7w2k9")
+
+    def test_random_by_default_and_valid(self, tmp_path):
+        root = clone(tmp_path)
+        suffixes = {adopt.ensure_suffix(s, root) for s in ("dev", "prod")}
+        assert len(suffixes) == 2 and all(re.fullmatch(r"[a-z0-9]{6}", s) for s in suffixes)
+
+    def test_experiments_own_no_global_names(self, tmp_path):
+        root = clone(tmp_path)
+        (root / "Pulumi.exp-x.yaml").write_text("config:\n  aml-hpc:environment: dev\n")
+        assert adopt.ensure_suffix("exp-x", root) is None
+        assert NAME_SUFFIX_KEY not in (root / "Pulumi.exp-x.yaml").read_text()
+
+    def test_config_written_as_a_flow_mapping_is_rewritten(self, tmp_path):
+        (tmp_path / "Pulumi.lab.yaml").write_text('config: {"azure-native:location": eastus}\n')
+        adopt.ensure_suffix("lab", tmp_path, make=lambda: "abcd12")
+        config = yaml.safe_load((tmp_path / "Pulumi.lab.yaml").read_text())["config"]
+        assert config == {"azure-native:location": "eastus", NAME_SUFFIX_KEY: "abcd12"}
+
+    def test_a_bad_suffix_in_the_file_is_reported_with_the_fix(self, tmp_path):
+        (tmp_path / "Pulumi.lab.yaml").write_text(f"config:\n  {NAME_SUFFIX_KEY}: Bad_One\n")
+        with pytest.raises(UserError) as info:
+            adopt.ensure_suffix("lab", tmp_path)
+        assert "aml-hpc:nameSuffix" in info.value.render() and "delete the line" in info.value.render()
+
+
+@pytest.fixture(scope="module")
+def dev_plan():
+    return evaluate("dev", REPO_ROOT, subscription_id=SUB)
+
+
+class TestImportDocument:
+    def test_retained_resources_with_arm_ids_and_api_versions(self, dev_plan):
+        retained = adopt.retained_resources(dev_plan)
+        types = {r.type for r in retained}
+        assert "azure-native:storage:BlobServiceProperties" not in types  # a singleton: never conflicts
+        assert {"azure-native:resources:ResourceGroup", "azure-native:storage:StorageAccount",
+                "azure-native:machinelearningservices:Workspace", "azure-native:keyvault:Vault",
+                "azure-native:machinelearningservices:EnvironmentVersion"} <= types
+        account = next(r for r in retained if r.name == "data-account")
+        assert account.arm_id.startswith(f"/subscriptions/{SUB}/resourceGroups/rg-amlhpc-dev/providers/Microsoft.Storage/")
+        assert account.api_version == "2024-01-01" and "pulumi:pulumi:Stack" not in account.urn
+
+    def test_components_recreated_or_named_from_the_state(self, dev_plan):
+        retained = adopt.retained_resources(dev_plan)
+        data_parent = next(r.parent_urn for r in retained if r.name == "data-account")
+        document = adopt.import_document(retained, {data_parent}, lambda r: r.name in {"data-account", "core-rg"})
+        entries = {e["name"]: e for e in document["resources"]}
+        assert document["nameTable"] == {"data": data_parent}  # the component kept by destroy
+        assert entries["core"] == {"type": "aml-hpc:core:ResourceGroup", "name": "core", "component": True}
+        assert entries["core-rg"]["parent"] == "core" and entries["data-account"]["parent"] == "data"
+        assert list(entries) == ["core", "core-rg", "data-account"]  # parents first
+
+    def test_nothing_in_azure_or_all_in_state_is_nothing_to_do(self, dev_plan):
+        retained = adopt.retained_resources(dev_plan)
+        assert adopt.import_document(retained, set(), lambda r: False) == {"resources": []}
+        assert adopt.import_document(retained, {r.urn for r in retained}, lambda r: True) == {"resources": []}
+
+    def test_state_urns_in_the_engines_form(self):
+        export = {"deployment": {"resources": [{"urn": "urn:pulumi:dev::aml-hpc::pulumi:pulumi:Stack$a:b:C::x"},
+                                               {"urn": "urn:pulumi:dev::aml-hpc::a:b:C$t:u:V::y"}]}}
+        assert adopt.state_urns(export) == {"urn:pulumi:dev::aml-hpc::a:b:C::x", "urn:pulumi:dev::aml-hpc::a:b:C$t:u:V::y"}
+
+    def test_api_version_is_the_providers(self):
+        assert adopt.provider_api_version("azure-native:machinelearningservices:Workspace") == "2025-12-01"
+        with pytest.raises(AttributeError):
+            adopt.provider_api_version("azure-native:storage:NoSuchThing")
+
+
+class FakeTransport:
+    """An azure-core transport answering GETs from a table of id -> status."""
+
+    def __init__(self, statuses: dict[str, int]):
+        self.statuses = statuses
+        self.seen: list[str] = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return None
+
+    def open(self):
+        return None
+
+    def close(self):
+        return None
+
+    def send(self, request, **kwargs):
+        from azure.core.pipeline.transport import HttpResponse
+
+        self.seen.append(request.url)
+        path = request.url.split("management.azure.com", 1)[1].split("?")[0]
+        status = self.statuses.get(path, 404)
+
+        class Response(HttpResponse):
+            def body(self):
+                return b"{}"
+
+        response = Response(request, None)
+        response.status_code = status
+        response.headers = {}
+        return response
+
+
+class FakeCredential:
+    def get_token(self, *scopes, **kwargs):
+        from azure.core.credentials import AccessToken
+
+        return AccessToken("token", 2**31)
+
+
+class TestArmProbe:
+    def test_200_exists_404_does_not_other_stops(self, monkeypatch):
+        from azure.mgmt.core import ARMPipelineClient
+
+        transport = FakeTransport({"/subscriptions/s/resourceGroups/here": 200, "/subscriptions/s/resourceGroups/denied": 403})
+        real = ARMPipelineClient.__init__
+        monkeypatch.setattr(ARMPipelineClient, "__init__",
+                            lambda self, *a, **k: real(self, *a, transport=transport, **k))
+        exists = adopt.arm_exists(FakeCredential())
+
+        def retained(path):
+            return adopt.Retained("urn", "t", "n", None, path, "2024-03-01")
+
+        assert exists(retained("/subscriptions/s/resourceGroups/here")) is True
+        assert exists(retained("/subscriptions/s/resourceGroups/gone")) is False
+        assert "api-version=2024-03-01" in transport.seen[0]
+        with pytest.raises(UserError, match="403"):
+            exists(retained("/subscriptions/s/resourceGroups/denied"))
+
+
+class TestCli:
+    def test_bad_subscription_exits_2_with_the_fix(self, tmp_path):
+        state = tmp_path / "state.json"
+        state.write_text("{}")
+        result = CliRunner().invoke(adopt.app, ["import-file", "--stack", "dev", "--state", str(state),
+                                                "--subscription", "my-sub", "--out", str(tmp_path / "o.json")])
+        assert result.exit_code == 2 and "az account show" in result.output
+        assert not (tmp_path / "o.json").exists()
+
+    def test_unreadable_state_exits_2_naming_the_export(self, tmp_path):
+        result = CliRunner().invoke(adopt.app, ["import-file", "--stack", "dev", "--state", str(tmp_path / "none.json"),
+                                                "--subscription", SUB, "--out", str(tmp_path / "o.json")])
+        assert result.exit_code == 2 and "pulumi stack export --stack dev" in result.output
+
+    def test_experiment_import_file_is_empty_without_touching_azure(self, tmp_path, monkeypatch):
+        state = tmp_path / "state.json"
+        state.write_text(json.dumps({"deployment": {"resources": []}}))
+        out = tmp_path / "o.json"
+        monkeypatch.setattr(adopt, "arm_exists", lambda: lambda r: pytest.fail("no Azure call for experiments"))
+        result = CliRunner().invoke(adopt.app, ["import-file", "--stack", "exp-x", "--state", str(state),
+                                                "--subscription", SUB, "--out", str(out)])
+        assert result.exit_code == 0 and result.output.strip() == "0" and not out.exists()
+
+    def test_suffix_command_writes_and_prints_the_suffix(self, tmp_path, monkeypatch):
+        root = clone(tmp_path)
+        monkeypatch.setattr(adopt, "REPO_ROOT", root)
+        result = CliRunner().invoke(adopt.app, ["suffix", "--stack", "dev"])
+        written = yaml.safe_load((root / "Pulumi.dev.yaml").read_text())["config"][NAME_SUFFIX_KEY]
+        assert result.exit_code == 0 and result.output.strip() == written
+
+
+def test_module_runs_as_a_script():
+    """`python -m infra.adopt --help` (what scripts/pulumi-stack.sh calls) works."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "infra.adopt", "--help"], capture_output=True, text=True,
+                            cwd=REPO_ROOT, timeout=120)
+    assert result.returncode == 0 and "import-file" in result.stdout and "suffix" in result.stdout
+

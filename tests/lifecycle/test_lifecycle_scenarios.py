@@ -1,0 +1,185 @@
+"""Up, down and up again, with the real program, the real tooling steps (infra.adopt) and an
+emulated engine, provider and Azure (tests/lifecycle): the scenarios of issue 11, each a
+test, plus the counter-tests showing the emulator refuses what Azure refuses when the
+tooling's fixes are left out."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import yaml
+
+from images import catalog
+from infra.config import NAME_SUFFIX_KEY, REPO_ROOT
+from infra.lifecycle import new_experiment
+from tests.lifecycle.lifecycle_cloud import FakeAzure
+from tests.lifecycle.lifecycle_engine import DeploymentFailed
+from tests.lifecycle.lifecycle_tooling import Adopter, clone
+
+SUB_A = "aaaaaaaa-0000-0000-0000-000000000001"
+SUB_B = "bbbbbbbb-0000-0000-0000-000000000002"
+ACCOUNT = "azure-native:storage:StorageAccount"
+CONTAINER = "azure-native:storage:BlobContainer"
+BLOB_SERVICE = "azure-native:storage:BlobServiceProperties"
+VERSION = "azure-native:machinelearningservices:EnvironmentVersion"
+COMPUTE = "azure-native:machinelearningservices:Compute"
+
+
+@pytest.fixture
+def azure() -> FakeAzure:
+    return FakeAzure()
+
+
+@pytest.fixture
+def adopter(azure, tmp_path) -> Adopter:
+    return Adopter(azure, clone(tmp_path / "clone-a"), SUB_A)
+
+
+def by_type(adopter: Adopter, stack: str, type_token: str):
+    return [r for r in adopter.state(stack).values() if r.type == type_token]
+
+
+def dataset_objects(azure: FakeAzure, outputs: dict):
+    account = next(o for o in azure.of_type(ACCOUNT) if o.name == outputs["storage"]["account"])
+    containers = {o.name: o for o in azure.of_type(CONTAINER) if o.id.lower().startswith(account.id.lower())}
+    return account, containers
+
+
+def upload_data(azure: FakeAzure, outputs: dict) -> None:
+    _, containers = dataset_objects(azure, outputs)
+    azure.upload(containers["datasets"].id, "bert/wiki/shard-000.tfrecord.gz", b"data")
+    azure.upload(containers["checkpoints"].id, "bert/step-1000/model.pt", b"weights")
+
+
+class TestEnvironmentRedeploy:
+    def test_dev_up_down_up_keeps_data_and_needs_no_manual_step(self, azure, adopter):
+        """make up / make down CONFIRM=dev / make up: the second up adopts what down kept."""
+        first = adopter.make_up("dev")
+        upload_data(azure, first)
+        account, containers = dataset_objects(azure, first)
+        suffix = yaml.safe_load((adopter.root / "Pulumi.dev.yaml").read_text())["config"][NAME_SUFFIX_KEY]
+        assert first["storage"]["account"].endswith(suffix)
+
+        adopter.make_down("dev")
+        assert adopter.state("dev") == {}
+        kept_service = azure.get(f"{account.id}/blobServices/default")
+        # The blob service is retained with its account: soft delete stays on between deploys.
+        assert kept_service.body["deleteRetentionPolicy"] == {"enabled": True, "days": 14}
+        assert not azure.of_type(COMPUTE)  # what costs money by the hour is gone
+
+        second = adopter.make_up("dev")
+        assert adopter.adopted, "the tooling adopted the retained resources by itself"
+        assert second["storage"] == first["storage"] and second["workspace"] == first["workspace"]
+        account2, containers2 = dataset_objects(azure, second)
+        assert account2 is account and containers2["datasets"].blobs == {"bert/wiki/shard-000.tfrecord.gz": b"data"}
+        assert containers2["checkpoints"].blobs == {"bert/step-1000/model.pt": b"weights"}
+        assert len(by_type(adopter, "dev", COMPUTE)) == 2
+        # Nothing beyond the README: the only file change is the suffix line, made once.
+        text = (adopter.root / "Pulumi.dev.yaml").read_text()
+        assert len(re.findall(rf"^\s+{NAME_SUFFIX_KEY}:", text, flags=re.MULTILINE)) == 1
+
+        adopter.make_down("dev")
+        assert adopter.make_up("dev")["storage"] == first["storage"]  # and again
+
+    def test_without_adoption_the_second_up_fails_as_in_azure(self, azure, adopter, monkeypatch):
+        """The counter-test: skip the import step and azure-native refuses to create what exists."""
+        from infra import adopt
+
+        adopter.make_up("dev")
+        adopter.make_down("dev")
+        monkeypatch.setattr(adopt, "plan_import", lambda *a, **k: {"resources": []})
+        with pytest.raises(DeploymentFailed, match="cannot create already existing resource"):
+            adopter.make_up("dev")
+
+    def test_prod_down_keeps_protected_resources_and_up_again_works(self, azure, adopter):
+        """prod: destroy without --exclude-protected refuses; make down keeps them; up again works."""
+        first = adopter.make_up("prod")
+        upload_data(azure, first)
+        with pytest.raises(DeploymentFailed, match="protected"):
+            adopter.engine.destroy("prod")  # a plain `pulumi destroy`
+        assert len(adopter.state("prod")) > 40  # nothing was deleted
+
+        adopter.make_down("prod")
+        kept = adopter.state("prod")
+        kept_types = {r.type for r in kept.values()}
+        assert {ACCOUNT, CONTAINER, "azure-native:machinelearningservices:Workspace",
+                "azure-native:keyvault:Vault", "azure-native:resources:ResourceGroup"} <= kept_types
+        assert COMPUTE not in kept_types and "azure-native:network:NatGateway" not in kept_types
+
+        second = adopter.make_up("prod")
+        assert second["storage"] == first["storage"] and second["registry"]["mlRegistry"] == first["registry"]["mlRegistry"]
+        _, containers = dataset_objects(azure, second)
+        assert containers["datasets"].blobs  # data intact
+        assert len(by_type(adopter, "prod", COMPUTE)) == 1
+
+
+class TestExperimentRedeploy:
+    def test_created_destroyed_and_created_again_under_the_same_name(self, azure, adopter):
+        adopter.make_up("dev")
+        path = new_experiment("sweep", "dev", 7, adopter.root, now=azure.now)
+        adopter.make_up("exp-sweep")
+        computes = {o.name for o in azure.of_type(COMPUTE)}
+        assert "sweep" in computes
+
+        adopter.make_down("exp-sweep")
+        assert not path.exists() and "exp-sweep" not in adopter.engine.stacks
+        assert "sweep" not in {o.name for o in azure.of_type(COMPUTE)}
+
+        new_experiment("sweep", "dev", 7, adopter.root, now=azure.now)
+        outputs = adopter.make_up("exp-sweep")
+        assert list(outputs["clusters"]) == ["sweep"]
+        budget = next(o for o in azure.of_type("azure-native:consumption:Budget") if "exp-sweep" in o.name)
+        compute = next(o for o in azure.of_type(COMPUTE) if o.name == "sweep")
+        assert budget.body["filter"]["dimensions"]["values"] == [compute.id.lower()]
+
+
+class TestTwoAdopters:
+    def test_two_clones_with_the_shipped_config_get_no_name_collision(self, azure, tmp_path):
+        a = Adopter(azure, clone(tmp_path / "a"), SUB_A)
+        b = Adopter(azure, clone(tmp_path / "b"), SUB_B)
+        out_a, out_b = a.make_up("dev"), b.make_up("dev")
+        for key in ("account",):
+            assert out_a["storage"][key] != out_b["storage"][key]
+        assert out_a["registry"]["loginServer"] != out_b["registry"]["loginServer"]
+        vaults = [o.name for o in azure.of_type("azure-native:keyvault:Vault")]
+        assert len(vaults) == 2 and len(set(vaults)) == 2
+
+    def test_the_same_names_twice_are_refused_as_in_azure(self, azure, tmp_path):
+        """The counter-test: a second adopter with the first one's stack file (same suffix)."""
+        a = Adopter(azure, clone(tmp_path / "a"), SUB_A)
+        a.make_up("dev")
+        b_root = clone(tmp_path / "b")
+        shutil.copy(a.root / "Pulumi.dev.yaml", b_root / "Pulumi.dev.yaml")
+        with pytest.raises(DeploymentFailed, match="already taken|already in use"):
+            Adopter(azure, b_root, SUB_B).make_up("dev")
+
+
+class TestEnvironmentVersions:
+    def test_an_image_tag_that_comes_back_after_a_revert_is_adopted(self, azure, adopter, tmp_path, monkeypatch):
+        images = tmp_path / "images-checkout"
+        shutil.copytree(REPO_ROOT / "images", images / "images", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO_ROOT / "jobs" / "runtime", images / "jobs" / "runtime",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        pins = images / "images" / "pins.toml"
+        original = pins.read_text()
+        from_checkout = catalog.releases
+        # The program registers the images of "this checkout": here, the copy we edit.
+        monkeypatch.setattr(catalog, "releases", lambda *a, **k: from_checkout(images))
+
+        def tags() -> set[str]:
+            return {r.inputs["version"] for r in by_type(adopter, "dev", VERSION)}
+
+        adopter.make_up("dev")
+        tag_a = tags()
+        pins.write_text(original.replace('deepspeed = "0.19.8"', 'deepspeed = "0.19.7"'))
+        adopter.make_up("dev")
+        tag_b = tags()
+        assert tag_a != tag_b
+        pins.write_text(original)  # the revert
+        adopter.make_up("dev")
+        assert tags() == tag_a
+        in_azure = {o.body["version"] for o in azure.of_type(VERSION)}
+        assert tag_a | tag_b <= in_azure  # finished jobs still find both
+
