@@ -23,6 +23,10 @@ CLUSTER_REPLACE_ON_CHANGES: tuple[str, ...] = (
 ROLE_STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 ROLE_ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
+ROLE_AZUREML_DATA_SCIENTIST = "f6c7c914-8db3-469d-8ca1-694a8f32e121"
+"""'AzureML Data Scientist': every action inside a workspace (jobs, reading computes and
+their nodes) except creating or deleting compute and changing the workspace itself (Azure
+built-in roles, AI + machine learning)."""
 
 
 def role_definition_id(subscription_id: str, role_guid: str) -> str:

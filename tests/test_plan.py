@@ -77,7 +77,7 @@ class TestEnvironmentStacks:
                          "managedidentity:UserAssignedIdentity", "machinelearningservices:Datastore",
                          "authorization:RoleAssignment", "consumption:Budget"):
             assert f"azure-native:{required}" in t, required
-        assert t.count("azure-native:machinelearningservices:Compute") == 2
+        assert t.count("azure-native:machinelearningservices:Compute") == 3  # two GPU clusters, the controllers'
         assert "azure-native:network:VirtualNetwork" not in t, "public isolation has no VNet of ours"
 
     def test_dev_data_is_retained_not_protected(self, dev):
@@ -103,7 +103,7 @@ class TestEnvironmentStacks:
     def test_clusters_wait_for_their_access(self, prod):
         """Nodes must not start before role assignments and the workspace endpoint exist."""
         compute = prod.of_type("azure-native:machinelearningservices:Compute")[0]
-        roles = {r.urn for r in prod.of_type("azure-native:authorization:RoleAssignment")}
+        roles = {r.urn for r in prod.of_type("azure-native:authorization:RoleAssignment") if r.name.startswith("access-")}
         endpoint = next(r.urn for r in prod.of_type("azure-native:network:PrivateEndpoint")
                         if r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["amlworkspace"])
         assert len(roles) == 3 and roles | {endpoint} <= set(compute.depends_on)
