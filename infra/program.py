@@ -19,7 +19,11 @@ from pulumi_azure_native import authorization
 from infra import outputs
 from infra.components.access import Access, AccessArgs, Grant, cluster_identity_grants
 from infra.components.budget import Budget, BudgetArgs
-from infra.components.controller import ControllerCluster, ControllerClusterArgs, controller_identity_name
+from infra.components.controller import (
+    ControllerCluster,
+    ControllerClusterArgs,
+    controller_identity_name,
+)
 from infra.components.dataset_storage import CONTAINERS, DatasetStorage, DatasetStorageArgs
 from infra.components.datastores import Datastores, DatastoresArgs
 from infra.components.environments import TrainingEnvironments, TrainingEnvironmentsArgs

@@ -29,7 +29,15 @@ from jobs.managed.classify import Verdict, classify
 from jobs.managed.evidence import Evidence
 from jobs.managed.observation import Observation
 from jobs.managed.policy import Policy
-from jobs.managed.record import Attempt, Record, RecordConflict, RecordStore, iso, now_utc, parse_time
+from jobs.managed.record import (
+    Attempt,
+    Record,
+    RecordConflict,
+    RecordStore,
+    iso,
+    now_utc,
+    parse_time,
+)
 
 
 class JobService(Protocol):
