@@ -220,12 +220,14 @@ class Supervisor:
 
     def _stop_reason(self, record: Record, now: datetime) -> tuple[str, str] | None:
         current = record.current
-        if current is None:
-            return None
+        if current is None or len(record.attempts) <= record.base_attempt:
+            return None  # nothing yet since the run was (re)started
         policy = record.rules()
         what = f"attempt {current.number} ended {current.cause} ({current.detail})"
         if current.cause == "completed":
             return "succeeded", f"attempt {current.number} completed"
+        if current.cause == "canceled":
+            return "canceled", f"{what}: a cancel is the user's decision, not retried"
         if not current.retryable:
             return "failed", f"{what}: not retried (managed.retry_on: {', '.join(map(str, policy.retry_on))})"
         restarts = len(record.attempts) - record.base_attempt - 1
