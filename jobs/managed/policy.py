@@ -13,7 +13,7 @@ decision, so it starts one only while what was spent plus what one more attempt 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from jobs.managed import causes
@@ -36,7 +36,6 @@ class Policy:
     limit_source: str = ""
     controller_usd_per_hour: float = 0.0
     poll_s: float = 30.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def backoff(self, restart: int) -> float:
         """Seconds to wait before restart number `restart` (1, 2, ...): doubling, capped."""

@@ -174,6 +174,8 @@ def controller_document(mplan: ManagedPlan, code_path: str | Path) -> dict[str, 
     stream = io.StringIO()
     controller_job(mplan, code_path).dump(stream)
     document = yaml.safe_load(stream.getvalue())
+    # an inline environment: Azure ML names and versions it by content on submit
+    document["environment"] = {k: v for k, v in document["environment"].items() if k in ("image", "conda_file")}
     for key in ("properties", "parameters"):
         if not document.get(key):
             document.pop(key, None)
