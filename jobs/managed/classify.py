@@ -91,13 +91,12 @@ def classify(observation: Observation, ends: Mapping[int, Mapping[str, Any]], no
             continue
         message = str(record.get("error") or f"exit {record.get('exit_code')}")
         if cause == "hang" and isinstance(record.get("hang"), Mapping):
-            culprit = record["hang"].get("culprit")
-            culprit = culprit if isinstance(culprit, int) else node
             message = str(record["hang"].get("message") or message)
-            bad.append({**_where(culprit, ends.get(culprit)), "why": "hang"})
         elif cause == "health_gate":
             bad.append({**_where(node, record), "why": "health gate"})
         found.setdefault(cause, (cause, record.get("exit_code"), record, f"node {node}: {message}"))
+    if "hang" in found:
+        bad.extend({**_where(n, ends.get(n)), "why": "hang"} for n in _hang_culprits(ends))
     vanished = [n for n in range(nodes) if n not in ends]
     if vanished and ends:
         bad.extend({"node": n, "why": "left no end record"} for n in vanished)
@@ -118,6 +117,24 @@ def classify(observation: Observation, ends: Mapping[int, Mapping[str, Any]], no
     return Verdict("unknown", f"Azure ML says {observation.status}" + (f": {error[:300]}" if error else
                                                                         " and no node recorded a failure"),
                    None, _dedupe(bad), *steps)
+
+
+def _hang_culprits(ends: Mapping[int, Mapping[str, Any]]) -> list[int]:
+    """Where a hang started. A node's watchdog that named another node (silent, or stopped
+    first) is believed; otherwise the node that got least far, when one did. When every
+    node stopped at the same step (a synchronous job stops everywhere within a step),
+    progress cannot tell, and no node is blamed."""
+    named = set()
+    for node, record in ends.items():
+        hang = record.get("hang")
+        if isinstance(hang, Mapping) and isinstance(hang.get("culprit"), int) and hang["culprit"] != node:
+            named.add(hang["culprit"])
+    if named:
+        return sorted(named)
+    steps = {n: r["last_step"] for n, r in ends.items() if isinstance(r.get("last_step"), int)}
+    lowest = min(steps.values(), default=None)
+    behind = [n for n, step in steps.items() if step == lowest]
+    return behind if lowest is not None and len(behind) < len(steps) else []
 
 
 def _steps(ends: Mapping[int, Mapping[str, Any]]) -> tuple[int | None, int | None]:

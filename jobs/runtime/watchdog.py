@@ -256,10 +256,14 @@ class Guard:
             return {"culprit": self.node, "message": mine} if mine else None
         stalled = stalled_peer(self.node, peers, written, self.settings.hang_s) if written else None
         if mine:
-            going = [n for n, b in peers.items() if n != self.node and b.state != "ended"
-                     and (b.age_at(written) or 0) <= self.settings.hang_s]
+            others = {n: b.age_at(written) for n, b in peers.items() if n != self.node and b.state != "ended"}
+            going = sorted(n for n, age in others.items() if (age or 0) <= self.settings.hang_s)
             if going:
-                mine += f", while node(s) {', '.join(map(str, sorted(going)))} go on"
+                return {"culprit": self.node, "message": f"{mine}, while node(s) {', '.join(map(str, going))} go on"}
+            # every node stopped: the one that stopped first is where it started
+            first = max(others.items(), key=lambda item: item[1] or 0, default=(None, None))
+            if first[0] is not None and (first[1] or 0) > (self.watch.age(now) or 0) + self.settings.interval_s:
+                return {"culprit": first[0], "message": f"{mine}; node {first[0]} stopped first ({first[1]:.0f}s ago)"}
             return {"culprit": self.node, "message": mine}
         if stalled:
             return {"culprit": stalled[0], "message": stalled[1]}
