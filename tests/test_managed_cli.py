@@ -159,3 +159,14 @@ def test_the_controller_imports_only_what_its_image_has():
     assert offenders(controller_side, ("core", "infra", "images", "jobs", "pulumi", "pydantic", "yaml", "rich", "typer"),
                      allowed=("jobs.managed", "jobs.runtime")) == {}
     assert offenders(controller_side, ("jobs.managed.render", "jobs.managed.client")) == {}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--preempt-after", "3"], "--preempt-after: simulates a fault for the supervision to recover from"),
+    (["--managed", "--preempt-after", "3", "--hang-after", "3"], "one fault per rehearsal"),
+    (["--managed", "--preempt-after", "3", "--preempt-node", "2"], "node 2 does not exist (2 simulated node(s))"),
+    (["--managed", "--hang-after", "-1"], "--hang-after: -1 seconds"),
+])
+def test_rehearsal_fault_flags(flags, message):
+    result = run_jobs("run", "cosmoflow", "--local", "--nodes", "2", *flags)
+    assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -6,8 +6,8 @@ lease, the nodes' end records and the checkpoints, all in Blob - Azurite here) d
 attempts that are local rehearsals (jobs.local.rehearsal): real processes on simulated
 nodes, the job's own launcher and training. Only the job service is local
 (`LocalJobService`); it reports each attempt in Azure ML's words (observation.py), so the
-classifier is the one the controller uses. Faults hit the first attempt, as Azure
-delivers them:
+classifier is the one the controller uses. A fault hits the first attempt (a list of
+faults: one attempt each, in order), as Azure delivers them:
 
 - preemption of node K: its processes get SIGTERM (the launcher forwards it to the
   training and uploads the last checkpoint), then SIGKILL `--preempt-grace` seconds later
@@ -19,7 +19,7 @@ delivers them:
 
 A fault's clock starts at the attempt's first reported step (start-up time varies with
 the machine), so `--preempt-after 3` means three seconds into training. Timings are
-shortened for one machine: the supervision polls every half second and backs off a
+shortened for one machine: the supervision polls every second and backs off a
 second (doubling to four).
 """
 
@@ -47,7 +47,7 @@ PREEMPTION = ("UserError", "AzureMLCompute job failed. PreemptionError: Nodes of
                            "(rehearsal: node {node} was preempted)")
 """How Azure ML words a preempted job's error (see jobs/managed/classify.py); the rehearsal says the same."""
 STOP_OTHERS_AFTER_S = 3.0
-POLL_S, BACKOFF_S, BACKOFF_MAX_S = 0.5, 1.0, 4.0
+POLL_S, BACKOFF_S, BACKOFF_MAX_S = 1.0, 1.0, 4.0
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,8 @@ class LocalJobService:
             job.finished.set()
 
     def _fault(self, job: LocalJob) -> Fault | None:
-        return self.faults[0] if self.faults and job.attempt == 1 else None
+        """Fault i hits attempt i + 1 (the command line gives one: the first attempt's)."""
+        return self.faults[job.attempt - 1] if job.attempt <= len(self.faults) else None
 
     def _started(self, job: LocalJob, procs: list[rehearsal.NodeProcess]) -> None:
         job.procs, job.status, job.started_at = procs, "Running", now_utc()
