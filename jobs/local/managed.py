@@ -219,9 +219,6 @@ class ManagedRehearsal:
     service: LocalJobService
     seconds: float
 
-    def attempt_dir(self) -> Path:
-        return self.service.workdir
-
 
 def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
                      connection_string: str, containers: list[str], sink: Callable, echo: Callable[[str], None],
