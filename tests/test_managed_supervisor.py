@@ -301,3 +301,47 @@ def test_observation_from_sdk_entities(container, template, managed_plan):
     assert observation.status == "Failed" and observation.error_code == "UserError"
     assert "PreemptionError" in observation.error_message and observation.node_states == ("preempted",)
     assert observation.started_at == T0 and observation.terminal
+
+
+class TestControllerStart:
+    def test_a_second_controller_waits_for_the_lease_then_opens_the_record(self, container, template, managed_plan):
+        h = Harness(container, template, managed_plan, {1: [running(), completed()]})
+        first = h.supervisor
+        assert first.store.acquire()
+        second = h.new_supervisor("ctl-2")
+        waits = []
+
+        def wait(seconds):  # the first controller's lease runs out while the second waits
+            waits.append(seconds)
+            if first.store.lease is not None:
+                first.store.lease.break_lease(lease_break_period=0)
+                first.store.lease = None
+
+        second.sleep = wait
+        record = second.start(h.run, "cosmoflow", Policy(nodes=2, usd_per_node_hour=2.0, expected_hours=1,
+                                                         max_restarts=7))
+        assert waits[0] == 10 and any("another controller holds" in line for line in h.lines)
+        assert record.state == "succeeded" and record.rules().max_restarts == 7, "the newest controller's policy"
+
+    def test_a_fresh_run_is_created_by_its_controller(self, container, template, managed_plan):
+        h = Harness(container, template, managed_plan, {1: [completed()]})
+        RecordStore(container, h.prefix).blob.delete_blob()
+        record = h.supervisor.start(h.run, "cosmoflow", h.policy)
+        assert record.state == "succeeded" and record.recipe == "cosmoflow"
+
+    def test_transient_azure_errors_do_not_stop_the_supervision(self, container, template, managed_plan):
+        from azure.core.exceptions import ServiceRequestError
+
+        h = Harness(container, template, managed_plan, {1: [running(), running(), completed()]})
+        real_get, calls = h.azure.jobs.get, []
+
+        def flaky(name):
+            calls.append(name)
+            if len(calls) in (2, 3):
+                raise ServiceRequestError("connection reset by peer")
+            return real_get(name)
+
+        h.azure.jobs.get = flaky
+        record = h.supervisor.run()
+        assert record.state == "succeeded" and len(h.azure.created) == 1
+        assert sum("failed (ServiceRequestError" in line for line in h.lines) == 2

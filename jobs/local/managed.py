@@ -40,7 +40,7 @@ from jobs.local import rehearsal
 from jobs.managed.evidence import Evidence
 from jobs.managed.observation import Observation
 from jobs.managed.record import Record, RecordStore, now_utc
-from jobs.managed.supervisor import Supervisor, open_record
+from jobs.managed.supervisor import Supervisor
 from jobs.runtime import contract
 
 PREEMPTION = ("UserError", "AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted "
@@ -231,7 +231,6 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
     container = blobio.container_client(checkpoint["container"], connection_string=connection_string)
     policy = replace(mplan.policy, poll_s=POLL_S, backoff_s=BACKOFF_S, backoff_max_s=BACKOFF_MAX_S)
     store = RecordStore(container, checkpoint["prefix"])
-    open_record(store, mplan.run, mplan.recipe, policy)
     service = LocalJobService(mplan.training, snapshot=snapshot, workdir=workdir, procs_per_node=procs_per_node,
                               blob_endpoint=blob_endpoint, connection_string=connection_string, containers=containers,
                               sink=sink, faults=faults, echo=echo, timeout_s=timeout_s)
@@ -239,7 +238,7 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
                             controller="local", echo=echo)
     started = time.monotonic()
     try:
-        record = supervisor.run()
+        record = supervisor.start(mplan.run, mplan.recipe, policy)
     finally:
         for job in service.jobs.values():
             if not job.finished.is_set():

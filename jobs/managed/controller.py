@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.managed.policy import Policy
     from jobs.managed.record import RecordStore
     from jobs.managed.report import summary_lines
-    from jobs.managed.supervisor import Supervisor, open_record
+    from jobs.managed.supervisor import Supervisor
     from jobs.runtime import blobio
 
     credential = blobio.credential_from_env(os.environ)
@@ -82,12 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     code = ml_client.jobs.get(me).code
     container = blobio.container_client_from_env(storage["container"], storage["account_url"], env=os.environ)
     store = RecordStore(container, storage["prefix"])
-    open_record(store, settings["run"], settings["recipe"], Policy.from_json(settings["policy"]))
     service = AzureJobService(ml_client, Path(settings["template"]), code, settings["run"], settings["experiment"])
     supervisor = Supervisor(store, service, Evidence(container, storage["prefix"], storage.get("writers", "rank0")),
                             controller=me, echo=log.info)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run(): the lease is released
-    record = supervisor.run()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through start(): the lease is released
+    record = supervisor.start(settings["run"], settings["recipe"], Policy.from_json(settings["policy"]))
     for line in summary_lines(record):
         log.info("%s", line)
     return 0 if record.state == "succeeded" else 1

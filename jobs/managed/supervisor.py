@@ -51,6 +51,11 @@ class JobService(Protocol):
         """Ask for the job to be canceled (returns without waiting)."""
 
 
+MAX_FAILED_LOOKS = 20
+"""Consecutive failed looks (Azure ML or storage unreachable) before the controller gives up."""
+POLL_AFTER_ERROR_S = 30.0
+
+
 def attempt_job_name(run: str, number: int) -> str:
     return f"{run}-a{number}"
 
@@ -88,24 +93,54 @@ class Supervisor:
 
     # --- the loop -------------------------------------------------------------------
 
-    def run(self) -> Record:
-        """Act until the run is done; returns the final record."""
+    def start(self, run: str, recipe: str, policy: Policy) -> Record:
+        """The controller's entry: create the run's record if there is none, take its lease,
+        open it with this policy (open_record), and act until the run is done."""
+        if self.store.load()[0] is None:
+            try:
+                self.store.create(Record(run=run, recipe=recipe, policy=policy.to_json()))
+            except RecordConflict:
+                pass  # another controller was first
         self._take_lease()
         try:
-            while True:
-                try:
-                    record = self.tick()
-                except RecordConflict as exc:
-                    self.echo(f"the record changed underneath ({exc}): taking the lease again")
-                    self.store.release()
-                    self._take_lease()
-                    continue
-                if record.done:
-                    return record
-                self.sleep(self.pause(record))
-                self.store.renew()
+            open_record(self.store, run, recipe, policy)
+            return self._loop()
         finally:
             self.store.release()
+
+    def run(self) -> Record:
+        """Act on an opened record until the run is done; returns the final record."""
+        self._take_lease()
+        try:
+            return self._loop()
+        finally:
+            self.store.release()
+
+    def _loop(self) -> Record:
+        failures = 0
+        while True:
+            try:
+                record = self.tick()
+                if record.done:
+                    return record
+                failures = 0
+                self.sleep(self.pause(record))
+                self.store.renew()
+            except RecordConflict as exc:
+                self.echo(f"the record changed underneath ({exc}): taking the lease again")
+                self.store.release()
+                self._take_lease()
+            except Exception as exc:  # noqa: BLE001 - Azure or storage trouble: keep supervising, a while
+                failures += 1
+                if failures > MAX_FAILED_LOOKS:
+                    raise
+                self.echo(f"look {failures} of {MAX_FAILED_LOOKS} failed ({type(exc).__name__}: {exc}); trying again")
+                self.sleep(POLL_AFTER_ERROR_S)
+                try:
+                    self.store.renew()
+                except RecordConflict:
+                    self.store.release()
+                    self._take_lease()
 
     def _take_lease(self) -> None:
         while not self.store.acquire():
