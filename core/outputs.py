@@ -75,6 +75,18 @@ class NetworkOut(_Doc):
     """The compute subnet (private isolation), for experiment clusters; None in a managed network."""
 
 
+class ControllerOut(_Doc):
+    """The small CPU cluster the controllers of managed runs run on, with the identity they
+    submit and watch jobs as (infra/components/controller.py, docs/managed-jobs.md)."""
+
+    cluster: str
+    sku: str
+    usd_per_hour: float = Field(alias="usdPerHour", gt=0)
+    """What one controller costs while it runs (one node per managed run)."""
+    price_source: str = Field(alias="priceSource")
+    identity: IdentityOut
+
+
 class BudgetOut(_Doc):
     monthly_amount_usd: float = Field(alias="monthlyAmountUsd", gt=0)
     alert_emails: list[str] = Field(alias="alertEmails")
@@ -120,6 +132,9 @@ class StackOutputs(_Doc):
     budget: BudgetOut | None
     prices: dict[str, PriceOut]
     """Size -> price per node-hour, for every size the stack's clusters use that has one."""
+    controller: ControllerOut | None = None
+    """The managed runs' controller cluster; null when the stack declares none (or was
+    deployed before it existed)."""
     expires_at: str | None = Field(alias="expiresAt")
     """ISO 8601 UTC on experiment stacks; null on environments."""
     tags: dict[str, str]

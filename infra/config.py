@@ -217,6 +217,32 @@ class BudgetConfig(_Model):
     thresholds_percent: list[int] = Field(default_factory=lambda: [50, 80, 100])
 
 
+CONTROLLER_SKU = "Standard_D2s_v3"
+CONTROLLER_USD_PER_HOUR = 0.096
+"""Standard_D2s_v3, Linux, pay-as-you-go in eastus: Azure Retail Prices API
+(prices.azure.com, serviceName 'Virtual Machines', type Consumption), as recorded in 2024-06."""
+
+
+class ControllerConfig(_Model):
+    """The CPU cluster that managed runs' controller jobs run on (docs/managed-jobs.md).
+    Scales to zero: it costs nothing while no managed run is active."""
+
+    enabled: bool = True
+    name: str = "jobs-controller"
+    """The cluster's name in the workspace (2-16 characters, not one of `clusters`)."""
+    sku: str = CONTROLLER_SKU
+    """A small CPU size: a controller only polls Azure ML and Blob."""
+    max_nodes: int = Field(4, ge=1, le=100)
+    """Managed runs that can be supervised at once (one node each)."""
+    idle_minutes: int = Field(5, ge=2, le=10080)
+    usd_per_hour: float | None = Field(None, gt=0)
+    """Price of one node-hour; required for a size other than the default."""
+
+    @property
+    def price(self) -> float:
+        return self.usd_per_hour or CONTROLLER_USD_PER_HOUR
+
+
 class MlRegistryConfig(_Model):
     enabled: bool = False
     regions: list[str] = Field(default_factory=list)
@@ -236,6 +262,7 @@ class _RawConfig(_Model):
     clusters: list[ClusterConfig] = Field(default_factory=list)
     budget: BudgetConfig | None = None
     ml_registry: MlRegistryConfig = MlRegistryConfig()
+    controller: ControllerConfig = ControllerConfig()
     expires_at: str | date | datetime | None = None
     protect_data: bool | None = None
     prices: dict[str, float] = Field(default_factory=dict)
@@ -252,7 +279,7 @@ class _RawConfig(_Model):
 
 _TOP_LEVEL_KEYS = {field.alias or name for name, field in _RawConfig.model_fields.items()}
 _ENVIRONMENT_ONLY = {"network", "storage", "mlRegistry", "names", "encryption", "diagnostics", "hbiWorkspace", "locks",
-                     "nameSuffix", "workspaceStorageAuth", "submitters"}
+                     "nameSuffix", "workspaceStorageAuth", "submitters", "controller"}
 _TEXT_KEYS = {"namePrefix", "owner", "costCenter", "environment", "environmentStack", "expiresAt", "nameSuffix",
               "workspaceStorageAuth"}
 NAME_SUFFIX_KEY = f"{NAMESPACE}nameSuffix"
@@ -281,6 +308,7 @@ class StackConfig(_Model):
     clusters: tuple[ClusterConfig, ...]
     budget: BudgetConfig | None
     ml_registry: MlRegistryConfig
+    controller: ControllerConfig
     expires_at: datetime | None
     protect_data: bool
     prices: dict[str, float]
@@ -518,6 +546,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     _check_name_suffix(found, stack, kind, raw, deploying)
     _check_budget(found, stack, raw)
     _check_prices(found, raw)
+    _check_controller(found, stack, raw)
     found.raise_if_any()
 
     environment = raw.environment or (stack if kind == "environment" else "")
@@ -536,6 +565,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
         clusters=tuple(_canonical_cluster(c) for c in raw.clusters),
         budget=raw.budget,
         ml_registry=raw.ml_registry,
+        controller=raw.controller,
         expires_at=expires,
         protect_data=raw.protect_data if raw.protect_data is not None else environment != "dev",
         prices=dict(raw.prices),
@@ -988,6 +1018,21 @@ def _check_encryption(found: ProblemCollector, stack: str, raw: _RawConfig) -> N
                   f"{fix_command(stack, path, '<object id>')}")
     elif not _GUID.match(enc.cosmos_db_principal_id):
         found.add(path, f"{enc.cosmos_db_principal_id!r} is not an Entra object id (a GUID)", f"find it with `{lookup}`")
+
+
+def _check_controller(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
+    ctl, path = raw.controller, f"{NAMESPACE}controller"
+    if not ctl.enabled:
+        return
+    problem = naming.check("cluster", ctl.name)
+    if problem:
+        found.add(f"{path}.name", f"cluster name {problem}", fix_command(stack, f"{path}.name", "jobs-controller"))
+    if ctl.name.lower() in {c.name.lower() for c in raw.clusters}:
+        found.add(f"{path}.name", f"{ctl.name!r} is also the name of one of aml-hpc:clusters",
+                  "give the controller cluster a name of its own")
+    if ctl.sku != CONTROLLER_SKU and ctl.usd_per_hour is None:
+        found.add(f"{path}.usdPerHour", f"no price for {ctl.sku} (the reference price is for {CONTROLLER_SKU})",
+                  fix_command(stack, f"{path}.usdPerHour", "<usd-per-node-hour>"))
 
 
 def check_experiment_against_environment(experiment: StackConfig, environment: StackConfig) -> None:

@@ -19,6 +19,11 @@ from pulumi_azure_native import authorization
 from infra import outputs, quirks
 from infra.components.access import Access, AccessArgs, Grant, cluster_identity_grants
 from infra.components.budget import Budget, BudgetArgs
+from infra.components.controller import (
+    ControllerCluster,
+    ControllerClusterArgs,
+    controller_identity_name,
+)
 from infra.components.dataset_storage import CONTAINERS, DatasetStorage, DatasetStorageArgs
 from infra.components.datastores import Datastores, DatastoresArgs
 from infra.components.diagnostics import Diagnostics, DiagnosticsArgs, platform_targets
@@ -236,6 +241,10 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
                                     tuple(cluster_deps), managed_network=isolation == "managed"), tags)
     ml_registry_name: Any = ml_registry.registry_name if ml_registry else None
 
+    # The managed runs' controller sits where the GPU clusters do (no subnet in a managed network).
+    controller = _controller(cfg, group, ws, data, client.subscription_id,
+                             net.compute_subnet_id if net and private else None, not closed, tags, cluster_deps)
+
     # Azure ML environments for our images, registered by image reference (never rebuilt).
     environments = TrainingEnvironments("environments", TrainingEnvironmentsArgs(
         resource_group_name=group.name, workspace_name=ws.workspace_name,
@@ -268,7 +277,29 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         },
         "identity": {"clientId": ws.identity_client_id, "principalId": ws.identity_principal_id, "id": ws.identity_id},
         "network": {"isolation": isolation, "subnetId": net.compute_subnet_id if net and private else None},
+        "controller": controller,
     }
+
+
+def _controller(cfg: StackConfig, group: ResourceGroup, ws: Workspace, data: DatasetStorage,
+                subscription_id: pulumi.Input[str], subnet_id: pulumi.Input[str] | None, node_public_ip: bool,
+                tags: dict[str, str], depends_on: list[pulumi.Resource]) -> dict[str, Any] | None:
+    """The managed runs' controller cluster and identity; its outputs entry (None when disabled)."""
+    ctl = cfg.controller
+    if not ctl.enabled:
+        return None
+    cluster = ControllerCluster("controller", ControllerClusterArgs(
+        resource_group_name=group.name, workspace_name=ws.workspace_name, location=cfg.location,
+        subscription_id=subscription_id, cluster_name=ctl.name, sku=ctl.sku,
+        identity_name=controller_identity_name(cfg.name_prefix, cfg.stack), workspace_scope=ws.workspace_id,
+        checkpoints_scope=data.container_ids["checkpoints"], registry_scope=ws.registry_id, max_nodes=ctl.max_nodes,
+        idle_minutes=ctl.idle_minutes, subnet_id=subnet_id, node_public_ip=node_public_ip, tags=tags),
+        opts=pulumi.ResourceOptions(depends_on=depends_on))
+    source = (f"{cfg.source}: aml-hpc:controller.usdPerHour" if ctl.usd_per_hour
+              else f"Azure Retail Prices API, {ctl.sku} Linux pay-as-you-go, eastus, 2024-06")
+    return {"cluster": ctl.name, "sku": ctl.sku, "usdPerHour": ctl.price, "priceSource": source,
+            "identity": {"clientId": cluster.identity_client_id, "principalId": cluster.identity_principal_id,
+                         "id": cluster.identity_id}}
 
 
 def _own_entries(cfg: StackConfig, tags: dict[str, str]) -> dict[str, Any]:
@@ -294,6 +325,7 @@ def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     env = pulumi.StackReference("environment", stack_name=cfg.environment_stack)
     tags = cfg.tags()
     passthrough: dict[str, Any] = {key: env.require_output(key) for key in PASSTHROUGH}
+    passthrough["controller"] = env.get_output("controller")  # the environment's; null before it had one
     network = passthrough["network"]
     env.require_output("clusters").apply(lambda taken: _refuse_taken_cluster_names(cfg, taken))
 

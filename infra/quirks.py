@@ -36,6 +36,9 @@ ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER = "e147488a-f6f5-4113-8e2d-b22465e
 ROLE_STORAGE_FILE_DATA_PRIVILEGED_CONTRIBUTOR = "69566ab7-960f-475b-8e7c-b3118f30c6bd"
 ROLE_READER = "acdd72a7-3385-48ef-bd42-f606fba81ae7"
 ROLE_AZUREML_DATA_SCIENTIST = "f6c7c914-8db3-469d-8ca1-694a8f32e121"
+"""'AzureML Data Scientist': every action inside a workspace (jobs, reading computes and
+their nodes) except creating or deleting compute and changing the workspace itself (Azure
+built-in roles, AI + machine learning)."""
 
 # Workspace storage access (systemDatastoresAuthMode). Microsoft Learn, "Disable shared key
 # access for your workspace's storage account (preview)" (checked 2026-11-23): identity

@@ -249,6 +249,11 @@ def _runtime_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutputs, 
         env.put(contract.SHARED_DIR, shared_dirs[0], "BeeOND mount for placement: shared")
     if recipe.profiling.enabled:
         env.put(workload_env.PROFILE_DIR, recipe.profiling.dir, "PyTorch profiler traces for TensorBoard (recipe: profiling)")
+    if recipe.watchdog.enabled:
+        hang_s = recipe.watchdog.hang_seconds(recipe.checkpoint.interval_s)
+        env.put(contract.WATCHDOG_JSON, json.dumps({"hang_s": hang_s, "startup_s": recipe.watchdog.startup_s},
+                                                   separators=(",", ":")),
+                f"hang watchdog: no progress for {hang_s}s stops the job, exit 8 (recipe: watchdog)")
 
 
 def _checkpoint_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutputs, shape: _Shape, run_key: str,

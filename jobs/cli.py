@@ -88,6 +88,8 @@ def submit(
     resume: Annotated[str | None, typer.Option("--resume", help="Resume from the checkpoints of this earlier job (its name).")] = None,
     hours: Annotated[float | None, typer.Option("--hours", help="Expected hours for the cost check; wins over the recipe's cost.expected_hours.")] = None,
     allow_tcp: AllowTcp = False,
+    managed: Annotated[bool, typer.Option("--managed", help="Submit under supervision: a controller job in Azure resubmits it after preemption, node failure or a hang, resuming from the latest checkpoint (docs/managed-jobs.md).")] = False,
+    max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first; wins over the recipe's managed.max_restarts.")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
     debug: Debug = False,
@@ -104,10 +106,17 @@ def submit(
                                      "are placeholders): a job submitted with them would go nowhere",
                                      f"add --dry-run to print the job, or drop --offline to submit to the deployed stack {stack!r}")],
                             "job not submitted")
+        if max_restarts is not None and not managed:
+            raise UserError([Problem("command line", "--max-restarts", "only applies to a managed run", "add --managed")],
+                            "invalid flags")
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours, resume=resume)
         _summary(plan, r, stack_outputs)
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
         too_much = cost.over_limits(plan.estimate.usd, r.cost.ceiling_usd, budget)
+        if managed:
+            _submit_managed(r, stack_outputs, plan, too_much, dry_run=dry_run, yes=yes, follow=follow,
+                            max_restarts=max_restarts, resume=resume)
+            return
         code = build.snapshot(plan.code_dirs)
         if dry_run:
             for reason in too_much:
@@ -122,6 +131,44 @@ def submit(
         submitter.submit(client, plan, code, follow=follow, echo=out.print)
 
     guard(debug, body)
+
+
+def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: bool, yes: bool, follow: bool,
+                    max_restarts: int | None, resume: str | None) -> None:
+    """`submit --managed`: render and validate the controller job and the training template; submit the controller."""
+    from jobs import submit as submitter
+    from jobs.managed import render
+
+    mplan = render.plan_managed(r, stack_outputs, plan, max_restarts=max_restarts, resume=resume)
+    policy = mplan.policy
+    err.print(f"managed run [bold]{mplan.run}[/]: controller job {mplan.controller_job} on {mplan.cluster} "
+              f"(${stack_outputs.controller.usd_per_hour:,.3f}/h while it runs); up to {policy.max_restarts} restart(s), "
+              f"backoff {policy.backoff_s:g}s doubling to {policy.backoff_max_s:g}s", highlight=False)
+    for line in render.describe_retry(policy):
+        err.print(f"  retried: {line}", highlight=False)
+    if policy.limit_usd is not None:
+        err.print(f"  limit: ${policy.limit_usd:,.2f} ({policy.limit_source}) on all attempts together", highlight=False)
+    err.print(f"  record: {mplan.record_blob}", highlight=False)
+    code = render.snapshot(mplan)
+    render.validate(mplan, code)
+    if dry_run:
+        for reason in too_much:
+            err.print(f"[yellow]warning:[/] {reason}; submit would need --yes", highlight=False)
+        sys.stdout.write(render.to_yaml(mplan, code))
+        return
+    if too_much and not yes:
+        raise UserError([Problem(f"jobs/recipes/{r.name}.yaml", "cost", reason,
+                                 "pass --yes to submit anyway, or lower --nodes / --hours") for reason in too_much],
+                        "job not submitted: over its cost limit")
+    client = submitter.connect(stack_outputs)
+    with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
+        created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
+    out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
+    if getattr(created, "studio_url", None):
+        out.print(f"studio: {created.studio_url}", highlight=False)
+    out.print(f"follow it: python -m jobs status {mplan.run} --stack {stack_outputs.stack}", highlight=False)
+    if follow:
+        submitter.stream(client, created.name, stack_outputs.workspace)
 
 
 @app.command()
@@ -225,12 +272,36 @@ def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
     """Status of a job."""
 
     def show(submitter, client, o) -> None:
+        info = submitter.status(client, job, o.workspace)
         table = Table(show_header=False)
-        for key, value in submitter.status(client, job, o.workspace).items():
+        for key, value in info.items():
             table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
         out.print(table)
+        if (info.get("tags") or {}).get("managed_run"):
+            _managed_history(submitter, client, o, info)
 
     _on_job(stack, offline, outputs_file, debug, show)
+
+
+def _managed_history(submitter, client, o, info) -> None:
+    """Every attempt of the managed run a job belongs to, and what the run cost."""
+    from jobs.managed import client as managed
+    from jobs.managed import report
+
+    run = info["tags"]["managed_run"]
+    controller = info if info["tags"].get("role") == "controller" else submitter.status(client, run, o.workspace)
+    place = managed.place_from_tags(controller.get("tags") or {})
+    if place is None:
+        raise UserError([Problem(f"job {controller['name']}", "tags.record", "names no record",
+                                 "the controller job of a managed run carries it; was the job submitted with --managed?")],
+                        "not a managed run")
+    record = managed.read(o, place)
+    table = Table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controller {controller['status']})")
+    for row in report.rows(record):
+        table.add_row(*row)
+    out.print(table)
+    for line in report.summary_lines(record)[len(record.attempts) + 1:]:
+        out.print(line, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -244,10 +315,36 @@ def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
     """Cancel a job (waits until Azure ML accepted the cancellation)."""
 
     def cancel_it(submitter, client, o) -> None:
+        tags = submitter.status(client, job, o.workspace).get("tags") or {}
+        if tags.get("managed_run"):
+            _cancel_managed(submitter, client, o, tags["managed_run"])
+            return
         submitter.cancel(client, job, o.workspace)
         out.print(f"cancelled {job}")
 
     _on_job(stack, offline, outputs_file, debug, cancel_it)
+
+
+def _cancel_managed(submitter, client, o, run: str) -> None:
+    """A managed run: ask its controller to stop, cancel the running attempt and the controller."""
+    import getpass
+
+    from jobs.managed import client as managed
+
+    controller = submitter.status(client, run, o.workspace)
+    place = managed.place_from_tags(controller.get("tags") or {})
+    record = managed.read(o, place) if place else None
+    problem = managed.request_cancel(o, place, getpass.getuser()) if place else "the controller job names no record"
+    if problem:
+        out.print(f"[yellow]note:[/] {problem}; cancelling the jobs instead", highlight=False)
+    active = [a.job for a in (record.attempts if record else []) if a.state != "ended"]
+    for name in active:
+        submitter.cancel(client, name, o.workspace)
+        out.print(f"cancelled attempt {name}")
+    if controller.get("status") not in ("Completed", "Failed", "Canceled"):
+        submitter.cancel(client, run, o.workspace)
+        out.print(f"cancelled controller {run}")
+    out.print(f"managed run {run}: canceled")
 
 
 @app.command()

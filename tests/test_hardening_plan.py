@@ -67,8 +67,9 @@ def workspace(plan) -> dict:
     return one(plan, "azure-native:machinelearningservices:Workspace").inputs
 
 
-def cluster_props(plan) -> dict:
-    return one(plan, "azure-native:machinelearningservices:Compute").inputs["properties"]["properties"]
+def cluster_props(plan, name: str = "cluster-nd-h100-compute") -> dict:
+    """The GPU cluster's AmlCompute properties (the stack also has the controller's cluster)."""
+    return one(plan, "azure-native:machinelearningservices:Compute", name).inputs["properties"]["properties"]
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
@@ -226,9 +227,10 @@ class TestManagedNetwork:
         assert ws["provisionNetworkNow"] is True and ws["publicNetworkAccess"] == "Disabled"
 
     def test_clusters_take_no_subnet_and_no_public_ip(self, plans):
-        props = cluster_props(plans["mngd"])
-        assert props["enableNodePublicIp"] is False and "subnet" not in props
-        assert props["remoteLoginPortPublicAccess"] == "Disabled"
+        for name in ("cluster-nd-h100-compute", "controller-compute"):  # the GPU cluster and the managed runs' controller
+            props = cluster_props(plans["mngd"], name)
+            assert props["enableNodePublicIp"] is False and "subnet" not in props, name
+            assert props["remoteLoginPortPublicAccess"] == "Disabled", name
 
     def test_our_vnet_keeps_only_the_endpoints(self, plans):
         plan = plans["mngd"]
@@ -252,7 +254,7 @@ class TestManagedNetwork:
 
     def test_an_experiment_follows_its_environments_managed_network(self, plans):
         plan = plans["exp-onmngd"]
-        props = cluster_props(plan)
+        props = cluster_props(plan, "cluster-sweep-compute")
         assert props["enableNodePublicIp"] is False and "subnet" not in props
         assert plan.outputs["network"]["isolation"] == "managed"
 

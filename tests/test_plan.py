@@ -77,7 +77,7 @@ class TestEnvironmentStacks:
                          "managedidentity:UserAssignedIdentity", "machinelearningservices:Datastore",
                          "authorization:RoleAssignment", "consumption:Budget"):
             assert f"azure-native:{required}" in t, required
-        assert t.count("azure-native:machinelearningservices:Compute") == 2
+        assert t.count("azure-native:machinelearningservices:Compute") == 3  # two GPU clusters, the controllers'
         assert "azure-native:network:VirtualNetwork" not in t, "public isolation has no VNet of ours"
 
     def test_dev_data_is_retained_not_protected(self, dev):

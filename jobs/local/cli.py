@@ -2,6 +2,10 @@
 
     python -m jobs run cosmoflow --local [--nodes 2] [--procs-per-node 2] [--stack dev]
         [--set key=value ...] [--name NAME] [--data INPUT=DIR] [--quiet]
+        [--managed [--preempt-after S [--preempt-node K]] [--hang-after S [--hang-node K]]]
+
+With --managed the run is supervised as `submit --managed` would be in Azure, and a fault
+can be injected into its first attempt (jobs/local/managed.py).
 
 Blob: when AMLHPC_BLOB_CONNECTION_STRING is set (e.g. by `make demo`) that Azurite is used;
 otherwise one is started for the run with its data in .azurite/ (kept between runs, so a
@@ -20,6 +24,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from core.errors import Problem, UserError
@@ -93,6 +98,13 @@ def run(
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Folder for the simulated nodes (default .rehearsal/<name>).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Stop every process after this many seconds.")] = 1800,
     quiet: Annotated[bool, typer.Option("--quiet", help="Show rank 0's lines and errors only.")] = False,
+    managed: Annotated[bool, typer.Option("--managed", help="Rehearse a managed run: the supervision resubmits after a fault, resuming from the checkpoint (jobs/local/managed.py).")] = False,
+    max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first.")] = None,
+    preempt_after: Annotated[float | None, typer.Option("--preempt-after", help="With --managed: preempt a node this many seconds into the first attempt's training.")] = None,
+    preempt_node: Annotated[int, typer.Option("--preempt-node", help="The simulated node that is preempted.")] = 0,
+    preempt_grace: Annotated[float, typer.Option("--preempt-grace", help="Seconds between SIGTERM and SIGKILL on preemption.")] = 5.0,
+    hang_after: Annotated[float | None, typer.Option("--hang-after", help="With --managed: freeze a node's training this many seconds into the first attempt.")] = None,
+    hang_node: Annotated[int, typer.Option("--hang-node", help="The simulated node whose training hangs.")] = 0,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Run RECIPE on this machine as Azure ML would: N simulated nodes, real launcher, Azurite as Blob."""
@@ -108,7 +120,15 @@ def run(
         if procs_per_node < 1 or nodes < 1:
             raise UserError([Problem("command line", "--nodes/--procs-per-node", "must be 1 or more", "e.g. --nodes 2 --procs-per-node 2")],
                             "invalid rehearsal size")
-        r = recipes.load(recipe, recipes.parse_overrides(sets or []))
+        from jobs.local import managed as managed_rehearsal
+
+        faults = managed_rehearsal.faults_from_flags(nodes, preempt_after=preempt_after, preempt_node=preempt_node,
+                                                     preempt_grace=preempt_grace, hang_after=hang_after,
+                                                     hang_node=hang_node, managed=managed)
+        overrides = recipes.parse_overrides(sets or [])
+        r = recipes.load(recipe, overrides)
+        if hang_after is not None and r.watchdog.hang_s is None:  # find the rehearsed hang in seconds, not minutes
+            r = recipes.load(recipe, {**overrides, "watchdog.hang_s": 10})
         loaded = outputs_mod.load(stack, outputs_file=outputs_file, offline=outputs_file is None)
         run_name = name or f"{r.name}-local"
         plan = build.plan_job(r, loaded.outputs, nodes=nodes, processes_per_node=procs_per_node, name=run_name)
@@ -121,12 +141,20 @@ def run(
         def sink(proc, line: str) -> None:
             if quiet and proc.rank != 0 and "error" not in line.lower():
                 return
-            out.print(f"[dim]\\[n{proc.node}r{proc.local_rank}][/] {line}", markup=True, soft_wrap=True, highlight=False)
+            out.print(f"[dim]\\[n{proc.node}r{proc.local_rank}][/] {escape(line)}", markup=True, soft_wrap=True,
+                      highlight=False)  # escaped: gloo's lines hold "[/path:line]", which rich takes for markup
 
         with local_blob() as (endpoint, connection):
             rehearsal.ensure_containers(list(loaded.outputs.storage.containers.values()), connection)
             if uploads:
                 upload_inputs(plan, uploads, connection, out.print)
+            if managed:
+                done = managed_rehearsal.run_and_report(
+                    r, loaded.outputs, plan, console=out, max_restarts=max_restarts, snapshot=snapshot, workdir=folder,
+                    procs_per_node=procs_per_node, blob_endpoint=endpoint, connection_string=connection,
+                    containers=list(loaded.outputs.storage.containers.values()), sink=sink, faults=faults,
+                    timeout_s=timeout)
+                raise typer.Exit(0 if done.record.state == "succeeded" else 1)
             result = rehearsal.rehearse(plan, snapshot=snapshot, workdir=folder, procs_per_node=procs_per_node,
                                         blob_endpoint=endpoint, connection_string=connection,
                                         containers=list(loaded.outputs.storage.containers.values()),

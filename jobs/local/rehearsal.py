@@ -142,9 +142,12 @@ def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None]) -> None:
 
 
 def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, procs_per_node: int,
-                  sink: Callable[[NodeProcess, str], None], timeout_s: float) -> dict[int, int]:
-    """Start every process of every simulated node; stop the rest when one fails (as Azure ML
-    does); return global rank -> exit status."""
+                  sink: Callable[[NodeProcess, str], None], timeout_s: float,
+                  started: Callable[[list[NodeProcess]], None] | None = None,
+                  stop_grace_s: float = 30) -> dict[int, int]:
+    """Start every process of every simulated node; stop the rest `stop_grace_s` after one
+    fails (as Azure ML does); return global rank -> exit status. `started` sees the
+    processes once they run (the managed rehearsal injects faults through it)."""
     nodes = len(folders)
     port = _free_port_pair()
     procs: list[NodeProcess] = []
@@ -161,6 +164,8 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
     pumps = [threading.Thread(target=_pump, args=(p, sink), daemon=True) for p in procs]
     for t in pumps:
         t.start()
+    if started is not None:
+        started(procs)
 
     deadline = time.monotonic() + timeout_s
     codes: dict[int, int] = {}
@@ -174,7 +179,7 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
                 codes[p.rank] = status
                 if status != 0 and failed_at is None:
                     failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > 30:
+        if failed_at is not None and time.monotonic() - failed_at > stop_grace_s:
             _stop(procs, codes)  # the others had 30 s to notice; Azure ML would cancel the job
         if time.monotonic() > deadline:
             sink(procs[0], f"rehearsal timed out after {timeout_s:.0f} s: stopping every process")
@@ -272,10 +277,11 @@ def check_dataset(plan: Any, connection_string: str) -> None:
 
 def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
              connection_string: str, containers: list[str], sink: Callable[[NodeProcess, str], None],
-             timeout_s: float = 1800) -> RehearsalResult:
+             timeout_s: float = 1800, run_id: str | None = None, **process_hooks: Any) -> RehearsalResult:
     """Run `plan` locally: one folder and `procs_per_node` processes per simulated node.
 
     containers: the stack's Blob containers (outputs storage.containers), created in Azurite.
+    run_id: the job's run id (default: a new one per call); process_hooks go to run_processes.
     """
     ensure_containers(sorted(containers), connection_string)
     check_dataset(plan, connection_string)
@@ -288,9 +294,10 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     base["PYTHONUNBUFFERED"] = "1"
     # Each attempt is a new job run, as AZUREML_RUN_ID is in Azure: node-local markers of an
     # earlier attempt in the same folders must not be taken for this one's.
-    base[contract.RUN_ID] = f"{plan.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    base[contract.RUN_ID] = run_id or f"{plan.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     started = time.monotonic()
-    codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s)
+    codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s,
+                          **process_hooks)
     report_dir = env.get(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR)
     return RehearsalResult(plan, workdir, codes, time.monotonic() - started, collect_reports(folders, report_dir),
                            checkpoint_state(env, connection_string))

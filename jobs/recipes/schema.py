@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from jobs.managed import causes
+
 SHM_SIZE_DEFAULT = "3100m"
 """Docker's /dev/shm for the job. Azure ML's default (2 GB) starves PyTorch data loader
 workers and NCCL's shared-memory transport; NAG's CosmoFlow tutorial and Azure's large-scale training guide use 3100m."""
@@ -115,6 +117,46 @@ class Checkpoint(_Model):
     """Per-writer upload cap in Mb/s; default: 90 % of the account ingress / writers."""
 
 
+class Watchdog(_Model):
+    """The launcher's hang watchdog (jobs/runtime/watchdog.py): stop a training that no
+    longer reports progress (launcher exit 8) instead of letting it hold the nodes."""
+
+    enabled: bool = True
+    hang_s: int | None = Field(None, ge=10)
+    """No progress for this long is a hang. Default: two checkpoint upload intervals, at
+    least 10 minutes - a hang then costs at most about two intervals of node time, and a
+    slow first step or a validation pass is not taken for one."""
+    startup_s: int | None = Field(None, ge=10)
+    """Optional: a limit from the training's start to its first reported step (default:
+    the watchdog starts watching at the first report)."""
+
+    def hang_seconds(self, checkpoint_interval_s: int) -> int:
+        return self.hang_s or max(600, 2 * checkpoint_interval_s)
+
+
+class Managed(_Model):
+    """Supervision for `python -m jobs submit --managed` (jobs/managed, docs/managed-jobs.md)."""
+
+    max_restarts: int = Field(3, ge=0, le=100)
+    """Attempts after the first; --max-restarts wins."""
+    retry_on: list[str | int] = Field(default_factory=lambda: list(causes.DEFAULT_RETRY_ON))
+    """Causes that are retried (see jobs/managed/causes.py), and exit statuses of the training's own
+    that mean "try again" (e.g. 75). Default: preempted, node_failure, service_error, health_gate,
+    staging, hang, nccl_fallback."""
+    backoff_s: int = Field(60, ge=0)
+    """Wait before the first restart; doubled for each further one."""
+    backoff_max_s: int = Field(900, ge=0)
+
+    @field_validator("retry_on")
+    @classmethod
+    def _retry_on(cls, value: list[str | int]) -> list[str | int]:
+        wrong = [problem for problem in map(causes.check_retry_entry, value) if problem]
+        if wrong:
+            allowed = ", ".join(c for c in causes.CAUSES if c not in causes.NEVER_RETRIED)
+            raise ValueError(f"{'; '.join(wrong)} (causes: {allowed}; or an exit status 1-255)")
+        return value
+
+
 class Cost(_Model):
     expected_hours: float = Field(1.0, gt=0)
     """Wall-clock estimate used by `estimate` and by submit's ceiling check."""
@@ -189,6 +231,8 @@ class Recipe(_Model):
     """Set GPU application clocks to their maximum for the job and reset them after (the NDv4 performance article);
     needs the rights to change clocks on the node, otherwise it is reported and skipped."""
     checkpoint: Checkpoint = Checkpoint()
+    watchdog: Watchdog = Watchdog()
+    managed: Managed = Managed()
     cost: Cost = Cost()
     timeout_hours: float | None = Field(None, gt=0)
     """Azure ML kills the job after this; default: 2 x cost.expected_hours, at least 1 h."""

@@ -22,12 +22,18 @@ Azure ML starts it on every process of the job (one per GPU); each one, in order
 8. a final upload once the command (and, for sharded checkpoints, every local rank's
    command) has exited; then the launcher exits with the command's status.
 
+While the command runs, the hang watchdog (AMLHPC_WATCHDOG_JSON, jobs.runtime.watchdog)
+reads the step counter each process reports through AMLHPC_PROGRESS_FILE and stops the
+command when it stops making progress; at the end, local rank 0 writes the node's end
+record beside the checkpoints (jobs.runtime.nodestatus) for the supervision.
+
 Exit status: the command's own (128+N when signal N killed it), or:
     2   bad input: flags, AMLHPC_* variables, rank variables (nothing was started)
     3   the health gate failed or timed out (the training did not start)
     4   staging failed or timed out
     5   the latest checkpoint could not be restored
     6   the command succeeded but its final checkpoint could not be uploaded
+    7   the hang watchdog stopped the command: no progress for watchdog.hang_s
     8   NCCL would use TCP sockets between the nodes of an InfiniBand size (jobs/runtime/exit_codes.py)
     9   the node's managed identity cannot reach the job's storage with the role it needs
     126 the command is not executable, 127 it was not found
@@ -59,7 +65,7 @@ from pathlib import Path
 
 from jobs.runtime import contract
 from jobs.runtime.errors import EXIT_USAGE, RuntimeInputError, RuntimeProblem
-from jobs.runtime.exit_codes import EXIT_NCCL_SOCKETS, EXIT_STORAGE_ACCESS
+from jobs.runtime.exit_codes import EXIT_HANG, EXIT_NCCL_SOCKETS, EXIT_STORAGE_ACCESS
 
 log = logging.getLogger("amlhpc.launch")
 
@@ -131,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
         usage="python -m jobs.runtime.launch [options] -- COMMAND [ARGS...]",
         description="Stage inputs, gate on node health, pin, restore the latest checkpoint, run COMMAND with "
                     "background checkpoint uploads. Exit: COMMAND's status, or 2 bad input, 3 health gate, "
-                    "4 staging, 5 restore, 6 final upload, 8 NCCL on TCP on an InfiniBand size, 9 storage access, "
+                    "4 staging, 5 restore, 6 final upload, 7 hang, 8 NCCL on TCP on an InfiniBand size, 9 storage access, "
                     "126/127 COMMAND not executable/not found.")
     p.add_argument("--health", choices=HEALTH_MODES, default=None,
                    help=f"health gate before training; the flag wins over ${contract.HEALTH} (default: it, else off)")
@@ -293,17 +299,19 @@ class Launcher:
         from jobs.runtime.checkpoint import settings_from_env
         from jobs.runtime.skufacts import load_sku_facts
         from jobs.runtime.staging import specs_from_env
+        from jobs.runtime.watchdog import settings_from_env as watchdog_settings
 
         self.options = options
         self.environ = dict(os.environ if environ is None else environ)
         self.ranks = ranks_module.from_env(self.environ)  # RankError is a RuntimeInputError
         # Parse every input up front: bad input stops the job before anything is downloaded.
         problems: list[RuntimeProblem] = []
-        self.sku = self.checkpoint = None
+        self.sku = self.checkpoint = self.watchdog = self.guard = None
         self.specs = []
         for load, target in ((lambda: load_sku_facts(self.environ), "sku"),
                              (lambda: settings_from_env(self.environ), "checkpoint"),
-                             (lambda: specs_from_env(self.environ), "specs")):
+                             (lambda: specs_from_env(self.environ), "specs"),
+                             (lambda: watchdog_settings(self.environ), "watchdog")):
             try:
                 setattr(self, target, load())
             except RuntimeInputError as exc:
@@ -520,8 +528,11 @@ class Launcher:
         return env
 
     def train(self) -> int:
+        from jobs.runtime import watchdog
         from jobs.runtime.checkpoint import BackgroundUploader
 
+        progress_dir = _node_dir(self.ranks, self.environ, "progress")
+        self.child_env[contract.PROGRESS_FILE] = str(watchdog.progress_path(progress_dir, self.ranks.local_rank))
         uploader = None
         if self.uploads:
             uploader = BackgroundUploader(self.store, self.checkpoint_dir, self.checkpoint.interval_s, self.checkpoint.keep)
@@ -537,16 +548,19 @@ class Launcher:
             raise LaunchFailed(EXIT_NOT_EXECUTABLE, f"command not executable: {self.options.command[0]}") from None
         forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
         forwarder.install()
+        self.guard = watchdog.attach(self, child.pid, progress_dir)
         if uploader is not None:
             uploader.start()
         try:
             returncode = child.wait()
         finally:
             forwarder.finish()
-        status = exit_status(returncode)
-        self.report.command_status = status
+            self.guard.stop()
+        status = self.report.command_status = exit_status(returncode)
         self.report.phases["training"] = time.monotonic() - started
         log.info("training command exited with %d after %.1fs", status, self.report.phases["training"])
+        if self.guard.fired:
+            status, self.report.error = EXIT_HANG, f"hang: {self.guard.fired.get('message')}"
         self._mark_exited(status)
         if uploader is not None:
             status = self._final_upload(uploader, status)
@@ -636,6 +650,9 @@ class Launcher:
                 code = exc.code
         self.report.exit_code = code
         self.write_report()
+        from jobs.runtime.watchdog import record_end
+
+        record_end(self, code)
         return code
 
 

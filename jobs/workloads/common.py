@@ -6,6 +6,8 @@
   (Azure ML picks MLflow metrics up), and a summary file under outputs/ for `jobs scale report`.
 - checkpoint helpers over AMLHPC_CHECKPOINT_DIR / AMLHPC_RESUME_DIR (the launcher uploads
   and restores them; docs/contracts.md section 4).
+- progress: every rank reports its step to the launcher's hang watchdog
+  (jobs.runtime.progress) each time it logs, and the step it resumed from.
 - `profiler()`: torch.profiler writing TensorBoard traces when AMLHPC_PROFILE_DIR is set.
 """
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.runtime import contract
+from jobs.runtime import contract, progress
 from jobs.workloads import env as workload_env
 
 
@@ -114,6 +116,7 @@ class Metrics:
                 self._mlflow = None
 
     def log(self, step: int, **values: float) -> None:
+        progress.report(step)  # every rank: the watchdog judges each one
         if not self.d.is_main:
             return
         print(json.dumps({"step": step, **{k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}}), flush=True)
@@ -139,10 +142,17 @@ def latest_checkpoint(pattern: str = "ckpt-*.pt") -> Path | None:
     """The newest checkpoint the launcher restored (AMLHPC_RESUME_DIR), else one left locally."""
     for folder in (os.environ.get(contract.RESUME_DIR), os.environ.get(contract.CHECKPOINT_DIR)):
         if folder and Path(folder).is_dir():
-            found = sorted(Path(folder).glob(pattern), key=lambda p: int("".join(c for c in p.stem if c.isdigit()) or 0))
+            found = sorted(Path(folder).glob(pattern), key=_step_of)
             if found:
+                progress.note_resumed(_step_of(found[-1]))
                 return found[-1]
+    progress.report(0)  # a fresh start: the watchdog watches from here
     return None
+
+
+def _step_of(path: Path) -> int:
+    """The step a checkpoint file name carries (ckpt-000001234.pt -> 1234)."""
+    return int("".join(c for c in path.stem if c.isdigit()) or 0)
 
 
 def save_checkpoint(state: dict[str, Any], step: int, keep: int = 2) -> Path:

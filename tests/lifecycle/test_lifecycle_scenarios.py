@@ -75,7 +75,8 @@ class TestEnvironmentRedeploy:
         account2, containers2 = dataset_objects(azure, second)
         assert account2 is account and containers2["datasets"].blobs == {"bert/wiki/shard-000.tfrecord.gz": b"data"}
         assert containers2["checkpoints"].blobs == {"bert/step-1000/model.pt": b"weights"}
-        assert len(by_type(adopter, "dev", COMPUTE)) == 2
+        # dev's two GPU clusters and the managed runs' controller cluster, all created again
+        assert len(by_type(adopter, "dev", COMPUTE)) == 3
         # Nothing beyond the README: the only file change is the suffix line, made once.
         text = (adopter.root / "Pulumi.dev.yaml").read_text()
         assert len(re.findall(rf"^\s+{NAME_SUFFIX_KEY}:", text, flags=re.MULTILINE)) == 1
@@ -112,7 +113,7 @@ class TestEnvironmentRedeploy:
         assert second["storage"] == first["storage"] and second["registry"]["mlRegistry"] == first["registry"]["mlRegistry"]
         _, containers = dataset_objects(azure, second)
         assert containers["datasets"].blobs  # data intact
-        assert len(by_type(adopter, "prod", COMPUTE)) == 1
+        assert len(by_type(adopter, "prod", COMPUTE)) == 2  # the GPU cluster and the controller
 
 
 class TestExperimentRedeploy:

@@ -1,0 +1,117 @@
+"""The controller cluster of managed runs: a small CPU AmlCompute cluster that scales to
+zero, the user-assigned identity its controller jobs run as, and that identity's rights.
+
+A managed run (`python -m jobs submit --managed`, docs/managed-jobs.md) is supervised by
+a controller job on this cluster: it submits the training job, watches it, and resubmits
+it after a preemption, node failure or hang. It runs in Azure so the user's laptop can go
+away. One node per supervised run, `maxNodes` runs at once; nodes are released after
+`idleMinutes`, so the cluster costs nothing between runs.
+
+Least privilege for the identity, at the narrowest scope each right needs:
+
+- AzureML Data Scientist on the workspace: create, read and cancel jobs and read the
+  clusters' nodes - the Azure ML built-in role for submitting jobs, which leaves out
+  creating or deleting compute and changing the workspace (Azure built-in roles, AI +
+  machine learning);
+- Storage Blob Data Contributor on the checkpoints container only: the run's record, the
+  nodes' end records and the checkpoint pointer live there (jobs/managed/record.py);
+- AcrPull on the workspace registry: Azure ML builds the controller's small environment
+  into it and the nodes pull it as this identity.
+
+Nodes are Dedicated (a preempted controller would stop supervising), run no SSH, and
+follow the stack's network isolation (the compute subnet, no public IP when private).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi_azure_native import machinelearningservices as ml
+from pulumi_azure_native import managedidentity
+
+from infra import quirks
+from infra.components.access import Access, AccessArgs, Grant
+
+
+def controller_identity_name(prefix: str, stack: str) -> str:
+    return f"id-{prefix}-{stack}-controller"
+
+
+@dataclass
+class ControllerClusterArgs:
+    resource_group_name: pulumi.Input[str]
+    workspace_name: pulumi.Input[str]
+    location: pulumi.Input[str]
+    subscription_id: pulumi.Input[str]
+    cluster_name: str
+    sku: str
+    """A CPU size, e.g. Standard_D2s_v3. Changing it replaces the cluster."""
+    identity_name: str
+    workspace_scope: pulumi.Input[str]
+    """The workspace's resource id (scope of AzureML Data Scientist)."""
+    checkpoints_scope: pulumi.Input[str]
+    """The checkpoints container's resource id."""
+    registry_scope: pulumi.Input[str]
+    max_nodes: int = 4
+    idle_minutes: int = 5
+    subnet_id: pulumi.Input[str] | None = None
+    node_public_ip: pulumi.Input[bool] = True
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class ControllerCluster(pulumi.ComponentResource):
+    cluster_name: pulumi.Output[str]
+    identity_id: pulumi.Output[str]
+    identity_client_id: pulumi.Output[str]
+    identity_principal_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ControllerClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("aml-hpc:compute:ControllerCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        identity = managedidentity.UserAssignedIdentity(
+            f"{name}-identity", resource_name_=args.identity_name, resource_group_name=args.resource_group_name,
+            location=args.location, tags=args.tags, opts=child)
+        access = Access(f"{name}-access", AccessArgs(args.subscription_id, [
+            Grant("jobs", quirks.ROLE_AZUREML_DATA_SCIENTIST, args.workspace_scope, identity.principal_id),
+            Grant("record", quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, args.checkpoints_scope, identity.principal_id),
+            Grant("acr-pull", quirks.ROLE_ACR_PULL, args.registry_scope, identity.principal_id),
+        ]), opts=child)
+        subnet = None
+        if args.subnet_id is not None:
+            subnet = pulumi.Output.from_input(args.subnet_id).apply(lambda s: ml.ResourceIdArgs(id=s) if s else None)
+        compute = ml.Compute(
+            f"{name}-compute",
+            compute_name=args.cluster_name,
+            resource_group_name=args.resource_group_name,
+            workspace_name=args.workspace_name,
+            location=args.location,
+            identity=ml.ManagedServiceIdentityArgs(type="UserAssigned", user_assigned_identities=[identity.id]),
+            properties=ml.AmlComputeArgs(
+                compute_type="AmlCompute",
+                disable_local_auth=True,
+                description="controllers of managed runs (CPU, scales to zero)",
+                properties=ml.AmlComputePropertiesArgs(
+                    vm_size=args.sku,
+                    vm_priority="Dedicated",
+                    os_type="Linux",
+                    scale_settings=ml.ScaleSettingsArgs(
+                        min_node_count=0, max_node_count=args.max_nodes,
+                        node_idle_time_before_scale_down=quirks.idle_duration(args.idle_minutes)),
+                    enable_node_public_ip=args.node_public_ip,
+                    remote_login_port_public_access="Disabled",
+                    subnet=subnet,
+                ),
+            ),
+            tags=args.tags,
+            # Children do not inherit a component's depends_on: nodes start after their roles
+            # and, under private isolation, the workspace's private endpoint.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[access, *((opts.depends_on if opts else None) or [])],
+                                        replace_on_changes=list(quirks.CLUSTER_REPLACE_ON_CHANGES),
+                                        delete_before_replace=True),
+        )
+        self.cluster_name = compute.name
+        self.identity_id = identity.id
+        self.identity_client_id = identity.client_id
+        self.identity_principal_id = identity.principal_id
+        self.register_outputs({"clusterName": self.cluster_name, "identityClientId": self.identity_client_id})

@@ -1,0 +1,119 @@
+"""The job service on Azure ML, for the controller: submit an attempt, observe it, cancel it.
+
+The only module under jobs/managed that calls MLClient. What it reads, and from where:
+
+- `ml_client.jobs.get(name)`: the job entity (azure-ai-ml `Job._from_rest_object` of the
+  ARM `JobBase`): status, compute, tags;
+- the job's run in run history (`Run`: `error.error` is a RootError with `code` and
+  `message`, `startTimeUtc`, `endTimeUtc`, `warnings`), through the SDK's own
+  `RunOperations.get_run` - the call its `jobs.stream` uses to print a failed job's error,
+  since the ARM job resource carries no error. It is the SDK's private surface: when it
+  fails the observation goes on without error text (classification then rests on node
+  states and the nodes' end records);
+- `ml_client.compute.list_nodes(cluster)`: AmlComputeNodeInfo with `node_state` and
+  `run_id` (the job name), to see nodes of this job preempted or unusable while it runs.
+
+An attempt is the training job template the submit rendered (load_job of its YAML), with
+its own name, the attempt's run id for the launcher (AMLHPC_RUN_ID, so nodes' end records
+land under the attempt's name), tags naming the run, and the code of the controller's own
+job (one upload for the run: the controller's snapshot holds the training code).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from jobs.managed.observation import Observation
+from jobs.runtime import contract
+
+log = logging.getLogger("amlhpc.managed")
+
+RUN_TAG = "managed_run"
+ATTEMPT_TAG = "attempt"
+
+
+def observation_from(job: Any, run: Any | None = None, nodes: list[Any] | None = None) -> Observation:
+    """An Observation from azure-ai-ml entities: the Job, its run-history Run (or None) and
+    the cluster's AmlComputeNodeInfo list (or None)."""
+    error_code = error_message = None
+    started = ended = None
+    warnings: tuple[str, ...] = ()
+    if run is not None:
+        root = getattr(getattr(run, "error", None), "error", None)
+        if root is not None:
+            error_code, error_message = getattr(root, "code", None), getattr(root, "message", None)
+        started, ended = getattr(run, "start_time_utc", None), getattr(run, "end_time_utc", None)
+        warnings = tuple(str(getattr(w, "message", "")) for w in (getattr(run, "warnings", None) or []))
+    name = getattr(job, "name", None)
+    states = tuple(sorted(str(_field(n, "node_state", "nodeState") or "").lower() for n in (nodes or [])
+                          if _field(n, "run_id", "runId") == name))
+    return Observation(status=enum_value(job.status), error_code=error_code, error_message=error_message,
+                       started_at=started, ended_at=ended, node_states=states, warnings=warnings)
+
+
+def enum_value(value: Any) -> str:
+    """The wire value of an SDK enum member (str() of a str-Enum is 'JobStatus.FAILED')."""
+    return str(getattr(value, "value", value))
+
+
+def _field(node: Any, name: str, wire_name: str) -> Any:
+    """An AmlComputeNodeInfo field. azure-ai-ml 1.35's `_from_rest_object` copies the REST
+    model's `as_dict()` - wire (camelCase) keys - so `node_state` stays None and `nodeState`
+    holds the value; read both."""
+    return getattr(node, name, None) or getattr(node, wire_name, None)
+
+
+def cluster_name(compute: str | None) -> str | None:
+    """A job's compute as a cluster name (the SDK gives a name, azureml:<name> or an ARM id)."""
+    if not compute:
+        return None
+    return compute.rsplit("/", 1)[-1].removeprefix("azureml:")
+
+
+class AzureJobService:
+    def __init__(self, ml_client, template: Path, code: str, run: str, experiment: str):
+        self.ml_client, self.template, self.code, self.run, self.experiment = ml_client, template, code, run, experiment
+
+    def submit(self, job: str, attempt: int) -> None:
+        from azure.ai.ml import load_job
+
+        entity = load_job(self.template)
+        entity.name = job
+        entity.code = self.code
+        entity.display_name = f"{entity.display_name or self.run} (attempt {attempt})"
+        entity.tags = {**(entity.tags or {}), RUN_TAG: self.run, ATTEMPT_TAG: str(attempt)}
+        entity.environment_variables = {**(entity.environment_variables or {}), contract.RUN_ID: job}
+        self.ml_client.jobs.create_or_update(entity, experiment_name=self.experiment)
+
+    def observe(self, job: str) -> Observation | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            entity = self.ml_client.jobs.get(job)
+        except ResourceNotFoundError:
+            return None
+        return observation_from(entity, self._run(job), self._nodes(entity))
+
+    def cancel(self, job: str) -> None:
+        self.ml_client.jobs.begin_cancel(job)
+
+    def _run(self, job: str):
+        try:
+            return self.ml_client.jobs._runs_operations.get_run(job)
+        except Exception as exc:  # noqa: BLE001 - private SDK surface: go on without the error text
+            log.warning("run history for %s unavailable (%s: %s): classifying without Azure's error text",
+                        job, type(exc).__name__, exc)
+            return None
+
+    def _nodes(self, entity) -> list[Any]:
+        cluster = cluster_name(getattr(entity, "compute", None))
+        if not cluster or enum_value(entity.status) not in ("Preparing", "Queued", "Running", "Finalizing", "Failed",
+                                                             "Canceled"):
+            return []
+        try:
+            return list(self.ml_client.compute.list_nodes(cluster))
+        except Exception as exc:  # noqa: BLE001 - node states are extra evidence, not required
+            log.warning("could not list the nodes of %s: %s: %s", cluster, type(exc).__name__, exc)
+            return []

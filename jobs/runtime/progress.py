@@ -1,0 +1,95 @@
+"""Training progress: the step counter the training code reports and the launcher watches.
+
+The launcher gives each training process a file of its own in node-local storage and
+names it in AMLHPC_PROGRESS_FILE (docs/contracts.md section 4). The training calls
+`report(step)` after each step it completes (the shipped workloads do it through
+jobs/workloads/common.py); every call rewrites the file atomically (temporary name, then
+rename) with
+
+    {"step": 1234, "beats": 57, "first_step": 1000, "resumed_from": 1000, "pid": 4242}
+
+`beats` counts the calls, so a loop that reports the same step again (validation) still
+shows it is alive; `first_step` is the first step this process reported, and
+`resumed_from` the step of the checkpoint it started from (`note_resumed`), null on a
+fresh start. The launcher's watchdog (jobs.runtime.watchdog)
+reads the files: a change is progress. Without the variable (a run outside the launcher),
+`report` does nothing.
+
+Standard library only: this module ships into the training image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.runtime.contract import PROGRESS_FILE
+
+_lock = threading.Lock()
+_beats = 0
+_resumed_from: int | None = None
+_first_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One reading of a progress file."""
+
+    step: int
+    beats: int
+    first_step: int | None = None
+    resumed_from: int | None = None
+
+    @property
+    def marker(self) -> tuple[int, int]:
+        """What changes when the training reports again."""
+        return self.step, self.beats
+
+
+def progress_file(environ: Mapping[str, str] | None = None) -> Path | None:
+    environ = os.environ if environ is None else environ
+    value = environ.get(PROGRESS_FILE, "").strip()
+    return Path(value) if value else None
+
+
+def note_resumed(step: int, environ: Mapping[str, str] | None = None) -> None:
+    """Record the step the restored checkpoint holds (reported with every later step)."""
+    global _resumed_from
+    _resumed_from = int(step)
+    report(step, environ=environ)
+
+
+def report(step: int, environ: Mapping[str, str] | None = None) -> bool:
+    """Tell the launcher this process completed `step`; False when no launcher listens."""
+    global _beats, _first_step
+    path = progress_file(environ)
+    if path is None:
+        return False
+    with _lock:
+        _beats += 1
+        _first_step = int(step) if _first_step is None else _first_step
+        document = {"step": int(step), "beats": _beats, "first_step": _first_step, "resumed_from": _resumed_from,
+                    "pid": os.getpid()}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(document))
+            os.replace(tmp, path)
+        except OSError:
+            return False  # a full or vanished scratch must not stop the training
+    return True
+
+
+def read(path: Path) -> Progress | None:
+    """The latest report in `path`, or None when there is none (yet) or it is unreadable."""
+    try:
+        data = json.loads(path.read_text())
+        first, resumed = data.get("first_step"), data.get("resumed_from")
+        return Progress(int(data["step"]), int(data.get("beats", 0)), int(first) if first is not None else None,
+                        int(resumed) if resumed is not None else None)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

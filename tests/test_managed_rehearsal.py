@@ -1,0 +1,114 @@
+"""The managed rehearsal end to end: real processes on two simulated nodes, Azurite as Blob,
+the supervision that runs in Azure. A node is preempted (SIGTERM, then SIGKILL), then, in
+the next attempt, a node's training freezes; the supervision classifies each end,
+resubmits, every restart resumes from the checkpoint in Blob, and the run ends with as
+many steps as an undisturbed run.
+
+The training is jobs.workloads.synthetic (lockstep ranks, checkpoints, progress reports,
+no framework): the subject is the platform's recovery, and without a torch import per
+process the whole scenario fits in a few seconds of CPU per attempt."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jobs import build, recipes
+from jobs.local import managed, rehearsal
+from jobs.managed import render
+from jobs.managed.report import summary_lines
+from tests.jobs_helpers import outputs_file, stack_outputs
+
+pytestmark = [pytest.mark.slow, pytest.mark.azurite]
+
+TRAIN = "python -m jobs.workloads.synthetic --steps 30 --step-s 0.15 --checkpoint-every 5"
+NODES, PROCS = 2, 1
+
+
+def plan(name: str, *sets: str):
+    recipe = recipes.load("cosmoflow", recipes.parse_overrides([f"command={TRAIN}", "health=off", "inputs={}", *sets]))
+    outputs = stack_outputs("dev")
+    return recipe, outputs, build.plan_job(recipe, outputs, nodes=NODES, processes_per_node=PROCS, name=name)
+
+
+@pytest.fixture(scope="module")
+def world(azurite, tmp_path_factory):
+    _, outputs, base = plan("snapshot")
+    containers = list(outputs.storage.containers.values())
+    rehearsal.ensure_containers(containers, azurite.connection_string)
+    return {"azurite": azurite, "containers": containers, "snapshot": build.snapshot(base.code_dirs),
+            "root": tmp_path_factory.mktemp("rehearsals")}
+
+
+def steps_in(workdir: Path) -> int:
+    """The steps the training itself counted (its summary, written by rank 0 on node 0)."""
+    return json.loads((workdir / "node0" / "outputs" / "aml-hpc" / "metrics.json").read_text())["steps"]
+
+
+def common(world, workdir: Path, lines: list[str]) -> dict:
+    return {"snapshot": world["snapshot"], "workdir": workdir, "procs_per_node": PROCS,
+            "blob_endpoint": world["azurite"].blob_endpoint, "connection_string": world["azurite"].connection_string,
+            "containers": world["containers"], "sink": lambda proc, line: lines.append(f"n{proc.node}: {line}"),
+            "timeout_s": 600}
+
+
+@pytest.fixture(scope="module")
+def undisturbed(world):
+    name = f"base-{uuid.uuid4().hex[:6]}"
+    _, _, job = plan(name)
+    lines: list[str] = []
+    kwargs = common(world, world["root"] / name, lines)
+    kwargs.pop("blob_endpoint"), kwargs.pop("connection_string")
+    result = rehearsal.rehearse(job, blob_endpoint=world["azurite"].blob_endpoint,
+                                connection_string=world["azurite"].connection_string, **kwargs)
+    assert result.ok, "\n".join(lines[-30:])
+    return steps_in(world["root"] / name)
+
+
+def test_cli_a_preempted_node_resumes_from_the_checkpoint(world, undisturbed, monkeypatch):
+    """`python -m jobs run ... --local --managed --preempt-after 3 --preempt-node 1`, in process."""
+    from typer.testing import CliRunner
+
+    from jobs import cli
+    from jobs.managed.record import RecordStore
+    from jobs.runtime import blobio
+
+    name = f"m-cli-{uuid.uuid4().hex[:6]}"
+    azurite = world["azurite"]
+    result = CliRunner().invoke(cli.app, [
+        "run", "cosmoflow", "--local", "--managed", "--preempt-after", "3", "--preempt-node", "1", "--preempt-grace", "5",
+        "--nodes", str(NODES), "--procs-per-node", str(PROCS), "--name", name, "--workdir", str(world["root"] / name),
+        "--outputs", str(outputs_file("dev")), "--quiet", "--set", f"command={TRAIN}", "--set", "health=off",
+        "--set", "inputs={}"], env={"AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string, "COLUMNS": "250"})
+    assert result.exit_code == 0, result.output[-4000:]
+    store = RecordStore(blobio.container_client("checkpoints", connection_string=azurite.connection_string),
+                        f"cosmoflow/{name}")
+    record, _ = store.load()
+    preempted, finished = record.attempts
+    assert (preempted.cause, preempted.node_events) == ("preempted", ["preempted"])
+    assert finished.resumed_version is not None and finished.first_step > 0, "resumed from the checkpoint in Blob"
+    assert steps_in(world["root"] / name) == finished.last_step == undisturbed, "as many steps as undisturbed"
+    out = result.output
+    assert "preempting node 1" in out and "preempted (retried)" in out
+    assert f"{finished.resumed_version} (step {finished.first_step})" in out, "the summary shows where it resumed"
+
+
+def test_a_hang_is_stopped_by_the_watchdog_and_resumed(world, undisturbed):
+    name = f"m-hang-{uuid.uuid4().hex[:6]}"
+    recipe, outputs, job = plan(name, "watchdog.hang_s=10")
+    lines: list[str] = []
+    fault = managed.Fault("hang", after_s=0.5, node=1, after_checkpoint=True)
+    done = managed.rehearse_managed(render.plan_managed(recipe, outputs, job), echo=lines.append, faults=[fault],
+                                    **common(world, world["root"] / name, lines))
+    record = done.record
+    assert record.state == "succeeded", "\n".join(lines[-40:])
+    hung, finished = record.attempts
+    assert (hung.cause, hung.exit_code, hung.retryable) == ("hang", 7, True) and "progressed for" in hung.detail
+    assert any("freezing the training on node 1" in line for line in lines)
+    assert finished.resumed_version is not None and finished.first_step > 0
+    assert any(f"resuming from checkpoint {finished.resumed_version}" in line for line in lines)
+    assert steps_in(world["root"] / name) == finished.last_step == undisturbed
+    assert "hang (retried)" in "\n".join(summary_lines(record))

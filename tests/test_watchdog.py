@@ -1,0 +1,226 @@
+"""The hang watchdog: the launcher stops a training command that stops making progress
+(real processes and signals), and across nodes through heartbeats in Blob (Azurite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from jobs.runtime import launch, nodestatus, progress, watchdog
+from jobs.runtime.errors import RuntimeInputError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Reports a step every 0.2 s; after `stop_after` steps it either sleeps (a hang inside the
+# training code) or keeps going until `total` steps.
+TRAIN = r"""
+import sys, time
+from jobs.runtime import progress
+stop_after, total = int(sys.argv[1]), int(sys.argv[2])
+progress.report(0)
+for step in range(1, total + 1):
+    time.sleep(0.2)
+    if step > stop_after:
+        time.sleep(3600)
+    progress.report(step)
+"""
+
+
+def env_for(tmp_path: Path, node: int, nodes: int, run_id: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMLHPC_", "RANK", "LOCAL_", "WORLD", "MASTER"))}
+    env.update({"AMLHPC_RUN_ID": run_id, "AMLHPC_HEALTH": "off", "AMLHPC_PIN": "off",
+                "AMLHPC_SCRATCH": str(tmp_path / f"node{node}" / "scratch"),
+                "AMLHPC_REPORT_DIR": str(tmp_path / f"node{node}" / "reports"),
+                "RANK": str(node), "LOCAL_RANK": "0", "WORLD_SIZE": str(nodes), "LOCAL_WORLD_SIZE": "1",
+                "PYTHONPATH": str(REPO)})
+    env.update(extra)
+    return env
+
+
+def start(env: dict[str, str], script: Path, stop_after: int, total: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "jobs.runtime.launch", "--term-grace", "2", "--",
+                             sys.executable, str(script), str(stop_after), str(total)],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture
+def script(tmp_path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    return path
+
+
+class TestSettings:
+    def test_parse_and_defaults(self):
+        s = watchdog.parse_settings('{"hang_s": 1200}')
+        assert (s.hang_s, s.startup_s, s.interval_s) == (1200.0, None, 60.0)
+        assert watchdog.parse_settings('{"hang_s": 3, "check_s": 0.5}').interval_s == 0.5
+        assert watchdog.parse_settings('{"hang_s": 3}').interval_s == 1.0
+        assert watchdog.settings_from_env({}) is None
+
+    def test_bad_values_are_named(self):
+        with pytest.raises(RuntimeInputError) as info:
+            watchdog.parse_settings('{"hang_s": 0, "startup_s": "soon", "hangs": 1}')
+        text = info.value.render()
+        assert "AMLHPC_WATCHDOG_JSON: hang_s: must be a positive number of seconds, got 0" in text
+        assert "startup_s: must be a positive number of seconds, got 'soon'" in text and "hangs: unknown key" in text
+
+    def test_bad_settings_stop_the_launcher_with_exit_2(self, tmp_path, script):
+        env = env_for(tmp_path, 0, 1, "bad", AMLHPC_WATCHDOG_JSON='{"hang_s": -1}')
+        proc = start(env, script, 1, 1)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 2 and "hang_s: must be a positive number" in out
+
+
+class TestNodeWatch:
+    settings = watchdog.WatchdogSettings(hang_s=10)
+
+    def test_unwatched_until_the_first_report(self):
+        watch = watchdog.NodeWatch(self.settings, node=0, local_size=2, started=0.0)
+        assert watch.verdict(1000.0) is None
+        startup = watchdog.NodeWatch(watchdog.WatchdogSettings(hang_s=10, startup_s=30), 0, 2, 0.0)
+        assert startup.verdict(29.0) is None
+        assert "within 30s of the training's start" in startup.verdict(31.0)
+
+    def test_no_rank_progressed(self):
+        watch = watchdog.NodeWatch(self.settings, node=1, local_size=2, started=0.0)
+        watch.observe(0, progress.Progress(5, 1, first_step=4, resumed_from=4), 1.0)
+        watch.observe(1, progress.Progress(5, 1), 2.0)
+        watch.observe(1, progress.Progress(5, 1), 9.0)  # same report again: not progress
+        assert watch.verdict(11.0) is None
+        assert watch.first_step == 4 and watch.step == 5
+        assert "no rank on node 1 progressed for 10s (last step 5" in watch.verdict(12.5)
+
+    def test_one_rank_stops_while_the_others_go_on(self):
+        watch = watchdog.NodeWatch(self.settings, node=0, local_size=2, started=0.0)
+        for t in range(0, 20):
+            watch.observe(0, progress.Progress(t, t + 1), float(t))
+        watch.observe(1, progress.Progress(3, 1), 3.0)
+        assert "local rank 1 on node 0 stopped at step 3" in watch.verdict(19.0)
+
+
+def beat(node, written, age_s=1.0, state="training"):
+    return nodestatus.Heartbeat(node, 7, age_s, 0, f"host{node}", state, written)
+
+
+class TestPeers:
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+    def test_a_silent_node_is_named(self):
+        beats = {0: beat(0, self.now), 1: beat(1, self.now - timedelta(seconds=30))}
+        culprit, message = watchdog.stalled_peer(0, beats, self.now, hang_s=20)
+        assert culprit == 1 and "wrote no heartbeat for 30s" in message
+
+    def test_a_node_without_progress_is_named_in_service_time(self):
+        # written 5 s ago with an age of 18 s: 23 s without progress by now
+        beats = {1: beat(1, self.now - timedelta(seconds=5), age_s=18.0)}
+        culprit, message = watchdog.stalled_peer(0, beats, self.now, hang_s=20)
+        assert culprit == 1 and "made no progress for 23s (step 7)" in message
+
+    def test_healthy_and_ended_nodes_pass(self):
+        beats = {1: beat(1, self.now, age_s=2.0), 2: beat(2, self.now - timedelta(hours=1), state="ended")}
+        assert watchdog.stalled_peer(0, beats, self.now, hang_s=20) is None
+
+
+class TestLauncher:
+    """A training command that stops making progress, on one node."""
+
+    def test_a_command_that_stops_reporting_is_stopped_with_exit_7(self, tmp_path, script):
+        env = env_for(tmp_path, 0, 1, f"w-{uuid.uuid4().hex[:6]}", AMLHPC_WATCHDOG_JSON='{"hang_s": 2, "check_s": 0.3}')
+        started = time.monotonic()
+        proc = start(env, script, stop_after=3, total=1000)
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == launch.EXIT_HANG == 7, out
+        assert time.monotonic() - started < 60
+        assert "hang: no rank on node 0 progressed for" in out and "(last step 3;" in out
+        report = json.loads((tmp_path / "node0" / "reports" / "launch-node000.json").read_text())
+        assert report["exit_code"] == 7 and report["error"].startswith("hang: no rank on node 0")
+        assert report["command_status"] == 128 + signal.SIGTERM  # stopped by the watchdog, not by itself
+
+    def test_a_stopped_process_is_stopped_too(self, tmp_path, script):
+        """A frozen command (SIGSTOP, as a hung GPU call looks): SIGCONT, then SIGTERM."""
+        env = env_for(tmp_path, 0, 1, f"w-{uuid.uuid4().hex[:6]}", AMLHPC_WATCHDOG_JSON='{"hang_s": 2, "check_s": 0.3}')
+        proc = start(env, script, stop_after=1000, total=1000)
+        progress_file = next(_wait_for(lambda: list((tmp_path / "node0" / "scratch").rglob("rank-0.json")), 30))
+        pid = json.loads(progress_file.read_text())["pid"]
+        os.killpg(pid, signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == launch.EXIT_HANG, out
+
+    def test_progress_keeps_it_alive_and_silence_is_not_judged(self, tmp_path, script):
+        settings = '{"hang_s": 1.5, "check_s": 0.3}'
+        going = start(env_for(tmp_path, 0, 1, f"w-{uuid.uuid4().hex[:6]}", AMLHPC_WATCHDOG_JSON=settings),
+                      script, stop_after=100, total=15)
+        out, _ = going.communicate(timeout=90)
+        assert going.returncode == 0, out
+        silent = tmp_path / "silent.py"
+        silent.write_text("import time; time.sleep(3)\n")  # never reports: never judged
+        proc = subprocess.run([sys.executable, "-m", "jobs.runtime.launch", "--", sys.executable, str(silent)],
+                              env=env_for(tmp_path, 0, 1, "silent", AMLHPC_WATCHDOG_JSON=settings), cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _wait_for(probe, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            yield from found
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.azurite
+class TestAcrossNodes:
+    def checkpoint_env(self, azurite, container, prefix):
+        doc = {"container": container.container_name, "prefix": prefix, "keep": 2, "interval_s": 3600}
+        return {"AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string, "AMLHPC_CHECKPOINT_JSON": json.dumps(doc)}
+
+    def test_a_frozen_node_is_named_by_the_node_that_goes_on(self, tmp_path, script, azurite, container):
+        """Node 1's launcher and training freeze (SIGSTOP on the whole node): it cannot stop itself;
+        node 0 sees its heartbeat go silent in Blob and stops the job, naming node 1."""
+        run_id = f"x-{uuid.uuid4().hex[:6]}"
+        extra = {**self.checkpoint_env(azurite, container, "wd/run"),
+                 "AMLHPC_WATCHDOG_JSON": '{"hang_s": 3, "check_s": 0.5}'}
+        nodes = [start(env_for(tmp_path, n, 2, run_id, **extra), script, stop_after=10_000, total=10_000) for n in (0, 1)]
+        try:
+            _ = next(_wait_for(lambda: list(nodestatus.read_heartbeats(container, "wd/run", run_id)) == [0, 1] and [1], 60))
+            frozen = nodes[1]
+            os.kill(frozen.pid, signal.SIGSTOP)  # the launcher
+            progress_file = next(_wait_for(lambda: list((tmp_path / "node1" / "scratch").rglob("rank-0.json")), 10))
+            os.killpg(json.loads(progress_file.read_text())["pid"], signal.SIGSTOP)  # its training
+            out, _ = nodes[0].communicate(timeout=90)
+            assert nodes[0].returncode == launch.EXIT_HANG, out
+            assert "node 1 (" in out and "wrote no heartbeat" in out
+            ends = nodestatus.read_ends(container, "wd/run", run_id)
+            assert list(ends) == [0], "the frozen node wrote no end record"
+            assert ends[0]["exit_code"] == launch.EXIT_HANG and ends[0]["hang"]["culprit"] == 1
+            assert ends[0]["first_step"] == 0 and ends[0]["last_step"] >= 1
+        finally:
+            for proc in nodes:
+                if proc.poll() is None:
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.kill()
+                    proc.communicate(timeout=30)
+
+    def test_end_record_of_a_clean_run(self, tmp_path, script, azurite, container):
+        run_id = f"c-{uuid.uuid4().hex[:6]}"
+        env = env_for(tmp_path, 0, 1, run_id, **self.checkpoint_env(azurite, container, "wd/clean"),
+                      AMLHPC_WATCHDOG_JSON='{"hang_s": 5}')
+        proc = start(env, script, stop_after=100, total=3)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        end = nodestatus.read_ends(container, "wd/clean", run_id)[0]
+        assert (end["exit_code"], end["first_step"], end["last_step"], end["signals"]) == (0, 0, 3, [])
+        assert nodestatus.read_heartbeats(container, "wd/clean", run_id)[0].state == "ended"
