@@ -1,46 +1,65 @@
-"""Download one blob to one file: ranged GETs in parallel, gunzip in order, verify, then rename.
+"""Download one blob to one file: ranged GETs, inflate, verify every byte, then rename.
 
 How one file is fetched (`Fetcher.fetch`):
 
-1. The blob is cut into ranges of `range_bytes`; up to `window` of them are requested at
-   once on a shared pool of HTTP threads (so one large blob still fills the pipe), each
-   with the etag seen at listing time (`If-Match`), so a blob replaced mid-download
-   fails instead of mixing two versions.
-2. Ranges are consumed strictly in order: gunzipped when the blob is gzip-encoded
-   (isal's inflate, zlib's when isal is missing; multi-member streams are handled; output
-   is produced in bounded pieces, so a 1000x compressible range cannot blow up memory),
-   hashed (SHA-256) and written to a partial file outside the data directory.
-3. The result is verified: the uncompressed size and SHA-256 from the blob's metadata
-   (`amlhpc_size`, `amlhpc_sha256`, written by `jobs data upload`) when present, else the
-   blob's Content-MD5 for plain blobs; gzip's own CRC-32 and length trailer always. The
-   SHA-256 can be turned off (`verify_sha256=False`) on CPUs without SHA instructions,
-   where it costs more than inflating; size, CRC-32 and the etag still hold then.
+1. Blobs written by `jobs data upload` as several gzip members (jobs.runtime.gzmembers)
+   are fetched as runs of whole members, a window of ranged GETs ahead; the stored bytes
+   are hashed in order while the members inflate in parallel on the inflate pool and are
+   written at their offsets. One large file then inflates on every core.
+2. Every other blob (one gzip stream, a plain blob, a blob uploaded before members
+   existed) is fetched as ranges of `range_bytes`, a window of them in flight on the HTTP
+   pool, consumed strictly in order: hashed, inflated when gzip-encoded (isal; output in
+   bounded pieces, so a 1000x compressible range cannot blow up memory) and written. A
+   blob of one range is fetched by the calling thread itself (no hand-off).
+   Each range GET carries the etag seen at listing time (If-Match), so a blob replaced
+   mid-download fails instead of mixing two versions.
+3. Verification, where it is cheap (the stored bytes are ~5x fewer than the output):
+   - a digest of the stored bytes: `amlhpc_stored_sha256` (SHA-256, written by our
+     uploader) or the blob's Content-MD5 (which the service checked on upload), whichever
+     this CPU hashes faster (SHA-256 with SHA extensions, else MD5); a blob with neither
+     (written by another tool with Put Block List) is read in ranges of at most 4 MiB
+     with `x-ms-range-get-content-md5`, so the service's MD5 of each range checks the
+     transfer, not the bytes at rest; the report counts such files;
+   - gzip's own CRC-32 and length of every member's output (checked by the inflater);
+   - the total output size against `amlhpc_size`, and a plain blob's length;
+   - optionally (`verify_sha256`) the SHA-256 of the output against `amlhpc_sha256`.
+   Together these check every byte from the uploader's compressor to the file.
 4. Only then is the partial file renamed to its final name (same filesystem, atomic), so
    a final name never holds a partial or corrupt file, whatever kills the process.
 
-Downloads use `download_blob(..., decompress=False)`: the SDK's transparent decoding of
-gzip-encoded blobs breaks ranged reads (each range would be decoded on its own).
-
-Retries: every request runs under the client's storage retry policy (503 ServerBusy,
-timeouts, dropped connections). On top of that a whole blob is fetched again when a
-body arrives short, a connection fails beyond the policy's budget, or the bytes fail
+Retries: every request runs under blobhttp's retry budget (503 ServerBusy with its
+Retry-After, timeouts, dropped connections). On top of that a whole blob is fetched again
+when a body breaks off, a connection fails beyond the budget, or the bytes fail
 verification (once: a second identical failure means the blob itself is bad, and the
-error names it).
+error names it). The staging deadline ends everything at once.
 
-Standard library plus azure-storage-blob / azure-core and, when present, isal.
+Standard library plus isal (zlib when isal is missing).
 """
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 import os
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
+from jobs.runtime import gzmembers
+from jobs.runtime.blobhttp import (
+    NO_DEADLINE,
+    BlobReadError,
+    Deadline,
+    DeadlineExceeded,
+    TransientError,
+)
 from jobs.runtime.throttle import UNLIMITED, Throttle
 
 try:  # isal's inflate is 2-3x zlib's; the image ships it, a bare Python may not.
@@ -54,6 +73,8 @@ except ImportError:  # pragma: no cover - exercised only where isal is absent
 GZIP_WBITS = 16 + zlib.MAX_WBITS
 MAX_PIECE_BYTES = 16 << 20
 """Largest piece of decompressed output held at once per file."""
+RANGE_MD5_LIMIT = 4 << 20
+"""The service returns a range's MD5 only for ranges up to 4 MiB (Get Blob, x-ms-range-get-content-md5)."""
 
 
 class FetchError(RuntimeError):
@@ -69,20 +90,25 @@ class IntegrityError(FetchError):
     """The bytes do not verify: corrupt gzip, size or checksum mismatch."""
 
 
-@dataclass(frozen=True)
-class BlobEntry:
-    """What listing told us about one blob."""
+class BlobEntry(NamedTuple):
+    """What listing told us about one blob (a tuple: a million of them must stay cheap)."""
 
     name: str
     size: int
     """Stored (possibly compressed) bytes."""
     etag: str | None = None
     content_encoding: str | None = None
-    content_md5: bytes | None = None
+    content_md5: str | None = None
+    """The blob's Content-MD5, base64 as the service gives it."""
     expected_size: int | None = None
     """Uncompressed size from amlhpc_size metadata."""
     expected_sha256: str | None = None
     """SHA-256 (hex) of the uncompressed bytes from amlhpc_sha256 metadata."""
+    stored_sha256: str | None = None
+    """SHA-256 (hex) of the stored bytes from amlhpc_stored_sha256 metadata."""
+    members: str | None = None
+    """amlhpc_members: the gzip members' compressed sizes (jobs.runtime.gzmembers)."""
+    member_bytes: int | None = None
 
     @property
     def gzip(self) -> bool:
@@ -93,39 +119,59 @@ class BlobEntry:
         """The name on disk: `.gz` dropped when we decompress."""
         return self.name[:-3] if self.gzip and self.name.endswith(".gz") else self.name
 
+    @property
+    def identity(self) -> str | None:
+        """A digest of the stored bytes, when the blob has one: the same digest means the same blob."""
+        return self.stored_sha256 or self.content_md5
+
+    @classmethod
+    def from_listing(cls, name: str, size: int, etag: bytes | None, encoding: bytes | None, md5: bytes | None,
+                     meta: dict[bytes, bytes]) -> BlobEntry:
+        """From the raw fields of a List Blobs page (jobs.runtime.listing)."""
+        expected_size = member_bytes = None
+        if meta:
+            expected_size = _int(meta.get(b"amlhpc_size"))
+            member_bytes = _int(meta.get(b"amlhpc_member_bytes"))
+        return cls(name, size, etag.decode() if etag else None, encoding.decode() if encoding else None,
+                   md5.decode() if md5 else None, expected_size,
+                   _hex(meta.get(b"amlhpc_sha256")) if meta else None,
+                   _hex(meta.get(b"amlhpc_stored_sha256")) if meta else None,
+                   meta[b"amlhpc_members"].decode() if meta and meta.get(b"amlhpc_members") else None, member_bytes)
+
     @classmethod
     def from_properties(cls, props) -> BlobEntry:
         """From an azure.storage.blob BlobProperties (listed with include=['metadata'])."""
-        metadata = props.metadata or {}
+        meta = {k.encode(): str(v).encode() for k, v in (props.metadata or {}).items()}
         settings = props.content_settings
-        size_text = metadata.get("amlhpc_size")
-        try:
-            expected_size = int(size_text) if size_text not in (None, "") else None
-        except ValueError:
-            expected_size = None
         md5 = getattr(settings, "content_md5", None)
-        return cls(
-            name=props.name,
-            size=int(props.size or 0),
-            etag=props.etag,
-            content_encoding=getattr(settings, "content_encoding", None),
-            content_md5=bytes(md5) if md5 else None,
-            expected_size=expected_size,
-            expected_sha256=(metadata.get("amlhpc_sha256") or "").lower() or None,
-        )
+        return cls.from_listing(props.name, int(props.size or 0), props.etag.encode() if props.etag else None,
+                                (getattr(settings, "content_encoding", None) or "").encode() or None,
+                                base64.b64encode(bytes(md5)) if md5 else None, meta)
+
+
+def _int(raw: bytes | None) -> int | None:
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _hex(raw: bytes | None) -> str | None:
+    return raw.decode().lower() if raw else None
 
 
 @dataclass(frozen=True)
 class FetchResult:
     name: str
-    path: Path
+    path: str | Path
     bytes_in: int
     """Stored bytes of the final, successful attempt."""
     bytes_out: int
-    sha256: str
     attempts: int
     bytes_retried: int
     """Bytes downloaded by attempts that were thrown away."""
+    verified: str
+    """What checked the bytes (`Checks.label`), for the report."""
 
 
 class Gunzip:
@@ -149,7 +195,7 @@ class Gunzip:
             if piece:
                 yield piece
             if self._decoder.eof:
-                # A gzip file may hold several members back to back (pigz, appends).
+                # A gzip file may hold several members back to back (ours, pigz, appends).
                 self.members += 1
                 data = self._decoder.unused_data
                 self._decoder = _inflate_lib.decompressobj(wbits=GZIP_WBITS)
@@ -168,43 +214,100 @@ class Gunzip:
         return b""
 
 
-def _is_transient(exc: BaseException) -> bool:
-    from azure.core.exceptions import (
-        ClientAuthenticationError,
-        HttpResponseError,
-        ResourceModifiedError,
-        ResourceNotFoundError,
-        ServiceRequestError,
-        ServiceResponseError,
-    )
+@functools.cache
+def sha256_is_faster() -> bool:
+    """Whether this CPU hashes SHA-256 faster than MD5 (true with SHA extensions: EPYC, Sapphire Rapids)."""
+    sample = bytes(range(256)) * 4096
 
-    if isinstance(exc, (ResourceNotFoundError, ClientAuthenticationError, ResourceModifiedError)):
-        return False
-    if isinstance(exc, (ServiceRequestError, ServiceResponseError, ConnectionError, TimeoutError)):
-        return True
-    if isinstance(exc, HttpResponseError):
-        status = getattr(exc, "status_code", None) or 0
-        # The SDK's chunk reader wraps a short body in HttpResponseError without a status.
-        return status == 0 or status == 408 or status >= 500
-    return False
+    def rate(name: str) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            hashlib.new(name, sample).digest()
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    return rate("sha256") < rate("md5")
+
+
+class Checks:
+    """The checks one attempt runs (see the module docstring, point 3)."""
+
+    def __init__(self, entry: BlobEntry, output_sha256: bool):
+        self.entry = entry
+        md5 = entry.content_md5
+        if entry.stored_sha256 and (sha256_is_faster() or not md5):
+            self.kind, self.expected = "sha256", entry.stored_sha256
+        elif md5:
+            self.kind, self.expected = "md5", md5
+        else:
+            self.kind, self.expected = "range-md5", None
+        self.stored = hashlib.new(self.kind) if self.expected else None
+        self.output = hashlib.sha256() if output_sha256 and entry.expected_sha256 else None
+
+    @property
+    def range_md5(self) -> bool:
+        return self.kind == "range-md5"
+
+    @property
+    def label(self) -> str:
+        parts = {"sha256": "stored SHA-256", "md5": "Content-MD5", "range-md5": "range MD5 (transfer only)"}[self.kind]
+        if self.entry.gzip:
+            parts += " + gzip CRC-32"
+        if self.output is not None:
+            parts += " + SHA-256"
+        return parts
+
+    def verify(self, written: int) -> None:
+        entry = self.entry
+        if entry.expected_size is not None and written != entry.expected_size:
+            raise IntegrityError(entry.name, f"size mismatch: got {written} bytes, metadata amlhpc_size says "
+                                 f"{entry.expected_size}; re-upload it with `python -m jobs data upload`")
+        if self.stored is not None:
+            got = self.stored.hexdigest() if self.kind == "sha256" else base64.b64encode(self.stored.digest()).decode()
+            if got != self.expected:
+                what = "amlhpc_stored_sha256" if self.kind == "sha256" else "Content-MD5"
+                raise IntegrityError(entry.name, f"{what} mismatch: the stored bytes differ from what was uploaded "
+                                     f"(got {got[:16]}..., expected {self.expected[:16]}...)")
+        if self.output is not None and self.output.hexdigest() != entry.expected_sha256:
+            raise IntegrityError(entry.name, f"checksum mismatch: SHA-256 {self.output.hexdigest()[:16]}... but "
+                                 f"metadata amlhpc_sha256 says {entry.expected_sha256[:16]}...; re-upload it with "
+                                 "`python -m jobs data upload`")
+        if not entry.gzip and entry.expected_size is None and written != entry.size:
+            raise FetchError(entry.name, f"got {written} of {entry.size} bytes", transient=True)
+
+
+def member_plan(entry: BlobEntry) -> list[int] | None:
+    """The members' compressed sizes when the blob can be inflated in parallel, else None."""
+    if not (entry.members and entry.member_bytes and entry.expected_size is not None and entry.gzip):
+        return None
+    try:
+        sizes = gzmembers.decode_index(entry.members)
+    except gzmembers.MemberError:
+        return None
+    count = max(1, -(-entry.expected_size // entry.member_bytes))
+    if len(sizes) != count or sum(sizes) != entry.size or count < 2:
+        return None  # an index that does not add up: the stream path still verifies every member
+    return sizes
 
 
 class Fetcher:
-    """Fetches blobs of one container; shares an HTTP thread pool and a bandwidth cap.
+    """Fetches blobs of one container; shares the HTTP and inflate pools and a bandwidth cap.
 
-    range_bytes: size of one ranged GET (stored bytes).
-    window: ranged GETs in flight per file.
-    attempts_transient: whole-blob attempts for network failures beyond the retry policy.
-    attempts_integrity: whole-blob attempts when the bytes fail verification.
-    on_bytes(stored, uncompressed): progress callback, called from worker threads.
+    range_bytes: stored bytes per ranged GET. window: ranged GETs in flight per file.
+    attempts_transient / attempts_integrity: whole-blob attempts for network failures beyond
+    the retry budget / for bytes that fail verification. on_bytes(stored, uncompressed):
+    progress, called from worker threads.
     """
 
-    def __init__(self, container_client, http_pool: ThreadPoolExecutor, *, range_bytes: int = 8 << 20,
-                 window: int = 4, throttle: Throttle = UNLIMITED, attempts_transient: int = 4,
-                 attempts_integrity: int = 2, retry_pause_s: float = 1.0, verify_sha256: bool = True,
+    def __init__(self, reader, http_pool: ThreadPoolExecutor, inflate_pool: ThreadPoolExecutor | None = None, *,
+                 range_bytes: int = 8 << 20, window: int = 4, throttle: Throttle = UNLIMITED,
+                 attempts_transient: int = 4, attempts_integrity: int = 2, retry_pause_s: float = 1.0,
+                 verify_sha256: bool = False, deadline: Deadline = NO_DEADLINE,
                  on_bytes: Callable[[int, int], None] | None = None):
-        self.container = container_client
+        self.reader = reader
         self.pool = http_pool
+        self.inflate_pool = inflate_pool or http_pool
         self.range_bytes = range_bytes
         self.window = max(1, window)
         self.throttle = throttle
@@ -212,134 +315,208 @@ class Fetcher:
         self.attempts_integrity = attempts_integrity
         self.retry_pause_s = retry_pause_s
         self.verify_sha256 = verify_sha256
+        self.deadline = deadline
         self.on_bytes = on_bytes or (lambda stored, out: None)
 
-    # -- one ranged GET (runs on the HTTP pool)
-    def _get(self, blob_client, entry: BlobEntry, offset: int, length: int) -> bytes:
-        from azure.core import MatchConditions
-
-        self.throttle.acquire(length)
-        conditions = {"etag": entry.etag, "match_condition": MatchConditions.IfNotModified} if entry.etag else {}
-        stream = blob_client.download_blob(offset=offset, length=length, decompress=False, max_concurrency=1,
-                                           **conditions)
-        data = stream.readall()
-        if len(data) != length:
-            raise FetchError(entry.name, f"range {offset}+{length} returned {len(data)} bytes", transient=True)
-        return data
-
-    def fetch(self, entry: BlobEntry, final_path: Path, partial_path: Path) -> FetchResult:
-        """Fetch `entry` to `final_path` via `partial_path` (see the module docstring)."""
+    def fetch(self, entry: BlobEntry, final_path: str | Path, partial_path: str | Path) -> FetchResult:
+        """Fetch `entry` to `final_path` via `partial_path` (same filesystem; see the module docstring)."""
         transient_left, integrity_left = self.attempts_transient, self.attempts_integrity
         attempts, wasted = 0, 0
         while True:
             attempts += 1
             got = [0]
             try:
-                result = self._attempt(entry, final_path, partial_path, got)
-                return FetchResult(result[0], final_path, result[1], result[2], result[3], attempts, wasted)
+                stored, written, label = self._attempt(entry, final_path, partial_path, got)
+                return FetchResult(entry.name, final_path, stored, written, attempts, wasted, label)
+            except DeadlineExceeded:
+                _unlink(partial_path)
+                raise
             except IntegrityError:
                 _unlink(partial_path)
                 wasted += got[0]
                 integrity_left -= 1
                 if integrity_left <= 0:
                     raise
-            except FetchError as exc:
+            except (FetchError, BlobReadError) as exc:
                 _unlink(partial_path)
                 wasted += got[0]
                 if not exc.transient:
-                    raise
-                transient_left -= 1
-                if transient_left <= 0:
-                    raise FetchError(entry.name, f"gave up after {attempts} attempts: {exc}") from None
-            except Exception as exc:  # noqa: BLE001 - classified below, re-raised with the blob's name
-                _unlink(partial_path)
-                wasted += got[0]
-                if not _is_transient(exc):
-                    raise FetchError(entry.name, _describe(exc)) from None
+                    raise exc if isinstance(exc, FetchError) else FetchError(entry.name, _describe(exc)) from None
                 transient_left -= 1
                 if transient_left <= 0:
                     raise FetchError(entry.name, f"gave up after {attempts} attempts: {_describe(exc)}") from None
-            time.sleep(self.retry_pause_s * attempts)
+            except OSError as exc:  # our side: disk full, scratch gone
+                _unlink(partial_path)
+                raise FetchError(entry.name, f"cannot write {exc.filename or partial_path}: {exc.strerror or exc}") from None
+            pause = self.retry_pause_s * attempts
+            remaining = self.deadline.remaining()
+            if remaining is not None:
+                pause = min(pause, max(remaining, 0.0))
+            time.sleep(pause)
+            self.deadline.check(f"fetching blob {entry.name!r}")
 
-    def _attempt(self, entry: BlobEntry, final_path: Path, partial_path: Path, got: list[int]) -> tuple[str, int, int, str]:
-        blob_client = self.container.get_blob_client(entry.name)
-        ranges = [(o, min(self.range_bytes, entry.size - o)) for o in range(0, entry.size, self.range_bytes)]
-        gunzip = Gunzip(entry.name) if entry.gzip else None
-        digest = hashlib.sha256() if self.verify_sha256 else None
-        md5 = hashlib.md5() if (entry.content_md5 and not entry.gzip) else None
-        written = 0
-        partial_path.parent.mkdir(parents=True, exist_ok=True)
-        pending: list[Future] = []
+    def _attempt(self, entry: BlobEntry, final_path: Path, partial_path: Path, got: list[int]) -> tuple[int, int, str]:
+        checks = Checks(entry, self.verify_sha256)
+        sizes = member_plan(entry)
+        if sizes is not None:
+            written = self._members(entry, sizes, checks, partial_path, got)
+        else:
+            written = self._stream(entry, checks, partial_path, got)
+        checks.verify(written)
         try:
-            with open(partial_path, "wb") as out:
-                next_range = 0
-                for _ in range(min(self.window, len(ranges))):
-                    pending.append(self.pool.submit(self._get, blob_client, entry, *ranges[next_range]))
-                    next_range += 1
-                while pending:
-                    data = pending.pop(0).result()
-                    if next_range < len(ranges):
-                        pending.append(self.pool.submit(self._get, blob_client, entry, *ranges[next_range]))
-                        next_range += 1
-                    got[0] += len(data)
-                    if md5 is not None:
-                        md5.update(data)
-                    pieces = gunzip.feed(data) if gunzip else (data,)
-                    produced = 0
-                    for piece in pieces:
-                        if digest is not None:
-                            digest.update(piece)
-                        out.write(piece)
-                        produced += len(piece)
-                    written += produced
-                    self.on_bytes(len(data), produced)
-                if gunzip:
-                    tail = gunzip.finish()
-                    if tail:
-                        if digest is not None:
-                            digest.update(tail)
-                        out.write(tail)
-                        written += len(tail)
-                        self.on_bytes(0, len(tail))
+            os.replace(partial_path, final_path)
+        except FileNotFoundError:
+            Path(final_path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(partial_path, final_path)
+        return got[0], written, checks.label
+
+    # -- ranged GETs
+    def _get(self, entry: BlobEntry, offset: int, length: int, range_md5: bool) -> bytes:
+        self.throttle.acquire(length)
+        data, headers = self.reader.get(entry.name, offset, length, etag=entry.etag, range_md5=range_md5,
+                                        deadline=self.deadline)
+        if range_md5:
+            sent = headers.get("Content-MD5")
+            if sent and base64.b64encode(hashlib.md5(data).digest()).decode() != sent:
+                raise IntegrityError(entry.name, f"range {offset}+{length} does not match the MD5 the service sent")
+        return data
+
+    def _in_order(self, entry: BlobEntry, ranges: list[tuple[int, int]], range_md5: bool, got: list[int]):
+        """Yield each range's bytes in order, up to `window` GETs ahead on the HTTP pool."""
+        if len(ranges) == 1:
+            data = self._get(entry, *ranges[0], range_md5)
+            got[0] += len(data)
+            yield data
+            return
+        pending: deque[Future] = deque()
+        following = iter(ranges)
+        try:
+            for offset, length in following:
+                pending.append(self.pool.submit(self._get, entry, offset, length, range_md5))
+                if len(pending) >= self.window:
+                    break
+            while pending:
+                data = pending.popleft().result()
+                for offset, length in following:
+                    pending.append(self.pool.submit(self._get, entry, offset, length, range_md5))
+                    break
+                got[0] += len(data)
+                yield data
         finally:
             for future in pending:
                 future.cancel()
-        sha = digest.hexdigest() if digest is not None else ""
-        self._verify(entry, written, sha, md5)
-        final_path.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(partial_path, final_path)
-        return entry.name, got[0], written, sha
 
-    @staticmethod
-    def _verify(entry: BlobEntry, written: int, sha: str, md5) -> None:
-        if entry.expected_size is not None and written != entry.expected_size:
-            raise IntegrityError(entry.name, f"size mismatch: got {written} bytes, metadata amlhpc_size says "
-                                 f"{entry.expected_size}; re-upload it with `python -m jobs data upload`")
-        if entry.expected_sha256 and sha and sha != entry.expected_sha256:
-            raise IntegrityError(entry.name, f"checksum mismatch: SHA-256 {sha[:16]}... but metadata amlhpc_sha256 "
-                                 f"says {entry.expected_sha256[:16]}...; re-upload it with `python -m jobs data upload`")
-        if md5 is not None and md5.digest() != entry.content_md5:
-            raise IntegrityError(entry.name, "Content-MD5 mismatch: the stored bytes differ from what was uploaded")
-        if not entry.gzip and entry.expected_size is None and written != entry.size:
-            raise FetchError(entry.name, f"got {written} of {entry.size} bytes", transient=True)
+    # -- one stream, inflated in order
+    def _stream(self, entry: BlobEntry, checks: Checks, partial_path: Path, got: list[int]) -> int:
+        step = min(self.range_bytes, RANGE_MD5_LIMIT) if checks.range_md5 else self.range_bytes
+        ranges = [(o, min(step, entry.size - o)) for o in range(0, entry.size, step)]
+        gunzip = Gunzip(entry.name) if entry.gzip else None
+        stored, output = checks.stored, checks.output
+        written = 0
+        ranged = self._in_order(entry, ranges, checks.range_md5, got)
+        with open(partial_path, "wb") as out, closing(ranged):
+            for data in ranged:
+                if stored is not None:
+                    stored.update(data)
+                produced = 0
+                for piece in (gunzip.feed(data) if gunzip else (data,)):
+                    if output is not None:
+                        output.update(piece)
+                    out.write(piece)
+                    produced += len(piece)
+                written += produced
+                self.on_bytes(len(data), produced)
+            if gunzip:
+                tail = gunzip.finish()
+                if tail:
+                    if output is not None:
+                        output.update(tail)
+                    out.write(tail)
+                    written += len(tail)
+                    self.on_bytes(0, len(tail))
+        return written
+
+    # -- many members, inflated in parallel
+    def _members(self, entry: BlobEntry, sizes: list[int], checks: Checks, partial_path: Path, got: list[int]) -> int:
+        runs = _runs(sizes, entry.member_bytes, entry.expected_size, self.range_bytes)
+        fd = os.open(partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        inflating: deque[Future] = deque()
+        written = 0
+        ranged = self._in_order(entry, [(run[0], run[1]) for run in runs], False, got)
+        try:
+            os.ftruncate(fd, entry.expected_size)
+            limit = 2 * (getattr(self.inflate_pool, "_max_workers", 2) or 2)
+            for run, data in zip(runs, ranged, strict=True):
+                if checks.stored is not None:
+                    checks.stored.update(data)  # in order, on this thread, while members inflate elsewhere
+                inflating.append(self.inflate_pool.submit(self._inflate_run, fd, entry, run, data))
+                while len(inflating) > limit:
+                    written += inflating.popleft().result()
+            while inflating:
+                written += inflating.popleft().result()
+        finally:
+            ranged.close()
+            for future in inflating:
+                future.cancel()
+            wait(inflating)  # never close the file under a running pwrite
+            os.close(fd)
+        if checks.output is not None:  # the deep check needs the output in order: read it back
+            with open(partial_path, "rb") as handle:
+                while chunk := handle.read(MAX_PIECE_BYTES):
+                    checks.output.update(chunk)
+        return written
+
+    def _inflate_run(self, fd: int, entry: BlobEntry, run: tuple, data: bytes) -> int:
+        _, _, members = run
+        view = memoryview(data)
+        produced = 0
+        for index, start, length, out_offset, out_length in members:
+            try:
+                out = gzmembers.inflate_member(view[start:start + length], out_length, entry.name, index)
+            except gzmembers.MemberError as exc:
+                raise IntegrityError(entry.name, f"{str(exc).split(': ', 1)[1]}; re-upload it with "
+                                     "`python -m jobs data upload`") from None
+            os.pwrite(fd, out, out_offset)
+            produced += len(out)
+            self.on_bytes(length, len(out))
+        return produced
+
+
+def _runs(sizes: list[int], member_bytes: int, total: int, range_bytes: int) -> list[tuple]:
+    """Consecutive members grouped into runs of about `range_bytes` stored bytes, one GET each:
+    (offset, length, [(member index, start in run, length, output offset, output length)])."""
+    runs: list[tuple] = []
+    offset = 0
+    current: list[tuple] = []
+    run_start = run_length = 0
+    for index, size in enumerate(sizes):
+        if current and run_length + size > range_bytes:
+            runs.append((run_start, run_length, current))
+            current, run_start, run_length = [], offset, 0
+        out_offset = index * member_bytes
+        current.append((index, run_length, size, out_offset, min(member_bytes, total - out_offset)))
+        run_length += size
+        offset += size
+    runs.append((run_start, run_length, current))
+    return runs
 
 
 def _describe(exc: BaseException) -> str:
-    status = getattr(exc, "status_code", None)
-    reason = getattr(exc, "reason", None) or type(exc).__name__
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if type(exc).__name__ == "ResourceModifiedError":
-        return "the blob changed while it was being staged (etag mismatch); re-run staging"
-    if type(exc).__name__ == "ResourceNotFoundError":
+    text = str(exc)
+    # blobhttp's messages start with what was requested ("blob 'x' bytes 0+5: ..."): keep the reason.
+    if isinstance(exc, BlobReadError) and ": " in text:
+        text = text.split(": ", 1)[1] if text.startswith("blob ") else text
+    if isinstance(exc, BlobReadError) and exc.status == 404:
         return "not found (deleted after listing?); re-run staging"
-    if type(exc).__name__ == "ClientAuthenticationError":
-        return ("access denied: the node's identity needs 'Storage Blob Data Reader' on the account "
-                f"({first[:200]})")
-    return f"{reason}{f' (HTTP {status})' if status else ''}: {first[:300]}"
+    if isinstance(exc, TransientError | BlobReadError):
+        return text
+    if isinstance(exc, FetchError):
+        return text.split(": ", 1)[1] if ": " in text else text
+    return f"{type(exc).__name__}: {text[:300]}"
 
 
-def _unlink(path: Path) -> None:
+def _unlink(path: str | os.PathLike) -> None:
     try:
-        path.unlink()
+        os.unlink(path)
     except FileNotFoundError:
         pass
