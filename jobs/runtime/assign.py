@@ -32,6 +32,8 @@ MAX_SEARCH_STEPS = 10_000
 """Bound on local-search improvements (each step strictly lowers the fullest bin)."""
 SEARCH_BUDGET = 2_000_000
 """Bound on the items the local search looks at, all steps together."""
+BALANCED = 1e-4
+"""Fullest minus emptiest bin below this fraction of a bin: no search (it could gain at most that)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ def balance_indices(sizes: Sequence[int], bins: int) -> list[list[int]]:
     totals = [0] * bins
     for total, b in heap:
         totals[b] = total
-    if bins > 1:
+    # Bins within BALANCED of each other are left alone: with many items largest-first gets there.
+    if bins > 1 and max(totals) - min(totals) > max(1.0, BALANCED * sum(totals) / bins):
         _improve(assigned, totals, sizes)
     for group in assigned:
         group.sort()

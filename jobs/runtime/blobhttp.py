@@ -211,7 +211,7 @@ class Reader:
 
     # -- one request with retries; returns the response with its body unread
     def _request(self, path_query: str, headers: dict[str, str], what: str,
-                 deadline: Deadline) -> http.client.HTTPResponse:
+                 deadline: Deadline, method: str = "GET") -> http.client.HTTPResponse:
         counts = {"total": 0, "connect": 0, "status": 0}
         fresh_retry_used = False
         while True:
@@ -223,7 +223,7 @@ class Reader:
             reused = getattr(self._local, "conn", None) is not None and self._local.conn.sock is not None
             try:
                 conn = self._connection()
-                conn.request("GET", url, headers=sent)
+                conn.request(method, url, headers=sent)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 self._drop_connection()
@@ -263,7 +263,7 @@ class Reader:
         self._sleep(wait)
 
     # -- the two operations
-    def list_page(self, prefix: str, marker: str | None = None, include_metadata: bool = True,
+    def list_page(self, prefix: str, marker: str | None = None, include_metadata: bool = False,
                   max_results: int = 5000, deadline: Deadline = NO_DEADLINE) -> bytes:
         """One page of List Blobs (the service's XML) for `prefix`, continuing at `marker`."""
         params = {"restype": "container", "comp": "list", "maxresults": str(max_results)}
@@ -283,6 +283,14 @@ class Reader:
                 if attempt == self.retry.read:
                     raise
         raise AssertionError("unreachable")
+
+    def head(self, blob: str, etag: str | None = None, deadline: Deadline = NO_DEADLINE) -> http.client.HTTPMessage:
+        """The blob's properties and metadata (Get Blob Properties), as response headers."""
+        headers = {"If-Match": etag} if etag else {}
+        response = self._request(f"{self._path}/{quote(blob, safe='/~')}", headers, f"blob {blob!r} properties",
+                                 deadline, method="HEAD")
+        response.read()
+        return response.msg
 
     def get(self, blob: str, offset: int, length: int, etag: str | None = None, range_md5: bool = False,
             deadline: Deadline = NO_DEADLINE) -> tuple[bytes, http.client.HTTPMessage]:

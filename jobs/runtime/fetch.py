@@ -41,7 +41,9 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import html
 import os
+import re
 import time
 import zlib
 from collections import deque
@@ -51,6 +53,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+from xml.sax.saxutils import escape as xml_escape
 
 from jobs.runtime import gzmembers
 from jobs.runtime.blobhttp import (
@@ -90,8 +93,22 @@ class IntegrityError(FetchError):
     """The bytes do not verify: corrupt gzip, size or checksum mismatch."""
 
 
+_META_PATTERNS: dict[bytes, re.Pattern] = {}
+
+
+def _meta_pattern(key: bytes) -> re.Pattern:
+    pattern = _META_PATTERNS.get(key)
+    if pattern is None:
+        pattern = _META_PATTERNS[key] = re.compile(b"<" + re.escape(key) + b">([^<]*)</" + re.escape(key) + b">")
+    return pattern
+
+
 class BlobEntry(NamedTuple):
-    """What listing told us about one blob (a tuple: a million of them must stay cheap)."""
+    """What listing told us about one blob (a tuple: a million of them must stay cheap).
+
+    `metadata` is the blob's metadata as the List Blobs answer holds it (`<key>value</key>`
+    ...), read one key at a time when needed: parsing it for every blob of a large listing
+    would cost more than the rest of the listing."""
 
     name: str
     size: int
@@ -100,15 +117,43 @@ class BlobEntry(NamedTuple):
     content_encoding: str | None = None
     content_md5: str | None = None
     """The blob's Content-MD5, base64 as the service gives it."""
-    expected_size: int | None = None
-    """Uncompressed size from amlhpc_size metadata."""
-    expected_sha256: str | None = None
-    """SHA-256 (hex) of the uncompressed bytes from amlhpc_sha256 metadata."""
-    stored_sha256: str | None = None
-    """SHA-256 (hex) of the stored bytes from amlhpc_stored_sha256 metadata."""
-    members: str | None = None
-    """amlhpc_members: the gzip members' compressed sizes (jobs.runtime.gzmembers)."""
-    member_bytes: int | None = None
+    metadata: bytes = b""
+
+    def meta(self, key: str) -> str | None:
+        """One metadata value (None when absent or empty)."""
+        if not self.metadata:
+            return None
+        found = _meta_pattern(key.encode()).search(self.metadata)
+        if not found or not found.group(1):
+            return None
+        value = found.group(1).decode("utf-8")
+        return html.unescape(value) if "&" in value else value
+
+    @property
+    def expected_size(self) -> int | None:
+        """Uncompressed size from amlhpc_size metadata."""
+        return _int(self.meta("amlhpc_size"))
+
+    @property
+    def expected_sha256(self) -> str | None:
+        """SHA-256 (hex) of the uncompressed bytes from amlhpc_sha256 metadata."""
+        value = self.meta("amlhpc_sha256")
+        return value.lower() if value else None
+
+    @property
+    def stored_sha256(self) -> str | None:
+        """SHA-256 (hex) of the stored bytes from amlhpc_stored_sha256 metadata."""
+        value = self.meta("amlhpc_stored_sha256")
+        return value.lower() if value else None
+
+    @property
+    def members(self) -> str | None:
+        """amlhpc_members: the gzip members' compressed sizes (jobs.runtime.gzmembers)."""
+        return self.meta(gzmembers.META_MEMBERS)
+
+    @property
+    def member_bytes(self) -> int | None:
+        return _int(self.meta(gzmembers.META_MEMBER_BYTES))
 
     @property
     def gzip(self) -> bool:
@@ -116,8 +161,8 @@ class BlobEntry(NamedTuple):
 
     @property
     def local_name(self) -> str:
-        """The name on disk: `.gz` dropped when we decompress."""
-        return self.name[:-3] if self.gzip and self.name.endswith(".gz") else self.name
+        """The name on disk: `.gz` dropped (a `.gz` blob is always decompressed)."""
+        return self.name[:-3] if self.name.endswith(".gz") else self.name
 
     @property
     def identity(self) -> str | None:
@@ -125,39 +170,27 @@ class BlobEntry(NamedTuple):
         return self.stored_sha256 or self.content_md5
 
     @classmethod
-    def from_listing(cls, name: str, size: int, etag: bytes | None, encoding: bytes | None, md5: bytes | None,
-                     meta: dict[bytes, bytes]) -> BlobEntry:
-        """From the raw fields of a List Blobs page (jobs.runtime.listing)."""
-        expected_size = member_bytes = None
-        if meta:
-            expected_size = _int(meta.get(b"amlhpc_size"))
-            member_bytes = _int(meta.get(b"amlhpc_member_bytes"))
-        return cls(name, size, etag.decode() if etag else None, encoding.decode() if encoding else None,
-                   md5.decode() if md5 else None, expected_size,
-                   _hex(meta.get(b"amlhpc_sha256")) if meta else None,
-                   _hex(meta.get(b"amlhpc_stored_sha256")) if meta else None,
-                   meta[b"amlhpc_members"].decode() if meta and meta.get(b"amlhpc_members") else None, member_bytes)
+    def with_metadata(cls, name: str, size: int, metadata: dict[str, str] | None = None, **fields) -> BlobEntry:
+        """An entry from a metadata dict (the SDK's form) rather than the listing's XML."""
+        raw = b"".join(b"<%s>%s</%s>" % (k.encode(), xml_escape(str(v)).encode(), k.encode())
+                       for k, v in (metadata or {}).items())
+        return cls(name, size, metadata=raw, **fields)
 
     @classmethod
     def from_properties(cls, props) -> BlobEntry:
         """From an azure.storage.blob BlobProperties (listed with include=['metadata'])."""
-        meta = {k.encode(): str(v).encode() for k, v in (props.metadata or {}).items()}
         settings = props.content_settings
         md5 = getattr(settings, "content_md5", None)
-        return cls.from_listing(props.name, int(props.size or 0), props.etag.encode() if props.etag else None,
-                                (getattr(settings, "content_encoding", None) or "").encode() or None,
-                                base64.b64encode(bytes(md5)) if md5 else None, meta)
+        return cls.with_metadata(props.name, int(props.size or 0), props.metadata, etag=props.etag,
+                                 content_encoding=getattr(settings, "content_encoding", None) or None,
+                                 content_md5=base64.b64encode(bytes(md5)).decode() if md5 else None)
 
 
-def _int(raw: bytes | None) -> int | None:
+def _int(text: str | None) -> int | None:
     try:
-        return int(raw) if raw else None
+        return int(text) if text else None
     except ValueError:
         return None
-
-
-def _hex(raw: bytes | None) -> str | None:
-    return raw.decode().lower() if raw else None
 
 
 @dataclass(frozen=True)
@@ -233,25 +266,24 @@ def sha256_is_faster() -> bool:
 class Checks:
     """The checks one attempt runs (see the module docstring, point 3)."""
 
-    def __init__(self, entry: BlobEntry, output_sha256: bool):
+    def __init__(self, entry: BlobEntry, output_sha256: bool, range_md5: bool = False):
         self.entry = entry
-        md5 = entry.content_md5
-        if entry.stored_sha256 and (sha256_is_faster() or not md5):
-            self.kind, self.expected = "sha256", entry.stored_sha256
+        self.expected_size = entry.expected_size
+        md5, stored_sha256 = entry.content_md5, entry.stored_sha256
+        if stored_sha256 and (sha256_is_faster() or not md5):
+            self.kind, self.expected = "sha256", stored_sha256
         elif md5:
             self.kind, self.expected = "md5", md5
         else:
-            self.kind, self.expected = "range-md5", None
+            self.kind, self.expected = ("range-md5" if range_md5 else "none"), None
         self.stored = hashlib.new(self.kind) if self.expected else None
-        self.output = hashlib.sha256() if output_sha256 and entry.expected_sha256 else None
-
-    @property
-    def range_md5(self) -> bool:
-        return self.kind == "range-md5"
+        self.expected_sha256 = entry.expected_sha256
+        self.output = hashlib.sha256() if output_sha256 and self.expected_sha256 else None
 
     @property
     def label(self) -> str:
-        parts = {"sha256": "stored SHA-256", "md5": "Content-MD5", "range-md5": "range MD5 (transfer only)"}[self.kind]
+        parts = {"sha256": "stored SHA-256", "md5": "Content-MD5", "range-md5": "range MD5 (transfer only)",
+                 "none": "nothing (empty blob)"}[self.kind]
         if self.entry.gzip:
             parts += " + gzip CRC-32"
         if self.output is not None:
@@ -259,36 +291,45 @@ class Checks:
         return parts
 
     def verify(self, written: int) -> None:
-        entry = self.entry
-        if entry.expected_size is not None and written != entry.expected_size:
+        entry, expected_size = self.entry, self.expected_size
+        if expected_size is not None and written != expected_size:
             raise IntegrityError(entry.name, f"size mismatch: got {written} bytes, metadata amlhpc_size says "
-                                 f"{entry.expected_size}; re-upload it with `python -m jobs data upload`")
+                                 f"{expected_size}; re-upload it with `python -m jobs data upload`")
         if self.stored is not None:
             got = self.stored.hexdigest() if self.kind == "sha256" else base64.b64encode(self.stored.digest()).decode()
             if got != self.expected:
                 what = "amlhpc_stored_sha256" if self.kind == "sha256" else "Content-MD5"
                 raise IntegrityError(entry.name, f"{what} mismatch: the stored bytes differ from what was uploaded "
                                      f"(got {got[:16]}..., expected {self.expected[:16]}...)")
-        if self.output is not None and self.output.hexdigest() != entry.expected_sha256:
+        if self.output is not None and self.output.hexdigest() != self.expected_sha256:
             raise IntegrityError(entry.name, f"checksum mismatch: SHA-256 {self.output.hexdigest()[:16]}... but "
-                                 f"metadata amlhpc_sha256 says {entry.expected_sha256[:16]}...; re-upload it with "
+                                 f"metadata amlhpc_sha256 says {self.expected_sha256[:16]}...; re-upload it with "
                                  "`python -m jobs data upload`")
-        if not entry.gzip and entry.expected_size is None and written != entry.size:
+        if not entry.gzip and expected_size is None and written != entry.size:
             raise FetchError(entry.name, f"got {written} of {entry.size} bytes", transient=True)
 
 
-def member_plan(entry: BlobEntry) -> list[int] | None:
-    """The members' compressed sizes when the blob can be inflated in parallel, else None."""
-    if not (entry.members and entry.member_bytes and entry.expected_size is not None and entry.gzip):
+def with_headers(entry: BlobEntry, headers) -> BlobEntry:
+    """`entry` with the metadata a Get Blob / Get Blob Properties answer carries (x-ms-meta-*)."""
+    items = [(name[len("x-ms-meta-"):], value) for name, value in headers.items()
+             if name.lower().startswith("x-ms-meta-")]
+    return BlobEntry.with_metadata(entry.name, entry.size, dict(items), etag=entry.etag,
+                                   content_encoding=entry.content_encoding, content_md5=entry.content_md5)
+
+
+def member_plan(entry: BlobEntry) -> tuple[list[int], int, int] | None:
+    """(members' compressed sizes, member bytes, total) when the blob can be inflated in parallel, else None."""
+    index, member_bytes, total = entry.members, entry.member_bytes, entry.expected_size
+    if not (index and member_bytes and total is not None and entry.gzip):
         return None
     try:
-        sizes = gzmembers.decode_index(entry.members)
+        sizes = gzmembers.decode_index(index)
     except gzmembers.MemberError:
         return None
-    count = max(1, -(-entry.expected_size // entry.member_bytes))
+    count = max(1, -(-total // member_bytes))
     if len(sizes) != count or sum(sizes) != entry.size or count < 2:
         return None  # an index that does not add up: the stream path still verifies every member
-    return sizes
+    return sizes, member_bytes, total
 
 
 class Fetcher:
@@ -356,12 +397,16 @@ class Fetcher:
             self.deadline.check(f"fetching blob {entry.name!r}")
 
     def _attempt(self, entry: BlobEntry, final_path: Path, partial_path: Path, got: list[int]) -> tuple[int, int, str]:
-        checks = Checks(entry, self.verify_sha256)
-        sizes = member_plan(entry)
-        if sizes is not None:
-            written = self._members(entry, sizes, checks, partial_path, got)
+        if not entry.metadata and entry.gzip and entry.size > self.range_bytes:
+            # Listing leaves metadata out (a million blobs list faster without it); a large blob's
+            # member index decides how it is fetched, so ask for it first.
+            entry = with_headers(entry, self.reader.head(entry.name, etag=entry.etag, deadline=self.deadline))
+        members = member_plan(entry)
+        if members is not None:
+            checks = Checks(entry, self.verify_sha256)
+            written = self._members(entry, *members, checks, partial_path, got)
         else:
-            written = self._stream(entry, checks, partial_path, got)
+            written, checks = self._stream(entry, partial_path, got)
         checks.verify(written)
         try:
             os.replace(partial_path, final_path)
@@ -371,22 +416,24 @@ class Fetcher:
         return got[0], written, checks.label
 
     # -- ranged GETs
-    def _get(self, entry: BlobEntry, offset: int, length: int, range_md5: bool) -> bytes:
+    def _get(self, entry: BlobEntry, offset: int, length: int, range_md5: bool):
         self.throttle.acquire(length)
         data, headers = self.reader.get(entry.name, offset, length, etag=entry.etag, range_md5=range_md5,
                                         deadline=self.deadline)
         if range_md5:
             sent = headers.get("Content-MD5")
-            if sent and base64.b64encode(hashlib.md5(data).digest()).decode() != sent:
+            if not sent:
+                raise IntegrityError(entry.name, f"range {offset}+{length} came without the MD5 it was asked for")
+            if base64.b64encode(hashlib.md5(data).digest()).decode() != sent:
                 raise IntegrityError(entry.name, f"range {offset}+{length} does not match the MD5 the service sent")
-        return data
+        return data, headers
 
     def _in_order(self, entry: BlobEntry, ranges: list[tuple[int, int]], range_md5: bool, got: list[int]):
-        """Yield each range's bytes in order, up to `window` GETs ahead on the HTTP pool."""
+        """Yield each range's (bytes, headers) in order, up to `window` GETs ahead on the HTTP pool."""
         if len(ranges) == 1:
-            data = self._get(entry, *ranges[0], range_md5)
+            data, headers = self._get(entry, *ranges[0], range_md5)
             got[0] += len(data)
-            yield data
+            yield data, headers
             return
         pending: deque[Future] = deque()
         following = iter(ranges)
@@ -396,57 +443,65 @@ class Fetcher:
                 if len(pending) >= self.window:
                     break
             while pending:
-                data = pending.popleft().result()
+                data, headers = pending.popleft().result()
                 for offset, length in following:
                     pending.append(self.pool.submit(self._get, entry, offset, length, range_md5))
                     break
                 got[0] += len(data)
-                yield data
+                yield data, headers
         finally:
             for future in pending:
                 future.cancel()
 
     # -- one stream, inflated in order
-    def _stream(self, entry: BlobEntry, checks: Checks, partial_path: Path, got: list[int]) -> int:
-        step = min(self.range_bytes, RANGE_MD5_LIMIT) if checks.range_md5 else self.range_bytes
+    def _stream(self, entry: BlobEntry, partial_path: Path, got: list[int]) -> tuple[int, Checks]:
+        # Nothing known to check the stored bytes with: the service's MD5 of each range (<= 4 MiB).
+        range_md5 = not entry.content_md5 and not entry.stored_sha256
+        step = min(self.range_bytes, RANGE_MD5_LIMIT) if range_md5 else self.range_bytes
         ranges = [(o, min(step, entry.size - o)) for o in range(0, entry.size, step)]
         gunzip = Gunzip(entry.name) if entry.gzip else None
-        stored, output = checks.stored, checks.output
+        checks: Checks | None = None
         written = 0
-        ranged = self._in_order(entry, ranges, checks.range_md5, got)
+        ranged = self._in_order(entry, ranges, range_md5, got)
         with open(partial_path, "wb") as out, closing(ranged):
-            for data in ranged:
-                if stored is not None:
-                    stored.update(data)
+            for data, headers in ranged:
+                if checks is None:  # the first answer carries the blob's metadata
+                    checks = Checks(with_headers(entry, headers) if not entry.metadata else entry,
+                                    self.verify_sha256, range_md5)
+                if checks.stored is not None:
+                    checks.stored.update(data)
                 produced = 0
                 for piece in (gunzip.feed(data) if gunzip else (data,)):
-                    if output is not None:
-                        output.update(piece)
+                    if checks.output is not None:
+                        checks.output.update(piece)
                     out.write(piece)
                     produced += len(piece)
                 written += produced
                 self.on_bytes(len(data), produced)
+            if checks is None:  # an empty blob: nothing was fetched
+                checks = Checks(entry, self.verify_sha256, range_md5)
             if gunzip:
                 tail = gunzip.finish()
                 if tail:
-                    if output is not None:
-                        output.update(tail)
+                    if checks.output is not None:
+                        checks.output.update(tail)
                     out.write(tail)
                     written += len(tail)
                     self.on_bytes(0, len(tail))
-        return written
+        return written, checks
 
     # -- many members, inflated in parallel
-    def _members(self, entry: BlobEntry, sizes: list[int], checks: Checks, partial_path: Path, got: list[int]) -> int:
-        runs = _runs(sizes, entry.member_bytes, entry.expected_size, self.range_bytes)
+    def _members(self, entry: BlobEntry, sizes: list[int], member_bytes: int, total: int, checks: Checks,
+                 partial_path: Path, got: list[int]) -> int:
+        runs = _runs(sizes, member_bytes, total, self.range_bytes)
         fd = os.open(partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         inflating: deque[Future] = deque()
         written = 0
         ranged = self._in_order(entry, [(run[0], run[1]) for run in runs], False, got)
         try:
-            os.ftruncate(fd, entry.expected_size)
+            os.ftruncate(fd, total)
             limit = 2 * (getattr(self.inflate_pool, "_max_workers", 2) or 2)
-            for run, data in zip(runs, ranged, strict=True):
+            for run, (data, _) in zip(runs, ranged, strict=True):
                 if checks.stored is not None:
                     checks.stored.update(data)  # in order, on this thread, while members inflate elsewhere
                 inflating.append(self.inflate_pool.submit(self._inflate_run, fd, entry, run, data))

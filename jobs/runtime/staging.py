@@ -85,12 +85,13 @@ from pathlib import Path
 from typing import Any
 
 from jobs.runtime import assign, blobhttp, blobio, contract, datadir, filelist, jobid, listing
+from jobs.runtime import fetch as fetch_module
 from jobs.runtime import ranks as ranks_module
 from jobs.runtime import scratch as scratch_module
 from jobs.runtime.blobhttp import BlobReadError, Deadline, DeadlineExceeded
 from jobs.runtime.errors import RuntimeProblem
 from jobs.runtime.fetch import BlobEntry, Fetcher, FetchError, FetchResult
-from jobs.runtime.manifest import Manifest, adoptable, sha256_of
+from jobs.runtime.manifest import Manifest, adoptable
 from jobs.runtime.nodebarrier import (
     BarrierFailed,
     BarrierTimeout,
@@ -305,7 +306,8 @@ def list_entries(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADL
     shown = reader.shown_url
     account_url = shown.rsplit("/", 1)[0]
     try:
-        entries = listing.list_all(lambda marker: reader.list_page(spec.normalized_prefix, marker, deadline=deadline))
+        entries = listing.list_all(lambda marker: reader.list_page(spec.normalized_prefix, marker, deadline=deadline),
+                                   with_metadata=False)
     except BlobReadError as exc:
         if exc.status == 404:
             raise StageConfigError.single(
@@ -325,6 +327,21 @@ def list_entries(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADL
     names = [e.name for e in entries]
     if any(a > b for a, b in zip(names, names[1:], strict=False)):
         entries.sort(key=lambda e: e.name)
+        names = [e.name for e in entries]
+    return _drop_folder_markers(spec, entries, names)
+
+
+def _drop_folder_markers(spec: StageSpec, entries: list[BlobEntry], names: list[str]) -> list[BlobEntry]:
+    """Empty blobs named like a folder of other blobs are folder markers (written by tools for
+    accounts without a hierarchical namespace), not files: leave them out."""
+    empty = {e.name for e in entries if e.size == 0}
+    if not empty:
+        return entries
+    folders = {name.rpartition("/")[0] for name in names} & empty
+    if folders:
+        log.info("input %s: %d empty blob(s) are folder markers of other blobs, e.g. %r: not staged", spec.name,
+                 len(folders), next(iter(folders)))
+        entries = [e for e in entries if e.name not in folders]
     return entries
 
 
@@ -359,14 +376,16 @@ def make_plan(spec: StageSpec, reader, entries: list[BlobEntry], ranks: ranks_mo
     sizes = [e.size for e in entries]
     per_rank: dict[int, list[int]] = {}
     if spec.mode == "replica":
-        groups = [list(range(len(entries)))] * ranks.node_count
-    elif spec.mode == "shared":
+        everything = list(range(len(entries)))
+        return _Plan(spec, reader, entries, rels, everything, per_rank, [sum(sizes)] * ranks.node_count,
+                     [len(entries)] * ranks.node_count)
+    if spec.mode == "shared":
         groups = assign.balance_indices(sizes, ranks.node_count)
     else:
         groups, local = assign.node_and_ranks(sizes, ranks.node_count, ranks.local_size, ranks.node_index)
         per_rank = dict(zip(ranks.ranks_on_node(ranks.node_index), local, strict=True))
     return _Plan(spec, reader, entries, rels, groups[ranks.node_index], per_rank,
-                 [sum(sizes[k] for k in g) for g in groups], [len(g) for g in groups])
+                 [sum(map(sizes.__getitem__, g)) for g in groups], [len(g) for g in groups])
 
 
 # ------------------------------------------------------------------ staging one input on one node
@@ -431,25 +450,50 @@ def _prepare(plan: _Plan, dirs: _Dirs, ranks: ranks_module.Ranks, options: Stage
             log.info("input %s: removed %d file(s) that are not in the dataset (or this node's share) any more, e.g. %s",
                      plan.spec.name, len(removed), removed[0])
     manifest = Manifest(dirs.staging, ranks.node_index)
-    todo: list[int] = []
+    todo, check = [], []
     for k in plan.node_idx:
         entry, rel = plan.entries[k], plan.rels[k]
         size = present.get(rel)
         if manifest.finished(entry, rel, size):
-            if not options.verify_existing or (entry.expected_sha256 and sha256_of(dirs.data / rel) == entry.expected_sha256):
+            if options.verify_existing:
+                check.append(k)  # re-hashed below
+            else:
                 result.files_skipped += 1
-                continue
-        elif size is not None and rel not in manifest.records and adoptable(entry, dirs.data / rel, size):
-            manifest.record(entry, rel, size)
+        elif size is not None and rel not in manifest.records:
+            check.append(k)  # complete but not recorded (a run killed before its manifest batch)? adopted below
+        else:
+            todo.append(k)
+    for k, keep in zip(check, _check_present(plan, check, dirs.data, present), strict=True):
+        if keep:
+            if plan.rels[k] not in manifest.records:
+                manifest.record(plan.entries[k], plan.rels[k], present[plan.rels[k]])
             result.files_skipped += 1
-            continue
-        todo.append(k)
+        else:
+            todo.append(k)
     if manifest.should_compact(len(plan.node_idx)):
         manifest.compact({plan.rels[k]: plan.entries[k] for k in plan.node_idx})
     todo.sort(key=lambda k: -plan.entries[k].size)  # big files first: a shorter tail
     for parent in sorted({plan.rels[k].rpartition("/")[0] for k in todo} - {""}):
         (dirs.data / parent).mkdir(parents=True, exist_ok=True)
     return todo, manifest
+
+
+def _check_present(plan: _Plan, indices: list[int], data_dir: Path, present: dict[str, int]) -> list[bool]:
+    """Whether each file on disk is its blob, whole: size and SHA-256 against the blob's amlhpc_size
+    and amlhpc_sha256 (read with Get Blob Properties: listing leaves metadata out)."""
+    if not indices:
+        return []
+
+    def one(k: int) -> bool:
+        entry = plan.entries[k]
+        try:
+            entry = fetch_module.with_headers(entry, plan.reader.head(entry.name, etag=entry.etag))
+        except (BlobReadError, DeadlineExceeded):
+            return False
+        return adoptable(entry, data_dir / plan.rels[k], present.get(plan.rels[k]))
+
+    with ThreadPoolExecutor(min(16, len(indices)), thread_name_prefix="blob-check") as pool:
+        return list(pool.map(one, indices))
 
 
 def _fetch_all(plan: _Plan, todo: list[int], dirs: _Dirs, manifest: Manifest, ranks: ranks_module.Ranks,
@@ -614,7 +658,8 @@ def _pick_scratch(plans: list[_Plan], scratch: Path | None, env: Mapping[str, st
     if scratch is not None:
         return scratch_module.check_writable(Path(scratch), "--scratch"), {
             "path": str(scratch), "kind": "given", "detail": "passed by the caller"}
-    needed = sum((p.entries[k].expected_size or p.entries[k].size) for p in local_plans for k in p.node_idx)
+    # Stored bytes: a lower bound for gzip blobs (listing leaves out the metadata that has amlhpc_size).
+    needed = sum(p.entries[k].size for p in local_plans for k in p.node_idx)
     picked = scratch_module.pick_scratch(scratch_module.Host(env=env), required_bytes=needed,
                                          resume_markers=[f"{STAGING_DIR}/{p.spec.name}" for p in local_plans])
     for note in picked.notes:
