@@ -428,8 +428,10 @@ class Fetcher:
                 raise IntegrityError(entry.name, f"range {offset}+{length} does not match the MD5 the service sent")
         return data, headers
 
-    def _in_order(self, entry: BlobEntry, ranges: list[tuple[int, int]], range_md5: bool, got: list[int]):
+    def _in_order(self, entry: BlobEntry, ranges: list[tuple[int, int]], range_md5: bool, got: list[int],
+                  window: int | None = None):
         """Yield each range's (bytes, headers) in order, up to `window` GETs ahead on the HTTP pool."""
+        window = window or self.window
         if len(ranges) == 1:
             data, headers = self._get(entry, *ranges[0], range_md5)
             got[0] += len(data)
@@ -440,7 +442,7 @@ class Fetcher:
         try:
             for offset, length in following:
                 pending.append(self.pool.submit(self._get, entry, offset, length, range_md5))
-                if len(pending) >= self.window:
+                if len(pending) >= window:
                     break
             while pending:
                 data, headers = pending.popleft().result()
@@ -494,18 +496,23 @@ class Fetcher:
     def _members(self, entry: BlobEntry, sizes: list[int], member_bytes: int, total: int, checks: Checks,
                  partial_path: Path, got: list[int]) -> int:
         runs = _runs(sizes, member_bytes, total, self.range_bytes)
+        workers = getattr(self.inflate_pool, "_max_workers", 2) or 2
+        per_run = max(1, len(sizes) // len(runs))
+        # Enough GETs ahead that every inflate thread has members waiting, and no more.
+        window = max(self.window, -(-2 * workers // per_run))
         fd = os.open(partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         inflating: deque[Future] = deque()
         written = 0
-        ranged = self._in_order(entry, [(run[0], run[1]) for run in runs], False, got)
+        ranged = self._in_order(entry, [(run[0], run[1]) for run in runs], False, got, window)
         try:
             os.ftruncate(fd, total)
-            limit = 2 * (getattr(self.inflate_pool, "_max_workers", 2) or 2)
             for run, (data, _) in zip(runs, ranged, strict=True):
                 if checks.stored is not None:
                     checks.stored.update(data)  # in order, on this thread, while members inflate elsewhere
-                inflating.append(self.inflate_pool.submit(self._inflate_run, fd, entry, run, data))
-                while len(inflating) > limit:
+                view = memoryview(data)
+                for member in run[2]:  # one task per member: the unit of parallel work
+                    inflating.append(self.inflate_pool.submit(self._inflate_member, fd, entry, view, member))
+                while len(inflating) > 2 * workers:
                     written += inflating.popleft().result()
             while inflating:
                 written += inflating.popleft().result()
@@ -521,20 +528,16 @@ class Fetcher:
                     checks.output.update(chunk)
         return written
 
-    def _inflate_run(self, fd: int, entry: BlobEntry, run: tuple, data: bytes) -> int:
-        _, _, members = run
-        view = memoryview(data)
-        produced = 0
-        for index, start, length, out_offset, out_length in members:
-            try:
-                out = gzmembers.inflate_member(view[start:start + length], out_length, entry.name, index)
-            except gzmembers.MemberError as exc:
-                raise IntegrityError(entry.name, f"{str(exc).split(': ', 1)[1]}; re-upload it with "
-                                     "`python -m jobs data upload`") from None
-            os.pwrite(fd, out, out_offset)
-            produced += len(out)
-            self.on_bytes(length, len(out))
-        return produced
+    def _inflate_member(self, fd: int, entry: BlobEntry, view: memoryview, member: tuple) -> int:
+        index, start, length, out_offset, out_length = member
+        try:
+            out = gzmembers.inflate_member(view[start:start + length], out_length, entry.name, index)
+        except gzmembers.MemberError as exc:
+            raise IntegrityError(entry.name, f"{str(exc).split(': ', 1)[1]}; re-upload it with "
+                                 "`python -m jobs data upload`") from None
+        os.pwrite(fd, out, out_offset)
+        self.on_bytes(length, len(out))
+        return len(out)
 
 
 def _runs(sizes: list[int], member_bytes: int, total: int, range_bytes: int) -> list[tuple]:
