@@ -88,11 +88,13 @@ def balance_indices(sizes: Sequence[int], bins: int) -> list[list[int]]:
     # Largest first; Python's sort is stable, so equal sizes stay in index (= name) order.
     order = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
     assigned: list[list[int]] = [[] for _ in range(bins)]
+    appends = [group.append for group in assigned]
     heap = [(0, b) for b in range(bins)]
+    replace = heapq.heapreplace
     for k in order:
         total, b = heap[0]
-        assigned[b].append(k)
-        heapq.heapreplace(heap, (total + sizes[k], b))
+        appends[b](k)
+        replace(heap, (total + sizes[k], b))
     totals = [0] * bins
     for total, b in heap:
         totals[b] = total

@@ -47,13 +47,14 @@ def local_paths(prefix: str, entries: Sequence[BlobEntry], limit: int = 20) -> l
         # Empty, '.' or hidden segments, a leading or trailing '/', NUL, long names: a closer look.
         if "/." in rel or "//" in rel or rel[:1] in "/." or rel[-1:] == "/" or "\0" in rel or len(rel) > long:
             rels[k] = _normalize(rel, entries[k].name, prefix, problems)
-    if len(set(rels)) != len(rels):
+    unique = set(rels)
+    if len(unique) != len(rels):
         owner: dict[str, str] = {}
         for rel, entry in zip(rels, entries, strict=True):
             first = owner.setdefault(rel, entry.name)
             if first != entry.name and rel:
                 problems.append(f"blobs {first!r} and {entry.name!r} both stage to {rel!r}; rename or delete one of them")
-    problems.extend(_file_dir_conflicts(rels, entries))
+    problems.extend(_file_dir_conflicts(rels, unique, entries))
     if problems:
         more = [f"... and {len(problems) - limit} more"] if len(problems) > limit else []
         raise PathProblems(problems[:limit] + more)
@@ -75,15 +76,15 @@ def _normalize(rel: str, blob: str, prefix: str, problems: list[str]) -> str:
     return ""
 
 
-def _file_dir_conflicts(rels: list[str], entries: Sequence[BlobEntry]) -> list[str]:
+def _file_dir_conflicts(rels: list[str], unique: set[str], entries: Sequence[BlobEntry]) -> list[str]:
     """A file where another blob needs a directory, named by both blobs."""
-    parents = {rel.rpartition("/")[0] for rel in rels} - {""}
-    if not parents & set(rels):
+    parents = {rel[:rel.rfind("/")] for rel in rels if "/" in rel}
+    if not parents & unique:
         for parent in list(parents):  # ancestors too: 'x' conflicts with 'x/y/z'
             while "/" in parent:
                 parent = parent.rpartition("/")[0]
                 parents.add(parent)
-        if not parents & set(rels):
+        if not parents & unique:
             return []
     directories: dict[str, str] = {}
     for rel, entry in zip(rels, entries, strict=True):

@@ -76,6 +76,8 @@ except ImportError:  # pragma: no cover - exercised only where isal is absent
 GZIP_WBITS = 16 + zlib.MAX_WBITS
 MAX_PIECE_BYTES = 16 << 20
 """Largest piece of decompressed output held at once per file."""
+FEED_BYTES = 4 << 20
+"""Largest piece of stored bytes handed to the inflater at once."""
 RANGE_MD5_LIMIT = 4 << 20
 """The service returns a range's MD5 only for ranges up to 4 MiB (Get Blob, x-ms-range-get-content-md5)."""
 
@@ -218,6 +220,13 @@ class Gunzip:
 
     def feed(self, data: bytes):
         """Yield decompressed pieces of at most MAX_PIECE_BYTES for `data`."""
+        if len(data) > FEED_BYTES:
+            # The inflater hands back what it did not consume as a copy: feeding a large buffer
+            # whole would copy its tail once per output piece.
+            view = memoryview(data)
+            for start in range(0, len(view), FEED_BYTES):
+                yield from self.feed(view[start:start + FEED_BYTES])
+            return
         while data:
             self._member_has_input = True
             try:
