@@ -108,7 +108,19 @@ def measure(blobs: int, nodes: int, ranks: int) -> dict:
             "finished": finished, "seconds": {k: round(v, 3) for k, v in timings.items()},
             "cpu_seconds": {k: round(v, 3) for k, v in cpu.items()},
             "total_s": round(sum(timings.values()), 3), "total_cpu_s": round(sum(cpu.values()), 3),
-            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+            "max_rss_mib": round(peak_rss_kib() / 1024, 1)}
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set (VmHWM). Not getrusage's ru_maxrss: Linux carries that
+    across exec, so a process started by a large parent would report the parent's size."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def main(argv: list[str] | None = None) -> int:

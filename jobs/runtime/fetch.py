@@ -318,11 +318,16 @@ class Checks:
             raise FetchError(entry.name, f"got {written} of {entry.size} bytes", transient=True)
 
 
-def with_headers(entry: BlobEntry, headers) -> BlobEntry:
-    """`entry` with the metadata a Get Blob / Get Blob Properties answer carries (x-ms-meta-*)."""
-    items = [(name[len("x-ms-meta-"):], value) for name, value in headers.items()
-             if name.lower().startswith("x-ms-meta-")]
-    return BlobEntry.with_metadata(entry.name, entry.size, dict(items), etag=entry.etag,
+META_KEYS = ("amlhpc_size", "amlhpc_sha256", "amlhpc_stored_sha256", gzmembers.META_MEMBERS,
+             gzmembers.META_MEMBER_BYTES)
+"""The metadata staging reads."""
+
+
+def with_headers(entry: BlobEntry, headers, keys: tuple[str, ...] = META_KEYS) -> BlobEntry:
+    """`entry` with the metadata `keys` a Get Blob / Get Blob Properties answer carries
+    (x-ms-meta-<key>). Only these are looked up: http.client's headers are slow to walk."""
+    found = {key: value for key in keys if (value := headers.get("x-ms-meta-" + key)) is not None}
+    return BlobEntry.with_metadata(entry.name, entry.size, found, etag=entry.etag,
                                    content_encoding=entry.content_encoding, content_md5=entry.content_md5)
 
 
@@ -367,6 +372,10 @@ class Fetcher:
         self.verify_sha256 = verify_sha256
         self.deadline = deadline
         self.on_bytes = on_bytes or (lambda stored, out: None)
+        # What the one-stream path reads from a GET's answer: sizes, the stored digest when this CPU
+        # prefers SHA-256 (else the listing's Content-MD5 serves), the output's SHA-256 when asked.
+        self._stream_keys = ("amlhpc_size", *(("amlhpc_stored_sha256",) if sha256_is_faster() else ()),
+                             *(("amlhpc_sha256",) if verify_sha256 else ()))
 
     def fetch(self, entry: BlobEntry, final_path: str | Path, partial_path: str | Path) -> FetchResult:
         """Fetch `entry` to `final_path` via `partial_path` (same filesystem; see the module docstring)."""
@@ -477,7 +486,7 @@ class Fetcher:
         with open(partial_path, "wb") as out, closing(ranged):
             for data, headers in ranged:
                 if checks is None:  # the first answer carries the blob's metadata
-                    checks = Checks(with_headers(entry, headers) if not entry.metadata else entry,
+                    checks = Checks(with_headers(entry, headers, self._stream_keys) if not entry.metadata else entry,
                                     self.verify_sha256, range_md5)
                 if checks.stored is not None:
                     checks.stored.update(data)
