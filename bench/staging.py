@@ -1,392 +1,379 @@
-"""Staging throughput against Azurite, next to a naive baseline and each stage alone.
+"""Staging's CPU per byte and speed against Azurite, next to the SDK and each stage alone.
 
-    python -m bench.staging [--files 128] [--file-mib 4] [--repeats 3] [--results bench/RESULTS.md]
+    python -m bench.staging [--repeats 5] [--files 128 --file-mib 4] [--big-mib 1024]
+                            [--small-files 20000 --small-kib 8] [--listing-blobs 1000000]
+                            [--skip floor,big,small,listing] [--out bench/out] [--update-results]
 
-One run, one machine, one Azurite:
+Why CPU per byte: on an ND node the NIC brings gzip faster than one core inflates it, so
+staging is CPU-bound there too and core-seconds per GB decide a node's staging rate.
+Client CPU is this process's CPU time (time.process_time: every thread; staging runs in
+this process), Azurite's is read from /proc and shown apart: on a node the server is not
+ours to pay for. Every measurement repeats `--repeats` times, interleaved with the others
+(so a burst of load elsewhere hits every kind alike), and the median is reported.
 
-1. generate a CosmoFlow-named dataset (bench/dataset.py: int16 counts that gzip ~4.8x)
-   and measure the compression levels on a sample (ratio, compress and decompress MB/s),
-   which is what `jobs data upload`'s default level rests on;
-2. upload it with `jobs data upload`'s code (gzip-encoded, with metadata);
-3. time, `--repeats` times each, taking the median:
-   - staging: `jobs.runtime.staging.stage_inputs` on one node with its defaults (parallel
-     ranged downloads, streaming decompression, SHA-256 verification, temp file + rename);
-     and the same with the SHA-256 check off (`verify_sha256=False`), to show its cost;
-   - naive: one blob after another: download it whole, then decompress, then write. It
-     gets the same tuned client and isal's inflate and skips verification, so the gap to
-     staging is the pipeline's doing, not a handicap given to the baseline;
-   - each stage alone: parallel raw download (bytes discarded), decompression on all
-     cores (blobs already in memory), disk write (decompressed bytes already in memory,
-     written by as many threads as staging uses), and SHA-256 on all cores.
-4. Every figure is reported as decompressed MB/s (10^6 bytes of dataset per second), the
-   unit the targets use: staging >= 2x naive, and >= 70% of the slowest stage alone.
+1. The CPU floor, on a CosmoFlow-like dataset (bench/dataset.py, sizes +-50%):
+   - staging: `stage_inputs` with its defaults, full verification (a digest of the stored
+     bytes, gzip CRC-32 and sizes: every byte);
+   - the SDK baseline: per file `download_blob(max_concurrency=8).readall()` on a default
+     ContainerClient, isal's inflate, write; it verifies nothing;
+   - sequential, unverified: per file one GET through the same transport as before,
+     inflate, write;
+   - each stage alone: download (staging's reader, as many GETs at once as staging),
+     inflate (isal on every core, blobs in memory), write (new files, as many writers as
+     staging), and the stored-bytes digest staging computes;
+   - targets: staging <= 1.05x the SDK baseline's client CPU and >= 1.6x its speed; and
+     staging's distance from the sum of its stages.
+2. Parallel inflate: one `--big-mib` file uploaded as gzip members (the default) and as
+   one stream (as uploads before members did), both staged, and the one stream inflated
+   alone on one core. Target: members stage >= 1.7x faster than single-stream inflate.
+3. Many small files: `--small-files` of `--small-kib` staged; client CPU-ms per file,
+   next to the SDK (one `download_blob` per file, on the first 2,000). Target < 1.5 ms.
+4. Listing, planning and resuming `--listing-blobs` blobs (bench/listing.py, in a process
+   of its own for its peak memory). Target: < 10 s, < 1 GB.
 
-Results (numbers, the command, the machine, its load) are written to --results.
+Results go to `--out` (bench/out/staging.md and .json, git-ignored); `--update-results`
+also writes them into bench/RESULTS.md, keeping its hand-written part.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.dataset import generate, volume_bytes
+from bench.dataset import generate
+from bench.machine import azurite_version, describe_machine, loadavg
 from jobs.data import upload
 from jobs.local import azurite as azurite_server
-from jobs.runtime import blobio, contract, staging
-from jobs.runtime.fetch import INFLATE_LIBRARY, Gunzip
+from jobs.runtime import blobhttp, blobio, contract, staging
+from jobs.runtime.fetch import INFLATE_LIBRARY, Gunzip, sha256_is_faster
 from jobs.runtime.ranks import validated
 
 MB = 1e6
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).with_name("RESULTS.md")
+MARKER = "<!-- analysis -->"
+
+
+# ------------------------------------------------------------------ measuring
 
 
 @dataclass
 class Measurement:
     name: str
-    seconds: list[float] = field(default_factory=list)
-    cpu_seconds: list[float] = field(default_factory=list)
-    """CPU time of this process, its child processes and Azurite during each run."""
-    note: str = ""
+    note: str
+    fn: Callable[[], object]
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    """Client CPU: this process."""
+    server_cpu: list[float] = field(default_factory=list)
+    """Azurite's CPU during the run."""
 
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.seconds)
+    def median(self, what: str) -> float:
+        return statistics.median(getattr(self, what))
 
-    @property
-    def median_cpu_s(self) -> float:
-        return statistics.median(self.cpu_seconds)
+    def row(self, output_bytes: int, files: int | None = None) -> dict:
+        wall, cpu = self.median("wall"), self.median("cpu")
+        row = {"name": self.name, "note": self.note, "median_s": wall, "runs_s": self.wall, "cpu_s": cpu,
+               "server_cpu_s": self.median("server_cpu"), "mb_per_s": output_bytes / MB / wall,
+               "core_s_per_gb": cpu / (output_bytes / 1e9)}
+        if files:
+            row["cpu_ms_per_file"] = cpu * 1000 / files
+        return row
 
-    def mb_per_s(self, nbytes: int) -> float:
-        return nbytes / MB / self.median_s
 
-
-def _cpu_now(pid: int) -> float:
-    """CPU seconds so far of this process, its reaped children and process `pid` (Azurite)."""
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+def _server_cpu(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
-        pass
-    return total
+        return 0.0
 
 
-def _timed(fn: Callable[[], object], pid: int) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one call."""
-    cpu = _cpu_now(pid)
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start, _cpu_now(pid) - cpu
+def interleaved(measurements: list[Measurement], repeats: int, server_pid: int) -> None:
+    """Run every measurement `repeats` times, one after another in turn."""
+    for repeat in range(repeats):
+        for m in measurements:
+            server, cpu, start = _server_cpu(server_pid), time.process_time(), time.perf_counter()
+            m.fn()
+            m.wall.append(time.perf_counter() - start)
+            m.cpu.append(time.process_time() - cpu)
+            m.server_cpu.append(_server_cpu(server_pid) - server)
+            print(f"  [{repeat + 1}/{repeats}] {m.name}: {m.wall[-1]:.2f}s wall, {m.cpu[-1]:.2f}s client CPU",
+                  file=sys.stderr)
 
 
-def _loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
+# ------------------------------------------------------------------ the runs
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+@dataclass
+class Bench:
+    server: azurite_server.Azurite
+    workdir: Path
+    container: object
+    retry: blobio.RetrySettings = field(default_factory=blobio.RetrySettings.fast)
+
+    def scratch(self, tag: str) -> Path:
+        return self.workdir / f"{tag}-{uuid.uuid4().hex[:6]}"
+
+    def stage(self, prefix: str, expect_bytes: int, **options) -> Callable[[], None]:
+        def run() -> None:
+            scratch = self.scratch("stage")
+            env = {contract.BLOB_CONNECTION_STRING: self.server.connection_string, contract.SCRATCH: str(scratch),
+                   contract.REPORT_DIR: str(self.workdir / "reports"), contract.RUN_ID: uuid.uuid4().hex}
+            spec = staging.StageSpec("data", self.container.container_name, prefix=prefix)
+            result = staging.stage_inputs([spec], validated(0, 0, 1, 1), env=env, options=staging.StageOptions(
+                retry=self.retry, progress_interval_s=3600, **options))
+            assert result.bytes_out == expect_bytes, (result.bytes_out, expect_bytes)
+            shutil.rmtree(scratch)
+        return run
+
+    def sdk_baseline(self, names: list[str]) -> Callable[[], None]:
+        """What a user writes: a default client, download_blob(max_concurrency=8).readall(), isal, write."""
+        from azure.storage.blob import ContainerClient
+        from isal import isal_zlib
+
+        client = ContainerClient.from_connection_string(self.server.connection_string, self.container.container_name)
+
+        def run() -> None:
+            out = self.scratch("sdk")
+            out.mkdir()
+            for name in names:
+                data = client.get_blob_client(name).download_blob(max_concurrency=8, decompress=False).readall()
+                (out / Path(name).name).write_bytes(isal_zlib.decompress(data, wbits=31))
+            shutil.rmtree(out)
+        return run
+
+    def sequential(self, names: list[str]) -> Callable[[], None]:
+        """One file after another: GET (staging's transport), inflate, write; nothing verified."""
+        reader = self.reader()
+        sizes = {b.name: b.size for b in self.container.list_blobs()}
+
+        def run() -> None:
+            out = self.scratch("seq")
+            out.mkdir()
+            for name in names:
+                data, _ = reader.get(name, 0, sizes[name])
+                gunzip = Gunzip(name)
+                with open(out / Path(name).name, "wb") as handle:
+                    for piece in gunzip.feed(data):
+                        handle.write(piece)
+            shutil.rmtree(out)
+        return run
+
+    def reader(self) -> blobhttp.Reader:
+        url, auth = blobhttp.auth_from_env(self.container.container_name, None,
+                                           {contract.BLOB_CONNECTION_STRING: self.server.connection_string})
+        return blobhttp.Reader(url, auth, self.retry)
 
 
-def _mem_gib() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / (1 << 20)
-    except OSError:
-        pass
-    return 0.0
+def stage_alone_runs(bench: Bench, names: list[str], stored: dict[str, bytes], raw: list[bytes],
+                     options: staging.StageOptions) -> list[Measurement]:
+    """Each of staging's stages on its own, with the parallelism staging gives it."""
+    reader = bench.reader()
+    cpus = os.cpu_count() or 1
+
+    def download() -> None:
+        with ThreadPoolExecutor(options.concurrency) as pool:
+            got = sum(pool.map(lambda n: len(reader.get(n, 0, len(stored[n]))[0]), names))
+        assert got == sum(len(v) for v in stored.values())
+
+    def inflate() -> None:
+        def one(data: bytes) -> int:
+            gunzip = Gunzip("bench")
+            return sum(len(p) for p in gunzip.feed(data)) + len(gunzip.finish())
+        with ThreadPoolExecutor(cpus) as pool:
+            assert sum(pool.map(one, stored.values())) == sum(len(r) for r in raw)
+
+    def write() -> None:
+        out = bench.scratch("write")
+        out.mkdir()
+
+        def one(item: tuple[int, bytes]) -> None:
+            partial = out / f".{item[0]}.partial"
+            partial.write_bytes(item[1])
+            os.replace(partial, out / str(item[0]))
+        with ThreadPoolExecutor(options.file_workers) as pool:
+            list(pool.map(one, enumerate(raw)))
+        shutil.rmtree(out)
+
+    kind = "sha256" if sha256_is_faster() else "md5"
+
+    def digest() -> None:
+        import hashlib
+
+        for data in stored.values():
+            hashlib.new(kind, data).digest()
+
+    return [Measurement("download alone", f"{options.concurrency} GETs at once, bytes discarded", download),
+            Measurement("inflate alone", f"{INFLATE_LIBRARY} on {cpus} threads, blobs in memory", inflate),
+            Measurement("write alone", f"{options.file_workers} writers, partial file + rename", write),
+            Measurement("stored digest alone", f"{kind} of the stored bytes, one thread (part of staging's "
+                        "verification)", digest)]
 
 
-# ------------------------------------------------------------------ compression levels
+# ------------------------------------------------------------------ the four parts
 
 
-def _level_row(level: int, sample: bytes) -> dict[str, float | str]:
-    comp = upload.compressor(level)
-    start = time.perf_counter()
-    packed = comp.compress(sample) + comp.flush()
-    compress_s = time.perf_counter() - start
-    start = time.perf_counter()
-    out = b"".join(Gunzip("sample").feed(packed))
-    decompress_s = time.perf_counter() - start
-    assert out == sample
-    return {"level": level, "library": upload.compressor_name(level), "ratio": len(sample) / len(packed),
-            "compress_mb_s": len(sample) / MB / compress_s, "decompress_mb_s": len(sample) / MB / decompress_s}
+def floor(bench: Bench, args: argparse.Namespace) -> dict:
+    source = bench.workdir / "floor"
+    generate(source, universes=max(1, args.files // 64), files_per_universe=min(64, args.files),
+             file_bytes=int(args.file_mib * (1 << 20)), size_jitter=0.5, seed=1)
+    files = sorted(p for p in source.iterdir() if p.is_file())
+    raw = [p.read_bytes() for p in files]
+    total = sum(len(r) for r in raw)
+    report = upload.upload_directory(bench.container, source, "floor")
+    names = [f"floor/{p.name}.gz" for p in files]
+    stored = {n: bench.container.download_blob(n, decompress=False).readall() for n in names}
+    options = staging.StageOptions().resolved()
+    runs = [Measurement("staging", "stage_inputs defaults: a digest of the stored bytes, gzip CRC-32, sizes",
+                        bench.stage("floor", total)),
+            Measurement("SDK + isal (baseline)", "download_blob(max_concurrency=8).readall(), isal, write; no "
+                        "checks", bench.sdk_baseline(names)),
+            Measurement("sequential, unverified", "per file: one GET, inflate, write", bench.sequential(names)),
+            *stage_alone_runs(bench, names, stored, raw, options)]
+    interleaved(runs, args.repeats, bench.server.process.pid)
+    rows = {m.name: m.row(total) for m in runs}
+    stages = sum(rows[k]["core_s_per_gb"] for k in ("download alone", "inflate alone", "write alone"))
+    return {"files": len(files), "bytes": total, "stored_bytes": report.bytes_stored, "rows": rows,
+            "stage_sum_core_s_per_gb": stages,
+            "cpu_vs_sdk": rows["staging"]["cpu_s"] / rows["SDK + isal (baseline)"]["cpu_s"],
+            "speed_vs_sdk": rows["SDK + isal (baseline)"]["median_s"] / rows["staging"]["median_s"],
+            "cpu_vs_sequential": rows["staging"]["cpu_s"] / rows["sequential, unverified"]["cpu_s"],
+            "speed_vs_sequential": rows["sequential, unverified"]["median_s"] / rows["staging"]["median_s"]}
 
 
-def compression_levels(sample: bytes, levels=(0, 1, 2, 3, 4, 6, 9)) -> list[dict[str, float | str]]:
-    return [_level_row(level, sample) for level in levels]
+def big_file(bench: Bench, args: argparse.Namespace) -> dict:
+    source = bench.workdir / "big"
+    generate(source, files_per_universe=1, file_bytes=int(args.big_mib * (1 << 20)), seed=7)
+    (path,) = source.iterdir()
+    size = path.stat().st_size
+    upload.upload_directory(bench.container, source, "members")
+    upload.upload_directory(bench.container, source, "onestream", member_bytes=4096 << 20)
+    one = bench.container.download_blob(f"onestream/{path.name}.gz", decompress=False).readall()
+
+    def inflate_alone() -> None:
+        gunzip = Gunzip("one")
+        assert sum(len(p) for p in gunzip.feed(one)) + len(gunzip.finish()) == size
+
+    runs = [Measurement("staging, members", f"uploaded as {upload.gzmembers.DEFAULT_MEMBER_BYTES >> 20} MiB gzip "
+                        "members, inflated on every core", bench.stage("members", size)),
+            Measurement("staging, one stream", "the same file uploaded as one gzip stream (as before members)",
+                        bench.stage("onestream", size)),
+            Measurement("single-stream inflate alone", f"{INFLATE_LIBRARY}, one thread, blob in memory", inflate_alone)]
+    interleaved(runs, args.big_repeats, bench.server.process.pid)
+    rows = {m.name: m.row(size) for m in runs}
+    return {"bytes": size, "stored_bytes": len(one), "rows": rows,
+            "vs_inflate_alone": rows["single-stream inflate alone"]["median_s"] / rows["staging, members"]["median_s"],
+            "vs_one_stream": rows["staging, one stream"]["median_s"] / rows["staging, members"]["median_s"]}
 
 
-# ------------------------------------------------------------------ the stages
+def small_files(bench: Bench, args: argparse.Namespace) -> dict:
+    source = bench.workdir / "small"
+    generate(source, universes=-(-args.small_files // 1000), files_per_universe=1000,
+             file_bytes=int(args.small_kib * 1024), seed=3)
+    files = sorted(source.iterdir())[:args.small_files]
+    for extra in sorted(source.iterdir())[args.small_files:]:
+        extra.unlink()
+    total = sum(p.stat().st_size for p in files)
+    started = time.perf_counter()
+    upload.upload_directory(bench.container, source, "small", workers=4)
+    print(f"  uploaded {len(files)} small files in {time.perf_counter() - started:.0f}s", file=sys.stderr)
+    subset = [f"small/{p.name}.gz" for p in files[:2000]]
+    runs = [Measurement("staging", f"{len(files)} files", bench.stage("small", total)),
+            Measurement("SDK + isal, per file", f"the first {len(subset)} files", bench.sdk_baseline(subset))]
+    interleaved(runs, args.small_repeats, bench.server.process.pid)
+    rows = {"staging": runs[0].row(total, len(files)), "SDK + isal, per file": runs[1].row(total, len(subset))}
+    return {"files": len(files), "bytes": total, "rows": rows}
 
 
-def _decompress_blob(data: bytes) -> int:
-    g = Gunzip("bench")
-    return sum(len(p) for p in g.feed(data)) + len(g.finish())
+def listing(args: argparse.Namespace) -> dict:
+    done = subprocess.run([sys.executable, "-m", "bench.listing", "--blobs", str(args.listing_blobs), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+# ------------------------------------------------------------------ report
+
+
+def render(results: dict) -> str:
+    from bench.report import render_staging
+
+    return render_staging(results)
+
+
+def write_results(text: str, results: dict, out: Path, update: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "staging.md").write_text(text + "\n")
+    (out / "staging.json").write_text(json.dumps(results, indent=2) + "\n")
+    if update:
+        previous = RESULTS.read_text() if RESULTS.exists() else ""
+        kept = previous[previous.index(MARKER):] if MARKER in previous else ""
+        RESULTS.write_text(text + "\n\n" + kept)
 
 
 def run(args: argparse.Namespace) -> dict:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="amlhpc-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    load_before = _loadavg()
-    print(f"workdir {workdir}; load average {load_before}", file=sys.stderr)
-    source = workdir / "source"
-    generate(source, universes=max(1, args.files // 64), files_per_universe=min(64, args.files),
-             file_bytes=int(args.file_mib * (1 << 20)))
-    files = sorted(p for p in source.iterdir() if p.is_file())
-    raw = {p.name: p.read_bytes() for p in files}
-    total = sum(len(v) for v in raw.values())
-    print(f"dataset: {len(files)} files, {total / MB:.1f} MB", file=sys.stderr)
-
-    levels = compression_levels(volume_bytes(12345, min(32 << 20, total)))
-    results: dict = {"levels": levels}
-
-    with azurite_server.start(workdir / "azurite") as server:
-        retry = blobio.RetrySettings.fast()
-        container = blobio.container_client("bench", connection_string=server.connection_string, retry=retry,
-                                            max_connections=64)
-        container.create_container()
-        up_start = time.perf_counter()
-        report = upload.upload_directory(container, source, "cosmoflow", level=upload.DEFAULT_LEVEL)
-        results["upload"] = {"seconds": time.perf_counter() - up_start, **report.to_json()}
-        stored = report.bytes_stored
-        print(f"uploaded: {stored / MB:.1f} MB stored (ratio {report.ratio:.2f}) in {results['upload']['seconds']:.1f}s",
-              file=sys.stderr)
-        blob_names = sorted(b.name for b in container.list_blobs(name_starts_with="cosmoflow/"))
-        compressed = {name: container.download_blob(name, decompress=False).readall() for name in blob_names}
-        options = staging.StageOptions(retry=retry, progress_interval_s=3600).resolved()
-        threads = options.file_workers
-        cpus = os.cpu_count() or 1
-
-        def stage(verify: bool) -> Callable[[], object]:
-            def go() -> None:
-                scratch = workdir / f"scratch-{uuid.uuid4().hex[:6]}"
-                env = {contract.BLOB_CONNECTION_STRING: server.connection_string, contract.SCRATCH: str(scratch),
-                       contract.REPORT_DIR: str(workdir / "reports"), "AMLHPC_RUN_ID": uuid.uuid4().hex}
-                specs = [staging.StageSpec("cosmo", "bench", prefix="cosmoflow", mode="local")]
-                result = staging.stage_inputs(specs, validated(0, 0, 1, 1), options=staging.StageOptions(
-                    retry=retry, progress_interval_s=3600, verify_sha256=verify), env=env)
-                assert result.bytes_out == total, (result.bytes_out, total)
-                shutil.rmtree(scratch)
-            return go
-
-        def naive() -> None:
-            out = workdir / f"naive-{uuid.uuid4().hex[:6]}"
-            out.mkdir()
-            for name in blob_names:
-                data = container.download_blob(name, decompress=False, max_concurrency=1).readall()
-                g = Gunzip(name)
-                plain = b"".join(g.feed(data)) + g.finish()
-                (out / Path(name).name[:-3]).write_bytes(plain)
-            shutil.rmtree(out)
-
-        from azure.storage.blob import ContainerClient
-
-        default_client = ContainerClient.from_connection_string(server.connection_string, "bench")
-
-        def naive_sdk_defaults() -> None:
-            out = workdir / f"naive-sdk-{uuid.uuid4().hex[:6]}"
-            out.mkdir()
-            for name in blob_names:
-                # what the SDK's quickstart does: its own gzip decoding (zlib), 4 KiB reads
-                (out / Path(name).name[:-3]).write_bytes(default_client.download_blob(name).readall())
-            shutil.rmtree(out)
-
-        def download_only() -> None:
-            with ThreadPoolExecutor(options.concurrency) as pool:
-                got = sum(pool.map(lambda n: len(container.download_blob(n, decompress=False, max_concurrency=1).readall()),
-                                   blob_names))
-            assert got == stored
-
-        def decompress_only() -> None:
-            with ProcessPoolExecutor(cpus) as pool:
-                assert sum(pool.map(_decompress_blob, compressed.values(), chunksize=4)) == total
-
-        def sha_only() -> None:
-            with ProcessPoolExecutor(cpus) as pool:
-                list(pool.map(_sha256, raw.values(), chunksize=4))
-
-        def write_only() -> None:
-            out = workdir / f"write-{uuid.uuid4().hex[:6]}"
-            out.mkdir()
-
-            def put(item: tuple[str, bytes]) -> None:
-                (out / item[0]).write_bytes(item[1])
-
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(put, raw.items()))
-            shutil.rmtree(out)
-
-        plan = [
-            ("staging", stage(True), "jobs.runtime.staging defaults: parallel ranges, streaming gunzip, SHA-256, rename"),
-            ("staging without SHA-256", stage(False), "same, verify_sha256=False (size and gzip CRC-32 still checked)"),
-            ("naive", naive, "sequential: download whole blob, then decompress, then write; no verification; "
-                             "same tuned client and isal as staging"),
-            ("naive, SDK defaults", naive_sdk_defaults, "sequential `download_blob(name).readall()` with the SDK's "
-                                                        "own gzip decoding and default client, then write"),
-            ("download alone", download_only, f"{options.concurrency} parallel GETs, bytes discarded"),
-            ("decompress alone", decompress_only, f"{INFLATE_LIBRARY} inflate in {cpus} processes, blobs in memory"),
-            ("write alone", write_only, f"{threads} threads writing the decompressed files"),
-            ("sha256 alone", sha_only, f"hashlib in {cpus} processes (part of staging's work, not a target stage)"),
-        ]
-        measurements = {name: Measurement(name, note=note) for name, _, note in plan}
-        pid = server.process.pid if server.process else -1
-        for _ in range(args.repeats):  # interleaved, so a burst of load elsewhere hits every kind alike
-            for name, fn, _ in plan:
-                wall, cpu = _timed(fn, pid)
-                measurements[name].seconds.append(wall)
-                measurements[name].cpu_seconds.append(cpu)
-                print(f"  {name}: {wall:.2f}s wall, {cpu:.2f}s CPU", file=sys.stderr)
-
-    rows = {name: {"median_s": m.median_s, "seconds": m.seconds, "mb_per_s": m.mb_per_s(total), "note": m.note,
-                   "cpu_s": m.median_cpu_s, "core_s_per_gb": m.median_cpu_s / (total / 1e9),
-                   # what the run would reach if it had every core of this machine to itself
-                   "cpu_bound_mb_per_s": total / MB / (m.median_cpu_s / cpus) if m.median_cpu_s else 0.0}
-            for name, m in measurements.items()}
-    stages = {k: rows[k]["mb_per_s"] for k in ("download alone", "decompress alone", "write alone")}
-    slowest = min(stages, key=stages.get)
-    ours = rows["staging"]["mb_per_s"]
-    results.update({
-        "rows": rows, "slowest_stage": slowest,
-        "speedup_vs_naive": ours / rows["naive"]["mb_per_s"],
-        "speedup_vs_naive_sdk": ours / rows["naive, SDK defaults"]["mb_per_s"],
-        "fraction_of_slowest": ours / stages[slowest],
-        "fraction_of_slowest_without_sha": rows["staging without SHA-256"]["mb_per_s"] / stages[slowest],
-        "dataset": {"files": len(files), "bytes": total, "stored_bytes": stored, "ratio": total / stored},
-        "download_raw_mb_s": stored / MB / rows["download alone"]["median_s"],
-        "machine": {"cpu": _cpu_model(), "cpus": cpus, "mem_gib": round(_mem_gib(), 1),
-                    "python": platform.python_version(), "platform": platform.platform(),
-                    "load_before": load_before, "load_after": _loadavg(), "inflate": INFLATE_LIBRARY,
-                    "azurite": _azurite_version()},
-        "options": {"concurrency": options.concurrency, "file_workers": options.file_workers,
-                    "range_bytes": options.range_bytes, "window": options.window},
-        "command": "python -m bench.staging " + " ".join(sys.argv[1:]),
-    })
-    if not args.keep:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return results
-
-
-def _azurite_version() -> str:
+    results: dict = {"command": "python -m bench.staging " + " ".join(sys.argv[1:]), "load_before": loadavg(),
+                     "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+    parts = [p for p in ("floor", "big", "small", "listing") if p not in args.skip]
     try:
-        package = azurite_server.REPO_ROOT / "node_modules" / "azurite" / "package.json"
-        return json.loads(package.read_text())["version"]
-    except (OSError, KeyError, json.JSONDecodeError):
-        return "unknown"
-
-
-def render(results: dict) -> str:
-    rows = results["rows"]
-    d = results["dataset"]
-    m = results["machine"]
-    lines = [
-        "# Staging benchmark",
-        "",
-        f"Command: `{results['command']}` (`make bench`). Written by bench/staging.py; numbers are medians of "
-        f"{len(rows['staging']['seconds'])} interleaved repeats.",
-        "",
-        f"Machine: {m['cpu']}, {m['cpus']} CPUs, {m['mem_gib']} GiB RAM, Python {m['python']}, {m['platform']}; "
-        f"inflate: {m['inflate']}; Azurite {m['azurite']} on the same machine. Load average before/after: "
-        f"{m['load_before']} / {m['load_after']} (other work shared the CPUs).",
-        "",
-        f"Dataset: {d['files']} CosmoFlow-named files, {d['bytes'] / MB:.1f} MB, stored gzip-encoded as "
-        f"{d['stored_bytes'] / MB:.1f} MB (ratio {d['ratio']:.2f}; NAG's CosmoFlow tutorial: 5.1 TB -> 1.1 TB = 4.6).",
-        "",
-        "All rates are decompressed MB/s (10^6 bytes of dataset per second). CPU s counts this process, its "
-        "worker processes and Azurite; 'MB/s if CPU-bound on all cores' divides the dataset by CPU s / cores, "
-        "the ceiling when nothing but CPU limits a run.",
-        "",
-        "| measurement | median s | MB/s | runs (s) | CPU s | core-s/GB | MB/s if CPU-bound on all cores | what |",
-        "|---|---:|---:|---|---:|---:|---:|---|",
-    ]
-    for name, row in rows.items():
-        runs = ", ".join(f"{s:.2f}" for s in row["seconds"])
-        lines.append(f"| {name} | {row['median_s']:.2f} | {row['mb_per_s']:.0f} | {runs} | {row['cpu_s']:.2f} | "
-                     f"{row['core_s_per_gb']:.1f} | {row['cpu_bound_mb_per_s']:.0f} | {row['note']} |")
-    speedup = results["speedup_vs_naive"]
-    fraction = results["fraction_of_slowest"]
-    lines += [
-        "",
-        f"Raw download alone moved {results['download_raw_mb_s']:.0f} MB/s of stored (compressed) bytes.",
-        "",
-        "## Targets",
-        "",
-        f"- staging vs naive: **{speedup:.2f}x** (target >= 2x): {'met' if speedup >= 2 else 'MISSED'}; vs the "
-        f"SDK-defaults baseline: {results['speedup_vs_naive_sdk']:.2f}x",
-        f"- staging vs the slowest stage alone ({results['slowest_stage']}): **{fraction:.0%}** (target >= 70%): "
-        f"{'met' if fraction >= 0.7 else 'MISSED'}; without the SHA-256 check: "
-        f"{results['fraction_of_slowest_without_sha']:.0%}",
-        "",
-        "## Compression levels (`jobs data upload --level`)",
-        "",
-        "| level | library | ratio | compress MB/s (1 core) | decompress MB/s (1 core) |",
-        "|---:|---|---:|---:|---:|",
-    ]
-    for row in results["levels"]:
-        lines.append(f"| {row['level']} | {row['library']} | {row['ratio']:.2f} | {row['compress_mb_s']:.0f} | "
-                     f"{row['decompress_mb_s']:.0f} |")
-    u = results["upload"]
-    lines += ["", f"Upload of the dataset (level {upload.DEFAULT_LEVEL}, {u['files']} files): {u['seconds']:.1f}s, "
-                  f"{u['mb_per_s']:.0f} MB/s uncompressed in, ratio {u['ratio']:.2f}.", ""]
-    return "\n".join(lines)
+        with azurite_server.start(workdir / "azurite") as server:
+            container = blobio.container_client("bench", connection_string=server.connection_string,
+                                                retry=blobio.RetrySettings.fast(), max_connections=64)
+            container.create_container()
+            bench = Bench(server, workdir, container)
+            for name, part in (("floor", floor), ("big", big_file), ("small", small_files)):
+                if name in parts:
+                    print(f"{name}: ...", file=sys.stderr)
+                    results[name] = part(bench, args)
+        if "listing" in parts:
+            print("listing: ...", file=sys.stderr)
+            results["listing"] = listing(args)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    results["machine"] = {**describe_machine(), "load_after": loadavg(), "inflate": INFLATE_LIBRARY,
+                          "stored_digest": "SHA-256" if sha256_is_faster() else "MD5",
+                          "azurite": azurite_version()}
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.staging", description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=128, help="files in the dataset (64 per universe)")
-    parser.add_argument("--file-mib", type=float, default=4.0, help="MiB per file (real CosmoFlow files are ~16)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each CPU-floor measurement (median)")
+    parser.add_argument("--files", type=int, default=128, help="files in the CPU-floor dataset (64 per universe)")
+    parser.add_argument("--file-mib", type=float, default=4.0, help="mean MiB per file (+-50%%)")
+    parser.add_argument("--big-mib", type=float, default=1024.0, help="MiB of the single large file")
+    parser.add_argument("--big-repeats", type=int, default=3)
+    parser.add_argument("--small-files", type=int, default=20_000)
+    parser.add_argument("--small-kib", type=float, default=8.0)
+    parser.add_argument("--small-repeats", type=int, default=3)
+    parser.add_argument("--listing-blobs", type=int, default=1_000_000)
+    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: floor,big,small,listing")
     parser.add_argument("--workdir", type=Path, help="where data, scratch and Azurite live (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
-    parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"),
-                        help="markdown report to write ('-' for stdout only)")
-    parser.add_argument("--json", type=Path, help="also write the raw results as JSON here")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out", help="where staging.md/.json go")
+    parser.add_argument("--update-results", action="store_true", help="also write the results into bench/RESULTS.md")
     args = parser.parse_args(argv)
+    args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     results = run(args)
     text = render(results)
     print(text)
-    if str(args.results) != "-":
-        args.results.write_text(text + "\n" + _explanation_placeholder(args.results))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    write_results(text, results, args.out, args.update_results)
     return 0
-
-
-def _explanation_placeholder(path: Path) -> str:
-    """Keep the hand-written analysis below the generated part when re-running."""
-    marker = "<!-- analysis -->"
-    if path.exists() and marker in path.read_text():
-        return path.read_text()[path.read_text().index(marker):]
-    return ""
 
 
 if __name__ == "__main__":

@@ -4,7 +4,15 @@ For each request it may, at random (seeded):
 - drop the connection without answering (a reset the client sees mid-request);
 - answer `503 ServerBusy`, as a throttled storage account does;
 - forward the request and truncate the response body: all headers (including the full
-  Content-Length) and only part of the body, then close the connection.
+  Content-Length) and only part of the body, then close the connection;
+- forward the request and flip one byte of the body (`corrupt`), as a faulty NIC or
+  proxy would, to show that verification catches it;
+- forward the request and drip the body (`drip`): all headers, then one byte every
+  `drip_interval_s`, forever, as a stuck server does; only a deadline ends it.
+
+Busy answers carry `Retry-After: <busy_retry_after>` when that is set, and `events`
+records (time, method, path, choice) for every request, so a test can check when the
+client came back.
 
 Faults are bounded, so a client that retries eventually succeeds: at most `max_faults` in
 total and at most `max_per_request` for the same request (method, path and Range), which
@@ -23,6 +31,7 @@ import random
 import socket
 import socketserver
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -36,11 +45,16 @@ class FaultPlan:
     drop: float = 0.0
     busy: float = 0.0
     truncate: float = 0.0
+    corrupt: float = 0.0
+    drip: float = 0.0
+    drip_interval_s: float = 0.5
+    busy_retry_after: int | None = None
     max_faults: int = 1000
     max_per_request: int = 2
     truncate_only_blob_reads: bool = True
     """Truncate only GETs of blob content (listings stay whole, as their XML would just fail to parse)."""
     counts: Counter = field(default_factory=Counter)
+    events: list = field(default_factory=list)
     _per_request: Counter = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -48,23 +62,33 @@ class FaultPlan:
         self._rng = random.Random(self.seed)
 
     def choose(self, method: str, path: str, headers: dict[str, str]) -> str:
-        """'drop', 'busy', 'truncate' or 'pass' for this request."""
+        """'drop', 'busy', 'truncate', 'corrupt', 'drip' or 'pass' for this request."""
+        choice = self._choose(method, path, headers)
+        with self._lock:
+            self.events.append((time.monotonic(), method, path.split("?", 1)[0], choice))
+        return choice
+
+    def _choose(self, method: str, path: str, headers: dict[str, str]) -> str:
         key = (method, path, headers.get("x-ms-range") or headers.get("range") or "")
+        kinds = ("drop", "busy", "truncate", "corrupt", "drip")
         with self._lock:
             self.counts["requests"] += 1
-            if sum(self.counts[k] for k in ("drop", "busy", "truncate")) >= self.max_faults:
+            if sum(self.counts[k] for k in kinds) >= self.max_faults:
                 return "pass"
             if self._per_request[key] >= self.max_per_request:
                 return "pass"
             roll = self._rng.random()
             blob_read = method == "GET" and "comp=" not in path and "restype=" not in path
-            if roll < self.drop:
-                choice = "drop"
-            elif roll < self.drop + self.busy:
-                choice = "busy"
-            elif roll < self.drop + self.busy + self.truncate and (blob_read or not self.truncate_only_blob_reads):
-                choice = "truncate"
-            else:
+            choice = "pass"
+            edge = 0.0
+            for kind, chance in zip(kinds, (self.drop, self.busy, self.truncate, self.corrupt, self.drip), strict=True):
+                edge += chance
+                if roll < edge:
+                    if kind in ("truncate", "corrupt", "drip") and not blob_read and self.truncate_only_blob_reads:
+                        return "pass"
+                    choice = kind
+                    break
+            if choice == "pass":
                 return "pass"
             self._per_request[key] += 1
             self.counts[choice] += 1
@@ -122,8 +146,10 @@ class _Handler(socketserver.StreamRequestHandler):
                     self._abort()
                     return
                 if choice == "busy":
-                    self.wfile.write(b"HTTP/1.1 503 The server is busy.\r\nx-ms-error-code: ServerBusy\r\n"
-                                     b"Content-Type: application/xml\r\nContent-Length: "
+                    retry_after = self.server.plan.busy_retry_after
+                    extra = f"Retry-After: {retry_after}\r\n".encode() if retry_after is not None else b""
+                    self.wfile.write(b"HTTP/1.1 503 The server is busy.\r\nx-ms-error-code: ServerBusy\r\n" + extra
+                                     + b"Content-Type: application/xml\r\nContent-Length: "
                                      + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY)
                     self.wfile.flush()
                     continue
@@ -143,6 +169,21 @@ class _Handler(socketserver.StreamRequestHandler):
                         continue
                     head.append(f"{name}: {value}")
                 head.append(f"Content-Length: {len(payload)}")
+                if choice == "corrupt" and payload:
+                    flipped = bytearray(payload)
+                    flipped[self.server.plan.cut(len(payload))] ^= 0x10
+                    payload = bytes(flipped)
+                if choice == "drip" and payload:
+                    head.append("Connection: close")
+                    self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+                    self.wfile.flush()
+                    for byte in range(len(payload) - 1):  # never the last byte: the body never ends
+                        if self.server.stopping.wait(self.server.plan.drip_interval_s):
+                            return
+                        self.wfile.write(payload[byte:byte + 1])
+                        self.wfile.flush()
+                    self.server.stopping.wait()
+                    return
                 if choice == "truncate" and len(payload) > 1:
                     head.append("Connection: close")
                     cut = self.server.plan.cut(len(payload))
@@ -177,6 +218,7 @@ class _Server(socketserver.ThreadingTCPServer):
         self.plan = plan
         self._sockets: set[socket.socket] = set()
         self._sockets_lock = threading.Lock()
+        self.stopping = threading.Event()
 
     def track(self, sock: socket.socket) -> None:
         with self._sockets_lock:
@@ -219,6 +261,7 @@ class FaultProxy:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._server.stopping.set()
         self._server.shutdown()
         self._server.server_close()
         self._server.close_all()

@@ -120,6 +120,18 @@ class TestUploadRestore:
         assert tree(tmp_path / "restored") == self.FILES
         assert (tmp_path / "restored" / "model.pt").stat().st_mtime_ns == 1_700_000_000_123_456_789
 
+    def test_uploads_carry_the_digests_staging_checks(self, store, container, tmp_path):
+        """The same scheme as `jobs data upload`: Content-MD5 of the whole blob (each block's MD5 was
+        checked by the service) and the SHA-256 of the stored bytes, for every file, empty ones too."""
+        import hashlib
+
+        files = {**self.FILES, "empty.bin": b""}
+        result = store.upload(write(tmp_path / "ckpt", files), keep=3)
+        for rel, content in files.items():
+            props = container.get_blob_client(f"run-1/data/{result.version}/{rel}").get_blob_properties()
+            assert bytes(props.content_settings.content_md5) == hashlib.md5(content).digest(), rel
+            assert props.metadata["amlhpc_stored_sha256"] == hashlib.sha256(content).hexdigest(), rel
+
     def test_temporary_names_are_not_uploaded(self, store, tmp_path):
         """A writer's `.x.tmp` (before its atomic rename) is never part of a version."""
         source = write(tmp_path / "ckpt", {"ckpt-000000100.pt": b"done", ".ckpt-000000200.pt.tmp": b"half"})

@@ -35,7 +35,7 @@ seen["resumed"] = sorted(p.name for p in Path(resume).iterdir()) if resume else 
 seen["affinity"] = sorted(os.sched_getaffinity(0))
 for key in ("AMLHPC_FILE_LIST_DS",):
     if key in os.environ:
-        seen["file_list"] = Path(os.environ[key]).read_text().split()
+        seen["file_list"] = json.loads(Path(os.environ[key]).read_text())  # staging's JSON file list
 (out / f"seen-{rank}.json").write_text(json.dumps(seen))
 if ckpt and behaviour != "no-ckpt":
     tmp = Path(ckpt) / f".shard-{rank}.pt.tmp"

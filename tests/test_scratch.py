@@ -238,8 +238,14 @@ class TestOverride:
     def test_env_pointing_at_a_file_is_an_error(self, node, tmp_path):
         bad = tmp_path / "file"
         bad.write_text("x")
-        with pytest.raises(ScratchError, match=r"AMLHPC_SCRATCH=.*file is not a directory.*unset it"):
+        with pytest.raises(ScratchError, match=r"AMLHPC_SCRATCH: .*file is a file, not a directory.*unset it"):
             pick_scratch(node.host(env={scratch.SCRATCH_VARIABLE: str(bad)}))
+
+    def test_env_below_a_file_is_an_error(self, node, tmp_path):
+        bad = tmp_path / "file"
+        bad.write_text("x")
+        with pytest.raises(ScratchError, match=rf"AMLHPC_SCRATCH: {bad}/sub is below {bad}, which is a file"):
+            pick_scratch(node.host(env={scratch.SCRATCH_VARIABLE: str(bad / "sub")}))
 
     def test_to_json(self, node):
         doc = pick_scratch(node.host()).to_json()

@@ -21,7 +21,7 @@ import pytest
 
 from bench.dataset import generate
 from jobs.data import upload
-from jobs.runtime import blobio, contract, staging
+from jobs.runtime import blobio, contract, datadir, filelist, staging
 from jobs.runtime.fetch import BlobEntry, Gunzip, IntegrityError
 from jobs.runtime.nodebarrier import BarrierFailed, BarrierTimeout, NodeBarrier
 from jobs.runtime.ranks import validated
@@ -204,9 +204,13 @@ class TestBlobEntry:
         assert BlobEntry("p/a.bin", 1).local_name == "p/a.bin" and not BlobEntry("p/a.bin", 1).gzip
 
     def test_names_that_escape_are_rejected(self):
-        spec = staging.StageSpec("x", "d", prefix="p")
-        with pytest.raises(staging.StagingError, match="cannot be a file below the data directory"):
-            staging.relative_path(spec, BlobEntry("p/../../etc/passwd", 1))
+        with pytest.raises(datadir.PathProblems, match="'p/../../etc/passwd' has a '.' or '..' segment"):
+            datadir.local_paths("p/", [BlobEntry("p/../../etc/passwd", 1)])
+
+    def test_paths_below_the_prefix(self):
+        entries = [BlobEntry("p/a.tfrecord.gz", 1, content_encoding="gzip"), BlobEntry("p/dir//b", 1),
+                   BlobEntry("p/.amlhpc-staging/x", 1)]
+        assert datadir.local_paths("p/", entries) == ["a.tfrecord", "dir/b", ".amlhpc-staging/x"]
 
 
 class TestNodeBarrier:
@@ -273,7 +277,7 @@ class TestRoundTripLocal:
             for local_rank in range(local_size):
                 code, doc, exported, _ = results[node * local_size + local_rank]
                 assert exported[contract.data_dir_var("cosmo")] == str(data_dir)
-                lines = Path(exported[contract.file_list_var("cosmo")]).read_text().splitlines()
+                lines = filelist.read(exported[contract.file_list_var("cosmo")])
                 assert lines == sorted(lines)
                 node_lists.extend(lines)
                 assert doc["node_index"] == node
@@ -281,7 +285,7 @@ class TestRoundTripLocal:
             listed.extend(node_lists)
         assert union == expected  # byte-identical, nothing missing, nothing extra
         assert sorted(listed) == sorted(expected)  # every file read by exactly one rank
-        counts = [len(Path(r[2][contract.file_list_var("cosmo")]).read_text().splitlines()) for r in results]
+        counts = [len(filelist.read(r[2][contract.file_list_var("cosmo")])) for r in results]
         assert max(counts) - min(counts) <= 2
 
         reports = [json.loads((tmp_path / "reports" / f"staging-node{n}.json").read_text()) for n in range(nodes)]
@@ -409,11 +413,13 @@ class TestBadBlobs:
         assert leftovers(tmp_path) == []
 
     def test_checksum_mismatch_names_the_blob_and_leaves_nothing(self, azurite, container, tmp_path):
+        """With --sha256 the output is also checked against amlhpc_sha256."""
         payload = b"payload" * 1000
         put_blob(container, "sum/a.bin.gz", gzip.compress(payload),
                  metadata={"amlhpc_size": str(len(payload)), "amlhpc_sha256": "0" * 64})
+        deep = staging.StageOptions(retry=blobio.RetrySettings.fast(), verify_sha256=True)
         with pytest.raises(staging.StagingError, match=r"blob 'sum/a.bin.gz': checksum mismatch.*re-upload"):
-            stage_local(azurite, container, tmp_path, prefix="sum")
+            stage_local(azurite, container, tmp_path, deep, prefix="sum")
         assert list((tmp_path / "scratch" / "cosmo").iterdir()) == []
         assert leftovers(tmp_path) == []
 

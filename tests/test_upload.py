@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from bench.dataset import generate
 from jobs.data import cli as data_cli
 from jobs.data import upload
+from jobs.runtime import gzmembers
 
 pytestmark = pytest.mark.azurite
 FIXTURES = Path(__file__).parent / "fixtures" / "outputs"
@@ -46,9 +47,12 @@ class TestUploadDirectory:
             props = container.get_blob_client(name).get_blob_properties()
             assert props.content_settings.content_encoding == "gzip"
             raw = path.read_bytes()
+            stored = blob_bytes(container, name)
             assert props.metadata == {"amlhpc_size": str(len(raw)), "amlhpc_sha256": hashlib.sha256(raw).hexdigest(),
-                                      "amlhpc_mtime": str(path.stat().st_mtime_ns)}
-            assert gzip.decompress(blob_bytes(container, name)) == raw
+                                      "amlhpc_mtime": str(path.stat().st_mtime_ns),
+                                      "amlhpc_stored_sha256": hashlib.sha256(stored).hexdigest()}
+            assert bytes(props.content_settings.content_md5) == hashlib.md5(stored).digest()
+            assert gzip.decompress(stored) == raw
 
     def test_large_file_goes_up_in_blocks_committed_at_once(self, container, tmp_path):
         source = tmp_path / "big"
@@ -58,7 +62,37 @@ class TestUploadDirectory:
         blob = container.get_blob_client(f"big/{path.name}.gz")
         committed, uncommitted = blob.get_block_list("all")
         assert len(committed) > 3 and not uncommitted
-        assert gzip.decompress(blob_bytes(container, blob.blob_name)) == path.read_bytes()
+        stored = blob_bytes(container, blob.blob_name)
+        assert gzip.decompress(stored) == path.read_bytes()
+        # Put Block List stores no digest of its own: the uploader records the whole stream's MD5.
+        assert bytes(blob.get_blob_properties().content_settings.content_md5) == hashlib.md5(stored).digest()
+
+    def test_large_file_is_independent_gzip_members_with_an_index(self, container, tmp_path):
+        source = tmp_path / "members"
+        generate(source, files_per_universe=1, file_bytes=(5 << 20) + 12345)
+        upload.upload_directory(container, source, "m", member_bytes=1 << 20, block_bytes=256 << 10)
+        (path,) = source.iterdir()
+        raw = path.read_bytes()
+        props = container.get_blob_client(f"m/{path.name}.gz").get_blob_properties()
+        stored = blob_bytes(container, f"m/{path.name}.gz")
+        assert gzip.decompress(stored) == raw  # still one valid gzip file for any reader
+        assert props.metadata["amlhpc_member_bytes"] == str(1 << 20)
+        sizes = gzmembers.decode_index(props.metadata["amlhpc_members"])
+        assert len(sizes) == 6 and sum(sizes) == len(stored) == props.size
+        offset = 0
+        for index, size in enumerate(sizes):  # each member stands alone, with its own trailer
+            assert gzip.decompress(stored[offset:offset + size]) == raw[index << 20:(index + 1) << 20]
+            offset += size
+
+    def test_small_files_get_no_member_index(self, container, dataset):
+        upload.upload_directory(container, dataset, "s", member_bytes=1 << 20)
+        for item in container.list_blobs(include=["metadata"]):
+            assert "amlhpc_members" not in item.metadata
+
+    def test_rewrite_uploads_unchanged_files_again(self, container, dataset):
+        upload.upload_directory(container, dataset, "r")
+        again = upload.upload_directory(container, dataset, "r", rewrite=True)
+        assert (again.uploaded, again.unchanged) == (14, 0)
 
     def test_rerun_uploads_nothing(self, container, dataset):
         upload.upload_directory(container, dataset, "d")
@@ -172,6 +206,11 @@ class TestCommandLine:
         assert "--prefix" in text and "not a clean blob path" in text
         assert "--level" in text and "12 is outside 0-9" in text
         assert "--workers" in text and "0 is below 1" in text
+
+    def test_member_size_is_checked(self, tmp_path):
+        (tmp_path / "d").mkdir()
+        result = invoke(tmp_path / "d", "--stack", "dev", "--prefix", "p", "--member-mib", "0")
+        assert result.exit_code == 2 and "--member-mib" in result.output and "outside 1-4096" in result.output
 
     def test_unset_connection_string_variable(self, dataset):
         result = invoke(dataset, "--stack", "dev", "--prefix", "p", "--connection-string-env", "NOPE_NOT_SET", env={})

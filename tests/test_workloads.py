@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from jobs.runtime import filelist  # noqa: E402
 from jobs.workloads.cosmoflow import data, generate, tfrecord  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,8 +76,8 @@ class TestGenerator:
         assert 2.0 < ratio < 10.0, ratio  # NAG's CosmoFlow tutorial: 5.1 TB -> 1.1 TB (~4.6x)
 
     def test_file_list_selection(self, dataset, tmp_path):
-        listing = tmp_path / "list"
-        listing.write_text("train/" + sorted(os.listdir(dataset / "train"))[1] + "\n")
+        listing = tmp_path / "list.json"
+        filelist.write(listing, ["train/" + sorted(os.listdir(dataset / "train"))[1]])  # staging's format
         assert [p.name[-12:] for p in data.rank_files(dataset, "cosmoflow", 0, 2, str(listing))] == ["001.tfrecord"]
         everything = data.rank_files(dataset, "cosmoflow", 1, 2)
         assert len(everything) == 4 and everything == sorted(everything)

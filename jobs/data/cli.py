@@ -2,7 +2,7 @@
 
     python -m jobs data upload LOCAL_DIR --stack dev --prefix NAME
         [--outputs FILE | --offline] [--connection-string-env VAR] [--container NAME]
-        [--workers N] [--level N] [--cap-mbps N] [--json]
+        [--workers N] [--level N] [--member-mib N] [--rewrite] [--cap-mbps N] [--json]
 
 Where the data goes:
 - Azure (default): the stack's dataset account (`storage.blobEndpoint`) and container
@@ -109,7 +109,8 @@ def resolve_target(stack: str, *, outputs_file: Path | None, offline: bool, conn
     return Target(client, f"{blobio.safe_endpoint(outs.storage.blob_endpoint)}/{name}", create_if_missing=False)
 
 
-def _check_inputs(local_dir: Path, prefix: str, workers: int | None, level: int, cap_mbps: float | None) -> None:
+def _check_inputs(local_dir: Path, prefix: str, workers: int | None, level: int, cap_mbps: float | None,
+                  member_mib: float = uploader.gzmembers.DEFAULT_MEMBER_BYTES / (1 << 20)) -> None:
     found = ProblemCollector("command line", "invalid options")
     if not local_dir.exists():
         found.add("LOCAL_DIR", f"{local_dir} does not exist", "give the directory holding the dataset files")
@@ -128,6 +129,9 @@ def _check_inputs(local_dir: Path, prefix: str, workers: int | None, level: int,
         found.add("--level", f"{level} is outside 0-9", "0-3 use isal (fast, default 1), 4-9 use zlib (smaller, slower)")
     if cap_mbps is not None and cap_mbps <= 0:
         found.add("--cap-mbps", f"{cap_mbps} is not positive", "give megabits per second, or leave it out for no cap")
+    if not 1 <= member_mib <= 4096:
+        found.add("--member-mib", f"{member_mib:g} is outside 1-4096", "MiB of input per gzip member (default 8): "
+                  "files larger than this inflate on several cores when staged")
     found.raise_if_any()
 
 
@@ -175,13 +179,15 @@ def upload_command(
     container: Annotated[str | None, typer.Option("--container", help="Container; wins over the stack's storage.containers.datasets.")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="Files compressed and uploaded at once (default: one per CPU).")] = None,
     level: Annotated[int, typer.Option("--level", help="Compression level: 0-3 isal (fast), 4-9 zlib (smaller, slower).")] = uploader.DEFAULT_LEVEL,
+    member_mib: Annotated[float, typer.Option("--member-mib", help="MiB of input per gzip member; larger files are staged on several cores.")] = uploader.gzmembers.DEFAULT_MEMBER_BYTES / (1 << 20),
+    rewrite: Annotated[bool, typer.Option("--rewrite", help="Upload every file again, even unchanged ones (e.g. to add members and stored digests to blobs of an older upload).")] = False,
     cap_mbps: Annotated[float | None, typer.Option("--cap-mbps", help="Cap the upload bandwidth, megabits per second.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of the short error block.")] = False,
 ) -> None:
     """Compress LOCAL_DIR's files with gzip and upload them under PREFIX; re-runs upload only what changed."""
     try:
-        _check_inputs(local_dir, prefix, workers, level, cap_mbps)
+        _check_inputs(local_dir, prefix, workers, level, cap_mbps, member_mib)
         target = resolve_target(stack, outputs_file=outputs_file, offline=offline,
                                 connection_string_env=connection_string_env, container=container,
                                 max_connections=max(16, 4 * (workers or os.cpu_count() or 2)))
@@ -198,7 +204,8 @@ def upload_command(
     progress = RichProgress(err)
     try:
         report = uploader.upload_directory(target.container, local_dir, clean, workers=workers, level=level,
-                                           throttle=Throttle.from_mbits_per_s(cap_mbps), progress=progress, files=files)
+                                           throttle=Throttle.from_mbits_per_s(cap_mbps), progress=progress, files=files,
+                                           member_bytes=int(member_mib * (1 << 20)), rewrite=rewrite)
     except uploader.UploadError as exc:
         progress.stop()
         err.print(f"[red]error:[/] {exc}", highlight=False)

@@ -2,25 +2,39 @@
 
 Every file under LOCAL_DIR becomes the blob `<prefix>/<relative path>.gz` with
 `Content-Encoding: gzip` and the metadata of docs/contracts.md section 5: `amlhpc_size`
-(uncompressed bytes), `amlhpc_sha256` (of the uncompressed bytes) and `amlhpc_mtime` (the
-source's mtime in ns). Staging (jobs/runtime/staging.py) decompresses, drops the `.gz` and
-verifies size and checksum, so a round trip is byte-exact. Every file is compressed, even
-one already compressed (a `.tar.gz` is stored as `.tar.gz.gz` and staged back to
-`.tar.gz`): one rule keeps the round trip exact, and gzip at isal's speed costs little on
-incompressible input.
+(uncompressed bytes), `amlhpc_sha256` (of the uncompressed bytes), `amlhpc_mtime` (the
+source's mtime in ns) and `amlhpc_stored_sha256` (of the stored, compressed bytes). Staging
+(jobs/runtime/staging.py) decompresses, drops the `.gz` and verifies every byte, so a round
+trip is byte-exact. Every file is compressed, even one already compressed (a `.tar.gz` is
+stored as `.tar.gz.gz` and staged back to `.tar.gz`): one rule keeps the round trip exact,
+and gzip at isal's speed costs little on incompressible input.
+
+A file larger than one member (8 MiB by default, `--member-mib`) is compressed as
+independent gzip members of that many uncompressed bytes (jobs.runtime.gzmembers), with
+their compressed sizes in `amlhpc_members`: still one valid gzip file for any reader, and
+staging inflates the members of one large file on every core.
+
+Verification, the same scheme staging checks (jobs.runtime.fetch): every Put Block and Put
+Blob carries the MD5 of its body, which the service checks before it stores anything; the
+committed blob's Content-MD5 is the MD5 of the whole stored stream (set on Put Block List,
+computed by the service on Put Blob) and `amlhpc_stored_sha256` its SHA-256, so a reader
+checks the stored bytes end to end with whichever digest its CPU computes faster, and
+gzip's CRC-32 and length check the output.
 
 Files are compressed in parallel (one file per worker thread; isal's deflate releases the
 GIL) and streamed: a file is read, hashed and compressed in pieces, and the compressed
 stream is sent as 8 MiB blocks (Put Block, several in flight per file) committed at the
 end (Put Block List) with its metadata, so a blob appears complete or not at all and a
 file never has to fit in memory. A file whose compressed form fits in one block goes up in
-a single Put Blob. Each request carries a Content-MD5 the service checks.
+a single Put Blob.
 
 Resume: blobs already under the prefix are listed with their metadata first. A file is
 skipped when its blob has the same `amlhpc_size` and `amlhpc_mtime`; when only the mtime
 differs (a fresh checkout, a copy) the file is hashed and, if `amlhpc_sha256` matches, only
 the blob's metadata is refreshed; anything else is uploaded again. Blobs with no local
-file are reported and left alone: an upload never deletes data.
+file are reported and left alone: an upload never deletes data. Blobs uploaded before
+members and stored digests existed are skipped like any other unchanged file (they still
+stage, verified by what they carry); `--rewrite` uploads every file again.
 
 Compression level: isal levels 0-3 (fast, the default 1) or zlib levels 4-9 (smaller
 output, 10-30x slower). bench/RESULTS.md has the measurements behind the default.
@@ -41,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from jobs.runtime import gzmembers
 from jobs.runtime.throttle import UNLIMITED, Throttle
 
 try:
@@ -59,6 +74,7 @@ BLOCK_BYTES = 8 << 20
 BLOCKS_IN_FLIGHT = 3
 """Put Block requests in flight per file: overlap the network with compressing the next block."""
 META_SIZE, META_SHA256, META_MTIME = "amlhpc_size", "amlhpc_sha256", "amlhpc_mtime"
+META_STORED_SHA256 = "amlhpc_stored_sha256"
 
 Action = Literal["upload", "skip", "check"]
 
@@ -210,13 +226,14 @@ def _block_id(index: int) -> str:
 
 class _FileUploader:
     def __init__(self, container, level: int, http: ThreadPoolExecutor, throttle: Throttle, progress: Progress,
-                 block_bytes: int = BLOCK_BYTES):
+                 block_bytes: int = BLOCK_BYTES, member_bytes: int = gzmembers.DEFAULT_MEMBER_BYTES):
         self.container = container
         self.level = level
         self.http = http
         self.throttle = throttle
         self.progress = progress
         self.block_bytes = block_bytes
+        self.member_bytes = member_bytes
 
     def _stage(self, blob, block_id: str, data: bytes) -> int:
         self.throttle.acquire(len(data))
@@ -225,69 +242,106 @@ class _FileUploader:
 
     def upload(self, local: LocalFile, name: str) -> tuple[int, int]:
         """Compress and upload one file; returns (uncompressed bytes, stored bytes)."""
-        from azure.storage.blob import BlobBlock, ContentSettings
-
         blob = self.container.get_blob_client(name)
-        comp = compressor(self.level)
-        digest = hashlib.sha256()
-        buf = bytearray()
-        block_ids: list[str] = []
-        pending: list[Future] = []
-        read = stored = 0
-
-        def send(data: bytes) -> None:
-            nonlocal stored
-            while len(pending) >= BLOCKS_IN_FLIGHT:
-                stored += pending.pop(0).result()
-            block_id = _block_id(len(block_ids))
-            block_ids.append(block_id)
-            pending.append(self.http.submit(self._stage, blob, block_id, data))
-
+        writer = gzmembers.MemberWriter(self.level, gzmembers.member_size_for(local.size, self.member_bytes),
+                                        compressobj=lambda: compressor(self.level))
+        digests = _Digests()
+        stream = _BlockStream(blob, self)
         try:
             with open(local.path, "rb") as f:
                 before = os.fstat(f.fileno())
                 while chunk := f.read(READ_BYTES):
-                    read += len(chunk)
-                    digest.update(chunk)
-                    out = comp.compress(chunk)
-                    buf += out
-                    self.progress.advance(len(chunk), len(out))
-                    while len(buf) >= self.block_bytes:
-                        send(bytes(buf[: self.block_bytes]))
-                        del buf[: self.block_bytes]
-                tail = comp.flush()
-                buf += tail
-                self.progress.advance(0, len(tail))
+                    digests.source(chunk)
+                    stream.add(digests.stored(writer.feed(chunk)), len(chunk))
+                stream.add(digests.stored(writer.finish()), 0)
                 after = os.fstat(f.fileno())
-            if read != local.size or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+            if digests.read != local.size or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
                 raise UploadError(f"{local.rel}: changed while it was being uploaded; re-run the upload when it is stable")
-            metadata = {META_SIZE: str(read), META_SHA256: digest.hexdigest(), META_MTIME: str(local.mtime_ns)}
-            settings = ContentSettings(content_type=mimetypes.guess_type(local.rel)[0] or "application/octet-stream",
-                                       content_encoding="gzip")
-            if not block_ids:
-                data = bytes(buf)
-                self.throttle.acquire(len(data))
-                blob.upload_blob(data, length=len(data), overwrite=True, content_settings=settings, metadata=metadata,
-                                 validate_content=True, max_concurrency=1)
-                stored += len(data)
-            else:
-                if buf:
-                    send(bytes(buf))
-                for future in pending:
-                    stored += future.result()
-                pending.clear()
-                # The commit is what makes the new content visible, all at once.
-                blob.commit_block_list([BlobBlock(block_id=b) for b in block_ids], content_settings=settings,
-                                       metadata=metadata)
+            metadata = {META_SIZE: str(digests.read), META_SHA256: digests.sha256.hexdigest(),
+                        META_MTIME: str(local.mtime_ns), META_STORED_SHA256: digests.stored_sha256.hexdigest()}
+            if len(writer.sizes) > 1:
+                metadata[gzmembers.META_MEMBER_BYTES] = str(writer.member_bytes)
+                metadata[gzmembers.META_MEMBERS] = gzmembers.encode_index(writer.sizes)
+            stream.commit(local.rel, metadata, digests.stored_md5.digest())
         finally:
-            for future in pending:
-                future.cancel()
-        return read, stored
+            stream.cancel()
+        return digests.read, stream.stored
+
+
+class _Digests:
+    """SHA-256 of the source; SHA-256 and MD5 of the stored stream."""
+
+    def __init__(self):
+        self.sha256, self.stored_sha256, self.stored_md5 = hashlib.sha256(), hashlib.sha256(), hashlib.md5()
+        self.read = 0
+
+    def source(self, chunk: bytes) -> None:
+        self.read += len(chunk)
+        self.sha256.update(chunk)
+
+    def stored(self, data: bytes) -> bytes:
+        self.stored_sha256.update(data)
+        self.stored_md5.update(data)
+        return data
+
+
+class _BlockStream:
+    """The compressed stream of one blob: Put Block per full block (several in flight), then
+    Put Block List; or a single Put Blob when it never fills a block."""
+
+    def __init__(self, blob, uploader: _FileUploader):
+        self.blob, self.up = blob, uploader
+        self.buf = bytearray()
+        self.block_ids: list[str] = []
+        self.pending: list[Future] = []
+        self.stored = 0
+
+    def add(self, data: bytes, uncompressed: int) -> None:
+        self.buf += data
+        self.up.progress.advance(uncompressed, len(data))
+        while len(self.buf) >= self.up.block_bytes:
+            self._send(bytes(self.buf[: self.up.block_bytes]))
+            del self.buf[: self.up.block_bytes]
+
+    def _send(self, data: bytes) -> None:
+        while len(self.pending) >= BLOCKS_IN_FLIGHT:
+            self.stored += self.pending.pop(0).result()
+        block_id = _block_id(len(self.block_ids))
+        self.block_ids.append(block_id)
+        self.pending.append(self.up.http.submit(self.up._stage, self.blob, block_id, data))
+
+    def commit(self, rel: str, metadata: dict[str, str], md5: bytes) -> None:
+        from azure.storage.blob import BlobBlock, ContentSettings
+
+        settings = ContentSettings(content_type=mimetypes.guess_type(rel)[0] or "application/octet-stream",
+                                   content_encoding="gzip", content_md5=bytearray(md5))
+        if not self.block_ids:
+            data = bytes(self.buf)
+            self.up.throttle.acquire(len(data))
+            # validate_content: the body's MD5 goes with it and the service checks it before storing.
+            self.blob.upload_blob(data, length=len(data), overwrite=True, content_settings=settings, metadata=metadata,
+                                  validate_content=True, max_concurrency=1)
+            self.stored += len(data)
+            return
+        if self.buf:
+            self._send(bytes(self.buf))
+        for future in self.pending:
+            self.stored += future.result()
+        self.pending.clear()
+        # The commit is what makes the new content visible, all at once; each block's MD5 was
+        # checked by the service when it was staged, so the whole stream's MD5 is recorded here.
+        self.blob.commit_block_list([BlobBlock(block_id=b) for b in self.block_ids], content_settings=settings,
+                                    metadata=metadata)
+
+    def cancel(self) -> None:
+        for future in self.pending:
+            future.cancel()
 
 
 def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | None = None, level: int = DEFAULT_LEVEL,
                      throttle: Throttle = UNLIMITED, progress: Progress | None = None,
-                     block_bytes: int = BLOCK_BYTES, files: Iterable[LocalFile] | None = None) -> UploadReport:
+                     block_bytes: int = BLOCK_BYTES, files: Iterable[LocalFile] | None = None,
+                     member_bytes: int = gzmembers.DEFAULT_MEMBER_BYTES, rewrite: bool = False) -> UploadReport:
     """Upload `local_dir` under `prefix` (see the module docstring); raises UploadError listing failures."""
     progress = progress or Progress()
     started = time.monotonic()
@@ -296,7 +350,7 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
     report = UploadReport(files=len(local_files))
     names = {f.rel: blob_name(prefix, f.rel) for f in local_files}
     report.remote_only = sorted(set(remote) - set(names.values()))
-    actions = {f.rel: decide(f, remote.get(names[f.rel])) for f in local_files}
+    actions = {f.rel: "upload" if rewrite else decide(f, remote.get(names[f.rel])) for f in local_files}
     work = [f for f in local_files if actions[f.rel] != "skip"]
     for f in local_files:
         if actions[f.rel] == "skip":
@@ -329,7 +383,7 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
 
     with ThreadPoolExecutor(max(4, workers * BLOCKS_IN_FLIGHT), thread_name_prefix="put-block") as http, \
             ThreadPoolExecutor(workers, thread_name_prefix="gzip") as pool:
-        uploader = _FileUploader(container, level, http, throttle, progress, block_bytes)
+        uploader = _FileUploader(container, level, http, throttle, progress, block_bytes, member_bytes)
         queue = iter(sorted(work, key=lambda f: -f.size))  # big files first: a shorter tail
         futures: dict[Future, LocalFile] = {}
         try:

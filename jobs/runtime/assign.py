@@ -30,6 +30,10 @@ from dataclasses import dataclass
 
 MAX_SEARCH_STEPS = 10_000
 """Bound on local-search improvements (each step strictly lowers the fullest bin)."""
+SEARCH_BUDGET = 2_000_000
+"""Bound on the items the local search looks at, all steps together."""
+BALANCED = 1e-4
+"""Fullest minus emptiest bin below this fraction of a bin: no search (it could gain at most that)."""
 
 
 @dataclass(frozen=True)
@@ -68,85 +72,100 @@ def balance(items: Sequence[Item], bins: int) -> list[list[Item]]:
     """Assign `items` to `bins` bins, balancing total size (see the module docstring)."""
     if bins < 1:
         raise ValueError(f"need at least one bin, got {bins}")
-    names = [i.name for i in items]
-    if len(set(names)) != len(names):
+    ordered = sorted(items, key=lambda i: i.name)
+    if any(a.name == b.name for a, b in zip(ordered, ordered[1:], strict=False)):
         raise ValueError("item names must be unique")
-    ordered = sorted(items, key=lambda i: (-i.size, i.name))
-    assigned: list[list[Item]] = [[] for _ in range(bins)]
-    totals = [0] * bins
+    groups = balance_indices([i.size for i in ordered], bins)
+    return [[ordered[k] for k in group] for group in groups]
+
+
+def balance_indices(sizes: Sequence[int], bins: int) -> list[list[int]]:
+    """`balance` on sizes alone: the item at index k is the k-th in name order (ties go to
+    the lower index). Returns each bin's indices, ascending. A million items take about a
+    second: no per-item objects, a C-level sort, one heap operation per item."""
+    if bins < 1:
+        raise ValueError(f"need at least one bin, got {bins}")
+    # Largest first; Python's sort is stable, so equal sizes stay in index (= name) order.
+    order = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
+    assigned: list[list[int]] = [[] for _ in range(bins)]
+    appends = [group.append for group in assigned]
     heap = [(0, b) for b in range(bins)]
-    for item in ordered:
-        total, b = heapq.heappop(heap)
-        assigned[b].append(item)
-        totals[b] = total + item.size
-        heapq.heappush(heap, (totals[b], b))
-    _improve(assigned, totals)
-    return [sorted(group, key=lambda i: i.name) for group in assigned]
+    replace = heapq.heapreplace
+    for k in order:
+        total, b = heap[0]
+        appends[b](k)
+        replace(heap, (total + sizes[k], b))
+    totals = [0] * bins
+    for total, b in heap:
+        totals[b] = total
+    # Bins within BALANCED of each other are left alone: with many items largest-first gets there.
+    if bins > 1 and max(totals) - min(totals) > max(1.0, BALANCED * sum(totals) / bins):
+        _improve(assigned, totals, sizes)
+    for group in assigned:
+        group.sort()
+    return assigned
 
 
-def _improve(assigned: list[list[Item]], totals: list[int]) -> None:
+def _improve(assigned: list[list[int]], totals: list[int], sizes: Sequence[int]) -> None:
     """Move or swap one item between the fullest and the emptiest bin while that lowers the fullest.
 
     Each step strictly lowers the sum of squared bin totals (a transfer d with 0 < d < gap
-    does), so the search ends; candidates are found by bisection, so a step costs
-    O(n log n) even with hundreds of thousands of files.
+    does), so the search ends; candidates are found by bisection. The work is bounded
+    (SEARCH_BUDGET item visits, counted, so the result stays deterministic): with very many
+    items largest-first has already left the bins within one small item of each other.
     """
-    # Per bin: items sorted by (size, name), and the sizes alone for bisection.
-    keyed = [sorted(group, key=lambda x: (x.size, x.name)) for group in assigned]
-    sizes = [[x.size for x in group] for group in keyed]
+    # Per bin: indices sorted by (size, index), and the sizes alone for bisection.
+    keyed = [sorted(group, key=lambda k: (sizes[k], k)) for group in assigned]
+    sized = [[sizes[k] for k in group] for group in keyed]
+    budget = SEARCH_BUDGET
     for _ in range(MAX_SEARCH_STEPS):
         hi = max(range(len(totals)), key=lambda b: (totals[b], -b))
         lo = min(range(len(totals)), key=lambda b: (totals[b], b))
         gap = totals[hi] - totals[lo]
-        if gap <= 1:
+        budget -= len(keyed[hi])
+        if gap <= 1 or budget < 0:
             break
         # The ideal transfer is gap / 2; any 0 < d < gap lowers the pair's maximum.
-        best_d, best = 0, None  # best: (index in hi, index in lo or -1)
-        for i, a in enumerate(keyed[hi]):
-            if 0 < a.size < gap and abs(gap - 2 * a.size) < abs(gap - 2 * best_d):
-                best_d, best = a.size, (i, -1)
-            # swap a with c where c.size ~= a.size - gap / 2 and a.size - gap < c.size < a.size
-            target = a.size - gap / 2
-            k = bisect.bisect_left(sizes[lo], target)
-            for j in (k - 1, k):
-                if 0 <= j < len(sizes[lo]):
-                    d = a.size - sizes[lo][j]
+        best_d, best = 0, None  # best: (position in hi, position in lo or -1)
+        for i, a in enumerate(sized[hi]):
+            if 0 < a < gap and abs(gap - 2 * a) < abs(gap - 2 * best_d):
+                best_d, best = a, (i, -1)
+            # swap a with c where c ~= a - gap / 2 and a - gap < c < a
+            j0 = bisect.bisect_left(sized[lo], a - gap / 2)
+            for j in (j0 - 1, j0):
+                if 0 <= j < len(sized[lo]):
+                    d = a - sized[lo][j]
                     if 0 < d < gap and abs(gap - 2 * d) < abs(gap - 2 * best_d):
                         best_d, best = d, (i, j)
         if best is None:
             break
         i, j = best
         moved = keyed[hi].pop(i)
-        sizes[hi].pop(i)
+        sized[hi].pop(i)
         back = None
         if j >= 0:
             back = keyed[lo].pop(j)
-            sizes[lo].pop(j)
-        _insert(keyed[lo], sizes[lo], moved)
+            sized[lo].pop(j)
+        _insert(keyed[lo], sized[lo], moved, sizes)
         if back is not None:
-            _insert(keyed[hi], sizes[hi], back)
+            _insert(keyed[hi], sized[hi], back, sizes)
         totals[hi] -= best_d
         totals[lo] += best_d
     for b, group in enumerate(keyed):
         assigned[b] = group
 
 
-def _insert(group: list[Item], sizes: list[int], item: Item) -> None:
-    k = _bisect_items(group, item)
-    group.insert(k, item)
-    sizes.insert(k, item.size)
-
-
-def _bisect_items(group: list[Item], item: Item) -> int:
+def _insert(group: list[int], sized: list[int], k: int, sizes: Sequence[int]) -> None:
+    key = (sizes[k], k)
     lo, hi = 0, len(group)
-    key = (item.size, item.name)
     while lo < hi:
         mid = (lo + hi) // 2
-        if (group[mid].size, group[mid].name) < key:
+        if (sized[mid], group[mid]) < key:
             lo = mid + 1
         else:
             hi = mid
-    return lo
+    group.insert(lo, k)
+    sized.insert(lo, sizes[k])
 
 
 def measure(groups: Sequence[Sequence[Item]]) -> Balance:
@@ -176,3 +195,14 @@ def split_for_ranks(items: Sequence[Item], node_count: int, local_size: int) -> 
     for share in per_node:
         per_rank.extend(balance(share, local_size))
     return RankSplit(per_node, per_rank)
+
+
+def node_and_ranks(sizes: Sequence[int], node_count: int, local_size: int, node: int) -> tuple[list[list[int]], list[list[int]]]:
+    """`split_for_ranks` on sizes in name order, for one node: (indices per node, indices per
+    local rank of `node`). Only this node's ranks are split: the others are not needed here."""
+    if local_size < 1:
+        raise ValueError(f"need at least one rank per node, got {local_size}")
+    per_node = balance_indices(sizes, node_count)
+    share = per_node[node]
+    per_rank = [[share[k] for k in group] for group in balance_indices([sizes[k] for k in share], local_size)]
+    return per_node, per_rank

@@ -15,7 +15,10 @@ reached the server) or ServiceResponseError (mid-response), counted separately. 
 defaults (15 s first backoff, 3 read retries) are tuned for interactive use; a node
 pulling thousands of blobs wants a short first backoff with exponential growth and
 jitter (so a fleet does not retry in lock step) and more patience for dropped reads.
-Every number is in `RetrySettings`, so tests and benchmarks can shorten the waits.
+A `Retry-After` header on a throttled answer is obeyed (up to `max_retry_after_s`): the
+storage SDK's own policy ignores it. Every number is in `RetrySettings`, so tests and
+benchmarks can shorten the waits; staging's own reads (jobs.runtime.blobhttp) use the
+same settings.
 
 Connections: requests' default pool keeps 10 connections per host; with more download
 threads than that, connections are torn down and re-opened for every request (and
@@ -30,7 +33,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from jobs.runtime.contract import BLOB_CONNECTION_STRING as CONNECTION_STRING_VARIABLE
@@ -71,16 +74,22 @@ class RetrySettings:
     connection_timeout_s: float = 20.0
     read_timeout_s: float = 60.0
     """A stalled socket is given up (and retried) after this long without a byte."""
+    max_retry_after_s: float = 120.0
+    """The longest `Retry-After` obeyed; a server asking for more gets this."""
 
     @classmethod
     def fast(cls) -> RetrySettings:
-        """Millisecond backoffs for tests and benchmarks against a local Azurite."""
+        """Millisecond backoffs for tests and benchmarks against a local Azurite (Retry-After still obeyed)."""
         return cls(initial_backoff_s=0.01, backoff_factor=2.0, max_backoff_s=0.2, connection_timeout_s=5.0,
                    read_timeout_s=10.0)
 
-    def backoff_s(self, count: int, rng: random.Random | None = None) -> float:
+    def backoff_s(self, count: int, rng: random.Random | None = None, retry_after_s: float | None = None) -> float:
+        """Seconds before retry `count` (0-based); at least what the server asked for in Retry-After."""
         base = min(self.initial_backoff_s * self.backoff_factor ** count, self.max_backoff_s)
-        return base * (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
+        wait = base * (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
+        if retry_after_s is not None and retry_after_s > 0:
+            wait = max(wait, min(retry_after_s, self.max_retry_after_s))
+        return wait
 
     def policy(self):
         """The storage SDK retry policy configured from these settings."""
@@ -99,10 +108,59 @@ def _retry_policy_class():
                              retry_read=settings.read, retry_status=settings.status)
             self.settings = settings
 
+        def increment(self, settings, request, response=None, error=None) -> bool:
+            # Remember what a throttled answer asked for; the SDK's sleep() only sees `settings`.
+            settings["retry_after"] = parse_retry_after(response.headers.get("Retry-After")) if response is not None else None
+            return super().increment(settings, request, response=response, error=error)
+
         def get_backoff_time(self, settings) -> float:
-            return self.settings.backoff_s(settings["count"])
+            return self.settings.backoff_s(settings["count"], retry_after_s=settings.pop("retry_after", None))
 
     return StagingRetry
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header: delta-seconds or an HTTP date (RFC 9110 section 10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    import time
+
+    return max(0.0, when.timestamp() - time.time())
+
+
+@dataclass(frozen=True)
+class ConnectionParts:
+    """What a storage connection string names. `account_key` is a secret: never print it."""
+
+    blob_endpoint: str
+    account_name: str | None
+    account_key: str | None = field(repr=False)
+
+
+def parse_connection_string(connection_string: str) -> ConnectionParts:
+    """The blob endpoint, account and key of a connection string (BlobConfigError when malformed)."""
+    parts = dict(p.split("=", 1) for p in connection_string.split(";") if "=" in p)
+    account = parts.get("AccountName") or None
+    endpoint = parts.get("BlobEndpoint")
+    if not endpoint and account:
+        suffix = parts.get("EndpointSuffix", "core.windows.net")
+        endpoint = f"{parts.get('DefaultEndpointsProtocol', 'https')}://{account}.blob.{suffix}"
+    if not endpoint or not endpoint.startswith(("https://", "http://")):
+        raise BlobConfigError(
+            "the Blob connection string is malformed (expected 'DefaultEndpointsProtocol=...;AccountName=...;"
+            "AccountKey=...;BlobEndpoint=...'); for Azurite take it from `jobs.local.azurite`")
+    return ConnectionParts(endpoint.rstrip("/"), account, parts.get("AccountKey") or None)
 
 
 def _transport(max_connections: int, retry: RetrySettings):

@@ -351,12 +351,17 @@ class CheckpointStore:
         return f"{sequence:06d}-{stamp}-{secrets.token_hex(2)}", sequence
 
     def _upload_file(self, folder: Path, entry: LocalFile, blob_name: str, blocks: ThreadPoolExecutor) -> str:
-        """Stage the file's blocks (capped, several in flight), commit; returns its SHA-256."""
+        """Stage the file's blocks (capped, several in flight), commit; returns its SHA-256.
+
+        Verified as `jobs data upload` and staging verify (jobs.runtime.fetch): each block goes
+        with its MD5, which the service checks before storing it; the committed blob's
+        Content-MD5 is the MD5 of the whole file and `amlhpc_stored_sha256` (= `amlhpc_sha256`,
+        checkpoints are stored as they are) its SHA-256."""
         from azure.storage.blob import ContentSettings
 
         client = self.container.get_blob_client(blob_name)
         path = folder / entry.path
-        digest = hashlib.sha256()
+        digest, md5 = hashlib.sha256(), hashlib.md5()
         block_ids: list[str] = []
         pending: deque = deque()
         with open(path, "rb") as handle:
@@ -369,9 +374,11 @@ class CheckpointStore:
                     break
                 self.throttle.acquire(len(chunk))
                 digest.update(chunk)
+                md5.update(chunk)
                 block_id = f"{len(block_ids):010d}"  # the SDK base64-encodes; ids must share a length
                 block_ids.append(block_id)
-                pending.append(blocks.submit(client.stage_block, block_id, chunk, length=len(chunk)))
+                pending.append(blocks.submit(client.stage_block, block_id, chunk, length=len(chunk),
+                                             validate_content=True))
                 while len(pending) >= self.blocks_in_flight:
                     pending.popleft().result()
             while pending:
@@ -380,8 +387,10 @@ class CheckpointStore:
         if (st.st_size, st.st_mtime_ns) != (entry.size, entry.mtime_ns):
             raise FileChanged(f"{entry.path} changed while it was uploaded")
         sha = digest.hexdigest()
-        client.commit_block_list(block_ids, metadata={"amlhpc_sha256": sha, "amlhpc_size": str(entry.size)},
-                                 content_settings=ContentSettings(content_type="application/octet-stream"))
+        client.commit_block_list(block_ids, metadata={"amlhpc_sha256": sha, "amlhpc_size": str(entry.size),
+                                                      "amlhpc_stored_sha256": sha},
+                                 content_settings=ContentSettings(content_type="application/octet-stream",
+                                                                  content_md5=bytearray(md5.digest())))
         return sha
 
     def upload(self, folder: Path, keep: int = 3, files: Mapping[str, LocalFile] | None = None) -> UploadResult:

@@ -318,6 +318,31 @@ def _lock_path(host: Host) -> Path:
 # ------------------------------------------------------------------ choosing
 
 
+_UNSET_HINT = "point it at a writable directory (it is created if missing) or unset it to let staging pick the node's scratch"
+
+
+def check_writable(path: Path, variable: str, hint: str = _UNSET_HINT) -> Path:
+    """`path` as a directory this process can write (created when missing); ScratchError naming
+    `variable` when it is a file, below a file, or read-only. A full disk is not bad input:
+    OSError(ENOSPC) is raised as is."""
+    if path.exists() and not path.is_dir():
+        raise ScratchError(f"{variable}: {path} is a file, not a directory; {hint}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".amlhpc-write-test-{os.getpid()}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except (NotADirectoryError, FileExistsError):
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), path)
+        raise ScratchError(f"{variable}: {path} is below {blocker}, which is a file; {hint}") from None
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise ScratchError(f"{variable}: {path} is not writable ({os.strerror(exc.errno).lower()}); {hint}") from None
+        raise
+    return path
+
+
 def _usable_dir(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
@@ -384,15 +409,7 @@ def pick_scratch(host: Host | None = None, *, required_bytes: int = 0, resume_ma
     notes: list[str] = []
     override = host.env.get(SCRATCH_VARIABLE, "").strip()
     if override:
-        path = Path(override)
-        if path.exists() and not path.is_dir():
-            raise ScratchError(f"{SCRATCH_VARIABLE}={override} is not a directory; point it at a directory "
-                               "(it is created if missing) or unset it to let staging pick the node's scratch")
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ScratchError(f"{SCRATCH_VARIABLE}={override} cannot be created ({exc.strerror}); choose a "
-                               "writable directory or unset it") from None
+        path = check_writable(Path(override), SCRATCH_VARIABLE)
         free = free_bytes(path)
         if required_bytes and free is not None and free < required_bytes:
             notes.append(f"{override} has {free / 1e9:.1f} GB free, staging needs {required_bytes / 1e9:.1f} GB")

@@ -105,6 +105,9 @@ def specs_from_json(text: str, source: str = contract.STAGE_JSON) -> list[StageS
         prefix = entry.get("prefix", "") or ""
         if not isinstance(prefix, str) or ".." in PurePosixPath(str(prefix)).parts:
             bad("prefix", f"{prefix!r} is not a blob path", "give the dataset's prefix as uploaded, without '..'")
+        elif not prefix.strip("/"):
+            bad("prefix", f"{prefix!r} is empty: that would stage the whole container",
+                "give the dataset's prefix, as passed to `python -m jobs data upload --prefix`")
         account_url = entry.get("account_url")
         if account_url is not None and (not isinstance(account_url, str) or not account_url.startswith(("https://", "http://"))):
             bad("account_url", f"{blobio.safe_endpoint(str(account_url))!r} is not an https:// URL",

@@ -2,7 +2,8 @@
 
 File selection (in this order):
 1. AMLHPC_FILE_LIST_<INPUT>: this rank's own list (staging's `local` placement already
-   sharded the files over nodes and ranks), relative to AMLHPC_DATA_DIR_<INPUT>;
+   sharded the files over nodes and ranks; a JSON array of paths relative to
+   AMLHPC_DATA_DIR_<INPUT>, read with jobs.runtime.filelist);
 2. else every *.tfrecord / *.tfrecord.gz under the data dir, sharded here by
    rank: file i goes to rank i mod world (shared/replica placement, Azure ML inputs).
 Files under a `validation/` folder form the validation set; the rest are training data.
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from jobs.runtime import contract
+from jobs.runtime import contract, filelist
 from jobs.workloads.cosmoflow import tfrecord
 
 CHANNELS = 4
@@ -37,8 +38,7 @@ def data_dir(input_name: str, override: str | None = None) -> Path:
 def rank_files(root: Path, input_name: str, rank: int, world: int, file_list: str | None = None) -> list[Path]:
     listing = file_list or os.environ.get(contract.file_list_var(input_name))
     if listing:
-        lines = [ln.strip() for ln in Path(listing).read_text().splitlines() if ln.strip()]
-        return [root / ln for ln in lines if ln.endswith((".tfrecord", ".tfrecord.gz"))]
+        return [root / name for name in filelist.read(listing) if name.endswith((".tfrecord", ".tfrecord.gz"))]
     every = sorted(p for p in root.rglob("*") if p.name.endswith((".tfrecord", ".tfrecord.gz")))
     return every[rank::world]
 
