@@ -77,6 +77,34 @@ class TestDatasetLock:
         assert v.level == "advisory" and "not locked in Azure by choice" in v.message
 
 
+class TestLockedScopeProtected:
+    """What a lock's scope holds must be protected, or `make down` fails with ScopeLocked."""
+
+    CONTAINER = f"{ACCOUNT_ID}/blobServices/default/containers/datasets"
+    INSIDE = [
+        ("azure-native:authorization:RoleAssignment", {"scope": CONTAINER}),
+        ("azure-native:authorization:RoleAssignment", {"scope": ACCOUNT_ID.upper()}),
+        (DIAGNOSTIC_SETTING, {"resourceUri": f"{ACCOUNT_ID}/blobServices/default"}),
+        ("azure-native:network:PrivateEndpoint", {"privateLinkServiceConnections": [{"privateLinkServiceId": ACCOUNT_ID}]}),
+    ]
+
+    @pytest.mark.parametrize(("type_token", "inputs"), INSIDE)
+    def test_unprotected_under_the_lock_is_refused_and_protected_passes(self, type_token, inputs):
+        [v] = findings("locked-scope-protected", [lock(), view(type_token, "x", inputs)])
+        assert v.level == "mandatory" and "under the delete lock on 'amlhpcdevds1'" in v.message
+        assert "ScopeLocked" in v.message and "protect=True" in v.fix
+        assert findings("locked-scope-protected", [lock(), view(type_token, "x", inputs, protect=True)]) == []
+
+    @pytest.mark.parametrize(("type_token", "inputs"), INSIDE)
+    def test_without_the_lock_nothing_needs_it(self, type_token, inputs):
+        assert findings("locked-scope-protected", [view(type_token, "x", inputs)]) == []
+
+    def test_a_neighbour_with_a_longer_name_is_not_inside(self):
+        neighbour = {"scope": ACCOUNT_ID + "2/blobServices/default/containers/datasets"}
+        assert findings("locked-scope-protected",
+                        [lock(), view("azure-native:authorization:RoleAssignment", "x", neighbour)]) == []
+
+
 class TestManagedNetwork:
     def test_clusters_of_a_managed_workspace_take_no_subnet_nor_public_ip(self):
         bad = cluster(subnet="/subscriptions/s/.../subnets/compute", public_ip=True)
@@ -157,7 +185,8 @@ class TestJumpBox:
 
 def test_every_new_rule_is_registered():
     for name in ("dataset-storage-locked", "dataset-storage-unlocked-opted-in", "managed-network-clusters",
-                 "managed-network-outbound", "diagnostics-complete", "key-size", "vm-ssh-key-only", "no-public-ip-on-nics"):
+                 "managed-network-outbound", "diagnostics-complete", "key-size", "vm-ssh-key-only", "no-public-ip-on-nics",
+                 "locked-scope-protected"):
         assert name in RULES_BY_NAME
 
 

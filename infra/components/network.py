@@ -43,8 +43,8 @@ class Network(pulumi.ComponentResource):
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("aml-hpc:network:Network", name, None, opts)
         vnet = self._vnet(name, args)
-        compute = self._compute_subnet(name, args, vnet) if args.compute_subnet is not None else None
-        endpoints = self._endpoint_subnet(name, args, vnet, compute)
+        endpoints = self._endpoint_subnet(name, args, vnet)
+        compute = self._compute_subnet(name, args, vnet, endpoints) if args.compute_subnet is not None else None
         self.dns_zone_ids = self._private_dns_zones(name, args, vnet)
 
         self.vnet_id = vnet.id
@@ -68,7 +68,8 @@ class Network(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["subnets"]),
         )
 
-    def _compute_subnet(self, name: str, args: NetworkArgs, vnet: network.VirtualNetwork) -> network.Subnet:
+    def _compute_subnet(self, name: str, args: NetworkArgs, vnet: network.VirtualNetwork,
+                        endpoints: network.Subnet) -> network.Subnet:
         """The nodes' subnet: inbound from the internet denied, outbound through a NAT gateway."""
         assert args.compute_subnet is not None
         return network.Subnet(
@@ -80,7 +81,10 @@ class Network(pulumi.ComponentResource):
             network_security_group=network.NetworkSecurityGroupArgs(id=self._compute_nsg(name, args).id),
             nat_gateway=network.SubResourceArgs(id=self._nat_gateway(name, args).id),
             default_outbound_access=False,
-            opts=pulumi.ResourceOptions(parent=self),
+            # Azure serialises subnet changes on one VNet. This one waits for the endpoint
+            # subnet, not the other way round: an endpoint kept by `make down` (its target is
+            # locked) then keeps only its own subnet, not the NAT gateway billed by the hour.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[endpoints]),
         )
 
     def _compute_nsg(self, name: str, args: NetworkArgs) -> network.NetworkSecurityGroup:
@@ -132,8 +136,7 @@ class Network(pulumi.ComponentResource):
             opts=child,
         )
 
-    def _endpoint_subnet(self, name: str, args: NetworkArgs, vnet: network.VirtualNetwork,
-                         compute: network.Subnet | None) -> network.Subnet:
+    def _endpoint_subnet(self, name: str, args: NetworkArgs, vnet: network.VirtualNetwork) -> network.Subnet:
         return network.Subnet(
             f"{name}-endpoint-subnet",
             subnet_name="endpoints",
@@ -142,8 +145,7 @@ class Network(pulumi.ComponentResource):
             address_prefix=args.endpoint_subnet,
             private_endpoint_network_policies="Disabled",
             default_outbound_access=False,
-            # Azure serialises subnet changes on one VNet.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[compute] if compute else []),
+            opts=pulumi.ResourceOptions(parent=self),
         )
 
     def _private_dns_zones(self, name: str, args: NetworkArgs, vnet: network.VirtualNetwork) -> dict[str, pulumi.Output[str]]:

@@ -49,6 +49,8 @@ LOCK_AT_RESOURCE = "azure-native:authorization:ManagementLockAtResourceLevel"
 VIRTUAL_MACHINE = "azure-native:compute:VirtualMachine"
 NETWORK_INTERFACE = "azure-native:network:NetworkInterface"
 KEY_VAULT_KEY = "azure-native:keyvault:Key"
+ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
+PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
 
 # The component that owns datasets and checkpoints (infra/components/dataset_storage.py).
 # Its type is part of every child's URN, so both adapters can tell dataset storage apart
@@ -509,6 +511,41 @@ def _dataset_unlocked_opted_in(r: ResourceView, stack: StackView, limits: Limits
 _MANAGED_MODES = ("AllowInternetOutbound", "AllowOnlyApprovedOutbound")
 
 
+def _locked_targets(r: ResourceView) -> list[str]:
+    """The resource ids whose delete lock also stops deleting `r`: the scope of a role
+    assignment, the resource a diagnostic setting watches (both extension resources), the
+    targets of a private endpoint (deleting it removes their endpoint connection)."""
+    if r.type == ROLE_ASSIGNMENT:
+        found = [r.inputs.get("scope")]
+    elif r.type == DIAGNOSTIC_SETTING:
+        found = [r.inputs.get("resourceUri")]
+    elif r.type == PRIVATE_ENDPOINT:
+        found = [c.get("privateLinkServiceId") for c in r.inputs.get("privateLinkServiceConnections") or []]
+    else:
+        return []
+    return [str(t).lower() for t in found if t]
+
+
+def _locked_scope_protected(resources: Sequence[ResourceView], stack: StackView, limits: Limits) -> Iterable[Finding]:
+    # Azure refuses deleting anything under a lock (ScopeLocked). Unprotected, such a resource
+    # makes `make down` fail halfway and hides from Pulumi that removing it needs the lock lifted.
+    scopes = [s for s in _locked_scopes(resources) if s.startswith("/subscriptions/")]
+    for r in resources:
+        if r.protect or r.type in (LOCK_BY_SCOPE, LOCK_AT_RESOURCE):
+            continue
+        for target in _locked_targets(r):
+            held = next((s for s in scopes if target == s or target.startswith(s + "/")), None)
+            if held:
+                yield Finding(
+                    f"{r.type.rsplit(':', 1)[-1]} {r.name!r} sits under the delete lock on {held.rsplit('/', 1)[-1]!r}: "
+                    "Azure refuses to delete it (ScopeLocked), so `make down` would fail on it",
+                    "declare it with protect=True while the lock stands (infra/components/access.py, diagnostics.py, "
+                    "private_endpoints.py take protect)",
+                    urn=r.urn, name=r.name,
+                )
+                break
+
+
 def _managed_mode(resources: Sequence[ResourceView]) -> str | None:
     for r in resources:
         if r.type == WORKSPACE:
@@ -651,6 +688,10 @@ RULES: tuple[Rule, ...] = (
          check_stack=_dataset_locked),
     Rule("dataset-storage-unlocked-opted-in", "advisory", "Protected dataset storage left unlocked by choice.",
          check_resource=_dataset_unlocked_opted_in),
+    Rule("locked-scope-protected", "mandatory",
+         "Role assignments, diagnostic settings and private endpoints under a delete lock are protected (Azure refuses "
+         "to delete them).",
+         check_stack=_locked_scope_protected),
     Rule("managed-network-clusters", "mandatory",
          "Clusters of a managed-network workspace take no subnet and no node public IP.",
          check_stack=_managed_network_clusters),
