@@ -2,7 +2,9 @@
 
 The facts live in `core/catalog/availability.toml` (each size with its source and date);
 this module loads them once and answers `offering(size)` and `problem(size, region)`, the
-sentence infra/config.py shows when a stack asks for a size its region does not have.
+sentence infra/config.py shows when a stack asks for a size its region does not have. A
+cluster can accept a region the data does not list (`allowUnlistedRegion: true`, for when
+the snapshot lags behind Azure); a retired size is refused whatever it says.
 
 `refresh` rewrites the data file from a capture of `az vm list-skus --all --resource-type
 virtualMachines -o json` (Azure's Resource SKUs API), so the regions can be brought up to
@@ -96,6 +98,16 @@ def regions_offering(size: str, today: date) -> list[str]:
     return sorted(found.regions)
 
 
+def retired(size: str, today: date) -> bool:
+    """True when the size's recorded retirement date has come."""
+    found = OFFERINGS.get(size)
+    return bool(found and found.retired is not None and today >= found.retired)
+
+
+OPT_IN = "allowUnlistedRegion"
+"""The cluster key that accepts a region the data does not list (infra/config.py)."""
+
+
 def problem(size: str, region: str, today: date) -> tuple[str, str] | None:
     """(message, fix) when `size` is not offered in `region` on `today`, else None.
 
@@ -114,7 +126,9 @@ def problem(size: str, region: str, today: date) -> tuple[str, str] | None:
     alternatives = f"; sizes offered in {region}: {', '.join(sorted(here))}" if here else ""
     return (f"{size} is not offered in {region}; regions that offer it: {elsewhere} ({source})",
             f"pick one of those regions for the stack or another size{alternatives}. If Azure offers it "
-            f"there now, refresh core/catalog/availability.toml: {REFRESH_COMMAND}")
+            f"there now (the lists are a snapshot), refresh core/catalog/availability.toml: {REFRESH_COMMAND}; "
+            f"or, until then, set {OPT_IN}: true on this cluster (it carries the tag {OPT_IN}=true and the "
+            "policy reports it)")
 
 
 # --------------------------------------------------------------------------------------

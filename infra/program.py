@@ -37,7 +37,7 @@ from infra.components.resource_group import ResourceGroup, ResourceGroupArgs
 from infra.components.way_in import JumpBoxSpec, WayIn, WayInArgs
 from infra.components.workspace import CustomerManagedKeySettings, Workspace, WorkspaceArgs
 from infra.config import ClusterConfig, StackConfig
-from infra.policy.rules import TAG_ALLOW_UNLOCKED
+from infra.policy.rules import TAG_ALLOW_UNLISTED_REGION, TAG_ALLOW_UNLOCKED
 from infra.quirks import ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR
 
 
@@ -55,6 +55,8 @@ def opt_in_tags(cluster: ClusterConfig) -> dict[str, str]:
         tags["allowIdleNodes"] = "true"
     if cluster.allow_tcp_multi_node:
         tags["allowTcpMultiNode"] = "true"
+    if cluster.allow_unlisted_region:
+        tags[TAG_ALLOW_UNLISTED_REGION] = "true"
     return tags
 
 

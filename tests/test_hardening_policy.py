@@ -186,7 +186,7 @@ class TestJumpBox:
 def test_every_new_rule_is_registered():
     for name in ("dataset-storage-locked", "dataset-storage-unlocked-opted-in", "managed-network-clusters",
                  "managed-network-outbound", "diagnostics-complete", "key-size", "vm-ssh-key-only", "no-public-ip-on-nics",
-                 "locked-scope-protected"):
+                 "locked-scope-protected", "cluster-size-in-region", "cluster-region-unlisted-opted-in"):
         assert name in RULES_BY_NAME
 
 
@@ -201,3 +201,53 @@ def test_the_managed_cluster_rule_reads_amlcompute_only():
     other = view(COMPUTE, "ci", {"properties": {"computeType": "ComputeInstance"}, "tags": dict(TAGS)})
     assert findings("managed-network-clusters", [managed_workspace(), other]) == []
 
+
+
+class TestSizesByRegion:
+    """The stack file check, repeated over the plan: a size its region does not offer is
+    refused unless the cluster opts in (then reported); a retired size always."""
+
+    @staticmethod
+    def placed(region: str, sku: str = "Standard_ND96asr_v4", opted: bool = False) -> ResourceView:
+        import dataclasses
+
+        tags = {**TAGS, "allowUnlistedRegion": "true"} if opted else dict(TAGS)
+        base = cluster(sku=sku, tags=tags)
+        return dataclasses.replace(base, inputs={**base.inputs, "location": region})
+
+    @pytest.mark.parametrize(("region", "sku", "opted", "mandatory", "advisory"), [
+        ("eastus", "Standard_ND96asr_v4", False, None, None),
+        ("brazilsouth", "Standard_ND96asr_v4", False, "not offered in brazilsouth", None),
+        ("brazilsouth", "Standard_ND96asr_v4", True, None, "does not list, by choice"),
+        ("eastus", "Standard_ND96asr_v4", True, None, "now lists Standard_ND96asr_v4 in eastus"),
+        ("eastus", "Standard_NC24s_v3", True, "was retired on 2025-09-30", None),
+    ])
+    def test_refused_reported_or_passed(self, region, sku, opted, mandatory, advisory):
+        resources = [self.placed(region, sku, opted)]
+        hard = findings("cluster-size-in-region", resources)
+        soft = findings("cluster-region-unlisted-opted-in", resources)
+        assert [v.level for v in hard] == (["mandatory"] if mandatory else [])
+        assert [v.level for v in soft] == (["advisory"] if advisory else [])
+        if mandatory:
+            assert mandatory in hard[0].message
+        if advisory:
+            assert advisory in soft[0].message
+
+
+def test_the_opt_in_shows_on_the_cluster_in_the_plan(tmp_path):
+    import yaml
+
+    from infra.plan import evaluate
+    from tests.test_config import GOOD_ENV
+
+    cluster_cfg = {"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "allowUnlistedRegion": True}
+    config = {**GOOD_ENV, "azure-native:location": "brazilsouth", "aml-hpc:clusters": [cluster_cfg]}
+    (tmp_path / "Pulumi.brz.yaml").write_text(yaml.safe_dump({"config": config}))
+    plan = evaluate("brz", tmp_path)
+    [compute] = plan.of_type(COMPUTE)
+    assert compute.inputs["tags"]["allowUnlistedRegion"] == "true" and compute.inputs["location"] == "brazilsouth"
+    from infra.policy import check_plan
+
+    violations = check_plan(plan.to_json())
+    assert [v.rule for v in violations if v.level == "mandatory"] == []
+    assert "cluster-region-unlisted-opted-in" in {v.rule for v in violations}
