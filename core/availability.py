@@ -43,6 +43,9 @@ class Offering:
     """Offered nowhere from this date on."""
     successor: str | None = None
     """The size Microsoft advises instead of a retired one."""
+    seen_in: tuple[tuple[str, str], ...] = ()
+    """(region, source id) pairs: regions another public source shows the size deployed in,
+    beyond what `source` lists (included in `regions`; a refresh replaces them)."""
 
     def offered_in(self, region: str, today: date) -> bool:
         if self.retired is not None and today >= self.retired:
@@ -50,7 +53,7 @@ class Offering:
         return region in self.regions
 
 
-_KEYS = {"name", "regions", "source", "retired", "successor"}
+_KEYS = {"name", "regions", "source", "retired", "successor", "seen_in"}
 
 
 def load(path: Path = AVAILABILITY_FILE) -> tuple[dict[str, Offering], dict[str, Source]]:
@@ -76,8 +79,15 @@ def load(path: Path = AVAILABILITY_FILE) -> tuple[dict[str, Offering], dict[str,
         successor = entry.get("successor")
         if successor is not None and successor not in skus.CATALOG:
             raise CatalogError(f"{where}: successor {successor} is not a size of {skus.CATALOG_FILE.name}")
-        offerings[name] = Offering(name=name, regions=frozenset(entry["regions"]), source=entry["source"],
-                                   retired=entry.get("retired"), successor=successor)
+        seen = entry.get("seen_in", {})
+        for region, source in seen.items():
+            if source not in sources:
+                raise CatalogError(f"{where}: seen_in.{region}: source {source!r} is not in [sources]")
+            if region in entry["regions"]:
+                raise CatalogError(f"{where}: seen_in.{region}: the region is already in regions")
+        offerings[name] = Offering(name=name, regions=frozenset(entry["regions"]) | set(seen), source=entry["source"],
+                                   retired=entry.get("retired"), successor=successor,
+                                   seen_in=tuple(sorted(seen.items())))
     return offerings, sources
 
 
@@ -116,7 +126,8 @@ def problem(size: str, region: str, today: date) -> tuple[str, str] | None:
     found = OFFERINGS.get(size)
     if found is None or found.offered_in(region, today):
         return None
-    source = SOURCES[found.source].cite()
+    source = "; ".join([SOURCES[found.source].cite()]
+                       + [f"{region}: {SOURCES[sid].cite()}" for region, sid in found.seen_in])
     if found.retired is not None and today >= found.retired:
         instead = f"use {found.successor} instead" if found.successor else "choose a current size"
         return (f"{size} was retired on {found.retired.isoformat()} and is offered in no region ({source})",
@@ -160,7 +171,8 @@ def render(offerings: Mapping[str, Offering], sources: Mapping[str, Source], hea
         if found is None:
             continue
         lines += ["[[size]]", f'name = "{name}"']
-        regions = sorted(found.regions)
+        seen = dict(found.seen_in)
+        regions = sorted(found.regions - set(seen))
         if len(regions) <= 4:
             lines.append("regions = [" + ", ".join(f'"{r}"' for r in regions) + "]")
         else:
@@ -176,9 +188,12 @@ def render(offerings: Mapping[str, Offering], sources: Mapping[str, Source], hea
             lines.append(f"retired = {found.retired.isoformat()}")
         if found.successor:
             lines.append(f'successor = "{found.successor}"')
-        lines += [f'source = "{found.source}"', ""]
+        lines.append(f'source = "{found.source}"')
+        if seen:
+            lines.append("seen_in = { " + ", ".join(f'{region} = "{sid}"' for region, sid in sorted(seen.items())) + " }")
+        lines.append("")
     for source in sorted(sources.values(), key=lambda s: s.id):
-        if not any(o.source == source.id for o in offerings.values()):
+        if not any(o.source == source.id or source.id in dict(o.seen_in).values() for o in offerings.values()):
             continue
         lines += [f"[sources.{source.id}]", f"title = {_quote(source.title)}", f"url = {_quote(source.url)}",
                   f'as_of = "{source.as_of}"', ""]
