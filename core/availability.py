@@ -2,7 +2,9 @@
 
 The facts live in `core/catalog/availability.toml` (each size with its source and date);
 this module loads them once and answers `offering(size)` and `problem(size, region)`, the
-sentence infra/config.py shows when a stack asks for a size its region does not have.
+sentence infra/config.py shows when a stack asks for a size its region does not have. A
+cluster can accept a region the data does not list (`allowUnlistedRegion: true`, for when
+the snapshot lags behind Azure); a retired size is refused whatever it says.
 
 `refresh` rewrites the data file from a capture of `az vm list-skus --all --resource-type
 virtualMachines -o json` (Azure's Resource SKUs API), so the regions can be brought up to
@@ -41,6 +43,9 @@ class Offering:
     """Offered nowhere from this date on."""
     successor: str | None = None
     """The size Microsoft advises instead of a retired one."""
+    seen_in: tuple[tuple[str, str], ...] = ()
+    """(region, source id) pairs: regions another public source shows the size deployed in,
+    beyond what `source` lists (included in `regions`; a refresh replaces them)."""
 
     def offered_in(self, region: str, today: date) -> bool:
         if self.retired is not None and today >= self.retired:
@@ -48,7 +53,7 @@ class Offering:
         return region in self.regions
 
 
-_KEYS = {"name", "regions", "source", "retired", "successor"}
+_KEYS = {"name", "regions", "source", "retired", "successor", "seen_in"}
 
 
 def load(path: Path = AVAILABILITY_FILE) -> tuple[dict[str, Offering], dict[str, Source]]:
@@ -74,8 +79,15 @@ def load(path: Path = AVAILABILITY_FILE) -> tuple[dict[str, Offering], dict[str,
         successor = entry.get("successor")
         if successor is not None and successor not in skus.CATALOG:
             raise CatalogError(f"{where}: successor {successor} is not a size of {skus.CATALOG_FILE.name}")
-        offerings[name] = Offering(name=name, regions=frozenset(entry["regions"]), source=entry["source"],
-                                   retired=entry.get("retired"), successor=successor)
+        seen = entry.get("seen_in", {})
+        for region, source in seen.items():
+            if source not in sources:
+                raise CatalogError(f"{where}: seen_in.{region}: source {source!r} is not in [sources]")
+            if region in entry["regions"]:
+                raise CatalogError(f"{where}: seen_in.{region}: the region is already in regions")
+        offerings[name] = Offering(name=name, regions=frozenset(entry["regions"]) | set(seen), source=entry["source"],
+                                   retired=entry.get("retired"), successor=successor,
+                                   seen_in=tuple(sorted(seen.items())))
     return offerings, sources
 
 
@@ -96,6 +108,16 @@ def regions_offering(size: str, today: date) -> list[str]:
     return sorted(found.regions)
 
 
+def retired(size: str, today: date) -> bool:
+    """True when the size's recorded retirement date has come."""
+    found = OFFERINGS.get(size)
+    return bool(found and found.retired is not None and today >= found.retired)
+
+
+OPT_IN = "allowUnlistedRegion"
+"""The cluster key that accepts a region the data does not list (infra/config.py)."""
+
+
 def problem(size: str, region: str, today: date) -> tuple[str, str] | None:
     """(message, fix) when `size` is not offered in `region` on `today`, else None.
 
@@ -104,7 +126,8 @@ def problem(size: str, region: str, today: date) -> tuple[str, str] | None:
     found = OFFERINGS.get(size)
     if found is None or found.offered_in(region, today):
         return None
-    source = SOURCES[found.source].cite()
+    source = "; ".join([SOURCES[found.source].cite()]
+                       + [f"{region}: {SOURCES[sid].cite()}" for region, sid in found.seen_in])
     if found.retired is not None and today >= found.retired:
         instead = f"use {found.successor} instead" if found.successor else "choose a current size"
         return (f"{size} was retired on {found.retired.isoformat()} and is offered in no region ({source})",
@@ -114,7 +137,9 @@ def problem(size: str, region: str, today: date) -> tuple[str, str] | None:
     alternatives = f"; sizes offered in {region}: {', '.join(sorted(here))}" if here else ""
     return (f"{size} is not offered in {region}; regions that offer it: {elsewhere} ({source})",
             f"pick one of those regions for the stack or another size{alternatives}. If Azure offers it "
-            f"there now, refresh core/catalog/availability.toml: {REFRESH_COMMAND}")
+            f"there now (the lists are a snapshot), refresh core/catalog/availability.toml: {REFRESH_COMMAND}; "
+            f"or, until then, set {OPT_IN}: true on this cluster (it carries the tag {OPT_IN}=true and the "
+            "policy reports it)")
 
 
 # --------------------------------------------------------------------------------------
@@ -146,7 +171,8 @@ def render(offerings: Mapping[str, Offering], sources: Mapping[str, Source], hea
         if found is None:
             continue
         lines += ["[[size]]", f'name = "{name}"']
-        regions = sorted(found.regions)
+        seen = dict(found.seen_in)
+        regions = sorted(found.regions - set(seen))
         if len(regions) <= 4:
             lines.append("regions = [" + ", ".join(f'"{r}"' for r in regions) + "]")
         else:
@@ -162,9 +188,12 @@ def render(offerings: Mapping[str, Offering], sources: Mapping[str, Source], hea
             lines.append(f"retired = {found.retired.isoformat()}")
         if found.successor:
             lines.append(f'successor = "{found.successor}"')
-        lines += [f'source = "{found.source}"', ""]
+        lines.append(f'source = "{found.source}"')
+        if seen:
+            lines.append("seen_in = { " + ", ".join(f'{region} = "{sid}"' for region, sid in sorted(seen.items())) + " }")
+        lines.append("")
     for source in sorted(sources.values(), key=lambda s: s.id):
-        if not any(o.source == source.id for o in offerings.values()):
+        if not any(o.source == source.id or source.id in dict(o.seen_in).values() for o in offerings.values()):
             continue
         lines += [f"[sources.{source.id}]", f"title = {_quote(source.title)}", f"url = {_quote(source.url)}",
                   f'as_of = "{source.as_of}"', ""]

@@ -100,6 +100,8 @@ class Retained:
     parent_urn: str | None
     arm_id: str
     api_version: str
+    ancestors: tuple[str, ...] = ()
+    """URNs of the component parents, the nearest first (the root stack left out)."""
 
 
 def provider_api_version(type_token: str) -> str:
@@ -115,24 +117,55 @@ def provider_api_version(type_token: str) -> str:
     raise LookupError(f"no API version in the docstring of {type_token}")
 
 
+ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
+
+
+def engine_urns(resources: Iterable[Any]) -> dict[str, str]:
+    """Recorded URN -> the URN the engine gives the same resource.
+
+    Pulumi's mock runtime builds a URN from the parent's last type only (MockMonitor.
+    make_urn), the engine from the parent's whole type chain (without the root stack's
+    type): a resource two components deep gets a different URN in the offline plan than in
+    the state. Rebuilt here from each recorded resource's parent."""
+    by_urn = {r.urn: r for r in resources}
+    out: dict[str, str] = {}
+
+    def chain(urn: str) -> str | None:
+        r = by_urn.get(urn)
+        if r is None or r.type == ROOT_STACK_TYPE:
+            return None
+        above = chain(r.parent) if r.parent else None
+        return f"{above}${r.type}" if above else r.type
+
+    for urn, r in by_urn.items():
+        types = chain(urn)
+        if types is not None:
+            stack, project = urn.removeprefix("urn:pulumi:").split("::")[:2]
+            out[urn] = f"urn:pulumi:{stack}::{project}::{types}::{r.name}"
+    return out
+
+
 def retained_resources(plan: Any) -> list[Retained]:
     """Retained custom resources of an offline plan (infra.plan.evaluate with the real
-    subscription id), singletons left out, with their ARM ids."""
+    subscription id), singletons left out, with their ARM ids and engine URNs."""
     from infra.plan.mocks import PlanMocks
 
     ids = PlanMocks(plan.outputs["subscriptionId"])
+    urns = engine_urns(plan.resources)
+    parents = {r.urn: r.parent for r in plan.resources}
     out = []
     for r in plan.custom_resources():
         if not r.retain_on_delete or r.type in SINGLETONS:
             continue
-        parent = normalize_urn(r.parent) if r.parent else None
-        out.append(Retained(normalize_urn(r.urn), r.type, r.name, parent,
+        ancestors = []
+        parent = r.parent
+        while parent in urns:  # components up to (without) the root stack
+            ancestors.append(urns[parent])
+            parent = parents.get(parent)
+        out.append(Retained(urns[r.urn], r.type, r.name, ancestors[0] if ancestors else None,
                             ids._arm_id(r.type, r.inputs, r.name),  # noqa: SLF001
-                            provider_api_version(r.type)))
+                            provider_api_version(r.type), tuple(ancestors)))
     return out
-
-
-ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
 
 
 def normalize_urn(urn: str) -> str:
@@ -162,7 +195,8 @@ def _name_of(urn: str) -> str:
 def import_document(resources: Iterable[Retained], in_state: set[str], exists: Callable[[Retained], bool]) -> dict[str, Any]:
     """The `pulumi import --file` document: retained resources that exist in Azure but not
     in the state. Their parents are named from the state when still there, else created
-    as empty components in the same import. Empty `resources`: nothing to adopt."""
+    as empty components in the same import, each under its own parent (outermost first).
+    Empty `resources`: nothing to adopt."""
     entries: list[dict[str, Any]] = []
     name_table: dict[str, str] = {}
     components: dict[str, dict[str, Any]] = {}
@@ -170,13 +204,19 @@ def import_document(resources: Iterable[Retained], in_state: set[str], exists: C
         if r.urn in in_state or not exists(r):
             continue
         entry: dict[str, Any] = {"type": r.type, "name": r.name, "id": r.arm_id}
-        if r.parent_urn and _type_of(r.parent_urn) != ROOT_STACK_TYPE:
-            parent = _name_of(r.parent_urn)
-            entry["parent"] = parent
-            if r.parent_urn in in_state:
-                name_table[parent] = r.parent_urn
-            else:
-                components.setdefault(parent, {"type": _type_of(r.parent_urn), "name": parent, "component": True})
+        ancestors = r.ancestors or ((r.parent_urn,) if r.parent_urn else ())
+        for i, urn in enumerate(reversed(ancestors)):  # outermost first
+            name = _name_of(urn)
+            if urn in in_state:
+                name_table[name] = urn
+                continue
+            component = {"type": _type_of(urn), "name": name, "component": True}
+            outer = ancestors[len(ancestors) - i:]
+            if outer:
+                component["parent"] = _name_of(outer[0])
+            components.setdefault(name, component)
+        if ancestors:
+            entry["parent"] = _name_of(ancestors[0])
         entries.append(entry)
     if not entries:
         return {"resources": []}

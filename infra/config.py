@@ -76,6 +76,9 @@ class ClusterConfig(_Model):
     """Opt-in for minNodes > 0."""
     allow_tcp_multi_node: bool = False
     """Opt-in for maxNodes > 1 on a size without InfiniBand (TCP only, scales badly)."""
+    allow_unlisted_region: bool = False
+    """Opt-in for a size core/catalog/availability.toml does not list in the stack's region
+    (the lists are a snapshot; Azure adds regions). Retired sizes stay refused."""
 
 
 OutboundMode = Literal["AllowOnlyApprovedOutbound", "AllowInternetOutbound"]
@@ -862,7 +865,7 @@ def _check_cluster_regions(found: ProblemCollector, raw: _RawConfig, location: s
         except skus.UnknownSkuError:
             continue  # reported by _check_clusters
         problem = availability.problem(size, location, today)
-        if problem:
+        if problem and not (cluster.allow_unlisted_region and not availability.retired(size, today)):
             found.add(f"{NAMESPACE}clusters[{i}].sku", *problem)
 
 

@@ -339,6 +339,8 @@ def new_experiment(name: str, env: str = "dev", days: int = 7, root: Path = REPO
     }
     if template and template.allow_tcp_multi_node and sku is None:
         cluster["allowTcpMultiNode"] = True
+    if template and template.allow_unlisted_region and sku is None:
+        cluster["allowUnlistedRegion"] = True  # same size, same region: the same choice
 
     who = owner or environment.owner
     emails = list(environment.budget.alert_emails) if environment.budget else []

@@ -42,7 +42,7 @@ from infra.components.resource_group import ResourceGroup, ResourceGroupArgs
 from infra.components.way_in import JumpBoxSpec, WayIn, WayInArgs
 from infra.components.workspace import CustomerManagedKeySettings, Workspace, WorkspaceArgs
 from infra.config import ClusterConfig, StackConfig
-from infra.policy.rules import TAG_ALLOW_UNLOCKED
+from infra.policy.rules import TAG_ALLOW_UNLISTED_REGION, TAG_ALLOW_UNLOCKED
 from infra.quirks import ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR
 
 
@@ -60,6 +60,8 @@ def opt_in_tags(cluster: ClusterConfig) -> dict[str, str]:
         tags["allowIdleNodes"] = "true"
     if cluster.allow_tcp_multi_node:
         tags["allowTcpMultiNode"] = "true"
+    if cluster.allow_unlisted_region:
+        tags[TAG_ALLOW_UNLISTED_REGION] = "true"
     return tags
 
 
@@ -121,12 +123,14 @@ def _budget(cfg: StackConfig, scope: pulumi.Input[str], now: datetime | None,
 
 def _data_access(cfg: StackConfig, ws: Workspace, data: DatasetStorage, subscription_id: pulumi.Input[str]) -> Access:
     """The compute identity's data and image rights, plus the stack's dataset uploaders."""
+    locked = cfg.lock_dataset_storage  # grants inside the locked account: protected (infra/components/access.py)
     grants = cluster_identity_grants(
-        ws.identity_principal_id, data.container_ids["datasets"], data.container_ids["checkpoints"], ws.registry_id
+        ws.identity_principal_id, data.container_ids["datasets"], data.container_ids["checkpoints"], ws.registry_id,
+        data_locked=locked,
     )
     grants += [
         Grant(f"datasets-write-{i}", ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, data.container_ids["datasets"],
-              p.principal_id, p.principal_type)
+              p.principal_id, p.principal_type, protect=locked)
         for i, p in enumerate(cfg.storage.data_contributors)
     ]
     grants += workspace_grants(cfg, ws, data)
@@ -144,7 +148,8 @@ def workspace_grants(cfg: StackConfig, ws: Workspace, data: DatasetStorage) -> l
     - In identity mode the cluster identity writes job outputs and snapshots to the
       workspace storage: Storage Blob Data Contributor on it.
     """
-    grants = [Grant("ws-datasets-preview", quirks.ROLE_STORAGE_BLOB_DATA_READER, data.account_id, ws.principal_id)]
+    grants = [Grant("ws-datasets-preview", quirks.ROLE_STORAGE_BLOB_DATA_READER, data.account_id, ws.principal_id,
+                    protect=cfg.lock_dataset_storage)]
     identity_mode = cfg.workspace_storage_auth == "identity"
     if identity_mode:
         grants.append(Grant("compute-ws-storage", ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, ws.workspace_storage_id,
@@ -177,7 +182,7 @@ def _private_endpoints(cfg: StackConfig, group: ResourceGroup, net: Network, ws:
         dns_zone_ids=dict(net.dns_zone_ids),
         name_prefix=f"{cfg.name_prefix}-{cfg.stack}",
         targets=[
-            EndpointTarget("datasets-blob", data.account_id, "blob"),
+            EndpointTarget("datasets-blob", data.account_id, "blob", protect=cfg.lock_dataset_storage),
             EndpointTarget("ws-blob", ws.workspace_storage_id, "blob"),
             EndpointTarget("ws-file", ws.workspace_storage_id, "file"),
             EndpointTarget("kv", ws.key_vault_id, "vault"),
@@ -394,7 +399,8 @@ def _hardening(cfg: StackConfig, group: ResourceGroup, net: Network | None, ws: 
         Diagnostics("diagnostics", DiagnosticsArgs(ws.log_analytics_id, platform_targets(
             workspace_id=ws.workspace_id, vault_id=ws.key_vault_id,
             storage_account_ids={"datasets": data.account_id, "workspace-storage": ws.workspace_storage_id},
-            storage_reads=cfg.diagnostics.storage_reads)))
+            storage_reads=cfg.diagnostics.storage_reads,
+            locked_accounts=frozenset({"datasets"}) if cfg.lock_dataset_storage else frozenset())))
     if cfg.lock_dataset_storage:
         cannot_delete_lock("data-lock", scope=data.account_id, opts=pulumi.ResourceOptions(parent=data),
                            notes=f"Datasets and checkpoints of aml-hpc stack {cfg.stack}; lift only to delete "

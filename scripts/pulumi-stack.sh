@@ -22,6 +22,9 @@
 #   protected resources (dataset storage); experiment stacks (exp-*) go without asking and
 #   are removed from the backend afterwards (`pulumi stack rm`, which also deletes the
 #   local Pulumi.<stack>.yaml: commit that deletion).
+# - STACK_MUST_EXIST=1 (the deploy workflow): preview and up never create a stack nor write
+#   its name suffix; a stack the backend lacks is refused (exit 2) with the fix. CI must
+#   not invent an encryptionsalt or a nameSuffix that nobody commits.
 #
 # Exit status: 0 done, 2 bad usage or input, 127 the pulumi CLI is missing, else pulumi's.
 set -euo pipefail
@@ -116,12 +119,28 @@ adopt_retained() {  # import what an earlier destroy kept in Azure, before up cr
   rm -rf "$work"
 }
 
+select_existing() {  # pulumi stack select without --create; exit 2 when the backend lacks it
+  local err
+  if ! err=$(pulumi stack select "$stack" 2>&1); then
+    if grep -qi "no stack named" <<<"$err"; then
+      die "stack '$stack' is not on the backend ${PULUMI_BACKEND_URL%%\?*}, and STACK_MUST_EXIST=1 forbids creating it here" \
+          "create it once from a clone: make preview STACK=$stack, then commit what it writes into Pulumi.$stack.yaml (encryptionsalt; nameSuffix for an environment)"
+    fi
+    printf '%s\n' "$err" >&2
+    exit 1
+  fi
+}
+
 case $action in
   preview|up)
-    if [[ $kind == environment ]]; then
-      .venv/bin/python -m infra.adopt suffix --stack "$stack" >/dev/null
+    if [[ ${STACK_MUST_EXIST:-} == 1 ]]; then
+      select_existing  # and no suffix written: `pulumi up` refuses a stack file without one
+    else
+      if [[ $kind == environment ]]; then
+        .venv/bin/python -m infra.adopt suffix --stack "$stack" >/dev/null
+      fi
+      pulumi stack select --create --secrets-provider passphrase "$stack"
     fi
-    pulumi stack select --create --secrets-provider passphrase "$stack"
     if [[ $action == up && $kind == environment ]]; then
       adopt_retained
     fi

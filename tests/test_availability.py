@@ -53,6 +53,30 @@ def test_a_retired_size_is_offered_nowhere_after_its_date():
     assert availability.regions_offering("Standard_NC24s_v3", TODAY) == []
 
 
+def test_a_region_seen_in_a_public_deployment_log_counts_with_its_own_source():
+    """Standard_ND96isr_H100_v5 in southafricanorth: absent from the snapshot, shown deployed
+    in a public walkthrough; the refusal for another region cites both sources."""
+    h100 = availability.offering("Standard_ND96isr_H100_v5")
+    assert h100.offered_in("southafricanorth", TODAY)
+    assert dict(h100.seen_in) == {"southafricanorth": "azcluster-h100-southafricanorth"}
+    source = availability.SOURCES["azcluster-h100-southafricanorth"]
+    assert source.url.startswith("https://github.com/edwardsp/azcluster/") and source.as_of == "2026-05-24"
+    message, _ = availability.problem("Standard_ND96isr_H100_v5", "brazilsouth", TODAY)
+    assert "southafricanorth" in message and "southafricanorth: edwardsp/azcluster walkthrough" in message
+
+
+def test_seen_in_needs_a_known_source_and_a_new_region(tmp_path):
+    bad = tmp_path / "availability.toml"
+    head = '[[size]]\nname = "Standard_ND96asr_v4"\nregions = ["eastus"]\nsource = "x"\n'
+    tail = '[sources.x]\ntitle = "t"\nurl = "https://x"\nas_of = "2026"\n'
+    bad.write_text(head + 'seen_in = { westus = "nowhere" }\n' + tail)
+    with pytest.raises(CatalogError, match="seen_in.westus: source 'nowhere'"):
+        availability.load(bad)
+    bad.write_text(head + 'seen_in = { eastus = "x" }\n' + tail)
+    with pytest.raises(CatalogError, match="already in regions"):
+        availability.load(bad)
+
+
 def test_unknown_keys_and_sources_fail_at_load(tmp_path):
     bad = tmp_path / "availability.toml"
     bad.write_text('[[size]]\nname = "Standard_ND96asr_v4"\nregions = ["eastus"]\nsource = "nowhere"\n'
@@ -94,6 +118,7 @@ def test_refresh_rewrites_regions_from_a_capture(tmp_path):
     offerings, sources = availability.load(path)
     h100 = offerings["Standard_ND96isr_H100_v5"]
     assert h100.regions == {"eastus", "brazilsouth", "southcentralus"} and h100.source == "az-vm-list-skus"
+    assert h100.seen_in == () and "azcluster-h100-southafricanorth" not in sources  # the capture supersedes
     assert sources["az-vm-list-skus"].as_of == "2026-11-23"
     # A retired size keeps its record; one the capture lacks keeps its old entry; the header stays.
     assert offerings["Standard_NC24s_v3"].retired == date(2025, 9, 30)

@@ -192,3 +192,50 @@ class TestResolved:
         write(tmp_path, "stage", config)
         with pytest.raises(UserError, match="Standard_NC24rs_v3 was retired on 2025-09-30"):
             load_stack_config("stage", tmp_path, now=NOW)
+
+
+# A cluster may accept a region core/catalog/availability.toml does not list (the lists are a
+# snapshot): (id, region, size, allowUnlistedRegion, None when accepted / fragments of the refusal)
+REGION_OPT_IN = [
+    ("unlisted region, no opt-in", "brazilsouth", "Standard_ND96asr_v4", None,
+     ["aml-hpc:clusters[0].sku", "not offered in brazilsouth", "allowUnlistedRegion: true", "az vm list-skus"]),
+    ("unlisted region, opted in", "brazilsouth", "Standard_ND96asr_v4", True, None),
+    ("unlisted region, opt-in off", "brazilsouth", "Standard_ND96asr_v4", False,
+     ["not offered in brazilsouth", "allowUnlistedRegion: true"]),
+    ("listed region, opted in anyway", "eastus", "Standard_ND96asr_v4", True, None),
+    ("retired size, opted in", "eastus", "Standard_NC24s_v3", True,
+     ["aml-hpc:clusters[0].sku", "Standard_NC24s_v3 was retired on 2025-09-30", "use Standard_NC96ads_A100_v4"]),
+    ("retired size, unlisted region, opted in", "brazilsouth", "Standard_NC24rs_v3", True,
+     ["Standard_NC24rs_v3 was retired"]),
+    ("opt-in not a flag", "brazilsouth", "Standard_ND96asr_v4", "yes please",
+     ["aml-hpc:clusters[0].allowUnlistedRegion", "'yes please'"]),
+]
+
+
+@pytest.mark.parametrize("case", REGION_OPT_IN, ids=[c[0] for c in REGION_OPT_IN])
+def test_a_cluster_can_opt_in_to_an_unlisted_region_but_never_to_a_retired_size(tmp_path, case):
+    _, region, size, opt_in, refused = case
+    cluster = {"name": "nd-a100", "sku": size, "maxNodes": 1}
+    if opt_in is not None:
+        cluster["allowUnlistedRegion"] = opt_in
+    config = {**GOOD_ENV, "azure-native:location": region, "aml-hpc:clusters": [cluster]}
+    if refused is None:
+        cfg = load(tmp_path, config)
+        assert cfg.clusters[0].allow_unlisted_region is bool(opt_in)
+        return
+    with pytest.raises(UserError) as info:
+        load(tmp_path, config)
+    message = info.value.render()
+    for fragment in refused:
+        assert fragment in message, f"{fragment!r} not in:\n{message}"
+    assert "Pulumi.stage.yaml" in message and "fix:" in message
+
+
+def test_an_experiment_copies_the_opt_in_with_the_cluster(tmp_path):
+    from infra.lifecycle import new_experiment
+
+    cluster = {"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "allowUnlistedRegion": True}
+    write(tmp_path, "brz", {**GOOD_ENV, "azure-native:location": "brazilsouth", "aml-hpc:clusters": [cluster]})
+    path = new_experiment("sweep", "brz", 3, tmp_path, now=NOW)
+    experiment = load_stack_config("exp-sweep", tmp_path, now=NOW)
+    assert experiment.clusters[0].allow_unlisted_region and "allowUnlistedRegion: true" in path.read_text()

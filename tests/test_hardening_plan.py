@@ -159,6 +159,40 @@ class TestKeysDiagnosticsHbiLock:
         assert lock.inputs["scope"].endswith(f"/storageAccounts/{plan.config.names.dataset_storage}")
         assert "aml-hpc:data:DatasetStorage" in lock.urn  # a child of the data it guards
 
+    @pytest.mark.parametrize("stack", ["hard", "priv"])
+    def test_what_the_lock_covers_is_protected_and_nothing_else(self, plans, stack):
+        """Azure refuses deleting anything under the lock: those resources are protected so
+        `make down` leaves them (tests/lifecycle proves it), the rest are not."""
+        plan = plans[stack]
+        account = one(plan, "azure-native:authorization:ManagementLockByScope").inputs["scope"].lower()
+
+        def covered(r) -> bool:
+            targets = [r.inputs.get("scope"), r.inputs.get("resourceUri")]
+            targets += [c.get("privateLinkServiceId") for c in r.inputs.get("privateLinkServiceConnections") or []]
+            return any(t and (t.lower() == account or t.lower().startswith(account + "/")) for t in targets)
+
+        kinds = ("azure-native:authorization:RoleAssignment", "azure-native:monitor:DiagnosticSetting",
+                 "azure-native:network:PrivateEndpoint")
+        extensions = [r for r in plan.resources if r.type in kinds]
+        inside = [r for r in extensions if covered(r)]
+        assert {r.name for r in inside} >= {"access-datasets-read", "access-checkpoints-write", "access-ws-datasets-preview"}
+        assert all(r.protect for r in inside)
+        # (the customer-managed key's grants are protected with the key, whatever the lock)
+        assert not any(r.protect for r in extensions if not covered(r) and "CustomerManagedKey" not in r.urn)
+        assert ("endpoints-datasets-blob" in {r.name for r in inside}) == (stack == "priv")
+        assert ("diagnostics-datasets-blob" in {r.name for r in inside}) == (stack == "hard")
+
+    def test_every_role_assignment_is_named_by_scope_principal_and_role(self, plans):
+        from infra.components.access import role_assignment_name
+
+        for plan in plans.values():
+            grants = plan.of_type("azure-native:authorization:RoleAssignment")
+            names = [g.inputs["roleAssignmentName"] for g in grants]
+            assert names == [role_assignment_name(g.inputs["scope"], g.inputs["principalId"], g.inputs["roleDefinitionId"])
+                             for g in grants]
+            assert len(set(names)) == len(names)
+        assert role_assignment_name("/S/x", "P", "/R") == role_assignment_name("/s/X", "p", "/r")  # ARM ids: no case
+
     def test_no_lock_and_no_key_where_not_asked(self, plans):
         for stack in ("priv", "mngd"):
             assert plans[stack].of_type("azure-native:keyvault:Key") == []

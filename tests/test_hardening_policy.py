@@ -77,6 +77,34 @@ class TestDatasetLock:
         assert v.level == "advisory" and "not locked in Azure by choice" in v.message
 
 
+class TestLockedScopeProtected:
+    """What a lock's scope holds must be protected, or `make down` fails with ScopeLocked."""
+
+    CONTAINER = f"{ACCOUNT_ID}/blobServices/default/containers/datasets"
+    INSIDE = [
+        ("azure-native:authorization:RoleAssignment", {"scope": CONTAINER}),
+        ("azure-native:authorization:RoleAssignment", {"scope": ACCOUNT_ID.upper()}),
+        (DIAGNOSTIC_SETTING, {"resourceUri": f"{ACCOUNT_ID}/blobServices/default"}),
+        ("azure-native:network:PrivateEndpoint", {"privateLinkServiceConnections": [{"privateLinkServiceId": ACCOUNT_ID}]}),
+    ]
+
+    @pytest.mark.parametrize(("type_token", "inputs"), INSIDE)
+    def test_unprotected_under_the_lock_is_refused_and_protected_passes(self, type_token, inputs):
+        [v] = findings("locked-scope-protected", [lock(), view(type_token, "x", inputs)])
+        assert v.level == "mandatory" and "under the delete lock on 'amlhpcdevds1'" in v.message
+        assert "ScopeLocked" in v.message and "protect=True" in v.fix
+        assert findings("locked-scope-protected", [lock(), view(type_token, "x", inputs, protect=True)]) == []
+
+    @pytest.mark.parametrize(("type_token", "inputs"), INSIDE)
+    def test_without_the_lock_nothing_needs_it(self, type_token, inputs):
+        assert findings("locked-scope-protected", [view(type_token, "x", inputs)]) == []
+
+    def test_a_neighbour_with_a_longer_name_is_not_inside(self):
+        neighbour = {"scope": ACCOUNT_ID + "2/blobServices/default/containers/datasets"}
+        assert findings("locked-scope-protected",
+                        [lock(), view("azure-native:authorization:RoleAssignment", "x", neighbour)]) == []
+
+
 class TestManagedNetwork:
     def test_clusters_of_a_managed_workspace_take_no_subnet_nor_public_ip(self):
         bad = cluster(subnet="/subscriptions/s/.../subnets/compute", public_ip=True)
@@ -157,7 +185,8 @@ class TestJumpBox:
 
 def test_every_new_rule_is_registered():
     for name in ("dataset-storage-locked", "dataset-storage-unlocked-opted-in", "managed-network-clusters",
-                 "managed-network-outbound", "diagnostics-complete", "key-size", "vm-ssh-key-only", "no-public-ip-on-nics"):
+                 "managed-network-outbound", "diagnostics-complete", "key-size", "vm-ssh-key-only", "no-public-ip-on-nics",
+                 "locked-scope-protected", "cluster-size-in-region", "cluster-region-unlisted-opted-in"):
         assert name in RULES_BY_NAME
 
 
@@ -172,3 +201,53 @@ def test_the_managed_cluster_rule_reads_amlcompute_only():
     other = view(COMPUTE, "ci", {"properties": {"computeType": "ComputeInstance"}, "tags": dict(TAGS)})
     assert findings("managed-network-clusters", [managed_workspace(), other]) == []
 
+
+
+class TestSizesByRegion:
+    """The stack file check, repeated over the plan: a size its region does not offer is
+    refused unless the cluster opts in (then reported); a retired size always."""
+
+    @staticmethod
+    def placed(region: str, sku: str = "Standard_ND96asr_v4", opted: bool = False) -> ResourceView:
+        import dataclasses
+
+        tags = {**TAGS, "allowUnlistedRegion": "true"} if opted else dict(TAGS)
+        base = cluster(sku=sku, tags=tags)
+        return dataclasses.replace(base, inputs={**base.inputs, "location": region})
+
+    @pytest.mark.parametrize(("region", "sku", "opted", "mandatory", "advisory"), [
+        ("eastus", "Standard_ND96asr_v4", False, None, None),
+        ("brazilsouth", "Standard_ND96asr_v4", False, "not offered in brazilsouth", None),
+        ("brazilsouth", "Standard_ND96asr_v4", True, None, "does not list, by choice"),
+        ("eastus", "Standard_ND96asr_v4", True, None, "now lists Standard_ND96asr_v4 in eastus"),
+        ("eastus", "Standard_NC24s_v3", True, "was retired on 2025-09-30", None),
+    ])
+    def test_refused_reported_or_passed(self, region, sku, opted, mandatory, advisory):
+        resources = [self.placed(region, sku, opted)]
+        hard = findings("cluster-size-in-region", resources)
+        soft = findings("cluster-region-unlisted-opted-in", resources)
+        assert [v.level for v in hard] == (["mandatory"] if mandatory else [])
+        assert [v.level for v in soft] == (["advisory"] if advisory else [])
+        if mandatory:
+            assert mandatory in hard[0].message
+        if advisory:
+            assert advisory in soft[0].message
+
+
+def test_the_opt_in_shows_on_the_cluster_in_the_plan(tmp_path):
+    import yaml
+
+    from infra.plan import evaluate
+    from tests.test_config import GOOD_ENV
+
+    cluster_cfg = {"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "allowUnlistedRegion": True}
+    config = {**GOOD_ENV, "azure-native:location": "brazilsouth", "aml-hpc:clusters": [cluster_cfg]}
+    (tmp_path / "Pulumi.brz.yaml").write_text(yaml.safe_dump({"config": config}))
+    plan = evaluate("brz", tmp_path)
+    [compute] = plan.of_type(COMPUTE)
+    assert compute.inputs["tags"]["allowUnlistedRegion"] == "true" and compute.inputs["location"] == "brazilsouth"
+    from infra.policy import check_plan
+
+    violations = check_plan(plan.to_json())
+    assert [v.rule for v in violations if v.level == "mandatory"] == []
+    assert "cluster-region-unlisted-opted-in" in {v.rule for v in violations}

@@ -152,6 +152,26 @@ class TestPreviewAndUp:
         assert [c[:2] for c in result.calls] == [["stack", "select"], ["up", "--stack"]]
         assert python_calls(repo) == []
 
+    def test_ci_mode_uses_the_existing_stack_and_still_adopts(self, repo):
+        """STACK_MUST_EXIST=1 (the deploy workflow): no --create, no suffix written; adoption
+        and up as for `make up`."""
+        result = run(repo, "up", "dev", "--", "--yes", STACK_MUST_EXIST="1",
+                     FAKE_IMPORT='{"resources": [{"type": "t", "name": "n", "id": "i"}]}')
+        assert result.status == 0, result.stderr
+        assert result.calls[0] == ["stack", "select", "dev"]
+        assert [c[:2] for c in result.calls[1:]] == [["stack", "export"], ["import", "--stack"], ["up", "--stack"]]
+        assert result.calls[-1][-1] == "--yes"
+        assert not any("suffix" in c for c in python_calls(repo))
+
+    @pytest.mark.parametrize("action", ["preview", "up"])
+    def test_ci_mode_refuses_a_stack_the_backend_lacks(self, repo, action):
+        """A stack CI created would carry an encryptionsalt (and a suffix) nobody committed."""
+        result = run(repo, action, "prod", STACK_MUST_EXIST="1", FAKE_NO_STACK="1")
+        assert result.status == 2
+        assert "'prod' is not on the backend" in result.stderr and "make preview STACK=prod" in result.stderr
+        assert [c[:2] for c in result.calls] == [["stack", "select"]] and python_calls(repo) == []
+        assert (repo / "Pulumi.prod.yaml").read_text() == "config: {}\n"
+
     def test_unknown_subscription_stops_before_anything_changes(self, repo):
         """Without a subscription id (no env var, no az) up refuses, naming the fix."""
         result = run(repo, "up", "dev", ARM_SUBSCRIPTION_ID=None)

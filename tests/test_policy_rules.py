@@ -116,7 +116,7 @@ class TestRuleSet:
         """Every rule the platform requires blocks a deployment; only opt-in reports are advisory."""
         advisory = {r.name for r in RULES if r.level == "advisory"}
         assert advisory == {"gpu-idle-nodes-opted-in", "tcp-multi-node-opted-in", "dataset-storage-unlocked-opted-in",
-                            "managed-network-outbound"}
+                            "managed-network-outbound", "cluster-region-unlisted-opted-in"}
 
 
 class TestGpuScaleToZero:

@@ -196,9 +196,24 @@ class TestDeploy:
         jobs = self.doc["jobs"]
         assert jobs["dev"]["needs"] == "test" and jobs["dev"]["environment"] == "dev"
         assert jobs["prod"]["needs"] == "dev" and jobs["prod"]["environment"] == "prod"
-        for job, stack in (("dev", "dev"), ("prod", "prod")):
-            (step,) = [s for s in jobs[job]["steps"] if s.get("uses", "").startswith("pulumi/actions@")]
-            assert step["with"]["command"] == "up" and step["with"]["stack-name"] == stack
+        assert jobs["dev"]["env"]["STACK"] == "dev" and jobs["prod"]["env"]["STACK"] == "prod"
+        assert jobs["experiments"]["env"]["STACK"] == "${{ matrix.stack }}"
+
+    @pytest.mark.parametrize("job", ["dev", "experiments", "prod"])
+    def test_every_update_goes_through_the_script_that_adopts(self, job):
+        """Each up runs scripts/pulumi-stack.sh (adoption, then up with --refresh and the policy
+        pack, tests/test_lifecycle_script.py), non-interactively; the Pulumi action only
+        installs the CLI, and nothing may create a stack (STACK_MUST_EXIST)."""
+        steps_ = self.doc["jobs"][job]["steps"]
+        (install,) = [s for s in steps_ if s.get("uses", "").startswith("pulumi/actions@")]
+        assert set(install["with"]) == {"pulumi-version"}
+        (up,) = [s for s in steps_ if "scripts/pulumi-stack.sh up" in s.get("run", "")]
+        assert 'scripts/pulumi-stack.sh up "$STACK" -- --yes --non-interactive' in up["run"]
+        assert up["shell"] == "bash"  # bash -eo pipefail: the tee keeps the script's status
+        assert steps_.index(install) < steps_.index(up)
+        login = next(s for s in steps_ if s.get("uses", "").startswith("azure/login@"))
+        assert steps_.index(login) < steps_.index(up)  # adoption probes Azure with the az login
+        assert self.doc["env"]["STACK_MUST_EXIST"] == "1"
 
     def test_experiments_deploy_in_their_environment(self):
         """Live experiments go up in their environment's GitHub environment (prod ones need approval)."""

@@ -12,6 +12,11 @@ DiagnosticSetting, REST API 2021-05-01-preview). What each resource sends, and w
   Storage logs live on the blob service (`<account>/blobServices/default`), not the account.
 - metrics: AllMetrics, Transaction for blob storage.
 
+A setting on a blob service under an Azure delete lock (the dataset account outside dev)
+is an extension resource of the locked account: Azure refuses to delete it (ScopeLocked),
+so it is `protect`ed and `make down` leaves it in place (infra/components/access.py says
+the same of role assignments).
+
 Category names: Microsoft Learn, "Supported categories for Azure Monitor resource logs"
 (Microsoft.MachineLearningServices/workspaces, Microsoft.KeyVault/vaults,
 Microsoft.Storage/storageAccounts/blobServices).
@@ -38,6 +43,8 @@ class DiagnosticTarget:
     metric_category: str | None = "AllMetrics"
     dedicated: bool = False
     """Resource-specific Log Analytics tables instead of AzureDiagnostics."""
+    protect: bool = False
+    """The resource is under an Azure delete lock, so the setting cannot be deleted either."""
 
 
 @dataclass
@@ -47,8 +54,10 @@ class DiagnosticsArgs:
 
 
 def platform_targets(*, workspace_id: pulumi.Input[str], vault_id: pulumi.Input[str],
-                     storage_account_ids: dict[str, pulumi.Input[str]], storage_reads: bool = False) -> list[DiagnosticTarget]:
-    """The workspace, its Key Vault and the blob service of each storage account."""
+                     storage_account_ids: dict[str, pulumi.Input[str]], storage_reads: bool = False,
+                     locked_accounts: frozenset[str] = frozenset()) -> list[DiagnosticTarget]:
+    """The workspace, its Key Vault and the blob service of each storage account
+    (`locked_accounts`: keys of `storage_account_ids` under a delete lock)."""
     blob_logs = ("StorageRead", "StorageWrite", "StorageDelete") if storage_reads else ("StorageWrite", "StorageDelete")
     targets = [
         DiagnosticTarget("workspace", workspace_id, log_groups=("allLogs",), dedicated=True),
@@ -57,7 +66,7 @@ def platform_targets(*, workspace_id: pulumi.Input[str], vault_id: pulumi.Input[
     for key, account_id in storage_account_ids.items():
         blob_service = pulumi.Output.from_input(account_id).apply(lambda i: f"{i}/blobServices/default")
         targets.append(DiagnosticTarget(f"{key}-blob", blob_service, log_categories=blob_logs,
-                                        metric_category="Transaction"))
+                                        metric_category="Transaction", protect=key in locked_accounts))
     return targets
 
 
@@ -78,6 +87,6 @@ class Diagnostics(pulumi.ComponentResource):
                 logs=logs or None,
                 metrics=[monitor.DiagnosticsMetricSettingsArgs(category=target.metric_category, enabled=True)]
                 if target.metric_category else None,
-                opts=pulumi.ResourceOptions(parent=self),
+                opts=pulumi.ResourceOptions(parent=self, protect=True if target.protect else None),
             )
         self.register_outputs({})

@@ -22,10 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pulumi
-from pulumi_azure_native import authorization, keyvault, managedidentity
+from pulumi_azure_native import keyvault, managedidentity
 from pulumi_azure_native import machinelearningservices as ml
 
 from infra import quirks
+from infra.components.access import role_assignment
 
 
 @dataclass
@@ -85,7 +86,7 @@ class CustomerManagedKey(pulumi.ComponentResource):
         role = pulumi.Output.from_input(args.subscription_id).apply(
             lambda sub: quirks.role_definition_id(sub, quirks.ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER))
         self.grants = [
-            authorization.RoleAssignment(
+            role_assignment(
                 f"{name}-{who}-crypto-user",
                 principal_id=principal,
                 principal_type="ServicePrincipal",

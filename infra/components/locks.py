@@ -4,8 +4,11 @@ Pulumi's `protect` guards only Pulumi; a lock is enforced by Azure Resource Mana
 everyone (portal, CLI, a deleted resource group). What it does not do (Microsoft Learn,
 "Lock your resources to protect your infrastructure"): it does not protect the data in a
 storage account (blob deletes are data-plane calls), and it also blocks deleting child
-resources and role assignments inside its scope. Declared with `ManagementLockByScope`
-(azure-native authorization, REST API 2020-05-01; levels CanNotDelete or ReadOnly).
+and extension resources inside its scope (containers, role assignments, diagnostic
+settings) and private endpoints to it. The program protects those (infra/program.py,
+policy rule `locked-scope-protected`), so `make down` leaves them instead of failing with
+ScopeLocked. Declared with `ManagementLockByScope` (azure-native authorization, REST API
+2020-05-01; levels CanNotDelete or ReadOnly).
 
 The lock is retained on delete: `pulumi destroy` of a stack leaves it on the retained
 account, and turning it off in the stack file stops managing it without removing it -

@@ -2,6 +2,11 @@
 
 Separate from `Network` because the endpoints need the resources, and the resources
 (the workspace, the clusters) need the network first.
+
+Deleting an endpoint removes its connection on the target resource, which an Azure delete
+lock on the target refuses (ScopeLocked on `<target>/privateEndpointConnectionProxies/...`):
+an endpoint to a locked resource is `protect`ed, and `make down` leaves it (with the subnet
+and VNet it sits in).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ class EndpointTarget:
     resource_id: pulumi.Input[str]
     group_id: str
     """Private Link sub-resource: blob, file, vault, registry or amlworkspace."""
+    protect: bool = False
+    """The target is under an Azure delete lock: the endpoint cannot be deleted while it stands."""
 
 
 @dataclass
@@ -66,7 +73,7 @@ class PrivateEndpoints(pulumi.ComponentResource):
                     )
                 ],
                 tags=args.tags,
-                opts=pulumi.ResourceOptions(parent=self),
+                opts=pulumi.ResourceOptions(parent=self, protect=True if target.protect else None),
             )
             network.PrivateDnsZoneGroup(
                 f"{name}-{target.key}-dns",

@@ -33,6 +33,7 @@ from pulumi_azure_native import (
     keyvault,
     managedidentity,
     operationalinsights,
+    storage,
 )
 from pulumi_azure_native import (
     machinelearningservices as ml,
@@ -97,118 +98,17 @@ class Workspace(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: WorkspaceArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("aml-hpc:ml:Workspace", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         # Names Azure reserves after deletion, and data: kept by destroy, adopted by the next up.
         kept = pulumi.ResourceOptions(parent=self, retain_on_delete=True, protect=args.protect)
-        public_access = "Disabled" if args.private else "Enabled"
-        n = args.names
 
-        identity = managedidentity.UserAssignedIdentity(
-            f"{name}-compute-identity",
-            resource_name_=n.identity,
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            tags=args.tags,
-            opts=child,
-        )
-        vault = keyvault.Vault(
-            f"{name}-kv",
-            vault_name=n.key_vault,
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            properties=keyvault.VaultPropertiesArgs(
-                tenant_id=args.tenant_id,
-                sku=keyvault.SkuArgs(family="A", name="standard"),
-                enable_rbac_authorization=True,
-                enable_purge_protection=True,
-                enable_soft_delete=True,
-                soft_delete_retention_in_days=quirks.KEY_VAULT_SOFT_DELETE_DAYS,
-                public_network_access=public_access,
-                network_acls=keyvault.NetworkRuleSetArgs(
-                    default_action="Deny" if args.private else "Allow", bypass="AzureServices"
-                ),
-            ),
-            tags=args.tags,
-            opts=kept,
-        )
-        logs = operationalinsights.Workspace(
-            f"{name}-logs",
-            workspace_name=n.log_analytics,
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            sku=operationalinsights.WorkspaceSkuArgs(name="PerGB2018"),
-            retention_in_days=args.log_retention_days,
-            tags=args.tags,
-            opts=kept,
-        )
-        insights = applicationinsights.Component(
-            f"{name}-insights",
-            resource_name_=n.app_insights,
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            kind="web",
-            application_type="web",
-            ingestion_mode="LogAnalytics",
-            workspace_resource_id=logs.id,
-            tags=args.tags,
-            opts=kept,
-        )
-        registry = containerregistry.Registry(
-            f"{name}-acr",
-            registry_name=n.container_registry,
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            sku=containerregistry.SkuArgs(name=quirks.ACR_SKU["private" if args.private else "public"]),
-            admin_user_enabled=False,
-            anonymous_pull_enabled=False,
-            public_network_access=public_access,
-            tags=args.tags,
-            opts=kept,
-        )
-        # Identity mode: no keys at all. Access-key mode: Azure ML keeps the account key in
-        # the Key Vault and its system datastores use it, so shared keys must stay on.
-        ws_storage = secure_storage_account(
-            f"{name}-storage",
-            account_name=n.workspace_storage,
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            allow_shared_key_access=args.storage_auth == "accessKey",
-            private=args.private,
-            tags=args.tags,
-            opts=kept,
-        )
-        cmk = None
-        if args.customer_managed_key is not None:
-            key = args.customer_managed_key
-            cmk = CustomerManagedKey(f"{name}-cmk", CustomerManagedKeyArgs(
-                resource_group_name=args.resource_group_name, location=args.location, vault_name=vault.name,
-                vault_id=vault.id, subscription_id=key.subscription_id, identity_name=f"{n.identity}-cmk",
-                cosmos_db_principal_id=key.cosmos_db_principal_id, key_size=key.key_size, tags=args.tags,
-            ), opts=kept)  # a kept workspace needs its key after `down`
-        workspace = ml.Workspace(
-            f"{name}-mlw",
-            workspace_name=n.workspace,
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            kind="Default",
-            sku=ml.SkuArgs(name="Basic", tier="Basic"),
-            identity=cmk.workspace_identity() if cmk else ml.ManagedServiceIdentityArgs(type="SystemAssigned"),
-            encryption=cmk.encryption() if cmk else None,
-            hbi_workspace=args.hbi_workspace or None,
-            managed_network=args.managed_network,
-            provision_network_now=True if args.managed_network else None,
-            key_vault=vault.id,
-            application_insights=insights.id,
-            container_registry=registry.id,
-            storage_account=ws_storage.id,
-            public_network_access=public_access,
-            v1_legacy_mode=False,
-            system_datastores_auth_mode=quirks.SYSTEM_DATASTORES_AUTH_MODE[args.storage_auth],
-            friendly_name=n.workspace,
-            tags=args.tags,
-            # The key's role assignments must exist before Azure ML first uses the key.
-            opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(depends_on=cmk.grants if cmk else None)),
-        )
+        identity = self._compute_identity(name, args)
+        vault = self._key_vault(name, args, kept)
+        logs = self._log_analytics(name, args, kept)
+        insights = self._app_insights(name, args, logs, kept)
+        registry = self._container_registry(name, args, kept)
+        ws_storage = self._workspace_storage(name, args, kept)
+        cmk = self._customer_managed_key(name, args, vault, kept)
+        workspace = self._ml_workspace(name, args, _Dependencies(vault, insights, registry, ws_storage, cmk), kept)
 
         self.workspace_name = workspace.name
         self.workspace_id = workspace.id
@@ -227,3 +127,150 @@ class Workspace(pulumi.ComponentResource):
             "registryLoginServer": self.registry_login_server,
             "identityClientId": self.identity_client_id,
         })
+
+    def _compute_identity(self, name: str, args: WorkspaceArgs) -> managedidentity.UserAssignedIdentity:
+        """The user-assigned identity the GPU clusters run as."""
+        return managedidentity.UserAssignedIdentity(
+            f"{name}-compute-identity",
+            resource_name_=args.names.identity,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _key_vault(self, name: str, args: WorkspaceArgs, kept: pulumi.ResourceOptions) -> keyvault.Vault:
+        """RBAC authorization, soft delete with purge protection; closed under private isolation."""
+        return keyvault.Vault(
+            f"{name}-kv",
+            vault_name=args.names.key_vault,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            properties=keyvault.VaultPropertiesArgs(
+                tenant_id=args.tenant_id,
+                sku=keyvault.SkuArgs(family="A", name="standard"),
+                enable_rbac_authorization=True,
+                enable_purge_protection=True,
+                enable_soft_delete=True,
+                soft_delete_retention_in_days=quirks.KEY_VAULT_SOFT_DELETE_DAYS,
+                public_network_access=_public_access(args),
+                network_acls=keyvault.NetworkRuleSetArgs(
+                    default_action="Deny" if args.private else "Allow", bypass="AzureServices"
+                ),
+            ),
+            tags=args.tags,
+            opts=kept,
+        )
+
+    def _log_analytics(self, name: str, args: WorkspaceArgs, kept: pulumi.ResourceOptions) -> operationalinsights.Workspace:
+        return operationalinsights.Workspace(
+            f"{name}-logs",
+            workspace_name=args.names.log_analytics,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            sku=operationalinsights.WorkspaceSkuArgs(name="PerGB2018"),
+            retention_in_days=args.log_retention_days,
+            tags=args.tags,
+            opts=kept,
+        )
+
+    def _app_insights(self, name: str, args: WorkspaceArgs, logs: operationalinsights.Workspace,
+                      kept: pulumi.ResourceOptions) -> applicationinsights.Component:
+        """Workspace-based Application Insights, on the Log Analytics workspace."""
+        return applicationinsights.Component(
+            f"{name}-insights",
+            resource_name_=args.names.app_insights,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            kind="web",
+            application_type="web",
+            ingestion_mode="LogAnalytics",
+            workspace_resource_id=logs.id,
+            tags=args.tags,
+            opts=kept,
+        )
+
+    def _container_registry(self, name: str, args: WorkspaceArgs, kept: pulumi.ResourceOptions) -> containerregistry.Registry:
+        """Admin user and anonymous pull off; Premium under private isolation (private endpoints)."""
+        return containerregistry.Registry(
+            f"{name}-acr",
+            registry_name=args.names.container_registry,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            sku=containerregistry.SkuArgs(name=quirks.ACR_SKU["private" if args.private else "public"]),
+            admin_user_enabled=False,
+            anonymous_pull_enabled=False,
+            public_network_access=_public_access(args),
+            tags=args.tags,
+            opts=kept,
+        )
+
+    def _workspace_storage(self, name: str, args: WorkspaceArgs, kept: pulumi.ResourceOptions) -> storage.StorageAccount:
+        # Identity mode: no keys at all. Access-key mode: Azure ML keeps the account key in
+        # the Key Vault and its system datastores use it, so shared keys must stay on.
+        return secure_storage_account(
+            f"{name}-storage",
+            account_name=args.names.workspace_storage,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            allow_shared_key_access=args.storage_auth == "accessKey",
+            private=args.private,
+            tags=args.tags,
+            opts=kept,
+        )
+
+    def _customer_managed_key(self, name: str, args: WorkspaceArgs, vault: keyvault.Vault,
+                              kept: pulumi.ResourceOptions) -> CustomerManagedKey | None:
+        key = args.customer_managed_key
+        if key is None:
+            return None
+        return CustomerManagedKey(f"{name}-cmk", CustomerManagedKeyArgs(
+            resource_group_name=args.resource_group_name, location=args.location, vault_name=vault.name,
+            vault_id=vault.id, subscription_id=key.subscription_id, identity_name=f"{args.names.identity}-cmk",
+            cosmos_db_principal_id=key.cosmos_db_principal_id, key_size=key.key_size, tags=args.tags,
+        ), opts=kept)  # a kept workspace needs its key after `down`
+
+    def _ml_workspace(self, name: str, args: WorkspaceArgs, deps: _Dependencies,
+                      kept: pulumi.ResourceOptions) -> ml.Workspace:
+        """The workspace itself, with the hardening options it can only take at creation."""
+        cmk = deps.cmk
+        return ml.Workspace(
+            f"{name}-mlw",
+            workspace_name=args.names.workspace,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            kind="Default",
+            sku=ml.SkuArgs(name="Basic", tier="Basic"),
+            identity=cmk.workspace_identity() if cmk else ml.ManagedServiceIdentityArgs(type="SystemAssigned"),
+            encryption=cmk.encryption() if cmk else None,
+            hbi_workspace=args.hbi_workspace or None,
+            managed_network=args.managed_network,
+            provision_network_now=True if args.managed_network else None,
+            key_vault=deps.vault.id,
+            application_insights=deps.insights.id,
+            container_registry=deps.registry.id,
+            storage_account=deps.storage.id,
+            public_network_access=_public_access(args),
+            v1_legacy_mode=False,
+            system_datastores_auth_mode=quirks.SYSTEM_DATASTORES_AUTH_MODE[args.storage_auth],
+            friendly_name=args.names.workspace,
+            tags=args.tags,
+            # The key's role assignments must exist before Azure ML first uses the key.
+            opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(depends_on=cmk.grants if cmk else None)),
+        )
+
+
+@dataclass(frozen=True)
+class _Dependencies:
+    """What the workspace resource points at."""
+
+    vault: keyvault.Vault
+    insights: applicationinsights.Component
+    registry: containerregistry.Registry
+    storage: storage.StorageAccount
+    cmk: CustomerManagedKey | None
+
+
+def _public_access(args: WorkspaceArgs) -> str:
+    """Public network access on the workspace, vault, registry and storage."""
+    return "Disabled" if args.private else "Enabled"

@@ -199,7 +199,8 @@ class PlanMocks(mocks.Mocks):
         if type_token == "azure-native:resources:ResourceGroup":
             return f"/subscriptions/{self.subscription_id}/resourceGroups/{name}"
         if type_token == "azure-native:authorization:RoleAssignment":
-            return f"{inputs.get('scope')}/providers/Microsoft.Authorization/roleAssignments/{_stable_uuid(logical)}"
+            guid = inputs.get("roleAssignmentName") or _stable_uuid(logical)
+            return f"{inputs.get('scope')}/providers/Microsoft.Authorization/roleAssignments/{guid}"
         if type_token == "azure-native:consumption:Budget":
             return f"{inputs.get('scope')}/providers/Microsoft.Consumption/budgets/{name}"
         # Extension resources live under the resource they watch or lock.

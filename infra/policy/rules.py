@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, date, datetime
 
-from core import skus
+from core import availability, skus
 from infra import quirks
 from infra.policy.model import (
     Finding,
@@ -49,6 +49,8 @@ LOCK_AT_RESOURCE = "azure-native:authorization:ManagementLockAtResourceLevel"
 VIRTUAL_MACHINE = "azure-native:compute:VirtualMachine"
 NETWORK_INTERFACE = "azure-native:network:NetworkInterface"
 KEY_VAULT_KEY = "azure-native:keyvault:Key"
+ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
+PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
 
 # The component that owns datasets and checkpoints (infra/components/dataset_storage.py).
 # Its type is part of every child's URN, so both adapters can tell dataset storage apart
@@ -60,6 +62,9 @@ DATASET_COMPONENT = "aml-hpc:data:DatasetStorage"
 # itself says it was a deliberate choice.
 TAG_ALLOW_IDLE_NODES = "allowIdleNodes"
 TAG_ALLOW_TCP_MULTI_NODE = "allowTcpMultiNode"
+# A size core/catalog/availability.toml does not list in the cluster's region, by choice
+# (aml-hpc:clusters[i].allowUnlistedRegion: the region lists are a snapshot).
+TAG_ALLOW_UNLISTED_REGION = "allowUnlistedRegion"
 # On protected dataset storage whose stack turned its delete lock off (aml-hpc:locks.datasetStorage).
 TAG_ALLOW_UNLOCKED = "allowUnlocked"
 
@@ -270,6 +275,50 @@ def _tcp_multi_node_opted_in(r: ResourceView, stack: StackView, limits: Limits) 
             f"({TAG_ALLOW_TCP_MULTI_NODE}); all-reduce will scale poorly beyond one node",
             "keep multi-node jobs on an InfiniBand cluster; use this one for single-node work",
         )
+
+
+def _today() -> date:
+    """Retirement dates are judged on the day the rules run, as the stack file check does."""
+    return datetime.now(UTC).date()
+
+
+def _region_problem(r: ResourceView, limits: Limits) -> tuple[str, str, tuple[str, str] | None] | None:
+    """(size, region, the catalog's problem or None) of a GPU cluster with a known location."""
+    found = _gpu_cluster(r)
+    region = r.inputs.get("location")
+    if not found or not region:
+        return None
+    size = str(found[0].get("vmSize") or "")
+    return size, str(region), availability.problem(size, str(region), _today())
+
+
+def _size_in_region(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    found = _region_problem(r, limits)
+    if not found or found[2] is None:
+        return
+    size, _, (message, fix) = found
+    if _opted_in(r, TAG_ALLOW_UNLISTED_REGION) and not availability.retired(size, _today()):
+        return
+    yield Finding(f"GPU cluster {_cluster_name(r)!r}: {message}", fix)
+
+
+def _unlisted_region_opted_in(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    found = _region_problem(r, limits)
+    if not found or not _opted_in(r, TAG_ALLOW_UNLISTED_REGION):
+        return
+    size, region, problem = found
+    if availability.retired(size, _today()):
+        return  # cluster-size-in-region refuses it: no opt-in covers a retired size
+    if problem is None:
+        yield Finding(f"GPU cluster {_cluster_name(r)!r} opts in to an unlisted region ({TAG_ALLOW_UNLISTED_REGION}), "
+                      f"but core/catalog/availability.toml now lists {size} in {region}",
+                      f"remove allowUnlistedRegion from cluster {_cluster_name(r)!r} in Pulumi.{_short(stack)}.yaml")
+        return
+    yield Finding(f"GPU cluster {_cluster_name(r)!r} uses {size} in {region}, which core/catalog/availability.toml "
+                  f"does not list, by choice ({TAG_ALLOW_UNLISTED_REGION}): the deployment fails if Azure does not "
+                  "offer it there",
+                  f"confirm with `az vm list-skus -l {region} --size {size} -o table`, then refresh the catalog: "
+                  f"{availability.REFRESH_COMMAND}")
 
 
 def _public_ssh(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
@@ -509,6 +558,41 @@ def _dataset_unlocked_opted_in(r: ResourceView, stack: StackView, limits: Limits
 _MANAGED_MODES = ("AllowInternetOutbound", "AllowOnlyApprovedOutbound")
 
 
+def _locked_targets(r: ResourceView) -> list[str]:
+    """The resource ids whose delete lock also stops deleting `r`: the scope of a role
+    assignment, the resource a diagnostic setting watches (both extension resources), the
+    targets of a private endpoint (deleting it removes their endpoint connection)."""
+    if r.type == ROLE_ASSIGNMENT:
+        found = [r.inputs.get("scope")]
+    elif r.type == DIAGNOSTIC_SETTING:
+        found = [r.inputs.get("resourceUri")]
+    elif r.type == PRIVATE_ENDPOINT:
+        found = [c.get("privateLinkServiceId") for c in r.inputs.get("privateLinkServiceConnections") or []]
+    else:
+        return []
+    return [str(t).lower() for t in found if t]
+
+
+def _locked_scope_protected(resources: Sequence[ResourceView], stack: StackView, limits: Limits) -> Iterable[Finding]:
+    # Azure refuses deleting anything under a lock (ScopeLocked). Unprotected, such a resource
+    # makes `make down` fail halfway and hides from Pulumi that removing it needs the lock lifted.
+    scopes = [s for s in _locked_scopes(resources) if s.startswith("/subscriptions/")]
+    for r in resources:
+        if r.protect or r.type in (LOCK_BY_SCOPE, LOCK_AT_RESOURCE):
+            continue
+        for target in _locked_targets(r):
+            held = next((s for s in scopes if target == s or target.startswith(s + "/")), None)
+            if held:
+                yield Finding(
+                    f"{r.type.rsplit(':', 1)[-1]} {r.name!r} sits under the delete lock on {held.rsplit('/', 1)[-1]!r}: "
+                    "Azure refuses to delete it (ScopeLocked), so `make down` would fail on it",
+                    "declare it with protect=True while the lock stands (infra/components/access.py, diagnostics.py, "
+                    "private_endpoints.py take protect)",
+                    urn=r.urn, name=r.name,
+                )
+                break
+
+
 def _managed_mode(resources: Sequence[ResourceView]) -> str | None:
     for r in resources:
         if r.type == WORKSPACE:
@@ -622,6 +706,12 @@ RULES: tuple[Rule, ...] = (
          check_resource=_idle_nodes_opted_in),
     Rule("gpu-idle-scale-down", "mandatory", "GPU clusters release idle nodes within the configured idle time.",
          check_resource=_idle_scale_down),
+    Rule("cluster-size-in-region", "mandatory",
+         "GPU clusters use a size offered in their region (core/catalog/availability.toml), unless opted in; "
+         "never a retired size.", check_resource=_size_in_region),
+    Rule("cluster-region-unlisted-opted-in", "advisory",
+         "GPU clusters in a region the catalog does not list for their size, by choice.",
+         check_resource=_unlisted_region_opted_in),
     Rule("no-public-ssh", "mandatory", "No SSH open to the internet on cluster nodes.", check_resource=_public_ssh),
     Rule("no-password-login", "mandatory", "No password login on cluster nodes.", check_resource=_password_login),
     Rule("multi-node-infiniband", "mandatory", "Clusters that scale beyond one node use an InfiniBand size.",
@@ -651,6 +741,10 @@ RULES: tuple[Rule, ...] = (
          check_stack=_dataset_locked),
     Rule("dataset-storage-unlocked-opted-in", "advisory", "Protected dataset storage left unlocked by choice.",
          check_resource=_dataset_unlocked_opted_in),
+    Rule("locked-scope-protected", "mandatory",
+         "Role assignments, diagnostic settings and private endpoints under a delete lock are protected (Azure refuses "
+         "to delete them).",
+         check_stack=_locked_scope_protected),
     Rule("managed-network-clusters", "mandatory",
          "Clusters of a managed-network workspace take no subnet and no node public IP.",
          check_stack=_managed_network_clusters),

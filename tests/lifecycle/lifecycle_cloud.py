@@ -19,6 +19,20 @@ Each rule is Azure's, with its source:
 - A role assignment for the same principal, role and scope exists at most once
   (RoleAssignmentExists).
 - A blob service (storageAccounts/blobServices/default) exists as long as its account.
+- A management lock (CanNotDelete or ReadOnly) on a scope blocks deleting that scope and
+  everything under it - child resources (containers) and extension resources (role
+  assignments, diagnostic settings) - with ScopeLocked; deleting a resource group that
+  holds a locked resource fails whole ("You never have a partial deletion"); the lock
+  itself can be deleted (by someone holding Microsoft.Authorization/locks/delete, which
+  the emulator does not model). A ReadOnly lock also refuses writes under its scope.
+  Microsoft Learn, "Lock your resources to protect your infrastructure" (ms.date
+  2024-03-08: lock inheritance, extension resources, "A cannot-delete lock on a resource
+  or resource group prevents the deletion of Azure RBAC assignments").
+- Deleting a private endpoint removes its connection on the target resource, so a lock on
+  the target blocks it too: ScopeLocked on `<target>/privateEndpointConnectionProxies/...`
+  (hashicorp/terraform-provider-azurerm issue #17478; MicrosoftDocs/azure-docs issue
+  #116983, "When I delete a private endpoint it fails because the target resource has a
+  lock on it").
 
 Blobs are data: a container holds them, and they disappear with it.
 """
@@ -44,6 +58,9 @@ LOGS = "azure-native:operationalinsights:Workspace"
 ACCOUNT = "azure-native:storage:StorageAccount"
 BLOB_SERVICE = "azure-native:storage:BlobServiceProperties"
 ROLE = "azure-native:authorization:RoleAssignment"
+LOCK = "azure-native:authorization:ManagementLockByScope"
+PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
+_LOCKS_SEGMENT = "/providers/microsoft.authorization/locks/"
 
 
 class AzureError(Exception):
@@ -114,6 +131,8 @@ class FakeAzure:
         """Create or update, refusing what Azure refuses."""
         key = _key(arm_id)
         existing = self.objects.get(key)
+        if type_token != LOCK:
+            self._check_not_read_only(arm_id)
         if existing is None:
             self._check_parent(type_token, arm_id)
             self._check_global_name(type_token, arm_id, name)
@@ -134,6 +153,8 @@ class FakeAzure:
         obj = self.objects.get(key)
         if obj is None:
             return  # ARM DELETE of a missing resource succeeds (azure-native treats 404 as done)
+        if obj.type != LOCK:
+            self._check_not_locked(obj)
         if obj.type == "azure-native:resources:ResourceGroup":
             for child in [o for k, o in self.objects.items() if k.startswith(key + "/")]:
                 self._delete_one(child)
@@ -144,6 +165,7 @@ class FakeAzure:
 
     def reset_to_defaults(self, arm_id: str) -> None:
         """What azure-native does to delete a singleton: PUT the default (empty) body."""
+        self._check_not_read_only(arm_id)
         obj = self.objects[_key(arm_id)]
         obj.body = {}
         self.log.append(f"reset {arm_id}")
@@ -151,7 +173,37 @@ class FakeAzure:
     def upload(self, container_id: str, blob: str, data: bytes) -> None:
         self.objects[_key(container_id)].blobs[blob] = data
 
+    def locks(self) -> list[tuple[str, str]]:
+        """(locked scope, level) of every management lock."""
+        return [(o.id[:o.id.lower().index(_LOCKS_SEGMENT)], o.body.get("level", "")) for o in self.of_type(LOCK)]
+
     # --- rules -----------------------------------------------------------------------
+    def _check_not_locked(self, obj: AzureObject) -> None:
+        """ScopeLocked: a lock at, above or below the resource blocks its deletion (a
+        deletion takes what the resource holds with it); a lock on a private endpoint's
+        target blocks deleting the endpoint."""
+        target = _key(obj.id)
+        touched = [target]
+        if obj.type == PRIVATE_ENDPOINT:
+            touched += [_key(c.get("privateLinkServiceId") or "")
+                        for c in obj.body.get("privateLinkServiceConnections") or []]
+        for scope, level in self.locks():
+            if level not in ("CanNotDelete", "ReadOnly"):
+                continue
+            held = _key(scope)
+            for place in touched:
+                if place and (place == held or place.startswith(held + "/") or held.startswith(place + "/")):
+                    raise AzureError(f"ScopeLocked: the scope '{obj.id}' cannot perform delete operation because "
+                                     f"following scope(s) are locked: '{scope}'. Please remove the lock and try again.")
+
+    def _check_not_read_only(self, arm_id: str) -> None:
+        target = _key(arm_id)
+        for scope, level in self.locks():
+            held = _key(scope)
+            if level == "ReadOnly" and (target == held or target.startswith(held + "/")):
+                raise AzureError(f"ScopeLocked: the scope '{arm_id}' cannot perform write operation because "
+                                 f"following scope(s) are locked: '{scope}'. Please remove the lock and try again.")
+
     def _delete_one(self, obj: AzureObject) -> None:
         self.objects.pop(_key(obj.id), None)
         self.log.append(f"delete {obj.id}")

@@ -11,7 +11,8 @@ What it reproduces, with the source of each behaviour:
   replace. A `protect`ed resource stops any deployment that would delete it, before
   anything is deleted; `destroy --exclude-protected` keeps protected resources and
   everything they depend on (their parents and dependencies). A failed step fails the
-  update; the steps that succeeded stay in the state. `refresh` drops what Azure no
+  update; the steps that succeeded stay in the state (a failed delete included: what was
+  deleted before it is gone, the rest stays). `refresh` drops what Azure no
   longer has. `pulumi import --file` (docs: pulumi import; components since v3.94) adds
   existing resources to the state as Azure has them, refusing URNs already in the state
   and ids that do not exist.
@@ -20,6 +21,8 @@ What it reproduces, with the source of each behaviour:
   "cannot create already existing resource" when it exists (issue #1123), except for
   singletons, which always exist and are PUT; delete of a singleton PUTs its default body
   (provider/pkg/openapi/defaults: blobServices' default state is `{}`); update is a PUT.
+  A role assignment declared without roleAssignmentName gets a random GUID (the
+  provider's auto-name for it), so only a declared name can be found again after `down`.
 - URNs are the engine's (no root stack type in the chain), not the mock runtime's.
 """
 
@@ -29,6 +32,7 @@ import asyncio
 import copy
 import json
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +43,7 @@ from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from infra.adopt import SINGLETONS
 from infra.plan.mocks import FAKE_TENANT, PlanMocks, RecordingMonitor, _plain, physical_name
-from tests.lifecycle.lifecycle_cloud import AzureError, FakeAzure
+from tests.lifecycle.lifecycle_cloud import ROLE, AzureError, FakeAzure
 
 PROJECT = "aml-hpc"
 
@@ -109,14 +113,20 @@ class Provider(PlanMocks):
                     "clientId": "client", "objectId": "deployer"}, []
         return super().call(args)
 
-    def arm_id(self, type_token: str, inputs: dict[str, Any], name: str) -> str:
+    def arm_id(self, type_token: str, inputs: dict[str, Any], name: str, keep: str = "") -> str:
+        """The id a create would get. A role assignment without roleAssignmentName is
+        auto-named by azure-native with a random GUID, kept on update (`keep`, the id in
+        the state) and drawn anew on replace."""
+        if type_token == ROLE and not inputs.get("roleAssignmentName"):
+            prefix = f"{inputs.get('scope')}/providers/Microsoft.Authorization/roleAssignments/"
+            return keep if keep.lower().startswith(prefix.lower()) else f"{prefix}{uuid.uuid4()}"
         return self._arm_id(type_token, inputs, name)
 
     def outputs(self, type_token: str, inputs: dict[str, Any], name: str) -> dict[str, Any]:
         return {**inputs, **self._computed(type_token, inputs, name)}
 
     def create(self, type_token: str, inputs: dict[str, Any], name: str) -> str:
-        arm_id = self.arm_id(type_token, inputs, name)
+        arm_id = self.arm_id(type_token, inputs, name)  # a fresh auto-name, where there is one
         if type_token not in SINGLETONS and self.azure.exists(arm_id):
             raise AzureError(f"cannot create already existing resource '{arm_id}'")
         self.azure.put(type_token, arm_id, physical_name(type_token, inputs, name), inputs)
@@ -230,7 +240,7 @@ class Engine:
             entry.id = f"{request.name}-component"
             stack.resources[urn] = entry
             return "", inputs
-        new_id = provider.arm_id(request.type, inputs, request.name)
+        new_id = provider.arm_id(request.type, inputs, request.name, keep=old.id if old and old.custom else "")
         if old is None or not old.custom:
             entry.id = provider.create(request.type, inputs, request.name)
         elif old.id.lower() != new_id.lower() or any(
@@ -263,7 +273,10 @@ class Engine:
         provider = Provider(self.azure, self.subscription_id, self.project_outputs)
         for r in reversed(resources):
             if r.custom and not r.retain_on_delete:
-                provider.delete(r)
+                try:
+                    provider.delete(r)
+                except AzureError as exc:  # the deletes before it are done and stay done
+                    raise DeploymentFailed(f"deleting {r.urn} failed:\n  {exc}") from exc
             stack.resources.pop(r.urn, None)
 
     def destroy(self, name: str, exclude_protected: bool = False) -> None:

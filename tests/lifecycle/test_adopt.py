@@ -86,6 +86,38 @@ class TestImportDocument:
         assert adopt.import_document(retained, set(), lambda r: False) == {"resources": []}
         assert adopt.import_document(retained, {r.urn for r in retained}, lambda r: True) == {"resources": []}
 
+    def test_urns_two_components_deep_get_the_engines_whole_type_chain(self):
+        """Pulumi's mock runtime keeps only the parent's last type; the engine keeps them all."""
+        from types import SimpleNamespace as R
+
+        head = "urn:pulumi:dev::aml-hpc::"
+        stack = R(urn=f"{head}pulumi:pulumi:Stack::aml-hpc-dev", type="pulumi:pulumi:Stack", name="aml-hpc-dev", parent=None)
+        ws = R(urn=f"{head}pulumi:pulumi:Stack$aml-hpc:ml:Workspace::ml", type="aml-hpc:ml:Workspace", name="ml",
+               parent=stack.urn)
+        cmk = R(urn=f"{head}aml-hpc:ml:Workspace$aml-hpc:security:CustomerManagedKey::ml-cmk",
+                type="aml-hpc:security:CustomerManagedKey", name="ml-cmk", parent=ws.urn)
+        key = R(urn=f"{head}aml-hpc:security:CustomerManagedKey$azure-native:keyvault:Key::ml-cmk-key",
+                type="azure-native:keyvault:Key", name="ml-cmk-key", parent=cmk.urn)
+        urns = adopt.engine_urns([stack, ws, cmk, key])
+        assert urns[key.urn] == (f"{head}aml-hpc:ml:Workspace$aml-hpc:security:CustomerManagedKey"
+                                 "$azure-native:keyvault:Key::ml-cmk-key")
+        assert urns[ws.urn] == f"{head}aml-hpc:ml:Workspace::ml" and stack.urn not in urns
+
+    def test_nested_components_are_recreated_outermost_first_each_under_its_parent(self):
+        head = "urn:pulumi:dev::aml-hpc::"
+        ws, cmk = f"{head}aml-hpc:ml:Workspace::ml", f"{head}aml-hpc:ml:Workspace$aml-hpc:security:CustomerManagedKey::ml-cmk"
+        key = adopt.Retained(f"{head}aml-hpc:ml:Workspace$aml-hpc:security:CustomerManagedKey$azure-native:keyvault:Key"
+                             "::ml-cmk-key", "azure-native:keyvault:Key", "ml-cmk-key", cmk, "/k", "v",
+                             ancestors=(cmk, ws))
+        document = adopt.import_document([key], set(), lambda r: True)
+        assert document["resources"] == [
+            {"type": "aml-hpc:ml:Workspace", "name": "ml", "component": True},
+            {"type": "aml-hpc:security:CustomerManagedKey", "name": "ml-cmk", "component": True, "parent": "ml"},
+            {"type": "azure-native:keyvault:Key", "name": "ml-cmk-key", "id": "/k", "parent": "ml-cmk"},
+        ]
+        kept_workspace = adopt.import_document([key], {ws}, lambda r: True)
+        assert kept_workspace["nameTable"] == {"ml": ws} and len(kept_workspace["resources"]) == 2
+
     def test_state_urns_in_the_engines_form(self):
         export = {"deployment": {"resources": [{"urn": "urn:pulumi:dev::aml-hpc::pulumi:pulumi:Stack$a:b:C::x"},
                                                {"urn": "urn:pulumi:dev::aml-hpc::a:b:C$t:u:V::y"}]}}

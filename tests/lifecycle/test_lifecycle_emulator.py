@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pulumi
 import pytest
-from pulumi_azure_native import keyvault, resources, storage
+from pulumi_azure_native import authorization, keyvault, resources, storage
 from pulumi_azure_native import machinelearningservices as ml
 
-from tests.lifecycle.lifecycle_cloud import FakeAzure
+from tests.lifecycle.lifecycle_cloud import AzureError, FakeAzure
 from tests.lifecycle.lifecycle_engine import DeploymentFailed, Engine
 
 SUB = "aaaaaaaa-0000-0000-0000-000000000001"
@@ -170,3 +170,115 @@ def test_import_refuses_missing_ids_and_urns_in_the_state(azure, engine):
                               "id": f"/subscriptions/{SUB}/resourceGroups/other"}]}
     with pytest.raises(DeploymentFailed, match="does not exist"):
         engine.import_file("s", missing)
+
+
+class TestLocks:
+    """A lock blocks deleting its scope and everything under it; the lock itself can go."""
+
+    RG = f"/subscriptions/{SUB}/resourceGroups/rg"
+    ACCOUNT = f"{RG}/providers/Microsoft.Storage/storageAccounts/lockedacct"
+    CONTAINER = f"{ACCOUNT}/blobServices/default/containers/datasets"
+    ROLE = f"{CONTAINER}/providers/Microsoft.Authorization/roleAssignments/0f0e0d0c-0000-4000-8000-000000000001"
+    SETTING = f"{ACCOUNT}/blobServices/default/providers/Microsoft.Insights/diagnosticSettings/to-log-analytics"
+    ENDPOINT = f"{RG}/providers/Microsoft.Network/privateEndpoints/pe-datasets"
+    LOCK = f"{ACCOUNT}/providers/Microsoft.Authorization/locks/do-not-delete"
+
+    def locked(self, azure: FakeAzure, level: str = "CanNotDelete") -> FakeAzure:
+        azure.put("azure-native:resources:ResourceGroup", self.RG, "rg", {})
+        azure.put("azure-native:storage:StorageAccount", self.ACCOUNT, "lockedacct", {})
+        azure.put("azure-native:storage:BlobContainer", self.CONTAINER, "datasets", {})
+        azure.put("azure-native:authorization:RoleAssignment", self.ROLE, "ra",
+                  {"principalId": "p", "roleDefinitionId": "r", "scope": self.CONTAINER})
+        azure.put("azure-native:monitor:DiagnosticSetting", self.SETTING, "to-log-analytics", {})
+        azure.put("azure-native:network:PrivateEndpoint", self.ENDPOINT, "pe-datasets",
+                  {"privateLinkServiceConnections": [{"privateLinkServiceId": self.ACCOUNT}]})
+        azure.put("azure-native:authorization:ManagementLockByScope", self.LOCK, "do-not-delete", {"level": level})
+        return azure
+
+    @pytest.mark.parametrize("what", ["ACCOUNT", "CONTAINER", "ROLE", "SETTING", "ENDPOINT", "RG"])
+    def test_cannot_delete_blocks_the_scope_and_everything_under_it(self, azure, what):
+        self.locked(azure)
+        before = set(azure.objects)
+        with pytest.raises(AzureError, match="ScopeLocked.*cannot perform delete operation.*lockedacct"):
+            azure.delete(getattr(self, what))
+        assert set(azure.objects) == before  # never a partial deletion
+
+    def test_the_lock_itself_can_be_deleted_and_then_everything_else(self, azure):
+        self.locked(azure)
+        azure.delete(self.LOCK)
+        for what in (self.ROLE, self.SETTING, self.ENDPOINT, self.RG):
+            azure.delete(what)
+        assert not azure.objects
+
+    def test_unrelated_resources_and_writes_are_not_blocked(self, azure):
+        self.locked(azure)
+        other = f"{self.RG}/providers/Microsoft.Storage/storageAccounts/otheracct"
+        azure.put("azure-native:storage:StorageAccount", other, "otheracct", {})
+        azure.delete(other)  # a sibling in the same group
+        azure.put("azure-native:storage:BlobContainer", f"{self.ACCOUNT}/blobServices/default/containers/new", "new", {})
+        azure.reset_to_defaults(f"{self.ACCOUNT}/blobServices/default")  # a PUT, not a delete
+
+    def test_read_only_also_refuses_writes_under_its_scope(self, azure):
+        self.locked(azure, level="ReadOnly")
+        with pytest.raises(AzureError, match="cannot perform write operation"):
+            azure.put("azure-native:storage:BlobContainer", f"{self.ACCOUNT}/blobServices/default/containers/x", "x", {})
+        with pytest.raises(AzureError, match="cannot perform delete operation"):
+            azure.delete(self.ROLE)
+
+    def test_a_destroy_stops_at_the_locked_delete_and_keeps_the_rest_in_the_state(self, azure, engine):
+        """The engine's view: the update fails; what was deleted before stays deleted."""
+        def build():
+            rg = group(retain_on_delete=True)
+            acct = account("lockedacct", rg="rg", retain_on_delete=True, depends_on=[rg])
+            authorization.ManagementLockByScope("lock", lock_name="do-not-delete", scope=acct.id,
+                                                level="CanNotDelete", opts=pulumi.ResourceOptions(retain_on_delete=True))
+            authorization.RoleAssignment("grant", principal_id="p", principal_type="User", role_definition_id="r",
+                                         scope=acct.id)
+            account("plainacct", rg="rg", depends_on=[rg])
+
+        run(engine, "s", build)
+        with pytest.raises(DeploymentFailed, match="ScopeLocked"):
+            engine.destroy("s")
+        left = engine.select("s").resources.values()
+        assert "azure-native:authorization:RoleAssignment" in {r.type for r in left}
+        # The state tells the truth: what it still holds is still in Azure.
+        assert all(azure.exists(r.id) for r in left if r.custom)
+        engine.azure.delete(f"/subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/"
+                            "lockedacct/providers/Microsoft.Authorization/locks/do-not-delete")  # az lock delete
+        engine.destroy("s")
+        assert engine.select("s").resources == {}
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_retained_role_assignment_is_found_again_only_under_a_declared_name(azure, engine, named):
+    """azure-native auto-names an assignment with a random GUID: after `destroy` keeps it,
+    nothing can compute its id, and creating it again hits RoleAssignmentExists."""
+    from infra.components.access import role_assignment_name
+    from infra.plan.mocks import PlanMocks
+
+    scope = f"/subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/grantacct"
+    inputs = {"scope": scope, "principalId": "p", "roleDefinitionId": "r", "principalType": "User"}
+    if named:
+        inputs["roleAssignmentName"] = role_assignment_name(scope, "p", "r")
+
+    def build():
+        rg = group(retain_on_delete=True)
+        acct = account("grantacct", rg="rg", retain_on_delete=True, depends_on=[rg])
+        authorization.RoleAssignment("grant", principal_id="p", principal_type="User", role_definition_id="r",
+                                     scope=acct.id, role_assignment_name=inputs.get("roleAssignmentName"),
+                                     opts=pulumi.ResourceOptions(retain_on_delete=True))
+
+    run(engine, "s", build)
+    engine.destroy("s")
+    planned = PlanMocks(SUB)._arm_id("azure-native:authorization:RoleAssignment", inputs, "grant")  # noqa: SLF001
+    adopt = [{"type": "azure-native:resources:ResourceGroup", "name": "rg", "id": f"/subscriptions/{SUB}/resourceGroups/rg"},
+             {"type": "azure-native:storage:StorageAccount", "name": "grantacct", "id": scope}]
+    if azure.exists(planned):  # what infra.adopt's existence probe does
+        adopt.append({"type": "azure-native:authorization:RoleAssignment", "name": "grant", "id": planned})
+    engine.import_file("s", {"resources": adopt}, protect=False)
+    if named:
+        run(engine, "s", build)
+        assert len(azure.of_type("azure-native:authorization:RoleAssignment")) == 1
+    else:
+        with pytest.raises(DeploymentFailed, match="RoleAssignmentExists"):
+            run(engine, "s", build)

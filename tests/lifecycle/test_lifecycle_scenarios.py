@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 
+import pulumi
 import pytest
 import yaml
 
@@ -25,6 +26,10 @@ CONTAINER = "azure-native:storage:BlobContainer"
 BLOB_SERVICE = "azure-native:storage:BlobServiceProperties"
 VERSION = "azure-native:machinelearningservices:EnvironmentVersion"
 COMPUTE = "azure-native:machinelearningservices:Compute"
+ROLE = "azure-native:authorization:RoleAssignment"
+LOCK = "azure-native:authorization:ManagementLockByScope"
+DIAGNOSTIC_SETTING = "azure-native:monitor:DiagnosticSetting"
+PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
 
 
 @pytest.fixture
@@ -114,6 +119,134 @@ class TestEnvironmentRedeploy:
         _, containers = dataset_objects(azure, second)
         assert containers["datasets"].blobs  # data intact
         assert len(by_type(adopter, "prod", COMPUTE)) == 2  # the GPU cluster and the controller
+
+
+def lock_of(azure: FakeAzure, outputs: dict):
+    account, _ = dataset_objects(azure, outputs)
+    return azure.get(f"{account.id}/providers/Microsoft.Authorization/locks/do-not-delete")
+
+
+def under(azure: FakeAzure, scope_id: str) -> set[str]:
+    """Types of everything Azure would refuse to delete while `scope_id` is locked."""
+    scope = scope_id.lower()
+    found = set()
+    for o in azure.objects.values():
+        endpoint_targets = [c.get("privateLinkServiceId", "").lower()
+                            for c in o.body.get("privateLinkServiceConnections") or []]
+        if (o.id.lower().startswith(scope + "/") or scope in endpoint_targets) and o.type != LOCK:
+            found.add(o.type)
+    return found
+
+
+def edit_stack(root, stack: str, change) -> None:
+    path = root / f"Pulumi.{stack}.yaml"
+    document = yaml.safe_load(path.read_text())
+    change(document["config"])
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+class TestDeleteLock:
+    """Outside dev the dataset account carries an Azure CanNotDelete lock; Azure refuses to
+    delete anything under it. What sits there is protected, so `make down` leaves it."""
+
+    def test_prod_up_down_up_with_the_lock_in_place_all_along(self, azure, adopter):
+        first = adopter.make_up("prod")
+        upload_data(azure, first)
+        account, _ = dataset_objects(azure, first)
+        assert lock_of(azure, first).body["level"] == "CanNotDelete"
+        inside = under(azure, account.id)
+        assert {ROLE, DIAGNOSTIC_SETTING, PRIVATE_ENDPOINT, CONTAINER} <= inside
+
+        adopter.make_down("prod")  # no manual step: nothing under the lock is deleted
+        assert lock_of(azure, first) is not None
+        assert under(azure, account.id) == inside
+        kept = {r.type for r in adopter.state("prod").values() if r.protect}
+        assert {ROLE, DIAGNOSTIC_SETTING, PRIVATE_ENDPOINT} <= kept  # still Pulumi's, not orphans
+        assert not azure.of_type(COMPUTE) and not azure.of_type("azure-native:network:PrivateDnsZoneGroup")
+
+        second = adopter.make_up("prod")
+        assert second["storage"] == first["storage"] and lock_of(azure, second) is not None
+        assert dataset_objects(azure, second)[1]["datasets"].blobs  # data intact
+
+    def test_counter_test_unprotected_grants_make_down_fail_with_scope_locked(self, azure, adopter, monkeypatch):
+        """What `down` did before: Pulumi deletes what the lock covers, Azure refuses."""
+        from infra import program
+
+        build = program.build
+
+        def unprotected(cfg, now=None):
+            def strip(args):
+                if args.type_ in (ROLE, DIAGNOSTIC_SETTING, PRIVATE_ENDPOINT):
+                    return pulumi.ResourceTransformationResult(
+                        args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(protect=False)))
+                return None
+
+            pulumi.runtime.register_stack_transformation(strip)
+            return build(cfg, now=now)
+
+        monkeypatch.setattr(program, "build", unprotected)
+        adopter.make_up("prod")
+        with pytest.raises(DeploymentFailed, match="ScopeLocked"):
+            adopter.make_down("prod")
+
+    def test_revoking_a_grant_under_the_lock_is_refused_until_the_lock_is_lifted(self, azure, adopter):
+        """Removing an uploader must not silently leave their access behind: `up` refuses,
+        and the documented steps (docs/isolation.md) revoke it and lock the account again."""
+        uploader = {"principalId": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", "principalType": "User"}
+        edit_stack(adopter.root, "prod", lambda c: c.setdefault("aml-hpc:storage", {}).update(dataContributors=[uploader]))
+        first = adopter.make_up("prod")
+
+        def uploader_grants():
+            return [o for o in azure.of_type(ROLE) if o.body["principalId"] == uploader["principalId"]]
+
+        [grant] = uploader_grants()
+        edit_stack(adopter.root, "prod", lambda c: c["aml-hpc:storage"].pop("dataContributors"))
+        with pytest.raises(DeploymentFailed, match="protected"):
+            adopter.make_up("prod")
+        assert uploader_grants() == [grant]  # nothing half-done, and loudly so
+
+        lock = lock_of(azure, first)
+        azure.delete(lock.id)          # az lock delete --ids <lock id>   (Owner / User Access Administrator)
+        azure.delete(grant.id)         # az role assignment delete --ids <assignment id>
+        adopter.make_up("prod")        # refresh forgets the assignment; the lock is created again
+        assert uploader_grants() == [] and lock_of(azure, first) is not None
+
+    def test_private_network_customer_key_and_lock_up_down_up(self, azure, tmp_path):
+        """Every option on (our VNet, CMK, diagnostics, the lock): the endpoint to the locked
+        account stays with its subnet; the NAT gateway, billed by the hour, goes."""
+        from tests.conformance.conformance_stacks import EVERYTHING
+
+        root = clone(tmp_path / "everything")
+        (root / "Pulumi.everything.yaml").write_text(yaml.safe_dump({"config": EVERYTHING}, sort_keys=False))
+        adopter = Adopter(azure, root, SUB_A)
+        first = adopter.make_up("everything")
+        upload_data(azure, first)
+        adopter.make_down("everything")
+        assert not azure.of_type("azure-native:network:NatGateway") and not azure.of_type(COMPUTE)
+        [endpoint] = [o for o in azure.of_type(PRIVATE_ENDPOINT)]
+        assert endpoint.name.endswith("datasets-blob")
+        second = adopter.make_up("everything")
+        assert second["storage"] == first["storage"] and dataset_objects(azure, second)[1]["datasets"].blobs
+
+
+class TestRoleAssignmentNames:
+    def test_retained_assignments_are_found_again_by_their_name(self, azure, tmp_path):
+        """An unlocked stack with a customer-managed key: the key's role assignments are
+        retained with the workspace, and the next `up` adopts them by id."""
+        from tests.conformance.conformance_stacks import EVERYTHING
+
+        config = {**EVERYTHING, "aml-hpc:protectData": False, "aml-hpc:network": {"isolation": "public"},
+                  "aml-hpc:clusters": [{"name": "nc-a100", "sku": "Standard_NC24ads_A100_v4", "maxNodes": 1}]}
+        root = clone(tmp_path / "cmk")
+        (root / "Pulumi.cmk.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+        adopter = Adopter(azure, root, SUB_A)
+        adopter.make_up("cmk")
+        grants = {o.id for o in azure.of_type(ROLE) if "/keys/" in o.id}
+        adopter.make_down("cmk")
+        assert {o.id for o in azure.of_type(ROLE) if "/keys/" in o.id} == grants  # retained
+        adopter.make_up("cmk")
+        assert {u for u in adopter.adopted if "crypto-user" in u} and len(azure.of_type(LOCK)) == 0
+        assert {o.id for o in azure.of_type(ROLE) if "/keys/" in o.id} == grants
 
 
 class TestExperimentRedeploy:
