@@ -298,8 +298,8 @@ def _controller(cfg: StackConfig, group: ResourceGroup, ws: Workspace, data: Dat
         subscription_id=subscription_id, cluster_name=ctl.name, sku=ctl.sku,
         identity_name=controller_identity_name(cfg.name_prefix, cfg.stack), workspace_scope=ws.workspace_id,
         checkpoints_scope=data.container_ids["checkpoints"], registry_scope=ws.registry_id, max_nodes=ctl.max_nodes,
-        idle_minutes=ctl.idle_minutes, subnet_id=subnet_id, node_public_ip=node_public_ip, tags=tags),
-        opts=pulumi.ResourceOptions(depends_on=depends_on))
+        idle_minutes=ctl.idle_minutes, subnet_id=subnet_id, node_public_ip=node_public_ip,
+        compute_depends_on=list(depends_on), checkpoints_locked=cfg.lock_dataset_storage, tags=tags))
     source = (f"{cfg.source}: aml-hpc:controller.usdPerHour" if ctl.usd_per_hour
               else f"Azure Retail Prices API, {ctl.sku} Linux pay-as-you-go, eastus, 2024-06")
     return {"cluster": ctl.name, "sku": ctl.sku, "usdPerHour": ctl.price, "priceSource": source,

@@ -244,7 +244,7 @@ def test_the_opt_in_shows_on_the_cluster_in_the_plan(tmp_path):
     config = {**GOOD_ENV, "azure-native:location": "brazilsouth", "aml-hpc:clusters": [cluster_cfg]}
     (tmp_path / "Pulumi.brz.yaml").write_text(yaml.safe_dump({"config": config}))
     plan = evaluate("brz", tmp_path)
-    [compute] = plan.of_type(COMPUTE)
+    [compute] = [r for r in plan.of_type(COMPUTE) if r.name == "cluster-nd-a100-compute"]  # not the controller
     assert compute.inputs["tags"]["allowUnlistedRegion"] == "true" and compute.inputs["location"] == "brazilsouth"
     from infra.policy import check_plan
 

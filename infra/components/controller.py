@@ -57,6 +57,13 @@ class ControllerClusterArgs:
     idle_minutes: int = 5
     subnet_id: pulumi.Input[str] | None = None
     node_public_ip: pulumi.Input[bool] = True
+    compute_depends_on: list[pulumi.Resource] = field(default_factory=list)
+    """What the nodes need first (the GPU clusters' grants, the workspace's private endpoint).
+    Given to the compute only: on the component it would keep them all alive with the
+    component, which outlives `down` when its checkpoints grant is protected."""
+    checkpoints_locked: bool = False
+    """The dataset account (holding the checkpoints container) carries a delete lock: the grant
+    inside it is protected (infra/components/access.py says why)."""
     tags: dict[str, str] = field(default_factory=dict)
 
 
@@ -74,7 +81,8 @@ class ControllerCluster(pulumi.ComponentResource):
             location=args.location, tags=args.tags, opts=child)
         access = Access(f"{name}-access", AccessArgs(args.subscription_id, [
             Grant("jobs", quirks.ROLE_AZUREML_DATA_SCIENTIST, args.workspace_scope, identity.principal_id),
-            Grant("record", quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, args.checkpoints_scope, identity.principal_id),
+            Grant("record", quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, args.checkpoints_scope, identity.principal_id,
+                  protect=args.checkpoints_locked),
             Grant("acr-pull", quirks.ROLE_ACR_PULL, args.registry_scope, identity.principal_id),
         ]), opts=child)
         subnet = None
@@ -104,9 +112,8 @@ class ControllerCluster(pulumi.ComponentResource):
                 ),
             ),
             tags=args.tags,
-            # Children do not inherit a component's depends_on: nodes start after their roles
-            # and, under private isolation, the workspace's private endpoint.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[access, *((opts.depends_on if opts else None) or [])],
+            # Nodes start after their roles and, under private isolation, the workspace's endpoint.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[access, *args.compute_depends_on],
                                         replace_on_changes=list(quirks.CLUSTER_REPLACE_ON_CHANGES),
                                         delete_before_replace=True),
         )
