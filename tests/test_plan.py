@@ -210,5 +210,5 @@ class TestCli:
     def test_text_plan_marks_retained_and_replace_on_change(self):
         result = self.run("plan", "--stack", "dev")
         assert result.returncode == 0, result.stderr
-        assert "retained" in result.stdout and "replace-on-change(5)" in result.stdout
+        assert "[retained]" in result.stdout and "replace on change of enableNodePublicIp, osType," in result.stdout
         assert "Full scale:" in result.stdout and "lowPriorityCores" in result.stdout

@@ -87,9 +87,10 @@ class _ServiceModule:
             value = self._submodule(name)
         else:
             for shared in ("_enums", "_inputs"):
-                value = getattr(self._submodule(shared), name, _MISSING)
-                if value is not _MISSING:
-                    break
+                if self._has_submodule(shared):
+                    value = getattr(self._submodule(shared), name, _MISSING)
+                    if value is not _MISSING:
+                        break
         if value is _MISSING:
             # Not where the generated layout puts it: run the package's own __init__.
             self._stock_loaded = True
