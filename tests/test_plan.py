@@ -193,9 +193,10 @@ class TestCli:
         env = {**os.environ, "COLUMNS": "250"}
         return subprocess.run([sys.executable, "-m", "infra", *args], cwd=REPO_ROOT, capture_output=True, text=True, env=env)
 
-    def test_prod_json_is_valid_and_has_the_outputs_document(self):
+    def test_prod_json_is_valid_and_has_the_outputs_document(self, prod):
         result = self.run("plan", "--stack", "prod", "--json")
         assert result.returncode == 0, result.stderr
+        assert result.stdout == json.dumps(prod.to_json(), indent=2) + "\n", "the same bytes as in this process"
         document = json.loads(result.stdout)
         assert document["outputs"]["workspace"] == "mlw-amlhpc-prod"
         assert document["cost"]["fullScaleUsdPerHour"] == pytest.approx(8 * 98.32)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -15,8 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from core import skus
+from core.errors import UserError
+from infra.cli import app
 from infra.config import REPO_ROOT
 from infra.plan import evaluate
 from infra.plan.diff import (
@@ -27,6 +29,8 @@ from infra.plan.diff import (
     diff,
 )
 from infra.plan.render_diff import MARKER, render_markdown, render_text
+from infra.plan.revision import plan_at
+from tests.plan_helpers import repository_copy
 
 COMPUTE = "azure-native:machinelearningservices:Compute"
 
@@ -190,8 +194,8 @@ class TestCli:
         compute = next(r for r in base["resources"] if r["type"] == COMPUTE)
         compute["inputs"]["properties"]["properties"]["vmSize"] = "Standard_ND96asr_v4"
         (tmp_path / "base.json").write_text(json.dumps(base))
-        result = run_plan("--stack", "prod", "--diff", str(tmp_path / "base.json"), "--json")
-        assert result.returncode == 0, result.stderr
+        result = CliRunner().invoke(app, ["plan", "--stack", "prod", "--diff", str(tmp_path / "base.json"), "--json"])
+        assert result.exit_code == 0, result.output
         document = json.loads(result.stdout)
         assert document["summary"]["replace"] == 1
         (replaced,) = document["resources"]
@@ -202,36 +206,30 @@ class TestCli:
         (None, "no such file"),
         ("{not json", "not a JSON document"),
         ('{"stack": "prod"}', "resources: missing: this is not an offline plan"),
+        ('{"resources": [{"urn": "u"}]}', "resources[0]: lacks type, name"),
     ])
     def test_bad_base_file_exits_2_with_the_fix(self, tmp_path, content, message):
         path = tmp_path / "base.json"
         if content is not None:
             path.write_text(content)
-        result = run_plan("--stack", "prod", "--diff", str(path))
-        assert result.returncode == 2 and "Traceback" not in result.stderr
-        assert message in result.stderr and "python -m infra plan --stack STACK --json > FILE" in result.stderr
+        result = CliRunner().invoke(app, ["plan", "--stack", "prod", "--diff", str(path)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert message in result.output and "python -m infra plan --stack STACK --json > FILE" in result.output
 
-    def test_contradicting_flags_exit_2(self, tmp_path):
-        result = run_plan("--stack", "dev", "--diff", "x.json", "--diff-ref", "HEAD")
-        assert result.returncode == 2 and "--diff, --diff-ref: both given" in result.stderr
-        result = run_plan("--stack", "dev", "--markdown")
-        assert result.returncode == 2 and "--markdown: formats a diff" in result.stderr
+    @pytest.mark.parametrize(("args", "message"), [
+        (["--diff", "x.json", "--diff-ref", "HEAD"], "--diff, --diff-ref: both given"),
+        (["--markdown"], "--markdown: formats a diff"),
+        (["--diff-ref", "HEAD", "--markdown", "--json"], "--markdown, --json: both given"),
+    ])
+    def test_contradicting_flags_exit_2(self, args, message):
+        result = CliRunner().invoke(app, ["plan", "--stack", "dev", *args])
+        assert result.exit_code == 2 and message in result.output
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
-    """A git repository holding this checkout's tracked files, committed once."""
     root = tmp_path_factory.mktemp("repo")
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, files.decode().split("\0")):
-        source = REPO_ROOT / name
-        if source.is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, root / name)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
-    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=root, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "base"], cwd=root, check=True)
+    repository_copy(root)
     return root
 
 
@@ -257,18 +255,14 @@ class TestDiffRef:
                 "after": cfg["config"]["aml-hpc:clusters"][0]["maxNodes"]} in update["changes"]
         assert document["cost"][0]["change"] > 0
 
-    def test_stack_new_in_the_working_tree(self, repository):
-        (repository / "Pulumi.staging.yaml").write_text((repository / "Pulumi.dev.yaml").read_text())
-        try:
-            result = run_plan("--stack", "staging", "--diff-ref", "main", cwd=repository,
-                              PYTHONPATH=str(repository))
-        finally:
-            (repository / "Pulumi.staging.yaml").unlink()
-        assert result.returncode == 0, result.stderr
-        assert "Pulumi.staging.yaml does not exist at main" in result.stdout
-        assert "24 to add; 0 unchanged" in result.stdout
+    def test_stack_absent_at_the_revision(self, repository):
+        """A stack file the change adds has an empty base (planned nothing, so no subprocess)."""
+        assert plan_at("main", "staging", repository)[0] is None
+        result = diff({"stack": "staging", "resources": []}, evaluate("dev").to_json(), "main", "head")
+        assert result.count("add") == 24 and result.unchanged == 0
 
-    def test_unknown_revision_exits_2(self, repository):
-        result = run_plan("--stack", "dev", "--diff-ref", "origin/nope", cwd=repository, PYTHONPATH=str(repository))
-        assert result.returncode == 2 and "origin/nope: is not a commit in this repository" in result.stderr
-        assert "fetch-depth: 0" in result.stderr
+    def test_unknown_revision_says_how_to_fetch_it(self, repository):
+        with pytest.raises(UserError) as info:
+            plan_at("origin/nope", "dev", repository)
+        assert "origin/nope: is not a commit in this repository" in info.value.render()
+        assert "fetch-depth: 0" in info.value.render()
