@@ -82,8 +82,8 @@ def _policy(document: dict, policy: bool) -> list:
     return violations
 
 
-def _print_violations(violations: list) -> None:
-    if violations:
+def _print_violations(violations: list, policy: bool) -> None:
+    if policy:
         from infra.policy import render_violations
 
         render_violations(violations, Console())
@@ -101,10 +101,7 @@ def _show_plan(stack: str, as_json: bool, policy: bool) -> list:
         from infra.plan.render import render
 
         sys.stdout.write(render(result))
-        if policy:
-            from infra.policy import render_violations
-
-            render_violations(violations, Console())
+        _print_violations(violations, policy)
     return violations
 
 
@@ -137,13 +134,16 @@ def _show_diff(stack: str, diff: Path | None, diff_ref: str | None, markdown: bo
     result = plan_diff.diff(base, head, base_label, head_label)
     result.notes += notes
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        document = result.to_json()
+        if policy:
+            document["policy"] = head.get("policy", [])
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         from infra.plan.render_diff import render_markdown, render_text
 
         sys.stdout.write(render_markdown(result) if markdown else render_text(result))
         if not markdown:
-            _print_violations(violations)
+            _print_violations(violations, policy and head is not empty)
     return violations
 
 

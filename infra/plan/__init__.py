@@ -2,9 +2,17 @@
 
 `evaluate(stack)` validates the stack file (a bad value raises `UserError` before any
 resource is registered), runs `infra.program.build` with `RecordingMonitor`, and returns
-every resource with its inputs and options, the outputs document, the cost and the quota.
-Each evaluation runs on its own thread so Pulumi's context-local runtime state never leaks
-between evaluations (tests, `--offline` in jobs). See docs/contracts.md section 3.
+every resource with its inputs and options, the outputs document, the cost and the quota,
+in a canonical order: the same stack gives the same plan byte for byte. See
+docs/contracts.md section 3.
+
+Each evaluation runs on its own thread, through the SDK's public testing API
+(`pulumi.runtime.set_mocks`, `pulumi.runtime.test`), so Pulumi's context-local runtime
+state never leaks between evaluations (tests, `--offline` in jobs). azure-native's service
+packages load only the resources the program uses (infra/plan/lazy_provider.py), and the
+provider's API-version aliases are dropped before the SDK resolves them: together four
+fifths of an evaluation (bench/RESULTS.md). tests/test_plan_sdk.py holds the SDK surfaces
+used here to the versions pyproject.toml pins.
 """
 
 from __future__ import annotations
