@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import Problem, UserError
+from infra.plan import component_names
 from infra.plan.mocks import RecordedResource, id_inputs, qualified_name
 
 ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "<absent>"})()
@@ -199,8 +200,8 @@ def replace_reason(resource: RecordedResource, path: str) -> str | None:
 
 
 def _option_changes(before: dict[str, Any], after: dict[str, Any]) -> tuple[Change, ...]:
-    """Options that differ; one only one side records (a plan from before the option was
-    recorded) is not a change."""
+    """Options that differ. An option only one side records (a plan saved before the
+    option was recorded) is not a change."""
     out = []
     for label in _OPTIONS:
         if label not in before or label not in after:
@@ -229,12 +230,6 @@ def _resource_diff(before: RecordedResource, after: RecordedResource, component:
     return ResourceDiff(action, after, component, kept, options, ignored)
 
 
-def _components(resources: list[RecordedResource]) -> dict[str, str]:
-    from infra.plan import component_names
-
-    return component_names(resources)
-
-
 def _cost(doc: dict[str, Any]) -> dict[str, Any]:
     return doc.get("cost") or {}
 
@@ -257,7 +252,7 @@ def diff(base: dict[str, Any], head: dict[str, Any], base_label: str, head_label
     new = [RecordedResource.from_json(r) for r in head.get("resources") or []]
     old_options = {resource_key(r["urn"]): r.get("options") or {} for r in base.get("resources") or []}
     new_options = {resource_key(r["urn"]): r.get("options") or {} for r in head.get("resources") or []}
-    old_component, new_component = _components(old), _components(new)
+    old_component, new_component = component_names(old), component_names(new)
     old_by_key = {resource_key(r.urn): r for r in old if r.custom}
     new_by_key = {resource_key(r.urn): r for r in new if r.custom}
 
@@ -283,7 +278,7 @@ def diff(base: dict[str, Any], head: dict[str, Any], base_label: str, head_label
     clusters = []
     for name in sorted(set(old_clusters) | set(new_clusters)):
         before, after = old_clusters.get(name), new_clusters.get(name)
-        if before != after:
+        if before is None or after is None or before[1] != after[1]:
             label = (after or before)[0]  # type: ignore[index]
             clusters.append(Delta(label, before[1] if before else None, after[1] if after else None))
     old_quota, new_quota = _quota(base), _quota(head)
