@@ -10,8 +10,8 @@ Each evaluation runs on its own thread, through the SDK's public testing API
 (`pulumi.runtime.set_mocks`, `pulumi.runtime.test`), so Pulumi's context-local runtime
 state never leaks between evaluations (tests, `--offline` in jobs). azure-native's service
 packages load only the resources the program uses (infra/plan/lazy_provider.py), and the
-provider's API-version aliases are dropped before the SDK resolves them: together four
-fifths of an evaluation (bench/RESULTS.md). tests/test_plan_sdk.py holds the SDK surfaces
+provider's API-version aliases are dropped before the SDK resolves them: the two largest
+costs of an evaluation (measurements in bench/RESULTS.md). tests/test_plan_sdk.py holds the SDK surfaces
 used here to the versions pyproject.toml pins.
 """
 
