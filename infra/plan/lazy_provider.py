@@ -2,8 +2,9 @@
 
 Every service package of azure-native (`pulumi_azure_native.network`, `.storage`, ...)
 imports all of its resources and functions in its `__init__`: about 290 files for
-`network`, where the plan uses seven. Importing them took 2.0 of the 2.4 CPU seconds of
-a first evaluation (cProfile and `python -X importtime`; bench/RESULTS.md).
+`network`, where the plan uses seven. Importing the twelve packages the program uses
+cost about 2 CPU seconds, most of a first evaluation (cProfile and `python -X importtime`;
+bench/RESULTS.md).
 
 `install()` puts a finder in front of the import system that gives those packages a
 module whose names are loaded on first use (PEP 562 `__getattr__`): `network.Subnet`
