@@ -18,10 +18,12 @@ used here to the versions pyproject.toml pins.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -173,11 +175,26 @@ def record(build: Callable[[], dict[str, Any] | None], stack: str = "test",
             result["error"] = exc
 
     worker = threading.Thread(target=run, name=f"plan-{stack}")
-    worker.start()
-    worker.join()
+    with _fewer_collections():
+        worker.start()
+        worker.join()
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+@contextmanager
+def _fewer_collections(gen0: int = 50_000) -> Iterator[None]:
+    """Collect garbage less often while the program runs: it allocates many short-lived
+    objects next to azure-native's hundreds of thousands of long-lived ones, and the
+    collector's passes over those were a quarter of an evaluation (bench/RESULTS.md).
+    An evaluation's garbage is small; the usual thresholds come back afterwards."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], gen0), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 _VERSIONED_TYPE = re.compile(r"^azure-native:[a-zA-Z]+/v\d")
