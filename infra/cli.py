@@ -1,6 +1,7 @@
 """`python -m infra`: the offline side of the Pulumi program.
 
-plan         show what a stack declares, offline (no Azure, no Pulumi CLI)
+plan         show what a stack declares, offline (no Azure, no Pulumi CLI), or what a
+             change to it does (--diff FILE, --diff-ref REV)
 expired      experiment stacks past their expiresAt (used by the teardown workflow)
 new-experiment  write Pulumi.exp-NAME.yaml for an experiment on an environment
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from core.errors import exit_on_bad_input
+from core.errors import Problem, UserError, exit_on_bad_input
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 
@@ -31,35 +34,117 @@ def main() -> None:
 
 @app.command()
 def plan(
-    stack: str = typer.Option(..., "--stack", "-s", help="Stack name: reads Pulumi.<stack>.yaml."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan and the outputs document as JSON."),
-    policy: bool = typer.Option(False, "--policy", help="Also run the policy rules; exit 3 on a mandatory violation."),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+    stack: Annotated[str, typer.Option("--stack", "-s", help="Stack name: reads Pulumi.<stack>.yaml.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan (or, with a diff, the diff) as JSON.")] = False,
+    diff: Annotated[Path | None, typer.Option(
+        "--diff", metavar="FILE", dir_okay=False,
+        help="Show what changes against FILE, a saved `plan --json` of the stack.")] = None,
+    diff_ref: Annotated[str | None, typer.Option(
+        "--diff-ref", metavar="REV",
+        help="Show what changes against the stack file and program at git revision REV (e.g. origin/main).")] = None,
+    markdown: Annotated[bool, typer.Option(
+        "--markdown", help="With --diff or --diff-ref: print the pull-request comment section.")] = False,
+    policy: Annotated[bool, typer.Option(
+        "--policy", help="Also run the policy rules; exit 3 on a mandatory violation.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
-    """Show every resource STACK declares, its cost and GPU quota, without Azure."""
+    """Show every resource STACK declares, its cost and GPU quota, without Azure; or, with
+    --diff/--diff-ref, what a change adds, removes, replaces and updates."""
+    with exit_on_bad_input(debug):
+        _check_plan_flags(diff, diff_ref, markdown, as_json)
+        if diff is not None or diff_ref is not None:
+            violations = _show_diff(stack, diff, diff_ref, markdown, as_json, policy)
+        else:
+            violations = _show_plan(stack, as_json, policy)
+    if any(v.level == "mandatory" for v in violations):
+        raise typer.Exit(EXIT_POLICY)
+
+
+def _check_plan_flags(diff: Path | None, diff_ref: str | None, markdown: bool, as_json: bool) -> None:
+    problems = []
+    if diff is not None and diff_ref is not None:
+        problems.append(Problem("plan", "--diff, --diff-ref", "both given", "compare with one base: a file or a revision"))
+    if markdown and diff is None and diff_ref is None:
+        problems.append(Problem("plan", "--markdown", "formats a diff", "add --diff FILE or --diff-ref REV"))
+    if markdown and as_json:
+        problems.append(Problem("plan", "--markdown, --json", "both given", "choose one output format"))
+    if problems:
+        raise UserError(problems, "invalid options")
+
+
+def _policy(document: dict, policy: bool) -> list:
+    if not policy:
+        return []
+    from infra.policy import check_plan
+
+    violations = check_plan(document)
+    document["policy"] = [v.to_json() for v in violations]
+    return violations
+
+
+def _print_violations(violations: list, policy: bool) -> None:
+    if policy:
+        from infra.policy import render_violations
+
+        render_violations(violations, Console())
+
+
+def _show_plan(stack: str, as_json: bool, policy: bool) -> list:
     from infra.plan import evaluate
 
-    with exit_on_bad_input(debug):
-        result = evaluate(stack)
+    result = evaluate(stack)
     document = result.to_json()
-    violations = []
-    if policy:
-        from infra.policy import check_plan
-
-        violations = check_plan(document)
-        document["policy"] = [v.to_json() for v in violations]
+    violations = _policy(document, policy)
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         from infra.plan.render import render
 
-        render(result, Console())
-        if policy:
-            from infra.policy import render_violations
+        sys.stdout.write(render(result))
+        _print_violations(violations, policy)
+    return violations
 
-            render_violations(violations, Console())
-    if any(v.level == "mandatory" for v in violations):
-        raise typer.Exit(EXIT_POLICY)
+
+def _show_diff(stack: str, diff: Path | None, diff_ref: str | None, markdown: bool, as_json: bool,
+               policy: bool) -> list:
+    from infra.config import REPO_ROOT
+    from infra.plan import diff as plan_diff
+    from infra.plan import evaluate
+
+    empty = {"stack": stack, "resources": [], "outputs": {}, "cost": {}, "quota": []}
+    notes = []
+    if diff is not None:
+        base, base_label = plan_diff.read_plan(diff), str(diff)
+    else:
+        from infra.plan.revision import plan_at
+
+        assert diff_ref is not None
+        found, base_label = plan_at(diff_ref, stack)
+        base = found if found is not None else empty
+        if found is None:
+            notes.append(f"Pulumi.{stack}.yaml does not exist at {base_label}: everything is new")
+    head_label = f"Pulumi.{stack}.yaml in the working tree"
+    violations = []
+    if diff_ref is not None and not (REPO_ROOT / f"Pulumi.{stack}.yaml").is_file():
+        head = empty  # the change deletes the stack file
+        notes.append(f"Pulumi.{stack}.yaml is deleted in the working tree: everything is removed")
+    else:
+        head = evaluate(stack).to_json()
+        violations = _policy(head, policy)
+    result = plan_diff.diff(base, head, base_label, head_label)
+    result.notes += notes
+    if as_json:
+        document = result.to_json()
+        if policy:
+            document["policy"] = head.get("policy", [])
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        from infra.plan.render_diff import render_markdown, render_text
+
+        sys.stdout.write(render_markdown(result) if markdown else render_text(result))
+        if not markdown:
+            _print_violations(violations, policy and head is not empty)
+    return violations
 
 
 def _mount_lifecycle() -> None:

@@ -184,6 +184,79 @@ class TestPullRequest:
         assert output.read_text().strip() == 'previews=["dev","prod","exp-live"]'
 
 
+    def test_plan_diff_commented_for_every_stack(self):
+        """The offline plan diff of every stack against the base commit goes to the job summary
+        and, except from forks, into one PR comment found again by its marker."""
+        from infra.plan.render_diff import MARKER
+
+        job = self.doc["jobs"]["stacks"]
+        assert job["permissions"] == {"contents": "read", "pull-requests": "write"}
+        checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
+        assert checkout["with"]["fetch-depth"] == 0, "plan --diff-ref needs the base commit"
+        diff_step = next(s for s in job["steps"] if s.get("name") == "Offline plan diff against the base branch")
+        assert diff_step["env"]["BASE_SHA"] == "${{ github.event.pull_request.base.sha }}"
+        assert '--diff-ref "$BASE_SHA" --markdown' in diff_step["run"] and MARKER in diff_step["run"]
+        comment = next(s for s in job["steps"] if s.get("name") == "Comment the plan diff on the pull request")
+        assert comment["if"] == "github.event.pull_request.head.repo.full_name == github.repository"
+        assert MARKER in comment["run"] and comment["env"]["GH_TOKEN"] == "${{ github.token }}"
+
+    def run_script(self, cwd: Path, script: str, **env: str) -> subprocess.CompletedProcess:
+        base = {"PATH": f"{cwd / 'fakebin'}:/usr/bin:/bin", "HOME": str(cwd), **env}
+        return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=cwd,
+                              env=base, capture_output=True, text=True, timeout=300)
+
+    def test_diff_step_for_real(self, tmp_path):
+        """The step's script in a repository where the PR changes dev and deletes prod."""
+        from tests.plan_helpers import commit_all, repository_copy
+
+        base_sha = repository_copy(tmp_path)
+        dev = yaml.safe_load((tmp_path / "Pulumi.dev.yaml").read_text())
+        dev["config"]["aml-hpc:clusters"][0]["maxNodes"] += 1
+        (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(dev))
+        (tmp_path / "Pulumi.prod.yaml").unlink()
+        commit_all(tmp_path, "the pull request")
+        (tmp_path / "fakebin").mkdir()
+        script = run_text(self.doc, "stacks", "Offline plan diff against the base branch")
+        script = script.replace("uv run --frozen python", str(VENV_BIN / "python"))
+        result = self.run_script(tmp_path, script, BASE_SHA=base_sha, GITHUB_BASE_REF="main",
+                                 GITHUB_STEP_SUMMARY=str(tmp_path / "summary.md"))
+        assert result.returncode == 0, result.stderr
+        comment = (tmp_path / "plan-diff.md").read_text()
+        assert comment.startswith("<!-- aml-hpc offline plan diff -->\n### Offline plan diff against `main`")
+        assert "#### `dev`: 1 to update; full scale +$" in comment
+        from infra.plan import evaluate
+        prod = evaluate("prod")  # the base's prod: this change deletes all of it
+        removed = re.search(r"#### `prod`: (\d+) to remove; full scale -\$([\d.,]+)/hour", comment)
+        assert removed, comment
+        assert int(removed.group(1)) == len([r for r in prod.resources if r.custom]) > 40
+        assert "Pulumi.prod.yaml is deleted in the working tree" in comment
+        assert (tmp_path / "summary.md").read_text() == comment
+        assert "::warning::" not in result.stdout
+
+    @pytest.mark.parametrize("existing", ["", "4242"])
+    def test_comment_step_edits_its_own_comment(self, tmp_path, existing):
+        """One comment per PR: edited in place when the marker is found, else created;
+        cut below GitHub's size limit with the fence closed."""
+        script = run_text(self.doc, "stacks", "Comment the plan diff on the pull request")
+        (tmp_path / "fakebin").mkdir()
+        (tmp_path / "fakebin" / "gh").write_text(
+            '#!/usr/bin/env bash\n(IFS=" "; printf "%s\\n" "$*") >> "$FAKE_LOG"\n'
+            'case "$*" in *--jq*) [ -n "$EXISTING" ] && echo "$EXISTING";; esac\nexit 0\n')
+        (tmp_path / "fakebin" / "gh").chmod(0o755)
+        body = "<!-- aml-hpc offline plan diff -->\n```diff\n" + ("+ line\n" * 10000)
+        (tmp_path / "plan-diff.md").write_text(body)
+        result = self.run_script(tmp_path, script, FAKE_LOG=str(tmp_path / "gh.log"), EXISTING=existing,
+                                 GITHUB_REPOSITORY="o/r", PR="7", GH_TOKEN="t")
+        assert result.returncode == 0, result.stderr
+        calls = (tmp_path / "gh.log").read_text().splitlines()
+        assert calls[0].startswith("api repos/o/r/issues/7/comments --paginate --jq")
+        expected = ("api -X PATCH repos/o/r/issues/comments/4242 -F body=@comment.md" if existing
+                    else "api -X POST repos/o/r/issues/7/comments -F body=@comment.md")
+        assert calls[1] == expected
+        posted = (tmp_path / "comment.md").read_text()
+        assert len(posted) < 65536 and posted.count("```") % 2 == 0 and "(Truncated:" in posted
+
+
 class TestDeploy:
     doc = load("deploy.yml")
 

@@ -2,9 +2,16 @@
 
 `RecordingMonitor` keeps every RegisterResource request - type, name, parent, inputs and
 the options the engine would see (protect, retainOnDelete, replaceOnChanges,
-deleteBeforeReplace, dependencies) plus which inputs are secrets. `PlanMocks` answers like
-Azure would in shape (ARM ids, endpoints, identity ids) but with synthetic values: the plan
-is the desired state, not Azure's answer.
+ignoreChanges, deleteBeforeReplace, dependencies) plus which inputs are secrets, whose
+values are never kept. Inputs are stored canonically (keys sorted) so the same program
+gives the same plan byte for byte. `PlanMocks` answers like Azure would in shape (ARM
+ids, endpoints, identity ids) but with synthetic values: the plan is the desired state,
+not Azure's answer.
+
+Pulumi surfaces used: `pulumi.runtime.mocks.Mocks` / `MockMonitor` (the monitor
+`set_mocks(monitor=...)` takes), the RegisterResource/ReadResource request fields of
+Pulumi's resource protocol, and `pulumi.runtime.rpc`'s `deserialize_properties` and
+`is_rpc_secret`. tests/test_plan_sdk.py holds them to the pinned SDK.
 """
 
 from __future__ import annotations
@@ -14,13 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
-from google.protobuf import struct_pb2
 from pulumi.runtime import mocks, rpc
 
 FAKE_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 FAKE_TENANT = "00000000-0000-0000-0000-0000000000aa"
-_SECRET_SIG = rpc._special_sig_key  # noqa: SLF001 - the wire marker for special values
-_SECRET_VALUE = rpc._special_secret_sig  # noqa: SLF001
+SECRET_PLACEHOLDER = "[secret]"
+"""What a secret input's value is recorded as: the plan shows that it is set, never what."""
 
 
 @dataclass
@@ -37,6 +43,7 @@ class RecordedResource:
     replace_on_changes: list[str]
     depends_on: list[str]
     secret_inputs: list[str] = field(default_factory=list)
+    ignore_changes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,33 +57,39 @@ class RecordedResource:
                 "protect": self.protect,
                 "retainOnDelete": self.retain_on_delete,
                 "deleteBeforeReplace": self.delete_before_replace,
-                "replaceOnChanges": list(self.replace_on_changes),
-                "dependsOn": list(self.depends_on),
+                "replaceOnChanges": sorted(self.replace_on_changes),
+                "ignoreChanges": sorted(self.ignore_changes),
+                "dependsOn": sorted(self.depends_on),
             },
             "secretInputs": list(self.secret_inputs),
         }
 
-
-def _has_secret(value: struct_pb2.Value) -> bool:
-    kind = value.WhichOneof("kind")
-    if kind == "struct_value":
-        fields = value.struct_value.fields
-        if _SECRET_SIG in fields and fields[_SECRET_SIG].string_value == _SECRET_VALUE:
-            return True
-        return any(_has_secret(v) for v in fields.values())
-    if kind == "list_value":
-        return any(_has_secret(v) for v in value.list_value.values)
-    return False
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RecordedResource:
+        """The inverse of `to_json` (a saved `plan --json` document's resource)."""
+        options = doc.get("options") or {}
+        return cls(
+            urn=doc["urn"], type=doc["type"], name=doc["name"], parent=doc.get("parent"),
+            custom=bool(doc.get("custom")), inputs=doc.get("inputs") or {},
+            protect=bool(options.get("protect")), retain_on_delete=bool(options.get("retainOnDelete")),
+            delete_before_replace=bool(options.get("deleteBeforeReplace")),
+            replace_on_changes=list(options.get("replaceOnChanges") or []),
+            depends_on=list(options.get("dependsOn") or []),
+            secret_inputs=list(doc.get("secretInputs") or []),
+            ignore_changes=list(options.get("ignoreChanges") or []),
+        )
 
 
 def _plain(value: Any) -> Any:
-    """JSON-safe copy of deserialized inputs (resource references become their URN)."""
+    """JSON-safe, key-sorted copy of deserialized inputs (resource references by class)."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(value[k]) for k in sorted(value)}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, pulumi.Resource):
         return f"<resource {type(value).__name__}>"
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # the wire has only doubles; Azure's counts and days are integers
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
@@ -91,34 +104,44 @@ class RecordingMonitor(mocks.MockMonitor):
         response = super().RegisterResource(request)
         if request.type == "pulumi:pulumi:Stack":
             return response
-        inputs = rpc.deserialize_properties(request.object) if request.object else {}
+        inputs, secret = _inputs_and_secrets(request.object)
         self.recorded.append(RecordedResource(
             urn=response.urn,
             type=request.type,
             name=request.name,
             parent=request.parent or None,
             custom=bool(request.custom),
-            inputs=_plain(dict(inputs)),
+            inputs=inputs,
             protect=bool(request.protect),
             retain_on_delete=bool(request.retainOnDelete),
             delete_before_replace=bool(request.deleteBeforeReplace),
-            replace_on_changes=list(request.replaceOnChanges),
-            depends_on=list(request.dependencies),
-            secret_inputs=sorted(k for k, v in request.object.fields.items() if _has_secret(v)),
+            replace_on_changes=sorted(request.replaceOnChanges),
+            depends_on=sorted(set(request.dependencies)),
+            secret_inputs=secret,
+            ignore_changes=sorted(request.ignoreChanges),
         ))
         return response
-
 
     def ReadResource(self, request):  # noqa: N802 - gRPC method name
         """Reads of existing resources (StackReference): recorded with custom=False inputs."""
         response = super().ReadResource(request)
         self.recorded.append(RecordedResource(
             urn=response.urn, type=request.type, name=request.name, parent=request.parent or None,
-            custom=False, inputs=_plain(dict(rpc.deserialize_properties(request.properties))),
+            custom=False, inputs=_inputs_and_secrets(request.properties)[0],
             protect=False, retain_on_delete=False, delete_before_replace=False,
-            replace_on_changes=[], depends_on=list(request.dependencies),
+            replace_on_changes=[], depends_on=sorted(set(request.dependencies)),
         ))
         return response
+
+
+def _inputs_and_secrets(struct) -> tuple[dict[str, Any], list[str]]:
+    """Deserialized inputs with secret values replaced, and the names of the secret ones.
+
+    The SDK marks a top-level input secret when any value inside it is (rpc's
+    deserialization lifts secretness to the top), so one check per input suffices."""
+    raw = dict(rpc.deserialize_properties(struct)) if struct else {}
+    secret = sorted(k for k, v in raw.items() if rpc.is_rpc_secret(v))
+    return _plain({k: SECRET_PLACEHOLDER if k in secret else v for k, v in raw.items()}), secret
 
 
 # type token -> (ARM provider path, name input, parent name inputs...) for synthetic ids
@@ -151,6 +174,36 @@ _ARM: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "azure-native:privatedns:PrivateZone": ("Microsoft.Network/privateDnsZones/{name}", "privateZoneName", ()),
     "azure-native:privatedns:VirtualNetworkLink": ("Microsoft.Network/privateDnsZones/{privateZoneName}/virtualNetworkLinks/{name}", "virtualNetworkLinkName", ("privateZoneName",)),
 }
+
+
+def id_inputs(type_token: str) -> tuple[str, ...]:
+    """The inputs that make up a resource's Azure id (its URL path parameters): azure-native
+    replaces the resource when one of them changes (pulumi-azure-native,
+    provider/pkg/provider/diff.go: "All the parameters that are part of the resource path
+    cause a replacement")."""
+    if type_token == "azure-native:resources:ResourceGroup":
+        return ("resourceGroupName",)
+    if type_token == "azure-native:authorization:RoleAssignment":
+        return ("scope", "roleAssignmentName")
+    if type_token == "azure-native:consumption:Budget":
+        return ("scope", "budgetName")
+    arm = _ARM.get(type_token)
+    if arm is None:
+        return ("resourceGroupName",) if type_token.startswith("azure-native:") else ()
+    return ("resourceGroupName", *arm[2], arm[1])
+
+
+def qualified_name(type_token: str, inputs: dict[str, Any], logical: str) -> str:
+    """The physical name with the names of its Azure parents (`account/container`,
+    `zone/link`, `workspace/cluster`, `workspace/environment:version`), so children of
+    different parents never look alike."""
+    name = physical_name(type_token, inputs, logical)
+    arm = _ARM.get(type_token)
+    if arm is None:
+        return name
+    parents = [str(inputs[p]) for p in arm[2] if p != "version" and inputs.get(p)]
+    version = f":{inputs['version']}" if "version" in arm[2] and inputs.get("version") else ""
+    return "/".join([*parents, name]) + version
 
 
 def _stable_uuid(*parts: str) -> str:

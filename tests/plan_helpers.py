@@ -1,0 +1,32 @@
+"""Shared helpers for the plan tests: a throwaway git repository holding this checkout."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from infra.config import REPO_ROOT
+
+GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
+
+
+def commit_all(root: Path, message: str) -> str:
+    """Commit everything in `root`; return the commit id."""
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run([*GIT, "commit", "-q", "--allow-empty", "-m", message], cwd=root, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def repository_copy(root: Path) -> str:
+    """This checkout's tracked files as a new git repository at `root` (branch main), one
+    commit; returns its id."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name)
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=root, check=True)
+    return commit_all(root, "base")
