@@ -3,7 +3,8 @@ benchmarks run against.
 
 Each start gets its own account with a freshly generated key (AZURITE_ACCOUNTS), so no
 storage key lives in the repository, and its own data folder and port, so concurrent
-runs do not collide.
+runs do not collide. Azurite runs in its own session and gets SIGTERM if the process that
+started it dies (jobs/local/processes.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from jobs.local import processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AZURITE_BIN = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
@@ -94,7 +97,7 @@ def start(workdir: Path | None = None, port: int | None = None, account: str = "
     process = subprocess.Popen(
         [str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(workdir),
          "--skipApiVersionCheck", "--loose", "--silent"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, env=env, **processes.popen_kwargs(),
     )
     server = Azurite(account, key, port, workdir, process, owns)
     deadline = time.monotonic() + timeout_s
