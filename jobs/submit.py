@@ -1,9 +1,9 @@
 """Everything that talks to Azure ML: the only module that calls MLClient.
 
 Each function receives an MLClient (tests pass a pytest-mock fake and assert what it
-received); `connect()` makes the real one from the stack outputs with
-DefaultAzureCredential. Azure errors that mean bad input (unknown job, not logged in)
-become UserError with the fix.
+received); `connect()` makes the real one from the stack outputs with the credential of
+jobs/credentials.py. Azure errors that mean bad input (unknown job, not logged in, no
+role, unreachable) become UserError with the fix.
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ Printer = Callable[[str], None]
 
 
 def connect(outputs: StackOutputs):
-    """MLClient for the stack's workspace (DefaultAzureCredential: az login, managed identity, OIDC...)."""
-    from azure.ai.ml import MLClient
-    from azure.identity import DefaultAzureCredential
+    """MLClient for the stack's workspace, signed in up front (jobs/credentials.py: az login,
+    managed identity, OIDC...; no sign-in fails within seconds with the fix)."""
+    from jobs import credentials
 
-    return MLClient(DefaultAzureCredential(), outputs.subscription_id, outputs.resource_group, outputs.workspace)
+    signed_in = credentials.credential(credentials.MANAGEMENT)  # before the SDK's long import
+    from azure.ai.ml import MLClient
+
+    return MLClient(signed_in, outputs.subscription_id, outputs.resource_group, outputs.workspace)
 
 
 @contextmanager
@@ -39,6 +42,7 @@ def azure_errors(what: str, workspace: str):
         ClientAuthenticationError,
         HttpResponseError,
         ResourceNotFoundError,
+        ServiceRequestError,
     )
 
     try:
@@ -47,15 +51,14 @@ def azure_errors(what: str, workspace: str):
         raise UserError([Problem(f"workspace {workspace!r}", what, "not found",
                                  "check the job name (`python -m jobs status` needs the exact name printed by submit) and --stack")],
                         "not found") from None
-    except ClientAuthenticationError as exc:
-        raise UserError([Problem("Azure credentials", what, f"authentication failed: {str(exc).splitlines()[0][:200]}",
-                                 "run `az login` (or set AZURE_CLIENT_ID/AZURE_TENANT_ID for a service principal)")],
-                        "not logged in to Azure") from None
-    except HttpResponseError as exc:
-        if exc.status_code in (401, 403):
-            raise UserError([Problem(f"workspace {workspace!r}", what, f"access denied ({exc.status_code})",
-                                     "you need AzureML Data Scientist (or Contributor) on the workspace")], "access denied") from None
-        raise
+    except (ClientAuthenticationError, HttpResponseError, ServiceRequestError) as exc:
+        from jobs import credentials
+
+        known = credentials.explain(exc, target=f"workspace {workspace!r}: {what}", role=credentials.WORKSPACE_ROLE,
+                                    grant="ask an owner of the workspace (or its resource group) to assign it")
+        if known is None:
+            raise
+        raise known from None
 
 
 def submit(ml_client, plan: JobPlan, code_path: str | Path, *, follow: bool = False, echo: Printer = print):
