@@ -16,7 +16,10 @@ import sys
 import typer
 from rich.console import Console
 
+from core.cli_help import flags_without_types
 from core.errors import exit_on_bad_input
+
+flags_without_types()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 
