@@ -60,7 +60,7 @@ fi
 # 3. PyTorch: kept out of the lock (job images bring their own; the registry build pulls
 # several GB of CUDA packages). Prefer a CPU wheel this machine's pip configuration points
 # at (find-links); otherwise install the normal build for this platform.
-if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" 2>/dev/null; then
   links=$( { printf '%s\n' "${PIP_FIND_LINKS:-}"; python3 -m pip config get global.find-links 2>/dev/null || true; } | tr ' ' '\n' | sed 's#^file://##' | grep -v '^$' || true)
   wheel=""
   for dir in $links; do

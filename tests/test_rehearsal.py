@@ -110,7 +110,7 @@ class TestRehearsal:
         from jobs.data import upload
         from jobs.runtime import blobio
 
-        plan, outputs = _plan("rehearse-test", nodes=2, procs=2, epochs=1)
+        plan, outputs = _plan("rehearse-test", nodes=2, procs=1, epochs=1)
         containers = list(outputs.storage.containers.values())
         rehearsal.ensure_containers(containers, azurite.connection_string)
         spec = plan.staged_inputs[0]
@@ -123,11 +123,11 @@ class TestRehearsal:
 
         snapshot = build.snapshot(plan.code_dirs)
         work = tmp_path / "work"
-        first = rehearsal.rehearse(plan, snapshot=snapshot, workdir=work, procs_per_node=2,
+        first = rehearsal.rehearse(plan, snapshot=snapshot, workdir=work, procs_per_node=1,
                                    blob_endpoint=azurite.blob_endpoint, connection_string=azurite.connection_string,
                                    containers=containers, sink=sink, timeout_s=600)
         assert first.ok, "\n".join(lines.get(0, [])[-30:])
-        assert sorted(first.exit_codes) == [0, 1, 2, 3]
+        assert sorted(first.exit_codes) == [0, 1]
 
         # every node staged its own share, decompressed, byte-identical to the source
         staging = {k: v for k, v in first.reports.items() if "/staging-node" in k}
@@ -143,8 +143,8 @@ class TestRehearsal:
         health = [k for k in first.reports if "launch-node" in k]
         assert len(health) == 2
 
-        # same name, one epoch more, fewer ranks and no gate: restores the checkpoint and goes on
-        again, _ = _plan("rehearse-test", nodes=2, procs=1, epochs=2, health="off")
+        # same name, one epoch more, fewer nodes and no gate: restores the checkpoint and goes on
+        again, _ = _plan("rehearse-test", nodes=1, procs=1, epochs=2, health="off")
         lines.clear()
         second = rehearsal.rehearse(again, snapshot=snapshot, workdir=work, procs_per_node=1,
                                     blob_endpoint=azurite.blob_endpoint, connection_string=azurite.connection_string,

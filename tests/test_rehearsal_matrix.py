@@ -71,15 +71,21 @@ def test_runs_here(recipe, tmp_path, blob_env):
     # The health gate runs in the node-health case (and tests/test_rehearsal.py); here it
     # would only repeat the same checks before every workload.
     extra = [] if recipe == "node-health" else ["--set", "health=off"]
-    if recipe == "cosmoflow":  # a prefix of its own: the profile's dataset is uploaded there
-        extra += ["--set", f"inputs.cosmoflow.path=matrix/{uuid.uuid4().hex[:8]}"]
+    if recipe == "cosmoflow":
+        # the demo's dataset, given with --data (the profile's own dataset is what
+        # README.md's `jobs run cosmoflow --local` uses), uploaded to a prefix of its own
+        data = tmp_path / "cosmoflow-data"
+        generate = recipes.load("cosmoflow").local.data["cosmoflow"].replace("{dir}", str(data)).split()
+        subprocess.run([sys.executable, *generate[1:]], cwd=REPO, check=True, capture_output=True)
+        extra += ["--data", f"cosmoflow={data}", "--set", f"inputs.cosmoflow.path=matrix/{uuid.uuid4().hex[:8]}"]
     result = rehearse(recipe, tmp_path, blob_env, *extra)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
     assert "rehearsal succeeded: 2 processes" in log
     work = tmp_path / "work"
     if recipe == "cosmoflow":
-        assert "the local dataset for input 'cosmoflow'" in log and "-> datasets/matrix/" in log
+        assert f"uploaded {tmp_path / 'cosmoflow-data'} -> datasets/matrix/" in log
+        assert "the local dataset for input" not in log, "--data wins over the profile's dataset"
         losses = _loss_lines(result.stdout)
         assert losses and {entry["epoch"] for entry in losses} == {0, 1}, "two epochs, as the profile says"
         assert "latest version 0" in log.replace("\n", " "), "a committed checkpoint"
