@@ -88,7 +88,7 @@ def wait_for(predicate, timeout_s: float, what: str):
 def test_interrupt_mid_training_leaves_nothing_behind(signum, tmp_path):
     session = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k not in (contract.BLOB_CONNECTION_STRING, "PYTHONPATH")}
-    env.update({processes.SESSION_VARIABLE: session, "COLUMNS": "200"})
+    env.update({processes.SESSION_VARIABLE: session, "COLUMNS": "200", "AMLHPC_AZURITE_DIR": str(tmp_path / "azurite")})
     argv = [sys.executable, "-m", "jobs", "run", "cosmoflow", "--local", "--nodes", "2", "--procs-per-node", "1",
             "--outputs", str(outputs_file("dev")), "--workdir", str(tmp_path / "work"), "--name", f"interrupt-{session[:6]}",
             "--set", "health=off", "--set", f"inputs.cosmoflow.path=interrupt/{session[:8]}",

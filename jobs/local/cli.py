@@ -10,8 +10,8 @@ anything starts, naming everything missing), then the offline plan, Blob, the da
 and the simulated nodes.
 
 Blob: when AMLHPC_BLOB_CONNECTION_STRING is set (e.g. by `make demo`) that Azurite is used;
-otherwise one is started for the run with its data in .azurite/ (kept between runs, so a
-dataset uploaded once stays) and stopped afterwards. A staged input with no blobs and no
+otherwise one is started for the run with its data in .azurite/ (or $AMLHPC_AZURITE_DIR;
+kept between runs, so a dataset uploaded once stays) and stopped afterwards. A staged input with no blobs and no
 --data gets the profile's generated dataset. The same --name resumes from the checkpoint
 the previous run left. Ctrl-C, SIGTERM or a failure stop every process the run started
 (jobs/local/processes.py). Exit status: 0 when every process succeeded, else the first
@@ -38,6 +38,8 @@ from jobs.local import processes
 from jobs.runtime import contract
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+AZURITE_DIR_VARIABLE = "AMLHPC_AZURITE_DIR"
+"""Where the rehearsal's own Azurite keeps its data (default .azurite/)."""
 DEFAULT_NODES = 2
 DEFAULT_PROCS_PER_NODE = 2
 out = Console(highlight=False)
@@ -61,7 +63,7 @@ def local_blob():
         return
     from jobs.local import azurite
 
-    with azurite.start(REPO_ROOT / ".azurite") as server:
+    with azurite.start(Path(os.environ.get(AZURITE_DIR_VARIABLE) or REPO_ROOT / ".azurite")) as server:
         yield server.blob_endpoint, server.connection_string
 
 
