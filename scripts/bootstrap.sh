@@ -33,6 +33,7 @@ if (( want_node )) && [[ ! -x node_modules/.bin/azurite-blob || package-lock.jso
   log "installing Azurite from npm (package-lock.json), in the background"
   npm ci --no-audit --no-fund --loglevel=error --prefer-offline >.bootstrap/npm.log 2>&1 &
   npm_pid=$!
+  trap '[[ -z $npm_pid ]] || kill "$npm_pid" 2>/dev/null || true' EXIT  # a failure below stops it too
 fi
 
 # 1. uv
@@ -91,8 +92,10 @@ fi
 
 if [[ -n $npm_pid ]]; then
   if ! wait "$npm_pid"; then
+    npm_pid=""
     log "npm ci failed:"; tail -n 30 .bootstrap/npm.log >&2; exit 1
   fi
+  npm_pid=""
   touch node_modules/.bin/azurite-blob
 fi
 log "ready"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,9 +43,10 @@ def test_every_profile_validates_with_the_recipe():
 
 
 def rehearse(recipe: str, tmp_path: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
+    """`jobs run RECIPE --local` on 2 nodes x 1 process; later flags (--nodes, --name) win."""
     argv = [sys.executable, "-m", "jobs", "run", recipe, "--local", "--nodes", "2", "--procs-per-node", "1",
             "--outputs", str(outputs_file("dev")), "--workdir", str(tmp_path / "work"),
-            "--name", f"matrix-{recipe}-{uuid.uuid4().hex[:6]}", *extra]
+            "--name", f"matrix-{recipe}", *extra]
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -78,7 +80,8 @@ def test_runs_here(recipe, tmp_path, blob_env):
         generate = recipes.load("cosmoflow").local.data["cosmoflow"].replace("{dir}", str(data)).split()
         subprocess.run([sys.executable, *generate[1:]], cwd=REPO, check=True, capture_output=True)
         extra += ["--data", f"cosmoflow={data}", "--set", f"inputs.cosmoflow.path=matrix/{uuid.uuid4().hex[:8]}"]
-    result = rehearse(recipe, tmp_path, blob_env, *extra)
+    name = f"matrix-{recipe}-{uuid.uuid4().hex[:6]}"
+    result = rehearse(recipe, tmp_path, blob_env, "--name", name, *extra)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
     assert "rehearsal succeeded: 2 processes" in log
@@ -88,7 +91,18 @@ def test_runs_here(recipe, tmp_path, blob_env):
         assert "the local dataset for input" not in log, "--data wins over the profile's dataset"
         losses = _loss_lines(result.stdout)
         assert losses and {entry["epoch"] for entry in losses} == {0, 1}, "two epochs, as the profile says"
-        assert "latest version 0" in log.replace("\n", " "), "a committed checkpoint"
+        first_version = re.search(r"latest\s+version\s+(\S+)", log).group(1)
+        # each node staged its own share, decompressed, byte-identical to the source
+        staged = {p.name: p.read_bytes() for p in work.glob("node*/scratch/cosmoflow/**/*.tfrecord")}
+        assert staged == {p.name: p.read_bytes() for p in (tmp_path / "cosmoflow-data").rglob("*.tfrecord")}
+        assert len(list(work.glob("node*/outputs/aml-hpc/launch-node*.json"))) == 2
+        # the same name again, on one node, one epoch longer: it resumes from the checkpoint
+        command = recipes.load("cosmoflow", local=True).command + " --epochs 3"
+        again = rehearse(recipe, tmp_path, blob_env, "--name", name, "--nodes", "1", *extra, "--set", f"command={command}")
+        assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+        assert "resumed from" in again.stdout
+        assert {entry["epoch"] for entry in _loss_lines(again.stdout)} == {2}, "only the third epoch is left"
+        assert re.search(r"latest\s+version\s+(\S+)", again.stdout).group(1) != first_version
     elif recipe == "bert-pretrain":
         losses = _loss_lines(result.stdout)
         assert losses and all(entry["loss"] > 0 for entry in losses)

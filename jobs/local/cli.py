@@ -63,7 +63,14 @@ def local_blob():
         return
     from jobs.local import azurite
 
-    with azurite.start(Path(os.environ.get(AZURITE_DIR_VARIABLE) or REPO_ROOT / ".azurite")) as server:
+    folder = Path(os.environ.get(AZURITE_DIR_VARIABLE) or REPO_ROOT / ".azurite")
+    try:
+        server = azurite.start(folder)
+    except (azurite.AzuriteNotInstalled, RuntimeError, TimeoutError) as exc:
+        raise UserError([Problem("Azurite (the local Blob service)", "", f"did not start: {exc}",
+                                 f"see {folder / 'azurite.log'}; `make bootstrap` reinstalls it")],
+                        "no local Blob") from None
+    with server:
         yield server.blob_endpoint, server.connection_string
 
 

@@ -172,8 +172,9 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
         for t in pumps:
             t.start()
         _wait_all(procs, codes, sink, timeout_s)
+        drained = time.monotonic() + 5  # a leftover grandchild may hold a pipe open: do not wait on it
         for t in pumps:
-            t.join(timeout=5)
+            t.join(timeout=max(0.0, drained - time.monotonic()))
     finally:
         _stop(procs, codes)
     return codes
