@@ -8,8 +8,8 @@ azure.ai.ml, torch` takes twice as long. Compiling the whole environment (what
 `uv sync --compile-bytecode` does) costs minutes on 2 cores for ~18,000 files, most of
 which nothing here imports (pulumi-azure-native's ~6,000 modules for every Azure service,
 most of torch and sympy). This imports what the demo's (or the tests') processes import -
-and runs the offline plan and a job render, which import more as they go - with bytecode
-writing switched on, so exactly those modules get their `.pyc`. A failing step is reported
+and runs the offline plan, a job render and a few DDP training steps, which import more as
+they go - with bytecode writing switched on, so exactly those modules get their `.pyc`. A failing step is reported
 and skipped: this only makes later runs faster.
 """
 
@@ -48,6 +48,49 @@ def _plan_and_render() -> None:
     build.to_yaml(plan, REPO_ROOT / "jobs")
 
 
+def _train_steps(bert: bool = False) -> None:
+    """A few DDP steps over gloo in a world of one, as the training processes take them:
+    DDP, autograd, the optimizer and torch.save import far more of torch (and sympy) than
+    `import torch` does."""
+    import os
+    import socket
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from jobs.workloads.cosmoflow.model import CosmoFlow
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        models = [(CosmoFlow(16, 4, 4, 2, 8, 4), lambda m: m(torch.zeros(2, 4, 16, 16, 16)).float().pow(2).mean())]
+        if bert:
+            from transformers import BertConfig, BertForMaskedLM
+
+            config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=32, max_position_embeddings=16)
+            ids = torch.randint(4, 64, (2, 8))
+            models.append((BertForMaskedLM(config), lambda m: m(input_ids=ids, labels=ids).loss))
+        for model, loss_of in models:
+            ddp = DistributedDataParallel(model)
+            optimizer = torch.optim.AdamW(ddp.parameters())
+            for _ in range(2):
+                optimizer.zero_grad()
+                loss_of(ddp).backward()
+                optimizer.step()
+            tensor = torch.ones(4)
+            dist.all_reduce(tensor)
+            with tempfile.TemporaryDirectory() as tmp:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(tmp, "c.pt"))
+                torch.load(os.path.join(tmp, "c.pt"), weights_only=False)
+    finally:
+        dist.destroy_process_group()
+
+
 def _test_modules() -> None:
     for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
         importlib.import_module(f"tests.{path.stem}")
@@ -63,6 +106,7 @@ def main(profile: str) -> int:
     if profile == "test":
         steps += [(name, lambda name=name: importlib.import_module(name)) for name in TEST_MODULES]
         steps.append(("the test modules", _test_modules))
+    steps.append(("training steps", lambda: _train_steps(bert=profile == "test")))
     skipped = []
     for name, step in steps:
         try:
