@@ -1,7 +1,7 @@
 # aml-hpc. On a fresh clone `make demo` and `make test` install everything they need.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help bootstrap demo test bench plan preview up down images new-experiment expired lint clean
+.PHONY: help bootstrap env env-demo demo test bench bench-bootstrap plan preview up down images new-experiment expired lint clean distclean
 
 STACK ?= dev
 PY := .venv/bin/python
@@ -12,42 +12,61 @@ export PULUMI_SKIP_UPDATE_CHECK := true
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
 
-bootstrap: ## install uv, the locked environment, PyTorch (CPU here) and Azurite
-	@scripts/bootstrap.sh
+bootstrap: ## install everything: uv, the locked environment with the test tools, PyTorch (CPU here), Azurite
+	@scripts/bootstrap.sh --for test
 
-demo: bootstrap ## the main job, offline: dev plan, cosmoflow rendered, data uploaded, rehearsed on 2 nodes x 2 ranks
+# What a target needs, installed on first use (scripts/bootstrap.sh is idempotent and fast
+# once done): env = the project's own dependencies; env-demo = those, PyTorch and Azurite.
+env:
+	@scripts/bootstrap.sh --for demo --no-node
+env-demo:
+	@scripts/bootstrap.sh --for demo
+
+demo: env-demo ## the main job, offline: dev plan, cosmoflow rendered, data uploaded, rehearsed on 2 nodes x 2 ranks
 	$(PY) -m jobs.local.demo
 
 test: bootstrap ## the whole test suite
 	$(PY) -m pytest
 
-plan: bootstrap ## offline plan of STACK (no Azure, no Pulumi CLI)
+plan: env ## offline plan of STACK (no Azure, no Pulumi CLI)
 	$(PY) -m infra plan --stack $(STACK)
 
-bench: bootstrap ## staging vs naive and each stage alone against Azurite (writes bench/RESULTS.md); offline plan timing
-	$(PY) -m bench.staging
-	$(PY) -m infra.plan.bench
+BENCH_OUT := bench/out
+bench: env-demo ## benchmarks; results in bench/out/ (UPDATE_RESULTS=1: also rewrite the tracked bench/RESULTS.md)
+	@mkdir -p $(BENCH_OUT)
+	$(PY) -m bench.staging --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
+	$(PY) -m infra.plan.bench | tee $(BENCH_OUT)/plan.txt
+
+bench-bootstrap: ## time a fresh clone's first `make demo` and `make test` install step (writes bench/out/bootstrap.md)
+	@scripts/time-fresh-clone.sh $(BENCH_OUT)/bootstrap.md
 
 lint: bootstrap ## ruff and the image checks (pins, Dockerfiles, hadolint)
-	$(PY) -m ruff check infra jobs images tests
+	$(PY) -m ruff check .
 	$(PY) -m images check
 
-images: bootstrap ## build the training images missing from STACK's registry (az acr build); print their refs
+images: env ## build the training images missing from STACK's registry (az acr build); print their refs
 	$(PY) -m images build --stack $(STACK)
 
-preview: bootstrap ## pulumi preview STACK against Azure, policy pack on (needs the Pulumi CLI and az login)
+preview: env ## pulumi preview STACK against Azure, policy pack on (needs the Pulumi CLI and az login)
 	@scripts/pulumi-stack.sh preview $(STACK)
 
-up: bootstrap ## pulumi up STACK, policy pack on
+up: env ## pulumi up STACK, policy pack on
 	@scripts/pulumi-stack.sh up $(STACK)
 
-down: bootstrap ## destroy STACK (environments need CONFIRM=STACK; experiments are also removed)
+down: env ## destroy STACK (environments need CONFIRM=STACK; experiments are also removed)
 	@CONFIRM=$(CONFIRM) scripts/pulumi-stack.sh down $(STACK)
 
 ENV ?= dev
 DAYS ?= 7
-new-experiment: bootstrap ## write Pulumi.exp-NAME.yaml: make new-experiment NAME=x ENV=dev DAYS=7
+new-experiment: env ## write Pulumi.exp-NAME.yaml: make new-experiment NAME=x ENV=dev DAYS=7
 	$(PY) -m infra new-experiment "$(NAME)" --env $(ENV) --days $(DAYS)
 
-expired: bootstrap ## experiment stacks past their expiresAt
+expired: env ## experiment stacks past their expiresAt
 	$(PY) -m infra expired
+
+clean: ## remove what the tools create: .rehearsal/ .scratch/ .azurite/ bench/out/ and caches (keeps .venv, node_modules, .pulumi-state)
+	rm -rf .rehearsal .scratch .azurite $(BENCH_OUT) .pytest_cache .ruff_cache
+	find . \( -path ./.venv -o -path ./node_modules -o -path ./.git -o -path ./.bootstrap \) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean ## clean, and the installed environments too (.venv, .bootstrap, node_modules)
+	rm -rf .venv .bootstrap node_modules

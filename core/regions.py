@@ -1,29 +1,57 @@
-"""Azure public-cloud region names accepted as `azure-native:location`.
+"""Azure regions for `azure-native:location`: which names are valid, and which the catalog knows.
 
-Pure data. A region Azure adds later is one line here; until then the config check
-refuses it with near matches, which catches the far more common typo.
+Valid is what Azure Resource Manager accepts as a location: a region's programmatic name
+(lowercase letters and digits, e.g. eastus2, swedencentral, or a region added after this
+list was written). A display name ("East US") is refused with the programmatic name; a
+region missing from `KNOWN` is accepted, and only what the catalog knows about it (prices
+are for the catalog's reference region) is qualified elsewhere.
+
+KNOWN: Azure's public-cloud physical regions, from Microsoft Learn "Azure regions list"
+(https://learn.microsoft.com/azure/reliability/regions-list) and `az account
+list-locations --query "[?metadata.regionType=='Physical'].name"`, read 2026-11; used for
+"did you mean" suggestions and to say whether the catalog has heard of a region.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 
-REGIONS: frozenset[str] = frozenset(
+KNOWN: frozenset[str] = frozenset(
     """
-    australiacentral australiaeast australiasoutheast austriaeast belgiumcentral brazilsouth
-    canadacentral canadaeast centralindia centralus chilecentral denmarkeast eastasia eastus
-    eastus2 francecentral germanywestcentral indonesiacentral israelcentral italynorth
-    japaneast japanwest koreacentral koreasouth malaysiawest mexicocentral newzealandnorth
-    northcentralus northeurope norwayeast polandcentral qatarcentral southafricanorth
+    australiacentral australiacentral2 australiaeast australiasoutheast austriaeast belgiumcentral
+    brazilsouth brazilsoutheast canadacentral canadaeast centralindia centralus chilecentral
+    denmarkeast eastasia eastus eastus2 francecentral francesouth germanynorth germanywestcentral
+    indonesiacentral israelcentral italynorth japaneast japanwest jioindiacentral jioindiawest
+    koreacentral koreasouth malaysiawest mexicocentral newzealandnorth northcentralus northeurope
+    norwayeast norwaywest polandcentral qatarcentral southafricanorth southafricawest
     southcentralus southeastasia southindia spaincentral swedencentral switzerlandnorth
-    uaenorth uksouth ukwest westcentralus westeurope westindia westus westus2 westus3
+    switzerlandwest uaecentral uaenorth uksouth ukwest westcentralus westeurope westindia westus
+    westus2 westus3
     """.split()
 )
 
+_PROGRAMMATIC = re.compile(r"^[a-z][a-z0-9]{2,39}$")
+
+
+def is_known(name: str) -> bool:
+    return name in KNOWN
+
 
 def suggest(name: str) -> list[str]:
-    """Near matches for a mistyped region ("East US" -> eastus)."""
+    """Near matches for a mistyped or display-form region ("East US" -> eastus)."""
     squashed = name.replace(" ", "").lower()
-    if squashed in REGIONS:
+    if squashed in KNOWN:
         return [squashed]
-    return difflib.get_close_matches(squashed, sorted(REGIONS), n=2, cutoff=0.6)
+    return difflib.get_close_matches(squashed, sorted(KNOWN), n=2, cutoff=0.6)
+
+
+def check(name: str) -> str | None:
+    """None when Azure would take `name` as a location, else what is wrong with it."""
+    if _PROGRAMMATIC.match(name):
+        return None
+    near = suggest(name)
+    squashed = name.replace(" ", "").lower()
+    hint = f"did you mean {' or '.join(near)}?" if near else (
+        f"the programmatic form would be {squashed!r}" if _PROGRAMMATIC.match(squashed) else "")
+    return f"{name!r} is not an Azure region's programmatic name{': ' + hint if hint else ''}"

@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from core.cli_help import flags_without_types
 from core.errors import Problem, UserError, exit_with
 from images import catalog, context, lint
 from images.build import (
@@ -36,6 +37,8 @@ from images.build import (
 from images.commands import CommandNotFound, Runner, SubprocessRunner
 from images.pins import load_pins
 from images.stack import check_login_server, resolve_login_server
+
+flags_without_types()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 console = Console(stderr=True)

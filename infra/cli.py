@@ -19,7 +19,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from core.cli_help import flags_without_types
 from core.errors import Problem, UserError, exit_on_bad_input
+
+flags_without_types()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 

@@ -372,10 +372,13 @@ def read_stack_file(stack: str, root: Path = REPO_ROOT) -> dict[str, Any]:
     path = stack_file(stack, root)
     reference = path.name
     if not path.is_file():
-        known = ", ".join(available_stacks(root)) or "none"
+        stacks = available_stacks(root)
+        near = difflib.get_close_matches(stack, stacks, n=2, cutoff=0.5)
         raise UserError(
             [Problem(reference, "", f"stack file not found for stack {stack!r}",
-                     f"stacks here: {known}; create an experiment with `make new-experiment NAME=... ENV=dev`")],
+                     (f"did you mean {' or '.join(near)}? " if near else "")
+                     + f"stacks here: {', '.join(stacks) or 'none'}; create an experiment with "
+                     "`make new-experiment NAME=... ENV=dev`")],
             "unknown stack",
         )
     try:
@@ -524,32 +527,40 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     location = flat.get(LOCATION_KEY)
     if not location:
         found.add(LOCATION_KEY, "is required (the Azure region)", fix_command(stack, LOCATION_KEY, "swedencentral"))
-    elif location not in regions.REGIONS:
-        near = regions.suggest(str(location))
-        found.add(LOCATION_KEY, f"unknown Azure region {location!r}",
-                  (f"did you mean {' or '.join(near)}? " if near else "") + "use the programmatic name, e.g. eastus, swedencentral")
+    else:
+        region_problem = regions.check(str(location))
+        if region_problem:
+            found.add(LOCATION_KEY, region_problem, "use the programmatic name, e.g. eastus, swedencentral")
 
+    # Type errors and rule errors are reported together: the keys (or list items) with a
+    # type error are set aside and the rules check everything else.
+    typed: list[str] = []
     try:
         raw = _RawConfig.model_validate(ours)
+        cluster_index = list(range(len(raw.clusters)))
     except ValidationError as exc:
-        found.extend(_type_problems(reference, stack, exc))
-        found.raise_if_any()
-        raise AssertionError("unreachable") from exc
-    found.raise_if_any()
-    assert isinstance(location, str)
+        type_problems = _type_problems(reference, stack, exc)
+        found.extend(type_problems)
+        typed = [problem.path for problem in type_problems]
+        raw, cluster_index = _well_typed_part(ours, exc)
+    location = location if isinstance(location, str) and location else "eastus"  # names need one; its problem is listed
+    first_rule = len(found.problems)
 
     _check_kind(found, stack, kind, ours, raw)
     expires = _check_expiry(found, stack, kind, raw)
     names = _check_names(found, stack, raw, location)
     compute_subnet, endpoint_subnet = _check_network(found, stack, raw)
     hardening = _check_hardening(found, stack, raw, location, compute_subnet, endpoint_subnet, now)
-    _check_clusters(found, stack, raw)
+    _check_clusters(found, stack, raw, cluster_index)
     _check_storage(found, stack, raw)
     _check_principals(found, raw.submitters, f"{NAMESPACE}submitters")
     _check_name_suffix(found, stack, kind, raw, deploying)
     _check_budget(found, stack, raw)
     _check_prices(found, raw)
     _check_controller(found, stack, raw)
+    # a key set aside for its type error is not also reported as missing by the rules
+    found.problems[first_rule:] = [p for p in found.problems[first_rule:]
+                                   if not any(t == p.path or t.startswith((p.path + ".", p.path + "[")) for t in typed)]
     found.raise_if_any()
 
     environment = raw.environment or (stack if kind == "environment" else "")
@@ -580,6 +591,30 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
         endpoint_subnet=endpoint_subnet,
         **hardening,
     )
+
+
+def _well_typed_part(ours: dict[str, Any], exc: ValidationError) -> tuple[_RawConfig, list[int]]:
+    """The config without the keys (and cluster entries) that failed type validation, so the
+    rules can still check the rest; with the original index of each remaining cluster."""
+    bad_keys: set[str] = set()
+    bad_clusters: set[int] = set()
+    for err in exc.errors():
+        loc = err["loc"]
+        if loc and loc[0] == "clusters" and len(loc) > 1 and isinstance(loc[1], int):
+            bad_clusters.add(loc[1])
+        elif loc:
+            bad_keys.add(str(loc[0]))
+    rest = {k: v for k, v in ours.items() if k not in bad_keys}
+    cluster_index = []
+    if isinstance(rest.get("clusters"), list):
+        cluster_index = [i for i in range(len(rest["clusters"])) if i not in bad_clusters]
+        rest["clusters"] = [rest["clusters"][i] for i in cluster_index]
+    if "owner" not in rest or "owner" in bad_keys:
+        rest["owner"] = "(missing)"  # required; its problem is already listed
+    try:
+        return _RawConfig.model_validate(rest), cluster_index
+    except ValidationError:  # nothing sensible left to check: the type problems stand alone
+        return _RawConfig(owner="(missing)"), []
 
 
 def _canonical_cluster(cluster: ClusterConfig) -> ClusterConfig:
@@ -736,9 +771,10 @@ def _check_name_suffix(found: ProblemCollector, stack: str, kind: StackKind, raw
                   "commit the stack file")
 
 
-def _check_clusters(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
+def _check_clusters(found: ProblemCollector, stack: str, raw: _RawConfig, index: list[int] | None = None) -> None:
+    """index: each cluster's position in the stack file (clusters with type errors are left out)."""
     seen: dict[str, int] = {}
-    for i, cluster in enumerate(raw.clusters):
+    for i, cluster in zip(index if index is not None else range(len(raw.clusters)), raw.clusters, strict=True):
         path = f"{NAMESPACE}clusters[{i}]"
         name_problem = naming.check("cluster", cluster.name)
         if name_problem:

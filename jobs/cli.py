@@ -189,16 +189,27 @@ def estimate(
     def body() -> None:
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
         est = plan.estimate
-        table = Table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $", "price from")
+        table = Table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
         table.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
-                      f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}", est.price_source)
+                      f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}")
         out.print(table)
         out.print(f"total: {est.nodes} x {plan.sku} x {est.hours:g} h x ${est.usd_per_node_hour:,.3f}/h = ${est.usd:,.2f}",
                   highlight=False, soft_wrap=True)
+        out.print(f"price from: {est.price_source}", highlight=False, soft_wrap=True)
         for note in est.notes(stack_outputs.location):
             out.print(f"note: {note}", highlight=False, soft_wrap=True)
-        if r.cost.ceiling_usd is not None:
-            out.print(f"recipe ceiling: ${r.cost.ceiling_usd:,.2f}", highlight=False)
+        from jobs import cost
+
+        budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+        over = cost.over_limits(est.usd, r.cost.ceiling_usd, budget)
+        for reason in over:
+            out.print(f"[bold red]OVER:[/] {reason}: `submit` refuses it without --yes", highlight=False, soft_wrap=True)
+        if not over:
+            limits = [f"the recipe's ceiling ${r.cost.ceiling_usd:,.2f}" if r.cost.ceiling_usd is not None else "",
+                      f"the stack's monthly budget ${budget:,.2f}" if budget is not None else ""]
+            within = " and ".join(x for x in limits if x)
+            out.print(f"within {within}" if within else "no cost ceiling or budget to check against", highlight=False,
+                      soft_wrap=True)
         if plan.deepspeed is not None:
             out.print_json(json.dumps(plan.deepspeed.to_json()))
         for warning in plan.warnings:

@@ -16,7 +16,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from core.cli_help import flags_without_types
 from core.errors import exit_on_bad_input
+
+flags_without_types()
 
 out = Console()
 err = Console(stderr=True)
@@ -27,7 +30,7 @@ OutputsFile = Annotated[Path | None, typer.Option("--outputs", help="Stack outpu
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of the short error block.")]
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster to run on; wins over the recipe's `cluster` (default: the stack's first InfiniBand cluster).")]
 NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Nodes; wins over --set nodes= and the recipe's `nodes`.")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key, e.g. --set inputs.cosmoflow.mode=download; wins over the recipe file.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set inputs.cosmoflow.mode=download; wins over the recipe file.")]
 AllowTcp = Annotated[bool, typer.Option("--allow-tcp", help="Allow several nodes of a size without InfiniBand (TCP only, scales badly).")]
 JobName = Annotated[str, typer.Argument(help="Job name, as printed by submit.")]
 

@@ -1,9 +1,9 @@
 """Everything that talks to Azure ML: the only module that calls MLClient.
 
 Each function receives an MLClient (tests pass a pytest-mock fake and assert what it
-received); `connect()` makes the real one from the stack outputs with
-DefaultAzureCredential. Azure errors that mean bad input (unknown job, not logged in)
-become UserError with the fix.
+received); `connect()` makes the real one from the stack outputs with the credential of
+jobs/credentials.py. Azure errors that mean bad input (unknown job, not logged in, no
+role, unreachable) become UserError with the fix.
 """
 
 from __future__ import annotations
@@ -26,11 +26,14 @@ Printer = Callable[[str], None]
 
 
 def connect(outputs: StackOutputs):
-    """MLClient for the stack's workspace (DefaultAzureCredential: az login, managed identity, OIDC...)."""
-    from azure.ai.ml import MLClient
-    from azure.identity import DefaultAzureCredential
+    """MLClient for the stack's workspace, signed in up front (jobs/credentials.py: az login,
+    managed identity, OIDC...; no sign-in fails within seconds with the fix)."""
+    from jobs import credentials
 
-    return MLClient(DefaultAzureCredential(), outputs.subscription_id, outputs.resource_group, outputs.workspace)
+    signed_in = credentials.credential(credentials.MANAGEMENT)  # before the SDK's long import
+    from azure.ai.ml import MLClient
+
+    return MLClient(signed_in, outputs.subscription_id, outputs.resource_group, outputs.workspace)
 
 
 NOT_FOUND_JOB = "check the job name (`python -m jobs status` needs the exact name printed by submit) and --stack"
@@ -58,6 +61,7 @@ def azure_errors(what: str, workspace: str, not_found: str = NOT_FOUND_JOB):
         HttpResponseError,
         ResourceExistsError,
         ResourceNotFoundError,
+        ServiceRequestError,
     )
 
     where = f"workspace {workspace!r}"
@@ -65,10 +69,6 @@ def azure_errors(what: str, workspace: str, not_found: str = NOT_FOUND_JOB):
         yield
     except ResourceNotFoundError as exc:
         raise UserError([Problem(where, what, f"not found: {_service_message(exc)[1]}", not_found)], "not found") from None
-    except ClientAuthenticationError as exc:
-        raise UserError([Problem("Azure credentials", what, f"authentication failed: {str(exc).splitlines()[0][:200]}",
-                                 "run `az login` (or set AZURE_CLIENT_ID/AZURE_TENANT_ID for a service principal)")],
-                        "not logged in to Azure") from None
     except ValidationException as exc:
         raise UserError([Problem(where, what, f"azure-ai-ml refused the job before sending it: {_service_message(exc)[1]}",
                                  "fix the recipe value the message names; `--dry-run` prints the job as Azure ML YAML")],
@@ -78,11 +78,17 @@ def azure_errors(what: str, workspace: str, not_found: str = NOT_FOUND_JOB):
         raise UserError([Problem(where, what, f"conflict ({code}): {message}",
                                  "a job of that name exists or the resource is being changed: submit again "
                                  "(a new name is generated), or pass another --set name")], "conflict") from None
-    except HttpResponseError as exc:
+    except (ClientAuthenticationError, HttpResponseError, ServiceRequestError) as exc:
+        from jobs import credentials
+
+        # sign-in, access and network failures: one explanation each, with the role or the fix
+        known = credentials.explain(exc, target=f"{where}: {what}", role=credentials.WORKSPACE_ROLE,
+                                    grant="ask an owner of the workspace (or its resource group) to assign it")
+        if known is not None:
+            raise known from None
+        if not isinstance(exc, HttpResponseError):
+            raise
         code, message = _service_message(exc)
-        if exc.status_code in (401, 403):
-            raise UserError([Problem(where, what, f"access denied ({exc.status_code})",
-                                     "you need AzureML Data Scientist (or Contributor) on the workspace")], "access denied") from None
         if exc.status_code == 409:
             raise UserError([Problem(where, what, f"conflict ({code}): {message}",
                                      "the resource is being changed or the name is taken: wait and submit again")],

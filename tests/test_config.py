@@ -125,8 +125,8 @@ BAD = [
      ["aml-hpc:clusters[0].maxNodes", "'four'", "valid integer", "pulumi config set --path"]),
     ("bad priority", "dev", GOOD_ENV, "aml-hpc:clusters/0/priority", "Spot",
      ["aml-hpc:clusters[0].priority", "'Spot'", "Dedicated", "LowPriority"]),
-    ("unknown region", "dev", GOOD_ENV, "azure-native:location", "East US",
-     ["azure-native:location", "unknown Azure region 'East US'", "did you mean eastus"]),
+    ("display-name region", "dev", GOOD_ENV, "azure-native:location", "East US",
+     ["azure-native:location", "'East US' is not an Azure region's programmatic name", "did you mean eastus"]),
     ("missing owner", "dev", GOOD_ENV, "aml-hpc:owner", DELETE,
      ["aml-hpc:owner", "is required"]),
     ("duplicate cluster", "dev", GOOD_ENV, "aml-hpc:clusters",
@@ -221,3 +221,40 @@ class TestStackFiles:
         with pytest.raises(UserError) as info:
             parse("dev", {**GOOD_ENV, "aml-hpc:owner": {"secure": "v1:abc"}}, "Pulumi.dev.yaml")
         assert "aml-hpc:owner: is encrypted" in info.value.render()
+
+
+def test_type_and_rule_errors_arrive_together():
+    """A wrong type no longer hides the rule checks: both kinds, on other keys and on the
+    other clusters, are in the one error (indices as in the file)."""
+    flat = {**GOOD_ENV, "aml-hpc:clusters": [
+        {"name": "gpu-a", "sku": "Standard_ND96asr_v4", "maxNodes": "lots"},
+        {"name": "gpu-b", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "minNodes": 1}],
+        "aml-hpc:budget": {"monthlyAmountUsd": 100, "alertEmails": ["not-an-email"]},
+        "aml-hpc:storage": {"softDeleteDays": "x"}}
+    with pytest.raises(UserError) as info:
+        parse("dev", flat, "Pulumi.dev.yaml")
+    paths = [p.path for p in info.value.problems]
+    assert paths == ["aml-hpc:storage.softDeleteDays", "aml-hpc:clusters[0].maxNodes",
+                     "aml-hpc:clusters[1].minNodes", "aml-hpc:budget.alertEmails[0]"]
+
+
+def test_a_key_with_a_type_error_is_not_also_called_missing():
+    flat = {**GOOD_ENV, "aml-hpc:clusters": [{"name": "gpu", "sku": "Standard_ND96asr_v4", "maxNodes": "x"}],
+            "aml-hpc:budget": "cheap"}
+    with pytest.raises(UserError) as info:
+        parse("exp-a", {**flat, "aml-hpc:environment": "dev", "aml-hpc:expiresAt": "2026-12-31"}, "Pulumi.exp-a.yaml")
+    text = info.value.render()
+    assert "aml-hpc:clusters[0].maxNodes" in text and "must declare at least one cluster" not in text
+    assert "aml-hpc:budget" in text
+
+
+def test_a_region_newer_than_the_list_is_accepted():
+    """The region is valid; whether a size is offered there is the availability catalog's
+    call, which a cluster can overrule with allowUnlistedRegion."""
+    opted_in = [{"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 4, "allowUnlistedRegion": True}]
+    parsed = parse("dev", {**GOOD_ENV, "azure-native:location": "saudiarabiacentral", "aml-hpc:clusters": opted_in},
+                   "Pulumi.dev.yaml")
+    assert parsed.location == "saudiarabiacentral"
+    with pytest.raises(UserError) as refused:
+        parse("dev", {**GOOD_ENV, "azure-native:location": "saudiarabiacentral"}, "Pulumi.dev.yaml")
+    assert [p.path for p in refused.value.problems] == ["aml-hpc:clusters[0].sku"], "the size, not the region"

@@ -103,6 +103,15 @@ def test_estimate_as_nag_cosmoflow_tutorial():
     result = run("estimate", "cosmoflow", "--stack", "prod", "--outputs", outputs_file("prod"), "--nodes", "4", "--hours", "11.5")
     assert result.exit_code == 0, result.output
     assert "4,522.72" in result.stdout  # 4 x 98.32 x 11.5
+    assert "OVER: estimate $4,522.72 exceeds the recipe's cost ceiling $3,000.00" in " ".join(result.stdout.split())
+    assert "refuses it without --yes" in result.stdout
+
+
+def test_estimate_within_limits_says_so():
+    result = run("estimate", "cosmoflow", "--stack", "prod", "--outputs", outputs_file("prod"), "--nodes", "1", "--hours", "1")
+    assert result.exit_code == 0, result.output
+    assert "OVER" not in result.stdout
+    assert "within the recipe's ceiling $3,000.00 and the stack's monthly budget" in " ".join(result.stdout.split())
 
 
 def test_status_and_cancel(fake_client):

@@ -1,5 +1,6 @@
-"""The local rehearsal: the job's own command on simulated nodes, Azurite as Blob, and a
-second run with the same name resuming from the checkpoint it left."""
+"""The local rehearsal's parts: the seams (Blob redirected to Azurite, rank variables), node
+folders, the command line's refusals, a missing dataset. A whole rehearsal of every recipe,
+and a resumed one, runs through the command line in tests/test_rehearsal_matrix.py."""
 
 from __future__ import annotations
 
@@ -85,15 +86,6 @@ def _plan(name: str, nodes: int, procs: int, epochs: int, health: str = "gate"):
     return build.plan_job(recipe, outputs, nodes=nodes, processes_per_node=procs, name=name), outputs
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from jobs.workloads.cosmoflow import generate
-
-    folder = tmp_path_factory.mktemp("cosmo")
-    generate.generate(folder, universes=1, volume=16, subvolumes=8, validation_universes=1, seed=3)
-    return folder
-
-
 @pytest.mark.slow
 @pytest.mark.azurite
 class TestRehearsal:
@@ -105,52 +97,3 @@ class TestRehearsal:
             rehearsal.check_dataset(plan, azurite.connection_string)
         text = info.value.render()
         assert "no blobs under datasets/nothing/here/" in text and "python -m jobs data upload" in text
-
-    def test_two_nodes_then_resume(self, azurite, dataset, tmp_path):
-        from jobs.data import upload
-        from jobs.runtime import blobio
-
-        plan, outputs = _plan("rehearse-test", nodes=2, procs=2, epochs=1)
-        containers = list(outputs.storage.containers.values())
-        rehearsal.ensure_containers(containers, azurite.connection_string)
-        spec = plan.staged_inputs[0]
-        upload.upload_directory(blobio.container_client(spec["container"], connection_string=azurite.connection_string),
-                                dataset, spec["prefix"])
-        lines: dict[int, list[str]] = {}
-
-        def sink(proc, line):
-            lines.setdefault(proc.rank, []).append(line)
-
-        snapshot = build.snapshot(plan.code_dirs)
-        work = tmp_path / "work"
-        first = rehearsal.rehearse(plan, snapshot=snapshot, workdir=work, procs_per_node=2,
-                                   blob_endpoint=azurite.blob_endpoint, connection_string=azurite.connection_string,
-                                   containers=containers, sink=sink, timeout_s=600)
-        assert first.ok, "\n".join(lines.get(0, [])[-30:])
-        assert sorted(first.exit_codes) == [0, 1, 2, 3]
-
-        # every node staged its own share, decompressed, byte-identical to the source
-        staging = {k: v for k, v in first.reports.items() if "/staging-node" in k}
-        assert len(staging) == 2 and sum(doc["files"] for doc in staging.values()) == 16
-        staged = {p.name: p.read_bytes() for n in (0, 1) for p in (work / f"node{n}" / "scratch" / "cosmoflow").rglob("*.tfrecord")}
-        source = {p.name: p.read_bytes() for p in dataset.rglob("*.tfrecord")}
-        assert staged == source
-
-        losses = [json.loads(line) for line in lines[0] if line.startswith("{") and '"loss"' in line]
-        assert losses and all(entry["loss"] > 0 for entry in losses)
-        assert first.checkpoint and first.checkpoint["latest"], "a committed checkpoint version"
-        version = first.checkpoint["latest"]["version"]
-        health = [k for k in first.reports if "launch-node" in k]
-        assert len(health) == 2
-
-        # same name, one epoch more, fewer ranks and no gate: restores the checkpoint and goes on
-        again, _ = _plan("rehearse-test", nodes=2, procs=1, epochs=2, health="off")
-        lines.clear()
-        second = rehearsal.rehearse(again, snapshot=snapshot, workdir=work, procs_per_node=1,
-                                    blob_endpoint=azurite.blob_endpoint, connection_string=azurite.connection_string,
-                                    containers=containers, sink=sink, timeout_s=600)
-        assert second.ok, "\n".join(lines.get(0, [])[-30:])
-        assert any("resumed from" in line for line in lines[0])
-        steps = [json.loads(line)["epoch"] for line in lines[0] if line.startswith("{") and '"loss"' in line]
-        assert steps and min(steps) == 1, "the resumed run starts at the second epoch"
-        assert second.checkpoint["latest"]["version"] != version

@@ -189,7 +189,7 @@ class TestCommandLine:
 
     def test_azure_target_comes_from_the_stack_outputs(self, dataset, mocker):
         made = mocker.patch.object(data_cli.blobio, "container_client", side_effect=RuntimeError("stop here"))
-        mocker.patch.object(data_cli.blobio, "credential_from_env", return_value="credential")
+        mocker.patch.object(data_cli.credentials, "credential", return_value="credential")
         with pytest.raises(RuntimeError, match="stop here"):
             data_cli.resolve_target("dev", outputs_file=FIXTURES / "dev.json", offline=False,
                                     connection_string_env=None, container=None)

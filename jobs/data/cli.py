@@ -40,6 +40,7 @@ from rich.progress import Progress as RichProgressBar
 from rich.table import Table
 
 from core.errors import Problem, ProblemCollector, UserError, exit_with
+from jobs import credentials
 from jobs.data import upload as uploader
 from jobs.runtime import blobio
 from jobs.runtime.throttle import Throttle
@@ -87,6 +88,7 @@ def resolve_target(stack: str, *, outputs_file: Path | None, offline: bool, conn
         if name is None and (outputs_file is not None or offline):
             name = _outputs(stack, outputs_file, offline).storage.containers.get("datasets")
         name = name or DEFAULT_CONTAINER
+        credentials.check_container_name(name)
         try:
             client = blobio.container_client(name, connection_string=connection_string, max_connections=max_connections)
         except blobio.BlobConfigError as exc:
@@ -104,8 +106,9 @@ def resolve_target(stack: str, *, outputs_file: Path | None, offline: bool, conn
     if not name:
         raise UserError([Problem(f"stack {stack} outputs", "storage.containers.datasets", "is missing",
                                  f"run `pulumi up --stack {stack}` or pass --container")], "invalid stack outputs")
+    credentials.check_container_name(name)
     client = blobio.container_client(name, account_url=outs.storage.blob_endpoint,
-                                     credential=blobio.credential_from_env(), max_connections=max_connections)
+                                     credential=credentials.credential(credentials.STORAGE), max_connections=max_connections)
     return Target(client, f"{blobio.safe_endpoint(outs.storage.blob_endpoint)}/{name}", create_if_missing=False)
 
 
@@ -218,7 +221,8 @@ def upload_command(
         progress.stop()
         if debug:
             raise
-        err.print(f"[red]error:[/] {uploader.describe_azure_error(exc)}", highlight=False)
+        known = credentials.explain(exc, target=target.description, role=credentials.BLOB_DATA_ROLE)
+        err.print(f"[red]error:[/] {known.render() if known else uploader.describe_azure_error(exc)}", highlight=False)
         raise typer.Exit(1) from None
     progress.stop()
     _print_report(report, clean)
@@ -227,28 +231,20 @@ def upload_command(
 
 
 def _ensure_container(target: Target, stack: str) -> None:
-    from azure.core.exceptions import (
-        ClientAuthenticationError,
-        ResourceExistsError,
-        ResourceNotFoundError,
-    )
+    from azure.core.exceptions import ResourceExistsError
 
-    try:
-        target.container.get_container_properties()
-    except ResourceNotFoundError:
-        if target.create_if_missing:
-            try:
-                target.container.create_container()
-            except ResourceExistsError:
-                pass
-            return
-        raise UserError([Problem(target.description, "", "container does not exist",
-                                 f"deploy the stack first: pulumi up --stack {stack}")], "invalid target") from None
-    except ClientAuthenticationError:
-        raise UserError([Problem(target.description, "", "access denied",
-                                 "your identity needs 'Storage Blob Data Contributor' on the account: add your object id "
-                                 f"to aml-hpc:storage.dataContributors in Pulumi.{stack}.yaml and `pulumi up`")],
-                        "no access") from None
+    grant = (f"add your object id to aml-hpc:storage.dataContributors in Pulumi.{stack}.yaml and `pulumi up`"
+             if target.auth == "DefaultAzureCredential" else "")
+    if credentials.check_container(target.container, target=target.description, grant=grant):
+        return
+    if target.create_if_missing:
+        try:
+            target.container.create_container()
+        except ResourceExistsError:
+            pass
+        return
+    raise UserError([Problem(target.description, "", "container does not exist",
+                             f"deploy the stack first: pulumi up --stack {stack}")], "invalid target")
 
 
 def _print_report(report: uploader.UploadReport, prefix: str) -> None:

@@ -3,7 +3,13 @@ benchmarks run against.
 
 Each start gets its own account with a freshly generated key (AZURITE_ACCOUNTS), so no
 storage key lives in the repository, and its own data folder and port, so concurrent
-runs do not collide.
+runs do not collide. Azurite runs in its own session and gets SIGTERM if the process that
+started it dies (jobs/local/processes.py).
+
+    python -m jobs.local.azurite [--location DIR] -- COMMAND...
+
+runs one command against a local Azurite (e.g. `jobs data upload ... --connection-string-env
+AMLHPC_BLOB_CONNECTION_STRING`) and stops it afterwards.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from jobs.local import processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AZURITE_BIN = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
@@ -94,7 +102,7 @@ def start(workdir: Path | None = None, port: int | None = None, account: str = "
     process = subprocess.Popen(
         [str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(workdir),
          "--skipApiVersionCheck", "--loose", "--silent"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, env=env, **processes.popen_kwargs(),
     )
     server = Azurite(account, key, port, workdir, process, owns)
     deadline = time.monotonic() + timeout_s
@@ -108,3 +116,40 @@ def start(workdir: Path | None = None, port: int | None = None, account: str = "
             time.sleep(0.1)
     server.stop()
     raise TimeoutError(f"Azurite did not listen on port {port} within {timeout_s}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m jobs.local.azurite [--location DIR] -- COMMAND...`: run COMMAND against a
+    local Azurite (AMLHPC_BLOB_CONNECTION_STRING set for it), then stop Azurite. The data
+    stays in DIR (default .azurite/, the rehearsal's), so what COMMAND uploads is there for
+    `python -m jobs run ... --local`. Exit status: COMMAND's; 2 for bad usage."""
+    import argparse
+    import sys
+
+    from jobs.runtime import contract
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="python -m jobs.local.azurite",
+                                     usage="python -m jobs.local.azurite [--location DIR] -- COMMAND [ARGS...]",
+                                     description="Run COMMAND with a local Azurite and AMLHPC_BLOB_CONNECTION_STRING set.")
+    parser.add_argument("--location", type=Path, default=REPO_ROOT / ".azurite", help="Azurite's data folder (default .azurite/)")
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1:]
+    if not command:
+        parser.error("give the command to run after --")
+    try:
+        with processes.supervised(), start(args.location) as server:
+            env = {**os.environ, contract.BLOB_CONNECTION_STRING: server.connection_string}
+            print(f"Azurite at {server.blob_endpoint} (data in {args.location}); running: {' '.join(command)}",
+                  file=sys.stderr, flush=True)
+            return processes.run_step(command, cwd=Path.cwd(), env=env)
+    except processes.Interrupted as stop:
+        return stop.exit_code
+    except AzuriteNotInstalled as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,18 +7,29 @@
 With --managed the run is supervised as `submit --managed` would be in Azure, and a fault
 can be injected into its first attempt (jobs/local/managed.py).
 
+In order: the recipe with its local profile (`local:` in the recipe: a model, messages and
+data a 2-core machine without a GPU can run; --set wins over it), then what the profile
+requires of this machine (jobs/local/requirements.py: refused within seconds, before
+anything starts, naming everything missing), then the offline plan, Blob, the dataset,
+and the simulated nodes.
+
 Blob: when AMLHPC_BLOB_CONNECTION_STRING is set (e.g. by `make demo`) that Azurite is used;
-otherwise one is started for the run with its data in .azurite/ (kept between runs, so a
-dataset uploaded once stays) and stopped afterwards. The same --name resumes from the
-checkpoint the previous run left. Exit status: 0 when every process succeeded, else the
-first failing process's status; 2 for bad input.
+otherwise one is started for the run with its data in .azurite/ (or $AMLHPC_AZURITE_DIR;
+kept between runs, so a dataset uploaded once stays) and stopped afterwards. A staged input with no blobs and no
+--data gets the profile's generated dataset. The same --name resumes from the checkpoint
+the previous run left. Ctrl-C, SIGTERM or a failure stop every process the run started
+(jobs/local/processes.py). Exit status: 0 when every process succeeded, else the first
+failing process's status; 2 for bad input or a machine that cannot run the recipe;
+128+N after signal N.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -29,9 +40,14 @@ from rich.table import Table
 
 from core.errors import Problem, UserError
 from jobs.cli_options import guard
+from jobs.local import processes
 from jobs.runtime import contract
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+AZURITE_DIR_VARIABLE = "AMLHPC_AZURITE_DIR"
+"""Where the rehearsal's own Azurite keeps its data (default .azurite/)."""
+DEFAULT_NODES = 2
+DEFAULT_PROCS_PER_NODE = 2
 out = Console(highlight=False)
 
 
@@ -53,18 +69,36 @@ def local_blob():
         return
     from jobs.local import azurite
 
-    with azurite.start(REPO_ROOT / ".azurite") as server:
+    folder = Path(os.environ.get(AZURITE_DIR_VARIABLE) or REPO_ROOT / ".azurite")
+    try:
+        server = azurite.start(folder)
+    except (azurite.AzuriteNotInstalled, RuntimeError, TimeoutError) as exc:
+        raise UserError([Problem("Azurite (the local Blob service)", "", f"did not start: {exc}",
+                                 f"see {folder / 'azurite.log'}; `make bootstrap` reinstalls it")],
+                        "no local Blob") from None
+    with server:
         yield server.blob_endpoint, server.connection_string
 
 
-def _parse_data(pairs: list[str]) -> dict[str, Path]:
-    data = {}
+def _parse_data(pairs: list[str], recipe) -> dict[str, Path]:
+    """--data INPUT=DIR pairs, checked against the recipe's inputs before anything starts."""
+    data, problems = {}, []
     for pair in pairs:
         name, sep, folder = pair.partition("=")
         if not sep or not name or not Path(folder).is_dir():
-            raise UserError([Problem("--data", pair, "is not INPUT=DIR with an existing folder",
-                                     "e.g. --data cosmoflow=.scratch/cosmoflow-synthetic")], "invalid --data")
+            problems.append(Problem("--data", pair, "is not INPUT=DIR with an existing folder",
+                                    "e.g. --data cosmoflow=.scratch/demo/cosmoflow-data"))
+            continue
+        staged = [n for n, spec in recipe.inputs.items() if spec.mode == "stage"]
+        if name not in staged:
+            near = difflib.get_close_matches(name, staged, n=1)
+            problems.append(Problem("--data", name, f"recipe {recipe.name!r} stages no input called {name!r}",
+                                    (f"did you mean --data {near[0]}={folder}? " if near else "")
+                                    + f"staged inputs: {', '.join(staged) or 'none'}"))
+            continue
         data[name] = Path(folder)
+    if problems:
+        raise UserError(problems, "invalid --data")
     return data
 
 
@@ -75,9 +109,6 @@ def upload_inputs(plan, data: dict[str, Path], connection_string: str, echo) -> 
 
     staged = {spec["name"]: spec for spec in plan.staged_inputs}
     for name, folder in data.items():
-        if name not in staged:
-            raise UserError([Problem("--data", name, f"recipe {plan.recipe!r} stages no input called {name!r}",
-                                     f"staged inputs: {', '.join(staged) or 'none'}")], "invalid --data")
         spec = staged[name]
         client = blobio.container_client(spec["container"], connection_string=connection_string)
         report = upload.upload_directory(client, folder, spec["prefix"])
@@ -90,11 +121,11 @@ def run(
     local: Annotated[bool, typer.Option("--local", help="Rehearse on this machine (the only mode; Azure runs use `submit`).")] = False,
     stack: Annotated[str, typer.Option("--stack", help="Stack whose outputs the job is planned against.")] = "dev",
     outputs_file: Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file instead of the offline plan.")] = None,
-    nodes: Annotated[int, typer.Option("--nodes", help="Simulated nodes; wins over --set nodes= and the recipe.")] = 2,
-    procs_per_node: Annotated[int, typer.Option("--procs-per-node", help="Processes per simulated node (CPU ranks).")] = 2,
-    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key, as for submit.")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Simulated nodes; wins over the local profile (default 2).")] = None,
+    procs_per_node: Annotated[int | None, typer.Option("--procs-per-node", help="Processes per simulated node (CPU ranks; default 2).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE", help="Override a recipe key, as for submit; wins over the local profile.")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Run name: the checkpoint prefix; reuse it to resume. Default <recipe>-local.")] = None,
-    data: Annotated[list[str] | None, typer.Option("--data", help="INPUT=DIR: upload DIR to the input's Blob prefix first.")] = None,
+    data: Annotated[list[str] | None, typer.Option("--data", metavar="INPUT=DIR", help="Upload DIR to the input's Blob prefix first (default: the profile's generated dataset when the input has none).")] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Folder for the simulated nodes (default .rehearsal/<name>).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Stop every process after this many seconds.")] = 1800,
     quiet: Annotated[bool, typer.Option("--quiet", help="Show rank 0's lines and errors only.")] = False,
@@ -108,63 +139,100 @@ def run(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Run RECIPE on this machine as Azure ML would: N simulated nodes, real launcher, Azurite as Blob."""
-    from jobs import build, recipes
-    from jobs import outputs as outputs_mod
-    from jobs.local import rehearsal
 
     def body() -> None:
         if not local:
             raise UserError([Problem("command line", "--local", "`run` rehearses locally only",
                                      f"add --local, or submit to Azure: python -m jobs submit {recipe} --stack {stack}")],
                             "nothing to run")
-        if procs_per_node < 1 or nodes < 1:
+        if (procs_per_node is not None and procs_per_node < 1) or (nodes is not None and nodes < 1):
             raise UserError([Problem("command line", "--nodes/--procs-per-node", "must be 1 or more", "e.g. --nodes 2 --procs-per-node 2")],
                             "invalid rehearsal size")
+        from jobs import recipes
         from jobs.local import managed as managed_rehearsal
+        from jobs.local import requirements
 
-        faults = managed_rehearsal.faults_from_flags(nodes, preempt_after=preempt_after, preempt_node=preempt_node,
+        overrides = recipes.parse_overrides(sets or [])
+        r = recipes.load(recipe, overrides, local=True)
+        if hang_after is not None and r.watchdog.hang_s is None:  # find the rehearsed hang in seconds, not minutes
+            r = recipes.load(recipe, {**overrides, "watchdog.hang_s": 10}, local=True)
+        size = nodes or r.local.nodes or DEFAULT_NODES
+        faults = managed_rehearsal.faults_from_flags(size, preempt_after=preempt_after, preempt_node=preempt_node,
                                                      preempt_grace=preempt_grace, hang_after=hang_after,
                                                      hang_node=hang_node, managed=managed)
-        overrides = recipes.parse_overrides(sets or [])
-        r = recipes.load(recipe, overrides)
-        if hang_after is not None and r.watchdog.hang_s is None:  # find the rehearsed hang in seconds, not minutes
-            r = recipes.load(recipe, {**overrides, "watchdog.hang_s": 10})
-        loaded = outputs_mod.load(stack, outputs_file=outputs_file, offline=outputs_file is None)
-        run_name = name or f"{r.name}-local"
-        plan = build.plan_job(r, loaded.outputs, nodes=nodes, processes_per_node=procs_per_node, name=run_name)
-        folder = workdir or REPO_ROOT / ".rehearsal" / run_name
-        snapshot = build.snapshot(plan.code_dirs)
-        uploads = _parse_data(data or [])
-        out.print(f"[bold]rehearsal[/] {plan.name}: {nodes} simulated node(s) x {procs_per_node} process(es), "
-                  f"recipe {r.name}, planned for {plan.sku} on stack {stack} ({loaded.source} outputs); folder {folder}")
+        requirements.check(r)  # before the plan, Blob, data or staging: a refusal takes seconds
+        uploads = _parse_data(data or [], r)
+        rehearse(r, stack=stack, outputs_file=outputs_file, nodes=size,
+                 procs_per_node=procs_per_node or r.local.processes_per_node or DEFAULT_PROCS_PER_NODE,
+                 name=name, uploads=uploads, workdir=workdir, timeout=timeout, quiet=quiet,
+                 managed=Managed(faults, max_restarts) if managed else None)
 
-        def sink(proc, line: str) -> None:
-            if quiet and proc.rank != 0 and "error" not in line.lower():
-                return
-            out.print(f"[dim]\\[n{proc.node}r{proc.local_rank}][/] {escape(line)}", markup=True, soft_wrap=True,
-                      highlight=False)  # escaped: gloo's lines hold "[/path:line]", which rich takes for markup
+    try:
+        with processes.supervised():
+            guard(debug, body)
+    except processes.Interrupted as stop:
+        out.print(f"[yellow]rehearsal interrupted ({stop}):[/] every process it started was stopped")
+        raise typer.Exit(stop.exit_code) from None
 
-        with local_blob() as (endpoint, connection):
-            rehearsal.ensure_containers(list(loaded.outputs.storage.containers.values()), connection)
-            if uploads:
-                upload_inputs(plan, uploads, connection, out.print)
-            if managed:
-                done = managed_rehearsal.run_and_report(
-                    r, loaded.outputs, plan, console=out, max_restarts=max_restarts, snapshot=snapshot, workdir=folder,
-                    procs_per_node=procs_per_node, blob_endpoint=endpoint, connection_string=connection,
-                    containers=list(loaded.outputs.storage.containers.values()), sink=sink, faults=faults,
-                    timeout_s=timeout)
-                raise typer.Exit(0 if done.record.state == "succeeded" else 1)
-            result = rehearsal.rehearse(plan, snapshot=snapshot, workdir=folder, procs_per_node=procs_per_node,
-                                        blob_endpoint=endpoint, connection_string=connection,
-                                        containers=list(loaded.outputs.storage.containers.values()),
-                                        sink=sink, timeout_s=timeout)
-        summarize(result)
-        if not result.ok:
-            first = next(code for _, code in sorted(result.exit_codes.items()) if code != 0)
-            raise typer.Exit(first)
 
-    guard(debug, body)
+@dataclass(frozen=True)
+class Managed:
+    """A rehearsal of a managed run: the faults to inject into its first attempt."""
+
+    faults: list
+    max_restarts: int | None
+
+
+def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_node: int, name: str | None,
+             uploads: dict[str, Path], workdir: Path | None, timeout: float, quiet: bool,
+             managed: Managed | None = None) -> None:
+    """Plan the job, start Blob, provide its data, run the simulated nodes (supervised when
+    `managed`), print the summary."""
+    from jobs import build
+    from jobs import outputs as outputs_mod
+    from jobs.local import datasets, folders, rehearsal
+
+    loaded = outputs_mod.load(stack, outputs_file=outputs_file, offline=outputs_file is None)
+    run_name = name or f"{r.name}-local"
+    plan = build.plan_job(r, loaded.outputs, nodes=nodes, processes_per_node=procs_per_node, name=run_name)
+    folder = workdir or folders.REHEARSALS / run_name
+    if workdir is None:
+        for old in folders.prune(folders.REHEARSALS, folders.KEEP_REHEARSALS, current=folder):
+            out.print(f"[dim]removed an old rehearsal folder: {old.relative_to(REPO_ROOT)}[/]")
+    snapshot = build.snapshot(plan.code_dirs)
+    folders.touch(snapshot)
+    folders.prune(folders.SNAPSHOTS, folders.KEEP_SNAPSHOTS, current=snapshot)
+    out.print(f"[bold]rehearsal[/] {plan.name}: {nodes} simulated node(s) x {procs_per_node} process(es), "
+              f"recipe {r.name}, planned for {plan.sku} on stack {stack} ({loaded.source} outputs); folder {folder}")
+
+    def sink(proc, line: str) -> None:
+        if quiet and proc.rank != 0 and "error" not in line.lower():
+            return
+        out.print(f"[dim]\\[n{proc.node}r{proc.local_rank}][/] {escape(line)}", markup=True, soft_wrap=True,
+                  highlight=False)  # escaped: gloo's lines hold "[/path:line]", which rich takes for markup
+
+    with local_blob() as (endpoint, connection):
+        out.print(f"Blob: {endpoint}")
+        containers = list(loaded.outputs.storage.containers.values())
+        rehearsal.ensure_containers(containers, connection)
+        if uploads:
+            upload_inputs(plan, uploads, connection, out.print)
+        datasets.provide(plan, r, uploads, connection, out.print, upload_inputs)
+        if managed is not None:
+            from jobs.local import managed as managed_rehearsal
+
+            done = managed_rehearsal.run_and_report(
+                r, loaded.outputs, plan, console=out, max_restarts=managed.max_restarts, snapshot=snapshot,
+                workdir=folder, procs_per_node=procs_per_node, blob_endpoint=endpoint, connection_string=connection,
+                containers=containers, sink=sink, faults=managed.faults, timeout_s=timeout)
+            raise typer.Exit(0 if done.record.state == "succeeded" else 1)
+        result = rehearsal.rehearse(plan, snapshot=snapshot, workdir=folder, procs_per_node=procs_per_node,
+                                    blob_endpoint=endpoint, connection_string=connection, containers=containers,
+                                    sink=sink, timeout_s=timeout)
+    summarize(result)
+    if not result.ok:
+        first = next(code for _, code in sorted(result.exit_codes.items()) if code != 0)
+        raise typer.Exit(first)
 
 
 def summarize(result) -> None:

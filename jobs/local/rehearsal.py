@@ -19,9 +19,11 @@ checkpoints all run through the same code as in the cloud. A second rehearsal wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import Problem, UserError
+from jobs.local import processes
 from jobs.local.azurite import free_port
 from jobs.runtime import contract
 
@@ -40,6 +43,10 @@ from jobs.runtime import contract
 # at real Azure; the seam replaces them.
 _AZURE_ONLY = ("AZURE_CLIENT_ID",)
 _MPI_DISTRIBUTIONS = ("mpi", "tensorflow")
+FAILURE_GRACE_S = 30.0
+"""After one process fails, how long the others get to notice before they are stopped."""
+STOP_GRACE_S = 20.0
+"""How long a stopped rank gets (its launcher's final checkpoint upload included) before SIGKILL."""
 
 
 @dataclass
@@ -144,31 +151,43 @@ def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None]) -> None:
 def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, procs_per_node: int,
                   sink: Callable[[NodeProcess, str], None], timeout_s: float,
                   started: Callable[[list[NodeProcess]], None] | None = None,
-                  stop_grace_s: float = 30) -> dict[int, int]:
-    """Start every process of every simulated node; stop the rest `stop_grace_s` after one
-    fails (as Azure ML does); return global rank -> exit status. `started` sees the
-    processes once they run (the managed rehearsal injects faults through it)."""
+                  stop_grace_s: float | None = None) -> dict[int, int]:
+    """Start every process of every simulated node; stop the rest `stop_grace_s` (default
+    FAILURE_GRACE_S) after one fails (as Azure ML does); return global rank -> exit status.
+    `started` sees the processes once they run (the managed rehearsal injects faults through
+    it). However this ends - an error, Ctrl-C, SIGTERM (jobs/local/processes.py) - every
+    process it started is stopped before it returns."""
     nodes = len(folders)
     port = _free_port_pair()
     procs: list[NodeProcess] = []
-    for node, folder in enumerate(folders):
-        for local_rank in range(procs_per_node):
-            env = {**base_env, **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
-                                          procs_per_node=procs_per_node, master_port=port)}
-            env[contract.SCRATCH] = str(folder / "scratch")
-            process = subprocess.Popen(
-                ["bash", "-c", plan.command], cwd=folder, env=env, text=True, bufsize=1,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
-    pumps = [threading.Thread(target=_pump, args=(p, sink), daemon=True) for p in procs]
-    for t in pumps:
-        t.start()
-    if started is not None:
-        started(procs)
-
-    deadline = time.monotonic() + timeout_s
     codes: dict[int, int] = {}
+    try:
+        for node, folder in enumerate(folders):
+            for local_rank in range(procs_per_node):
+                env = {**base_env, **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
+                                              procs_per_node=procs_per_node, master_port=port)}
+                env[contract.SCRATCH] = str(folder / "scratch")
+                process = subprocess.Popen(
+                    ["bash", "-c", plan.command], cwd=folder, env=env, text=True, bufsize=1,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **processes.popen_kwargs(),
+                )
+                procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
+        pumps = [threading.Thread(target=_pump, args=(p, sink), daemon=True) for p in procs]
+        for t in pumps:
+            t.start()
+        if started is not None:
+            started(procs)
+        _wait_all(procs, codes, sink, timeout_s, FAILURE_GRACE_S if stop_grace_s is None else stop_grace_s)
+        drained = time.monotonic() + 5  # a leftover grandchild may hold a pipe open: do not wait on it
+        for t in pumps:
+            t.join(timeout=max(0.0, drained - time.monotonic()))
+    finally:
+        _stop(procs, codes)
+    return codes
+
+
+def _wait_all(procs: list[NodeProcess], codes: dict[int, int], sink, timeout_s: float, stop_grace_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     while len(codes) < len(procs):
         for p in procs:
@@ -180,32 +199,30 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
                 if status != 0 and failed_at is None:
                     failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > stop_grace_s:
-            _stop(procs, codes)  # the others had 30 s to notice; Azure ML would cancel the job
+            _stop(procs, codes)  # the others had their chance to notice; Azure ML would cancel the job
         if time.monotonic() > deadline:
             sink(procs[0], f"rehearsal timed out after {timeout_s:.0f} s: stopping every process")
             _stop(procs, codes)
         time.sleep(0.2)
-    for t in pumps:
-        t.join(timeout=5)
-    return codes
 
 
-def _stop(procs: list[NodeProcess], codes: dict[int, int]) -> None:
-    import signal
-
+def _stop(procs: list[NodeProcess], codes: dict[int, int], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM each running rank's process group (the launcher passes it on to the training
+    command and uploads a last checkpoint), SIGKILL the groups still there after `grace_s`."""
+    running = [p for p in procs if p.rank not in codes and p.process.poll() is None]
+    for p in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
     for p in procs:
-        if p.rank not in codes and p.process.poll() is None:
-            try:
-                os.killpg(p.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        if p.rank not in codes:
-            try:
-                codes[p.rank] = p.process.wait(timeout=40)
-            except subprocess.TimeoutExpired:
+        if p.rank in codes:
+            continue
+        code = processes.wait(p.process, max(0.0, deadline - time.monotonic()))
+        if code is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.process.pid, signal.SIGKILL)
-                codes[p.rank] = p.process.wait()
+            code = p.process.wait()
+        codes[p.rank] = code
 
 
 def collect_reports(folders: list[Path], report_dir: str) -> dict[str, dict[str, Any]]:

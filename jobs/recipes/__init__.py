@@ -3,6 +3,9 @@
 `load(name_or_path, overrides)` returns a `Recipe` or raises one `UserError` listing every
 problem with the file, the dotted key, the bad value and the fix. Overrides are applied to
 the raw YAML before validation, so `--set` values get exactly the same checks as the file.
+`load(..., local=True)` applies the recipe's local profile (`local.overrides`, the
+rehearsal's smaller model and data) first, so `--set` still wins over it. A `--set` naming
+an input or output the recipe does not have is refused with the near match, not added.
 """
 
 from __future__ import annotations
@@ -81,8 +84,10 @@ def apply_overrides(document: dict[str, Any], overrides: dict[str, Any]) -> dict
     return result
 
 
-def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Recipe:
-    """Read, override and validate a recipe; raises UserError with every problem."""
+def load(name_or_path: str, overrides: dict[str, Any] | None = None, *, local: bool = False) -> Recipe:
+    """Read, override and validate a recipe; raises UserError with every problem.
+
+    local: apply the recipe's local profile (`local.overrides`) under the overrides."""
     path = resolve(name_or_path)
     reference = _display(path)
     try:
@@ -95,19 +100,64 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Recipe:
     if not isinstance(document, dict):
         raise UserError([Problem(reference, "", "a recipe must be a YAML mapping", "see jobs/recipes/cosmoflow.yaml")], "invalid recipe")
     overrides = overrides or {}
-    merged = apply_overrides(document, overrides)
+    unknown_names = _unknown_named_blocks(reference, document, overrides)
+    profile = _local_overrides(document) if local else {}
+    merged = apply_overrides(document, {**profile, **overrides})
+    if "inputs" in overrides:
+        _forget_local_data_of_dropped_inputs(merged)
     try:
-        return Recipe.model_validate(merged)
+        recipe = Recipe.model_validate(merged)
     except ValidationError as exc:
-        raise UserError(_problems(reference, exc, overrides), f"invalid recipe {path.stem!r}") from None
+        raise UserError(unknown_names + _problems(reference, exc, overrides, profile), f"invalid recipe {path.stem!r}") from None
+    if unknown_names:
+        raise UserError(unknown_names, f"invalid recipe {path.stem!r}")
+    return recipe
 
 
-def _problems(reference: str, exc: ValidationError, overrides: dict[str, Any]) -> list[Problem]:
+def _forget_local_data_of_dropped_inputs(merged: dict[str, Any]) -> None:
+    """`--set inputs=...` replaces the inputs: the profile's data for inputs it dropped go
+    with them (a name in `local.data` that is no input is still an error in the file)."""
+    profile, inputs = merged.get("local"), merged.get("inputs")
+    data = profile.get("data") if isinstance(profile, dict) else None
+    if isinstance(data, dict) and isinstance(inputs, dict):
+        profile["data"] = {name: value for name, value in data.items() if name in inputs}
+
+
+def _local_overrides(document: dict[str, Any]) -> dict[str, Any]:
+    """The profile's `local.overrides` as written (validated with the rest of the recipe)."""
+    profile = document.get("local")
+    values = profile.get("overrides") if isinstance(profile, dict) else None
+    return dict(values) if isinstance(values, dict) else {}
+
+
+def _unknown_named_blocks(reference: str, document: dict[str, Any], overrides: dict[str, Any]) -> list[Problem]:
+    """`--set inputs.NAME...` / `outputs.NAME...` must name one the recipe has: a typo would
+    otherwise add a new, unused input silently."""
+    problems = []
+    for key in overrides:
+        parts = key.split(".")
+        if parts[0] not in ("inputs", "outputs") or len(parts) < 2:
+            continue
+        block = document.get(parts[0]) if isinstance(document.get(parts[0]), dict) else {}
+        if parts[1] in block:
+            continue
+        kind = parts[0][:-1]
+        near = difflib.get_close_matches(parts[1], list(block), n=1)
+        hint = (f"did you mean --set {'.'.join([parts[0], near[0], *parts[2:]])}=...? " if near else "")
+        hint += (f"this recipe's {parts[0]}: {', '.join(block)}" if block else f"this recipe has no {parts[0]}")
+        hint += f"; to add one, add it under `{parts[0]}:` in a copy of the recipe"
+        problems.append(Problem(reference, key, f"unknown {kind} {parts[1]!r} (from --set)", hint))
+    return problems
+
+
+def _problems(reference: str, exc: ValidationError, overrides: dict[str, Any],
+              profile: dict[str, Any] | None = None) -> list[Problem]:
     problems = []
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
         path = ".".join(loc)
-        origin = " (from --set)" if any(path == k or path.startswith(k + ".") for k in overrides) else ""
+        origin = (" (from --set)" if _comes_from(path, overrides)
+                  else " (from local.overrides)" if _comes_from(path, profile or {}) else "")
         if err["type"] == "extra_forbidden":
             allowed = _allowed_keys(loc[:-1])
             near = difflib.get_close_matches(loc[-1], allowed, n=1)
@@ -124,6 +174,11 @@ def _problems(reference: str, exc: ValidationError, overrides: dict[str, Any]) -
             problems.append(Problem(reference, path or "(top level)", f"{shown}{origin}: {expected}",
                                     f"fix the value in the recipe or pass --set {path or 'KEY'}=VALUE"))
     return problems
+
+
+def _comes_from(path: str, keys) -> bool:
+    """Whether the value at dotted `path` was set by one of the dotted `keys`."""
+    return any(path == k or path.startswith(k + ".") for k in keys)
 
 
 def _allowed_keys(parent: list[str]) -> list[str]:

@@ -12,7 +12,7 @@ chosen for InfiniBand GPU clusters (see each field's docstring for why).
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -197,6 +197,65 @@ class DeepSpeedSpec(_Model):
     image must ship onnxruntime-training."""
 
 
+class LocalRequirements(_Model):
+    """What `python -m jobs run RECIPE --local` checks before it starts anything; every unmet
+    requirement is reported at once, within seconds (jobs/local/requirements.py)."""
+
+    modules: list[str] = Field(default_factory=list)
+    """Python modules the training command imports, found with importlib.util.find_spec
+    (nothing is imported), e.g. torch, transformers, horovod.tensorflow."""
+    gpu: bool = False
+    """The command needs an NVIDIA GPU; without this a rehearsal runs on CPU over gloo."""
+    network: list[str] = Field(default_factory=list)
+    """host:port the job downloads from at run time (e.g. github.com:443), checked with a
+    TCP connect of at most a second or two."""
+    hint: str = ""
+    """What to do instead when a requirement is unmet (printed with the refusal)."""
+
+    @field_validator("network")
+    @classmethod
+    def _host_ports(cls, value: list[str]) -> list[str]:
+        for item in value:
+            host, _, port = item.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"{item!r} is not host:port, e.g. github.com:443")
+        return value
+
+
+class LocalProfile(_Model):
+    """How `python -m jobs run RECIPE --local` rehearses the recipe on one small machine (2
+    cores, 24 GiB, no GPU): a smaller model, CPU-sized messages, fewer steps, a small
+    dataset. Which value wins: command-line flags > --set > this profile > the recipe."""
+
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Recipe keys (dotted, as for --set) changed for the rehearsal, e.g. command or
+    deepspeed.model.hidden_size; validated like the recipe itself."""
+    nodes: int | None = Field(None, ge=1)
+    """Simulated nodes (default 2)."""
+    processes_per_node: int | None = Field(None, ge=1)
+    """Processes per simulated node (default 2)."""
+    data: dict[str, str] = Field(default_factory=dict)
+    """Input name -> a command that writes a small dataset into `{dir}`; run (and uploaded)
+    when the input has no blobs in the local Blob yet and no --data was given."""
+    requires: LocalRequirements = LocalRequirements()
+
+    @field_validator("overrides")
+    @classmethod
+    def _override_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if key.split(".")[0] in ("name", "local") or any(not part for part in key.split(".")):
+                raise ValueError(f"{key!r} cannot be overridden by the local profile (use recipe keys such as command)")
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _data_commands(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, command in value.items():
+            if "{dir}" not in command:
+                raise ValueError(f"data.{name}: the command must write into {{dir}}")
+        return value
+
+
 class Recipe(_Model):
     """One training run, stack-independent."""
 
@@ -244,6 +303,8 @@ class Recipe(_Model):
     """In-network all-reduce (SHARP / CollNet) on sizes that have it (ND H100/H200 v5): the
     settings of Azure's hopper.conf (core/catalog/nccl.toml, opt_in sharp). Needs the NCCL SHARP
     plugin in the image and a SHARP-enabled fabric, so it is off unless asked for."""
+    local: LocalProfile = LocalProfile()
+    """The rehearsal profile (`python -m jobs run NAME --local`); ignored by submit."""
 
     @field_validator("name")
     @classmethod
@@ -291,6 +352,14 @@ class Recipe(_Model):
         if self.framework == "pytorch" and self.distribution == "tensorflow":
             raise ValueError("framework pytorch cannot use distribution tensorflow (it sets TF_CONFIG, not torch.distributed's "
                              "variables): use pytorch, deepspeed or mpi, or set framework: tensorflow")
+        return self
+
+    @model_validator(mode="after")
+    def _local_data_are_inputs(self) -> Recipe:
+        unknown = sorted(set(self.local.data) - set(self.inputs))
+        if unknown:
+            raise ValueError(f"local.data names {', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} not "
+                             f"an input of this recipe (inputs: {', '.join(self.inputs) or 'none'})")
         return self
 
     @property

@@ -1,0 +1,50 @@
+"""Every help screen of every CLI (jobs, infra, images) shows flags as flags: `--json`, not
+`--json <bool>`; options that take a value still show its type."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+
+def _apps():
+    from images.cli import app as images_app
+    from infra.cli import app as infra_app
+    from jobs.cli import app as jobs_app
+
+    return {"jobs": jobs_app, "infra": infra_app, "images": images_app}
+
+
+def _commands(group, path: tuple[str, ...] = ()):
+    """(path, command) for the group and every command below it (typer vendors its own click)."""
+    yield path, group
+    if hasattr(group, "commands"):
+        for name, sub in sorted(group.commands.items()):
+            yield from _commands(sub, (*path, name))
+
+
+@pytest.mark.parametrize("cli", ["jobs", "infra", "images"])
+def test_no_flag_shows_a_value_type(cli):
+    app = _apps()[cli]
+    runner = CliRunner()
+    checked = 0
+    for path, command in _commands(typer.main.get_command(app)):
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (path, result.output)
+        assert "<bool>" not in result.output, f"{cli} {' '.join(path)} --help:\n{result.output}"
+        for param in command.params:
+            if getattr(param, "param_type_name", "") == "option" and param.is_flag and not param.hidden:
+                assert param.opts[0] in result.output
+        checked += 1
+    assert checked > 1
+
+
+def test_value_options_keep_their_type_and_set_reads_key_value():
+    from jobs.cli import app
+
+    result = CliRunner().invoke(app, ["submit", "--help"], env={"COLUMNS": "200"})
+    assert "--hours" in result.output and "<float>" in result.output
+    assert "KEY=VALUE" in result.output and "<list[str]>" not in result.output
+    run_help = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "INPUT=DIR" in run_help and "<list[str]>" not in run_help
