@@ -78,7 +78,9 @@ class TestRunId:
     def test_precedence_and_sanitising(self):
         env = {"AZUREML_RUN_ID": "job/1 2", "TORCHELASTIC_RUN_ID": "t"}
         assert ranks.run_id_from(env) == "job_1_2"
-        assert ranks.run_id_from({"AMLHPC_RUN_ID": "mine", **env}) == "mine"
+        assert ranks.run_id_from({"AMLHPC_RUN_ID": "mine", **env}) == "job_1_2", "Azure ML's id comes first"
+        assert ranks.run_id_from({"AMLHPC_RUN_ID": "mine", "TORCHELASTIC_RUN_ID": "t"}) == "mine"
+        assert ranks.run_id_from({"TORCHELASTIC_RUN_ID": "none"}) == "default", "torchrun's placeholder is no id"
         assert ranks.run_id_from({}) == "default"
 
     def test_carried_on_ranks(self):

@@ -312,6 +312,9 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     # Each attempt is a new job run, as AZUREML_RUN_ID is in Azure: node-local markers of an
     # earlier attempt in the same folders must not be taken for this one's.
     base[contract.RUN_ID] = run_id or f"{plan.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    # Azure ML's own id comes first (jobs/runtime/jobid.py): one in the caller's environment
+    # (a rehearsal inside an Azure ML job) must not make every attempt share it.
+    base["AZUREML_RUN_ID"] = base[contract.RUN_ID]
     started = time.monotonic()
     codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s,
                           **process_hooks)

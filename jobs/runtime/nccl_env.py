@@ -24,10 +24,11 @@ import json
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from jobs.runtime import contract
 from jobs.runtime.errors import RuntimeInputError
 from jobs.runtime.rdma import infiniband_ports
 
-RESOLVE_VAR = "AMLHPC_NCCL_RESOLVE"
+RESOLVE_VAR = contract.NCCL_RESOLVE
 SNAPSHOT_TOPO_DIR = "nccl-topo"
 """Folder of the topology files inside the job's code snapshot (jobs/build.py puts them there)."""
 IMAGE_TOPO_DIR = "/opt/aml-hpc/nccl-topo"

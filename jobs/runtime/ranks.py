@@ -34,7 +34,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from jobs.runtime import contract
+from jobs.runtime import jobid
 from jobs.runtime.errors import RuntimeInputError
 
 RANK_SOURCES: tuple[tuple[str, tuple[str, str, str, str]], ...] = (
@@ -45,16 +45,6 @@ RANK_SOURCES: tuple[tuple[str, tuple[str, str, str, str]], ...] = (
     ("pmi", ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS")),
 )
 """(source name, (rank, local rank, world size, local size) variable names), in priority order."""
-
-RUN_ID_VARIABLES: tuple[str, ...] = (
-    contract.RUN_ID,  # explicit (local rehearsal, tests)
-    "AZUREML_RUN_ID",  # every Azure ML job process
-    "TORCHELASTIC_RUN_ID",  # torchrun
-    "PMIX_NAMESPACE",  # OpenMPI 4/5 under PMIx: one namespace per mpirun
-    "OMPI_MCA_orte_ess_jobid",  # OpenMPI 3/4 without PMIx
-)
-"""Variables that identify the job, first set wins."""
-
 
 class RankError(RuntimeInputError):
     """The launcher's rank variables are incomplete or inconsistent (exit 2 at entry points)."""
@@ -114,13 +104,9 @@ def _parse_int(env: Mapping[str, str], name: str) -> int:
 
 
 def run_id_from(env: Mapping[str, str]) -> str:
-    """The job identity from the first RUN_ID_VARIABLES entry that is set, else 'default'."""
-    for name in RUN_ID_VARIABLES:
-        value = env.get(name, "").strip()
-        if value:
-            # Used in file names: keep it to a safe alphabet.
-            return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)[:120]
-    return "default"
+    """The job identity (jobs/runtime/jobid.py decides which variable: Azure ML's first),
+    'default' when none is set."""
+    return jobid.identify(env).job_id
 
 
 def _local_size_from_node_count(env: Mapping[str, str]) -> int | None:
