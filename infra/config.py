@@ -500,15 +500,8 @@ def parse_expires_at(value: Any) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None = None,
-          deploying: bool = False) -> StackConfig:
-    """Validate a flat `namespace:key -> value` mapping into a StackConfig, or raise UserError.
-
-    `deploying`: the engine is about to create resources (from_pulumi, the lifecycle
-    emulator): an environment stack must then carry its aml-hpc:nameSuffix."""
-    found = ProblemCollector(reference, f"stack {stack!r} has invalid configuration")
-    kind: StackKind = "experiment" if stack.startswith(EXPERIMENT_PREFIX) else "environment"
-
+def _our_keys(found: ProblemCollector, stack: str, flat: dict[str, Any]) -> dict[str, Any]:
+    """The aml-hpc: keys without their namespace; unknown or needlessly encrypted ones are problems."""
     ours: dict[str, Any] = {}
     for key, value in flat.items():
         if not key.startswith(NAMESPACE):
@@ -523,14 +516,30 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
             found.add(key, "is encrypted, but this key holds no secret", f"set it in plain text: {fix_command(stack, key)}")
             continue
         ours[short] = value
+    return ours
 
-    location = flat.get(LOCATION_KEY)
+
+def _check_location(found: ProblemCollector, stack: str, location: Any) -> None:
     if not location:
         found.add(LOCATION_KEY, "is required (the Azure region)", fix_command(stack, LOCATION_KEY, "swedencentral"))
-    else:
-        region_problem = regions.check(str(location))
-        if region_problem:
-            found.add(LOCATION_KEY, region_problem, "use the programmatic name, e.g. eastus, swedencentral")
+        return
+    region_problem = regions.check(str(location))
+    if region_problem:
+        found.add(LOCATION_KEY, region_problem, "use the programmatic name, e.g. eastus, swedencentral")
+
+
+def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None = None,
+          deploying: bool = False) -> StackConfig:
+    """Validate a flat `namespace:key -> value` mapping into a StackConfig, or raise UserError.
+
+    `deploying`: the engine is about to create resources (from_pulumi, the lifecycle
+    emulator): an environment stack must then carry its aml-hpc:nameSuffix."""
+    found = ProblemCollector(reference, f"stack {stack!r} has invalid configuration")
+    kind: StackKind = "experiment" if stack.startswith(EXPERIMENT_PREFIX) else "environment"
+
+    ours = _our_keys(found, stack, flat)
+    location = flat.get(LOCATION_KEY)
+    _check_location(found, stack, location)
 
     # Type errors and rule errors are reported together: the keys (or list items) with a
     # type error are set aside and the rules check everything else.

@@ -209,17 +209,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         net = Network("net", NetworkArgs(group.name, cfg.location, names.virtual_network, cfg.network.address_space,
                                          cfg.compute_subnet, cfg.endpoint_subnet, tags))
 
-    data = DatasetStorage("data", DatasetStorageArgs(
-        resource_group_name=group.name,
-        account_name=names.dataset_storage,
-        location=cfg.location,
-        tier=cfg.storage.tier,
-        allow_shared_key_access=cfg.storage.allow_shared_key_access,
-        private=closed,
-        soft_delete_days=cfg.storage.soft_delete_days,
-        protect=cfg.protect_data,
-        tags={**tags, **data_opt_out_tags(cfg)},
-    ))
+    data = _dataset_storage(cfg, group, closed, tags)
     # The ML registry exists before the workspace: a managed network's outbound rules name it.
     ml_registry = None
     if cfg.ml_registry.enabled:
@@ -244,7 +234,6 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     _clusters(cfg, ClusterPlacement(group.name, ws.workspace_name, cfg.location, ws.identity_id,
                                     net.compute_subnet_id if net and private else None, not closed,
                                     tuple(cluster_deps), managed_network=isolation == "managed"), tags)
-    ml_registry_name: Any = ml_registry.registry_name if ml_registry else None
 
     # The managed runs' controller sits where the GPU clusters do (no subnet in a managed network).
     controller = _controller(cfg, group, ws, data, client.subscription_id,
@@ -258,9 +247,32 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     _budget(cfg, group.id, now)
     _hardening(cfg, group, net, ws, data, tags)
 
+    return _environment_outputs(cfg, tags, client.subscription_id, group, ws, stores, data, environments, ml_registry,
+                                net.compute_subnet_id if net and private else None, controller)
+
+
+def _dataset_storage(cfg: StackConfig, group: ResourceGroup, closed: bool, tags: dict[str, str]) -> DatasetStorage:
+    return DatasetStorage("data", DatasetStorageArgs(
+        resource_group_name=group.name,
+        account_name=cfg.names.dataset_storage,
+        location=cfg.location,
+        tier=cfg.storage.tier,
+        allow_shared_key_access=cfg.storage.allow_shared_key_access,
+        private=closed,
+        soft_delete_days=cfg.storage.soft_delete_days,
+        protect=cfg.protect_data,
+        tags={**tags, **data_opt_out_tags(cfg)},
+    ))
+
+
+def _environment_outputs(cfg: StackConfig, tags: dict[str, str], subscription_id: Any, group: ResourceGroup,
+                         ws: Workspace, stores: Datastores, data: DatasetStorage,
+                         environments: TrainingEnvironments, ml_registry: MlRegistry | None,
+                         compute_subnet_id: Any, controller: dict[str, Any]) -> dict[str, Any]:
+    """The environment's stack outputs (core/outputs.py's StackOutputs, checked on export)."""
     return {
         **_own_entries(cfg, tags),
-        "subscriptionId": client.subscription_id,
+        "subscriptionId": subscription_id,
         "resourceGroup": group.name,
         "location": cfg.location,
         "workspace": ws.workspace_name,
@@ -278,10 +290,10 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
             "loginServer": ws.registry_login_server,
             "environments": environments.environments,
             "environmentIds": environments.environment_ids,
-            "mlRegistry": ml_registry_name,
+            "mlRegistry": ml_registry.registry_name if ml_registry else None,
         },
         "identity": {"clientId": ws.identity_client_id, "principalId": ws.identity_principal_id, "id": ws.identity_id},
-        "network": {"isolation": isolation, "subnetId": net.compute_subnet_id if net and private else None},
+        "network": {"isolation": cfg.network.isolation, "subnetId": compute_subnet_id},
         "controller": controller,
     }
 

@@ -41,7 +41,7 @@ class TestComponent:
         assert inner["scaleSettings"] == {"minNodeCount": 0, "maxNodeCount": 3, "nodeIdleTimeBeforeScaleDown": "PT4M"}
         assert inner["remoteLoginPortPublicAccess"] == "Disabled" and "userAccountCredentials" not in inner
         assert compute.inputs["identity"]["type"] == "UserAssigned"
-        assert compute.replace_on_changes == list(quirks.CLUSTER_REPLACE_ON_CHANGES) and compute.delete_before_replace
+        assert compute.replace_on_changes == sorted(quirks.CLUSTER_REPLACE_ON_CHANGES) and compute.delete_before_replace
 
     def test_least_privilege_each_at_its_own_scope(self):
         resources = build()

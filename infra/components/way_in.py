@@ -66,128 +66,141 @@ class WayIn(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: WayInArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("aml-hpc:network:WayIn", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         if args.bastion_subnet and not (args.jump_box and args.jump_box_subnet):
             raise ComponentError(self, "Bastion needs a jump box to connect to")
+        self._name, self._args = name, args
+        self._child = pulumi.ResourceOptions(parent=self)
         # Children do not inherit a component's depends_on: the first subnet waits for the network.
-        previous: list[pulumi.Resource] = list((opts.depends_on if opts else None) or [])
-        prefix = args.name_prefix
-
-        def subnet(key: str, subnet_name: str, cidr: str, **props) -> network.Subnet:
-            created = network.Subnet(
-                f"{name}-{key}-subnet",
-                subnet_name=subnet_name,
-                virtual_network_name=args.vnet_name,
-                resource_group_name=args.resource_group_name,
-                address_prefix=cidr,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=list(previous)),
-                **props,
-            )
-            previous[:] = [created]
-            return created
-
-        inner = [s for s in (args.jump_box_subnet, args.ci_runner_subnet) if s]
-        nsg = nat = None
-        if inner:
-            rules = [
-                network.SecurityRuleArgs(
-                    name="deny-internet-inbound", priority=4000, direction="Inbound", access="Deny", protocol="*",
-                    source_address_prefix="Internet", source_port_range="*", destination_address_prefix="*",
-                    destination_port_range="*",
-                ),
-            ]
-            if args.bastion_subnet and args.jump_box_subnet:
-                rules.insert(0, network.SecurityRuleArgs(
-                    name="ssh-from-bastion", priority=1000, direction="Inbound", access="Allow", protocol="Tcp",
-                    source_address_prefix=args.bastion_subnet, source_port_range="*",
-                    destination_address_prefix=args.jump_box_subnet, destination_port_range="22",
-                ))
-            nsg = network.NetworkSecurityGroup(
-                f"{name}-nsg", network_security_group_name=f"nsg-{prefix}-way-in",
-                resource_group_name=args.resource_group_name, location=args.location, security_rules=rules,
-                tags=args.tags, opts=child,
-            )
-            egress_ip = network.PublicIPAddress(
-                f"{name}-nat-ip", public_ip_address_name=f"pip-{prefix}-way-in-nat",
-                resource_group_name=args.resource_group_name, location=args.location,
-                sku=network.PublicIPAddressSkuArgs(name="Standard"), public_ip_allocation_method="Static",
-                tags=args.tags, opts=child,
-            )
-            nat = network.NatGateway(
-                f"{name}-nat", nat_gateway_name=f"nat-{prefix}-way-in",
-                resource_group_name=args.resource_group_name, location=args.location,
-                sku=network.NatGatewaySkuArgs(name="Standard"),
-                public_ip_addresses=[network.SubResourceArgs(id=egress_ip.id)], tags=args.tags, opts=child,
-            )
-
-        def inner_subnet(key: str, subnet_name: str, cidr: str) -> network.Subnet:
-            assert nsg is not None and nat is not None
-            return subnet(key, subnet_name, cidr,
-                          network_security_group=network.NetworkSecurityGroupArgs(id=nsg.id),
-                          nat_gateway=network.SubResourceArgs(id=nat.id), default_outbound_access=False)
+        self._previous: list[pulumi.Resource] = list((opts.depends_on if opts else None) or [])
+        self._nsg = self._nat = None
+        if args.jump_box_subnet or args.ci_runner_subnet:
+            self._nsg, self._nat = self._inner_guard_and_egress()
 
         self.ci_runner_subnet_id = None
         if args.bastion_subnet:
-            bastion_subnet = subnet("bastion", BASTION_SUBNET_NAME, args.bastion_subnet)
-            bastion_ip = network.PublicIPAddress(
-                f"{name}-bastion-ip", public_ip_address_name=f"pip-{prefix}-bastion",
-                resource_group_name=args.resource_group_name, location=args.location,
-                sku=network.PublicIPAddressSkuArgs(name="Standard"), public_ip_allocation_method="Static",
-                tags=args.tags, opts=child,
-            )
-            network.BastionHost(
-                f"{name}-bastion", bastion_host_name=f"bas-{prefix}",
-                resource_group_name=args.resource_group_name, location=args.location,
-                sku=network.SkuArgs(name=args.bastion_sku),
-                ip_configurations=[network.BastionHostIPConfigurationArgs(
-                    name="bastion", subnet=network.SubResourceArgs(id=bastion_subnet.id),
-                    public_ip_address=network.SubResourceArgs(id=bastion_ip.id),
-                )],
-                # Native-client tunnels (az network bastion ssh|tunnel) exist on Standard only.
-                enable_tunneling=args.bastion_sku == "Standard" or None,
-                enable_shareable_link=False,
-                tags=args.tags, opts=child,
-            )
+            self._bastion(args.bastion_subnet)
         if args.jump_box and args.jump_box_subnet:
-            box_subnet = inner_subnet("jump-box", "jump-box", args.jump_box_subnet)
-            nic = network.NetworkInterface(
-                f"{name}-jump-box-nic", network_interface_name=f"nic-{prefix}-jump-box",
-                resource_group_name=args.resource_group_name, location=args.location,
-                ip_configurations=[network.NetworkInterfaceIPConfigurationArgs(
-                    name="primary", subnet=network.SubnetArgs(id=box_subnet.id), private_ip_allocation_method="Dynamic",
-                )],
-                tags=args.tags, opts=child,
-            )
-            box = args.jump_box
-            compute.VirtualMachine(
-                f"{name}-jump-box", vm_name=f"vm-{prefix}-jump-box"[:64],
-                resource_group_name=args.resource_group_name, location=args.location,
-                hardware_profile=compute.HardwareProfileArgs(vm_size=box.size),
-                os_profile=compute.OSProfileArgs(
-                    computer_name="jump-box", admin_username=box.admin_user,
-                    linux_configuration=compute.LinuxConfigurationArgs(
-                        disable_password_authentication=True,
-                        ssh=compute.SshConfigurationArgs(public_keys=[compute.SshPublicKeyArgs(
-                            path=f"/home/{box.admin_user}/.ssh/authorized_keys", key_data=box.public_key)]),
-                    ),
-                ),
-                storage_profile=compute.StorageProfileArgs(
-                    image_reference=JUMP_BOX_IMAGE,
-                    os_disk=compute.OSDiskArgs(create_option="FromImage", delete_option="Delete",
-                                               managed_disk=compute.ManagedDiskParametersArgs(
-                                                   storage_account_type="StandardSSD_LRS")),
-                ),
-                network_profile=compute.NetworkProfileArgs(network_interfaces=[
-                    compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)]),
-                security_profile=compute.SecurityProfileArgs(
-                    security_type="TrustedLaunch",
-                    uefi_settings=compute.UefiSettingsArgs(secure_boot_enabled=True, v_tpm_enabled=True)),
-                diagnostics_profile=compute.DiagnosticsProfileArgs(
-                    boot_diagnostics=compute.BootDiagnosticsArgs(enabled=True)),  # managed storage
-                tags=args.tags,
-                # A new key replaces the VM (Azure cannot change osProfile in place).
-                opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["osProfile"], delete_before_replace=True),
-            )
+            self._jump_box(args.jump_box, self._inner_subnet("jump-box", "jump-box", args.jump_box_subnet))
         if args.ci_runner_subnet:
-            self.ci_runner_subnet_id = inner_subnet("ci-runners", "ci-runners", args.ci_runner_subnet).id
+            self.ci_runner_subnet_id = self._inner_subnet("ci-runners", "ci-runners", args.ci_runner_subnet).id
         self.register_outputs({"ciRunnerSubnetId": self.ci_runner_subnet_id})
+
+    def _subnet(self, key: str, subnet_name: str, cidr: str, **props) -> network.Subnet:
+        """A subnet of our VNet, after the one before it (Azure serialises subnet changes)."""
+        args = self._args
+        created = network.Subnet(
+            f"{self._name}-{key}-subnet",
+            subnet_name=subnet_name,
+            virtual_network_name=args.vnet_name,
+            resource_group_name=args.resource_group_name,
+            address_prefix=cidr,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._previous)),
+            **props,
+        )
+        self._previous[:] = [created]
+        return created
+
+    def _inner_subnet(self, key: str, subnet_name: str, cidr: str) -> network.Subnet:
+        """A subnet for the jump box or runners: behind the NSG, out through the NAT gateway only."""
+        assert self._nsg is not None and self._nat is not None
+        return self._subnet(key, subnet_name, cidr,
+                            network_security_group=network.NetworkSecurityGroupArgs(id=self._nsg.id),
+                            nat_gateway=network.SubResourceArgs(id=self._nat.id), default_outbound_access=False)
+
+    def _inner_guard_and_egress(self) -> tuple[network.NetworkSecurityGroup, network.NatGateway]:
+        """The inner subnets' NSG (no inbound from the internet; SSH from Bastion) and NAT gateway."""
+        name, args, prefix = self._name, self._args, self._args.name_prefix
+        rules = [
+            network.SecurityRuleArgs(
+                name="deny-internet-inbound", priority=4000, direction="Inbound", access="Deny", protocol="*",
+                source_address_prefix="Internet", source_port_range="*", destination_address_prefix="*",
+                destination_port_range="*",
+            ),
+        ]
+        if args.bastion_subnet and args.jump_box_subnet:
+            rules.insert(0, network.SecurityRuleArgs(
+                name="ssh-from-bastion", priority=1000, direction="Inbound", access="Allow", protocol="Tcp",
+                source_address_prefix=args.bastion_subnet, source_port_range="*",
+                destination_address_prefix=args.jump_box_subnet, destination_port_range="22",
+            ))
+        nsg = network.NetworkSecurityGroup(
+            f"{name}-nsg", network_security_group_name=f"nsg-{prefix}-way-in",
+            resource_group_name=args.resource_group_name, location=args.location, security_rules=rules,
+            tags=args.tags, opts=self._child,
+        )
+        egress_ip = network.PublicIPAddress(
+            f"{name}-nat-ip", public_ip_address_name=f"pip-{prefix}-way-in-nat",
+            resource_group_name=args.resource_group_name, location=args.location,
+            sku=network.PublicIPAddressSkuArgs(name="Standard"), public_ip_allocation_method="Static",
+            tags=args.tags, opts=self._child,
+        )
+        nat = network.NatGateway(
+            f"{name}-nat", nat_gateway_name=f"nat-{prefix}-way-in",
+            resource_group_name=args.resource_group_name, location=args.location,
+            sku=network.NatGatewaySkuArgs(name="Standard"),
+            public_ip_addresses=[network.SubResourceArgs(id=egress_ip.id)], tags=args.tags, opts=self._child,
+        )
+        return nsg, nat
+
+    def _bastion(self, cidr: str) -> None:
+        name, args, prefix = self._name, self._args, self._args.name_prefix
+        bastion_subnet = self._subnet("bastion", BASTION_SUBNET_NAME, cidr)
+        bastion_ip = network.PublicIPAddress(
+            f"{name}-bastion-ip", public_ip_address_name=f"pip-{prefix}-bastion",
+            resource_group_name=args.resource_group_name, location=args.location,
+            sku=network.PublicIPAddressSkuArgs(name="Standard"), public_ip_allocation_method="Static",
+            tags=args.tags, opts=self._child,
+        )
+        network.BastionHost(
+            f"{name}-bastion", bastion_host_name=f"bas-{prefix}",
+            resource_group_name=args.resource_group_name, location=args.location,
+            sku=network.SkuArgs(name=args.bastion_sku),
+            ip_configurations=[network.BastionHostIPConfigurationArgs(
+                name="bastion", subnet=network.SubResourceArgs(id=bastion_subnet.id),
+                public_ip_address=network.SubResourceArgs(id=bastion_ip.id),
+            )],
+            # Native-client tunnels (az network bastion ssh|tunnel) exist on Standard only.
+            enable_tunneling=args.bastion_sku == "Standard" or None,
+            enable_shareable_link=False,
+            tags=args.tags, opts=self._child,
+        )
+
+    def _jump_box(self, box: JumpBoxSpec, box_subnet: network.Subnet) -> None:
+        name, args, prefix = self._name, self._args, self._args.name_prefix
+        nic = network.NetworkInterface(
+            f"{name}-jump-box-nic", network_interface_name=f"nic-{prefix}-jump-box",
+            resource_group_name=args.resource_group_name, location=args.location,
+            ip_configurations=[network.NetworkInterfaceIPConfigurationArgs(
+                name="primary", subnet=network.SubnetArgs(id=box_subnet.id), private_ip_allocation_method="Dynamic",
+            )],
+            tags=args.tags, opts=self._child,
+        )
+        compute.VirtualMachine(
+            f"{name}-jump-box", vm_name=f"vm-{prefix}-jump-box"[:64],
+            resource_group_name=args.resource_group_name, location=args.location,
+            hardware_profile=compute.HardwareProfileArgs(vm_size=box.size),
+            os_profile=compute.OSProfileArgs(
+                computer_name="jump-box", admin_username=box.admin_user,
+                linux_configuration=compute.LinuxConfigurationArgs(
+                    disable_password_authentication=True,
+                    ssh=compute.SshConfigurationArgs(public_keys=[compute.SshPublicKeyArgs(
+                        path=f"/home/{box.admin_user}/.ssh/authorized_keys", key_data=box.public_key)]),
+                ),
+            ),
+            storage_profile=compute.StorageProfileArgs(
+                image_reference=JUMP_BOX_IMAGE,
+                os_disk=compute.OSDiskArgs(create_option="FromImage", delete_option="Delete",
+                                           managed_disk=compute.ManagedDiskParametersArgs(
+                                               storage_account_type="StandardSSD_LRS")),
+            ),
+            network_profile=compute.NetworkProfileArgs(network_interfaces=[
+                compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)]),
+            security_profile=compute.SecurityProfileArgs(
+                security_type="TrustedLaunch",
+                uefi_settings=compute.UefiSettingsArgs(secure_boot_enabled=True, v_tpm_enabled=True)),
+            diagnostics_profile=compute.DiagnosticsProfileArgs(
+                boot_diagnostics=compute.BootDiagnosticsArgs(enabled=True)),  # managed storage
+            tags=args.tags,
+            # A new key replaces the VM (Azure cannot change osProfile in place).
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["osProfile"], delete_before_replace=True),
+        )
