@@ -27,6 +27,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Callable, Iterable
+from functools import partial
 from operator import itemgetter
 from urllib.parse import unquote
 
@@ -87,14 +88,27 @@ def parse_page(page: bytes, with_metadata: bool | None = None) -> tuple[list[Blo
                     and sum(1 for b in blobs if b[5]) == body.count(b"<Content-MD5>"))
     if not lined_up:
         return _parse_page_slowly(body), _marker(page)  # an unexpected layout: element by element
-    names = [b[1].decode() if not (b[0] or b"&" in b[1]) else _name(b[0], b[1]) for b in blobs]
+    names = _names(blobs)
     encodings = [_GZIP if b[4] == b"gzip" else (b[4].decode() if b[4] else None) for b in blobs]
-    entries = list(map(BlobEntry._make, zip(
+    # tuple.__new__ straight from C: BlobEntry(...) or _make would run a Python call per blob.
+    entries = list(map(_new_entry, zip(
         names, [int(b[3]) for b in blobs], [b[2].decode() for b in blobs], encodings,
         [b[5].decode() if b[5] else None for b in blobs], metas, strict=True)))
     if any(name.endswith("/") for name in names) or any(metas):
         entries = [e for e in entries if not (e.name.endswith("/") or (e.metadata and _FOLDER in e.metadata))]
     return entries, _marker(page)
+
+
+_new_entry = partial(tuple.__new__, BlobEntry)
+
+
+def _names(blobs: list[tuple[bytes, ...]]) -> list[str]:
+    """Every blob's name: decoded in one call when none is percent-encoded or holds a
+    character reference (the usual page), else one by one."""
+    raw = b"\0".join(map(itemgetter(1), blobs))  # NUL cannot appear in XML text
+    if any(map(itemgetter(0), blobs)) or b"&" in raw:
+        return [_name(b[0], b[1]) for b in blobs]
+    return raw.decode("utf-8").split("\0") if blobs else []
 
 
 def _field(chunk: bytes, tag: bytes, start: int) -> bytes | None:
