@@ -98,6 +98,21 @@ class TestPaths:
         assert [e.content_md5 for e in entries] == [e.content_md5 for e in listing.parse_page(page)[0]]
         assert entries[0].content_encoding == "gzip"
 
+    @pytest.mark.parametrize(("old", "new", "slowly"), [
+        (b"<Properties><Creation-Time>", b"<VersionId>v1</VersionId><Properties><Creation-Time>", False),
+        (b"<Content-Type>application/octet-stream</Content-Type>", b"<Content-Type />", False),
+        (b"<Content-Encoding>gzip</Content-Encoding>", b"<Content-Encoding />", False),
+        (b"<Etag>", b"<ETag>", True)])
+    def test_other_layouts_read_in_one_pass_or_blob_by_blob(self, old, new, slowly, monkeypatch):
+        """Every blob matched in one pass, or the whole page read blob by blob: never a blob lost."""
+        page = next(bench_listing.pages(40)).replace(old, new)
+        expected = listing._parse_page_slowly(page[page.find(b"<Blobs>"):page.rfind(b"</Blobs>")])
+        calls = []
+        by_blob = listing._parse_page_slowly
+        monkeypatch.setattr(listing, "_parse_page_slowly", lambda body: calls.append(1) or by_blob(body))
+        entries, _ = listing.parse_page(page, with_metadata=False)
+        assert entries == expected and len(entries) == 40 and bool(calls) == slowly
+
     def test_encoded_names_and_empty_pages(self):
         page = (b'<?xml version="1.0"?><EnumerationResults><Blobs><Blob><Name Encoded="true">a%00b</Name><Properties>'
                 b"<Etag>0x1</Etag><Content-Length>3</Content-Length></Properties></Blob></Blobs><NextMarker/>"

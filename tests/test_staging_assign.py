@@ -7,7 +7,7 @@ import random
 import pytest
 
 from bench.dataset import cosmoflow_name
-from jobs.runtime.assign import Item, balance, measure, split_for_ranks
+from jobs.runtime.assign import BALANCED, Item, balance, balance_indices, measure, split_for_ranks
 
 
 def cosmoflow_items(n: int = 64, size: int = 1000) -> list[Item]:
@@ -79,6 +79,47 @@ class TestBalance:
         groups = balance(items, 7)
         assert time.monotonic() - start < 10
         assert measure(groups).imbalance < 1.001
+
+
+class TestLargeListings:
+    """Many small files: after the large ones, the rest is dealt by slicing (module docstring)."""
+
+    @pytest.mark.parametrize(("seed", "bins"), [(0, 8), (1, 7), (2, 64), (3, 3)])
+    def test_dealt_bins_end_within_the_tolerance(self, seed, bins):
+        rng = random.Random(seed)
+        sizes = ([rng.randint(1000, 9191) for _ in range(150_000)] + [rng.randint(10**5, 10**7) for _ in range(300)]
+                 + [int(rng.paretovariate(1.5) * 2000) for _ in range(50_000)])
+        groups = balance_indices(sizes, bins)
+        assert sorted(k for g in groups for k in g) == list(range(len(sizes)))
+        assert all(g == sorted(g) for g in groups)
+        totals = [sum(sizes[k] for k in g) for g in groups]
+        assert max(totals) - min(totals) <= BALANCED * sum(sizes) / bins
+
+    def test_equal_sizes_dealt_give_counts_within_one(self):
+        groups = balance_indices([4096] * 200_003, 8)
+        counts = [len(g) for g in groups]
+        assert max(counts) - min(counts) <= 1 and sum(counts) == 200_003
+
+    def test_one_huge_file_is_still_placed_largest_first(self):
+        """The small files never get within the tolerance of the huge one: none joins it."""
+        sizes = [1000 + i % 5000 for i in range(100_000)]
+        sizes[4242] = 10**9
+        groups = balance_indices(sizes, 4)
+        assert [4242] in groups
+
+    def test_same_plan_as_largest_first_where_nothing_is_dealt(self):
+        """Items all above half the tolerance: placed one by one, as the heap alone places them."""
+        rng = random.Random(9)
+        sizes = [rng.randint(10**6, 2 * 10**6) for _ in range(3000)]
+        groups = balance_indices(sizes, 5)
+        totals = [0] * 5
+        expected = [[] for _ in range(5)]
+        for k in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
+            b = min(range(5), key=lambda b: (totals[b], b))
+            expected[b].append(k)
+            totals[b] += sizes[k]
+        assert max(totals) - min(totals) <= BALANCED * sum(sizes) / 5  # nothing to search: LPT's own answer stands
+        assert groups == [sorted(g) for g in expected]
 
 
 class TestSplitForRanks:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Sequence
-from operator import itemgetter, methodcaller
+from itertools import repeat
+from operator import attrgetter, getitem, itemgetter
 from pathlib import Path
 
 from jobs.runtime.fetch import BlobEntry
@@ -39,9 +40,9 @@ class PathProblems(ValueError):
 
 def local_paths(prefix: str, entries: Sequence[BlobEntry], limit: int = 20) -> list[str]:
     """Path below the data directory of each entry (same order); PathProblems when some cannot be.
-    A million names take about a second: the common name is checked with one regex search."""
-    cut = len(prefix)
-    rels = [e.name[cut:-3] if e.name.endswith(".gz") else e.name[cut:] for e in entries]
+    A million names take under a second: cut by C-level slicing when all or none end in
+    `.gz`, checked for odd names all at once (joined), one set for collisions."""
+    rels = _below(len(prefix), list(map(attrgetter("name"), entries)))
     problems: list[str] = []
     long = MAX_SEGMENT_BYTES // 4  # a segment over 255 bytes needs at least 64 characters
     if _any_suspect(rels, long):
@@ -63,14 +64,30 @@ def local_paths(prefix: str, entries: Sequence[BlobEntry], limit: int = 20) -> l
     return rels
 
 
+def _below(cut: int, names: list[str]) -> list[str]:
+    """Each name without its first `cut` characters and a final `.gz`."""
+    gzipped = sum(map(str.endswith, names, repeat(".gz")))
+    if gzipped in (0, len(names)):  # the usual dataset: one slice for all, in C
+        return list(map(getitem, names, repeat(slice(cut, -3 if gzipped else None))))
+    return [name[cut:-3] if name.endswith(".gz") else name[cut:] for name in names]
+
+
+_AS_SEPARATORS = bytes(0x2F if c in (0, 0x2F) else 0x2E if c == 0x2E else 0x78 for c in range(256))
+"""NUL and '/' as '/', '.' as itself, every other byte as 'x' (UTF-8 puts no ASCII inside a character)."""
+
+
 def _any_suspect(rels: list[str], long: int) -> bool:
     """Whether any path needs a closer look, tested on all of them joined (C-speed searches)
     rather than one by one: the usual dataset has none."""
     if not rels:
         return False
-    joined = "\0" + "\0".join(rels) + "\0"
-    return (joined.count("\0") != len(rels) + 1 or "\0\0" in joined or "/." in joined or "//" in joined
-            or "\0/" in joined or "/\0" in joined or "\0." in joined or max(map(len, rels)) > long)
+    joined = "\0".join(["", *rels, ""])
+    if joined.count("\0") != len(rels) + 1 or max(map(len, rels)) > long:
+        return True  # a NUL in a name, or a name long enough to need a look
+    # Paths between NULs: '//' is an empty path, a leading or trailing '/' or an empty segment
+    # ('\0\0', '\0/', '/\0', '//'); '/.' a leading '.' or a segment that starts with one.
+    seen = joined.encode("utf-8", "surrogatepass").translate(_AS_SEPARATORS)
+    return b"//" in seen or b"/." in seen
 
 
 def _normalize(rel: str, blob: str, prefix: str, problems: list[str]) -> str:
@@ -90,7 +107,7 @@ def _normalize(rel: str, blob: str, prefix: str, problems: list[str]) -> str:
 
 def _file_dir_conflicts(rels: list[str], unique: set[str], entries: Sequence[BlobEntry]) -> list[str]:
     """A file where another blob needs a directory, named by both blobs."""
-    parents = set(map(itemgetter(0), map(methodcaller("rpartition", "/"), rels)))
+    parents = set(map(itemgetter(0), map(str.rpartition, rels, repeat("/"))))
     parents.discard("")
     if not parents & unique:
         for parent in list(parents):  # ancestors too: 'x' conflicts with 'x/y/z'

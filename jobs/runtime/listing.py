@@ -4,52 +4,68 @@ A node staging a million small files lists them first (200 pages of 5,000), and 
 process of the job derives the same assignment from that listing, so listing is on the
 critical path of every job start. The storage SDK turns each blob into a model object
 through its generic deserializer (30-40 us a blob, about as long as the rest of
-staging's per-file work); here a page is cut at `</Blob>` and each blob's few fields are
-found with `bytes.find` (about 5 us a blob), which bench/staging.py measures and
-tests/test_listing.py holds against the SDK's own parse of a recorded page.
+staging's per-file work); here one regular-expression pass over a page finds every blob's
+fields and the entries are built from the columns in C (about 3 us a blob in all, a
+second of it the pass), which bench/listing.py measures and tests/test_listing.py holds
+against the SDK's own parse of a recorded page.
 
 What is read, per blob (List Blobs response, learn.microsoft.com/rest/api/storageservices/
 list-blobs, read 2026-11-23): Name (`Encoded="true"` names are percent-encoded, others
 may hold character references such as `&#xD;`), Etag, Content-Length, Content-Encoding,
 Content-MD5, and the metadata when the page has it (staging lists without: a third of the
 bytes of a page, and it reads a blob's metadata from the answer to its GET). The fast path
-takes each field with one regular-expression pass over the page, the four passes lining
-up blob by blob because the service writes these elements for every blob in a fixed
-order; a page that does not line up is parsed blob by blob instead. Folder markers (names
-ending in '/', `hdi_isfolder=true` metadata, `ResourceType` directory on accounts with a
-hierarchical namespace) are skipped.
+matches once per `<Blob>`, taking the fields in the fixed order the service writes them;
+a blob laid out otherwise, or a Content-Encoding or Content-MD5 found where the pattern
+did not look, sends the page blob by blob instead. Folder markers (names ending in '/',
+`hdi_isfolder=true` metadata, `ResourceType` directory on accounts with a hierarchical
+namespace) are skipped. A listing is built with the garbage collector paused (see
+`_collector_paused`).
 
 Standard library only (the pages come from jobs.runtime.blobhttp).
 """
 
 from __future__ import annotations
 
+import gc
 import html
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import partial
-from operator import itemgetter
 from urllib.parse import unquote
 
 from jobs.runtime.fetch import BlobEntry
 
-_SKIP = rb"[^<]*(?:<(?!%s)[^<]*)*"
+_SKIP = rb"[^<]*+(?:<(?!%s)[^<]*+)*+"
 """Text and elements up to (not including) the given tag, without backtracking."""
-# One match per blob: the service writes these elements for every blob, in this order (Name;
+_USUAL_HEAD = rb"<Properties><Creation-Time>[^<]*+</Creation-Time><Last-Modified>[^<]*+</Last-Modified>"
+"""What the service writes between Name and Etag (the recorded pages): cheaper to match than to skip."""
+
+
+def _optional(tag: bytes, capture: bool = False) -> bytes:
+    """`<tag>text</tag>`, `<tag/>` or nothing; an empty alternative costs the engine less than `?`."""
+    text = rb"([^<]*+)" if capture else rb"[^<]*+"
+    return rb"(?:<%s>%s</%s>|<%s ?/>|)" % (tag, text, tag, tag)
+
+
+# One match per <Blob>: the service writes these elements for every blob, in this order (Name;
 # Properties: Creation-Time, Last-Modified, Etag, [ResourceType], Content-Length, Content-Type,
 # Content-Encoding, Content-Language, Content-CRC64, Content-MD5, ...), so one pass over a page
-# finds them all. The skip to Etag cannot cross into the next blob.
-_BLOB = re.compile(rb'<Blob><Name( Encoded="true")?>([^<]*)</Name>' + _SKIP % rb"Etag>|/Blob>"
-                   + rb"<Etag>([^<]*)</Etag>(?:<ResourceType>[^<]*</ResourceType>)?"
-                   rb"<Content-Length>(\d+)</Content-Length>"
-                   rb"(?:<Content-Type>[^<]*</Content-Type>|<Content-Type ?/>)?"
-                   rb"(?:<Content-Encoding>([^<]*)</Content-Encoding>|<Content-Encoding ?/>)?"
-                   rb"(?:<Content-Language>[^<]*</Content-Language>|<Content-Language ?/>)?"
-                   rb"(?:<Content-CRC64>[^<]*</Content-CRC64>|<Content-CRC64 ?/>)?"
-                   rb"(?:<Content-MD5>([^<]*)</Content-MD5>|<Content-MD5 ?/>)?")
+# finds them all. A blob laid out otherwise still matches, by the empty alternative: all its
+# fields come back empty (Content-Length is never empty), which sends the page blob by blob.
+# The skip to Etag cannot cross into the next blob, so every <Blob> has exactly one match.
+_BLOB = re.compile(rb'<Blob>(?:<Name( Encoded="true"|)>([^<]*+)</Name>(?:' + _USUAL_HEAD + rb"|"
+                   + _SKIP % rb"Etag>|/?Blob>" + rb")<Etag>([^<]*+)</Etag>(?:<ResourceType>[^<]*+</ResourceType>|)"
+                   rb"<Content-Length>(\d++)</Content-Length>" + _optional(b"Content-Type")
+                   + _optional(b"Content-Encoding", capture=True) + _optional(b"Content-Language")
+                   + _optional(b"Content-CRC64") + _optional(b"Content-MD5", capture=True) + rb"|)")
 _METAS = re.compile(rb"</Properties>(?:<Metadata>(" + _SKIP % rb"/Metadata>" + rb")</Metadata>)?")
 _FOLDER = b"<hdi_isfolder>true</hdi_isfolder>"
 _GZIP = "gzip"
+_ENCODINGS = {"": None, "gzip": _GZIP}
+"""Content-Encoding as read -> as kept: empty is None, and a million "gzip"s share one string."""
+_EMPTY_IS_NONE = {"": None}
+_new_entry = partial(tuple.__new__, BlobEntry)
 
 
 class ListingError(ValueError):
@@ -77,38 +93,42 @@ def parse_page(page: bytes, with_metadata: bool | None = None) -> tuple[list[Blo
     if body.find(b"<ResourceType>", 0, body.find(b"</Blob>")) >= 0:
         return _parse_page_slowly(body), _marker(page)  # a hierarchical namespace: folders are listed too
     blobs = _BLOB.findall(body)
-    count = body.count(b"<Blob>")
     if with_metadata is None:
         with_metadata = b"<Metadata>" in body
     metas = _METAS.findall(body) if with_metadata else [b""] * len(blobs)
-    lined_up = len(blobs) == count == len(metas)
-    if lined_up and not (all(map(itemgetter(4), blobs)) and all(map(itemgetter(5), blobs))):
+    if not blobs:
+        return [], _marker(page)
+    encoded, raw_names, etags, sizes, encodings, md5s = zip(*blobs, strict=True)
+    lined_up = b"" not in sizes and len(metas) == len(blobs)
+    if lined_up and (b"" in encodings or b"" in md5s):
         # A blob without Content-Encoding or Content-MD5: make sure none sat where the pattern did not look.
-        lined_up = (sum(1 for b in blobs if b[4]) == body.count(b"<Content-Encoding>")
-                    and sum(1 for b in blobs if b[5]) == body.count(b"<Content-MD5>"))
+        lined_up = (len(encodings) - encodings.count(b"") == body.count(b"<Content-Encoding>")
+                    and len(md5s) - md5s.count(b"") == body.count(b"<Content-MD5>"))
     if not lined_up:
         return _parse_page_slowly(body), _marker(page)  # an unexpected layout: element by element
-    names = _names(blobs)
-    encodings = [_GZIP if b[4] == b"gzip" else (b[4].decode() if b[4] else None) for b in blobs]
+    names = _names(encoded, raw_names)
+    encodings, md5s = _texts(encodings), _texts(md5s)
     # tuple.__new__ straight from C: BlobEntry(...) or _make would run a Python call per blob.
     entries = list(map(_new_entry, zip(
-        names, [int(b[3]) for b in blobs], [b[2].decode() for b in blobs], encodings,
-        [b[5].decode() if b[5] else None for b in blobs], metas, strict=True)))
+        names, map(int, sizes), _texts(etags), map(_ENCODINGS.get, encodings, encodings),
+        map(_EMPTY_IS_NONE.get, md5s, md5s), metas, strict=True)))
     if any(name.endswith("/") for name in names) or any(metas):
         entries = [e for e in entries if not (e.name.endswith("/") or (e.metadata and _FOLDER in e.metadata))]
     return entries, _marker(page)
 
 
-_new_entry = partial(tuple.__new__, BlobEntry)
+def _texts(raw: tuple[bytes, ...]) -> list[str]:
+    """Each field decoded, in one call for all of them (NUL cannot appear in XML text)."""
+    return b"\0".join(raw).decode("utf-8").split("\0")
 
 
-def _names(blobs: list[tuple[bytes, ...]]) -> list[str]:
+def _names(encoded: tuple[bytes, ...], raw: tuple[bytes, ...]) -> list[str]:
     """Every blob's name: decoded in one call when none is percent-encoded or holds a
     character reference (the usual page), else one by one."""
-    raw = b"\0".join(map(itemgetter(1), blobs))  # NUL cannot appear in XML text
-    if any(map(itemgetter(0), blobs)) or b"&" in raw:
-        return [_name(b[0], b[1]) for b in blobs]
-    return raw.decode("utf-8").split("\0") if blobs else []
+    joined = b"\0".join(raw)
+    if any(encoded) or b"&" in joined:
+        return [_name(e, r) for e, r in zip(encoded, raw, strict=True)]
+    return joined.decode("utf-8").split("\0")
 
 
 def _field(chunk: bytes, tag: bytes, start: int) -> bytes | None:
@@ -159,16 +179,36 @@ def list_all(fetch_page: Callable[[str | None], bytes], with_metadata: bool | No
     """Every entry, following NextMarker; `fetch_page(marker)` returns one page."""
     entries: list[BlobEntry] = []
     marker: str | None = None
-    while True:
-        page_entries, marker = parse_page(fetch_page(marker), with_metadata)
-        entries.extend(page_entries)
-        if not marker:
-            return entries
+    with _collector_paused():
+        while True:
+            page_entries, marker = parse_page(fetch_page(marker), with_metadata)
+            entries.extend(page_entries)
+            if not marker:
+                return entries
 
 
 def list_pages(pages: Iterable[bytes], with_metadata: bool | None = None) -> list[BlobEntry]:
     """Every entry of recorded or generated pages (tests, benchmarks)."""
     entries: list[BlobEntry] = []
-    for page in pages:
-        entries.extend(parse_page(page, with_metadata)[0])
+    with _collector_paused():
+        for page in pages:
+            entries.extend(parse_page(page, with_metadata)[0])
     return entries
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a listing is built, as it was after. Entries
+    hold no containers, so they make no cycle, yet a full collection rescans every entry
+    built so far, and CPython runs one whenever the objects that outlived the younger
+    generations grew by a quarter since the last (Include/internal/pycore_gc.h, 3.11):
+    a million entries cost about a second of collections (bench/listing.py). Paused, they
+    are scanned once or twice after, whatever the listing's size."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
