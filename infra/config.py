@@ -245,6 +245,10 @@ class ControllerConfig(_Model):
     def price(self) -> float:
         return self.usd_per_hour or CONTROLLER_USD_PER_HOUR
 
+    def price_source(self, stack_file: str) -> str:
+        return (f"{stack_file}: aml-hpc:controller.usdPerHour" if self.usd_per_hour
+                else f"Azure Retail Prices API, {self.sku} Linux pay-as-you-go, eastus, 2024-06")
+
 
 class MlRegistryConfig(_Model):
     enabled: bool = False

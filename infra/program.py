@@ -312,9 +312,7 @@ def _controller(cfg: StackConfig, group: ResourceGroup, ws: Workspace, data: Dat
         checkpoints_scope=data.container_ids["checkpoints"], registry_scope=ws.registry_id, max_nodes=ctl.max_nodes,
         idle_minutes=ctl.idle_minutes, subnet_id=subnet_id, node_public_ip=node_public_ip,
         compute_depends_on=list(depends_on), checkpoints_locked=cfg.lock_dataset_storage, tags=tags))
-    source = (f"{cfg.source}: aml-hpc:controller.usdPerHour" if ctl.usd_per_hour
-              else f"Azure Retail Prices API, {ctl.sku} Linux pay-as-you-go, eastus, 2024-06")
-    return {"cluster": ctl.name, "sku": ctl.sku, "usdPerHour": ctl.price, "priceSource": source,
+    return {"cluster": ctl.name, "sku": ctl.sku, "usdPerHour": ctl.price, "priceSource": ctl.price_source(cfg.source),
             "identity": {"clientId": cluster.identity_client_id, "principalId": cluster.identity_principal_id,
                          "id": cluster.identity_id}}
 

@@ -15,11 +15,14 @@ import yaml
 
 from core import skus
 from core.errors import UserError
-from infra.config import REPO_ROOT
+from infra.config import REPO_ROOT, ControllerConfig
 from infra.plan import evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "outputs"
 SECRET_MARKERS = ("AccountKey=", "SharedAccessSignature", "sig=", "PRIVATE KEY", "password", "connectionString")
+
+CONTROLLER_FULL_SCALE = ControllerConfig().max_nodes * ControllerConfig().price
+"""The managed runs' controller cluster (jobs-controller, Standard_D2s_v3) at full scale, $/hour."""
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +118,10 @@ class TestEnvironmentStacks:
 
 class TestCostAndQuota:
     def test_dev_cost_from_catalog_prices(self, dev):
-        expected = 2 * 27.197 + 1 * 3.673
+        expected = 2 * 27.197 + 1 * 3.673 + CONTROLLER_FULL_SCALE
         assert dev.cost.full_scale_usd_per_hour == pytest.approx(expected)
-        assert dev.cost.idle_usd_per_day == 0
+        assert dev.cost.idle_usd_per_day == 0, "every cluster, the controller's too, scales to zero"
+        assert [c.name for c in dev.cost.clusters][-1] == "jobs-controller"
 
     def test_low_priority_pools_into_one_quota(self, dev):
         (need,) = dev.quota
@@ -190,7 +194,7 @@ class TestPrices:
         config["aml-hpc:prices"] = {"Standard_ND96isr_H200_v5": 110.0}
         (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": config}))
         plan = evaluate("dev", tmp_path)
-        assert plan.cost.unpriced == [] and plan.cost.full_scale_usd_per_hour == pytest.approx(220.0)
+        assert plan.cost.unpriced == [] and plan.cost.full_scale_usd_per_hour == pytest.approx(220.0 + CONTROLLER_FULL_SCALE)
 
 
 class TestCli:
@@ -204,7 +208,7 @@ class TestCli:
         assert result.stdout == json.dumps(prod.to_json(), indent=2) + "\n", "the same bytes as in this process"
         document = json.loads(result.stdout)
         assert document["outputs"]["workspace"] == "mlw-amlhpc-prod"
-        assert document["cost"]["fullScaleUsdPerHour"] == pytest.approx(8 * 98.32)
+        assert document["cost"]["fullScaleUsdPerHour"] == pytest.approx(8 * 98.32 + CONTROLLER_FULL_SCALE)
         assert all({"type", "name", "inputs", "options"} <= set(r) for r in document["resources"])
 
     def test_unknown_stack_exits_2_with_the_fix(self):

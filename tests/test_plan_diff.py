@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from core import skus
 from core.errors import UserError
 from infra.cli import app
-from infra.config import REPO_ROOT
+from infra.config import REPO_ROOT, ControllerConfig
 from infra.plan import evaluate
 from infra.plan.diff import (
     REASON_LOCATION,
@@ -95,7 +95,9 @@ class TestRealPlanPairs:
         assert any(c.path == "clusters.nd-extra.maxNodes" and c.after == 4 for c in result.outputs)
         text = render_text(result)
         assert "+ machinelearningservices:Compute  mlw-amlhpc-prod/nd-extra" in text
-        assert f"full scale: $786.56/hour -> ${12 * h100.price.usd_per_hour:,.2f}/hour" in text
+        controller = ControllerConfig().max_nodes * ControllerConfig().price
+        assert (f"full scale: ${8 * h100.price.usd_per_hour + controller:,.2f}/hour -> "
+                f"${12 * h100.price.usd_per_hour + controller:,.2f}/hour") in text
 
     def test_removed_cluster_is_removed_with_its_cost(self, tmp_path):
         base_cfg = config("dev")

@@ -1,6 +1,7 @@
-"""What a stack's GPU clusters cost and which quota they need, from the SKU catalog.
+"""What a stack's clusters cost and which GPU quota they need, from the SKU catalog.
 
-Cost covers GPU nodes only (storage, registry, networking and logs are billed by use).
+Cost covers the GPU nodes and, in an environment, the managed runs' controller nodes (CPU,
+scaled to zero when idle); storage, registry, networking and logs are billed by use.
 Low-priority nodes are priced at the on-demand reference, an upper bound: their discount
 varies by region and over time.
 """
@@ -54,7 +55,7 @@ class Cost:
         return {
             "fullScaleUsdPerHour": round(self.full_scale_usd_per_hour, 3),
             "idleUsdPerDay": round(self.idle_usd_per_day, 3),
-            "scope": "GPU nodes only; low priority priced at on-demand (upper bound)",
+            "scope": "GPU nodes and the managed runs' controller nodes; low priority priced at on-demand (upper bound)",
             "clusters": [
                 {**{k: v for k, v in asdict(c).items()},
                  "fullScaleUsdPerHour": c.full_scale_usd_per_hour, "idleUsdPerDay": c.idle_usd_per_day}
@@ -74,6 +75,10 @@ def cost(cfg: StackConfig) -> Cost:
             price_source=pricing.describe(price) if price else
             f"no reference price: set aml-hpc:prices.{c.sku} in {cfg.source}",
         ))
+    ctl = cfg.controller
+    if cfg.kind == "environment" and ctl.enabled:  # program.py declares it in environments only
+        rows.append(ClusterCost(name=ctl.name, sku=ctl.sku, priority="Dedicated", min_nodes=0, max_nodes=ctl.max_nodes,
+                                usd_per_node_hour=ctl.price, price_source=ctl.price_source(cfg.source)))
     return Cost(tuple(rows))
 
 

@@ -188,10 +188,10 @@ def cost_lines(plan: Plan) -> list[str]:
                       f"at full scale, {money(c.idle_usd_per_day, '/day')} idle", DETAIL)
         lines += wrap(f"price: {c.price_source}", DETAIL)
     if not cost.clusters:
-        lines.append(f"{INDENT}no GPU clusters")
+        lines.append(f"{INDENT}no clusters")
     lines += wrap(f"Full scale: {money(cost.full_scale_usd_per_hour, '/hour')}; idle: "
-                  f"{money(cost.idle_usd_per_day, '/day')} (GPU nodes only; low priority at on-demand "
-                  f"prices, an upper bound)" + (f"; unpriced: {', '.join(cost.unpriced)}" if cost.unpriced else ""))
+                  f"{money(cost.idle_usd_per_day, '/day')} (nodes only: GPU and the runs' controller; low "
+                  f"priority at on-demand prices, an upper bound)" + (f"; unpriced: {', '.join(cost.unpriced)}" if cost.unpriced else ""))
     return lines
 
 
