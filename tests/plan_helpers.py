@@ -8,6 +8,16 @@ from pathlib import Path
 
 from infra.config import REPO_ROOT
 
+SWEEP_EXPERIMENT = {
+    "azure-native:location": "swedencentral",
+    "aml-hpc:owner": "researcher@example.com",
+    "aml-hpc:environment": "dev",
+    "aml-hpc:expiresAt": "2026-12-31",
+    "aml-hpc:clusters": [{"name": "sweep-a", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "priority": "LowPriority"}],
+    "aml-hpc:budget": {"monthlyAmountUsd": 500, "alertEmails": ["researcher@example.com"]},
+}
+"""An experiment stack on dev (Pulumi.exp-sweep.yaml's config) for the plan tests."""
+
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
 
 

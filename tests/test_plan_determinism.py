@@ -13,6 +13,7 @@ import yaml
 
 from infra.config import REPO_ROOT
 from infra.plan import lazy_provider
+from tests.plan_helpers import SWEEP_EXPERIMENT
 
 # Writes, for each stack, the CLI's two outputs (`plan --json` and the text) in one process.
 SCRIPT = """
@@ -26,14 +27,7 @@ for stack in sys.argv[2:]:
     out[stack] = {"json": json.dumps(plan.to_json(), indent=2) + "\\n", "text": render(plan)}
 print(json.dumps(out))
 """
-EXPERIMENT = {
-    "azure-native:location": "swedencentral",
-    "aml-hpc:owner": "researcher@example.com",
-    "aml-hpc:environment": "dev",
-    "aml-hpc:expiresAt": "2026-12-31",
-    "aml-hpc:clusters": [{"name": "sweep-a", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "priority": "LowPriority"}],
-    "aml-hpc:budget": {"monthlyAmountUsd": 500, "alertEmails": ["researcher@example.com"]},
-}
+EXPERIMENT = SWEEP_EXPERIMENT
 STACKS = ("dev", "prod", "exp-sweep")
 
 

@@ -20,14 +20,9 @@ from infra.plan.mocks import qualified_name
 from infra.plan.render import details, render, short_type
 from infra.plan.render_diff import render_markdown, render_text
 from infra.plan.text import WIDTH
+from tests.plan_helpers import SWEEP_EXPERIMENT
 
-EXPERIMENT = {
-    "azure-native:location": "swedencentral",
-    "aml-hpc:owner": "researcher@example.com",
-    "aml-hpc:environment": "dev",
-    "aml-hpc:expiresAt": "2026-12-31",
-    "aml-hpc:clusters": [{"name": "sweep-a", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "priority": "LowPriority"}],
-}
+EXPERIMENT = SWEEP_EXPERIMENT
 RAW_VALUE = re.compile(r"^\s+[-+] (.*)$")
 
 
