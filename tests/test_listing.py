@@ -87,6 +87,17 @@ class TestPaths:
         assert fast == listing._parse_page_slowly(body)
         assert len(fast) == 300 and fast[7].content_encoding == "gzip" and fast[7].size == 1000 + 7 * 7919 % 8192
 
+    def test_virtual_folders_of_a_delimited_listing_are_no_blobs(self):
+        """A listing with a delimiter puts <BlobPrefix> elements between blobs: both paths
+        skip them and keep the blob after them whole."""
+        page = next(bench_listing.pages(3))
+        first_end = page.index(b"</Blob>") + len(b"</Blob>")
+        delimited = page[:first_end] + b"<BlobPrefix><Name>ds/u00000/sub/</Name></BlobPrefix>" + page[first_end:]
+        body = delimited[delimited.find(b"<Blobs>"):delimited.rfind(b"</Blobs>")]
+        expected = listing.parse_page(page, with_metadata=False)[0]
+        assert listing._parse_page_slowly(body) == expected
+        assert listing.parse_page(delimited, with_metadata=False)[0] == expected
+
     def test_an_unexpected_order_falls_back_to_blob_by_blob(self):
         """Content-MD5 before Content-Type: the one-pass pattern misses it, the check sees that."""
         page = next(bench_listing.pages(3))

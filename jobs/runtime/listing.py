@@ -140,9 +140,15 @@ def _field(chunk: bytes, tag: bytes, start: int) -> bytes | None:
     return chunk[i:chunk.index(b"<", i)] or None
 
 
+_BLOB_PREFIX = re.compile(rb"<BlobPrefix>.*?</BlobPrefix>", re.S)
+"""A listing with a delimiter names virtual folders between the blobs: no blobs themselves."""
+
+
 def _parse_page_slowly(body: bytes) -> list[BlobEntry]:
     """Blob by blob, each field found wherever it is in the blob's element."""
     entries: list[BlobEntry] = []
+    if b"<BlobPrefix>" in body:
+        body = _BLOB_PREFIX.sub(b"", body)
     for chunk in body[7:].split(b"</Blob>"):
         if not chunk.strip():
             continue
