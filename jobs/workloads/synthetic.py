@@ -68,17 +68,28 @@ class Lockstep:
     def step(self, step: int) -> None:
         if self.world == 1:
             return
+        # A rank that goes away shows as end of file or, when its socket is reset, as an OSError.
         if self.rank == 0:
-            for peer in self.peers:
-                if peer.readline().strip() != str(step):
-                    raise ConnectionError(f"a rank left before step {step}")
-            for peer in self.peers:
-                peer.write("go\n")
-                peer.flush()
+            try:
+                answers = [peer.readline().strip() for peer in self.peers]
+            except OSError as exc:
+                raise ConnectionError(f"a rank left before step {step} ({exc})") from exc
+            if any(answer != str(step) for answer in answers):
+                raise ConnectionError(f"a rank left before step {step}")
+            try:
+                for peer in self.peers:
+                    peer.write("go\n")
+                    peer.flush()
+            except OSError as exc:
+                raise ConnectionError(f"a rank left before step {step} ({exc})") from exc
         else:
-            self.hub.write(f"{step}\n")
-            self.hub.flush()
-            if self.hub.readline().strip() != "go":
+            try:
+                self.hub.write(f"{step}\n")
+                self.hub.flush()
+                answer = self.hub.readline().strip()
+            except OSError as exc:
+                raise ConnectionError(f"rank 0 left before step {step} ({exc})") from exc
+            if answer != "go":
                 raise ConnectionError(f"rank 0 left before step {step}")
 
 

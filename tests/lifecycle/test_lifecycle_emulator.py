@@ -61,7 +61,7 @@ def engine(azure) -> Engine:
 
 def test_creating_a_resource_that_exists_fails(azure, engine):
     """defaultCreate: GET first, then "cannot create already existing resource"."""
-    run(engine, "one", lambda: account("sharedacct", rg="rg") if group() else None)
+    run(engine, "one", lambda: account("sharedacct", rg="rg", depends_on=[group()]))
     with pytest.raises(DeploymentFailed, match="cannot create already existing resource"):
         run(engine, "two", lambda: group())
 
