@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import threading
 import time
@@ -63,13 +64,23 @@ class TestOnAzurite:
                 assert reader.get("r.bin", 0, 50_000)[0] == b"x" * 50_000
         assert proxy.counts["busy"] > 0 and proxy.counts["drop"] > 0
 
-    def test_a_truncated_body_is_transient(self, azurite, container):
+    def test_a_truncated_body_is_asked_for_again(self, azurite, container):
+        """A range whose body breaks off is read again on a new connection: one reset costs
+        that range, not the whole file's attempt."""
         container.upload_blob("t.bin", b"y" * 100_000)
         with FaultProxy(azurite.port, seed=1, truncate=1.0, max_faults=1) as proxy:
             reader = reader_for(azurite, container.container_name, proxy.connection_string(azurite))
+            assert reader.get("t.bin", 0, 100_000)[0] == b"y" * 100_000
+            assert proxy.counts["truncate"] == 1
+
+    def test_a_body_that_keeps_breaking_off_is_transient_after_the_read_budget(self, azurite, container):
+        container.upload_blob("t.bin", b"y" * 100_000)
+        retry = dataclasses.replace(FAST, read=2)
+        with FaultProxy(azurite.port, seed=1, truncate=1.0, max_per_request=100) as proxy:
+            reader = reader_for(azurite, container.container_name, proxy.connection_string(azurite), retry)
             with pytest.raises(blobhttp.TransientError, match="broke off|reading the body failed"):
                 reader.get("t.bin", 0, 100_000)
-            assert reader.get("t.bin", 0, 100_000)[0] == b"y" * 100_000  # the next connection is fine
+            assert proxy.counts["truncate"] == 1 + retry.read
 
     def test_nobody_listening_gives_up_after_the_budget(self):
         from jobs.local.azurite import free_port

@@ -16,8 +16,8 @@ checkpoints) stay on the SDK.
   nor the token is ever part of a message: URLs are shown without their query.
 - Retries, per request, with `blobio.RetrySettings`' budget and backoff: connection errors
   before an answer, 408, 429, 500, 502, 503 and 504. A `Retry-After` header is obeyed (up
-  to `max_retry_after_s`). A body that breaks off is `TransientError` for the caller, who
-  fetches that range again.
+  to `max_retry_after_s`). A body that breaks off is asked for again, the same range or
+  page, up to the `read` budget; after that it is `TransientError` for the caller.
 - Deadline: a read of a body returns after at most one socket read (`read_timeout_s`
   without a byte aborts it) and the deadline is checked between reads, so a server that
   drips a byte every few seconds cannot hold a request past the deadline.
@@ -302,13 +302,20 @@ class Reader:
         if range_md5:
             headers["x-ms-range-get-content-md5"] = "true"
         what = f"blob {blob!r} bytes {offset}+{length}"
-        response = self._request(f"{self._path}/{quote(blob, safe='/~')}", headers, what, deadline)
-        try:
-            data = read_body(response, length, deadline, what)
-        except (TransientError, DeadlineExceeded):
-            self._drop_connection()
-            raise
-        return data, response.msg
+        # A body that breaks off is asked for again, the same range under the same If-Match (as a
+        # listing page is): one reset costs a range, not the whole file's attempt.
+        for attempt in range(1 + self.retry.read):
+            response = self._request(f"{self._path}/{quote(blob, safe='/~')}", headers, what, deadline)
+            try:
+                return read_body(response, length, deadline, what), response.msg
+            except DeadlineExceeded:
+                self._drop_connection()
+                raise
+            except TransientError:
+                self._drop_connection()
+                if attempt == self.retry.read:
+                    raise
+        raise AssertionError("unreachable")
 
 
 def read_body(response: http.client.HTTPResponse, length: int | None, deadline: Deadline, what: str) -> bytes:
