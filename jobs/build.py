@@ -528,24 +528,31 @@ def to_command_job(plan: JobPlan, code_path: str | Path):
     )
 
 
-def to_job_dict(plan: JobPlan, code_path: str | Path) -> dict[str, Any]:
-    """The job as Azure ML's command-job YAML document (plain dict), as the SDK's own `dump` writes it."""
+def command_job_document(job, inline_environment: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A CommandJob as Azure ML's command-job YAML document (plain dict), as the SDK's own
+    `dump` writes it, without the empty blocks it adds. `inline_environment`: the keys an
+    inline environment keeps (the SDK's anonymous name/version is derived on submit)."""
     import io
 
     import yaml
 
     stream = io.StringIO()
-    to_command_job(plan, code_path).dump(stream)
+    job.dump(stream)
     document = yaml.safe_load(stream.getvalue())
-    if "image" in plan.environment:
-        # an inline image environment; the SDK's anonymous name/version is derived on submit
-        document["environment"] = {"image": plan.environment["image"]}
+    if inline_environment:
+        document["environment"] = {k: v for k, v in document["environment"].items() if k in inline_environment}
     for key in ("properties", "parameters"):
         if not document.get(key):
             document.pop(key, None)
     if isinstance(document.get("resources"), dict) and not document["resources"].get("properties"):
         document["resources"].pop("properties", None)
     return {"$schema": "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json", **document}
+
+
+def to_job_dict(plan: JobPlan, code_path: str | Path) -> dict[str, Any]:
+    """The job as Azure ML's command-job YAML document (plain dict)."""
+    inline = ("image",) if "image" in plan.environment else ()
+    return command_job_document(to_command_job(plan, code_path), inline)
 
 
 def to_yaml(plan: JobPlan, code_path: str | Path) -> str:

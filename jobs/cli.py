@@ -118,19 +118,25 @@ def submit(
                             max_restarts=max_restarts, resume=resume)
             return
         code = build.snapshot(plan.code_dirs)
+        _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
-            for reason in too_much:
-                err.print(f"[yellow]warning:[/] {reason}; submit would need --yes", highlight=False)
             sys.stdout.write(build.to_yaml(plan, code))
             return
-        if too_much and not yes:
-            raise UserError([Problem(f"jobs/recipes/{r.name}.yaml", "cost", reason,
-                                     "pass --yes to submit anyway, or lower --nodes / --hours") for reason in too_much],
-                            "job not submitted: over its cost limit")
         client = submitter.connect(stack_outputs)
         submitter.submit(client, plan, code, follow=follow, echo=out.print)
 
     guard(debug, body)
+
+
+def _cost_gate(recipe: str, too_much: list[str], *, dry_run: bool, yes: bool) -> None:
+    """Over the recipe's ceiling or the stack's budget: a dry run warns, a submission needs --yes."""
+    if dry_run:
+        for reason in too_much:
+            err.print(f"[yellow]warning:[/] {reason}; submit would need --yes", highlight=False)
+    elif too_much and not yes:
+        raise UserError([Problem(f"jobs/recipes/{recipe}.yaml", "cost", reason,
+                                 "pass --yes to submit anyway, or lower --nodes / --hours") for reason in too_much],
+                        "job not submitted: over its cost limit")
 
 
 def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: bool, yes: bool, follow: bool,
@@ -151,15 +157,10 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     err.print(f"  record: {mplan.record_blob}", highlight=False)
     code = render.snapshot(mplan)
     render.validate(mplan, code)
+    _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
     if dry_run:
-        for reason in too_much:
-            err.print(f"[yellow]warning:[/] {reason}; submit would need --yes", highlight=False)
         sys.stdout.write(render.to_yaml(mplan, code))
         return
-    if too_much and not yes:
-        raise UserError([Problem(f"jobs/recipes/{r.name}.yaml", "cost", reason,
-                                 "pass --yes to submit anyway, or lower --nodes / --hours") for reason in too_much],
-                        "job not submitted: over its cost limit")
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
         created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)

@@ -167,21 +167,8 @@ def controller_job(mplan: ManagedPlan, code_path: str | Path):
 
 
 def controller_document(mplan: ManagedPlan, code_path: str | Path) -> dict[str, Any]:
-    import io
-
-    import yaml
-
-    stream = io.StringIO()
-    controller_job(mplan, code_path).dump(stream)
-    document = yaml.safe_load(stream.getvalue())
     # an inline environment: Azure ML names and versions it by content on submit
-    document["environment"] = {k: v for k, v in document["environment"].items() if k in ("image", "conda_file")}
-    for key in ("properties", "parameters"):
-        if not document.get(key):
-            document.pop(key, None)
-    if isinstance(document.get("resources"), dict) and not document["resources"].get("properties"):
-        document["resources"].pop("properties", None)
-    return {"$schema": "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json", **document}
+    return build.command_job_document(controller_job(mplan, code_path), ("image", "conda_file"))
 
 
 def to_yaml(mplan: ManagedPlan, code_path: str | Path) -> str:
