@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.plan_helpers import commit_all
+
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL = {"bash", "sh", "shell", "console"}
@@ -181,11 +183,9 @@ def _scratch_copy(tmp_path: Path) -> Path:
             shutil.copy2(source, copy / rel)  # keeps times: the bootstrap stamps stay newer than uv.lock
     # A fresh clone is a git checkout with origin/main: commands that compare revisions
     # (`infra plan --diff-ref`) need one.
-    git = {**os.environ, "GIT_AUTHOR_NAME": "docs", "GIT_AUTHOR_EMAIL": "docs@example.com",
-           "GIT_COMMITTER_NAME": "docs", "GIT_COMMITTER_EMAIL": "docs@example.com"}
-    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "a fresh clone"],
-                 ["update-ref", "refs/remotes/origin/main", "HEAD"]):
-        subprocess.run(["git", *argv], cwd=copy, env=git, check=True, capture_output=True)
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=copy, check=True)
+    commit_all(copy, "a fresh clone")
+    subprocess.run(["git", "update-ref", "refs/remotes/origin/main", "HEAD"], cwd=copy, check=True)
     for env in (".venv", "node_modules", ".bootstrap"):
         if (REPO / env).exists():
             (copy / env).symlink_to(REPO / env)
