@@ -274,15 +274,7 @@ class Reader:
         if include_metadata:
             params["include"] = "metadata"
         what = f"listing {self.shown_url}"
-        for attempt in range(1 + self.retry.read):
-            response = self._request(f"{self._path}?{urlencode(params, quote_via=quote)}", {}, what, deadline)
-            try:
-                return read_body(response, None, deadline, what)
-            except TransientError:
-                self._drop_connection()
-                if attempt == self.retry.read:
-                    raise
-        raise AssertionError("unreachable")
+        return self._read(f"{self._path}?{urlencode(params, quote_via=quote)}", {}, None, what, deadline)[0]
 
     def head(self, blob: str, etag: str | None = None, deadline: Deadline = NO_DEADLINE) -> http.client.HTTPMessage:
         """The blob's properties and metadata (Get Blob Properties), as response headers."""
@@ -302,10 +294,15 @@ class Reader:
         if range_md5:
             headers["x-ms-range-get-content-md5"] = "true"
         what = f"blob {blob!r} bytes {offset}+{length}"
-        # A body that breaks off is asked for again, the same range under the same If-Match (as a
-        # listing page is): one reset costs a range, not the whole file's attempt.
+        return self._read(f"{self._path}/{quote(blob, safe='/~')}", headers, length, what, deadline)
+
+    def _read(self, path_query: str, headers: dict[str, str], length: int | None, what: str,
+              deadline: Deadline) -> tuple[bytes, http.client.HTTPMessage]:
+        """A GET and its whole body. A body that breaks off is asked for again (the same range
+        under the same If-Match, or the same page), up to the `read` budget: one reset costs
+        that request, not the whole file's attempt. A connection left mid-body is never reused."""
         for attempt in range(1 + self.retry.read):
-            response = self._request(f"{self._path}/{quote(blob, safe='/~')}", headers, what, deadline)
+            response = self._request(path_query, headers, what, deadline)
             try:
                 return read_body(response, length, deadline, what), response.msg
             except DeadlineExceeded:
