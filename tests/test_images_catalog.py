@@ -14,6 +14,7 @@ import pytest
 
 from images import catalog, context
 from images.pins import load_pins
+from tests.source_imports import imports_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -216,35 +217,22 @@ class TestContentHashTag:
         assert context.content_hash(one, {}) != context.content_hash(two, {})
 
 
-def imported_modules(path: Path) -> set[str]:
-    import ast
-
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-    return found
-
-
 class TestPurity:
     def test_images_package_imports_no_pulumi_or_azure(self):
         """The build runs without Pulumi or the Azure SDK (az is a command, not an import)."""
         for path in sorted((ROOT / "images").glob("*.py")):
-            bad = {m for m in imported_modules(path) if m.split(".")[0] in ("pulumi", "pulumi_azure_native", "azure")}
+            bad = {m for m in imports_of(path) if m.split(".")[0] in ("pulumi", "pulumi_azure_native", "azure")}
             assert not bad, f"{path.name} imports {bad}"
 
     def test_what_the_pulumi_program_imports_stays_out_of_jobs(self):
         """infra imports images.catalog, and infra never imports jobs (docs/contracts.md 1)."""
         for name in ("catalog.py", "context.py", "pins.py"):
-            assert not {m for m in imported_modules(ROOT / "images" / name) if m.split(".")[0] == "jobs"}, name
-        jobs_users = {p.name for p in (ROOT / "images").glob("*.py") if any(m.startswith("jobs") for m in imported_modules(p))}
+            assert not {m for m in imports_of(ROOT / "images" / name) if m.split(".")[0] == "jobs"}, name
+        jobs_users = {p.name for p in (ROOT / "images").glob("*.py") if any(m.startswith("jobs") for m in imports_of(p))}
         assert jobs_users <= {"stack.py"}
 
     def test_in_image_scripts_use_only_the_standard_library(self):
         """check_ib_userspace.py and smoke.py run on the base image's bare Python."""
         for path in sorted((ROOT / "images" / "common" / "bin").glob("*.py")):
-            top = {m.split(".")[0] for m in imported_modules(path)}
+            top = {m.split(".")[0] for m in imports_of(path)}
             assert top <= set(sys.stdlib_module_names) | {"__future__"}, f"{path.name}: {top - set(sys.stdlib_module_names)}"

@@ -3,7 +3,6 @@ inside a function counts too; one test runs jobs commands with Pulumi made unimp
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
@@ -12,35 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_imports import imports_of
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def parse(path: Path) -> ast.Module:
-    """ast.parse, again after CPython 3.11's spurious SystemError "AST constructor recursion
-    depth mismatch": the AST converter keeps its depth counter in interpreter-wide state,
-    which threads converting at once (threads earlier tests leave behind) can upset
-    (github.com/python/cpython/issues/106905 and pull 106906, read 2026-11-23)."""
-    source = path.read_text()
-    for attempt in range(3):
-        try:
-            return ast.parse(source, filename=str(path))
-        except SystemError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
-def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
-    tree = parse(path)
-    nodes = tree.body if top_level_only else ast.walk(tree)
-    found: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return found
 
 
 def py_files(*parts: str) -> list[Path]:

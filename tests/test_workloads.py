@@ -116,6 +116,26 @@ class TestCosmoFlowTraining:
         assert proc.returncode == 2 and "no training files" in proc.stderr
 
 
+class TestProcessGroup:
+    def test_the_group_is_destroyed_before_the_interpreter_finalizes(self, tmp_path):
+        """A rank that exits with its gloo group alive can abort in finalization (exit 134);
+        an exit handler registered before the group exists runs after ours and sees it gone."""
+        script = tmp_path / "probe.py"
+        script.write_text(
+            "import atexit, os, torch.distributed as dist\n"  # one write per rank: the two share stdout
+            "atexit.register(lambda: os.write(1, f'group alive at exit: {dist.is_initialized()}\\n'.encode()))\n"
+            "from jobs.workloads import common\n"
+            "d = common.init_distributed()\n"
+            "assert dist.is_initialized() and d.world == 2\n"
+        )
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                               "--standalone", str(script)],
+                              cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.count("group alive at exit: False") == 2, proc.stdout
+
+
 class TestAllReduce:
     def test_sweep_over_gloo(self, tmp_path):
         from core import skus

@@ -17,7 +17,6 @@ used here to the versions pyproject.toml pins.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import re
@@ -41,6 +40,7 @@ from infra.config import (  # noqa: E402
     load_stack_config,
 )
 from infra.plan.cost import Cost, cost, quota  # noqa: E402
+from infra.plan.event_loop import private_event_loop  # noqa: E402
 from infra.plan.mocks import (  # noqa: E402
     FAKE_SUBSCRIPTION,
     PlanMocks,
@@ -225,12 +225,6 @@ def _run(build: Callable[[], dict[str, Any] | None], stack: str, stack_outputs: 
     resource in a context variable, which a new thread starts without."""
     import pulumi
 
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)  # this thread's own loop
-    monitor = RecordingMonitor(PlanMocks(subscription_id, stack_outputs))
-    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
-    pulumi.runtime.register_stack_transformation(_drop_provider_version_aliases)
-
     resolved: dict[str, Any] = {}
     secret_keys: list[str] = []
 
@@ -241,11 +235,12 @@ def _run(build: Callable[[], dict[str, Any] | None], stack: str, stack_outputs: 
             if await out.is_secret():
                 secret_keys.append(key)
 
-    try:
+    with private_event_loop():
+        monitor = RecordingMonitor(PlanMocks(subscription_id, stack_outputs))
+        pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+        pulumi.runtime.register_stack_transformation(_drop_provider_version_aliases)
         # `test` clears the runtime's pending work, runs the program, waits for every
         # registration, and raises what the program or a registration raised.
         pulumi.runtime.test(lambda: resolve(build()))()
-    finally:
-        loop.close()
     resources = canonical_order(monitor.recorded)
     return resources, json.loads(json.dumps(resolved, default=str)), sorted(secret_keys)

@@ -1,7 +1,8 @@
 """Helpers every training script here shares: process group, metrics, checkpoints, profiler.
 
 - `init_distributed()`: torch.distributed from the launcher's environment (RANK /
-  WORLD_SIZE / MASTER_ADDR, or OpenMPI's variables under MPI), NCCL on GPUs, gloo on CPU.
+  WORLD_SIZE / MASTER_ADDR, or OpenMPI's variables under MPI), NCCL on GPUs, gloo on CPU;
+  the group is destroyed at exit.
 - `Metrics`: one JSON line per log step on stdout (rank 0), MLflow when the image has it
   (Azure ML picks MLflow metrics up), and a summary file under outputs/ for `jobs scale report`.
 - checkpoint helpers over AMLHPC_CHECKPOINT_DIR / AMLHPC_RESUME_DIR (the launcher uploads
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -68,7 +70,19 @@ def init_distributed(backend: str | None = None) -> Dist:
         device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"), init_method="env://")
+        atexit.register(_leave_process_group)
     return Dist(rank, local_rank, world, device)
+
+
+def _leave_process_group() -> None:
+    """Destroy the group while the interpreter is still whole: a process that exits with a
+    gloo group alive can abort in finalization (SIGABRT, "terminate called without an active
+    exception"; github.com/pytorch/pytorch/issues/190489, read 2026-11-23), which turned a
+    finished rehearsal rank into exit 134 here."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def barrier(d: Dist) -> None:

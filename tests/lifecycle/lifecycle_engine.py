@@ -28,7 +28,6 @@ What it reproduces, with the source of each behaviour:
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import threading
@@ -42,6 +41,8 @@ from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from infra.adopt import SINGLETONS
+from infra.plan import _drop_provider_version_aliases
+from infra.plan.event_loop import private_event_loop
 from infra.plan.mocks import FAKE_TENANT, PlanMocks, RecordingMonitor, _plain, physical_name
 from tests.lifecycle.lifecycle_cloud import ROLE, AzureError, FakeAzure
 
@@ -356,30 +357,24 @@ def _run(monitor: EmulatorMonitor, build: Callable[[], dict[str, Any]], stack: s
         from pulumi.runtime.mocks import set_mocks
         from pulumi.runtime.stack import run_pulumi_func
 
-        asyncio.set_event_loop(asyncio.new_event_loop())
         try:
-            settings.ROOT.set(None)
-            set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
-            settings.SETTINGS.rpc_manager.clear()
-            settings.SETTINGS.outputs.clear()
-            try:  # the offline plan's speed-up: provider version aliases mean nothing here either
-                from infra.plan import _drop_provider_version_aliases
-            except ImportError:  # pragma: no cover - renamed or gone: only slower
-                _drop_provider_version_aliases = None
-            if _drop_provider_version_aliases is not None:
+            with private_event_loop():
+                settings.ROOT.set(None)
+                set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+                settings.SETTINGS.rpc_manager.clear()
+                settings.SETTINGS.outputs.clear()
+                # the offline plan's speed-up: provider version aliases mean nothing here either
                 pulumi.runtime.register_stack_transformation(_drop_provider_version_aliases)
-            resolved: dict[str, Any] = {}
+                resolved: dict[str, Any] = {}
 
-            async def resolve(document: dict[str, Any] | None) -> None:
-                for key, value in (document or {}).items():
-                    resolved[key] = await pulumi.Output.from_input(value).future()
+                async def resolve(document: dict[str, Any] | None) -> None:
+                    for key, value in (document or {}).items():
+                        resolved[key] = await pulumi.Output.from_input(value).future()
 
-            _sync_await(run_pulumi_func(lambda: resolve(build())))
-            box["value"] = json.loads(json.dumps(resolved, default=str))
+                _sync_await(run_pulumi_func(lambda: resolve(build())))
+                box["value"] = json.loads(json.dumps(resolved, default=str))
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
             box["error"] = exc
-        finally:
-            asyncio.get_event_loop().close()
 
     worker = threading.Thread(target=run, name=f"emulate-{stack}")
     worker.start()

@@ -282,3 +282,27 @@ def test_a_retained_role_assignment_is_found_again_only_under_a_declared_name(az
     else:
         with pytest.raises(DeploymentFailed, match="RoleAssignmentExists"):
             run(engine, "s", build)
+
+
+def test_a_failed_up_leaves_nothing_for_asyncio_to_report_later(azure, engine, caplog):
+    """Pulumi sets a failed resource's error on every output future of it and of what uses
+    its outputs; left unreported, the garbage collector would format those tracebacks at a
+    random later point (python/cpython#106905 turned one into a failing test elsewhere)."""
+    import gc
+
+    def taken_name_and_a_user_of_its_outputs():
+        taken = account("takenacct", depends_on=[group()])
+        authorization.RoleAssignment("grant", principal_id="p", principal_type="User", role_definition_id="r",
+                                     scope=taken.id)
+
+    run(engine, "first", lambda: account("takenacct", depends_on=[group()]))
+    with caplog.at_level("WARNING", logger="asyncio"):
+        try:  # not pytest.raises: its traceback would keep the futures alive past gc.collect()
+            run(engine, "second", taken_name_and_a_user_of_its_outputs)
+        except DeploymentFailed as failure:
+            assert "already existing resource" in str(failure)
+        else:
+            pytest.fail("the second up should fail on the existing group")
+        run(engine, "third", lambda: group("other"))  # the next run lets go of the failed run's state
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
