@@ -1,9 +1,7 @@
 """InfiniBand ports present, ACTIVE and at the size's rate, from sysfs.
 
-Each RDMA device is /sys/class/infiniband/<hca>/ports/<n>/ with one-line files:
-`link_layer` ("InfiniBand" or "Ethernet"), `state` ("4: ACTIVE"), `phys_state`
-("5: LinkUp") and `rate` ("200 Gb/sec (4X HDR)"). Only InfiniBand ports count: Azure's
-accelerated-networking NIC is an mlx5 device too, with an Ethernet link layer.
+The ports come from jobs.runtime.rdma (/sys/class/infiniband). Only InfiniBand ports count:
+Azure's accelerated-networking NIC is an mlx5 device too, with an Ethernet link layer.
 
 Expected per node: `ib_hcas` ports at `ib_gbits_per_s_per_hca` (the catalog). A port in
 INIT has a link but no subnet-manager configuration (traffic cannot flow); a port below
@@ -14,52 +12,19 @@ back to TCP and the job would crawl instead of failing.
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 
 from jobs.runtime.health.grading import FAIL, PASS, SKIP
 from jobs.runtime.health.results import CheckResult
+from jobs.runtime.rdma import infiniband_ports
 from jobs.runtime.skufacts import SkuFacts
-
-_RATE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
-
-
-def _state_name(text: str) -> str:
-    """'4: ACTIVE' -> 'ACTIVE'; 'LinkUp' stays."""
-    return text.split(":", 1)[1].strip() if ":" in text else text
 
 
 def ib_ports(sysfs: Path) -> list[dict]:
-    """Every InfiniBand port: {hca, port, state, phys_state, rate_gbits}."""
-    root = sysfs / "class" / "infiniband"
-    try:
-        hcas = sorted(os.listdir(root))
-    except OSError:
-        return []
-    ports = []
-    for hca in hcas:
-        try:
-            numbers = sorted(os.listdir(root / hca / "ports"), key=lambda p: int(p) if p.isdigit() else 0)
-        except OSError:
-            continue
-        for number in numbers:
-            port = root / hca / "ports" / number
-            if _read(port / "link_layer") not in ("InfiniBand", ""):
-                continue  # Ethernet (accelerated networking) or RoCE: not our fabric
-            match = _RATE.match(_read(port / "rate"))
-            ports.append({"hca": hca, "port": number, "state": _state_name(_read(port / "state")),
-                          "phys_state": _state_name(_read(port / "phys_state")),
-                          "rate_gbits": float(match.group(1)) if match else None,
-                          "rate_text": _read(port / "rate")})
-    return ports
+    """Every InfiniBand port (jobs.runtime.rdma reads them): {hca, port, state, phys_state,
+    rate_gbits, rate_text}."""
+    return [{"hca": p.device, "port": p.port, "state": p.state, "phys_state": p.phys_state,
+             "rate_gbits": p.rate_gbits, "rate_text": p.rate_text} for p in infiniband_ports(sysfs)]
 
 
 def check_infiniband(sysfs: Path, sku: SkuFacts | None) -> list[CheckResult]:
