@@ -32,6 +32,7 @@ from pulumi_azure_native import managedidentity
 
 from infra import quirks
 from infra.components.access import Access, AccessArgs, Grant
+from infra.components.gpu_cluster import subnet_reference
 
 
 def controller_identity_name(prefix: str, stack: str) -> str:
@@ -85,9 +86,6 @@ class ControllerCluster(pulumi.ComponentResource):
                   protect=args.checkpoints_locked),
             Grant("acr-pull", quirks.ROLE_ACR_PULL, args.registry_scope, identity.principal_id),
         ]), opts=child)
-        subnet = None
-        if args.subnet_id is not None:
-            subnet = pulumi.Output.from_input(args.subnet_id).apply(lambda s: ml.ResourceIdArgs(id=s) if s else None)
         compute = ml.Compute(
             f"{name}-compute",
             compute_name=args.cluster_name,
@@ -108,7 +106,7 @@ class ControllerCluster(pulumi.ComponentResource):
                         node_idle_time_before_scale_down=quirks.idle_duration(args.idle_minutes)),
                     enable_node_public_ip=args.node_public_ip,
                     remote_login_port_public_access="Disabled",
-                    subnet=subnet,
+                    subnet=subnet_reference(args.subnet_id),
                 ),
             ),
             tags=args.tags,

@@ -101,7 +101,7 @@ class GpuCluster(pulumi.ComponentResource):
                     remote_login_port_public_access=pulumi.Output.from_input(args.node_public_ip).apply(
                         lambda public: "Enabled" if ssh_on and public else "Disabled"),
                     user_account_credentials=credentials,
-                    subnet=_subnet(args.subnet_id),
+                    subnet=subnet_reference(args.subnet_id),
                 ),
             ),
             tags=args.tags,
@@ -119,8 +119,9 @@ class GpuCluster(pulumi.ComponentResource):
         self.register_outputs({"clusterName": self.cluster_name, "clusterId": self.cluster_id})
 
 
-def _subnet(subnet_id: pulumi.Input[str] | None) -> pulumi.Input[ml.ResourceIdArgs] | None:
-    """The compute subnet, or none (an experiment learns it from its environment's outputs)."""
+def subnet_reference(subnet_id: pulumi.Input[str] | None) -> pulumi.Input[ml.ResourceIdArgs] | None:
+    """An AmlCompute cluster's subnet, or none (also when the id resolves empty: an experiment
+    learns it from its environment's outputs). The controller cluster uses it too."""
     if subnet_id is None:
         return None
     if isinstance(subnet_id, str):
