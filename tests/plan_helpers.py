@@ -13,7 +13,7 @@ SWEEP_EXPERIMENT = {
     "aml-hpc:owner": "researcher@example.com",
     "aml-hpc:environment": "dev",
     "aml-hpc:expiresAt": "2026-12-31",
-    "aml-hpc:clusters": [{"name": "sweep-a", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "priority": "LowPriority"}],
+    "aml-hpc:clusters": [{"name": "sweep-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 4, "priority": "LowPriority"}],
     "aml-hpc:budget": {"monthlyAmountUsd": 500, "alertEmails": ["researcher@example.com"]},
 }
 """An experiment stack on dev (Pulumi.exp-sweep.yaml's config) for the plan tests."""

@@ -17,6 +17,7 @@ from core import skus
 from core.errors import UserError
 from infra.config import REPO_ROOT, ControllerConfig
 from infra.plan import evaluate
+from tests.plan_helpers import SWEEP_EXPERIMENT
 
 FIXTURES = Path(__file__).parent / "fixtures" / "outputs"
 SECRET_MARKERS = ("AccountKey=", "SharedAccessSignature", "sig=", "PRIVATE KEY", "password", "connectionString")
@@ -139,19 +140,9 @@ def _env_dir(tmp_path: Path, extra_stacks: dict[str, dict]) -> Path:
     return tmp_path
 
 
-EXP = {
-    "azure-native:location": "swedencentral",
-    "aml-hpc:owner": "researcher@example.com",
-    "aml-hpc:environment": "dev",
-    "aml-hpc:expiresAt": "2026-12-31",
-    "aml-hpc:clusters": [{"name": "sweep-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 4, "priority": "LowPriority"}],
-    "aml-hpc:budget": {"monthlyAmountUsd": 500, "alertEmails": ["researcher@example.com"]},
-}
-
-
 class TestExperimentStacks:
     def test_adds_clusters_to_the_environment_workspace(self, tmp_path):
-        plan = evaluate("exp-sweep", _env_dir(tmp_path, {"exp-sweep": EXP}))
+        plan = evaluate("exp-sweep", _env_dir(tmp_path, {"exp-sweep": SWEEP_EXPERIMENT}))
         assert sorted(types(plan)) == ["azure-native:consumption:Budget", "azure-native:machinelearningservices:Compute"]
         ref = plan.of_type("pulumi:pulumi:StackReference")
         assert ref and ref[0].inputs["name"] == "organization/aml-hpc/dev"
@@ -165,7 +156,7 @@ class TestExperimentStacks:
         assert plan.outputs["storage"] == plan.environment.outputs["storage"]
 
     def test_cluster_name_taken_in_environment(self, tmp_path):
-        clash = {**EXP, "aml-hpc:clusters": [{"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2}]}
+        clash = {**SWEEP_EXPERIMENT, "aml-hpc:clusters": [{"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2}]}
         with pytest.raises(UserError) as info:
             evaluate("exp-clash", _env_dir(tmp_path, {"exp-clash": clash}))
         assert "cluster 'nd-a100' already exists in environment 'dev'" in info.value.render()
