@@ -15,7 +15,6 @@ import yaml
 from infra.plan import evaluate
 from infra.plan.mocks import PlanMocks
 from infra.policy import check_plan, has_mandatory, render
-from infra.quirks import ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER
 from tests.conformance.conformance_rows import ROWS
 from tests.conformance.test_conformance import findings_for
 from tests.test_config import GOOD_ENV, PUBKEY
@@ -37,6 +36,8 @@ STACKS = {
                    "aml-hpc:clusters": [{"name": "sweep", "sku": "Standard_ND96isr_H100_v5", "maxNodes": 2}],
                    "aml-hpc:budget": {"monthlyAmountUsd": 100, "alertEmails": ["team@example.com"]}},
 }
+
+KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER = "e147488a-f6f5-4113-8e2d-b22465e65bf6"  # Azure built-in roles, security
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ class TestKeysDiagnosticsHbiLock:
         assert key.inputs["properties"]["kty"] == "RSA" and key.inputs["properties"]["keySize"] == 3072
         assert key.protect and key.inputs["vaultName"] == plan.config.names.key_vault
         grants = [r for r in plan.of_type("azure-native:authorization:RoleAssignment")
-                  if r.inputs["roleDefinitionId"].endswith(ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER)]
+                  if r.inputs["roleDefinitionId"].endswith(KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER)]
         assert len(grants) == 2 and all(g.inputs["scope"].endswith(f"/keys/{key.inputs['keyName']}") for g in grants)
         assert COSMOS in {g.inputs["principalId"] for g in grants}
         assert all(g.inputs["principalType"] == "ServicePrincipal" for g in grants)
