@@ -258,7 +258,7 @@ class TestManagedNetwork:
         assert registry["serviceResourceId"].endswith(f"/registries/{plan.config.names.ml_registry}")
         assert registry["subresourceTarget"] == "amlregistry"
         fqdn = sorted(r["destination"] for r in rules.values() if r["type"] == "FQDN")
-        assert fqdn == ["files.pythonhosted.org", "github.com", "pypi.org"]
+        assert fqdn == ["files.pythonhosted.org", "pypi.org"]  # no general-purpose code host
         assert ws["provisionNetworkNow"] is True and ws["publicNetworkAccess"] == "Disabled"
 
     def test_clusters_take_no_subnet_and_no_public_ip(self, plans):
