@@ -14,7 +14,7 @@ import yaml
 
 from infra.plan import evaluate
 from infra.plan.mocks import PlanMocks
-from infra.policy import check_plan, has_mandatory, render
+from infra.policy import check_plan, render
 from tests.conformance.conformance_rows import ROWS
 from tests.conformance.test_conformance import findings_for
 from tests.test_config import GOOD_ENV, PUBKEY
@@ -73,10 +73,17 @@ def cluster_props(plan, name: str = "cluster-nd-h100-compute") -> dict:
     return one(plan, "azure-native:machinelearningservices:Compute", name).inputs["properties"]["properties"]
 
 
+# What the security baseline refuses in these non-dev environments, and nothing else: `hard`
+# keeps public network access (its point is the key, diagnostics and HBI), `mnet` lets jobs
+# reach the whole internet. Every other mode passes every mandatory rule.
+BASELINE_REFUSES = {"hard": {"no-public-network-access", "no-public-ips"}, "mnet": {"no-internet-outbound"}}
+
+
 @pytest.mark.parametrize("stack", sorted(STACKS))
 def test_every_mode_passes_the_mandatory_policy_rules(plans, stack):
     violations = check_plan(plans[stack].to_json())
-    assert not has_mandatory(violations), render(violations, stack)
+    refused = {v.rule for v in violations if v.level == "mandatory"}
+    assert refused == BASELINE_REFUSES.get(stack, set()), render(violations, stack)
 
 
 @pytest.mark.parametrize("stack", sorted(s for s in STACKS if not s.startswith("exp-")))
@@ -279,8 +286,10 @@ class TestManagedNetwork:
     def test_the_firewall_cost_and_open_internet_are_reported(self, plans):
         cost = [v for v in check_plan(plans["mngd"].to_json()) if v.rule == "managed-network-outbound"]
         assert len(cost) == 1 and cost[0].level == "advisory" and "$912/month" in cost[0].message
-        internet = [v for v in check_plan(plans["mnet"].to_json()) if v.rule == "managed-network-outbound"]
-        assert len(internet) == 1 and "any host on the internet" in internet[0].message
+        # Outside dev open internet is refused (no-internet-outbound), not merely reported.
+        internet = [v for v in check_plan(plans["mnet"].to_json()) if v.rule == "no-internet-outbound"]
+        assert len(internet) == 1 and internet[0].level == "mandatory"
+        assert "any host on the internet" in internet[0].message
 
     def test_internet_outbound_keeps_only_the_private_endpoint_rules(self, plans):
         network = workspace(plans["mnet"])["managedNetwork"]
