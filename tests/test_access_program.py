@@ -202,3 +202,34 @@ class TestGitHubEnvironments:
         _, outputs = access
         with pytest.raises(UserError, match="'prod' needs required reviewers"):
             commands(outputs["github"], "my-org/aml-hpc", [])
+
+
+class TestScript:
+    """scripts/access-setup.sh: its refusals name the fix; it drives `pulumi -C infra/access`."""
+
+    def run(self, *args: str, path: str = "/usr/bin:/bin", **env: str):
+        import subprocess
+
+        from infra.config import REPO_ROOT
+
+        return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "access-setup.sh"), *args], cwd=REPO_ROOT, text=True,
+                              capture_output=True, env={"PATH": path, "HOME": "/tmp", **env}, timeout=60)
+
+    def test_unknown_action_and_missing_cli_are_refused(self):
+        unknown = self.run("apply")
+        assert unknown.returncode == 2 and "unknown action 'apply'" in unknown.stderr
+        missing = self.run("up")
+        assert missing.returncode == 127 and "the Pulumi CLI is not installed" in missing.stderr
+
+    def test_up_runs_the_access_program_on_its_own_stack(self, tmp_path):
+        fake = tmp_path / "bin"
+        fake.mkdir()
+        (fake / "pulumi").write_text('#!/usr/bin/env bash\nprintf "%s|%s\\n" "$*" "$PULUMI_BACKEND_URL" >> "$LOG"\n')
+        (fake / "pulumi").chmod(0o755)
+        log = tmp_path / "log"
+        result = self.run("up", "--", "--yes", path=f"{fake}:/usr/bin:/bin", LOG=str(log), PULUMI_CONFIG_PASSPHRASE="x",
+                          ACCESS_BACKEND_URL=f"file://{tmp_path}/state")
+        assert result.returncode == 0, result.stderr
+        assert log.read_text().splitlines() == [
+            f"-C infra/access stack select --create --secrets-provider passphrase access|file://{tmp_path}/state",
+            f"-C infra/access up --stack access --yes|file://{tmp_path}/state"]
