@@ -49,12 +49,18 @@ def plan(
         "--markdown", help="With --diff or --diff-ref: print the pull-request comment section.")] = False,
     policy: Annotated[bool, typer.Option(
         "--policy", help="Also run the policy rules; exit 3 on a mandatory violation.")] = False,
+    access: Annotated[bool, typer.Option(
+        "--access", help="Show who can do what, where, and why: the stack's role assignments and its CI "
+                         "identities' rights, from the permission model (with --json: as data).")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Show every resource STACK declares, its cost and GPU quota, without Azure; or, with
     --diff/--diff-ref, what a change adds, removes, replaces and updates."""
     with exit_on_bad_input(debug):
-        _check_plan_flags(diff, diff_ref, markdown, as_json)
+        _check_plan_flags(diff, diff_ref, markdown, as_json, access, policy)
+        if access:
+            _show_access(stack, as_json)
+            return
         if diff is not None or diff_ref is not None:
             violations = _show_diff(stack, diff, diff_ref, markdown, as_json, policy)
         else:
@@ -63,8 +69,12 @@ def plan(
         raise typer.Exit(EXIT_POLICY)
 
 
-def _check_plan_flags(diff: Path | None, diff_ref: str | None, markdown: bool, as_json: bool) -> None:
+def _check_plan_flags(diff: Path | None, diff_ref: str | None, markdown: bool, as_json: bool,
+                      access: bool = False, policy: bool = False) -> None:
     problems = []
+    if access and (diff is not None or diff_ref is not None or markdown or policy):
+        problems.append(Problem("plan", "--access", "shows the stack's access on its own",
+                                "drop --diff/--diff-ref/--markdown/--policy, or run them separately"))
     if diff is not None and diff_ref is not None:
         problems.append(Problem("plan", "--diff, --diff-ref", "both given", "compare with one base: a file or a revision"))
     if markdown and diff is None and diff_ref is None:
@@ -106,6 +116,19 @@ def _show_plan(stack: str, as_json: bool, policy: bool) -> list:
         sys.stdout.write(render(result))
         _print_violations(violations, policy)
     return violations
+
+
+def _show_access(stack: str, as_json: bool) -> None:
+    from infra.plan import evaluate
+    from infra.plan.access import access_view
+
+    view = access_view(evaluate(stack))
+    if as_json:
+        sys.stdout.write(json.dumps(view, indent=2) + "\n")
+    else:
+        from infra.plan.render_access import render_access
+
+        sys.stdout.write(render_access(view))
 
 
 def _show_diff(stack: str, diff: Path | None, diff_ref: str | None, markdown: bool, as_json: bool,

@@ -86,11 +86,14 @@ OutboundMode = Literal["AllowOnlyApprovedOutbound", "AllowInternetOutbound"]
 DEFAULT_FQDN_RULES: dict[str, str] = {
     "pypi.org": "pip's index, for recipes and jobs that pip-install at start",
     "files.pythonhosted.org": "where pip downloads what pypi.org lists",
-    "github.com": "git clone at job start (jobs/recipes/maskrcnn.yaml clones NVIDIA/DeepLearningExamples)",
 }
 """Hosts a managed, approved-only network lets jobs reach unless the stack says otherwise, and
-why. Not here on purpose: nvcr.io (images are built by ACR Tasks outside the managed VNet and
-pulled from our registry through its private endpoint) and conda (our environments never build)."""
+why. Not here on purpose: general-purpose code and file hosts (github.com, gist, paste and
+tunnel services), where a job could push data as easily as it pulls code - a team that needs
+one adds it to the stack's fqdnRules and to infra/policy/outbound.toml, where the platform
+team reviews it (docs/isolation.md); nvcr.io (images are built by ACR Tasks outside the
+managed VNet and pulled from our registry through its private endpoint) and conda (our
+environments never build)."""
 
 
 class BastionConfig(_Model):
@@ -651,6 +654,26 @@ def _check_kind(found: ProblemCollector, stack: str, kind: StackKind, ours: dict
                       "add a cluster: name, sku, maxNodes (see Pulumi.dev.yaml)")
     elif raw.environment_stack:
         found.add(f"{NAMESPACE}environmentStack", "is only for experiment stacks (exp-*)", f"remove it from Pulumi.{stack}.yaml")
+    if kind == "experiment":
+        _check_environment_stack(found, stack, raw)
+
+
+def _check_environment_stack(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
+    """An experiment's target is one fact, `environment`: the GitHub environment it deploys in
+    (reviewers, identity, state) follows it, so a StackReference to another environment's
+    stack under a `dev` label would put clusters into prod's workspace with dev's reviewers.
+    `environmentStack` may only spell the same stack fully qualified."""
+    given, environment = raw.environment_stack, raw.environment
+    if not given or not environment:
+        return
+    parts = given.split("/")
+    same = parts[-1] == environment and (len(parts) == 1 or (len(parts) == 3 and parts[1] == PROJECT))
+    if not same:
+        found.add(f"{NAMESPACE}environmentStack",
+                  f"{given!r} is not the stack of aml-hpc:environment {environment!r}: an experiment deploys into "
+                  "the environment it names, with that environment's reviewers, identity and state",
+                  f"remove aml-hpc:environmentStack from Pulumi.{stack}.yaml (it defaults to "
+                  f"organization/{PROJECT}/{environment}); to target another environment set aml-hpc:environment")
 
 
 def _check_expiry(found: ProblemCollector, stack: str, kind: StackKind, raw: _RawConfig) -> datetime | None:
@@ -931,7 +954,7 @@ def _check_managed_ssh(found: ProblemCollector, raw: _RawConfig) -> None:
                       "remove the ssh block, or use isolation: private (SSH from the jump box; docs/isolation.md)")
 
 
-_FQDN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+_FQDN = re.compile(r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 _STORAGE_SUFFIXES = (".core.windows.net", ".storage.azure.net")
 
 
@@ -961,9 +984,14 @@ def _check_managed_network(found: ProblemCollector, stack: str, raw: _RawConfig)
         name = host.strip().lower()
         if "://" in name or "/" in name or ":" in name:
             found.add(path, f"{host!r} is not a host name (no scheme, port or path: FQDN rules allow 80 and 443)",
-                      "write just the host, e.g. pypi.org or *.anaconda.org")
+                      "write just the host, e.g. pypi.org")
+        elif name.startswith("*"):
+            found.add(path, f"{host!r} is a wildcard: it lets jobs send data to every host under "
+                      f"{name.lstrip('*.')!r} (any bucket, tunnel or tenant anyone can create there)",
+                      "list the exact hosts jobs need (e.g. my-bucket.s3.us-east-1.amazonaws.com), or bake what "
+                      "jobs download into the image")
         elif not _FQDN.match(name):
-            found.add(path, f"{host!r} is not a fully qualified host name", "e.g. pypi.org, or *.example.com for its subdomains")
+            found.add(path, f"{host!r} is not a fully qualified host name", "e.g. pypi.org")
         elif name.endswith(_STORAGE_SUFFIXES):
             found.add(path, f"{host!r} is an Azure Storage endpoint: an approved-only managed network reaches storage "
                       "through private endpoints, never FQDN rules", "remove it; the dataset account gets a private "

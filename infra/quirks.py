@@ -26,32 +26,23 @@ CLUSTER_REPLACE_ON_CHANGES: tuple[str, ...] = (
     "identity",
 )
 
-# Built-in role definition GUIDs (stable across tenants).
-ROLE_STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
-ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
-ROLE_ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
-# Key Vault Crypto Service Encryption User: wrap/unwrap with a key, for services that encrypt
-# with a customer-managed key (Microsoft Learn: Azure built-in roles, Security).
-ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER = "e147488a-f6f5-4113-8e2d-b22465e65bf6"
-ROLE_STORAGE_FILE_DATA_PRIVILEGED_CONTRIBUTOR = "69566ab7-960f-475b-8e7c-b3118f30c6bd"
-ROLE_READER = "acdd72a7-3385-48ef-bd42-f606fba81ae7"
-ROLE_AZUREML_DATA_SCIENTIST = "f6c7c914-8db3-469d-8ca1-694a8f32e121"
-"""'AzureML Data Scientist': every action inside a workspace (jobs, reading computes and
-their nodes) except creating or deleting compute and changing the workspace itself (Azure
-built-in roles, AI + machine learning)."""
+# Role definitions (built-in GUIDs, custom roles) are data in core/catalog/permissions.toml.
 
 # Workspace storage access (systemDatastoresAuthMode). Microsoft Learn, "Disable shared key
 # access for your workspace's storage account (preview)" (checked 2026-11-23): identity
 # mode is a preview "we don't recommend for production workloads"; with it, the users of
 # the workspace need Storage Blob Data Contributor and Storage File Data Privileged
 # Contributor on the account, and a compute identity that reads or writes job data needs
-# Storage Blob Data Contributor. So: identity in dev (no keys anywhere), access keys
-# elsewhere unless a stack opts in with aml-hpc:workspaceStorageAuth.
+# Storage Blob Data Contributor. Identity is the default everywhere: an account key is a
+# secret that opens every job's snapshots and outputs, and the platform's baseline refuses
+# shared keys on any storage outside dev (policy no-shared-key-storage). A stack may still
+# choose accessKey (aml-hpc:workspaceStorageAuth); outside dev the policy then refuses it.
 SYSTEM_DATASTORES_AUTH_MODE = {"identity": "identity", "accessKey": "accesskey"}
 
 
 def default_workspace_storage_auth(environment: str) -> str:
-    return "identity" if environment == "dev" else "accessKey"
+    """identity in every environment (the reasons above); the argument stays for callers."""
+    return "identity"
 
 
 # Under private isolation, what keeps a public endpoint and why (the plan is checked

@@ -3,11 +3,17 @@
 #
 #   scripts/pulumi-stack.sh preview|up|down STACK [-- extra pulumi arguments]
 #
-# - State: PULUMI_BACKEND_URL, default a file backend in .pulumi-state/ (solo work). Teams
-#   and CI share an Azure Blob backend: azblob://<container>?storage_account=<account>
-#   (docs/deploying.md).
+# - One state container and one passphrase per environment: an experiment's state lives with
+#   its environment's (aml-hpc:environment). State: PULUMI_BACKEND_URL as given; else, with
+#   AMLHPC_STATE_ACCOUNT, the environment's container azblob://state-<env>?storage_account=...
+#   (the access program creates them: scripts/access-setup.sh); else a file backend in
+#   .pulumi-state/ (solo work). A backend whose container is another environment's is refused.
 # - Secrets: the passphrase provider; set PULUMI_CONFIG_PASSPHRASE (or
-#   PULUMI_CONFIG_PASSPHRASE_FILE). Losing it loses the stack's secrets.
+#   PULUMI_CONFIG_PASSPHRASE_FILE, or AMLHPC_PASSPHRASE_DIR holding <env>.txt per environment).
+#   Losing it loses the stack's secrets.
+# - AMLHPC_ENVIRONMENT (set by the workflows to the GitHub environment's aml-hpc environment):
+#   a stack of another environment is refused, so a job holding dev's identity and passphrase
+#   never touches prod's stacks, whatever a stack file claims.
 # - preview and up run the policy pack (infra/policy/pack) and refresh from Azure first.
 # - Environment stacks: preview and up first give the stack its random aml-hpc:nameSuffix
 #   (written once into Pulumi.<stack>.yaml: commit it), so every copy of this repository
@@ -71,6 +77,40 @@ if [[ $action == down && $kind == environment && ${CONFIRM:-} != "$stack" ]]; th
       "if you really mean it: make down STACK=$stack CONFIRM=$stack (protected dataset storage is kept either way)"
 fi
 
+stack_environment() {  # the environment a stack belongs to: itself, or an experiment's aml-hpc:environment
+  if [[ $kind == environment ]]; then
+    printf '%s' "$stack"
+    return
+  fi
+  local found
+  found=$(sed -nE "s/^[[:space:]]*aml-hpc:environment:[[:space:]]*[\"']?([a-z0-9][a-z0-9-]*)[\"']?[[:space:]]*(#.*)?$/\1/p" \
+    "Pulumi.$stack.yaml" | head -n 1)
+  [[ -n $found ]] || die "cannot tell which environment experiment '$stack' belongs to: Pulumi.$stack.yaml has no aml-hpc:environment" \
+    "pulumi config set aml-hpc:environment dev --stack $stack (the environment whose workspace it joins)"
+  printf '%s' "$found"
+}
+
+if [[ -n ${AMLHPC_ENVIRONMENT:-} || -n ${AMLHPC_STATE_ACCOUNT:-} || -n ${AMLHPC_PASSPHRASE_DIR:-} \
+      || ${PULUMI_BACKEND_URL:-} == azblob://state-* ]]; then
+  environment=$(stack_environment)
+  if [[ -n ${AMLHPC_ENVIRONMENT:-} && $AMLHPC_ENVIRONMENT != "$environment" ]]; then
+    die "refusing $action of '$stack': it belongs to environment '$environment', and this job runs as environment '$AMLHPC_ENVIRONMENT' (its identity, reviewers and passphrase)" \
+        "run it in the '$environment' GitHub environment (the workflows pick it from aml-hpc:environment)"
+  fi
+  if [[ -z ${PULUMI_BACKEND_URL:-} && -n ${AMLHPC_STATE_ACCOUNT:-} ]]; then
+    export PULUMI_BACKEND_URL="azblob://state-$environment?storage_account=$AMLHPC_STATE_ACCOUNT"
+  fi
+  if [[ ${PULUMI_BACKEND_URL:-} =~ ^azblob://state-([a-z0-9-]+)([?/]|$) && ${BASH_REMATCH[1]} != "$environment" ]]; then
+    die "refusing $action of '$stack': the backend ${PULUMI_BACKEND_URL%%\?*} holds environment '${BASH_REMATCH[1]}'s state, and '$stack' belongs to '$environment'" \
+        "use environment '$environment's backend (azblob://state-$environment?storage_account=...), or unset PULUMI_BACKEND_URL and set AMLHPC_STATE_ACCOUNT"
+  fi
+  if [[ -z ${PULUMI_CONFIG_PASSPHRASE+set} && -z ${PULUMI_CONFIG_PASSPHRASE_FILE:-} && -n ${AMLHPC_PASSPHRASE_DIR:-} ]]; then
+    [[ -f $AMLHPC_PASSPHRASE_DIR/$environment.txt ]] || die "no passphrase file $AMLHPC_PASSPHRASE_DIR/$environment.txt for environment '$environment'" \
+      "put environment '$environment's passphrase there (one file per environment), or export PULUMI_CONFIG_PASSPHRASE"
+    export PULUMI_CONFIG_PASSPHRASE_FILE=$AMLHPC_PASSPHRASE_DIR/$environment.txt
+  fi
+fi
+
 if ! command -v pulumi >/dev/null 2>&1; then
   die "the Pulumi CLI is not installed (no 'pulumi' on PATH)" \
       "install it: curl -fsSL https://get.pulumi.com | sh (Linux/macOS) or brew install pulumi/tap/pulumi, open a new shell, then check with: pulumi version" \
@@ -79,7 +119,7 @@ fi
 
 if [[ -z ${PULUMI_CONFIG_PASSPHRASE+set} && -z ${PULUMI_CONFIG_PASSPHRASE_FILE:-} ]]; then
   die "no passphrase for the stack's secrets" \
-      "export PULUMI_CONFIG_PASSPHRASE=... (keep it in your password manager; the team shares one per backend) or PULUMI_CONFIG_PASSPHRASE_FILE=<path>"
+      "export PULUMI_CONFIG_PASSPHRASE=... (keep it in your password manager; one per environment) or PULUMI_CONFIG_PASSPHRASE_FILE=<path>"
 fi
 
 if [[ ! -x .venv/bin/python ]]; then

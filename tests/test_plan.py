@@ -87,7 +87,8 @@ class TestEnvironmentStacks:
     def test_dev_data_is_retained_not_protected(self, dev):
         data = [r for r in dev.resources if r.type in ("azure-native:storage:BlobContainer",)
                 or (r.type == "azure-native:storage:StorageAccount" and r.name == "data-account")]
-        assert len(data) == 3 and all(r.retain_on_delete and not r.protect for r in data)
+        # the account and its datasets, checkpoints and supervision containers
+        assert len(data) == 4 and all(r.retain_on_delete and not r.protect for r in data)
 
     def test_prod_is_isolated_and_protected(self, prod):
         t = types(prod)
@@ -113,8 +114,9 @@ class TestEnvironmentStacks:
         roles = {r.urn for r in prod.of_type("azure-native:authorization:RoleAssignment") if r.name.startswith("access-")}
         endpoint = next(r.urn for r in prod.of_type("azure-native:network:PrivateEndpoint")
                         if r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["amlworkspace"])
-        # the cluster identity's three, and the workspace identity's read of the datasets
-        assert len(roles) == 4 and roles | {endpoint} <= set(compute.depends_on)
+        # the cluster identity's three and its job I/O on the keyless workspace storage, and the
+        # workspace identity's read of the datasets
+        assert len(roles) == 5 and roles | {endpoint} <= set(compute.depends_on)
 
 
 class TestCostAndQuota:

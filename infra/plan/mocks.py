@@ -158,6 +158,7 @@ _ARM: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "azure-native:applicationinsights:Component": ("Microsoft.Insights/components/{name}", "resourceName", ()),
     "azure-native:containerregistry:Registry": ("Microsoft.ContainerRegistry/registries/{name}", "registryName", ()),
     "azure-native:managedidentity:UserAssignedIdentity": ("Microsoft.ManagedIdentity/userAssignedIdentities/{name}", "resourceName", ()),
+    "azure-native:managedidentity:FederatedIdentityCredential": ("Microsoft.ManagedIdentity/userAssignedIdentities/{resourceName}/federatedIdentityCredentials/{name}", "federatedIdentityCredentialResourceName", ("resourceName",)),
     "azure-native:machinelearningservices:Workspace": ("Microsoft.MachineLearningServices/workspaces/{name}", "workspaceName", ()),
     "azure-native:machinelearningservices:Compute": ("Microsoft.MachineLearningServices/workspaces/{workspaceName}/computes/{name}", "computeName", ("workspaceName",)),
     "azure-native:machinelearningservices:Datastore": ("Microsoft.MachineLearningServices/workspaces/{workspaceName}/datastores/{name}", "name", ("workspaceName",)),
@@ -187,6 +188,8 @@ def id_inputs(type_token: str) -> tuple[str, ...]:
         return ("scope", "roleAssignmentName")
     if type_token == "azure-native:consumption:Budget":
         return ("scope", "budgetName")
+    if type_token == "azure-native:authorization:RoleDefinition":
+        return ("scope", "roleDefinitionId")
     arm = _ARM.get(type_token)
     if arm is None:
         return ("resourceGroupName",) if type_token.startswith("azure-native:") else ()
@@ -256,6 +259,8 @@ class PlanMocks(mocks.Mocks):
             return f"{inputs.get('scope')}/providers/Microsoft.Authorization/roleAssignments/{guid}"
         if type_token == "azure-native:consumption:Budget":
             return f"{inputs.get('scope')}/providers/Microsoft.Consumption/budgets/{name}"
+        if type_token == "azure-native:authorization:RoleDefinition":
+            return f"{inputs.get('scope')}/providers/Microsoft.Authorization/roleDefinitions/{inputs.get('roleDefinitionId')}"
         # Extension resources live under the resource they watch or lock.
         if type_token == "azure-native:monitor:DiagnosticSetting":
             return f"{inputs.get('resourceUri')}/providers/Microsoft.Insights/diagnosticSettings/{inputs.get('name') or logical}"

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra import quirks
+from core.permissions import MODEL
 from infra.plan import STACK_REFERENCE, Plan
 from infra.plan.mocks import RecordedResource, qualified_name
 from infra.plan.text import DETAIL, INDENT, money, pair, wrap
 
-_ROLE_NAMES = {
-    quirks.ROLE_STORAGE_BLOB_DATA_READER: "Storage Blob Data Reader",
-    quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR: "Storage Blob Data Contributor",
-    quirks.ROLE_ACR_PULL: "AcrPull",
-}
+
+def role_name(role_definition_id: str) -> str:
+    """A role assignment's role by name (the permission model's), else its GUID."""
+    parts = str(role_definition_id or "").split("/")
+    subscription = parts[2] if len(parts) > 2 and parts[1].lower() == "subscriptions" else ""
+    role = MODEL.role_by_guid(parts[-1], subscription)
+    return role.name if role else parts[-1]
 
 
 def short_type(type_token: str) -> str:
@@ -73,8 +75,9 @@ def details(r: RecordedResource) -> str:
         regions = ", ".join(str(d.get("location")) for d in i.get("regionDetails") or [])
         return f"regions {regions}, network {i.get('publicNetworkAccess')}"
     if t == "azure-native:authorization:RoleAssignment":
-        guid = _last(i.get("roleDefinitionId"))
-        return f"{_ROLE_NAMES.get(guid, guid)} on {_short_scope(i.get('scope', ''))} ({i.get('principalType')})"
+        condition = ", with a condition" if i.get("condition") else ""
+        return (f"{role_name(i.get('roleDefinitionId'))} on {_short_scope(i.get('scope', ''))} "
+                f"({i.get('principalType')}{condition})")
     if t == "azure-native:consumption:Budget":
         notes = i.get("notifications") or {}
         return f"${i.get('amount') or 0:,.0f}/month, alerts at {', '.join(sorted(notes))}"

@@ -26,6 +26,11 @@ _SHM = re.compile(r"^[1-9][0-9]*[bkmg]$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,40}$")
 _INPUT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$")
+# Host folders a recipe may never bind into the job's container: the node's system, its
+# container runtime and its credentials (a `-v /var/run/docker.sock:...` is root on the node).
+_SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run",
+                "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var")
 
 Distribution = Literal["pytorch", "mpi", "tensorflow", "deepspeed"]
 Framework = Literal["pytorch", "tensorflow"]
@@ -72,7 +77,26 @@ class InputSpec(_Model):
     """For mode stage: local (each node gets its share; each rank a file list), replica
     (every node gets everything) or shared (BeeOND: staged once into `shared_dir`)."""
     shared_dir: str = "/mnt/beeond"
-    """Where the BeeOND file system is mounted on the nodes (placement shared)."""
+    """Where the BeeOND file system is mounted on the nodes (placement shared). It becomes a
+    `docker -v DIR:DIR` argument of the job, so it must be a plain absolute folder below a data
+    mount (e.g. /mnt/beeond), never a system folder, and take no spaces, colons or options."""
+
+    @field_validator("shared_dir")
+    @classmethod
+    def _shared_dir(cls, value: str) -> str:
+        return check_mount_path(value)
+
+
+def check_mount_path(value: str) -> str:
+    """A host folder safe to hand to `docker -v DIR:DIR`, or ValueError naming what is wrong."""
+    fix = "use a folder below the nodes' data mounts, e.g. /mnt/beeond (jobs beeond start --mount)"
+    if not _MOUNT_PATH.match(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError(f"{value!r} is not a plain absolute folder (letters, digits, '.', '_', '-' between "
+                         f"slashes; no spaces, colons, commas, '..' or trailing slash): {fix}")
+    top = "/" + value.split("/")[1]
+    if value.count("/") < 2 or top in _SYSTEM_DIRS:
+        raise ValueError(f"{value!r} would bind a system folder of the node into the job's container: {fix}")
+    return value
 
 
 class OutputSpec(_Model):
