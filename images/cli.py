@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from core.cli_help import flags_without_types
+from core.cli_help import VersionOption, new_app
 from core.errors import Problem, UserError, exit_with
 from images import catalog, context, lint
 from images.build import (
@@ -38,9 +38,7 @@ from images.commands import CommandNotFound, Runner, SubprocessRunner
 from images.pins import load_pins
 from images.stack import check_login_server, resolve_login_server
 
-flags_without_types()
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
+app = new_app(__doc__.split("\n\n")[0])
 console = Console(stderr=True)
 
 runner_factory: Callable[[], Runner] | None = None
@@ -67,7 +65,7 @@ def _select(names: list[str] | None) -> list[catalog.ImageSpec]:
 
 
 @app.callback()
-def main() -> None:
+def main(version: VersionOption = False) -> None:
     """aml-hpc training images: build in ACR, inspect, check."""
 
 

@@ -19,19 +19,17 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from core.cli_help import flags_without_types
+from core.cli_help import VersionOption, new_app
 from core.errors import Problem, UserError, exit_on_bad_input
 
-flags_without_types()
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
+app = new_app(__doc__.split("\n\n")[0])
 
 EXIT_POLICY = 3
 """`plan --policy` found a mandatory policy violation."""
 
 
 @app.callback()
-def main() -> None:
+def main(version: VersionOption = False) -> None:
     """aml-hpc infrastructure, offline: plans, experiment lifecycle."""
 
 

@@ -8,6 +8,7 @@ when several set the same thing: jobs/cli_options.py.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +16,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from core.cli_help import VersionOption, new_app
 from core.errors import Problem, UserError
 from jobs.cli_options import (
     AllowTcp,
@@ -32,8 +34,12 @@ from jobs.cli_options import (
     out,
 )
 
-app = typer.Typer(help="Submit and manage aml-hpc training jobs on Azure ML.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = new_app("Submit and manage aml-hpc training jobs on Azure ML.")
+
+
+@app.callback()
+def _callback(version: VersionOption = False) -> None:
+    """Submit and manage aml-hpc training jobs on Azure ML: recipes, cost, quota, runs, reports."""
 
 
 def _plan(recipe_name: str, stack: str, offline: bool, outputs_file: Path | None, cluster: str | None,
@@ -120,12 +126,23 @@ def submit(
         code = build.snapshot(plan.code_dirs)
         _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
-            sys.stdout.write(build.to_yaml(plan, code))
+            sys.stdout.write(_code_note() + build.to_yaml(plan, portable(code)))
             return
         client = submitter.connect(stack_outputs)
         submitter.submit(client, plan, code, follow=follow, echo=out.print)
 
     guard(debug, body)
+
+
+def portable(code: Path) -> str:
+    """The code snapshot as a dry run prints it: relative to the current folder, so the YAML
+    names no absolute path of this machine (`az ml job create -f` resolves `code:` from the
+    folder the file is in: save it here)."""
+    return Path(os.path.relpath(code)).as_posix()
+
+
+def _code_note() -> str:
+    return "# code: is relative to the folder this was printed in; save the file there for `az ml job create -f`\n"
 
 
 def _cost_gate(recipe: str, too_much: list[str], *, dry_run: bool, yes: bool) -> None:
@@ -159,7 +176,7 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     render.validate(mplan, code)
     _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
     if dry_run:
-        sys.stdout.write(render.to_yaml(mplan, code))
+        sys.stdout.write(_code_note() + render.to_yaml(mplan, portable(code)))
         return
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
@@ -409,7 +426,8 @@ def scale(
         if dry_run:
             import yaml
 
-            sys.stdout.write(yaml.safe_dump_all([build.to_job_dict(p, code) for p in plans], sort_keys=False, width=120))
+            sys.stdout.write(_code_note() + yaml.safe_dump_all([build.to_job_dict(p, portable(code)) for p in plans],
+                                                               sort_keys=False, width=120))
             return
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
         too_much = cost.over_limits(total, None, budget)
@@ -464,7 +482,3 @@ def _mount() -> None:
 
 
 _mount()
-
-
-def main() -> None:
-    app()

@@ -48,3 +48,37 @@ def test_value_options_keep_their_type_and_set_reads_key_value():
     assert "KEY=VALUE" in result.output and "<list[str]>" not in result.output
     run_help = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
     assert "INPUT=DIR" in run_help and "<list[str]>" not in run_help
+
+
+@pytest.mark.parametrize("cli", ["jobs", "infra", "images"])
+def test_every_command_takes_h_and_every_app_version(cli):
+    """`-h` is `--help` on every command; `--version` prints the one version (core/version.py)."""
+    from core.version import __version__
+
+    app = _apps()[cli]
+    runner = CliRunner()
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.stdout.strip() == f"aml-hpc {__version__}"
+    for path, _ in _commands(typer.main.get_command(app)):
+        short = runner.invoke(app, [*path, "-h"], env={"COLUMNS": "200"})
+        assert short.exit_code == 0 and "Usage:" in short.output, (path, short.output)
+
+
+@pytest.mark.parametrize("cli", ["jobs", "infra", "images"])
+def test_completion_and_exit_statuses_in_the_root_help(cli):
+    from core.cli_help import EXIT_STATUSES
+
+    help_text = CliRunner().invoke(_apps()[cli], ["--help"], env={"COLUMNS": "250"}).output
+    assert "--install-completion" in help_text and "--show-completion" in help_text
+    assert "Exit status:" in help_text
+    for code, _, _ in EXIT_STATUSES:
+        assert f"{code}: " in help_text
+
+
+def test_typer_itself_is_left_as_it_is():
+    """Flags are shown bare through typer's public `cls=`, not by replacing typer's methods."""
+    import typer.core
+
+    _apps()
+    assert typer.core.TyperOption.display_type_rich.__module__ == "typer.core"
+    assert typer.core.TyperOption.display_type_rich.__qualname__ == "TyperOption.display_type_rich"
