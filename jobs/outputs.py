@@ -23,10 +23,12 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from core import project
 from core.errors import Problem, UserError
 from core.outputs import REQUIRED_CONTAINERS, REQUIRED_DATASTORES, StackOutputs
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = project.root()
+"""The project folder, whose stack files the offline plan reads (core/project.py)."""
 
 Source = Literal["deployed", "file", "offline"]
 

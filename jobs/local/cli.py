@@ -38,12 +38,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from core import project
 from core.errors import Problem, UserError
 from jobs.cli_options import guard
 from jobs.local import processes
 from jobs.runtime import contract
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = project.root()
 AZURITE_DIR_VARIABLE = "AMLHPC_AZURITE_DIR"
 """Where the rehearsal's own Azurite keeps its data (default .azurite/)."""
 DEFAULT_NODES = 2
@@ -69,7 +70,7 @@ def local_blob():
         return
     from jobs.local import azurite
 
-    folder = Path(os.environ.get(AZURITE_DIR_VARIABLE) or REPO_ROOT / ".azurite")
+    folder = Path(os.environ.get(AZURITE_DIR_VARIABLE) or PROJECT_ROOT / ".azurite")
     try:
         server = azurite.start(folder)
     except (azurite.AzuriteNotInstalled, RuntimeError, TimeoutError) as exc:
@@ -198,7 +199,7 @@ def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_
     folder = workdir or folders.REHEARSALS / run_name
     if workdir is None:
         for old in folders.prune(folders.REHEARSALS, folders.KEEP_REHEARSALS, current=folder):
-            out.print(f"[dim]removed an old rehearsal folder: {old.relative_to(REPO_ROOT)}[/]")
+            out.print(f"[dim]removed an old rehearsal folder: {old.relative_to(PROJECT_ROOT)}[/]")
     snapshot = build.snapshot(plan.code_dirs)
     folders.touch(snapshot)
     folders.prune(folders.SNAPSHOTS, folders.KEEP_SNAPSHOTS, current=snapshot)
