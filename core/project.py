@@ -13,14 +13,15 @@ the `Pulumi.yaml` and `Pulumi.<stack>.yaml` files a team edits; the tools also w
    the repository root);
 4. the current directory (jobs that need no stack file: `--outputs FILE` or a deployed stack).
 
-Pure standard library: every part (and the `aml-hpc` entry point, before anything heavy
-is imported) can use it.
+Imports nothing heavy: the `aml-hpc` entry point uses it before anything else is loaded.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from core.errors import Problem, UserError
 
 ENV_VARIABLE = "AMLHPC_PROJECT"
 PROJECT_FILE = "Pulumi.yaml"
@@ -54,6 +55,18 @@ def root(cwd: Path | None = None, environ: dict[str, str] | None = None) -> Path
 
 def is_project(folder: Path) -> bool:
     return (folder / PROJECT_FILE).is_file()
+
+
+def require(folder: Path) -> Path:
+    """`folder` when it is a project; else the UserError that says how to get into one."""
+    if is_project(folder):
+        return folder
+    raise UserError([Problem(str(folder), "", f"no aml-hpc project here: no {PROJECT_FILE} in this folder or any "
+                             "folder above it",
+                             f"cd into your project (the folder with {PROJECT_FILE} and the Pulumi.<stack>.yaml files), "
+                             f"or pass --project DIR (aml-hpc) / set {ENV_VARIABLE}=DIR; a new project starts as a copy "
+                             "of Pulumi.yaml and Pulumi.dev.yaml from the aml-hpc repository")],
+                    "not in a project")
 
 
 def scratch(cwd: Path | None = None, environ: dict[str, str] | None = None) -> Path:

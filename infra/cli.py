@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from core import project
 from core.cli_help import VersionOption, new_app
 from core.errors import Problem, UserError, exit_on_bad_input
 
@@ -52,6 +53,9 @@ def plan(
     """Show every resource STACK declares, its cost and GPU quota, without Azure; or, with
     --diff/--diff-ref, what a change adds, removes, replaces and updates."""
     with exit_on_bad_input(debug):
+        from infra.config import REPO_ROOT
+
+        project.require(REPO_ROOT)
         _check_plan_flags(diff, diff_ref, markdown, as_json)
         if diff is not None or diff_ref is not None:
             violations = _show_diff(stack, diff, diff_ref, markdown, as_json, policy)

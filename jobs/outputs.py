@@ -110,6 +110,7 @@ def _from_file(path: Path) -> Any:
 def _from_offline(stack: str, root: Path) -> Any:
     from infra.plan import offline_outputs  # the program under Pulumi's mock runtime
 
+    project.require(root)
     return offline_outputs(stack, root=root)
 
 
