@@ -84,6 +84,9 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts) instead of a table.")]
+"""`--json` on every command that prints data."""
+
 VersionOption = Annotated[bool, typer.Option("--version", help="Print aml-hpc's version and exit.",
                                              callback=_print_version, is_eager=True)]
 """Add to an app's callback: `version: VersionOption = False`."""

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from core.cli_help import VersionOption, new_app
+from core.cli_help import JsonOption, VersionOption, new_app
+from core.console import row_table, table
 from core.errors import Problem, UserError
 from jobs.cli_options import (
     AllowTcp,
@@ -70,15 +70,24 @@ def _summary(plan, recipe, stack_outputs) -> None:
 
 
 @app.command("recipes")
-def list_recipes() -> None:
+def list_recipes(as_json: JsonOption = False) -> None:
     """List the shipped recipes."""
     from jobs import recipes
 
-    table = Table("recipe", "distribution", "nodes", "description")
-    for name in recipes.available():
-        r = recipes.load(name)
-        table.add_row(name, r.distribution, str(r.nodes), r.description)
-    out.print(table)
+    loaded = [recipes.load(name) for name in recipes.available()]
+    if as_json:
+        _print_json([{"recipe": r.name, "distribution": r.distribution, "nodes": r.nodes, "description": r.description}
+                     for r in loaded])
+        return
+    rows = table("recipe", "distribution", "nodes", "description")
+    for r in loaded:
+        rows.add_row(r.name, r.distribution, str(r.nodes), r.description)
+    out.print(rows)
+
+
+def _print_json(document) -> None:
+    """Data for scripts, on stdout, nothing else there."""
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
 @app.command()
@@ -200,6 +209,7 @@ def estimate(
     allow_tcp: AllowTcp = False,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """Cost of RECIPE on the stack: nodes x hours x price per node-hour."""
@@ -207,10 +217,13 @@ def estimate(
     def body() -> None:
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
         est = plan.estimate
-        table = Table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
-        table.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
-                      f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}")
-        out.print(table)
+        if as_json:
+            _print_json(_estimate_document(r, stack_outputs, plan))
+            return
+        rows = table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
+        rows.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
+                     f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}")
+        out.print(rows)
         out.print(f"total: {est.nodes} x {plan.sku} x {est.hours:g} h x ${est.usd_per_node_hour:,.3f}/h = ${est.usd:,.2f}",
                   highlight=False, soft_wrap=True)
         out.print(f"price from: {est.price_source}", highlight=False, soft_wrap=True)
@@ -236,6 +249,19 @@ def estimate(
     guard(debug, body)
 
 
+def _estimate_document(r, stack_outputs, plan) -> dict:
+    from jobs import cost
+
+    est = plan.estimate
+    budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+    return {"recipe": r.name, "stack": stack_outputs.stack, "cluster": plan.cluster, "sku": plan.sku,
+            "priority": plan.priority, "nodes": est.nodes, "hours": est.hours, "usdPerNodeHour": est.usd_per_node_hour,
+            "usd": round(est.usd, 2), "priceSource": est.price_source, "notes": list(est.notes(stack_outputs.location)),
+            "ceilingUsd": r.cost.ceiling_usd, "monthlyBudgetUsd": budget,
+            "over": cost.over_limits(est.usd, r.cost.ceiling_usd, budget), "warnings": list(plan.warnings),
+            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None}
+
+
 @app.command()
 def quota(
     stack: Stack,
@@ -246,6 +272,7 @@ def quota(
     allow_tcp: AllowTcp = False,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """GPU quota needed vs available per VM family (low priority draws on lowPriorityCores)."""
@@ -253,6 +280,7 @@ def quota(
     def body() -> None:
         from jobs import submit as submitter
 
+        _refuse_offline(offline, "quota", "the quota the plan needs is in `python -m infra plan --stack S` (offline)")
         if recipe:
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
@@ -261,12 +289,20 @@ def quota(
             requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
         client = submitter.connect(stack_outputs)
         lines = submitter.quota(client, stack_outputs, requests)
-        table = Table("quota", "Azure's name", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
+        if as_json:
+            _print_json([{"quota": line.quota_name, "azureName": line.label, "neededVcpus": line.needed,
+                          "inUse": line.used, "limit": line.limit, "available": line.available, "ok": line.ok,
+                          "clusters": list(line.clusters),
+                          "fix": line.hint(stack_outputs.location) if line.ok is False else None} for line in lines])
+            if any(line.ok is False for line in lines):
+                raise typer.Exit(1)
+            return
+        rows = table("quota", "Azure's name", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
         for line in lines:
-            table.add_row(line.quota_name, line.label or "-", str(line.needed), _n(line.used),
-                          "none" if line.limit == -1 else _n(line.limit), _n(line.available),
-                          {True: "yes", False: "[red]NO[/]", None: "?"}[line.ok], ", ".join(line.clusters))
-        out.print(table)
+            rows.add_row(line.quota_name, line.label or "-", str(line.needed), _n(line.used),
+                         "none" if line.limit == -1 else _n(line.limit), _n(line.available),
+                         {True: "yes", False: "[red]NO[/]", None: "?"}[line.ok], ", ".join(line.clusters))
+        out.print(rows)
         for line in lines:
             if line.limit is None:
                 err.print(f"[yellow]warning:[/] Azure reported no usage for {line.quota_name} in {stack_outputs.location}: "
@@ -290,32 +326,59 @@ def _on_job(stack: str, offline: bool, outputs_file: Path | None, debug: bool, a
     def body() -> None:
         from jobs import submit as submitter
 
+        _refuse_offline(offline)
         stack_outputs = load_outputs(stack, offline, outputs_file)
         action(submitter, submitter.connect(stack_outputs), stack_outputs)
 
     guard(debug, body)
 
 
+def _refuse_offline(offline: bool, what: str = "this command", instead: str = "") -> None:
+    """--offline on a command that can only ask Azure ML: refused before any plan or sign-in."""
+    if offline:
+        raise UserError([Problem("command line", "--offline", f"{what} asks Azure ML about the deployed stack; the "
+                                 "offline plan has no jobs, usage or logs",
+                                 "drop --offline and sign in (az login); "
+                                 + (instead or "rehearsals are local: python -m jobs list --local, "
+                                    "python -m jobs logs RUN --local"))], "needs Azure")
+
+
 @app.command()
-def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
-    """Status of a job."""
+def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None,
+           as_json: JsonOption = False, debug: Debug = False) -> None:
+    """Status of a job (of a managed run: every attempt and the cost)."""
 
     def show(submitter, client, o) -> None:
         info = submitter.status(client, job, o.workspace)
-        table = Table(show_header=False)
+        if as_json:
+            _print_json(_status_document(submitter, client, o, info))
+            return
+        rows = row_table()
         for key, value in info.items():
-            table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
-        out.print(table)
+            rows.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
+        out.print(rows)
         if (info.get("tags") or {}).get("managed_run"):
             _managed_history(submitter, client, o, info)
 
     _on_job(stack, offline, outputs_file, debug, show)
 
 
-def _managed_history(submitter, client, o, info) -> None:
-    """Every attempt of the managed run a job belongs to, and what the run cost."""
-    from jobs.managed import client as managed
+def _status_document(submitter, client, o, info) -> dict:
+    """`status --json`: the job, and for a managed run its record with every attempt and the totals."""
     from jobs.managed import report
+
+    document = dict(info)
+    if (info.get("tags") or {}).get("managed_run"):
+        _, controller, record = _managed_record(submitter, client, o, info)
+        document["managedRun"] = {**record.to_json(), "controllerStatus": controller.get("status"),
+                                  "attemptRows": [dict(zip(report.COLUMNS, row, strict=True)) for row in report.rows(record)],
+                                  "totals": report.totals(record)}
+    return document
+
+
+def _managed_record(submitter, client, o, info):
+    """(run, controller job info, record) of the managed run a job belongs to."""
+    from jobs.managed import client as managed
 
     run = info["tags"]["managed_run"]
     controller = info if info["tags"].get("role") == "controller" else submitter.status(client, run, o.workspace)
@@ -324,11 +387,18 @@ def _managed_history(submitter, client, o, info) -> None:
         raise UserError([Problem(f"job {controller['name']}", "tags.record", "names no record",
                                  "the controller job of a managed run carries it; was the job submitted with --managed?")],
                         "not a managed run")
-    record = managed.read(o, place)
-    table = Table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controller {controller['status']})")
+    return run, controller, managed.read(o, place)
+
+
+def _managed_history(submitter, client, o, info) -> None:
+    """Every attempt of the managed run a job belongs to, and what the run cost."""
+    from jobs.managed import report
+
+    run, controller, record = _managed_record(submitter, client, o, info)
+    grid = table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controller {controller['status']})")
     for row in report.rows(record):
-        table.add_row(*row)
-    out.print(table)
+        grid.add_row(*row)
+    out.print(grid)
     for line in report.summary_lines(record)[len(record.attempts) + 1:]:
         out.print(line, highlight=False, soft_wrap=True)
 
@@ -444,7 +514,8 @@ def scale(
 
 @app.command("scale-report")
 def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by `scale`.")], stack: Stack,
-                 offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+                 offline: Offline = False, outputs_file: OutputsFile = None, as_json: JsonOption = False,
+                 debug: Debug = False) -> None:
     """Throughput, speedup and scaling efficiency of a finished scaling study."""
 
     def report(submitter, client, o) -> None:
@@ -459,14 +530,230 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
         if not rows:
             raise UserError([Problem(f"workspace {o.workspace}", study, "no jobs carry this study tag",
                                      "use the id printed by `python -m jobs scale`")], "unknown study")
-        table = Table("nodes", "job", "status", "throughput", "speedup", "efficiency")
+        if as_json:
+            _print_json([{"nodes": row.nodes, "job": row.job, "status": row.status, "throughput": row.throughput,
+                          "unit": row.unit, "speedup": row.speedup, "efficiency": row.efficiency}
+                         for row in scaling.report(rows)])
+            return
+        grid = table("nodes", "job", "status", "throughput", "speedup", "efficiency")
         for row in scaling.report(rows):
-            table.add_row(str(row.nodes), row.job, row.status,
-                          f"{row.throughput:,.1f} {row.unit}" if row.throughput else "-",
-                          f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
-        out.print(table)
+            grid.add_row(str(row.nodes), row.job, row.status,
+                         f"{row.throughput:,.1f} {row.unit}" if row.throughput else "-",
+                         f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
+        out.print(grid)
 
     _on_job(stack, offline, outputs_file, debug, report)
+
+
+# --------------------------------------------------------------------------------------
+# Runs: list, show, logs, report - the stack's Azure ML runs, or this project's rehearsals
+
+OptionalStack = Annotated[str | None, typer.Option("--stack", help="Stack whose Azure ML workspace holds the run (not "
+                                                   "needed with --local).")]
+LocalRuns = Annotated[bool, typer.Option("--local", help="This project's rehearsals (.rehearsal/) instead of the "
+                                         "stack's Azure ML workspace.")]
+RunName = Annotated[str, typer.Argument(help="A job or managed run as submit printed it, or a rehearsal's --name "
+                                        "(with --local).")]
+
+
+def _rehearsals() -> Path:
+    from jobs.local import folders
+
+    return folders.REHEARSALS
+
+
+def _need_stack(stack: str | None, local: bool) -> str:
+    if stack is None and not local:
+        raise UserError([Problem("command line", "--stack", "names the workspace to ask",
+                                 "add --stack S for the stack's Azure ML runs, or --local for this project's rehearsals")],
+                        "missing option")
+    return stack or ""
+
+
+@app.command("list")
+def list_runs(
+    stack: OptionalStack = None,
+    local: LocalRuns = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Newest runs to show.")] = 20,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
+    debug: Debug = False,
+) -> None:
+    """Recent runs, managed or not, with state, attempts and cost (--local: this project's rehearsals)."""
+    from jobs import runs
+
+    def show_rows(rows) -> None:
+        if as_json:
+            _print_json([r.to_json() for r in rows])
+            return
+        grid = table(*runs.COLUMNS, title="rehearsals in this project" if local else f"runs in stack {stack}")
+        for r in rows:
+            grid.add_row(r.run, r.kind, r.state, str(r.attempts), r.cost, r.created, r.recipe)
+        out.print(grid)
+        for r in rows:
+            if r.detail and r.kind == "managed":
+                err.print(f"[yellow]note:[/] {r.run}: {r.detail}", highlight=False)
+
+    if local:
+        guard(debug, lambda: show_rows(runs.local_runs(_rehearsals())[:limit]))
+        return
+
+    def in_azure(submitter, client, o) -> None:
+        from jobs.managed import client as managed
+
+        def record_of(tags: dict[str, str]):
+            place = managed.place_from_tags(tags)
+            return managed.read(o, place) if place else None
+
+        show_rows(runs.azure_runs(runs.recent_jobs(client, o.workspace), record_of, limit))
+
+    _on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
+
+
+@app.command()
+def show(run: RunName, stack: OptionalStack = None, local: LocalRuns = False, offline: Offline = False,
+         outputs_file: OutputsFile = None, as_json: JsonOption = False, debug: Debug = False) -> None:
+    """One run: its state, attempts, cost and records (--local: a rehearsal)."""
+    if not local:
+        status(job=run, stack=guard(debug, lambda: _need_stack(stack, local)), offline=offline,
+               outputs_file=outputs_file, as_json=as_json, debug=debug)
+        return
+
+    def body() -> None:
+        from jobs import runs
+        from jobs.report import REPORT_FILE, records
+
+        folder = runs.local_folder(_rehearsals(), run)
+        r = records.read(folder)
+        if as_json:
+            _print_json({"run": r.run, "folder": str(folder), "outcome": r.outcome, "costBasis": r.cost_basis,
+                         "attempts": [vars(a) for a in r.attempts], "summary": r.summary,
+                         "staging": [vars(x) for x in r.staging], "phases": [vars(p) for p in r.phases],
+                         "report": str(folder / REPORT_FILE) if (folder / REPORT_FILE).is_file() else None})
+            return
+        grid = row_table(title=f"rehearsal {run}")
+        grid.add_row("outcome", r.outcome or "unknown")
+        grid.add_row("folder", str(folder))
+        for key, value in sorted(r.summary.items()):
+            grid.add_row(key, f"{value:,.6g}" if isinstance(value, float) else str(value))
+        out.print(grid)
+        if r.attempts:
+            attempts = table("attempt", "run id", "started (UTC)", "ended (UTC)", "nodes", "outcome", "cost $")
+            for a in r.attempts:
+                attempts.add_row(str(a.number), a.name, a.started.strftime("%Y-%m-%d %H:%M:%S"),
+                                 a.ended.strftime("%Y-%m-%d %H:%M:%S") if a.ended else "running", str(a.nodes),
+                                 a.outcome, f"{a.usd:,.2f}" if a.usd is not None else "-")
+            out.print(attempts)
+            if r.cost_basis:
+                out.print(f"cost: {r.cost_basis}", highlight=False, soft_wrap=True)
+        out.print(f"report: python -m jobs report {run} --local", highlight=False)
+
+    guard(debug, body)
+
+
+@app.command()
+def logs(
+    run: RunName,
+    stack: OptionalStack = None,
+    local: LocalRuns = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing what is written until the run ends.")] = False,
+    node: Annotated[int | None, typer.Option("--node", min=0, help="Every process of node K (default: the first "
+                                             "process of node 0, the one that logs the metrics).")] = None,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    debug: Debug = False,
+) -> None:
+    """A run's output, as its processes wrote it (of a managed run: its latest attempt)."""
+    from jobs import runs
+
+    def emit(line: str) -> None:
+        sys.stdout.write(line + "\n")
+
+    if local:
+        def local_body() -> None:
+            folder = runs.local_folder(_rehearsals(), run)
+            paths = runs.local_logs(folder, node)
+            if not paths:
+                raise UserError([Problem(str(folder), "user_logs", "no process logs recorded",
+                                         "rehearse it again: logs are kept from this version on")], "no logs")
+            runs.follow(paths, emit, done=lambda: not follow or not runs.rehearsal_running(folder))
+
+        guard(debug, local_body)
+        return
+
+    def in_azure(submitter, client, o) -> None:
+        import tempfile
+
+        info = submitter.status(client, run, o.workspace)
+        job = run
+        if (info.get("tags") or {}).get("managed_run"):
+            _, _, record = _managed_record(submitter, client, o, info)
+            job = record.current.job if record.current else run
+        if follow:
+            if node is not None:
+                raise UserError([Problem("command line", "--node", "Azure ML streams the first process of a running "
+                                         "job only", f"follow without --node, or read node {node} once it ran: "
+                                         f"python -m jobs logs {run} --stack {o.stack} --node {node}")], "invalid flags")
+            submitter.stream(client, job, o.workspace)
+            return
+        detail = submitter.status(client, job, o.workspace) if job != run else info
+        per_node = int((detail.get("tags") or {}).get("processes_per_node") or 1)
+        with tempfile.TemporaryDirectory(prefix="amlhpc-logs-") as tmp:
+            submitter.download(client, job, o.workspace, Path(tmp), everything=True)
+            paths = runs.downloaded_logs(Path(tmp), runs.log_names(per_node, node))
+            if not paths:
+                raise UserError([Problem(f"job {job}", "user_logs", "holds no process logs (yet)",
+                                         f"follow it while it runs: python -m jobs logs {run} --stack {o.stack} --follow")],
+                                "no logs")
+            for line in runs.iter_lines(paths):
+                emit(line)
+
+    _on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
+
+
+@app.command()
+def report(
+    run: RunName,
+    stack: OptionalStack = None,
+    local: LocalRuns = False,
+    out_file: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Where to write the page (default: "
+                                                  "report.html in the run's folder).")] = None,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    debug: Debug = False,
+) -> None:
+    """Write RUN's report: one HTML page with its plots (loss, throughput, MFU, step time, GPUs,
+    staging timeline, attempts and cost) and records; it opens offline in any browser."""
+    from jobs import report as run_report
+    from jobs import runs
+
+    if local or (stack is None and (_rehearsals() / run).is_dir()):
+        def local_body() -> None:
+            path = run_report.write(runs.local_folder(_rehearsals(), run), out_file, run)
+            out.print(f"run report: {path}", highlight=False, soft_wrap=True)
+
+        guard(debug, local_body)
+        return
+
+    def in_azure(submitter, client, o) -> None:
+        from core import project
+
+        folder = project.scratch() / "runs" / run
+        info = submitter.status(client, run, o.workspace)
+        jobs_to_read = [run]
+        if (info.get("tags") or {}).get("managed_run"):
+            _, _, record = _managed_record(submitter, client, o, info)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "supervision.json").write_text(json.dumps(record.to_json(), indent=2))
+            jobs_to_read = [a.job for a in record.attempts]
+        for name in jobs_to_read:
+            err.print(f"downloading the outputs and logs of {name}", highlight=False)
+            submitter.download(client, name, o.workspace, folder / name, everything=True)
+        path = run_report.write(folder, out_file, run)
+        out.print(f"run report: {path}", highlight=False, soft_wrap=True)
+
+    _on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
 
 
 def _mount() -> None:
