@@ -34,7 +34,7 @@ def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg", force=True)
-    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "aml-hpc", "font.size": 9,
+    matplotlib.rcParams.update({"svg.fonttype": "none", "font.size": 9,
                                 "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
                                 "grid.alpha": 0.3, "figure.dpi": 100})
     import matplotlib.pyplot as plt
@@ -42,12 +42,29 @@ def _pyplot():
     return plt
 
 
-def _svg(fig) -> str:
+def _svg(fig, key: str) -> str:
+    """The figure as an SVG element; its ids (clip paths, markers) salted with the plot's key,
+    so the plots of one page never share an id."""
+    import matplotlib
+
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
+    with matplotlib.rc_context({"svg.hashsalt": f"aml-hpc-{key}"}):
+        fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
     _pyplot().close(fig)
     text = buffer.getvalue()
-    return text[text.index("<svg"):]
+    return _own_ids(text[text.index("<svg"):], key)
+
+
+def _own_ids(svg: str, key: str) -> str:
+    """Every id of the SVG (matplotlib's figure_1, axes_1, clip paths, markers) prefixed with
+    the plot's key, and every reference to one with it: ids are unique on the page."""
+    import re
+
+    ids = {i for i in re.findall(r'\bid="([^"]+)"', svg) if not i.startswith(f"{key}-")}
+    if not ids:
+        return svg
+    pattern = re.compile(r'(\bid="|#)(' + "|".join(re.escape(i) for i in sorted(ids, key=len, reverse=True)) + r')(?=[")])')
+    return pattern.sub(lambda m: f"{m.group(1)}{key}-{m.group(2)}", svg)
 
 
 def _lines(key: str, title: str, series: Sequence[Series], x_label: str, y_label: str, note: str = "",
@@ -56,12 +73,14 @@ def _lines(key: str, title: str, series: Sequence[Series], x_label: str, y_label
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
     drawn: dict[str, list[tuple[float, float]]] = {}
     for i, s in enumerate(series):
-        colour = PALETTE[i % len(PALETTE)]
         for j, segment in enumerate(s.segments):
             xs, ys = zip(*segment, strict=True) if segment else ((), ())
             gid = f"{key}-{i}-{j}"
+            # one colour per series; a series that starts again (a new attempt) in the next colours
+            colour = PALETTE[(i + j * len(series)) % len(PALETTE)]
+            label = s.label if len(s.segments) == 1 else f"{s.label}, attempt {j + 1}"
             (line,) = ax.plot(xs, ys, color=colour, linewidth=1.6, marker="." if len(segment) < 40 else None,
-                              label=s.label if j == 0 else None)
+                              label=label)
             line.set_gid(gid)
             drawn[gid] = list(segment)
     for i, s in enumerate(markers):
@@ -76,7 +95,7 @@ def _lines(key: str, title: str, series: Sequence[Series], x_label: str, y_label
     ax.set_ylabel(y_label)
     if len(series) + len(markers) > 1 or any(len(s.segments) > 1 for s in series):
         ax.legend(loc="best", frameon=False)
-    return Plot(key, title, _svg(fig), note, drawn)
+    return Plot(key, title, _svg(fig, key), note, drawn)
 
 
 def _missing(key: str, title: str, why: str) -> Plot:
@@ -86,8 +105,8 @@ def _missing(key: str, title: str, why: str) -> Plot:
 def _restarts(series: Series | None) -> str:
     if series is None or len(series.segments) < 2:
         return ""
-    return (f" The steps go back {len(series.segments) - 1} time(s): each later segment is an attempt resumed from a "
-            "checkpoint.")
+    return (f" The steps go back {len(series.segments) - 1} time(s): each later segment is an attempt that started "
+            "again, from a checkpoint or from the beginning.")
 
 
 def loss(r: RunRecords) -> Plot:
@@ -158,7 +177,7 @@ def timeline(r: RunRecords) -> Plot:
     ax.invert_yaxis()
     ax.set_xlabel("seconds from launch")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(r.phases) < 3 else -0.15), ncol=6, frameon=False)
-    return Plot("timeline", "Staging and launch timeline", _svg(fig),
+    return Plot("timeline", "Staging and launch timeline", _svg(fig, "timeline"),
                 "Seconds per launcher phase from each node's report, laid end to end in the order the launcher runs "
                 "them (the report keeps durations, not start times).", drawn)
 
@@ -171,11 +190,13 @@ def attempts(r: RunRecords) -> Plot:
     plt = _pyplot()
     fig, (bars, cost) = plt.subplots(2, 1, figsize=(7.2, 3.6), sharex=True, height_ratios=(1, 2))
     origin = min(a.started for a in r.attempts)
+    span_h = max(((a.ended or a.started) - origin).total_seconds() for a in r.attempts) / 3600
+    unit, per_hour = ("hours", 1.0) if span_h >= 2 else ("minutes", 60.0)
     drawn: dict[str, list[tuple[float, float]]] = {}
     total, steps = 0.0, [(0.0, 0.0)]
     for a in r.attempts:
-        start = (a.started - origin).total_seconds() / 3600
-        end = ((a.ended or a.started) - origin).total_seconds() / 3600
+        start = (a.started - origin).total_seconds() / 3600 * per_hour
+        end = ((a.ended or a.started) - origin).total_seconds() / 3600 * per_hour
         colour = "#1a7f37" if a.outcome.startswith(("succeeded", "Completed")) else "#d1242f"
         patch = bars.barh(0, max(end - start, 1e-6), left=start, height=0.6, color=colour).patches[0]
         patch.set_gid(f"attempts-bar-{a.number}")
@@ -191,9 +212,9 @@ def attempts(r: RunRecords) -> Plot:
         line.set_gid("attempts-cost")
         drawn["attempts-cost"] = steps
     cost.set_ylabel("cumulative $")
-    cost.set_xlabel("hours since the first attempt started")
+    cost.set_xlabel(f"{unit} since the first attempt started")
     note = f"Cost from {r.cost_basis}." if r.cost_basis else "No cost recorded for these attempts."
-    return Plot("attempts", "Attempts and cost", _svg(fig), note, drawn)
+    return Plot("attempts", "Attempts and cost", _svg(fig, "attempts"), note, drawn)
 
 
 PLOTS = (loss, throughput, mfu, step_time, gpu_util, gpu_memory, timeline, attempts)

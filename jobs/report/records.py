@@ -44,7 +44,7 @@ class Series:
     segments: list[list[tuple[float, float]]] = field(default_factory=list)
 
     def add(self, x: float, y: float) -> None:
-        if not self.segments or (self.segments[-1] and x < self.segments[-1][-1][0]):
+        if not self.segments or (self.segments[-1] and x <= self.segments[-1][-1][0]):
             self.segments.append([])
         self.segments[-1].append((float(x), float(y)))
 
