@@ -184,7 +184,8 @@ def stage_context(
 def smoke(
     ref: str = typer.Argument(..., help="Image reference to run, e.g. myacr.azurecr.io/aml-hpc/pytorch:<tag>."),
     expect_ib: bool = typer.Option(False, "--expect-ib", help="Fail when no InfiniBand HCA is visible."),
-    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the results here (on this machine).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--results-file", metavar="FILE",
+                                                  help="Also write the results as JSON to FILE (on this machine).")] = None,
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Run `aml-hpc-smoke --expect-gpu` in REF with the local Docker and every GPU and HCA."""
