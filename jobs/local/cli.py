@@ -1,6 +1,6 @@
 """`python -m jobs run RECIPE --local`: rehearse a recipe on this machine (jobs/local/rehearsal.py).
 
-    python -m jobs run cosmoflow --local [--nodes 2] [--procs-per-node 2] [--stack dev]
+    python -m jobs run cosmoflow [--local] [--nodes 2] [--procs-per-node 2] [--stack dev]
         [--set key=value ...] [--name NAME] [--data INPUT=DIR] [--quiet]
         [--managed [--preempt-after S [--preempt-node K]] [--hang-after S [--hang-node K]]]
 
@@ -119,7 +119,7 @@ def upload_inputs(plan, data: dict[str, Path], connection_string: str, echo) -> 
 
 def run(
     recipe: Annotated[str, typer.Argument(help="Recipe name (jobs/recipes/NAME.yaml) or path.")],
-    local: Annotated[bool, typer.Option("--local", help="Rehearse on this machine (the only mode; Azure runs use `submit`).")] = False,
+    local: Annotated[bool, typer.Option("--local", help="Accepted, not needed: rehearsing on this machine is `run`'s only mode (Azure runs use `submit`).")] = False,
     stack: Annotated[str, typer.Option("--stack", help="Stack whose outputs the job is planned against.")] = "dev",
     outputs_file: Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file instead of the offline plan.")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Simulated nodes; wins over the local profile (default 2).")] = None,
@@ -142,10 +142,6 @@ def run(
     """Run RECIPE on this machine as Azure ML would: N simulated nodes, real launcher, Azurite as Blob."""
 
     def body() -> None:
-        if not local:
-            raise UserError([Problem("command line", "--local", "`run` rehearses locally only",
-                                     f"add --local, or submit to Azure: python -m jobs submit {recipe} --stack {stack}")],
-                            "nothing to run")
         if (procs_per_node is not None and procs_per_node < 1) or (nodes is not None and nodes < 1):
             raise UserError([Problem("command line", "--nodes/--procs-per-node", "must be 1 or more", "e.g. --nodes 2 --procs-per-node 2")],
                             "invalid rehearsal size")
