@@ -21,6 +21,7 @@ from rich.console import Console
 
 from core import project
 from core.cli_help import VersionOption, new_app
+from core.console import working
 from core.errors import Problem, UserError, exit_on_bad_input
 
 app = new_app(__doc__.split("\n\n")[0])
@@ -97,7 +98,8 @@ def _print_violations(violations: list, policy: bool) -> None:
 def _show_plan(stack: str, as_json: bool, policy: bool) -> list:
     from infra.plan import evaluate
 
-    result = evaluate(stack)
+    with working(Console(stderr=True), f"planning stack {stack} offline (the program under Pulumi's mock runtime)"):
+        result = evaluate(stack)
     document = result.to_json()
     violations = _policy(document, policy)
     if as_json:

@@ -108,10 +108,14 @@ def _from_file(path: Path) -> Any:
 
 
 def _from_offline(stack: str, root: Path) -> Any:
+    from rich.console import Console
+
+    from core.console import working
     from infra.plan import offline_outputs  # the program under Pulumi's mock runtime
 
     project.require(root)
-    return offline_outputs(stack, root=root)
+    with working(Console(stderr=True), f"planning stack {stack} offline for its outputs"):
+        return offline_outputs(stack, root=root)
 
 
 def _from_pulumi(stack: str, runner) -> Any:
