@@ -138,7 +138,7 @@ def list_images(
         return
     table = Table("image", "tag", "base", "ib userspace", "reference" if server else "repository")
     for r, row in zip(releases, rows, strict=True):
-        table.add_row(r.spec.name, r.tag, r.build_args["BASE_NAME"], r.build_args["IB_USERSPACE"], row["ref"] or r.spec.repository)
+        table.add_row(r.spec.name, r.tag, r.build_args["BASE_NAME"], r.build_args["IB_USERSPACE"], str(row["ref"] or r.spec.repository))
     Console().print(table)
 
 

@@ -19,10 +19,10 @@ check("infra")
 from pulumi.runtime import settings  # noqa: E402
 
 if settings.get_monitor() is None:
-    from core.cli_help import run
+    from core.cli_help import run as run_cli
     from infra.cli import app
 
-    run(app, "python -m infra")
+    run_cli(app, "python -m infra")
 else:
     from infra.engine import run
 

@@ -148,7 +148,7 @@ def _tags(job: Any) -> dict[str, str]:
 
 def _created(job: Any) -> str:
     ctx = getattr(job, "creation_context", None)
-    when = getattr(ctx, "created_at", None)
+    when: Any = getattr(ctx, "created_at", None)
     return when.strftime("%Y-%m-%d %H:%M") if hasattr(when, "strftime") else str(when or "")
 
 

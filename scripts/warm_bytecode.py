@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.dont_write_bytecode = False  # the point of this script, whatever the environment says
@@ -96,7 +98,7 @@ def _test_modules() -> None:
         importlib.import_module(f"tests.{path.stem}")
 
 
-def run_steps(steps, out=sys.stderr) -> list[str]:
+def run_steps(steps: list[tuple[str, Callable[[], object]]], out=sys.stderr) -> list[str]:
     """Run each step, saying which one and how long it took as it goes (the whole takes
     minutes on 2 cores: nobody should wonder whether it hangs). Returns the skipped ones."""
     skipped = []
@@ -117,10 +119,11 @@ def main(profile: str) -> int:
         print("usage: warm_bytecode.py demo|test", file=sys.stderr)
         return 2
     started = time.monotonic()
-    steps = [(name, lambda name=name: importlib.import_module(name)) for name in DEMO_MODULES]
+    steps: list[tuple[str, Callable[[], object]]] = [(name, partial(importlib.import_module, name))
+                                                     for name in DEMO_MODULES]
     steps.append(("offline plan and job YAML", _plan_and_render))
     if profile == "test":
-        steps += [(name, lambda name=name: importlib.import_module(name)) for name in TEST_MODULES]
+        steps += [(name, partial(importlib.import_module, name)) for name in TEST_MODULES]
         steps.append(("the test modules", _test_modules))
     steps.append(("training steps", lambda: _train_steps(bert=profile == "test")))
     skipped = run_steps(steps)

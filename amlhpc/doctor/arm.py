@@ -36,6 +36,8 @@ class Arm:
     credential: Any
     transport: Any = None
 
+    _client: Any = None
+
     def __post_init__(self) -> None:
         from azure.core import PipelineClient
         from azure.core.pipeline import policies
@@ -61,7 +63,7 @@ class Arm:
             raise ArmError(response.status_code, error.get("code", "Error"), error.get("message", response.text()[:200]))
         return body
 
-    def list(self, path: str, api_version: str, **params: str) -> list[dict[str, Any]]:
+    def list_all(self, path: str, api_version: str, **params: str) -> list[dict[str, Any]]:
         """Every item of a paged list (`value`, following `nextLink`)."""
         body = self.get(path, api_version, **params)
         items = list(body.get("value", []))
@@ -76,16 +78,17 @@ class Arm:
         return items
 
     def subscription(self, subscription_id: str) -> dict[str, Any]:
-        return self.get(f"/subscriptions/{subscription_id}", RESOURCES_API)
+        found: dict[str, Any] = self.get(f"/subscriptions/{subscription_id}", RESOURCES_API)
+        return found
 
     def providers(self, subscription_id: str) -> dict[str, str]:
         """Namespace -> registrationState for every resource provider of the subscription."""
         return {p["namespace"]: p.get("registrationState", "") for p in
-                self.list(f"/subscriptions/{subscription_id}/providers", RESOURCES_API)}
+                self.list_all(f"/subscriptions/{subscription_id}/providers", RESOURCES_API)}
 
     def role_assignments(self, subscription_id: str, object_id: str) -> list[dict[str, Any]]:
         """The principal's role assignments anywhere in the subscription (groups included)."""
-        return [a.get("properties", {}) for a in self.list(
+        return [a.get("properties", {}) for a in self.list_all(
             f"/subscriptions/{subscription_id}/providers/Microsoft.Authorization/roleAssignments", AUTHORIZATION_API,
             **{"$filter": f"assignedTo('{object_id}')"})]
 
@@ -98,6 +101,7 @@ def token_claims(token: str) -> dict[str, Any]:
         return {}
     payload = parts[1] + "=" * (-len(parts[1]) % 4)
     try:
-        return json.loads(base64.urlsafe_b64decode(payload))
+        claims = json.loads(base64.urlsafe_b64decode(payload))
     except (ValueError, json.JSONDecodeError):
         return {}
+    return claims if isinstance(claims, dict) else {}

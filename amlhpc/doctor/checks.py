@@ -79,7 +79,7 @@ class Seams:
     credential: Callable[[], Any]
     arm: Callable[[Any], Arm] = Arm
     ml_client: Callable[[Any, str, Any], Any] | None = None
-    run: Callable[[Sequence[str]], subprocess.CompletedProcess] = field(
+    run: Callable[[Sequence[str]], subprocess.CompletedProcess[str]] = field(
         default=lambda argv: subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False))
     which: Callable[[str], str | None] = shutil.which
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -206,6 +206,11 @@ def _covers(scope: str, target: str) -> bool:
         or target.startswith(scope + "/")
 
 
+def names(role_ids: set[str]) -> str:
+    """Role definition ids as their names (built-in ones this check knows), or "none"."""
+    return ", ".join(sorted(ROLE_NAMES.get(i, f"custom or other role {i}") for i in role_ids)) or "none"
+
+
 def _roles_at(assignments: Sequence[dict[str, Any]], target: str) -> set[str]:
     return {a.get("roleDefinitionId", "").rsplit("/", 1)[-1].lower() for a in assignments
             if _covers(a.get("scope", ""), target)}
@@ -228,7 +233,6 @@ def roles_checks(arm: Arm, subscription_id: str, object_id: str, target: Target)
     group = f"/subscriptions/{subscription_id}/resourceGroups/{o.resource_group}"
     workspace = f"{group}/providers/Microsoft.MachineLearningServices/workspaces/{o.workspace}"
     at_group, at_workspace = _roles_at(assignments, group), _roles_at(assignments, workspace)
-    names = lambda ids: ", ".join(sorted(ROLE_NAMES.get(i, f"custom or other role {i}") for i in ids)) or "none"  # noqa: E731
     checks = []
     if OWNER in at_group or {CONTRIBUTOR, USER_ACCESS_ADMINISTRATOR} <= at_group:
         checks.append(Check("roles to deploy", "pass", f"on {o.resource_group}: {names(at_group)}"))
