@@ -118,6 +118,9 @@ def os_error_line(exc: OSError) -> str:
         return f"{path}: command not found: fix: install {path}, or add the folder holding it to PATH"
     if exc.errno == errno.ENOENT:
         return f"{path or 'a file'}: no such file or folder: fix: check the path (and the folder you run from)"
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        return (f"{path or 'a path'}: a file (or a broken link) is where a folder is needed: fix: move it out of the "
+                "way, or point the command at another folder")
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return f"{reason}: fix: check the network, and that the service it names is running"
     return f"{path + ': ' if path else ''}{reason}: fix: check the path and its permissions, or rerun with --debug"
