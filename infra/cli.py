@@ -154,6 +154,32 @@ def _show_diff(stack: str, diff: Path | None, diff_ref: str | None, markdown: bo
     return violations
 
 
+@app.command("config-keys")
+def config_keys(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the keys as JSON.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's table.")] = False,
+    update: Annotated[Path | None, typer.Option("--update", metavar="FILE", dir_okay=False,
+                                                help="Rewrite the generated table in FILE (e.g. README.md).")] = None,
+) -> None:
+    """Every key a Pulumi.<stack>.yaml can set, from the config model: type, default, meaning."""
+    from infra import config_doc
+
+    if update is not None:
+        changed = config_doc.update(update)
+        print(f"{update}: {'updated' if changed else 'already current'}")
+    elif as_json:
+        sys.stdout.write(json.dumps([k.to_json() for k in config_doc.keys()], indent=2) + "\n")
+    elif markdown:
+        sys.stdout.write(config_doc.markdown())
+    else:
+        from core.console import table
+
+        grid = table("key", "type", "default", "meaning")
+        for k in config_doc.keys():
+            grid.add_row(k.key, k.type, k.default.strip("`"), k.meaning)
+        Console().print(grid, markup=False)
+
+
 def _mount_lifecycle() -> None:
     """`expired` and `new-experiment` come from infra.lifecycle when it is present."""
     try:

@@ -88,7 +88,7 @@ def test_typer_itself_is_left_as_it_is():
 DATA_COMMANDS = {
     "jobs": {("recipes",), ("estimate",), ("quota",), ("status",), ("list",), ("show",), ("scale-report",),
              ("deepspeed-plan",), ("data", "upload"), ("beeond", "status")},
-    "infra": {("plan",), ("expired",)},
+    "infra": {("plan",), ("expired",), ("config-keys",)},
     "images": {("list",)},
 }
 """The commands that print data (tables, documents): each takes --json."""
