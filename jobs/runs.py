@@ -146,6 +146,12 @@ def _tags(job: Any) -> dict[str, str]:
     return dict(getattr(job, "tags", None) or {})
 
 
+def _status(job: Any) -> str:
+    """A job's status as the service names it (the SDK gives an enum for listed jobs)."""
+    status = getattr(job, "status", None)
+    return str(getattr(status, "value", status) or "?")
+
+
 def _created(job: Any) -> str:
     ctx = getattr(job, "creation_context", None)
     when: Any = getattr(ctx, "created_at", None)
@@ -179,7 +185,7 @@ def azure_runs(jobs: list[Any], read_record: Callable[[dict[str, str]], Any], li
             rows.append(_managed_row(run, members[run], read_record))
         else:
             estimate = tags.get("estimated_usd")
-            rows.append(RunRow(job.name, "plain", str(getattr(job, "status", "?")), 1,
+            rows.append(RunRow(job.name, "plain", _status(job), 1,
                                f"est. ${float(estimate):,.2f}" if estimate else "?", _created(job), tags.get("recipe", "")))
         if len(rows) >= limit:
             break
@@ -198,7 +204,7 @@ def _managed_row(run: str, jobs: list[Any], read_record: Callable[[dict[str, str
     else:
         detail = ""
     if record is None:
-        state = str(getattr(controller, "status", "?")) if controller is not None else "?"
+        state = _status(controller) if controller is not None else "?"
         return RunRow(run, "managed", state, len(attempts), "?", created, recipe,
                       detail or "its record could not be read")
     return RunRow(run, "managed", record.state, len(record.attempts), f"${record.total_usd():,.2f} (record)", created,
