@@ -114,6 +114,20 @@ class TestWholeCommands:
         assert result.returncode == 2 and "add --local" not in result.stderr and "nothing to run" not in result.stderr
         assert "needs Python modules tensorflow" in result.stderr
 
+    def test_the_dry_run_yaml_names_no_path_of_this_machine(self, tmp_path):
+        import yaml
+
+        project = tmp_path / "team-platform"
+        (project / "jobs-yaml").mkdir(parents=True)
+        shutil.copy(REPO / "Pulumi.yaml", project)
+        result = jobs("submit", "cosmoflow", "--stack", "dev", "--outputs", str(DEV_OUTPUTS), "--dry-run",
+                      cwd=project / "jobs-yaml", env={"PYTHONPATH": str(REPO)})
+        assert result.returncode == 0, result.stderr[-2000:]
+        code = Path(yaml.safe_load(result.stdout)["code"])
+        assert code.as_posix().startswith("../.scratch/code-snapshots/")
+        assert (project / "jobs-yaml" / code / "jobs" / "runtime" / "launch.py").is_file()
+        assert str(REPO) not in result.stdout and str(tmp_path) not in result.stdout
+
     def test_offline_on_an_azure_only_command_asks_for_no_login(self):
         result = jobs("status", "some-job", "--stack", "dev", "--offline")
         assert result.returncode == 2 and "needs Azure" in result.stderr and "az login" in result.stderr

@@ -99,6 +99,7 @@ def test_installed_tool_runs_outside_the_repository(installed: Path, sample_proj
     job_out, job_err = job.communicate(timeout=300)
 
     assert plan.returncode == 0, plan_err[-3000:]
+    assert "planning stack dev offline" in plan_err  # a step of seconds says what it does
     import json
 
     document = json.loads(plan_out)
