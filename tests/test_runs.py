@@ -151,3 +151,34 @@ def test_show_prints_the_status_as_json(workspace):
 def test_log_names_follow_azure_mls_numbering():
     assert runs.log_names(8, None) == ["std_log_process_0.txt"]
     assert runs.log_names(4, 2) == [f"std_log_process_{r}.txt" for r in (8, 9, 10, 11)]
+
+
+class TestFollowingARehearsal:
+    def test_follow_prints_what_is_appended_until_done(self, tmp_path):
+        log = tmp_path / "std_log_process_0.txt"
+        log.write_text("first\n")
+        calls, lines = [], []
+
+        def done() -> bool:
+            calls.append(1)
+            if len(calls) == 1:
+                with log.open("a") as f:
+                    f.write("second\n")
+                return False
+            return True
+
+        runs.follow([log], lines.append, done, poll_s=0)
+        assert lines == ["first", "second"] and len(calls) == 2
+
+    def test_running_means_a_training_process_is_alive(self, tmp_path):
+        import os
+        import subprocess
+        import sys
+
+        progress = tmp_path / "node0" / "scratch" / ".amlhpc-launch" / "run-node0" / "progress"
+        progress.mkdir(parents=True)
+        (progress / "rank-0.json").write_text(json.dumps({"step": 3, "pid": os.getpid()}))
+        assert runs.rehearsal_running(tmp_path)
+        ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        (progress / "rank-0.json").write_text(json.dumps({"step": 3, "pid": int(ended.stdout)}))
+        assert not runs.rehearsal_running(tmp_path)
