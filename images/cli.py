@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from core.cli_help import flags_without_types
+from core.cli_help import VersionOption, new_app
 from core.errors import Problem, UserError, exit_with
 from images import catalog, context, lint
 from images.build import (
@@ -38,9 +38,7 @@ from images.commands import CommandNotFound, Runner, SubprocessRunner
 from images.pins import load_pins
 from images.stack import check_login_server, resolve_login_server
 
-flags_without_types()
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
+app = new_app(__doc__.split("\n\n")[0])
 console = Console(stderr=True)
 
 runner_factory: Callable[[], Runner] | None = None
@@ -67,7 +65,7 @@ def _select(names: list[str] | None) -> list[catalog.ImageSpec]:
 
 
 @app.callback()
-def main() -> None:
+def main(version: VersionOption = False) -> None:
     """aml-hpc training images: build in ACR, inspect, check."""
 
 
@@ -140,7 +138,7 @@ def list_images(
         return
     table = Table("image", "tag", "base", "ib userspace", "reference" if server else "repository")
     for r, row in zip(releases, rows, strict=True):
-        table.add_row(r.spec.name, r.tag, r.build_args["BASE_NAME"], r.build_args["IB_USERSPACE"], row["ref"] or r.spec.repository)
+        table.add_row(r.spec.name, r.tag, r.build_args["BASE_NAME"], r.build_args["IB_USERSPACE"], str(row["ref"] or r.spec.repository))
     Console().print(table)
 
 
@@ -186,7 +184,8 @@ def stage_context(
 def smoke(
     ref: str = typer.Argument(..., help="Image reference to run, e.g. myacr.azurecr.io/aml-hpc/pytorch:<tag>."),
     expect_ib: bool = typer.Option(False, "--expect-ib", help="Fail when no InfiniBand HCA is visible."),
-    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the results here (on this machine).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--results-file", metavar="FILE",
+                                                  help="Also write the results as JSON to FILE (on this machine).")] = None,
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Run `aml-hpc-smoke --expect-gpu` in REF with the local Docker and every GPU and HCA."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -118,7 +117,3 @@ def stage(files: Mapping[str, ContextFile], dest: Path) -> Path:
 def read_staged(dest: Path) -> dict[str, ContextFile]:
     """The files of a staged context, for verification (hash what would be uploaded)."""
     return {p.relative_to(dest).as_posix(): _read(p) for p in sorted(dest.rglob("*")) if p.is_file()}
-
-
-def remove(dest: Path) -> None:
-    shutil.rmtree(dest, ignore_errors=True)

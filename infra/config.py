@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from core import availability, pricing, regions, skus
+from core import availability, pricing, project, regions, skus
 from core.errors import Problem, ProblemCollector, UserError
 from infra import naming
 
@@ -30,7 +30,8 @@ PROJECT = "aml-hpc"
 NAMESPACE = f"{PROJECT}:"
 LOCATION_KEY = "azure-native:location"
 EXPERIMENT_PREFIX = "exp-"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = project.root()
+"""The project folder: its Pulumi.<stack>.yaml files (core/project.py finds it)."""
 
 StackKind = Literal["environment", "experiment"]
 

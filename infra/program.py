@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import pulumi
@@ -333,8 +334,10 @@ PASSTHROUGH = ("subscriptionId", "resourceGroup", "location", "workspace", "work
 def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     env = pulumi.StackReference("environment", stack_name=cfg.environment_stack)
     tags = cfg.tags()
-    passthrough: dict[str, Any] = {key: env.require_output(key) for key in PASSTHROUGH}
-    passthrough["controller"] = env.get_output("controller")  # the environment's; null before it had one
+    passthrough: dict[str, Any] = {key: env.require_output(key).apply(partial(outputs.inherited, key))
+                                   for key in PASSTHROUGH}
+    # the environment's; null before it had one
+    passthrough["controller"] = env.get_output("controller").apply(partial(outputs.inherited, "controller"))
     network = passthrough["network"]
     env.require_output("clusters").apply(lambda taken: _refuse_taken_cluster_names(cfg, taken))
 

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core import skus
+from core import project, skus
 from core.errors import Problem, ProblemCollector, UserError
 from core.outputs import StackOutputs
 from jobs import cost as cost_mod
@@ -51,7 +51,7 @@ from jobs.runtime.nccl_env import SNAPSHOT_TOPO_DIR
 from jobs.workloads import env as workload_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SNAPSHOT_ROOT = REPO_ROOT / ".scratch" / "code-snapshots"
+SNAPSHOT_ROOT = project.scratch() / "code-snapshots"
 TOPOLOGY_SOURCE = Path("images") / "common" / "nccl-topo"
 """The topology files the images install; the snapshot carries the same files."""
 CHECKPOINT_INGRESS_SHARE = 0.9
@@ -536,9 +536,12 @@ def command_job_document(job, inline_environment: tuple[str, ...] = ()) -> dict[
 
     import yaml
 
+    code = job.code  # the SDK's dump makes a relative code path absolute (this machine's): keep the caller's
     stream = io.StringIO()
     job.dump(stream)
     document = yaml.safe_load(stream.getvalue())
+    if isinstance(code, str) and document.get("code") and not Path(code).is_absolute():
+        document["code"] = code
     if inline_environment:
         document["environment"] = {k: v for k, v in document["environment"].items() if k in inline_environment}
     for key in ("properties", "parameters"):

@@ -8,13 +8,15 @@ when several set the same thing: jobs/cli_options.py.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
+from core.cli_help import JsonOption, VersionOption, new_app
+from core.console import row_table, table
 from core.errors import Problem, UserError
 from jobs.cli_options import (
     AllowTcp,
@@ -32,8 +34,12 @@ from jobs.cli_options import (
     out,
 )
 
-app = typer.Typer(help="Submit and manage aml-hpc training jobs on Azure ML.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = new_app("Submit and manage aml-hpc training jobs on Azure ML.")
+
+
+@app.callback()
+def _callback(version: VersionOption = False) -> None:
+    """Submit and manage aml-hpc training jobs on Azure ML: recipes, cost, quota, runs, reports."""
 
 
 def _plan(recipe_name: str, stack: str, offline: bool, outputs_file: Path | None, cluster: str | None,
@@ -64,15 +70,24 @@ def _summary(plan, recipe, stack_outputs) -> None:
 
 
 @app.command("recipes")
-def list_recipes() -> None:
+def list_recipes(as_json: JsonOption = False) -> None:
     """List the shipped recipes."""
     from jobs import recipes
 
-    table = Table("recipe", "distribution", "nodes", "description")
-    for name in recipes.available():
-        r = recipes.load(name)
-        table.add_row(name, r.distribution, str(r.nodes), r.description)
-    out.print(table)
+    loaded = [recipes.load(name) for name in recipes.available()]
+    if as_json:
+        _print_json([{"recipe": r.name, "distribution": r.distribution, "nodes": r.nodes, "description": r.description}
+                     for r in loaded])
+        return
+    rows = table("recipe", "distribution", "nodes", "description")
+    for r in loaded:
+        rows.add_row(r.name, r.distribution, str(r.nodes), r.description)
+    out.print(rows)
+
+
+def _print_json(document) -> None:
+    """Data for scripts, on stdout, nothing else there."""
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
 @app.command()
@@ -120,12 +135,23 @@ def submit(
         code = build.snapshot(plan.code_dirs)
         _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
-            sys.stdout.write(build.to_yaml(plan, code))
+            sys.stdout.write(_code_note() + build.to_yaml(plan, portable(code)))
             return
         client = submitter.connect(stack_outputs)
         submitter.submit(client, plan, code, follow=follow, echo=out.print)
 
     guard(debug, body)
+
+
+def portable(code: Path) -> str:
+    """The code snapshot as a dry run prints it: relative to the current folder, so the YAML
+    names no absolute path of this machine (`az ml job create -f` resolves `code:` from the
+    folder the file is in: save it here)."""
+    return Path(os.path.relpath(code)).as_posix()
+
+
+def _code_note() -> str:
+    return "# code: is relative to the folder this was printed in; save the file there for `az ml job create -f`\n"
 
 
 def _cost_gate(recipe: str, too_much: list[str], *, dry_run: bool, yes: bool) -> None:
@@ -159,7 +185,7 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     render.validate(mplan, code)
     _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
     if dry_run:
-        sys.stdout.write(render.to_yaml(mplan, code))
+        sys.stdout.write(_code_note() + render.to_yaml(mplan, portable(code)))
         return
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
@@ -183,6 +209,7 @@ def estimate(
     allow_tcp: AllowTcp = False,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """Cost of RECIPE on the stack: nodes x hours x price per node-hour."""
@@ -190,10 +217,13 @@ def estimate(
     def body() -> None:
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
         est = plan.estimate
-        table = Table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
-        table.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
-                      f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}")
-        out.print(table)
+        if as_json:
+            _print_json(_estimate_document(r, stack_outputs, plan))
+            return
+        rows = table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
+        rows.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
+                     f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}")
+        out.print(rows)
         out.print(f"total: {est.nodes} x {plan.sku} x {est.hours:g} h x ${est.usd_per_node_hour:,.3f}/h = ${est.usd:,.2f}",
                   highlight=False, soft_wrap=True)
         out.print(f"price from: {est.price_source}", highlight=False, soft_wrap=True)
@@ -219,6 +249,19 @@ def estimate(
     guard(debug, body)
 
 
+def _estimate_document(r, stack_outputs, plan) -> dict:
+    from jobs import cost
+
+    est = plan.estimate
+    budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+    return {"recipe": r.name, "stack": stack_outputs.stack, "cluster": plan.cluster, "sku": plan.sku,
+            "priority": plan.priority, "nodes": est.nodes, "hours": est.hours, "usdPerNodeHour": est.usd_per_node_hour,
+            "usd": round(est.usd, 2), "priceSource": est.price_source, "notes": list(est.notes(stack_outputs.location)),
+            "ceilingUsd": r.cost.ceiling_usd, "monthlyBudgetUsd": budget,
+            "over": cost.over_limits(est.usd, r.cost.ceiling_usd, budget), "warnings": list(plan.warnings),
+            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None}
+
+
 @app.command()
 def quota(
     stack: Stack,
@@ -229,6 +272,7 @@ def quota(
     allow_tcp: AllowTcp = False,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """GPU quota needed vs available per VM family (low priority draws on lowPriorityCores)."""
@@ -236,6 +280,7 @@ def quota(
     def body() -> None:
         from jobs import submit as submitter
 
+        _refuse_offline(offline, "quota", "the quota the plan needs is in `python -m infra plan --stack S` (offline)")
         if recipe:
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
@@ -244,12 +289,20 @@ def quota(
             requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
         client = submitter.connect(stack_outputs)
         lines = submitter.quota(client, stack_outputs, requests)
-        table = Table("quota", "Azure's name", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
+        if as_json:
+            _print_json([{"quota": line.quota_name, "azureName": line.label, "neededVcpus": line.needed,
+                          "inUse": line.used, "limit": line.limit, "available": line.available, "ok": line.ok,
+                          "clusters": list(line.clusters),
+                          "fix": line.hint(stack_outputs.location) if line.ok is False else None} for line in lines])
+            if any(line.ok is False for line in lines):
+                raise typer.Exit(1)
+            return
+        rows = table("quota", "Azure's name", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
         for line in lines:
-            table.add_row(line.quota_name, line.label or "-", str(line.needed), _n(line.used),
-                          "none" if line.limit == -1 else _n(line.limit), _n(line.available),
-                          {True: "yes", False: "[red]NO[/]", None: "?"}[line.ok], ", ".join(line.clusters))
-        out.print(table)
+            rows.add_row(line.quota_name, line.label or "-", str(line.needed), _n(line.used),
+                         "none" if line.limit == -1 else _n(line.limit), _n(line.available),
+                         {True: "yes", False: "[red]NO[/]", None: "?"}[line.ok], ", ".join(line.clusters))
+        out.print(rows)
         for line in lines:
             if line.limit is None:
                 err.print(f"[yellow]warning:[/] Azure reported no usage for {line.quota_name} in {stack_outputs.location}: "
@@ -273,32 +326,59 @@ def _on_job(stack: str, offline: bool, outputs_file: Path | None, debug: bool, a
     def body() -> None:
         from jobs import submit as submitter
 
+        _refuse_offline(offline)
         stack_outputs = load_outputs(stack, offline, outputs_file)
         action(submitter, submitter.connect(stack_outputs), stack_outputs)
 
     guard(debug, body)
 
 
+def _refuse_offline(offline: bool, what: str = "this command", instead: str = "") -> None:
+    """--offline on a command that can only ask Azure ML: refused before any plan or sign-in."""
+    if offline:
+        raise UserError([Problem("command line", "--offline", f"{what} asks Azure ML about the deployed stack; the "
+                                 "offline plan has no jobs, usage or logs",
+                                 "drop --offline and sign in (az login); "
+                                 + (instead or "rehearsals are local: python -m jobs list --local, "
+                                    "python -m jobs logs RUN --local"))], "needs Azure")
+
+
 @app.command()
-def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
-    """Status of a job."""
+def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None,
+           as_json: JsonOption = False, debug: Debug = False) -> None:
+    """Status of a job (of a managed run: every attempt and the cost)."""
 
     def show(submitter, client, o) -> None:
         info = submitter.status(client, job, o.workspace)
-        table = Table(show_header=False)
+        if as_json:
+            _print_json(_status_document(submitter, client, o, info))
+            return
+        rows = row_table()
         for key, value in info.items():
-            table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
-        out.print(table)
+            rows.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
+        out.print(rows)
         if (info.get("tags") or {}).get("managed_run"):
             _managed_history(submitter, client, o, info)
 
     _on_job(stack, offline, outputs_file, debug, show)
 
 
-def _managed_history(submitter, client, o, info) -> None:
-    """Every attempt of the managed run a job belongs to, and what the run cost."""
-    from jobs.managed import client as managed
+def _status_document(submitter, client, o, info) -> dict:
+    """`status --json`: the job, and for a managed run its record with every attempt and the totals."""
     from jobs.managed import report
+
+    document = dict(info)
+    if (info.get("tags") or {}).get("managed_run"):
+        _, controller, record = _managed_record(submitter, client, o, info)
+        document["managedRun"] = {**record.to_json(), "controllerStatus": controller.get("status"),
+                                  "attemptRows": [dict(zip(report.COLUMNS, row, strict=True)) for row in report.rows(record)],
+                                  "totals": report.totals(record)}
+    return document
+
+
+def _managed_record(submitter, client, o, info):
+    """(run, controller job info, record) of the managed run a job belongs to."""
+    from jobs.managed import client as managed
 
     run = info["tags"]["managed_run"]
     controller = info if info["tags"].get("role") == "controller" else submitter.status(client, run, o.workspace)
@@ -307,11 +387,18 @@ def _managed_history(submitter, client, o, info) -> None:
         raise UserError([Problem(f"job {controller['name']}", "tags.record", "names no record",
                                  "the controller job of a managed run carries it; was the job submitted with --managed?")],
                         "not a managed run")
-    record = managed.read(o, place)
-    table = Table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controller {controller['status']})")
+    return run, controller, managed.read(o, place)
+
+
+def _managed_history(submitter, client, o, info) -> None:
+    """Every attempt of the managed run a job belongs to, and what the run cost."""
+    from jobs.managed import report
+
+    run, controller, record = _managed_record(submitter, client, o, info)
+    grid = table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controller {controller['status']})")
     for row in report.rows(record):
-        table.add_row(*row)
-    out.print(table)
+        grid.add_row(*row)
+    out.print(grid)
     for line in report.summary_lines(record)[len(record.attempts) + 1:]:
         out.print(line, highlight=False, soft_wrap=True)
 
@@ -409,7 +496,8 @@ def scale(
         if dry_run:
             import yaml
 
-            sys.stdout.write(yaml.safe_dump_all([build.to_job_dict(p, code) for p in plans], sort_keys=False, width=120))
+            sys.stdout.write(_code_note() + yaml.safe_dump_all([build.to_job_dict(p, portable(code)) for p in plans],
+                                                               sort_keys=False, width=120))
             return
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
         too_much = cost.over_limits(total, None, budget)
@@ -426,7 +514,8 @@ def scale(
 
 @app.command("scale-report")
 def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by `scale`.")], stack: Stack,
-                 offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+                 offline: Offline = False, outputs_file: OutputsFile = None, as_json: JsonOption = False,
+                 debug: Debug = False) -> None:
     """Throughput, speedup and scaling efficiency of a finished scaling study."""
 
     def report(submitter, client, o) -> None:
@@ -441,18 +530,24 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
         if not rows:
             raise UserError([Problem(f"workspace {o.workspace}", study, "no jobs carry this study tag",
                                      "use the id printed by `python -m jobs scale`")], "unknown study")
-        table = Table("nodes", "job", "status", "throughput", "speedup", "efficiency")
+        if as_json:
+            _print_json([{"nodes": row.nodes, "job": row.job, "status": row.status, "throughput": row.throughput,
+                          "unit": row.unit, "speedup": row.speedup, "efficiency": row.efficiency}
+                         for row in scaling.report(rows)])
+            return
+        grid = table("nodes", "job", "status", "throughput", "speedup", "efficiency")
         for row in scaling.report(rows):
-            table.add_row(str(row.nodes), row.job, row.status,
-                          f"{row.throughput:,.1f} {row.unit}" if row.throughput else "-",
-                          f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
-        out.print(table)
+            grid.add_row(str(row.nodes), row.job, row.status,
+                         f"{row.throughput:,.1f} {row.unit}" if row.throughput else "-",
+                         f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
+        out.print(grid)
 
     _on_job(stack, offline, outputs_file, debug, report)
 
 
 def _mount() -> None:
     """The data, BeeOND and rehearsal commands live with their own code."""
+    from jobs import runs_cli
     from jobs.beeond.cli import app as beeond_app
     from jobs.data.cli import app as data_app
     from jobs.local.cli import run
@@ -460,11 +555,8 @@ def _mount() -> None:
     app.add_typer(data_app, name="data", help="Datasets: gzip upload to the stack's datasets container.")
     app.add_typer(beeond_app, name="beeond", help="BeeOND shared scratch on a fixed-size cluster.")
     app.command("run")(run)
+    runs_cli.mount(app)
     app.command("deepspeed-plan")(__import__("jobs.deepspeed_plan", fromlist=["deepspeed_plan"]).deepspeed_plan)
 
 
 _mount()
-
-
-def main() -> None:
-    app()

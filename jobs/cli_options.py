@@ -16,10 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from core.cli_help import flags_without_types
 from core.errors import exit_on_bad_input
-
-flags_without_types()
 
 out = Console()
 err = Console(stderr=True)

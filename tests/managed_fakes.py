@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -202,12 +202,3 @@ class _Compute:
                     "nodeId": f"tvmps_{name}_{i}", "privateIpAddress": f"10.0.0.{i + 4}", "port": 50000,
                     "nodeState": state, "runId": name})))
         return nodes
-
-
-@dataclass
-class Scenario:
-    """What a test needs around the supervisor."""
-
-    azure: FakeAzureML
-    clock: Clock
-    lines: list[str] = field(default_factory=list)

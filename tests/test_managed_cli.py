@@ -65,6 +65,8 @@ class TestDryRun:
         from azure.ai.ml import load_job
 
         for i, document in enumerate(yaml.safe_load_all(dry_run.stdout)):
+            if document["code"] != "..":  # relative to the folder the dry run printed in
+                document["code"] = str(REPO / document["code"])
             (tmp_path / "managed").mkdir(exist_ok=True)
             path = tmp_path / "managed" / f"{i}.yml"
             path.write_text(yaml.safe_dump(document))

@@ -1,6 +1,6 @@
 """The defects a review of the plans against Azure's specifications and Microsoft's
-documentation found (issue 11, section 3): one test class per defect, each asserting what
-Azure requires, with the source of the rule in the test's docstring.
+documentation found: one test class per defect, each asserting what Azure requires, with the
+source of the rule in the test's docstring.
 
 Every rule here is Azure's, not ours: budget notification limits (the Consumption API's
 Budget model), compute and registry name rules (Microsoft Learn and the REST

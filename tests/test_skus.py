@@ -11,7 +11,7 @@ REQUIRED = {
     # tutorials, Microsoft's NDv4 performance article, Azure's large-scale training guide)
     "Standard_ND40rs_v2", "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5",
     "Standard_NC24rs_v3", "Standard_NC24s_v3",
-    # issue 2: H200 and a non-InfiniBand NC A100 v4 size
+    # H200, and a size without InfiniBand (NC A100 v4)
     "Standard_ND96isr_H200_v5", "Standard_NC24ads_A100_v4",
 }
 

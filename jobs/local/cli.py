@@ -1,6 +1,6 @@
 """`python -m jobs run RECIPE --local`: rehearse a recipe on this machine (jobs/local/rehearsal.py).
 
-    python -m jobs run cosmoflow --local [--nodes 2] [--procs-per-node 2] [--stack dev]
+    python -m jobs run cosmoflow [--local] [--nodes 2] [--procs-per-node 2] [--stack dev]
         [--set key=value ...] [--name NAME] [--data INPUT=DIR] [--quiet]
         [--managed [--preempt-after S [--preempt-node K]] [--hang-after S [--hang-node K]]]
 
@@ -38,12 +38,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from core import project
 from core.errors import Problem, UserError
 from jobs.cli_options import guard
 from jobs.local import processes
 from jobs.runtime import contract
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = project.root()
 AZURITE_DIR_VARIABLE = "AMLHPC_AZURITE_DIR"
 """Where the rehearsal's own Azurite keeps its data (default .azurite/)."""
 DEFAULT_NODES = 2
@@ -69,7 +70,7 @@ def local_blob():
         return
     from jobs.local import azurite
 
-    folder = Path(os.environ.get(AZURITE_DIR_VARIABLE) or REPO_ROOT / ".azurite")
+    folder = Path(os.environ.get(AZURITE_DIR_VARIABLE) or PROJECT_ROOT / ".azurite")
     try:
         server = azurite.start(folder)
     except (azurite.AzuriteNotInstalled, RuntimeError, TimeoutError) as exc:
@@ -118,7 +119,7 @@ def upload_inputs(plan, data: dict[str, Path], connection_string: str, echo) -> 
 
 def run(
     recipe: Annotated[str, typer.Argument(help="Recipe name (jobs/recipes/NAME.yaml) or path.")],
-    local: Annotated[bool, typer.Option("--local", help="Rehearse on this machine (the only mode; Azure runs use `submit`).")] = False,
+    local: Annotated[bool, typer.Option("--local", help="Accepted, not needed: rehearsing on this machine is `run`'s only mode (Azure runs use `submit`).")] = False,
     stack: Annotated[str, typer.Option("--stack", help="Stack whose outputs the job is planned against.")] = "dev",
     outputs_file: Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file instead of the offline plan.")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Simulated nodes; wins over the local profile (default 2).")] = None,
@@ -141,10 +142,6 @@ def run(
     """Run RECIPE on this machine as Azure ML would: N simulated nodes, real launcher, Azurite as Blob."""
 
     def body() -> None:
-        if not local:
-            raise UserError([Problem("command line", "--local", "`run` rehearses locally only",
-                                     f"add --local, or submit to Azure: python -m jobs submit {recipe} --stack {stack}")],
-                            "nothing to run")
         if (procs_per_node is not None and procs_per_node < 1) or (nodes is not None and nodes < 1):
             raise UserError([Problem("command line", "--nodes/--procs-per-node", "must be 1 or more", "e.g. --nodes 2 --procs-per-node 2")],
                             "invalid rehearsal size")
@@ -198,7 +195,7 @@ def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_
     folder = workdir or folders.REHEARSALS / run_name
     if workdir is None:
         for old in folders.prune(folders.REHEARSALS, folders.KEEP_REHEARSALS, current=folder):
-            out.print(f"[dim]removed an old rehearsal folder: {old.relative_to(REPO_ROOT)}[/]")
+            out.print(f"[dim]removed an old rehearsal folder: {old.relative_to(PROJECT_ROOT)}[/]")
     snapshot = build.snapshot(plan.code_dirs)
     folders.touch(snapshot)
     folders.prune(folders.SNAPSHOTS, folders.KEEP_SNAPSHOTS, current=snapshot)

@@ -296,4 +296,16 @@ def run_and_report(recipe: Any, outputs: Any, plan: Any, *, console, max_restart
     for line in report.summary_lines(done.record)[len(done.record.attempts) + 1:]:
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"rehearsal took {done.seconds:.1f} s; node folders under {done.service.workdir}")
+    keep_record(done.service.workdir, done.record)
     return done
+
+
+RECORD_COPY = "supervision.json"
+"""A copy of the run's record beside its node folders, for `jobs report` (the record itself is in Blob)."""
+
+
+def keep_record(workdir: Path, record: Record) -> None:
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        (Path(workdir) / RECORD_COPY).write_text(json.dumps(record.to_json(), indent=2))

@@ -140,12 +140,30 @@ def prepare_nodes(snapshot: Path, workdir: Path, nodes: int) -> list[Path]:
     return folders
 
 
-def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None]) -> None:
+LOG_DIR = "user_logs"
+"""Each process's output, as Azure ML keeps it: node<K>/user_logs/std_log_process_<rank>.txt
+(appended by every attempt; `jobs logs` and `jobs report` read them)."""
+
+
+def log_path(folder: Path, rank: int) -> Path:
+    return folder / LOG_DIR / f"std_log_process_{rank}.txt"
+
+
+def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None], log: Path | None = None) -> None:
     assert proc.process.stdout is not None
-    for raw in proc.process.stdout:
-        line = raw.rstrip("\n")
-        proc.lines.append(line)
-        sink(proc, line)
+    with contextlib.ExitStack() as stack:
+        kept = None
+        if log is not None:
+            with contextlib.suppress(OSError):  # a full disk must not stop the rehearsal
+                log.parent.mkdir(parents=True, exist_ok=True)
+                kept = stack.enter_context(log.open("a", buffering=1))
+        for raw in proc.process.stdout:
+            line = raw.rstrip("\n")
+            proc.lines.append(line)
+            if kept is not None:
+                with contextlib.suppress(OSError):
+                    kept.write(line + "\n")
+            sink(proc, line)
 
 
 def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, procs_per_node: int,
@@ -172,7 +190,8 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **processes.popen_kwargs(),
                 )
                 procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
-        pumps = [threading.Thread(target=_pump, args=(p, sink), daemon=True) for p in procs]
+        pumps = [threading.Thread(target=_pump, args=(p, sink, log_path(folders[p.node], p.rank)), daemon=True)
+                 for p in procs]
         for t in pumps:
             t.start()
         if started is not None:
@@ -315,9 +334,34 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     # Azure ML's own id comes first (jobs/runtime/jobid.py): one in the caller's environment
     # (a rehearsal inside an Azure ML job) must not make every attempt share it.
     base["AZUREML_RUN_ID"] = base[contract.RUN_ID]
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s,
                           **process_hooks)
+    note_attempt(workdir, plan, base[contract.RUN_ID], started_at, time.time(), procs_per_node, codes)
     report_dir = env.get(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR)
     return RehearsalResult(plan, workdir, codes, time.monotonic() - started, collect_reports(folders, report_dir),
                            checkpoint_state(env, connection_string))
+
+
+ATTEMPTS_FILE = "attempts.jsonl"
+"""One line per rehearsal of the folder's run (each an attempt, as a job in Azure would be):
+when it ran, its size, its price per node-hour at the planned size, how its processes
+ended. `jobs report` reads it."""
+
+
+def note_attempt(workdir: Path, plan: Any, run_id: str, started: float, ended: float, procs_per_node: int,
+                 codes: dict[int, int]) -> None:
+    from datetime import UTC, datetime
+
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    estimate = getattr(plan, "estimate", None)
+    line = {"run_id": run_id, "started_at": iso(started), "ended_at": iso(ended), "seconds": round(ended - started, 3),
+            "nodes": plan.instance_count, "processes_per_node": procs_per_node, "sku": plan.sku,
+            "usd_per_node_hour": getattr(estimate, "usd_per_node_hour", None),
+            "price_source": getattr(estimate, "price_source", None),
+            "exit_codes": {str(rank): code for rank, code in sorted(codes.items())}}
+    with contextlib.suppress(OSError):  # the record of a rehearsal must not fail it
+        with (workdir / ATTEMPTS_FILE).open("a") as out:
+            out.write(json.dumps(line) + "\n")

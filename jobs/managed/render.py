@@ -124,7 +124,8 @@ def training_template(mplan: ManagedPlan) -> dict[str, Any]:
 
 def controller_packages(lock: Path = build.REPO_ROOT / "uv.lock") -> dict[str, str]:
     """The controller's SDK versions: exactly this checkout's (uv.lock)."""
-    found = {p["name"]: p["version"] for p in tomllib.loads(lock.read_text()).get("package", [])}
+    # the project itself has no locked version (core/version.py writes it): only the packages
+    found = {p["name"]: p["version"] for p in tomllib.loads(lock.read_text()).get("package", []) if "version" in p}
     missing = [name for name in CONTROLLER_PACKAGES if name not in found]
     if missing:
         raise UserError([Problem(str(lock), "package", f"{', '.join(missing)} not locked",

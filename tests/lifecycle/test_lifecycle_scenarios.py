@@ -1,6 +1,6 @@
 """Up, down and up again, with the real program, the real tooling steps (infra.adopt) and an
-emulated engine, provider and Azure (tests/lifecycle): the scenarios of issue 11, each a
-test, plus the counter-tests showing the emulator refuses what Azure refuses when the
+emulated engine, provider and Azure (tests/lifecycle): each redeploy scenario a test, plus
+the counter-tests showing the emulator refuses what Azure refuses when the
 tooling's fixes are left out."""
 
 from __future__ import annotations
