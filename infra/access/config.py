@@ -91,8 +91,9 @@ def from_pulumi() -> AccessConfig:
     for key in ("repository", "stateAccount", "resourceGroup", "namePrefix"):
         if ours.get(key) is not None:
             flat[NAMESPACE + key] = ours.get(key)
-    if ours.get("environments") is not None:
-        flat[NAMESPACE + "environments"] = json.loads(ours.get("environments"))
+    environments = ours.get("environments")
+    if environments is not None:
+        flat[NAMESPACE + "environments"] = json.loads(environments)
     location = pulumi.Config("azure-native").get("location")
     if location:
         flat["azure-native:location"] = location

@@ -127,7 +127,9 @@ def _assign(right: Right, environment: str, scopes: dict[str, Any], identity: ma
             subscription: pulumi.Output[str], roles: dict[str, authorization.RoleDefinition]) -> None:
     role = right.role
     role_id = subscription.apply(lambda sub: role_definition_id(sub, role.guid_in(sub)))
-    condition = subscription.apply(lambda sub: MODEL.condition_text(right.condition, sub)) if right.condition else None
+    condition: pulumi.Output[str] | None = None
+    if right.condition:
+        condition = subscription.apply(lambda sub: MODEL.condition_text(right.condition, sub) or "")
     role_assignment(f"{right.principal}-{environment}-{right.key}", scope=scopes[right.scope],
                     principal_id=identity.principal_id, principal_type="ServicePrincipal",
                     role_definition_id=role_id, condition=condition,

@@ -111,9 +111,9 @@ def access_view(plan: Plan) -> dict[str, Any]:
         rights.setdefault(right.principal, []).append(
             {**_entry(right, plan.config.names.resource_group, subscription, None), "who": "assigned by Azure ML"})
     out = []
-    for key, principal in MODEL.principals.items():
+    for key, model_principal in MODEL.principals.items():
         entries = sorted(rights.get(key, []), key=lambda e: (e["who"], e["key"]))
-        out.append({"principal": key, "title": principal.title, "kind": principal.kind, "note": principal.note,
+        out.append({"principal": key, "title": model_principal.title, "kind": model_principal.kind, "note": model_principal.note,
                     "rights": entries})
     return {"stack": plan.config.stack, "environment": environment, "subscription": subscription,
             "principals": out, "unexplained": unexplained}

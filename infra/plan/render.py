@@ -76,7 +76,7 @@ def details(r: RecordedResource) -> str:
         return f"regions {regions}, network {i.get('publicNetworkAccess')}"
     if t == "azure-native:authorization:RoleAssignment":
         condition = ", with a condition" if i.get("condition") else ""
-        return (f"{role_name(i.get('roleDefinitionId'))} on {_short_scope(i.get('scope', ''))} "
+        return (f"{role_name(str(i.get('roleDefinitionId') or ''))} on {_short_scope(i.get('scope', ''))} "
                 f"({i.get('principalType')}{condition})")
     if t == "azure-native:consumption:Budget":
         notes = i.get("notifications") or {}
