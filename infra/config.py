@@ -224,6 +224,8 @@ CONTROLLER_SKU = "Standard_D2s_v3"
 CONTROLLER_USD_PER_HOUR = 0.096
 """Standard_D2s_v3, Linux, pay-as-you-go in eastus: Azure Retail Prices API
 (prices.azure.com, serviceName 'Virtual Machines', type Consumption), as recorded in 2024-06."""
+CONTROLLER_PRICE_REGION = "eastus"
+"""The region of CONTROLLER_USD_PER_HOUR's row."""
 
 
 class ControllerConfig(_Model):
@@ -247,7 +249,7 @@ class ControllerConfig(_Model):
 
     def price_source(self, stack_file: str) -> str:
         return (f"{stack_file}: aml-hpc:controller.usdPerHour" if self.usd_per_hour
-                else f"Azure Retail Prices API, {self.sku} Linux pay-as-you-go, eastus, 2024-06")
+                else f"Azure Retail Prices API, {self.sku} Linux pay-as-you-go, {CONTROLLER_PRICE_REGION}, 2024-06")
 
 
 class MlRegistryConfig(_Model):
