@@ -47,7 +47,9 @@ built-in roles, AI + machine learning)."""
 # Contributor on the account, and a compute identity that reads or writes job data needs
 # Storage Blob Data Contributor. So: identity in dev (no keys anywhere), access keys
 # elsewhere unless a stack opts in with aml-hpc:workspaceStorageAuth.
-SYSTEM_DATASTORES_AUTH_MODE = {"identity": "identity", "accessKey": "accesskey"}
+SYSTEM_DATASTORES_AUTH_MODE = {"identity": "Identity", "accessKey": "AccessKey"}
+"""Sent as the specification's enum spells them (SystemDatastoresAuthMode, API 2025-12-01): Azure
+answers in that casing, and any other reads back as a change after an import."""
 
 
 def default_workspace_storage_auth(environment: str) -> str:
