@@ -35,6 +35,11 @@ Each rule is Azure's, with its source:
   lock on it").
 
 Blobs are data: a container holds them, and they disappear with it.
+
+GETs answer as Azure does, not with the request echoed (tests/lifecycle/lifecycle_answers.py):
+server-assigned principals (random on every create, as Entra issues them), read-only
+properties, server defaults, ids in Azure's casing and system-added items. Role
+assignments can be listed by scope, role and principal, as `az role assignment list` does.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from infra import quirks
+from tests.lifecycle import lifecycle_answers as answers
 
 GLOBAL_NAME_TYPES = {
     "azure-native:storage:StorageAccount": "StorageAccountAlreadyTaken: the storage account name {name!r} is already taken",
@@ -74,6 +80,10 @@ class AzureObject:
     name: str
     body: dict[str, Any]
     blobs: dict[str, bytes] = field(default_factory=dict)
+    server: dict[str, Any] = field(default_factory=dict)
+    """What Azure assigned at creation (principal ids...): kept across updates."""
+    created_at: int = 0
+    """The operation count when it was created (RBAC propagation is counted in operations)."""
 
 
 @dataclass
@@ -105,11 +115,14 @@ def _top_level_id(arm_id: str) -> str:
 class FakeAzure:
     """All of Azure: every adopter's subscriptions share the global name space."""
 
-    def __init__(self, now: datetime | None = None):
+    def __init__(self, now: datetime | None = None, tenant: str = "00000000-0000-0000-0000-0000000000aa"):
         self.now = now or datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
+        self.tenant = tenant
         self.objects: dict[str, AzureObject] = {}
         self.deleted: dict[str, Deleted] = {}
         self.log: list[str] = []
+        self.operations = 0
+        """Writes so far: the clock RBAC propagation is measured on (a step, not a wall time)."""
 
     # --- time ------------------------------------------------------------------------
     def advance(self, days: float) -> None:
@@ -126,6 +139,30 @@ class FakeAzure:
     def of_type(self, type_token: str) -> list[AzureObject]:
         return [o for o in self.objects.values() if o.type == type_token]
 
+    def response(self, arm_id: str) -> dict[str, Any] | None:
+        """The GET answer, in azure-native's SDK shape (lifecycle_answers)."""
+        obj = self.get(arm_id)
+        if obj is None:
+            return None
+        return answers.answer(obj.type, obj.id, obj.body, obj.server, self.response)
+
+    def role_assignments(self, scope: str | None = None, role: str | None = None,
+                         principal: str | None = None) -> list[AzureObject]:
+        """Role assignments exactly at `scope` (ids compared without case, as ARM does), of
+        `role` (a role definition id or its GUID) and `principal`; None matches any."""
+        out = []
+        for o in self.of_type(ROLE):
+            at = o.id.split("/providers/Microsoft.Authorization/")[0]
+            definition = str(o.body.get("roleDefinitionId", ""))
+            if scope is not None and at.lower() != scope.lower():
+                continue
+            if role is not None and definition.lower().rsplit("/", 1)[-1] != role.lower().rsplit("/", 1)[-1]:
+                continue
+            if principal is not None and str(o.body.get("principalId", "")).lower() != principal.lower():
+                continue
+            out.append(o)
+        return out
+
     # --- writes ----------------------------------------------------------------------
     def put(self, type_token: str, arm_id: str, name: str, body: dict[str, Any]) -> AzureObject:
         """Create or update, refusing what Azure refuses."""
@@ -139,7 +176,10 @@ class FakeAzure:
             body = self._check_soft_deleted(type_token, arm_id, name, body)
             if type_token == ROLE:
                 self._check_role_unique(arm_id, body)
-        obj = AzureObject(arm_id, type_token, name, copy.deepcopy(body), existing.blobs if existing else {})
+        self.operations += 1
+        server = existing.server if existing else answers.on_create(type_token, body, self.tenant)
+        obj = AzureObject(arm_id, type_token, name, copy.deepcopy(body), existing.blobs if existing else {},
+                          server, existing.created_at if existing else self.operations)
         self.objects[key] = obj
         if type_token == ACCOUNT and _key(f"{arm_id}/blobServices/default") not in self.objects:
             # Azure creates the blob service with the account, in its default state.
@@ -153,6 +193,7 @@ class FakeAzure:
         obj = self.objects.get(key)
         if obj is None:
             return  # ARM DELETE of a missing resource succeeds (azure-native treats 404 as done)
+        self.operations += 1
         if obj.type != LOCK:
             self._check_not_locked(obj)
         if obj.type == "azure-native:resources:ResourceGroup":
