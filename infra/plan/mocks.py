@@ -210,6 +210,13 @@ def _stable_uuid(*parts: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(parts)))
 
 
+def planned_principal(type_token: str, name: str, system_assigned: bool) -> str:
+    """The stand-in principal id the offline plan gives an identity (`name` its physical
+    name): a user-assigned identity's own, or a resource's system-assigned one. Azure's
+    are random; infra.adopt maps these back to the identity to read the real one."""
+    return _stable_uuid("principal", type_token, name) if system_assigned else _stable_uuid("principal", name)
+
+
 def physical_name(type_token: str, inputs: dict[str, Any], logical: str) -> str:
     """The Azure name a resource gets (its name input), or the logical name."""
     if type_token == "azure-native:resources:ResourceGroup":
@@ -280,7 +287,7 @@ class PlanMocks(mocks.Mocks):
                 for uid in identity["userAssignedIdentities"]}}
         if isinstance(identity, dict) and "SystemAssigned" in str(identity.get("type", "")):
             # Azure fills in the system-assigned identity's principal (role grants use it).
-            out["identity"] = {**out.get("identity", identity), "principalId": _stable_uuid("principal", type_token, name),
+            out["identity"] = {**out.get("identity", identity), "principalId": planned_principal(type_token, name, True),
                                "tenantId": FAKE_TENANT}
         if type_token == "azure-native:storage:StorageAccount":
             out["primaryEndpoints"] = {"blob": f"https://{name}.blob.core.windows.net/",
@@ -289,7 +296,7 @@ class PlanMocks(mocks.Mocks):
             out["loginServer"] = f"{name.lower()}.azurecr.io"
         elif type_token == "azure-native:managedidentity:UserAssignedIdentity":
             out["clientId"] = _stable_uuid("client", name)
-            out["principalId"] = _stable_uuid("principal", name)
+            out["principalId"] = planned_principal(type_token, name, False)
             out["tenantId"] = FAKE_TENANT
         elif type_token == "azure-native:keyvault:Key":
             # Azure answers with the key's URL and its first version's URL.
