@@ -22,8 +22,36 @@ from typing import Any
 
 from infra import adopt
 from infra.config import EXPERIMENT_PREFIX, REPO_ROOT, parse, read_stack_file, stack_file
-from tests.lifecycle.lifecycle_cloud import FakeAzure
+from tests.lifecycle.lifecycle_cloud import ROLE, FakeAzure
 from tests.lifecycle.lifecycle_engine import Engine
+
+
+@dataclass
+class EmulatedArm:
+    """infra.adopt.AzureReader on the emulated cloud, answering in ARM's wire shape: an
+    identity's principal under `properties` (user-assigned) or `identity` (system-assigned),
+    role assignments listed at a scope and above it, as `$filter=atScope()` lists them."""
+
+    azure: FakeAzure
+
+    def exists(self, r: adopt.Retained) -> bool:
+        return self.azure.exists(r.arm_id)
+
+    def read(self, arm_id: str, api_version: str) -> dict[str, Any] | None:
+        answer = self.azure.response(arm_id)
+        if answer is None:
+            return None
+        return {"id": arm_id, "properties": answer, "identity": answer.get("identity")}
+
+    def role_assignments(self, scope: str) -> list[dict[str, Any]]:
+        out = []
+        for o in self.azure.of_type(ROLE):
+            at = o.id.split("/providers/Microsoft.Authorization/")[0]
+            if scope.lower() == at.lower() or scope.lower().startswith(at.lower() + "/"):
+                out.append({"id": o.id, "name": o.id.rsplit("/", 1)[-1], "type": "Microsoft.Authorization/roleAssignments",
+                            "properties": {k: o.body.get(k) for k in ("principalId", "roleDefinitionId", "principalType")}
+                            | {"scope": at}})
+        return out
 
 
 def clone(root: Path) -> Path:
@@ -60,7 +88,7 @@ class Adopter:
         self.adopted = []
         if not experiment:
             document = adopt.plan_import(stack, self.engine.select(stack).export(), self.subscription_id,
-                                         lambda r: self.azure.exists(r.arm_id), root=self.root)
+                                         EmulatedArm(self.azure), root=self.root)
             if document["resources"]:
                 self.adopted = self.engine.import_file(stack, document, protect=False)
         cfg = self.config(stack)

@@ -42,6 +42,12 @@ def adopter(azure, tmp_path) -> Adopter:
     return Adopter(azure, clone(tmp_path / "clone-a"), SUB_A)
 
 
+def up_again_changes_nothing(adopter: Adopter, stack: str) -> None:
+    """The last `up` of up -> down -> up -> up: the program and Azure agree, no step at all."""
+    adopter.make_up(stack)
+    assert adopter.engine.last_steps == [], adopter.engine.last_steps
+
+
 def by_type(adopter: Adopter, stack: str, type_token: str):
     return [r for r in adopter.state(stack).values() if r.type == type_token]
 
@@ -86,6 +92,7 @@ class TestEnvironmentRedeploy:
         text = (adopter.root / "Pulumi.dev.yaml").read_text()
         assert len(re.findall(rf"^\s+{NAME_SUFFIX_KEY}:", text, flags=re.MULTILINE)) == 1
 
+        up_again_changes_nothing(adopter, "dev")
         adopter.make_down("dev")
         assert adopter.make_up("dev")["storage"] == first["storage"]  # and again
 
@@ -119,6 +126,7 @@ class TestEnvironmentRedeploy:
         _, containers = dataset_objects(azure, second)
         assert containers["datasets"].blobs  # data intact
         assert len(by_type(adopter, "prod", COMPUTE)) == 2  # the GPU cluster and the controller
+        up_again_changes_nothing(adopter, "prod")
 
 
 def lock_of(azure: FakeAzure, outputs: dict):
@@ -167,6 +175,7 @@ class TestDeleteLock:
         second = adopter.make_up("prod")
         assert second["storage"] == first["storage"] and lock_of(azure, second) is not None
         assert dataset_objects(azure, second)[1]["datasets"].blobs  # data intact
+        up_again_changes_nothing(adopter, "prod")
 
     def test_counter_test_unprotected_grants_make_down_fail_with_scope_locked(self, azure, adopter, monkeypatch):
         """What `down` did before: Pulumi deletes what the lock covers, Azure refuses."""
@@ -227,6 +236,31 @@ class TestDeleteLock:
         assert endpoint.name.endswith("datasets-blob")
         second = adopter.make_up("everything")
         assert second["storage"] == first["storage"] and dataset_objects(azure, second)[1]["datasets"].blobs
+        up_again_changes_nothing(adopter, "everything")
+
+
+class TestManagedNetwork:
+    def test_managed_network_workspace_adopted_with_its_system_rules_up_down_up_up(self, azure, tmp_path):
+        """Unprotected, so `down` drops the workspace from the state and `up` imports it: Azure
+        answers with the rules it added to the managed network itself; the up after the
+        import sends the program's rules, and the last up has nothing to do."""
+        from tests.conformance.conformance_stacks import EVERYTHING_MANAGED
+
+        config = {**EVERYTHING_MANAGED, "aml-hpc:protectData": False, "aml-hpc:encryption": {}}
+        config["aml-hpc:clusters"] = [{k: v for k, v in c.items() if v is not None}
+                                      for c in config["aml-hpc:clusters"]]
+        root = clone(tmp_path / "managed")
+        (root / "Pulumi.managed.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+        adopter = Adopter(azure, root, SUB_A)
+        adopter.make_up("managed")
+        [workspace] = azure.of_type("azure-native:machinelearningservices:Workspace")
+        system = [n for n, r in azure.response(workspace.id)["managedNetwork"]["outboundRules"].items()
+                  if r["category"] == "Required"]
+        assert system  # added by Azure, in no request
+        adopter.make_down("managed")
+        adopter.make_up("managed")
+        assert any(u.endswith("::ml-mlw") for u in adopter.adopted)
+        up_again_changes_nothing(adopter, "managed")
 
 
 class TestRoleAssignmentNames:
@@ -247,6 +281,7 @@ class TestRoleAssignmentNames:
         adopter.make_up("cmk")
         assert {u for u in adopter.adopted if "crypto-user" in u} and len(azure.of_type(LOCK)) == 0
         assert {o.id for o in azure.of_type(ROLE) if "/keys/" in o.id} == grants
+        up_again_changes_nothing(adopter, "cmk")
 
 
 class TestExperimentRedeploy:
@@ -267,6 +302,7 @@ class TestExperimentRedeploy:
         budget = next(o for o in azure.of_type("azure-native:consumption:Budget") if "exp-sweep" in o.name)
         compute = next(o for o in azure.of_type(COMPUTE) if o.name == "sweep")
         assert budget.body["filter"]["dimensions"]["values"] == [compute.id.lower()]
+        up_again_changes_nothing(adopter, "exp-sweep")
 
 
 class TestTwoAdopters:
