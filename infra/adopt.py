@@ -401,6 +401,14 @@ def plan_import(stack: str, export: dict[str, Any], subscription_id: str, azure:
                            lambda r: locate_assignment(r, azure, identities))
 
 
+def rbac_propagation_failure(log: str) -> str | None:
+    """The Azure error code in a failed `pulumi up`'s output that means a fresh role
+    assignment has not taken effect yet (infra.quirks.RBAC_PROPAGATION_ERRORS), or None."""
+    from infra import quirks
+
+    return next((code for code in quirks.RBAC_PROPAGATION_ERRORS if code in log), None)
+
+
 # --------------------------------------------------------------------------------------
 # Commands
 
@@ -443,6 +451,21 @@ def import_file_command(
     if document["resources"]:
         out.write_text(json.dumps(document, indent=2) + "\n")
     print(sum(1 for r in document["resources"] if not r.get("component")))
+
+
+@app.command("propagation")
+def propagation_command(
+    log: Annotated[Path, typer.Option("--log", help="The output of the failed `pulumi up`.")],
+) -> None:
+    """Exit 0 (printing the error code) when a failed up failed on RBAC propagation, 1 otherwise."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        raise typer.Exit(1) from None
+    code = rbac_propagation_failure(text)
+    if code is None:
+        raise typer.Exit(1)
+    print(code)
 
 
 if __name__ == "__main__":

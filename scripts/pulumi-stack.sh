@@ -18,6 +18,10 @@
 #   before `pulumi up` (which would otherwise fail: "cannot create already existing
 #   resource"). The subscription comes from ARM_SUBSCRIPTION_ID, AZURE_SUBSCRIPTION_ID or
 #   `az account show`.
+# - up runs again, after a wait, when it failed on Azure RBAC propagation: a role assignment
+#   made in the same up was not in effect yet when Azure checked it (a customer-managed key
+#   for the workspace; infra/quirks.py lists the error codes, infra.adopt decides). At most
+#   RBAC_ATTEMPTS (6) attempts, RBAC_WAIT_SECONDS (60) apart.
 # - down refuses an environment stack unless CONFIRM=<stack name>, and then keeps
 #   protected resources (dataset storage); experiment stacks (exp-*) go without asking and
 #   are removed from the backend afterwards (`pulumi stack rm`, which also deletes the
@@ -131,6 +135,27 @@ select_existing() {  # pulumi stack select without --create; exit 2 when the bac
   fi
 }
 
+up_with_rbac_retries() {  # pulumi up, again after a wait when a fresh grant was not in effect yet
+  local attempt=1 attempts=${RBAC_ATTEMPTS:-6} wait=${RBAC_WAIT_SECONDS:-60} log status code
+  log=$(mktemp)
+  while true; do
+    set +e
+    pulumi up --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@" 2>&1 | tee "$log"
+    status=${PIPESTATUS[0]}
+    set -e
+    (( status == 0 )) && break
+    if (( attempt >= attempts )) || ! code=$(.venv/bin/python -m infra.adopt propagation --log "$log"); then
+      rm -f "$log"
+      exit "$status"
+    fi
+    printf 'pulumi-stack: a role assignment made by this up is not in effect yet (%s); waiting %ss, then up again (attempt %s of %s)\n' \
+      "$code" "$wait" "$((attempt + 1))" "$attempts" >&2
+    sleep "$wait"
+    attempt=$((attempt + 1))
+  done
+  rm -f "$log"
+}
+
 case $action in
   preview|up)
     if [[ ${STACK_MUST_EXIST:-} == 1 ]]; then
@@ -144,7 +169,11 @@ case $action in
     if [[ $action == up && $kind == environment ]]; then
       adopt_retained
     fi
-    pulumi "$action" --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@"
+    if [[ $action == up ]]; then
+      up_with_rbac_retries "$@"
+    else
+      pulumi preview --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@"
+    fi
     ;;
   down)
     if ! err=$(pulumi stack select "$stack" 2>&1); then

@@ -30,6 +30,10 @@ if [[ " $* " == *" import-file "* ]]; then
   if [[ -n ${FAKE_IMPORT:-} ]]; then printf '%s' "$FAKE_IMPORT" > "$out"; echo 2; else echo 0; fi
   exit "${FAKE_PYTHON_STATUS:-0}"
 fi
+if [[ " $* " == *" propagation "* ]]; then  # infra.adopt propagation --log FILE
+  grep -o ForbiddenByRbac "${*: -1}" | head -1 | grep . || exit 1
+  exit 0
+fi
 exit 0
 """
 
@@ -40,6 +44,14 @@ printf '%s\n' "$PULUMI_BACKEND_URL" >> "$FAKE_PULUMI_LOG.backend"
 if [[ $1 == stack && $2 == select && -n ${FAKE_NO_STACK:-} && " $* " != *" --create "* ]]; then
   echo "error: no stack named '${*: -1}' found" >&2
   exit 255
+fi
+if [[ $1 == up && -n ${FAKE_RBAC_FAILS:-} ]]; then
+  count=$(cat "$FAKE_PULUMI_LOG.rbac" 2>/dev/null || echo 0)
+  echo $((count + 1)) > "$FAKE_PULUMI_LOG.rbac"
+  if (( count < FAKE_RBAC_FAILS )); then
+    echo "error: Forbidden: ForbiddenByRbac: the identity may not use the key" >&2
+    exit 1
+  fi
 fi
 if [[ -n ${FAKE_FAIL:-} && $1 == "$FAKE_FAIL" ]]; then
   echo "error: $1 failed" >&2
@@ -280,6 +292,22 @@ class TestBadInput:
         shutil.rmtree(repo / ".venv")
         result = run(repo, "preview", "dev")
         assert result.status == 2 and "fix: make bootstrap" in result.stderr
+
+
+class TestRbacPropagation:
+    def test_an_up_refused_on_a_fresh_grant_runs_again_after_a_wait(self, repo):
+        result = run(repo, "up", "exp-demo", FAKE_RBAC_FAILS="2", RBAC_WAIT_SECONDS="0")
+        ups = [c for c in result.calls if c[0] == "up"]
+        assert result.status == 0 and len(ups) == 3
+        assert "not in effect yet (ForbiddenByRbac)" in result.stderr
+
+    def test_a_spent_budget_stops_with_pulumis_status(self, repo):
+        result = run(repo, "up", "exp-demo", FAKE_RBAC_FAILS="9", RBAC_WAIT_SECONDS="0", RBAC_ATTEMPTS="2")
+        assert result.status == 1 and len([c for c in result.calls if c[0] == "up"]) == 2
+
+    def test_another_failure_is_not_retried(self, repo):
+        result = run(repo, "up", "exp-demo", FAKE_FAIL="up")
+        assert result.status == 7 and len([c for c in result.calls if c[0] == "up"]) == 1
 
 
 def test_shellcheck_clean():

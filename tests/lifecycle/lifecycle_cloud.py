@@ -123,6 +123,16 @@ class FakeAzure:
         self.log: list[str] = []
         self.operations = 0
         """Writes so far: the clock RBAC propagation is measured on (a step, not a wall time)."""
+        self.propagation_operations = 0
+        """A role assignment takes effect this many operations after its creation (0: at once)."""
+
+    def wait(self, operations: int) -> None:
+        """Time passes (the tooling's wait between attempts), counted in operations."""
+        self.operations += operations
+
+    def grant_effective(self, scope: str, role_guid: str, principal: str) -> bool:
+        return any(self.operations - o.created_at >= self.propagation_operations
+                   for o in self.role_assignments(scope, role_guid, principal))
 
     # --- time ------------------------------------------------------------------------
     def advance(self, days: float) -> None:
@@ -176,6 +186,8 @@ class FakeAzure:
             body = self._check_soft_deleted(type_token, arm_id, name, body)
             if type_token == ROLE:
                 self._check_role_unique(arm_id, body)
+            if type_token == WORKSPACE:
+                self._check_key_access(body)
         self.operations += 1
         server = existing.server if existing else answers.on_create(type_token, body, self.tenant)
         obj = AzureObject(arm_id, type_token, name, copy.deepcopy(body), existing.blobs if existing else {},
@@ -296,6 +308,24 @@ class FakeAzure:
         if type_token == LOGS and _key(arm_id) in self.deleted:
             self.deleted.pop(_key(arm_id))  # same name, group and location: recovered
         return body
+
+    def _check_key_access(self, body: dict[str, Any]) -> None:
+        """Azure ML checks, when it creates a workspace with a customer-managed key, that the
+        identity the encryption names can use the key: a grant not yet in effect is refused
+        with Key Vault's RBAC denial (infra.quirks.RBAC_PROPAGATION_ERRORS)."""
+        encryption = body.get("encryption") or {}
+        uai = (encryption.get("identity") or {}).get("userAssignedIdentity")
+        key_url = str((encryption.get("keyVaultProperties") or {}).get("keyIdentifier") or "")
+        if not uai or not key_url:
+            return
+        vault, _, rest = key_url.removeprefix("https://").partition(".vault.azure.net/keys/")
+        key = next((o for o in self.of_type("azure-native:keyvault:Key")
+                    if o.name == rest.split("/")[0] and f"/vaults/{vault}/".lower() in o.id.lower()), None)
+        identity = self.response(uai) or {}
+        if key is None or not self.grant_effective(key.id, quirks.ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER,
+                                                   str(identity.get("principalId"))):
+            raise AzureError(f"Forbidden: ForbiddenByRbac: the identity {uai.rsplit('/', 1)[-1]} may not wrap/unwrap "
+                             f"with the key {key_url} (its role assignment is not in effect)")
 
     def _check_role_unique(self, arm_id: str, body: dict[str, Any]) -> None:
         scope = arm_id.split("/providers/Microsoft.Authorization/")[0].lower()

@@ -7,7 +7,8 @@ scripts/pulumi-stack.sh, calling the same Python the script calls (infra.adopt):
 
     up (environment):  ensure the stack's name suffix -> stack select --create ->
                        stack export -> infra.adopt.plan_import -> pulumi import --file
-                       --protect=false (when there is something to adopt) -> up --refresh
+                       --protect=false (when there is something to adopt) -> up --refresh,
+                       again after a wait when it failed on RBAC propagation
     up (experiment):   stack select --create -> up --refresh
     down (environment): destroy --refresh --exclude-protected (the stack stays)
     down (experiment):  destroy --refresh -> stack rm (which deletes the stack file)
@@ -20,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import adopt
+from infra import adopt, quirks
 from infra.config import EXPERIMENT_PREFIX, REPO_ROOT, parse, read_stack_file, stack_file
 from tests.lifecycle.lifecycle_cloud import ROLE, FakeAzure
-from tests.lifecycle.lifecycle_engine import Engine
+from tests.lifecycle.lifecycle_engine import DeploymentFailed, Engine
 
 
 @dataclass
@@ -70,6 +71,10 @@ class Adopter:
     engine: Engine = field(init=False)
     adopted: list[str] = field(default_factory=list)
     """URNs the last `make_up` imported."""
+    wait_operations: int = 10
+    """What the script's wait between attempts is worth on the emulated cloud's clock."""
+    retries: int = 0
+    """Ups the tooling ran again after an RBAC propagation failure."""
 
     def __post_init__(self) -> None:
         self.engine = Engine(self.azure, self.subscription_id)
@@ -92,7 +97,16 @@ class Adopter:
             if document["resources"]:
                 self.adopted = self.engine.import_file(stack, document, protect=False)
         cfg = self.config(stack)
-        return self.engine.up(stack, lambda: program.build(cfg, now=self.azure.now))
+        for attempt in range(1, quirks.RBAC_PROPAGATION_ATTEMPTS + 1):
+            try:
+                return self.engine.up(stack, lambda: program.build(cfg, now=self.azure.now))
+            except DeploymentFailed as failure:
+                # scripts/pulumi-stack.sh: a fresh grant not in effect yet -> wait, then up again
+                if attempt == quirks.RBAC_PROPAGATION_ATTEMPTS or not adopt.rbac_propagation_failure(str(failure)):
+                    raise
+                self.retries += 1
+                self.azure.wait(self.wait_operations)
+        raise AssertionError("unreachable")
 
     def make_down(self, stack: str) -> None:
         if stack.startswith(EXPERIMENT_PREFIX):

@@ -263,6 +263,36 @@ class TestManagedNetwork:
         up_again_changes_nothing(adopter, "managed")
 
 
+class TestRbacPropagation:
+    """A customer-managed key's grants are made in the same up as the workspace, and Azure ML
+    checks them when it creates it; a grant takes effect some operations after it is made."""
+
+    def cmk(self, azure, tmp_path) -> Adopter:
+        from tests.conformance.conformance_stacks import EVERYTHING
+
+        config = {**EVERYTHING, "aml-hpc:protectData": False, "aml-hpc:network": {"isolation": "public"},
+                  "aml-hpc:clusters": [{"name": "nc-a100", "sku": "Standard_NC24ads_A100_v4", "maxNodes": 1}]}
+        root = clone(tmp_path / "cmk")
+        (root / "Pulumi.cmk.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+        azure.propagation_operations = 25
+        return Adopter(azure, root, SUB_A)
+
+    def test_the_up_waits_for_the_key_grants_and_tries_again(self, azure, tmp_path):
+        adopter = self.cmk(azure, tmp_path)
+        adopter.make_up("cmk")
+        assert adopter.retries >= 1  # the first attempt met the grant before it was in effect
+        assert azure.of_type("azure-native:machinelearningservices:Workspace")
+        up_again_changes_nothing(adopter, "cmk")
+
+    def test_without_the_wait_the_workspace_is_refused(self, azure, tmp_path, monkeypatch):
+        """The counter-test: one attempt, as before the tooling retried."""
+        from infra import quirks
+
+        monkeypatch.setattr(quirks, "RBAC_PROPAGATION_ATTEMPTS", 1)
+        with pytest.raises(DeploymentFailed, match="ForbiddenByRbac"):
+            self.cmk(azure, tmp_path).make_up("cmk")
+
+
 class TestRoleAssignmentNames:
     def test_retained_assignments_are_found_again_by_their_name(self, azure, tmp_path):
         """An unlocked stack with a customer-managed key: the key's role assignments are
