@@ -154,6 +154,7 @@ _ARM: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "azure-native:network:BastionHost": ("Microsoft.Network/bastionHosts/{name}", "bastionHostName", ()),
     "azure-native:network:NetworkInterface": ("Microsoft.Network/networkInterfaces/{name}", "networkInterfaceName", ()),
     "azure-native:compute:VirtualMachine": ("Microsoft.Compute/virtualMachines/{name}", "vmName", ()),
+    "azure-native:compute:VirtualMachineExtension": ("Microsoft.Compute/virtualMachines/{vmName}/extensions/{name}", "vmExtensionName", ("vmName",)),
     "azure-native:operationalinsights:Workspace": ("Microsoft.OperationalInsights/workspaces/{name}", "workspaceName", ()),
     "azure-native:applicationinsights:Component": ("Microsoft.Insights/components/{name}", "resourceName", ()),
     "azure-native:containerregistry:Registry": ("Microsoft.ContainerRegistry/registries/{name}", "registryName", ()),

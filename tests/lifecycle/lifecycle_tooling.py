@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from infra import adopt, quirks
 from infra.config import EXPERIMENT_PREFIX, REPO_ROOT, parse, read_stack_file, stack_file
 from tests.lifecycle.lifecycle_cloud import ROLE, FakeAzure
@@ -55,11 +57,25 @@ class EmulatedArm:
         return out
 
 
+ADOPTERS_GROUP = "0a0a0a0a-1b1b-2c2c-3d3d-4e4e4e4e4e4e"
+"""The Entra group whose people sign in to a shipped jump box (an adopter's own)."""
+
+
 def clone(root: Path) -> Path:
-    """The files of a fresh clone a deployment reads: the project and stack files."""
+    """The files of a fresh clone a deployment reads (the project and stack files), with
+    what docs/isolation.md asks of an adopter before the first `make up`: the group that
+    signs in to a shipped jump box (`jumpBox.logins`; deploying refuses a jump box nobody
+    can use)."""
     root.mkdir(parents=True, exist_ok=True)
     for path in REPO_ROOT.glob("Pulumi*.yaml"):
         shutil.copy(path, root / path.name)
+        if path.name == "Pulumi.yaml":
+            continue
+        config = read_stack_file(path.name[len("Pulumi."):-len(".yaml")], root)
+        box = ((config.get("aml-hpc:network") or {}).get("wayIn") or {}).get("jumpBox")
+        if box is not None and not box.get("logins"):
+            box["logins"] = [{"principalId": ADOPTERS_GROUP, "principalType": "Group"}]
+            (root / path.name).write_text(yaml.safe_dump({"config": config}, sort_keys=False))
     return root
 
 
