@@ -135,7 +135,8 @@ def identity_env(auth: str | None = None, private: bool = False) -> dict:
     if auth:
         config["aml-hpc:workspaceStorageAuth"] = auth
     if private:
-        config["aml-hpc:network"] = {"isolation": "private", "addressSpace": "10.40.0.0/16"}
+        config["aml-hpc:network"] = {"isolation": "private", "addressSpace": "10.40.0.0/16", "wayIn": {
+            "handOff": {"via": "VPN", "addressPrefixes": ["172.16.0.0/12"]}}}
     return config
 
 
