@@ -245,7 +245,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         login_server=ws.registry_login_server, tags=tags,
     ))
     _budget(cfg, group.id, now)
-    _hardening(cfg, group, net, ws, data, tags)
+    _hardening(cfg, group, net, ws, data, tags, client.subscription_id)
 
     return _environment_outputs(cfg, tags, client.subscription_id, group, ws, stores, data, environments, ml_registry,
                                 net.compute_subnet_id if net and private else None, controller)
@@ -403,7 +403,7 @@ def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], g
 
 
 def _hardening(cfg: StackConfig, group: ResourceGroup, net: Network | None, ws: Workspace,
-               data: DatasetStorage, tags: dict[str, str]) -> None:
+               data: DatasetStorage, tags: dict[str, str], subscription_id: pulumi.Input[str]) -> None:
     """Diagnostic settings, the dataset account's delete lock and the way in, as configured."""
     if cfg.diagnostics:
         Diagnostics("diagnostics", DiagnosticsArgs(ws.log_analytics_id, platform_targets(
@@ -418,10 +418,14 @@ def _hardening(cfg: StackConfig, group: ResourceGroup, net: Network | None, ws: 
     way_in = cfg.way_in
     if way_in is not None and net is not None and cfg.network.way_in is not None:
         box = cfg.network.way_in.jump_box
-        WayIn("way-in", WayInArgs(
+        seat = WayIn("way-in", WayInArgs(
             resource_group_name=group.name, location=cfg.location, vnet_name=cfg.names.virtual_network,
             name_prefix=f"{cfg.name_prefix}-{cfg.stack}", bastion_subnet=way_in.bastion, bastion_sku=way_in.bastion_sku,
             jump_box_subnet=way_in.jump_box,
             jump_box=JumpBoxSpec(box.size, box.admin_user, (box.public_key or "").strip()) if box else None,
             ci_runner_subnet=way_in.ci_runners, tags=tags,
         ), opts=pulumi.ResourceOptions(depends_on=[net]))
+        # Who signs in to the jump box with Entra ID (jumpBox.logins).
+        logins = seat.login_grants([(p.principal_id, p.principal_type) for p in (box.logins if box else [])])
+        if logins:
+            Access("way-in-access", AccessArgs(subscription_id, logins))

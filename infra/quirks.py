@@ -35,6 +35,9 @@ ROLE_ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
 ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER = "e147488a-f6f5-4113-8e2d-b22465e65bf6"
 ROLE_STORAGE_FILE_DATA_PRIVILEGED_CONTRIBUTOR = "69566ab7-960f-475b-8e7c-b3118f30c6bd"
 ROLE_READER = "acdd72a7-3385-48ef-bd42-f606fba81ae7"
+ROLE_VIRTUAL_MACHINE_USER_LOGIN = "fb879df8-f326-4884-b1cf-06f3ad86be52"
+"""'Virtual Machine User Login': sign in to a VM with Entra ID as a regular user (Azure
+built-in roles, Compute); read actions on the VM come with it."""
 ROLE_AZUREML_DATA_SCIENTIST = "f6c7c914-8db3-469d-8ca1-694a8f32e121"
 """'AzureML Data Scientist': every action inside a workspace (jobs, reading computes and
 their nodes) except creating or deleting compute and changing the workspace itself (Azure

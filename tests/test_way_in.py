@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from core.errors import UserError
+from infra import quirks
 from infra.config import (
     NAME_SUFFIX_KEY,
     UNHELD_PUBLIC_KEY,
@@ -21,12 +22,14 @@ from infra.config import (
     read_stack_file,
 )
 from infra.plan import evaluate
+from infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
 from tests.test_config import GOOD_ENV, PUBKEY, write
 
 NOW = datetime(2026, 11, 23, tzinfo=UTC)
 GROUP = "11111111-2222-3333-4444-555555555555"
 PERSON = "66666666-7777-8888-9999-000000000000"
 HAND_OFF = {"via": "ExpressRoute", "addressPrefixes": ["172.16.0.0/12"]}
+ROLE = "azure-native:authorization:RoleAssignment"
 
 
 def stack(network: dict) -> dict:
@@ -131,6 +134,10 @@ def prod_with_logins(tmp_path_factory):
     return evaluate("prod", root, now=NOW)
 
 
+def arm_id(plan, resource) -> str:
+    return PlanMocks(FAKE_SUBSCRIPTION)._arm_id(resource.type, resource.inputs, resource.name)  # noqa: SLF001
+
+
 class TestTheJumpBoxInThePlan:
     def test_entra_id_sign_in_and_no_password(self, prod_with_logins):
         [vm] = prod_with_logins.of_type("azure-native:compute:VirtualMachine")
@@ -143,3 +150,22 @@ class TestTheJumpBoxInThePlan:
         assert (extension.inputs["publisher"], extension.inputs["type"]) == (
             "Microsoft.Azure.ActiveDirectory", "AADSSHLoginForLinux")
         assert extension.inputs["vmName"] == vm.inputs["vmName"]
+
+    def test_each_login_may_sign_in_to_the_jump_box_and_nothing_else(self, prod_with_logins):
+        plan = prod_with_logins
+        vm = arm_id(plan, plan.of_type("azure-native:compute:VirtualMachine")[0])
+        nic = arm_id(plan, plan.of_type("azure-native:network:NetworkInterface")[0])
+        bastion = arm_id(plan, plan.of_type("azure-native:network:BastionHost")[0])
+        granted = {(r.inputs["principalId"], r.inputs["roleDefinitionId"].rsplit("/", 1)[-1], r.inputs["scope"],
+                    r.inputs["principalType"])
+                   for r in plan.of_type(ROLE) if r.name.startswith("way-in-access-")}
+        expected = set()
+        for who, kind in ((GROUP, "Group"), (PERSON, "User")):
+            expected |= {(who, quirks.ROLE_VIRTUAL_MACHINE_USER_LOGIN, vm, kind),
+                         (who, quirks.ROLE_READER, nic, kind), (who, quirks.ROLE_READER, bastion, kind)}
+        assert granted == expected
+
+    def test_no_logins_no_grants(self):
+        plan = evaluate("prod", now=NOW)
+        assert not [r for r in plan.of_type(ROLE) if r.name.startswith("way-in-access-")]
+        assert plan.of_type("azure-native:compute:VirtualMachineExtension")  # the box still takes Entra ID

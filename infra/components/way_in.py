@@ -8,8 +8,8 @@ and CI need a seat inside our VNet to reach the private endpoints (docs/isolatio
   client tunnels) or from the portal (Basic). People sign in with their Entra ID: the
   AADSSHLoginForLinux extension and the VM's system-assigned identity, which Entra ID login
   needs (Microsoft Learn, "Sign in to a Linux virtual machine in Azure by using Microsoft
-  Entra ID and OpenSSH"); who may is a role assignment on the VM, so joining and leaving
-  the team is Entra ID's business, not a key on the box. The admin
+  Entra ID and OpenSSH"); who may is a role assignment on the VM (`login_grants`), so
+  joining and leaving the team is Entra ID's business, not a key on the box. The admin
   account's SSH key is a break-glass credential. `jobs submit`, `make images` and `pulumi`
   run from it with the user's own `az login`.
 - a **CI runner subnet** for self-hosted runners (VMs or scale sets registered with the CI
@@ -33,7 +33,9 @@ from typing import Literal
 import pulumi
 from pulumi_azure_native import compute, network
 
+from infra import quirks
 from infra.components import ComponentError
+from infra.components.access import Grant
 
 BASTION_SUBNET_NAME = "AzureBastionSubnet"  # the only name Azure accepts for Bastion's subnet
 JUMP_BOX_IMAGE = compute.ImageReferenceArgs(publisher="Canonical", offer="ubuntu-24_04-lts", sku="server",
@@ -152,6 +154,24 @@ class WayIn(pulumi.ComponentResource):
             public_ip_addresses=[network.SubResourceArgs(id=egress_ip.id)], tags=args.tags, opts=self._child,
         )
         return nsg, nat
+
+    def login_grants(self, principals: list[tuple[str, str]]) -> list[Grant]:
+        """What each (principal id, principal type) that signs in to the jump box with Entra ID
+        needs: Virtual Machine User Login on the VM (its read actions cover the VM), Reader on
+        its network interface and on the Bastion (Microsoft Learn, Azure Bastion: "Reader role
+        on the NIC with private IP of the virtual machine", "Reader role on the Azure Bastion
+        resource"). Scoped to these resources, not the resource group: a login to the jump box
+        is no login to any other VM."""
+        if self.jump_box_id is None or self.jump_box_nic_id is None:
+            return []
+        grants = []
+        for i, (principal, kind) in enumerate(principals):
+            grants += [Grant(f"jump-box-login-{i}", quirks.ROLE_VIRTUAL_MACHINE_USER_LOGIN, self.jump_box_id,
+                             principal, kind),
+                       Grant(f"jump-box-login-{i}-nic", quirks.ROLE_READER, self.jump_box_nic_id, principal, kind)]
+            if self.bastion_id is not None:
+                grants.append(Grant(f"jump-box-login-{i}-bastion", quirks.ROLE_READER, self.bastion_id, principal, kind))
+        return grants
 
     def _bastion(self, cidr: str) -> pulumi.Output[str]:
         name, args, prefix = self._name, self._args, self._args.name_prefix
