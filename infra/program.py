@@ -173,8 +173,9 @@ STORAGE_ENDPOINTS = ("datasets-blob", "ws-blob", "ws-file")
 
 def _private_endpoints(cfg: StackConfig, group: ResourceGroup, net: Network, ws: Workspace,
                        data: DatasetStorage, registry: MlRegistry | None, tags: dict[str, str]) -> PrivateEndpoints:
-    # A registry with public access off is reachable only through its own endpoint.
-    extra = [EndpointTarget("mlregistry", registry.registry_id, "amlregistry")] if registry else []
+    # A private registry is reachable only through endpoints to it, its ACR and its storage.
+    extra = [EndpointTarget(f"mlregistry{t.suffix}", t.resource_id, t.group_id)
+             for t in (registry.private_link_targets() if registry else [])]
     return PrivateEndpoints("endpoints", PrivateEndpointsArgs(
         resource_group_name=group.name,
         location=cfg.location,
@@ -218,7 +219,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
             protect=cfg.protect_data, tags=tags))
     ws = Workspace("ml", WorkspaceArgs(group.name, cfg.location, names, client.tenant_id, closed, tags,
                                        storage_auth=cfg.workspace_storage_auth, protect=cfg.protect_data,
-                                       **_workspace_hardening(cfg, client.subscription_id, group, data, ml_registry)))
+                                       **_workspace_hardening(cfg, client.subscription_id, data, ml_registry)))
     stores = Datastores("datastores", DatastoresArgs(group.name, ws.workspace_name, data.account_name, list(CONTAINERS)))
     cluster_deps: list[pulumi.Resource] = [_data_access(cfg, ws, data, client.subscription_id)]
     if net is not None:
@@ -376,8 +377,8 @@ def data_opt_out_tags(cfg: StackConfig) -> dict[str, str]:
     return {TAG_ALLOW_UNLOCKED: "true"} if cfg.protect_data and not cfg.lock_dataset_storage else {}
 
 
-def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], group: ResourceGroup,
-                         data: DatasetStorage, ml_registry: MlRegistry | None) -> dict[str, Any]:
+def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], data: DatasetStorage,
+                         ml_registry: MlRegistry | None) -> dict[str, Any]:
     """The WorkspaceArgs the hardening options decide."""
     extra: dict[str, Any] = {"hbi_workspace": cfg.hbi_workspace}
     if cfg.diagnostics:
@@ -393,10 +394,9 @@ def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], g
         # registry get theirs from Azure.
         endpoints = [PrivateEndpointRule("datasets-blob", data.account_id, "blob")]
         if ml_registry is not None:
-            registry_id = pulumi.Output.all(subscription_id, group.name, ml_registry.registry_name).apply(
-                lambda a: f"/subscriptions/{a[0]}/resourceGroups/{a[1]}/providers/"
-                          f"Microsoft.MachineLearningServices/registries/{a[2]}")
-            endpoints.append(PrivateEndpointRule("ml-registry", registry_id, "amlregistry"))
+            # The registry, its ACR and each region's storage: the nodes pull assets from all three.
+            endpoints += [PrivateEndpointRule(f"ml-registry{t.suffix}", t.resource_id, t.group_id)
+                          for t in ml_registry.private_link_targets()]
         extra["managed_network"] = managed_network_settings(
             managed.outbound, fqdn_rules=managed.fqdn_rules, firewall_sku=managed.firewall_sku, endpoints=endpoints)
     return extra

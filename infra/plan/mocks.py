@@ -306,4 +306,27 @@ class PlanMocks(mocks.Mocks):
             out["keyUriWithVersion"] = f"{key_uri}/{uuid.uuid5(uuid.NAMESPACE_URL, key_uri).hex}"
         elif type_token == "azure-native:machinelearningservices:Workspace":
             out["discoveryUrl"] = f"https://{inputs.get('location', 'region')}.api.azureml.ms/discovery"
+        elif type_token == "azure-native:machinelearningservices:Registry":
+            out["regionDetails"] = self._registry_region_details(inputs, name)
+        return out
+
+    def _registry_region_details(self, inputs: dict[str, Any], name: str) -> list[dict[str, Any]]:
+        """Each region with the ids of what Azure ML creates for it in the registry's managed
+        resource group: a storage account per region, one container registry for all
+        (geo-replicated). Synthetic names; Azure's are its own."""
+        group = f"azureml-rg-{name}_{_stable_uuid('registry', name)}"
+        prefix = f"/subscriptions/{self.subscription_id}/resourceGroups/{group}/providers"
+        token = "".join(c for c in name.lower() if c.isalnum())[:12]
+        out = []
+        for i, region in enumerate(inputs.get("regionDetails") or []):
+            details = {**region}
+            details["acrDetails"] = [{**acr, "systemCreatedAcrAccount": {
+                **(acr.get("systemCreatedAcrAccount") or {}), "acrAccountName": f"{token}acr",
+                "armResourceId": {"resourceId": f"{prefix}/Microsoft.ContainerRegistry/registries/{token}acr"}}}
+                for acr in region.get("acrDetails") or []]
+            details["storageAccountDetails"] = [{**account, "systemCreatedStorageAccount": {
+                **(account.get("systemCreatedStorageAccount") or {}), "storageAccountName": f"{token}st{i}",
+                "armResourceId": {"resourceId": f"{prefix}/Microsoft.Storage/storageAccounts/{token}st{i}"}}}
+                for account in region.get("storageAccountDetails") or []]
+            out.append(details)
         return out

@@ -191,8 +191,11 @@ def answer(type_token: str, arm_id: str, body: dict[str, Any], server: dict[str,
 
 
 def registry_region_details(registry: dict[str, Any], subscription: str, managed_group: str) -> list[dict[str, Any]]:
-    """Each region with the ids of the storage account and container registry Azure ML
-    created for it in the registry's managed resource group (the example's armResourceId)."""
+    """Each region with the ids of what Azure ML created for it in the registry's managed
+    resource group (the example's armResourceId): a storage account per region and a single
+    container registry, geo-replicated to every region, reported in each ("Manage Azure
+    Machine Learning registries": "Azure blob storage accounts in each supported region ...
+    a single Azure Container Registry with replication enabled to each supported region")."""
     out = []
     prefix = f"/subscriptions/{subscription}/resourceGroups/{managed_group}/providers"
     token = re.sub(r"[^a-z0-9]", "", str(registry.get("registryName") or "reg").lower())[:10]
@@ -200,8 +203,8 @@ def registry_region_details(registry: dict[str, Any], subscription: str, managed
         details = copy.deepcopy(region)
         for acr in details.get("acrDetails") or []:
             created = acr.setdefault("systemCreatedAcrAccount", {})
-            created["acrAccountName"] = f"{token}acr{i}"
-            created["armResourceId"] = {"resourceId": f"{prefix}/Microsoft.ContainerRegistry/registries/{token}acr{i}"}
+            created["acrAccountName"] = f"{token}acr"
+            created["armResourceId"] = {"resourceId": f"{prefix}/Microsoft.ContainerRegistry/registries/{token}acr"}
         for account in details.get("storageAccountDetails") or []:
             created = account.setdefault("systemCreatedStorageAccount", {})
             created["storageAccountName"] = f"{token}st{i}"

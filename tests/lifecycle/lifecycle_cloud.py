@@ -32,7 +32,11 @@ Each rule is Azure's, with its source:
   the target blocks it too: ScopeLocked on `<target>/privateEndpointConnectionProxies/...`
   (hashicorp/terraform-provider-azurerm issue #17478; MicrosoftDocs/azure-docs issue
   #116983, "When I delete a private endpoint it fails because the target resource has a
-  lock on it").
+  lock on it"). A private endpoint connects to a resource that exists, or is refused.
+- An Azure ML registry comes with what Azure ML creates for it in a managed resource group:
+  a storage account per region and one container registry (Microsoft Learn, "Manage Azure
+  Machine Learning registries"); they exist from the registry's creation, under the ids
+  its GET reports, and are nobody's PUT.
 
 Blobs are data: a container holds them, and they disappear with it.
 
@@ -66,6 +70,8 @@ BLOB_SERVICE = "azure-native:storage:BlobServiceProperties"
 ROLE = "azure-native:authorization:RoleAssignment"
 LOCK = "azure-native:authorization:ManagementLockByScope"
 PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
+ML_REGISTRY = "azure-native:machinelearningservices:Registry"
+CONTAINER_REGISTRY = "azure-native:containerregistry:Registry"
 _LOCKS_SEGMENT = "/providers/microsoft.authorization/locks/"
 
 
@@ -188,6 +194,8 @@ class FakeAzure:
                 self._check_role_unique(arm_id, body)
             if type_token == WORKSPACE:
                 self._check_key_access(body)
+            if type_token == PRIVATE_ENDPOINT:
+                self._check_link_target(arm_id, body)
         self.operations += 1
         server = existing.server if existing else answers.on_create(type_token, body, self.tenant)
         obj = AzureObject(arm_id, type_token, name, copy.deepcopy(body), existing.blobs if existing else {},
@@ -198,7 +206,23 @@ class FakeAzure:
             self.objects[_key(f"{arm_id}/blobServices/default")] = AzureObject(
                 f"{arm_id}/blobServices/default", BLOB_SERVICE, "default", {})
         self.log.append(f"{'update' if existing else 'create'} {arm_id}")
+        if type_token == ML_REGISTRY:
+            self._create_registry_storage(arm_id)
         return obj
+
+    def _create_registry_storage(self, registry_id: str) -> None:
+        """What Azure ML creates with a registry (and a region added to it): the storage
+        accounts and the container registry its answer names."""
+        answer = self.response(registry_id) or {}
+        for region in answer.get("regionDetails") or []:
+            for kind, key, type_token in (("acrDetails", "systemCreatedAcrAccount", CONTAINER_REGISTRY),
+                                          ("storageAccountDetails", "systemCreatedStorageAccount", ACCOUNT)):
+                for entry in region.get(kind) or []:
+                    created_id = ((entry.get(key) or {}).get("armResourceId") or {}).get("resourceId")
+                    if created_id and _key(created_id) not in self.objects:
+                        self.objects[_key(created_id)] = AzureObject(
+                            created_id, type_token, created_id.rsplit("/", 1)[-1],
+                            {"location": region.get("location")}, created_at=self.operations)
 
     def delete(self, arm_id: str) -> None:
         key = _key(arm_id)
@@ -326,6 +350,14 @@ class FakeAzure:
                                                    str(identity.get("principalId"))):
             raise AzureError(f"Forbidden: ForbiddenByRbac: the identity {uai.rsplit('/', 1)[-1]} may not wrap/unwrap "
                              f"with the key {key_url} (its role assignment is not in effect)")
+
+    def _check_link_target(self, arm_id: str, body: dict[str, Any]) -> None:
+        """A private endpoint's connections name resources that exist."""
+        for connection in body.get("privateLinkServiceConnections") or []:
+            target = str(connection.get("privateLinkServiceId") or "")
+            if _key(target) not in self.objects:
+                raise AzureError(f"the private link resource '{target}' of private endpoint "
+                                 f"'{arm_id.rsplit('/', 1)[-1]}' does not exist")
 
     def _check_role_unique(self, arm_id: str, body: dict[str, Any]) -> None:
         scope = arm_id.split("/providers/Microsoft.Authorization/")[0].lower()

@@ -375,3 +375,45 @@ class TestAzureAnswers:
                        "scope": scope})
         assert [o.body["principalId"] for o in azure.role_assignments(scope.upper(), "R1", "p2")] == ["p2"]
         assert len(azure.role_assignments(scope)) == 2 and azure.role_assignments(scope + "/x") == []
+
+
+class TestRegistryStorage:
+    """An ML registry comes with a storage account per region and one geo-replicated ACR,
+    which exist under the ids its answer reports; a private endpoint needs a target that exists."""
+
+    def registry(self, regions: tuple[str, ...] = ("eastus", "westus3")) -> ml.Registry:
+        return ml.Registry("reg", registry_name="mlr-shared", resource_group_name="rg", location="eastus",
+                           region_details=[ml.RegistryRegionArmDetailsArgs(
+                               location=r,
+                               acr_details=[ml.AcrDetailsArgs(system_created_acr_account=ml.SystemCreatedAcrAccountArgs(
+                                   acr_account_sku="Premium"))],
+                               storage_account_details=[ml.StorageAccountDetailsArgs(
+                                   system_created_storage_account=ml.SystemCreatedStorageAccountArgs(
+                                       storage_account_type="Standard_LRS"))]) for r in regions])
+
+    def test_what_azure_ml_creates_exists_under_the_reported_ids(self, azure, engine):
+        run(engine, "s", lambda: (group(), self.registry()))
+        [registry] = azure.of_type("azure-native:machinelearningservices:Registry")
+        details = azure.response(registry.id)["regionDetails"]
+        acrs = {d["acrDetails"][0]["systemCreatedAcrAccount"]["armResourceId"]["resourceId"] for d in details}
+        accounts = [d["storageAccountDetails"][0]["systemCreatedStorageAccount"]["armResourceId"]["resourceId"]
+                    for d in details]
+        assert len(acrs) == 1 and len(set(accounts)) == 2  # one ACR for all regions, storage per region
+        assert all(azure.exists(i) for i in [*acrs, *accounts])
+
+    def test_a_private_endpoint_to_a_resource_that_does_not_exist_is_refused(self, azure, engine):
+        from pulumi_azure_native import network
+
+        guessed = f"/subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/mlrsharedst0"
+
+        def build():
+            group()
+            self.registry()
+            network.PrivateEndpoint("pe", private_endpoint_name="pe-guess", resource_group_name="rg",
+                                    location="eastus", subnet=network.SubnetArgs(id="subnet"),
+                                    private_link_service_connections=[network.PrivateLinkServiceConnectionArgs(
+                                        name="pe-guess", private_link_service_id=guessed, group_ids=["blob"])])
+
+        with pytest.raises(DeploymentFailed, match="private link resource .*mlrsharedst0' of private endpoint "
+                                                   "'pe-guess' does not exist"):
+            run(engine, "s", build)

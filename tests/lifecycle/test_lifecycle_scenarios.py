@@ -64,6 +64,18 @@ def upload_data(azure: FakeAzure, outputs: dict) -> None:
     azure.upload(containers["checkpoints"].id, "bert/step-1000/model.pt", b"weights")
 
 
+def registry_private_links(azure: FakeAzure) -> tuple[set[str], set[str]]:
+    """(what Azure ML created for the registry, what our private endpoints connect to), ids in lower case."""
+    [registry] = azure.of_type("azure-native:machinelearningservices:Registry")
+    created = set()
+    for region in azure.response(registry.id)["regionDetails"]:
+        for kind, key in (("acrDetails", "systemCreatedAcrAccount"), ("storageAccountDetails", "systemCreatedStorageAccount")):
+            created |= {e[key]["armResourceId"]["resourceId"].lower() for e in region[kind]}
+    linked = {c["privateLinkServiceId"].lower() for e in azure.of_type(PRIVATE_ENDPOINT)
+              for c in e.body["privateLinkServiceConnections"]}
+    return created, linked
+
+
 class TestEnvironmentRedeploy:
     def test_dev_up_down_up_keeps_data_and_needs_no_manual_step(self, azure, adopter):
         """make up / make down CONFIRM=dev / make up: the second up adopts what down kept."""
@@ -110,6 +122,8 @@ class TestEnvironmentRedeploy:
         """prod: destroy without --exclude-protected refuses; make down keeps them; up again works."""
         first = adopter.make_up("prod")
         upload_data(azure, first)
+        created, linked = registry_private_links(azure)
+        assert len(created) == 3 and created <= linked  # the registry's ACR and its storage in both regions
         with pytest.raises(DeploymentFailed, match="protected"):
             adopter.engine.destroy("prod")  # a plain `pulumi destroy`
         assert len(adopter.state("prod")) > 40  # nothing was deleted
@@ -123,6 +137,8 @@ class TestEnvironmentRedeploy:
 
         second = adopter.make_up("prod")
         assert second["storage"] == first["storage"] and second["registry"]["mlRegistry"] == first["registry"]["mlRegistry"]
+        created, linked = registry_private_links(azure)
+        assert created <= linked  # endpoints back after down, to what Azure reports
         _, containers = dataset_objects(azure, second)
         assert containers["datasets"].blobs  # data intact
         assert len(by_type(adopter, "prod", COMPUTE)) == 2  # the GPU cluster and the controller
