@@ -13,6 +13,7 @@ from typing import Any
 from infra import quirks
 from infra.plan import STACK_REFERENCE, Plan
 from infra.plan.mocks import RecordedResource, qualified_name
+from infra.plan.render_reachability import reachability_lines
 from infra.plan.text import DETAIL, INDENT, money, pair, price_fix, wrap
 
 _ROLE_NAMES = {
@@ -176,6 +177,7 @@ def render(plan: Plan) -> str:
         for r in members:
             lines += resource_lines(r)
     lines += [""] + cost_lines(plan) + [""] + quota_lines(plan) + [""] + outputs_lines(plan)
+    lines += [""] + reachability_lines(plan)
     return "\n".join(lines) + "\n"
 
 
