@@ -44,6 +44,11 @@ What it reproduces, with the source of each behaviour:
   import fails the update: Azure would refuse the second resource of the same name, and
   the adoption exists precisely so nothing retained is replaced.
 - Each `up` records its steps (`Engine.last_steps`): an up with none has no diff.
+- `preview` is an up that writes nothing: the same steps, computed on a copy of the state,
+  with the provider's create, update and delete left undone (azure-native's Create is what
+  GETs first, so a preview never meets "already existing": pulumi/pulumi's engine calls
+  only Check and Diff in a preview). Given an import document, it imports first, on that
+  copy, as scripts/pulumi-stack.sh's preview does on a scratch backend.
 """
 
 from __future__ import annotations
@@ -134,9 +139,12 @@ def _path(value: Any, path: str) -> Any:
 class Provider(PlanMocks):
     """azure-native's create/update/delete/read as it treats existence, against FakeAzure."""
 
-    def __init__(self, azure: FakeAzure, subscription_id: str, stack_outputs: dict[str, dict[str, Any]]):
+    def __init__(self, azure: FakeAzure, subscription_id: str, stack_outputs: dict[str, dict[str, Any]],
+                 dry_run: bool = False):
         super().__init__(subscription_id, stack_outputs)
         self.azure = azure
+        self.dry_run = dry_run
+        """A preview: nothing is written to Azure; what would be created has no answer yet."""
 
     def call(self, args):
         if args.token == "azure-native:authorization:getClientConfig":
@@ -156,20 +164,27 @@ class Provider(PlanMocks):
     def outputs(self, type_token: str, arm_id: str, inputs: dict[str, Any], name: str) -> dict[str, Any]:
         """Azure's answer, over the shape-only fields PlanMocks fills for types the answers
         do not model (endpoints, login servers, key URLs)."""
-        response = self.azure.response(arm_id) or inputs
+        response = self.azure.response(arm_id)
+        if response is None:  # a preview's create: shapes only, as the offline plan gives them
+            return {**inputs, **self._computed(type_token, inputs, name)}
         return {**self._computed(type_token, inputs, name), **response}
 
     def create(self, type_token: str, inputs: dict[str, Any], name: str) -> str:
         arm_id = self.arm_id(type_token, inputs, name)  # a fresh auto-name, where there is one
+        if self.dry_run:
+            return arm_id
         if type_token not in SINGLETONS and self.azure.exists(arm_id):
             raise AzureError(f"cannot create already existing resource '{arm_id}'")
         self.azure.put(type_token, arm_id, physical_name(type_token, inputs, name), inputs)
         return arm_id
 
     def update(self, type_token: str, arm_id: str, inputs: dict[str, Any], name: str) -> None:
-        self.azure.put(type_token, arm_id, physical_name(type_token, inputs, name), inputs)
+        if not self.dry_run:
+            self.azure.put(type_token, arm_id, physical_name(type_token, inputs, name), inputs)
 
     def delete(self, resource: StateResource) -> None:
+        if self.dry_run:
+            return
         if resource.type in SINGLETONS:
             self.azure.reset_to_defaults(resource.id)
         else:
@@ -222,9 +237,10 @@ def _alias_urns(stack: str, request) -> list[str]:
 class Engine:
     """One adopter's Pulumi: stacks on a backend, deploying into one subscription."""
 
-    def __init__(self, azure: FakeAzure, subscription_id: str):
+    def __init__(self, azure: FakeAzure, subscription_id: str, dry_run: bool = False):
         self.azure = azure
         self.subscription_id = subscription_id
+        self.dry_run = dry_run
         self.stacks: dict[str, Stack] = {}
         self.project_outputs: dict[str, dict[str, Any]] = {}
         self.last_steps: list[tuple[str, str]] = []
@@ -248,7 +264,7 @@ class Engine:
         stack = self.select(name)
         self.refresh(stack)
         self.last_steps = []
-        provider = Provider(self.azure, self.subscription_id, self.project_outputs)
+        provider = Provider(self.azure, self.subscription_id, self.project_outputs, self.dry_run)
         monitor = EmulatorMonitor(self, stack, provider)
         try:
             outputs = _run(monitor, build, name)
@@ -261,6 +277,21 @@ class Engine:
         stack.outputs = outputs
         self.project_outputs[f"organization/{PROJECT}/{name}"] = outputs
         return outputs
+
+    def preview(self, name: str, build: Callable[[], dict[str, Any]],
+                imports: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+        """`pulumi preview` (after `pulumi import --file imports`, when given): the steps it
+        shows, (import|create|update|replace|delete, URN); nothing is written to Azure, the
+        stacks are untouched."""
+        scratch = Engine(self.azure, self.subscription_id, dry_run=True)
+        scratch.stacks = copy.deepcopy(self.stacks)
+        scratch.project_outputs = copy.deepcopy(self.project_outputs)
+        steps = []
+        if imports and imports.get("resources"):
+            steps = [("import", urn) for urn in scratch.import_file(name, imports, protect=False)
+                     if scratch.select(name).resources[urn].custom]
+        scratch.up(name, build)
+        return steps + scratch.last_steps
 
     def step(self, monitor: EmulatorMonitor, request, urn: str, inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         stack, provider = monitor.stack, monitor.provider
@@ -315,7 +346,7 @@ class Engine:
         protected = [r.urn for r in resources if r.protect]
         if protected:
             raise DeploymentFailed("resource(s) cannot be deleted because they are protected: " + ", ".join(protected))
-        provider = Provider(self.azure, self.subscription_id, self.project_outputs)
+        provider = Provider(self.azure, self.subscription_id, self.project_outputs, self.dry_run)
         for r in reversed(resources):
             if r.custom and not r.retain_on_delete:
                 try:
@@ -355,7 +386,7 @@ class Engine:
         state as Azure has it. Returns the imported URNs."""
         stack = self.select(name)
         table = dict(document.get("nameTable") or {})
-        provider = Provider(self.azure, self.subscription_id, self.project_outputs)
+        provider = Provider(self.azure, self.subscription_id, self.project_outputs, self.dry_run)
         staged: dict[str, StateResource] = {}
         errors = []
         for entry in document.get("resources", []):

@@ -10,6 +10,10 @@ scripts/pulumi-stack.sh, calling the same Python the script calls (infra.adopt):
                        --protect=false (when there is something to adopt) -> up --refresh,
                        again after a wait when it failed on RBAC propagation
     up (experiment):   stack select --create -> up --refresh
+    preview (environment): ensure the stack's name suffix -> stack select --create ->
+                       stack export -> infra.adopt.plan_import -> import and preview on a
+                       scratch copy of the state (nothing written)
+    preview (experiment): stack select --create -> preview
     down (environment): destroy --refresh --exclude-protected (the stack stays)
     down (experiment):  destroy --refresh -> stack rm (which deletes the stack file)
 """
@@ -123,6 +127,19 @@ class Adopter:
                 self.retries += 1
                 self.azure.wait(self.wait_operations)
         raise AssertionError("unreachable")
+
+    def make_preview(self, stack: str) -> list[tuple[str, str]]:
+        """`make preview STACK=...`: the steps the preview shows (import|create|update|replace|delete, URN)."""
+        from infra import program
+
+        experiment = stack.startswith(EXPERIMENT_PREFIX)
+        if not experiment:
+            adopt.ensure_suffix(stack, self.root)
+        self.engine.select(stack)
+        document = None if experiment else adopt.plan_import(
+            stack, self.engine.select(stack).export(), self.subscription_id, EmulatedArm(self.azure), root=self.root)
+        cfg = self.config(stack)
+        return self.engine.preview(stack, lambda: program.build(cfg, now=self.azure.now), document)
 
     def make_down(self, stack: str) -> None:
         if stack.startswith(EXPERIMENT_PREFIX):
