@@ -31,11 +31,11 @@ from core.skus import CatalogError
 PERMISSIONS_FILE = Path(__file__).resolve().parent / "catalog" / "permissions.toml"
 
 GrantedBy = Literal["program", "access-setup", "azure-ml"]
-When = Literal["identity-storage", "closed-network", "customer-managed-key", "dataset-lock"]
+When = Literal["identity-storage", "closed-network", "customer-managed-key", "dataset-lock", "bastion"]
 GRANTED_BY: tuple[str, ...] = ("program", "access-setup", "azure-ml")
-WHEN: tuple[str, ...] = ("identity-storage", "closed-network", "customer-managed-key", "dataset-lock")
+WHEN: tuple[str, ...] = ("identity-storage", "closed-network", "customer-managed-key", "dataset-lock", "bastion")
 FIXED_SCOPES = ("subscription", "resource-group", "workspace", "workspace-storage", "dataset-account", "registry",
-                "cmk-key", "state-container")
+                "cmk-key", "state-container", "jump-box", "jump-box-nic", "bastion")
 SCOPE_PREFIXES = ("container:", "endpoint:")
 CONDITIONS = ("constrain-roles",)
 ENVIRONMENT_PLACEHOLDER = "{environment}"

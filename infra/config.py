@@ -97,6 +97,14 @@ managed VNet and pulled from our registry through its private endpoint) and cond
 environments never build)."""
 
 
+class PrincipalConfig(_Model):
+    """A person, group or service principal granted data rights (e.g. to upload datasets)."""
+
+    principal_id: str
+    """Entra object id (a GUID): `az ad signed-in-user show --query id -o tsv` for yourself."""
+    principal_type: Literal["User", "Group", "ServicePrincipal"] = "Group"
+
+
 class BastionConfig(_Model):
     """Azure Bastion in our VNet: SSH to the jump box from a browser or the az CLI, no public IP on it."""
 
@@ -106,15 +114,39 @@ class BastionConfig(_Model):
     """AzureBastionSubnet, /26 or larger; defaults to the first free /26 of addressSpace."""
 
 
+UNHELD_PUBLIC_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHeqTzDP/AxWFuCsp6odf6CTDVd5ZLGRcfvg7yG3jlaz "
+                     "aml-hpc-unheld-key-replace-with-your-break-glass-key")
+"""The jump box admin key Pulumi.prod.yaml ships with: its private half was discarded when it
+was generated, so nobody holds it. People sign in with Entra ID (`jumpBox.logins`); replace
+it with your own break-glass key if you want one. Deploying a jump box whose only way in is
+this key is refused."""
+
+
 class JumpBoxConfig(_Model):
-    """A small Linux VM inside our VNet to run `jobs submit`, `make images` and `pulumi` from."""
+    """A small Linux VM inside our VNet to run `jobs submit`, `make images` and `pulumi` from.
+
+    People sign in with their Entra ID (the AADSSHLoginForLinux extension, through Bastion);
+    the admin key is a break-glass credential, a public key and never a secret."""
 
     public_key: str | None = None
-    """OpenSSH public key line: SSH by key only, as on cluster nodes."""
+    """OpenSSH public key line of the admin (break-glass) account: SSH by key only, as on
+    cluster nodes. Required; changing it replaces the VM."""
     admin_user: str = "azureuser"
     size: str = "Standard_D2s_v5"
     subnet: str | None = None
     """Defaults to the first free /28 of addressSpace after the Bastion subnet's."""
+    logins: list[PrincipalConfig] = Field(default_factory=list)
+    """People and groups who sign in with Entra ID: Virtual Machine User Login on the jump box,
+    Reader on its network interface and on the Bastion (what `az network bastion ssh` reads)."""
+
+
+class HandOffConfig(_Model):
+    """A corporate network that reaches our VNet through a VPN gateway, ExpressRoute or
+    peering that is managed outside this program (the network team's)."""
+
+    via: Literal["VPN", "ExpressRoute", "Peering"]
+    address_prefixes: list[str] = Field(default_factory=list)
+    """The client networks that arrive through it (CIDRs, outside addressSpace)."""
 
 
 class CiRunnersConfig(_Model):
@@ -125,9 +157,12 @@ class CiRunnersConfig(_Model):
 
 
 class WayInConfig(_Model):
+    """Seats for people (Bastion with a jump box, or a declared hand-off) and for CI."""
+
     bastion: BastionConfig | None = None
     jump_box: JumpBoxConfig | None = None
     ci_runners: CiRunnersConfig | None = None
+    hand_off: HandOffConfig | None = None
 
 
 class EncryptionConfig(_Model):
@@ -196,14 +231,6 @@ class NetworkConfig(_Model):
     """How people and CI reach a private or managed stack (docs/isolation.md)."""
 
 
-class PrincipalConfig(_Model):
-    """A person, group or service principal granted data rights (e.g. to upload datasets)."""
-
-    principal_id: str
-    """Entra object id (a GUID): `az ad signed-in-user show --query id -o tsv` for yourself."""
-    principal_type: Literal["User", "Group", "ServicePrincipal"] = "Group"
-
-
 class StorageConfig(_Model):
     tier: Literal["StandardHot", "PremiumBlockBlob"] = "StandardHot"
     """Dataset account: Standard_LRS hot, or Premium_LRS BlockBlobStorage (lower latency).
@@ -228,6 +255,8 @@ CONTROLLER_SKU = "Standard_D2s_v3"
 CONTROLLER_USD_PER_HOUR = 0.096
 """Standard_D2s_v3, Linux, pay-as-you-go in eastus: Azure Retail Prices API
 (prices.azure.com, serviceName 'Virtual Machines', type Consumption), as recorded in 2024-06."""
+CONTROLLER_PRICE_REGION = "eastus"
+"""The region of CONTROLLER_USD_PER_HOUR's row."""
 
 
 class ControllerConfig(_Model):
@@ -251,7 +280,7 @@ class ControllerConfig(_Model):
 
     def price_source(self, stack_file: str) -> str:
         return (f"{stack_file}: aml-hpc:controller.usdPerHour" if self.usd_per_hour
-                else f"Azure Retail Prices API, {self.sku} Linux pay-as-you-go, eastus, 2024-06")
+                else f"Azure Retail Prices API, {self.sku} Linux pay-as-you-go, {CONTROLLER_PRICE_REGION}, 2024-06")
 
 
 class MlRegistryConfig(_Model):
@@ -572,6 +601,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     _check_storage(found, stack, raw)
     _check_principals(found, raw.submitters, f"{NAMESPACE}submitters")
     _check_name_suffix(found, stack, kind, raw, deploying)
+    _check_seat(found, stack, raw, deploying)
     _check_budget(found, stack, raw)
     _check_prices(found, raw)
     _check_controller(found, stack, raw)
@@ -1073,6 +1103,66 @@ def _check_way_in(found: ProblemCollector, stack: str, raw: _RawConfig, compute_
             chosen[key] = str(slot)
     return WayInSubnets(bastion=chosen.get("bastion"), bastion_sku=way_in.bastion.sku if way_in.bastion else "Standard",
                         jump_box=chosen.get("jump_box"), ci_runners=chosen.get("ci_runners"))
+
+
+def _check_seat(found: ProblemCollector, stack: str, raw: _RawConfig, deploying: bool) -> None:
+    """A private or managed stack takes no public traffic: people need a seat inside our VNet
+    (Bastion with a jump box) or a declared hand-off from their own network (VPN, ExpressRoute,
+    peering), and on deploy someone must be able to use the seat."""
+    net = raw.network
+    if net.isolation == "public":
+        return
+    base = f"{NAMESPACE}network.wayIn"
+    way_in = net.way_in or WayInConfig()
+    box, hand_off = way_in.jump_box, way_in.hand_off
+    if hand_off is not None:
+        _check_hand_off(found, stack, hand_off, net.address_space, f"{base}.handOff")
+    if box is not None:
+        _check_principals(found, box.logins, f"{base}.jumpBox.logins")
+        if box.logins and way_in.bastion and way_in.bastion.sku == "Basic":
+            found.add(f"{base}.bastion.sku", "Entra ID sign-in to the jump box goes through Bastion's native-client "
+                      "tunnel (az network bastion ssh --auth-type AAD), which Basic does not have",
+                      fix_command(stack, f"{base}.bastion.sku", "Standard"))
+    if way_in.bastion and not box:
+        return  # "Bastion connects to a VM" is reported by _check_way_in
+    if not ((way_in.bastion and box) or hand_off):
+        key = '"$(cat ~/.ssh/id_ed25519.pub)"'
+        found.add(base, f"isolation: {net.isolation} turns public access to the workspace, storage and registries "
+                  "off, and this stack declares no way in for people: nobody could submit a job, open studio or "
+                  "upload data",
+                  f"add Bastion and a jump box: {fix_command(stack, base + '.bastion.sku', 'Standard')} and "
+                  f"{fix_command(stack, base + '.jumpBox.publicKey', key)}; or declare the hand-off from your "
+                  f"network: {fix_command(stack, base + '.handOff.via', 'VPN')} and "
+                  f"{fix_command(stack, base + '.handOff.addressPrefixes[0]', '<your network CIDR>')} "
+                  "(docs/isolation.md, A way in)")
+        return
+    if deploying and box is not None and hand_off is None and not box.logins \
+            and (box.public_key or "").strip() == UNHELD_PUBLIC_KEY:
+        found.add(f"{base}.jumpBox.logins", "nobody can sign in to the jump box: it names no Entra ID logins, and its "
+                  "admin key is the shipped one, whose private half nobody holds",
+                  "name who uses it: "
+                  f"{fix_command(stack, base + '.jumpBox.logins[0].principalId', '<object id>')} (a group: az ad group "
+                  "show -g NAME --query id -o tsv), or replace jumpBox.publicKey with your own break-glass key")
+
+
+def _check_hand_off(found: ProblemCollector, stack: str, hand_off: HandOffConfig, address_space: str | None,
+                    path: str) -> None:
+    if not hand_off.address_prefixes:
+        found.add(f"{path}.addressPrefixes", f"a {hand_off.via} hand-off names the networks it brings in",
+                  fix_command(stack, f"{path}.addressPrefixes[0]", "<your network CIDR>"))
+    try:
+        space = ipaddress.ip_network(address_space or "", strict=True)
+    except ValueError:
+        space = None  # its own problem is reported
+    for i, text in enumerate(hand_off.address_prefixes):
+        try:
+            prefix = ipaddress.ip_network(text, strict=True)
+        except ValueError as exc:
+            found.add(f"{path}.addressPrefixes[{i}]", f"{text!r} is not a valid CIDR block ({exc})", "e.g. 10.0.0.0/8")
+            continue
+        if space is not None and prefix.overlaps(space):  # type: ignore[arg-type]
+            found.add(f"{path}.addressPrefixes[{i}]", f"{prefix} overlaps addressSpace {space}: routes to our VNet "
+                      "and to that network would collide", "give the VNet an address space the network does not use")
 
 
 def _first_free(space: ipaddress.IPv4Network | ipaddress.IPv6Network, taken: list, prefix: int):

@@ -167,8 +167,9 @@ def _data_access(cfg: StackConfig, ws: Workspace, data: DatasetStorage, subscrip
 
 def _private_endpoints(cfg: StackConfig, group: ResourceGroup, net: Network, ws: Workspace,
                        data: DatasetStorage, registry: MlRegistry | None, tags: dict[str, str]) -> PrivateEndpoints:
-    # A registry with public access off is reachable only through its own endpoint.
-    extra = [EndpointTarget("mlregistry", registry.registry_id, "amlregistry")] if registry else []
+    # A private registry is reachable only through endpoints to it, its ACR and its storage.
+    extra = [EndpointTarget(f"mlregistry{t.suffix}", t.resource_id, t.group_id)
+             for t in (registry.private_link_targets() if registry else [])]
     return PrivateEndpoints("endpoints", PrivateEndpointsArgs(
         resource_group_name=group.name,
         location=cfg.location,
@@ -213,7 +214,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     ws = Workspace("ml", WorkspaceArgs(group.name, cfg.location, names, client.tenant_id, closed, tags,
                                        storage_auth=cfg.workspace_storage_auth, protect=cfg.protect_data,
                                        storage_soft_delete_days=cfg.storage.soft_delete_days,
-                                       **_workspace_hardening(cfg, client.subscription_id, group, data, ml_registry)))
+                                       **_workspace_hardening(cfg, client.subscription_id, data, ml_registry)))
     stores = Datastores("datastores", DatastoresArgs(group.name, ws.workspace_name, data.account_name,
                                                        list(DATASTORE_CONTAINERS)))
     cluster_deps: list[pulumi.Resource] = [_data_access(cfg, ws, data, client.subscription_id)]
@@ -240,7 +241,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         login_server=ws.registry_login_server, tags=tags,
     ))
     _budget(cfg, group.id, now)
-    _hardening(cfg, group, net, ws, data, tags)
+    _hardening(cfg, group, net, ws, data, tags, client.subscription_id)
 
     return _environment_outputs(cfg, tags, client.subscription_id, group, ws, stores, data, environments, ml_registry,
                                 net.compute_subnet_id if net and private else None, controller)
@@ -373,8 +374,8 @@ def data_opt_out_tags(cfg: StackConfig) -> dict[str, str]:
     return {TAG_ALLOW_UNLOCKED: "true"} if cfg.protect_data and not cfg.lock_dataset_storage else {}
 
 
-def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], group: ResourceGroup,
-                         data: DatasetStorage, ml_registry: MlRegistry | None) -> dict[str, Any]:
+def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], data: DatasetStorage,
+                         ml_registry: MlRegistry | None) -> dict[str, Any]:
     """The WorkspaceArgs the hardening options decide."""
     extra: dict[str, Any] = {"hbi_workspace": cfg.hbi_workspace}
     if cfg.diagnostics:
@@ -390,17 +391,16 @@ def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], g
         # registry get theirs from Azure.
         endpoints = [PrivateEndpointRule("datasets-blob", data.account_id, "blob")]
         if ml_registry is not None:
-            registry_id = pulumi.Output.all(subscription_id, group.name, ml_registry.registry_name).apply(
-                lambda a: f"/subscriptions/{a[0]}/resourceGroups/{a[1]}/providers/"
-                          f"Microsoft.MachineLearningServices/registries/{a[2]}")
-            endpoints.append(PrivateEndpointRule("ml-registry", registry_id, "amlregistry"))
+            # The registry, its ACR and each region's storage: the nodes pull assets from all three.
+            endpoints += [PrivateEndpointRule(f"ml-registry{t.suffix}", t.resource_id, t.group_id)
+                          for t in ml_registry.private_link_targets()]
         extra["managed_network"] = managed_network_settings(
             managed.outbound, fqdn_rules=managed.fqdn_rules, firewall_sku=managed.firewall_sku, endpoints=endpoints)
     return extra
 
 
 def _hardening(cfg: StackConfig, group: ResourceGroup, net: Network | None, ws: Workspace,
-               data: DatasetStorage, tags: dict[str, str]) -> None:
+               data: DatasetStorage, tags: dict[str, str], subscription_id: pulumi.Input[str]) -> None:
     """Diagnostic settings, the dataset account's delete lock and the way in, as configured."""
     if cfg.diagnostics:
         Diagnostics("diagnostics", DiagnosticsArgs(ws.log_analytics_id, platform_targets(
@@ -415,10 +415,14 @@ def _hardening(cfg: StackConfig, group: ResourceGroup, net: Network | None, ws: 
     way_in = cfg.way_in
     if way_in is not None and net is not None and cfg.network.way_in is not None:
         box = cfg.network.way_in.jump_box
-        WayIn("way-in", WayInArgs(
+        seat = WayIn("way-in", WayInArgs(
             resource_group_name=group.name, location=cfg.location, vnet_name=cfg.names.virtual_network,
             name_prefix=f"{cfg.name_prefix}-{cfg.stack}", bastion_subnet=way_in.bastion, bastion_sku=way_in.bastion_sku,
             jump_box_subnet=way_in.jump_box,
             jump_box=JumpBoxSpec(box.size, box.admin_user, (box.public_key or "").strip()) if box else None,
             ci_runner_subnet=way_in.ci_runners, tags=tags,
         ), opts=pulumi.ResourceOptions(depends_on=[net]))
+        # Who signs in to the jump box with Entra ID (jumpBox.logins).
+        logins = seat.login_grants([(p.principal_id, p.principal_type) for p in (box.logins if box else [])])
+        if logins:
+            Access("way-in-access", AccessArgs(subscription_id, logins))

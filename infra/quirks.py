@@ -37,7 +37,9 @@ CLUSTER_REPLACE_ON_CHANGES: tuple[str, ...] = (
 # secret that opens every job's snapshots and outputs, and the platform's baseline refuses
 # shared keys on any storage outside dev (policy no-shared-key-storage). A stack may still
 # choose accessKey (aml-hpc:workspaceStorageAuth); outside dev the policy then refuses it.
-SYSTEM_DATASTORES_AUTH_MODE = {"identity": "identity", "accessKey": "accesskey"}
+SYSTEM_DATASTORES_AUTH_MODE = {"identity": "Identity", "accessKey": "AccessKey"}
+"""Sent as the specification's enum spells them (SystemDatastoresAuthMode, API 2025-12-01): Azure
+answers in that casing, and any other reads back as a change after an import."""
 
 
 def default_workspace_storage_auth(environment: str) -> str:
@@ -115,3 +117,17 @@ def idle_duration(minutes: int) -> str:
 # Policy and docs quote them so the cost of an FQDN rule is visible before it is billed.
 AZURE_FIREWALL_USD_PER_HOUR = {"Standard": 1.25, "Basic": 0.395}
 AZURE_FIREWALL_USD_PER_GB = {"Standard": 0.016, "Basic": 0.065}
+
+
+# Azure RBAC propagation: a role assignment can take minutes to take effect (Microsoft Learn,
+# "Troubleshoot Azure RBAC": changes can take up to 10 minutes), and Azure checks some
+# grants at the moment a resource is created: Azure ML checks the workspace identity's
+# access to a customer-managed key (Key Vault answers 403 ForbiddenByRbac, its RBAC denial:
+# Microsoft Learn, "Azure Key Vault REST API error codes"), and storage refuses a data
+# request the grant does not cover yet with AuthorizationPermissionMismatch (Azure Storage
+# error codes). Such a failure on the first `up` after the grant was made is retried by
+# scripts/pulumi-stack.sh after a wait (infra.adopt.rbac_propagation_failure decides).
+RBAC_PROPAGATION_ERRORS = ("ForbiddenByRbac", "AuthorizationPermissionMismatch")
+RBAC_PROPAGATION_WAIT_SECONDS = 60
+RBAC_PROPAGATION_ATTEMPTS = 6
+"""Up to 5 waits of a minute after the first attempt: within Microsoft's 10 minutes with the ups' own time."""

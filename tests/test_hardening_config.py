@@ -17,8 +17,13 @@ NOW = datetime(2026, 11, 23, tzinfo=UTC)
 COSMOS = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
 
+HAND_OFF = {"handOff": {"via": "VPN", "addressPrefixes": ["172.16.0.0/12"]}}
+"""People's way in for these stacks (a closed stack needs one; tests/test_way_in.py tests it)."""
+
+
 def network(**fields) -> dict:
-    return {"isolation": "managed", "addressSpace": "10.40.0.0/16", **fields}
+    way_in = {**HAND_OFF, **fields.pop("wayIn", {})}
+    return {"isolation": "managed", "addressSpace": "10.40.0.0/16", "wayIn": way_in, **fields}
 
 
 def load(tmp_path, config: dict, stack: str = "stage"):
@@ -178,7 +183,7 @@ class TestResolved:
     def test_private_isolation_with_room_for_a_way_in(self, tmp_path):
         cfg = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", {
             "isolation": "private", "addressSpace": "10.40.0.0/16", "endpointSubnet": "10.40.128.0/18",
-            "wayIn": {"ciRunners": {}}}))
+            "wayIn": {"ciRunners": {}, **HAND_OFF}}))
         assert cfg.compute_subnet == "10.40.0.0/17" and cfg.way_in.ci_runners == "10.40.192.96/27"
 
     def test_key_diagnostics_hbi(self, tmp_path):

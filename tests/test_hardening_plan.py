@@ -18,6 +18,7 @@ from infra.policy import check_plan, render
 from tests.conformance.conformance_rows import ROWS
 from tests.conformance.test_conformance import findings_for
 from tests.test_config import GOOD_ENV, PUBKEY
+from tests.test_hardening_config import HAND_OFF
 
 COSMOS = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 ENV = {**GOOD_ENV, "aml-hpc:clusters": [{"name": "nd-h100", "sku": "Standard_ND96isr_H100_v5", "maxNodes": 2}]}
@@ -27,10 +28,10 @@ STACKS = {
     "priv": {**ENV, "aml-hpc:network": {
         "isolation": "private", "addressSpace": "10.50.0.0/16", "endpointSubnet": "10.50.128.0/18",
         "wayIn": {"bastion": {}, "jumpBox": {"publicKey": PUBKEY}, "ciRunners": {}}}},
-    "mngd": {**ENV, "aml-hpc:network": {"isolation": "managed", "addressSpace": "10.60.0.0/16"},
+    "mngd": {**ENV, "aml-hpc:network": {"isolation": "managed", "addressSpace": "10.60.0.0/16", "wayIn": HAND_OFF},
              "aml-hpc:mlRegistry": {"enabled": True}},
     "mnet": {**ENV, "aml-hpc:network": {"isolation": "managed", "addressSpace": "10.70.0.0/16",
-                                        "outbound": "AllowInternetOutbound"}},
+                                        "outbound": "AllowInternetOutbound", "wayIn": HAND_OFF}},
     "exp-onmngd": {"azure-native:location": "eastus", "aml-hpc:owner": "team@example.com",
                    "aml-hpc:environment": "mngd", "aml-hpc:expiresAt": "2030-01-01T00:00:00Z",
                    "aml-hpc:clusters": [{"name": "sweep", "sku": "Standard_ND96isr_H100_v5", "maxNodes": 2}],

@@ -92,10 +92,13 @@ class TestEnvironmentStacks:
 
     def test_prod_is_isolated_and_protected(self, prod):
         t = types(prod)
-        assert t.count("azure-native:network:PrivateEndpoint") == 7
+        # ours (workspace, its storage, vault, ACR, the datasets) and the ML registry's: the
+        # registry, its ACR and its storage in each of its two regions (tests/test_registry_isolation.py)
+        assert t.count("azure-native:network:PrivateEndpoint") == 10
         groups = sorted(r.inputs["privateLinkServiceConnections"][0]["groupIds"][0]
                         for r in prod.of_type("azure-native:network:PrivateEndpoint"))
-        assert groups == ["amlregistry", "amlworkspace", "blob", "blob", "file", "registry", "vault"]
+        assert groups == ["amlregistry", "amlworkspace", "blob", "blob", "blob", "blob", "file", "registry",
+                          "registry", "vault"]
         assert t.count("azure-native:privatedns:PrivateZone") == 6
         assert "azure-native:network:NatGateway" in t and "azure-native:network:NetworkSecurityGroup" in t
         account = next(r for r in prod.resources if r.name == "data-account")

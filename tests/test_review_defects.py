@@ -135,7 +135,8 @@ def identity_env(auth: str | None = None, private: bool = False) -> dict:
     if auth:
         config["aml-hpc:workspaceStorageAuth"] = auth
     if private:
-        config["aml-hpc:network"] = {"isolation": "private", "addressSpace": "10.40.0.0/16"}
+        config["aml-hpc:network"] = {"isolation": "private", "addressSpace": "10.40.0.0/16", "wayIn": {
+            "handOff": {"via": "VPN", "addressPrefixes": ["172.16.0.0/12"]}}}
     return config
 
 
@@ -150,7 +151,7 @@ class TestIdentityOnlyWorkspaceStorage:
     def test_identity_mode_grants_the_data_plane_roles(self, tmp_path):
         plan = evaluate("lab", stack_root(tmp_path, lab=identity_env("identity")), now=NOW)
         ws = plan.of_type("azure-native:machinelearningservices:Workspace")[0]
-        assert ws.inputs["systemDatastoresAuthMode"] == "identity"
+        assert ws.inputs["systemDatastoresAuthMode"] == "Identity"
         storage_id = ws.inputs["storageAccount"]
         given = grants(plan)
         compute = plan.outputs["identity"]["principalId"]
@@ -161,7 +162,7 @@ class TestIdentityOnlyWorkspaceStorage:
     def test_access_key_mode_keeps_keys_on_the_workspace_storage_only(self, tmp_path):
         plan = evaluate("lab", stack_root(tmp_path, lab=identity_env("accessKey")), now=NOW)
         ws = plan.of_type("azure-native:machinelearningservices:Workspace")[0]
-        assert ws.inputs["systemDatastoresAuthMode"] == "accesskey"
+        assert ws.inputs["systemDatastoresAuthMode"] == "AccessKey"
         accounts = {r.name: r for r in plan.of_type("azure-native:storage:StorageAccount")}
         assert accounts["ml-storage"].inputs["allowSharedKeyAccess"] is True
         assert accounts["data-account"].inputs["allowSharedKeyAccess"] is False

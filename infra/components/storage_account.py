@@ -25,6 +25,10 @@ def secure_storage_account(resource_name: str, *, account_name: str, resource_gr
         kind="BlockBlobStorage" if premium else "StorageV2",
         sku=storage.SkuArgs(name="Premium_LRS" if premium else "Standard_LRS"),
         access_tier=None if premium else "Hot",
+        # Azure reports isHnsEnabled (false) for every new account and azure-native marks it
+        # forceNew: left unset, the account adopted after `make down` reads back with it and
+        # the next `up` would replace it (pulumi-azure-native issue #2003). Stated, it matches.
+        is_hns_enabled=False,
         enable_https_traffic_only=True,
         minimum_tls_version="TLS1_2",
         allow_blob_public_access=False,

@@ -262,7 +262,9 @@ class Workspace(pulumi.ComponentResource):
             system_datastores_auth_mode=quirks.SYSTEM_DATASTORES_AUTH_MODE[args.storage_auth],
             friendly_name=args.names.workspace,
             tags=args.tags,
-            # The key's role assignments must exist before Azure ML first uses the key.
+            # The key's role assignments must exist before Azure ML first uses the key; it checks
+            # them at creation, and one not yet in effect (RBAC propagation) makes the up fail
+            # with ForbiddenByRbac, which scripts/pulumi-stack.sh retries after a wait.
             opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(depends_on=cmk.grants if cmk else None)),
         )
 

@@ -76,7 +76,14 @@ class Plan:
             "secretOutputs": self.secret_outputs,
             "cost": self.cost.to_json(),
             "quota": [q.to_json() for q in self.quota],
+            "reachability": self.reachability().to_json(),
         }
+
+    def reachability(self):
+        """Who can reach what, from where (infra/plan/reachability.py)."""
+        from infra.plan.reachability import reachability
+
+        return reachability(self)
 
     def custom_resources(self) -> list[RecordedResource]:
         return [r for r in self.resources if r.custom]

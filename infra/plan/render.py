@@ -13,7 +13,8 @@ from typing import Any
 from core.permissions import MODEL
 from infra.plan import STACK_REFERENCE, Plan
 from infra.plan.mocks import RecordedResource, qualified_name
-from infra.plan.text import DETAIL, INDENT, money, pair, wrap
+from infra.plan.render_reachability import reachability_lines
+from infra.plan.text import DETAIL, INDENT, money, pair, price_fix, wrap
 
 
 def role_name(role_definition_id: str) -> str:
@@ -179,6 +180,7 @@ def render(plan: Plan) -> str:
         for r in members:
             lines += resource_lines(r)
     lines += [""] + cost_lines(plan) + [""] + quota_lines(plan) + [""] + outputs_lines(plan)
+    lines += [""] + reachability_lines(plan)
     return "\n".join(lines) + "\n"
 
 
@@ -187,14 +189,24 @@ def cost_lines(plan: Plan) -> list[str]:
     lines = ["GPU cost at reference on-demand prices"]
     for c in cost.clusters:
         lines += pair(c.name, f"{c.sku}, {c.priority}, {c.min_nodes}-{c.max_nodes} nodes")
+        if c.usd_per_node_hour is None:
+            lines += wrap(f"UNPRICED: no reference price for {c.sku}, so no figure at all (not $0); "
+                          f"{price_fix((c.sku,))}", DETAIL)
+            continue
         lines += wrap(f"{money(c.usd_per_node_hour, '/node-hour')}: {money(c.full_scale_usd_per_hour, '/hour')} "
                       f"at full scale, {money(c.idle_usd_per_day, '/day')} idle", DETAIL)
         lines += wrap(f"price: {c.price_source}", DETAIL)
     if not cost.clusters:
         lines.append(f"{INDENT}no clusters")
-    lines += wrap(f"Full scale: {money(cost.full_scale_usd_per_hour, '/hour')}; idle: "
+    bound = "at least " if cost.unpriced else ""
+    lines += wrap(f"Full scale: {bound}{money(cost.full_scale_usd_per_hour, '/hour')}; idle: {bound}"
                   f"{money(cost.idle_usd_per_day, '/day')} (nodes only: GPU and the runs' controller; low "
-                  f"priority at on-demand prices, an upper bound)" + (f"; unpriced: {', '.join(cost.unpriced)}" if cost.unpriced else ""))
+                  f"priority at on-demand prices, an upper bound)"
+                  + (f"; unpriced: {', '.join(cost.unpriced)}" if cost.unpriced else ""))
+    if cost.priced_elsewhere:
+        lines += wrap(f"Prices: {' and '.join(cost.priced_elsewhere)} prices, not {cost.location}: the catalog "
+                      f"holds one region's rows and Azure's prices differ by region; set aml-hpc:prices.<size> "
+                      f"for {cost.location}'s figures")
     return lines
 
 

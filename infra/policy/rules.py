@@ -96,6 +96,7 @@ TAGGABLE = frozenset({
     "azure-native:network:BastionHost",
     NETWORK_INTERFACE,
     VIRTUAL_MACHINE,
+    "azure-native:compute:VirtualMachineExtension",
     KEY_VAULT_KEY,
 })
 
