@@ -30,6 +30,7 @@ AZURE_GUIDS = {
     "Key Vault Crypto Service Encryption User": "e147488a-f6f5-4113-8e2d-b22465e65bf6",
     "AzureML Data Scientist": "f6c7c914-8db3-469d-8ca1-694a8f32e121",
     "Azure AI Administrator": "b78c5d69-af96-48a3-bf8d-a8b4d589de94",
+    "Virtual Machine User Login": "fb879df8-f326-4884-b1cf-06f3ad86be52",
 }
 
 

@@ -127,6 +127,6 @@ class TestInThePlan:
     def test_the_json_plan_has_it_too(self):
         result = CliRunner().invoke(app, ["plan", "--stack", "prod", "--json"])
         assert result.exit_code == 0, result.output
-        document = json.loads(result.output)["reachability"]
+        document = json.loads(result.stdout)["reachability"]
         acr = next(t for t in document["targets"] if t["target"] == "ML registry ACR")
         assert acr["from"]["internet"]["reachable"] is False and acr["from"]["nodes"]["reachable"] is True

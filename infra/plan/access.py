@@ -22,23 +22,28 @@ ROLE = "azure-native:authorization:RoleAssignment"
 # The plan's resources (logical names) the model's principals and scopes are.
 IDENTITIES = {"ml-compute-identity": "compute", "controller-identity": "controller", "ml-cmk-identity": "cmk"}
 SCOPES = {"ml-mlw": "workspace", "ml-storage": "workspace-storage", "data-account": "dataset-account",
-          "ml-acr": "registry", "ml-cmk-key": "cmk-key"}
+          "ml-acr": "registry", "ml-cmk-key": "cmk-key", "way-in-jump-box": "jump-box",
+          "way-in-jump-box-nic": "jump-box-nic", "way-in-bastion": "bastion"}
 
 
-def _ids(plan: Plan) -> tuple[dict[str, tuple[str, str, int | None]], dict[str, tuple[str, str]]]:
-    """(principal id -> (principal, who, position in its stack file list), lower-case resource
-    id -> (scope, name))."""
+Holder = tuple[str, str, int | None]
+"""(model principal, who, position in its stack file list)"""
+
+
+def _ids(plan: Plan) -> tuple[dict[str, list[Holder]], dict[str, tuple[str, str]]]:
+    """(principal id -> the model principals it is: one person may be a submitter and a jump box
+    login), lower-case resource id -> (scope, name))."""
     mocks = PlanMocks(plan.subscription_id)
-    principals: dict[str, tuple[str, str, int | None]] = {}
+    principals: dict[str, list[Holder]] = {}
     scopes: dict[str, tuple[str, str]] = {}
     for r in plan.resources:
         if not r.custom:
             continue
         computed = mocks._computed(r.type, r.inputs, r.name)  # noqa: SLF001 - the plan's own synthetic answers
         if r.name in IDENTITIES:
-            principals[computed["principalId"]] = (IDENTITIES[r.name], str(r.inputs.get("resourceName")), None)
+            principals[computed["principalId"]] = [(IDENTITIES[r.name], str(r.inputs.get("resourceName")), None)]
         if r.name == "ml-mlw":
-            principals[computed["identity"]["principalId"]] = ("workspace", f"{r.inputs['workspaceName']} (system)", None)
+            principals[computed["identity"]["principalId"]] = [("workspace", f"{r.inputs['workspaceName']} (system)", None)]
         arm_id = mocks._arm_id(r.type, r.inputs, r.name).lower()  # noqa: SLF001
         name = str(computed.get("name"))
         if r.name in SCOPES:
@@ -48,12 +53,15 @@ def _ids(plan: Plan) -> tuple[dict[str, tuple[str, str, int | None]], dict[str, 
         elif r.type == "azure-native:network:PrivateEndpoint" and r.name.startswith("endpoints-"):
             scopes[arm_id] = (f"endpoint:{r.name.removeprefix('endpoints-')}", name)
     cfg = plan.config
-    for listed, key in ((cfg.submitters, "submitter"), (cfg.storage.data_contributors, "data-contributor")):
+    way_in = cfg.network.way_in
+    logins = way_in.jump_box.logins if way_in is not None and way_in.jump_box is not None else []
+    for listed, key in ((cfg.submitters, "submitter"), (cfg.storage.data_contributors, "data-contributor"),
+                        (logins, "jump-box-user")):
         for i, who in enumerate(listed):
-            principals.setdefault(who.principal_id, (key, f"{who.principal_type} {who.principal_id}", i))
+            principals.setdefault(who.principal_id, []).append((key, f"{who.principal_type} {who.principal_id}", i))
     if cfg.encryption.cosmos_db_principal_id:
-        principals.setdefault(cfg.encryption.cosmos_db_principal_id,
-                              ("cosmos-db", cfg.encryption.cosmos_db_principal_id, None))
+        principals.setdefault(cfg.encryption.cosmos_db_principal_id, []).append(
+            ("cosmos-db", cfg.encryption.cosmos_db_principal_id, None))
     return principals, scopes
 
 
@@ -88,10 +96,12 @@ def access_view(plan: Plan) -> dict[str, Any]:
     rights: dict[str, list[dict[str, Any]]] = {}
     unexplained = []
     for r in plan.of_type(ROLE):
-        principal, who, index = principals.get(str(r.inputs.get("principalId")),
-                                               ("?", str(r.inputs.get("principalId")), None))
+        holders = principals.get(str(r.inputs.get("principalId"))) or [("?", str(r.inputs.get("principalId")), None)]
         scope, resource = scopes.get(str(r.inputs.get("scope", "")).lower(), ("?", str(r.inputs.get("scope"))))
-        right = _explain(r, principal, scope, subscription)
+        explained = [(right, holder) for holder in holders
+                     if (right := _explain(r, holder[0], scope, subscription)) is not None]
+        principal, who, index = explained[0][1] if explained else holders[0]
+        right = explained[0][0] if explained else None
         if right is None:
             unexplained.append({"assignment": r.name, "principal": principal, "scope": scope,
                                 "roleDefinitionId": r.inputs.get("roleDefinitionId")})

@@ -208,7 +208,7 @@ def _from_nodes(thing: _Thing, network: str, managed: dict[str, Any],
 def _studio(workspace: Reach, storage: Reach, endpoints: dict[str, list[tuple[str, str]]],
             things: list[_Thing]) -> Reach:
     """A browser on studio calls the workspace and reads and writes its storage (blob, file)."""
-    paths = {}
+    paths: dict[str, Path] = {}
     store = next(t for t in things if t.target == "workspace storage")
     for origin in ("internet", "our VNet"):
         if origin not in workspace.paths:
