@@ -6,12 +6,18 @@ Model states per GPU follow DeepSpeed's own estimators (deepspeedai/DeepSpeed
 `estimate_zero3_model_states_mem_needs` in deepspeed/runtime/zero/stage3.py, version 0.19.6,
 commit edaa722 of 2026-08-22). With P parameters, N GPUs and L parameters in the largest layer:
 
-- stages 1-2 (one estimator for both): 2P bytes of 16-bit parameters + 18P/N of partitioned
-  16-bit and 32-bit gradients, 32-bit master parameters and Adam's two moments; with the
-  optimizer offloaded to the CPU (ZeRO-Offload) only the 2P stay on the GPU;
+- stage 2 (`estimate_zero2_model_states_mem_needs`): 2P bytes of 16-bit parameters + 18P/N of
+  partitioned 16-bit and 32-bit gradients, 32-bit master parameters and Adam's two moments; with
+  the optimizer offloaded to the CPU (ZeRO-Offload) only the 2P stay on the GPU;
+- stage 1: DeepSpeed ships no estimator of its own, and stage 2's undercounts it. Stage 1 runs
+  the same optimizer class with `partition_grads=(zero_stage == gradients)` false
+  (deepspeed/runtime/engine.py, same commit), so every GPU keeps the whole 16-bit gradient (2P)
+  and only the 32-bit gradients, master parameters and moments (16P) are partitioned:
+  4P + 16P/N, i.e. 2P(1 - 1/N) more than stage 2; optimizer offloaded: 4P (parameters and
+  gradients in 16 bits stay on the GPU);
 - stage 3: 4L (the largest layer, gathered) + 18P/N; optimizer offloaded: 4L + 2P/N; optimizer
   and parameters offloaded: 4L;
-- stage 0 (no ZeRO) is the stage 1-2 formula with nothing partitioned: 20P.
+- stage 0 (no ZeRO) is the stage 2 formula with nothing partitioned: 20P.
 
 Activations of a transformer layer in 16-bit without recomputation are about
 s*b*h*(34 + 5*a*s/h) bytes (Korthikanti et al., "Reducing Activation Recomputation in
@@ -78,7 +84,9 @@ def model_state_bytes_per_gpu(params: int, stage: int, gpus: int, *, largest_lay
     n = max(gpus, 1)
     if stage == 0:
         return 2 * params + 18 * params
-    if stage in (1, 2):
+    if stage == 1:  # 16-bit gradients whole on every GPU; the rest partitioned
+        return 4 * params if offload_optimizer else 4 * params + 16 * params / n
+    if stage == 2:
         return 2 * params if offload_optimizer else 2 * params + 18 * params / n
     gathered = 4 * largest_layer_params
     if offload_param:
@@ -115,7 +123,7 @@ COMBINATIONS = ((0, False, False), (1, False, False), (1, True, False), (2, Fals
 PREFERENCE = ((0, False, False), (1, False, False), (2, False, False), (3, False, False),
               (2, True, False), (3, True, False), (3, True, True))
 """Fastest first: more partitioning before any offload, then the optimizer before the parameters.
-ZeRO-Offload at stage 1 needs as much GPU memory as at stage 2 and is used when a recipe fixes stage 1."""
+ZeRO-Offload at stage 1 keeps the whole 16-bit gradient (4P on the GPU) and is used only when a recipe fixes stage 1."""
 
 
 def options(params: int, largest_layer_params: int, gpus: int) -> list[Option]:
