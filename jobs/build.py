@@ -42,6 +42,7 @@ from typing import Any
 from core import skus
 from core.errors import Problem, ProblemCollector, UserError
 from core.outputs import StackOutputs
+from core.values import NumberError, check_number, check_run_name
 from jobs import cost as cost_mod
 from jobs import deepspeed as ds_mod
 from jobs import tuning
@@ -167,6 +168,7 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     """Plan the job; every bad input is collected and raised as one UserError."""
     reference = f"jobs/recipes/{recipe.name}.yaml"
     found = ProblemCollector(reference, f"cannot build job {recipe.name!r} for stack {outputs.stack!r}")
+    _check_caller_values(found, hours, resume)
     shape = _shape(recipe, outputs, cluster, nodes, processes_per_node, found)
     tuning.check_multi_node(shape.sku, shape.nodes, shape.cluster, allow_tcp, reference)
 
@@ -204,6 +206,22 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
         code_dirs=tuple(code_dirs), tags=tags, timeout_s=int(timeout_h * 3600),
         identity_client_id=outputs.identity.client_id, estimate=est, deepspeed=memory, warnings=warnings,
     )
+
+
+def _check_caller_values(found: ProblemCollector, hours: float | None, resume: str | None) -> None:
+    """--hours and --resume as a caller passes them (the CLI checks them too): a finite, sane
+    number of hours and a plain job name, since the name becomes the checkpoint prefix."""
+    if hours is not None:
+        try:
+            check_number(hours, "hours")
+        except NumberError as exc:
+            found.add("--hours", str(exc), "pass the expected wall-clock hours, e.g. --hours 2.5")
+    if resume is not None:
+        try:
+            check_run_name(resume, "job name")
+        except ValueError as exc:
+            found.add("--resume", str(exc), "pass the earlier job's name, e.g. --resume cosmoflow-20260101-120000-ab12")
+    found.raise_if_any()
 
 
 def _shape(recipe: Recipe, outputs: StackOutputs, cluster: str | None, nodes: int | None,
