@@ -806,6 +806,11 @@ def _check_clusters(found: ProblemCollector, stack: str, raw: _RawConfig, index:
             found.add(f"{path}.sku", f"unknown VM size {cluster.sku!r}",
                       f"{near}known sizes: {', '.join(skus.names())}")
             sku = None
+        if sku is not None and not sku.azureml.amlcompute:
+            runnable = ", ".join(s for s in skus.names() if skus.get(s).azureml.amlcompute and not skus.get(s).retired)
+            found.add(f"{path}.sku", sku.azureml_problem,
+                      f"choose a size AmlCompute runs ({runnable}); the catalog entry says how to run {sku.name} instead")
+            sku = None
 
         if cluster.max_nodes < cluster.min_nodes:
             found.add(f"{path}.maxNodes", f"maxNodes {cluster.max_nodes} is below minNodes {cluster.min_nodes}",
