@@ -72,6 +72,12 @@ class ImageSpec:
     def dockerfile(self) -> str:
         return f"images/{self.folder}/Dockerfile"
 
+    @property
+    def key(self) -> str:
+        """A short name unique among the images (the repository's last part: pytorch,
+        pytorch-arm64, rocm, tensorflow), for names derived per image."""
+        return self.repository.rsplit("/", 1)[-1]
+
     def runs_on(self, vendor: str, gpu_arch: str, host_arch: str) -> str:
         """"" when the image runs on a GPU of `gpu_arch` in a `host_arch` VM, else why not."""
         if host_arch != self.host_arch:
