@@ -173,6 +173,7 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     tuning.check_multi_node(shape.sku, shape.nodes, shape.cluster, allow_tcp, reference)
 
     environment = _environment(recipe, outputs, found)
+    image_warning = _check_image_fits(recipe, shape.sku, found)
     code_dirs = _code_dirs(recipe, root, found)
     aml_inputs, staged, input_env, shared_dirs = _inputs(recipe, outputs, found)
     outs = _outputs(recipe, outputs, found)
@@ -182,7 +183,7 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     run_key = resume or run_name
     tuned = tuning.tune(shape.sku, shape.nodes, recipe.distribution, recipe.env, recipe.pin,
                         opt_ins={"sharp"} if recipe.sharp else set())
-    warnings = list(tuned.warnings)
+    warnings = list(tuned.warnings) + ([image_warning] if image_warning else [])
     if shape.sku.retired:
         warnings.append(f"{shape.sku.retirement}; move cluster {shape.cluster!r} to a current size")
     env = _EnvBuilder(tuned.env, tuned.reasons)
@@ -353,6 +354,52 @@ def _environment(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector)
         # The environment the stack registered for this image (Azure ML never rebuilds it).
         return {"reference": outputs.registry.environment_ids[ref.registered]}
     return {"image": registered[ref.registered]}
+
+
+def _image_spec(recipe: Recipe):
+    """The images/ image the recipe's environment names (registered name or an image reference
+    into its repository), or None for a curated or foreign image."""
+    from images import catalog
+
+    ref = recipe.environment
+    if ref.registered:
+        try:
+            return catalog.by_name(ref.registered)
+        except KeyError:
+            return None
+    if ref.image:
+        repository = ref.image.split("@", 1)[0].rsplit(":", 1)[0] if "/" in ref.image else ""
+        return next((s for s in catalog.IMAGES if repository.endswith("/" + s.repository)), None)
+    return None
+
+
+def _check_image_fits(recipe: Recipe, sku: skus.Sku, found: ProblemCollector) -> str:
+    """Refuse an image built for other GPUs or another CPU architecture than the cluster's (a
+    CUDA 13 image on V100 allocates nodes on which every kernel fails); name the image that fits.
+    Returns a warning when the image cannot be checked (curated or foreign)."""
+    from images import catalog
+
+    spec = _image_spec(recipe)
+    if spec is None:
+        which = recipe.environment.curated or recipe.environment.image or recipe.environment.registered
+        return (f"environment {which!r} is not an images/ image: whether it supports {sku.name}'s GPUs "
+                f"({sku.gpu_vendor} {sku.gpu_arch}) and {sku.host_arch} hosts is not checked")
+    why = spec.runs_on(sku.gpu_vendor, sku.gpu_arch, sku.host_arch)
+    if not why:
+        return ""
+    same = catalog.fitting(sku.gpu_vendor, sku.gpu_arch, sku.host_arch, spec.framework)
+    other = catalog.fitting(sku.gpu_vendor, sku.gpu_arch, sku.host_arch)
+    if same:
+        hint = f"use {same[0].name}: --set environment.registered={same[0].name}"
+    elif other:
+        names = ", ".join(s.name for s in other)
+        hint = (f"no {spec.framework} image of images/ runs on {sku.name}; {names} does ({other[0].gpu_archs_why}): "
+                f"run a {other[0].framework} recipe there, or pin a base that supports {sku.gpu_arch} in images/pins.toml "
+                "and declare it in images/catalog.py")
+    else:
+        hint = f"no image of images/ runs on {sku.name}: add one to images/catalog.py"
+    found.add("environment", f"image {spec.name} cannot run on {sku.name}: {why}", hint)
+    return ""
 
 
 def _code_dirs(recipe: Recipe, root: Path, found: ProblemCollector) -> list[str]:
