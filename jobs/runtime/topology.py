@@ -194,7 +194,7 @@ def discover(sysfs: Path = Path("/sys"), sku: SkuFacts | None = None,
     """This node's GPU and HCA placement: sysfs first, the catalog's map as fallback."""
     available = frozenset(os.sched_getaffinity(0)) if available_cpus is None else available_cpus
     hcas = tuple(sysfs_hcas(sysfs))
-    gpus = sysfs_gpus(sysfs)
+    gpus = sysfs_gpus(sysfs, sku.gpu_vendor if sku else None)
     notes: list[str] = []
     if gpus and all(g.numa_node is not None and g.cpus for g in gpus):
         if sku is not None and sku.gpus and len(gpus) != sku.gpus:
