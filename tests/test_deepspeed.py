@@ -193,3 +193,46 @@ def test_autotune_space_only_feasible():
                  + ds.activation_bytes_per_gpu(BERT_LARGE, c["micro_batch"], False)) / ds.GIB
         assert total <= usable
     assert max(c["micro_batch"] for c in space) < 512
+
+
+def deepspeed_cpu_bytes(params: int, layer: int, per_node: int, nodes: int, stage: int, offload_optimizer: bool,
+                        offload_param: bool) -> float:
+    """The estimators' cpu_mem (additional_buffer_factor 1.5; stage 3 with zero_init)."""
+    gpus = per_node * nodes
+    if stage == 3:
+        if offload_optimizer and offload_param:
+            return params * 18 * (1 / nodes) * 1.5
+        if offload_optimizer:
+            return params * 16 * (1 / nodes) * 1.5
+        return layer * 4 * per_node * 1.5
+    if offload_optimizer:
+        return params * max(4 * gpus, 16) * 1.5
+    return params * 4 * per_node * 1.5
+
+
+@pytest.mark.parametrize("per_node, nodes", [(4, 1), (4, 18), (8, 2), (1, 1)])
+@pytest.mark.parametrize("model", ["1.3B", "13B", "70B"])
+def test_host_memory_per_node_is_deepspeeds_cpu_estimate(model, per_node, nodes):
+    params, layer = MODELS[model]
+    for option in ds.options(params, layer, per_node * nodes, per_node):
+        expected = deepspeed_cpu_bytes(params, layer, per_node, nodes, option.stage, option.offload_optimizer,
+                                       option.offload_param)
+        assert option.host_bytes_per_node == pytest.approx(expected), option.label
+
+
+def test_an_offload_the_nodes_memory_cannot_hold_is_not_chosen():
+    """12.8B parameters on one NC40ads H100 v5 (one 94 GiB GPU, 320 GiB of host memory): the
+    GPU alone cannot hold stage 3's states, and offloading the optimizer needs 16P x 1.5 = 286
+    GiB of host memory, which fits; on a node with 64 GiB the same plan could not offload."""
+    shape = ModelShape(hidden_size=5120, num_layers=40, num_heads=40, intermediate_size=20480, seq_len=128)
+    spec = DeepSpeedSpec(model=shape, micro_batch=1, activation_checkpointing=True)
+    nc40 = skus.get("Standard_NC40ads_H100_v5")
+    plan = ds.plan_memory(spec, nc40, 1)
+    assert plan.offload_optimizer and plan.host_memory_gib == nc40.memory_gib
+    assert plan.host_gib_per_node <= nc40.memory_gib and plan.fits
+    import dataclasses
+
+    small = dataclasses.replace(nc40, memory_gib=64)
+    squeezed = ds.plan_memory(spec, small, 1)
+    assert any("of host memory per node would not fit in the node's 64 GiB" in r for r in squeezed.reasons)
+    assert not squeezed.fits
