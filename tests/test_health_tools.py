@@ -240,3 +240,47 @@ def test_every_fixture_names_its_source():
     for path in OUTPUT.iterdir():
         if path.name != "SOURCES.toml":
             assert sources[path.name]["url"].startswith("https://github.com/") and sources[path.name]["date"], path.name
+
+
+class TestNvlinkFabric:
+    """GB200/GB300: Azure's verify_nvlink_setup rules on the Fabric block of nvidia-smi -q."""
+
+    GB200 = facts("Standard_ND128isr_NDR_GB200_v6")
+
+    def test_a_fabric_that_did_not_register_fails(self):
+        """Azure's recorded failure (Azure/azhpc-images#506): Completed, but Insufficient
+        Resources, clique 0 and a zero ClusterUUID, which a check for "N/A" passed."""
+        fake = recorded_tools(outputs={"nvidia-smi -q": (0, sample("nvidia-smi-q-fabric-insufficient-resources.txt"))})
+        node, gpu = tools.check_nvlink_fabric(fake, self.GB200)
+        assert gpu.status == FAIL and "Status 'Insufficient Resources'" in gpu.detail and "CliqueId '0'" in gpu.detail
+        assert "ClusterUUID '00000000-0000-0000-0000-000000000000'" in gpu.detail
+        assert node.status == FAIL and "0 NVLink domains" in node.detail
+
+    def test_a_registered_fabric_passes_and_names_its_domain_an_unhealthy_summary_warns(self):
+        fake = recorded_tools(outputs={"nvidia-smi -q": (0, sample("nvidia-smi-q-fabric-health-unhealthy.txt"))})
+        node, gpu = tools.check_nvlink_fabric(fake, self.GB200)
+        assert node.status == PASS and node.detail == tools.DOMAIN_PREFIX + "dc6e40c4-d722-4357-9ba6-5291dd461278"
+        assert gpu.status == WARN and "health summary Unhealthy" in gpu.detail
+
+    def test_only_sizes_with_an_nvlink_domain_are_asked(self):
+        assert tools.check_nvlink_fabric(recorded_tools(), facts("Standard_ND96isr_H100_v5")) == []
+        (result,) = tools.check_nvlink_fabric(recorded_tools(missing=("nvidia-smi",)), self.GB200)
+        assert result.status == NOT_CHECKED
+
+    def test_a_job_spread_over_two_racks_warns_once(self):
+        from jobs.runtime.health.fleet import apply_fleet
+        from jobs.runtime.health.results import CheckResult, NodeReport
+        from jobs.runtime.health.summary import job_checks
+
+        def node(n, uuid):
+            check = CheckResult("nvlink_fabric", "node", PASS, 4.0, "GPUs", detail=tools.DOMAIN_PREFIX + uuid)
+            return NodeReport(f"gb-{n}", n, self.GB200.name, "gate", False, "2026-11-23T12:00:00Z", checks=[check])
+
+        reports = [node(n, "rack-a") for n in range(18)] + [node(18, "rack-b"), node(19, "rack-b")]
+        apply_fleet(reports)
+        (spread,) = job_checks(reports)
+        assert spread.check == "fleet:nvlink_domain" and spread.status == WARN
+        assert "spans 2 NVLink domains (rack-a: 18 node(s); rack-b: 2 node(s))" in spread.detail
+        same = [node(n, "rack-a") for n in range(18)]
+        apply_fleet(same)
+        assert job_checks(same) == [] and all(r.status == PASS for r in same)

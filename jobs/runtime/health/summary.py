@@ -20,7 +20,7 @@ from jobs.runtime.health.results import CheckResult, NodeReport
 
 SUMMARY_FILE = "health-summary.json"
 REPORT_GLOB = "health-node*.json"
-JOB_CHECKS = ("allreduce_job", "rendezvous", "exchange")
+JOB_CHECKS = ("allreduce_job", "rendezvous", "exchange", "fleet:nvlink_domain")
 
 
 def overall(reports: list[NodeReport]) -> str:

@@ -6,6 +6,10 @@
 - clock throttle reasons (azure_gpu_clock_throttling.nhc): `nvidia-smi -q -d PERFORMANCE`;
   hardware slowdown, thermal or power-brake throttling warns, as Azure's check only warns;
 - NVLink status (azure_gpu_nvlink.nhc): `nvidia-smi nvlink --status`; an inactive link fails;
+- the multi-node NVLink fabric on GB200/GB300 (Azure/azhpc-images tests/test-definitions.sh
+  verify_nvlink_setup, 2026-07-29): each GPU's `nvidia-smi -q` Fabric block must say State
+  Completed, Status Success, a non-zero CliqueId and a non-zero ClusterUUID (the NVL72 rack's
+  domain); a health summary of Unhealthy warns;
 - InfiniBand port state (`ibstat <device>` for each InfiniBand device sysfs lists: a bare
   `ibstat` stops at the first device it cannot open, such as the Ethernet RDMA device
   mlx5_an0 of ND A100 v4 and H100/H200 v5 sizes, Azure/azhpc-images#213) and link flaps
@@ -281,6 +285,89 @@ def check_nvlink(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
     return results
 
 
+# --- multi-node NVLink fabric (GB200/GB300) ----------------------------------------------
+
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def parse_fabric(text: str) -> list[dict[str, str]]:
+    """One {gpu, State, Status, CliqueId, ClusterUUID, Summary} per Fabric block of `nvidia-smi -q`
+    (also from quoted excerpts without GPU lines: gpu is then "")."""
+    blocks: list[dict[str, str]] = []
+    gpu = ""
+    fabric: dict[str, str] | None = None
+    fabric_indent = -1
+    for line in text.splitlines():
+        header = _GPU_HEADER.match(line)
+        if header:
+            gpu, fabric = header.group(1), None
+            continue
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if line.strip() == "Fabric":
+            fabric, fabric_indent = {"gpu": gpu}, indent
+            blocks.append(fabric)
+            continue
+        if fabric is None:
+            continue
+        if indent <= fabric_indent:
+            fabric = None
+            continue
+        key, sep, value = line.strip().partition(":")
+        if sep:
+            fabric.setdefault(key.strip(), value.strip())
+    return blocks
+
+
+def check_nvlink_fabric(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
+    """Azure's rules for the GB-family NVLink fabric, per GPU, and the node's NVLink domain
+    (its ClusterUUID, in the node result's detail for the job-wide comparison)."""
+    if not sku or not sku.nvlink_domain_vms:
+        return []
+    if not tools.which("nvidia-smi"):
+        return [not_checked("nvlink_fabric", "nvidia-smi")]
+    code, text = tools.run(["nvidia-smi", "-q"], 120)
+    problem = tool_problem("nvidia-smi", code, text)
+    if problem:
+        return [not_checked("nvlink_fabric", "nvidia-smi", problem)]
+    blocks = parse_fabric(text)
+    if not blocks:
+        return [CheckResult("nvlink_fabric", "node", FAIL, detail=f"nvidia-smi -q shows no Fabric block (exit {code}), "
+                            f"but {sku.name} is part of a {sku.nvlink_domain_vms}-VM NVLink domain")]
+    results = []
+    for index, block in enumerate(blocks):
+        problems = []
+        if block.get("State") != "Completed":
+            problems.append(f"State {block.get('State', '?')!r} (expected Completed)")
+        if block.get("Status") != "Success":
+            problems.append(f"Status {block.get('Status', '?')!r} (expected Success)")
+        if block.get("CliqueId", "0") in ("0", "", "N/A"):
+            problems.append(f"CliqueId {block.get('CliqueId', '?')!r} (expected non-zero)")
+        if block.get("ClusterUUID", ZERO_UUID) in (ZERO_UUID, "", "N/A"):
+            problems.append(f"ClusterUUID {block.get('ClusterUUID', '?')!r} (the NVLink fabric did not register this GPU)")
+        subject = f"gpu{index} {block['gpu']}".strip()
+        if problems:
+            results.append(CheckResult("nvlink_fabric", subject, FAIL, detail="; ".join(problems)))
+        elif block.get("Summary") == "Unhealthy":
+            results.append(CheckResult("nvlink_fabric", subject, WARN, detail=f"fabric health summary Unhealthy "
+                                       f"(clique {block['CliqueId']}, domain {block['ClusterUUID']})"))
+        else:
+            results.append(CheckResult("nvlink_fabric", subject, PASS,
+                                       detail=f"clique {block['CliqueId']}, domain {block['ClusterUUID']}"))
+    domains = sorted({b.get("ClusterUUID", "") for b in blocks} - {ZERO_UUID, "", "N/A"})
+    if len(domains) == 1:
+        node = CheckResult("nvlink_fabric", "node", PASS, float(len(blocks)), "GPUs", detail=f"{DOMAIN_PREFIX}{domains[0]}")
+    else:
+        node = CheckResult("nvlink_fabric", "node", FAIL, float(len(blocks)), "GPUs",
+                           detail=f"the node's GPUs report {len(domains)} NVLink domains: {', '.join(domains) or 'none'}")
+    return [node, *results]
+
+
+DOMAIN_PREFIX = "NVLink domain "
+"""The node result's detail starts with it, followed by the ClusterUUID (read by the fleet comparison)."""
+
+
 # --- InfiniBand: ibstat, link flaps ------------------------------------------------------
 
 _CA = re.compile(r"^CA '([^']+)'")
@@ -551,7 +638,7 @@ def tool_checks(sku: SkuFacts | None, sysfs: Path, gpus: int, tools: Tools | Non
                   "and Azure's MI300X health configuration has no counterpart")
         results = [CheckResult(check, "node", SKIP, detail=reason) for check in NVIDIA_ONLY]
     else:
-        results = check_xid(tools) + check_throttle(tools) + check_nvlink(tools, sku)
+        results = check_xid(tools) + check_throttle(tools) + check_nvlink(tools, sku) + check_nvlink_fabric(tools, sku)
     results += check_ibstat(tools, sku, sysfs) + check_link_flaps(tools, sku, sysfs) + check_nvme(sysfs, sku)
     results += check_ib_write(tools, sku, sysfs) + check_nccl_tests(tools, sku, gpus)
     return results
