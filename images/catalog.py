@@ -219,7 +219,7 @@ def build_args(spec: ImageSpec, pins: Pins) -> dict[str, str]:
 
 
 def lock_name(spec: ImageSpec) -> str:
-    """The hashed requirements file (images/requirements/) this image installs from."""
+    """The hashed requirements file (images/common/requirements/) this image installs from."""
     return f"{spec.name}.txt"
 
 
