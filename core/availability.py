@@ -121,10 +121,11 @@ OPT_IN = "allowUnlistedRegion"
 def problem(size: str, region: str, today: date) -> tuple[str, str] | None:
     """(message, fix) when `size` is not offered in `region` on `today`, else None.
 
-    A size with no recorded offering passes: the data cannot say no.
+    A size with no recorded offering, or one recorded with no known region (no public list
+    exists for it yet), passes: the data cannot say no.
     """
     found = OFFERINGS.get(size)
-    if found is None or found.offered_in(region, today):
+    if found is None or found.offered_in(region, today) or (not found.regions and found.retired is None):
         return None
     source = "; ".join([SOURCES[found.source].cite()]
                        + [f"{region}: {SOURCES[sid].cite()}" for region, sid in found.seen_in])

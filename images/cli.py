@@ -2,7 +2,8 @@
 
 build    build each image missing from the stack's registry (az acr build), print the refs
 list     each image's content-hash tag, base and build args (and refs for a registry)
-check    pins valid, Dockerfiles consistent with them, hadolint clean (no Docker needed)
+check    pins valid, Dockerfiles and Python locks consistent with them, ssh and key rules, hadolint clean
+lock     re-resolve the hashed Python locks from images/pins.toml (uv; needs the package index)
 context  stage one image's build context into a folder, for a local `docker build`
 smoke    run aml-hpc-smoke inside a built image with the local Docker (GPU machines)
 
@@ -25,9 +26,8 @@ from rich.table import Table
 
 from core.cli_help import VersionOption, new_app
 from core.errors import Problem, UserError, exit_with
-from images import catalog, context, lint
+from images import catalog, context, lint, locks
 from images.build import (
-    DEFAULT_PLATFORM,
     DEFAULT_TIMEOUT_S,
     AzError,
     AzureCli,
@@ -76,7 +76,7 @@ def build(
     login_server: str | None = typer.Option(None, "--login-server", help="Registry host; wins over --outputs and the stack."),
     image: Annotated[list[str] | None, typer.Option("--image", "-i", help="Only this image (repeatable); default: all.")] = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="Only report which tags are missing; build nothing."),
-    platform: str = typer.Option(DEFAULT_PLATFORM, "--platform", help="Target platform for az acr build."),
+    platform: str | None = typer.Option(None, "--platform", help="Target platform for az acr build; default: each image's own (linux/amd64, linux/arm64)."),
     timeout: int = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", help="az acr build timeout, seconds."),
     agent_pool: str | None = typer.Option(None, "--agent-pool", help="ACR agent pool (Premium) for builds that outgrow the default agent."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
@@ -87,7 +87,7 @@ def build(
         specs = _select(image)
         pins = load_pins()
         server = resolve_login_server(stack=stack, runner=runner, login_server=login_server, outputs_file=outputs)
-        if platform != DEFAULT_PLATFORM and not platform.startswith("linux/"):
+        if platform is not None and not platform.startswith("linux/"):
             raise UserError([Problem("--platform", "", f"{platform!r} is not a Linux platform", "use linux/amd64")], "invalid option")
         az = AzureCli(runner)
         account = az.check_ready()
@@ -153,10 +153,27 @@ def check(debug: bool = typer.Option(False, "--debug", help="Show tracebacks."))
     problems: list[Problem] = []
     for spec in catalog.IMAGES:
         problems += lint.check_dockerfile(spec, pins, context.REPO_ROOT / spec.dockerfile)
-    problems += lint.hadolint([context.REPO_ROOT / spec.dockerfile for spec in catalog.IMAGES])
+    problems += locks.check_all(pins)
+    problems += lint.check_common(context.REPO_ROOT)
+    dockerfiles = sorted({context.REPO_ROOT / spec.dockerfile for spec in catalog.IMAGES})
+    problems += lint.hadolint(dockerfiles)
     if problems:
         exit_with(UserError(problems, "the image definitions have problems"), debug)
-    console.print(f"ok: {len(catalog.IMAGES)} Dockerfiles match images/pins.toml and pass hadolint")
+    console.print(f"ok: {len(catalog.IMAGES)} images ({len(dockerfiles)} Dockerfiles) match images/pins.toml, their "
+                  "Python locks are hashed and current, ssh checks host keys, every downloaded key is verified, "
+                  "hadolint is clean")
+
+
+@app.command()
+def lock(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
+    """Re-resolve every image's hashed Python lock (images/common/requirements) from the pins."""
+    try:
+        pins = load_pins()
+    except UserError as exc:
+        exit_with(exc, debug)
+        return
+    for path in locks.compile_all(pins):
+        console.print(f"wrote {path.relative_to(context.REPO_ROOT)}")
 
 
 @app.command("context")
@@ -176,7 +193,7 @@ def stage_context(
         exit_with(exc, debug)
         return
     args = " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in release.build_args.items())
-    print(f"docker build --platform {DEFAULT_PLATFORM} {args} --build-arg IMAGE_VERSION={release.tag} "
+    print(f"docker build --platform {release.spec.platform} {args} --build-arg IMAGE_VERSION={release.tag} "
           f"-t {release.spec.repository}:{release.tag} {shlex.quote(str(out))}")
 
 

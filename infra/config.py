@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from core import availability, pricing, project, regions, skus
 from core.errors import Problem, ProblemCollector, UserError
+from core.values import Gbps, Usd, UsdPerHour
 from infra import naming
 
 PROJECT = "aml-hpc"
@@ -237,16 +238,16 @@ class StorageConfig(_Model):
     Changing it replaces the account, so the data would have to be copied: it is protected."""
     allow_shared_key_access: bool = False
     soft_delete_days: int = Field(14, ge=1, le=365)
-    egress_gbps: float = Field(skus.STORAGE_ACCOUNT.egress_gbits_per_s_default, gt=0)
+    egress_gbps: Gbps = skus.STORAGE_ACCOUNT.egress_gbits_per_s_default
     """The account's egress limit, Gb/s; staging warns when nodes x per-node rate exceeds it."""
-    ingress_gbps: float = Field(skus.STORAGE_ACCOUNT.ingress_gbits_per_s_default, gt=0)
+    ingress_gbps: Gbps = skus.STORAGE_ACCOUNT.ingress_gbits_per_s_default
     """The account's ingress limit, Gb/s; checkpoint uploads are capped below it."""
     data_contributors: list[PrincipalConfig] = Field(default_factory=list)
     """Who may upload datasets (Storage Blob Data Contributor on `datasets`); shared keys are off."""
 
 
 class BudgetConfig(_Model):
-    monthly_amount_usd: float = Field(gt=0)
+    monthly_amount_usd: Usd
     alert_emails: list[str] = Field(default_factory=list)
     thresholds_percent: list[int] = Field(default_factory=lambda: [50, 80, 100])
 
@@ -271,7 +272,7 @@ class ControllerConfig(_Model):
     max_nodes: int = Field(4, ge=1, le=100)
     """Managed runs that can be supervised at once (one node each)."""
     idle_minutes: int = Field(5, ge=2, le=10080)
-    usd_per_hour: float | None = Field(None, gt=0)
+    usd_per_hour: UsdPerHour | None = None
     """Price of one node-hour; required for a size other than the default."""
 
     @property
@@ -305,7 +306,7 @@ class _RawConfig(_Model):
     controller: ControllerConfig = ControllerConfig()
     expires_at: str | date | datetime | None = None
     protect_data: bool | None = None
-    prices: dict[str, float] = Field(default_factory=dict)
+    prices: dict[str, UsdPerHour] = Field(default_factory=dict)
     names: dict[str, str] = Field(default_factory=dict)
     encryption: EncryptionConfig = EncryptionConfig()
     diagnostics: DiagnosticsConfig | None = None
@@ -858,6 +859,11 @@ def _check_clusters(found: ProblemCollector, stack: str, raw: _RawConfig, index:
             near = f"did you mean {' or '.join(exc.suggestions)}? " if exc.suggestions else ""
             found.add(f"{path}.sku", f"unknown VM size {cluster.sku!r}",
                       f"{near}known sizes: {', '.join(skus.names())}")
+            sku = None
+        if sku is not None and not sku.azureml.amlcompute:
+            runnable = ", ".join(s for s in skus.names() if skus.get(s).azureml.amlcompute and not skus.get(s).retired)
+            found.add(f"{path}.sku", sku.azureml_problem,
+                      f"choose a size AmlCompute runs ({runnable}); the catalog entry says how to run {sku.name} instead")
             sku = None
 
         if cluster.max_nodes < cluster.min_nodes:

@@ -89,7 +89,7 @@ class TestRegistration:
         for version in by_type(resources, VERSION).values():
             tags = version.inputs["properties"]["tags"]
             assert TAGS.items() <= tags.items() and tags["image-tag"] == version.inputs["version"]
-            assert tags["base-image"].startswith("nvcr.io/nvidia/")
+            assert tags["base-image"].startswith(("nvcr.io/nvidia/", "rocm/pytorch:"))
 
     def test_versions_wait_for_their_container(self, registered):
         resources, _, _ = registered

@@ -69,7 +69,7 @@ class TrainingEnvironments(pulumi.ComponentResource):
             asset_tags = {**args.tags, "image-repository": spec.repository, "image-tag": image.tag,
                           "base-image": image.build_args["BASE_NAME"], "ib-userspace": image.build_args["IB_USERSPACE"]}
             container = ml.EnvironmentContainer(
-                f"{name}-{spec.folder}",
+                f"{name}-{spec.key}",
                 name=spec.name,
                 resource_group_name=args.resource_group_name,
                 workspace_name=args.workspace_name,
@@ -85,7 +85,7 @@ class TrainingEnvironments(pulumi.ComponentResource):
                 # resource again, so the tooling can adopt the retained version instead of
                 # trying to create it twice. The alias carries state from the single
                 # `-version` name earlier releases used.
-                f"{name}-{spec.folder}-{image.tag}",
+                f"{name}-{spec.key}-{image.tag}",
                 name=spec.name,
                 version=image.tag,
                 resource_group_name=args.resource_group_name,
@@ -104,7 +104,7 @@ class TrainingEnvironments(pulumi.ComponentResource):
                 # Finished jobs reference old versions; removing one from the stack must
                 # not delete it in Azure ML.
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[container], retain_on_delete=True,
-                                            aliases=[pulumi.Alias(name=f"{name}-{spec.folder}-version")]),
+                                            aliases=[pulumi.Alias(name=f"{name}-{spec.key}-version")]),
             )
             refs[spec.name] = ref
             ids[spec.name] = image.environment_id

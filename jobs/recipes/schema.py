@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core.values import Hours, Usd, bounded
 from jobs.managed import causes
 
 SHM_SIZE_DEFAULT = "3100m"
@@ -37,6 +38,8 @@ Framework = Literal["pytorch", "tensorflow"]
 InputMode = Literal["stage", "download", "ro_mount"]
 Placement = Literal["local", "shared", "replica"]
 HealthMode = Literal["gate", "warn", "off"]
+ModelDim = bounded("model_dim")
+Batch = bounded("batch")
 
 
 class _Model(BaseModel):
@@ -182,23 +185,23 @@ class Managed(_Model):
 
 
 class Cost(_Model):
-    expected_hours: float = Field(1.0, gt=0)
+    expected_hours: Hours = 1.0
     """Wall-clock estimate used by `estimate` and by submit's ceiling check."""
-    ceiling_usd: float | None = Field(None, gt=0)
+    ceiling_usd: Usd | None = None
     """Submit refuses (unless --yes) when the estimate exceeds it."""
 
 
 class ModelShape(_Model):
     """A transformer's shape, for the parameter count and activation memory."""
 
-    hidden_size: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    intermediate_size: int | None = Field(None, ge=1)
+    hidden_size: ModelDim
+    num_layers: ModelDim
+    num_heads: ModelDim
+    intermediate_size: ModelDim | None = None
     """Default 4 x hidden_size."""
-    vocab_size: int = Field(30522, ge=1)
-    max_position: int = Field(512, ge=1)
-    seq_len: int = Field(128, ge=1)
+    vocab_size: ModelDim = 30522
+    max_position: ModelDim = 512
+    seq_len: ModelDim = 128
 
 
 class DeepSpeedSpec(_Model):
@@ -208,8 +211,8 @@ class DeepSpeedSpec(_Model):
     zero_stage: Literal["auto", 0, 1, 2, 3] = "auto"
     """auto: by model size (Azure's large-scale training guide: <300M 0, <1B 1, <10B 2, else 3), raised until the
     model states fit the GPU; CPU offload only when even stage 3 does not fit."""
-    micro_batch: int = Field(8, ge=1)
-    grad_accum: int = Field(1, ge=1)
+    micro_batch: Batch = 8
+    grad_accum: Batch = 1
     activation_checkpointing: bool = False
     tensorboard: bool = True
     flops_profiler: bool = False
@@ -317,7 +320,7 @@ class Recipe(_Model):
     watchdog: Watchdog = Watchdog()
     managed: Managed = Managed()
     cost: Cost = Cost()
-    timeout_hours: float | None = Field(None, gt=0)
+    timeout_hours: Hours | None = None
     """Azure ML kills the job after this; default: 2 x cost.expected_hours, at least 1 h."""
     deepspeed: DeepSpeedSpec | None = None
     experiment: str | None = None
