@@ -15,7 +15,7 @@ Pulumi, no Azure SDK.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -215,7 +215,7 @@ def _header(path: Path) -> str:
     return "\n".join(kept)
 
 
-def refresh(capture: list[Mapping[str, Any]], captured_on: date, path: Path = AVAILABILITY_FILE) -> list[str]:
+def refresh(capture: Sequence[Mapping[str, Any]], captured_on: date, path: Path = AVAILABILITY_FILE) -> list[str]:
     """Rewrite the data file's regions from a list-skus capture; returns the sizes updated.
 
     Retired sizes keep their record; a catalog size the capture does not list keeps its old

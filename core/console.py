@@ -24,12 +24,15 @@ from rich.table import Table
 
 PIPED_WIDTH = 400
 """Columns given to output that goes to a pipe or a file: wide enough for any table here."""
+PIPED_HELP_WIDTH = 100
+"""Columns of `--help` off a terminal: typer's help panels fill their console's width, so
+they read typer's own TERMINAL_WIDTH instead of the tables' PIPED_WIDTH."""
 
 
 def wide_when_piped(stream: TextIO | None = None, environ: dict[str, str] | Any = None) -> None:
     """Off a terminal, and unless COLUMNS is set, let rich use PIPED_WIDTH columns (rich reads
-    COLUMNS when a console is created, so call this before any console exists). Child
-    processes inherit it, and print in full too."""
+    COLUMNS when a console is created, so call this before any console exists); `--help`
+    keeps PIPED_HELP_WIDTH. Child processes inherit both, and print in full too."""
     stream = sys.stdout if stream is None else stream
     environ = os.environ if environ is None else environ
     if environ.get("COLUMNS"):
@@ -40,6 +43,7 @@ def wide_when_piped(stream: TextIO | None = None, environ: dict[str, str] | Any 
         terminal = False
     if not terminal:
         environ["COLUMNS"] = str(PIPED_WIDTH)
+        environ.setdefault("TERMINAL_WIDTH", str(PIPED_HELP_WIDTH))
 
 
 def table(*headers: str, title: str | None = None, show_header: bool = True, **kwargs: Any) -> Table:

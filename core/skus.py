@@ -222,7 +222,8 @@ class Sku:
         """Peak dense tensor rate per GPU for bf16, fp16 or fp8 (None: no tensor cores for it)."""
         if dtype not in PEAK_DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {', '.join(PEAK_DTYPES)}")
-        return getattr(self, f"peak_tflops_{dtype}")
+        peak: float | None = getattr(self, f"peak_tflops_{dtype}")
+        return peak
 
     @property
     def azureml_problem(self) -> str:

@@ -101,17 +101,16 @@ def _checked(kind: str):
     return validate
 
 
-def bounded(kind: str) -> Any:
-    """A pydantic annotation for a field that holds a RANGES[kind] number (None passes through)."""
-    rule = RANGES[kind]
-    base = int if rule.integer else float
-    return Annotated[base, AfterValidator(_checked(kind))]
+def checked(kind: str) -> AfterValidator:
+    """The pydantic validator of a field that holds a RANGES[kind] number (None passes through):
+    `Annotated[float, checked("hours")]` (int for the integer ranges)."""
+    return AfterValidator(_checked(kind))
 
 
-Hours = bounded("hours")
-Usd = bounded("usd")
-UsdPerHour = bounded("usd_per_hour")
-Gbps = bounded("gbits_per_s")
+Hours = Annotated[float, checked("hours")]
+Usd = Annotated[float, checked("usd")]
+UsdPerHour = Annotated[float, checked("usd_per_hour")]
+Gbps = Annotated[float, checked("gbits_per_s")]
 
 
 # --------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from typing import Annotated, Any
 import typer
 
 from core import availability, skus
-from core.cli_help import flags_without_types
+from core.cli_help import VersionOption, new_app
 from core.errors import Problem, UserError, exit_on_bad_input
 
 RETAIL_ENDPOINT = "https://prices.azure.com"
@@ -155,12 +155,12 @@ def facts_from_resource_sku(item: Mapping[str, Any]) -> dict[str, Any]:
             return None
 
     for key, cap in (("vcpus", "vCPUs"), ("gpus", "GPUs")):
-        if number(cap) is not None:
-            facts[key] = int(number(cap))
-    if number("MemoryGB") is not None:
-        facts["memory_gib"] = round(number("MemoryGB"))
-    if number("MaxResourceVolumeMB"):
-        facts["temp_disk_gib"] = round(number("MaxResourceVolumeMB") / 1024)
+        if (count := number(cap)) is not None:
+            facts[key] = int(count)
+    if (memory := number("MemoryGB")) is not None:
+        facts["memory_gib"] = round(memory)
+    if disk_mb := number("MaxResourceVolumeMB"):
+        facts["temp_disk_gib"] = round(disk_mb / 1024)
     if item.get("family"):
         facts["quota_family"] = item["family"]
     arch = _ARCH.get(str(caps.get("CpuArchitectureType", "")).lower())
@@ -223,7 +223,7 @@ def compare(catalog: Mapping[str, skus.Sku], prices: Mapping[str, dict[str, floa
             else:
                 new = priced[region]
                 old = sku.price.usd_per_hour if sku.price else None
-                if old != new or sku.price.region != region or sku.price.source != RETAIL_SOURCE:
+                if sku.price is None or (old, sku.price.region, sku.price.source) != (new, region, RETAIL_SOURCE):
                     where = f"{sku.price.region}, {sku.price.source} {sku.price.as_of}" if sku.price else "no price"
                     found.changes.append(Change(name, "price usd_per_hour", old, new,
                                                 note=f"was {where}; now {region}, {RETAIL_SOURCE} {today.isoformat()}"))
@@ -427,13 +427,11 @@ def refresh(*, sizes: list[str], regions: list[str], subscription: str | None, r
     return findings
 
 
-flags_without_types()
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="The catalog's prices and size facts, refreshed from Azure (core/catalog/refresh.py).")
+app = new_app("The catalog's prices and size facts, refreshed from Azure (core/catalog/refresh.py).")
 
 
 @app.callback()
-def _root() -> None:
+def _root(version: VersionOption = False) -> None:
     """Keeps `refresh` a subcommand."""
 
 

@@ -12,11 +12,11 @@ chosen for InfiniBand GPU clusters (see each field's docstring for why).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.values import Hours, Usd, bounded
+from core.values import Hours, Usd, checked
 from jobs.managed import causes
 
 SHM_SIZE_DEFAULT = "3100m"
@@ -38,8 +38,8 @@ Framework = Literal["pytorch", "tensorflow"]
 InputMode = Literal["stage", "download", "ro_mount"]
 Placement = Literal["local", "shared", "replica"]
 HealthMode = Literal["gate", "warn", "off"]
-ModelDim = bounded("model_dim")
-Batch = bounded("batch")
+ModelDim = Annotated[int, checked("model_dim")]
+Batch = Annotated[int, checked("batch")]
 
 
 class _Model(BaseModel):

@@ -233,7 +233,8 @@ def parse_smi_memory(text: str) -> dict[str, MemoryCounters]:
         indent = len(match.group(1).expandtabs(8))
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        if heading:
+        if value is None:  # a heading (match is value or heading)
+            assert heading is not None
             stack.append((indent, heading.group(2)))
             continue
         names = tuple(name for _, name in stack) + (value.group(2),)
