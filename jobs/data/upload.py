@@ -114,7 +114,11 @@ Action = Literal["upload", "skip", "check", "verify"]
 
 
 class UploadError(RuntimeError):
-    """Some files could not be uploaded; the message lists them."""
+    """Some files could not be uploaded; the message lists them, `report` (when set) says what was done."""
+
+    def __init__(self, message: str, report: UploadReport | None = None):
+        super().__init__(message)
+        self.report = report
 
 
 class UploadConflict(UploadError):
@@ -195,6 +199,8 @@ class UploadReport:
     remote_only: list[str] = field(default_factory=list)
     """Blobs under the prefix with no local file (left alone)."""
     failures: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    """Of the failures: files another writer committed first (named in the message)."""
     skipped: list[Skipped] = field(default_factory=list)
     """Entries the walk met and could not upload (a link loop, a dangling link, ...), with the reason."""
     session: str = ""
@@ -213,7 +219,7 @@ class UploadReport:
                 "verified": self.verified, "repaired": self.repaired, "bytes_in": self.bytes_in, "bytes_stored": self.bytes_stored, "ratio": round(self.ratio, 3),
                 "seconds": round(self.seconds, 3), "mb_per_s": round(self.mb_per_s, 2),
                 "remote_only": len(self.remote_only), "failures": self.failures,
-                "skipped": [{"path": x.rel, "reason": x.reason} for x in self.skipped], "session": self.session}
+                "conflicts": self.conflicts, "skipped": [{"path": x.rel, "reason": x.reason} for x in self.skipped], "session": self.session}
 
 
 class Progress:
@@ -493,6 +499,9 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
                     local = futures.pop(future)
                     try:
                         progress.file_done(local.rel, future.result())
+                    except UploadConflict as exc:
+                        report.failures.append(str(exc))
+                        report.conflicts.append(local.rel)
                     except UploadError as exc:
                         report.failures.append(str(exc))
                     except Exception as exc:  # noqa: BLE001 - collected per file, reported together
@@ -506,7 +515,7 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
         shown = "\n  - ".join(report.failures[:10])
         more = f"\n  ... and {len(report.failures) - 10} more" if len(report.failures) > 10 else ""
         raise UploadError(f"{len(report.failures)} of {len(work)} files failed (the others are uploaded; re-run to "
-                          f"retry only what is missing):\n  - {shown}{more}")
+                          f"retry only what is missing):\n  - {shown}{more}", report)
     return report
 
 

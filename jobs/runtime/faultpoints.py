@@ -20,7 +20,8 @@ Arming:
   (1-based) instead of the first.
 
 An armed point fires once unless told otherwise (`times`), so a second writer started from
-the action runs through the same point untouched.
+the action runs through the same point untouched; `when` picks which of several writers
+(by the context they pass, e.g. their upload session) the point stops.
 
 Standard library only: ships into the training image (staging's markers use it too).
 """
@@ -67,6 +68,8 @@ class Armed:
     times: int = 1
     at: int = 1
     """The first reach that fires (1-based): `at=2` lets one pass through first."""
+    when: Callable[..., bool] | None = None
+    """Only reaches whose context it accepts count (e.g. one writer's session of two)."""
     reached: int = 0
     fired: int = 0
     contexts: list[dict] = field(default_factory=list)
@@ -90,7 +93,7 @@ def reach(name: str, **context) -> None:
         return
     with _lock:
         point = _armed.get(name)
-        if point is None:
+        if point is None or (point.when is not None and not point.when(**context)):
             return
         point.reached += 1
         if not point.at <= point.reached < point.at + point.times:
@@ -101,10 +104,11 @@ def reach(name: str, **context) -> None:
 
 
 @contextmanager
-def armed(name: str, action: Callable[..., None], times: int = 1, at: int = 1) -> Iterator[Armed]:
+def armed(name: str, action: Callable[..., None], times: int = 1, at: int = 1,
+          when: Callable[..., bool] | None = None) -> Iterator[Armed]:
     """Arm `name` for the block; yields the record whose `fired` the test asserts."""
     _check(name)
-    point = Armed(name, action, times, at)
+    point = Armed(name, action, times, at, when)
     with _lock:
         if name in _armed:
             raise RuntimeError(f"fault point {name!r} is already armed")
