@@ -61,7 +61,7 @@ The pieces, one module each: stagespec (the inputs), jobid (whose markers), list
 blobhttp (reading Blob), assign (the byte-balanced split), datadir (paths, stale files),
 fetch (one blob to one file, verified), gzmembers (parallel inflate), manifest (resume),
 stagelock (one stager), nodebarrier (waiting), scratch (where), filelist (rank lists),
-throttle (the cap). This module wires them together.
+throttle (the cap), repair (the command that fixes a refused blob). This module wires them together.
 
 Standard library plus azure-storage-blob / azure-identity / isal: ships in the image and
 imports nothing from this repository outside jobs.runtime.
@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import operator
 import os
 import socket
 import sys
@@ -81,16 +82,27 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from jobs.runtime import assign, blobhttp, blobio, contract, datadir, filelist, jobid, listing
+from jobs.runtime import (
+    assign,
+    blobhttp,
+    blobio,
+    contract,
+    datadir,
+    filelist,
+    jobid,
+    listing,
+    repair,
+)
 from jobs.runtime import fetch as fetch_module
 from jobs.runtime import ranks as ranks_module
 from jobs.runtime import scratch as scratch_module
 from jobs.runtime.blobhttp import BlobReadError, Deadline, DeadlineExceeded
 from jobs.runtime.errors import RuntimeProblem
-from jobs.runtime.fetch import BlobEntry, Fetcher, FetchError, FetchResult
+from jobs.runtime.fetch import BlobEntry, Fetcher, FetchError, FetchResult, IntegrityError
 from jobs.runtime.manifest import Manifest, adoptable
 from jobs.runtime.nodebarrier import (
     BarrierFailed,
@@ -226,6 +238,10 @@ class InputResult:
     files_skipped: int = 0
     files_removed: int = 0
     """Files in the data directory that are not (or no longer) part of what this node holds, deleted."""
+    files_unverifiable: int = 0
+    """Staged files --verify-existing kept unchecked: their blobs record no checksum to check them with."""
+    renamed: int = 0
+    """Blobs staged under another name: inflated ones without `.gz`, `name/` holding bytes as `name`."""
     bytes_in: int = 0
     """Stored (compressed) bytes downloaded."""
     bytes_out: int = 0
@@ -328,6 +344,8 @@ def list_entries(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADL
     if any(a > b for a, b in zip(names, names[1:], strict=False)):
         entries.sort(key=lambda e: e.name)
         names = [e.name for e in entries]
+    if spec.inflate == "gz-names":  # the user says every *.gz blob is gzip, whatever its Content-Encoding
+        entries = [e._replace(content_encoding="gzip") if e.name.endswith(".gz") and not e.gzip else e for e in entries]
     return _drop_folder_markers(spec, entries, names)
 
 
@@ -358,6 +376,8 @@ class _Plan:
     """Global rank -> indices of its files (local mode)."""
     bytes_per_node: list[int]
     files_per_node: list[int]
+    renamed: tuple[int, str] = (0, "")
+    """Blobs whose file name differs from their name below the prefix, and one example ('a.gz -> a')."""
 
     def balance(self) -> dict[str, Any]:
         mean = sum(self.bytes_per_node) / len(self.bytes_per_node)
@@ -374,18 +394,29 @@ def make_plan(spec: StageSpec, reader, entries: list[BlobEntry], ranks: ranks_mo
         raise StageConfigError([RuntimeProblem(f"input {spec.name!r}", "blobs", p) for p in exc.problems],
                                f"input {spec.name!r} cannot be staged as files") from None
     sizes = [e.size for e in entries]
+    renamed = _renamed(spec.normalized_prefix, entries, rels)
     per_rank: dict[int, list[int]] = {}
     if spec.mode == "replica":
         everything = list(range(len(entries)))
         return _Plan(spec, reader, entries, rels, everything, per_rank, [sum(sizes)] * ranks.node_count,
-                     [len(entries)] * ranks.node_count)
+                     [len(entries)] * ranks.node_count, renamed)
     if spec.mode == "shared":
         groups = assign.balance_indices(sizes, ranks.node_count)
     else:
         groups, local = assign.node_and_ranks(sizes, ranks.node_count, ranks.local_size, ranks.node_index)
         per_rank = dict(zip(ranks.ranks_on_node(ranks.node_index), local, strict=True))
     return _Plan(spec, reader, entries, rels, groups[ranks.node_index], per_rank,
-                 [sum(map(sizes.__getitem__, g)) for g in groups], [len(g) for g in groups])
+                 [sum(map(sizes.__getitem__, g)) for g in groups], [len(g) for g in groups], renamed)
+
+
+def _renamed(prefix: str, entries: list[BlobEntry], rels: list[str]) -> tuple[int, str]:
+    """How many blobs land under another name than theirs below the prefix (compared in C)."""
+    below = list(map(operator.getitem, map(operator.attrgetter("name"), entries), repeat(slice(len(prefix), None))))
+    count = sum(map(operator.ne, below, rels))
+    if not count:
+        return 0, ""
+    k = next(i for i, (a, b) in enumerate(zip(below, rels, strict=True)) if a != b)
+    return count, f"{below[k]} -> {rels[k]}"
 
 
 # ------------------------------------------------------------------ staging one input on one node
@@ -430,7 +461,25 @@ class _Dirs:
             dirs.partial.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StagingError(f"cannot create {exc.filename or dirs.data}: {exc.strerror or exc}") from None
+        dirs.check(name)
         return dirs
+
+    def check(self, name: str) -> None:
+        """Files are downloaded into `partial` and renamed into `data`: both must be writable
+        and on one filesystem (a read-only mount or a link to another disk at the data
+        directory would otherwise fail each rename with EXDEV, 'Invalid cross-device link')."""
+        if not os.access(self.data, os.W_OK | os.X_OK):
+            raise StageConfigError.single(
+                f"input {name!r}", "data directory", f"{self.data} is not writable (a read-only mount or directory?)",
+                "staging writes the dataset there: unmount or make it writable, or stage to another scratch "
+                f"({contract.SCRATCH})")
+        data_dev, partial_dev = os.stat(self.data).st_dev, os.stat(self.partial).st_dev
+        if data_dev != partial_dev:
+            raise StageConfigError.single(
+                f"input {name!r}", "data directory", f"{self.data} is on another filesystem than {self.partial} "
+                "(a mount or a symbolic link at the data directory?)",
+                "finished files are renamed from the second into the first, which works only within one filesystem: "
+                f"remove the mount or link, or stage to a scratch where both are one filesystem ({contract.SCRATCH})")
 
 
 def _prepare(plan: _Plan, dirs: _Dirs, ranks: ranks_module.Ranks, options: StageOptions, clean_all: bool,
@@ -463,13 +512,21 @@ def _prepare(plan: _Plan, dirs: _Dirs, ranks: ranks_module.Ranks, options: Stage
             check.append(k)  # complete but not recorded (a run killed before its manifest batch)? adopted below
         else:
             todo.append(k)
-    for k, keep in zip(check, _check_present(plan, check, dirs.data, present), strict=True):
-        if keep:
-            if plan.rels[k] not in manifest.records:
-                manifest.record(plan.entries[k], plan.rels[k], present[plan.rels[k]])
-            result.files_skipped += 1
-        else:
+    recorded = {k for k in check if plan.rels[k] in manifest.records}
+    for k, verdict in zip(check, _check_present(plan, check, dirs.data, present, recorded), strict=True):
+        if verdict == "fetch":
             todo.append(k)
+            continue
+        if plan.rels[k] not in manifest.records:
+            manifest.record(plan.entries[k], plan.rels[k], present[plan.rels[k]])
+        result.files_skipped += 1
+        if verdict == "unverifiable":
+            result.files_unverifiable += 1
+    if result.files_unverifiable:
+        log.warning("input %s: %d staged file(s) kept unchecked by --verify-existing: their blobs record no checksum "
+                    "(another tool's, never sealed), so a new download could not be checked either; seal the dataset "
+                    "(python -m jobs data seal --stack STACK --prefix %s) to verify them", plan.spec.name,
+                    result.files_unverifiable, plan.spec.prefix.strip("/"))
     if manifest.should_compact(len(plan.node_idx)):
         manifest.compact({plan.rels[k]: plan.entries[k] for k in plan.node_idx})
     todo.sort(key=lambda k: -plan.entries[k].size)  # big files first: a shorter tail
@@ -478,27 +535,43 @@ def _prepare(plan: _Plan, dirs: _Dirs, ranks: ranks_module.Ranks, options: Stage
     return todo, manifest
 
 
-def _check_present(plan: _Plan, indices: list[int], data_dir: Path, present: dict[str, int]) -> list[bool]:
-    """Whether each file on disk is its blob, whole: size and SHA-256 against the blob's amlhpc_size
-    and amlhpc_sha256 (read with Get Blob Properties: listing leaves metadata out)."""
+def _check_present(plan: _Plan, indices: list[int], data_dir: Path, present: dict[str, int],
+                   recorded: set[int]) -> list[str]:
+    """For each file on disk: 'keep' (it is its blob, whole), 'fetch' (it is not, or cannot be
+    shown to be and was never recorded) or 'unverifiable' (recorded as staged, and its blob
+    carries nothing to check it against: kept, as a download could not be checked either).
+
+    Checked against the blob's amlhpc_size and amlhpc_sha256 (read with Get Blob Properties:
+    listing leaves metadata out); a blob stored as it is (not inflated) is checked against
+    its stored checksum (Content-MD5 or amlhpc_stored_sha256, which `jobs data seal`
+    records for another tool's blobs). `recorded`: indices the manifest says were staged."""
     if not indices:
         return []
 
-    def one(k: int) -> bool:
+    def one(k: int) -> str:
         entry = plan.entries[k]
         try:
             entry = fetch_module.with_headers(entry, plan.reader.head(entry.name, etag=entry.etag))
         except (BlobReadError, DeadlineExceeded):
-            return False
-        return adoptable(entry, data_dir / plan.rels[k], present.get(plan.rels[k]))
+            return "fetch"
+        path, size = data_dir / plan.rels[k], present.get(plan.rels[k])
+        if entry.expected_sha256 is not None:
+            return "keep" if adoptable(entry, path, size) else "fetch"
+        if not entry.gzip and (entry.stored_sha256 or entry.content_md5):
+            return "keep" if size == entry.size and fetch_module.file_matches_stored(path, entry) else "fetch"
+        if entry.gzip and (entry.stored_sha256 or entry.content_md5):
+            return "fetch"  # checkable only by fetching it again: a verified download replaces it
+        return "unverifiable" if k in recorded else "fetch"
 
     with ThreadPoolExecutor(min(16, len(indices)), thread_name_prefix="blob-check") as pool:
         return list(pool.map(one, indices))
 
 
 def _fetch_all(plan: _Plan, todo: list[int], dirs: _Dirs, manifest: Manifest, ranks: ranks_module.Ranks,
-               options: StageOptions, throttle: Throttle, deadline: Deadline, result: InputResult) -> list[str]:
-    """Fetch `todo` (a bounded number of files in flight); returns the failures."""
+               options: StageOptions, throttle: Throttle, deadline: Deadline, result: InputResult,
+               corrupt: list[BlobEntry] | None = None) -> list[str]:
+    """Fetch `todo` (a bounded number of files in flight); returns the failures (the blobs whose
+    bytes did not verify are added to `corrupt`)."""
     entries, rels = plan.entries, plan.rels
     progress = _Progress(f"input {plan.spec.name} node {ranks.node_index}", len(todo),
                          sum(entries[k].size for k in todo), options.progress_interval_s)
@@ -530,7 +603,7 @@ def _fetch_all(plan: _Plan, todo: list[int], dirs: _Dirs, manifest: Manifest, ra
                 finished, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
                 for future in finished:
                     k = pending.pop(future)
-                    _record(future, entries[k], rels[k], manifest, result, failures)
+                    _record(future, entries[k], rels[k], manifest, result, failures, corrupt)
                     progress.done += 1
                 progress.maybe_log()
                 deadline.check(f"staging input {plan.spec.name!r}")
@@ -543,11 +616,13 @@ def _fetch_all(plan: _Plan, todo: list[int], dirs: _Dirs, manifest: Manifest, ra
 
 
 def _record(future: Future, entry: BlobEntry, rel: str, manifest: Manifest, result: InputResult,
-            failures: list[str]) -> None:
+            failures: list[str], corrupt: list[BlobEntry] | None = None) -> None:
     try:
         fetched: FetchResult = future.result()
     except FetchError as exc:
         failures.append(str(exc))
+        if isinstance(exc, IntegrityError) and corrupt is not None:
+            corrupt.append(entry)
         return
     except DeadlineExceeded:
         raise
@@ -576,7 +651,10 @@ def _stage_input(plan: _Plan, root: Path, ranks: ranks_module.Ranks, options: St
     dirs = _Dirs.make(root, spec.name)
     started = time.monotonic()
     result = InputResult(spec.name, spec.mode, str(dirs.data), str(dirs.staging), len(plan.entries),
-                         len(plan.node_idx), balance=plan.balance())
+                         len(plan.node_idx), balance=plan.balance(), renamed=plan.renamed[0])
+    if plan.renamed[0]:
+        log.info("input %s: %d blob(s) are staged under another name: gzip-encoded ones are inflated and lose their "
+                 ".gz, a name ending in '/' loses it (e.g. %s)", spec.name, plan.renamed[0], plan.renamed[1])
     try:
         with InputLock(dirs.staging, ranks.node_index, spec.name, job.job_id):
             todo, manifest = _prepare(plan, dirs, ranks, options, clean_all, result)
@@ -584,17 +662,19 @@ def _stage_input(plan: _Plan, root: Path, ranks: ranks_module.Ranks, options: St
                      "into %s", spec.name, spec.mode, ranks.node_index, ranks.node_count, len(plan.node_idx),
                      len(plan.entries), sum(plan.entries[k].size for k in plan.node_idx) / 1e6, result.files_skipped,
                      len(todo), dirs.data)
+            corrupt: list[BlobEntry] = []
             try:
-                failures = _fetch_all(plan, todo, dirs, manifest, ranks, options, throttle, deadline, result)
+                failures = _fetch_all(plan, todo, dirs, manifest, ranks, options, throttle, deadline, result, corrupt)
             finally:
                 manifest.close()
             result.seconds = time.monotonic() - started
             if failures:
                 shown = "\n  - ".join(failures[:10])
                 more = f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""
+                advice = "".join(f"\n{line}" for line in repair.advice(plan.reader, spec, corrupt))
                 raise StagingError(f"input {spec.name!r}: {len(failures)} of {len(todo)} files failed on node "
                                    f"{ranks.node_index} (finished files are kept; a re-run fetches only the rest):"
-                                   f"\n  - {shown}{more}")
+                                   f"\n  - {shown}{more}{advice}")
             _write_file_lists(plan, dirs, result)
     except StagingLocked as exc:
         raise StagingError(str(exc)) from None
