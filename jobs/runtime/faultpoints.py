@@ -14,7 +14,9 @@ Arming:
   `FaultInjected`, the "crash" of an in-process writer.
 - in a child process: `AMLHPC_FAULTPOINTS="upload.before-commit=kill"` (`kill`: SIGKILL
   itself there, as a power cut or the OOM killer would; `error`: raise FaultInjected;
-  `exit:N`: leave at once with status N), with `AMLHPC_FAULTPOINTS_LOG=FILE`, where each
+  `exit:N`: leave at once with status N; `log`: only record it; `hold:PATH`: wait there
+  until PATH exists, so a test can act while the process is exactly at that step), with
+  `AMLHPC_FAULTPOINTS_LOG=FILE`, where each
   firing is appended (and flushed to disk) before the action, so the test can assert that
   the fault it asked for happened. `name@K=...` fires at the K-th time the point is reached
   (1-based) instead of the first.
@@ -48,6 +50,8 @@ POINTS: dict[str, str] = {
     # jobs.data.seal: one foreign blob
     "seal.after-read": "the blob's stored bytes were hashed; no checksum written yet",
     "seal.between-writes": "Content-MD5 is written; the project's metadata (stored SHA-256) is not",
+    # jobs.runtime.staging: one node's stager of one input
+    "staging.after-lock": "the node's stager holds the input's lock; nothing of the input is touched yet",
     # jobs.runtime.nodebarrier: local rank 0 and its node's other ranks
     "barrier.after-lead": "local rank 0 recorded itself as leader; staging has not started",
     "barrier.before-result": "staging finished; its result is not written for the waiting ranks yet",
@@ -152,9 +156,13 @@ def _load_env() -> None:
             _armed[name] = Armed(name, _env_action(name, what or "kill", log_path), at=int(at or 1))
 
 
+HOLD_LIMIT_S = 600.0
+"""The longest a `hold:` point waits for its file (a test that forgot to release it fails, not hangs)."""
+
+
 def _env_action(name: str, what: str, log_path: str | None) -> Callable[..., None]:
-    if what not in ("kill", "error") and not what.startswith("exit:"):
-        raise ValueError(f"{ENV_POINTS}: {name}={what}: the action must be kill, error or exit:N")
+    if what not in ("kill", "error", "log") and not what.startswith(("exit:", "hold:")):
+        raise ValueError(f"{ENV_POINTS}: {name}={what}: the action must be kill, error, log, exit:N or hold:PATH")
 
     def action(**context) -> None:
         if log_path:
@@ -166,5 +174,15 @@ def _env_action(name: str, what: str, log_path: str | None) -> Callable[..., Non
             os.kill(os.getpid(), signal.SIGKILL)
         if what == "error":
             raise FaultInjected(f"injected fault at {name}")
-        os._exit(int(what.split(":", 1)[1]))
+        if what.startswith("hold:"):
+            import time
+
+            release, until = what.split(":", 1)[1], time.monotonic() + HOLD_LIMIT_S
+            while not os.path.exists(release):
+                if time.monotonic() > until:
+                    raise FaultInjected(f"fault point {name} held for {HOLD_LIMIT_S:.0f}s: nobody created {release}")
+                time.sleep(0.02)
+            return
+        if what.startswith("exit:"):
+            os._exit(int(what.split(":", 1)[1]))
     return action

@@ -16,8 +16,11 @@ node-local barrier and gets the same StageResult once staging is done, or an exc
 (`StagingError` with local rank 0's message, `StagingTimedOut`, `BarrierTimeout`,
 `StageConfigError` when rank 0 found bad input). Exceptions are the only failure signal:
 an error never leaves a process believing the data is there. The barrier is keyed by the
-job's unique id and its inputs (jobs.runtime.jobid), so an earlier job's markers never
-release this job's ranks.
+job's id and its inputs (jobs.runtime.jobid), and its markers carry this launch's
+generation (jobs.runtime.launchid: a launcher's AMLHPC_LAUNCH_ID, torchrun's attempt
+directory, or a unique job id with the node's boot and container), so an earlier
+launch's markers never release this launch's ranks, even under the same job id. Several
+local ranks with none of these cannot tell launches apart: staging refuses to run (exit 2).
 
 Modes (per input, `mode` in AMLHPC_STAGE_JSON):
 
@@ -70,6 +73,7 @@ imports nothing from this repository outside jobs.runtime.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import operator
@@ -92,8 +96,10 @@ from jobs.runtime import (
     blobio,
     contract,
     datadir,
+    faultpoints,
     filelist,
     jobid,
+    launchid,
     listing,
     repair,
 )
@@ -657,6 +663,7 @@ def _stage_input(plan: _Plan, root: Path, ranks: ranks_module.Ranks, options: St
                  ".gz, a name ending in '/' loses it (e.g. %s)", spec.name, plan.renamed[0], plan.renamed[1])
     try:
         with InputLock(dirs.staging, ranks.node_index, spec.name, job.job_id):
+            faultpoints.reach("staging.after-lock", input=spec.name, node=ranks.node_index)
             todo, manifest = _prepare(plan, dirs, ranks, options, clean_all, result)
             log.info("input %s (%s): node %d/%d has %d of %d files (%.1f MB stored); %d already staged, %d to fetch "
                      "into %s", spec.name, spec.mode, ranks.node_index, ranks.node_count, len(plan.node_idx),
@@ -751,15 +758,15 @@ def _pick_scratch(plans: list[_Plan], scratch: Path | None, env: Mapping[str, st
 
 def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path | None, shared_dir: Path | None,
           options: StageOptions, env: Mapping[str, str], reader_factory: Callable[[StageSpec], Any],
-          job: jobid.JobIdentity, key: str, deadline: Deadline) -> StageResult:
+          job: jobid.JobIdentity, key: str, deadline: Deadline, generation: launchid.Generation) -> StageResult:
     started = time.monotonic()
     warnings: list[str] = []
     _check_shared(specs, shared_dir, ranks)
     if env.get(contract.SCRATCH) and scratch is None:  # bad input before anything is listed
         scratch_module.check_writable(Path(env[contract.SCRATCH]), contract.SCRATCH)
     if not job.unique and ranks.world_size > 1:
-        warnings.append("no unique job id (AZUREML_RUN_ID, AMLHPC_RUN_ID, torchrun --rdzv-id, PMIx): staging's "
-                        "markers are keyed by the inputs and ignore markers older than this job instead")
+        warnings.append(f"no unique job id (AZUREML_RUN_ID, AMLHPC_RUN_ID, torchrun --rdzv-id, PMIx): staging's "
+                        f"markers are keyed by the inputs and trust only this launch's ({generation.source})")
         log.warning("%s", warnings[-1])
     plans = _plans(specs, ranks, reader_factory, deadline)
     node_gbits = options.node_gbits_per_s if options.node_gbits_per_s is not None else node_gbits_from_env(env)
@@ -787,24 +794,35 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
 def _stage_shared(plan: _Plan, shared_dir: Path, ranks: ranks_module.Ranks, options: StageOptions, throttle: Throttle,
                   job: jobid.JobIdentity, key: str, deadline: Deadline) -> InputResult:
     markers = SharedMarkers(shared_dir / STAGING_DIR / plan.spec.name / "nodes" / key, ranks.node_count,
-                            options.timeout_s, run_id=job.job_id, unique_id=job.unique)
-    markers.reset(ranks.node_index)
+                            options.timeout_s, ranks.node_index, listing=_listing_digest(plan.entries))
+    markers.start()
     try:
-        result = _stage_input(plan, shared_dir, ranks, options, throttle, job, deadline,
-                              clean_all=ranks.node_index == 0)
-    except Exception as exc:
-        markers.failed(ranks.node_index, str(exc))
-        raise
-    markers.done(ranks.node_index, {"node": ranks.node_index, "files": result.files_node, "bytes_out": result.bytes_out})
-    log.info("input %s: node %d finished its share; waiting for the other %d node(s)", plan.spec.name,
-             ranks.node_index, ranks.node_count - 1)
-    try:
-        markers.wait_all(deadline_s=max(deadline.remaining() or options.timeout_s, 0.0))
-    except BarrierFailed as exc:
-        raise StagingError(f"input {plan.spec.name!r}: {exc}") from None
-    except BarrierTimeout as exc:
-        raise StagingTimedOut(f"input {plan.spec.name!r}: {exc}") from None
+        try:
+            result = _stage_input(plan, shared_dir, ranks, options, throttle, job, deadline,
+                                  clean_all=ranks.node_index == 0)
+        except Exception as exc:
+            markers.failed(str(exc))
+            raise
+        try:
+            markers.done({"node": ranks.node_index, "files": result.files_node, "bytes_out": result.bytes_out})
+            log.info("input %s: node %d finished its share; waiting for the other %d node(s)", plan.spec.name,
+                     ranks.node_index, ranks.node_count - 1)
+            markers.wait_all(deadline_s=max(deadline.remaining() or options.timeout_s, 0.0))
+        except BarrierFailed as exc:
+            raise StagingError(f"input {plan.spec.name!r}: {exc}") from None
+        except BarrierTimeout as exc:
+            raise StagingTimedOut(f"input {plan.spec.name!r}: {exc}") from None
+    finally:
+        markers.close()
     return result
+
+
+def _listing_digest(entries: list[BlobEntry]) -> str:
+    """What the nodes planned from: names, sizes and etags of the listing (16 hex digits)."""
+    digest = hashlib.sha256("\0".join(map(operator.attrgetter("name"), entries)).encode("utf-8", "surrogatepass"))
+    digest.update(",".join(map(str, map(operator.attrgetter("size"), entries))).encode())
+    digest.update(",".join(e or "" for e in map(operator.attrgetter("etag"), entries)).encode())
+    return digest.hexdigest()[:16]
 
 
 def _write_report(result: StageResult, options: StageOptions, env: Mapping[str, str]) -> None:
@@ -854,7 +872,10 @@ def stage_inputs(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch:
     if not specs:
         return StageResult(ranks.node_index, ranks.node_count, socket.gethostname(), job.job_id, [], 0.0)
     key = job.key(jobid.inputs_digest(specs, ranks.node_count, ranks.local_size))
-    barrier = NodeBarrier(_barrier_dir(key, ranks), options.timeout_s, job.job_id)
+    generation = launchid.node_generation(env, ranks.local_size)
+    if generation is None:
+        raise StageConfigError.single("launch identity", "", launchid.refusal(ranks.local_size), launchid.REFUSAL_HINT)
+    barrier = NodeBarrier(_barrier_dir(key, ranks), options.timeout_s, job.job_id, generation=generation.value)
     if not ranks.is_node_leader:
         return _wait_for_leader(barrier, ranks, len(specs))
     deadline = Deadline(options.timeout_s)
@@ -865,7 +886,7 @@ def stage_inputs(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch:
                            f"{exc.strerror or exc}") from None
     try:
         result = _lead(specs, ranks, scratch, shared_dir, options, env,
-                       reader_factory or _default_reader_factory(options, env), job, key, deadline)
+                       reader_factory or _default_reader_factory(options, env), job, key, deadline, generation)
     except DeadlineExceeded as exc:
         barrier.fail(str(exc), "timeout")
         raise StagingTimedOut(str(exc)) from None
