@@ -247,7 +247,7 @@ class InputResult:
     files_unverifiable: int = 0
     """Staged files --verify-existing kept unchecked: their blobs record no checksum to check them with."""
     renamed: int = 0
-    """Blobs staged under another name: inflated ones without `.gz`, `name/` holding bytes as `name`."""
+    """Of this node's files, those staged under another name: inflated ones without `.gz`, `name/` as `name`."""
     bytes_in: int = 0
     """Stored (compressed) bytes downloaded."""
     bytes_out: int = 0
@@ -382,8 +382,6 @@ class _Plan:
     """Global rank -> indices of its files (local mode)."""
     bytes_per_node: list[int]
     files_per_node: list[int]
-    renamed: tuple[int, str] = (0, "")
-    """Blobs whose file name differs from their name below the prefix, and one example ('a.gz -> a')."""
 
     def balance(self) -> dict[str, Any]:
         mean = sum(self.bytes_per_node) / len(self.bytes_per_node)
@@ -400,29 +398,33 @@ def make_plan(spec: StageSpec, reader, entries: list[BlobEntry], ranks: ranks_mo
         raise StageConfigError([RuntimeProblem(f"input {spec.name!r}", "blobs", p) for p in exc.problems],
                                f"input {spec.name!r} cannot be staged as files") from None
     sizes = [e.size for e in entries]
-    renamed = _renamed(spec.normalized_prefix, entries, rels)
     per_rank: dict[int, list[int]] = {}
     if spec.mode == "replica":
         everything = list(range(len(entries)))
         return _Plan(spec, reader, entries, rels, everything, per_rank, [sum(sizes)] * ranks.node_count,
-                     [len(entries)] * ranks.node_count, renamed)
+                     [len(entries)] * ranks.node_count)
     if spec.mode == "shared":
         groups = assign.balance_indices(sizes, ranks.node_count)
     else:
         groups, local = assign.node_and_ranks(sizes, ranks.node_count, ranks.local_size, ranks.node_index)
         per_rank = dict(zip(ranks.ranks_on_node(ranks.node_index), local, strict=True))
     return _Plan(spec, reader, entries, rels, groups[ranks.node_index], per_rank,
-                 [sum(map(sizes.__getitem__, g)) for g in groups], [len(g) for g in groups], renamed)
+                 [sum(map(sizes.__getitem__, g)) for g in groups], [len(g) for g in groups])
 
 
-def _renamed(prefix: str, entries: list[BlobEntry], rels: list[str]) -> tuple[int, str]:
-    """How many blobs land under another name than theirs below the prefix (compared in C)."""
-    below = list(map(operator.getitem, map(operator.attrgetter("name"), entries), repeat(slice(len(prefix), None))))
-    count = sum(map(operator.ne, below, rels))
+def _renamed(plan: _Plan) -> tuple[int, str]:
+    """How many of this node's blobs land under another name than theirs below the prefix, and
+    one example. Every rename shortens the name (a dropped `.gz`, '/' or empty segment), so
+    comparing lengths in C finds them without building a string per file."""
+    cut = len(plan.spec.normalized_prefix)
+    names = list(map(operator.attrgetter("name"), map(plan.entries.__getitem__, plan.node_idx)))
+    rels = list(map(plan.rels.__getitem__, plan.node_idx))
+    lengths = list(map(operator.sub, map(len, names), repeat(cut)))
+    count = sum(map(operator.ne, lengths, map(len, rels)))
     if not count:
         return 0, ""
-    k = next(i for i, (a, b) in enumerate(zip(below, rels, strict=True)) if a != b)
-    return count, f"{below[k]} -> {rels[k]}"
+    k = next(i for i, (a, b) in enumerate(zip(lengths, map(len, rels), strict=True)) if a != b)
+    return count, f"{names[k][cut:]} -> {rels[k]}"
 
 
 # ------------------------------------------------------------------ staging one input on one node
@@ -656,11 +658,12 @@ def _stage_input(plan: _Plan, root: Path, ranks: ranks_module.Ranks, options: St
     spec = plan.spec
     dirs = _Dirs.make(root, spec.name)
     started = time.monotonic()
+    renamed, example = _renamed(plan)
     result = InputResult(spec.name, spec.mode, str(dirs.data), str(dirs.staging), len(plan.entries),
-                         len(plan.node_idx), balance=plan.balance(), renamed=plan.renamed[0])
-    if plan.renamed[0]:
+                         len(plan.node_idx), balance=plan.balance(), renamed=renamed)
+    if renamed:
         log.info("input %s: %d blob(s) are staged under another name: gzip-encoded ones are inflated and lose their "
-                 ".gz, a name ending in '/' loses it (e.g. %s)", spec.name, plan.renamed[0], plan.renamed[1])
+                 ".gz, a name ending in '/' loses it (e.g. %s)", spec.name, renamed, example)
     try:
         with InputLock(dirs.staging, ranks.node_index, spec.name, job.job_id):
             faultpoints.reach("staging.after-lock", input=spec.name, node=ranks.node_index)
@@ -820,8 +823,8 @@ def _stage_shared(plan: _Plan, shared_dir: Path, ranks: ranks_module.Ranks, opti
 def _listing_digest(entries: list[BlobEntry]) -> str:
     """What the nodes planned from: names, sizes and etags of the listing (16 hex digits)."""
     digest = hashlib.sha256("\0".join(map(operator.attrgetter("name"), entries)).encode("utf-8", "surrogatepass"))
-    digest.update(",".join(map(str, map(operator.attrgetter("size"), entries))).encode())
-    digest.update(",".join(e or "" for e in map(operator.attrgetter("etag"), entries)).encode())
+    digest.update(repr(list(map(operator.attrgetter("size"), entries))).encode())
+    digest.update("\0".join(map(str, map(operator.attrgetter("etag"), entries))).encode())
     return digest.hexdigest()[:16]
 
 
