@@ -71,8 +71,9 @@ import secrets
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -300,14 +301,8 @@ class _FileUploader:
             if len(writer.sizes) > 1:
                 metadata[gzmembers.META_MEMBER_BYTES] = str(writer.member_bytes)
                 metadata[gzmembers.META_MEMBERS] = gzmembers.encode_index(writer.sizes)
-            try:
+            with _conflict_named(self.container, name, f"{local.rel}: not uploaded (nothing of this upload was kept)"):
                 stream.commit(local.rel, metadata, digests.stored_md5.digest(), seen)
-            except Exception as exc:
-                if remote.is_conflict(exc):
-                    raise UploadConflict(f"{local.rel}: not uploaded: blob {name!r} changed after this upload saw it "
-                                         f"({remote.writer_of(remote.current_properties(self.container, name))}); "
-                                         "nothing of this upload was kept; re-run to compare it with your file") from None
-                raise
             faultpoints.reach("upload.after-commit", blob=name, session=self.session)
         finally:
             stream.cancel()
@@ -387,16 +382,24 @@ class _BlockStream:
             future.cancel()
 
 
+@contextmanager
+def _conflict_named(container, name: str, what: str) -> Iterator[None]:
+    """A write or read refused because the blob changed since it was listed becomes UploadConflict,
+    naming who changed it (from the blob's metadata now)."""
+    try:
+        yield
+    except Exception as exc:
+        if not remote.is_conflict(exc):
+            raise
+        raise UploadConflict(f"{what}: blob {name!r} changed after this upload saw it "
+                             f"({remote.writer_of(remote.current_properties(container, name))}); "
+                             "re-run to compare it with your file") from None
+
+
 def _verify_stored(container, blob: RemoteBlob, rel: str) -> bool:
     """Whether the blob's stored bytes equal the checksums it records (read under its etag)."""
-    try:
+    with _conflict_named(container, blob.name, f"{rel}: not checked"):
         md5_b64, sha_hex, _ = remote.stored_digests(container, blob.name, blob.etag)
-    except Exception as exc:
-        if remote.is_conflict(exc):
-            raise UploadConflict(f"{rel}: blob {blob.name!r} changed while this upload read it "
-                                 f"({remote.writer_of(remote.current_properties(container, blob.name))}); "
-                                 "re-run to compare it with your file") from None
-        raise
     return remote.stored_bytes_match(blob, md5_b64, sha_hex)
 
 
@@ -405,15 +408,9 @@ def _set_metadata(container, blob: RemoteBlob, changes: dict[str, str], rel: str
     from azure.core import MatchConditions
 
     metadata = {**blob.metadata, **changes}
-    try:
+    with _conflict_named(container, blob.name, f"{rel}: metadata not updated"):
         answer = container.get_blob_client(blob.name).set_blob_metadata(metadata, etag=blob.etag,
                                                                          match_condition=MatchConditions.IfNotModified)
-    except Exception as exc:
-        if remote.is_conflict(exc):
-            raise UploadConflict(f"{rel}: blob {blob.name!r} changed after this upload saw it "
-                                 f"({remote.writer_of(remote.current_properties(container, blob.name))}); "
-                                 "re-run to compare it with your file") from None
-        raise
     return RemoteBlob(blob.name, blob.size, answer.get("etag", blob.etag), blob.content_encoding, metadata,
                       blob.content_md5)
 
