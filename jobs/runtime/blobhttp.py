@@ -152,8 +152,10 @@ def auth_from_env(container: str, account_url: str | None, env) -> tuple[str, Sa
         raise blobio.BlobConfigError(
             f"no Blob endpoint for container {container!r}: give the account URL (the stack output "
             f"storage.blobEndpoint) or set {blobio.CONNECTION_STRING_VARIABLE} for Azurite")
-    if not account_url.startswith(("https://", "http://")):
-        raise blobio.BlobConfigError(f"account URL {blobio.safe_endpoint(account_url)!r} must start with https://")
+    if not account_url.startswith("https://"):
+        # The node's Entra ID token is a bearer credential: anyone who reads it may use it.
+        raise blobio.BlobConfigError(f"account URL {blobio.safe_endpoint(account_url)!r} must start with https://: "
+                                     "the node's token is never sent over plain http")
     return f"{blobio.safe_endpoint(account_url)}/{container}", BearerAuth(blobio.credential_from_env(env))
 
 
