@@ -298,3 +298,38 @@ class TestVerifyExisting:
         again = stage(azurite, container, tmp_path, "v", self.VERIFY)
         assert again.inputs[0].files_downloaded == 1
         assert (data(tmp_path) / "raw.bin").read_bytes() == payload
+
+
+# ------------------------------------------------------------------ the advice for a refused blob fixes it
+
+
+def test_the_command_staging_gives_for_a_rotted_upload_repairs_it(azurite, container, tmp_path):
+    """A blob of `jobs data upload` whose stored bytes rot: staging refuses it and names `--verify-stored`;
+    that upload (a plain re-run would skip it: size and mtime agree) repairs it; staging then passes."""
+    import re
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from jobs.data import cli as data_cli
+    from jobs.data import upload
+
+    source = tmp_path / "src"
+    source.mkdir()
+    payload = payload_of(200 << 10, 10)  # incompressible: the stored bytes hold it nearly verbatim
+    (source / "x.bin").write_bytes(payload)
+    upload.upload_directory(container, source, "up", workers=1)
+    stored = container.get_blob_client("up/x.bin.gz").download_blob(decompress=False).readall()
+    rot(azurite, stored, len(stored) // 2)
+    with pytest.raises(staging.StagingError) as caught:
+        stage(azurite, container, tmp_path, "up")
+    advice = re.search(r"python -m jobs data upload (.*?) \(it reads", str(caught.value))
+    assert advice, str(caught.value)
+    args = [a.replace("LOCAL_DIR", str(source)) for a in shlex.split(advice.group(1))]
+    assert upload.upload_directory(container, source, "up", workers=1).unchanged == 1  # a plain re-run: skipped
+    result = CliRunner().invoke(data_cli.app, ["upload", *args, "--connection-string-env", "AZ_CS", "--container",
+                                               container.container_name], env={"AZ_CS": azurite.connection_string})
+    assert result.exit_code == 0, result.output
+    staged = stage(azurite, container, tmp_path / "after", "up")
+    assert staged.inputs[0].files_downloaded == 1
+    assert (tmp_path / "after" / "scratch" / "cosmo" / "x.bin").read_bytes() == payload
