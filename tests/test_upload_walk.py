@@ -73,3 +73,22 @@ class TestCommand:
         result = self.upload(azurite, tree, "--allow-skips")
         assert result.exit_code == 0, result.output
         assert "accepted (--allow-skips)" in result.output and "sub/up: symlink loop" in result.output
+
+
+@pytest.mark.azurite
+def test_the_seal_command_reports_what_it_sealed(azurite, blob_service):
+    from azure.storage.blob import BlobBlock
+
+    container = blob_service.create_container("seal-cli")
+    blob = container.get_blob_client("foreign/big.bin")
+    blob.stage_block("00000000", b"x" * 1000)
+    blob.commit_block_list([BlobBlock("00000000")])
+    container.upload_blob("foreign/small.bin", b"y" * 10)  # Put Blob: the service computed its Content-MD5
+    args = ["seal", "--stack", "dev", "--prefix", "foreign", "--connection-string-env", "AZ_CS", "--container",
+            "seal-cli", "--json"]
+    result = runner.invoke(data_cli.app, args, env={"AZ_CS": azurite.connection_string})
+    assert result.exit_code == 0, result.output
+    assert "2 blob(s) under foreign/: 1 sealed" in result.output and "1 already had a checksum" in result.output
+    assert json.loads(result.stdout[result.stdout.index("{"):])["sealed"] == 1
+    missing = runner.invoke(data_cli.app, [*args, "--reseal", "foreign/nope.bin"], env={"AZ_CS": azurite.connection_string})
+    assert missing.exit_code == 1 and "foreign/nope.bin: no such blob under foreign/" in missing.output
