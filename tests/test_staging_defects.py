@@ -573,3 +573,30 @@ def test_a_dataset_holding_stagings_folder_name_stages(azurite, container, tmp_p
     upload.upload_directory(container, source, "own")
     result = in_process(azurite, container, tmp_path, "own")
     assert data_files(Path(result.inputs[0].data_dir)) == source_files(source)
+
+
+@pytest.mark.azurite
+@pytest.mark.parametrize("point", ["barrier.after-lead", "barrier.before-result"])
+def test_local_rank_0_killed_at_each_barrier_step_fails_its_waiters_and_a_new_launch_stages(azurite, container,
+                                                                                           tmp_path, point):
+    """SIGKILL of the stager at a named step of the node barrier: the waiting rank fails at once (never
+    released, never left to time out), and the next launch on the same node stages everything."""
+    source = small_dataset(container, tmp_path, "killed")
+    log = tmp_path / "fired.log"
+    common = {contract.BLOB_CONNECTION_STRING: azurite.connection_string, contract.SCRATCH: str(tmp_path / "node0"),
+              "TORCHELASTIC_RUN_ID": "none"}
+    stage_json = spec_json(container.container_name, "local", prefix="killed")
+
+    def launch(launch_id: str, leader_faults: dict[str, str]) -> list[subprocess.Popen]:
+        return [stager(rank_env(r, r, 2, 2, AMLHPC_LAUNCH_ID=launch_id, **common, **(leader_faults if r == 0 else {})),
+                       stage_json, "--timeout-s", "120") for r in (0, 1)]
+
+    first = launch("one", {faultpoints.ENV_POINTS: f"{point}=kill", faultpoints.ENV_LOG: str(log)})
+    outs = [p.communicate(timeout=150) for p in first]
+    assert first[0].returncode == -9 and faultpoints.fired_in_log(log) == [point]
+    assert first[1].returncode == staging.EXIT_FAILED, outs[1][1]
+    assert "exited without finishing staging" in outs[1][1]
+    again = launch("two", {})
+    results = [p.communicate(timeout=150) for p in again]
+    assert [p.returncode for p in again] == [0, 0], [r[1] for r in results]
+    assert data_files(tmp_path / "node0" / "cosmo") == source_files(source)
