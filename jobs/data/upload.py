@@ -143,12 +143,8 @@ def compressor_name(level: int) -> str:
     return f"zlib level {level}"
 
 
-def scan(local_dir: Path) -> list[LocalFile]:
-    """Regular files under `local_dir` (following symlinks), sorted; `scan_all` also says what was skipped."""
-    return walk_scan(local_dir).files
-
-
 def scan_all(local_dir: Path) -> Walk:
+    """Regular files under `local_dir` (following symlinks), sorted, and what was skipped, with why."""
     return walk_scan(local_dir)
 
 
