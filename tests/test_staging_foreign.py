@@ -69,9 +69,8 @@ def rot(azurite, payload: bytes, at: int) -> None:
 
 
 def payload_of(size: int, seed: int) -> bytes:
-    import random
-
-    return random.Random(seed).randbytes(size)
+    """Random bytes no other blob of the session's Azurite holds (so `rot` finds exactly these)."""
+    return os.urandom(size)
 
 
 # ------------------------------------------------------------------ .gz names
