@@ -156,3 +156,8 @@ def test_the_deadline_stops_retries():
     with pytest.raises(blobhttp.DeadlineExceeded, match="deadline of 1s"):
         reader.get("x", 0, 5, deadline=blobhttp.Deadline(1.0))
     assert time.monotonic() - started < 3
+
+
+def test_a_token_is_never_sent_over_plain_http():
+    with pytest.raises(blobio.BlobConfigError, match="must start with https://: the node's token is never sent"):
+        blobhttp.auth_from_env("data", "http://acct.blob.core.windows.net/", {})

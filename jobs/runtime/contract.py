@@ -19,6 +19,9 @@ RUN_ID = "AMLHPC_RUN_ID"
 WATCHDOG_JSON = "AMLHPC_WATCHDOG_JSON"
 NCCL_RESOLVE = "AMLHPC_NCCL_RESOLVE"
 
+# Set by whatever starts a node's ranks (a launcher, a wrapper script), fresh for each launch.
+LAUNCH_ID = "AMLHPC_LAUNCH_ID"
+
 # Set by jobs.runtime.launch for the training command.
 DATA_DIR_PREFIX = "AMLHPC_DATA_DIR_"
 FILE_LIST_PREFIX = "AMLHPC_FILE_LIST_"
