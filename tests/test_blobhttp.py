@@ -158,6 +158,6 @@ def test_the_deadline_stops_retries():
     assert time.monotonic() - started < 3
 
 
-def test_a_token_is_never_sent_over_plain_http():
-    with pytest.raises(blobio.BlobConfigError, match="must start with https://: the node's token is never sent"):
+def test_an_http_account_url_from_the_environment_is_refused_with_the_fix():
+    with pytest.raises(blobio.BlobConfigError, match="must start with https://: an Entra ID token is never sent.*Azurite: set"):
         blobhttp.auth_from_env("data", "http://acct.blob.core.windows.net/", {})

@@ -451,6 +451,7 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
         action = actions[local.rel]
         repaired = 0
         if action == "verify":
+            assert known is not None  # verify and check are only planned for blobs the listing found
             if _verify_stored(container, known, local.rel):
                 count(verified=1)
                 if not known.metadata.get(META_UPLOAD_ID):  # an older upload's blob: mark it read and found whole
@@ -461,6 +462,7 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
             else:
                 action, repaired = "upload", 1  # its bytes and its checksums disagree: this upload repairs it
         if action == "check":
+            assert known is not None
             sha = sha256_file(local.path, lambda n: progress.advance(n, 0))
             if sha == known.metadata.get(META_SHA256):
                 # Same bytes: record the new mtime so the next run skips without hashing.

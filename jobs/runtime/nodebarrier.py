@@ -233,12 +233,12 @@ class NodeBarrier:
             leader = self._current_leader(arrived)
             if leader:
                 done = _read_json(self.result_file)
-                if self._ours(done) and done.get("session") == leader.get("session", done.get("session")):
+                if done is not None and self._ours(done) and done.get("session") == leader.get("session", done.get("session")):
                     return dict(done.get("result") or {})
                 if not _alive(int(leader["pid"]), leader.get("start")):
                     # Re-check: the leader may have finished between our reads.
                     done = _read_json(self.result_file)
-                    finished = self._ours(done) and done.get("session") == leader.get("session", done.get("session"))
+                    finished = done is not None and self._ours(done) and done.get("session") == leader.get("session", done.get("session"))
                     if not (finished or self._failure(arrived)):
                         raise BarrierFailed(
                             f"local rank 0 (pid {leader['pid']} on {leader.get('host', '?')}) exited without finishing "
