@@ -69,7 +69,7 @@ class TestDatasetStorage:
     def test_containers_and_soft_delete(self):
         resources, _ = self.build(soft_delete_days=21)
         containers = sorted(r.inputs["containerName"] for r in resources if r.type == "azure-native:storage:BlobContainer")
-        assert containers == ["checkpoints", "datasets"]
+        assert containers == ["checkpoints", "datasets", "supervision"]
         assert all(r.inputs["publicAccess"] == "None" for r in resources if r.type == "azure-native:storage:BlobContainer")
         service = only(resources, "azure-native:storage:BlobServiceProperties")
         assert service.inputs["deleteRetentionPolicy"] == {"enabled": True, "days": 21}

@@ -13,6 +13,10 @@ from pulumi_azure_native import storage
 from infra.components.storage_account import secure_storage_account
 
 CONTAINERS = ("datasets", "checkpoints")
+"""Containers jobs read and write (each also an Azure ML datastore)."""
+CONTROL_CONTAINERS = ("supervision",)
+"""Containers jobs must not write: managed runs' records, leases and cancel requests
+(jobs/managed/record.py). No datastore: only the controller and the submitters use it."""
 
 
 @dataclass
@@ -37,7 +41,7 @@ class DatasetStorageArgs:
 
 
 class DatasetStorage(pulumi.ComponentResource):
-    """Storage account + `datasets` and `checkpoints` containers, https/TLS 1.2 only, no public blobs."""
+    """Storage account + `datasets`, `checkpoints` and `supervision` containers, https/TLS 1.2 only, no public blobs."""
 
     account_name: pulumi.Output[str]
     account_id: pulumi.Output[str]
@@ -76,7 +80,7 @@ class DatasetStorage(pulumi.ComponentResource):
         )
         self.container_ids = {}
         self.container_names = {}
-        for container_name in CONTAINERS:
+        for container_name in (*CONTAINERS, *CONTROL_CONTAINERS):
             container = storage.BlobContainer(
                 f"{name}-{container_name}",
                 account_name=account.name,
