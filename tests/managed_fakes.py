@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from jobs.runtime import nodestatus
+from jobs.runtime import contract, nodestatus
 from jobs.runtime.checkpoint import CheckpointStore
 
 FIXTURE = Path(__file__).parent / "fixtures" / "azureml" / "commandjob-get.json"
@@ -45,6 +45,8 @@ class Step:
     ended_h: float | None = None
     commit: bool = False
     """The training commits a checkpoint version while at this step."""
+    beats: dict[int, dict[str, Any]] | None = None
+    """Heartbeats the nodes' watchdogs write on reaching this step (write_heartbeat keywords)."""
 
 
 def end(code: int, *, first: int = 0, last: int = 10, node: int = 0, **extra) -> dict[str, Any]:
@@ -86,7 +88,11 @@ class FakeAzureML:
         self.state: dict[str, _Job] = {}
         self.created: list[Any] = []
         self.canceled: list[str] = []
-        self.fail_next_create = False
+        self.fail_next_create: BaseException | None = None
+        """Raised by the next job PUT (then cleared)."""
+        self.refuse_creates: BaseException | None = None
+        """Raised by every job PUT (an Azure ML that refuses the job for good)."""
+        self.create_calls = 0
         self.jobs = _Jobs(self)
         self.compute = _Compute(self)
 
@@ -98,8 +104,13 @@ class FakeAzureML:
         if job.index < len(job.steps) - 1:
             job.index += 1
             step = job.step
+            key = (job.entity.environment_variables or {}).get(contract.EVIDENCE_KEY)
             for node, record in (step.ends or {}).items():
-                nodestatus.write_end(self.container, self.prefix, name, node, {"node": node, **record})
+                nodestatus.write_end(self.container, self.prefix, name, node, {"node": node, **record}, key=key)
+            for node, beat in (step.beats or {}).items():
+                nodestatus.write_heartbeat(self.container, self.prefix, name, node, key=key,
+                                           **{"step": None, "age_s": 0.0, "first_step": 0, "host": f"node{node}-host",
+                                              **beat})
             if step.commit:
                 self._commit(name)
         return job
@@ -173,9 +184,12 @@ class _Jobs:
         return Job._from_rest_object(_deserialize(JobBase, self.azure.body(name)))
 
     def create_or_update(self, entity, experiment_name: str | None = None):
-        if self.azure.fail_next_create:
-            self.azure.fail_next_create = False
-            raise ConnectionError("the controller's node went away mid-submit")
+        if self.azure.refuse_creates is not None:
+            self.azure.create_calls += 1
+            raise self.azure.refuse_creates
+        if self.azure.fail_next_create is not None:
+            failure, self.azure.fail_next_create = self.azure.fail_next_create, None
+            raise failure
         attempt = int(entity.tags["attempt"])
         self.azure.created.append(entity)
         self.azure.state[entity.name] = _Job(entity, list(self.azure.scripts.get(attempt, [Step("Queued")])))
