@@ -296,19 +296,21 @@ def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
 
 
 def _managed_history(submitter, client, o, info) -> None:
-    """Every attempt of the managed run a job belongs to, and what the run cost."""
+    """Every attempt of the managed run a job belongs to, its controllers, and what the run cost."""
     from jobs.managed import client as managed
     from jobs.managed import report
 
     run = info["tags"]["managed_run"]
-    controller = info if info["tags"].get("role") == "controller" else submitter.status(client, run, o.workspace)
-    place = managed.place_from_tags(controller.get("tags") or {})
+    place = managed.place_from_tags(info["tags"]) or managed.place_from_tags(
+        submitter.status(client, run, o.workspace).get("tags") or {})
     if place is None:
-        raise UserError([Problem(f"job {controller['name']}", "tags.record", "names no record",
-                                 "the controller job of a managed run carries it; was the job submitted with --managed?")],
+        raise UserError([Problem(f"job {info['name']}", "tags.record", "names no record",
+                                 "the jobs of a managed run carry it; was the job submitted with --managed?")],
                         "not a managed run")
     record = managed.read(o, place)
-    table = Table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controller {controller['status']})")
+    statuses = managed.controller_statuses(client.jobs, managed.store_for(o, place), record, run)
+    shown = "; ".join(f"{name} {status or 'gone'}" for name, status in statuses.items())
+    table = Table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controllers: {shown})")
     for row in report.rows(record):
         table.add_row(*row)
     out.print(table)
@@ -329,7 +331,7 @@ def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
     def cancel_it(submitter, client, o) -> None:
         tags = submitter.status(client, job, o.workspace).get("tags") or {}
         if tags.get("managed_run"):
-            _cancel_managed(submitter, client, o, tags["managed_run"])
+            _cancel_managed(submitter, client, o, tags["managed_run"], tags)
             return
         submitter.cancel(client, job, o.workspace)
         out.print(f"cancelled {job}")
@@ -337,25 +339,20 @@ def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
     _on_job(stack, offline, outputs_file, debug, cancel_it)
 
 
-def _cancel_managed(submitter, client, o, run: str) -> None:
-    """A managed run: ask its controller to stop, cancel the running attempt and the controller."""
+def _cancel_managed(submitter, client, o, run: str, tags: dict[str, str]) -> None:
+    """A managed run: the cancel request, then every controller, then every attempt (jobs/managed/client.py)."""
     import getpass
 
     from jobs.managed import client as managed
 
-    controller = submitter.status(client, run, o.workspace)
-    place = managed.place_from_tags(controller.get("tags") or {})
-    record = managed.read(o, place) if place else None
-    problem = managed.request_cancel(o, place, getpass.getuser()) if place else "the controller job names no record"
-    if problem:
-        out.print(f"[yellow]note:[/] {problem}; cancelling the jobs instead", highlight=False)
-    active = [a.job for a in (record.attempts if record else []) if a.state != "ended"]
-    for name in active:
-        submitter.cancel(client, name, o.workspace)
-        out.print(f"cancelled attempt {name}")
-    if controller.get("status") not in ("Completed", "Failed", "Canceled"):
-        submitter.cancel(client, run, o.workspace)
-        out.print(f"cancelled controller {run}")
+    place = managed.place_from_tags(tags) or managed.place_from_tags(
+        submitter.status(client, run, o.workspace).get("tags") or {})
+    if place is None:
+        raise UserError([Problem(f"managed run {run}", "tags.record", "no job of the run names its record",
+                                 f"cancel its jobs one by one: python -m jobs cancel JOB --stack {o.stack}")],
+                        "not a managed run")
+    managed.cancel_run(client.jobs, managed.store_for(o, place), run, getpass.getuser(),
+                       echo=lambda line: out.print(line, highlight=False))
     out.print(f"managed run {run}: canceled")
 
 

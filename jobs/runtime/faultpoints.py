@@ -16,7 +16,7 @@ unless a test or a rehearsal armed it. Faults happen at steps, never at wall-clo
   the point (the first hit at or after `at_step`), writes `<dir>/reached-<pid>.json` and
   waits for `<dir>/release`: the rehearsal then preempts, freezes or kills exactly there.
   `slow` sleeps (`factor` - 1) x the step's own work (`busy_s`): a node `factor` times
-  slower than its peers.
+  slower than its peers (with `dir`, its first slowed step writes the reached file too).
 
 Standard library only: this module ships into the training image, and is inert there.
 """
@@ -163,6 +163,9 @@ def _from_env(name: str, context: dict[str, Any]) -> None:
     if spec.get("action") == "slow":
         factor, busy = float(spec.get("factor", 1.0)), float(context.get("busy_s") or 0.0)
         if factor > 1 and busy > 0:
+            if spec.get("dir") and name not in _env_fired:
+                _env_fired.add(name)
+                _say_reached(Path(spec["dir"]), context)
             time.sleep((factor - 1) * busy)
         return
     if spec.get("action") == "gate" and name not in _env_fired and int(context.get("step", 0)) >= int(spec["at_step"]):
@@ -170,13 +173,17 @@ def _from_env(name: str, context: dict[str, Any]) -> None:
         gate(Path(spec["dir"]), context, float(spec.get("timeout_s", 600)))
 
 
-def gate(folder: Path, context: dict[str, Any], timeout_s: float) -> None:
-    """Say this process reached the point, then wait for the rehearsal's release."""
+def _say_reached(folder: Path, context: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     reached = folder / f"reached-{os.getpid()}.json"
     tmp = reached.with_suffix(".tmp")
     tmp.write_text(json.dumps({k: v for k, v in context.items() if isinstance(v, int | float | str)}))
     os.replace(tmp, reached)
+
+
+def gate(folder: Path, context: dict[str, Any], timeout_s: float) -> None:
+    """Say this process reached the point, then wait for the rehearsal's release."""
+    _say_reached(folder, context)
     deadline = time.monotonic() + timeout_s
     while not (folder / "release").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
