@@ -60,8 +60,9 @@ def _canonical(record: dict[str, Any]) -> bytes:
                       separators=(",", ":")).encode()
 
 
-def _beat_content(metadata: dict[str, str]) -> bytes:
-    return "|".join(metadata.get(k, "") for k in HEARTBEAT_FIELDS).encode()
+def _beat_content(metadata: dict[str, str | None]) -> bytes:
+    # the service may return an empty metadata value as None, or leave the key out
+    return "|".join(metadata.get(k) or "" for k in HEARTBEAT_FIELDS).encode()
 
 
 def check_end(key: str, run_id: str, node: int, record: dict[str, Any]) -> str | None:
@@ -155,9 +156,9 @@ def read_heartbeats(container, prefix: str, run_id: str, verify: str | None = No
                 if refused is not None:
                     refused[node] = "heartbeat unsigned" if not mac else "heartbeat signature does not verify"
                 continue
-        age_ms, busy_ms, waiting = _int(meta.get("age_ms")), _int(meta.get("busy_ms")), meta.get("waiting", "")
+        age_ms, busy_ms, waiting = _int(meta.get("age_ms")), _int(meta.get("busy_ms")), meta.get("waiting") or ""
         found[node] = Heartbeat(node, _int(meta.get("step")), None if age_ms is None else age_ms / 1000,
-                                _int(meta.get("first_step")), meta.get("host", ""), meta.get("state", "training"),
+                                _int(meta.get("first_step")), meta.get("host") or "", meta.get("state") or "training",
                                 blob.last_modified, None if busy_ms is None else busy_ms / 1000,
                                 None if waiting == "" else waiting == "1")
     return found
