@@ -47,6 +47,8 @@ class Step:
     """The training commits a checkpoint version while at this step."""
     beats: dict[int, dict[str, Any]] | None = None
     """Heartbeats the nodes' watchdogs write on reaching this step (write_heartbeat keywords)."""
+    until_h: float | None = None
+    """With a clock: the job stays at this step until the clock passes T0 + until_h hours."""
 
 
 def end(code: int, *, first: int = 0, last: int = 10, node: int = 0, **extra) -> dict[str, Any]:
@@ -83,8 +85,8 @@ class _Job:
 class FakeAzureML:
     """jobs.{get, create_or_update, begin_cancel, _runs_operations.get_run}, compute.list_nodes."""
 
-    def __init__(self, container, prefix: str, scripts: dict[int, list[Step]]):
-        self.container, self.prefix, self.scripts = container, prefix, scripts
+    def __init__(self, container, prefix: str, scripts: dict[int, list[Step]], clock=None):
+        self.container, self.prefix, self.scripts, self.clock = container, prefix, scripts, clock
         self.state: dict[str, _Job] = {}
         self.created: list[Any] = []
         self.canceled: list[str] = []
@@ -96,12 +98,22 @@ class FakeAzureML:
         self.jobs = _Jobs(self)
         self.compute = _Compute(self)
 
+    def add_job(self, name: str, steps: list[Step], tags: dict[str, str] | None = None) -> None:
+        """A job the controller did not create (a controller job of the run, for `cancel`)."""
+        from azure.ai.ml.entities import CommandJob
+
+        entity = CommandJob(name=name, command="python -m jobs.managed.controller", compute="azureml:jobs-controller",
+                            environment="azureml:aml-hpc-controller:1", tags=tags or {"role": "controller"})
+        self.state[name] = _Job(entity, steps)
+
     # the service's side
     def _advance(self, name: str) -> _Job:
         job = self.state[name]
         if job.canceled:
             return job
-        if job.index < len(job.steps) - 1:
+        held = job.step is not None and job.step.until_h is not None and self.clock is not None and \
+            self.clock() < T0 + timedelta(hours=job.step.until_h)
+        if job.index < len(job.steps) - 1 and not held:
             job.index += 1
             step = job.step
             key = (job.entity.environment_variables or {}).get(contract.EVIDENCE_KEY)
@@ -196,6 +208,10 @@ class _Jobs:
         return entity
 
     def begin_cancel(self, name: str):
+        from azure.core.exceptions import ResourceNotFoundError
+
+        if name not in self.azure.state:
+            raise ResourceNotFoundError(f"job {name} not found")
         self.azure.canceled.append(name)
         self.azure.state[name].canceled = True
 

@@ -6,7 +6,9 @@ Every job can write the checkpoints container, so what is read here is evidence 
 checked before it is believed: an end record or heartbeat counts only when it verifies
 with the attempt's own key (the attempt's job name under the run's secret, which the
 controller holds in its job definition), belongs to a node the attempt has, and - after
-Azure ML requeued the job - was written in the current epoch. Everything refused is
+Azure ML requeued the job - was written in the current epoch (its service write time
+differs from the one it had when the controller saw the requeue: compared in the storage
+service's clock only). Everything refused is
 returned with why, for the record. Azure ML's own status comes first anyway
 (jobs.managed.classify): a record cannot turn a completed job into a failure, and no
 record changes the restart count, the cost limit or the retry rules, which come from the
@@ -15,14 +17,12 @@ controller's job definition.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from jobs.runtime import nodestatus
 from jobs.runtime.checkpoint import CheckpointStore
-
-CLOCK_SKEW = timedelta(seconds=5)
-"""Tolerance between the controller's clock (when it saw a requeue) and the storage service's."""
 
 
 class Evidence:
@@ -36,26 +36,31 @@ class Evidence:
         """The attempt's evidence key (None: unsigned evidence is believed, for tools without a run secret)."""
         return nodestatus.attempt_key(self.secret, job) if self.secret else None
 
-    def ends(self, job: str, nodes: int, since: datetime | None = None) -> tuple[dict[int, dict[str, Any]], list[str]]:
-        """(node -> end record believed, reasons for those refused) for the attempt's job,
-        keeping only records written since `since` (the current epoch) when given."""
+    def ends(self, job: str, nodes: int, stale: Mapping[str, str] | None = None) -> tuple[dict[int, dict[str, Any]],
+                                                                                          list[str]]:
+        """(node -> end record believed, reasons for those refused) for the attempt's job;
+        `stale`: node -> write time of the records an earlier epoch left (stale_times)."""
         key = self.key(job)
         found: dict[int, dict[str, Any]] = {}
         refused: list[str] = []
         for node, record in nodestatus.read_ends(self.container, self.prefix, job).items():
-            stored = record.get(nodestatus.STORED_AT)
             why = None
             if not 0 <= node < nodes:
                 why = f"node {node} does not exist in a {nodes}-node attempt"
             elif key and (problem := nodestatus.check_end(key, job, node, record)):
                 why = problem
-            elif since is not None and isinstance(stored, datetime) and stored < since - CLOCK_SKEW:
+            elif stale and stale.get(str(node)) == _time(record.get(nodestatus.STORED_AT)):
                 why = "written before Azure ML requeued the job (an earlier epoch's)"
             if why:
                 refused.append(f"end record of node {node} ignored: {why}")
             else:
                 found[node] = record
         return found, refused
+
+    def stale_times(self, job: str) -> dict[str, str]:
+        """node -> the service's write time of each end record the job has now (at a requeue)."""
+        return {str(node): _time(r.get(nodestatus.STORED_AT)) for node, r in
+                nodestatus.read_ends(self.container, self.prefix, job).items()}
 
     def heartbeats(self, job: str) -> tuple[dict[int, nodestatus.Heartbeat], list[str]]:
         refused: dict[int, str] = {}
@@ -72,12 +77,7 @@ class Evidence:
         pointer, _ = CheckpointStore(self.container, self.stream).pointer()
         return pointer.get("version") if pointer else None
 
-    def latest_commit(self) -> datetime | None:
-        """When the latest checkpoint version was committed (the pointer's write, service time)."""
-        from azure.core.exceptions import ResourceNotFoundError
 
-        name = CheckpointStore(self.container, self.stream).pointer_name
-        try:
-            return self.container.get_blob_client(name).get_blob_properties().last_modified
-        except ResourceNotFoundError:
-            return None
+
+def _time(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)

@@ -107,6 +107,11 @@ class Attempt:
     """The same, since Azure ML last requeued the job: what classification reads."""
     requeued_at: list[str] = field(default_factory=list)
     """When the controller saw Azure ML put the job back in its queue (each starts an epoch)."""
+    stale_ends: dict[str, str] = field(default_factory=dict)
+    """node -> the service's write time of its end record when the latest epoch began: a
+    record still carrying that time is the earlier epoch's (compared in the service's clock)."""
+    commit_seen: list[str] = field(default_factory=list)
+    """[checkpoint version, when this controller first saw it committed]: the checkpoint rhythm."""
     queued_since: str | None = None
     stalled_since: str | None = None
     bad_nodes: list[dict[str, Any]] = field(default_factory=list)
@@ -126,9 +131,6 @@ class Attempt:
         start = parse_time(self.submitted_at) or parse_time(self.started_at)
         return hours_between(start, parse_time(self.ended_at) or until)
 
-    @property
-    def epoch_started(self) -> datetime | None:
-        return parse_time(self.requeued_at[-1]) if self.requeued_at else None
 
 
 @dataclass

@@ -333,12 +333,13 @@ class Supervisor:
             if state not in attempt.node_events:
                 attempt.node_events.append(state)
         if observation.terminal:
-            ends, refused = self.evidence.ends(attempt.job, attempt.nodes, attempt.epoch_started)
+            ends, refused = self.evidence.ends(attempt.job, attempt.nodes, attempt.stale_ends)
             self._note_ignored(attempt, refused)
             verdict = classify(observation, ends, attempt.nodes, attempt.epoch_events)
             faultpoints.hit("controller.ended", attempt=attempt.number, cause=verdict.cause)
             self._end(record, attempt, verdict, observation.ended_at or now, observation.status)
             return
+        self._note_commit(attempt, now)
         beats, refused = self.evidence.heartbeats(attempt.job)
         self._note_ignored(attempt, refused)
         step = self.evidence.last_step(beats)
@@ -358,6 +359,7 @@ class Supervisor:
             if previous in REQUEUED_FROM and (observation.queued or observation.status == "Preparing"):
                 attempt.requeued_at.append(iso(now))
                 attempt.epoch_events = []
+                attempt.stale_ends = self.evidence.stale_times(attempt.job)
                 attempt.queued_since = iso(now)
                 self.echo(f"attempt {attempt.number}: Azure ML requeued {attempt.job} (epoch {len(attempt.requeued_at) + 1}): "
                           "its end is classified from what happens from now on")
@@ -402,6 +404,13 @@ class Supervisor:
                 f"${ahead:,.2f} until the next checkpoint (in {ahead_s:.0f}s) would pass "
                 f"{policy.limit_source or 'the limit'} ${policy.limit_usd:,.2f}")
 
+    def _note_commit(self, attempt: Attempt, now: datetime) -> None:
+        """Keep when this controller first saw the latest checkpoint version (its own clock:
+        never compared with another's)."""
+        version = self.evidence.latest_version()
+        if version and (not attempt.commit_seen or attempt.commit_seen[0] != version):
+            attempt.commit_seen = [version, iso(now) or ""]
+
     def _to_next_checkpoint(self, attempt: Attempt, now: datetime) -> float:
         interval = self.policy.checkpoint_interval_s
         if not interval:
@@ -409,8 +418,9 @@ class Supervisor:
         started = parse_time(attempt.started_at)
         if started is None:
             return interval  # not training yet: its first checkpoint is a full interval away
-        committed = self.evidence.latest_commit()
-        since = committed if committed and committed > started else started
+        seen = parse_time(attempt.commit_seen[1]) if attempt.commit_seen and attempt.commit_seen[0] != \
+            attempt.resumed_version else None
+        since = max(started, seen) if seen else started
         return max(0.0, interval - (now - since).total_seconds())
 
     def _end(self, record: Record, attempt: Attempt, verdict: Verdict, ended: datetime, status: str) -> None:
