@@ -6,9 +6,8 @@ Every job can write the checkpoints container, so what is read here is evidence 
 checked before it is believed: an end record or heartbeat counts only when it verifies
 with the attempt's own key (the attempt's job name under the run's secret, which the
 controller holds in its job definition), belongs to a node the attempt has, and - after
-Azure ML requeued the job - was written in the current epoch (its service write time
-differs from the one it had when the controller saw the requeue: compared in the storage
-service's clock only). Everything refused is
+Azure ML requeued the job - was written in the current epoch (its ETag differs from the
+one it had when the controller saw the requeue: no clock is compared). Everything refused is
 returned with why, for the record. Azure ML's own status comes first anyway
 (jobs.managed.classify): a record cannot turn a completed job into a failure, and no
 record changes the restart count, the cost limit or the retry rules, which come from the
@@ -18,7 +17,6 @@ controller's job definition.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from jobs.runtime import nodestatus
@@ -39,7 +37,7 @@ class Evidence:
     def ends(self, job: str, nodes: int, stale: Mapping[str, str] | None = None) -> tuple[dict[int, dict[str, Any]],
                                                                                           list[str]]:
         """(node -> end record believed, reasons for those refused) for the attempt's job;
-        `stale`: node -> write time of the records an earlier epoch left (stale_times)."""
+        `stale`: node -> ETag of the records an earlier epoch left (stale_marks)."""
         key = self.key(job)
         found: dict[int, dict[str, Any]] = {}
         refused: list[str] = []
@@ -49,7 +47,7 @@ class Evidence:
                 why = f"node {node} does not exist in a {nodes}-node attempt"
             elif key and (problem := nodestatus.check_end(key, job, node, record)):
                 why = problem
-            elif stale and stale.get(str(node)) == _time(record.get(nodestatus.STORED_AT)):
+            elif stale and stale.get(str(node)) == str(record.get(nodestatus.ETAG)):
                 why = "written before Azure ML requeued the job (an earlier epoch's)"
             if why:
                 refused.append(f"end record of node {node} ignored: {why}")
@@ -57,9 +55,9 @@ class Evidence:
                 found[node] = record
         return found, refused
 
-    def stale_times(self, job: str) -> dict[str, str]:
-        """node -> the service's write time of each end record the job has now (at a requeue)."""
-        return {str(node): _time(r.get(nodestatus.STORED_AT)) for node, r in
+    def stale_marks(self, job: str) -> dict[str, str]:
+        """node -> the ETag of each end record the job has now (taken at a requeue)."""
+        return {str(node): str(r.get(nodestatus.ETAG)) for node, r in
                 nodestatus.read_ends(self.container, self.prefix, job).items()}
 
     def heartbeats(self, job: str) -> tuple[dict[int, nodestatus.Heartbeat], list[str]]:
@@ -77,7 +75,3 @@ class Evidence:
         pointer, _ = CheckpointStore(self.container, self.stream).pointer()
         return pointer.get("version") if pointer else None
 
-
-
-def _time(value: Any) -> str:
-    return value.isoformat() if isinstance(value, datetime) else str(value)

@@ -108,8 +108,8 @@ class Attempt:
     requeued_at: list[str] = field(default_factory=list)
     """When the controller saw Azure ML put the job back in its queue (each starts an epoch)."""
     stale_ends: dict[str, str] = field(default_factory=dict)
-    """node -> the service's write time of its end record when the latest epoch began: a
-    record still carrying that time is the earlier epoch's (compared in the service's clock)."""
+    """node -> the ETag of its end record when the latest epoch began: a record still
+    carrying it is the earlier epoch's."""
     commit_seen: list[str] = field(default_factory=list)
     """[checkpoint version, when this controller first saw it committed]: the checkpoint rhythm."""
     queued_since: str | None = None
@@ -118,7 +118,7 @@ class Attempt:
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     """Nodes named persistently slower than their peers: node, host, factor, at, step."""
     slow_looks: dict[str, list[Any]] = field(default_factory=dict)
-    """node -> [consecutive slow heartbeats, the last one's time]: the straggler's evidence so far."""
+    """node -> [consecutive slow looks, the step last counted]: the straggler's evidence so far."""
     ignored_evidence: list[str] = field(default_factory=list)
     """Node records the controller refused (unsigned, forged, another epoch's), with why."""
 

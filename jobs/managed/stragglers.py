@@ -6,7 +6,7 @@ spends in its own work before it waits for its peers can: the launchers' heartbe
 it (jobs.runtime.watchdog: the slowest local rank's median over its latest steps, from
 jobs.runtime.progress.compute_done). A node whose time is at least `straggler_factor`
 times the median of the other nodes', at `straggler_looks` consecutive fresh heartbeats
-(a heartbeat seen before does not count twice), is named: in the attempt's record, in
+(one that shows no new step since the last look does not count twice), is named: in the attempt's record, in
 `jobs status` and in the next attempt's report. Naming is a report, never an order: Azure
 ML cannot exclude a node from a job (docs/managed-jobs.md, "Nodes to distrust").
 The same idea as NVIDIA's Resiliency Extension straggler detection (per-rank section
@@ -47,11 +47,12 @@ def look(attempt: Attempt, beats: Mapping[int, Heartbeat], factor: float | None,
     for node, ratio in sorted(ratios(beats).items()):
         key = str(node)
         count, seen = attempt.slow_looks.get(key, [0, None])
-        written = iso(beats[node].written)
-        if written == seen:
+        beat = beats[node]
+        fresh = str(beat.step) if beat.step is not None else iso(beat.written)
+        if fresh == seen:
             continue  # nothing new from this node since the last look
         count = count + 1 if ratio >= factor else 0
-        attempt.slow_looks[key] = [count, written]
+        attempt.slow_looks[key] = [count, fresh]
         if count >= looks and node not in named:
             entry = {"node": node, "host": beats[node].host, "factor": round(ratio, 2), "at": iso(now),
                      "step": beats[node].step}

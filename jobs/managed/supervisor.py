@@ -135,6 +135,7 @@ class Supervisor:
     clock: Callable[[], datetime] = now_utc
     sleep: Callable[[float], None] = time.sleep
     said: set[str] = field(default_factory=set)
+    renewed: float = 0.0
 
     # --- the loop -------------------------------------------------------------------
 
@@ -192,18 +193,21 @@ class Supervisor:
                 self._wait(wait)
 
     def _wait(self, seconds: float) -> None:
-        """Sleep, renewing the lease often enough that it never lapses meanwhile."""
+        """Sleep, renewing the lease often enough that it never lapses meanwhile (the lease
+        runs in real time at the service, whatever clock the controller is given)."""
         step = max(1.0, self.policy.lease_s / 3)
         remaining = seconds
         while True:
             chunk = min(remaining, step)
             self.sleep(chunk)
             remaining -= chunk
-            self._renew()
+            if remaining <= 0 or time.monotonic() - self.renewed >= step:
+                self._renew()
             if remaining <= 0:
                 return
 
     def _renew(self) -> None:
+        self.renewed = time.monotonic()
         try:
             self.store.renew()
         except RecordConflict:
@@ -359,7 +363,7 @@ class Supervisor:
             if previous in REQUEUED_FROM and (observation.queued or observation.status == "Preparing"):
                 attempt.requeued_at.append(iso(now))
                 attempt.epoch_events = []
-                attempt.stale_ends = self.evidence.stale_times(attempt.job)
+                attempt.stale_ends = self.evidence.stale_marks(attempt.job)
                 attempt.queued_since = iso(now)
                 self.echo(f"attempt {attempt.number}: Azure ML requeued {attempt.job} (epoch {len(attempt.requeued_at) + 1}): "
                           "its end is classified from what happens from now on")

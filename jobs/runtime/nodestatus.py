@@ -43,6 +43,8 @@ HEARTBEAT_FIELDS = ("step", "age_ms", "first_step", "host", "state", "busy_ms", 
 MAC = "mac"
 STORED_AT = "_stored_at"
 """Added by read_ends: the service's last_modified time of the end record (never written)."""
+ETAG = "_etag"
+"""Added by read_ends: the end record's ETag, which changes with every write (never written)."""
 
 
 def attempt_key(run_secret: str, job: str) -> str:
@@ -56,7 +58,7 @@ def _mac(key: str, kind: str, run_id: str, node: int, content: bytes) -> str:
 
 
 def _canonical(record: dict[str, Any]) -> bytes:
-    return json.dumps({k: v for k, v in record.items() if k not in (MAC, STORED_AT)}, sort_keys=True,
+    return json.dumps({k: v for k, v in record.items() if k not in (MAC, STORED_AT, ETAG)}, sort_keys=True,
                       separators=(",", ":")).encode()
 
 
@@ -166,7 +168,7 @@ def read_heartbeats(container, prefix: str, run_id: str, verify: str | None = No
 
 def write_end(container, prefix: str, run_id: str, node: int, record: dict[str, Any], key: str | None = None) -> None:
     """Write the node's end record, signed with `key` when given."""
-    record = {k: v for k, v in record.items() if k not in (MAC, STORED_AT)}
+    record = {k: v for k, v in record.items() if k not in (MAC, STORED_AT, ETAG)}
     if key:
         record[MAC] = _mac(key, "end", run_id, node, _canonical(record))
     container.upload_blob(end_name(prefix, run_id, node), json.dumps(record, sort_keys=True).encode(), overwrite=True)
@@ -174,8 +176,8 @@ def write_end(container, prefix: str, run_id: str, node: int, record: dict[str, 
 
 def read_ends(container, prefix: str, run_id: str) -> dict[int, dict[str, Any]]:
     """Every end record under the run, by node index, each with the service's time of its
-    write under `_stored_at` (unreadable ones are skipped with a warning). Unverified:
-    jobs.managed.evidence checks signatures and epochs."""
+    write under `_stored_at` and its ETag under `_etag` (unreadable ones are skipped with a
+    warning). Unverified: jobs.managed.evidence checks signatures and epochs."""
     folder = run_folder(prefix, run_id)
     found: dict[int, dict[str, Any]] = {}
     for blob in container.list_blobs(name_starts_with=folder + "end-node-"):
@@ -188,5 +190,5 @@ def read_ends(container, prefix: str, run_id: str) -> dict[int, dict[str, Any]]:
             log.warning("end record %s is unreadable: %s", blob.name, exc)
             continue
         if isinstance(record, dict):
-            found[node] = {**record, STORED_AT: blob.last_modified}
+            found[node] = {**record, STORED_AT: blob.last_modified, ETAG: blob.etag}
     return found
