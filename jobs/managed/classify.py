@@ -77,8 +77,10 @@ def _where(node: int, record: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def classify(observation: Observation, ends: Mapping[int, Mapping[str, Any]], nodes: int,
-             node_events: Collection[str] = ()) -> Verdict:
-    """The verdict for a job that ended (observation.terminal)."""
+             node_events: Collection[str] = (), tampered: Collection[int] = ()) -> Verdict:
+    """The verdict for a job that ended (observation.terminal). `tampered`: nodes whose end
+    record exists but failed verification (jobs.managed.evidence): their absence is not
+    taken for a vanished host, and a verdict that would rest on it is `unknown`."""
     steps = _steps(ends)
     if observation.status == "Completed":
         return Verdict("completed", "the job completed", 0, first_step=steps[0], last_step=steps[1])
@@ -111,7 +113,7 @@ def classify(observation: Observation, ends: Mapping[int, Mapping[str, Any]], no
         bad.extend({**_where(n, ends.get(n)), "why": "hang"} for n in culprits)
         if culprits:
             found["hang"] = (*found["hang"][:3], _hang_detail(culprits, ends))
-    vanished = [n for n in range(nodes) if n not in ends]
+    vanished = [n for n in range(nodes) if n not in ends and n not in tampered]
     if vanished and ends:
         bad.extend({"node": n, "why": "left no end record"} for n in vanished)
         found.setdefault("node_failure", ("node_failure", None, {},
@@ -123,6 +125,10 @@ def classify(observation: Observation, ends: Mapping[int, Mapping[str, Any]], no
         if cause in found:
             _, code, _, detail = found[cause]
             return Verdict(cause, detail, code, _dedupe(bad), *steps)
+    if tampered:
+        return Verdict("unknown", f"the end record(s) of node(s) {', '.join(map(str, sorted(tampered)))} failed "
+                                  "verification (written by someone without the attempt's key): not evidence", None,
+                       _dedupe(bad), *steps)
     if not ends:
         if observation.error_code in SERVICE_ERROR_CODES:
             return Verdict("service_error", f"Azure ML: {error[:300]}", None, (), *steps)

@@ -17,10 +17,19 @@ controller's job definition.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs.runtime import nodestatus
 from jobs.runtime.checkpoint import CheckpointStore
+
+
+class Ends(NamedTuple):
+    records: dict[int, dict[str, Any]]
+    """node -> end record believed."""
+    refused: list[str]
+    """Why each other record was not."""
+    tampered: frozenset[int]
+    """Nodes whose record exists but failed verification (not a vanished host)."""
 
 
 class Evidence:
@@ -34,13 +43,13 @@ class Evidence:
         """The attempt's evidence key (None: unsigned evidence is believed, for tools without a run secret)."""
         return nodestatus.attempt_key(self.secret, job) if self.secret else None
 
-    def ends(self, job: str, nodes: int, stale: Mapping[str, str] | None = None) -> tuple[dict[int, dict[str, Any]],
-                                                                                          list[str]]:
-        """(node -> end record believed, reasons for those refused) for the attempt's job;
-        `stale`: node -> ETag of the records an earlier epoch left (stale_marks)."""
+    def ends(self, job: str, nodes: int, stale: Mapping[str, str] | None = None) -> Ends:
+        """The attempt's end records, checked; `stale`: node -> ETag of the records an
+        earlier epoch left (stale_marks)."""
         key = self.key(job)
         found: dict[int, dict[str, Any]] = {}
         refused: list[str] = []
+        tampered: set[int] = set()
         for node, record in nodestatus.read_ends(self.container, self.prefix, job).items():
             why = None
             if not 0 <= node < nodes:
@@ -51,9 +60,11 @@ class Evidence:
                 why = "written before Azure ML requeued the job (an earlier epoch's)"
             if why:
                 refused.append(f"end record of node {node} ignored: {why}")
+                if 0 <= node < nodes and "earlier epoch" not in why:
+                    tampered.add(node)
             else:
                 found[node] = record
-        return found, refused
+        return Ends(found, refused, frozenset(tampered))
 
     def stale_marks(self, job: str) -> dict[str, str]:
         """node -> the ETag of each end record the job has now (taken at a requeue)."""

@@ -337,9 +337,9 @@ class Supervisor:
             if state not in attempt.node_events:
                 attempt.node_events.append(state)
         if observation.terminal:
-            ends, refused = self.evidence.ends(attempt.job, attempt.nodes, attempt.stale_ends)
-            self._note_ignored(attempt, refused)
-            verdict = classify(observation, ends, attempt.nodes, attempt.epoch_events)
+            ends = self.evidence.ends(attempt.job, attempt.nodes, attempt.stale_ends)
+            self._note_ignored(attempt, ends.refused)
+            verdict = classify(observation, ends.records, attempt.nodes, attempt.epoch_events, ends.tampered)
             faultpoints.hit("controller.ended", attempt=attempt.number, cause=verdict.cause)
             self._end(record, attempt, verdict, observation.ended_at or now, observation.status)
             return
