@@ -315,8 +315,12 @@ class RecordStore:
         self.container.upload_blob(controllers_folder(self.prefix) + job, b"", overwrite=True,
                                    metadata={"why": why[:200], "at": iso(now_utc()) or ""})
 
-    def controller_jobs(self) -> list[str]:
-        """Their names, oldest first."""
+    def controllers_registered(self) -> dict[str, datetime]:
+        """Their names, oldest first, with when each was registered (service time)."""
         folder = controllers_folder(self.prefix)
         found = sorted((b.last_modified, b.name[len(folder):]) for b in self.container.list_blobs(name_starts_with=folder))
-        return [name for _, name in found]
+        return {name: when for when, name in found}
+
+    def controller_jobs(self) -> list[str]:
+        """Their names, oldest first."""
+        return list(self.controllers_registered())

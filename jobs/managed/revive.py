@@ -76,7 +76,7 @@ def revive(store: RecordStore, launcher: ControllerLauncher, run: str, echo: Cal
     if store.lease_held():
         return None
     names = store.controller_jobs() or [run]
-    seen = {c.get("job"): parse_time(c.get("seen_at")) for c in record.controllers}
+    seen = {**store.controllers_registered(), **{c.get("job"): parse_time(c.get("seen_at")) for c in record.controllers}}
     for name in names:
         status = launcher.status(name)
         if status is None or status in TERMINAL:
@@ -134,18 +134,23 @@ class AzureControllerLauncher:
 
 def revival_schedule(controller: Any, run: str, every_minutes: int = REVIVE_EVERY_MIN):
     """The schedule that runs the revival check for `run`: the controller job's code,
-    environment, settings, cluster and identity, with the revival command."""
-    from azure.ai.ml.entities import CommandJob, JobSchedule, RecurrenceTrigger
+    environment, settings, cluster and identity, with the revival command. Azure ML
+    schedules create pipeline jobs (a command job there is a private preview of azure-ai-ml
+    1.35's JobSchedule), so the check is the one step of a pipeline."""
+    from azure.ai.ml import command
+    from azure.ai.ml.entities import JobSchedule, PipelineJob, RecurrenceTrigger
 
-    job = CommandJob(
-        display_name=f"{run} revival check", experiment_name=controller.experiment_name,
-        description=f"aml-hpc managed run {run}: starts a new controller when none holds the record's lease",
-        tags={"managed_run": run, "role": "revival"}, code=controller.code,
+    check = command(
+        name="revive", display_name=f"{run} revival check", code=controller.code,
         command="python -m jobs.managed.revive", environment=controller.environment,
         environment_variables=dict(controller.environment_variables or {}), compute=controller.compute,
-        identity=controller.identity, resources=controller.resources, limits=None)
+        identity=controller.identity, instance_count=1)
+    pipeline = PipelineJob(
+        jobs={"revive": check}, compute=controller.compute, experiment_name=controller.experiment_name,
+        display_name=f"{run} revival check", tags={"managed_run": run, "role": "revival"},
+        description=f"aml-hpc managed run {run}: starts a new controller when none holds the record's lease")
     return JobSchedule(name=schedule_name(run), trigger=RecurrenceTrigger(frequency="minute", interval=every_minutes),
-                       create_job=job, display_name=f"{run} revival", tags={"managed_run": run})
+                       create_job=pipeline, display_name=f"{run} revival", tags={"managed_run": run})
 
 
 def ensure_schedule(ml_client, controller: Any, run: str) -> None:
