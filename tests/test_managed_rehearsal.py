@@ -115,3 +115,37 @@ def test_a_hang_is_stopped_by_the_watchdog_and_resumed(world, undisturbed):
     assert any(f"resuming from checkpoint {finished.resumed_version}" in line for line in lines)
     assert steps_in(world["root"] / name) == finished.last_step == undisturbed
     assert "hang (retried)" in "\n".join(summary_lines(record))
+
+
+def test_a_killed_controller_is_replaced_and_a_slow_node_named(world):
+    """Node 1's own work per step takes 3x longer; the controller dies at its first look at
+    the running attempt; the revival check replaces it once its lease lapsed, the new one
+    names node 1 a straggler, and the run ends with one job for its one attempt."""
+    name = f"m-kill-{uuid.uuid4().hex[:6]}"
+    recipe, outputs, job = plan(name, f"command={TRAIN.replace('--steps 30', '--steps 60')}", "watchdog.hang_s=10")
+    lines: list[str] = []
+    done = managed.rehearse_managed(render.plan_managed(recipe, outputs, job), echo=lines.append,
+                                    faults=[managed.Fault("slow", node=1, factor=3)], kill_controller_at="watch",
+                                    **common(world, world["root"] / name, lines))
+    record = done.record
+    assert record.state == "succeeded" and not done.missing, "\n".join(lines[-40:])
+    assert [a.job for a in record.attempts] == [f"{name}-a1"] and list(done.service.jobs) == [f"{name}-a1"]
+    first, revived = [c["job"] for c in record.controllers]
+    assert first == name and revived.startswith(f"{name}-c") and done.controllers.outcome[first] == "Failed"
+    assert any("controller " + name + " killed at controller.watch" in line for line in lines)
+    assert [s["node"] for s in record.attempts[0].stragglers] == [1], "\n".join(lines[-40:])
+    assert steps_in(world["root"] / name) == 60
+
+
+def test_a_fault_that_did_not_happen_is_an_error(world):
+    name = f"m-miss-{uuid.uuid4().hex[:6]}"
+    recipe, outputs, job = plan(name)
+    lines: list[str] = []
+    done = managed.rehearse_managed(render.plan_managed(recipe, outputs, job), echo=lines.append,
+                                    faults=[managed.Fault("preempt", node=1, at_step=99)],
+                                    **common(world, world["root"] / name, lines))
+    assert done.record.state == "succeeded" and done.missing == ["preempt on node 1 at step 99 (attempt 1)"]
+    assert done.record.attempts[0].stragglers == [], "no node named on an undisturbed run"
+    with pytest.raises(managed.RunNameInUse, match=f"run {name} exists"):
+        managed.rehearse_managed(render.plan_managed(recipe, outputs, job), echo=lines.append, faults=[],
+                                 **common(world, world["root"] / name, lines))

@@ -147,10 +147,11 @@ class NodeWatch:
             self.first_step = report.first_step if report.first_step is not None else report.step
         if report.waiting is not None or report.busy_s is not None:
             self.waiting[local_rank] = report.waiting is not None
-        if report.waiting is not None and report.busy_s is not None:
+        if report.busy_s is not None:  # the own-work time of the step it waits on, or of the one it just finished
+            step = report.waiting if report.waiting is not None else report.step
             window = self.busy.setdefault(local_rank, deque(maxlen=STEP_WINDOW))
-            if not window or window[-1][0] != report.waiting:
-                window.append((report.waiting, report.busy_s))
+            if not window or window[-1][0] != step:
+                window.append((step, report.busy_s))
 
     @property
     def step(self) -> int | None:
