@@ -65,12 +65,15 @@ REQUIRED_COMPONENTS: dict[str, tuple[str, ...]] = {
                "azureml-mlflow==", "aml-hpc/python/", "aml-hpc/nccl-topo/", "aml-hpc.pth"),
     "pytorch": ("deepspeed==",),
     "tensorflow": ("horovod==", "horovod.tensorflow"),
+    # the controller: its packages only from the hashed pins, never a resolver's choice
+    "controller": ("--require-hashes", "requirements.txt", "--only-binary=:all:"),
 }
 REQUIRED_LABELS = (
     "org.opencontainers.image.revision", "org.opencontainers.image.version", "org.opencontainers.image.base.name",
     "org.opencontainers.image.base.digest", "io.aml-hpc.ib.userspace", "io.aml-hpc.ib.doca-version",
     "io.aml-hpc.ib.mlnx-ofed-version",
 )
+TRAINING_ONLY_LABELS = ("io.aml-hpc.ib.userspace", "io.aml-hpc.ib.doca-version", "io.aml-hpc.ib.mlnx-ofed-version")
 
 
 def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
@@ -124,11 +127,18 @@ def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
             add(number, "mentions `latest`", "pin an exact version in images/pins.toml")
 
     body = " ".join(s.args for s in steps)
-    for needle in REQUIRED_COMPONENTS["common"] + REQUIRED_COMPONENTS.get(spec.framework, ()):
+    common = REQUIRED_COMPONENTS["common"] if spec.training else ()
+    for needle in common + REQUIRED_COMPONENTS.get(spec.framework, ()):
         if needle not in body:
-            add(0, f"does not contain {needle!r}", "every training image needs it (docs/images.md, 'What is in an image')")
+            add(0, f"does not contain {needle!r}", "every training image needs it (docs/images.md, 'What is in an image')"
+                if spec.training else "the controller installs only the hashed pins (images/controller/Dockerfile)")
+    if not spec.training and re.search(r"\bconda\b|pip install(?![^&]*--require-hashes)", body):
+        add(0, "installs packages without --require-hashes (or through conda)",
+            "install only images/controller/requirements.txt with pip --require-hashes")
     labels = " ".join(s.args for s in steps if s.keyword == "LABEL")
     for label in REQUIRED_LABELS:
+        if not spec.training and label in TRAINING_ONLY_LABELS:
+            continue
         if f"{label}=" not in labels:
             add(0, f"has no label {label}", "add it to the LABEL instruction")
     return problems
