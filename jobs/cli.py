@@ -145,7 +145,8 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     from jobs import submit as submitter
     from jobs.managed import render
 
-    mplan = render.plan_managed(r, stack_outputs, plan, max_restarts=max_restarts, resume=resume)
+    mplan = render.plan_managed(r, stack_outputs, plan, max_restarts=max_restarts, resume=resume,
+                                secret=_resume_secret(submitter, stack_outputs, resume) if resume and not dry_run else None)
     policy = mplan.policy
     err.print(f"managed run [bold]{mplan.run}[/]: controller job {mplan.controller_job} on {mplan.cluster} "
               f"(${stack_outputs.controller.usd_per_hour:,.3f}/h while it runs); up to {policy.max_restarts} restart(s), "
@@ -155,6 +156,10 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     if policy.limit_usd is not None:
         err.print(f"  limit: ${policy.limit_usd:,.2f} ({policy.limit_source}) on all attempts together", highlight=False)
     err.print(f"  record: {mplan.record_blob}", highlight=False)
+    from jobs import goodput
+
+    for line in goodput.report(plan, r, stack_outputs):
+        err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
     code = render.snapshot(mplan)
     render.validate(mplan, code)
     _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
@@ -172,6 +177,18 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
         submitter.stream(client, created.name, stack_outputs.workspace)
 
 
+def _resume_secret(submitter, stack_outputs, run: str) -> str | None:
+    """The run's evidence secret from its first controller's job definition (attempts the
+    earlier controllers submitted sign with it); None when it cannot be read."""
+    from jobs.managed.controller import MANAGED_JSON
+
+    try:
+        job = submitter.connect(stack_outputs).jobs.get(run)
+        return json.loads((job.environment_variables or {}).get(MANAGED_JSON, "{}")).get("secret")
+    except Exception:  # noqa: BLE001 - a new secret then: attempts still running keep their own evidence unread
+        return None
+
+
 @app.command()
 def estimate(
     recipe: Annotated[str, typer.Argument(help="Recipe name or path.")],
@@ -181,11 +198,14 @@ def estimate(
     hours: Annotated[float | None, typer.Option("--hours", help="Wall-clock hours; wins over the recipe's cost.expected_hours.")] = None,
     sets: SetOpt = None,
     allow_tcp: AllowTcp = False,
+    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", min=0, help="Goodput: low-priority preemptions per node-hour you assume; wins over the recipe's cost.preemptions_per_node_hour.")] = None,
+    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", min=0, help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
+    failure_rate: Annotated[float | None, typer.Option("--failure-rate", min=0, help="Goodput: unexpected interruptions per GPU-hour (default: Llama 3's, jobs/goodput.py).")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
     debug: Debug = False,
 ) -> None:
-    """Cost of RECIPE on the stack: nodes x hours x price per node-hour."""
+    """Cost of RECIPE on the stack: nodes x hours x price per node-hour, and its goodput plan."""
 
     def body() -> None:
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
@@ -213,6 +233,11 @@ def estimate(
                       soft_wrap=True)
         if plan.deepspeed is not None:
             out.print_json(json.dumps(plan.deepspeed.to_json()))
+        from jobs import goodput
+
+        for line in goodput.report(plan, r, stack_outputs, preemption_rate=preemption_rate,
+                                   checkpoint_size_gb=checkpoint_gb, failure_rate=failure_rate):
+            out.print(f"goodput: {line}", highlight=False, soft_wrap=True)
         for warning in plan.warnings:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False)
 

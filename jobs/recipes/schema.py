@@ -175,6 +175,9 @@ class Cost(_Model):
     """Wall-clock estimate used by `estimate` and by submit's ceiling check."""
     ceiling_usd: float | None = Field(None, gt=0)
     """Submit refuses (unless --yes) when the estimate exceeds it."""
+    preemptions_per_node_hour: float | None = Field(None, ge=0)
+    """For goodput planning on a LowPriority cluster: the preemptions per node-hour you assume
+    (Azure publishes none; `estimate --preemption-rate` wins)."""
 
 
 class ModelShape(_Model):
