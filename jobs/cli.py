@@ -169,12 +169,25 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
         created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
+    _register_controller(stack_outputs, mplan, created.name)
     out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
     if getattr(created, "studio_url", None):
         out.print(f"studio: {created.studio_url}", highlight=False)
     out.print(f"follow it: python -m jobs status {mplan.run} --stack {stack_outputs.stack}", highlight=False)
     if follow:
         submitter.stream(client, created.name, stack_outputs.workspace)
+
+
+def _register_controller(stack_outputs, mplan, job: str) -> None:
+    """Name the new controller beside the run's record, so `cancel` stops it even while it is queued."""
+    from jobs.managed import client as managed
+
+    place = managed.RecordPlace(mplan.storage["supervision"], mplan.storage["prefix"])
+    try:
+        managed.store_for(stack_outputs, place).add_controller(job, "submitted")
+    except Exception as exc:  # noqa: BLE001 - the controller registers itself when it starts
+        err.print(f"[yellow]note:[/] could not register controller {job} beside the record ({type(exc).__name__}); "
+                  "it registers itself when it starts", highlight=False)
 
 
 def _resume_secret(submitter, stack_outputs, run: str) -> str | None:

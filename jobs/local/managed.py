@@ -166,11 +166,14 @@ class LocalJobService:
         self.sink, self.faults, self.echo, self.timeout_s = sink, faults, echo, timeout_s
         self.blob_override = blob_override or {}
         self.jobs: dict[str, LocalJob] = {}
+        self.max_running = 0
+        """The most attempts ever running at once (the supervision promises one)."""
 
     # JobService
     def submit(self, job: str, attempt: int, target: Target, environment: dict[str, str]) -> None:
         local = self.jobs[job] = LocalJob(job, attempt, target.cluster,
                                           faults=[f for f in self.faults if f.attempt == attempt])
+        self.max_running = max(self.max_running, sum(not j.finished.is_set() for j in self.jobs.values()))
         threading.Thread(target=self._run, args=(local, environment), name=f"attempt-{attempt}", daemon=True).start()
 
     def observe(self, job: str) -> Observation | None:
