@@ -8,6 +8,8 @@ supervision, with Azurite as Blob, and one fault injected at a step or a control
 
 - preempt: node 1 preempted at step FAULT_STEP (SIGTERM, SIGKILL after the grace);
 - host-loss: node 1's processes SIGKILLed at step FAULT_STEP (no word, no final upload);
+  host-loss-writer: the same on node 0, whose rank 0 writes the checkpoints (the work since
+  its last periodic upload is lost);
 - hang: node 1's training frozen at step FAULT_STEP (the watchdog must stop it);
 - nccl: NCCL told to use sockets on node 1 (the launcher's preflight stops the job);
 - throttle: the first attempt's Blob behind a proxy answering 503 ServerBusy;
@@ -51,7 +53,7 @@ NODES = 2
 LIMIT_USD = 60.0
 """The budget scenario: $1 per node-second, so the run (about 40 node-seconds a node) cannot finish within it."""
 KILL_PHASES = ("claim", "claimed", "submitted", "watch", "ended", "backoff", "record-write")
-SCENARIOS = ("baseline", "preempt", "host-loss", "hang", "nccl", "throttle", *(f"kill-{p}" for p in KILL_PHASES),
+SCENARIOS = ("baseline", "preempt", "host-loss", "host-loss-writer", "hang", "nccl", "throttle", *(f"kill-{p}" for p in KILL_PHASES),
              "straggler", "budget")
 
 
@@ -113,8 +115,9 @@ def measure(name: str, done, bench: Bench, baseline_s: float | None) -> dict[str
     fired = next((f for job in jobs for f in job.fired), None)
     first = jobs[0] if jobs else None
     if name.startswith("kill-"):
-        replaced = record.controllers[-1] if len(record.controllers) > 1 else None
-        row["detect_s"] = _seconds(done.kill_fired_at, replaced and replaced.get("started_at"))
+        spawned = sorted(done.controllers.started_at.values())
+        row["controllers"] = list(done.controllers.started_at)
+        row["detect_s"] = _seconds(done.kill_fired_at, spawned[1] if len(spawned) > 1 else None)
     elif name == "straggler":
         named = attempts[0].stragglers[:1] if attempts else []
         row["detect_s"] = _seconds(fired.at if fired else None, named[0]["at"] if named else None)
@@ -145,7 +148,7 @@ def unsupervised(name: str, bench: Bench) -> str:
     if name == "hang":
         return (f"the job holds its nodes to its timeout: {bench.timeout_h:g} h x {NODES} nodes = "
                 f"${bench.timeout_h * hour:,.2f}")
-    if name in ("preempt", "host-loss", "nccl"):
+    if name in ("preempt", "host-loss", "host-loss-writer", "nccl"):
         return (f"the run stops; resubmitted by hand from the start, half a run is lost on average: "
                 f"{bench.expected_h / 2:g} h x {NODES} nodes = ${bench.expected_h / 2 * hour:,.2f}, plus the wait for a person")
     if name.startswith("kill-"):
@@ -168,10 +171,15 @@ def scenario(name: str, bench: Bench):
         return bench.rehearse(name, [fault("preempt", 1, FAULT_STEP, grace_s=5)])
     if name == "host-loss":
         return bench.rehearse(name, [fault("host_loss", 1, FAULT_STEP)])
+    if name == "host-loss-writer":
+        return bench.rehearse(name, [fault("host_loss", 0, FAULT_STEP)])
     if name == "hang":
         return bench.rehearse(name, [fault("hang", 1, FAULT_STEP)])
     if name == "nccl":
-        return bench.rehearse(name, [fault("nccl", 1)])
+        from tests.fake_sysfs import build_nd96asr_sysfs
+
+        gpu_node = build_nd96asr_sysfs(bench.root / f"sysfs-{uuid.uuid4().hex[:6]}", hcas=0)  # GPUs, no InfiniBand
+        return bench.rehearse(name, [fault("nccl", 1, launcher_args=("--sysfs", str(gpu_node)))])
     if name == "straggler":
         return bench.rehearse(name, [fault("slow", 1, factor=3)])
     if name == "throttle":
@@ -190,7 +198,8 @@ def scenario(name: str, bench: Bench):
             "expected_hours": 0.001, "checkpoint_interval_s": float(UPLOAD_INTERVAL_S)})
     phase = name.removeprefix("kill-")
     faults = [fault("preempt", 1, FAULT_STEP, grace_s=5)] if phase in ("ended", "backoff") else []
-    return bench.rehearse(name, faults, kill_controller_at=phase)
+    waits = {"backoff_s": 5.0, "backoff_max_s": 5.0} if phase == "backoff" else {}  # looks happen during the wait
+    return bench.rehearse(name, faults, kill_controller_at=phase, policy_changes=waits)
 
 
 def validate_model(rows: list[dict]) -> dict[str, Any]:
@@ -198,7 +207,8 @@ def validate_model(rows: list[dict]) -> dict[str, Any]:
     measured loss of the failure scenarios, with the recovery the benchmark measured."""
     from jobs import goodput
 
-    failures = [r for r in rows if r["scenario"] in ("preempt", "host-loss", "hang") and r.get("restart_s") is not None]
+    failures = [r for r in rows if r["scenario"] in ("preempt", "host-loss", "host-loss-writer", "hang")
+                and r.get("restart_s") is not None]
     if not failures:
         return {}
     recovery = statistics.mean((r.get("detect_s") or 0) + r["restart_s"] for r in failures)
@@ -221,7 +231,7 @@ def render(results: dict) -> str:
              f"Each row is one managed rehearsal: {NODES} simulated nodes x 1 rank of `{TRAIN}`, checkpoints "
              f"uploaded every {UPLOAD_INTERVAL_S} s and on every exit, watchdog.hang_s {HANG_S}, the supervision "
              "polling every second with a 15 s lease and the revival check every second; faults at step "
-             f"{FAULT_STEP} on node 1. Costs at the recipe's Azure price (${results['price']:,.3f} per node-hour, "
+             f"{FAULT_STEP} on node 1 (node 0 for host-loss-writer). Costs at the recipe's Azure price (${results['price']:,.3f} per node-hour, "
              f"{NODES} nodes) for the seconds measured here.",
              "", f"Machine: {results['machine']}. Load average before/after: {results['load_before']} / "
              f"{results['load_after']}.", "",
@@ -243,11 +253,12 @@ def render(results: dict) -> str:
     model = results.get("model") or {}
     if model:
         lines += ["", f"Goodput model (jobs/goodput.py) against these losses: recovery {model['recovery_s']} s "
-                      f"(detection + restart, mean of preempt, host-loss and hang), checkpoint interval "
+                      f"(detection + restart, mean of preempt, host-loss, host-loss-writer and hang), checkpoint interval "
                       f"{model['interval_s']} s: predicted loss per interruption {model['predicted_loss_s']} s "
                       f"(recovery + half an interval), measured {model['measured_loss_s']} s (ratio {model['ratio']}; "
                       f"steps lost {model['lost_steps']}: a preempted or hung node uploads its last checkpoint on "
-                      "the way out, so only a lost host loses work since the last periodic upload)."]
+                      "the way out, and so does the writer when another node is lost: only a lost writer loses the "
+                      "work since its last periodic upload)."]
     return "\n".join(lines) + "\n"
 
 

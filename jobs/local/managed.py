@@ -21,8 +21,10 @@ Faults, each on one attempt (the first unless said otherwise), each deterministi
   without a word (no end record);
 - `hang` at step N on node K: node K's training is frozen (SIGSTOP) at step N; the
   launcher's watchdog must find it (exit 7) and name node K;
-- `nccl` on node K: NCCL is told to use sockets there (NCCL_NET=Socket); the launcher's
-  preflight stops the job (exit 8);
+- `nccl` on node K: NCCL is told to use sockets there (NCCL_NET=Socket), and the launcher
+  is shown `launcher_args` (bench.recovery gives it `--sysfs` of a GPU node without
+  InfiniBand: a CPU machine has nothing for the preflight to check); its preflight must
+  stop the job (exit 8);
 - `slow` node K by a factor F: node K's own work per step takes F times longer
   (`training.compute`); the controller must name it a straggler;
 - `throttle`: the attempt's Blob goes through a proxy answering 503 ServerBusy
@@ -82,6 +84,8 @@ class Fault:
     grace_s: float = 5.0
     factor: float = 1.0
     attempt: int = 1
+    launcher_args: tuple[str, ...] = ()
+    """Extra arguments for node K's launcher (`python -m jobs.runtime.launch ARGS -- ...`)."""
 
     def describe(self) -> str:
         where = f" at step {self.at_step}" if self.at_step is not None else ""
@@ -216,6 +220,11 @@ class LocalJobService:
                 env["NCCL_NET"] = "Socket"
         return envs
 
+    def _node_command(self, job: LocalJob) -> dict[int, str]:
+        launcher = "-m jobs.runtime.launch"
+        return {f.node: self.plan.command.replace(launcher, f"{launcher} {' '.join(f.launcher_args)}", 1)
+                for f in job.faults if f.launcher_args and launcher in self.plan.command}
+
     def _run(self, job: LocalJob, environment: dict[str, str]) -> None:
         endpoint, connection = self.blob_override.get(job.attempt, (self.blob_endpoint, self.connection_string))
         try:
@@ -223,7 +232,8 @@ class LocalJobService:
                 self.plan, snapshot=self.snapshot, workdir=self.workdir, procs_per_node=self.procs_per_node,
                 blob_endpoint=endpoint, connection_string=connection, containers=self.containers,
                 sink=self.sink, timeout_s=self.timeout_s, run_id=job.name, extra_env=environment,
-                node_env=self._node_env(job), started=lambda procs: self._started(job, procs),
+                node_env=self._node_env(job), node_command=self._node_command(job),
+                started=lambda procs: self._started(job, procs),
                 stop_grace_s=STOP_OTHERS_AFTER_S)
             codes = job.result.exit_codes
             failed = {rank: code for rank, code in codes.items() if code != 0}

@@ -151,11 +151,13 @@ def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None]) -> None:
 def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, procs_per_node: int,
                   sink: Callable[[NodeProcess, str], None], timeout_s: float,
                   started: Callable[[list[NodeProcess]], None] | None = None,
-                  stop_grace_s: float | None = None, node_env: dict[int, dict[str, str]] | None = None) -> dict[int, int]:
+                  stop_grace_s: float | None = None, node_env: dict[int, dict[str, str]] | None = None,
+                  node_command: dict[int, str] | None = None) -> dict[int, int]:
     """Start every process of every simulated node; stop the rest `stop_grace_s` (default
     FAILURE_GRACE_S) after one fails (as Azure ML does); return global rank -> exit status.
-    `started` sees the processes once they run, and `node_env` adds variables to one node's
-    processes (the managed rehearsal injects faults through both). However this ends - an
+    `started` sees the processes once they run, `node_env` adds variables to one node's
+    processes and `node_command` replaces its command (the managed rehearsal injects faults
+    through them). However this ends - an
     error, Ctrl-C, SIGTERM (jobs/local/processes.py) - every process it started is stopped
     before it returns."""
     nodes = len(folders)
@@ -170,7 +172,7 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
                                   procs_per_node=procs_per_node, master_port=port)}
                 env[contract.SCRATCH] = str(folder / "scratch")
                 process = subprocess.Popen(
-                    ["bash", "-c", plan.command], cwd=folder, env=env, text=True, bufsize=1,
+                    ["bash", "-c", (node_command or {}).get(node, plan.command)], cwd=folder, env=env, text=True, bufsize=1,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **processes.popen_kwargs(),
                 )
                 procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
