@@ -79,7 +79,7 @@ class TestDatasetStorage:
     def test_data_is_retained_and_protected_outside_dev(self, protect):
         resources, _ = self.build(protect=protect)
         data = [r for r in resources if r.type in ("azure-native:storage:StorageAccount", "azure-native:storage:BlobContainer")]
-        assert len(data) == 3
+        assert len(data) == 4, "the account, datasets, checkpoints and supervision"
         assert all(r.retain_on_delete for r in data)
         assert all(r.protect is protect for r in data)
 
