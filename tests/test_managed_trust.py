@@ -161,15 +161,31 @@ class TestForgedEvidence:
 
 class TestTheControllersOwnRules:
     def test_a_record_edited_to_raise_restarts_and_the_limit_changes_nothing(self, container, template, managed_plan):
+        """While the controller waits between two looks, someone who may write the record
+        (breaking the controller's lease to do it) raises max_restarts, lifts the limit and
+        makes every cause retryable: the controller takes the lease back and obeys its own
+        job definition."""
         preempted = [running(), Step("Failed", error=("UserError", "AzureMLCompute job failed. PreemptionError: x"),
                                      started_h=0, ended_h=0.1)]
         rules = Policy(nodes=2, usd_per_node_hour=1.0, expected_hours=1, max_restarts=1, backoff_s=1, limit_usd=50,
                        limit_source="ceiling")
         h = Harness(container, template, managed_plan, {n: preempted for n in range(1, 6)}, rules)
-        store = h.store()
-        record, etag = store.load()
-        record.policy.update(max_restarts=100, limit_usd=None, retry_on=["preempted", "training_error", 1])
-        store.save(record, etag)
+        edits = []
+
+        def sleep_and_edit(seconds):
+            h.clock.sleep(seconds)
+            store = h.store()
+            record, etag = store.load()
+            if record.policy.get("max_restarts") != 100:
+                from azure.storage.blob import BlobLeaseClient
+
+                BlobLeaseClient(store.blob).break_lease(lease_break_period=0)
+                record.policy.update(max_restarts=100, limit_usd=None, retry_on=["preempted", "training_error", 1])
+                store.save(record, etag)
+                edits.append(len(record.attempts))
+
+        h.supervisor.sleep = sleep_and_edit
         done = h.supervisor.run()
+        assert edits, "the record was edited while the run went on"
         assert done.state == "failed" and "max restarts reached (1 of managed.max_restarts 1)" in done.reason
         assert len(h.azure.created) == 2 and done.policy["max_restarts"] == 1 and done.policy["limit_usd"] == 50
