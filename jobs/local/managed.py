@@ -424,8 +424,9 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
     storage = mplan.storage
     checkpoints = blobio.container_client(storage["container"], connection_string=connection_string)
     supervision = blobio.container_client(storage["supervision"], connection_string=connection_string)
-    policy = replace(mplan.policy, poll_s=POLL_S, backoff_s=BACKOFF_S, backoff_max_s=BACKOFF_MAX_S, lease_s=LEASE_S,
-                     outage_backoff_max_s=4.0, **(policy_changes or {}))
+    shortened = {"poll_s": POLL_S, "backoff_s": BACKOFF_S, "backoff_max_s": BACKOFF_MAX_S, "lease_s": LEASE_S,
+                 "outage_backoff_max_s": 4.0}
+    policy = replace(mplan.policy, **{**shortened, **(policy_changes or {})})
     store = RecordStore(supervision, storage["prefix"], lease_s=policy.lease_s)
     existing, _ = store.load()
     if existing is not None and not resume:
