@@ -87,7 +87,7 @@ class TestEnvironmentStacks:
     def test_dev_data_is_retained_not_protected(self, dev):
         data = [r for r in dev.resources if r.type in ("azure-native:storage:BlobContainer",)
                 or (r.type == "azure-native:storage:StorageAccount" and r.name == "data-account")]
-        assert len(data) == 3 and all(r.retain_on_delete and not r.protect for r in data)
+        assert len(data) == 4 and all(r.retain_on_delete and not r.protect for r in data)  # + supervision
 
     def test_prod_is_isolated_and_protected(self, prod):
         t = types(prod)
