@@ -14,10 +14,10 @@ def row(name: str, **extra) -> dict:
 
 
 def test_checks_pass_and_fail_on_what_they_state():
-    good = [row("hang", stopped_s=12.5), row("kill-watch", controllers=["a", "b"]), row("straggler", named=[1]),
+    good = [row("hang", verdict_s=12.5), row("kill-watch", controllers=["a", "b"]), row("straggler", named=[1]),
             row("budget", total_usd=recovery.LIMIT_USD + 1, one_poll_usd=2.0)]
     assert all(ok for _, ok in recovery.checks(good))
-    bad = [row("hang", stopped_s=20.0), row("kill-watch", controllers=["a"]), row("straggler", named=[0, 1]),
+    bad = [row("hang", verdict_s=20.0), row("kill-watch", controllers=["a"]), row("straggler", named=[0, 1]),
            row("budget", total_usd=recovery.LIMIT_USD + 5, one_poll_usd=2.0), row("preempt", missing=["preempt on node 1"], max_running=2)]
     failed = {text.split(":")[0] for text, ok in recovery.checks(bad) if not ok}
     assert len(failed) == 6, failed

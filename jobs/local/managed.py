@@ -114,6 +114,8 @@ class LocalJob:
     """When the controller first observed the end (its detection)."""
     first_step_at: datetime | None = None
     """When the training completed its first step of this attempt (after any restore)."""
+    verdict_at: datetime | None = None
+    """When a node's watchdog first reached a hang verdict (from its verdict file)."""
     error: tuple[str, ...] | None = None
     node_states: dict[int, str] = field(default_factory=dict)
     result: rehearsal.RehearsalResult | None = None
@@ -237,6 +239,7 @@ class LocalJobService:
                 stop_grace_s=STOP_OTHERS_AFTER_S)
             codes = job.result.exit_codes
             failed = {rank: code for rank, code in codes.items() if code != 0}
+            job.verdict_at = self._verdict_time(job)
             for fault in job.faults:
                 node_codes = [code for rank, code in codes.items() if rank // self.procs_per_node == fault.node]
                 if fault.kind == "nccl" and exit_codes.EXIT_NCCL_SOCKETS in node_codes:
@@ -283,6 +286,17 @@ class LocalJobService:
                 if report.step > start:
                     job.first_step_at = now_utc()
                     return
+
+    def _verdict_time(self, job: LocalJob) -> datetime | None:
+        from datetime import UTC
+
+        times = []
+        for path in self.workdir.glob(f"node*/scratch/.amlhpc-launch/{job.name}-node*/progress/verdict.json"):
+            try:
+                times.append(float(json.loads(path.read_text())["written"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return datetime.fromtimestamp(min(times), UTC) if times else None
 
     def _reached(self, job: LocalJob) -> list[dict]:
         found = []
