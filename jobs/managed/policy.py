@@ -16,7 +16,8 @@ budget, and it binds all attempts together:
 - during an attempt, at every look, the controller cancels it when what was spent plus
   the cost of the time to the next checkpoint would pass the limit (work after the last
   checkpoint is lost either way; stopping now saves the money). It acts only at its looks,
-  so the total passes the limit by at most one polling interval's cost.
+  so the total passes the limit by at most one polling interval's cost, plus what the job
+  costs while Azure ML stops it.
 
 Where an attempt runs: the recipe's cluster, then each cluster of `managed.fallback_clusters`
 in order. The next attempt moves one cluster on after an attempt queued longer than
