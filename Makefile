@@ -69,6 +69,7 @@ bench: env-demo ## benchmarks; results in bench/out/ (UPDATE_RESULTS=1: also rew
 	$(PY) -m bench.staging --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 	$(PY) -m bench.inflate --out $(BENCH_OUT)
 	$(PY) -m infra.plan.bench | tee $(BENCH_OUT)/plan.txt
+	$(PY) -m bench.recovery --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 
 bench-bootstrap: ## time a fresh clone's first `make demo` and `make test` install step (writes bench/out/bootstrap.md)
 	@scripts/time-fresh-clone.sh $(BENCH_OUT)/bootstrap.md

@@ -1,10 +1,11 @@
-"""The training images: what each one is, its build args, its content-hash tag, its refs.
+"""The images: what each one is, its build args, its content-hash tag, its refs.
 
-Pure (no Pulumi, no Azure SDK): `python -m images build` uses it to build, and the
-Pulumi program (infra/components/environments.py) uses it to register one Azure ML
-environment per image, so both always agree on the tag. The tag is a hash of the image's
-build context (its folder, images/common, jobs/runtime) and its resolved build args
-(the pins): same inputs, same tag, on any machine; any change, a new tag.
+The training images (PyTorch, TensorFlow) and the managed-run controller's image. Pure
+(no Pulumi, no Azure SDK): `python -m images build` uses it to build, and the Pulumi
+program (infra/components/environments.py) uses it to register one Azure ML environment
+per image, so both always agree on the tag. The tag is a hash of the image's build context
+(its folder and, for a training image, images/common and jobs/runtime) and its resolved
+build args (the pins): same inputs, same tag, on any machine; any change, a new tag.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class ImageSpec:
     """Where the supported range comes from (the CUDA line's or the vendor build's targets)."""
     ib_userspace: str | None = None
     """The InfiniBand user space this image always carries (None: images/pins.toml's default)."""
+    training: bool = True
+    """A training image: the InfiniBand user space, the health tools, images/common and the job
+    runtime go in. The controller's image has none of them (its code comes with each controller job)."""
 
     @property
     def dockerfile(self) -> str:
@@ -174,9 +178,26 @@ def fitting(vendor: str, gpu_arch: str, host_arch: str, framework: str | None = 
             and (framework is None or s.framework == framework)]
 
 
+CONTROLLER = ImageSpec(
+    name="aml-hpc-controller",
+    repository="aml-hpc/controller",
+    folder="controller",
+    framework="controller",
+    description="Managed-run controller: pinned Python, azure-ai-ml, azure-identity and azure-storage-blob from hashed pins",
+    base_pin="controller",
+    training=False,
+)
+"""Azure ML pulls it for `python -m jobs.managed.controller`; it builds nothing (prod reaches
+no conda channel or package index). Its Python packages are images/controller/requirements.txt,
+exported with hashes from uv.lock's `controller` group."""
+
+ALL_IMAGES: tuple[ImageSpec, ...] = (*IMAGES, CONTROLLER)
+"""Every image the stack builds and registers: the training images (IMAGES) and the controller's."""
+
+
 def by_name(name: str) -> ImageSpec:
     """The image called `name` (environment name, folder or repository all accepted)."""
-    for spec in IMAGES:
+    for spec in ALL_IMAGES:
         if name in (spec.name, spec.folder, spec.repository):
             return spec
     raise KeyError(name)
@@ -210,11 +231,13 @@ def build_args(spec: ImageSpec, pins: Pins) -> dict[str, str]:
         "BASE_NAME": f"{base.image}:{base.tag}",
         "BASE_DIGEST": base.digest,
         "HOST_ARCH": spec.host_arch,
-        "PIP_LOCK": lock_name(spec),
     }
+    if spec.training:  # the controller installs its own hashed requirements.txt
+        args["PIP_LOCK"] = lock_name(spec)
     args.update({arg: pins.value(key) for arg, key in spec.pip_args.items()})
     args.update({arg: pins.value(key) for arg, key in spec.extra_args.items()})
-    args.update(ib_build_args(pins, spec))
+    if spec.training:
+        args.update(ib_build_args(pins, spec))
     return dict(sorted(args.items()))
 
 
@@ -243,15 +266,16 @@ class ImageRelease:
 def release(spec: ImageSpec, pins: Pins | None = None, root: Path = context.REPO_ROOT) -> ImageRelease:
     """Resolve `spec` against the pins and the files under `root`."""
     pins = pins if pins is not None else load_pins(root / "images" / "pins.toml")
-    files = context.context_files(spec.folder, root)
+    files = context.context_files(spec.folder, root, runtime=spec.training)
     args = build_args(spec, pins)
     return ImageRelease(spec, context.content_hash(files, args), MappingProxyType(args), MappingProxyType(files))
 
 
-def releases(root: Path = context.REPO_ROOT, pins: Pins | None = None) -> list[ImageRelease]:
-    """All images, resolved once against the same pins."""
+def releases(root: Path = context.REPO_ROOT, pins: Pins | None = None,
+             specs: tuple[ImageSpec, ...] = IMAGES) -> list[ImageRelease]:
+    """The images (default: the training images), resolved once against the same pins."""
     pins = pins if pins is not None else load_pins(root / "images" / "pins.toml")
-    return [release(spec, pins, root) for spec in IMAGES]
+    return [release(spec, pins, root) for spec in specs]
 
 
 def image_ref(login_server: str, repository: str, tag: str) -> str:

@@ -51,13 +51,13 @@ def _runner() -> Runner:
 
 def _select(names: list[str] | None) -> list[catalog.ImageSpec]:
     if not names:
-        return list(catalog.IMAGES)
+        return list(catalog.ALL_IMAGES)
     chosen, problems = [], []
     for name in names:
         try:
             chosen.append(catalog.by_name(name))
         except KeyError:
-            known = ", ".join(s.name for s in catalog.IMAGES)
+            known = ", ".join(s.name for s in catalog.ALL_IMAGES)
             problems.append(Problem("--image", "", f"unknown image {name!r}", f"choose from: {known}"))
     if problems:
         raise UserError(problems, "unknown image")
@@ -124,7 +124,7 @@ def list_images(
     """Each image's name, repository, content-hash tag, base and build args."""
     try:
         server = check_login_server(login_server, "--login-server", "") if login_server else None
-        releases = catalog.releases()
+        releases = catalog.releases(specs=catalog.ALL_IMAGES)
     except UserError as exc:
         exit_with(exc, debug)
         return
@@ -138,7 +138,8 @@ def list_images(
         return
     table = Table("image", "tag", "base", "ib userspace", "reference" if server else "repository")
     for r, row in zip(releases, rows, strict=True):
-        table.add_row(r.spec.name, r.tag, r.build_args["BASE_NAME"], r.build_args["IB_USERSPACE"], str(row["ref"] or r.spec.repository))
+        table.add_row(r.spec.name, r.tag, r.build_args["BASE_NAME"], r.build_args.get("IB_USERSPACE", "-"),
+                      str(row["ref"] or r.spec.repository))
     Console().print(table)
 
 
@@ -151,15 +152,15 @@ def check(debug: bool = typer.Option(False, "--debug", help="Show tracebacks."))
         exit_with(exc, debug)
         return
     problems: list[Problem] = []
-    for spec in catalog.IMAGES:
+    for spec in catalog.ALL_IMAGES:
         problems += lint.check_dockerfile(spec, pins, context.REPO_ROOT / spec.dockerfile)
     problems += locks.check_all(pins)
     problems += lint.check_common(context.REPO_ROOT)
-    dockerfiles = sorted({context.REPO_ROOT / spec.dockerfile for spec in catalog.IMAGES})
+    dockerfiles = sorted({context.REPO_ROOT / spec.dockerfile for spec in catalog.ALL_IMAGES})
     problems += lint.hadolint(dockerfiles)
     if problems:
         exit_with(UserError(problems, "the image definitions have problems"), debug)
-    console.print(f"ok: {len(catalog.IMAGES)} images ({len(dockerfiles)} Dockerfiles) match images/pins.toml, their "
+    console.print(f"ok: {len(catalog.ALL_IMAGES)} images ({len(dockerfiles)} Dockerfiles) match images/pins.toml, their "
                   "Python locks are hashed and current, ssh checks host keys, every downloaded key is verified, "
                   "hadolint is clean")
 

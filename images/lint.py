@@ -68,6 +68,8 @@ REQUIRED_COMPONENTS: dict[str, tuple[str, ...]] = {
     "amd": ("GPU_VENDOR=amd", "--gpu-vendor amd"),
     "pytorch": ("deepspeed",),
     "tensorflow": ("-horovod.txt", "horovod.tensorflow"),
+    # the controller: its packages only from the hashed pins, never a resolver's choice
+    "controller": ("--require-hashes", "requirements.txt", "--only-binary=:all:"),
 }
 REQUIRED_LABELS = (
     "org.opencontainers.image.revision", "org.opencontainers.image.version", "org.opencontainers.image.base.name",
@@ -75,6 +77,9 @@ REQUIRED_LABELS = (
     "io.aml-hpc.ib.doca-version", "io.aml-hpc.ib.mlnx-ofed-version", "io.aml-hpc.tools.perftest",
 )
 _PIP_INSTALL = re.compile(r"\bpip\s+install\b")
+TRAINING_ONLY_LABELS = ("io.aml-hpc.ib.userspace", "io.aml-hpc.ib.doca-version", "io.aml-hpc.ib.mlnx-ofed-version",
+                        "io.aml-hpc.tools.perftest")
+"""Labels of what only training images carry (the controller's image has no InfiniBand or health tools)."""
 
 
 def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
@@ -134,12 +139,20 @@ def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
             add(number, "mentions `latest`", "pin an exact version in images/pins.toml")
 
     body = " ".join(s.args for s in steps)
-    wanted = REQUIRED_COMPONENTS["common"] + REQUIRED_COMPONENTS[spec.gpu_vendor] + REQUIRED_COMPONENTS.get(spec.framework, ())
+    wanted = REQUIRED_COMPONENTS.get(spec.framework, ())
+    if spec.training:
+        wanted = REQUIRED_COMPONENTS["common"] + REQUIRED_COMPONENTS[spec.gpu_vendor] + wanted
     for needle in wanted:
         if needle not in body:
-            add(0, f"does not contain {needle!r}", "every training image needs it (docs/images.md, 'What is in an image')")
+            add(0, f"does not contain {needle!r}", "every training image needs it (docs/images.md, 'What is in an image')"
+                if spec.training else "the controller installs only the hashed pins (images/controller/Dockerfile)")
+    if not spec.training and re.search(r"\bconda\b|pip install(?![^&]*--require-hashes)", body):
+        add(0, "installs packages without --require-hashes (or through conda)",
+            "install only images/controller/requirements.txt with pip --require-hashes")
     labels = " ".join(s.args for s in steps if s.keyword == "LABEL")
     for label in REQUIRED_LABELS:
+        if not spec.training and label in TRAINING_ONLY_LABELS:
+            continue
         if f"{label}=" not in labels:
             add(0, f"has no label {label}", "add it to the LABEL instruction")
     return problems

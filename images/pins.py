@@ -195,6 +195,8 @@ class Pins(_Strict):
     python: PythonPins
     infiniband: InfinibandPins
     tools: ToolsPins
+    controller: BaseImagePin
+    """The managed-run controller's Python base (its packages: images/controller/requirements.txt)."""
 
     def value(self, dotted: str) -> str:
         """A pin by its dotted key, e.g. "python.deepspeed" or "pytorch.ref"."""

@@ -173,7 +173,8 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     from jobs import submit as submitter
     from jobs.managed import render
 
-    mplan = render.plan_managed(r, stack_outputs, plan, max_restarts=max_restarts, resume=resume)
+    mplan = render.plan_managed(r, stack_outputs, plan, max_restarts=max_restarts, resume=resume,
+                                secret=_resume_secret(submitter, stack_outputs, resume) if resume and not dry_run else None)
     policy = mplan.policy
     err.print(f"managed run [bold]{mplan.run}[/]: controller job {mplan.controller_job} on {mplan.cluster} "
               f"(${stack_outputs.controller.usd_per_hour:,.3f}/h while it runs); up to {policy.max_restarts} restart(s), "
@@ -183,6 +184,10 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     if policy.limit_usd is not None:
         err.print(f"  limit: ${policy.limit_usd:,.2f} ({policy.limit_source}) on all attempts together", highlight=False)
     err.print(f"  record: {mplan.record_blob}", highlight=False)
+    from jobs import goodput
+
+    for line in goodput.report(plan, r, stack_outputs):
+        err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
     code = render.snapshot(mplan)
     render.validate(mplan, code)
     _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
@@ -192,12 +197,37 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
         created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
+    _register_controller(stack_outputs, mplan, created.name)
     out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
     if getattr(created, "studio_url", None):
         out.print(f"studio: {created.studio_url}", highlight=False)
     out.print(f"follow it: python -m jobs status {mplan.run} --stack {stack_outputs.stack}", highlight=False)
     if follow:
         submitter.stream(client, created.name, stack_outputs.workspace)
+
+
+def _register_controller(stack_outputs, mplan, job: str) -> None:
+    """Name the new controller beside the run's record, so `cancel` stops it even while it is queued."""
+    from jobs.managed import client as managed
+
+    place = managed.RecordPlace(mplan.storage["supervision"], mplan.storage["prefix"])
+    try:
+        managed.store_for(stack_outputs, place).add_controller(job, "submitted")
+    except Exception as exc:  # noqa: BLE001 - the controller registers itself when it starts
+        err.print(f"[yellow]note:[/] could not register controller {job} beside the record ({type(exc).__name__}); "
+                  "it registers itself when it starts", highlight=False)
+
+
+def _resume_secret(submitter, stack_outputs, run: str) -> str | None:
+    """The run's evidence secret from its first controller's job definition (attempts the
+    earlier controllers submitted sign with it); None when it cannot be read."""
+    from jobs.managed.controller import MANAGED_JSON
+
+    try:
+        job = submitter.connect(stack_outputs).jobs.get(run)
+        return json.loads((job.environment_variables or {}).get(MANAGED_JSON, "{}")).get("secret")
+    except Exception:  # noqa: BLE001 - a new secret then: attempts still running keep their own evidence unread
+        return None
 
 
 @app.command()
@@ -209,12 +239,15 @@ def estimate(
     hours: HoursOpt = None,
     sets: SetOpt = None,
     allow_tcp: AllowTcp = False,
+    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", min=0, help="Goodput: low-priority preemptions per node-hour you assume; wins over the recipe's cost.preemptions_per_node_hour.")] = None,
+    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", min=0, help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
+    failure_rate: Annotated[float | None, typer.Option("--failure-rate", min=0, help="Goodput: unexpected interruptions per GPU-hour (default: Llama 3's, jobs/goodput.py).")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
     as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
-    """Cost of RECIPE on the stack: nodes x hours x price per node-hour."""
+    """Cost of RECIPE on the stack: nodes x hours x price per node-hour, and its goodput plan."""
 
     def body() -> None:
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
@@ -245,6 +278,11 @@ def estimate(
                       soft_wrap=True)
         if plan.deepspeed is not None:
             out.print_json(json.dumps(plan.deepspeed.to_json()))
+        from jobs import goodput
+
+        for line in goodput.report(plan, r, stack_outputs, preemption_rate=preemption_rate,
+                                   checkpoint_size_gb=checkpoint_gb, failure_rate=failure_rate):
+            out.print(f"goodput: {line}", highlight=False, soft_wrap=True)
         for warning in plan.warnings:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
@@ -366,38 +404,42 @@ def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
 
 
 def _status_document(submitter, client, o, info) -> dict:
-    """`status --json`: the job, and for a managed run its record with every attempt and the totals."""
+    """`status --json`: the job, and for a managed run its record with every attempt, its
+    controllers and the totals."""
     from jobs.managed import report
 
     document = dict(info)
     if (info.get("tags") or {}).get("managed_run"):
-        _, controller, record = _managed_record(submitter, client, o, info)
-        document["managedRun"] = {**record.to_json(), "controllerStatus": controller.get("status"),
+        _, controllers, record = _managed_record(submitter, client, o, info)
+        document["managedRun"] = {**record.to_json(), "controllers": controllers,
                                   "attemptRows": [dict(zip(report.COLUMNS, row, strict=True)) for row in report.rows(record)],
                                   "totals": report.totals(record)}
     return document
 
 
 def _managed_record(submitter, client, o, info):
-    """(run, controller job info, record) of the managed run a job belongs to."""
+    """(run, {controller job: status or None when gone}, record) of the managed run a job
+    belongs to; every controller counts (the first, resumed RUN-cXXXX and revived ones)."""
     from jobs.managed import client as managed
 
     run = info["tags"]["managed_run"]
-    controller = info if info["tags"].get("role") == "controller" else submitter.status(client, run, o.workspace)
-    place = managed.place_from_tags(controller.get("tags") or {})
+    place = managed.place_from_tags(info["tags"]) or managed.place_from_tags(
+        submitter.status(client, run, o.workspace).get("tags") or {})
     if place is None:
-        raise UserError([Problem(f"job {controller['name']}", "tags.record", "names no record",
-                                 "the controller job of a managed run carries it; was the job submitted with --managed?")],
+        raise UserError([Problem(f"job {info['name']}", "tags.record", "names no record",
+                                 "the jobs of a managed run carry it; was the job submitted with --managed?")],
                         "not a managed run")
-    return run, controller, managed.read(o, place)
+    record = managed.read(o, place)
+    return run, managed.controller_statuses(client.jobs, managed.store_for(o, place), record, run), record
 
 
 def _managed_history(submitter, client, o, info) -> None:
-    """Every attempt of the managed run a job belongs to, and what the run cost."""
+    """Every attempt of the managed run a job belongs to, its controllers, and what the run cost."""
     from jobs.managed import report
 
-    run, controller, record = _managed_record(submitter, client, o, info)
-    grid = table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controller {controller['status']})")
+    run, controllers, record = _managed_record(submitter, client, o, info)
+    shown = "; ".join(f"{name} {status or 'gone'}" for name, status in controllers.items())
+    grid = table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controllers: {shown})")
     for row in report.rows(record):
         grid.add_row(*row)
     out.print(grid)
@@ -418,7 +460,7 @@ def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
     def cancel_it(submitter, client, o) -> None:
         tags = submitter.status(client, job, o.workspace).get("tags") or {}
         if tags.get("managed_run"):
-            _cancel_managed(submitter, client, o, tags["managed_run"])
+            _cancel_managed(submitter, client, o, tags["managed_run"], tags)
             return
         submitter.cancel(client, job, o.workspace)
         out.print(f"cancelled {job}")
@@ -426,25 +468,20 @@ def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
     _on_job(stack, offline, outputs_file, debug, cancel_it)
 
 
-def _cancel_managed(submitter, client, o, run: str) -> None:
-    """A managed run: ask its controller to stop, cancel the running attempt and the controller."""
+def _cancel_managed(submitter, client, o, run: str, tags: dict[str, str]) -> None:
+    """A managed run: the cancel request, then every controller, then every attempt (jobs/managed/client.py)."""
     import getpass
 
     from jobs.managed import client as managed
 
-    controller = submitter.status(client, run, o.workspace)
-    place = managed.place_from_tags(controller.get("tags") or {})
-    record = managed.read(o, place) if place else None
-    problem = managed.request_cancel(o, place, getpass.getuser()) if place else "the controller job names no record"
-    if problem:
-        out.print(f"[yellow]note:[/] {problem}; cancelling the jobs instead", highlight=False)
-    active = [a.job for a in (record.attempts if record else []) if a.state != "ended"]
-    for name in active:
-        submitter.cancel(client, name, o.workspace)
-        out.print(f"cancelled attempt {name}")
-    if controller.get("status") not in ("Completed", "Failed", "Canceled"):
-        submitter.cancel(client, run, o.workspace)
-        out.print(f"cancelled controller {run}")
+    place = managed.place_from_tags(tags) or managed.place_from_tags(
+        submitter.status(client, run, o.workspace).get("tags") or {})
+    if place is None:
+        raise UserError([Problem(f"managed run {run}", "tags.record", "no job of the run names its record",
+                                 f"cancel its jobs one by one: python -m jobs cancel JOB --stack {o.stack}")],
+                        "not a managed run")
+    managed.cancel_run(client.jobs, managed.store_for(o, place), run, getpass.getuser(),
+                       echo=lambda line: out.print(line, highlight=False))
     out.print(f"managed run {run}: canceled")
 
 

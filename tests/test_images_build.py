@@ -277,12 +277,12 @@ def invoke(monkeypatch):
 
 
 class TestCli:
-    def test_build_prints_every_reference(self, invoke, releases):
+    def test_build_prints_every_reference(self, invoke):
         result, runner = invoke(["build", "--stack", "dev", "--outputs", str(DEV_OUTPUTS)])
         assert result.exit_code == 0, result.output
-        for release in releases:
+        for release in catalog.releases(specs=catalog.ALL_IMAGES):  # the controller's image too
             assert f"{release.spec.name}={release.ref(LOGIN)}" in result.stdout
-        assert len(runner.builds()) == len(releases)
+        assert len(runner.builds()) == len(catalog.ALL_IMAGES) == 5
 
     def test_each_image_is_built_for_its_own_platform(self, invoke, releases):
         """The arm64 (Grace) image is built for linux/arm64, the others for linux/amd64."""
@@ -290,7 +290,8 @@ class TestCli:
         assert result.exit_code == 0, result.output
         platforms = {c[c.index("--image") + 1].split(":")[0]: c[c.index("--platform") + 1] for c in runner.builds()}
         assert platforms == {"aml-hpc/pytorch": "linux/amd64", "aml-hpc/pytorch-arm64": "linux/arm64",
-                             "aml-hpc/rocm": "linux/amd64", "aml-hpc/tensorflow": "linux/amd64"}
+                             "aml-hpc/rocm": "linux/amd64", "aml-hpc/tensorflow": "linux/amd64",
+                             "aml-hpc/controller": "linux/amd64"}
 
     def test_build_selected_image_only(self, invoke):
         result, runner = invoke(["build", "--stack", "dev", "--login-server", LOGIN, "--image", "tensorflow"])
@@ -326,7 +327,8 @@ class TestCli:
         result, fake = invoke(["build", "--stack", "dev", "--login-server", LOGIN, "--dry-run"])
         assert result.exit_code == 0 and "would build" in result.stderr and fake.builds() == []
 
-    def test_list_json(self, invoke, releases):
+    def test_list_json(self, invoke):
+        releases = catalog.releases(specs=catalog.ALL_IMAGES)
         result, _ = invoke(["list", "--json", "--login-server", LOGIN])
         rows = json.loads(result.stdout)
         assert [r["tag"] for r in rows] == [r.tag for r in releases]

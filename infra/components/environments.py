@@ -26,7 +26,7 @@ from infra.components import ComponentError
 
 
 def _default_images() -> list[catalog.ImageRelease]:
-    return catalog.releases()
+    return catalog.releases(specs=catalog.ALL_IMAGES)  # the training images and the managed-run controller's
 
 
 @dataclass
@@ -67,7 +67,7 @@ class TrainingEnvironments(pulumi.ComponentResource):
             spec = image.spec
             ref = pulumi.Output.from_input(args.login_server).apply(lambda server, i=image: i.ref(server))
             asset_tags = {**args.tags, "image-repository": spec.repository, "image-tag": image.tag,
-                          "base-image": image.build_args["BASE_NAME"], "ib-userspace": image.build_args["IB_USERSPACE"]}
+                          "base-image": image.build_args["BASE_NAME"], "ib-userspace": image.build_args.get("IB_USERSPACE", "none")}
             container = ml.EnvironmentContainer(
                 f"{name}-{spec.key}",
                 name=spec.name,
@@ -98,7 +98,7 @@ class TrainingEnvironments(pulumi.ComponentResource):
                     auto_rebuild="Disabled",
                     description=f"{spec.description} (base {image.build_args['BASE_NAME']}, tag {image.tag})",
                     properties={"aml-hpc.base-image": image.build_args["BASE_IMAGE"],
-                                "aml-hpc.ib-userspace": image.build_args["IB_USERSPACE"]},
+                                "aml-hpc.ib-userspace": image.build_args.get("IB_USERSPACE", "none")},
                     tags=asset_tags,
                 ),
                 # Finished jobs reference old versions; removing one from the stack must

@@ -169,12 +169,15 @@ def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None], log: Path
 def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, procs_per_node: int,
                   sink: Callable[[NodeProcess, str], None], timeout_s: float,
                   started: Callable[[list[NodeProcess]], None] | None = None,
-                  stop_grace_s: float | None = None) -> dict[int, int]:
+                  stop_grace_s: float | None = None, node_env: dict[int, dict[str, str]] | None = None,
+                  node_command: dict[int, str] | None = None) -> dict[int, int]:
     """Start every process of every simulated node; stop the rest `stop_grace_s` (default
     FAILURE_GRACE_S) after one fails (as Azure ML does); return global rank -> exit status.
-    `started` sees the processes once they run (the managed rehearsal injects faults through
-    it). However this ends - an error, Ctrl-C, SIGTERM (jobs/local/processes.py) - every
-    process it started is stopped before it returns."""
+    `started` sees the processes once they run, `node_env` adds variables to one node's
+    processes and `node_command` replaces its command (the managed rehearsal injects faults
+    through them). However this ends - an
+    error, Ctrl-C, SIGTERM (jobs/local/processes.py) - every process it started is stopped
+    before it returns."""
     nodes = len(folders)
     port = _free_port_pair()
     procs: list[NodeProcess] = []
@@ -182,11 +185,12 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
     try:
         for node, folder in enumerate(folders):
             for local_rank in range(procs_per_node):
-                env = {**base_env, **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
-                                              procs_per_node=procs_per_node, master_port=port)}
+                env = {**base_env, **(node_env or {}).get(node, {}),
+                       **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
+                                  procs_per_node=procs_per_node, master_port=port)}
                 env[contract.SCRATCH] = str(folder / "scratch")
                 process = subprocess.Popen(
-                    ["bash", "-c", plan.command], cwd=folder, env=env, text=True, bufsize=1,
+                    ["bash", "-c", (node_command or {}).get(node, plan.command)], cwd=folder, env=env, text=True, bufsize=1,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **processes.popen_kwargs(),
                 )
                 procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
@@ -313,16 +317,19 @@ def check_dataset(plan: Any, connection_string: str) -> None:
 
 def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
              connection_string: str, containers: list[str], sink: Callable[[NodeProcess, str], None],
-             timeout_s: float = 1800, run_id: str | None = None, **process_hooks: Any) -> RehearsalResult:
+             timeout_s: float = 1800, run_id: str | None = None, extra_env: dict[str, str] | None = None,
+             **process_hooks: Any) -> RehearsalResult:
     """Run `plan` locally: one folder and `procs_per_node` processes per simulated node.
 
     containers: the stack's Blob containers (outputs storage.containers), created in Azurite.
-    run_id: the job's run id (default: a new one per call); process_hooks go to run_processes.
+    run_id: the job's run id (default: a new one per call); extra_env: variables the job
+    gets on top of its own (what a managed run's controller adds per attempt);
+    process_hooks go to run_processes.
     """
     ensure_containers(sorted(containers), connection_string)
     check_dataset(plan, connection_string)
     folders = prepare_nodes(snapshot, workdir, plan.instance_count)
-    env = redirect_blob(dict(plan.environment_variables), blob_endpoint, connection_string)
+    env = redirect_blob({**plan.environment_variables, **(extra_env or {})}, blob_endpoint, connection_string)
     base = {**os.environ, **env}
     # `python` in the job's command is this interpreter, as the image's python is in Azure.
     base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"

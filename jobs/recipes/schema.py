@@ -146,7 +146,7 @@ class Checkpoint(_Model):
 
 class Watchdog(_Model):
     """The launcher's hang watchdog (jobs/runtime/watchdog.py): stop a training that no
-    longer reports progress (launcher exit 8) instead of letting it hold the nodes."""
+    longer reports progress (launcher exit 7) instead of letting it hold the nodes."""
 
     enabled: bool = True
     hang_s: int | None = Field(None, ge=10)
@@ -173,6 +173,19 @@ class Managed(_Model):
     backoff_s: int = Field(60, ge=0)
     """Wait before the first restart; doubled for each further one."""
     backoff_max_s: int = Field(900, ge=0)
+    fallback_clusters: list[str] = Field(default_factory=list)
+    """Clusters of the stack to move to, in order, after a queue timeout or repeated preemption
+    (e.g. the Dedicated twin of a LowPriority cluster); all attempts share one cost limit."""
+    queue_timeout_s: int | None = Field(None, ge=60)
+    """An attempt queued longer than this is canceled and resubmitted on the next cluster."""
+    fallback_after_preemptions: int = Field(2, ge=1)
+    """Preemptions on one cluster after which the next attempt goes to the next cluster."""
+    straggler_factor: float | None = Field(1.5, gt=1)
+    """A node whose step time in its own work is this many times its peers' median, at
+    `straggler_looks` consecutive heartbeats, is named a straggler (null: off)."""
+    straggler_looks: int = Field(3, ge=1)
+    stall_s: int = Field(900, ge=60)
+    """An attempt Azure ML reports Paused, Unknown or NotResponding this long is canceled and retried."""
 
     @field_validator("retry_on")
     @classmethod
@@ -189,6 +202,9 @@ class Cost(_Model):
     """Wall-clock estimate used by `estimate` and by submit's ceiling check."""
     ceiling_usd: Usd | None = None
     """Submit refuses (unless --yes) when the estimate exceeds it."""
+    preemptions_per_node_hour: float | None = Field(None, ge=0)
+    """For goodput planning on a LowPriority cluster: the preemptions per node-hour you assume
+    (Azure publishes none; `estimate --preemption-rate` wins)."""
 
 
 class ModelShape(_Model):

@@ -327,6 +327,7 @@ def _managed_attempts(records: RunRecords, path: Path) -> bool:
         if a.cause:
             outcome += f": {a.cause}"
         records.attempts.append(Attempt(a.number, a.job, started, ended, a.nodes, usd, outcome))
-    records.cost_basis = f"the managed run's record (attempts, plus ${record.controller_usd():,.2f} for its controller)"
+    records.cost_basis = (f"the managed run's record (attempts, plus "
+                          f"${record.controller_usd(policy.controller_usd_per_hour):,.2f} for its controller)")
     records.outcome = record.state + (f": {record.reason}" if record.reason else "")
     return True

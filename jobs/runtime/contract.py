@@ -18,6 +18,9 @@ STAGE_TIMEOUT_S = "AMLHPC_STAGE_TIMEOUT_S"
 RUN_ID = "AMLHPC_RUN_ID"
 WATCHDOG_JSON = "AMLHPC_WATCHDOG_JSON"
 NCCL_RESOLVE = "AMLHPC_NCCL_RESOLVE"
+EVIDENCE_KEY = "AMLHPC_EVIDENCE_KEY"
+"""Set per attempt by a managed run's controller: the key that signs the nodes' end records
+and heartbeats (jobs/runtime/nodestatus.py)."""
 
 # Set by whatever starts a node's ranks (a launcher, a wrapper script), fresh for each launch.
 LAUNCH_ID = "AMLHPC_LAUNCH_ID"

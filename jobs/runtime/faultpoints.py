@@ -1,41 +1,53 @@
-"""Named fault points: the steps of a state machine where a test stops, kills or races it.
+"""Named fault points: the steps of a state machine where a test or a rehearsal stops, kills,
+slows or races it on purpose, listed once with what a fault there imitates.
 
 The pattern of etcd's gofail and PingCAP's failpoint (github.com/etcd-io/gofail,
 github.com/pingcap/failpoint, read 2026-11-25): the code marks each step with
 `reach("upload.before-commit", blob=name)`, which does nothing unless a test armed that
-point; every point is listed once in POINTS with what a fault there imitates, so a reader
-sees the whole state machine's interleavings in one place and a typo in a test is an
-error, not a point that never fires.
+point; every point is listed once in POINTS, so a reader sees the whole state machine's
+interleavings in one place and a typo in a test is an error, not a point that never fires.
+Faults happen at steps, never at wall-clock times.
 
-Arming:
-- in the same process: `with armed("upload.before-commit", action) as point: ...`, where
-  `action(**context)` runs at the point (it may start a second writer, or raise); after
-  the block, `point.fired` says how often it ran. `raising(...)` is an action that raises
-  `FaultInjected`, the "crash" of an in-process writer.
-- in a child process: `AMLHPC_FAULTPOINTS="upload.before-commit=kill"` (`kill`: SIGKILL
-  itself there, as a power cut or the OOM killer would; `error`: raise FaultInjected;
-  `exit:N`: leave at once with status N; `log`: only record it; `hold:PATH`: wait there
-  until PATH exists, so a test can act while the process is exactly at that step), with
-  `AMLHPC_FAULTPOINTS_LOG=FILE`, where each
-  firing is appended (and flushed to disk) before the action, so the test can assert that
-  the fault it asked for happened. `name@K=...` fires at the K-th time the point is reached
-  (1-based) instead of the first.
+Arming in the same process:
+- `arm(NAME, action, times=1, at=1, when=None)` (returns the record) / `disarm(NAME)` /
+  `reset()`, or `with armed(NAME, action, ...) as point:`. `action(**context)` runs at the
+  point; it may start a second writer, raise, or call `crash` / `raising(...)`. `point.fired`
+  counts the reaches that acted: a test that arms a point asserts it fired.
+- `times`: how many reaches act (0: every one); `at`: the first reach that acts (1-based, so
+  `at=2` lets one through first); `when(**context)`: only reaches it accepts count (one
+  writer of two, an attempt number).
+- `crash` dies at the point: it raises `Crash`, a BaseException, so no `except Exception`
+  swallows it and no cleanup that expects an orderly stop runs (a killed controller keeps
+  its lease). `raising(message)` raises `FaultInjected`, an ordinary error.
 
-An armed point fires once unless told otherwise (`times`), so a second writer started from
-the action runs through the same point untouched; `when` picks which of several writers
-(by the context they pass, e.g. their upload session) the point stops.
+Arming in a child process, through AMLHPC_FAULTPOINTS (read once), in either form:
+- `name[@K]=ACTION[,name=ACTION...]`, ACTION one of `kill` (SIGKILL itself there, as a power
+  cut or the OOM killer would), `error` (raise FaultInjected), `exit:N`, `log` (only record
+  it) or `hold:PATH` (wait there until PATH exists, so a test acts while the process is at
+  exactly that step); `@K` fires at the K-th reach instead of the first. With
+  AMLHPC_FAULTPOINTS_LOG=FILE each firing is appended (and flushed) before the action, so
+  the test can assert that the fault it asked for happened (`fired_in_log`).
+- a JSON object NAME -> {"action": "gate" | "slow", ...} (`env_for` writes it), for the
+  training steps of a rehearsed attempt: `gate` stops the process at the first reach with
+  `step >= at_step`, writes `<dir>/reached-<pid>.json` and waits for `<dir>/release` (the
+  rehearsal then preempts, freezes or kills it exactly there); `slow` sleeps (factor - 1) x
+  the step's own work (`busy_s`), a node `factor` times slower than its peers.
 
-Standard library only: ships into the training image (staging's markers use it too).
+Standard library only: this module ships into the training image, and is inert there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 ENV_POINTS = "AMLHPC_FAULTPOINTS"
 ENV_LOG = "AMLHPC_FAULTPOINTS_LOG"
@@ -58,6 +70,23 @@ POINTS: dict[str, str] = {
     # jobs.runtime.nodebarrier: the nodes of a shared-mode input
     "shared.after-publish": "node 0 published this launch's generation; no node is done yet",
     "shared.after-done": "this node wrote its done marker; it has not waited for the others",
+    # the managed run's controller loop (jobs.managed.supervisor): one per step of its state machine
+    "controller.claim": "an attempt is due, before its claim is written (a crash leaves nothing claimed)",
+    "controller.claimed": "the claim is durable, before the job is created (a crash leaves a claim without a job)",
+    "controller.submitted": "the job was created, before the record says so (a crash leaves a job the record calls "
+                            "submitting)",
+    "controller.watch": "a running attempt was observed, before the record write (a controller lost mid-attempt)",
+    "controller.ended": "an attempt was seen ended and classified, before the record write",
+    "controller.backoff": "between attempts, while the next one waits for its backoff",
+    "controller.cancel": "a cancel request was seen, before the running attempt's job is canceled",
+    "controller.record.write": "before every write of the run's record (a second writer, a lapsed lease)",
+    # `python -m jobs cancel` (jobs.managed.client.cancel_run)
+    "cancel.requested": "the cancel request is durable, before the run's controllers are stopped",
+    "cancel.stopped": "the controllers were stopped, before the attempts are swept",
+    # the training of a rehearsed attempt (jobs.runtime.progress)
+    "training.step": "a training process reported a completed step (context: step)",
+    "training.compute": "a training process finished its own work on a step, before waiting for its peers "
+                        "(context: step, busy_s)",
 }
 
 
@@ -65,67 +94,113 @@ class FaultInjected(RuntimeError):
     """Raised at an armed point whose action is an error (a crash inside the process)."""
 
 
+class Crash(BaseException):  # noqa: N818 - it imitates a process dying, not an error to handle
+    """The process dies here (a killed controller, a lost node)."""
+
+    def __init__(self, point: str):
+        super().__init__(f"fault point {point}: crashed here on purpose")
+        self.point = point
+
+
 @dataclass
 class Armed:
     name: str
     action: Callable[..., None]
     times: int = 1
+    """How many reaches act (0: every one)."""
     at: int = 1
-    """The first reach that fires (1-based): `at=2` lets one pass through first."""
+    """The first reach that acts (1-based)."""
     when: Callable[..., bool] | None = None
-    """Only reaches whose context it accepts count (e.g. one writer's session of two)."""
+    """Only reaches whose context it accepts count."""
     reached: int = 0
     fired: int = 0
-    contexts: list[dict] = field(default_factory=list)
+    contexts: list[dict[str, Any]] = field(default_factory=list)
+
+    def takes(self, context: dict[str, Any]) -> bool:
+        """Count this reach; whether it acts."""
+        if self.when is not None and not self.when(**context):
+            return False
+        self.reached += 1
+        if self.reached < self.at or (self.times and self.reached >= self.at + self.times):
+            return False
+        self.fired += 1
+        self.contexts.append(dict(context))
+        return True
 
 
 _armed: dict[str, Armed] = {}
 _lock = threading.Lock()
 _env_loaded = False
+_acting = threading.local()
 
 
 def _check(name: str) -> None:
     if name not in POINTS:
-        raise KeyError(f"unknown fault point {name!r}; known: {', '.join(sorted(POINTS))}")
+        raise KeyError(f"unknown fault point {name!r}; jobs/runtime/faultpoints.py lists them: {', '.join(sorted(POINTS))}")
 
 
-def reach(name: str, **context) -> None:
+def reach(name: str, **context: Any) -> None:
     """Mark a step; runs the armed action, if any (see the module docstring)."""
+    _check(name)
     if not _env_loaded:
         _load_env()
     if not _armed:
         return
     with _lock:
         point = _armed.get(name)
-        if point is None or (point.when is not None and not point.when(**context)):
+        if point is None or not point.takes(context):
             return
-        point.reached += 1
-        if not point.at <= point.reached < point.at + point.times:
-            return
-        point.fired += 1
-        point.contexts.append(dict(context))
-    point.action(**context)
+    _acting.point = name
+    try:
+        point.action(**context)
+    finally:
+        _acting.point = None
+
+
+def arm(name: str, action: Callable[..., None], *, times: int = 1, at: int = 1,
+        when: Callable[..., bool] | None = None) -> Armed:
+    """Act at `name` (see the module docstring); returns the record whose `fired` a test asserts."""
+    _check(name)
+    if not _env_loaded:
+        _load_env()
+    point = Armed(name, action, times, at, when)
+    with _lock:
+        _armed[name] = point  # re-arming a point replaces it
+    return point
+
+
+def disarm(name: str) -> None:
+    with _lock:
+        _armed.pop(name, None)
+
+
+def reset() -> None:
+    """Disarm every point armed in this process."""
+    with _lock:
+        _armed.clear()
 
 
 @contextmanager
-def armed(name: str, action: Callable[..., None], times: int = 1, at: int = 1,
+def armed(name: str, action: Callable[..., None], *, times: int = 1, at: int = 1,
           when: Callable[..., bool] | None = None) -> Iterator[Armed]:
-    """Arm `name` for the block; yields the record whose `fired` the test asserts."""
-    _check(name)
-    point = Armed(name, action, times, at, when)
-    with _lock:
-        if name in _armed:
-            raise RuntimeError(f"fault point {name!r} is already armed")
-        _armed[name] = point
+    """`arm` for the block."""
+    point = arm(name, action, times=times, at=at, when=when)
     try:
         yield point
     finally:
         with _lock:
-            _armed.pop(name, None)
+            if _armed.get(name) is point:
+                del _armed[name]
+
+
+def crash(**_context: Any) -> None:
+    """An action: die at the point."""
+    raise Crash(getattr(_acting, "point", None) or "?")
 
 
 def raising(message: str = "injected fault") -> Callable[..., None]:
-    def action(**context) -> None:
+    """An action: raise FaultInjected naming the point's context."""
+    def action(**context: Any) -> None:
         raise FaultInjected(f"{message} ({', '.join(f'{k}={v}' for k, v in context.items())})")
     return action
 
@@ -139,6 +214,19 @@ def fired_in_log(path: str | os.PathLike) -> list[str]:
         return []
 
 
+def env_for(points: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The child-process variable arming `points` (NAME -> {"action": "gate" | "slow", ...})."""
+    for name in points:
+        _check(name)
+    return {ENV_POINTS: json.dumps(points, separators=(",", ":"))}
+
+
+# --- in a child process -------------------------------------------------------------
+
+HOLD_LIMIT_S = 600.0
+"""The longest a `hold:` or `gate` point waits (a test that forgot to release it fails, not hangs)."""
+
+
 def _load_env() -> None:
     global _env_loaded
     with _lock:
@@ -148,6 +236,11 @@ def _load_env() -> None:
         spec = os.environ.get(ENV_POINTS, "").strip()
         if not spec:
             return
+        if spec.startswith("{"):
+            for name, settings in json.loads(spec).items():
+                _check(name)
+                _armed[name] = Armed(name, _step_action(name, settings), times=0)
+            return
         log_path = os.environ.get(ENV_LOG) or None
         for item in filter(None, (part.strip() for part in spec.split(","))):
             target, _, what = item.partition("=")
@@ -156,15 +249,11 @@ def _load_env() -> None:
             _armed[name] = Armed(name, _env_action(name, what or "kill", log_path), at=int(at or 1))
 
 
-HOLD_LIMIT_S = 600.0
-"""The longest a `hold:` point waits for its file (a test that forgot to release it fails, not hangs)."""
-
-
 def _env_action(name: str, what: str, log_path: str | None) -> Callable[..., None]:
     if what not in ("kill", "error", "log") and not what.startswith(("exit:", "hold:")):
         raise ValueError(f"{ENV_POINTS}: {name}={what}: the action must be kill, error, log, exit:N or hold:PATH")
 
-    def action(**context) -> None:
+    def action(**context: Any) -> None:
         if log_path:
             with open(log_path, "a", encoding="utf-8") as log:
                 log.write(f"{name}\t{context}\n")
@@ -175,14 +264,52 @@ def _env_action(name: str, what: str, log_path: str | None) -> Callable[..., Non
         if what == "error":
             raise FaultInjected(f"injected fault at {name}")
         if what.startswith("hold:"):
-            import time
-
-            release, until = what.split(":", 1)[1], time.monotonic() + HOLD_LIMIT_S
-            while not os.path.exists(release):
-                if time.monotonic() > until:
-                    raise FaultInjected(f"fault point {name} held for {HOLD_LIMIT_S:.0f}s: nobody created {release}")
-                time.sleep(0.02)
-            return
+            _wait_for(Path(what.split(":", 1)[1]), name)
         if what.startswith("exit:"):
             os._exit(int(what.split(":", 1)[1]))
     return action
+
+
+def _step_action(name: str, settings: dict[str, Any]) -> Callable[..., None]:
+    """A training step's `gate` (once, at the first step >= at_step) or `slow` (every step)."""
+    kind, gated = settings.get("action"), threading.Event()
+    if kind not in ("gate", "slow"):
+        raise ValueError(f"{ENV_POINTS}: {name}: the action must be gate or slow, not {kind!r}")
+
+    def action(**context: Any) -> None:
+        if kind == "slow":
+            factor, busy = float(settings.get("factor", 1.0)), float(context.get("busy_s") or 0.0)
+            if factor > 1 and busy > 0:
+                if settings.get("dir") and not gated.is_set():
+                    gated.set()
+                    _say_reached(Path(settings["dir"]), context)
+                time.sleep((factor - 1) * busy)
+            return
+        if not gated.is_set() and int(context.get("step", 0)) >= int(settings["at_step"]):
+            gated.set()
+            gate(Path(settings["dir"]), context, float(settings.get("timeout_s", HOLD_LIMIT_S)))
+    return action
+
+
+def _say_reached(folder: Path, context: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    reached = folder / f"reached-{os.getpid()}.json"
+    tmp = reached.with_suffix(".tmp")
+    tmp.write_text(json.dumps({k: v for k, v in context.items() if isinstance(v, int | float | str)}))
+    os.replace(tmp, reached)
+
+
+def gate(folder: Path, context: dict[str, Any], timeout_s: float = HOLD_LIMIT_S) -> None:
+    """Say this process reached the point, then wait for the rehearsal's release."""
+    _say_reached(folder, context)
+    deadline = time.monotonic() + timeout_s
+    while not (folder / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _wait_for(release: Path, name: str) -> None:
+    until = time.monotonic() + HOLD_LIMIT_S
+    while not release.exists():
+        if time.monotonic() > until:
+            raise FaultInjected(f"fault point {name} held for {HOLD_LIMIT_S:.0f}s: nobody created {release}")
+        time.sleep(0.02)

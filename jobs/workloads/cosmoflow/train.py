@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from jobs.runtime import progress
 from jobs.workloads import common
 from jobs.workloads.cosmoflow import data
 from jobs.workloads.cosmoflow.model import CosmoFlow
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 optimizer.zero_grad(set_to_none=True)
                 with torch.autocast(d.device.type, dtype=amp_dtype, enabled=use_amp):
                     loss = F.mse_loss(ddp(x).float(), y)
+                progress.compute_done(step + 1)  # the forward is this rank's own work; backward all-reduces
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
                 scaler.update()
