@@ -112,7 +112,7 @@ class TestForgedEvidence:
         def get(name):
             entity = real_get(name)
             if name == job and h.azure.status(name) == "Failed":
-                forge({"job": name})
+                forge(job=name)
             return entity
 
         h.azure.jobs.get = get
