@@ -16,7 +16,7 @@ import inspect
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -94,6 +94,8 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 
 def _type(annotation: Any) -> str:
     origin = get_origin(annotation)
+    if origin is Annotated:  # a checked number reads as the number
+        return _type(get_args(annotation)[0])
     if origin in (Union, types.UnionType):
         parts = [a for a in get_args(annotation) if a is not type(None)]
         return " | ".join(_type(a) for a in parts)
