@@ -44,3 +44,17 @@ def test_the_node_not_waiting_is_where_the_hang_started():
     assert watchdog._stopped_in_own_work(1, False, {0: beat(0, True)})[0] == 1, "node 1 names itself"
     assert watchdog._stopped_in_own_work(0, True, {1: beat(1, None)}) is None, "node 1 does not say"
     assert watchdog._stopped_in_own_work(0, False, {1: beat(1, False), 2: beat(2, True)}) is None, "two are working"
+
+
+def test_a_peer_just_under_the_limit_while_this_node_waits_is_judged_at_the_next_look():
+    """Both nodes stopped on one collective; the peer's report came a moment later, so it
+    reads 55 s against a 60 s limit (looks every 10 s). Blaming this node now would name
+    the wrong culprit by a race; the next look sees both past the limit."""
+    settings = watchdog.WatchdogSettings(hang_s=60)
+    assert settings.interval_s == 10
+    assert watchdog._peers_stopped_with_us(True, [55.0], settings) is True
+    assert watchdog._peers_stopped_with_us(True, [55.0, 41.0], settings) is True
+    assert watchdog._peers_stopped_with_us(True, [55.0, 12.0], settings) is False, "a peer that progressed lately goes on"
+    assert watchdog._peers_stopped_with_us(False, [55.0], settings) is False, "this node's ranks are working: its own hang"
+    assert watchdog._peers_stopped_with_us(None, [55.0], settings) is False, "the training does not say it waits"
+    assert watchdog._peers_stopped_with_us(True, [], settings) is False, "no peer goes on: judged now"

@@ -211,6 +211,18 @@ def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now
     return None
 
 
+def _peers_stopped_with_us(all_waiting: bool | None, going_ages: list[float], settings: WatchdogSettings) -> bool:
+    """Whether to judge at the next look instead of blaming this node now.
+
+    This node's ranks wait for their peers, and every peer that seems to go on has made no
+    progress for nearly as long (within two looks of the limit): they stopped on the same
+    collective, and only the order of the reports put the peer under the limit. At the next
+    look its age is past the limit too, and the hang is judged on every node's evidence
+    (never this node first, by a race)."""
+    return bool(going_ages) and bool(all_waiting) and all(
+        age > settings.hang_s - 2 * settings.interval_s for age in going_ages)
+
+
 def _stopped_in_own_work(me: int, mine_waiting: bool | None, beats: Mapping[int, nodestatus.Heartbeat]) -> tuple[int, str] | None:
     """When every node stopped: the node whose ranks are not waiting for their peers while
     the others wait for it (where a synchronous job's hang started), or None when the
@@ -313,6 +325,8 @@ class Guard:
         if mine:
             others = {n: b.age_at(written) for n, b in peers.items() if n != self.node and b.state != "ended"}
             going = sorted(n for n, age in others.items() if (age or 0) <= self.settings.hang_s)
+            if _peers_stopped_with_us(self.watch.all_waiting, [others[n] or 0 for n in going], self.settings):
+                return None
             if going:
                 return {"culprit": self.node, "message": f"{mine}, while node(s) {', '.join(map(str, going))} go on"}
             blamed = _stopped_in_own_work(self.node, self.watch.all_waiting, peers)
