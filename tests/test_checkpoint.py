@@ -316,7 +316,7 @@ class TestCli:
                "AMLHPC_CHECKPOINT_JSON": json.dumps({"container": container.container_name, "prefix": "p"})}
         proc = _cli(env, "list")
         out, _ = proc.communicate(timeout=60)
-        assert json.loads(out) == {"latest": None, "versions": []}
+        assert json.loads(out) == {"latest": None, "versions": [], "pending": []}
         proc = _cli({**env, "AMLHPC_CHECKPOINT_JSON": '{"container": "x", "prefix": ""}'}, "list")
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 2
