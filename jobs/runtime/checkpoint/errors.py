@@ -15,7 +15,8 @@ class FileChanged(CheckpointError):
 
 
 class PointerConflict(CheckpointError):
-    """Another writer moved the `latest` pointer while this version was uploading."""
+    """Another writer moved the `latest` pointer, a part or a lease of this version while it
+    uploaded: two jobs write under one prefix."""
 
 
 class UnsafeCheckpoint(CheckpointError):

@@ -16,7 +16,9 @@ unrestorable, and retention then removed the good ones). Committed versions beyo
 go first (manifests, then their unreferenced blobs), never the one `latest` names; a
 manifest newer than `latest` is a commit in progress while its pending records exist, and
 the leftover of a killed committer otherwise. Pending records older than the store's
-`stale_pending_s` belong to uploaders that are gone and are deleted.
+`stale_pending_s` belong to uploaders that are gone, and those of a version already committed
+to a committer stopped before it withdrew them: both are deleted (the blobs of the latter stay
+referenced by its manifest).
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def prune(store: CheckpointStore, keep: int) -> tuple[list[str], int]:
         # Nothing committed yet: never touch a first upload's parts.
         return [], 0
     head = sequence_of(pointer["version"])
+    for version in live_pending & set(versions):
+        if sequence_of(version) <= head:  # committed: the committer stopped before withdrawing the leases
+            for node in store.pendings().get(version, {}):
+                store.abandon(version, node)
     committed = [v for v in versions if sequence_of(v) <= head]
     in_progress = [v for v in versions if sequence_of(v) > head and v in live_pending]
     kept = set(committed[-keep:]) | {pointer["version"]} | set(in_progress)

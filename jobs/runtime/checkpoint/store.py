@@ -283,14 +283,17 @@ class CheckpointStore:
     def _write_pending(self, version: str, document: dict[str, Any]) -> None:
         self.container.upload_blob(self.pending_name(version), json.dumps(document).encode(), overwrite=True)
 
-    def abandon(self, version: str, node: int | None = None) -> None:
-        """Withdraw a node's pending record (its parts become orphans that prune may delete)."""
+    def _delete_quietly(self, name: str) -> None:
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
-            self.container.delete_blob(self.pending_name(version, node))
+            self.container.delete_blob(name)
         except ResourceNotFoundError:
             pass
+
+    def abandon(self, version: str, node: int | None = None) -> None:
+        """Withdraw a node's pending record (its parts become orphans that prune may delete)."""
+        self._delete_quietly(self.pending_name(version, node))
 
     def take_over(self, keep: set[str] = frozenset()) -> list[str]:
         """Withdraw this node's pending records of earlier upload sessions (an uploader that was
@@ -317,6 +320,7 @@ class CheckpointStore:
         checkpoints are stored as they are) its SHA-256. Block ids start with the upload
         session's own random id: a second writer of the same blob stages other blocks, and
         each commit names only its own."""
+        from azure.core.exceptions import HttpResponseError
         from azure.storage.blob import ContentSettings
 
         client = self.container.get_blob_client(blob_name)
@@ -351,10 +355,18 @@ class CheckpointStore:
         if (st.st_size, st.st_mtime_ns) != (entry.size, entry.mtime_ns):
             raise FileChanged(f"{entry.path} changed while it was uploaded")
         sha = digest.hexdigest()
-        result = client.commit_block_list(block_ids, metadata={"amlhpc_sha256": sha, "amlhpc_size": str(entry.size),
-                                                               "amlhpc_stored_sha256": sha},
-                                          content_settings=ContentSettings(content_type="application/octet-stream",
-                                                                           content_md5=bytearray(md5.digest())))
+        try:
+            result = client.commit_block_list(block_ids, metadata={"amlhpc_sha256": sha, "amlhpc_size": str(entry.size),
+                                                                   "amlhpc_stored_sha256": sha},
+                                              content_settings=ContentSettings(content_type="application/octet-stream",
+                                                                               content_md5=bytearray(md5.digest())))
+        except HttpResponseError as exc:
+            if getattr(exc, "error_code", None) != "InvalidBlockList":
+                raise
+            # Committing a blob discards every block not in its list: another session committed
+            # this blob while ours staged it, and took our blocks with it.
+            raise PointerConflict(f"another writer committed {blob_name} while this upload staged it: two jobs are "
+                                  "writing checkpoints under one prefix; give each its own prefix") from None
         faultpoints.hit("upload.part-committed")
         return sha, result["etag"]
 
@@ -456,6 +468,7 @@ class CheckpointStore:
                 self.container.upload_blob(self.pointer_name, pointer, overwrite=True, etag=expected_etag,
                                            match_condition=MatchConditions.IfNotModified)
         except (ResourceExistsError, ResourceModifiedError):
+            self._delete_quietly(self.manifest_name(version))  # never committed: no manifest may claim it was
             raise PointerConflict(f"{self.pointer_name} was moved by another writer while {version} uploaded: two jobs "
                                   "are writing checkpoints under one prefix; give each its own prefix") from None
         faultpoints.hit("commit.pointer-written")
@@ -483,9 +496,9 @@ class CheckpointStore:
         previous = self._manifest_of(pointer)
         if not files:
             return UploadResult(None)
+        self.take_over()  # this node's earlier sessions are over: their leases go
         if previous and signature(files) == tuple(sorted((f["path"], f["size"], f["mtimeNs"]) for f in previous.files)):
             return UploadResult(None, reused_files=len(files))
-        self.take_over()
         version, sequence = self.new_version(previous)
         reusable = {f["path"]: f for f in previous.files} if previous else {}
         reused, to_upload = [], []
@@ -498,7 +511,11 @@ class CheckpointStore:
         self.stage(folder, to_upload, version, reused)
         result = UploadResult(version, reused_files=len(reused), uploaded_files=len(to_upload),
                               uploaded_bytes=sum(e.size for e in to_upload))
-        self.commit(version, sequence, [self.node], {"layout": "folder"}, expected_etag=etag)
+        try:
+            self.commit(version, sequence, [self.node], {"layout": "folder"}, expected_etag=etag)
+        except NotReady:
+            raise PointerConflict(f"the lease of {version} was withdrawn by another uploader of node {self.node}: two "
+                                  "jobs are writing checkpoints under one prefix; give each its own prefix") from None
         result.seconds = time.monotonic() - started
         log.info("checkpoint %s committed: %d file(s) uploaded (%d bytes, %.0f Mb/s), %d unchanged",
                  version, result.uploaded_files, result.uploaded_bytes, result.mbits_per_s, result.reused_files)
