@@ -29,6 +29,7 @@ import importlib
 import io
 import math
 import pickle
+import re
 from pathlib import Path
 
 from jobs.runtime.checkpoint import safepath
@@ -49,6 +50,13 @@ _ALLOWED = {
 }
 """Every global a DCP `.metadata` refers to (torch 2.13: Metadata and its records, tensor sizes,
 dtypes, layouts and memory formats, the checkpoint path)."""
+
+
+def refusal(exc: BaseException) -> str:
+    """What torch's weights_only unpickler refused, in a few words (its message goes on to explain
+    how to load the file unsafely, which is not advice to pass on)."""
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc)) or re.search(r"Unsupported operand \d+", str(exc))
+    return f"it refers to {found.group(1)}" if found and found.groups() else (found.group(0) if found else "not plain data")
 
 
 class MetadataUnpickler(pickle.Unpickler):
@@ -129,6 +137,15 @@ def merged_metadata(version_dir: Path, ranks: list[int], prefer: int | None = No
     return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage)
 
 
+def unwrap(exc: BaseException) -> BaseException:
+    """DCP wraps what a rank raised in a CheckpointException: the first CheckpointError inside, else `exc`."""
+    for failure in (getattr(exc, "failures", None) or {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, CheckpointError):
+            return inner
+    return exc
+
+
 def safe_reader(version_dir: Path, metadata):
     """A DCP FileSystemReader that answers with `metadata` instead of unpickling `.metadata`."""
     from torch.distributed.checkpoint import FileSystemReader
@@ -151,9 +168,8 @@ def safe_planner():
             try:
                 loaded = torch.load(value, weights_only=True)
             except pickle.UnpicklingError as exc:
-                raise UnsafeCheckpoint(f"checkpoint value {read_item.dest_index.fqn} is not plain data "
-                                       f"(weights_only refused it: {str(exc).splitlines()[0]}); nothing in it was run. "
-                                       f"{safepath.FIX}") from None
+                raise UnsafeCheckpoint(f"checkpoint value {read_item.dest_index.fqn} is not plain data (weights_only "
+                                       f"refused it: {refusal(exc)}); nothing in it was run. {safepath.FIX}") from None
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
             else:
@@ -169,5 +185,5 @@ def load_file(path: Path, map_location="cpu"):
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise UnsafeCheckpoint(f"{path} is not plain tensors and data (weights_only refused it: "
-                               f"{str(exc).splitlines()[0]}); nothing in it was run. {safepath.FIX}") from None
+        raise UnsafeCheckpoint(f"{path} is not plain tensors and data (weights_only refused it: {refusal(exc)}); "
+                               f"nothing in it was run. {safepath.FIX}") from None

@@ -16,7 +16,7 @@ from jobs.runtime.checkpoint.errors import UnsafeCheckpoint
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 FIX = ("this run's uploader never writes such a manifest: another job wrote into this run's prefix. Restore an "
-       "older version (delete the `latest` pointer's version) and restrict who may write the prefix (docs/security.md)")
+       "older version (delete the `latest` pointer's version) and restrict who may write the prefix")
 
 
 def checked_relative(path: object, where: str) -> str:

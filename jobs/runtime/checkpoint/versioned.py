@@ -126,8 +126,11 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int) -> dict[st
         raise CheckpointError(f"{version_dir} holds no complete rank part (no rank-<r>.json marker)")
     worlds = {m["world"] for m in markers.values()}
     metadata = safeload.merged_metadata(version_dir, sorted(markers), prefer=rank)
-    dcp.load(state, storage_reader=safeload.safe_reader(version_dir, metadata), planner=safeload.safe_planner(),
-             no_dist=True)
+    try:
+        dcp.load(state, storage_reader=safeload.safe_reader(version_dir, metadata), planner=safeload.safe_planner(),
+                 no_dist=True)
+    except dcp.CheckpointException as exc:
+        raise safeload.unwrap(exc) from None
     world = worlds.pop() if len(worlds) == 1 else None
     own = rank in markers
     source = rank if own else min(markers)
