@@ -123,6 +123,8 @@ class LaunchReport:
     restored_version: str | None = None
     uploaded_versions: list[str] = field(default_factory=list)
     signals: list[str] = field(default_factory=list)
+    restarts: list[dict] = field(default_factory=list)
+    """In-job restarts: generation, the failure's cause and node, where it resumed from."""
     command_status: int | None = None
     exit_code: int | None = None
     error: str | None = None
@@ -243,6 +245,8 @@ class SignalForwarder:
         self._previous: dict[int, object] = {}
         self._timer: threading.Timer | None = None
         self.done = False
+        self.stopped: str | None = None
+        """The stopping signal the launcher received (the job is being stopped: no in-job restart)."""
 
     def install(self) -> None:
         for signum in FORWARDED_SIGNALS:
@@ -259,6 +263,8 @@ class SignalForwarder:
             os.killpg(self.child.pid, signum)
         except ProcessLookupError:
             return
+        if signum in STOPPING_SIGNALS:
+            self.stopped = self.stopped or name
         if signum in STOPPING_SIGNALS and self._timer is None:
             self._timer = threading.Timer(self.grace_s, self._kill)
             self._timer.daemon = True
@@ -281,6 +287,34 @@ class SignalForwarder:
     def restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+
+
+class _RestartStopper:
+    """Kills the command's process group at once when the node's leader asks for it: the training
+    failed somewhere in the job and every node restarts it (jobs/runtime/restart.py)."""
+
+    def __init__(self, records, pid: int):
+        self.records, self.pid = records, pid
+        self.killed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="restart-stopper", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from jobs.runtime.restart import POLL_S
+
+        while not self._stop.wait(POLL_S):
+            if self.records.stop_requested() is not None:
+                self.killed = True
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def exit_status(returncode: int) -> int:
@@ -323,6 +357,8 @@ class Launcher:
         self.staged_scratch: str | None = None
         self.store = None
         self.checkpoint_dir: Path | None = None
+        self.node_checkpoints = None
+        self._forwarder: SignalForwarder | None = None
 
     # 1b. NCCL settings for this node; stop before anything runs when NCCL would fall back to TCP
     def nccl_preflight(self) -> None:
@@ -459,31 +495,34 @@ class Launcher:
         if self.ranks.is_node_leader:
             barrier.lead()
             try:
-                version = self._restore_as_leader()
+                version, resume = self._restore_as_leader()
             except BaseException as exc:
                 barrier.fail(str(exc))
                 raise
-            barrier.succeed({"checkpoint_dir": str(self.checkpoint_dir), "version": version})
+            barrier.succeed({"checkpoint_dir": str(self.checkpoint_dir), "version": version, "resume": resume})
         else:
             try:
                 done = barrier.wait()
             except (BarrierFailed, BarrierTimeout) as exc:
                 raise LaunchFailed(EXIT_RESTORE, f"restore on local rank 0 failed: {exc}") from None
             self.checkpoint_dir = Path(done["checkpoint_dir"])
-            version = done.get("version")
-        self.report.restored_version = version
+            version, resume = done.get("version"), done.get("resume")
+        self.report.restored_version = version or (Path(resume).name if resume else None)
         self.child_env[contract.CHECKPOINT_DIR] = str(self.checkpoint_dir)
         if version:
             self.child_env[contract.RESUME_DIR] = str(self.checkpoint_dir)
+        self._resume_from(resume)
         self.report.phases["restore"] = time.monotonic() - started
 
-    def _restore_as_leader(self) -> str | None:
-        from jobs.runtime.checkpoint import (
-            CheckpointError,
-            CheckpointStore,
-            container_from_settings,
-        )
-        from jobs.runtime.throttle import Throttle
+    def _resume_from(self, resume: str | None) -> None:
+        if resume:
+            self.child_env[contract.RESUME_VERSION] = resume
+        else:
+            self.child_env.pop(contract.RESUME_VERSION, None)
+
+    def _restore_as_leader(self) -> tuple[str | None, str | None]:
+        from jobs.runtime.checkpoint import CheckpointError
+        from jobs.runtime.checkpoint.node import NodeCheckpoints
 
         settings = self.checkpoint
         self.checkpoint_dir = self.options.checkpoint_dir or (
@@ -493,13 +532,14 @@ class Launcher:
         if warning:
             log.warning("%s", warning)
         try:
-            container = container_from_settings(settings, self.environ)
+            self.node_checkpoints = NodeCheckpoints(settings, node=self.ranks.node_index, nodes=self.ranks.node_count,
+                                                    local_size=self.ranks.local_size, world=self.ranks.world_size,
+                                                    checkpoint_dir=self.checkpoint_dir, environ=self.environ)
         except ValueError as exc:  # blobio.BlobConfigError: never holds a secret
             raise LaunchFailed(EXIT_USAGE, f"checkpoint storage: {exc}") from None
-        self.store = CheckpointStore(container, settings.stream(self.ranks.node_index),
-                                     throttle=Throttle.from_mbits_per_s(settings.cap_mbps))
+        self.store = self.node_checkpoints.store
         try:
-            manifest = self.store.restore(self.checkpoint_dir)
+            manifest, resume = self.node_checkpoints.restore_at_start()
         except CheckpointError as exc:
             raise LaunchFailed(EXIT_RESTORE, f"restore failed: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - storage errors: say which and stop
@@ -508,18 +548,17 @@ class Launcher:
                 hint = ("; the node's identity (AZURE_CLIENT_ID) needs 'Storage Blob Data Contributor' on the "
                         "account (role assignments take minutes to propagate)")
             raise LaunchFailed(EXIT_RESTORE, f"restore failed: {type(exc).__name__}: {exc}{hint}") from None
-        if manifest is None:
-            log.info("no checkpoint under %s/%s: starting fresh", settings.container, settings.stream(self.ranks.node_index))
-            return None
-        log.info("resuming from checkpoint %s (%d files, %d bytes) in %s", manifest.version, len(manifest.files),
-                 manifest.bytes, self.checkpoint_dir)
-        return manifest.version
+        if manifest is None and resume is None:
+            log.info("no checkpoint under %s/%s: starting fresh", settings.container, settings.prefix)
+        if manifest is not None:
+            log.info("resuming from checkpoint %s (%d files, %d bytes) in %s", manifest.version, len(manifest.files),
+                     manifest.bytes, self.checkpoint_dir)
+        return (manifest.version if manifest else None), (str(resume) if resume else None)
 
     @property
-    def uploads(self) -> bool:
-        """Whether this process uploads checkpoints (local rank 0 of a writing node)."""
-        return (self.checkpoint is not None and self.store is not None and self.ranks.is_node_leader
-                and self.checkpoint.is_writer(self.ranks.node_index))
+    def restarts_allowed(self) -> int:
+        """In-job restarts this job may make (0: a failed training ends the job, as it always did)."""
+        return self.checkpoint.local_restarts if self.checkpoint is not None and self.checkpoint_dir else 0
 
     # 7. training
     def command_env(self) -> dict[str, str]:
@@ -528,17 +567,49 @@ class Launcher:
         return env
 
     def train(self) -> int:
-        from jobs.runtime import watchdog
-        from jobs.runtime.checkpoint import BackgroundUploader
+        from jobs.runtime.checkpoint import tier
 
-        progress_dir = _node_dir(self.ranks, self.environ, "progress")
-        self.child_env[contract.PROGRESS_FILE] = str(watchdog.progress_path(progress_dir, self.ranks.local_rank))
-        uploader = None
-        if self.uploads:
-            uploader = BackgroundUploader(self.store, self.checkpoint_dir, self.checkpoint.interval_s, self.checkpoint.keep)
-            uploader.mark_current()
         started = time.monotonic()
-        log.info("starting: %s", " ".join(self.options.command))
+        if self.node_checkpoints is not None:
+            self.node_checkpoints.start_uploads()
+        generation = 0
+        while True:
+            self.child_env[contract.RESTART_GENERATION] = str(generation)
+            self.child_env[contract.CHECKPOINT_TAG] = tier.timeline_tag(self.ranks.run_id, generation)
+            status, decision = self._run_generation(generation)
+            if decision is None or decision.result != "restart":
+                break
+            self._forwarder.restore()
+            self.report.restarts.append({"generation": generation + 1, "cause": (decision.failure or {}).get("cause"),
+                                         "failed_node": (decision.failure or {}).get("node"),
+                                         "source": decision.source, "version": decision.version,
+                                         "step": decision.step, "blob_version": decision.blob_version,
+                                         "started": time.time()})
+            log.warning("in-job restart %d: %s; resuming from %s", generation + 1, decision.reason,
+                        f"{decision.version} ({decision.source})" if decision.version else "the start")
+            self._resume_from(decision.resume)
+            if self.node_checkpoints is not None:
+                self.node_checkpoints.start_uploads(protect={decision.version} if decision.version else None)
+            generation += 1
+        self.report.phases["training"] = time.monotonic() - started
+        self._mark_exited(status)
+        if self.ranks.is_node_leader and self.node_checkpoints is not None:
+            status = self._final_upload(status)
+        if self._forwarder is not None:
+            self._forwarder.restore()
+        return status
+
+    def _run_generation(self, generation: int):
+        """One run of the training command; returns (status, the node's decision or None)."""
+        from jobs.runtime import restart, watchdog
+
+        progress_dir = _node_dir(self.ranks, self.environ, "progress" if generation == 0 else f"progress-g{generation}")
+        self.child_env[contract.PROGRESS_FILE] = str(watchdog.progress_path(progress_dir, self.ranks.local_rank))
+        records = restart.NodeRecords(_node_dir(self.ranks, self.environ, "restart"), generation)
+        coordinated = self.restarts_allowed > 0
+        outcome_barrier = self._coordinator(generation, records) if coordinated else None
+        started = time.monotonic()
+        log.info("starting%s: %s", f" (in-job restart {generation})" if generation else "", " ".join(self.options.command))
         try:
             child = subprocess.Popen(self.options.command, env=self.command_env(), start_new_session=True,
                                      preexec_fn=_die_with_parent)
@@ -546,30 +617,103 @@ class Launcher:
             raise LaunchFailed(EXIT_NOT_FOUND, f"command not found: {self.options.command[0]}") from None
         except PermissionError:
             raise LaunchFailed(EXIT_NOT_EXECUTABLE, f"command not executable: {self.options.command[0]}") from None
-        forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
+        forwarder = self._forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
         forwarder.install()
         self.guard = watchdog.attach(self, child.pid, progress_dir)
-        if uploader is not None:
-            uploader.start()
+        stopper = _RestartStopper(records, child.pid) if coordinated else None
         try:
             returncode = child.wait()
         finally:
-            forwarder.finish()
+            forwarder.finish()  # signals stay caught until the next run or the end of the final upload
             self.guard.stop()
+            if stopper is not None:
+                stopper.stop()
         status = self.report.command_status = exit_status(returncode)
-        self.report.phases["training"] = time.monotonic() - started
-        log.info("training command exited with %d after %.1fs", status, self.report.phases["training"])
+        log.info("training command exited with %d after %.1fs", status, time.monotonic() - started)
         if self.guard.fired:
-            status, self.report.error = EXIT_HANG, f"hang: {self.guard.fired.get('message')}"
-        self._mark_exited(status)
-        if uploader is not None:
-            status = self._final_upload(uploader, status)
-        forwarder.restore()
-        return status
+            cause, message = "hang", f"hang: {self.guard.fired.get('message')}"
+        elif forwarder.stopped:
+            cause, message = "stopped", f"stopped by {forwarder.stopped}"
+        elif stopper is not None and stopper.killed:
+            cause, message = "restart", "stopped for an in-job restart"
+        else:
+            cause, message = "exit", f"exit {status}"
+        if not coordinated:
+            if cause == "hang":
+                status, self.report.error = EXIT_HANG, message
+            return status, None
+        records.record_exit(self.ranks.local_rank, status, cause, message,
+                            peer_silent=bool(cause == "hang" and self.guard.fired.get("peer_silent")))
+        decision = self._outcome(outcome_barrier)
+        if decision.result == "restart":
+            return status, decision
+        if decision.exit_code is not None:
+            status = decision.exit_code
+        elif cause == "hang" or (cause == "restart" and (decision.failure or {}).get("cause") == "hang"):
+            status = EXIT_HANG
+        elif cause == "restart":
+            status = int((decision.failure or {}).get("status") or status)
+        if decision.result == "end":
+            self.report.error = f"{decision.reason}" + (f" (after {message})" if cause != "exit" else "")
+            log.error("the job ends: %s", decision.reason)
+        return status, decision
+
+    def _coordinator(self, generation: int, records):
+        """Local rank 0: the node's side of the generation, in a thread, its decision behind a node barrier."""
+        from jobs.runtime import restart
+        from jobs.runtime.nodebarrier import NodeBarrier
+
+        barrier = NodeBarrier(records.outcome_dir, RESTORE_WAIT_S, self.ranks.run_id)
+        if not self.ranks.is_node_leader:
+            return barrier
+        shared = None
+        if self.node_checkpoints is not None:
+            shared = restart.JobRecords(self.node_checkpoints.store.container, self.checkpoint.prefix,
+                                        self.ranks.run_id, generation)
+        hooks = restart.Hooks(report=self._restart_report, apply=self._apply_restart)
+        coordinator = restart.Coordinator(generation=generation, node=self.ranks.node_index,
+                                          nodes=self.ranks.node_count, local_size=self.ranks.local_size,
+                                          records=records, shared=shared, limit=self.restarts_allowed,
+                                          agree_s=self.checkpoint.agree_s, hooks=hooks)
+        barrier.lead()
+
+        def run() -> None:
+            try:
+                decision = coordinator.watch()
+                barrier.succeed({**decision.to_json(), "failure": coordinator.failure})
+            except BaseException as exc:  # noqa: BLE001 - the node's ranks must hear of it, then end
+                log.exception("the restart coordinator failed")
+                barrier.fail(f"the restart coordinator failed: {type(exc).__name__}: {exc}")
+
+        thread = threading.Thread(target=run, name="restart-coordinator", daemon=True)
+        thread.start()
+        return barrier
+
+    def _outcome(self, barrier):
+        from jobs.runtime import restart
+        from jobs.runtime.nodebarrier import BarrierFailed, BarrierTimeout
+
+        try:
+            result = barrier.wait()
+        except (BarrierFailed, BarrierTimeout) as exc:
+            return restart.Decision("end", f"no restart decision on this node: {exc}")
+        return restart.Decision(**{k: result.get(k) for k in restart.Decision.__dataclass_fields__})
+
+    def _restart_report(self) -> dict:
+        report = self.node_checkpoints.restart_report() if self.node_checkpoints is not None else {"versions": []}
+        return {**report, "host": self.report.host}
+
+    def _apply_restart(self, decision):
+        if self.node_checkpoints is None:
+            from jobs.runtime.checkpoint import tier
+
+            tier.discard_after(self.checkpoint_dir, decision.step if decision.source == "local" else None)
+            return decision
+        return self.node_checkpoints.apply(decision)
 
     # 8. final upload
     def _mark_exited(self, status: int) -> None:
-        if self.checkpoint is None or self.checkpoint.writers == "rank0":
+        if self.checkpoint is None:
             return
         from jobs.runtime.nodebarrier import write_json_atomic
 
@@ -577,8 +721,8 @@ class Launcher:
                           {"pid": os.getpid(), "status": status, "written": time.time()})
 
     def _wait_for_local_ranks(self) -> None:
-        """Sharded checkpoints: every local rank's command must be done writing its shard."""
-        if self.checkpoint.writers == "rank0" or self.ranks.local_size == 1:
+        """Every local rank's command must be done writing its part before the last upload."""
+        if self.ranks.local_size == 1:
             return
         folder = _node_dir(self.ranks, self.environ, "exited")
         deadline = time.monotonic() + self.options.final_wait_s
@@ -589,26 +733,20 @@ class Launcher:
             time.sleep(0.2)
         log.warning("local rank(s) %s still running after %.0fs: uploading what is there", missing, self.options.final_wait_s)
 
-    def _final_upload(self, uploader, status: int) -> int:
-        from jobs.runtime.checkpoint import CheckpointError
-
+    def _final_upload(self, status: int) -> int:
         started = time.monotonic()
         self._wait_for_local_ranks()
         try:
-            final = uploader.finish()
-        except CheckpointError as exc:
-            self.report.error = str(exc)
-            if status == 0:
-                log.error("%s", exc)
-                return EXIT_FINAL_UPLOAD
-            log.error("%s (the command had already failed with %d)", exc, status)
-            return status
+            errors = self.node_checkpoints.finish(self.options.final_wait_s)
         finally:
-            self.report.uploaded_versions = [r.version for r in uploader.results if r.version]
+            self.report.uploaded_versions = list(self.node_checkpoints.uploaded)
             self.report.phases["final_upload"] = time.monotonic() - started
-        if final is not None and final.version:
-            log.info("checkpoint %s is the latest in %s/%s", final.version, self.checkpoint.container,
-                     self.checkpoint.stream(self.ranks.node_index))
+        if errors:
+            self.report.error = "; ".join(errors)
+            if status == 0:
+                log.error("%s", self.report.error)
+                return EXIT_FINAL_UPLOAD
+            log.error("%s (the command had already failed with %d)", self.report.error, status)
         return status
 
     def write_report(self) -> None:

@@ -40,14 +40,12 @@ from typing import Any
 
 from jobs.runtime import contract, progress
 
-RESUME_VERSION = "AMLHPC_RESUME_VERSION"
-"""Set by the launcher: the version folder (node-local tier) to resume from."""
-RESTART_GENERATION = "AMLHPC_RESTART_GENERATION"
-"""Set by the launcher: 0 for the job's first training run, n after n in-job restarts."""
-CHECKPOINT_TAG = "AMLHPC_CHECKPOINT_TAG"
-"""Set by the launcher: the timeline this run's versions belong to (tier.timeline_tag)."""
+RESUME_VERSION = contract.RESUME_VERSION
+RESTART_GENERATION = contract.RESTART_GENERATION
+CHECKPOINT_TAG = contract.CHECKPOINT_TAG
 INJECT_FAULT = "AMLHPC_INJECT_FAULT"
-"""Tests and rehearsals: KIND@STEP[:rank=R][:generation=G], KIND crash | nccl | hang."""
+"""Tests and rehearsals: KIND@STEP[:rank=R][:generation=G][:after_commit=K][:corrupt=1], several
+separated by ';'; KIND crash | nccl | hang."""
 EXIT_INJECTED_CRASH = 86
 
 
@@ -308,38 +306,90 @@ def load_state(state: TrainState, version: Path | None = None) -> int:
 # --- fault injection for tests and rehearsals -----------------------------------------
 
 
+FAULT_OPTIONS = ("rank", "generation", "after_commit", "corrupt")
+
+
 @dataclass(frozen=True)
 class FaultSpec:
     kind: str
     step: int
     rank: int = 0
     generation: int = 0
+    after_commit: int | None = None
+    """First wait until the node's uploader noted a version of at least this step committed in Blob."""
+    corrupt: bool = False
+    """Before failing, flip a byte in each of this rank's files of every local version."""
 
 
-def parse_fault(text: str) -> FaultSpec | None:
-    """KIND@STEP[:rank=R][:generation=G]; None when unset. A bad spec stops the run (exit 2)."""
+def parse_faults(text: str) -> list[FaultSpec]:
+    """Specs separated by ';' (one per generation to fail, say)."""
+    return [parse_fault(part) for part in text.split(";") if part.strip()]
+
+
+def parse_fault(text: str) -> FaultSpec:
+    """KIND@STEP[:rank=R][:generation=G][:after_commit=K][:corrupt=1]."""
     text = text.strip()
-    if not text:
-        return None
     head, *options = text.split(":")
     kind, _, step = head.partition("@")
     fields = dict(option.split("=", 1) for option in options if "=" in option)
-    if kind not in ("crash", "nccl", "hang") or not step.isdigit() or set(fields) - {"rank", "generation"}:
-        raise SystemExit(f"{INJECT_FAULT}={text!r}: expected KIND@STEP[:rank=R][:generation=G] with KIND crash, nccl or hang")
-    return FaultSpec(kind, int(step), int(fields.get("rank", 0)), int(fields.get("generation", 0)))
+    if (kind not in ("crash", "nccl", "hang") or not step.isdigit() or set(fields) - set(FAULT_OPTIONS)
+            or not all(v.isdigit() for v in fields.values())):
+        raise SystemExit(f"{INJECT_FAULT}={text!r}: expected KIND@STEP[:rank=R][:generation=G][:after_commit=K]"
+                         "[:corrupt=1] with KIND crash, nccl or hang")
+    after = fields.get("after_commit")
+    return FaultSpec(kind, int(step), int(fields.get("rank", 0)), int(fields.get("generation", 0)),
+                     int(after) if after is not None else None, fields.get("corrupt") == "1")
+
+
+def _wait_committed(step: int, limit_s: float = 300.0) -> None:
+    import json
+
+    from jobs.runtime.checkpoint import tier
+    from jobs.runtime.checkpoint.uploader import COMMITTED_FILE
+
+    path = tier.versions_dir(Path(os.environ.get(contract.CHECKPOINT_DIR) or "outputs/checkpoints")) / COMMITTED_FILE
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(path.read_text()).get("step", -1) >= step:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    print(f"injected fault: no version of step >= {step} was committed within {limit_s:.0f}s", file=sys.stderr)
+
+
+def _corrupt_local_copies(rank: int) -> list[str]:
+    from jobs.runtime.checkpoint import tier
+
+    corrupted = []
+    for version in tier.scan_versions(Path(os.environ.get(contract.CHECKPOINT_DIR) or "outputs/checkpoints")):
+        for path in sorted(p for p in tier.rank_dir(version.path, rank).rglob("*") if p.is_file()):
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+            corrupted.append(f"{version.name}/{path.name}")
+    return corrupted
 
 
 def inject_fault(step: int) -> None:
     """Fail here when AMLHPC_INJECT_FAULT asks for this step, rank and restart generation (once:
-    a restarted run has another generation). Checkpoint writes in flight finish first, so the
-    version a restart resumes from is the same on every run of the test."""
-    spec = parse_fault(os.environ.get(INJECT_FAULT, ""))
-    if spec is None or spec.step != step:
+    a restarted run has another generation). Every rank first finishes its checkpoint writes at
+    that step, so the versions a restart can choose from are the same on every run of a test."""
+    generation = int(os.environ.get(RESTART_GENERATION, "0") or 0)
+    due = [f for f in parse_faults(os.environ.get(INJECT_FAULT, "")) if f.step == step and f.generation == generation]
+    if not due:
         return
-    rank, _ = _dist()
-    if rank != spec.rank or int(os.environ.get(RESTART_GENERATION, "0") or 0) != spec.generation:
-        return
+    spec = due[0]
     finish_checkpoints()
+    rank, _ = _dist()
+    if rank != spec.rank:
+        return
+    if spec.after_commit is not None:
+        _wait_committed(spec.after_commit)
+    if spec.corrupt:
+        print(f"injected fault: corrupted {', '.join(_corrupt_local_copies(rank)) or 'nothing'}", file=sys.stderr,
+              flush=True)
     print(f"injected fault: {spec.kind} on rank {rank} at step {step}", file=sys.stderr, flush=True)
     if spec.kind == "crash":
         os._exit(EXIT_INJECTED_CRASH)

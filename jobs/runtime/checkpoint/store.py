@@ -435,8 +435,12 @@ class CheckpointStore:
         from azure.core import MatchConditions
         from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
 
+        head, head_etag = self.pointer()
         if expected_etag is False:
-            expected_etag = self.pointer()[1]
+            expected_etag = head_etag
+        if head is not None and sequence_of(head["version"]) >= sequence:
+            raise CheckpointError(f"version {version} is not newer than the committed {head['version']}: `latest` never "
+                                  "moves back; not committed")
         records = self.pendings().get(version, {})
         waiting = [n for n in nodes if n not in records or not records[n].staged]
         if waiting:

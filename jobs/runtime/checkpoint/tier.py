@@ -45,6 +45,11 @@ def version_name(step: int) -> str:
     return f"step-{step:09d}"
 
 
+def is_version_name(name: object) -> bool:
+    """A version folder's name, nothing else (no path, no '..')."""
+    return isinstance(name, str) and _VERSION.match(name) is not None
+
+
 def versions_dir(checkpoint_dir: Path) -> Path:
     return Path(checkpoint_dir) / VERSIONS_DIR
 

@@ -19,7 +19,9 @@ Standard library plus azure-storage-blob: ships in the image.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -37,6 +39,7 @@ from jobs.runtime.checkpoint.store import CheckpointStore, UploadResult, sequenc
 
 log = logging.getLogger("amlhpc.checkpoint")
 
+COMMITTED_FILE = "committed.json"
 FOLDER_EXCLUDE = frozenset({tier.VERSIONS_DIR})
 """The folder uploader leaves the versioned tier to the version uploader."""
 
@@ -163,8 +166,17 @@ class VersionUploader:
         finally:
             self._uploading = None
 
+    def _head_step(self) -> int:
+        pointer, _ = self.store.pointer()
+        return sequence_of(pointer["version"]) if pointer else -1
+
     def _try_commit(self) -> None:
+        head = self._head_step()
         for blob, version in sorted(self._staged.items(), key=lambda item: item[1].step):
+            if version.step <= head:  # a newer one is committed already
+                self.store.abandon(blob)
+                del self._staged[blob]
+                continue
             try:
                 self.store.commit(blob, version.step, list(range(self.nodes)), self._meta(version))
             except NotReady:
@@ -176,6 +188,7 @@ class VersionUploader:
                 continue
             del self._staged[blob]
             self.committed.append(blob)
+            self._note_committed(blob, version.step)
             # Older staged versions will never be newer than this one: withdraw them.
             for older in [b for b, v in self._staged.items() if v.step <= version.step]:
                 self.store.abandon(older)
@@ -184,14 +197,32 @@ class VersionUploader:
 
     def lead_round(self) -> None:
         """Node 0: stage the newest version held whole and not in Blob yet, then try to commit."""
-        known = set(self.store.versions()) | set(self._staged)
-        fresh = [v for v in self._held() if self.blob_id(v) not in known]
+        known, head = set(self.store.versions()) | set(self._staged), self._head_step()
+        fresh = [v for v in self._held() if v.step > head and self.blob_id(v) not in known]
         if fresh:
             self._stage(fresh[-1])
         self._try_commit()
 
+    def _note_committed(self, blob: str, step: int) -> None:
+        """`versions/committed.json`: the newest version this node knows is committed (for the
+        training and the tests, which can then act after a commit rather than after a time)."""
+        path = tier.versions_dir(self.checkpoint_dir) / COMMITTED_FILE
+        try:
+            current = json.loads(path.read_text()).get("step", -1) if path.exists() else -1
+            if step > current:
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_text(json.dumps({"version": blob, "step": step, "written": time.time()}))
+                os.replace(tmp, path)
+        except (OSError, ValueError) as exc:
+            log.warning("could not note the committed checkpoint: %s", exc)
+
     def follow_round(self) -> None:
         """Other nodes: stage the parts of what node 0 is uploading, when this node holds it."""
+        pointer, _ = self.store.pointer()
+        if pointer is not None:
+            mine = {self.blob_id(v): v for v in self._held()}
+            if pointer["version"] in mine:
+                self._note_committed(pointer["version"], mine[pointer["version"]].step)
         pendings = self.store.pendings()
         led = {v for v, nodes in pendings.items() if 0 in nodes}
         for blob in [b for b in self._staged if b not in led]:  # node 0 committed or dropped it
