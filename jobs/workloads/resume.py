@@ -284,10 +284,10 @@ def load_state(state: TrainState, version: Path | None = None) -> int:
     if version is None:
         progress.report(0)  # a fresh start: the watchdog watches from here
         return 0
-    rank, _ = _dist()
+    rank, world = _dist()
     model_sd, optim_sd = _model_and_optim(state)
     loaded = {"model": model_sd, "optim": optim_sd}
-    trainer = load_version(version, loaded, rank)
+    trainer = load_version(version, loaded, rank, world)
     set_state_dict(state.model, state.optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     if state.sampler is not None and trainer.get("sampler") is not None:
         state.sampler.load_state_dict(trainer["sampler"], same_world=trainer["same_world"])

@@ -114,9 +114,10 @@ class Checkpointer:
         log.info("rank %d: checkpoint %s written in %.2fs", self.rank, version_dir.name, time.perf_counter() - started)
 
 
-def load_version(version_dir: Path, state: dict[str, Any], rank: int) -> dict[str, Any]:
+def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int | None = None) -> dict[str, Any]:
     """Load the version into `state` in place; returns the trainer state to resume from, with
-    "same_world" saying whether it is this rank's own (RNG included) or another rank's."""
+    "same_world" saying whether it is this rank's own at the world size that saved it (RNG and
+    data position included) or, on another world size (`world`), rank 0's or the lowest's."""
     import torch.distributed.checkpoint as dcp
 
     version_dir = Path(version_dir)
@@ -131,10 +132,10 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int) -> dict[st
                  no_dist=True)
     except dcp.CheckpointException as exc:
         raise safeload.unwrap(exc) from None
-    world = worlds.pop() if len(worlds) == 1 else None
-    own = rank in markers
-    source = rank if own else min(markers)
+    saved = worlds.pop() if len(worlds) == 1 else None
+    same = rank in markers and saved is not None and (world is None or world == saved)
+    source = rank if same else min(markers)
     trainer = json.loads((tier.rank_dir(version_dir, source) / TRAINER_FILE).read_text())
-    trainer["same_world"] = own and world is not None
-    trainer["saved_world"] = world
+    trainer["same_world"] = same
+    trainer["saved_world"] = saved
     return trainer

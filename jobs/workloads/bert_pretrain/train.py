@@ -93,6 +93,8 @@ def sample(index: int, seq_len: int, vocab: int, seed: int) -> tuple[torch.Tenso
     labels = torch.full_like(ids, -100)
     chosen = torch.rand(ids.shape, generator=generator) < MASK_PROB
     chosen[0] = chosen[-1] = False
+    if not chosen.any():  # a sequence with nothing to predict has no loss (NaN): mask one token
+        chosen[1 + index % (seq_len - 2)] = True
     labels[chosen] = ids[chosen]
     action = torch.rand(ids.shape, generator=generator)
     ids[chosen & (action < 0.8)] = 3
