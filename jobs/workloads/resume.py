@@ -60,15 +60,18 @@ def _permutation(length: int, seed: int, epoch: int) -> list[int]:
 
 
 class ShardSampler:
-    """This rank's own samples, shuffled per epoch from (seed, epoch); `batch` samples per step."""
+    """This rank's own samples, shuffled per epoch from (seed, epoch); `batch` samples per step.
+    `limit` caps the steps of an epoch (the training sets it: every rank runs as many)."""
 
     def __init__(self, length: int, batch: int, seed: int):
         self.length, self.batch, self.seed = length, batch, seed
         self.epoch, self.position = 0, 0
+        self.limit: int | None = None
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.length // self.batch
+        steps = self.length // self.batch
+        return min(steps, self.limit) if self.limit else steps
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -84,13 +87,18 @@ class ShardSampler:
         return self.steps_per_epoch * self.batch - self.position
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "steps_in_epoch": self.position // self.batch}
+        return {"epoch": self.epoch, "position": self.position, "steps_in_epoch": self.position // self.batch,
+                "steps_per_epoch": self.steps_per_epoch}
 
     def load_state_dict(self, state: dict[str, Any], same_world: bool = True) -> None:
         self.epoch = int(state["epoch"])
+        if same_world:
+            self.position = int(state["position"])
+            return
         # On another world size the shards differ: go on from the same fraction of the epoch.
-        steps = int(state.get("steps_in_epoch", int(state["position"]) // self.batch))
-        self.position = int(state["position"]) if same_world else min(steps, self.steps_per_epoch) * self.batch
+        done, total = int(state["steps_in_epoch"]), max(int(state["steps_per_epoch"]), 1)
+        steps = self.steps_per_epoch if done >= total else done * self.steps_per_epoch // total
+        self.position = steps * self.batch
 
 
 class GlobalBatchSampler:

@@ -94,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
 
     sampler = common.ShardSampler(len(dataset), args.batch_size * accumulation, args.seed + d.rank)
+    steps_per_epoch = common.all_reduce_min(d, sampler.steps_per_epoch)  # DDP needs equal step counts on every rank
+    if args.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, args.max_steps_per_epoch)
+    if steps_per_epoch == 0:
+        print(f"rank {d.rank}: fewer samples than --batch-size {args.batch_size}", file=sys.stderr)
+        return 2
+    sampler.limit = steps_per_epoch
     state = common.TrainState(model, optimizer, sampler=sampler, extra=lambda: {"scaler": scaler.state_dict()})
     step = common.load_state(state)
     if state.resumed_extra.get("scaler"):
@@ -104,12 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, num_workers=workers,
                         generator=torch.Generator().manual_seed(args.seed + d.rank),
                         pin_memory=d.device.type == "cuda", persistent_workers=workers > 0)
-    steps_per_epoch = common.all_reduce_min(d, sampler.steps_per_epoch)  # DDP needs equal step counts on every rank
-    if args.max_steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, args.max_steps_per_epoch)
-    if steps_per_epoch == 0:
-        print(f"rank {d.rank}: fewer samples than --batch-size {args.batch_size}", file=sys.stderr)
-        return 2
     start_epoch = sampler.epoch + (1 if sampler.position >= steps_per_epoch * sampler.batch else 0)
     val_loader = DataLoader(data.CosmoFlowFiles(val_files), batch_size=args.batch_size) if val_files else None
     metrics = common.Metrics(d, args.output_dir)
