@@ -172,6 +172,36 @@ def _step_of(path: Path) -> int:
     return int("".join(c for c in path.stem if c.isdigit()) or 0)
 
 
+def data_parallel(model, d: Dist, deterministic: bool = False):
+    """(the module to call, a function to call after the last backward of a step).
+
+    Normally DistributedDataParallel, whose gradient all-reduce overlaps the backward. With
+    `deterministic` on several ranks: the model itself, and gradients averaged parameter by
+    parameter in a fixed order after the backward. DDP's buckets are rebuilt after the first
+    iteration of every process, so a resumed process sums a gradient's elements in another
+    order than an uninterrupted one on more than 2 ranks (ring all-reduce chunks follow the
+    bucket layout): bit-identical resumes need the fixed order, at the cost of the overlap."""
+    import torch
+    import torch.distributed as dist
+
+    if d.world == 1:
+        return model, lambda: None
+    if not deterministic:
+        device_ids = [d.device.index] if d.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids), lambda: None
+    with torch.no_grad():
+        for parameter in model.parameters():  # what DDP does at construction: every rank starts from rank 0's
+            dist.broadcast(parameter.data, 0)
+
+    def average() -> None:
+        for parameter in model.parameters():
+            if parameter.grad is not None:
+                dist.all_reduce(parameter.grad)
+                parameter.grad.div_(d.world)
+
+    return model, average
+
+
 # --- versioned checkpoints and exact resume (jobs/workloads/resume.py) --------------------
 # save_state / load_state / finish_checkpoints: the checkpoint API of every workload here.
 from jobs.workloads.resume import (  # noqa: E402 - grouped with the helpers they belong to
@@ -185,7 +215,8 @@ from jobs.workloads.resume import (  # noqa: E402 - grouped with the helpers the
 )
 
 __all__ = ["Dist", "GlobalBatchSampler", "Metrics", "ShardSampler", "Timer", "TrainState", "all_reduce_mean",
-           "all_reduce_min", "barrier", "checkpoint_dir", "finish_checkpoints", "init_distributed", "inject_fault",
+           "all_reduce_min", "barrier", "checkpoint_dir", "data_parallel", "finish_checkpoints", "init_distributed",
+           "inject_fault",
            "latest_checkpoint", "load_state", "profiler", "save_state"]
 
 

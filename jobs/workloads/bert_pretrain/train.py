@@ -56,7 +56,7 @@ def parse(argv):
                         "(kept when a job resumes on fewer ranks); 0: micro batch x accumulation x world")
     p.add_argument("--dropout", type=float, help="hidden and attention dropout (default: the model's, 0.1)")
     p.add_argument("--samples", type=int, default=1 << 16, help="samples in one epoch of the synthetic corpus")
-    p.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms (bit-exact resumes)")
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels and a fixed gradient-reduction order (bit-exact resumes; common.data_parallel)")
     p.add_argument("--sync-checkpoints", action="store_true", help="write checkpoints in the training loop (no background)")
     p.add_argument("--output-dir", default="outputs")
     p.add_argument("--seed", type=int, default=0)
@@ -134,7 +134,7 @@ def run_steps(d, args, config, ds_config, steps, metrics, use_ds, seq_len, use_o
         device = engine.device
     else:
         model = model.to(d.device)
-        engine = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
+        engine, sync_gradients = common.data_parallel(model, d, args.deterministic)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         device = d.device
     state = common.TrainState(model, optimizer, sampler=sampler) if save and not use_ds else None
@@ -157,6 +157,7 @@ def run_steps(d, args, config, ds_config, steps, metrics, use_ds, seq_len, use_o
                     (out.loss / gas).backward()
             total += out.loss.detach().double().cpu()
         if not use_ds:
+            sync_gradients()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         sampler.step_done()

@@ -23,7 +23,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from jobs.workloads import common
@@ -44,7 +43,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "0: batch-size x world, no accumulation")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints; 0: after every epoch")
     p.add_argument("--sync-checkpoints", action="store_true", help="write checkpoints in the training loop (no background)")
-    p.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms (bit-exact resumes)")
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels and a fixed gradient-reduction order (bit-exact resumes; common.data_parallel)")
     p.add_argument("--lr", type=float, default=0.001, help="per-rank base rate; scaled by the world size")
     p.add_argument("--warmup-epochs", type=int, default=0)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     x0, _ = dataset[0]
     volume = x0.shape[-1]
     model = CosmoFlow(volume, x0.shape[0], args.conv_size, args.n_conv_layers, args.fc1, args.fc2, dropout=args.dropout).to(d.device)
-    ddp = DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None) if d.world > 1 else model
+    ddp, sync_gradients = common.data_parallel(model, d, args.deterministic)
     lr = args.lr * d.world * accumulation
     optimizer = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9) if args.optimizer == "sgd"
                  else torch.optim.Adam(model.parameters(), lr=lr))
@@ -112,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                         generator=torch.Generator().manual_seed(args.seed + d.rank),
                         pin_memory=d.device.type == "cuda", persistent_workers=workers > 0)
     start_epoch = sampler.epoch + (1 if sampler.position >= steps_per_epoch * sampler.batch else 0)
-    val_loader = DataLoader(data.CosmoFlowFiles(val_files), batch_size=args.batch_size) if val_files else None
+    # Validation draws nothing from the global RNG either: a run resumed after an epoch's last
+    # checkpoint does not validate that epoch again.
+    val_loader = (DataLoader(data.CosmoFlowFiles(val_files), batch_size=args.batch_size,
+                             generator=torch.Generator().manual_seed(args.seed)) if val_files else None)
     metrics = common.Metrics(d, args.output_dir)
     samples, seconds, loss_value, val_mae, step_loss = 0, 0.0, math.nan, None, math.nan
 
@@ -138,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                             loss = F.mse_loss(ddp(x).float(), y) / accumulation
                         scaler.scale(loss).backward()
                     step_loss += float(loss.detach())
+                sync_gradients()
                 scaler.step(optimizer)
                 scaler.update()
                 sampler.step_done()
