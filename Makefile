@@ -35,6 +35,7 @@ BENCH_OUT := bench/out
 bench: env-demo ## benchmarks; results in bench/out/ (UPDATE_RESULTS=1: also rewrite the tracked bench/RESULTS.md)
 	@mkdir -p $(BENCH_OUT)
 	$(PY) -m bench.staging --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
+	$(PY) -m bench.checkpoint --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 	$(PY) -m infra.plan.bench | tee $(BENCH_OUT)/plan.txt
 
 bench-bootstrap: ## time a fresh clone's first `make demo` and `make test` install step (writes bench/out/bootstrap.md)
