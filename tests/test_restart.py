@@ -59,7 +59,9 @@ class TestDecide:
 
 # A training for the launcher: ranks in lockstep through files in a shared folder (no rank
 # starts step s before every rank finished s-1), a versioned checkpoint every 2 steps (tier
-# markers), resumed from AMLHPC_RESUME_VERSION; faults at a step in generation 0.
+# markers), resumed from AMLHPC_RESUME_VERSION; faults at a step in generation 0. (With
+# after_standby the fault hook's barrier needs a process group: this one has none, and each
+# rank waits for its own standby only.)
 TRAIN = r"""
 import json, os, sys, time
 from pathlib import Path
@@ -112,7 +114,7 @@ def node_env(tmp_path: Path, node: int, run_id: str, prefix: str, azurite, conta
                 "AMLHPC_SCRATCH": str(tmp_path / f"node{node}" / "scratch"),
                 "AMLHPC_REPORT_DIR": str(tmp_path / f"node{node}" / "reports"),
                 "RANK": str(node), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
-                "PYTHONPATH": str(REPO), "AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string,
+                "PYTHONPATH": str(REPO), "AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string, "AMLHPC_STANDBY": "off",
                 "AMLHPC_CHECKPOINT_JSON": json.dumps(settings)})
     env.update(extra)
     return env
@@ -156,6 +158,15 @@ class TestInJobRestart:
         assert [(s["step"], s["resumed"]) for s in ran if s["generation"] == 1][0] == (5, "step-000000004")
         assert ran[-1] == {"generation": 1, "step": 8, "resumed": "step-000000004"}
         assert "injected fault: crash on rank 1 at step 5" in outs[1]
+
+    def test_the_warm_standby_runs_the_restarted_command(self, tmp_path, train_script, azurite, container):
+        """With a standby ready (its interpreter up, torch imported), the restart runs in it."""
+        codes, outs, reports = run_job(tmp_path, train_script, azurite, container, 8,
+                                       AMLHPC_INJECT_FAULT="crash@5:rank=1:after_standby=1", AMLHPC_STANDBY="on")
+        assert codes == [0, 0], "\n".join(o[-3000:] for o in outs)
+        for out in outs:
+            assert "warm standby (pid" in out and "runs the command: its interpreter and torch are loaded" in out
+        assert steps(tmp_path, 1)[-1] == {"generation": 1, "step": 8, "resumed": "step-000000004"}
 
     def test_a_hang_restarts_from_the_local_copies(self, tmp_path, train_script, azurite, container):
         codes, outs, reports = run_job(tmp_path, train_script, azurite, container, 8,

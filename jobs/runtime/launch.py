@@ -12,15 +12,22 @@ Azure ML starts it on every process of the job (one per GPU); each one, in order
 5. pinning (AMLHPC_PIN auto|off, jobs.runtime.topology): this process's CPU affinity and
    the command's CUDA_VISIBLE_DEVICES order;
 6. restore (AMLHPC_CHECKPOINT_JSON, jobs.runtime.checkpoint): local rank 0 downloads the
-   latest committed version into the node's checkpoint folder, the others wait;
+   latest committed version of the checkpoint folder, and the newest versioned checkpoint
+   into the node's tier (its own ranks' parts, or every part on another world size), the
+   others wait;
 7. the training command, with AMLHPC_DATA_DIR_<NAME>, AMLHPC_FILE_LIST_<NAME>,
-   AMLHPC_CHECKPOINT_DIR, AMLHPC_RESUME_DIR (when a version was restored) and the pinning
-   variables set; while it runs, the uploading node's local rank 0 uploads the checkpoint
-   folder every `interval_s`; SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 are forwarded to the
-   command's process group (SIGTERM is how a low-priority node is preempted), and the group
-   is killed `--term-grace` seconds after a SIGTERM/SIGINT/SIGHUP if it has not exited;
-8. a final upload once the command (and, for sharded checkpoints, every local rank's
-   command) has exited; then the launcher exits with the command's status.
+   AMLHPC_CHECKPOINT_DIR, AMLHPC_RESUME_DIR (when a folder version was restored),
+   AMLHPC_RESUME_VERSION (the versioned checkpoint to resume from), AMLHPC_RESTART_GENERATION,
+   AMLHPC_CHECKPOINT_TAG and the pinning variables set; while it runs, local rank 0 uploads
+   the checkpoint folder (writer nodes) and the node's parts of versioned checkpoints every
+   `interval_s`; SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 are forwarded to the command's process
+   group (SIGTERM is how a low-priority node is preempted), and the group is killed
+   `--term-grace` seconds after a SIGTERM/SIGINT/SIGHUP if it has not exited. When a command
+   fails - a crash, an NCCL error, a hang the watchdog stops - the launchers of every node
+   stop theirs, agree on a version and start the command again in the same job
+   (jobs.runtime.restart), up to `local_restarts` times;
+8. a final upload once every local rank's command has exited; then the launcher exits with
+   the command's status.
 
 While the command runs, the hang watchdog (AMLHPC_WATCHDOG_JSON, jobs.runtime.watchdog)
 reads the step counter each process reports through AMLHPC_PROGRESS_FILE and stops the
@@ -36,6 +43,8 @@ Exit status: the command's own (128+N when signal N killed it), or:
     7   the hang watchdog stopped the command: no progress for watchdog.hang_s
     8   NCCL would use TCP sockets between the nodes of an InfiniBand size (jobs/runtime/exit_codes.py)
     9   the node's managed identity cannot reach the job's storage with the role it needs
+    10  an in-job restart could not happen: a node did not answer (lost)
+    11  the training failed again after `local_restarts` in-job restarts
     126 the command is not executable, 127 it was not found
 
 The connection string AMLHPC_BLOB_CONNECTION_STRING (Azurite) is removed from the
@@ -83,6 +92,13 @@ PIN_MODES = ("auto", "off")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SECRET_VARIABLES = (contract.BLOB_CONNECTION_STRING,)
+STANDBY_READY = "AMLHPC_STANDBY_READY"
+"""For the training: the file the warm standby for the next restart writes once it is ready."""
+STANDBY = "AMLHPC_STANDBY"
+"""on | off | auto (default): keep a warm standby of a Python training command for in-job
+restarts. auto: when the node has at least 2 CPUs per local rank, so that a standby importing
+torch never slows the running training (a rehearsal of several nodes on one small machine)."""
+STANDBY_MODES = ("on", "off", "auto")
 
 
 class LaunchFailed(Exception):
@@ -317,6 +333,73 @@ class _RestartStopper:
         self._thread.join()
 
 
+class _Standbys:
+    """The warm standby of a Python training command (jobs.runtime.standby): started once the
+    running command has reported its first step (so it never competes with that start), taken
+    by the next in-job restart. One thread starts them and lives as long as the launcher's
+    training phase: a child gets SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG
+    follows the thread), which is what the standby must do only when the launcher goes."""
+
+    def __init__(self, command: list[str]):
+        import queue
+
+        from jobs.runtime.standby import standby_command
+
+        self.command = standby_command(command)
+        self.argv = command
+        self._lock = threading.Lock()
+        self._standby = None
+        self._closed = False
+        self._requests: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def prepare_after_first_step(self, child: subprocess.Popen, progress_file: Path, env: dict[str, str],
+                                 ready_file: Path) -> None:
+        if self.command is None:
+            return
+        ready_file.unlink(missing_ok=True)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="standby", daemon=True)
+            self._thread.start()
+        self._requests.put((child, progress_file, env, ready_file))
+
+    def _serve(self) -> None:
+        from jobs.runtime.standby import Standby, standby_command
+
+        while (request := self._requests.get()) is not None:
+            child, progress_file, env, ready_file = request
+            while child.poll() is None and not progress_file.exists() and not self._closed:
+                time.sleep(0.5)
+            with self._lock:
+                if self._closed or self._standby is not None or child.poll() is not None:
+                    continue
+                try:
+                    self._standby = Standby(standby_command(self.argv, ready_file), env, _die_with_parent)
+                    log.info("warm standby (pid %d) started for the next in-job restart", self._standby.process.pid)
+                except OSError as exc:
+                    log.warning("no warm standby for the next restart: %s", exc)
+
+    def take(self, env: dict[str, str]) -> subprocess.Popen | None:
+        with self._lock:
+            standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        child = standby.activate(env)
+        if child is None:
+            log.warning("the warm standby is gone (exit %s): a cold start", standby.process.returncode)
+            standby.discard()
+        return child
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.discard()
+        if self._thread is not None:
+            self._requests.put(None)
+
+
 def exit_status(returncode: int) -> int:
     """A Popen return code as a shell would report it (signal N -> 128+N)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -359,6 +442,7 @@ class Launcher:
         self.checkpoint_dir: Path | None = None
         self.node_checkpoints = None
         self._forwarder: SignalForwarder | None = None
+        self._standbys = _Standbys(self.options.command if self._standby_wanted() else [])
 
     # 1b. NCCL settings for this node; stop before anything runs when NCCL would fall back to TCP
     def nccl_preflight(self) -> None:
@@ -592,6 +676,7 @@ class Launcher:
                 self.node_checkpoints.start_uploads(protect={decision.version} if decision.version else None)
             generation += 1
         self.report.phases["training"] = time.monotonic() - started
+        self._standbys.close()
         self._mark_exited(status)
         if self.ranks.is_node_leader and self.node_checkpoints is not None:
             status = self._final_upload(status)
@@ -610,13 +695,12 @@ class Launcher:
         outcome_barrier = self._coordinator(generation, records) if coordinated else None
         started = time.monotonic()
         log.info("starting%s: %s", f" (in-job restart {generation})" if generation else "", " ".join(self.options.command))
-        try:
-            child = subprocess.Popen(self.options.command, env=self.command_env(), start_new_session=True,
-                                     preexec_fn=_die_with_parent)
-        except FileNotFoundError:
-            raise LaunchFailed(EXIT_NOT_FOUND, f"command not found: {self.options.command[0]}") from None
-        except PermissionError:
-            raise LaunchFailed(EXIT_NOT_EXECUTABLE, f"command not executable: {self.options.command[0]}") from None
+        ready_file = _node_dir(self.ranks, self.environ, "standby") / f"rank-{self.ranks.local_rank}-g{generation + 1}.ready"
+        self.child_env[STANDBY_READY] = str(ready_file)
+        child = self._spawn()
+        if coordinated and generation < self.restarts_allowed:
+            self._standbys.prepare_after_first_step(child, Path(self.child_env[contract.PROGRESS_FILE]), self.command_env(),
+                                                    ready_file)
         forwarder = self._forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
         forwarder.install()
         self.guard = watchdog.attach(self, child.pid, progress_dir)
@@ -657,6 +741,27 @@ class Launcher:
             self.report.error = f"{decision.reason}" + (f" (after {message})" if cause != "exit" else "")
             log.error("the job ends: %s", decision.reason)
         return status, decision
+
+    def _standby_wanted(self) -> bool:
+        mode = self.environ.get(STANDBY, "").strip() or "auto"
+        if mode not in STANDBY_MODES:
+            log.warning("%s=%r is not one of %s: auto", STANDBY, mode, ", ".join(STANDBY_MODES))
+            mode = "auto"
+        return mode == "on" or (mode == "auto" and (os.cpu_count() or 1) >= 2 * self.ranks.local_size)
+
+    def _spawn(self) -> subprocess.Popen:
+        """The training command: the warm standby made it (after an in-job restart), or a cold start."""
+        child = self._standbys.take(self.command_env())
+        if child is not None:
+            log.info("the warm standby (pid %d) runs the command: its interpreter and torch are loaded", child.pid)
+            return child
+        try:
+            return subprocess.Popen(self.options.command, env=self.command_env(), start_new_session=True,
+                                    preexec_fn=_die_with_parent)
+        except FileNotFoundError:
+            raise LaunchFailed(EXIT_NOT_FOUND, f"command not found: {self.options.command[0]}") from None
+        except PermissionError:
+            raise LaunchFailed(EXIT_NOT_EXECUTABLE, f"command not executable: {self.options.command[0]}") from None
 
     def _coordinator(self, generation: int, records):
         """Local rank 0: the node's side of the generation, in a thread, its decision behind a node barrier."""

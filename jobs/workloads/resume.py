@@ -44,7 +44,7 @@ RESUME_VERSION = contract.RESUME_VERSION
 RESTART_GENERATION = contract.RESTART_GENERATION
 CHECKPOINT_TAG = contract.CHECKPOINT_TAG
 INJECT_FAULT = "AMLHPC_INJECT_FAULT"
-"""Tests and rehearsals: KIND@STEP[:rank=R][:generation=G][:after_commit=K][:corrupt=1], several
+"""Tests and rehearsals: KIND@STEP[:rank=R][:generation=G][:after_commit=K][:after_standby=1][:corrupt=1], several
 separated by ';'; KIND crash | nccl | hang."""
 EXIT_INJECTED_CRASH = 86
 
@@ -314,7 +314,7 @@ def load_state(state: TrainState, version: Path | None = None) -> int:
 # --- fault injection for tests and rehearsals -----------------------------------------
 
 
-FAULT_OPTIONS = ("rank", "generation", "after_commit", "corrupt")
+FAULT_OPTIONS = ("rank", "generation", "after_commit", "after_standby", "corrupt")
 
 
 @dataclass(frozen=True)
@@ -327,6 +327,8 @@ class FaultSpec:
     """First wait until the node's uploader noted a version of at least this step committed in Blob."""
     corrupt: bool = False
     """Before failing, flip a byte in each of this rank's files of every local version."""
+    after_standby: bool = False
+    """First wait until the launcher's warm standby for the next restart is ready (AMLHPC_STANDBY_READY)."""
 
 
 def parse_faults(text: str) -> list[FaultSpec]:
@@ -335,7 +337,7 @@ def parse_faults(text: str) -> list[FaultSpec]:
 
 
 def parse_fault(text: str) -> FaultSpec:
-    """KIND@STEP[:rank=R][:generation=G][:after_commit=K][:corrupt=1]."""
+    """KIND@STEP[:rank=R][:generation=G][:after_commit=K][:after_standby=1][:corrupt=1]."""
     text = text.strip()
     head, *options = text.split(":")
     kind, _, step = head.partition("@")
@@ -343,28 +345,33 @@ def parse_fault(text: str) -> FaultSpec:
     if (kind not in ("crash", "nccl", "hang") or not step.isdigit() or set(fields) - set(FAULT_OPTIONS)
             or not all(v.isdigit() for v in fields.values())):
         raise SystemExit(f"{INJECT_FAULT}={text!r}: expected KIND@STEP[:rank=R][:generation=G][:after_commit=K]"
-                         "[:corrupt=1] with KIND crash, nccl or hang")
+                         "[:after_standby=1][:corrupt=1] with KIND crash, nccl or hang")
     after = fields.get("after_commit")
     return FaultSpec(kind, int(step), int(fields.get("rank", 0)), int(fields.get("generation", 0)),
-                     int(after) if after is not None else None, fields.get("corrupt") == "1")
+                     int(after) if after is not None else None, fields.get("corrupt") == "1",
+                     fields.get("after_standby") == "1")
 
 
-def _wait_committed(step: int, limit_s: float = 300.0) -> None:
+def _wait_for(what: str, done: Callable[[], bool], limit_s: float = 300.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if done():
+            return
+        time.sleep(0.1)
+    print(f"injected fault: {what} did not happen within {limit_s:.0f}s", file=sys.stderr)
+
+
+def _committed_at_least(step: int) -> bool:
     import json
 
     from jobs.runtime.checkpoint import tier
     from jobs.runtime.checkpoint.uploader import COMMITTED_FILE
 
     path = tier.versions_dir(Path(os.environ.get(contract.CHECKPOINT_DIR) or "outputs/checkpoints")) / COMMITTED_FILE
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        try:
-            if json.loads(path.read_text()).get("step", -1) >= step:
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.1)
-    print(f"injected fault: no version of step >= {step} was committed within {limit_s:.0f}s", file=sys.stderr)
+    try:
+        return json.loads(path.read_text()).get("step", -1) >= step
+    except (OSError, ValueError):
+        return False
 
 
 def _corrupt_local_copies(rank: int) -> list[str]:
@@ -390,11 +397,18 @@ def inject_fault(step: int) -> None:
         return
     spec = due[0]
     finish_checkpoints()
+    if spec.after_standby:  # every rank's standby, since the slowest rank's restart is everyone's
+        if os.environ.get("AMLHPC_STANDBY_READY"):
+            _wait_for("the warm standby", Path(os.environ["AMLHPC_STANDBY_READY"]).exists)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
     rank, _ = _dist()
     if rank != spec.rank:
         return
     if spec.after_commit is not None:
-        _wait_committed(spec.after_commit)
+        _wait_for(f"a commit of step {spec.after_commit}", lambda: _committed_at_least(spec.after_commit))
     if spec.corrupt:
         print(f"injected fault: corrupted {', '.join(_corrupt_local_copies(rank)) or 'nothing'}", file=sys.stderr,
               flush=True)
