@@ -439,8 +439,10 @@ class CheckpointStore:
         if expected_etag is False:
             expected_etag = head_etag
         if head is not None and sequence_of(head["version"]) >= sequence:
-            raise CheckpointError(f"version {version} is not newer than the committed {head['version']}: `latest` never "
-                                  "moves back; not committed")
+            # `latest` never moves back: a writer that committed this far is another one, or this version is stale.
+            raise PointerConflict(f"{self.pointer_name} names {head['version']}, not older than {version}: two jobs are "
+                                  "writing checkpoints under one prefix (give each its own prefix), or the version is "
+                                  "stale; not committed")
         records = self.pendings().get(version, {})
         waiting = [n for n in nodes if n not in records or not records[n].staged]
         if waiting:
