@@ -187,7 +187,11 @@ class Rehearsals:
 
 
 def _first(lines, predicate, after: float = 0.0) -> float:
-    return next(t for t, rank, line in lines if t >= after and predicate(rank, line))
+    found = next((t for t, rank, line in lines if t >= after and predicate(rank, line)), None)
+    if found is None:
+        tail = "\n".join(f"r{rank} {line[:200]}" for _, rank, line in lines[-60:])
+        raise AssertionError(f"an expected line is missing from the rehearsal's output; its end:\n{tail}")
+    return found
 
 
 def _is_step(rank: int, line: str) -> bool:

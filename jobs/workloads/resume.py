@@ -352,13 +352,30 @@ def parse_fault(text: str) -> FaultSpec:
                      fields.get("after_standby") == "1")
 
 
-def _wait_for(what: str, done: Callable[[], bool], limit_s: float = 300.0) -> None:
+def _wait_for(what: str, done: Callable[[], bool], step: int, limit_s: float = 300.0) -> None:
+    """Wait for a state of the job; the rank keeps telling the watchdog it is alive meanwhile."""
     deadline = time.monotonic() + limit_s
+    beat = 0.0
     while time.monotonic() < deadline:
         if done():
             return
+        if time.monotonic() >= beat:
+            progress.report(step)
+            beat = time.monotonic() + 1.0
         time.sleep(0.1)
     print(f"injected fault: {what} did not happen within {limit_s:.0f}s", file=sys.stderr)
+
+
+def _all_ranks(mine: bool) -> bool:
+    """Whether `mine` holds on every rank (a collective: every rank calls it in the same loop)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return mine
+    flag = torch.tensor([1 if mine else 0], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def _committed_at_least(step: int) -> bool:
@@ -398,17 +415,13 @@ def inject_fault(step: int) -> None:
     spec = due[0]
     finish_checkpoints()
     if spec.after_standby:  # every rank's standby, since the slowest rank's restart is everyone's
-        if os.environ.get("AMLHPC_STANDBY_READY"):
-            _wait_for("the warm standby", Path(os.environ["AMLHPC_STANDBY_READY"]).exists)
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+        ready = Path(os.environ.get("AMLHPC_STANDBY_READY") or "/nonexistent")
+        _wait_for("every rank's warm standby", lambda: _all_ranks(ready.exists()), step)
     rank, _ = _dist()
     if rank != spec.rank:
         return
     if spec.after_commit is not None:
-        _wait_for(f"a commit of step {spec.after_commit}", lambda: _committed_at_least(spec.after_commit))
+        _wait_for(f"a commit of step {spec.after_commit}", lambda: _committed_at_least(spec.after_commit), step)
     if spec.corrupt:
         print(f"injected fault: corrupted {', '.join(_corrupt_local_copies(rank)) or 'nothing'}", file=sys.stderr,
               flush=True)
