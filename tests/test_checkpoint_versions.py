@@ -73,6 +73,26 @@ class TestBackgroundWriter:
         assert torch.equal(target["w"], torch.arange(1_000_000, dtype=torch.float32))
         assert stall >= 0 and writer.saved == [1]
 
+    def test_the_next_save_reuses_the_buffers_and_keeps_each_state(self, tmp_path):
+        """The second save copies into the first one's CPU buffers (no new allocation) only after
+        the first write is done: both versions hold their own step's values."""
+        torch = pytest.importorskip("torch")
+        from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+
+        weight = torch.ones(100_000)
+        writer = Checkpointer(tmp_path, 0, 1, "t0")
+        writer.save(1, {"w": weight}, {"step": 1})
+        buffer = writer._buffers[("w",)]
+        weight.add_(1)
+        writer.save(2, {"w": weight}, {"step": 2})
+        assert writer._buffers[("w",)] is buffer, "the buffer of the first save is reused"
+        weight.add_(1)
+        writer.wait()
+        for step, value in ((1, 1.0), (2, 2.0)):
+            target = {"w": torch.zeros(100_000)}
+            load_version(tier.versions_dir(tmp_path) / tier.version_name(step), target, 0)
+            assert torch.equal(target["w"], torch.full((100_000,), value)), step
+
     def test_a_failed_write_is_reported_by_the_next_save(self, tmp_path):
         torch = pytest.importorskip("torch")
         from jobs.runtime.checkpoint import CheckpointError

@@ -1,7 +1,8 @@
 """Versioned checkpoints from the training process: torch.distributed.checkpoint (DCP) per rank,
 written in the background into the node-local tier, loaded safely into any world size.
 
-Saving (`Checkpointer.save`): the training waits only while the state is copied to CPU memory;
+Saving (`Checkpointer.save`): the training waits only while the state is copied to CPU memory
+(into the buffers of the previous save when the shapes match);
 a writer thread then runs DCP's FileSystemWriter into `versions/step-N/rank-<r>/` (tier.py) with
 `no_dist=True` - no collective in the background thread, where it could interleave with the
 training's own - writes the rank's trainer state (JSON: step, sampler, RNG) beside it, and last
@@ -36,25 +37,38 @@ TRAINER_FILE = "trainer.json"
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
-def to_cpu(state: Any) -> Any:
-    """A copy of `state` whose tensors live in CPU memory and no longer change with training."""
+def to_cpu(state: Any, buffers: dict | None = None) -> Any:
+    """A copy of `state` whose tensors live in CPU memory and no longer change with training.
+    `buffers` (kept between saves) holds the CPU tensors of the last copy: a tensor of the same
+    shape and dtype is copied into its buffer instead of a new allocation, whose page faults
+    cost as much as the copy itself (the caller must know the last write is done with them)."""
     import torch
     from torch.distributed.tensor import DTensor
 
-    def copy(value):
+    buffers = {} if buffers is None else buffers
+
+    def to_host(path: tuple, tensor):
+        tensor = tensor.detach()
+        held = buffers.get(path)
+        if held is not None and held.shape == tensor.shape and held.dtype == tensor.dtype:
+            return held.copy_(tensor)
+        buffers[path] = tensor.to("cpu", copy=True)
+        return buffers[path]
+
+    def copy(path: tuple, value):
         if isinstance(value, DTensor):
-            local = value.to_local().detach().to("cpu", copy=True)
+            local = to_host(path, value.to_local())
             return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,
                                       shape=value.shape, stride=value.stride())
         if isinstance(value, torch.Tensor):
-            return value.detach().to("cpu", copy=True)
+            return to_host(path, value)
         if isinstance(value, dict):
-            return {k: copy(v) for k, v in value.items()}
+            return {k: copy((*path, k), v) for k, v in value.items()}
         if isinstance(value, list | tuple):
-            return type(value)(copy(v) for v in value)
+            return type(value)(copy((*path, i), v) for i, v in enumerate(value))
         return value
 
-    return copy(state)
+    return copy((), state)
 
 
 class Checkpointer:
@@ -65,6 +79,8 @@ class Checkpointer:
             Path(checkpoint_dir), rank, world, tag, background)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._buffers: dict = {}
+        """CPU copies of the last save's tensors, reused by the next (background saves)."""
         self.saved: list[int] = []
         """Steps whose part this rank finished writing."""
 
@@ -73,7 +89,7 @@ class Checkpointer:
         Returns the seconds the caller was held (waiting for the previous save, and the copy)."""
         started = time.perf_counter()
         self.wait()
-        staged = to_cpu(state) if self.background else state
+        staged = to_cpu(state, self._buffers) if self.background else state
         version_dir = tier.versions_dir(self.checkpoint_dir) / tier.version_name(step)
         if self.background:
             self._thread = threading.Thread(target=self._write_guarded, args=(version_dir, step, staged, trainer),
