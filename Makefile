@@ -68,6 +68,7 @@ bench: env-demo ## benchmarks; results in bench/out/ (UPDATE_RESULTS=1: also rew
 	@mkdir -p $(BENCH_OUT)
 	$(PY) -m bench.staging --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 	$(PY) -m bench.inflate --out $(BENCH_OUT)
+	$(PY) -m bench.checkpoint --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 	$(PY) -m infra.plan.bench | tee $(BENCH_OUT)/plan.txt
 	$(PY) -m bench.recovery --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 

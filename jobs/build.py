@@ -281,15 +281,18 @@ def _checkpoint_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutput
         if shape.priority == "LowPriority":
             warnings.append(f"cluster {shape.cluster!r} is low priority and checkpoints are off: a preempted job fails and starts over")
         return
-    # One process per node uploads (jobs/runtime/checkpoint.py), so the cap is per node and
-    # the writers that share the account's ingress are nodes, not ranks.
-    writers = 1 if recipe.checkpoint_writers == "rank0" else shape.nodes
+    # One process per node uploads (jobs/runtime/checkpoint/), so the cap is per node and the
+    # writers that share the account's ingress are nodes, not ranks. Versioned checkpoints
+    # (common.save_state) are written by every rank, so every node uploads its parts.
+    writers = shape.nodes
     cap = recipe.checkpoint.cap_mbps or max(1, int(outputs.storage.ingress_gbps * 1000 * CHECKPOINT_INGRESS_SHARE / writers))
     env.put(contract.CHECKPOINT_JSON, json.dumps({
         "account_url": outputs.storage.blob_endpoint, "container": outputs.storage.containers["checkpoints"],
         "prefix": f"{recipe.name}/{run_key}", "keep": recipe.checkpoint.keep, "cap_mbps": cap,
         "interval_s": recipe.checkpoint.interval_s, "writers": recipe.checkpoint_writers,
-        "ingress_gbps": outputs.storage.ingress_gbps}, separators=(",", ":")),
+        "ingress_gbps": outputs.storage.ingress_gbps, "local_keep": recipe.checkpoint.local_keep,
+        "local_restarts": recipe.checkpoint.local_restarts, "agree_s": recipe.checkpoint.agree_s},
+        separators=(",", ":")),
         f"checkpoints to Blob: {writers} writer(s) x {cap} Mb/s under {CHECKPOINT_INGRESS_SHARE:.0%} of "
         f"{outputs.storage.ingress_gbps:g} Gb/s ingress")
 

@@ -270,7 +270,7 @@ def checkpoint_state(env: dict[str, str], connection_string: str) -> dict[str, A
     ckpt = json.loads(env[contract.CHECKPOINT_JSON])
     client = blobio.container_client(ckpt["container"], connection_string=connection_string)
     state: dict[str, Any] = {"container": ckpt["container"], "prefix": ckpt["prefix"], "latest": None}
-    for pointer in (f"{ckpt['prefix']}/latest", f"{ckpt['prefix']}/node-0/latest"):
+    for pointer in (f"{ckpt['prefix']}/versions/latest", f"{ckpt['prefix']}/latest", f"{ckpt['prefix']}/node-0/latest"):
         try:
             text = client.get_blob_client(pointer).download_blob().readall().decode()
         except ResourceNotFoundError:

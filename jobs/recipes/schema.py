@@ -142,6 +142,16 @@ class Checkpoint(_Model):
     account's ingress). Default: per_rank for deepspeed (ZeRO shards), else rank0."""
     cap_mbps: int | None = Field(None, ge=1)
     """Per-writer upload cap in Mb/s; default: 90 % of the account ingress / writers."""
+    local_keep: int = Field(2, ge=2, le=20)
+    """Versioned checkpoints (common.save_state) kept on each node's NVMe. At least 2: a rank is at
+    most one version behind the others, so two always leave one every node holds whole."""
+    local_restarts: int = Field(3, ge=0, le=100)
+    """In-job restarts (jobs/runtime/restart.py): after a crashed rank, an NCCL error or a hang, the
+    launchers restart the training inside the same Azure ML job from the newest version every node
+    holds locally. After this many the job ends (exit 11) for a managed run to resubmit; 0: off."""
+    agree_s: int = Field(300, ge=10)
+    """How long nodes wait for each other to agree on an in-job restart; a node that does not answer
+    is lost (exit 10)."""
 
 
 class Watchdog(_Model):
@@ -186,6 +196,11 @@ class Managed(_Model):
     straggler_looks: int = Field(3, ge=1)
     stall_s: int = Field(900, ge=60)
     """An attempt Azure ML reports Paused, Unknown or NotResponding this long is canceled and retried."""
+    min_nodes: int | None = Field(None, ge=1)
+    """Shrink-and-continue: when a node is lost and the cluster has no capacity for the full
+    count, a restart may run on as few as this many nodes (default: the recipe's `nodes`, no
+    shrinking). The training keeps its global batch (more gradient accumulation per rank, e.g.
+    `--global-batch`) and the versioned checkpoint reshards into the smaller world."""
 
     @field_validator("retry_on")
     @classmethod
@@ -395,6 +410,13 @@ class Recipe(_Model):
         if self.framework == "pytorch" and self.distribution == "tensorflow":
             raise ValueError("framework pytorch cannot use distribution tensorflow (it sets TF_CONFIG, not torch.distributed's "
                              "variables): use pytorch, deepspeed or mpi, or set framework: tensorflow")
+        return self
+
+    @model_validator(mode="after")
+    def _min_nodes(self) -> Recipe:
+        if self.managed.min_nodes is not None and self.managed.min_nodes > self.nodes:
+            raise ValueError(f"managed.min_nodes {self.managed.min_nodes} is more than nodes {self.nodes}: the floor for "
+                             "shrink-and-continue cannot exceed the job's node count")
         return self
 
     @model_validator(mode="after")

@@ -31,6 +31,12 @@ FILE_LIST_PREFIX = "AMLHPC_FILE_LIST_"
 CHECKPOINT_DIR = "AMLHPC_CHECKPOINT_DIR"
 RESUME_DIR = "AMLHPC_RESUME_DIR"
 PROGRESS_FILE = "AMLHPC_PROGRESS_FILE"
+RESUME_VERSION = "AMLHPC_RESUME_VERSION"
+"""The versioned checkpoint (a folder of the node's tier) to resume from; unset: start fresh."""
+RESTART_GENERATION = "AMLHPC_RESTART_GENERATION"
+"""0 for the job's first training run, n after n in-job restarts."""
+CHECKPOINT_TAG = "AMLHPC_CHECKPOINT_TAG"
+"""The timeline the run's versioned checkpoints belong to (job run and restart generation)."""
 
 DEFAULT_REPORT_DIR = "outputs/aml-hpc"
 

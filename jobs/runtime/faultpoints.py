@@ -83,6 +83,17 @@ POINTS: dict[str, str] = {
     # `python -m jobs cancel` (jobs.managed.client.cancel_run)
     "cancel.requested": "the cancel request is durable, before the run's controllers are stopped",
     "cancel.stopped": "the controllers were stopped, before the attempts are swept",
+    # jobs.runtime.checkpoint: one versioned upload, its commit, a prune and a restore
+    "checkpoint.pending-written": "a node's pending record (its lease on the blobs it will write) is in Blob; no part yet",
+    "checkpoint.block-staged": "the first block of a part is staged under this session's block ids; the part is not committed",
+    "checkpoint.part-committed": "one part's block list is committed; other parts of the version are still to come",
+    "checkpoint.parts-recorded": "every part of the node is in and its pending record lists them; nothing committed",
+    "checkpoint.verified": "every part of the version was checked in Blob; the manifest is not written",
+    "checkpoint.manifest-written": "the manifest is in; the `latest` pointer still names the previous version",
+    "checkpoint.pointer-written": "the pointer names the new version (committed); its pending records are still there",
+    "checkpoint.prune-listed": "prune listed the data blobs and has not yet read what references them",
+    "checkpoint.prune-decided": "prune decided which versions and blobs go; nothing deleted yet",
+    "checkpoint.restore-file-written": "one file of a restore is in its temporary name, not yet renamed",
     # the training of a rehearsed attempt (jobs.runtime.progress)
     "training.step": "a training process reported a completed step (context: step)",
     "training.compute": "a training process finished its own work on a step, before waiting for its peers "
@@ -191,6 +202,17 @@ def armed(name: str, action: Callable[..., None], *, times: int = 1, at: int = 1
         with _lock:
             if _armed.get(name) is point:
                 del _armed[name]
+
+
+@contextmanager
+def injected(name: str, action: Callable[..., None], *, times: int = 1, at: int = 1,
+             when: Callable[..., bool] | None = None) -> Iterator[Armed]:
+    """`armed`, and an AssertionError when the block never reached the point: an injected
+    fault that did not happen is an error, never a pass."""
+    with armed(name, action, times=times, at=at, when=when) as point:
+        yield point
+    if not point.fired:
+        raise AssertionError(f"fault point {name} was never reached: the injected fault did not happen")
 
 
 def crash(**_context: Any) -> None:

@@ -196,16 +196,19 @@ class NodeWatch:
         return None
 
 
-def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now, hang_s: float) -> tuple[int, str] | None:
-    """The first other node that made no progress, or went silent, for `hang_s` (service time)."""
+def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now, hang_s: float,
+                 since=None) -> tuple[int, str] | None:
+    """The first other node that made no progress, or went silent, for `hang_s` (service time).
+    `since`: when this node's watch began (its first heartbeat); a peer is judged from then at
+    the earliest, so the time every node spent restarting the training is nobody's hang."""
     for node, beat in sorted(beats.items()):
         if node == me or beat.state == "ended":
             continue
-        silent = (service_now - beat.written).total_seconds()
+        silent = (service_now - (max(beat.written, since) if since else beat.written)).total_seconds()
         if silent > hang_s:
             return node, (f"node {node} ({beat.host or 'unknown host'}) wrote no heartbeat for {silent:.0f}s: its "
                           "launcher is frozen or gone")
-        age = beat.age_at(service_now)
+        age = beat.age_at(service_now) if not since or beat.written >= since else None
         if age is not None and age > hang_s:
             return node, f"node {node} ({beat.host or 'unknown host'}) made no progress for {age:.0f}s (step {beat.step})"
     return None
@@ -272,6 +275,7 @@ class Guard:
         self.watch = NodeWatch(settings, node, local_size, clock())
         self.started_wall = time.time()
         self.fired: dict | None = None
+        self.first_beat = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.host = socket.gethostname()
@@ -321,7 +325,8 @@ class Guard:
         except Exception as exc:  # noqa: BLE001 - storage trouble must not stop training: judge locally
             log.warning("watchdog heartbeat failed (judging this node alone): %s: %s", type(exc).__name__, exc)
             return {"culprit": self.node, "message": mine} if mine else None
-        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s) if written else None
+        self.first_beat = self.first_beat or written
+        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat) if written else None
         if mine:
             others = {n: b.age_at(written) for n, b in peers.items() if n != self.node and b.state != "ended"}
             going = sorted(n for n, age in others.items() if (age or 0) <= self.settings.hang_s)
@@ -338,7 +343,10 @@ class Guard:
                 return {"culprit": first[0], "message": f"{mine}; node {first[0]} stopped first ({first[1]:.0f}s ago)"}
             return {"culprit": self.node, "message": mine}
         if stalled:
-            return {"culprit": stalled[0], "message": stalled[1]}
+            beat = peers[stalled[0]]
+            silent = (written - max(beat.written, self.first_beat)).total_seconds() > self.settings.hang_s
+            # A silent peer's launcher is frozen or gone: it can take part in no restart.
+            return {"culprit": stalled[0], "message": stalled[1], "peer_silent": silent}
         return None
 
     def _watch_loop(self) -> None:
@@ -417,6 +425,7 @@ def record_end(launcher, code: int) -> None:
     record = {"node": launcher.ranks.node_index, "host": report.host, "azure_node_id": launcher.environ.get("AZ_BATCH_NODE_ID"),
               "exit_code": code, "command_status": report.command_status, "error": report.error,
               "signals": list(report.signals), "restored_version": report.restored_version, "health": report.health,
+              "restarts": list(getattr(report, "restarts", [])),
               "phases": {k: round(v, 3) for k, v in report.phases.items()}, "written": time.time(),
               **(guard.end_fields() if guard else {})}
     try:
