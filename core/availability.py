@@ -2,7 +2,7 @@
 
 The facts live in `core/catalog/availability.toml` (each size with its source and date);
 this module loads them once and answers `offering(size)` and `problem(size, region)`, the
-sentence infra/config.py shows when a stack asks for a size its region does not have. A
+sentence infra/config/clusters.py shows when a stack asks for a size its region does not have. A
 cluster can accept a region the data does not list (`allowUnlistedRegion: true`, for when
 the snapshot lags behind Azure); a retired size is refused whatever it says.
 
@@ -115,7 +115,7 @@ def retired(size: str, today: date) -> bool:
 
 
 OPT_IN = "allowUnlistedRegion"
-"""The cluster key that accepts a region the data does not list (infra/config.py)."""
+"""The cluster key that accepts a region the data does not list (infra/config/models.py)."""
 
 
 def problem(size: str, region: str, today: date) -> tuple[str, str] | None:

@@ -4,7 +4,7 @@ README.md` rewrites that table in place. tests/test_readme.py fails when the REA
 not what the model gives, so a key added to the model shows up in the docs or in a red test.
 
 Every top-level key of `_RawConfig` (`aml-hpc:<key>`) is a row: its type (a nested model as
-the list of its keys), its default, and what it means - the field's docstring in infra/config.py
+the list of its keys), its default, and what it means - the field's docstring in infra/config/models.py
 (the string under it), else the nested model's class docstring, else MEANING below. A key with
 none of them is printed as undocumented, which the test refuses.
 """
@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from infra import config
 
-START = "<!-- config-table: generated from infra/config.py by `python -m infra config-keys --update README.md` -->"
+START = "<!-- config-table: generated from infra/config/models.py by `python -m infra config-keys --update README.md` -->"
 END = "<!-- /config-table -->"
 UNDOCUMENTED = "UNDOCUMENTED"
 
@@ -56,7 +56,7 @@ MEANING = {
     "submitters": "people, groups and CI identities that may submit jobs (AzureML Data Scientist on the workspace "
                   "and the run records they need): without one only Owners and Contributors can submit",
 }
-"""What a key means, where infra/config.py has no docstring for it."""
+"""What a key means, where infra/config/models.py has no docstring for it."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class TestReadme:
         assert all(f"`{k}`" in table for k in keys), [k for k in keys if f"`{k}`" not in table]
         assert "`aml-hpc:submitters`" in table
         undocumented = [k.key for k in config_doc.keys() if k.meaning == config_doc.UNDOCUMENTED]
-        assert not undocumented, f"document these in infra/config.py (a docstring under the field) or MEANING: {undocumented}"
+        assert not undocumented, f"document these in infra/config/models.py (a docstring under the field) or MEANING: {undocumented}"
 
 
 class TestVersion:

@@ -7,7 +7,7 @@ opt-in is visible on the resource as a tag, and a separate advisory rule reports
 opt-in costs - so an opt-in never silences a rule, it downgrades it.
 
 Some rules cannot be broken through a valid stack file, because the config validation
-(infra/config.py) or the components already refuse it (password login, TLS, purge
+(infra/config/) or the components already refuse it (password login, TLS, purge
 protection). They stay: they guard the program itself against a regression, and they
 guard stacks deployed from another branch of it.
 
