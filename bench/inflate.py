@@ -93,12 +93,6 @@ class NoAuth:
 # ------------------------------------------------------------------ the two servers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class NginxServer:
     """nginx serving `root` (see the module docstring); `pids` for reading its CPU time."""
@@ -112,7 +106,7 @@ class NginxServer:
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         if not Path(nginx).exists():
             raise FileNotFoundError("nginx is not installed (apt-get install nginx-light), or use --server memory")
-        self.port, inner = _free_port(), _free_port()
+        self.port, inner = azurite_server.free_port(), azurite_server.free_port()
         for sub in ("tmp", "logs"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         temps = "".join(f"{kind}_temp_path {self.workdir}/tmp/{kind};\n"
