@@ -417,9 +417,8 @@ def _status_document(submitter, client, o, info) -> dict:
     return document
 
 
-def _managed_record(submitter, client, o, info):
-    """(run, {controller job: status or None when gone}, record) of the managed run a job
-    belongs to; every controller counts (the first, resumed RUN-cXXXX and revived ones)."""
+def _managed_run_record(submitter, client, o, info):
+    """(run, where its record is, the record) of the managed run a job belongs to."""
     from jobs.managed import client as managed
 
     run = info["tags"]["managed_run"]
@@ -429,7 +428,15 @@ def _managed_record(submitter, client, o, info):
         raise UserError([Problem(f"job {info['name']}", "tags.record", "names no record",
                                  "the jobs of a managed run carry it; was the job submitted with --managed?")],
                         "not a managed run")
-    record = managed.read(o, place)
+    return run, place, managed.read(o, place)
+
+
+def _managed_record(submitter, client, o, info):
+    """(run, {controller job: status or None when gone}, record) of the managed run a job
+    belongs to; every controller counts (the first, resumed RUN-cXXXX and revived ones)."""
+    from jobs.managed import client as managed
+
+    run, place, record = _managed_run_record(submitter, client, o, info)
     return run, managed.controller_statuses(client.jobs, managed.store_for(o, place), record, run), record
 
 

@@ -207,7 +207,7 @@ def _managed_row(run: str, jobs: list[Any], read_record: Callable[[dict[str, str
         state = _status(controller) if controller is not None else "?"
         return RunRow(run, "managed", state, len(attempts), "?", created, recipe,
                       detail or "its record could not be read")
-    return RunRow(run, "managed", record.state, len(record.attempts), f"${record.total_usd():,.2f} (record)", created,
+    return RunRow(run, "managed", record.state, len(record.attempts), f"${record.total_usd(record.rules().controller_usd_per_hour):,.2f} (record)", created,
                   recipe or record.recipe)
 
 

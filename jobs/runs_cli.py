@@ -164,7 +164,7 @@ def logs(
         info = submitter.status(client, run, o.workspace)
         job = run
         if (info.get("tags") or {}).get("managed_run"):
-            _, _, record = _jobs_cli()._managed_record(submitter, client, o, info)
+            _, _, record = _jobs_cli()._managed_run_record(submitter, client, o, info)
             job = record.current.job if record.current else run
         if follow:
             if node is not None:
@@ -218,7 +218,7 @@ def report(
         info = submitter.status(client, run, o.workspace)
         jobs_to_read = [run]
         if (info.get("tags") or {}).get("managed_run"):
-            _, _, record = _jobs_cli()._managed_record(submitter, client, o, info)
+            _, _, record = _jobs_cli()._managed_run_record(submitter, client, o, info)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "supervision.json").write_text(json.dumps(record.to_json(), indent=2))
             jobs_to_read = [a.job for a in record.attempts]

@@ -24,6 +24,7 @@ CALLED_BY_FRAMEWORKS = {
     "new_resource", "call",          # pulumi.runtime.Mocks: the mock runtime calls them
     "create_module", "exec_module",  # importlib loaders (infra/plan/lazy_provider.py)
     "get_token", "get_token_info",   # azure-core's credential protocols
+    "find_class", "persistent_load",  # pickle.Unpickler's hooks (jobs/runtime/checkpoint/safeload.py)
 }
 
 

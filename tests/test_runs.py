@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -49,6 +50,8 @@ def workspace(mocker):
         transport.routes[f"/jobs/{document['name']}"] = (200, document)
     mocker.patch("jobs.submit.connect", return_value=client)
     mocker.patch("jobs.managed.client.read", return_value=Record.from_json(RECORD))
+    # the run's controller markers in Blob: none beyond what the record lists
+    mocker.patch("jobs.managed.client.store_for", return_value=SimpleNamespace(controller_jobs=lambda: []))
     return client, transport
 
 

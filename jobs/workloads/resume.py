@@ -222,7 +222,6 @@ class TrainState:
 
 
 _checkpointer = None
-_stalls: list[float] = []
 
 
 def _dist() -> tuple[int, int]:
@@ -261,7 +260,6 @@ def save_state(state: TrainState, step: int, background: bool = True) -> float:
     trainer = {"step": step, "sampler": state.sampler.state_dict() if state.sampler is not None else None,
                "rng": rng_state(state.generators), "extra": state.extra(), "written": time.time()}
     stall = checkpointer(background).save(step, {"model": model_sd, "optim": optim_sd}, trainer)
-    _stalls.append(stall)
     return stall
 
 
@@ -269,11 +267,6 @@ def finish_checkpoints() -> None:
     """Wait until the last checkpoint is written (call before a normal exit)."""
     if _checkpointer is not None:
         _checkpointer.wait()
-
-
-def checkpoint_stalls() -> list[float]:
-    """Seconds each save_state held the training, in order."""
-    return list(_stalls)
 
 
 def resume_version() -> Path | None:

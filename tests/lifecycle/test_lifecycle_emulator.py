@@ -381,8 +381,9 @@ class TestRegistryStorage:
     """An ML registry comes with a storage account per region and one geo-replicated ACR,
     which exist under the ids its answer reports; a private endpoint needs a target that exists."""
 
-    def registry(self, regions: tuple[str, ...] = ("eastus", "westus3")) -> ml.Registry:
+    def registry(self, regions: tuple[str, ...] = ("eastus", "westus3"), **opts) -> ml.Registry:
         return ml.Registry("reg", registry_name="mlr-shared", resource_group_name="rg", location="eastus",
+                           opts=pulumi.ResourceOptions(**opts),
                            region_details=[ml.RegistryRegionArmDetailsArgs(
                                location=r,
                                acr_details=[ml.AcrDetailsArgs(system_created_acr_account=ml.SystemCreatedAcrAccountArgs(
@@ -392,7 +393,7 @@ class TestRegistryStorage:
                                        storage_account_type="Standard_LRS"))]) for r in regions])
 
     def test_what_azure_ml_creates_exists_under_the_reported_ids(self, azure, engine):
-        run(engine, "s", lambda: (group(), self.registry()))
+        run(engine, "s", lambda: self.registry(depends_on=[group()]))
         [registry] = azure.of_type("azure-native:machinelearningservices:Registry")
         details = azure.response(registry.id)["regionDetails"]
         acrs = {d["acrDetails"][0]["systemCreatedAcrAccount"]["armResourceId"]["resourceId"] for d in details}
@@ -407,12 +408,15 @@ class TestRegistryStorage:
         guessed = f"/subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/mlrsharedst0"
 
         def build():
-            group()
-            self.registry()
+            # The endpoint waits for the group and the registry: only its guessed target is missing
+            # (the engine creates resources without a dependency in any order).
+            rg = group()
+            made = [rg, self.registry(depends_on=[rg])]
             network.PrivateEndpoint("pe", private_endpoint_name="pe-guess", resource_group_name="rg",
                                     location="eastus", subnet=network.SubnetArgs(id="subnet"),
                                     private_link_service_connections=[network.PrivateLinkServiceConnectionArgs(
-                                        name="pe-guess", private_link_service_id=guessed, group_ids=["blob"])])
+                                        name="pe-guess", private_link_service_id=guessed, group_ids=["blob"])],
+                                    opts=pulumi.ResourceOptions(depends_on=made))
 
         with pytest.raises(DeploymentFailed, match="private link resource .*mlrsharedst0' of private endpoint "
                                                    "'pe-guess' does not exist"):
