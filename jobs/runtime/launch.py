@@ -27,7 +27,9 @@ reads the step counter each process reports through AMLHPC_PROGRESS_FILE and sto
 command when it stops making progress; at the end, local rank 0 writes the node's end
 record beside the checkpoints (jobs.runtime.nodestatus) for the supervision.
 
-Exit status: the command's own (128+N when signal N killed it), or:
+Exit status: the command's own (128+N when signal N killed it), 0 when it died by a crash
+signal after it reported a completed training (jobs.runtime.completion; the report's
+`exit_after_completion` says so), or:
     2   bad input: flags, AMLHPC_* variables, rank variables (nothing was started)
     3   the health gate failed or timed out (the training did not start)
     4   staging failed or timed out
@@ -126,6 +128,11 @@ class LaunchReport:
     command_status: int | None = None
     exit_code: int | None = None
     error: str | None = None
+    completed: dict | None = None
+    """What the training said when it finished: {"step", "checkpoint"} (jobs.runtime.progress)."""
+    exit_after_completion: dict | None = None
+    """Set when the command died by a crash signal after it completed (jobs.runtime.completion):
+    {"status", "signal", "step", "checkpoint"}; the launcher then exits 0."""
 
 
 # --- options ---------------------------------------------------------------------------
@@ -559,6 +566,7 @@ class Launcher:
         status = self.report.command_status = exit_status(returncode)
         self.report.phases["training"] = time.monotonic() - started
         log.info("training command exited with %d after %.1fs", status, self.report.phases["training"])
+        status = self._judge_exit(returncode, status)
         if self.guard.fired:
             status, self.report.error = EXIT_HANG, f"hang: {self.guard.fired.get('message')}"
         self._mark_exited(status)
@@ -566,6 +574,23 @@ class Launcher:
             status = self._final_upload(uploader, status)
         forwarder.restore()
         return status
+
+    def _judge_exit(self, returncode: int, status: int) -> int:
+        """A command that crashed after it reported a completed training did its work: 0."""
+        from jobs.runtime import completion, progress
+
+        reading = progress.read(Path(self.child_env[contract.PROGRESS_FILE]))
+        if reading is not None and reading.completed_step is not None:
+            self.report.completed = {"step": reading.completed_step, "checkpoint": reading.completed_checkpoint}
+        if status == 0:
+            return 0
+        stopped = any(name in self.report.signals for name in (s.name for s in STOPPING_SIGNALS))
+        after = completion.after_completion(returncode, reading, stopped=stopped, hung=bool(self.guard.fired))
+        if after is None:
+            return status
+        self.report.exit_after_completion = after.to_json()
+        log.warning("%s", after.message())
+        return 0
 
     # 8. final upload
     def _mark_exited(self, status: int) -> None:

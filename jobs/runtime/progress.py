@@ -15,6 +15,15 @@ fresh start. The launcher's watchdog (jobs.runtime.watchdog)
 reads the files: a change is progress. Without the variable (a run outside the launcher),
 `report` does nothing.
 
+When the training has finished its work (its last step taken, its final checkpoint written),
+`report_completed(step, checkpoint)` adds
+
+    "completed": {"step": 2000, "checkpoint": "/scratch/.../ckpt-000002000.pt"}
+
+(checkpoint null on a rank that writes none). The launcher reads it after the command exits:
+a command that then dies in its interpreter's shutdown has still done its work
+(jobs.runtime.completion).
+
 Standard library only: this module ships into the training image.
 """
 
@@ -33,6 +42,8 @@ _lock = threading.Lock()
 _beats = 0
 _resumed_from: int | None = None
 _first_step: int | None = None
+_last_step: int | None = None
+_completed: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,10 @@ class Progress:
     beats: int
     first_step: int | None = None
     resumed_from: int | None = None
+    completed_step: int | None = None
+    """The step the training said it completed at (report_completed), None before that."""
+    completed_checkpoint: str | None = None
+    """The final checkpoint it named with that, if it wrote one."""
 
     @property
     def marker(self) -> tuple[int, int]:
@@ -63,9 +78,24 @@ def note_resumed(step: int, environ: Mapping[str, str] | None = None) -> None:
     report(step, environ=environ)
 
 
+def last_step() -> int | None:
+    """The step this process reported last (None before any report)."""
+    return _last_step
+
+
+def report_completed(step: int, checkpoint: str | os.PathLike | None = None,
+                     environ: Mapping[str, str] | None = None) -> bool:
+    """Tell the launcher the training finished at `step`, its final checkpoint (if this rank
+    wrote one) at `checkpoint`; the last thing a training reports."""
+    global _completed
+    _completed = {"step": int(step), "checkpoint": None if checkpoint is None else str(checkpoint)}
+    return report(step, environ=environ)
+
+
 def report(step: int, environ: Mapping[str, str] | None = None) -> bool:
     """Tell the launcher this process completed `step`; False when no launcher listens."""
-    global _beats, _first_step
+    global _beats, _first_step, _last_step
+    _last_step = int(step)
     path = progress_file(environ)
     if path is None:
         return False
@@ -73,7 +103,7 @@ def report(step: int, environ: Mapping[str, str] | None = None) -> bool:
         _beats += 1
         _first_step = int(step) if _first_step is None else _first_step
         document = {"step": int(step), "beats": _beats, "first_step": _first_step, "resumed_from": _resumed_from,
-                    "pid": os.getpid()}
+                    "pid": os.getpid(), **({"completed": _completed} if _completed else {})}
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +119,10 @@ def read(path: Path) -> Progress | None:
     try:
         data = json.loads(path.read_text())
         first, resumed = data.get("first_step"), data.get("resumed_from")
+        completed = data.get("completed") or {}
+        done, checkpoint = completed.get("step"), completed.get("checkpoint")
         return Progress(int(data["step"]), int(data.get("beats", 0)), int(first) if first is not None else None,
-                        int(resumed) if resumed is not None else None)
-    except (OSError, ValueError, KeyError, TypeError):
+                        int(resumed) if resumed is not None else None, int(done) if done is not None else None,
+                        str(checkpoint) if checkpoint else None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
