@@ -10,6 +10,7 @@ catalog can grow without breaking running images):
      "vcpus": 96, "gpu_model": "A100-SXM4-40GB",
      "gpu_gemm_dtype": "bf16" | "fp16",         GEMM health check dtype
      "gpu_peak_dense_tflops": 312.0,            per GPU, for gpu_gemm_dtype
+     "gpu_memory_gib": 40,                      per GPU
      "gpu_memory_gbytes_per_s": 1555.0,
      "ib_hcas": 8, "ib_gbits_per_s_per_hca": 200, "ib_generation": "HDR" | null,
      "nvme_devices": 8, "storage_nic_gbits_per_s": 24.0,
@@ -79,6 +80,7 @@ class SkuFacts:
     gpu_model: str | None = None
     gpu_gemm_dtype: str = "bf16"
     gpu_peak_dense_tflops: float | None = None
+    gpu_memory_gib: float | None = None
     gpu_memory_gbytes_per_s: float | None = None
     ib_hcas: int = 0
     ib_gbits_per_s_per_hca: int = 0
@@ -218,6 +220,7 @@ def parse_sku_facts(text: str, reference: str = SKU_JSON) -> SkuFacts:
         gpu_model=reader.text(data, "gpu_model", "gpu_model"),
         gpu_gemm_dtype=reader.text(data, "gpu_gemm_dtype", "gpu_gemm_dtype", default="bf16", allowed=("bf16", "fp16")),
         gpu_peak_dense_tflops=reader.number(data, "gpu_peak_dense_tflops", "gpu_peak_dense_tflops"),
+        gpu_memory_gib=reader.number(data, "gpu_memory_gib", "gpu_memory_gib"),
         gpu_memory_gbytes_per_s=reader.number(data, "gpu_memory_gbytes_per_s", "gpu_memory_gbytes_per_s"),
         ib_hcas=reader.number(data, "ib_hcas", "ib_hcas", default=0, integer=True),
         ib_gbits_per_s_per_hca=reader.number(data, "ib_gbits_per_s_per_hca", "ib_gbits_per_s_per_hca", default=0, integer=True),
