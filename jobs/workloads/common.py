@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,13 +104,15 @@ def _leave_process_group() -> None:
     rank that finished its training could die there with SIGABRT: "terminate called without
     an active exception", exit 134 (a thread that needs the GIL once finalization has begun is
     ended with pthread_exit, which std::terminate's a C++ thread; Python 3.11, Python/ceval_gil.h
-    tstate_must_exit). Here: destroy, collect the reference cycles a DDP-wrapped model leaves
-    (its reducer holds the group), and check that the threads are gone."""
+    tstate_must_exit). Here: destroy, let device meshes drop the group, collect the reference
+    cycles a DDP-wrapped model leaves (its reducer holds the group), and check that the threads
+    are gone."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return
     dist.destroy_process_group()
+    _release_device_meshes()
     gc.collect()
     left = gloo_threads()
     if left:
@@ -117,6 +120,22 @@ def _leave_process_group() -> None:
         log.warning("the process group's threads (%s) are still running after destroy_process_group: %s holds the "
                     "group; this process may abort (SIGABRT) as the interpreter finalizes", ", ".join(left),
                     ", ".join(holders) or "an object still alive (a DDP-wrapped model in a module global?)")
+
+
+def _release_device_meshes() -> None:
+    """A DeviceMesh (FSDP2, DTensor) keeps its process groups in `_pg_registry`, and DTensor's
+    sharding-propagation and redistribution caches keep the meshes alive for the life of the
+    process (torch 2.13 torch/distributed/device_mesh.py): once the groups are destroyed, the
+    meshes let go of them, so the groups can be freed now and not in finalization."""
+    import sys
+
+    if "torch.distributed.device_mesh" not in sys.modules:
+        return
+    from torch.distributed.device_mesh import DeviceMesh
+
+    for obj in gc.get_objects():
+        if isinstance(obj, DeviceMesh) and isinstance(getattr(obj, "_pg_registry", None), dict):
+            obj._pg_registry.clear()
 
 
 def gloo_threads(task_dir: Path = Path("/proc/self/task")) -> list[str]:
@@ -143,11 +162,13 @@ def group_holders() -> list[str]:
     from torch.distributed import ProcessGroup
 
     found = []
-    for obj in gc.get_objects():
-        if isinstance(obj, types.FunctionType):
-            defaults = (*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values())
-            if any(isinstance(value, ProcessGroup) for value in defaults):
-                found.append(f"{obj.__module__}.{obj.__qualname__}")
+    with warnings.catch_warnings():  # isinstance on torch's deprecated aliases warns
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            if isinstance(obj, types.FunctionType):
+                defaults = (*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values())
+                if any(isinstance(value, ProcessGroup) for value in defaults):
+                    found.append(f"{obj.__module__}.{obj.__qualname__}")
     return sorted(found)
 
 
@@ -219,6 +240,13 @@ _last_saved: Path | None = None
 """The checkpoint this process wrote last (named in its completion report)."""
 
 
+def record_checkpoint(path: Path) -> None:
+    """Note a checkpoint this process finished writing (save_checkpoint does; a workload
+    with its own format calls it), so the completion report names the final one."""
+    global _last_saved
+    _last_saved = Path(path)
+
+
 def checkpoint_dir(default: str | Path = "outputs/checkpoints") -> Path:
     path = Path(os.environ.get(contract.CHECKPOINT_DIR) or default)
     path.mkdir(parents=True, exist_ok=True)
@@ -251,8 +279,7 @@ def save_checkpoint(state: dict[str, Any], step: int, keep: int = 2) -> Path:
     tmp = folder / f".{final.name}.tmp"
     torch.save(state, tmp)
     os.replace(tmp, final)
-    global _last_saved
-    _last_saved = final
+    record_checkpoint(final)
     for old in sorted(folder.glob("ckpt-*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return final
