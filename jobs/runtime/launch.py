@@ -22,10 +22,12 @@ Azure ML starts it on every process of the job (one per GPU); each one, in order
 8. a final upload once the command (and, for sharded checkpoints, every local rank's
    command) has exited; then the launcher exits with the command's status.
 
-While the command runs, the hang watchdog (AMLHPC_WATCHDOG_JSON, jobs.runtime.watchdog)
-reads the step counter each process reports through AMLHPC_PROGRESS_FILE and stops the
-command when it stops making progress; at the end, local rank 0 writes the node's end
-record beside the checkpoints (jobs.runtime.nodestatus) for the supervision.
+While the command runs, local rank 0 samples the node's GPUs, RDMA ports and host into
+<report dir>/telemetry-node<k>.jsonl and MLflow (jobs.runtime.telemetry). The hang watchdog
+(AMLHPC_WATCHDOG_JSON, jobs.runtime.watchdog) reads the step counter each process reports
+through AMLHPC_PROGRESS_FILE and stops the command when it stops making progress; at the
+end, local rank 0 writes the node's end record beside the checkpoints
+(jobs.runtime.nodestatus) for the supervision.
 
 Exit status: the command's own (128+N when signal N killed it), 0 when it died by a crash
 signal after it reported a completed training (jobs.runtime.completion; the report's
@@ -130,6 +132,8 @@ class LaunchReport:
     error: str | None = None
     completed: dict | None = None
     """What the training said when it finished: {"step", "checkpoint"} (jobs.runtime.progress)."""
+    telemetry: dict | None = None
+    """The node's telemetry summary (jobs.runtime.telemetry), on local rank 0."""
     exit_after_completion: dict | None = None
     """Set when the command died by a crash signal after it completed (jobs.runtime.completion):
     {"status", "signal", "step", "checkpoint"}; the launcher then exits 0."""
@@ -535,7 +539,7 @@ class Launcher:
         return env
 
     def train(self) -> int:
-        from jobs.runtime import watchdog
+        from jobs.runtime import telemetry, watchdog
         from jobs.runtime.checkpoint import BackgroundUploader
 
         progress_dir = _node_dir(self.ranks, self.environ, "progress")
@@ -556,6 +560,7 @@ class Launcher:
         forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
         forwarder.install()
         self.guard = watchdog.attach(self, child.pid, progress_dir)
+        sampler = telemetry.start_for(self)  # local rank 0: node telemetry while the command runs
         if uploader is not None:
             uploader.start()
         try:
@@ -563,6 +568,8 @@ class Launcher:
         finally:
             forwarder.finish()
             self.guard.stop()
+            if sampler is not None:
+                self.report.telemetry = sampler.stop()
         status = self.report.command_status = exit_status(returncode)
         self.report.phases["training"] = time.monotonic() - started
         log.info("training command exited with %d after %.1fs", status, self.report.phases["training"])
