@@ -1,7 +1,7 @@
 """Does a rank that finished its training still die at exit? Many two-rank runs of the shipped workloads.
 
     python -m bench.exit_abort [--runs 100] [--workloads bert,cosmoflow,allreduce] [--burn 2]
-                               [--out bench/out] [--keep-failures DIR] [--cores]
+                               [--one-cpu] [--out bench/out] [--keep-failures DIR] [--cores]
 
 Each run is `torch.distributed.run --nproc-per-node 2 --standalone -m <workload>` over gloo
 on CPU with the tiny shapes of tests/test_workloads.py, the workloads taking turns (run i
@@ -12,7 +12,8 @@ allreduce sweep runs with --no-judge (a CPU's bandwidth judged against a GPU mar
 exit 1 by design).
 
 `--burn N` keeps N busy-looping processes beside the runs, at the runs' own priority, so the
-ranks' threads are descheduled as they are on a loaded CI machine; the figures say which.
+ranks' threads are descheduled as they are on a loaded CI machine; `--one-cpu` puts both
+ranks and the burners on CPU 0 (sched_setaffinity), the most contention; the figures say which.
 Besides the counts, every run's ranks report whether a gloo worker thread (pt_gloo_runloop,
 gloo_tcp_loop) was still alive after the workload's teardown (jobs/workloads/common.py):
 a thread alive then runs into interpreter finalization, where taking the GIL ends the thread
@@ -43,6 +44,22 @@ from bench.machine import describe_machine, loadavg
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("bert", "cosmoflow", "allreduce")
+EXTRA_WORKLOADS = ("llm", "ddp-exit")
+"""Not in the default set: the LLM workload (FSDP2), and `ddp-exit`, a probe that wraps a model in
+DDP, ends with a burst of small all-reduces of Python-made tensors and exits at once: the
+shortest path from a gloo work to interpreter finalization, to see the race quickly."""
+
+DDP_EXIT = '''
+import torch
+from jobs.workloads import common
+def main():
+    d = common.init_distributed()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    model(torch.ones(2, 8)).sum().backward()
+    for i in range(200):
+        common.all_reduce_mean(d, float(i))
+main()
+'''
 PROBE_ENV = "AMLHPC_EXIT_PROBE"
 """Set for every rank: the path prefix its exit probe (below) writes to."""
 
@@ -96,8 +113,16 @@ def _command(workload: str, work: Path, data: Path | None) -> tuple[list[str], d
     elif workload == "allreduce":
         module, args = "jobs.workloads.allreduce", ["--min-bytes", "1K", "--max-bytes", "64K", "--factor", "4",
                                                     "--iters", "3", "--no-judge", "--report", "r.json"]
+    elif workload == "llm":
+        module, args = "jobs.workloads.llm.train", ["--model", "tiny", "--steps", "3", "--seq-len", "32",
+                                                    "--micro-batch", "2", "--warmup-steps", "1"]
+    elif workload == "ddp-exit":
+        script = work / "ddp_exit.py"
+        if work.is_dir():
+            script.write_text(DDP_EXIT)
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script)], env
     else:
-        raise SystemExit(f"unknown workload {workload!r}: choose from {', '.join(WORKLOADS)}")
+        raise SystemExit(f"unknown workload {workload!r}: choose from {', '.join(WORKLOADS + EXTRA_WORKLOADS)}")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m", module, *args]
     return argv, env
 
@@ -115,7 +140,8 @@ def classify(returncode: int | None, stderr: str) -> tuple[str, list[int]]:
     return ("ok" if returncode == 0 else "failed"), codes
 
 
-def run_once(workload: str, root: Path, data: Path | None, probe_dir: Path, cores: bool, timeout_s: float) -> Run:
+def run_once(workload: str, root: Path, data: Path | None, probe_dir: Path, cores: bool, timeout_s: float,
+             one_cpu: bool = False) -> Run:
     work = Path(tempfile.mkdtemp(prefix=f"{workload}-", dir=root))
     argv, env = _command(workload, work, data)
     probe = work / "probe"
@@ -125,6 +151,8 @@ def run_once(workload: str, root: Path, data: Path | None, probe_dir: Path, core
     def limits() -> None:
         if cores:
             resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        if one_cpu:
+            os.sched_setaffinity(0, {0})
 
     started = time.monotonic()
     try:
@@ -144,9 +172,10 @@ def run_once(workload: str, root: Path, data: Path | None, probe_dir: Path, core
 
 
 @contextlib.contextmanager
-def burners(count: int):
+def burners(count: int, one_cpu: bool = False):
     """`count` busy-looping processes at this process's priority, stopped by pid at the end."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    pin = (lambda: os.sched_setaffinity(0, {0})) if one_cpu else None
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin) for _ in range(count)]
     try:
         yield
     finally:
@@ -169,6 +198,7 @@ def summarise(runs: list[Run]) -> dict[str, dict[str, int]]:
 def render(report: dict) -> str:
     lines = [f"exit-abort loop: {report['command']}", f"machine: {report['machine']}",
              f"load average before / after: {report['load_before']} / {report['load_after']}; burners: {report['burn']}; "
+             f"{'ranks and burners on CPU 0; ' if report['one_cpu'] else ''}"
              f"{report['seconds']:.0f} s", "",
              "| workload | runs | ok | exit aborts | other failures | timeouts | runs with gloo threads alive after teardown |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -187,10 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     p.add_argument("--keep-failures", type=Path, default=None, help="keep failed runs' folders here (default: a temp dir)")
     p.add_argument("--cores", action="store_true", help="let ranks write core files into their run folder")
+    p.add_argument("--one-cpu", action="store_true", help="run the ranks and the burners on CPU 0 only")
     args = p.parse_args(argv)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    for name in workloads:
-        _command(name, Path("."), None)  # unknown names stop here, before anything runs
+    unknown = [name for name in workloads if name not in WORKLOADS + EXTRA_WORKLOADS]
+    if unknown:  # before anything runs
+        raise SystemExit(f"unknown workload(s) {', '.join(unknown)}: choose from {', '.join(WORKLOADS + EXTRA_WORKLOADS)}")
 
     root = args.keep_failures or Path(tempfile.mkdtemp(prefix="exit-abort-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -206,15 +238,15 @@ def main(argv: list[str] | None = None) -> int:
             generate.generate(data, universes=1, volume=16, subvolumes=4, validation_universes=1, seed=1)
 
     load_before, started, runs = loadavg(), time.monotonic(), []
-    with burners(args.burn):
+    with burners(args.burn, args.one_cpu):
         for i in range(args.runs):
-            run = run_once(workloads[i % len(workloads)], root, data, probe_dir, args.cores, args.timeout)
+            run = run_once(workloads[i % len(workloads)], root, data, probe_dir, args.cores, args.timeout, args.one_cpu)
             runs.append(run)
             print(f"{i + 1}/{args.runs} {run.workload}: {run.verdict} ({run.seconds:.1f}s, rank exit codes "
                   f"{run.rank_exitcodes or '-'}, gloo threads alive after teardown on {run.gloo_threads_at_exit} rank(s))",
                   flush=True)
     report = {"command": "python -m bench.exit_abort " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "machine": describe_machine(), "burn": args.burn, "load_before": load_before, "load_after": loadavg(),
+              "machine": describe_machine(), "burn": args.burn, "one_cpu": args.one_cpu, "load_before": load_before, "load_after": loadavg(),
               "seconds": time.monotonic() - started, "summary": summarise(runs),
               "failures": [asdict(r) for r in runs if r.verdict != "ok"], "kept_in": str(root)}
     args.out.mkdir(parents=True, exist_ok=True)
