@@ -82,9 +82,9 @@ def _amlhpc_exit_probe():
         except OSError:
             pass
     gloo = sorted(n for n in names if "gloo" in n)
-    with open(os.environ["AMLHPC_EXIT_PROBE"] + f".rank{os.environ.get('RANK', '0')}", "w") as f:
+    with open(os.environ["AMLHPC_EXIT_PROBE"] + f".rank{os.environ['RANK']}", "w") as f:
         f.write(",".join(gloo))
-if os.environ.get("AMLHPC_EXIT_PROBE"):
+if os.environ.get("AMLHPC_EXIT_PROBE") and os.environ.get("RANK"):  # the ranks, not torchrun's agent
     atexit.register(_amlhpc_exit_probe)
 '''
 
