@@ -12,8 +12,8 @@ sharding over `world` GPUs with bf16 compute, fp32 master weights and AdamW:
 
 - sharded states: 16 x params / world (fp32 weights 4, fp32 gradients 4, Adam moments 8);
 - unsharded at a time: the largest FSDP unit (one block, or the embedding and output
-  projection of the root) twice (the one computing and the one prefetched), bf16 weights and
-  bf16 gradients: 2 x 2 x (2 + 2) bytes x its params;
+  projection of the root) twice (the one computing and the one prefetched), its bf16 weights,
+  bf16 gradients and their fp32 copy for the reduce-scatter: 2 x (2 + 2 + 4) bytes x its params;
 - activations with every block checkpointed: each block's input kept (2 x b x s x d bytes per
   block) and one block recomputed at a time, 34 x b x s x d bytes (Korthikanti et al.,
   arXiv:2205.05198, eq. 1 without the s^2 attention term, which flash attention does not
@@ -72,7 +72,7 @@ def estimate(cfg: ModelConfig, *, gpu_memory_gib: float, world: int, micro_batch
     params = cfg.param_count()
     states = 16.0 * params / max(world, 1)
     largest_unit = max(cfg.layer_params(), cfg.embedding_params() * (1 if cfg.tie_embeddings else 2))
-    unsharded = 2 * 2 * 4.0 * largest_unit
+    unsharded = 2 * (2 + 2 + 4.0) * largest_unit
     tokens = micro_batch * seq_len
     activations = 2.0 * tokens * cfg.dim * cfg.n_layers + 34.0 * tokens * cfg.dim + 10.0 * tokens * cfg.vocab_size
     total = (states + unsharded + activations) / GIB + RESERVED_GIB

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     peak, no_peak = (throughput.catalog_peak(facts, dtype) if d.device.type == "cuda"
                      else (throughput.measured_cpu_peak(), ""))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                                  fused=d.device.type == "cuda")
+                                  fused=d.device.type == "cuda" and d.world == 1)  # sharded (DTensor): foreach
     try:
         start = checkpointing.restore(d, model, optimizer)
     except checkpointing.CheckpointMismatch as exc:
