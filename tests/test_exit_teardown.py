@@ -52,6 +52,53 @@ def test_no_gloo_thread_outlives_a_ddp_workload(tmp_path):
     assert "still running after destroy_process_group" not in proc.stderr
 
 
+# Rank 0 starts an all-reduce whose completion runs a Python callback on a gloo worker thread,
+# and exits. An object of __main__ is freed while the interpreter tears its modules down (after
+# the exit handlers, finalization under way): it tells rank 1 to join the all-reduce now, then
+# waits, the GIL released, for the callback. Rank 1 joins on that word, or after 3 s when rank 0
+# never gets there because its teardown waits for the collective, as it should.
+LATE_WORK = """
+import os, sys, time, torch
+from pathlib import Path
+import torch.distributed as dist
+from jobs.workloads import common
+folder, rank = Path(sys.argv[1]), int(os.environ["RANK"])
+finalizing, ran = folder / "rank0-finalizing", folder / "callback-ran"
+
+class Finalizing:
+    def __del__(self):
+        finalizing.write_text("1")
+        deadline = time.monotonic() + 10
+        while not ran.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+d = common.init_distributed()
+torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))  # as a workload does
+if rank == 0:
+    keeper = Finalizing()
+    dist.all_reduce(torch.ones(4), async_op=True).get_future().then(lambda f: ran.write_text("1"))
+    sys.exit(0)
+deadline = time.monotonic() + 3
+while not finalizing.exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+dist.all_reduce(torch.ones(4))
+"""
+
+
+def test_a_gloo_thread_that_needs_python_late_does_not_abort_the_rank(tmp_path):
+    """The abort itself, made to happen: a gloo worker thread that needs the GIL once the
+    interpreter is finalizing is ended with pthread_exit, which std::terminate's a C++ thread
+    ("terminate called without an active exception", SIGABRT). With the group freed in the exit
+    handler, the work and its callback finish while the interpreter is whole: rank 0 exits 0."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_WORK)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert "terminate called" not in proc.stderr and proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "callback-ran").exists()
+
+
 def test_a_group_held_by_a_default_argument_is_named(tmp_path):
     """A function defined after the group exists with `group=dist.group.WORLD` keeps it (and its
     threads) alive past destroy_process_group: the teardown says so and names the function."""
