@@ -227,7 +227,8 @@ class Metrics:
     def summary(self, **values: Any) -> Path | None:
         """The workload's last word, on every rank: tells the launcher the training completed
         (its last step, and the final checkpoint this rank wrote); rank 0 writes the summary file."""
-        progress.report_completed(progress.last_step() or 0, _last_saved)
+        final = values.get("steps") if isinstance(values.get("steps"), int) else progress.last_step()
+        progress.report_completed(final or 0, _last_saved)
         if not self.d.is_main:
             return None
         path = self.output_dir / workload_env.METRICS_FILE
