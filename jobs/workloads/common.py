@@ -102,11 +102,13 @@ def _leave_process_group() -> None:
     destroy_process_group() returns. Freed during interpreter finalization instead (the last
     reference held by a module's default argument, see MODULES_THAT_CAPTURE_THE_GROUP), a
     rank that finished its training could die there with SIGABRT: "terminate called without
-    an active exception", exit 134 (a thread that needs the GIL once finalization has begun is
-    ended with pthread_exit, which std::terminate's a C++ thread; Python 3.11, Python/ceval_gil.h
-    tstate_must_exit). Here: destroy, let device meshes drop the group, collect the reference
-    cycles a DDP-wrapped model leaves (its reducer holds the group), and check that the threads
-    are gone."""
+    an active exception", exit 134. A gloo worker that needs the GIL then (to run a work's
+    Python callback, or to free a tensor Python made) is ended by CPython with pthread_exit,
+    whose unwinding through a noexcept C++ frame calls std::terminate (python/cpython
+    gh-87135 and PR 105805, read 2026-11-25: CPython 3.14 makes such threads hang instead).
+    Here: destroy, let device meshes drop the group, collect the reference cycles a
+    DDP-wrapped model leaves (its reducer holds the group), and check that the threads are
+    gone (tests/test_exit_teardown.py makes the abort happen without this)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
