@@ -159,7 +159,7 @@ class TestSample:
         sampler, lib, *_ = node
         sampler.interval_s = 3600
         summary = sampler.start().stop()
-        assert summary["samples"] == 2 and summary["gpu_absent"] is None
+        assert summary["samples"] == 2 and summary["gpu_absent"] is None and summary["xids_watched"]
 
 
 class TestWithoutGpus:

@@ -257,6 +257,8 @@ class Summary:
     min_sm_clock_mhz: float | None = None
     throttle_reasons_seen: list[str] = field(default_factory=list)
     xid_events: list[dict[str, Any]] = field(default_factory=list)
+    xids_watched: bool = False
+    """Whether NVML delivered XID events to us at all (a container may not be allowed to)."""
     ib_errors: dict[str, int] = field(default_factory=dict)
     """Per port: how much its error counters grew while the training ran."""
     max_cpu_busy_pct: float | None = None
@@ -274,7 +276,8 @@ class Sampler:
         self.gpus = GpuReader(nvml_module)
         self.mlflow = mlflow
         self.summary = Summary(file=str(self.path), gpus=len(self.gpus.handles),
-                               gpu_absent=None if self.gpus.present else self.gpus.reason)
+                               gpu_absent=None if self.gpus.present else self.gpus.reason,
+                               xids_watched=self.gpus.events is not None)
         self._previous_ports: dict[str, dict[str, int]] = {}
         self._previous_cpu = _cpu_times(proc)
         self._previous_time = clock()
