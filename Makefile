@@ -1,9 +1,30 @@
 # aml-hpc. On a fresh clone `make demo` and `make test` install everything they need.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help bootstrap env env-demo demo test bench bench-bootstrap plan preview up down images new-experiment expired lint clean distclean
+.PHONY: help bootstrap env env-demo demo test typecheck build doctor bench bench-bootstrap plan preview up down images new-experiment expired lint clean distclean
 
 STACK ?= dev
+ENV ?= dev
+DAYS ?= 7
+# make's variables are case-sensitive: `make plan stack=prod` would plan dev. The lower-case
+# spelling of each variable means the same; given both ways with different values, it stops.
+define same_as_upper
+ifdef $(2)
+ifeq ($$(origin $(1)),command line)
+ifneq ($$($(1)),$$($(2)))
+$$(error $(1)=$$($(1)) and $(2)=$$($(2)) disagree: give one of them)
+endif
+else
+$(1) := $$($(2))
+endif
+endif
+endef
+$(eval $(call same_as_upper,STACK,stack))
+$(eval $(call same_as_upper,NAME,name))
+$(eval $(call same_as_upper,ENV,env))
+$(eval $(call same_as_upper,DAYS,days))
+$(eval $(call same_as_upper,CONFIRM,confirm))
+
 PY := .venv/bin/python
 # Pulumi state lives in a local folder unless you point PULUMI_BACKEND_URL elsewhere.
 export PULUMI_BACKEND_URL ?= file://$(CURDIR)/.pulumi-state
@@ -25,8 +46,19 @@ env-demo:
 demo: env-demo ## the main job, offline: dev plan, cosmoflow rendered, data uploaded, rehearsed on 2 nodes x 2 ranks
 	$(PY) -m jobs.local.demo
 
-test: bootstrap ## the whole test suite
+test: bootstrap typecheck ## the whole test suite (with the type check and the installed wheel's test)
 	$(PY) -m pytest
+
+typecheck: bootstrap ## mypy: strict on the fully typed modules, the baseline for the rest (pyproject.toml)
+	$(PY) -m mypy
+
+UV = $(shell command -v uv 2>/dev/null || echo .bootstrap/bin/uv)
+build: bootstrap ## the release in dist/: wheel, sdist and constraints.txt (the locked versions, for pip)
+	$(UV) build --out-dir dist
+	$(UV) export --frozen --no-dev --no-emit-project --no-hashes --no-header -q -o dist/constraints.txt
+
+doctor: env ## check what the first deploy and submit of STACK need (Azure sign-in, Pulumi, providers, roles, quota)
+	$(PY) -m amlhpc doctor --stack $(STACK)
 
 plan: env ## offline plan of STACK (no Azure, no Pulumi CLI)
 	$(PY) -m infra plan --stack $(STACK)
@@ -35,7 +67,10 @@ BENCH_OUT := bench/out
 bench: env-demo ## benchmarks; results in bench/out/ (UPDATE_RESULTS=1: also rewrite the tracked bench/RESULTS.md)
 	@mkdir -p $(BENCH_OUT)
 	$(PY) -m bench.staging --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
+	$(PY) -m bench.inflate --out $(BENCH_OUT)
+	$(PY) -m bench.checkpoint --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 	$(PY) -m infra.plan.bench | tee $(BENCH_OUT)/plan.txt
+	$(PY) -m bench.recovery --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 
 bench-bootstrap: ## time a fresh clone's first `make demo` and `make test` install step (writes bench/out/bootstrap.md)
 	@scripts/time-fresh-clone.sh $(BENCH_OUT)/bootstrap.md
@@ -56,16 +91,14 @@ up: env ## pulumi up STACK, policy pack on
 down: env ## destroy STACK (environments need CONFIRM=STACK; experiments are also removed)
 	@CONFIRM=$(CONFIRM) scripts/pulumi-stack.sh down $(STACK)
 
-ENV ?= dev
-DAYS ?= 7
 new-experiment: env ## write Pulumi.exp-NAME.yaml: make new-experiment NAME=x ENV=dev DAYS=7
 	$(PY) -m infra new-experiment "$(NAME)" --env $(ENV) --days $(DAYS)
 
 expired: env ## experiment stacks past their expiresAt
 	$(PY) -m infra expired
 
-clean: ## remove what the tools create: .rehearsal/ .scratch/ .azurite/ bench/out/ and caches (keeps .venv, node_modules, .pulumi-state)
-	rm -rf .rehearsal .scratch .azurite $(BENCH_OUT) .pytest_cache .ruff_cache
+clean: ## remove what the tools create: .rehearsal/ .scratch/ .azurite/ bench/out/ dist/ and caches (keeps .venv, node_modules, .pulumi-state)
+	rm -rf .rehearsal .scratch .azurite $(BENCH_OUT) dist .pytest_cache .ruff_cache .mypy_cache
 	find . \( -path ./.venv -o -path ./node_modules -o -path ./.git -o -path ./.bootstrap \) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean ## clean, and the installed environments too (.venv, .bootstrap, node_modules)

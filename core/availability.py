@@ -15,7 +15,7 @@ Pulumi, no Azure SDK.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -121,10 +121,11 @@ OPT_IN = "allowUnlistedRegion"
 def problem(size: str, region: str, today: date) -> tuple[str, str] | None:
     """(message, fix) when `size` is not offered in `region` on `today`, else None.
 
-    A size with no recorded offering passes: the data cannot say no.
+    A size with no recorded offering, or one recorded with no known region (no public list
+    exists for it yet), passes: the data cannot say no.
     """
     found = OFFERINGS.get(size)
-    if found is None or found.offered_in(region, today):
+    if found is None or found.offered_in(region, today) or (not found.regions and found.retired is None):
         return None
     source = "; ".join([SOURCES[found.source].cite()]
                        + [f"{region}: {SOURCES[sid].cite()}" for region, sid in found.seen_in])
@@ -214,7 +215,7 @@ def _header(path: Path) -> str:
     return "\n".join(kept)
 
 
-def refresh(capture: list[Mapping[str, Any]], captured_on: date, path: Path = AVAILABILITY_FILE) -> list[str]:
+def refresh(capture: Sequence[Mapping[str, Any]], captured_on: date, path: Path = AVAILABILITY_FILE) -> list[str]:
     """Rewrite the data file's regions from a list-skus capture; returns the sizes updated.
 
     Retired sizes keep their record; a catalog size the capture does not list keeps its old

@@ -21,7 +21,7 @@ from core import skus
 
 CATALOG_FILE = Path(__file__).resolve().parent / "catalog" / "nccl.toml"
 
-RESOLVE_KINDS = ("", "topology", "ib-port", "ib-ports")
+RESOLVE_KINDS = ("", "topology", "ib-port", "ib-ports", "imex")
 """How the launcher adapts a value to the node (jobs/runtime/nccl_env.py)."""
 OPT_INS = ("", "sharp")
 """Recipe switches that turn settings on."""

@@ -13,15 +13,21 @@ never passes silently.
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 CATALOG_FILE = Path(__file__).resolve().parent / "catalog" / "skus.toml"
 
 InfinibandGeneration = Literal["FDR", "EDR", "HDR", "NDR"]
+GpuVendor = Literal["nvidia", "amd"]
+HostArch = Literal["x86_64", "aarch64"]
+GemmMethod = Literal["sustained", "burst"]
+PEAK_DTYPES = ("bf16", "fp16", "fp8")
+"""The dtypes a size's peak dense tensor rate is recorded for (`peak_tflops_<dtype>`)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,18 @@ class HealthThresholds:
     """(M, N, K) the GEMM baseline was measured at; the health check measures the same shape."""
     gemm_source: str = ""
     """Source id of the GEMM baseline."""
+    gemm_method: GemmMethod = "burst"
+    """How the baseline was measured, so the check measures the same way: "sustained" (the mean
+    rate over `gemm_seconds` of back-to-back GEMMs on every GPU at once, as Azure's 60-second
+    ubergemm runs) or "burst" (the median of the fastest iterations after warm-up, as mamf-finder
+    reports its maximum achievable rate)."""
+    gemm_seconds: float | None = None
+    """For "sustained": how long the baseline's run lasted; the check runs as long."""
+    ecc_dram_limit: int | None = None
+    """check_gpu_ecc's first argument: more corrected or uncorrected DRAM ECC errors than this
+    (volatile or aggregate) fail the GPU (azure_gpu_ecc.nhc)."""
+    ecc_sram_correctable_limit: int | None = None
+    """check_gpu_ecc's second argument: more correctable SRAM errors than this fail the GPU."""
     nccl_multinode_busbw_gbytes_per_s: tuple[float, float, float] | None = None
     """Multi-node all-reduce (expected, warn below, fail below), GB/s."""
     nccl_multinode_source: str = ""
@@ -92,6 +110,34 @@ class HealthThresholds:
     def sources(self) -> list[str]:
         """Every source id these pass marks cite."""
         return [s for s in (self.source, self.gemm_source, self.nccl_multinode_source) if s]
+
+
+@dataclass(frozen=True)
+class AzureMlSupport:
+    """Where Azure Machine Learning can run the size, with its source.
+
+    `amlcompute`: an AmlCompute cluster (what this project's stacks create) can use the size;
+    `serverless`: Azure ML's serverless compute can. Where neither holds, `elsewhere` says how
+    the size is run instead (VMs, CycleCloud/Slurm, AKS) and `reason` why Azure ML cannot:
+    infra refuses a cluster of the size with that reason."""
+
+    amlcompute: bool
+    serverless: bool
+    source: str
+    """Source id (catalog [sources])."""
+    reason: str = ""
+    elsewhere: str = ""
+
+
+@dataclass(frozen=True)
+class NvlinkDomain:
+    """A multi-node NVLink domain (GB200/GB300 NVL72): GPUs of several VMs on one NVLink fabric."""
+
+    gpus: int
+    vms: int
+    imex: bool
+    """The domain's memory is shared through IMEX channels (nvidia-imex on the hosts)."""
+    source: str
 
 
 @dataclass(frozen=True)
@@ -117,12 +163,17 @@ class Sku:
     """Source id of the size's hardware description."""
     vcpus: int
     memory_gib: int
-    temp_disk_gib: int
     gpus: int
     gpu_model: str
     gpu_memory_gib: int
-    gpu_peak_dense_tflops: float
-    """Per GPU, dense tensor-core rate for `gpu_gemm_dtype` (no sparsity)."""
+    gpu_vendor: GpuVendor
+    gpu_arch: str
+    """The GPU's instruction set: CUDA compute capability as sm_XY (sm_90 = 9.0) or AMD gfx target
+    (gfx942); images declare the ones they are built for."""
+    host_arch: HostArch
+    """The VM's CPU architecture (Grace hosts are aarch64); images declare theirs."""
+    peak_source: str
+    """Source id of the three peak figures (the vendor's datasheet)."""
     gpu_gemm_dtype: Literal["bf16", "fp16"]
     """The fastest 16-bit type the GPU has tensor cores for (V100 has no bf16)."""
     gpu_memory_gbytes_per_s: float
@@ -135,7 +186,18 @@ class Sku:
     storage_nic_gbits_per_s: float
     """What one node pulls from Blob in practice (not the NIC's nominal rate)."""
     health: HealthThresholds
+    azureml: AzureMlSupport
+    temp_disk_gib: int | None = None
+    """The size table's temporary (resource) disk; None where Azure publishes none for the size."""
+    peak_tflops_bf16: float | None = None
+    """Per GPU, peak dense (no sparsity) tensor rate in bf16, TFLOP/s; None: no bf16 tensor cores."""
+    peak_tflops_fp16: float | None = None
+    """Per GPU, peak dense fp16 tensor rate, TFLOP/s."""
+    peak_tflops_fp8: float | None = None
+    """Per GPU, peak dense fp8 tensor rate, TFLOP/s; None: no fp8 tensor cores (V100, A100)."""
     price: Price | None = None
+    nvlink_domain: NvlinkDomain | None = None
+    """The multi-node NVLink domain the VM belongs to, where it has one."""
     ib_generation: InfinibandGeneration | None = None
     numa: tuple[NumaDomain, ...] | None = None
     """GPU-to-NUMA layout where it is published; runtime derives it from sysfs first."""
@@ -150,6 +212,27 @@ class Sku:
     @property
     def infiniband(self) -> bool:
         return self.ib_hcas > 0
+
+    @property
+    def gpu_peak_dense_tflops(self) -> float:
+        """Peak dense rate per GPU in `gpu_gemm_dtype`, TFLOP/s."""
+        return self.peak_tflops(self.gpu_gemm_dtype) or 0.0
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        """Peak dense tensor rate per GPU for bf16, fp16 or fp8 (None: no tensor cores for it)."""
+        if dtype not in PEAK_DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(PEAK_DTYPES)}")
+        peak: float | None = getattr(self, f"peak_tflops_{dtype}")
+        return peak
+
+    @property
+    def azureml_problem(self) -> str:
+        """"" where an AmlCompute cluster can use the size, else why not and what runs it instead."""
+        if self.azureml.amlcompute:
+            return ""
+        where = f"; {self.azureml.elsewhere}" if self.azureml.elsewhere else ""
+        return (f"Azure Machine Learning cannot run {self.name} on AmlCompute: {self.azureml.reason} "
+                f"({cite(self.azureml.source)}){where}")
 
     @property
     def retirement(self) -> str:
@@ -200,6 +283,29 @@ def _record(cls: type, data: dict[str, Any], where: str, **nested: Any) -> Any:
         raise CatalogError(f"{CATALOG_FILE.name}: {where}: {exc}") from None
 
 
+_GPU_ARCH = re.compile(r"^(sm_[0-9]{2,3}|gfx[0-9a-f]{3,4})$")
+
+
+def _value_problem(sku: Sku) -> str:
+    """What is wrong with a record's enumerated values ("" when nothing is)."""
+    allowed = {"gpu_vendor": get_args(GpuVendor), "host_arch": get_args(HostArch)}
+    for key, values in allowed.items():
+        if getattr(sku, key) not in values:
+            return f"{key} {getattr(sku, key)!r} is not one of {', '.join(values)}"
+    if not _GPU_ARCH.match(sku.gpu_arch):
+        return f"gpu_arch {sku.gpu_arch!r} is neither sm_XY (CUDA compute capability) nor gfxNNN (AMD)"
+    if sku.gpu_arch.startswith("gfx") != (sku.gpu_vendor == "amd"):
+        return f"gpu_arch {sku.gpu_arch!r} does not belong to the size's {sku.gpu_vendor} GPU"
+    if sku.peak_tflops(sku.gpu_gemm_dtype) is None:
+        return f"peak_tflops_{sku.gpu_gemm_dtype} is missing, but gpu_gemm_dtype is {sku.gpu_gemm_dtype}"
+    health = sku.health
+    if health.gemm_method not in get_args(GemmMethod):
+        return f"health.gemm_method {health.gemm_method!r} is not one of {', '.join(get_args(GemmMethod))}"
+    if health.gemm_tflops and health.gemm_method == "sustained" and not health.gemm_seconds:
+        return "health.gemm_seconds is missing: a sustained GEMM baseline says how long it ran"
+    return ""
+
+
 def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccountLimits]:
     document = tomllib.loads(path.read_text())
     sources = {key: _record(Source, {"id": key, **value}, f"sources.{key}")
@@ -225,8 +331,21 @@ def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccount
             cited(price.source, f"{where}.price.source")
         numa = entry.pop("numa", None)
         numa_domains = tuple(_record(NumaDomain, d, f"{where}.numa[{j}]") for j, d in enumerate(numa)) if numa else None
-        sku = _record(Sku, entry, where, health=health, price=price, numa=numa_domains)
+        azureml = _record(AzureMlSupport, entry.pop("azureml", {}), f"{where}.azureml")
+        cited(azureml.source, f"{where}.azureml.source")
+        if not azureml.amlcompute and not azureml.reason:
+            raise CatalogError(f"{path.name}: {where}.azureml: reason is missing (why Azure ML cannot run the size)")
+        domain = entry.pop("nvlink_domain", None)
+        if domain is not None:
+            domain = _record(NvlinkDomain, domain, f"{where}.nvlink_domain")
+            cited(domain.source, f"{where}.nvlink_domain.source")
+        sku = _record(Sku, entry, where, health=health, price=price, numa=numa_domains, azureml=azureml,
+                      nvlink_domain=domain)
+        problem = _value_problem(sku)
+        if problem:
+            raise CatalogError(f"{path.name}: {where}: {problem}")
         cited(sku.facts_source, f"{where}.facts_source")
+        cited(sku.peak_source, f"{where}.peak_source")
         if bool(sku.retired) != bool(sku.retired_source):
             raise CatalogError(f"{path.name}: {where}: retired and retired_source go together (the date and the notice)")
         if sku.retired:

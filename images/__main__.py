@@ -1,6 +1,11 @@
 """`python -m images`: build, list and check the training images (see images/cli.py)."""
 
-from images.cli import app
+from core.interpreter import check
+
+check("images")
+
+from core.cli_help import run  # noqa: E402
+from images.cli import app  # noqa: E402
 
 if __name__ == "__main__":
-    app(prog_name="python -m images")
+    run(app, "python -m images")

@@ -23,8 +23,6 @@ from images.catalog import ImageRelease
 from images.commands import CommandNotFound, Runner
 from images.stack import registry_name
 
-DEFAULT_PLATFORM = "linux/amd64"
-"""Every GPU size in the catalog is x86_64."""
 DEFAULT_TIMEOUT_S = 7200
 """ACR Tasks' default is 3600 s; pulling a ~20 GB NGC base and DeepSpeed can take longer."""
 
@@ -115,7 +113,7 @@ def label_args(release: ImageRelease, commit: str) -> dict[str, str]:
 
 
 def build_images(releases: Iterable[ImageRelease], *, login_server: str, az: AzureCli, commit: str,
-                 dry_run: bool = False, platform: str = DEFAULT_PLATFORM, timeout_s: int = DEFAULT_TIMEOUT_S,
+                 dry_run: bool = False, platform: str | None = None, timeout_s: int = DEFAULT_TIMEOUT_S,
                  agent_pool: str | None = None, workdir: Path | None = None,
                  echo: Callable[[str], None] = print) -> list[Outcome]:
     """Build every release whose tag the registry lacks; see the module docstring."""
@@ -131,7 +129,8 @@ def build_images(releases: Iterable[ImageRelease], *, login_server: str, az: Azu
             echo(f"{release.spec.name}: {ref} missing, would build (dry run)")
             outcomes.append(Outcome(release, ref, "would-build"))
             continue
-        outcomes.append(_build_one(release, ref, registry, az, commit, platform, timeout_s, agent_pool, workdir, echo))
+        outcomes.append(_build_one(release, ref, registry, az, commit, platform or release.spec.platform, timeout_s,
+                                   agent_pool, workdir, echo))
     return outcomes
 
 

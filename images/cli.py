@@ -2,7 +2,8 @@
 
 build    build each image missing from the stack's registry (az acr build), print the refs
 list     each image's content-hash tag, base and build args (and refs for a registry)
-check    pins valid, Dockerfiles consistent with them, hadolint clean (no Docker needed)
+check    pins valid, Dockerfiles and Python locks consistent with them, ssh and key rules, hadolint clean
+lock     re-resolve the hashed Python locks from images/pins.toml (uv; needs the package index)
 context  stage one image's build context into a folder, for a local `docker build`
 smoke    run aml-hpc-smoke inside a built image with the local Docker (GPU machines)
 
@@ -23,11 +24,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from core.cli_help import flags_without_types
+from core.cli_help import VersionOption, new_app
 from core.errors import Problem, UserError, exit_with
-from images import catalog, context, lint
+from images import catalog, context, lint, locks
 from images.build import (
-    DEFAULT_PLATFORM,
     DEFAULT_TIMEOUT_S,
     AzError,
     AzureCli,
@@ -38,9 +38,7 @@ from images.commands import CommandNotFound, Runner, SubprocessRunner
 from images.pins import load_pins
 from images.stack import check_login_server, resolve_login_server
 
-flags_without_types()
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
+app = new_app(__doc__.split("\n\n")[0])
 console = Console(stderr=True)
 
 runner_factory: Callable[[], Runner] | None = None
@@ -53,13 +51,13 @@ def _runner() -> Runner:
 
 def _select(names: list[str] | None) -> list[catalog.ImageSpec]:
     if not names:
-        return list(catalog.IMAGES)
+        return list(catalog.ALL_IMAGES)
     chosen, problems = [], []
     for name in names:
         try:
             chosen.append(catalog.by_name(name))
         except KeyError:
-            known = ", ".join(s.name for s in catalog.IMAGES)
+            known = ", ".join(s.name for s in catalog.ALL_IMAGES)
             problems.append(Problem("--image", "", f"unknown image {name!r}", f"choose from: {known}"))
     if problems:
         raise UserError(problems, "unknown image")
@@ -67,7 +65,7 @@ def _select(names: list[str] | None) -> list[catalog.ImageSpec]:
 
 
 @app.callback()
-def main() -> None:
+def main(version: VersionOption = False) -> None:
     """aml-hpc training images: build in ACR, inspect, check."""
 
 
@@ -78,7 +76,7 @@ def build(
     login_server: str | None = typer.Option(None, "--login-server", help="Registry host; wins over --outputs and the stack."),
     image: Annotated[list[str] | None, typer.Option("--image", "-i", help="Only this image (repeatable); default: all.")] = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="Only report which tags are missing; build nothing."),
-    platform: str = typer.Option(DEFAULT_PLATFORM, "--platform", help="Target platform for az acr build."),
+    platform: str | None = typer.Option(None, "--platform", help="Target platform for az acr build; default: each image's own (linux/amd64, linux/arm64)."),
     timeout: int = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", help="az acr build timeout, seconds."),
     agent_pool: str | None = typer.Option(None, "--agent-pool", help="ACR agent pool (Premium) for builds that outgrow the default agent."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
@@ -89,7 +87,7 @@ def build(
         specs = _select(image)
         pins = load_pins()
         server = resolve_login_server(stack=stack, runner=runner, login_server=login_server, outputs_file=outputs)
-        if platform != DEFAULT_PLATFORM and not platform.startswith("linux/"):
+        if platform is not None and not platform.startswith("linux/"):
             raise UserError([Problem("--platform", "", f"{platform!r} is not a Linux platform", "use linux/amd64")], "invalid option")
         az = AzureCli(runner)
         account = az.check_ready()
@@ -126,7 +124,7 @@ def list_images(
     """Each image's name, repository, content-hash tag, base and build args."""
     try:
         server = check_login_server(login_server, "--login-server", "") if login_server else None
-        releases = catalog.releases()
+        releases = catalog.releases(specs=catalog.ALL_IMAGES)
     except UserError as exc:
         exit_with(exc, debug)
         return
@@ -140,7 +138,8 @@ def list_images(
         return
     table = Table("image", "tag", "base", "ib userspace", "reference" if server else "repository")
     for r, row in zip(releases, rows, strict=True):
-        table.add_row(r.spec.name, r.tag, r.build_args["BASE_NAME"], r.build_args["IB_USERSPACE"], row["ref"] or r.spec.repository)
+        table.add_row(r.spec.name, r.tag, r.build_args["BASE_NAME"], r.build_args.get("IB_USERSPACE", "-"),
+                      str(row["ref"] or r.spec.repository))
     Console().print(table)
 
 
@@ -153,12 +152,29 @@ def check(debug: bool = typer.Option(False, "--debug", help="Show tracebacks."))
         exit_with(exc, debug)
         return
     problems: list[Problem] = []
-    for spec in catalog.IMAGES:
+    for spec in catalog.ALL_IMAGES:
         problems += lint.check_dockerfile(spec, pins, context.REPO_ROOT / spec.dockerfile)
-    problems += lint.hadolint([context.REPO_ROOT / spec.dockerfile for spec in catalog.IMAGES])
+    problems += locks.check_all(pins)
+    problems += lint.check_common(context.REPO_ROOT)
+    dockerfiles = sorted({context.REPO_ROOT / spec.dockerfile for spec in catalog.ALL_IMAGES})
+    problems += lint.hadolint(dockerfiles)
     if problems:
         exit_with(UserError(problems, "the image definitions have problems"), debug)
-    console.print(f"ok: {len(catalog.IMAGES)} Dockerfiles match images/pins.toml and pass hadolint")
+    console.print(f"ok: {len(catalog.ALL_IMAGES)} images ({len(dockerfiles)} Dockerfiles) match images/pins.toml, their "
+                  "Python locks are hashed and current, ssh checks host keys, every downloaded key is verified, "
+                  "hadolint is clean")
+
+
+@app.command()
+def lock(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
+    """Re-resolve every image's hashed Python lock (images/common/requirements) from the pins."""
+    try:
+        pins = load_pins()
+    except UserError as exc:
+        exit_with(exc, debug)
+        return
+    for path in locks.compile_all(pins):
+        console.print(f"wrote {path.relative_to(context.REPO_ROOT)}")
 
 
 @app.command("context")
@@ -178,7 +194,7 @@ def stage_context(
         exit_with(exc, debug)
         return
     args = " ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in release.build_args.items())
-    print(f"docker build --platform {DEFAULT_PLATFORM} {args} --build-arg IMAGE_VERSION={release.tag} "
+    print(f"docker build --platform {release.spec.platform} {args} --build-arg IMAGE_VERSION={release.tag} "
           f"-t {release.spec.repository}:{release.tag} {shlex.quote(str(out))}")
 
 
@@ -186,7 +202,8 @@ def stage_context(
 def smoke(
     ref: str = typer.Argument(..., help="Image reference to run, e.g. myacr.azurecr.io/aml-hpc/pytorch:<tag>."),
     expect_ib: bool = typer.Option(False, "--expect-ib", help="Fail when no InfiniBand HCA is visible."),
-    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the results here (on this machine).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--results-file", metavar="FILE",
+                                                  help="Also write the results as JSON to FILE (on this machine).")] = None,
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Run `aml-hpc-smoke --expect-gpu` in REF with the local Docker and every GPU and HCA."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,18 +70,21 @@ def _read(path: Path) -> ContextFile:
     return ContextFile(path.read_bytes(), bool(mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)))
 
 
-def context_files(folder: str, root: Path = REPO_ROOT) -> dict[str, ContextFile]:
-    """Context-relative POSIX path -> file, for the image whose Dockerfile is in images/<folder>."""
+def context_files(folder: str, root: Path = REPO_ROOT, runtime: bool = True) -> dict[str, ContextFile]:
+    """Context-relative POSIX path -> file, for the image whose Dockerfile is in images/<folder>
+    (`runtime`: with images/common and jobs/runtime, as every training image has them)."""
     files: dict[str, ContextFile] = {}
     image_dir = root / "images" / folder
     for path in _walk(image_dir):
         files[path.relative_to(image_dir).as_posix()] = _read(path)
+    if not runtime:
+        return dict(sorted(files.items()))
     common = root / COMMON_SOURCE
     for path in _walk(common):
         files[f"{CONTEXT_PREFIX}/{path.relative_to(common).as_posix()}"] = _read(path)
-    runtime = root / RUNTIME_SOURCE
-    for path in _walk(runtime):
-        files[f"{PYTHON_DIR}/jobs/runtime/{path.relative_to(runtime).as_posix()}"] = _read(path)
+    runtime_dir = root / RUNTIME_SOURCE
+    for path in _walk(runtime_dir):
+        files[f"{PYTHON_DIR}/jobs/runtime/{path.relative_to(runtime_dir).as_posix()}"] = _read(path)
     files[f"{PYTHON_DIR}/jobs/__init__.py"] = ContextFile(JOBS_STUB, False)
     return dict(sorted(files.items()))
 
@@ -118,7 +120,3 @@ def stage(files: Mapping[str, ContextFile], dest: Path) -> Path:
 def read_staged(dest: Path) -> dict[str, ContextFile]:
     """The files of a staged context, for verification (hash what would be uploaded)."""
     return {p.relative_to(dest).as_posix(): _read(p) for p in sorted(dest.rglob("*")) if p.is_file()}
-
-
-def remove(dest: Path) -> None:
-    shutil.rmtree(dest, ignore_errors=True)

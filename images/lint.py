@@ -62,15 +62,24 @@ _ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
 
 REQUIRED_COMPONENTS: dict[str, tuple[str, ...]] = {
     "common": ("openssh-server", "openssh-client", "install_ib_userspace.sh", "aml-hpc-check-ib",
-               "azureml-mlflow==", "aml-hpc/python/", "aml-hpc/nccl-topo/", "aml-hpc.pth"),
-    "pytorch": ("deepspeed==",),
-    "tensorflow": ("horovod==", "horovod.tensorflow"),
+               "install_health_tools.sh", "aml-hpc/requirements/", "--require-hashes", "pip check",
+               "aml-hpc/python/", "aml-hpc.pth", "ibstat", "ib_write_bw", "all_reduce_perf"),
+    "nvidia": ("aml-hpc/nccl-topo/", "GPU_VENDOR=nvidia", "nvbandwidth", "dcgmi"),
+    "amd": ("GPU_VENDOR=amd", "--gpu-vendor amd"),
+    "pytorch": ("deepspeed",),
+    "tensorflow": ("-horovod.txt", "horovod.tensorflow"),
+    # the controller: its packages only from the hashed pins, never a resolver's choice
+    "controller": ("--require-hashes", "requirements.txt", "--only-binary=:all:"),
 }
 REQUIRED_LABELS = (
     "org.opencontainers.image.revision", "org.opencontainers.image.version", "org.opencontainers.image.base.name",
-    "org.opencontainers.image.base.digest", "io.aml-hpc.ib.userspace", "io.aml-hpc.ib.doca-version",
-    "io.aml-hpc.ib.mlnx-ofed-version",
+    "org.opencontainers.image.base.digest", "io.aml-hpc.host-arch", "io.aml-hpc.ib.userspace",
+    "io.aml-hpc.ib.doca-version", "io.aml-hpc.ib.mlnx-ofed-version", "io.aml-hpc.tools.perftest",
 )
+_PIP_INSTALL = re.compile(r"\bpip\s+install\b")
+TRAINING_ONLY_LABELS = ("io.aml-hpc.ib.userspace", "io.aml-hpc.ib.doca-version", "io.aml-hpc.ib.mlnx-ofed-version",
+                        "io.aml-hpc.tools.perftest")
+"""Labels of what only training images carry (the controller's image has no InfiniBand or health tools)."""
 
 
 def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
@@ -119,16 +128,31 @@ def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
         if step.keyword == "RUN" and "apt-get install" in step.args and "rm -rf /var/lib/apt/lists" not in step.args:
             add(step.line, "installs apt packages without removing /var/lib/apt/lists in the same RUN",
                 "end that RUN with `&& rm -rf /var/lib/apt/lists/*`")
+        if step.keyword == "RUN":
+            for part in re.split(r"&&|;|\|\|", step.args):
+                if _PIP_INSTALL.search(part) and not ("--require-hashes" in part and " -r " in part):
+                    add(step.line, "runs pip install without --require-hashes -r <lock>: packages would be trusted "
+                        "on first download", "install from the image's lock: pip install --require-hashes --no-deps "
+                        "-r /opt/aml-hpc/requirements/<lock> (python -m images lock writes it)")
     for number, line in enumerate(text.splitlines(), start=1):
         if re.search(r"(:|\b)latest\b", line, re.IGNORECASE) and not line.lstrip().startswith("#"):
             add(number, "mentions `latest`", "pin an exact version in images/pins.toml")
 
     body = " ".join(s.args for s in steps)
-    for needle in REQUIRED_COMPONENTS["common"] + REQUIRED_COMPONENTS.get(spec.framework, ()):
+    wanted = REQUIRED_COMPONENTS.get(spec.framework, ())
+    if spec.training:
+        wanted = REQUIRED_COMPONENTS["common"] + REQUIRED_COMPONENTS[spec.gpu_vendor] + wanted
+    for needle in wanted:
         if needle not in body:
-            add(0, f"does not contain {needle!r}", "every training image needs it (docs/images.md, 'What is in an image')")
+            add(0, f"does not contain {needle!r}", "every training image needs it (docs/images.md, 'What is in an image')"
+                if spec.training else "the controller installs only the hashed pins (images/controller/Dockerfile)")
+    if not spec.training and re.search(r"\bconda\b|pip install(?![^&]*--require-hashes)", body):
+        add(0, "installs packages without --require-hashes (or through conda)",
+            "install only images/controller/requirements.txt with pip --require-hashes")
     labels = " ".join(s.args for s in steps if s.keyword == "LABEL")
     for label in REQUIRED_LABELS:
+        if not spec.training and label in TRAINING_ONLY_LABELS:
+            continue
         if f"{label}=" not in labels:
             add(0, f"has no label {label}", "add it to the LABEL instruction")
     return problems
@@ -154,3 +178,54 @@ def hadolint(paths: list[Path]) -> list[Problem]:
     return [Problem(f["file"], f"line {f['line']}", f"{f['code']} {f['level']}: {f['message']}",
                     "fix it, or add `# hadolint ignore=<code>` with the reason above the line")
             for f in findings]
+
+
+def check_ssh_config(path: Path) -> list[Problem]:
+    """The images' ssh client config: host keys are checked; no `StrictHostKeyChecking no`
+    (or off) anywhere, and no exception under `Host *`: an exception must be scoped (a Match on
+    the job's own hosts, with its reason in a comment)."""
+    problems = []
+    block = ""
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, _, value = line.partition(" ")
+        if key.lower() in ("host", "match"):
+            block = line
+            continue
+        if key.lower() == "stricthostkeychecking":
+            setting = value.strip().lower()
+            if setting in ("no", "off"):
+                problems.append(Problem(str(path), f"line {number}", f"StrictHostKeyChecking {setting}: any host key "
+                                        "would be accepted, a man in the middle included",
+                                        "scope an exception to the job's hosts (Match exec ssh-job-host) with accept-new"))
+            elif block.lower() in ("host *", "") and setting != "yes":
+                problems.append(Problem(str(path), f"line {number}", f"StrictHostKeyChecking {setting} for every host "
+                                        f"({block or 'no Host block'})", "scope it to the job's own hosts"))
+    return problems
+
+
+_KEY_DOWNLOAD = re.compile(r"(curl|wget)\b[^\n]*(GPG-KEY|\.pub|\.asc|\.gpg|gpgkey)", re.IGNORECASE)
+
+
+def check_key_downloads(path: Path) -> list[Problem]:
+    """Every signing key a build script downloads is checked against its pinned fingerprint
+    (verify_signing_key.sh) before apt trusts it: never trust on first download."""
+    lines = path.read_text().splitlines()
+    problems = []
+    for number, line in enumerate(lines, start=1):
+        if line.lstrip().startswith("#") or not _KEY_DOWNLOAD.search(line):
+            continue
+        if not any("verify_signing_key.sh" in later for later in lines[number:number + 3]):
+            problems.append(Problem(str(path), f"line {number}", "downloads a signing key and trusts it unchecked",
+                                    "run verify_signing_key.sh KEYFILE <pinned fingerprint> right after the download"))
+    return problems
+
+
+def check_common(root: Path) -> list[Problem]:
+    """The shared pieces: ssh config and every script that fetches a key."""
+    common = root / "images" / "common"
+    problems = [p for conf in sorted((common / "ssh").glob("*.conf")) for p in check_ssh_config(conf)]
+    problems += [p for script in sorted((common / "bin").glob("*.sh")) for p in check_key_downloads(script)]
+    return problems

@@ -100,18 +100,37 @@ class PythonPins(_Strict):
         return _exact(value)
 
 
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_KEY = re.compile(r"^([0-9A-F]{16}|[0-9A-F]{40})$")
+_DEB_VERSION = re.compile(r"^([0-9]+:)?[0-9][A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)?$")
+
+
+def _key(value: str) -> str:
+    if not _KEY.match(value):
+        raise ValueError("must be an OpenPGP fingerprint (40 upper-case hex) or 64-bit key id (16), no spaces")
+    return value
+
+
 class InfinibandPins(_Strict):
     userspace: IbUserspace = "none"
     doca: str
+    doca_aarch64: str
     doca_repo: str
+    doca_key: str
+    """Fingerprint (or 64-bit id) of the DOCA repository's signing key."""
     mlnx_ofed: str
     mlnx_ofed_url: str
     mlnx_ofed_sha256: str = ""
 
-    @field_validator("doca", "mlnx_ofed")
+    @field_validator("doca", "doca_aarch64", "mlnx_ofed")
     @classmethod
     def _exact_version(cls, value: str) -> str:
         return _exact(value)
+
+    @field_validator("doca_key")
+    @classmethod
+    def _fingerprint(cls, value: str) -> str:
+        return _key(value)
 
     @field_validator("doca_repo", "mlnx_ofed_url")
     @classmethod
@@ -128,13 +147,56 @@ class InfinibandPins(_Strict):
         return value
 
 
+class ToolsPins(_Strict):
+    """The health tools built into the images: release versions and the commits they must be."""
+
+    perftest: str
+    perftest_commit: str
+    nccl_tests: str
+    nccl_tests_commit: str
+    nvbandwidth: str
+    nvbandwidth_commit: str
+    rccl_tests_commit: str
+    dcgm: str
+    dcgm_aarch64: str
+    cuda_repo_key: str
+
+    @field_validator("perftest", "nccl_tests", "nvbandwidth")
+    @classmethod
+    def _exact_version(cls, value: str) -> str:
+        return _exact(value)
+
+    @field_validator("perftest_commit", "nccl_tests_commit", "nvbandwidth_commit", "rccl_tests_commit")
+    @classmethod
+    def _commit(cls, value: str) -> str:
+        if not _COMMIT.match(value):
+            raise ValueError("must be a full 40-hex git commit id (the build checks out exactly this commit)")
+        return value
+
+    @field_validator("dcgm", "dcgm_aarch64")
+    @classmethod
+    def _deb_version(cls, value: str) -> str:
+        if not _DEB_VERSION.match(value):
+            raise ValueError("must be one exact Debian package version such as 1:4.6.0-1")
+        return value
+
+    @field_validator("cuda_repo_key")
+    @classmethod
+    def _fingerprint(cls, value: str) -> str:
+        return _key(value)
+
+
 class Pins(_Strict):
     """Everything in images/pins.toml."""
 
     pytorch: BaseImagePin
+    rocm: BaseImagePin
     tensorflow: TensorflowPins
     python: PythonPins
     infiniband: InfinibandPins
+    tools: ToolsPins
+    controller: BaseImagePin
+    """The managed-run controller's Python base (its packages: images/controller/requirements.txt)."""
 
     def value(self, dotted: str) -> str:
         """A pin by its dotted key, e.g. "python.deepspeed" or "pytorch.ref"."""

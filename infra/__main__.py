@@ -12,12 +12,17 @@ _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from core.interpreter import check  # noqa: E402
+
+check("infra")
+
 from pulumi.runtime import settings  # noqa: E402
 
 if settings.get_monitor() is None:
+    from core.cli_help import run as run_cli
     from infra.cli import app
 
-    app(prog_name="python -m infra")
+    run_cli(app, "python -m infra")
 else:
     from infra.engine import run
 

@@ -18,6 +18,18 @@ tests/lifecycle runs the same functions):
 Singletons (blob service properties) are left out: azure-native creates them with a PUT
 whatever exists, so they never conflict.
 
+Retained role assignments (a customer-managed key's grants, kept with the workspace that
+needs the key while the stack is down) are matched in Azure by (scope, role, principal),
+the triple Azure allows one assignment for - never by the id the offline plan computes:
+the plan's principal ids are stand-ins, Entra's are random and new with every identity.
+The principal of an identity the program declares is read from that identity in Azure
+(a user-assigned identity's `properties.principalId`, a system-assigned one's
+`identity.principalId`); the assignments at the scope are listed (`roleAssignments`,
+`$filter=atScope()`, then the exact scope kept) and the one of that role and principal is
+adopted by its own id. One found under another name than the program gives it (created by
+hand, or by an older version) is refused with the command that removes it: adopted, the
+program's own name would replace it on the next `up`.
+
 `python -m infra.adopt suffix --stack S` and `python -m infra.adopt import-file --stack S
 --state state.json --subscription ID --out import.json` are the two commands. Bad input
 exits 2 with the problem and its fix.
@@ -44,7 +56,10 @@ from infra.config import EXPERIMENT_PREFIX, NAME_SUFFIX_KEY, REPO_ROOT, read_sta
 SINGLETONS = frozenset({"azure-native:storage:BlobServiceProperties"})
 """Types azure-native treats as always existing: create is a PUT, delete resets defaults."""
 
+ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
+UAI = "azure-native:managedidentity:UserAssignedIdentity"
 ARM_ENDPOINT = "https://management.azure.com"
+ROLE_ASSIGNMENTS_API = "2022-04-01"
 
 
 # --------------------------------------------------------------------------------------
@@ -102,6 +117,31 @@ class Retained:
     api_version: str
     ancestors: tuple[str, ...] = ()
     """URNs of the component parents, the nearest first (the root stack left out)."""
+    inputs: dict[str, Any] | None = None
+    """A role assignment's scope, principalId and roleDefinitionId as the plan has them."""
+
+
+@dataclass(frozen=True)
+class IdentityRef:
+    """Where the real principal id of a planned (stand-in) one is read in Azure."""
+
+    arm_id: str
+    api_version: str
+    path: str
+    """Dotted path in the ARM GET body: properties.principalId or identity.principalId."""
+
+
+class AzureReader(typing.Protocol):
+    """What adoption reads from Azure (ARM wire shapes)."""
+
+    def exists(self, r: Retained) -> bool: ...
+
+    def read(self, arm_id: str, api_version: str) -> dict[str, Any] | None: ...
+
+    def role_assignments(self, scope: str) -> list[dict[str, Any]]:
+        """`{scope}/providers/Microsoft.Authorization/roleAssignments?$filter=atScope()`: at
+        the scope and above it."""
+        ...
 
 
 def provider_api_version(type_token: str) -> str:
@@ -162,10 +202,72 @@ def retained_resources(plan: Any) -> list[Retained]:
         while parent in urns:  # components up to (without) the root stack
             ancestors.append(urns[parent])
             parent = parents.get(parent)
+        grant = {k: r.inputs.get(k) for k in ("scope", "principalId", "roleDefinitionId")} \
+            if r.type == ROLE_ASSIGNMENT else None
         out.append(Retained(urns[r.urn], r.type, r.name, ancestors[0] if ancestors else None,
                             ids._arm_id(r.type, r.inputs, r.name),  # noqa: SLF001
-                            provider_api_version(r.type), tuple(ancestors)))
+                            provider_api_version(r.type), tuple(ancestors), grant))
     return out
+
+
+def planned_identities(plan: Any) -> dict[str, IdentityRef]:
+    """Stand-in principal id (the offline plan's) -> the identity to read the real one from."""
+    from infra.plan.mocks import PlanMocks, physical_name, planned_principal
+
+    ids = PlanMocks(plan.outputs["subscriptionId"])
+    out = {}
+    for r in plan.custom_resources():
+        name = physical_name(r.type, r.inputs, r.name)
+        arm_id = ids._arm_id(r.type, r.inputs, r.name)  # noqa: SLF001
+        if r.type == UAI:
+            out[planned_principal(r.type, name, False)] = IdentityRef(arm_id, provider_api_version(r.type),
+                                                                      "properties.principalId")
+        identity = r.inputs.get("identity")
+        if isinstance(identity, dict) and "SystemAssigned" in str(identity.get("type", "")):
+            out[planned_principal(r.type, name, True)] = IdentityRef(arm_id, provider_api_version(r.type),
+                                                                     "identity.principalId")
+    return out
+
+
+def _dig(body: dict[str, Any] | None, dotted: str) -> Any:
+    value: Any = body
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _role_guid(role_definition_id: str) -> str:
+    return str(role_definition_id).rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def locate_assignment(r: Retained, azure: AzureReader, identities: dict[str, IdentityRef]) -> str | None:
+    """The id of the retained role assignment `r` in Azure, found by (scope, role, principal),
+    or None when Azure has none (or the identity it names is gone)."""
+    from infra.components.access import role_assignment_name
+
+    grant = r.inputs or {}
+    scope, role, principal = str(grant.get("scope")), str(grant.get("roleDefinitionId")), str(grant.get("principalId"))
+    where = identities.get(principal)
+    if where is not None:
+        principal = _dig(azure.read(where.arm_id, where.api_version), where.path)
+        if not principal:
+            return None
+    found = [a for a in azure.role_assignments(scope)
+             if str(_dig(a, "properties.scope") or "").lower() == scope.lower()
+             and _role_guid(str(_dig(a, "properties.roleDefinitionId"))) == _role_guid(role)
+             and str(_dig(a, "properties.principalId") or "").lower() == str(principal).lower()]
+    if not found:
+        return None
+    assignment = found[0]
+    expected = role_assignment_name(scope, str(principal), role)
+    if str(assignment.get("name", "")).lower() != expected.lower():
+        raise UserError([Problem(r.urn, "", f"Azure holds this grant (role {_role_guid(role)} for principal "
+                                 f"{principal} at {scope}) under the name {assignment.get('name')}, not the "
+                                 f"program's {expected}: adopted, the next `up` would replace it",
+                                 f"az role assignment delete --ids {assignment.get('id')}  (the next `make up` "
+                                 "creates it again under the program's name)")],
+                        "cannot adopt a role assignment")
+    return str(assignment["id"])
 
 
 def normalize_urn(urn: str) -> str:
@@ -192,18 +294,28 @@ def _name_of(urn: str) -> str:
     return urn.split("::", 3)[3]
 
 
-def import_document(resources: Iterable[Retained], in_state: set[str], exists: Callable[[Retained], bool]) -> dict[str, Any]:
+def import_document(resources: Iterable[Retained], in_state: set[str], exists: Callable[[Retained], bool],
+                    locate: Callable[[Retained], str | None] | None = None) -> dict[str, Any]:
     """The `pulumi import --file` document: retained resources that exist in Azure but not
-    in the state. Their parents are named from the state when still there, else created
-    as empty components in the same import, each under its own parent (outermost first).
-    Empty `resources`: nothing to adopt."""
+    in the state. `locate` finds a role assignment's id in Azure (locate_assignment);
+    without it, role assignments are probed by their planned id like everything else.
+    Their parents are named from the state when still there, else created as empty
+    components in the same import, each under its own parent (outermost first). Empty
+    `resources`: nothing to adopt."""
     entries: list[dict[str, Any]] = []
     name_table: dict[str, str] = {}
     components: dict[str, dict[str, Any]] = {}
     for r in resources:
-        if r.urn in in_state or not exists(r):
+        if r.urn in in_state:
             continue
-        entry: dict[str, Any] = {"type": r.type, "name": r.name, "id": r.arm_id}
+        arm_id: str | None = r.arm_id
+        if r.type == ROLE_ASSIGNMENT and locate is not None:
+            arm_id = locate(r)
+        elif not exists(r):
+            arm_id = None
+        if arm_id is None:
+            continue
+        entry: dict[str, Any] = {"type": r.type, "name": r.name, "id": arm_id}
         ancestors = r.ancestors or ((r.parent_urn,) if r.parent_urn else ())
         for i, urn in enumerate(reversed(ancestors)):  # outermost first
             name = _name_of(urn)
@@ -226,43 +338,75 @@ def import_document(resources: Iterable[Retained], in_state: set[str], exists: C
     return document
 
 
-def arm_exists(credential: Any = None) -> Callable[[Retained], bool]:
-    """An existence probe against Azure Resource Manager: GET the id at the provider's API
-    version; 200 is there, 404 is not, anything else stops the deploy (retried by azure-core)."""
-    from azure.core.pipeline.policies import BearerTokenCredentialPolicy
-    from azure.mgmt.core import ARMPipelineClient
+class ArmReader:
+    """AzureReader against Azure Resource Manager (azure-core retries; 404 is absent)."""
 
-    if credential is None:
-        from azure.identity import DefaultAzureCredential
+    def __init__(self, credential: Any = None):
+        from azure.core.pipeline.policies import BearerTokenCredentialPolicy
+        from azure.mgmt.core import ARMPipelineClient
 
-        credential = DefaultAzureCredential()
-    client = ARMPipelineClient(base_url=ARM_ENDPOINT, policies=None, per_call_policies=[
-        BearerTokenCredentialPolicy(credential, f"{ARM_ENDPOINT}/.default")])
+        if credential is None:
+            from azure.identity import DefaultAzureCredential
 
-    def exists(r: Retained) -> bool:
-        request = client.get(f"{ARM_ENDPOINT}{r.arm_id}", params={"api-version": r.api_version})
-        response = client.send_request(request)
+            credential = DefaultAzureCredential()
+        self.client = ARMPipelineClient(base_url=ARM_ENDPOINT, policies=None, per_call_policies=[
+            BearerTokenCredentialPolicy(credential, f"{ARM_ENDPOINT}/.default")])
+
+    def _get(self, url: str, params: dict[str, str] | None, what: str) -> dict[str, Any] | None:
+        response = self.client.send_request(self.client.get(url, params=params))
         if response.status_code == 404:
-            return False
+            return None
         if response.status_code == 200:
-            return True
-        raise UserError([Problem(r.urn, "", f"Azure answered {response.status_code} for {r.arm_id}",
+            text = response.text()
+            return json.loads(text) if text else {}
+        raise UserError([Problem(what, "", f"Azure answered {response.status_code} for {url.split('?')[0]}",
                                  "check `az login` and that your account can read the resource group")],
                         "cannot tell what to adopt")
 
-    return exists
+    def exists(self, r: Retained) -> bool:
+        return self.read(r.arm_id, r.api_version, r.urn) is not None
+
+    def read(self, arm_id: str, api_version: str, what: str = "") -> dict[str, Any] | None:
+        return self._get(f"{ARM_ENDPOINT}{arm_id}", {"api-version": api_version}, what or arm_id)
+
+    def role_assignments(self, scope: str) -> list[dict[str, Any]]:
+        url: str | None = f"{ARM_ENDPOINT}{scope}/providers/Microsoft.Authorization/roleAssignments"
+        params: dict[str, str] | None = {"api-version": ROLE_ASSIGNMENTS_API, "$filter": "atScope()"}
+        out: list[dict[str, Any]] = []
+        while url:
+            page = self._get(url, params, scope) or {}
+            out += page.get("value") or []
+            url, params = page.get("nextLink"), None
+        return out
 
 
-def plan_import(stack: str, export: dict[str, Any], subscription_id: str, exists: Callable[[Retained], bool],
+def arm_exists(credential: Any = None) -> Callable[[Retained], bool]:
+    """An existence probe against Azure Resource Manager: GET the id at the provider's API
+    version; 200 is there, 404 is not, anything else stops the deploy (retried by azure-core)."""
+    return ArmReader(credential).exists
+
+
+def plan_import(stack: str, export: dict[str, Any], subscription_id: str, azure: AzureReader,
                 root: Path = REPO_ROOT) -> dict[str, Any]:
     """The import document for `stack`: its offline plan's retained resources, the state
-    `export` already holds, and what `exists` finds in Azure."""
+    `export` already holds, and what `azure` holds (role assignments matched by scope,
+    role and principal)."""
     from infra.plan import evaluate
 
     if stack.startswith(EXPERIMENT_PREFIX):
         return {"resources": []}  # experiment stacks retain nothing
     plan = evaluate(stack, root, subscription_id=subscription_id)
-    return import_document(retained_resources(plan), state_urns(export), exists)
+    identities = planned_identities(plan)
+    return import_document(retained_resources(plan), state_urns(export), azure.exists,
+                           lambda r: locate_assignment(r, azure, identities))
+
+
+def rbac_propagation_failure(log: str) -> str | None:
+    """The Azure error code in a failed `pulumi up`'s output that means a fresh role
+    assignment has not taken effect yet (infra.quirks.RBAC_PROPAGATION_ERRORS), or None."""
+    from infra import quirks
+
+    return next((code for code in quirks.RBAC_PROPAGATION_ERRORS if code in log), None)
 
 
 # --------------------------------------------------------------------------------------
@@ -302,11 +446,26 @@ def import_file_command(
         except (OSError, ValueError) as exc:
             raise UserError([Problem(str(state), "", f"not a `pulumi stack export` document ({exc})",
                                      f"pulumi stack export --stack {stack} --file {state}")], "invalid option") from None
-        document = plan_import(stack, export, subscription, arm_exists(), root=REPO_ROOT)
+        document = plan_import(stack, export, subscription, ArmReader(), root=REPO_ROOT)
     out.unlink(missing_ok=True)
     if document["resources"]:
         out.write_text(json.dumps(document, indent=2) + "\n")
     print(sum(1 for r in document["resources"] if not r.get("component")))
+
+
+@app.command("propagation")
+def propagation_command(
+    log: Annotated[Path, typer.Option("--log", help="The output of the failed `pulumi up`.")],
+) -> None:
+    """Exit 0 (printing the error code) when a failed up failed on RBAC propagation, 1 otherwise."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        raise typer.Exit(1) from None
+    code = rbac_propagation_failure(text)
+    if code is None:
+        raise typer.Exit(1)
+    print(code)
 
 
 if __name__ == "__main__":

@@ -19,19 +19,19 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from core.cli_help import flags_without_types
+from core import project
+from core.cli_help import VersionOption, new_app
+from core.console import working
 from core.errors import Problem, UserError, exit_on_bad_input
 
-flags_without_types()
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
+app = new_app(__doc__.split("\n\n")[0])
 
 EXIT_POLICY = 3
 """`plan --policy` found a mandatory policy violation."""
 
 
 @app.callback()
-def main() -> None:
+def main(version: VersionOption = False) -> None:
     """aml-hpc infrastructure, offline: plans, experiment lifecycle."""
 
 
@@ -49,12 +49,21 @@ def plan(
         "--markdown", help="With --diff or --diff-ref: print the pull-request comment section.")] = False,
     policy: Annotated[bool, typer.Option(
         "--policy", help="Also run the policy rules; exit 3 on a mandatory violation.")] = False,
+    access: Annotated[bool, typer.Option(
+        "--access", help="Show who can do what, where, and why: the stack's role assignments and its CI "
+                         "identities' rights, from the permission model (with --json: as data).")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Show every resource STACK declares, its cost and GPU quota, without Azure; or, with
     --diff/--diff-ref, what a change adds, removes, replaces and updates."""
     with exit_on_bad_input(debug):
-        _check_plan_flags(diff, diff_ref, markdown, as_json)
+        from infra.config import REPO_ROOT
+
+        project.require(REPO_ROOT)
+        _check_plan_flags(diff, diff_ref, markdown, as_json, access, policy)
+        if access:
+            _show_access(stack, as_json)
+            return
         if diff is not None or diff_ref is not None:
             violations = _show_diff(stack, diff, diff_ref, markdown, as_json, policy)
         else:
@@ -63,8 +72,12 @@ def plan(
         raise typer.Exit(EXIT_POLICY)
 
 
-def _check_plan_flags(diff: Path | None, diff_ref: str | None, markdown: bool, as_json: bool) -> None:
+def _check_plan_flags(diff: Path | None, diff_ref: str | None, markdown: bool, as_json: bool,
+                      access: bool = False, policy: bool = False) -> None:
     problems = []
+    if access and (diff is not None or diff_ref is not None or markdown or policy):
+        problems.append(Problem("plan", "--access", "shows the stack's access on its own",
+                                "drop --diff/--diff-ref/--markdown/--policy, or run them separately"))
     if diff is not None and diff_ref is not None:
         problems.append(Problem("plan", "--diff, --diff-ref", "both given", "compare with one base: a file or a revision"))
     if markdown and diff is None and diff_ref is None:
@@ -95,7 +108,8 @@ def _print_violations(violations: list, policy: bool) -> None:
 def _show_plan(stack: str, as_json: bool, policy: bool) -> list:
     from infra.plan import evaluate
 
-    result = evaluate(stack)
+    with working(Console(stderr=True), f"planning stack {stack} offline (the program under Pulumi's mock runtime)"):
+        result = evaluate(stack)
     document = result.to_json()
     violations = _policy(document, policy)
     if as_json:
@@ -106,6 +120,19 @@ def _show_plan(stack: str, as_json: bool, policy: bool) -> list:
         sys.stdout.write(render(result))
         _print_violations(violations, policy)
     return violations
+
+
+def _show_access(stack: str, as_json: bool) -> None:
+    from infra.plan import evaluate
+    from infra.plan.access import access_view
+
+    view = access_view(evaluate(stack))
+    if as_json:
+        sys.stdout.write(json.dumps(view, indent=2) + "\n")
+    else:
+        from infra.plan.render_access import render_access
+
+        sys.stdout.write(render_access(view))
 
 
 def _show_diff(stack: str, diff: Path | None, diff_ref: str | None, markdown: bool, as_json: bool,
@@ -148,6 +175,32 @@ def _show_diff(stack: str, diff: Path | None, diff_ref: str | None, markdown: bo
         if not markdown:
             _print_violations(violations, policy and head is not empty)
     return violations
+
+
+@app.command("config-keys")
+def config_keys(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the keys as JSON.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's table.")] = False,
+    update: Annotated[Path | None, typer.Option("--update", metavar="FILE", dir_okay=False,
+                                                help="Rewrite the generated table in FILE (e.g. README.md).")] = None,
+) -> None:
+    """Every key a Pulumi.<stack>.yaml can set, from the config model: type, default, meaning."""
+    from infra import config_doc
+
+    if update is not None:
+        changed = config_doc.update(update)
+        print(f"{update}: {'updated' if changed else 'already current'}")
+    elif as_json:
+        sys.stdout.write(json.dumps([k.to_json() for k in config_doc.keys()], indent=2) + "\n")
+    elif markdown:
+        sys.stdout.write(config_doc.markdown())
+    else:
+        from core.console import table
+
+        grid = table("key", "type", "default", "meaning")
+        for k in config_doc.keys():
+            grid.add_row(k.key, k.type, k.default.strip("`"), k.meaning)
+        Console().print(grid, markup=False)
 
 
 def _mount_lifecycle() -> None:

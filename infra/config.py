@@ -22,15 +22,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from core import availability, pricing, regions, skus
+from core import availability, pricing, project, regions, skus
 from core.errors import Problem, ProblemCollector, UserError
+from core.values import Gbps, Usd, UsdPerHour
 from infra import naming
 
 PROJECT = "aml-hpc"
 NAMESPACE = f"{PROJECT}:"
 LOCATION_KEY = "azure-native:location"
 EXPERIMENT_PREFIX = "exp-"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = project.root()
+"""The project folder: its Pulumi.<stack>.yaml files (core/project.py finds it)."""
 
 StackKind = Literal["environment", "experiment"]
 
@@ -86,11 +88,22 @@ OutboundMode = Literal["AllowOnlyApprovedOutbound", "AllowInternetOutbound"]
 DEFAULT_FQDN_RULES: dict[str, str] = {
     "pypi.org": "pip's index, for recipes and jobs that pip-install at start",
     "files.pythonhosted.org": "where pip downloads what pypi.org lists",
-    "github.com": "git clone at job start (jobs/recipes/maskrcnn.yaml clones NVIDIA/DeepLearningExamples)",
 }
 """Hosts a managed, approved-only network lets jobs reach unless the stack says otherwise, and
-why. Not here on purpose: nvcr.io (images are built by ACR Tasks outside the managed VNet and
-pulled from our registry through its private endpoint) and conda (our environments never build)."""
+why. Not here on purpose: general-purpose code and file hosts (github.com, gist, paste and
+tunnel services), where a job could push data as easily as it pulls code - a team that needs
+one adds it to the stack's fqdnRules and to infra/policy/outbound.toml, where the platform
+team reviews it (docs/isolation.md); nvcr.io (images are built by ACR Tasks outside the
+managed VNet and pulled from our registry through its private endpoint) and conda (our
+environments never build)."""
+
+
+class PrincipalConfig(_Model):
+    """A person, group or service principal granted data rights (e.g. to upload datasets)."""
+
+    principal_id: str
+    """Entra object id (a GUID): `az ad signed-in-user show --query id -o tsv` for yourself."""
+    principal_type: Literal["User", "Group", "ServicePrincipal"] = "Group"
 
 
 class BastionConfig(_Model):
@@ -102,15 +115,39 @@ class BastionConfig(_Model):
     """AzureBastionSubnet, /26 or larger; defaults to the first free /26 of addressSpace."""
 
 
+UNHELD_PUBLIC_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHeqTzDP/AxWFuCsp6odf6CTDVd5ZLGRcfvg7yG3jlaz "
+                     "aml-hpc-unheld-key-replace-with-your-break-glass-key")
+"""The jump box admin key Pulumi.prod.yaml ships with: its private half was discarded when it
+was generated, so nobody holds it. People sign in with Entra ID (`jumpBox.logins`); replace
+it with your own break-glass key if you want one. Deploying a jump box whose only way in is
+this key is refused."""
+
+
 class JumpBoxConfig(_Model):
-    """A small Linux VM inside our VNet to run `jobs submit`, `make images` and `pulumi` from."""
+    """A small Linux VM inside our VNet to run `jobs submit`, `make images` and `pulumi` from.
+
+    People sign in with their Entra ID (the AADSSHLoginForLinux extension, through Bastion);
+    the admin key is a break-glass credential, a public key and never a secret."""
 
     public_key: str | None = None
-    """OpenSSH public key line: SSH by key only, as on cluster nodes."""
+    """OpenSSH public key line of the admin (break-glass) account: SSH by key only, as on
+    cluster nodes. Required; changing it replaces the VM."""
     admin_user: str = "azureuser"
     size: str = "Standard_D2s_v5"
     subnet: str | None = None
     """Defaults to the first free /28 of addressSpace after the Bastion subnet's."""
+    logins: list[PrincipalConfig] = Field(default_factory=list)
+    """People and groups who sign in with Entra ID: Virtual Machine User Login on the jump box,
+    Reader on its network interface and on the Bastion (what `az network bastion ssh` reads)."""
+
+
+class HandOffConfig(_Model):
+    """A corporate network that reaches our VNet through a VPN gateway, ExpressRoute or
+    peering that is managed outside this program (the network team's)."""
+
+    via: Literal["VPN", "ExpressRoute", "Peering"]
+    address_prefixes: list[str] = Field(default_factory=list)
+    """The client networks that arrive through it (CIDRs, outside addressSpace)."""
 
 
 class CiRunnersConfig(_Model):
@@ -121,9 +158,12 @@ class CiRunnersConfig(_Model):
 
 
 class WayInConfig(_Model):
+    """Seats for people (Bastion with a jump box, or a declared hand-off) and for CI."""
+
     bastion: BastionConfig | None = None
     jump_box: JumpBoxConfig | None = None
     ci_runners: CiRunnersConfig | None = None
+    hand_off: HandOffConfig | None = None
 
 
 class EncryptionConfig(_Model):
@@ -192,30 +232,22 @@ class NetworkConfig(_Model):
     """How people and CI reach a private or managed stack (docs/isolation.md)."""
 
 
-class PrincipalConfig(_Model):
-    """A person, group or service principal granted data rights (e.g. to upload datasets)."""
-
-    principal_id: str
-    """Entra object id (a GUID): `az ad signed-in-user show --query id -o tsv` for yourself."""
-    principal_type: Literal["User", "Group", "ServicePrincipal"] = "Group"
-
-
 class StorageConfig(_Model):
     tier: Literal["StandardHot", "PremiumBlockBlob"] = "StandardHot"
     """Dataset account: Standard_LRS hot, or Premium_LRS BlockBlobStorage (lower latency).
     Changing it replaces the account, so the data would have to be copied: it is protected."""
     allow_shared_key_access: bool = False
     soft_delete_days: int = Field(14, ge=1, le=365)
-    egress_gbps: float = Field(skus.STORAGE_ACCOUNT.egress_gbits_per_s_default, gt=0)
+    egress_gbps: Gbps = skus.STORAGE_ACCOUNT.egress_gbits_per_s_default
     """The account's egress limit, Gb/s; staging warns when nodes x per-node rate exceeds it."""
-    ingress_gbps: float = Field(skus.STORAGE_ACCOUNT.ingress_gbits_per_s_default, gt=0)
+    ingress_gbps: Gbps = skus.STORAGE_ACCOUNT.ingress_gbits_per_s_default
     """The account's ingress limit, Gb/s; checkpoint uploads are capped below it."""
     data_contributors: list[PrincipalConfig] = Field(default_factory=list)
     """Who may upload datasets (Storage Blob Data Contributor on `datasets`); shared keys are off."""
 
 
 class BudgetConfig(_Model):
-    monthly_amount_usd: float = Field(gt=0)
+    monthly_amount_usd: Usd
     alert_emails: list[str] = Field(default_factory=list)
     thresholds_percent: list[int] = Field(default_factory=lambda: [50, 80, 100])
 
@@ -224,6 +256,8 @@ CONTROLLER_SKU = "Standard_D2s_v3"
 CONTROLLER_USD_PER_HOUR = 0.096
 """Standard_D2s_v3, Linux, pay-as-you-go in eastus: Azure Retail Prices API
 (prices.azure.com, serviceName 'Virtual Machines', type Consumption), as recorded in 2024-06."""
+CONTROLLER_PRICE_REGION = "eastus"
+"""The region of CONTROLLER_USD_PER_HOUR's row."""
 
 
 class ControllerConfig(_Model):
@@ -238,7 +272,7 @@ class ControllerConfig(_Model):
     max_nodes: int = Field(4, ge=1, le=100)
     """Managed runs that can be supervised at once (one node each)."""
     idle_minutes: int = Field(5, ge=2, le=10080)
-    usd_per_hour: float | None = Field(None, gt=0)
+    usd_per_hour: UsdPerHour | None = None
     """Price of one node-hour; required for a size other than the default."""
 
     @property
@@ -247,7 +281,7 @@ class ControllerConfig(_Model):
 
     def price_source(self, stack_file: str) -> str:
         return (f"{stack_file}: aml-hpc:controller.usdPerHour" if self.usd_per_hour
-                else f"Azure Retail Prices API, {self.sku} Linux pay-as-you-go, eastus, 2024-06")
+                else f"Azure Retail Prices API, {self.sku} Linux pay-as-you-go, {CONTROLLER_PRICE_REGION}, 2024-06")
 
 
 class MlRegistryConfig(_Model):
@@ -272,7 +306,7 @@ class _RawConfig(_Model):
     controller: ControllerConfig = ControllerConfig()
     expires_at: str | date | datetime | None = None
     protect_data: bool | None = None
-    prices: dict[str, float] = Field(default_factory=dict)
+    prices: dict[str, UsdPerHour] = Field(default_factory=dict)
     names: dict[str, str] = Field(default_factory=dict)
     encryption: EncryptionConfig = EncryptionConfig()
     diagnostics: DiagnosticsConfig | None = None
@@ -568,6 +602,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     _check_storage(found, stack, raw)
     _check_principals(found, raw.submitters, f"{NAMESPACE}submitters")
     _check_name_suffix(found, stack, kind, raw, deploying)
+    _check_seat(found, stack, raw, deploying)
     _check_budget(found, stack, raw)
     _check_prices(found, raw)
     _check_controller(found, stack, raw)
@@ -651,6 +686,26 @@ def _check_kind(found: ProblemCollector, stack: str, kind: StackKind, ours: dict
                       "add a cluster: name, sku, maxNodes (see Pulumi.dev.yaml)")
     elif raw.environment_stack:
         found.add(f"{NAMESPACE}environmentStack", "is only for experiment stacks (exp-*)", f"remove it from Pulumi.{stack}.yaml")
+    if kind == "experiment":
+        _check_environment_stack(found, stack, raw)
+
+
+def _check_environment_stack(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
+    """An experiment's target is one fact, `environment`: the GitHub environment it deploys in
+    (reviewers, identity, state) follows it, so a StackReference to another environment's
+    stack under a `dev` label would put clusters into prod's workspace with dev's reviewers.
+    `environmentStack` may only spell the same stack fully qualified."""
+    given, environment = raw.environment_stack, raw.environment
+    if not given or not environment:
+        return
+    parts = given.split("/")
+    same = parts[-1] == environment and (len(parts) == 1 or (len(parts) == 3 and parts[1] == PROJECT))
+    if not same:
+        found.add(f"{NAMESPACE}environmentStack",
+                  f"{given!r} is not the stack of aml-hpc:environment {environment!r}: an experiment deploys into "
+                  "the environment it names, with that environment's reviewers, identity and state",
+                  f"remove aml-hpc:environmentStack from Pulumi.{stack}.yaml (it defaults to "
+                  f"organization/{PROJECT}/{environment}); to target another environment set aml-hpc:environment")
 
 
 def _check_expiry(found: ProblemCollector, stack: str, kind: StackKind, raw: _RawConfig) -> datetime | None:
@@ -805,6 +860,11 @@ def _check_clusters(found: ProblemCollector, stack: str, raw: _RawConfig, index:
             found.add(f"{path}.sku", f"unknown VM size {cluster.sku!r}",
                       f"{near}known sizes: {', '.join(skus.names())}")
             sku = None
+        if sku is not None and not sku.azureml.amlcompute:
+            runnable = ", ".join(s for s in skus.names() if skus.get(s).azureml.amlcompute and not skus.get(s).retired)
+            found.add(f"{path}.sku", sku.azureml_problem,
+                      f"choose a size AmlCompute runs ({runnable}); the catalog entry says how to run {sku.name} instead")
+            sku = None
 
         if cluster.max_nodes < cluster.min_nodes:
             found.add(f"{path}.maxNodes", f"maxNodes {cluster.max_nodes} is below minNodes {cluster.min_nodes}",
@@ -931,7 +991,7 @@ def _check_managed_ssh(found: ProblemCollector, raw: _RawConfig) -> None:
                       "remove the ssh block, or use isolation: private (SSH from the jump box; docs/isolation.md)")
 
 
-_FQDN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+_FQDN = re.compile(r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 _STORAGE_SUFFIXES = (".core.windows.net", ".storage.azure.net")
 
 
@@ -961,9 +1021,14 @@ def _check_managed_network(found: ProblemCollector, stack: str, raw: _RawConfig)
         name = host.strip().lower()
         if "://" in name or "/" in name or ":" in name:
             found.add(path, f"{host!r} is not a host name (no scheme, port or path: FQDN rules allow 80 and 443)",
-                      "write just the host, e.g. pypi.org or *.anaconda.org")
+                      "write just the host, e.g. pypi.org")
+        elif name.startswith("*"):
+            found.add(path, f"{host!r} is a wildcard: it lets jobs send data to every host under "
+                      f"{name.lstrip('*.')!r} (any bucket, tunnel or tenant anyone can create there)",
+                      "list the exact hosts jobs need (e.g. my-bucket.s3.us-east-1.amazonaws.com), or bake what "
+                      "jobs download into the image")
         elif not _FQDN.match(name):
-            found.add(path, f"{host!r} is not a fully qualified host name", "e.g. pypi.org, or *.example.com for its subdomains")
+            found.add(path, f"{host!r} is not a fully qualified host name", "e.g. pypi.org")
         elif name.endswith(_STORAGE_SUFFIXES):
             found.add(path, f"{host!r} is an Azure Storage endpoint: an approved-only managed network reaches storage "
                       "through private endpoints, never FQDN rules", "remove it; the dataset account gets a private "
@@ -1044,6 +1109,66 @@ def _check_way_in(found: ProblemCollector, stack: str, raw: _RawConfig, compute_
             chosen[key] = str(slot)
     return WayInSubnets(bastion=chosen.get("bastion"), bastion_sku=way_in.bastion.sku if way_in.bastion else "Standard",
                         jump_box=chosen.get("jump_box"), ci_runners=chosen.get("ci_runners"))
+
+
+def _check_seat(found: ProblemCollector, stack: str, raw: _RawConfig, deploying: bool) -> None:
+    """A private or managed stack takes no public traffic: people need a seat inside our VNet
+    (Bastion with a jump box) or a declared hand-off from their own network (VPN, ExpressRoute,
+    peering), and on deploy someone must be able to use the seat."""
+    net = raw.network
+    if net.isolation == "public":
+        return
+    base = f"{NAMESPACE}network.wayIn"
+    way_in = net.way_in or WayInConfig()
+    box, hand_off = way_in.jump_box, way_in.hand_off
+    if hand_off is not None:
+        _check_hand_off(found, stack, hand_off, net.address_space, f"{base}.handOff")
+    if box is not None:
+        _check_principals(found, box.logins, f"{base}.jumpBox.logins")
+        if box.logins and way_in.bastion and way_in.bastion.sku == "Basic":
+            found.add(f"{base}.bastion.sku", "Entra ID sign-in to the jump box goes through Bastion's native-client "
+                      "tunnel (az network bastion ssh --auth-type AAD), which Basic does not have",
+                      fix_command(stack, f"{base}.bastion.sku", "Standard"))
+    if way_in.bastion and not box:
+        return  # "Bastion connects to a VM" is reported by _check_way_in
+    if not ((way_in.bastion and box) or hand_off):
+        key = '"$(cat ~/.ssh/id_ed25519.pub)"'
+        found.add(base, f"isolation: {net.isolation} turns public access to the workspace, storage and registries "
+                  "off, and this stack declares no way in for people: nobody could submit a job, open studio or "
+                  "upload data",
+                  f"add Bastion and a jump box: {fix_command(stack, base + '.bastion.sku', 'Standard')} and "
+                  f"{fix_command(stack, base + '.jumpBox.publicKey', key)}; or declare the hand-off from your "
+                  f"network: {fix_command(stack, base + '.handOff.via', 'VPN')} and "
+                  f"{fix_command(stack, base + '.handOff.addressPrefixes[0]', '<your network CIDR>')} "
+                  "(docs/isolation.md, A way in)")
+        return
+    if deploying and box is not None and hand_off is None and not box.logins \
+            and (box.public_key or "").strip() == UNHELD_PUBLIC_KEY:
+        found.add(f"{base}.jumpBox.logins", "nobody can sign in to the jump box: it names no Entra ID logins, and its "
+                  "admin key is the shipped one, whose private half nobody holds",
+                  "name who uses it: "
+                  f"{fix_command(stack, base + '.jumpBox.logins[0].principalId', '<object id>')} (a group: az ad group "
+                  "show -g NAME --query id -o tsv), or replace jumpBox.publicKey with your own break-glass key")
+
+
+def _check_hand_off(found: ProblemCollector, stack: str, hand_off: HandOffConfig, address_space: str | None,
+                    path: str) -> None:
+    if not hand_off.address_prefixes:
+        found.add(f"{path}.addressPrefixes", f"a {hand_off.via} hand-off names the networks it brings in",
+                  fix_command(stack, f"{path}.addressPrefixes[0]", "<your network CIDR>"))
+    try:
+        space = ipaddress.ip_network(address_space or "", strict=True)
+    except ValueError:
+        space = None  # its own problem is reported
+    for i, text in enumerate(hand_off.address_prefixes):
+        try:
+            prefix = ipaddress.ip_network(text, strict=True)
+        except ValueError as exc:
+            found.add(f"{path}.addressPrefixes[{i}]", f"{text!r} is not a valid CIDR block ({exc})", "e.g. 10.0.0.0/8")
+            continue
+        if space is not None and prefix.overlaps(space):  # type: ignore[arg-type]
+            found.add(f"{path}.addressPrefixes[{i}]", f"{prefix} overlaps addressSpace {space}: routes to our VNet "
+                      "and to that network would collide", "give the VNet an address space the network does not use")
 
 
 def _first_free(space: ipaddress.IPv4Network | ipaddress.IPv6Network, taken: list, prefix: int):

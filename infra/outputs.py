@@ -8,9 +8,11 @@ keys, SAS tokens and connection strings are not outputs at all.
 
 from __future__ import annotations
 
-from typing import Any
+import types
+from typing import Any, Union, get_args, get_origin
 
 import pulumi
+from pydantic import BaseModel
 
 from core import skus
 from core.outputs import BudgetOut, ClusterOut, PriceOut, StackOutputs, keys
@@ -42,6 +44,39 @@ def prices_entry(cfg: StackConfig) -> dict[str, Any]:
 
 def expires_entry(cfg: StackConfig) -> str | None:
     return cfg.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ") if cfg.expires_at else None
+
+
+def inherited(key: str, entry: Any) -> Any:
+    """An environment's outputs entry as an experiment stack re-exports it.
+
+    A StackReference hands nested values over without the keys whose value is null (the
+    SDK's `deserialize_properties` treats None as absent: pulumi/runtime/rpc.py), so an
+    environment's `registry.mlRegistry: null` or `network.subnetId: null` would arrive
+    missing and the experiment's outputs would fail the model. The model's nullable keys
+    come back as null; everything else is passed on as the environment exported it.
+    """
+    model = _entry_model(key)
+    if model is None or not isinstance(entry, dict):
+        return entry
+    restored = dict(entry)
+    for name, field in model.model_fields.items():
+        alias = field.alias or name
+        if alias not in restored and _admits_none(field.annotation):
+            restored[alias] = None
+    return restored
+
+
+def _entry_model(key: str) -> type[BaseModel] | None:
+    """The model of a top-level entry (its Optional unwrapped), when it is one."""
+    field = next((f for n, f in StackOutputs.model_fields.items() if (f.alias or n) == key), None)
+    if field is None:
+        return None
+    candidates = get_args(field.annotation) or (field.annotation,)
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
+def _admits_none(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
 
 
 def check_keys(document: dict[str, Any]) -> None:

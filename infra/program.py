@@ -11,20 +11,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import pulumi
 from pulumi_azure_native import authorization
 
-from infra import outputs, quirks
-from infra.components.access import Access, AccessArgs, Grant, cluster_identity_grants
+from infra import outputs
+from infra.components.access import Access, AccessArgs, grants_for
 from infra.components.budget import Budget, BudgetArgs
 from infra.components.controller import (
     ControllerCluster,
     ControllerClusterArgs,
     controller_identity_name,
 )
-from infra.components.dataset_storage import CONTAINERS, DatasetStorage, DatasetStorageArgs
+from infra.components.dataset_storage import (
+    DATASTORE_CONTAINERS,
+    DatasetStorage,
+    DatasetStorageArgs,
+)
 from infra.components.datastores import Datastores, DatastoresArgs
 from infra.components.diagnostics import Diagnostics, DiagnosticsArgs, platform_targets
 from infra.components.environments import TrainingEnvironments, TrainingEnvironmentsArgs
@@ -43,7 +48,6 @@ from infra.components.way_in import JumpBoxSpec, WayIn, WayInArgs
 from infra.components.workspace import CustomerManagedKeySettings, Workspace, WorkspaceArgs
 from infra.config import ClusterConfig, StackConfig
 from infra.policy.rules import TAG_ALLOW_UNLISTED_REGION, TAG_ALLOW_UNLOCKED
-from infra.quirks import ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR
 
 
 def build(cfg: StackConfig, now: datetime | None = None) -> dict[str, Any]:
@@ -121,60 +125,51 @@ def _budget(cfg: StackConfig, scope: pulumi.Input[str], now: datetime | None,
     ))
 
 
+def stack_facts(cfg: StackConfig) -> frozenset[str]:
+    """The permission model's `when` values that hold for the stack (core/catalog/permissions.toml)."""
+    facts = set()
+    if cfg.workspace_storage_auth == "identity":
+        facts.add("identity-storage")
+    if cfg.network.isolation != "public":
+        facts.add("closed-network")
+    if cfg.encryption.customer_managed_key:
+        facts.add("customer-managed-key")
+    if cfg.lock_dataset_storage:
+        facts.add("dataset-lock")
+    return frozenset(facts)
+
+
+def grant_scopes(ws: Workspace, data: DatasetStorage) -> dict[str, Any]:
+    """The resource ids of the model's symbolic scopes an environment stack grants at."""
+    return {
+        "workspace": ws.workspace_id,
+        "workspace-storage": ws.workspace_storage_id,
+        "dataset-account": data.account_id,
+        "registry": ws.registry_id,
+        **{f"container:{name}": container_id for name, container_id in data.container_ids.items()},
+    }
+
+
 def _data_access(cfg: StackConfig, ws: Workspace, data: DatasetStorage, subscription_id: pulumi.Input[str]) -> Access:
-    """The compute identity's data and image rights, plus the stack's dataset uploaders."""
-    locked = cfg.lock_dataset_storage  # grants inside the locked account: protected (infra/components/access.py)
-    grants = cluster_identity_grants(
-        ws.identity_principal_id, data.container_ids["datasets"], data.container_ids["checkpoints"], ws.registry_id,
-        data_locked=locked,
-    )
-    grants += [
-        Grant(f"datasets-write-{i}", ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, data.container_ids["datasets"],
-              p.principal_id, p.principal_type, protect=locked)
-        for i, p in enumerate(cfg.storage.data_contributors)
-    ]
-    grants += workspace_grants(cfg, ws, data)
-    return Access("access", AccessArgs(subscription_id, grants))
-
-
-def workspace_grants(cfg: StackConfig, ws: Workspace, data: DatasetStorage) -> list[Grant]:
-    """What the workspace's storage mode and its datastores need (infra.quirks has the sources).
-
-    - The workspace's own identity previews the identity-based datastores in studio:
-      Storage Blob Data Reader on the dataset account (not its default storage).
-    - The people and CI identities that submit jobs (aml-hpc:submitters): AzureML Data
-      Scientist on the workspace; in identity mode also Storage Blob Data Contributor and
-      Storage File Data Privileged Contributor on the workspace storage account.
-    - In identity mode the cluster identity writes job outputs and snapshots to the
-      workspace storage: Storage Blob Data Contributor on it.
-    """
-    grants = [Grant("ws-datasets-preview", quirks.ROLE_STORAGE_BLOB_DATA_READER, data.account_id, ws.principal_id,
-                    protect=cfg.lock_dataset_storage)]
-    identity_mode = cfg.workspace_storage_auth == "identity"
-    if identity_mode:
-        grants.append(Grant("compute-ws-storage", ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, ws.workspace_storage_id,
-                            ws.identity_principal_id))
+    """The rights of the GPU clusters' identity, the workspace's identity, the submitters and
+    the dataset uploaders (core/catalog/permissions.toml says what each is for)."""
+    facts, scopes, locked = stack_facts(cfg), grant_scopes(ws, data), cfg.lock_dataset_storage
+    grants = grants_for("compute", scopes, ws.identity_principal_id, facts, locked=locked)
+    grants += grants_for("workspace", scopes, ws.principal_id, facts, locked=locked)
     for i, who in enumerate(cfg.submitters):
-        grants.append(Grant(f"submitter-{i}-workspace", quirks.ROLE_AZUREML_DATA_SCIENTIST, ws.workspace_id,
-                            who.principal_id, who.principal_type))
-        if identity_mode:
-            grants += [
-                Grant(f"submitter-{i}-ws-blob", ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, ws.workspace_storage_id,
-                      who.principal_id, who.principal_type),
-                Grant(f"submitter-{i}-ws-file", quirks.ROLE_STORAGE_FILE_DATA_PRIVILEGED_CONTRIBUTOR,
-                      ws.workspace_storage_id, who.principal_id, who.principal_type),
-            ]
-    return grants
-
-
-STORAGE_ENDPOINTS = ("datasets-blob", "ws-blob", "ws-file")
-"""Private endpoints of storage the workspace's identity must read (Reader) under private isolation."""
+        grants += grants_for("submitter", scopes, who.principal_id, facts, principal_type=who.principal_type,
+                             index=i, locked=locked)
+    for i, who in enumerate(cfg.storage.data_contributors):
+        grants += grants_for("data-contributor", scopes, who.principal_id, facts, principal_type=who.principal_type,
+                             index=i, locked=locked)
+    return Access("access", AccessArgs(subscription_id, grants))
 
 
 def _private_endpoints(cfg: StackConfig, group: ResourceGroup, net: Network, ws: Workspace,
                        data: DatasetStorage, registry: MlRegistry | None, tags: dict[str, str]) -> PrivateEndpoints:
-    # A registry with public access off is reachable only through its own endpoint.
-    extra = [EndpointTarget("mlregistry", registry.registry_id, "amlregistry")] if registry else []
+    # A private registry is reachable only through endpoints to it, its ACR and its storage.
+    extra = [EndpointTarget(f"mlregistry{t.suffix}", t.resource_id, t.group_id)
+             for t in (registry.private_link_targets() if registry else [])]
     return PrivateEndpoints("endpoints", PrivateEndpointsArgs(
         resource_group_name=group.name,
         location=cfg.location,
@@ -218,18 +213,19 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
             protect=cfg.protect_data, tags=tags))
     ws = Workspace("ml", WorkspaceArgs(group.name, cfg.location, names, client.tenant_id, closed, tags,
                                        storage_auth=cfg.workspace_storage_auth, protect=cfg.protect_data,
-                                       **_workspace_hardening(cfg, client.subscription_id, group, data, ml_registry)))
-    stores = Datastores("datastores", DatastoresArgs(group.name, ws.workspace_name, data.account_name, list(CONTAINERS)))
+                                       storage_soft_delete_days=cfg.storage.soft_delete_days,
+                                       **_workspace_hardening(cfg, client.subscription_id, data, ml_registry)))
+    stores = Datastores("datastores", DatastoresArgs(group.name, ws.workspace_name, data.account_name,
+                                                       list(DATASTORE_CONTAINERS)))
     cluster_deps: list[pulumi.Resource] = [_data_access(cfg, ws, data, client.subscription_id)]
     if net is not None:
         # Nodes without public IPs reach the workspace only through its private endpoint.
         endpoints = _private_endpoints(cfg, group, net, ws, data, ml_registry, tags)
         cluster_deps.append(endpoints)
         # Studio reaches private storage through the workspace's identity: Reader on the endpoints.
-        Access("endpoint-access", AccessArgs(client.subscription_id, [
-            Grant(f"ws-reads-{key}", quirks.ROLE_READER, endpoints.endpoint_ids[key], ws.principal_id)
-            for key in STORAGE_ENDPOINTS
-        ]))
+        Access("endpoint-access", AccessArgs(client.subscription_id, grants_for(
+            "workspace", {f"endpoint:{key}": endpoint_id for key, endpoint_id in endpoints.endpoint_ids.items()},
+            ws.principal_id, stack_facts(cfg), endpoints=True)))
 
     _clusters(cfg, ClusterPlacement(group.name, ws.workspace_name, cfg.location, ws.identity_id,
                                     net.compute_subnet_id if net and private else None, not closed,
@@ -245,7 +241,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         login_server=ws.registry_login_server, tags=tags,
     ))
     _budget(cfg, group.id, now)
-    _hardening(cfg, group, net, ws, data, tags)
+    _hardening(cfg, group, net, ws, data, tags, client.subscription_id)
 
     return _environment_outputs(cfg, tags, client.subscription_id, group, ws, stores, data, environments, ml_registry,
                                 net.compute_subnet_id if net and private else None, controller)
@@ -308,10 +304,10 @@ def _controller(cfg: StackConfig, group: ResourceGroup, ws: Workspace, data: Dat
     cluster = ControllerCluster("controller", ControllerClusterArgs(
         resource_group_name=group.name, workspace_name=ws.workspace_name, location=cfg.location,
         subscription_id=subscription_id, cluster_name=ctl.name, sku=ctl.sku,
-        identity_name=controller_identity_name(cfg.name_prefix, cfg.stack), workspace_scope=ws.workspace_id,
-        checkpoints_scope=data.container_ids["checkpoints"], registry_scope=ws.registry_id, max_nodes=ctl.max_nodes,
-        idle_minutes=ctl.idle_minutes, subnet_id=subnet_id, node_public_ip=node_public_ip,
-        compute_depends_on=list(depends_on), checkpoints_locked=cfg.lock_dataset_storage, tags=tags))
+        identity_name=controller_identity_name(cfg.name_prefix, cfg.stack), grant_scopes=grant_scopes(ws, data),
+        grant_facts=stack_facts(cfg), max_nodes=ctl.max_nodes, idle_minutes=ctl.idle_minutes, subnet_id=subnet_id,
+        node_public_ip=node_public_ip, compute_depends_on=list(depends_on), data_locked=cfg.lock_dataset_storage,
+        tags=tags))
     return {"cluster": ctl.name, "sku": ctl.sku, "usdPerHour": ctl.price, "priceSource": ctl.price_source(cfg.source),
             "identity": {"clientId": cluster.identity_client_id, "principalId": cluster.identity_principal_id,
                          "id": cluster.identity_id}}
@@ -339,8 +335,10 @@ PASSTHROUGH = ("subscriptionId", "resourceGroup", "location", "workspace", "work
 def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     env = pulumi.StackReference("environment", stack_name=cfg.environment_stack)
     tags = cfg.tags()
-    passthrough: dict[str, Any] = {key: env.require_output(key) for key in PASSTHROUGH}
-    passthrough["controller"] = env.get_output("controller")  # the environment's; null before it had one
+    passthrough: dict[str, Any] = {key: env.require_output(key).apply(partial(outputs.inherited, key))
+                                   for key in PASSTHROUGH}
+    # the environment's; null before it had one
+    passthrough["controller"] = env.get_output("controller").apply(partial(outputs.inherited, "controller"))
     network = passthrough["network"]
     env.require_output("clusters").apply(lambda taken: _refuse_taken_cluster_names(cfg, taken))
 
@@ -376,8 +374,8 @@ def data_opt_out_tags(cfg: StackConfig) -> dict[str, str]:
     return {TAG_ALLOW_UNLOCKED: "true"} if cfg.protect_data and not cfg.lock_dataset_storage else {}
 
 
-def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], group: ResourceGroup,
-                         data: DatasetStorage, ml_registry: MlRegistry | None) -> dict[str, Any]:
+def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], data: DatasetStorage,
+                         ml_registry: MlRegistry | None) -> dict[str, Any]:
     """The WorkspaceArgs the hardening options decide."""
     extra: dict[str, Any] = {"hbi_workspace": cfg.hbi_workspace}
     if cfg.diagnostics:
@@ -393,17 +391,16 @@ def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], g
         # registry get theirs from Azure.
         endpoints = [PrivateEndpointRule("datasets-blob", data.account_id, "blob")]
         if ml_registry is not None:
-            registry_id = pulumi.Output.all(subscription_id, group.name, ml_registry.registry_name).apply(
-                lambda a: f"/subscriptions/{a[0]}/resourceGroups/{a[1]}/providers/"
-                          f"Microsoft.MachineLearningServices/registries/{a[2]}")
-            endpoints.append(PrivateEndpointRule("ml-registry", registry_id, "amlregistry"))
+            # The registry, its ACR and each region's storage: the nodes pull assets from all three.
+            endpoints += [PrivateEndpointRule(f"ml-registry{t.suffix}", t.resource_id, t.group_id)
+                          for t in ml_registry.private_link_targets()]
         extra["managed_network"] = managed_network_settings(
             managed.outbound, fqdn_rules=managed.fqdn_rules, firewall_sku=managed.firewall_sku, endpoints=endpoints)
     return extra
 
 
 def _hardening(cfg: StackConfig, group: ResourceGroup, net: Network | None, ws: Workspace,
-               data: DatasetStorage, tags: dict[str, str]) -> None:
+               data: DatasetStorage, tags: dict[str, str], subscription_id: pulumi.Input[str]) -> None:
     """Diagnostic settings, the dataset account's delete lock and the way in, as configured."""
     if cfg.diagnostics:
         Diagnostics("diagnostics", DiagnosticsArgs(ws.log_analytics_id, platform_targets(
@@ -418,10 +415,14 @@ def _hardening(cfg: StackConfig, group: ResourceGroup, net: Network | None, ws: 
     way_in = cfg.way_in
     if way_in is not None and net is not None and cfg.network.way_in is not None:
         box = cfg.network.way_in.jump_box
-        WayIn("way-in", WayInArgs(
+        seat = WayIn("way-in", WayInArgs(
             resource_group_name=group.name, location=cfg.location, vnet_name=cfg.names.virtual_network,
             name_prefix=f"{cfg.name_prefix}-{cfg.stack}", bastion_subnet=way_in.bastion, bastion_sku=way_in.bastion_sku,
             jump_box_subnet=way_in.jump_box,
             jump_box=JumpBoxSpec(box.size, box.admin_user, (box.public_key or "").strip()) if box else None,
             ci_runner_subnet=way_in.ci_runners, tags=tags,
         ), opts=pulumi.ResourceOptions(depends_on=[net]))
+        # Who signs in to the jump box with Entra ID (jumpBox.logins).
+        logins = seat.login_grants([(p.principal_id, p.principal_type) for p in (box.logins if box else [])])
+        if logins:
+            Access("way-in-access", AccessArgs(subscription_id, logins))

@@ -26,32 +26,25 @@ CLUSTER_REPLACE_ON_CHANGES: tuple[str, ...] = (
     "identity",
 )
 
-# Built-in role definition GUIDs (stable across tenants).
-ROLE_STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
-ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
-ROLE_ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
-# Key Vault Crypto Service Encryption User: wrap/unwrap with a key, for services that encrypt
-# with a customer-managed key (Microsoft Learn: Azure built-in roles, Security).
-ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER = "e147488a-f6f5-4113-8e2d-b22465e65bf6"
-ROLE_STORAGE_FILE_DATA_PRIVILEGED_CONTRIBUTOR = "69566ab7-960f-475b-8e7c-b3118f30c6bd"
-ROLE_READER = "acdd72a7-3385-48ef-bd42-f606fba81ae7"
-ROLE_AZUREML_DATA_SCIENTIST = "f6c7c914-8db3-469d-8ca1-694a8f32e121"
-"""'AzureML Data Scientist': every action inside a workspace (jobs, reading computes and
-their nodes) except creating or deleting compute and changing the workspace itself (Azure
-built-in roles, AI + machine learning)."""
+# Role definitions (built-in GUIDs, custom roles) are data in core/catalog/permissions.toml.
 
 # Workspace storage access (systemDatastoresAuthMode). Microsoft Learn, "Disable shared key
 # access for your workspace's storage account (preview)" (checked 2026-11-23): identity
 # mode is a preview "we don't recommend for production workloads"; with it, the users of
 # the workspace need Storage Blob Data Contributor and Storage File Data Privileged
 # Contributor on the account, and a compute identity that reads or writes job data needs
-# Storage Blob Data Contributor. So: identity in dev (no keys anywhere), access keys
-# elsewhere unless a stack opts in with aml-hpc:workspaceStorageAuth.
-SYSTEM_DATASTORES_AUTH_MODE = {"identity": "identity", "accessKey": "accesskey"}
+# Storage Blob Data Contributor. Identity is the default everywhere: an account key is a
+# secret that opens every job's snapshots and outputs, and the platform's baseline refuses
+# shared keys on any storage outside dev (policy no-shared-key-storage). A stack may still
+# choose accessKey (aml-hpc:workspaceStorageAuth); outside dev the policy then refuses it.
+SYSTEM_DATASTORES_AUTH_MODE = {"identity": "Identity", "accessKey": "AccessKey"}
+"""Sent as the specification's enum spells them (SystemDatastoresAuthMode, API 2025-12-01): Azure
+answers in that casing, and any other reads back as a change after an import."""
 
 
 def default_workspace_storage_auth(environment: str) -> str:
-    return "identity" if environment == "dev" else "accessKey"
+    """identity in every environment (the reasons above); the argument stays for callers."""
+    return "identity"
 
 
 # Under private isolation, what keeps a public endpoint and why (the plan is checked
@@ -124,3 +117,17 @@ def idle_duration(minutes: int) -> str:
 # Policy and docs quote them so the cost of an FQDN rule is visible before it is billed.
 AZURE_FIREWALL_USD_PER_HOUR = {"Standard": 1.25, "Basic": 0.395}
 AZURE_FIREWALL_USD_PER_GB = {"Standard": 0.016, "Basic": 0.065}
+
+
+# Azure RBAC propagation: a role assignment can take minutes to take effect (Microsoft Learn,
+# "Troubleshoot Azure RBAC": changes can take up to 10 minutes), and Azure checks some
+# grants at the moment a resource is created: Azure ML checks the workspace identity's
+# access to a customer-managed key (Key Vault answers 403 ForbiddenByRbac, its RBAC denial:
+# Microsoft Learn, "Azure Key Vault REST API error codes"), and storage refuses a data
+# request the grant does not cover yet with AuthorizationPermissionMismatch (Azure Storage
+# error codes). Such a failure on the first `up` after the grant was made is retried by
+# scripts/pulumi-stack.sh after a wait (infra.adopt.rbac_propagation_failure decides).
+RBAC_PROPAGATION_ERRORS = ("ForbiddenByRbac", "AuthorizationPermissionMismatch")
+RBAC_PROPAGATION_WAIT_SECONDS = 60
+RBAC_PROPAGATION_ATTEMPTS = 6
+"""Up to 5 waits of a minute after the first attempt: within Microsoft's 10 minutes with the ups' own time."""

@@ -1,6 +1,11 @@
 """`python -m jobs`: the jobs CLI (see jobs/cli.py)."""
 
-from jobs.cli import main
+from core.interpreter import check
+
+check("jobs")
+
+from core.cli_help import run  # noqa: E402
+from jobs.cli import app  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    run(app, "python -m jobs")

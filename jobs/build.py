@@ -39,9 +39,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core import skus
+from core import project, skus
 from core.errors import Problem, ProblemCollector, UserError
 from core.outputs import StackOutputs
+from core.values import NumberError, check_number, check_run_name
 from jobs import cost as cost_mod
 from jobs import deepspeed as ds_mod
 from jobs import tuning
@@ -51,7 +52,7 @@ from jobs.runtime.nccl_env import SNAPSHOT_TOPO_DIR
 from jobs.workloads import env as workload_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SNAPSHOT_ROOT = REPO_ROOT / ".scratch" / "code-snapshots"
+SNAPSHOT_ROOT = project.scratch() / "code-snapshots"
 TOPOLOGY_SOURCE = Path("images") / "common" / "nccl-topo"
 """The topology files the images install; the snapshot carries the same files."""
 CHECKPOINT_INGRESS_SHARE = 0.9
@@ -167,10 +168,12 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     """Plan the job; every bad input is collected and raised as one UserError."""
     reference = f"jobs/recipes/{recipe.name}.yaml"
     found = ProblemCollector(reference, f"cannot build job {recipe.name!r} for stack {outputs.stack!r}")
+    _check_caller_values(found, hours, resume)
     shape = _shape(recipe, outputs, cluster, nodes, processes_per_node, found)
     tuning.check_multi_node(shape.sku, shape.nodes, shape.cluster, allow_tcp, reference)
 
     environment = _environment(recipe, outputs, found)
+    image_warning = _check_image_fits(recipe, shape.sku, found)
     code_dirs = _code_dirs(recipe, root, found)
     aml_inputs, staged, input_env, shared_dirs = _inputs(recipe, outputs, found)
     outs = _outputs(recipe, outputs, found)
@@ -180,7 +183,7 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     run_key = resume or run_name
     tuned = tuning.tune(shape.sku, shape.nodes, recipe.distribution, recipe.env, recipe.pin,
                         opt_ins={"sharp"} if recipe.sharp else set())
-    warnings = list(tuned.warnings)
+    warnings = list(tuned.warnings) + ([image_warning] if image_warning else [])
     if shape.sku.retired:
         warnings.append(f"{shape.sku.retirement}; move cluster {shape.cluster!r} to a current size")
     env = _EnvBuilder(tuned.env, tuned.reasons)
@@ -204,6 +207,22 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
         code_dirs=tuple(code_dirs), tags=tags, timeout_s=int(timeout_h * 3600),
         identity_client_id=outputs.identity.client_id, estimate=est, deepspeed=memory, warnings=warnings,
     )
+
+
+def _check_caller_values(found: ProblemCollector, hours: float | None, resume: str | None) -> None:
+    """--hours and --resume as a caller passes them (the CLI checks them too): a finite, sane
+    number of hours and a plain job name, since the name becomes the checkpoint prefix."""
+    if hours is not None:
+        try:
+            check_number(hours, "hours")
+        except NumberError as exc:
+            found.add("--hours", str(exc), "pass the expected wall-clock hours, e.g. --hours 2.5")
+    if resume is not None:
+        try:
+            check_run_name(resume, "job name")
+        except ValueError as exc:
+            found.add("--resume", str(exc), "pass the earlier job's name, e.g. --resume cosmoflow-20260101-120000-ab12")
+    found.raise_if_any()
 
 
 def _shape(recipe: Recipe, outputs: StackOutputs, cluster: str | None, nodes: int | None,
@@ -262,15 +281,18 @@ def _checkpoint_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutput
         if shape.priority == "LowPriority":
             warnings.append(f"cluster {shape.cluster!r} is low priority and checkpoints are off: a preempted job fails and starts over")
         return
-    # One process per node uploads (jobs/runtime/checkpoint.py), so the cap is per node and
-    # the writers that share the account's ingress are nodes, not ranks.
-    writers = 1 if recipe.checkpoint_writers == "rank0" else shape.nodes
+    # One process per node uploads (jobs/runtime/checkpoint/), so the cap is per node and the
+    # writers that share the account's ingress are nodes, not ranks. Versioned checkpoints
+    # (common.save_state) are written by every rank, so every node uploads its parts.
+    writers = shape.nodes
     cap = recipe.checkpoint.cap_mbps or max(1, int(outputs.storage.ingress_gbps * 1000 * CHECKPOINT_INGRESS_SHARE / writers))
     env.put(contract.CHECKPOINT_JSON, json.dumps({
         "account_url": outputs.storage.blob_endpoint, "container": outputs.storage.containers["checkpoints"],
         "prefix": f"{recipe.name}/{run_key}", "keep": recipe.checkpoint.keep, "cap_mbps": cap,
         "interval_s": recipe.checkpoint.interval_s, "writers": recipe.checkpoint_writers,
-        "ingress_gbps": outputs.storage.ingress_gbps}, separators=(",", ":")),
+        "ingress_gbps": outputs.storage.ingress_gbps, "local_keep": recipe.checkpoint.local_keep,
+        "local_restarts": recipe.checkpoint.local_restarts, "agree_s": recipe.checkpoint.agree_s},
+        separators=(",", ":")),
         f"checkpoints to Blob: {writers} writer(s) x {cap} Mb/s under {CHECKPOINT_INGRESS_SHARE:.0%} of "
         f"{outputs.storage.ingress_gbps:g} Gb/s ingress")
 
@@ -335,6 +357,52 @@ def _environment(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector)
         # The environment the stack registered for this image (Azure ML never rebuilds it).
         return {"reference": outputs.registry.environment_ids[ref.registered]}
     return {"image": registered[ref.registered]}
+
+
+def _image_spec(recipe: Recipe):
+    """The images/ image the recipe's environment names (registered name or an image reference
+    into its repository), or None for a curated or foreign image."""
+    from images import catalog
+
+    ref = recipe.environment
+    if ref.registered:
+        try:
+            return catalog.by_name(ref.registered)
+        except KeyError:
+            return None
+    if ref.image:
+        repository = ref.image.split("@", 1)[0].rsplit(":", 1)[0] if "/" in ref.image else ""
+        return next((s for s in catalog.IMAGES if repository.endswith("/" + s.repository)), None)
+    return None
+
+
+def _check_image_fits(recipe: Recipe, sku: skus.Sku, found: ProblemCollector) -> str:
+    """Refuse an image built for other GPUs or another CPU architecture than the cluster's (a
+    CUDA 13 image on V100 allocates nodes on which every kernel fails); name the image that fits.
+    Returns a warning when the image cannot be checked (curated or foreign)."""
+    from images import catalog
+
+    spec = _image_spec(recipe)
+    if spec is None:
+        which = recipe.environment.curated or recipe.environment.image or recipe.environment.registered
+        return (f"environment {which!r} is not an images/ image: whether it supports {sku.name}'s GPUs "
+                f"({sku.gpu_vendor} {sku.gpu_arch}) and {sku.host_arch} hosts is not checked")
+    why = spec.runs_on(sku.gpu_vendor, sku.gpu_arch, sku.host_arch)
+    if not why:
+        return ""
+    same = catalog.fitting(sku.gpu_vendor, sku.gpu_arch, sku.host_arch, spec.framework)
+    other = catalog.fitting(sku.gpu_vendor, sku.gpu_arch, sku.host_arch)
+    if same:
+        hint = f"use {same[0].name}: --set environment.registered={same[0].name}"
+    elif other:
+        names = ", ".join(s.name for s in other)
+        hint = (f"no {spec.framework} image of images/ runs on {sku.name}; {names} does ({other[0].gpu_archs_why}): "
+                f"run a {other[0].framework} recipe there, or pin a base that supports {sku.gpu_arch} in images/pins.toml "
+                "and declare it in images/catalog.py")
+    else:
+        hint = f"no image of images/ runs on {sku.name}: add one to images/catalog.py"
+    found.add("environment", f"image {spec.name} cannot run on {sku.name}: {why}", hint)
+    return ""
 
 
 def _code_dirs(recipe: Recipe, root: Path, found: ProblemCollector) -> list[str]:
@@ -536,9 +604,12 @@ def command_job_document(job, inline_environment: tuple[str, ...] = ()) -> dict[
 
     import yaml
 
+    code = job.code  # the SDK's dump makes a relative code path absolute (this machine's): keep the caller's
     stream = io.StringIO()
     job.dump(stream)
     document = yaml.safe_load(stream.getvalue())
+    if isinstance(code, str) and document.get("code") and not Path(code).is_absolute():
+        document["code"] = code
     if inline_environment:
         document["environment"] = {k: v for k, v in document["environment"].items() if k in inline_environment}
     for key in ("properties", "parameters"):

@@ -8,22 +8,26 @@ when several set the same thing: jobs/cli_options.py.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
+from core.cli_help import JsonOption, VersionOption, new_app
+from core.console import row_table, table
 from core.errors import Problem, UserError
 from jobs.cli_options import (
     AllowTcp,
     ClusterOpt,
     Debug,
+    HoursOpt,
     JobName,
     NodesOpt,
     Offline,
     OutputsFile,
+    ResumeOpt,
     SetOpt,
     Stack,
     err,
@@ -32,8 +36,12 @@ from jobs.cli_options import (
     out,
 )
 
-app = typer.Typer(help="Submit and manage aml-hpc training jobs on Azure ML.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = new_app("Submit and manage aml-hpc training jobs on Azure ML.")
+
+
+@app.callback()
+def _callback(version: VersionOption = False) -> None:
+    """Submit and manage aml-hpc training jobs on Azure ML: recipes, cost, quota, runs, reports."""
 
 
 def _plan(recipe_name: str, stack: str, offline: bool, outputs_file: Path | None, cluster: str | None,
@@ -64,15 +72,24 @@ def _summary(plan, recipe, stack_outputs) -> None:
 
 
 @app.command("recipes")
-def list_recipes() -> None:
+def list_recipes(as_json: JsonOption = False) -> None:
     """List the shipped recipes."""
     from jobs import recipes
 
-    table = Table("recipe", "distribution", "nodes", "description")
-    for name in recipes.available():
-        r = recipes.load(name)
-        table.add_row(name, r.distribution, str(r.nodes), r.description)
-    out.print(table)
+    loaded = [recipes.load(name) for name in recipes.available()]
+    if as_json:
+        _print_json([{"recipe": r.name, "distribution": r.distribution, "nodes": r.nodes, "description": r.description}
+                     for r in loaded])
+        return
+    rows = table("recipe", "distribution", "nodes", "description")
+    for r in loaded:
+        rows.add_row(r.name, r.distribution, str(r.nodes), r.description)
+    out.print(rows)
+
+
+def _print_json(document) -> None:
+    """Data for scripts, on stdout, nothing else there."""
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
 @app.command()
@@ -85,8 +102,8 @@ def submit(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the job as Azure ML YAML (load_job / az ml job create -f) and submit nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Submit even when the estimate exceeds the recipe's ceiling or the stack's budget.")] = False,
     follow: Annotated[bool, typer.Option("--stream/--no-stream", help="Follow the job's logs after submitting.")] = False,
-    resume: Annotated[str | None, typer.Option("--resume", help="Resume from the checkpoints of this earlier job (its name).")] = None,
-    hours: Annotated[float | None, typer.Option("--hours", help="Expected hours for the cost check; wins over the recipe's cost.expected_hours.")] = None,
+    resume: ResumeOpt = None,
+    hours: HoursOpt = None,
     allow_tcp: AllowTcp = False,
     managed: Annotated[bool, typer.Option("--managed", help="Submit under supervision: a controller job in Azure resubmits it after preemption, node failure or a hang, resuming from the latest checkpoint (docs/managed-jobs.md).")] = False,
     max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first; wins over the recipe's managed.max_restarts.")] = None,
@@ -120,12 +137,23 @@ def submit(
         code = build.snapshot(plan.code_dirs)
         _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
-            sys.stdout.write(build.to_yaml(plan, code))
+            sys.stdout.write(_code_note() + build.to_yaml(plan, portable(code)))
             return
         client = submitter.connect(stack_outputs)
         submitter.submit(client, plan, code, follow=follow, echo=out.print)
 
     guard(debug, body)
+
+
+def portable(code: Path) -> str:
+    """The code snapshot as a dry run prints it: relative to the current folder, so the YAML
+    names no absolute path of this machine (`az ml job create -f` resolves `code:` from the
+    folder the file is in: save it here)."""
+    return Path(os.path.relpath(code)).as_posix()
+
+
+def _code_note() -> str:
+    return "# code: is relative to the folder this was printed in; save the file there for `az ml job create -f`\n"
 
 
 def _cost_gate(recipe: str, too_much: list[str], *, dry_run: bool, yes: bool) -> None:
@@ -145,7 +173,8 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     from jobs import submit as submitter
     from jobs.managed import render
 
-    mplan = render.plan_managed(r, stack_outputs, plan, max_restarts=max_restarts, resume=resume)
+    mplan = render.plan_managed(r, stack_outputs, plan, max_restarts=max_restarts, resume=resume,
+                                secret=_resume_secret(submitter, stack_outputs, resume) if resume and not dry_run else None)
     policy = mplan.policy
     err.print(f"managed run [bold]{mplan.run}[/]: controller job {mplan.controller_job} on {mplan.cluster} "
               f"(${stack_outputs.controller.usd_per_hour:,.3f}/h while it runs); up to {policy.max_restarts} restart(s), "
@@ -155,15 +184,20 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     if policy.limit_usd is not None:
         err.print(f"  limit: ${policy.limit_usd:,.2f} ({policy.limit_source}) on all attempts together", highlight=False)
     err.print(f"  record: {mplan.record_blob}", highlight=False)
+    from jobs import goodput
+
+    for line in goodput.report(plan, r, stack_outputs):
+        err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
     code = render.snapshot(mplan)
     render.validate(mplan, code)
     _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
     if dry_run:
-        sys.stdout.write(render.to_yaml(mplan, code))
+        sys.stdout.write(_code_note() + render.to_yaml(mplan, portable(code)))
         return
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
         created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
+    _register_controller(stack_outputs, mplan, created.name)
     out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
     if getattr(created, "studio_url", None):
         out.print(f"studio: {created.studio_url}", highlight=False)
@@ -172,28 +206,59 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
         submitter.stream(client, created.name, stack_outputs.workspace)
 
 
+def _register_controller(stack_outputs, mplan, job: str) -> None:
+    """Name the new controller beside the run's record, so `cancel` stops it even while it is queued."""
+    from jobs.managed import client as managed
+
+    place = managed.RecordPlace(mplan.storage["supervision"], mplan.storage["prefix"])
+    try:
+        managed.store_for(stack_outputs, place).add_controller(job, "submitted")
+    except Exception as exc:  # noqa: BLE001 - the controller registers itself when it starts
+        err.print(f"[yellow]note:[/] could not register controller {job} beside the record ({type(exc).__name__}); "
+                  "it registers itself when it starts", highlight=False)
+
+
+def _resume_secret(submitter, stack_outputs, run: str) -> str | None:
+    """The run's evidence secret from its first controller's job definition (attempts the
+    earlier controllers submitted sign with it); None when it cannot be read."""
+    from jobs.managed.controller import MANAGED_JSON
+
+    try:
+        job = submitter.connect(stack_outputs).jobs.get(run)
+        return json.loads((job.environment_variables or {}).get(MANAGED_JSON, "{}")).get("secret")
+    except Exception:  # noqa: BLE001 - a new secret then: attempts still running keep their own evidence unread
+        return None
+
+
 @app.command()
 def estimate(
     recipe: Annotated[str, typer.Argument(help="Recipe name or path.")],
     stack: Stack,
     cluster: ClusterOpt = None,
     nodes: NodesOpt = None,
-    hours: Annotated[float | None, typer.Option("--hours", help="Wall-clock hours; wins over the recipe's cost.expected_hours.")] = None,
+    hours: HoursOpt = None,
     sets: SetOpt = None,
     allow_tcp: AllowTcp = False,
+    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", min=0, help="Goodput: low-priority preemptions per node-hour you assume; wins over the recipe's cost.preemptions_per_node_hour.")] = None,
+    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", min=0, help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
+    failure_rate: Annotated[float | None, typer.Option("--failure-rate", min=0, help="Goodput: unexpected interruptions per GPU-hour (default: Llama 3's, jobs/goodput.py).")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
-    """Cost of RECIPE on the stack: nodes x hours x price per node-hour."""
+    """Cost of RECIPE on the stack: nodes x hours x price per node-hour, and its goodput plan."""
 
     def body() -> None:
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
         est = plan.estimate
-        table = Table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
-        table.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
-                      f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}")
-        out.print(table)
+        if as_json:
+            _print_json(_estimate_document(r, stack_outputs, plan))
+            return
+        rows = table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
+        rows.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
+                     f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}")
+        out.print(rows)
         out.print(f"total: {est.nodes} x {plan.sku} x {est.hours:g} h x ${est.usd_per_node_hour:,.3f}/h = ${est.usd:,.2f}",
                   highlight=False, soft_wrap=True)
         out.print(f"price from: {est.price_source}", highlight=False, soft_wrap=True)
@@ -213,10 +278,28 @@ def estimate(
                       soft_wrap=True)
         if plan.deepspeed is not None:
             out.print_json(json.dumps(plan.deepspeed.to_json()))
+        from jobs import goodput
+
+        for line in goodput.report(plan, r, stack_outputs, preemption_rate=preemption_rate,
+                                   checkpoint_size_gb=checkpoint_gb, failure_rate=failure_rate):
+            out.print(f"goodput: {line}", highlight=False, soft_wrap=True)
         for warning in plan.warnings:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
     guard(debug, body)
+
+
+def _estimate_document(r, stack_outputs, plan) -> dict:
+    from jobs import cost
+
+    est = plan.estimate
+    budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+    return {"recipe": r.name, "stack": stack_outputs.stack, "cluster": plan.cluster, "sku": plan.sku,
+            "priority": plan.priority, "nodes": est.nodes, "hours": est.hours, "usdPerNodeHour": est.usd_per_node_hour,
+            "usd": round(est.usd, 2), "priceSource": est.price_source, "notes": list(est.notes(stack_outputs.location)),
+            "ceilingUsd": r.cost.ceiling_usd, "monthlyBudgetUsd": budget,
+            "over": cost.over_limits(est.usd, r.cost.ceiling_usd, budget), "warnings": list(plan.warnings),
+            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None}
 
 
 @app.command()
@@ -229,6 +312,7 @@ def quota(
     allow_tcp: AllowTcp = False,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """GPU quota needed vs available per VM family (low priority draws on lowPriorityCores)."""
@@ -236,6 +320,7 @@ def quota(
     def body() -> None:
         from jobs import submit as submitter
 
+        _refuse_offline(offline, "quota", "the quota the plan needs is in `python -m infra plan --stack S` (offline)")
         if recipe:
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
@@ -244,12 +329,20 @@ def quota(
             requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
         client = submitter.connect(stack_outputs)
         lines = submitter.quota(client, stack_outputs, requests)
-        table = Table("quota", "Azure's name", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
+        if as_json:
+            _print_json([{"quota": line.quota_name, "azureName": line.label, "neededVcpus": line.needed,
+                          "inUse": line.used, "limit": line.limit, "available": line.available, "ok": line.ok,
+                          "clusters": list(line.clusters),
+                          "fix": line.hint(stack_outputs.location) if line.ok is False else None} for line in lines])
+            if any(line.ok is False for line in lines):
+                raise typer.Exit(1)
+            return
+        rows = table("quota", "Azure's name", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
         for line in lines:
-            table.add_row(line.quota_name, line.label or "-", str(line.needed), _n(line.used),
-                          "none" if line.limit == -1 else _n(line.limit), _n(line.available),
-                          {True: "yes", False: "[red]NO[/]", None: "?"}[line.ok], ", ".join(line.clusters))
-        out.print(table)
+            rows.add_row(line.quota_name, line.label or "-", str(line.needed), _n(line.used),
+                         "none" if line.limit == -1 else _n(line.limit), _n(line.available),
+                         {True: "yes", False: "[red]NO[/]", None: "?"}[line.ok], ", ".join(line.clusters))
+        out.print(rows)
         for line in lines:
             if line.limit is None:
                 err.print(f"[yellow]warning:[/] Azure reported no usage for {line.quota_name} in {stack_outputs.location}: "
@@ -273,45 +366,83 @@ def _on_job(stack: str, offline: bool, outputs_file: Path | None, debug: bool, a
     def body() -> None:
         from jobs import submit as submitter
 
+        _refuse_offline(offline)
         stack_outputs = load_outputs(stack, offline, outputs_file)
         action(submitter, submitter.connect(stack_outputs), stack_outputs)
 
     guard(debug, body)
 
 
+def _refuse_offline(offline: bool, what: str = "this command", instead: str = "") -> None:
+    """--offline on a command that can only ask Azure ML: refused before any plan or sign-in."""
+    if offline:
+        raise UserError([Problem("command line", "--offline", f"{what} asks Azure ML about the deployed stack; the "
+                                 "offline plan has no jobs, usage or logs",
+                                 "drop --offline and sign in (az login); "
+                                 + (instead or "rehearsals are local: python -m jobs list --local, "
+                                    "python -m jobs logs RUN --local"))], "needs Azure")
+
+
 @app.command()
-def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
-    """Status of a job."""
+def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None,
+           as_json: JsonOption = False, debug: Debug = False) -> None:
+    """Status of a job (of a managed run: every attempt and the cost)."""
 
     def show(submitter, client, o) -> None:
         info = submitter.status(client, job, o.workspace)
-        table = Table(show_header=False)
+        if as_json:
+            _print_json(_status_document(submitter, client, o, info))
+            return
+        rows = row_table()
         for key, value in info.items():
-            table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
-        out.print(table)
+            rows.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
+        out.print(rows)
         if (info.get("tags") or {}).get("managed_run"):
             _managed_history(submitter, client, o, info)
 
     _on_job(stack, offline, outputs_file, debug, show)
 
 
-def _managed_history(submitter, client, o, info) -> None:
-    """Every attempt of the managed run a job belongs to, and what the run cost."""
-    from jobs.managed import client as managed
+def _status_document(submitter, client, o, info) -> dict:
+    """`status --json`: the job, and for a managed run its record with every attempt, its
+    controllers and the totals."""
     from jobs.managed import report
 
+    document = dict(info)
+    if (info.get("tags") or {}).get("managed_run"):
+        _, controllers, record = _managed_record(submitter, client, o, info)
+        document["managedRun"] = {**record.to_json(), "controllers": controllers,
+                                  "attemptRows": [dict(zip(report.COLUMNS, row, strict=True)) for row in report.rows(record)],
+                                  "totals": report.totals(record)}
+    return document
+
+
+def _managed_record(submitter, client, o, info):
+    """(run, {controller job: status or None when gone}, record) of the managed run a job
+    belongs to; every controller counts (the first, resumed RUN-cXXXX and revived ones)."""
+    from jobs.managed import client as managed
+
     run = info["tags"]["managed_run"]
-    controller = info if info["tags"].get("role") == "controller" else submitter.status(client, run, o.workspace)
-    place = managed.place_from_tags(controller.get("tags") or {})
+    place = managed.place_from_tags(info["tags"]) or managed.place_from_tags(
+        submitter.status(client, run, o.workspace).get("tags") or {})
     if place is None:
-        raise UserError([Problem(f"job {controller['name']}", "tags.record", "names no record",
-                                 "the controller job of a managed run carries it; was the job submitted with --managed?")],
+        raise UserError([Problem(f"job {info['name']}", "tags.record", "names no record",
+                                 "the jobs of a managed run carry it; was the job submitted with --managed?")],
                         "not a managed run")
     record = managed.read(o, place)
-    table = Table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controller {controller['status']})")
+    return run, managed.controller_statuses(client.jobs, managed.store_for(o, place), record, run), record
+
+
+def _managed_history(submitter, client, o, info) -> None:
+    """Every attempt of the managed run a job belongs to, its controllers, and what the run cost."""
+    from jobs.managed import report
+
+    run, controllers, record = _managed_record(submitter, client, o, info)
+    shown = "; ".join(f"{name} {status or 'gone'}" for name, status in controllers.items())
+    grid = table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controllers: {shown})")
     for row in report.rows(record):
-        table.add_row(*row)
-    out.print(table)
+        grid.add_row(*row)
+    out.print(grid)
     for line in report.summary_lines(record)[len(record.attempts) + 1:]:
         out.print(line, highlight=False, soft_wrap=True)
 
@@ -329,7 +460,7 @@ def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
     def cancel_it(submitter, client, o) -> None:
         tags = submitter.status(client, job, o.workspace).get("tags") or {}
         if tags.get("managed_run"):
-            _cancel_managed(submitter, client, o, tags["managed_run"])
+            _cancel_managed(submitter, client, o, tags["managed_run"], tags)
             return
         submitter.cancel(client, job, o.workspace)
         out.print(f"cancelled {job}")
@@ -337,25 +468,20 @@ def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: O
     _on_job(stack, offline, outputs_file, debug, cancel_it)
 
 
-def _cancel_managed(submitter, client, o, run: str) -> None:
-    """A managed run: ask its controller to stop, cancel the running attempt and the controller."""
+def _cancel_managed(submitter, client, o, run: str, tags: dict[str, str]) -> None:
+    """A managed run: the cancel request, then every controller, then every attempt (jobs/managed/client.py)."""
     import getpass
 
     from jobs.managed import client as managed
 
-    controller = submitter.status(client, run, o.workspace)
-    place = managed.place_from_tags(controller.get("tags") or {})
-    record = managed.read(o, place) if place else None
-    problem = managed.request_cancel(o, place, getpass.getuser()) if place else "the controller job names no record"
-    if problem:
-        out.print(f"[yellow]note:[/] {problem}; cancelling the jobs instead", highlight=False)
-    active = [a.job for a in (record.attempts if record else []) if a.state != "ended"]
-    for name in active:
-        submitter.cancel(client, name, o.workspace)
-        out.print(f"cancelled attempt {name}")
-    if controller.get("status") not in ("Completed", "Failed", "Canceled"):
-        submitter.cancel(client, run, o.workspace)
-        out.print(f"cancelled controller {run}")
+    place = managed.place_from_tags(tags) or managed.place_from_tags(
+        submitter.status(client, run, o.workspace).get("tags") or {})
+    if place is None:
+        raise UserError([Problem(f"managed run {run}", "tags.record", "no job of the run names its record",
+                                 f"cancel its jobs one by one: python -m jobs cancel JOB --stack {o.stack}")],
+                        "not a managed run")
+    managed.cancel_run(client.jobs, managed.store_for(o, place), run, getpass.getuser(),
+                       echo=lambda line: out.print(line, highlight=False))
     out.print(f"managed run {run}: canceled")
 
 
@@ -409,7 +535,8 @@ def scale(
         if dry_run:
             import yaml
 
-            sys.stdout.write(yaml.safe_dump_all([build.to_job_dict(p, code) for p in plans], sort_keys=False, width=120))
+            sys.stdout.write(_code_note() + yaml.safe_dump_all([build.to_job_dict(p, portable(code)) for p in plans],
+                                                               sort_keys=False, width=120))
             return
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
         too_much = cost.over_limits(total, None, budget)
@@ -426,7 +553,8 @@ def scale(
 
 @app.command("scale-report")
 def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by `scale`.")], stack: Stack,
-                 offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+                 offline: Offline = False, outputs_file: OutputsFile = None, as_json: JsonOption = False,
+                 debug: Debug = False) -> None:
     """Throughput, speedup and scaling efficiency of a finished scaling study."""
 
     def report(submitter, client, o) -> None:
@@ -441,18 +569,24 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
         if not rows:
             raise UserError([Problem(f"workspace {o.workspace}", study, "no jobs carry this study tag",
                                      "use the id printed by `python -m jobs scale`")], "unknown study")
-        table = Table("nodes", "job", "status", "throughput", "speedup", "efficiency")
+        if as_json:
+            _print_json([{"nodes": row.nodes, "job": row.job, "status": row.status, "throughput": row.throughput,
+                          "unit": row.unit, "speedup": row.speedup, "efficiency": row.efficiency}
+                         for row in scaling.report(rows)])
+            return
+        grid = table("nodes", "job", "status", "throughput", "speedup", "efficiency")
         for row in scaling.report(rows):
-            table.add_row(str(row.nodes), row.job, row.status,
-                          f"{row.throughput:,.1f} {row.unit}" if row.throughput else "-",
-                          f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
-        out.print(table)
+            grid.add_row(str(row.nodes), row.job, row.status,
+                         f"{row.throughput:,.1f} {row.unit}" if row.throughput else "-",
+                         f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
+        out.print(grid)
 
     _on_job(stack, offline, outputs_file, debug, report)
 
 
 def _mount() -> None:
     """The data, BeeOND and rehearsal commands live with their own code."""
+    from jobs import runs_cli
     from jobs.beeond.cli import app as beeond_app
     from jobs.data.cli import app as data_app
     from jobs.local.cli import run
@@ -460,11 +594,8 @@ def _mount() -> None:
     app.add_typer(data_app, name="data", help="Datasets: gzip upload to the stack's datasets container.")
     app.add_typer(beeond_app, name="beeond", help="BeeOND shared scratch on a fixed-size cluster.")
     app.command("run")(run)
+    runs_cli.mount(app)
     app.command("deepspeed-plan")(__import__("jobs.deepspeed_plan", fromlist=["deepspeed_plan"]).deepspeed_plan)
 
 
 _mount()
-
-
-def main() -> None:
-    app()

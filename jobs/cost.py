@@ -57,7 +57,8 @@ def price(sku_name: str, stack_prices: Mapping[str, Price] | None = None) -> Pri
     if found is None:
         raise UserError([Problem("core/catalog/skus.toml", sku_name, "has no reference price",
                                  f"set one in the stack: pulumi config set --path 'aml-hpc:prices.{sku_name}' <usd-per-hour>, "
-                                 "then deploy (or plan --offline) so the outputs carry it")],
+                                 "then deploy (or plan --offline) so the outputs carry it; or record Azure's list price "
+                                 f"in the catalog: python -m core.catalog refresh --size {sku_name}")],
                         "cannot estimate cost")
     return found
 

@@ -6,12 +6,25 @@ Model states per GPU follow DeepSpeed's own estimators (deepspeedai/DeepSpeed
 `estimate_zero3_model_states_mem_needs` in deepspeed/runtime/zero/stage3.py, version 0.19.6,
 commit edaa722 of 2026-08-22). With P parameters, N GPUs and L parameters in the largest layer:
 
-- stages 1-2 (one estimator for both): 2P bytes of 16-bit parameters + 18P/N of partitioned
-  16-bit and 32-bit gradients, 32-bit master parameters and Adam's two moments; with the
-  optimizer offloaded to the CPU (ZeRO-Offload) only the 2P stay on the GPU;
+- stage 2 (`estimate_zero2_model_states_mem_needs`): 2P bytes of 16-bit parameters + 18P/N of
+  partitioned 16-bit and 32-bit gradients, 32-bit master parameters and Adam's two moments; with
+  the optimizer offloaded to the CPU (ZeRO-Offload) only the 2P stay on the GPU;
+- stage 1: DeepSpeed ships no estimator of its own, and stage 2's undercounts it. Stage 1 runs
+  the same optimizer class with `partition_grads=(zero_stage == gradients)` false
+  (deepspeed/runtime/engine.py, same commit), so every GPU keeps the whole 16-bit gradient (2P)
+  and only the 32-bit gradients, master parameters and moments (16P) are partitioned:
+  4P + 16P/N, i.e. 2P(1 - 1/N) more than stage 2; optimizer offloaded: 4P (parameters and
+  gradients in 16 bits stay on the GPU);
 - stage 3: 4L (the largest layer, gathered) + 18P/N; optimizer offloaded: 4L + 2P/N; optimizer
   and parameters offloaded: 4L;
-- stage 0 (no ZeRO) is the stage 1-2 formula with nothing partitioned: 20P.
+- stage 0 (no ZeRO) is the stage 2 formula with nothing partitioned: 20P.
+
+Host memory per node follows the same estimators' `cpu_mem` (with their 1.5 buffer factor, G
+GPUs per node, n nodes): stages 0-2 without offload 4P*G*1.5 (every rank loads the model);
+stages 1-2 with the optimizer offloaded P*max(4*N, 16)*1.5 (DeepSpeed has no stage 1 estimator:
+its offloaded states are stage 2's); stage 3 (zero.Init) 4L*G*1.5 without offload, 16P/n*1.5
+with the optimizer offloaded, 18P/n*1.5 with the parameters too. An offload the node's memory
+(the catalog's `memory_gib`) cannot hold is not chosen: it would swap or be killed.
 
 Activations of a transformer layer in 16-bit without recomputation are about
 s*b*h*(34 + 5*a*s/h) bytes (Korthikanti et al., "Reducing Activation Recomputation in
@@ -78,7 +91,9 @@ def model_state_bytes_per_gpu(params: int, stage: int, gpus: int, *, largest_lay
     n = max(gpus, 1)
     if stage == 0:
         return 2 * params + 18 * params
-    if stage in (1, 2):
+    if stage == 1:  # 16-bit gradients whole on every GPU; the rest partitioned
+        return 4 * params if offload_optimizer else 4 * params + 16 * params / n
+    if stage == 2:
         return 2 * params if offload_optimizer else 2 * params + 18 * params / n
     gathered = 4 * largest_layer_params
     if offload_param:
@@ -86,14 +101,37 @@ def model_state_bytes_per_gpu(params: int, stage: int, gpus: int, *, largest_lay
     return gathered + (2 if offload_optimizer else 18) * params / n
 
 
+HOST_BUFFER_FACTOR = 1.5
+"""DeepSpeed's estimators' `additional_buffer_factor` for host memory."""
+
+
+def host_bytes_per_node(params: int, stage: int, gpus_per_node: int, nodes: int, *, largest_layer_params: int = 0,
+                        offload_optimizer: bool = False, offload_param: bool = False) -> float:
+    """Bytes of host memory one node needs (DeepSpeed's estimators' cpu_mem, module docstring)."""
+    g, n = max(gpus_per_node, 1), max(nodes, 1)
+    if stage == 3:
+        if offload_param:
+            need = 18 * params / n
+        elif offload_optimizer:
+            need = 16 * params / n
+        else:
+            need = 4 * largest_layer_params * g
+    elif offload_optimizer:
+        need = params * max(4 * g * n, 16)
+    else:
+        need = 4 * params * g
+    return need * HOST_BUFFER_FACTOR
+
+
 @dataclass(frozen=True)
 class Option:
-    """One ZeRO stage and offload combination, with its model states per GPU."""
+    """One ZeRO stage and offload combination, with its model states per GPU and host memory per node."""
 
     stage: int
     offload_optimizer: bool
     offload_param: bool
     bytes_per_gpu: float
+    host_bytes_per_node: float = 0.0
 
     @property
     def gib_per_gpu(self) -> float:
@@ -115,20 +153,27 @@ COMBINATIONS = ((0, False, False), (1, False, False), (1, True, False), (2, Fals
 PREFERENCE = ((0, False, False), (1, False, False), (2, False, False), (3, False, False),
               (2, True, False), (3, True, False), (3, True, True))
 """Fastest first: more partitioning before any offload, then the optimizer before the parameters.
-ZeRO-Offload at stage 1 needs as much GPU memory as at stage 2 and is used when a recipe fixes stage 1."""
+ZeRO-Offload at stage 1 keeps the whole 16-bit gradient (4P on the GPU) and is used only when a recipe fixes stage 1."""
 
 
-def options(params: int, largest_layer_params: int, gpus: int) -> list[Option]:
-    """Model states per GPU for every combination, in COMBINATIONS order."""
-    return [Option(stage, opt, par, model_state_bytes_per_gpu(params, stage, gpus, largest_layer_params=largest_layer_params,
-                                                              offload_optimizer=opt, offload_param=par))
+def options(params: int, largest_layer_params: int, gpus: int, gpus_per_node: int | None = None) -> list[Option]:
+    """Model states per GPU and host memory per node for every combination, in COMBINATIONS order
+    (`gpus_per_node` defaults to all GPUs on one node)."""
+    per_node = gpus_per_node or gpus
+    nodes = -(-max(gpus, 1) // max(per_node, 1))
+    return [Option(stage, opt, par,
+                   model_state_bytes_per_gpu(params, stage, gpus, largest_layer_params=largest_layer_params,
+                                             offload_optimizer=opt, offload_param=par),
+                   host_bytes_per_node(params, stage, min(per_node, gpus), nodes, largest_layer_params=largest_layer_params,
+                                       offload_optimizer=opt, offload_param=par))
             for stage, opt, par in COMBINATIONS]
 
 
 def choose(candidates: list[Option], usable_bytes: float, extra_bytes: float = 0.0, *, min_stage: int = 0,
-           stage: int | None = None) -> tuple[Option | None, list[str]]:
+           stage: int | None = None, host_bytes: float | None = None) -> tuple[Option | None, list[str]]:
     """The first option in PREFERENCE order (at `stage` if given, else from `min_stage` up) whose
-    model states plus `extra_bytes` fit in `usable_bytes`; None when none does. With reasons."""
+    model states plus `extra_bytes` fit in `usable_bytes`, and whose host memory fits in
+    `host_bytes` when given; None when none does. With reasons."""
     by_key = {(o.stage, o.offload_optimizer, o.offload_param): o for o in candidates}
     if stage is not None:
         order = [k for k in COMBINATIONS if k[0] == stage]  # no offload, then the optimizer, then the parameters
@@ -138,9 +183,13 @@ def choose(candidates: list[Option], usable_bytes: float, extra_bytes: float = 0
     for key in order:
         option = by_key[key]
         total = option.bytes_per_gpu + extra_bytes
-        if total <= usable_bytes:
+        if total > usable_bytes:
+            reasons.append(f"{option.label}: {total / GIB:,.1f} GiB would not fit in {usable_bytes / GIB:,.1f} GiB")
+        elif host_bytes is not None and option.host_bytes_per_node > host_bytes:
+            reasons.append(f"{option.label}: {option.host_bytes_per_node / GIB:,.1f} GiB of host memory per node would not "
+                           f"fit in the node's {host_bytes / GIB:,.0f} GiB")
+        else:
             return option, reasons
-        reasons.append(f"{option.label}: {total / GIB:,.1f} GiB would not fit in {usable_bytes / GIB:,.1f} GiB")
     return None, reasons
 
 
@@ -164,6 +213,8 @@ class MemoryPlan:
     gpu_memory_gib: float
     usable_gib: float
     reasons: list[str] = field(default_factory=list)
+    host_gib_per_node: float = 0.0
+    host_memory_gib: float | None = None
 
     @property
     def offload(self) -> bool:
@@ -175,13 +226,15 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
-        return self.total_gib <= self.usable_gib
+        host_ok = self.host_memory_gib is None or self.host_gib_per_node <= self.host_memory_gib
+        return self.total_gib <= self.usable_gib and host_ok
 
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "world": self.world, "zeroStage": self.stage,
                 "offloadOptimizer": self.offload_optimizer, "offloadParam": self.offload_param,
                 "modelStateGiB": round(self.model_state_gib, 2), "activationsGiB": round(self.activations_gib, 2),
-                "gpuMemoryGiB": self.gpu_memory_gib, "fits": self.fits, "reasons": self.reasons}
+                "gpuMemoryGiB": self.gpu_memory_gib, "hostGiBPerNode": round(self.host_gib_per_node, 2),
+                "hostMemoryGiB": self.host_memory_gib, "fits": self.fits, "reasons": self.reasons}
 
 
 def plan_memory(spec: DeepSpeedSpec, sku: skus.Sku, world: int, micro_batch: int | None = None) -> MemoryPlan:
@@ -191,25 +244,27 @@ def plan_memory(spec: DeepSpeedSpec, sku: skus.Sku, world: int, micro_batch: int
     mbs = micro_batch or spec.micro_batch
     usable = sku.gpu_memory_gib * USABLE_GPU_MEMORY_FRACTION
     activations = activation_bytes_per_gpu(spec.model, mbs, spec.activation_checkpointing)
-    candidates = options(params, layer, world)
+    candidates = options(params, layer, world, sku.gpus or world)
+    host = sku.memory_gib * GIB
     reasons: list[str] = []
     if spec.zero_stage != "auto":
         fixed = int(spec.zero_stage)
         reasons.append(f"ZeRO stage {fixed} set by the recipe")
-        chosen, why = choose(candidates, usable * GIB, activations, stage=fixed)
+        chosen, why = choose(candidates, usable * GIB, activations, stage=fixed, host_bytes=host)
         if chosen is None:  # nothing at this stage fits: report its smallest, offloaded as far as it goes
             chosen = min((o for o in candidates if o.stage == fixed), key=lambda o: o.bytes_per_gpu)
     else:
         start = stage_by_size(params)
         reasons.append(f"{params / 1e6:,.0f}M parameters -> stage {start} by size (Azure's large-scale training guide)")
-        chosen, why = choose(candidates, usable * GIB, activations, min_stage=start)
+        chosen, why = choose(candidates, usable * GIB, activations, min_stage=start, host_bytes=host)
         if chosen is None:
             chosen = candidates[-1]  # everything offloaded: the least GPU memory there is
     reasons.extend(why)
     if chosen.offload_optimizer:
         reasons.append(f"{chosen.label}: model states {chosen.gib_per_gpu:,.1f} GiB per GPU")
     return MemoryPlan(params, world, chosen.stage, chosen.offload_optimizer, chosen.offload_param, chosen.gib_per_gpu,
-                      activations / GIB, sku.gpu_memory_gib, usable, reasons)
+                      activations / GIB, sku.gpu_memory_gib, usable, reasons,
+                      chosen.host_bytes_per_node / GIB, float(sku.memory_gib))
 
 
 def ds_config(spec: DeepSpeedSpec, sku: skus.Sku, memory: MemoryPlan, *, tensorboard_dir: str = "outputs/tensorboard",

@@ -25,6 +25,7 @@ import typer
 from rich.table import Table
 
 from core.errors import Problem, UserError
+from core.values import NumberError, check_number
 from jobs import deepspeed as ds
 from jobs.cli_options import Debug, guard, out
 
@@ -33,13 +34,17 @@ _SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
 
 def parse_count(text: str, flag: str) -> int:
-    """"70B", "1.3b", "125M", "7e9" or "262144000" -> an integer count; UserError naming the flag."""
+    """"70B", "1.3b", "125M", "7e9" or "262144000" -> an integer count; UserError naming the flag
+    (refused: not a number, NaN or infinite, below 1, or beyond core.values' parameter range)."""
     match = _COUNT.match(text)
-    if not match or float(match.group(1)) * _SCALE[match.group(2).lower()] < 1:
-        raise UserError([Problem("command line", flag, f"{text!r} is not a positive parameter count",
+    try:
+        if not match:
+            raise NumberError(f"{text!r} is not a positive parameter count")
+        return int(check_number(float(match.group(1)) * _SCALE[match.group(2).lower()], "params"))
+    except NumberError as exc:
+        raise UserError([Problem("command line", flag, str(exc),
                                  "give a number, optionally with K, M, B or T: e.g. 70B, 1.3B, 125M or 7e9")],
-                        "invalid deepspeed-plan input")
-    return int(float(match.group(1)) * _SCALE[match.group(2).lower()])
+                        "invalid deepspeed-plan input") from None
 
 
 def plan(params: int, largest_layer: int, gpus: int, gpu_gib: float) -> dict:
@@ -48,10 +53,12 @@ def plan(params: int, largest_layer: int, gpus: int, gpu_gib: float) -> dict:
     if largest_layer > params:
         problems.append(Problem("command line", "--largest-layer", f"{largest_layer:,} is more than --params {params:,}",
                                 "the largest layer is one module's parameters, e.g. the embeddings (vocab x hidden)"))
-    if gpus < 1:
-        problems.append(Problem("command line", "--gpus", f"{gpus} GPUs", "give the total number of GPUs, 1 or more"))
-    if gpu_gib <= 0:
-        problems.append(Problem("command line", "--gpu-gib", f"{gpu_gib:g} GiB", "give the memory of one GPU in GiB, e.g. 40 or 80"))
+    for flag, value, kind, hint in (("--gpus", gpus, "gpus", "give the total number of GPUs, 1 or more"),
+                                    ("--gpu-gib", gpu_gib, "gpu_gib", "give the memory of one GPU in GiB, e.g. 40 or 80")):
+        try:
+            check_number(value, kind)
+        except NumberError as exc:
+            problems.append(Problem("command line", flag, str(exc), hint))
     if problems:
         raise UserError(problems, "invalid deepspeed-plan input")
     candidates = ds.options(params, largest_layer, gpus)

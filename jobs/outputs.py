@@ -23,10 +23,12 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from core import project
 from core.errors import Problem, UserError
 from core.outputs import REQUIRED_CONTAINERS, REQUIRED_DATASTORES, StackOutputs
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = project.root()
+"""The project folder, whose stack files the offline plan reads (core/project.py)."""
 
 Source = Literal["deployed", "file", "offline"]
 
@@ -106,9 +108,14 @@ def _from_file(path: Path) -> Any:
 
 
 def _from_offline(stack: str, root: Path) -> Any:
+    from rich.console import Console
+
+    from core.console import working
     from infra.plan import offline_outputs  # the program under Pulumi's mock runtime
 
-    return offline_outputs(stack, root=root)
+    project.require(root)
+    with working(Console(stderr=True), f"planning stack {stack} offline for its outputs"):
+        return offline_outputs(stack, root=root)
 
 
 def _from_pulumi(stack: str, runner) -> Any:

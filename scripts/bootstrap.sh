@@ -23,6 +23,9 @@ done
 [[ $profile == demo || $profile == test ]] || { echo "--for takes demo or test" >&2; exit 2; }
 
 log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
+# Each step that can take long says what it does first and how long it took after.
+began=$SECONDS
+took() { log "  ... done in $((SECONDS - began)) s"; began=$SECONDS; }
 mkdir -p .bootstrap
 
 # 0. Azurite, the Blob emulator the tests and the rehearsal run against: npm is mostly
@@ -44,6 +47,7 @@ else
   if [[ ! -x $UV ]]; then
     log "installing uv $UV_VERSION from PyPI into .bootstrap/"
     python3 -m pip install --quiet --disable-pip-version-check --target .bootstrap "uv==$UV_VERSION"
+    took
   fi
 fi
 
@@ -52,8 +56,9 @@ fi
 stamp=.venv/.aml-hpc-synced-$profile
 if [[ ! -f $stamp || uv.lock -nt $stamp || pyproject.toml -nt $stamp ]]; then
   if [[ $profile == test ]]; then groups=(--all-groups); else groups=(--no-default-groups); fi
-  log "syncing .venv from uv.lock (${profile}: ${groups[*]})"
+  log "syncing .venv from uv.lock (${profile}: ${groups[*]}; a first install downloads ~1 GB)"
   "$UV" sync --frozen --inexact "${groups[@]}"
+  took
   touch "$stamp"
   [[ $profile == test ]] && touch .venv/.aml-hpc-synced-demo  # the test environment holds the demo's
 fi
@@ -73,9 +78,11 @@ if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.fi
     version=$(basename "$wheel" | cut -d- -f2)
     log "installing PyTorch $version (CPU) from $(dirname "$wheel")"
     "$UV" pip install --python .venv/bin/python --find-links "$(dirname "$wheel")" "torch==$version" numpy
+    took
   else
     log "installing PyTorch from PyPI (set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for the CPU build)"
     "$UV" pip install --python .venv/bin/python ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple} torch numpy
+    took
   fi
   rm -f .venv/.aml-hpc-bytecode-*
 fi
@@ -84,13 +91,15 @@ fi
 # process compile its imports again).
 warm=.venv/.aml-hpc-bytecode-$profile
 if [[ ! -f $warm || $stamp -nt $warm ]]; then
-  log "compiling the modules the $profile imports"
+  log "compiling the modules the $profile imports (a few minutes on 2 cores; each step is listed as it runs)"
   .venv/bin/python scripts/warm_bytecode.py "$profile"
+  took
   touch "$warm"
   [[ $profile == test ]] && touch .venv/.aml-hpc-bytecode-demo
 fi
 
 if [[ -n $npm_pid ]]; then
+  kill -0 "$npm_pid" 2>/dev/null && log "waiting for the Azurite install (npm, log in .bootstrap/npm.log)"
   if ! wait "$npm_pid"; then
     npm_pid=""
     log "npm ci failed:"; tail -n 30 .bootstrap/npm.log >&2; exit 1

@@ -3,11 +3,17 @@
 #
 #   scripts/pulumi-stack.sh preview|up|down STACK [-- extra pulumi arguments]
 #
-# - State: PULUMI_BACKEND_URL, default a file backend in .pulumi-state/ (solo work). Teams
-#   and CI share an Azure Blob backend: azblob://<container>?storage_account=<account>
-#   (docs/deploying.md).
+# - One state container and one passphrase per environment: an experiment's state lives with
+#   its environment's (aml-hpc:environment). State: PULUMI_BACKEND_URL as given; else, with
+#   AMLHPC_STATE_ACCOUNT, the environment's container azblob://state-<env>?storage_account=...
+#   (the access program creates them: scripts/access-setup.sh); else a file backend in
+#   .pulumi-state/ (solo work). A backend whose container is another environment's is refused.
 # - Secrets: the passphrase provider; set PULUMI_CONFIG_PASSPHRASE (or
-#   PULUMI_CONFIG_PASSPHRASE_FILE). Losing it loses the stack's secrets.
+#   PULUMI_CONFIG_PASSPHRASE_FILE, or AMLHPC_PASSPHRASE_DIR holding <env>.txt per environment).
+#   Losing it loses the stack's secrets.
+# - AMLHPC_ENVIRONMENT (set by the workflows to the GitHub environment's aml-hpc environment):
+#   a stack of another environment is refused, so a job holding dev's identity and passphrase
+#   never touches prod's stacks, whatever a stack file claims.
 # - preview and up run the policy pack (infra/policy/pack) and refresh from Azure first.
 # - Environment stacks: preview and up first give the stack its random aml-hpc:nameSuffix
 #   (written once into Pulumi.<stack>.yaml: commit it), so every copy of this repository
@@ -18,6 +24,16 @@
 #   before `pulumi up` (which would otherwise fail: "cannot create already existing
 #   resource"). The subscription comes from ARM_SUBSCRIPTION_ID, AZURE_SUBSCRIPTION_ID or
 #   `az account show`.
+# - preview of an environment shows that adoption as imports, not creates: the same import
+#   plan, then `pulumi import` and `pulumi preview` against a scratch copy of the state (a
+#   throwaway file backend holding `pulumi stack export`), so the preview after a `down` lists
+#   what `up` will import and creates only what `down` removed. Nothing is written to the
+#   stack's backend or to Azure (import reads). Without a subscription id it previews as
+#   before, saying that retained resources then show as creates.
+# - up runs again, after a wait, when it failed on Azure RBAC propagation: a role assignment
+#   made in the same up was not in effect yet when Azure checked it (a customer-managed key
+#   for the workspace; infra/quirks.py lists the error codes, infra.adopt decides). At most
+#   RBAC_ATTEMPTS (6) attempts, RBAC_WAIT_SECONDS (60) apart.
 # - down refuses an environment stack unless CONFIRM=<stack name>, and then keeps
 #   protected resources (dataset storage); experiment stacks (exp-*) go without asking and
 #   are removed from the backend afterwards (`pulumi stack rm`, which also deletes the
@@ -71,6 +87,40 @@ if [[ $action == down && $kind == environment && ${CONFIRM:-} != "$stack" ]]; th
       "if you really mean it: make down STACK=$stack CONFIRM=$stack (protected dataset storage is kept either way)"
 fi
 
+stack_environment() {  # the environment a stack belongs to: itself, or an experiment's aml-hpc:environment
+  if [[ $kind == environment ]]; then
+    printf '%s' "$stack"
+    return
+  fi
+  local found
+  found=$(sed -nE "s/^[[:space:]]*aml-hpc:environment:[[:space:]]*[\"']?([a-z0-9][a-z0-9-]*)[\"']?[[:space:]]*(#.*)?$/\1/p" \
+    "Pulumi.$stack.yaml" | head -n 1)
+  [[ -n $found ]] || die "cannot tell which environment experiment '$stack' belongs to: Pulumi.$stack.yaml has no aml-hpc:environment" \
+    "pulumi config set aml-hpc:environment dev --stack $stack (the environment whose workspace it joins)"
+  printf '%s' "$found"
+}
+
+if [[ -n ${AMLHPC_ENVIRONMENT:-} || -n ${AMLHPC_STATE_ACCOUNT:-} || -n ${AMLHPC_PASSPHRASE_DIR:-} \
+      || ${PULUMI_BACKEND_URL:-} == azblob://state-* ]]; then
+  environment=$(stack_environment)
+  if [[ -n ${AMLHPC_ENVIRONMENT:-} && $AMLHPC_ENVIRONMENT != "$environment" ]]; then
+    die "refusing $action of '$stack': it belongs to environment '$environment', and this job runs as environment '$AMLHPC_ENVIRONMENT' (its identity, reviewers and passphrase)" \
+        "run it in the '$environment' GitHub environment (the workflows pick it from aml-hpc:environment)"
+  fi
+  if [[ -z ${PULUMI_BACKEND_URL:-} && -n ${AMLHPC_STATE_ACCOUNT:-} ]]; then
+    export PULUMI_BACKEND_URL="azblob://state-$environment?storage_account=$AMLHPC_STATE_ACCOUNT"
+  fi
+  if [[ ${PULUMI_BACKEND_URL:-} =~ ^azblob://state-([a-z0-9-]+)([?/]|$) && ${BASH_REMATCH[1]} != "$environment" ]]; then
+    die "refusing $action of '$stack': the backend ${PULUMI_BACKEND_URL%%\?*} holds environment '${BASH_REMATCH[1]}'s state, and '$stack' belongs to '$environment'" \
+        "use environment '$environment's backend (azblob://state-$environment?storage_account=...), or unset PULUMI_BACKEND_URL and set AMLHPC_STATE_ACCOUNT"
+  fi
+  if [[ -z ${PULUMI_CONFIG_PASSPHRASE+set} && -z ${PULUMI_CONFIG_PASSPHRASE_FILE:-} && -n ${AMLHPC_PASSPHRASE_DIR:-} ]]; then
+    [[ -f $AMLHPC_PASSPHRASE_DIR/$environment.txt ]] || die "no passphrase file $AMLHPC_PASSPHRASE_DIR/$environment.txt for environment '$environment'" \
+      "put environment '$environment's passphrase there (one file per environment), or export PULUMI_CONFIG_PASSPHRASE"
+    export PULUMI_CONFIG_PASSPHRASE_FILE=$AMLHPC_PASSPHRASE_DIR/$environment.txt
+  fi
+fi
+
 if ! command -v pulumi >/dev/null 2>&1; then
   die "the Pulumi CLI is not installed (no 'pulumi' on PATH)" \
       "install it: curl -fsSL https://get.pulumi.com | sh (Linux/macOS) or brew install pulumi/tap/pulumi, open a new shell, then check with: pulumi version" \
@@ -79,7 +129,7 @@ fi
 
 if [[ -z ${PULUMI_CONFIG_PASSPHRASE+set} && -z ${PULUMI_CONFIG_PASSPHRASE_FILE:-} ]]; then
   die "no passphrase for the stack's secrets" \
-      "export PULUMI_CONFIG_PASSPHRASE=... (keep it in your password manager; the team shares one per backend) or PULUMI_CONFIG_PASSPHRASE_FILE=<path>"
+      "export PULUMI_CONFIG_PASSPHRASE=... (keep it in your password manager; one per environment) or PULUMI_CONFIG_PASSPHRASE_FILE=<path>"
 fi
 
 if [[ ! -x .venv/bin/python ]]; then
@@ -93,30 +143,67 @@ if [[ $PULUMI_BACKEND_URL == file://* ]]; then
 fi
 printf 'pulumi-stack: %s %s (%s stack) on %s\n' "$action" "$stack" "$kind" "${PULUMI_BACKEND_URL%%\?*}" >&2
 
-subscription_id() {
+find_subscription() {  # the subscription id, or nothing
   local sub=${ARM_SUBSCRIPTION_ID:-${AZURE_SUBSCRIPTION_ID:-}}
   if [[ -z $sub ]] && command -v az >/dev/null 2>&1; then
     sub=$(az account show --query id -o tsv 2>/dev/null || true)
   fi
+  printf '%s' "$sub"
+}
+
+subscription_id() {
+  local sub
+  sub=$(find_subscription)
   [[ -n $sub ]] || die "cannot tell which Azure subscription stack '$stack' deploys to" \
     "az login && az account set --subscription <id>, or export ARM_SUBSCRIPTION_ID=<id>"
   printf '%s' "$sub"
 }
 
+plan_adoption() {  # WORK SUBSCRIPTION: export the state to WORK/state.json, the import plan to WORK/import.json; print its count
+  pulumi stack export --stack "$stack" --file "$1/state.json"
+  .venv/bin/python -m infra.adopt import-file --stack "$stack" --state "$1/state.json" \
+    --subscription "$2" --out "$1/import.json"
+}
+
 adopt_retained() {  # import what an earlier destroy kept in Azure, before up creates anything
-  local work state plan count sub
+  local work count sub
   sub=$(subscription_id) || exit 2
   work=$(mktemp -d)
-  state=$work/state.json
-  plan=$work/import.json
-  pulumi stack export --stack "$stack" --file "$state"
-  count=$(.venv/bin/python -m infra.adopt import-file --stack "$stack" --state "$state" \
-    --subscription "$sub" --out "$plan") || { rm -rf "$work"; exit 2; }
-  if [[ -s $plan ]]; then
+  count=$(plan_adoption "$work" "$sub") || { rm -rf "$work"; exit 2; }
+  if [[ -s $work/import.json ]]; then
     printf 'pulumi-stack: adopting %s retained resource(s) kept by an earlier down\n' "$count" >&2
-    pulumi import --stack "$stack" --file "$plan" --protect=false --generate-code=false --yes
+    pulumi import --stack "$stack" --file "$work/import.json" --protect=false --generate-code=false --yes
   fi
   rm -rf "$work"
+}
+
+preview_with_adoption() {  # a preview that shows what up adopts as imports, on a scratch copy of the state
+  local work count sub status=0
+  sub=$(find_subscription)
+  if [[ -z $sub ]]; then
+    printf 'pulumi-stack: no subscription id (ARM_SUBSCRIPTION_ID, az login): this preview cannot tell what up would adopt; resources an earlier down kept show as creates\n' >&2
+    pulumi preview --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@"
+    return
+  fi
+  work=$(mktemp -d)
+  count=$(plan_adoption "$work" "$sub") || { rm -rf "$work"; exit 2; }
+  if [[ ! -s $work/import.json ]]; then
+    rm -rf "$work"
+    pulumi preview --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@"
+    return
+  fi
+  printf 'pulumi-stack: up will import %s retained resource(s) kept by an earlier down: shown as imports below, then the preview of the rest, both on a scratch copy of the state (the stack and Azure are not changed)\n' "$count" >&2
+  cp "Pulumi.$stack.yaml" "$work/stack-file.yaml"
+  mkdir "$work/backend"
+  scratch() { PULUMI_BACKEND_URL="file://$work/backend" pulumi "$@"; }
+  scratch stack init "$stack" --secrets-provider passphrase --no-select \
+    && scratch stack import --stack "$stack" --file "$work/state.json" \
+    && scratch import --stack "$stack" --file "$work/import.json" --protect=false --generate-code=false --yes \
+    && scratch preview --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@" \
+    || status=$?
+  cp "$work/stack-file.yaml" "Pulumi.$stack.yaml"  # the scratch stack leaves the stack file as it was
+  rm -rf "$work"
+  return "$status"
 }
 
 select_existing() {  # pulumi stack select without --create; exit 2 when the backend lacks it
@@ -129,6 +216,27 @@ select_existing() {  # pulumi stack select without --create; exit 2 when the bac
     printf '%s\n' "$err" >&2
     exit 1
   fi
+}
+
+up_with_rbac_retries() {  # pulumi up, again after a wait when a fresh grant was not in effect yet
+  local attempt=1 attempts=${RBAC_ATTEMPTS:-6} wait=${RBAC_WAIT_SECONDS:-60} log status code
+  log=$(mktemp)
+  while true; do
+    set +e
+    pulumi up --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@" 2>&1 | tee "$log"
+    status=${PIPESTATUS[0]}
+    set -e
+    (( status == 0 )) && break
+    if (( attempt >= attempts )) || ! code=$(.venv/bin/python -m infra.adopt propagation --log "$log"); then
+      rm -f "$log"
+      exit "$status"
+    fi
+    printf 'pulumi-stack: a role assignment made by this up is not in effect yet (%s); waiting %ss, then up again (attempt %s of %s)\n' \
+      "$code" "$wait" "$((attempt + 1))" "$attempts" >&2
+    sleep "$wait"
+    attempt=$((attempt + 1))
+  done
+  rm -f "$log"
 }
 
 case $action in
@@ -144,7 +252,13 @@ case $action in
     if [[ $action == up && $kind == environment ]]; then
       adopt_retained
     fi
-    pulumi "$action" --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@"
+    if [[ $action == up ]]; then
+      up_with_rbac_retries "$@"
+    elif [[ $kind == environment ]]; then
+      preview_with_adoption "$@"
+    else
+      pulumi preview --stack "$stack" --refresh --policy-pack "$POLICY_PACK" "$@"
+    fi
     ;;
   down)
     if ! err=$(pulumi stack select "$stack" 2>&1); then

@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.dont_write_bytecode = False  # the point of this script, whatever the environment says
@@ -96,23 +98,35 @@ def _test_modules() -> None:
         importlib.import_module(f"tests.{path.stem}")
 
 
+def run_steps(steps: list[tuple[str, Callable[[], object]]], out=sys.stderr) -> list[str]:
+    """Run each step, saying which one and how long it took as it goes (the whole takes
+    minutes on 2 cores: nobody should wonder whether it hangs). Returns the skipped ones."""
+    skipped = []
+    for i, (name, step) in enumerate(steps, 1):
+        began = time.monotonic()
+        print(f"  [{i}/{len(steps)}] {name}", end="", file=out, flush=True)
+        try:
+            step()
+            print(f" ({time.monotonic() - began:.1f} s)", file=out, flush=True)
+        except Exception as exc:  # an optional module missing, or a step failing: not fatal here
+            skipped.append(f"{name} ({type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''})")
+            print(" (skipped)", file=out, flush=True)
+    return skipped
+
+
 def main(profile: str) -> int:
     if profile not in ("demo", "test"):
         print("usage: warm_bytecode.py demo|test", file=sys.stderr)
         return 2
     started = time.monotonic()
-    steps = [(name, lambda name=name: importlib.import_module(name)) for name in DEMO_MODULES]
+    steps: list[tuple[str, Callable[[], object]]] = [(name, partial(importlib.import_module, name))
+                                                     for name in DEMO_MODULES]
     steps.append(("offline plan and job YAML", _plan_and_render))
     if profile == "test":
-        steps += [(name, lambda name=name: importlib.import_module(name)) for name in TEST_MODULES]
+        steps += [(name, partial(importlib.import_module, name)) for name in TEST_MODULES]
         steps.append(("the test modules", _test_modules))
     steps.append(("training steps", lambda: _train_steps(bert=profile == "test")))
-    skipped = []
-    for name, step in steps:
-        try:
-            step()
-        except Exception as exc:  # an optional module missing, or a step failing: not fatal here
-            skipped.append(f"{name} ({type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''})")
+    skipped = run_steps(steps)
     site = next((p for p in sys.path if p.endswith("site-packages")), "")
     compiled = sum(1 for m in list(sys.modules.values()) if (getattr(m, "__file__", "") or "").startswith(site))
     print(f"bytecode for the {compiled} installed modules the {profile} imports ({time.monotonic() - started:.0f} s)"

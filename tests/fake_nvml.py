@@ -14,10 +14,13 @@ NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_CLOCK_GRAPHICS = 0
 NVML_CLOCK_MEM = 2
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
+NVML_MEMORY_LOCATION_DRAM = 2
 NVML_MEMORY_LOCATION_SRAM = 7
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
 NVML_ERROR_TIMEOUT = 10
 NVML_TEMPERATURE_GPU = 0
@@ -53,8 +56,13 @@ class FakeGpu:
     remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
     """(correctable, uncorrectable, pending, failure); None: not supported (V100)."""
     sram_uncorrectable: dict[int, int] = field(default_factory=lambda: {NVML_VOLATILE_ECC: 0, NVML_AGGREGATE_ECC: 0})
-    retired_pending: int | None = None
-    """Page retirement pending flag; None: not supported (A100 and later remap rows instead)."""
+    ecc_counts: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    """Other memory error counters: (error type, counter type, location) -> count (0 when absent)."""
+    sram_supported: bool = True
+    """SRAM counters exist (A100 and later); V100's NVML answers NOT_SUPPORTED."""
+    retired_pages: tuple[int, int] | None = None
+    """(single-bit, double-bit) retired pages; None: not supported (A100 and later remap rows instead)."""
+    retirement_pending: bool = False
     # telemetry readings (units as NVML returns them)
     util: tuple[int, int] = (97, 41)
     """(gpu %, memory %)"""
@@ -142,18 +150,24 @@ class FakeNvml:
         return gpu.remapped_rows
 
     def nvmlDeviceGetMemoryErrorCounter(self, gpu, error_type, counter_type, location):
-        assert (error_type, location) == (NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_MEMORY_LOCATION_SRAM)
-        return gpu.sram_uncorrectable[counter_type]
+        assert location in (NVML_MEMORY_LOCATION_SRAM, NVML_MEMORY_LOCATION_DRAM)
+        if location == NVML_MEMORY_LOCATION_SRAM and not gpu.sram_supported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if (error_type, location) == (NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_MEMORY_LOCATION_SRAM):
+            return gpu.sram_uncorrectable[counter_type]
+        return gpu.ecc_counts.get((error_type, counter_type, location), 0)
 
     def nvmlDeviceGetRetiredPages(self, gpu, cause):
-        if gpu.retired_pending is None:
+        if gpu.retired_pages is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return [0x1000] * gpu.retired_pending
+        single, double = gpu.retired_pages
+        count = single if cause == NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS else double
+        return [0x1000 + 0x1000 * i for i in range(count)]
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, gpu):
-        if gpu.retired_pending is None:
+        if gpu.retired_pages is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return int(gpu.retired_pending > 0)
+        return int(gpu.retirement_pending)
 
 
     # telemetry

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from jobs.runtime import nodestatus
+from jobs.runtime import contract, nodestatus
 from jobs.runtime.checkpoint import CheckpointStore
 
 FIXTURE = Path(__file__).parent / "fixtures" / "azureml" / "commandjob-get.json"
@@ -45,6 +45,10 @@ class Step:
     ended_h: float | None = None
     commit: bool = False
     """The training commits a checkpoint version while at this step."""
+    beats: dict[int, dict[str, Any]] | None = None
+    """Heartbeats the nodes' watchdogs write on reaching this step (write_heartbeat keywords)."""
+    until_h: float | None = None
+    """With a clock: the job stays at this step until the clock passes T0 + until_h hours."""
 
 
 def end(code: int, *, first: int = 0, last: int = 10, node: int = 0, **extra) -> dict[str, Any]:
@@ -81,25 +85,44 @@ class _Job:
 class FakeAzureML:
     """jobs.{get, create_or_update, begin_cancel, _runs_operations.get_run}, compute.list_nodes."""
 
-    def __init__(self, container, prefix: str, scripts: dict[int, list[Step]]):
-        self.container, self.prefix, self.scripts = container, prefix, scripts
+    def __init__(self, container, prefix: str, scripts: dict[int, list[Step]], clock=None):
+        self.container, self.prefix, self.scripts, self.clock = container, prefix, scripts, clock
         self.state: dict[str, _Job] = {}
         self.created: list[Any] = []
         self.canceled: list[str] = []
-        self.fail_next_create = False
+        self.fail_next_create: BaseException | None = None
+        """Raised by the next job PUT (then cleared)."""
+        self.refuse_creates: BaseException | None = None
+        """Raised by every job PUT (an Azure ML that refuses the job for good)."""
+        self.create_calls = 0
         self.jobs = _Jobs(self)
         self.compute = _Compute(self)
+
+    def add_job(self, name: str, steps: list[Step], tags: dict[str, str] | None = None) -> None:
+        """A job the controller did not create (a controller job of the run, for `cancel`)."""
+        from azure.ai.ml.entities import CommandJob
+
+        entity = CommandJob(name=name, command="python -m jobs.managed.controller", compute="azureml:jobs-controller",
+                            environment="azureml:aml-hpc-controller:1", tags=tags or {"role": "controller"})
+        self.state[name] = _Job(entity, steps)
 
     # the service's side
     def _advance(self, name: str) -> _Job:
         job = self.state[name]
         if job.canceled:
             return job
-        if job.index < len(job.steps) - 1:
+        held = job.step is not None and job.step.until_h is not None and self.clock is not None and \
+            self.clock() < T0 + timedelta(hours=job.step.until_h)
+        if job.index < len(job.steps) - 1 and not held:
             job.index += 1
             step = job.step
+            key = (job.entity.environment_variables or {}).get(contract.EVIDENCE_KEY)
             for node, record in (step.ends or {}).items():
-                nodestatus.write_end(self.container, self.prefix, name, node, {"node": node, **record})
+                nodestatus.write_end(self.container, self.prefix, name, node, {"node": node, **record}, key=key)
+            for node, beat in (step.beats or {}).items():
+                nodestatus.write_heartbeat(self.container, self.prefix, name, node, key=key,
+                                           **{"step": None, "age_s": 0.0, "first_step": 0, "host": f"node{node}-host",
+                                              **beat})
             if step.commit:
                 self._commit(name)
         return job
@@ -173,15 +196,22 @@ class _Jobs:
         return Job._from_rest_object(_deserialize(JobBase, self.azure.body(name)))
 
     def create_or_update(self, entity, experiment_name: str | None = None):
-        if self.azure.fail_next_create:
-            self.azure.fail_next_create = False
-            raise ConnectionError("the controller's node went away mid-submit")
+        if self.azure.refuse_creates is not None:
+            self.azure.create_calls += 1
+            raise self.azure.refuse_creates
+        if self.azure.fail_next_create is not None:
+            failure, self.azure.fail_next_create = self.azure.fail_next_create, None
+            raise failure
         attempt = int(entity.tags["attempt"])
         self.azure.created.append(entity)
         self.azure.state[entity.name] = _Job(entity, list(self.azure.scripts.get(attempt, [Step("Queued")])))
         return entity
 
     def begin_cancel(self, name: str):
+        from azure.core.exceptions import ResourceNotFoundError
+
+        if name not in self.azure.state:
+            raise ResourceNotFoundError(f"job {name} not found")
         self.azure.canceled.append(name)
         self.azure.state[name].canceled = True
 
@@ -202,12 +232,3 @@ class _Compute:
                     "nodeId": f"tvmps_{name}_{i}", "privateIpAddress": f"10.0.0.{i + 4}", "port": 50000,
                     "nodeState": state, "runId": name})))
         return nodes
-
-
-@dataclass
-class Scenario:
-    """What a test needs around the supervisor."""
-
-    azure: FakeAzureML
-    clock: Clock
-    lines: list[str] = field(default_factory=list)

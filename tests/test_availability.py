@@ -142,3 +142,12 @@ def test_refresh_cli_refuses_a_table_capture_with_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
     result = subprocess.run([sys.executable, "-m", "core.availability"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and "usage: python -m core.availability refresh" in result.stderr
+
+
+def test_a_size_with_no_known_region_is_not_refused_for_its_region():
+    """MI300X and GB200/GB300 have no public region list: recorded as unknown (empty, with a
+    source saying so), which the region check cannot hold against a stack."""
+    for size in ("Standard_ND96isr_MI300X_v5", "Standard_ND128isr_NDR_GB200_v6", "Standard_ND128isr_GB300_v6"):
+        assert availability.OFFERINGS[size].regions == frozenset()
+        assert availability.problem(size, "swedencentral", date(2026, 11, 23)) is None
+    assert availability.problem("Standard_NC40ads_H100_v5", "swedencentral", date(2026, 11, 23)) is not None

@@ -119,22 +119,34 @@ def test_azure_reads_carry_a_fresh_token_and_a_date():
             Credential.calls += 1
             return Token(f"token-{Credential.calls}", time.time() + (60 if Credential.calls == 1 else 3600))
 
+    auth = blobhttp.BearerAuth(Credential())
+    first, second = {}, {}
+    assert auth.apply(first) == "" and auth.apply(second) == ""  # a token adds no query
+    # The first token expires within 5 minutes: renewed before the second request.
+    assert first["Authorization"] == "Bearer token-1" and second["Authorization"] == "Bearer token-2"
+    assert first["x-ms-date"].endswith("GMT")
+
+
+def test_a_token_is_never_sent_over_plain_http():
+    """http:// with a bearer token is refused before any connection: from the stack's account URL and
+    when a Reader is built directly; nothing reaches the server."""
+    class Credential:
+        def get_token(self, scope):
+            raise AssertionError("no token may be fetched for an http:// URL")
+
     _Recorder.seen = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/acct"
     try:
-        reader = blobhttp.Reader(f"http://127.0.0.1:{server.server_address[1]}/acct/data",
-                                 blobhttp.BearerAuth(Credential()), FAST)
-        reader.get("x", 0, 5)
-        reader.get("x", 0, 5)
+        with pytest.raises(blobio.BlobConfigError, match="never sent over plain http"):
+            blobhttp.auth_from_env("data", url, {})
+        with pytest.raises(blobio.BlobConfigError, match="never sent over plain http"):
+            blobhttp.Reader(f"{url}/data", blobhttp.BearerAuth(Credential()), FAST)
     finally:
         server.shutdown()
         server.server_close()
-    first, second = _Recorder.seen
-    # The first token expires within 5 minutes: renewed before the second request.
-    assert first["Authorization"] == "Bearer token-1" and second["Authorization"] == "Bearer token-2"
-    assert first["x-ms-version"] == blobhttp.API_VERSION and first["x-ms-date"].endswith("GMT")
-    assert first["x-ms-range"] == "bytes=0-4"
+    assert _Recorder.seen == []
 
 
 def test_the_deadline_stops_retries():
@@ -144,3 +156,8 @@ def test_the_deadline_stops_retries():
     with pytest.raises(blobhttp.DeadlineExceeded, match="deadline of 1s"):
         reader.get("x", 0, 5, deadline=blobhttp.Deadline(1.0))
     assert time.monotonic() - started < 3
+
+
+def test_an_http_account_url_from_the_environment_is_refused_with_the_fix():
+    with pytest.raises(blobio.BlobConfigError, match="must start with https://: an Entra ID token is never sent.*Azurite: set"):
+        blobhttp.auth_from_env("data", "http://acct.blob.core.windows.net/", {})

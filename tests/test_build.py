@@ -262,7 +262,7 @@ class TestSnapshot:
 
 @pytest.fixture(scope="module")
 def offline_outputs():
-    """The real offline plan's outputs (the lead's infra.plan), once per stack."""
+    """The real offline plan's outputs (infra.plan), once per stack."""
     from jobs import outputs
 
     return {stack: outputs.load(stack, offline=True).outputs for stack in STACKS}

@@ -316,12 +316,34 @@ class TestCli:
                "AMLHPC_CHECKPOINT_JSON": json.dumps({"container": container.container_name, "prefix": "p"})}
         proc = _cli(env, "list")
         out, _ = proc.communicate(timeout=60)
-        assert json.loads(out) == {"latest": None, "versions": []}
+        assert json.loads(out) == {"latest": None, "versions": [], "pending": []}
         proc = _cli({**env, "AMLHPC_CHECKPOINT_JSON": '{"container": "x", "prefix": ""}'}, "list")
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 2
         assert "AMLHPC_CHECKPOINT_JSON: container: 'x' is not a valid container name" in err
         assert azurite.key not in err
+
+    def test_unreachable_endpoint_is_one_line_with_the_fix(self, azurite, tmp_path):
+        """No traceback: the endpoint, the cause and what to check; the key is never printed."""
+        from jobs.local.azurite import free_port
+
+        port = free_port()  # nothing listens there
+        closed = azurite.connection_string.replace(f":{azurite.port}/", f":{port}/")
+        assert closed != azurite.connection_string
+        env = {**os.environ, "AMLHPC_BLOB_CONNECTION_STRING": closed,
+               "AMLHPC_CHECKPOINT_JSON": json.dumps({"container": "checkpoints", "prefix": "p"})}
+        for action in (["list"], ["restore", str(tmp_path / "r")], ["prune"]):
+            proc = _cli(env, *action)
+            _, err = proc.communicate(timeout=120)
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert proc.returncode == 1, err
+            assert "Traceback" not in err and len(lines) == 1, err
+            assert lines[0].startswith(f"checkpoint: cannot reach the Blob endpoint http://127.0.0.1:{port}/"), err
+            assert "AMLHPC_BLOB_CONNECTION_STRING for Azurite" in lines[0] and "--debug" in lines[0]
+            assert azurite.key not in err
+        proc = _cli(env, "list", "--debug")
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1 and "Traceback" in err
 
     def test_unset_settings(self, tmp_path):
         env = {k: v for k, v in os.environ.items() if k != "AMLHPC_CHECKPOINT_JSON"}

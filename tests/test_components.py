@@ -7,7 +7,7 @@ import pulumi
 import pytest
 
 from infra import quirks
-from infra.components.access import Access, AccessArgs, Grant, cluster_identity_grants
+from infra.components.access import Access, AccessArgs, Grant, grants_for
 from infra.components.budget import Budget, BudgetArgs
 from infra.components.dataset_storage import DatasetStorage, DatasetStorageArgs
 from infra.components.gpu_cluster import GpuCluster, GpuClusterArgs
@@ -69,7 +69,7 @@ class TestDatasetStorage:
     def test_containers_and_soft_delete(self):
         resources, _ = self.build(soft_delete_days=21)
         containers = sorted(r.inputs["containerName"] for r in resources if r.type == "azure-native:storage:BlobContainer")
-        assert containers == ["checkpoints", "datasets"]
+        assert containers == ["checkpoints", "datasets", "supervision"]
         assert all(r.inputs["publicAccess"] == "None" for r in resources if r.type == "azure-native:storage:BlobContainer")
         service = only(resources, "azure-native:storage:BlobServiceProperties")
         assert service.inputs["deleteRetentionPolicy"] == {"enabled": True, "days": 21}
@@ -79,7 +79,7 @@ class TestDatasetStorage:
     def test_data_is_retained_and_protected_outside_dev(self, protect):
         resources, _ = self.build(protect=protect)
         data = [r for r in resources if r.type in ("azure-native:storage:StorageAccount", "azure-native:storage:BlobContainer")]
-        assert len(data) == 3
+        assert len(data) == 4  # the account and its three containers
         assert all(r.retain_on_delete for r in data)
         assert all(r.protect is protect for r in data)
 
@@ -164,21 +164,43 @@ class TestGpuCluster:
 
 
 class TestAccess:
+    SCOPES = {"container:datasets": "/acct/containers/datasets", "container:checkpoints": "/acct/containers/checkpoints",
+              "registry": "/acr", "workspace-storage": "/ws-storage"}
+
     def test_cluster_identity_least_privilege(self):
-        grants = cluster_identity_grants("pid", "/acct/containers/datasets", "/acct/containers/checkpoints", "/acr")
+        """The GPU clusters' identity reads datasets, writes checkpoints, pulls images: Azure's
+        built-in role GUIDs (Azure built-in roles, storage and containers), nothing else."""
+        grants = grants_for("compute", self.SCOPES, "pid")
         resources, _, _ = record(lambda: Access("access", AccessArgs("sub-1", grants)) and None)
         roles = {r.inputs["scope"]: r.inputs["roleDefinitionId"] for r in resources
                  if r.type == "azure-native:authorization:RoleAssignment"}
         assert roles == {
-            "/acct/containers/datasets": quirks.role_definition_id("sub-1", quirks.ROLE_STORAGE_BLOB_DATA_READER),
-            "/acct/containers/checkpoints": quirks.role_definition_id("sub-1", quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR),
-            "/acr": quirks.role_definition_id("sub-1", quirks.ROLE_ACR_PULL),
+            "/acct/containers/datasets": quirks.role_definition_id("sub-1", "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"),
+            "/acct/containers/checkpoints": quirks.role_definition_id("sub-1", "ba92f5b4-2d11-453d-a403-e96b0029c9fe"),
+            "/acr": quirks.role_definition_id("sub-1", "7f951dda-4ed3-4680-a7ca-43fe172d538d"),
         }
 
+    def test_facts_add_the_rights_they_name(self):
+        """With the workspace storage keyless, the identity also writes job I/O there."""
+        keys = [g.key for g in grants_for("compute", self.SCOPES, "pid", {"identity-storage"})]
+        assert keys == ["datasets-read", "checkpoints-write", "acr-pull", "compute-ws-storage"]
+
+    def test_a_missing_scope_is_an_error_not_a_dropped_grant(self):
+        with pytest.raises(KeyError, match="no resource id for scope 'registry'"):
+            grants_for("compute", {k: v for k, v in self.SCOPES.items() if k != "registry"}, "pid")
+
+    def test_locked_grants_are_protected(self):
+        protected = {g.key: g.protect for g in grants_for("compute", self.SCOPES, "pid", locked=True)}
+        assert protected == {"datasets-read": True, "checkpoints-write": True, "acr-pull": False}
+
     def test_duplicate_keys_refused(self):
-        grants = [Grant("x", "r", "/s", "p"), Grant("x", "r", "/t", "p")]
+        grants = [Grant("x", "reader", "/s", "p"), Grant("x", "reader", "/t", "p")]
         with pytest.raises(pulumi.RunError, match="duplicate grant keys"):
             record(lambda: Access("access", AccessArgs("sub", grants)) and None)
+
+    def test_roles_outside_the_model_refused(self):
+        with pytest.raises(pulumi.RunError, match="not in core/catalog/permissions.toml"):
+            record(lambda: Access("access", AccessArgs("sub", [Grant("x", "owner-ish", "/s", "p")])) and None)
 
 
 class TestPrivateEndpoints:

@@ -16,16 +16,22 @@ from infra.plan import evaluate, record
 COMPUTE = "azure-native:machinelearningservices:Compute"
 ROLE = "azure-native:authorization:RoleAssignment"
 TAGS = {"owner": "o@example.com", "environment": "dev", "stack": "dev"}
-SCOPES = {"workspace_scope": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.MachineLearningServices/workspaces/ws",
-          "checkpoints_scope": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/a/"
-                               "blobServices/default/containers/checkpoints",
-          "registry_scope": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.ContainerRegistry/registries/r"}
+ACCOUNT = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/a"
+SCOPES = {"workspace": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.MachineLearningServices/workspaces/ws",
+          "container:checkpoints": f"{ACCOUNT}/blobServices/default/containers/checkpoints",
+          "container:supervision": f"{ACCOUNT}/blobServices/default/containers/supervision",
+          "registry": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.ContainerRegistry/registries/r",
+          "workspace-storage": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/ws"}
+# Azure's built-in role GUIDs (Azure built-in roles: storage, containers, AI + machine learning).
+BLOB_READER, BLOB_CONTRIBUTOR, ACR_PULL = ("2a2b9908-6ea1-4ae2-8e65-a410df84e7d1", "ba92f5b4-2d11-453d-a403-e96b0029c9fe",
+                                           "7f951dda-4ed3-4680-a7ca-43fe172d538d")
+AZUREML_DATA_SCIENTIST = "f6c7c914-8db3-469d-8ca1-694a8f32e121"
 
 
 def build(**overrides):
     args = dict(resource_group_name="rg", workspace_name="ws", location="eastus", subscription_id="s",
                 cluster_name="jobs-controller", sku="Standard_D2s_v3", identity_name="id-amlhpc-dev-controller",
-                tags=TAGS, **SCOPES)
+                tags=TAGS, grant_scopes=SCOPES)
     args.update(overrides)
     resources, _, _ = record(lambda: ControllerCluster("controller", ControllerClusterArgs(**args)) and None)
     return resources
@@ -44,16 +50,29 @@ class TestComponent:
         assert compute.replace_on_changes == sorted(quirks.CLUSTER_REPLACE_ON_CHANGES) and compute.delete_before_replace
 
     def test_least_privilege_each_at_its_own_scope(self):
+        """A custom role on the workspace (not AzureML Data Scientist), write on `supervision`
+        only, read on `checkpoints`, AcrPull: each at its own scope."""
+        from core.permissions import MODEL
+
         resources = build()
         identity = next(r for r in resources if r.type == "azure-native:managedidentity:UserAssignedIdentity")
         assert identity.inputs["resourceName"] == "id-amlhpc-dev-controller"
-        grants = {r.inputs["roleDefinitionId"].rsplit("/", 1)[-1]: r.inputs["scope"] for r in resources if r.type == ROLE}
-        assert grants == {quirks.ROLE_AZUREML_DATA_SCIENTIST: SCOPES["workspace_scope"],
-                          quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR: SCOPES["checkpoints_scope"],
-                          quirks.ROLE_ACR_PULL: SCOPES["registry_scope"]}
+        grants = {(r.inputs["roleDefinitionId"].rsplit("/", 1)[-1], r.inputs["scope"]) for r in resources if r.type == ROLE}
+        assert grants == {(MODEL.role("controller").guid_in("s"), SCOPES["workspace"]),
+                          (BLOB_CONTRIBUTOR, SCOPES["container:supervision"]),
+                          (BLOB_READER, SCOPES["container:checkpoints"]),
+                          (ACR_PULL, SCOPES["registry"])}
+        assert AZUREML_DATA_SCIENTIST not in {guid for guid, _ in grants}
         assert all(r.inputs["principalType"] == "ServicePrincipal" for r in resources if r.type == ROLE)
         compute = next(r for r in resources if r.type == COMPUTE)
         assert {r.urn for r in resources if r.type == ROLE} <= set(compute.depends_on), "roles before nodes"
+
+    def test_keyless_workspace_storage_gets_its_data_role(self):
+        """dev's workspace storage takes no keys: the controller's job I/O there needs Storage Blob
+        Data Contributor, or Azure ML's snapshot download and log upload get 403."""
+        resources = build(grant_facts=frozenset({"identity-storage"}))
+        grants = {(r.inputs["roleDefinitionId"].rsplit("/", 1)[-1], r.inputs["scope"]) for r in resources if r.type == ROLE}
+        assert (BLOB_CONTRIBUTOR, SCOPES["workspace-storage"]) in grants
 
     def test_private_network(self):
         compute = next(r for r in build(subnet_id="/subscriptions/s/subnets/compute", node_public_ip=False)
@@ -75,6 +94,17 @@ class TestStacks:
         assert ctl.usd_per_hour == 0.096 and "Azure Retail Prices API" in ctl.price_source
         assert ctl.identity.id.endswith("/userAssignedIdentities/id-amlhpc-prod-controller")
         assert ctl.identity.client_id != outputs.identity.client_id, "its own identity, not the GPU clusters'"
+
+    def test_dev_controller_can_reach_the_workspace_storage(self):
+        """dev is identity-only: its controller identity holds Storage Blob Data Contributor on
+        the workspace storage account, as the GPU clusters' identity does."""
+        dev = evaluate("dev")
+        controller = dev.outputs["controller"]["identity"]["principalId"]
+        storage_id = next(r for r in dev.of_type("azure-native:storage:StorageAccount") if r.name == "ml-storage")
+        account = storage_id.inputs["accountName"]
+        found = [r for r in dev.of_type(ROLE) if r.inputs["principalId"] == controller
+                 and r.inputs["scope"].endswith(f"/storageAccounts/{account}")]
+        assert [r.inputs["roleDefinitionId"].rsplit("/", 1)[-1] for r in found] == [BLOB_CONTRIBUTOR]
 
     def test_private_controller_waits_for_the_workspace_endpoint(self, prod):
         compute = next(r for r in prod.of_type(COMPUTE) if r.name == "controller-compute")

@@ -3,9 +3,13 @@ estimators, the ZeRO stage and offload choice, ds_config.
 
 Reference: deepspeedai/DeepSpeed version 0.19.6 (commit edaa722, 2026-08-22),
 deepspeed/runtime/zero/stage_1_and_2.py `estimate_zero2_model_states_mem_needs` and
-deepspeed/runtime/zero/stage3.py `estimate_zero3_model_states_mem_needs`. The two functions
+deepspeed/runtime/zero/stage3.py `estimate_zero3_model_states_mem_needs`. The functions
 below restate their GPU-memory formulas as DeepSpeed documents them (integer division as
 DeepSpeed rounds), independently of jobs/deepspeed.py, so the test compares two derivations.
+DeepSpeed has no stage-1 estimator: stage 1 is derived from the byte breakdown in the
+stage-2 estimator's own comment (2 bytes of 16-bit parameters; 2 of 16-bit gradients, 4 of
+32-bit gradients, 4 of 32-bit parameters, 8 of Adam moments) with the 16-bit gradients left
+whole, as deepspeed/runtime/engine.py builds stage 1 with partition_grads false.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ def deepspeed_zero2_gpu_bytes(total_params: int, total_gpus: int, cpu_offload: b
     return int(2 * total_params) if cpu_offload else int(2 * total_params + int(18 * total_params / total_gpus))
 
 
+def deepspeed_zero1_gpu_bytes(total_params: int, total_gpus: int, cpu_offload: bool) -> int:
+    """Stage 1: 2P parameters + 2P whole 16-bit gradients, + int(16P/N) partitioned unless offloaded."""
+    return int(4 * total_params) if cpu_offload else int(4 * total_params + int(16 * total_params / total_gpus))
+
+
 def deepspeed_zero3_gpu_bytes(total_params: int, largest_layer: int, total_gpus: int, cpu_offload: bool,
                               cpu_offload_params: bool) -> int:
     """estimate_zero3_model_states_mem_needs: 4L, 4L + int(2P/N), or 4L + int(18P/N)."""
@@ -48,7 +57,9 @@ MODELS = {"125M": (125_000_000, 50_257 * 768), "1.3B": (1_300_000_000, 50_257 * 
 def reference(params: int, layer: int, gpus: int, stage: int, offload_optimizer: bool, offload_param: bool) -> int:
     if stage == 0:
         return deepspeed_zero2_gpu_bytes(params, 1, False)  # nothing partitioned: one "GPU" holds it all
-    if stage in (1, 2):
+    if stage == 1:
+        return deepspeed_zero1_gpu_bytes(params, gpus, offload_optimizer)
+    if stage == 2:
         return deepspeed_zero2_gpu_bytes(params, gpus, offload_optimizer)
     return deepspeed_zero3_gpu_bytes(params, layer, gpus, offload_optimizer, offload_param)
 
@@ -72,11 +83,22 @@ def test_deepspeed_plan_json_within_5_percent_of_deepspeeds_estimators(model, gp
                     (3, False, False), (3, True, False), (3, True, True)}
 
 
-def test_stage_1_and_2_are_two_plus_eighteen_over_n_bytes_per_parameter():
+def test_stage_2_is_two_plus_eighteen_over_n_bytes_per_parameter():
     p = 1_000_000_000
-    for stage in (1, 2):
-        assert ds.model_state_bytes_per_gpu(p, stage, 8) == pytest.approx((2 + 18 / 8) * p)
+    assert ds.model_state_bytes_per_gpu(p, 2, 8) == pytest.approx((2 + 18 / 8) * p)
     assert ds.model_state_bytes_per_gpu(p, 0, 8) == 20 * p
+
+
+@pytest.mark.parametrize("gpus", [2, 8, 64])
+def test_stage_1_keeps_the_whole_16_bit_gradient_so_it_needs_2p_times_1_minus_1_over_n_more_than_stage_2(gpus):
+    """ZeRO-1 partitions only the optimizer states: the 16-bit gradients (2 bytes per parameter)
+    stay whole on every GPU, which stage 2's 2P + 18P/N leaves out."""
+    p = 1_000_000_000
+    stage1 = ds.model_state_bytes_per_gpu(p, 1, gpus)
+    stage2 = ds.model_state_bytes_per_gpu(p, 2, gpus)
+    assert stage1 == pytest.approx((4 + 16 / gpus) * p)
+    assert stage1 - stage2 == pytest.approx(2 * p * (1 - 1 / gpus))
+    assert ds.model_state_bytes_per_gpu(p, 1, gpus, offload_optimizer=True) == 4 * p
 
 
 def test_70b_on_8_a100_40gb_fits_with_zero3_optimizer_offload():
@@ -106,7 +128,7 @@ def test_plan_prints_a_table_and_exits_1_when_nothing_fits():
 @pytest.mark.parametrize("args, message", [
     (["--params", "seventy", "--largest-layer", "1M", "--gpus", "8", "--gpu-gib", "40"], "--params: 'seventy' is not a positive"),
     (["--params", "1B", "--largest-layer", "2B", "--gpus", "8", "--gpu-gib", "40"], "--largest-layer"),
-    (["--params", "1B", "--largest-layer", "1M", "--gpus", "0", "--gpu-gib", "40"], "--gpus: 0 GPUs"),
+    (["--params", "1B", "--largest-layer", "1M", "--gpus", "0", "--gpu-gib", "40"], "--gpus: 0 is out of range"),
 ])
 def test_bad_input_exits_2_with_the_flag_named(args, message):
     result = CliRunner().invoke(app, ["deepspeed-plan", *args])
@@ -171,3 +193,46 @@ def test_autotune_space_only_feasible():
                  + ds.activation_bytes_per_gpu(BERT_LARGE, c["micro_batch"], False)) / ds.GIB
         assert total <= usable
     assert max(c["micro_batch"] for c in space) < 512
+
+
+def deepspeed_cpu_bytes(params: int, layer: int, per_node: int, nodes: int, stage: int, offload_optimizer: bool,
+                        offload_param: bool) -> float:
+    """The estimators' cpu_mem (additional_buffer_factor 1.5; stage 3 with zero_init)."""
+    gpus = per_node * nodes
+    if stage == 3:
+        if offload_optimizer and offload_param:
+            return params * 18 * (1 / nodes) * 1.5
+        if offload_optimizer:
+            return params * 16 * (1 / nodes) * 1.5
+        return layer * 4 * per_node * 1.5
+    if offload_optimizer:
+        return params * max(4 * gpus, 16) * 1.5
+    return params * 4 * per_node * 1.5
+
+
+@pytest.mark.parametrize("per_node, nodes", [(4, 1), (4, 18), (8, 2), (1, 1)])
+@pytest.mark.parametrize("model", ["1.3B", "13B", "70B"])
+def test_host_memory_per_node_is_deepspeeds_cpu_estimate(model, per_node, nodes):
+    params, layer = MODELS[model]
+    for option in ds.options(params, layer, per_node * nodes, per_node):
+        expected = deepspeed_cpu_bytes(params, layer, per_node, nodes, option.stage, option.offload_optimizer,
+                                       option.offload_param)
+        assert option.host_bytes_per_node == pytest.approx(expected), option.label
+
+
+def test_an_offload_the_nodes_memory_cannot_hold_is_not_chosen():
+    """12.8B parameters on one NC40ads H100 v5 (one 94 GiB GPU, 320 GiB of host memory): the
+    GPU alone cannot hold stage 3's states, and offloading the optimizer needs 16P x 1.5 = 286
+    GiB of host memory, which fits; on a node with 64 GiB the same plan could not offload."""
+    shape = ModelShape(hidden_size=5120, num_layers=40, num_heads=40, intermediate_size=20480, seq_len=128)
+    spec = DeepSpeedSpec(model=shape, micro_batch=1, activation_checkpointing=True)
+    nc40 = skus.get("Standard_NC40ads_H100_v5")
+    plan = ds.plan_memory(spec, nc40, 1)
+    assert plan.offload_optimizer and plan.host_memory_gib == nc40.memory_gib
+    assert plan.host_gib_per_node <= nc40.memory_gib and plan.fits
+    import dataclasses
+
+    small = dataclasses.replace(nc40, memory_gib=64)
+    squeezed = ds.plan_memory(spec, small, 1)
+    assert any("of host memory per node would not fit in the node's 64 GiB" in r for r in squeezed.reasons)
+    assert not squeezed.fits

@@ -17,9 +17,18 @@ SUFFIX = "k3x9q2"
 """The per-stack name suffix `make preview` writes into a stack file before the first deploy."""
 
 
+JUMP_BOX_LOGINS = [{"principalId": "11111111-2222-3333-4444-555555555555", "principalType": "Group"}]
+"""Who signs in to a shipped jump box: the first deploy refuses one nobody can use, so an
+adopter names their group first (docs/isolation.md)."""
+
+
 def deployed_file(stack: str) -> dict:
-    """Pulumi.<stack>.yaml as the tooling leaves it: with its aml-hpc:nameSuffix."""
+    """Pulumi.<stack>.yaml as it is deployed: with its aml-hpc:nameSuffix (the tooling writes
+    it) and the jump box's logins (the adopter adds them)."""
     document = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+    box = ((document.get("aml-hpc:network") or {}).get("wayIn") or {}).get("jumpBox")
+    if box is not None and not box.get("logins"):
+        box["logins"] = JUMP_BOX_LOGINS
     return {**document, NAME_SUFFIX_KEY: SUFFIX}
 
 
@@ -83,7 +92,7 @@ def test_bad_value_under_the_engine_names_the_stack_file():
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_engine_entry_point_declares_the_same_resources_as_the_plan(stack):
+def test_engine_entry_point_declares_the_same_resources_as_the_plan(stack, tmp_path):
     """infra.engine.run (what `pulumi up` executes) under the mock runtime."""
     from pulumi.runtime import config as runtime_config
 
@@ -97,7 +106,8 @@ def test_engine_entry_point_declares_the_same_resources_as_the_plan(stack):
         engine.run()
 
     resources, _, _ = record(program, stack=stack)
-    planned = evaluate(stack)
+    (tmp_path / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": deployed_file(stack)}))
+    planned = evaluate(stack, tmp_path)
     assert sorted((r.type, r.name) for r in resources) == sorted((r.type, r.name) for r in planned.resources)
 
 

@@ -17,8 +17,13 @@ NOW = datetime(2026, 11, 23, tzinfo=UTC)
 COSMOS = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
 
+HAND_OFF = {"handOff": {"via": "VPN", "addressPrefixes": ["172.16.0.0/12"]}}
+"""People's way in for these stacks (a closed stack needs one; tests/test_way_in.py tests it)."""
+
+
 def network(**fields) -> dict:
-    return {"isolation": "managed", "addressSpace": "10.40.0.0/16", **fields}
+    way_in = {**HAND_OFF, **fields.pop("wayIn", {})}
+    return {"isolation": "managed", "addressSpace": "10.40.0.0/16", "wayIn": way_in, **fields}
 
 
 def load(tmp_path, config: dict, stack: str = "stage"):
@@ -54,6 +59,12 @@ BAD = [
      ["aml-hpc:network.fqdnRules[0]", "Azure Storage endpoint", "private endpoint"]),
     ("rule twice", "aml-hpc:network", network(fqdnRules=["pypi.org", "PyPI.org"]),
      ["aml-hpc:network.fqdnRules[1]", "listed twice"]),
+    # A wildcard lets jobs send data to any bucket or tunnel anyone can create under it.
+    ("wildcard rule to a cloud's storage", "aml-hpc:network", network(fqdnRules=["pypi.org", "*.amazonaws.com"]),
+     ["aml-hpc:network.fqdnRules[1]", "'*.amazonaws.com' is a wildcard", "every host under 'amazonaws.com'",
+      "list the exact hosts jobs need"]),
+    ("wildcard rule to a tunnel service", "aml-hpc:network", network(fqdnRules=["*.ngrok.io"]),
+     ["aml-hpc:network.fqdnRules[0]", "'*.ngrok.io' is a wildcard", "list the exact hosts jobs need"]),
     ("way in to a public stack", "aml-hpc:network", {"isolation": "public", "wayIn": {"ciRunners": {}}},
      ["aml-hpc:network.wayIn", "public stack needs no way in"]),
     ("bastion without a jump box", "aml-hpc:network", network(wayIn={"bastion": {}}),
@@ -144,8 +155,15 @@ class TestResolved:
         assert cfg.managed_network.fqdn_rules == () and cfg.managed_network.firewall_sku is None
 
     def test_hosts_are_normalised(self, tmp_path):
-        cfg = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", network(fqdnRules=[" *.Anaconda.org "], firewallSku="Basic")))
-        assert cfg.managed_network.fqdn_rules == ("*.anaconda.org",) and cfg.managed_network.firewall_sku == "Basic"
+        cfg = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", network(fqdnRules=[" Conda.Anaconda.org "],
+                                                                          firewallSku="Basic")))
+        assert cfg.managed_network.fqdn_rules == ("conda.anaconda.org",) and cfg.managed_network.firewall_sku == "Basic"
+
+    def test_the_default_list_holds_no_code_host(self, tmp_path):
+        """github.com (and any host where a job could push data) is not a default: a team adds
+        what it needs, reviewed (docs/isolation.md)."""
+        cfg = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", network()))
+        assert cfg.managed_network.fqdn_rules == ("pypi.org", "files.pythonhosted.org")
 
     def test_way_in_takes_fixed_slots_of_the_free_space(self, tmp_path):
         every = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", network(
@@ -165,7 +183,7 @@ class TestResolved:
     def test_private_isolation_with_room_for_a_way_in(self, tmp_path):
         cfg = load(tmp_path, mutate(GOOD_ENV, "aml-hpc:network", {
             "isolation": "private", "addressSpace": "10.40.0.0/16", "endpointSubnet": "10.40.128.0/18",
-            "wayIn": {"ciRunners": {}}}))
+            "wayIn": {"ciRunners": {}, **HAND_OFF}}))
         assert cfg.compute_subnet == "10.40.0.0/17" and cfg.way_in.ci_runners == "10.40.192.96/27"
 
     def test_key_diagnostics_hbi(self, tmp_path):

@@ -242,8 +242,8 @@ def test_the_opt_in_shows_on_the_cluster_in_the_plan(tmp_path):
 
     cluster_cfg = {"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "allowUnlistedRegion": True}
     config = {**GOOD_ENV, "azure-native:location": "brazilsouth", "aml-hpc:clusters": [cluster_cfg]}
-    (tmp_path / "Pulumi.brz.yaml").write_text(yaml.safe_dump({"config": config}))
-    plan = evaluate("brz", tmp_path)
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": config}))  # dev: public by design
+    plan = evaluate("dev", tmp_path)
     [compute] = [r for r in plan.of_type(COMPUTE) if r.name == "cluster-nd-a100-compute"]  # not the controller
     assert compute.inputs["tags"]["allowUnlistedRegion"] == "true" and compute.inputs["location"] == "brazilsouth"
     from infra.policy import check_plan

@@ -13,7 +13,7 @@ from core import skus
 from jobs.runtime.health import checks
 from jobs.runtime.health.checks import QUICK, gpu_checks, node_checks
 from jobs.runtime.health.ecc import check_ecc
-from jobs.runtime.health.grading import FAIL, INFO, PASS, SKIP, WARN
+from jobs.runtime.health.grading import FAIL, INFO, NOT_CHECKED, PASS, SKIP, WARN
 from jobs.runtime.health.infiniband import check_infiniband, ib_ports
 from jobs.runtime.health.measure import TorchGpuMeasurer
 from jobs.runtime.nvml import NvmlSession
@@ -60,6 +60,16 @@ class FakeMeasurer:
     def gemm_tflops(self, index, dtype, shape, iters):
         self.calls.append(("gemm", index, dtype, shape, iters))
         return self._figure("gemm", index)
+
+    def gemm_sustained_tflops(self, indices, dtype, shape, seconds, settle_seconds):
+        self.calls.append(("gemm_sustained", tuple(indices), dtype, shape, seconds, settle_seconds))
+        rates = {}
+        for index in indices:
+            try:
+                rates[index] = self._figure("gemm", index)
+            except Exception as exc:  # noqa: BLE001 - as the real measurer hands back a GPU's error
+                rates[index] = exc
+        return rates
 
     def p2p_gbytes_per_s(self, dst, src, nbytes, iters):
         self.calls.append(("p2p", dst, src))
@@ -193,6 +203,45 @@ class TestGpuChecks:
         assert {r.status for r in results if r.check in ("gemm", "h2d", "d2h", "d2d")} == {INFO}
 
 
+class TestGemmMethod:
+    """The GEMM check measures the way the size's mark was measured."""
+
+    H100 = facts("Standard_ND96isr_H100_v5")
+
+    def test_sustained_mark_runs_every_gpu_at_once_for_its_duration(self, nd96asr):
+        """ND H100 v5's mark is Azure's 60-second ubergemm on every GPU at once: the check runs
+        one sustained window over all eight GPUs (before: about a second per GPU, one at a time,
+        which a GPU that sags under a full node's heat passes)."""
+        slow = {3: 700.0}  # below the 715 fail line once the node is hot
+        measurer = FakeMeasurer(gemm=lambda i: slow.get(i, 770.0))
+        results = by(gpu_checks(self.H100, measurer, checks.FULL, nd96asr, PCI_ORDER), "gemm")
+        gemm_calls = [c for c in measurer.calls if c[0].startswith("gemm")]
+        assert gemm_calls == [("gemm_sustained", tuple(range(8)), "bf16", (2048, 2048, 13312), 60.0, checks.FULL.settle_seconds)]
+        assert [r.status for r in results] == [PASS] * 3 + [FAIL] + [PASS] * 4
+        assert results[3].threshold == 715.0 and "every GPU at once for 60 s" in results[3].detail
+
+    def test_quick_run_reports_a_sustained_mark_without_grading_it(self, nd96asr):
+        measurer = FakeMeasurer(gemm=800.0)
+        results = by(gpu_checks(self.H100, measurer, QUICK, nd96asr, PCI_ORDER), "gemm")
+        assert {r.status for r in results} == {INFO} and results[0].threshold is None
+        assert "60-second sustained rate" in results[0].detail and "not graded in a quick run" in results[0].detail
+        assert {c[0] for c in measurer.calls if c[0].startswith("gemm")} == {"gemm"}
+
+    def test_burst_mark_is_the_median_of_the_fastest_iterations_per_gpu(self, nd96asr):
+        """mamf-finder's A100 figure is a burst: one GPU at a time, graded as before."""
+        measurer = FakeMeasurer()
+        results = by(gpu_checks(ND96ASR, measurer, checks.FULL, nd96asr, PCI_ORDER), "gemm")
+        assert [c[1] for c in measurer.calls if c[0] == "gemm"] == list(range(8))
+        assert "median of the 5 fastest" in results[0].detail and {r.status for r in results} == {PASS}
+
+    def test_a_gpu_failing_in_the_sustained_run_fails_alone(self, nd96asr):
+        error = RuntimeError("CUDA error: an illegal memory access was encountered")
+        results = by(gpu_checks(self.H100, FakeMeasurer(gemm=lambda i: error if i == 5 else 770.0), checks.FULL,
+                                nd96asr, PCI_ORDER), "gemm")
+        assert [r.status for r in results] == [PASS] * 5 + [FAIL] + [PASS] * 2
+        assert "illegal memory access" in results[5].detail
+
+
 class TestInfiniband:
     def test_eight_active_hdr_ports_pass(self, nd96asr):
         """The Ethernet accelerated-networking port is not counted."""
@@ -254,21 +303,27 @@ class TestEcc:
         (result,) = check_ecc(NvmlSession(FakeNvml(gpus)), 1)
         assert result.status == FAIL and "spare rows exhausted" in result.detail
 
-    def test_volatile_sram_error_fails_lifetime_warns(self):
+    def test_volatile_and_lifetime_sram_errors_both_fail(self):
+        """Azure's rule: any uncorrectable SRAM error, volatile or aggregate, fails (before, a
+        lifetime one only warned)."""
         gpus = nd96asr_gpus(2)
         gpus[0].sram_uncorrectable = {fake_nvml.NVML_VOLATILE_ECC: 1, fake_nvml.NVML_AGGREGATE_ECC: 1}
         gpus[1].sram_uncorrectable = {fake_nvml.NVML_VOLATILE_ECC: 0, fake_nvml.NVML_AGGREGATE_ECC: 2}
         first, second = check_ecc(NvmlSession(FakeNvml(gpus)), 2)
         assert first.status == FAIL and "since the driver loaded" in first.detail
-        assert second.status == WARN and "2 uncorrectable SRAM error(s) in the GPU's lifetime" in second.detail
+        assert second.status == FAIL and "2 uncorrectable SRAM error(s) in the GPU's lifetime" in second.detail
 
-    def test_v100_pending_page_retirement_fails(self):
-        """V100 has no row remapping (not supported: left out) but retires pages."""
-        gpus = nd96asr_gpus(1)
-        gpus[0].remapped_rows, gpus[0].retired_pending = None, 3
-        (result,) = check_ecc(NvmlSession(FakeNvml(gpus)), 1)
-        assert result.status == FAIL and "page retirement pending" in result.detail
-        assert "retired_pages_double_bit=3" in result.detail
+    def test_v100_retirement_table_full_fails_pending_alone_warns(self):
+        """V100 has no row remapping (not supported: left out) but retires pages: Azure fails a
+        full table (>= 62 pages) with a retirement pending; a pending retirement alone warns."""
+        gpus = nd96asr_gpus(2)
+        for gpu in gpus:
+            gpu.remapped_rows, gpu.sram_supported, gpu.retirement_pending = None, False, True
+        gpus[0].retired_pages, gpus[1].retired_pages = (2, 61), (0, 3)
+        full, pending = check_ecc(NvmlSession(FakeNvml(gpus)), 2)
+        assert full.status == FAIL and "table full: 63 retired pages" in full.detail
+        assert pending.status == WARN and "page retirement pending (3 retired pages)" in pending.detail
+        assert "retired_double_bit=3" in pending.detail
 
     def test_ecc_disabled_warns(self):
         gpus = nd96asr_gpus(1)
@@ -276,9 +331,9 @@ class TestEcc:
         (result,) = check_ecc(NvmlSession(FakeNvml(gpus)), 1)
         assert result.status == WARN and "ECC is disabled" in result.detail
 
-    def test_without_nvml_skipped_with_reason(self):
+    def test_without_nvml_or_nvidia_smi_it_is_not_checked(self):
         (result,) = check_ecc(NvmlSession(None, "the NVML bindings (pip package nvidia-ml-py) are not installed"), 8)
-        assert result.status == SKIP and "nvidia-ml-py" in result.detail
+        assert result.status == NOT_CHECKED and "nvidia-ml-py" in result.detail
 
 
 class TestNodeChecks:
@@ -292,14 +347,60 @@ class TestNodeChecks:
         assert all("not a Standard_ND96asr_v4" in r.detail for r in results[1:])
 
     def test_gpu_node_runs_everything(self, nd96asr):
+        from tests.test_health_tools import recorded_tools, sample
+
+        tools = recorded_tools(healthy=True, outputs={"ibstat mlx5_ib": (0, sample("ibstat-mlx5-infiniband-active.txt"))})
+        results = node_checks(ND96ASR, FakeMeasurer(), NvmlSession(FakeNvml(nd96asr_gpus(8))), QUICK, nd96asr, PCI_ORDER,
+                              tools=tools)
+        counts = {name: len(by(results, name)) for name in ("gpu_count", "gemm", "h2d", "d2h", "d2d", "p2p", "infiniband", "ecc", "ibstat")}
+        assert counts == {"gpu_count": 1, "gemm": 8, "h2d": 8, "d2h": 8, "d2d": 8, "p2p": 8, "infiniband": 9, "ecc": 8, "ibstat": 9}
+        assert {"xid", "throttle", "nvlink", "nvme_count"} <= {r.check for r in results}
+        # ib_write_bw and all_reduce_perf are not in this fake image: not checked, so the node fails.
+        assert {r.check for r in results if r.status == NOT_CHECKED} == {"ib_write", "nccl_tests"}
+        assert {r.status for r in results} <= {PASS, INFO, SKIP, NOT_CHECKED}
+
+    def test_a_missing_tool_fails_the_node(self, nd96asr):
+        """The missing-tool case end to end: every figure passes, ibstat is absent from the image;
+        the node report's verdict is fail, and the failure names the package to install."""
+        from jobs.runtime.health.results import NodeReport
         from tests.test_health_tools import recorded_tools
 
+        tools = recorded_tools(healthy=True, missing=("ibstat",),
+                               outputs={"ib_write_bw": (0, ""), "env NCCL_TOPO_FILE=": (0, "")})
         results = node_checks(ND96ASR, FakeMeasurer(), NvmlSession(FakeNvml(nd96asr_gpus(8))), QUICK, nd96asr, PCI_ORDER,
-                              tools=recorded_tools(healthy=True, missing=("ibstat",)))
-        counts = {name: len(by(results, name)) for name in ("gpu_count", "gemm", "h2d", "d2h", "d2d", "p2p", "infiniband", "ecc")}
-        assert counts == {"gpu_count": 1, "gemm": 8, "h2d": 8, "d2h": 8, "d2d": 8, "p2p": 8, "infiniband": 9, "ecc": 8}
-        assert {"xid", "throttle", "nvlink", "nvme_count"} <= {r.check for r in results}
-        assert {r.status for r in results} <= {PASS, INFO, SKIP}
+                              tools=tools)
+        report = NodeReport("node-0", 0, ND96ASR.name, "gate", True, "2026-11-23T12:00:00Z", checks=results)
+        not_checked = [c for c in report.failures() if c.status == NOT_CHECKED]
+        assert report.status == FAIL and [c.check for c in not_checked][:1] == ["ibstat"]
+        assert "install infiniband-diags" in not_checked[0].line() and "not checked" in not_checked[0].line()
+
+    def test_pytorch_missing_on_a_gpu_node_is_not_checked(self, nd96asr):
+        measurer = FakeMeasurer(gpus=0, reason="PyTorch is not installed")
+        measurer.software_missing = True
+        (result,) = gpu_checks(ND96ASR, measurer, QUICK, nd96asr, PCI_ORDER)
+        assert result.status == NOT_CHECKED and "8 GPU(s) on the PCI bus, none measured" in result.detail
+
+    def test_amd_size_skips_nvidia_checks_and_runs_rccl(self, tmp_path):
+        """An MI300X node: the GPUs are AMD Instinct devices on the PCI bus (class 0x1200);
+        NVIDIA's tools and the ECC rule (none in Azure's MI300X configuration) are skipped, the
+        InfiniBand checks and rccl-tests' all_reduce_perf run."""
+        from tests.test_health_tools import recorded_tools, sample
+
+        mi300x = facts("Standard_ND96isr_MI300X_v5")
+        for gpu in range(8):
+            pci_device(tmp_path, f"{gpu + 1:04x}:00:00.0", "0x1002", "0x120000", gpu // 4, "0-47" if gpu < 4 else "48-95")
+            ib_port(tmp_path, f"mlx5_ib{gpu}", rate="400 Gb/sec (4X NDR)")
+        tools = recorded_tools(outputs={"ibstat mlx5_ib": (0, sample("ibstat-mlx5-infiniband-active.txt")),
+                                        "env NCCL_TOPO_FILE=": (0, sample("all_reduce_perf-summary.txt"))})
+        tools.which = lambda name: f"/usr/bin/{name}"
+        results = node_checks(mi300x, FakeMeasurer(), NvmlSession(None, "no NVIDIA driver"), QUICK, tmp_path, PCI_ORDER,
+                              tools=tools)
+        assert by(results, "gpu_count")[0].status == PASS
+        for check in ("xid", "throttle", "nvlink", "ecc"):
+            (result,) = by(results, check)
+            assert result.status == SKIP and "AMD GPUs" in result.detail
+        (nccl,) = by(results, "nccl_tests")
+        assert "RCCL all_reduce_perf" in nccl.detail and nccl.threshold == mi300x.health.nccl_allreduce_busbw_gbytes_per_s_min
 
     def test_quick_keeps_the_published_sizes(self):
         """--quick repeats less but keeps the GEMM size the pass mark assumes."""

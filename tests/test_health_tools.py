@@ -15,9 +15,9 @@ import pytest
 
 from core import skus
 from jobs.runtime.health import tools
-from jobs.runtime.health.grading import FAIL, INFO, PASS, SKIP, WARN
+from jobs.runtime.health.grading import FAIL, INFO, NOT_CHECKED, PASS, SKIP, WARN
 from jobs.runtime.skufacts import parse_sku_facts
-from tests.fake_sysfs import ib_port
+from tests.fake_sysfs import build_nd96asr_sysfs, ib_port
 
 OUTPUT = Path(__file__).parent / "fixtures" / "tool-output"
 AZURE = Path(__file__).parent / "reference" / "azurehpc-health-checks" / "test-data"
@@ -42,9 +42,9 @@ def recorded_tools(*, healthy: bool = True, outputs: dict[str, tuple[int, str]] 
 
     def run(command, timeout):
         text = " ".join(command)
-        for key, answer in answers.items():
-            if text.startswith(key) or key in text:
-                return answer
+        matching = [key for key in answers if text.startswith(key) or key in text]
+        if matching:
+            return answers[max(matching, key=len)]  # the most specific recorded answer
         return 127, f"{command[0]}: not found"
 
     return tools.Tools(run=run, read=lambda path: (files or {}).get(str(path)),
@@ -92,8 +92,18 @@ class TestThrottle:
         results = tools.check_throttle(recorded_tools(outputs={"nvidia-smi -q": (0, text)}))
         assert [r.status for r in results] == [WARN] and "HW Slowdown" in results[0].detail
 
-    def test_without_nvidia_smi_it_is_skipped(self):
-        assert tools.check_throttle(recorded_tools(missing=("nvidia-smi",)))[0].status == SKIP
+    def test_without_nvidia_smi_it_is_not_checked(self):
+        """No nvidia-smi on a GPU size: not a skip (which passed silently) but not-checked."""
+        (result,) = tools.check_throttle(recorded_tools(missing=("nvidia-smi",)))
+        assert result.status == NOT_CHECKED and "nvidia-smi is not on PATH" in result.detail
+
+    @pytest.mark.parametrize("name, code", [("nvidia-smi-command-not-found.txt", 127), ("nvidia-smi-no-libnvidia-ml.txt", 255)])
+    def test_nvidia_smi_that_cannot_run_is_not_checked(self, name, code):
+        """The recorded shell and driver-library failures: before, a skip ("gave no GPU"), so the
+        node passed with its clocks unread; now not-checked, which fails the node's verdict."""
+        fake = recorded_tools(outputs={"nvidia-smi -q": (code, sample(name)), "nvidia-smi nvlink": (code, sample(name))})
+        for result in tools.check_throttle(fake) + tools.check_nvlink(fake, facts("Standard_ND96amsr_A100_v4")):
+            assert result.status == NOT_CHECKED and "nvidia-smi cannot run here" in result.detail, result
 
 
 class TestNvlink:
@@ -118,15 +128,52 @@ class TestInfiniband:
         eth = tools.parse_ibstat(sample("ibstat-mlx5-ethernet.txt"))
         assert {p["link_layer"] for p in eth} == {"Ethernet"} and eth[0]["rate_gbits"] == 200
 
-    def test_one_active_port_on_an_eight_hca_size_fails(self):
-        results = tools.check_ibstat(recorded_tools(), facts("Standard_ND96asr_v4"))
-        assert results[0].status == FAIL and "1 InfiniBand port(s)" in results[0].detail
-        assert results[1].subject == "mlx5_7/1" and results[1].status == PASS
+    def test_bare_ibstat_crash_on_mlx5_an0_no_longer_fails_a_healthy_node(self, tmp_path):
+        """An ND A100 v4 whose eight HDR ports are Active, and whose bare `ibstat` panics on the
+        Ethernet RDMA device mlx5_an0 (the recorded Azure/azhpc-images#213 output). Before, the
+        check ran bare `ibstat` and failed the node on that crash; now it asks ibstat about each
+        InfiniBand device sysfs lists and never about mlx5_an0."""
+        root = build_nd96asr_sysfs(tmp_path / "sys")
+        seen = []
+        fake = recorded_tools(outputs={"ibstat": (255, sample("ibstat-ibpanic-mlx5_an0.txt")),
+                                       "ibstat mlx5_ib": (0, sample("ibstat-mlx5-infiniband-active.txt"))})
+        original = fake.run
+        fake.run = lambda command, timeout: seen.append(command) or original(command, timeout)
+        results = tools.check_ibstat(fake, facts("Standard_ND96amsr_A100_v4"), root)
+        assert seen == [["ibstat", f"mlx5_ib{i}"] for i in range(8)]
+        assert results[0].status == PASS and results[0].value == 8 and "mlx5_an0 left out" in results[0].detail
+        assert [(r.subject, r.status) for r in results[1:]] == [(f"mlx5_ib{i}/1", PASS) for i in range(8)]
 
-    def test_ethernet_rdma_ports_are_not_counted(self):
+    def test_a_port_still_initializing_fails(self, tmp_path):
+        """`ibstat mlx5_ib0` as recorded on an Azure VM (Azure/azhpc-diagnostics#59): port
+        Initializing, i.e. no subnet manager configuration yet."""
+        root = build_nd96asr_sysfs(tmp_path / "sys")
+        fake = recorded_tools(outputs={"ibstat mlx5_ib": (0, sample("ibstat-mlx5-infiniband-active.txt")),
+                                       "ibstat mlx5_ib0": (0, sample("ibstat-mlx5_ib0-initializing.txt"))})
+        results = tools.check_ibstat(fake, facts("Standard_ND96asr_v4"), root)
+        failed = [r for r in results if r.status == FAIL]
+        assert [r.subject for r in failed] == ["mlx5_ib0/1"] and "state INITIALIZING" in failed[0].detail
+
+    def test_without_sysfs_ibstat_lists_the_devices(self, tmp_path):
+        """No /sys/class/infiniband in the container: `ibstat -l` names the devices; one that
+        ibstat cannot open is reported, not counted, and the count then falls short."""
+        fake = recorded_tools(outputs={"ibstat -l": (0, "mlx5_an0\nmlx5_ib0\n"),
+                                       "ibstat mlx5_an0": (255, sample("ibstat-ibpanic-mlx5_an0.txt")),
+                                       "ibstat mlx5_ib0": (0, sample("ibstat-mlx5-infiniband-active.txt"))})
+        results = tools.check_ibstat(fake, facts("Standard_ND96asr_v4"), tmp_path)
+        assert results[0].status == FAIL and "1 InfiniBand port(s)" in results[0].detail and "ibstat -l" in results[0].detail
+        assert [(r.subject, r.status) for r in results[1:]] == [("mlx5_an0", INFO), ("mlx5_ib0/1", PASS)]
+
+    def test_ethernet_rdma_ports_are_not_counted(self, tmp_path):
+        ib_port(tmp_path, "mlx5_0")
         results = tools.check_ibstat(recorded_tools(outputs={"ibstat": (0, sample("ibstat-mlx5-ethernet.txt"))}),
-                                     facts("Standard_ND96isr_H100_v5"))
+                                     facts("Standard_ND96isr_H100_v5"), tmp_path)
         assert results[0].status == FAIL and "0 InfiniBand port(s)" in results[0].detail
+
+    def test_missing_ibstat_is_not_checked(self, tmp_path):
+        """ibstat absent on an InfiniBand size: before, a skip; now not-checked."""
+        (result,) = tools.check_ibstat(recorded_tools(missing=("ibstat",)), facts("Standard_ND96asr_v4"), tmp_path)
+        assert result.status == NOT_CHECKED and "infiniband-diags" in result.detail
 
     def test_azures_flap_samples(self, tmp_path):
         now = datetime(2026, 8, 17, 12).timestamp()
@@ -160,7 +207,8 @@ class TestInfiniband:
         results = tools.check_ib_write(fake, facts("Standard_ND96asr_v4"), tmp_path)
         assert len(results) == 8 and {r.status for r in results} == {FAIL} and results[0].threshold == 180.0
         assert "GPUDirect RDMA" in results[0].detail
-        assert tools.check_ib_write(recorded_tools(), facts("Standard_ND96asr_v4"), tmp_path)[0].status == SKIP
+        missing = tools.check_ib_write(recorded_tools(), facts("Standard_ND96asr_v4"), tmp_path)[0]
+        assert missing.status == NOT_CHECKED and "perftest" in missing.detail
 
 
 class TestNvmeAndNcclTests:
@@ -192,3 +240,47 @@ def test_every_fixture_names_its_source():
     for path in OUTPUT.iterdir():
         if path.name != "SOURCES.toml":
             assert sources[path.name]["url"].startswith("https://github.com/") and sources[path.name]["date"], path.name
+
+
+class TestNvlinkFabric:
+    """GB200/GB300: Azure's verify_nvlink_setup rules on the Fabric block of nvidia-smi -q."""
+
+    GB200 = facts("Standard_ND128isr_NDR_GB200_v6")
+
+    def test_a_fabric_that_did_not_register_fails(self):
+        """Azure's recorded failure (Azure/azhpc-images#506): Completed, but Insufficient
+        Resources, clique 0 and a zero ClusterUUID, which a check for "N/A" passed."""
+        fake = recorded_tools(outputs={"nvidia-smi -q": (0, sample("nvidia-smi-q-fabric-insufficient-resources.txt"))})
+        node, gpu = tools.check_nvlink_fabric(fake, self.GB200)
+        assert gpu.status == FAIL and "Status 'Insufficient Resources'" in gpu.detail and "CliqueId '0'" in gpu.detail
+        assert "ClusterUUID '00000000-0000-0000-0000-000000000000'" in gpu.detail
+        assert node.status == FAIL and "0 NVLink domains" in node.detail
+
+    def test_a_registered_fabric_passes_and_names_its_domain_an_unhealthy_summary_warns(self):
+        fake = recorded_tools(outputs={"nvidia-smi -q": (0, sample("nvidia-smi-q-fabric-health-unhealthy.txt"))})
+        node, gpu = tools.check_nvlink_fabric(fake, self.GB200)
+        assert node.status == PASS and node.detail == tools.DOMAIN_PREFIX + "dc6e40c4-d722-4357-9ba6-5291dd461278"
+        assert gpu.status == WARN and "health summary Unhealthy" in gpu.detail
+
+    def test_only_sizes_with_an_nvlink_domain_are_asked(self):
+        assert tools.check_nvlink_fabric(recorded_tools(), facts("Standard_ND96isr_H100_v5")) == []
+        (result,) = tools.check_nvlink_fabric(recorded_tools(missing=("nvidia-smi",)), self.GB200)
+        assert result.status == NOT_CHECKED
+
+    def test_a_job_spread_over_two_racks_warns_once(self):
+        from jobs.runtime.health.fleet import apply_fleet
+        from jobs.runtime.health.results import CheckResult, NodeReport
+        from jobs.runtime.health.summary import job_checks
+
+        def node(n, uuid):
+            check = CheckResult("nvlink_fabric", "node", PASS, 4.0, "GPUs", detail=tools.DOMAIN_PREFIX + uuid)
+            return NodeReport(f"gb-{n}", n, self.GB200.name, "gate", False, "2026-11-23T12:00:00Z", checks=[check])
+
+        reports = [node(n, "rack-a") for n in range(18)] + [node(18, "rack-b"), node(19, "rack-b")]
+        apply_fleet(reports)
+        (spread,) = job_checks(reports)
+        assert spread.check == "fleet:nvlink_domain" and spread.status == WARN
+        assert "spans 2 NVLink domains (rack-a: 18 node(s); rack-b: 2 node(s))" in spread.detail
+        same = [node(n, "rack-a") for n in range(18)]
+        apply_fleet(same)
+        assert job_checks(same) == [] and all(r.status == PASS for r in same)

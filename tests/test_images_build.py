@@ -89,11 +89,12 @@ def build_args_of(argv: list[str]) -> dict[str, str]:
 
 class TestBuildImages:
     def test_skips_present_tags_and_builds_missing_ones(self, releases):
-        pytorch, tensorflow = releases
-        runner = FakeRunner(present={"aml-hpc/pytorch": ["old", pytorch.tag]})
+        pytorch, tensorflow = releases[0], releases[-1]
+        runner = FakeRunner(present={"aml-hpc/pytorch": ["old", pytorch.tag], "aml-hpc/pytorch-arm64": [releases[1].tag],
+                                     "aml-hpc/rocm": [releases[2].tag]})
         outcomes = build_images(releases, login_server=LOGIN, az=AzureCli(runner), commit="c0ffee", echo=lambda _: None)
-        assert [o.action for o in outcomes] == ["present", "built"]
-        assert [o.ref for o in outcomes] == [pytorch.ref(LOGIN), tensorflow.ref(LOGIN)]
+        assert [o.action for o in outcomes] == ["present", "present", "present", "built"]
+        assert [o.ref for o in outcomes] == [r.ref(LOGIN) for r in releases]
         (argv,) = runner.builds()
         assert argv[argv.index("--registry") + 1] == "amlhpcdevacr4abd2"
         assert argv[argv.index("--image") + 1] == f"aml-hpc/tensorflow:{tensorflow.tag}"
@@ -124,17 +125,18 @@ class TestBuildImages:
     def test_an_empty_repository_is_not_an_error(self, releases):
         runner = FakeRunner(missing_repos=False)
         outcomes = build_images(releases, login_server=LOGIN, az=AzureCli(runner), commit="x", echo=lambda _: None)
-        assert [o.action for o in outcomes] == ["built", "built"]
+        assert [o.action for o in outcomes] == ["built"] * len(releases)
 
     def test_dry_run_builds_nothing(self, releases):
         runner = FakeRunner()
         outcomes = build_images(releases, login_server=LOGIN, az=AzureCli(runner), commit="x", dry_run=True, echo=lambda _: None)
-        assert [o.action for o in outcomes] == ["would-build", "would-build"] and runner.builds() == []
+        assert [o.action for o in outcomes] == ["would-build"] * len(releases) and runner.builds() == []
 
     def test_one_failure_does_not_stop_the_others(self, releases):
         runner = FakeRunner(build_codes={"aml-hpc/pytorch": 1})
         outcomes = build_images(releases, login_server=LOGIN, az=AzureCli(runner), commit="x", echo=lambda _: None)
-        assert [o.action for o in outcomes] == ["failed", "built"] and "exited 1" in outcomes[0].detail
+        assert [o.action for o in outcomes] == ["failed"] + ["built"] * (len(releases) - 1)
+        assert "exited 1" in outcomes[0].detail
 
     def test_other_show_tags_errors_surface(self, releases):
         runner = FakeRunner(tags_error="ERROR: (AuthorizationFailed) no permission")
@@ -275,12 +277,21 @@ def invoke(monkeypatch):
 
 
 class TestCli:
-    def test_build_prints_every_reference(self, invoke, releases):
+    def test_build_prints_every_reference(self, invoke):
         result, runner = invoke(["build", "--stack", "dev", "--outputs", str(DEV_OUTPUTS)])
         assert result.exit_code == 0, result.output
-        for release in releases:
+        for release in catalog.releases(specs=catalog.ALL_IMAGES):  # the controller's image too
             assert f"{release.spec.name}={release.ref(LOGIN)}" in result.stdout
-        assert len(runner.builds()) == 2
+        assert len(runner.builds()) == len(catalog.ALL_IMAGES) == 5
+
+    def test_each_image_is_built_for_its_own_platform(self, invoke, releases):
+        """The arm64 (Grace) image is built for linux/arm64, the others for linux/amd64."""
+        result, runner = invoke(["build", "--stack", "dev", "--login-server", LOGIN])
+        assert result.exit_code == 0, result.output
+        platforms = {c[c.index("--image") + 1].split(":")[0]: c[c.index("--platform") + 1] for c in runner.builds()}
+        assert platforms == {"aml-hpc/pytorch": "linux/amd64", "aml-hpc/pytorch-arm64": "linux/arm64",
+                             "aml-hpc/rocm": "linux/amd64", "aml-hpc/tensorflow": "linux/amd64",
+                             "aml-hpc/controller": "linux/amd64"}
 
     def test_build_selected_image_only(self, invoke):
         result, runner = invoke(["build", "--stack", "dev", "--login-server", LOGIN, "--image", "tensorflow"])
@@ -316,7 +327,8 @@ class TestCli:
         result, fake = invoke(["build", "--stack", "dev", "--login-server", LOGIN, "--dry-run"])
         assert result.exit_code == 0 and "would build" in result.stderr and fake.builds() == []
 
-    def test_list_json(self, invoke, releases):
+    def test_list_json(self, invoke):
+        releases = catalog.releases(specs=catalog.ALL_IMAGES)
         result, _ = invoke(["list", "--json", "--login-server", LOGIN])
         rows = json.loads(result.stdout)
         assert [r["tag"] for r in rows] == [r.tag for r in releases]

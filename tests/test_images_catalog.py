@@ -39,10 +39,13 @@ def edit_pins(root: Path, old: str, new: str) -> None:
 
 
 class TestSpecs:
-    def test_two_images_with_contract_names(self):
-        assert [s.name for s in catalog.IMAGES] == ["aml-hpc-pytorch", "aml-hpc-tensorflow"]
-        assert [s.repository for s in catalog.IMAGES] == ["aml-hpc/pytorch", "aml-hpc/tensorflow"]
+    def test_four_images_with_contract_names(self):
+        assert [s.name for s in catalog.IMAGES] == ["aml-hpc-pytorch", "aml-hpc-pytorch-arm64", "aml-hpc-rocm",
+                                                    "aml-hpc-tensorflow"]
+        assert [s.repository for s in catalog.IMAGES] == ["aml-hpc/pytorch", "aml-hpc/pytorch-arm64", "aml-hpc/rocm",
+                                                          "aml-hpc/tensorflow"]
         assert all((ROOT / s.dockerfile).is_file() for s in catalog.IMAGES)
+        assert [s.platform for s in catalog.IMAGES] == ["linux/amd64", "linux/arm64", "linux/amd64", "linux/amd64"]
 
     @pytest.mark.parametrize("name", ["aml-hpc-pytorch", "pytorch", "aml-hpc/pytorch"])
     def test_lookup_by_any_name(self, name):
@@ -137,8 +140,8 @@ class TestContentHashTag:
         assert tags(repo) == tags(repo) == tags(ROOT)
 
     def test_images_have_different_tags(self):
-        first, second = tags(ROOT).values()
-        assert first != second
+        """The two PyTorch builds share a Dockerfile: the host architecture's args set them apart."""
+        assert len(set(tags(ROOT).values())) == len(catalog.IMAGES)
 
     def test_a_pin_changes_only_the_images_that_use_it(self, repo):
         before = tags(repo)
@@ -155,22 +158,30 @@ class TestContentHashTag:
 
     def test_base_digest_change(self, repo):
         before = tags(repo)
-        edit_pins(repo, 'digest = "sha256:42263b24', 'digest = "sha256:52263b24')
-        assert tags(repo)["aml-hpc-pytorch"] != before["aml-hpc-pytorch"]
+        edit_pins(repo, 'digest = "sha256:2140e699', 'digest = "sha256:3140e699')
+        after = tags(repo)
+        assert after["aml-hpc-pytorch"] != before["aml-hpc-pytorch"]
+        assert after["aml-hpc-pytorch-arm64"] != before["aml-hpc-pytorch-arm64"]
+        assert after["aml-hpc-rocm"] == before["aml-hpc-rocm"]
 
     def test_unused_infiniband_pins_do_not_rebuild(self, repo):
-        """With userspace = "none", the DOCA version is not in any image."""
+        """With userspace = "none", the x86-64 DOCA version is in the ROCm image only (it always
+        takes DOCA), and the arm64 image takes its own DOCA pin."""
         before = tags(repo)
-        edit_pins(repo, 'doca = "3.2.2"', 'doca = "3.2.1"')
-        assert tags(repo) == before
+        edit_pins(repo, 'doca = "3.2.3"', 'doca = "3.2.1"')
+        after = tags(repo)
+        assert {n for n in before if after[n] != before[n]} == {"aml-hpc-rocm"}
+        edit_pins(repo, 'doca_aarch64 = "3.2.2"', 'doca_aarch64 = "3.2.1"')
+        assert {n for n in before if tags(repo)[n] != after[n]} == {"aml-hpc-pytorch-arm64"}
 
     def test_selected_infiniband_layer_changes_tags(self, repo):
         before = tags(repo)
         edit_pins(repo, 'userspace = "none"', 'userspace = "doca"')
         doca = tags(repo)
-        assert all(doca[n] != before[n] for n in before)
-        edit_pins(repo, 'doca = "3.2.2"', 'doca = "3.2.1"')
-        assert all(tags(repo)[n] != doca[n] for n in before)
+        switched = {"aml-hpc-pytorch", "aml-hpc-tensorflow"}  # the other two always carry DOCA
+        assert {n for n in before if doca[n] != before[n]} == switched
+        edit_pins(repo, 'doca = "3.2.3"', 'doca = "3.2.1"')
+        assert {n for n in before if tags(repo)[n] != doca[n]} == switched | {"aml-hpc-rocm"}
 
     def test_a_runtime_change_changes_every_image(self, repo):
         before = tags(repo)

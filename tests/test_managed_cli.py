@@ -4,6 +4,7 @@ validated offline, bad input refused with exit 2, the history read from the run'
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from images.catalog import CONTROLLER, release
 from jobs import cli
 from jobs.managed import render
 from jobs.managed.controller import MANAGED_JSON
@@ -20,6 +22,12 @@ from jobs.managed.policy import Policy
 from jobs.managed.record import Attempt, Record, RecordStore
 from jobs.runtime import contract
 from tests.jobs_helpers import outputs_doc, outputs_file
+
+
+def plan_outputs(stack: str):
+    from jobs import outputs
+
+    return outputs.load(stack, offline=True).outputs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,9 +48,10 @@ class TestDryRun:
         controller, training = list(yaml.safe_load_all(dry_run.stdout))
         assert controller["command"] == "python -m jobs.managed.controller"
         assert controller["compute"] == "azureml:jobs-controller" and controller["resources"]["instance_count"] == 1
-        assert controller["environment"]["image"] == render.CONTROLLER_IMAGE
-        pins = controller["environment"]["conda_file"]["dependencies"][2]["pip"]
-        assert pins == [f"{n}=={v}" for n, v in render.controller_packages().items()], "the SDKs of this checkout"
+        outputs = plan_outputs("dev")
+        assert controller["environment"] == outputs.registry.environment_ids["aml-hpc-controller"], \
+            "the stack's controller image: Azure ML builds nothing"
+        assert controller["environment"] == f"azureml:aml-hpc-controller:{release(CONTROLLER).tag}"
         assert training["command"].startswith("python -m jobs.runtime.launch -- ") and training["code"] == ".."
         assert training["compute"] == "azureml:nd-a100" and training["tags"]["managed_run"] == controller["name"]
         assert contract.WATCHDOG_JSON in training["environment_variables"]
@@ -53,18 +62,24 @@ class TestDryRun:
         settings = json.loads(controller["environment_variables"][MANAGED_JSON])
         checkpoint = json.loads(training["environment_variables"][contract.CHECKPOINT_JSON])
         assert settings["storage"]["prefix"] == checkpoint["prefix"] == f"cosmoflow/{settings['run']}"
-        assert settings["storage"]["container"] == "checkpoints" and settings["template"] == render.TEMPLATE_PATH
+        assert settings["storage"]["container"] == "checkpoints" and settings["storage"]["supervision"] == "supervision"
         policy = Policy.from_json(settings["policy"])
+        assert [t.template for t in policy.targets] == [render.TEMPLATE_PATH] and policy.targets[0].cluster == "nd-a100"
+        assert re.fullmatch(r"[0-9a-f]{64}", settings["secret"]) and settings["resume"] is None
+        assert policy.checkpoint_interval_s == 600 and policy.straggler_factor == 1.5
         assert policy.max_restarts == 5 and policy.nodes == 2 and policy.limit_usd == 3000
         assert "preempted" in policy.retry_on and "training_error" not in policy.retry_on
         offline_controller = controller["identity"]["client_id"]
         assert controller["environment_variables"]["AZURE_CLIENT_ID"] == offline_controller
-        assert controller["tags"]["record"] == f"checkpoints/cosmoflow/{settings['run']}/supervision.json"
+        assert controller["tags"]["record"] == f"supervision/cosmoflow/{settings['run']}/supervision.json"
+        assert training["tags"]["record"] == controller["tags"]["record"], "an attempt leads to its record too"
 
     def test_both_documents_load_with_azure_ai_ml(self, dry_run, tmp_path):
         from azure.ai.ml import load_job
 
         for i, document in enumerate(yaml.safe_load_all(dry_run.stdout)):
+            if document["code"] != "..":  # relative to the folder the dry run printed in
+                document["code"] = str(REPO / document["code"])
             (tmp_path / "managed").mkdir(exist_ok=True)
             path = tmp_path / "managed" / f"{i}.yml"
             path.write_text(yaml.safe_dump(document))
@@ -108,7 +123,8 @@ class TestBadInput:
 
 @pytest.mark.azurite
 class TestStatusAndCancel:
-    """`status` and `cancel` in-process, the MLClient faked, the record in Azurite."""
+    """`status` and `cancel` in-process: the MLClient faked (its jobs' statuses change when
+    canceled), the record in Azurite."""
 
     def setup(self, mocker, container):
         run = "cosmoflow-20261123-100000-abcd"
@@ -119,35 +135,41 @@ class TestStatusAndCancel:
                     ended_at="2026-11-23T11:00:00+00:00", status="Failed", cause="preempted", retryable=True,
                     first_step=0, last_step=40, nodes=2, usd=20.0),
             Attempt(2, f"{run}-a2", state="running", started_at="2026-11-23T11:05:00+00:00", status="Running",
-                    resumed_version="000003-20261123T105500Z-ab12", first_step=40, nodes=2)])
+                    resumed_version="000003-20261123T105500Z-ab12", first_step=40, nodes=2, usd_per_hour=20.0)])
         store = RecordStore(container, prefix)
         store.create(record)
+        store.add_controller(f"{run}-c1a2b", "resumed")
         tags = {"managed_run": run, "role": "controller", "record": f"{container.container_name}/{prefix}/supervision.json"}
+        statuses = {run: "Failed", f"{run}-c1a2b": "Running", f"{run}-a1": "Failed", f"{run}-a2": "Running"}
         fake = mocker.MagicMock(name="MLClient")
         fake.jobs.get.side_effect = lambda name: SimpleNamespace(
-            name=name, status="Running", tags=tags if name == run else {"managed_run": run, "attempt": "2"},
-            display_name=name, experiment_name="cosmoflow", compute="jobs-controller", creation_context=None,
-            studio_url=None)
+            name=name, status=statuses[name], tags=tags if name.startswith(f"{run}-c") or name == run else
+            {"managed_run": run, "attempt": name[-1], "record": tags["record"]}, display_name=name,
+            experiment_name="cosmoflow", compute="jobs-controller", creation_context=None, studio_url=None)
+        fake.jobs.begin_cancel.side_effect = lambda name: statuses.__setitem__(name, "Canceled")
         mocker.patch("jobs.submit.connect", return_value=fake)
         mocker.patch("jobs.managed.client.store_for", lambda outputs, place: RecordStore(container, place.prefix))
         return run, fake, store
 
-    def test_status_shows_every_attempt_and_the_total(self, mocker, container):
+    def test_status_shows_every_attempt_every_controller_and_the_total(self, mocker, container):
         run, _, _ = self.setup(mocker, container)
         result = CliRunner().invoke(cli.app, ["status", f"{run}-a2", "--stack", "dev", "--outputs", str(outputs_file("dev"))],
                                     env={"COLUMNS": "300"})
         assert result.exit_code == 0, result.output
         text = result.output
-        assert f"managed run {run} (running; controller Running)" in text
+        assert f"managed run {run} (running; controllers: {run} Failed; {run}-c1a2b Running)" in text
         assert f"{run}-a1" in text and "preempted (retried)" in text and "000003-20261123T105500Z-ab12 (step 40)" in text
         assert "limit $300.00 (ceiling)" in text and "total: $" in text
 
-    def test_cancel_asks_the_controller_and_cancels_the_jobs(self, mocker, container):
+    def test_cancel_of_a_resumed_run_stops_its_controller_then_the_attempt(self, mocker, container):
         run, fake, store = self.setup(mocker, container)
-        result = CliRunner().invoke(cli.app, ["cancel", run, "--stack", "dev", "--outputs", str(outputs_file("dev"))])
+        result = CliRunner().invoke(cli.app, ["cancel", f"{run}-c1a2b", "--stack", "dev",
+                                              "--outputs", str(outputs_file("dev"))])
         assert result.exit_code == 0, result.output
-        assert [c.args[0] for c in fake.jobs.begin_cancel.call_args_list] == [f"{run}-a2", run]
-        assert store.cancel_requested()["by"]
+        assert [c.args[0] for c in fake.jobs.begin_cancel.call_args_list] == [f"{run}-c1a2b", f"{run}-a2"]
+        record, _ = store.load()
+        assert record.state == "canceled" and store.cancel_request()["id"] in record.cancels_handled
+        assert record.attempts[1].cause == "canceled"
 
 
 def test_the_controller_imports_only_what_its_image_has():
@@ -162,10 +184,14 @@ def test_the_controller_imports_only_what_its_image_has():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--preempt-after", "3"], "--preempt-after: simulates a fault for the supervision to recover from"),
-    (["--managed", "--preempt-after", "3", "--hang-after", "3"], "one fault per rehearsal"),
-    (["--managed", "--preempt-after", "3", "--preempt-node", "2"], "node 2 does not exist (2 simulated node(s))"),
-    (["--managed", "--hang-after", "-1"], "--hang-after: -1 seconds"),
+    (["--preempt-at-step", "3"], "--preempt-at-step: injects a fault for the supervision to recover from"),
+    (["--managed", "--preempt-at-step", "3", "--hang-at-step", "3"], "one step fault per rehearsal"),
+    (["--managed", "--preempt-at-step", "3", "--preempt-node", "2"], "node 2 does not exist (2 simulated node(s))"),
+    (["--managed", "--hang-at-step", "0"], "--hang-at-step: step 0"),
+    (["--managed", "--slow-node", "1"], "--slow-node/--slow-factor: go together"),
+    (["--managed", "--slow-node", "1", "--slow-factor", "0.5"], "--slow-factor: 0.5"),
+    (["--managed", "--kill-controller-at", "lunch"], "'lunch' is not a phase"),
+    (["--resume"], "--resume: continues a managed rehearsal by its name"),
 ])
 def test_rehearsal_fault_flags(flags, message):
     result = run_jobs("run", "cosmoflow", "--local", "--nodes", "2", *flags)

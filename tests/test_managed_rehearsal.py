@@ -69,7 +69,7 @@ def undisturbed(world):
 
 
 def test_cli_a_preempted_node_resumes_from_the_checkpoint(world, undisturbed, monkeypatch):
-    """`python -m jobs run ... --local --managed --preempt-after 3 --preempt-node 1`, in process."""
+    """`python -m jobs run ... --local --managed --preempt-at-step 12 --preempt-node 1`, in process."""
     from typer.testing import CliRunner
 
     from jobs import cli
@@ -79,12 +79,12 @@ def test_cli_a_preempted_node_resumes_from_the_checkpoint(world, undisturbed, mo
     name = f"m-cli-{uuid.uuid4().hex[:6]}"
     azurite = world["azurite"]
     result = CliRunner().invoke(cli.app, [
-        "run", "cosmoflow", "--local", "--managed", "--preempt-after", "3", "--preempt-node", "1", "--preempt-grace", "5",
+        "run", "cosmoflow", "--local", "--managed", "--preempt-at-step", "12", "--preempt-node", "1", "--preempt-grace", "5",
         "--nodes", str(NODES), "--procs-per-node", str(PROCS), "--name", name, "--workdir", str(world["root"] / name),
         "--outputs", str(outputs_file("dev")), "--quiet", "--set", f"command={TRAIN}", "--set", "health=off",
         "--set", "inputs={}"], env={"AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string, "COLUMNS": "250"})
     assert result.exit_code == 0, result.output[-4000:]
-    store = RecordStore(blobio.container_client("checkpoints", connection_string=azurite.connection_string),
+    store = RecordStore(blobio.container_client("supervision", connection_string=azurite.connection_string),
                         f"cosmoflow/{name}")
     record, _ = store.load()
     preempted, finished = record.attempts
@@ -92,7 +92,8 @@ def test_cli_a_preempted_node_resumes_from_the_checkpoint(world, undisturbed, mo
     assert finished.resumed_version is not None and finished.first_step > 0, "resumed from the checkpoint in Blob"
     assert steps_in(world["root"] / name) == finished.last_step == undisturbed, "as many steps as undisturbed"
     out = result.output
-    assert "preempting node 1" in out and "preempted (retried)" in out
+    assert "preempting node 1 of" in out and "at step 12" in out and "preempted (retried)" in out
+    assert "fault injected: preempt on node 1 at step 12" in out and preempted.last_step >= 12
     assert f"{finished.resumed_version} (step {finished.first_step})" in out, "the summary shows where it resumed"
 
 
@@ -100,15 +101,51 @@ def test_a_hang_is_stopped_by_the_watchdog_and_resumed(world, undisturbed):
     name = f"m-hang-{uuid.uuid4().hex[:6]}"
     recipe, outputs, job = plan(name, "watchdog.hang_s=10")
     lines: list[str] = []
-    fault = managed.Fault("hang", after_s=0.5, node=1, after_checkpoint=True)
+    fault = managed.Fault("hang", node=1, at_step=12)
     done = managed.rehearse_managed(render.plan_managed(recipe, outputs, job), echo=lines.append, faults=[fault],
                                     **common(world, world["root"] / name, lines))
     record = done.record
     assert record.state == "succeeded", "\n".join(lines[-40:])
     hung, finished = record.attempts
     assert (hung.cause, hung.exit_code, hung.retryable) == ("hang", 7, True) and "progressed for" in hung.detail
+    assert "hang started on node 1" in hung.detail and [b["node"] for b in hung.bad_nodes] == [1], "the frozen node"
+    assert not done.missing
     assert any("freezing the training on node 1" in line for line in lines)
     assert finished.resumed_version is not None and finished.first_step > 0
     assert any(f"resuming from checkpoint {finished.resumed_version}" in line for line in lines)
     assert steps_in(world["root"] / name) == finished.last_step == undisturbed
     assert "hang (retried)" in "\n".join(summary_lines(record))
+
+
+def test_a_killed_controller_is_replaced_and_a_slow_node_named(world):
+    """Node 1's own work per step takes 3x longer; the controller dies at its first look at
+    the running attempt; the revival check replaces it once its lease lapsed, the new one
+    names node 1 a straggler, and the run ends with one job for its one attempt."""
+    name = f"m-kill-{uuid.uuid4().hex[:6]}"
+    recipe, outputs, job = plan(name, f"command={TRAIN.replace('--steps 30', '--steps 60')}", "watchdog.hang_s=10")
+    lines: list[str] = []
+    done = managed.rehearse_managed(render.plan_managed(recipe, outputs, job), echo=lines.append,
+                                    faults=[managed.Fault("slow", node=1, factor=3)], kill_controller_at="watch",
+                                    **common(world, world["root"] / name, lines))
+    record = done.record
+    assert record.state == "succeeded" and not done.missing, "\n".join(lines[-40:])
+    assert [a.job for a in record.attempts] == [f"{name}-a1"] and list(done.service.jobs) == [f"{name}-a1"]
+    first, revived = [c["job"] for c in record.controllers]
+    assert first == name and revived.startswith(f"{name}-c") and done.controllers.outcome[first] == "Failed"
+    assert any("controller " + name + " killed at controller.watch" in line for line in lines)
+    assert [s["node"] for s in record.attempts[0].stragglers] == [1], "\n".join(lines[-40:])
+    assert steps_in(world["root"] / name) == 60
+
+
+def test_a_fault_that_did_not_happen_is_an_error(world):
+    name = f"m-miss-{uuid.uuid4().hex[:6]}"
+    recipe, outputs, job = plan(name)
+    lines: list[str] = []
+    done = managed.rehearse_managed(render.plan_managed(recipe, outputs, job), echo=lines.append,
+                                    faults=[managed.Fault("preempt", node=1, at_step=99)],
+                                    **common(world, world["root"] / name, lines))
+    assert done.record.state == "succeeded" and done.missing == ["preempt on node 1 at step 99 (attempt 1)"]
+    assert done.record.attempts[0].stragglers == [], "no node named on an undisturbed run"
+    with pytest.raises(managed.RunNameInUse, match=f"run {name} exists"):
+        managed.rehearse_managed(render.plan_managed(recipe, outputs, job), echo=lines.append, faults=[],
+                                 **common(world, world["root"] / name, lines))

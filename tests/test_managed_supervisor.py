@@ -5,85 +5,37 @@ status, canceled, hung, over budget, out of restarts, and the controller restart
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime
-from pathlib import Path
+from datetime import datetime, timedelta
 
 import pytest
-import yaml
 
-from jobs import build, recipes
-from jobs.managed import render
-from jobs.managed.azureml import AzureJobService, observation_from
-from jobs.managed.evidence import Evidence
+from jobs.managed.azureml import observation_from
 from jobs.managed.policy import Policy
-from jobs.managed.record import Record, RecordStore
+from jobs.managed.record import RecordStore, iso
 from jobs.managed.report import summary_lines
-from jobs.managed.supervisor import Supervisor, open_record
+from jobs.managed.supervisor import Resume
 from jobs.runtime import contract
-from tests.jobs_helpers import stack_outputs
-from tests.managed_fakes import PREEMPTION, T0, Clock, FakeAzureML, Step, end
+from tests.managed_fakes import PREEMPTION, T0, Step, end
+from tests.managed_harness import (
+    Harness,
+    completed,
+    failed,
+    new_managed_plan,
+    running,
+    write_template,
+)
 
 pytestmark = pytest.mark.azurite
 
 
 @pytest.fixture(scope="module")
 def managed_plan():
-    recipe = recipes.load("cosmoflow")
-    outputs = stack_outputs("dev")
-    training = build.plan_job(recipe, outputs, name=f"cosmoflow-m{uuid.uuid4().hex[:6]}")
-    return render.plan_managed(recipe, outputs, training)
+    return new_managed_plan()
 
 
 @pytest.fixture
-def template(tmp_path, managed_plan) -> Path:
-    path = tmp_path / render.TEMPLATE_PATH
-    path.parent.mkdir(parents=True)
-    path.write_text(yaml.safe_dump(render.training_template(managed_plan), sort_keys=False))
-    return path
-
-
-class Harness:
-    """A supervisor on the fake Azure ML, as the controller wires it."""
-
-    def __init__(self, container, template, managed_plan, scripts, policy: Policy | None = None, controller="ctl-1"):
-        self.run = managed_plan.run
-        self.prefix = managed_plan.storage["prefix"]
-        self.container = container
-        self.azure = FakeAzureML(container, self.prefix, scripts)
-        self.clock = Clock()
-        self.lines: list[str] = []
-        self.policy = policy or Policy(nodes=2, usd_per_node_hour=27.197, expected_hours=12, max_restarts=3,
-                                       backoff_s=60, backoff_max_s=900, controller_usd_per_hour=0.096, poll_s=30)
-        self.template = template
-        open_record(RecordStore(container, self.prefix), self.run, "cosmoflow", self.policy)
-        self.supervisor = self.new_supervisor(controller)
-
-    def new_supervisor(self, controller: str) -> Supervisor:
-        service = AzureJobService(self.azure, self.template, "azureml:/subscriptions/s/codes/run-code/versions/1",
-                                  self.run, "cosmoflow")
-        return Supervisor(RecordStore(self.container, self.prefix), service, Evidence(self.container, self.prefix),
-                          controller=controller, echo=self.lines.append, clock=self.clock, sleep=self.clock.sleep)
-
-    def record(self) -> Record:
-        return RecordStore(self.container, self.prefix).load()[0]
-
-
-def running(ended_h=None, **kw):
-    return Step("Running", started_h=0.0, **kw)
-
-
-def failed(code: int, culprit: int | None = None, ended_h: float = 1.0, **kw) -> Step:
-    """Node `culprit` (default 0) ends with `code`, the other node with the training's collective error."""
-    culprit = 0 if culprit is None else culprit
-    ends = {n: end(code if n == culprit else 1, node=n, first=0, last=40) for n in (0, 1)}
-    return Step("Failed", error=("UserError", f"Execution failed. User process exited with status code {code}"),
-                ends=ends, started_h=0.0, ended_h=ended_h, **kw)
-
-
-def completed(ended_h: float = 2.0, first: int = 40) -> Step:
-    return Step("Completed", ends={n: end(0, node=n, first=first, last=100) for n in (0, 1)}, started_h=0.0,
-                ended_h=ended_h)
+def template(tmp_path, managed_plan):
+    return write_template(tmp_path, managed_plan)
 
 
 class TestPreemption:
@@ -102,8 +54,10 @@ class TestPreemption:
         assert first.node_events == ["preempted"] and "preempted" in first.detail
         assert first.resumed_version is None and second.resumed_version is not None, "attempt 2 restores the checkpoint"
         assert (second.first_step, second.last_step) == (40, 100)
-        # cost from run history's start/end: 1.5 h and 3.5 h on 2 nodes
-        assert first.usd == round(2 * 27.197 * 1.5, 2) and second.usd == round(2 * 27.197 * 3.5, 2)
+        # charged from the submission (queue included) to run history's end, on 2 nodes
+        assert first.usd == round(2 * 27.197 * 1.5, 2), "attempt 1 was submitted at T0 and ended at T0 + 1.5 h"
+        submitted = datetime.fromisoformat(second.submitted_at)
+        assert second.usd == round(2 * 27.197 * (T0 + timedelta(hours=3.5) - submitted).total_seconds() / 3600, 2)
         due = next(line for line in h.lines if line.startswith("next attempt at ")).split()[3]
         waited = (datetime.fromisoformat(second.claimed_at) - datetime.fromisoformat(due)).total_seconds()
         assert 0 <= waited < 30, "attempt 2 claimed once the 60 s backoff was over"
@@ -117,7 +71,7 @@ class TestPreemption:
             managed_plan.training.environment_variables[contract.CHECKPOINT_JSON], "same checkpoint prefix"
         text = "\n".join(summary_lines(record, T0))
         assert "preempted (retried)" in text and f"{second.resumed_version} (step 40)" in text
-        assert f"total: ${first.usd + second.usd + record.controller_usd():,.2f}" in text
+        assert f"total: ${first.usd + second.usd + record.controller_usd(0.096):,.2f}" in text
 
     def test_a_canceled_job_whose_nodes_were_preempted_is_retried(self, container, template, managed_plan):
         scripts = {1: [Step("Running", node_states=("preempted", "preempted"), started_h=0.0),
@@ -189,8 +143,9 @@ class TestNodesAndService:
         scripts = {1: [Step("Failed", error=(code, "AzureMLCompute job failed. AggregatedUnauthorizedAccessError"))],
                    2: [completed()]}
         record = Harness(container, template, managed_plan, scripts).supervisor.run()
-        assert (record.attempts[0].cause, record.attempts[0].retryable) == (cause, retried)
-        assert record.attempts[0].usd == 0.0, "never started: no node-hours"
+        first = record.attempts[0]
+        assert (first.cause, first.retryable) == (cause, retried)
+        assert first.started_at is None and 0 < first.usd < 1, "never started: charged for its one look in the queue only"
 
 
 class TestCancel:
@@ -257,7 +212,7 @@ class TestControllerRestart:
 
     def test_a_crash_between_claim_and_submit_gives_one_job(self, container, template, managed_plan):
         h = Harness(container, template, managed_plan, {1: [running(), completed()]})
-        h.azure.fail_next_create = True
+        h.azure.fail_next_create = ConnectionError("the controller's node went away mid-submit")
         h.supervisor.store.acquire()
         with pytest.raises(ConnectionError):
             h.supervisor.tick()
@@ -282,11 +237,12 @@ class TestControllerRestart:
     def test_restarting_a_finished_run_counts_restarts_afresh(self, container, template, managed_plan):
         h = Harness(container, template, managed_plan, {1: [failed(1)], 2: [completed()]})
         assert h.supervisor.run().state == "failed"
-        store = RecordStore(container, h.prefix)
-        open_record(store, h.run, "cosmoflow", Policy(nodes=2, usd_per_node_hour=1, expected_hours=1, max_restarts=0))
-        record = h.new_supervisor("ctl-resume").run()
+        assert h.new_supervisor("ctl-again").start(h.run, "cosmoflow").state == "failed", \
+            "without an explicit resume a finished run stays finished"
+        resume = Resume("token-1", iso(h.clock()))
+        record = h.new_supervisor("ctl-resume", resume=resume).start(h.run, "cosmoflow")
         assert record.state == "succeeded" and [a.number for a in record.attempts] == [1, 2]
-        assert record.base_attempt == 1
+        assert record.base_attempt == 1 and record.resumes == ["token-1"]
 
 
 def test_observation_from_sdk_entities(container, template, managed_plan):
@@ -294,7 +250,7 @@ def test_observation_from_sdk_entities(container, template, managed_plan):
     run history's error and times, node states (read despite the SDK's camelCase quirk)."""
     h = Harness(container, template, managed_plan,
                 {1: [Step("Failed", error=PREEMPTION, node_states=("preempted",), started_h=0, ended_h=1)]})
-    h.supervisor.service.submit(f"{h.run}-a1", 1)
+    h.supervisor.service.submit(f"{h.run}-a1", 1, h.policy.target(0), {})
     job = h.azure.jobs.get(f"{h.run}-a1")
     observation = observation_from(job, h.azure.jobs._runs_operations.get_run(job.name),
                                    h.azure.compute.list_nodes("nd-a100"))
@@ -318,15 +274,15 @@ class TestControllerStart:
                 first.store.lease = None
 
         second.sleep = wait
-        record = second.start(h.run, "cosmoflow", Policy(nodes=2, usd_per_node_hour=2.0, expected_hours=1,
-                                                         max_restarts=7))
+        second.policy = Policy(nodes=2, usd_per_node_hour=2.0, expected_hours=1, max_restarts=7)
+        record = second.start(h.run, "cosmoflow")
         assert waits[0] == 10 and any("another controller holds" in line for line in h.lines)
         assert record.state == "succeeded" and record.rules().max_restarts == 7, "the newest controller's policy"
 
     def test_a_fresh_run_is_created_by_its_controller(self, container, template, managed_plan):
         h = Harness(container, template, managed_plan, {1: [completed()]})
         RecordStore(container, h.prefix).blob.delete_blob()
-        record = h.supervisor.start(h.run, "cosmoflow", h.policy)
+        record = h.supervisor.start(h.run, "cosmoflow")
         assert record.state == "succeeded" and record.recipe == "cosmoflow"
 
     def test_transient_azure_errors_do_not_stop_the_supervision(self, container, template, managed_plan):

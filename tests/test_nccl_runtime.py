@@ -137,3 +137,16 @@ class TestNodeEnvironment:
 
         with pytest.raises(RuntimeInputError, match="AMLHPC_NCCL_RESOLVE"):
             nccl_env.apply({nccl_env.RESOLVE_VAR: '{"X": "everything"}'}, tmp_path)
+
+    def test_multi_node_nvlink_is_kept_when_the_container_has_an_imex_channel(self, tmp_path):
+        (tmp_path / "imex").mkdir()
+        (tmp_path / "imex" / "channel0").touch()
+        env = {"NCCL_MNNVL_ENABLE": "1", nccl_env.RESOLVE_VAR: json.dumps({"NCCL_MNNVL_ENABLE": "imex"})}
+        assert nccl_env.apply(env, tmp_path, imex_dir=tmp_path / "imex") == [] and env["NCCL_MNNVL_ENABLE"] == "1"
+
+    def test_multi_node_nvlink_without_an_imex_channel_falls_back_with_a_warning(self, tmp_path):
+        """NCCL cannot start multi-node NVLink without an IMEX channel: the job would fail at init."""
+        env = {"NCCL_MNNVL_ENABLE": "1", nccl_env.RESOLVE_VAR: json.dumps({"NCCL_MNNVL_ENABLE": "imex"})}
+        notes = nccl_env.apply(env, tmp_path, imex_dir=tmp_path / "no-imex")
+        assert env["NCCL_MNNVL_ENABLE"] == "0"
+        assert notes and notes[0].startswith("warning: NCCL_MNNVL_ENABLE=0") and "channel0" in notes[0]

@@ -60,7 +60,7 @@ def test_offline_source_uses_plan(monkeypatch):
 
 
 def test_real_offline_plan_document_validates():
-    """The lead's offline plan of dev gives a document with every key jobs need."""
+    """The offline plan of dev (infra.plan) gives a document with every key jobs need."""
     loaded = outputs.load("dev", offline=True)
     assert loaded.outputs.clusters["nd-a100"].sku == "Standard_ND96asr_v4"
 

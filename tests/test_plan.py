@@ -87,14 +87,18 @@ class TestEnvironmentStacks:
     def test_dev_data_is_retained_not_protected(self, dev):
         data = [r for r in dev.resources if r.type in ("azure-native:storage:BlobContainer",)
                 or (r.type == "azure-native:storage:StorageAccount" and r.name == "data-account")]
-        assert len(data) == 3 and all(r.retain_on_delete and not r.protect for r in data)
+        # the account and its datasets, checkpoints and supervision containers
+        assert len(data) == 4 and all(r.retain_on_delete and not r.protect for r in data)
 
     def test_prod_is_isolated_and_protected(self, prod):
         t = types(prod)
-        assert t.count("azure-native:network:PrivateEndpoint") == 7
+        # ours (workspace, its storage, vault, ACR, the datasets) and the ML registry's: the
+        # registry, its ACR and its storage in each of its two regions (tests/test_registry_isolation.py)
+        assert t.count("azure-native:network:PrivateEndpoint") == 10
         groups = sorted(r.inputs["privateLinkServiceConnections"][0]["groupIds"][0]
                         for r in prod.of_type("azure-native:network:PrivateEndpoint"))
-        assert groups == ["amlregistry", "amlworkspace", "blob", "blob", "file", "registry", "vault"]
+        assert groups == ["amlregistry", "amlworkspace", "blob", "blob", "blob", "blob", "file", "registry",
+                          "registry", "vault"]
         assert t.count("azure-native:privatedns:PrivateZone") == 6
         assert "azure-native:network:NatGateway" in t and "azure-native:network:NetworkSecurityGroup" in t
         account = next(r for r in prod.resources if r.name == "data-account")
@@ -113,8 +117,9 @@ class TestEnvironmentStacks:
         roles = {r.urn for r in prod.of_type("azure-native:authorization:RoleAssignment") if r.name.startswith("access-")}
         endpoint = next(r.urn for r in prod.of_type("azure-native:network:PrivateEndpoint")
                         if r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["amlworkspace"])
-        # the cluster identity's three, and the workspace identity's read of the datasets
-        assert len(roles) == 4 and roles | {endpoint} <= set(compute.depends_on)
+        # the cluster identity's three and its job I/O on the keyless workspace storage, and the
+        # workspace identity's read of the datasets
+        assert len(roles) == 5 and roles | {endpoint} <= set(compute.depends_on)
 
 
 class TestCostAndQuota:

@@ -124,7 +124,8 @@ class TestConfigThatBreaksARule:
         key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPolicyTestKeyMaterial0000 dev@laptop"
 
         def private_with_ssh(config):
-            config["aml-hpc:network"] = {"isolation": "private", "addressSpace": "10.40.0.0/16"}
+            config["aml-hpc:network"] = {"isolation": "private", "addressSpace": "10.40.0.0/16", "wayIn": {
+                "handOff": {"via": "VPN", "addressPrefixes": ["172.16.0.0/12"]}}}
             cluster_config(config, "nd-h100").update(ssh={"publicKey": key})
 
         edit_stack(root, "prod", private_with_ssh)

@@ -132,3 +132,32 @@ class TestRecipeConsistency:
 
         revision = recipes.load("maskrcnn").env["MASKRCNN_REVISION"]
         assert re.fullmatch(r"[0-9a-f]{40}", revision), revision
+
+
+class TestSharedDir:
+    """inputs.<name>.shared_dir becomes `docker -v DIR:DIR`: only a plain data folder passes."""
+
+    @pytest.mark.parametrize("value", ["/mnt/beeond", "/mnt/resource_nvme/beeond", "/scratch/shared-1"])
+    def test_data_folders_pass(self, value):
+        assert recipes.load("cosmoflow", {"inputs.cosmoflow.shared_dir": value}).inputs["cosmoflow"].shared_dir == value
+
+    @pytest.mark.parametrize("value, reason", [
+        ("/mnt/beeond --privileged", "not a plain absolute folder"),
+        ("/mnt/x:/host", "not a plain absolute folder"),
+        ("/mnt/x,readonly", "not a plain absolute folder"),
+        ("mnt/beeond", "not a plain absolute folder"),
+        ("/mnt/../etc", "not a plain absolute folder"),
+        ("/mnt/beeond/", "not a plain absolute folder"),
+        ("/", "not a plain absolute folder"),
+        ("/mnt", "system folder"),
+        ("/var/run/docker.sock", "system folder"),
+        ("/etc/ssh", "system folder"),
+        ("/root/keys", "system folder"),
+        ("/mnt/.hidden", "not a plain absolute folder"),
+        ("/proc/1", "system folder"),
+    ])
+    def test_anything_else_is_refused_by_key(self, value, reason):
+        with pytest.raises(UserError) as info:
+            recipes.load("cosmoflow", {"inputs.cosmoflow.shared_dir": value})
+        text = info.value.render()
+        assert "inputs.cosmoflow.shared_dir" in text and reason in text and "/mnt/beeond" in text

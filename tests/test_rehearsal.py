@@ -66,10 +66,11 @@ class TestCli:
     def run(self, *args):
         return subprocess.run([sys.executable, "-m", "jobs", "run", *args], cwd=REPO, capture_output=True, text=True)
 
-    def test_needs_local(self):
-        result = self.run("cosmoflow")
-        assert result.returncode == 2
-        assert "--local" in result.stderr and "python -m jobs submit cosmoflow" in result.stderr
+    def test_local_is_not_needed(self):
+        """Rehearsing is `run`'s only mode: without --local it goes on to what the recipe needs."""
+        result = self.run("cosmoflow-tf")
+        assert result.returncode == 2 and "nothing to run" not in result.stderr
+        assert "needs Python modules tensorflow" in result.stderr
 
     def test_unknown_recipe(self):
         result = self.run("cosmoflw", "--local")

@@ -1,6 +1,6 @@
 """The defects a review of the plans against Azure's specifications and Microsoft's
-documentation found (issue 11, section 3): one test class per defect, each asserting what
-Azure requires, with the source of the rule in the test's docstring.
+documentation found: one test class per defect, each asserting what Azure requires, with the
+source of the rule in the test's docstring.
 
 Every rule here is Azure's, not ours: budget notification limits (the Consumption API's
 Budget model), compute and registry name rules (Microsoft Learn and the REST
@@ -35,8 +35,8 @@ ENV = {
 }
 GROUP = "11111111-2222-3333-4444-555555555555"
 ROLE_NAMES = {
-    quirks.ROLE_STORAGE_BLOB_DATA_READER: "Storage Blob Data Reader",
-    quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR: "Storage Blob Data Contributor",
+    "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1": "Storage Blob Data Reader",  # Azure built-in roles, storage
+    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": "Storage Blob Data Contributor",
     "69566ab7-960f-475b-8e7c-b3118f30c6bd": "Storage File Data Privileged Contributor",
     "acdd72a7-3385-48ef-bd42-f606fba81ae7": "Reader",
 }
@@ -135,7 +135,8 @@ def identity_env(auth: str | None = None, private: bool = False) -> dict:
     if auth:
         config["aml-hpc:workspaceStorageAuth"] = auth
     if private:
-        config["aml-hpc:network"] = {"isolation": "private", "addressSpace": "10.40.0.0/16"}
+        config["aml-hpc:network"] = {"isolation": "private", "addressSpace": "10.40.0.0/16", "wayIn": {
+            "handOff": {"via": "VPN", "addressPrefixes": ["172.16.0.0/12"]}}}
     return config
 
 
@@ -150,7 +151,7 @@ class TestIdentityOnlyWorkspaceStorage:
     def test_identity_mode_grants_the_data_plane_roles(self, tmp_path):
         plan = evaluate("lab", stack_root(tmp_path, lab=identity_env("identity")), now=NOW)
         ws = plan.of_type("azure-native:machinelearningservices:Workspace")[0]
-        assert ws.inputs["systemDatastoresAuthMode"] == "identity"
+        assert ws.inputs["systemDatastoresAuthMode"] == "Identity"
         storage_id = ws.inputs["storageAccount"]
         given = grants(plan)
         compute = plan.outputs["identity"]["principalId"]
@@ -161,15 +162,20 @@ class TestIdentityOnlyWorkspaceStorage:
     def test_access_key_mode_keeps_keys_on_the_workspace_storage_only(self, tmp_path):
         plan = evaluate("lab", stack_root(tmp_path, lab=identity_env("accessKey")), now=NOW)
         ws = plan.of_type("azure-native:machinelearningservices:Workspace")[0]
-        assert ws.inputs["systemDatastoresAuthMode"] == "accesskey"
+        assert ws.inputs["systemDatastoresAuthMode"] == "AccessKey"
         accounts = {r.name: r for r in plan.of_type("azure-native:storage:StorageAccount")}
         assert accounts["ml-storage"].inputs["allowSharedKeyAccess"] is True
         assert accounts["data-account"].inputs["allowSharedKeyAccess"] is False
 
-    def test_the_mode_is_decided_per_environment(self):
-        """The preview mode is never a production default: dev uses it, prod does not."""
+    def test_no_environment_defaults_to_an_account_key(self):
+        """An account key opens every job's snapshots and outputs, and the baseline refuses
+        shared keys on storage outside dev: identity is the default in dev and prod alike (the
+        preview caveat is docs/security.md's to state), and prod's workspace storage takes no key."""
         assert evaluate("dev", now=NOW).config.workspace_storage_auth == "identity"
-        assert evaluate("prod", now=NOW).config.workspace_storage_auth == "accessKey"
+        prod = evaluate("prod", now=NOW)
+        assert prod.config.workspace_storage_auth == "identity"
+        accounts = {r.name: r for r in prod.of_type("azure-native:storage:StorageAccount")}
+        assert accounts["ml-storage"].inputs["allowSharedKeyAccess"] is False
 
 
 class TestDatastorePreviewAccess:

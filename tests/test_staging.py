@@ -199,7 +199,8 @@ class TestGunzip:
 
 class TestBlobEntry:
     def test_local_name_and_gzip(self):
-        assert BlobEntry("p/a.tfrecord.gz", 1).local_name == "p/a.tfrecord"
+        assert BlobEntry("p/a.tfrecord.gz", 1, content_encoding="gzip").local_name == "p/a.tfrecord"
+        assert BlobEntry("p/a.tar.gz", 1).local_name == "p/a.tar.gz" and not BlobEntry("p/a.tar.gz", 1).gzip
         assert BlobEntry("p/a.bin", 1, content_encoding="gzip").gzip
         assert BlobEntry("p/a.bin", 1).local_name == "p/a.bin" and not BlobEntry("p/a.bin", 1).gzip
 
@@ -418,7 +419,8 @@ class TestBadBlobs:
         put_blob(container, "sum/a.bin.gz", gzip.compress(payload),
                  metadata={"amlhpc_size": str(len(payload)), "amlhpc_sha256": "0" * 64})
         deep = staging.StageOptions(retry=blobio.RetrySettings.fast(), verify_sha256=True)
-        with pytest.raises(staging.StagingError, match=r"blob 'sum/a.bin.gz': checksum mismatch.*re-upload"):
+        with pytest.raises(staging.StagingError, match=r"(?s)blob 'sum/a.bin.gz': checksum mismatch.*"
+                           r"python -m jobs data upload LOCAL_DIR --stack STACK --prefix sum --verify-stored"):
             stage_local(azurite, container, tmp_path, deep, prefix="sum")
         assert list((tmp_path / "scratch" / "cosmo").iterdir()) == []
         assert leftovers(tmp_path) == []

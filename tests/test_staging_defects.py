@@ -22,7 +22,7 @@ import pytest
 
 from bench.dataset import generate
 from jobs.data import upload
-from jobs.runtime import blobio, contract, nodebarrier, staging
+from jobs.runtime import blobio, contract, faultpoints, nodebarrier, staging
 from jobs.runtime.nodebarrier import BarrierTimeout, NodeBarrier, SharedMarkers
 from jobs.runtime.ranks import validated
 from tests.faultproxy import FaultProxy
@@ -84,24 +84,34 @@ def dead_pid() -> int:
 # ------------------------------------------------------------------ 1. markers keyed by the job's unique id
 
 
+def torchrun_env(attempt: Path, local_rank: int) -> dict[str, str]:
+    """What torchrun's agent gives a worker when started without --rdzv-id: the run id `none` and
+    an error file in the agent's own attempt directory (tempfile.mkdtemp, one per launch)."""
+    return {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_ERROR_FILE": str(attempt / str(local_rank) / "error.json")}
+
+
 @pytest.mark.azurite
 class TestJobIdentity:
-    def run_job(self, azurite, container, tmp_path, prefix: str, **ids: str) -> None:
-        """One node, two ranks, to the end."""
+    def run_job(self, azurite, container, tmp_path, prefix: str, attempt: Path | None = None, **ids: str) -> list[dict]:
+        """One node, two ranks, to the end; their results."""
         common = {contract.BLOB_CONNECTION_STRING: azurite.connection_string, contract.SCRATCH: str(tmp_path / "node0"),
                   contract.REPORT_DIR: str(tmp_path / "reports"), **ids}
-        procs = [stager(rank_env(r, r, 2, 2, **common), spec_json(container.container_name, "local", prefix=prefix),
-                        "--timeout-s", "60") for r in (0, 1)]
+        procs = [stager(rank_env(r, r, 2, 2, **common, **(torchrun_env(attempt, r) if attempt else {})),
+                        spec_json(container.container_name, "local", prefix=prefix), "--timeout-s", "60") for r in (0, 1)]
         outs = [p.communicate(timeout=120) for p in procs]
         assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
+        return [json.loads(out) for out, _ in outs]
 
-    def lone_waiter(self, azurite, container, tmp_path, prefix: str, **ids: str) -> subprocess.CompletedProcess:
+    def lone_waiter(self, azurite, container, tmp_path, prefix: str, attempt: Path | None = None,
+                    **ids: str) -> subprocess.CompletedProcess:
         """Local rank 1 of the next job, started before its local rank 0 (which never comes)."""
         env = rank_env(1, 1, 2, 2, **{contract.BLOB_CONNECTION_STRING: azurite.connection_string,
-                                      contract.SCRATCH: str(tmp_path / "node0"), **ids})
+                                      contract.SCRATCH: str(tmp_path / "node0"), **ids},
+                       **(torchrun_env(attempt, 1) if attempt else {}))
         return subprocess.run([sys.executable, "-m", "jobs.runtime.staging", "--stage-json",
-                               spec_json(container.container_name, "local", prefix=prefix), "--timeout-s", "3", "-q"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+                               spec_json(container.container_name, "local", prefix=prefix), "--timeout-s", "3", "-q",
+                               "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
     def test_a_fixed_run_id_does_not_release_the_next_jobs_ranks(self, azurite, container, tmp_path):
         """AMLHPC_RUN_ID fixed by hand, Azure ML's AZUREML_RUN_ID unique per job: the job id wins."""
@@ -116,31 +126,118 @@ class TestJobIdentity:
         """torchrun sets TORCHELASTIC_RUN_ID=none for every job started without --rdzv-id."""
         small_dataset(container, tmp_path, "a")
         small_dataset(container, tmp_path, "b", seed=1)
-        self.run_job(azurite, container, tmp_path, "a", TORCHELASTIC_RUN_ID="none")
-        waiter = self.lone_waiter(azurite, container, tmp_path, "b", TORCHELASTIC_RUN_ID="none")
+        self.run_job(azurite, container, tmp_path, "a", tmp_path / "torchelastic_1" / "attempt_0")
+        waiter = self.lone_waiter(azurite, container, tmp_path, "b", tmp_path / "torchelastic_2" / "attempt_0")
+        assert waiter.returncode == staging.EXIT_TIMEOUT, waiter.stderr
+
+    def test_a_rerun_of_the_same_job_on_a_grown_dataset_never_gets_the_earlier_result(self, azurite, container,
+                                                                                      tmp_path):
+        """The review's case: job 1 staged 20 files; the dataset now has 30; job 2 (same inputs, torchrun's
+        `none`) starts its local rank 1 before its local rank 0: it must wait, never take job 1's 20."""
+        source = tmp_path / "grow"
+        generate(source, files_per_universe=20, file_bytes=8 << 10, seed=5)
+        upload.upload_directory(container, source, "grow", workers=2)
+        first = self.run_job(azurite, container, tmp_path, "grow", tmp_path / "torchelastic_1" / "attempt_0")
+        assert first[1]["inputs"][0]["files_total"] == 20
+        generate(source, files_per_universe=10, file_bytes=8 << 10, seed=6, first_universe=30000)
+        upload.upload_directory(container, source, "grow", workers=2)
+        waiter = self.lone_waiter(azurite, container, tmp_path, "grow", tmp_path / "torchelastic_2" / "attempt_0")
+        assert waiter.returncode == staging.EXIT_TIMEOUT, (waiter.stdout, waiter.stderr)
+        second = self.run_job(azurite, container, tmp_path, "grow", tmp_path / "torchelastic_3" / "attempt_0")
+        assert [r["inputs"][0]["files_total"] for r in second] == [30, 30]
+
+    def test_an_elastic_restart_is_another_launch(self, azurite, container, tmp_path):
+        """torchrun restarting its workers keeps the run id and the log directory, not the attempt."""
+        small_dataset(container, tmp_path, "a")
+        self.run_job(azurite, container, tmp_path, "a", tmp_path / "torchelastic_1" / "attempt_0")
+        waiter = self.lone_waiter(azurite, container, tmp_path, "a", tmp_path / "torchelastic_1" / "attempt_1")
+        assert waiter.returncode == staging.EXIT_TIMEOUT, waiter.stderr
+
+    def test_without_any_way_to_tell_launches_apart_staging_refuses(self, azurite, container, tmp_path):
+        small_dataset(container, tmp_path, "a")
+        waiter = self.lone_waiter(azurite, container, tmp_path, "a", TORCHELASTIC_RUN_ID="none")
+        assert waiter.returncode == staging.EXIT_USAGE, waiter.stderr
+        assert "cannot tell this launch from an earlier one" in waiter.stderr
+        assert "AMLHPC_LAUNCH_ID=$(cat /proc/sys/kernel/random/uuid)" in waiter.stderr
+
+    def test_a_launch_id_from_the_launcher_is_enough(self, azurite, container, tmp_path):
+        small_dataset(container, tmp_path, "a")
+        self.run_job(azurite, container, tmp_path, "a", AMLHPC_LAUNCH_ID="launch-1")
+        waiter = self.lone_waiter(azurite, container, tmp_path, "a", AMLHPC_LAUNCH_ID="launch-2")
         assert waiter.returncode == staging.EXIT_TIMEOUT, waiter.stderr
 
 
 class TestStaleMarkers:
-    def test_an_earlier_jobs_result_is_ignored_whatever_the_run_id(self, tmp_path):
-        earlier = NodeBarrier(tmp_path, 5, run_id="none", clock=lambda: 1000.0)
+    def test_an_earlier_launchs_result_is_ignored_however_recent(self, tmp_path):
+        """Job 1's local rank 0 finished seconds ago (within any freshness window); job 2's waiter ignores it."""
+        earlier = NodeBarrier(tmp_path, 5, run_id="default", generation="1" * 16)
         earlier.lead()
-        earlier.succeed({"node_index": 0})
+        earlier.succeed({"node_index": 0, "files": 20})
         leader = json.loads(earlier.leader_file.read_text())
-        leader["pid"] = dead_pid()  # that job is over: its local rank 0 has exited
+        leader["pid"] = dead_pid()  # its process has exited, as a finished staging command's does
         earlier.leader_file.write_text(json.dumps(leader))
         with pytest.raises(BarrierTimeout):
-            NodeBarrier(tmp_path, 0.5, run_id="none", clock=lambda: 5000.0).wait()
+            NodeBarrier(tmp_path, 0.5, run_id="default", generation="2" * 16).wait()
+        # The same launch's ranks still find it after their leader exited (the command-per-step case).
+        assert NodeBarrier(tmp_path, 0.5, run_id="default", generation="1" * 16).wait() == {"node_index": 0, "files": 20}
 
-    def test_an_earlier_jobs_node_markers_are_ignored_whatever_the_run_id(self, tmp_path):
-        earlier = SharedMarkers(tmp_path, 2, 5, run_id="none", clock=lambda: 1000.0)
-        earlier.done(0, {"node": 0})
-        earlier.done(1, {"node": 1})
-        now = SharedMarkers(tmp_path, 2, 0.5, run_id="none", clock=lambda: 50_000.0)
-        now.reset(0)
-        now.done(0, {"node": 0})
-        with pytest.raises(BarrierTimeout):  # node 1 of this job has not finished
+    def test_an_earlier_launchs_failure_does_not_fail_this_one(self, tmp_path):
+        NodeBarrier(tmp_path, 5, generation="1" * 16).fail("job 1 broke")
+        with pytest.raises(BarrierTimeout):
+            NodeBarrier(tmp_path, 0.5, generation="2" * 16).wait()
+
+    def test_an_earlier_launchs_node_markers_are_ignored(self, tmp_path):
+        """The review's case: job 1's nodes all finished; job 2's node 0 must not release its ranks while
+        job 2's node 1 has not finished (it had 37 of 50 files)."""
+        earlier = [SharedMarkers(tmp_path, 2, 5, node, heartbeat_s=0.05) for node in (0, 1)]
+        for markers in earlier:
+            markers.start()
+        for markers in earlier:
+            markers.done({"node": markers.node_index})
+        assert len(earlier[0].wait_all()) == 2
+        for markers in earlier:
+            markers.close()
+        now = SharedMarkers(tmp_path, 2, 0.5, 0, heartbeat_s=0.05)
+        now.start()
+        now.done({"node": 0})
+        with pytest.raises(BarrierTimeout, match="node\\(s\\) 1"):
             now.wait_all()
+        now.close()
+
+    def test_a_node_never_adopts_an_earlier_launchs_generation(self, tmp_path):
+        """Job 2's node 1 arrives before job 2's node 0: job 1's launch file is there, and never beats."""
+        earlier = SharedMarkers(tmp_path, 2, 5, 0, heartbeat_s=0.05)
+        earlier.start()
+        earlier.close()
+        stale = json.loads(earlier.launch_file.read_text())["generation"]
+        polls, watched = [0], threading.Event()
+
+        def counting_sleep(seconds: float) -> None:
+            polls[0] += 1
+            if polls[0] == 5:
+                watched.set()
+            time.sleep(0.01)
+
+        late = SharedMarkers(tmp_path, 2, 5, 1, heartbeat_s=0.05, sleep=counting_sleep)
+        late.start()
+        assert watched.wait(10)
+        assert late.generation is None  # five looks at job 1's file: no change, no adoption
+        now = SharedMarkers(tmp_path, 2, 5, 0, heartbeat_s=0.05)
+        now.start()
+        late.done({"node": 1})
+        now.done({"node": 0})
+        assert late.generation == now.generation != stale
+        assert len(now.wait_all()) == len(late.wait_all()) == 2
+        now.close()
+
+    def test_nodes_that_listed_different_blobs_fail(self, tmp_path):
+        first, second = SharedMarkers(tmp_path, 2, 5, 0, listing="aaa", heartbeat_s=0.05), \
+            SharedMarkers(tmp_path, 2, 5, 1, listing="bbb", heartbeat_s=0.05)
+        first.start()
+        second.start()
+        with pytest.raises(nodebarrier.BarrierFailed, match="another listing of the dataset"):
+            second.done({"node": 1})
+        first.close()
 
 
 # ------------------------------------------------------------------ 2. exit code 4
@@ -354,25 +451,56 @@ def test_bad_timeout_variable_exits_2(tmp_path, capsys):
 
 @pytest.mark.azurite
 def test_a_second_stager_on_the_same_scratch_is_refused_and_names_the_first(azurite, container, tmp_path):
-    source = tmp_path / "source"
-    generate(source, files_per_universe=24, file_bytes=512 << 10, seed=3)  # ~2.6 MB stored: seconds at 1 MB/s
-    upload.upload_directory(container, source, "lock", workers=2)
+    """The first stager is held at a named step while holding the lock (never raced by timing)."""
+    source = small_dataset(container, tmp_path, "lock")
+    log, release = tmp_path / "fired.log", tmp_path / "release"
     common = {contract.BLOB_CONNECTION_STRING: azurite.connection_string, contract.SCRATCH: str(tmp_path / "node0")}
     stage_json = spec_json(container.container_name, "local", prefix="lock")
-    first = stager(clean_env(AMLHPC_RUN_ID="first", **common), stage_json, "--cap-mbps", "8")
-    partial = tmp_path / "node0" / ".amlhpc-staging" / "cosmo" / "partial"
-    deadline = time.monotonic() + 60
-    while not (partial.is_dir() and any(partial.iterdir())):
-        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() else "slow"
-        time.sleep(0.05)
-    second = subprocess.run([sys.executable, "-m", "jobs.runtime.staging", "--stage-json", stage_json, "-q"],
-                            cwd=ROOT, env=clean_env(AMLHPC_RUN_ID="second", **common), capture_output=True, text=True,
-                            timeout=60)
+    first = stager(clean_env(AMLHPC_RUN_ID="first", **common, **{
+        faultpoints.ENV_POINTS: f"staging.after-lock=hold:{release}", faultpoints.ENV_LOG: str(log)}), stage_json)
+    try:
+        deadline = time.monotonic() + 120
+        while faultpoints.fired_in_log(log) != ["staging.after-lock"]:
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() else "slow"
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, "-m", "jobs.runtime.staging", "--stage-json", stage_json, "-q"],
+                                cwd=ROOT, env=clean_env(AMLHPC_RUN_ID="second", **common), capture_output=True,
+                                text=True, timeout=60)
+    finally:
+        release.touch()
     assert second.returncode == staging.EXIT_FAILED
     assert f"pid {first.pid}" in second.stderr and "is staging input 'cosmo'" in second.stderr
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     assert data_files(tmp_path / "node0" / "cosmo") == source_files(source)
+
+
+@pytest.mark.azurite
+def test_a_rerun_in_shared_mode_never_trusts_the_earlier_jobs_node_markers(azurite, container, tmp_path):
+    """The review's case end to end: job 1's two nodes filled the shared directory with 40 files; the
+    dataset grew to 50; job 2 (same inputs, no unique id) starts only its node 0, which must not release
+    its ranks on job 1's marker of node 1: it times out instead of exiting 0."""
+    source = tmp_path / "grow"
+    generate(source, files_per_universe=40, file_bytes=8 << 10, seed=7)
+    upload.upload_directory(container, source, "shared-grow", workers=2)
+    stage_json = spec_json(container.container_name, "shared", prefix="shared-grow")
+    (tmp_path / "shared").mkdir()
+
+    def node(index: int, timeout: str) -> subprocess.Popen:
+        env = rank_env(index, 0, 2, 1, **{contract.BLOB_CONNECTION_STRING: azurite.connection_string,
+                                          contract.SHARED_DIR: str(tmp_path / "shared"),
+                                          contract.REPORT_DIR: str(tmp_path / "reports"),
+                                          "TORCHELASTIC_RUN_ID": "none"})
+        return stager(env, stage_json, "--timeout-s", timeout)
+
+    job1 = [node(0, "120"), node(1, "120")]
+    assert [p.communicate(timeout=180) and p.returncode for p in job1] == [0, 0]
+    generate(source, files_per_universe=10, file_bytes=8 << 10, seed=8, first_universe=30000)
+    upload.upload_directory(container, source, "shared-grow", workers=2)
+    alone = node(0, "10")
+    out, err = alone.communicate(timeout=120)
+    assert alone.returncode == staging.EXIT_TIMEOUT, (out, err)
+    assert "node(s) 1" in err
 
 
 # ------------------------------------------------------------------ 10. deadline, Retry-After, empty prefix, own folder name
@@ -445,3 +573,30 @@ def test_a_dataset_holding_stagings_folder_name_stages(azurite, container, tmp_p
     upload.upload_directory(container, source, "own")
     result = in_process(azurite, container, tmp_path, "own")
     assert data_files(Path(result.inputs[0].data_dir)) == source_files(source)
+
+
+@pytest.mark.azurite
+@pytest.mark.parametrize("point", ["barrier.after-lead", "barrier.before-result"])
+def test_local_rank_0_killed_at_each_barrier_step_fails_its_waiters_and_a_new_launch_stages(azurite, container,
+                                                                                           tmp_path, point):
+    """SIGKILL of the stager at a named step of the node barrier: the waiting rank fails at once (never
+    released, never left to time out), and the next launch on the same node stages everything."""
+    source = small_dataset(container, tmp_path, "killed")
+    log = tmp_path / "fired.log"
+    common = {contract.BLOB_CONNECTION_STRING: azurite.connection_string, contract.SCRATCH: str(tmp_path / "node0"),
+              "TORCHELASTIC_RUN_ID": "none"}
+    stage_json = spec_json(container.container_name, "local", prefix="killed")
+
+    def launch(launch_id: str, leader_faults: dict[str, str]) -> list[subprocess.Popen]:
+        return [stager(rank_env(r, r, 2, 2, AMLHPC_LAUNCH_ID=launch_id, **common, **(leader_faults if r == 0 else {})),
+                       stage_json, "--timeout-s", "120") for r in (0, 1)]
+
+    first = launch("one", {faultpoints.ENV_POINTS: f"{point}=kill", faultpoints.ENV_LOG: str(log)})
+    outs = [p.communicate(timeout=150) for p in first]
+    assert first[0].returncode == -9 and faultpoints.fired_in_log(log) == [point]
+    assert first[1].returncode == staging.EXIT_FAILED, outs[1][1]
+    assert "exited without finishing staging" in outs[1][1]
+    again = launch("two", {})
+    results = [p.communicate(timeout=150) for p in again]
+    assert [p.returncode for p in again] == [0, 0], [r[1] for r in results]
+    assert data_files(tmp_path / "node0" / "cosmo") == source_files(source)

@@ -190,6 +190,7 @@ class TestCommands:
         connect.assert_not_called()
 
     def test_retired_size_is_warned_at_submit(self, mocker, tmp_path):
+        """A retired V100 size: warned at submit (the TensorFlow recipe: its CUDA 12.8 image runs on Volta)."""
         from typer.testing import CliRunner
 
         from jobs.cli import app
@@ -199,7 +200,7 @@ class TestCommands:
         doc["clusters"]["nc-v3"] = {**doc["clusters"]["nc-a100"], "sku": "Standard_NC24s_v3", "gpusPerNode": 4}
         path = tmp_path / "outputs.json"
         path.write_text(json.dumps(doc))
-        result = CliRunner().invoke(app, ["submit", "cosmoflow", "--stack", "dev", "--outputs", str(path), "--cluster", "nc-v3",
+        result = CliRunner().invoke(app, ["submit", "cosmoflow-tf", "--stack", "dev", "--outputs", str(path), "--cluster", "nc-v3",
                                           "--nodes", "1", "--dry-run"])
         assert result.exit_code == 0, result.output
         assert "was retired by Azure on 2025-09-30" in result.output

@@ -87,7 +87,22 @@ class TestDiscover:
         _device(tmp_path, "0000:00:00.0", "0x8086", "0x060000", -1, "0-1")
         topo = topology.discover(tmp_path, ND96ASR, ALL_CPUS)
         assert topo.source == "none" and topo.gpus == ()
-        assert "no NVIDIA GPU" in topo.notes[0]
+        assert "no GPU on the PCI bus" in topo.notes[0]
+
+    def test_amd_instinct_gpus_are_found(self, tmp_path):
+        """MI300X GPUs are AMD processing accelerators (class 0x1200) in two NUMA domains, as the
+        catalog's MI300X map has them; AMD's other platform functions (0x1080) are not GPUs, and
+        asking for one vendor leaves the other's out."""
+        mi300x = parse_sku_facts(json.dumps(dataclasses.asdict(skus.get("Standard_ND96isr_MI300X_v5"))))
+        for gpu in range(8):
+            _device(tmp_path, f"{gpu + 1:04x}:00:00.0", "0x1002", "0x120000", gpu // 4, "0-47" if gpu < 4 else "48-95")
+        _device(tmp_path, "0000:c1:00.1", "0x1002", "0x108000", 0, "0-47")
+        _device(tmp_path, "0000:c2:00.0", "0x10de", "0x030200", 1, "48-95")
+        assert [g.pci_address for g in topology.sysfs_gpus(tmp_path, "amd")] == [f"{g + 1:04x}:00:00.0" for g in range(8)]
+        assert [g.pci_address for g in topology.sysfs_gpus(tmp_path, "nvidia")] == ["0000:c2:00.0"]
+        assert len(topology.sysfs_gpus(tmp_path)) == 9
+        topo = topology.discover(tmp_path, mi300x, ALL_CPUS)
+        assert topo.source == "sysfs" and len(topo.gpus) == 8 and not topo.notes
 
     def test_gpu_count_mismatch_is_noted(self, tmp_path):
         """Seven GPUs where the size has eight: pinning goes on, the note says what is missing."""

@@ -200,3 +200,33 @@ def test_scaling_efficiency():
     assert [r.nodes for r in rows] == [1, 2, 4]
     assert rows[2].speedup == pytest.approx(3.6) and rows[2].efficiency == pytest.approx(0.9)
     assert rows[1].efficiency is None
+
+
+class TestNewGenerations:
+    """The environment of the sizes added with MI300X, GB200/GB300 and NC H100 v5."""
+
+    @pytest.mark.parametrize("size", ["Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4"])
+    def test_a100_v4_pins_nccl_to_its_infiniband_hcas(self, size):
+        """Azure lists ND A100 v4 among the sizes with an accelerated-networking RDMA device
+        (run-health-checks.sh AN40): NCCL_IB_HCA keeps NCCL off mlx5_an0 there too."""
+        env = job_env(size)
+        assert env["NCCL_IB_HCA"].startswith("=mlx5_ib0:1") and "an0" not in env["NCCL_IB_HCA"]
+        assert json.loads(env[nccl_env.RESOLVE_VAR])["NCCL_IB_HCA"] == "ib-ports"
+
+    def test_mi300x_gets_rccls_environment(self):
+        env = job_env("Standard_ND96isr_MI300X_v5")
+        assert env["HSA_NO_SCRATCH_RECLAIM"] == "1" and env["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
+        assert env["UCX_TLS"] == "rc" and env["UCX_NET_DEVICES"] == "mlx5_ib0:1"
+        assert "NCCL_TOPO_FILE" not in env and "NCCL_IGNORE_CPU_AFFINITY" not in env
+
+    @pytest.mark.parametrize("size", ["Standard_ND128isr_NDR_GB200_v6", "Standard_ND128isr_GB300_v6"])
+    def test_grace_blackwell_gets_multi_node_nvlink_resolved_against_imex(self, size):
+        env = job_env(size)
+        assert env["NCCL_MNNVL_ENABLE"] == "1" and env["NCCL_NVLS_ENABLE"] == "1" and env["NCCL_NET_GDR_C2C"] == "1"
+        assert json.loads(env[nccl_env.RESOLVE_VAR])["NCCL_MNNVL_ENABLE"] == "imex"
+        assert "NCCL_TOPO_FILE" not in env  # Azure ships no topology file for the family (ndv6.sh)
+
+    @pytest.mark.parametrize("size", ["Standard_NC40ads_H100_v5", "Standard_NC80adis_H100_v5", "Standard_NC48ads_A100_v4"])
+    def test_nc_sizes_without_infiniband_get_no_ib_settings(self, size):
+        env = job_env(size)
+        assert not any(k.startswith(("NCCL_IB_", "UCX_")) for k in env)

@@ -50,7 +50,8 @@ class TestUploadDirectory:
             stored = blob_bytes(container, name)
             assert props.metadata == {"amlhpc_size": str(len(raw)), "amlhpc_sha256": hashlib.sha256(raw).hexdigest(),
                                       "amlhpc_mtime": str(path.stat().st_mtime_ns),
-                                      "amlhpc_stored_sha256": hashlib.sha256(stored).hexdigest()}
+                                      "amlhpc_stored_sha256": hashlib.sha256(stored).hexdigest(),
+                                      "amlhpc_upload_id": report.session, "amlhpc_uploaded_by": upload.remote.who()}
             assert bytes(props.content_settings.content_md5) == hashlib.md5(stored).digest()
             assert gzip.decompress(stored) == raw
 
@@ -151,13 +152,24 @@ class TestUploadDirectory:
 class TestDecide:
     def test_actions(self):
         local = upload.LocalFile("a", Path("a"), 10, 5)
-        meta = {"amlhpc_size": "10", "amlhpc_sha256": "ab", "amlhpc_mtime": "5"}
-        remote = upload.RemoteBlob("p/a.gz", 3, "e", "gzip", meta)
+        meta = {"amlhpc_size": "10", "amlhpc_sha256": "ab", "amlhpc_mtime": "5", "amlhpc_stored_sha256": "cd",
+                "amlhpc_upload_id": "0123456789abcdef"}
+
+        def blob(encoding="gzip", md5=None, **changes):
+            merged = {k: v for k, v in {**meta, **changes}.items() if v is not None}
+            return upload.RemoteBlob("p/a.gz", 3, "e", encoding, merged, md5)
+
         assert upload.decide(local, None) == "upload"
-        assert upload.decide(local, remote) == "skip"
-        assert upload.decide(local, upload.RemoteBlob("p/a.gz", 3, "e", "gzip", {**meta, "amlhpc_mtime": "6"})) == "check"
-        assert upload.decide(local, upload.RemoteBlob("p/a.gz", 3, "e", "gzip", {**meta, "amlhpc_size": "11"})) == "upload"
-        assert upload.decide(local, upload.RemoteBlob("p/a.gz", 3, "e", None, meta)) == "upload"
+        assert upload.decide(local, blob()) == "skip"
+        assert upload.decide(local, blob(amlhpc_mtime="6")) == "check"
+        assert upload.decide(local, blob(amlhpc_size="11")) == "upload"
+        assert upload.decide(local, blob(encoding=None)) == "upload"
+        assert upload.decide(local, blob(), verify_stored=True) == "verify"
+        # An older uploader's blob (fixed block ids: it may hold another upload's blocks): its stored bytes are read.
+        assert upload.decide(local, blob(amlhpc_upload_id=None)) == "verify"
+        # Nothing to check its stored bytes with: uploaded again.
+        assert upload.decide(local, blob(amlhpc_upload_id=None, amlhpc_stored_sha256=None)) == "upload"
+        assert upload.decide(local, blob(amlhpc_upload_id=None, amlhpc_stored_sha256=None, md5="x==")) == "verify"
 
 
 runner = CliRunner()
@@ -231,10 +243,10 @@ class TestCommandLine:
     def test_failures_exit_1_and_name_the_file(self, azurite, dataset, mocker):
         real = upload._FileUploader.upload
 
-        def flaky(self, local, name):
+        def flaky(self, local, name, seen):
             if local.rel.endswith("_005.tfrecord"):
                 raise upload.UploadError(f"{local.rel}: changed while it was being uploaded; re-run")
-            return real(self, local, name)
+            return real(self, local, name, seen)
 
         mocker.patch.object(upload._FileUploader, "upload", flaky)
         result = invoke(dataset, "--stack", "dev", "--prefix", "f", "--connection-string-env", "AZ_CS",

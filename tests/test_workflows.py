@@ -1,6 +1,7 @@
-"""The GitHub workflows: actionlint-clean, pinned, OIDC-only, and doing what the delivery
-process promises (PR previews with policy and comments, dev then approved prod, teardown
-of expired experiments with a summary). The teardown's shell steps are run for real
+"""The GitHub workflows: actionlint-clean, pinned by commit SHA, OIDC-only, and doing what the
+delivery process promises (offline checks and the plan diff on pull requests, with nothing of
+Azure or state within a pull request's reach; dev then approved prod; teardown of expired
+experiments per environment with a summary). The teardown's shell steps are run for real
 against a fake `pulumi`, since they are the part that deletes things."""
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ KNOWN_INPUTS = {
     },
     "astral-sh/setup-uv": {"version", "enable-cache", "python-version", "working-directory", "cache-dependency-glob"},
     "actions/setup-node": {"node-version", "cache"},
-    "actions/checkout": {"fetch-depth", "ref"},
+    "actions/checkout": {"fetch-depth", "ref", "persist-credentials"},
 }
 
 
@@ -70,6 +71,16 @@ def test_there_are_three_workflows():
     assert [f.name for f in FILES] == ["deploy.yml", "pr.yml", "teardown.yml"]
 
 
+def test_one_commit_per_action_release():
+    """The same action and tag resolve to the same commit in every workflow."""
+    seen: dict[tuple[str, str], str] = {}
+    for path in FILES:
+        for action, sha, tag in re.findall(r"uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40})  # (v[\d.]+)", path.read_text()):
+            assert seen.setdefault((action, tag), sha) == sha, (action, tag)
+    assert {a for a, _ in seen} == {"actions/checkout", "astral-sh/setup-uv", "actions/setup-node", "azure/login",
+                                    "pulumi/actions"}
+
+
 def test_actionlint_clean():
     """actionlint (with shellcheck on the run: scripts when installed) reports nothing."""
     actionlint = shutil.which("actionlint", path=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
@@ -82,12 +93,17 @@ def test_actionlint_clean():
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 class TestEveryWorkflow:
-    def test_actions_pinned_to_exact_versions(self, path):
-        """Every action is pinned to a full release tag (vX.Y.Z) or a commit SHA."""
-        for _, _, step in steps(yaml.safe_load(path.read_text())):
-            if "uses" in step:
-                ref = step["uses"].split("@", 1)[1]
-                assert re.fullmatch(r"v\d+\.\d+\.\d+|[0-9a-f]{40}", ref), step["uses"]
+    def test_actions_pinned_by_commit_sha_with_the_tag(self, path):
+        """Every action is pinned by a full commit SHA, its release tag in a comment: a tag can
+        be moved to other code, a commit cannot."""
+        for line in path.read_text().splitlines():
+            if "uses:" in line:
+                assert re.fullmatch(r"\s*(- )?uses: [\w.-]+/[\w.-]+@[0-9a-f]{40}  # v\d+\.\d+\.\d+", line), line
+
+    def test_checkouts_keep_no_credentials(self, path):
+        """No checkout leaves the workflow's token in .git/config for later steps' code."""
+        for _, _, step in uses(yaml.safe_load(path.read_text()), "actions/checkout"):
+            assert step["with"]["persist-credentials"] is False
 
     def test_only_declared_inputs(self, path):
         """No misspelt or unknown `with:` inputs."""
@@ -98,10 +114,14 @@ class TestEveryWorkflow:
                 assert not unknown, f"{step['uses']}: {unknown}"
 
     def test_pulumi_cli_matches_the_locked_sdk(self, path):
-        """The CLI version is the pulumi SDK version in uv.lock."""
+        """Where a workflow installs the Pulumi CLI, its version is the pulumi SDK version in uv.lock."""
+        doc = yaml.safe_load(path.read_text())
+        if not uses(doc, "pulumi/actions"):
+            assert "PULUMI_VERSION" not in doc.get("env", {})
+            return
         lock = tomllib.loads((REPO_ROOT / "uv.lock").read_text())
         sdk = next(p["version"] for p in lock["package"] if p["name"] == "pulumi")
-        assert yaml.safe_load(path.read_text())["env"]["PULUMI_VERSION"] == sdk
+        assert doc["env"]["PULUMI_VERSION"] == sdk
 
     def test_azure_login_is_oidc_only(self, path):
         """azure/login gets ids only (no creds, no client secret), and its job may mint an OIDC token."""
@@ -152,37 +172,25 @@ class TestPullRequest:
         assert "for file in Pulumi.*.yaml" in script
         assert 'python -m infra plan --stack "$stack" --policy || status=1' in script
 
-    def test_preview_each_stack_and_comment(self):
-        """Preview per stack, after the tests, commented on the PR and edited in place."""
-        job = self.doc["jobs"]["preview"]
-        assert job["needs"] == ["test", "stacks"]
-        assert job["strategy"]["matrix"]["stack"] == "${{ fromJSON(needs.stacks.outputs.previews) }}"
-        assert job["permissions"]["pull-requests"] == "write"
-        ((_, _, step),) = uses(self.doc, "pulumi/actions")
-        assert step["with"]["command"] == "preview"
-        assert step["with"]["stack-name"] == "${{ matrix.stack }}"
-        assert step["with"]["comment-on-pr"] is True and step["with"]["edit-pr-comment"] is True
+    def test_no_azure_no_state_no_secret_within_a_pull_requests_reach(self):
+        """No job runs in a GitHub environment, none may mint an OIDC token, and nothing reads a
+        secret or a Pulumi backend: the pull request's code holds nothing to abuse."""
+        text = (WORKFLOWS / "pr.yml").read_text()
+        assert "secrets." not in text and "PULUMI_BACKEND_URL" not in text and "PULUMI_CONFIG_PASSPHRASE" not in text
+        for name, job in self.doc["jobs"].items():
+            assert "environment" not in job, name
+            assert (job.get("permissions") or {}).get("id-token") is None, name
+        assert not uses(self.doc, "azure/login") and not uses(self.doc, "pulumi/actions")
 
-    def test_forks_stop_before_azure(self):
-        """PRs from forks (no OIDC, no secrets) skip the Azure preview."""
-        assert self.doc["jobs"]["preview"]["if"] == "github.event.pull_request.head.repo.full_name == github.repository"
-
-    def test_preview_list_covers_environments_and_live_experiments(self, tmp_path):
-        """The stack-list step yields the environment stacks plus the experiments not yet expired."""
-        script = run_text(self.doc, "stacks", "List environment stacks and live experiments")
-        for stack in ("dev", "prod", "exp-live", "exp-old"):
-            (tmp_path / f"Pulumi.{stack}.yaml").write_text("config: {}\n")
-        report = {"now": "t", "expired": [{"stack": "exp-old"}], "active": [{"stack": "exp-live"}], "invalid": []}
-        fake = tmp_path / "bin"
-        fake.mkdir()
-        (fake / "uv").write_text(f"#!/usr/bin/env bash\necho '{json.dumps(report)}'\n")
-        (fake / "uv").chmod(0o755)
-        output = tmp_path / "github_output"
-        env = {"PATH": f"{fake}:/usr/bin:/bin", "GITHUB_OUTPUT": str(output)}
-        subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env, check=True,
-                       capture_output=True)
-        assert output.read_text().strip() == 'previews=["dev","prod","exp-live"]'
-
+    def test_jobs_that_run_the_pull_requests_code_hold_no_write_token(self):
+        """Only the comment job may write (a PR comment), and it checks out and runs nothing of the PR."""
+        jobs = self.doc["jobs"]
+        for name in ("test", "stacks"):
+            assert set((jobs[name].get("permissions") or {"contents": "read"}).values()) == {"read"}, name
+        comment = jobs["comment"]
+        assert comment["permissions"] == {"pull-requests": "write"}
+        assert not any("uses" in step for step in comment["steps"])
+        assert not re.search(r"\b(uv|make|python|bash scripts|\./)", "\n".join(st["run"] for st in comment["steps"]))
 
     def test_plan_diff_commented_for_every_stack(self):
         """The offline plan diff of every stack against the base commit goes to the job summary
@@ -190,15 +198,18 @@ class TestPullRequest:
         from infra.plan.render_diff import MARKER
 
         job = self.doc["jobs"]["stacks"]
-        assert job["permissions"] == {"contents": "read", "pull-requests": "write"}
         checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
         assert checkout["with"]["fetch-depth"] == 0, "plan --diff-ref needs the base commit"
         diff_step = next(s for s in job["steps"] if s.get("name") == "Offline plan diff against the base branch")
         assert diff_step["env"]["BASE_SHA"] == "${{ github.event.pull_request.base.sha }}"
         assert '--diff-ref "$BASE_SHA" --markdown' in diff_step["run"] and MARKER in diff_step["run"]
-        comment = next(s for s in job["steps"] if s.get("name") == "Comment the plan diff on the pull request")
-        assert comment["if"] == "github.event.pull_request.head.repo.full_name == github.repository"
+        assert job["outputs"]["comment"] == "${{ steps.comment.outputs.body }}"
+        comment_job = self.doc["jobs"]["comment"]
+        assert comment_job["needs"] == "stacks"
+        assert comment_job["if"] == "github.event.pull_request.head.repo.full_name == github.repository"
+        (comment,) = comment_job["steps"]
         assert MARKER in comment["run"] and comment["env"]["GH_TOKEN"] == "${{ github.token }}"
+        assert comment["env"]["BODY"] == "${{ needs.stacks.outputs.comment }}"
 
     def run_script(self, cwd: Path, script: str, **env: str) -> subprocess.CompletedProcess:
         base = {"PATH": f"{cwd / 'fakebin'}:/usr/bin:/bin", "HOME": str(cwd), **env}
@@ -234,10 +245,12 @@ class TestPullRequest:
         assert "::warning::" not in result.stdout
 
     @pytest.mark.parametrize("existing", ["", "4242"])
-    def test_comment_step_edits_its_own_comment(self, tmp_path, existing):
-        """One comment per PR: edited in place when the marker is found, else created;
-        cut below GitHub's size limit with the fence closed."""
-        script = run_text(self.doc, "stacks", "Comment the plan diff on the pull request")
+    def test_comment_is_cut_and_edits_its_own_comment(self, tmp_path, existing):
+        """The offline job cuts the diff below GitHub's size limit with the fence closed and hands
+        it over as a job output; the comment job edits its own comment when the marker is found,
+        else creates one."""
+        prepare = run_text(self.doc, "stacks", "Prepare the plan diff comment")
+        post = run_text(self.doc, "comment", "Comment the plan diff on the pull request")
         (tmp_path / "fakebin").mkdir()
         (tmp_path / "fakebin" / "gh").write_text(
             '#!/usr/bin/env bash\n(IFS=" "; printf "%s\\n" "$*") >> "$FAKE_LOG"\n'
@@ -245,16 +258,22 @@ class TestPullRequest:
         (tmp_path / "fakebin" / "gh").chmod(0o755)
         body = "<!-- aml-hpc offline plan diff -->\n```diff\n" + ("+ line\n" * 10000)
         (tmp_path / "plan-diff.md").write_text(body)
-        result = self.run_script(tmp_path, script, FAKE_LOG=str(tmp_path / "gh.log"), EXISTING=existing,
-                                 GITHUB_REPOSITORY="o/r", PR="7", GH_TOKEN="t")
+        output = tmp_path / "github_output"
+        result = self.run_script(tmp_path, prepare, GITHUB_OUTPUT=str(output))
+        assert result.returncode == 0, result.stderr
+        text = output.read_text()
+        delimiter = text.splitlines()[0].removeprefix("body<<")
+        handed_over = text.split("\n", 1)[1].rsplit(f"\n{delimiter}", 1)[0]
+        assert len(handed_over) < 65536 and handed_over.count("```") % 2 == 0 and "(Truncated:" in handed_over
+        result = self.run_script(tmp_path, post, FAKE_LOG=str(tmp_path / "gh.log"), EXISTING=existing,
+                                 GITHUB_REPOSITORY="o/r", PR="7", GH_TOKEN="t", BODY=handed_over)
         assert result.returncode == 0, result.stderr
         calls = (tmp_path / "gh.log").read_text().splitlines()
         assert calls[0].startswith("api repos/o/r/issues/7/comments --paginate --jq")
         expected = ("api -X PATCH repos/o/r/issues/comments/4242 -F body=@comment.md" if existing
                     else "api -X POST repos/o/r/issues/7/comments -F body=@comment.md")
         assert calls[1] == expected
-        posted = (tmp_path / "comment.md").read_text()
-        assert len(posted) < 65536 and posted.count("```") % 2 == 0 and "(Truncated:" in posted
+        assert (tmp_path / "comment.md").read_text() == handed_over
 
 
 class TestDeploy:
@@ -289,10 +308,19 @@ class TestDeploy:
         assert self.doc["env"]["STACK_MUST_EXIST"] == "1"
 
     def test_experiments_deploy_in_their_environment(self):
-        """Live experiments go up in their environment's GitHub environment (prod ones need approval)."""
+        """Live experiments go up in their environment's GitHub environment (prod ones need approval),
+        and the script is told which environment the job holds, so it refuses any other's stack."""
         job = self.doc["jobs"]["experiments"]
         assert job["environment"] == "${{ matrix.environment }}"
+        assert job["env"]["AMLHPC_ENVIRONMENT"] == "${{ matrix.environment }}"
         assert job["if"] == "needs.test.outputs.experiments != '[]'"
+        listing = run_text(self.doc, "test", "List live experiments and their environments")
+        assert "{stack: .stack, environment: .environment}" in listing  # aml-hpc:environment, one fact
+
+    @pytest.mark.parametrize("job", ["dev", "prod"])
+    def test_each_environment_job_names_its_environment(self, job):
+        jobs = self.doc["jobs"]
+        assert jobs[job]["environment"] == jobs[job]["env"]["AMLHPC_ENVIRONMENT"] == job
 
     def test_never_cancels_a_running_update(self):
         """Deploys queue behind each other and behind teardown, never cancel mid-update."""
@@ -312,19 +340,34 @@ class TestTeardown:
     def test_finds_expired_with_the_infra_command(self):
         """The list of stacks comes from `python -m infra expired --json`."""
         assert "python -m infra expired --json" in run_text(self.doc, "teardown", "Find expired experiment stacks")
+        assert "python -m infra expired --json" in run_text(self.doc, "find", "Environments whose experiments expired")
+
+    def test_one_job_per_environment_with_its_own_identity(self):
+        """Each environment's expired experiments go down in teardown-<environment>: its identity,
+        state and passphrase only; the script refuses another environment's stack."""
+        job = self.doc["jobs"]["teardown"]
+        assert job["environment"] == "teardown-${{ matrix.environment }}"
+        assert job["strategy"]["matrix"]["environment"] == "${{ fromJSON(needs.find.outputs.environments) }}"
+        assert job["env"]["AMLHPC_ENVIRONMENT"] == "${{ matrix.environment }}"
+        assert job["permissions"]["id-token"] == "write" and "id-token" not in self.doc["jobs"]["find"].get("permissions", {})
 
     @pytest.fixture
     def workspace(self, tmp_path: Path) -> Path:
         """A checkout with the real script, two expired stacks, and a fake pulumi."""
         (tmp_path / "scripts").mkdir()
         shutil.copy(REPO_ROOT / "scripts" / "pulumi-stack.sh", tmp_path / "scripts")
-        for stack in ("dev", "prod", "exp-gone", "exp-fail", "exp-ghost", "exp-live"):
+        for stack in ("dev", "prod"):
             (tmp_path / f"Pulumi.{stack}.yaml").write_text("config: {}\n")
+        for stack in ("exp-gone", "exp-fail", "exp-ghost", "exp-live"):
+            (tmp_path / f"Pulumi.{stack}.yaml").write_text("config:\n  aml-hpc:environment: dev\n")
+        (tmp_path / "Pulumi.exp-prodrun.yaml").write_text("config:\n  aml-hpc:environment: prod\n")
         (tmp_path / ".venv" / "bin").mkdir(parents=True)
         (tmp_path / ".venv" / "bin" / "python").symlink_to(VENV_BIN / "python")
         report = {"now": "2026-11-22T12:00:00Z",
-                  "expired": [{"stack": s, "environment": "dev", "expiresAt": "2026-11-01T00:00:00Z",
-                               "file": f"Pulumi.{s}.yaml", "problem": None} for s in ("exp-gone", "exp-fail", "exp-ghost")],
+                  "expired": [{"stack": s, "environment": env, "expiresAt": "2026-11-01T00:00:00Z",
+                               "file": f"Pulumi.{s}.yaml", "problem": None}
+                              for s, env in (("exp-gone", "dev"), ("exp-fail", "dev"), ("exp-ghost", "dev"),
+                                             ("exp-prodrun", "prod"))],
                   "active": [{"stack": "exp-live", "environment": "dev", "expiresAt": "2026-12-01T00:00:00Z",
                               "file": "Pulumi.exp-live.yaml", "problem": None}],
                   "invalid": []}
@@ -344,7 +387,7 @@ esac
 
     def run_step(self, workspace: Path, name: str, script: str, **env: str) -> subprocess.CompletedProcess:
         base = {"PATH": f"{workspace / 'fakebin'}:/usr/bin:/bin", "HOME": str(workspace),
-                "FAKE_LOG": str(workspace / "pulumi.log"), "PULUMI_CONFIG_PASSPHRASE": "x",
+                "FAKE_LOG": str(workspace / "pulumi.log"), "PULUMI_CONFIG_PASSPHRASE": "x", "AMLHPC_ENVIRONMENT": "dev",
                 "GITHUB_OUTPUT": str(workspace / "github_output"),
                 "GITHUB_STEP_SUMMARY": str(workspace / "summary.md"), **env}
         # GitHub runs `run:` blocks with bash -e -o pipefail.
@@ -363,6 +406,14 @@ esac
         calls = (workspace / "pulumi.log").read_text()
         assert "stack rm --stack exp-gone --yes" in calls and "stack rm --stack exp-fail" not in calls
         assert "exp-live" not in calls  # not expired: untouched
+        assert "exp-prodrun" not in calls  # prod's: teardown-prod's job, with prod's identity
+
+    def test_a_stack_of_another_environment_is_refused_by_the_script(self, workspace):
+        """Were prod's expired stack listed to dev's job, the script would refuse it, naming both."""
+        result = self.run_step(workspace, "down", "scripts/pulumi-stack.sh down exp-prodrun")
+        assert result.returncode == 2
+        assert "belongs to environment 'prod', and this job runs as environment 'dev'" in result.stderr
+        assert not (workspace / "pulumi.log").exists()
 
     def test_dry_run_destroys_nothing(self, workspace):
         """With dry_run the stacks are listed, and pulumi deletes nothing."""
@@ -381,5 +432,5 @@ esac
         assert result.returncode == 0, result.stderr
         summary = (workspace / "summary.md").read_text()
         assert "| exp-gone | dev | 2026-11-01T00:00:00Z | destroyed and removed from the backend |" in summary
-        assert "datasets and checkpoints of `dev`" in summary and "datasets and checkpoints of `prod`" in summary
+        assert "datasets and checkpoints of `dev`" in summary
         assert "| exp-fail | destroy FAILED" in summary and "| exp-live | expires 2026-12-01T00:00:00Z |" in summary

@@ -91,14 +91,16 @@ class TestCosmoFlowTraining:
         assert first.returncode == 0, first.stderr[-3000:]
         steps = step_lines(first.stdout)
         assert steps and all(s["loss"] == s["loss"] for s in steps if "loss" in s)  # finite, logged per step
-        assert sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*.pt")) == ["ckpt-000000002.pt", "ckpt-000000004.pt"]
+        versions = tmp_path / "ckpt" / "versions"
+        assert sorted(p.name for p in versions.iterdir()) == ["step-000000002", "step-000000004"]  # one per epoch
+        assert sorted(p.name for p in (versions / "step-000000004").glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
         summary = json.loads((tmp_path / "outputs/aml-hpc/metrics.json").read_text())
         assert summary["world_size"] == 2 and summary["throughput"] > 0 and summary["val_mae"] is not None
 
-        env["AMLHPC_RESUME_DIR"] = str(tmp_path / "ckpt")
+        env["AMLHPC_RESUME_VERSION"] = str(versions / "step-000000004")
         second = torchrun("jobs.workloads.cosmoflow.train", ["--epochs", "3", *TINY], tmp_path, env)
         assert second.returncode == 0, second.stderr[-3000:]
-        assert "resumed from" in second.stdout and "(epoch 1, step 4)" in second.stdout
+        assert "resumed from step-000000004 (step 4)" in second.stdout
         assert min(s["step"] for s in step_lines(second.stdout)) == 5
 
     def test_from_memory_and_profiler(self, dataset, tmp_path):
@@ -178,7 +180,7 @@ class TestBert:
         assert header["deepspeed"] is False and header["world"] == 2 and header["params"] > 0
         summary = json.loads((tmp_path / "outputs/aml-hpc/metrics.json").read_text())
         assert summary["steps"] == 4 and summary["throughput"] > 0
-        assert (tmp_path / "ckpt" / "ckpt-000000004.pt").is_file()
+        assert (tmp_path / "ckpt" / "versions" / "step-000000004" / "rank-1.json").is_file()
 
     def test_autotune_writes_best_config(self, tmp_path):
         pytest.importorskip("transformers")

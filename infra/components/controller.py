@@ -7,16 +7,15 @@ it after a preemption, node failure or hang. It runs in Azure so the user's lapt
 away. One node per supervised run, `maxNodes` runs at once; nodes are released after
 `idleMinutes`, so the cluster costs nothing between runs.
 
-Least privilege for the identity, at the narrowest scope each right needs:
-
-- AzureML Data Scientist on the workspace: create, read and cancel jobs and read the
-  clusters' nodes - the Azure ML built-in role for submitting jobs, which leaves out
-  creating or deleting compute and changing the workspace (Azure built-in roles, AI +
-  machine learning);
-- Storage Blob Data Contributor on the checkpoints container only: the run's record, the
-  nodes' end records and the checkpoint pointer live there (jobs/managed/record.py);
-- AcrPull on the workspace registry: Azure ML builds the controller's small environment
-  into it and the nodes pull it as this identity.
+The identity's rights are the permission model's `controller` rights
+(core/catalog/permissions.toml, each with the call that needs it): a custom role on the
+workspace with just the job, run-history, compute-read and asset-read actions the controller
+calls (jobs/managed/azureml.py); write on the `supervision` container where the run's record
+lives, out of the jobs' reach; read on `checkpoints` (the nodes' end records and the
+checkpoint pointer); AcrPull for its image; and, when the workspace storage takes no keys,
+the data role Azure ML's job I/O needs on it. Every job on this cluster runs as the
+identity, and anyone who may submit can target it, so these rights are kept within a
+submitter's (tests/test_permissions.py).
 
 Nodes are Dedicated (a preempted controller would stop supervising), run no SSH, and
 follow the stack's network isolation (the compute subnet, no public IP when private).
@@ -24,6 +23,7 @@ follow the stack's network isolation (the compute subnet, no public IP when priv
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pulumi
@@ -31,7 +31,7 @@ from pulumi_azure_native import machinelearningservices as ml
 from pulumi_azure_native import managedidentity
 
 from infra import quirks
-from infra.components.access import Access, AccessArgs, Grant
+from infra.components.access import Access, AccessArgs, grants_for
 from infra.components.gpu_cluster import subnet_reference
 
 
@@ -49,11 +49,11 @@ class ControllerClusterArgs:
     sku: str
     """A CPU size, e.g. Standard_D2s_v3. Changing it replaces the cluster."""
     identity_name: str
-    workspace_scope: pulumi.Input[str]
-    """The workspace's resource id (scope of AzureML Data Scientist)."""
-    checkpoints_scope: pulumi.Input[str]
-    """The checkpoints container's resource id."""
-    registry_scope: pulumi.Input[str]
+    grant_scopes: Mapping[str, pulumi.Input[str]]
+    """Resource ids of the permission model's scopes (workspace, registry, the containers, the
+    workspace storage) the identity's rights name."""
+    grant_facts: frozenset[str] = frozenset()
+    """The model's `when` values that hold for the stack (identity-storage...)."""
     max_nodes: int = 4
     idle_minutes: int = 5
     subnet_id: pulumi.Input[str] | None = None
@@ -62,9 +62,9 @@ class ControllerClusterArgs:
     """What the nodes need first (the GPU clusters' grants, the workspace's private endpoint).
     Given to the compute only: on the component it would keep them all alive with the
     component, which outlives `down` when its checkpoints grant is protected."""
-    checkpoints_locked: bool = False
-    """The dataset account (holding the checkpoints container) carries a delete lock: the grant
-    inside it is protected (infra/components/access.py says why)."""
+    data_locked: bool = False
+    """The dataset account (holding the containers) carries a delete lock: the grants inside
+    it are protected (infra/components/access.py says why)."""
     tags: dict[str, str] = field(default_factory=dict)
 
 
@@ -80,12 +80,9 @@ class ControllerCluster(pulumi.ComponentResource):
         identity = managedidentity.UserAssignedIdentity(
             f"{name}-identity", resource_name_=args.identity_name, resource_group_name=args.resource_group_name,
             location=args.location, tags=args.tags, opts=child)
-        access = Access(f"{name}-access", AccessArgs(args.subscription_id, [
-            Grant("jobs", quirks.ROLE_AZUREML_DATA_SCIENTIST, args.workspace_scope, identity.principal_id),
-            Grant("record", quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR, args.checkpoints_scope, identity.principal_id,
-                  protect=args.checkpoints_locked),
-            Grant("acr-pull", quirks.ROLE_ACR_PULL, args.registry_scope, identity.principal_id),
-        ]), opts=child)
+        access = Access(f"{name}-access", AccessArgs(args.subscription_id, grants_for(
+            "controller", args.grant_scopes, identity.principal_id, args.grant_facts, locked=args.data_locked)),
+            opts=child)
         compute = ml.Compute(
             f"{name}-compute",
             compute_name=args.cluster_name,

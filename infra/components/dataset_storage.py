@@ -10,9 +10,13 @@ from typing import Literal
 import pulumi
 from pulumi_azure_native import storage
 
-from infra.components.storage_account import secure_storage_account
+from infra.components.storage_account import blob_service, secure_storage_account
 
-CONTAINERS = ("datasets", "checkpoints")
+CONTAINERS = ("datasets", "checkpoints", "supervision")
+"""`supervision` holds managed runs' records: the controllers and the submitters write it, jobs
+cannot (core/catalog/permissions.toml), so nothing a job writes steers a controller."""
+DATASTORE_CONTAINERS = ("datasets", "checkpoints")
+"""The containers jobs reach through Azure ML datastores (inputs and outputs)."""
 
 
 @dataclass
@@ -37,7 +41,8 @@ class DatasetStorageArgs:
 
 
 class DatasetStorage(pulumi.ComponentResource):
-    """Storage account + `datasets` and `checkpoints` containers, https/TLS 1.2 only, no public blobs."""
+    """Storage account + `datasets`, `checkpoints` and `supervision` containers, https/TLS 1.2
+    only, no public blobs."""
 
     account_name: pulumi.Output[str]
     account_id: pulumi.Output[str]
@@ -62,18 +67,9 @@ class DatasetStorage(pulumi.ComponentResource):
             tags=args.tags,
             opts=keep,
         )
-        blob_service = storage.BlobServiceProperties(
-            f"{name}-blob-service",
-            account_name=account.name,
-            resource_group_name=args.resource_group_name,
-            blob_services_name="default",
-            delete_retention_policy=storage.DeleteRetentionPolicyArgs(enabled=True, days=args.soft_delete_days),
-            container_delete_retention_policy=storage.DeleteRetentionPolicyArgs(enabled=True, days=args.soft_delete_days),
-            # A singleton: azure-native "deletes" it by writing Azure's defaults back, which
-            # would switch soft delete off on the account destroy keeps. Retained with it
-            # (never protected: Pulumi would then refuse to destroy the stack's rest).
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
-        )
+        service = blob_service(f"{name}-blob-service", account=account, resource_group_name=args.resource_group_name,
+                               soft_delete_days=args.soft_delete_days,
+                               opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True))
         self.container_ids = {}
         self.container_names = {}
         for container_name in CONTAINERS:
@@ -83,7 +79,7 @@ class DatasetStorage(pulumi.ComponentResource):
                 resource_group_name=args.resource_group_name,
                 container_name=container_name,
                 public_access="None",
-                opts=pulumi.ResourceOptions.merge(keep, pulumi.ResourceOptions(depends_on=[blob_service])),
+                opts=pulumi.ResourceOptions.merge(keep, pulumi.ResourceOptions(depends_on=[service])),
             )
             self.container_ids[container_name] = container.id
             self.container_names[container_name] = container_name

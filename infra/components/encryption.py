@@ -11,7 +11,8 @@ to us). What Azure requires, and what this component declares for it (Microsoft 
 - get/wrap/unwrap rights on the key for the identity the workspace names for the key (a
   user-assigned identity here, so the rights exist before the workspace does) and for the
   "Azure Cosmos DB" service principal, which encrypts the metadata store. The vault uses
-  Azure RBAC, so the rights are the "Key Vault Crypto Service Encryption User" role on the key.
+  Azure RBAC, so the rights are the permission model's `cmk` and `cosmos-db` rights
+  (core/catalog/permissions.toml): "Key Vault Crypto Service Encryption User" on the key.
 
 The key is set when the workspace is created: Azure refuses turning CMK on or off later
 and only accepts another key of the same vault.
@@ -25,8 +26,7 @@ import pulumi
 from pulumi_azure_native import keyvault, managedidentity
 from pulumi_azure_native import machinelearningservices as ml
 
-from infra import quirks
-from infra.components.access import role_assignment
+from infra.components.access import grants_for, role_assignment, role_definition_id
 
 
 @dataclass
@@ -83,18 +83,20 @@ class CustomerManagedKey(pulumi.ComponentResource):
             # Without the key the workspace's metadata cannot be read: never replace it silently.
             opts=pulumi.ResourceOptions(parent=self, protect=True, retain_on_delete=keep),
         )
-        role = pulumi.Output.from_input(args.subscription_id).apply(
-            lambda sub: quirks.role_definition_id(sub, quirks.ROLE_KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER))
+        # Plain assignments, not an Access component: they keep the names (and so the ids) they
+        # had before the permission model, and are retained with the workspace.
+        grants = (grants_for("cmk", {"cmk-key": key.id}, identity.principal_id, {"customer-managed-key"})
+                  + grants_for("cosmos-db", {"cmk-key": key.id}, args.cosmos_db_principal_id, {"customer-managed-key"}))
         self.grants = [
             role_assignment(
-                f"{name}-{who}-crypto-user",
-                principal_id=principal,
-                principal_type="ServicePrincipal",
-                role_definition_id=role,
-                scope=key.id,
+                f"{name}-{grant.key}",
+                principal_id=grant.principal_id,
+                principal_type=grant.principal_type,
+                role_definition_id=role_definition_id(args.subscription_id, grant.role),
+                scope=grant.scope,
                 opts=child,
             )
-            for who, principal in (("workspace", identity.principal_id), ("cosmos-db", args.cosmos_db_principal_id))
+            for grant in grants
         ]
         self.identity_id = identity.id
         self.key_identifier = key.key_uri_with_version

@@ -26,7 +26,7 @@ from infra.components import ComponentError
 
 
 def _default_images() -> list[catalog.ImageRelease]:
-    return catalog.releases()
+    return catalog.releases(specs=catalog.ALL_IMAGES)  # the training images and the managed-run controller's
 
 
 @dataclass
@@ -67,9 +67,9 @@ class TrainingEnvironments(pulumi.ComponentResource):
             spec = image.spec
             ref = pulumi.Output.from_input(args.login_server).apply(lambda server, i=image: i.ref(server))
             asset_tags = {**args.tags, "image-repository": spec.repository, "image-tag": image.tag,
-                          "base-image": image.build_args["BASE_NAME"], "ib-userspace": image.build_args["IB_USERSPACE"]}
+                          "base-image": image.build_args["BASE_NAME"], "ib-userspace": image.build_args.get("IB_USERSPACE", "none")}
             container = ml.EnvironmentContainer(
-                f"{name}-{spec.folder}",
+                f"{name}-{spec.key}",
                 name=spec.name,
                 resource_group_name=args.resource_group_name,
                 workspace_name=args.workspace_name,
@@ -85,7 +85,7 @@ class TrainingEnvironments(pulumi.ComponentResource):
                 # resource again, so the tooling can adopt the retained version instead of
                 # trying to create it twice. The alias carries state from the single
                 # `-version` name earlier releases used.
-                f"{name}-{spec.folder}-{image.tag}",
+                f"{name}-{spec.key}-{image.tag}",
                 name=spec.name,
                 version=image.tag,
                 resource_group_name=args.resource_group_name,
@@ -98,13 +98,13 @@ class TrainingEnvironments(pulumi.ComponentResource):
                     auto_rebuild="Disabled",
                     description=f"{spec.description} (base {image.build_args['BASE_NAME']}, tag {image.tag})",
                     properties={"aml-hpc.base-image": image.build_args["BASE_IMAGE"],
-                                "aml-hpc.ib-userspace": image.build_args["IB_USERSPACE"]},
+                                "aml-hpc.ib-userspace": image.build_args.get("IB_USERSPACE", "none")},
                     tags=asset_tags,
                 ),
                 # Finished jobs reference old versions; removing one from the stack must
                 # not delete it in Azure ML.
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[container], retain_on_delete=True,
-                                            aliases=[pulumi.Alias(name=f"{name}-{spec.folder}-version")]),
+                                            aliases=[pulumi.Alias(name=f"{name}-{spec.key}-version")]),
             )
             refs[spec.name] = ref
             ids[spec.name] = image.environment_id

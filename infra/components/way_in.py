@@ -4,8 +4,13 @@ The workspace, its storage and registry take no public traffic in those stacks, 
 and CI need a seat inside our VNet to reach the private endpoints (docs/isolation.md):
 
 - **Azure Bastion** (public IP on Bastion only) and a **jump box**: a small Linux VM with no
-  public IP, SSH by key only, reached with `az network bastion ssh` (Standard SKU: native
-  client tunnels) or from the portal (Basic). `jobs submit`, `make images` and `pulumi`
+  public IP and no password, reached with `az network bastion ssh` (Standard SKU: native
+  client tunnels) or from the portal (Basic). People sign in with their Entra ID: the
+  AADSSHLoginForLinux extension and the VM's system-assigned identity, which Entra ID login
+  needs (Microsoft Learn, "Sign in to a Linux virtual machine in Azure by using Microsoft
+  Entra ID and OpenSSH"); who may is a role assignment on the VM (`login_grants`), so
+  joining and leaving the team is Entra ID's business, not a key on the box. The admin
+  account's SSH key is a break-glass credential. `jobs submit`, `make images` and `pulumi`
   run from it with the user's own `az login`.
 - a **CI runner subnet** for self-hosted runners (VMs or scale sets registered with the CI
   outside Pulumi), behind the same NSG.
@@ -15,9 +20,9 @@ their own NAT gateway: our subnets have no default outbound access. Azure serial
 subnet changes on a VNet, so each subnet waits for the one before it.
 
 Input names: pulumi-azure-native network (BastionHost, Subnet, NatGateway,
-NetworkSecurityGroup, NetworkInterface) and compute (VirtualMachine). Bastion needs a
-subnet named AzureBastionSubnet of /26 or larger and a Standard, static public IP
-(Microsoft Learn, "About Azure Bastion configuration settings").
+NetworkSecurityGroup, NetworkInterface) and compute (VirtualMachine, VirtualMachineExtension).
+Bastion needs a subnet named AzureBastionSubnet of /26 or larger and a Standard, static
+public IP (Microsoft Learn, "About Azure Bastion configuration settings").
 """
 
 from __future__ import annotations
@@ -29,10 +34,14 @@ import pulumi
 from pulumi_azure_native import compute, network
 
 from infra.components import ComponentError
+from infra.components.access import Grant, grants_for
 
 BASTION_SUBNET_NAME = "AzureBastionSubnet"  # the only name Azure accepts for Bastion's subnet
 JUMP_BOX_IMAGE = compute.ImageReferenceArgs(publisher="Canonical", offer="ubuntu-24_04-lts", sku="server",
                                             version="latest")
+# Entra ID sign-in to a Linux VM: the extension Microsoft documents for it (`az vm extension
+# set --publisher Microsoft.Azure.ActiveDirectory --name AADSSHLoginForLinux`).
+ENTRA_LOGIN_EXTENSION = ("Microsoft.Azure.ActiveDirectory", "AADSSHLoginForLinux", "1.0")
 
 
 @dataclass
@@ -63,6 +72,9 @@ class WayIn(pulumi.ComponentResource):
     """Bastion, jump box and CI runner subnet, each only when its subnet is given."""
 
     ci_runner_subnet_id: pulumi.Output[str] | None
+    jump_box_id: pulumi.Output[str] | None
+    jump_box_nic_id: pulumi.Output[str] | None
+    bastion_id: pulumi.Output[str] | None
 
     def __init__(self, name: str, args: WayInArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("aml-hpc:network:WayIn", name, None, opts)
@@ -76,9 +88,9 @@ class WayIn(pulumi.ComponentResource):
         if args.jump_box_subnet or args.ci_runner_subnet:
             self._nsg, self._nat = self._inner_guard_and_egress()
 
-        self.ci_runner_subnet_id = None
+        self.ci_runner_subnet_id = self.jump_box_id = self.jump_box_nic_id = self.bastion_id = None
         if args.bastion_subnet:
-            self._bastion(args.bastion_subnet)
+            self.bastion_id = self._bastion(args.bastion_subnet)
         if args.jump_box and args.jump_box_subnet:
             self._jump_box(args.jump_box, self._inner_subnet("jump-box", "jump-box", args.jump_box_subnet))
         if args.ci_runner_subnet:
@@ -142,7 +154,26 @@ class WayIn(pulumi.ComponentResource):
         )
         return nsg, nat
 
-    def _bastion(self, cidr: str) -> None:
+    def login_grants(self, principals: list[tuple[str, str]]) -> list[Grant]:
+        """What each (principal id, principal type) that signs in to the jump box with Entra ID
+        needs: Virtual Machine User Login on the VM (its read actions cover the VM), Reader on
+        its network interface and on the Bastion (Microsoft Learn, Azure Bastion: "Reader role
+        on the NIC with private IP of the virtual machine", "Reader role on the Azure Bastion
+        resource"). Scoped to these resources, not the resource group: a login to the jump box
+        is no login to any other VM."""
+        if self.jump_box_id is None or self.jump_box_nic_id is None:
+            return []
+        scopes: dict[str, pulumi.Input[str]] = {"jump-box": self.jump_box_id, "jump-box-nic": self.jump_box_nic_id}
+        facts = []
+        if self.bastion_id is not None:
+            scopes["bastion"] = self.bastion_id
+            facts.append("bastion")
+        grants = []
+        for i, (principal, kind) in enumerate(principals):
+            grants += grants_for("jump-box-user", scopes, principal, facts, principal_type=kind, index=i)
+        return grants
+
+    def _bastion(self, cidr: str) -> pulumi.Output[str]:
         name, args, prefix = self._name, self._args, self._args.name_prefix
         bastion_subnet = self._subnet("bastion", BASTION_SUBNET_NAME, cidr)
         bastion_ip = network.PublicIPAddress(
@@ -151,7 +182,7 @@ class WayIn(pulumi.ComponentResource):
             sku=network.PublicIPAddressSkuArgs(name="Standard"), public_ip_allocation_method="Static",
             tags=args.tags, opts=self._child,
         )
-        network.BastionHost(
+        bastion = network.BastionHost(
             f"{name}-bastion", bastion_host_name=f"bas-{prefix}",
             resource_group_name=args.resource_group_name, location=args.location,
             sku=network.SkuArgs(name=args.bastion_sku),
@@ -164,6 +195,7 @@ class WayIn(pulumi.ComponentResource):
             enable_shareable_link=False,
             tags=args.tags, opts=self._child,
         )
+        return bastion.id
 
     def _jump_box(self, box: JumpBoxSpec, box_subnet: network.Subnet) -> None:
         name, args, prefix = self._name, self._args, self._args.name_prefix
@@ -175,9 +207,11 @@ class WayIn(pulumi.ComponentResource):
             )],
             tags=args.tags, opts=self._child,
         )
-        compute.VirtualMachine(
+        vm = compute.VirtualMachine(
             f"{name}-jump-box", vm_name=f"vm-{prefix}-jump-box"[:64],
             resource_group_name=args.resource_group_name, location=args.location,
+            # Entra ID sign-in needs the VM's system-assigned identity.
+            identity=compute.VirtualMachineIdentityArgs(type="SystemAssigned"),
             hardware_profile=compute.HardwareProfileArgs(vm_size=box.size),
             os_profile=compute.OSProfileArgs(
                 computer_name="jump-box", admin_username=box.admin_user,
@@ -204,3 +238,11 @@ class WayIn(pulumi.ComponentResource):
             # A new key replaces the VM (Azure cannot change osProfile in place).
             opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["osProfile"], delete_before_replace=True),
         )
+        publisher, extension, version = ENTRA_LOGIN_EXTENSION
+        compute.VirtualMachineExtension(
+            f"{name}-jump-box-entra-login", vm_extension_name=extension, vm_name=vm.name,
+            resource_group_name=args.resource_group_name, location=args.location,
+            publisher=publisher, type=extension, type_handler_version=version, auto_upgrade_minor_version=True,
+            tags=args.tags, opts=self._child,
+        )
+        self.jump_box_id, self.jump_box_nic_id = vm.id, nic.id

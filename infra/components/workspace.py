@@ -41,7 +41,7 @@ from pulumi_azure_native import (
 
 from infra import quirks
 from infra.components.encryption import CustomerManagedKey, CustomerManagedKeyArgs
-from infra.components.storage_account import secure_storage_account
+from infra.components.storage_account import blob_service, secure_storage_account
 from infra.naming import StackNames
 
 
@@ -69,6 +69,9 @@ class WorkspaceArgs:
     workspace is created (provisionNetworkNow), so the first cluster does not wait for it."""
     customer_managed_key: CustomerManagedKeySettings | None = None
     hbi_workspace: bool = False
+    storage_soft_delete_days: int = 14
+    """Soft delete (blobs and containers) on the workspace storage, which also keeps every
+    blob version: job snapshots, outputs and logs overwritten or deleted stay recoverable."""
 
 
 @dataclass
@@ -208,7 +211,7 @@ class Workspace(pulumi.ComponentResource):
     def _workspace_storage(self, name: str, args: WorkspaceArgs, kept: pulumi.ResourceOptions) -> storage.StorageAccount:
         # Identity mode: no keys at all. Access-key mode: Azure ML keeps the account key in
         # the Key Vault and its system datastores use it, so shared keys must stay on.
-        return secure_storage_account(
+        account = secure_storage_account(
             f"{name}-storage",
             account_name=args.names.workspace_storage,
             resource_group_name=args.resource_group_name,
@@ -218,6 +221,10 @@ class Workspace(pulumi.ComponentResource):
             tags=args.tags,
             opts=kept,
         )
+        blob_service(f"{name}-storage-blob-service", account=account, resource_group_name=args.resource_group_name,
+                     soft_delete_days=args.storage_soft_delete_days, versioning=True,
+                     opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True))
+        return account
 
     def _customer_managed_key(self, name: str, args: WorkspaceArgs, vault: keyvault.Vault,
                               kept: pulumi.ResourceOptions) -> CustomerManagedKey | None:
@@ -255,7 +262,9 @@ class Workspace(pulumi.ComponentResource):
             system_datastores_auth_mode=quirks.SYSTEM_DATASTORES_AUTH_MODE[args.storage_auth],
             friendly_name=args.names.workspace,
             tags=args.tags,
-            # The key's role assignments must exist before Azure ML first uses the key.
+            # The key's role assignments must exist before Azure ML first uses the key; it checks
+            # them at creation, and one not yet in effect (RBAC propagation) makes the up fail
+            # with ForbiddenByRbac, which scripts/pulumi-stack.sh retries after a wait.
             opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(depends_on=cmk.grants if cmk else None)),
         )
 

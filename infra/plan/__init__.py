@@ -62,6 +62,8 @@ class Plan:
     quota: list[Need]
     environment: Plan | None = field(default=None, repr=False)
     """For experiment stacks: the plan of the environment they join."""
+    subscription_id: str = FAKE_SUBSCRIPTION
+    """The subscription the plan was evaluated for (ids and custom role GUIDs derive from it)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,7 +76,14 @@ class Plan:
             "secretOutputs": self.secret_outputs,
             "cost": self.cost.to_json(),
             "quota": [q.to_json() for q in self.quota],
+            "reachability": self.reachability().to_json(),
         }
+
+    def reachability(self):
+        """Who can reach what, from where (infra/plan/reachability.py)."""
+        from infra.plan.reachability import reachability
+
+        return reachability(self)
 
     def custom_resources(self) -> list[RecordedResource]:
         return [r for r in self.resources if r.custom]
@@ -149,7 +158,7 @@ def evaluate(stack: str, root: Path = REPO_ROOT, now: datetime | None = None,
 
     resources, outputs, secrets = record(lambda: program.build(cfg, now=now), cfg.stack,
                                          stack_outputs, subscription_id)
-    return Plan(cfg, resources, outputs, secrets, cost(cfg), quota(cfg), env_plan)
+    return Plan(cfg, resources, outputs, secrets, cost(cfg), quota(cfg), env_plan, subscription_id)
 
 
 def offline_outputs(stack: str, root: Path = REPO_ROOT) -> dict[str, Any]:

@@ -61,7 +61,8 @@ def write_stack(root: Path, clusters: int) -> str:
     config = {
         "azure-native:location": "eastus",
         "aml-hpc:owner": "bench@example.com",
-        "aml-hpc:network": {"isolation": "private", "addressSpace": "10.50.0.0/16"},
+        "aml-hpc:network": {"isolation": "private", "addressSpace": "10.50.0.0/16",
+                            "wayIn": {"handOff": {"via": "VPN", "addressPrefixes": ["172.16.0.0/12"]}}},
         "aml-hpc:clusters": [
             {"name": f"gpu{i:02d}-bench", "sku": SIZES[i % len(SIZES)],
              "maxNodes": 1 if SIZES[i % len(SIZES)] == "Standard_NC24ads_A100_v4" else 4,

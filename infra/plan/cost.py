@@ -4,6 +4,10 @@ Cost covers the GPU nodes and, in an environment, the managed runs' controller n
 scaled to zero when idle); storage, registry, networking and logs are billed by use.
 Low-priority nodes are priced at the on-demand reference, an upper bound: their discount
 varies by region and over time.
+
+A size without a price is "unpriced", never $0: the totals are then lower bounds and say
+so. Each price carries its region; a stack elsewhere is told which region's rows it reads
+(Azure's prices differ by region, and the catalog holds one region's).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 from core import pricing
 from core.quota import Need, needs
-from infra.config import StackConfig
+from infra.config import CONTROLLER_PRICE_REGION, StackConfig
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,8 @@ class ClusterCost:
     max_nodes: int
     usd_per_node_hour: float | None
     price_source: str
+    price_region: str | None = None
+    """Where the price was read (the catalog's row region, or the stack's own for an override)."""
 
     @property
     def full_scale_usd_per_hour(self) -> float | None:
@@ -38,6 +44,8 @@ class ClusterCost:
 @dataclass(frozen=True)
 class Cost:
     clusters: tuple[ClusterCost, ...]
+    location: str = ""
+    """The stack's region."""
 
     @property
     def full_scale_usd_per_hour(self) -> float:
@@ -51,6 +59,15 @@ class Cost:
     def unpriced(self) -> list[str]:
         return [c.name for c in self.clusters if c.usd_per_node_hour is None]
 
+    @property
+    def price_regions(self) -> list[str]:
+        return sorted({c.price_region for c in self.clusters if c.price_region})
+
+    @property
+    def priced_elsewhere(self) -> list[str]:
+        """Regions whose prices stand in for the stack's own region's."""
+        return [r for r in self.price_regions if r != self.location]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "fullScaleUsdPerHour": round(self.full_scale_usd_per_hour, 3),
@@ -62,6 +79,9 @@ class Cost:
                 for c in self.clusters
             ],
             "unpriced": self.unpriced,
+            "unpricedSkus": sorted({c.sku for c in self.clusters if c.usd_per_node_hour is None}),
+            "location": self.location,
+            "priceRegions": self.price_regions,
         }
 
 
@@ -74,12 +94,14 @@ def cost(cfg: StackConfig) -> Cost:
             usd_per_node_hour=price.usd_per_hour if price else None,
             price_source=pricing.describe(price) if price else
             f"no reference price: set aml-hpc:prices.{c.sku} in {cfg.source}",
+            price_region=(price.region or cfg.location) if price else None,
         ))
     ctl = cfg.controller
     if cfg.kind == "environment" and ctl.enabled:  # program.py declares it in environments only
         rows.append(ClusterCost(name=ctl.name, sku=ctl.sku, priority="Dedicated", min_nodes=0, max_nodes=ctl.max_nodes,
-                                usd_per_node_hour=ctl.price, price_source=ctl.price_source(cfg.source)))
-    return Cost(tuple(rows))
+                                usd_per_node_hour=ctl.price, price_source=ctl.price_source(cfg.source),
+                                price_region=cfg.location if ctl.usd_per_hour else CONTROLLER_PRICE_REGION))
+    return Cost(tuple(rows), cfg.location)
 
 
 def quota(cfg: StackConfig) -> list[Need]:

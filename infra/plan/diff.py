@@ -87,18 +87,37 @@ class ResourceDiff:
 
 @dataclass(frozen=True)
 class Delta:
-    """A number before and after (None: absent on that side)."""
+    """A number before and after (None: absent on that side). Money deltas also carry what
+    has no price on each side: then the figure is a lower bound and the change unknown."""
 
     label: str
     before: float | None
     after: float | None
+    unpriced_before: tuple[str, ...] = ()
+    """Clusters (or, on a cluster's own line, its size) with no price in the base plan."""
+    unpriced_after: tuple[str, ...] = ()
+    unpriced_skus: tuple[str, ...] = ()
+    """The sizes without a price, on either side: what `aml-hpc:prices.<size>` would fix."""
 
     @property
-    def change(self) -> float:
+    def unpriced(self) -> bool:
+        return bool(self.unpriced_before or self.unpriced_after)
+
+    @property
+    def change(self) -> float | None:
+        """after - before; None when either side holds an unpriced size (never a made-up saving)."""
+        if self.unpriced:
+            return None
         return (self.after or 0) - (self.before or 0)
 
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after or self.unpriced_before != self.unpriced_after
+
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "before": self.before, "after": self.after, "change": self.change}
+        return {"label": self.label, "before": self.before, "after": self.after, "change": self.change,
+                "unpricedBefore": list(self.unpriced_before), "unpricedAfter": list(self.unpriced_after),
+                "unpricedSkus": list(self.unpriced_skus)}
 
 
 @dataclass
@@ -123,7 +142,7 @@ class PlanDiff:
 
     @property
     def empty(self) -> bool:
-        return not (self.resources or self.outputs or self.quota or any(d.change for d in self.cost))
+        return not (self.resources or self.outputs or self.quota or any(d.changed for d in self.cost))
 
     def summary(self) -> str:
         counts = [f"{self.count(a)} to {a}" for a in ACTIONS if self.count(a)]
@@ -234,12 +253,38 @@ def _cost(doc: dict[str, Any]) -> dict[str, Any]:
     return doc.get("cost") or {}
 
 
-def _cluster_costs(doc: dict[str, Any]) -> dict[str, tuple[str, float | None]]:
+def _cluster_costs(doc: dict[str, Any]) -> dict[str, tuple[str, float | None, str]]:
+    """name -> (label, full-scale $/hour or None when unpriced, size)."""
     out = {}
     for c in _cost(doc).get("clusters") or []:
         label = f"{c.get('name')} ({c.get('sku')}, {c.get('priority')}, {c.get('min_nodes')}-{c.get('max_nodes')} nodes)"
-        out[str(c.get("name"))] = (label, c.get("fullScaleUsdPerHour"))
+        out[str(c.get("name"))] = (label, c.get("fullScaleUsdPerHour"), str(c.get("sku")))
     return out
+
+
+def _unpriced_skus(*docs: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(sorted({name for d in docs for (_, usd, name) in _cluster_costs(d).values() if usd is None}))
+
+
+def _cost_deltas(base: dict[str, Any], head: dict[str, Any]) -> tuple[list[Delta], list[Delta]]:
+    """The stack's totals (full scale $/hour, idle $/day), then each cluster whose cost moved."""
+    old_cost, new_cost = _cost(base), _cost(head)
+    skus = _unpriced_skus(base, head)
+    gaps = (tuple(old_cost.get("unpriced") or ()), tuple(new_cost.get("unpriced") or ()))
+    totals = [Delta(label, old_cost.get(key, 0.0), new_cost.get(key, 0.0), *gaps, skus)
+              for label, key in (("full scale", "fullScaleUsdPerHour"), ("idle", "idleUsdPerDay"))]
+    old_clusters, new_clusters = _cluster_costs(base), _cluster_costs(head)
+    clusters = []
+    for name in sorted(set(old_clusters) | set(new_clusters)):
+        before, after = old_clusters.get(name), new_clusters.get(name)
+        if before is not None and after is not None and before[1:] == after[1:]:
+            continue
+        unpriced_before = (before[2],) if before is not None and before[1] is None else ()
+        unpriced_after = (after[2],) if after is not None and after[1] is None else ()
+        label = (after or before)[0]  # type: ignore[index]
+        clusters.append(Delta(label, before[1] if before else None, after[1] if after else None,
+                              unpriced_before, unpriced_after, tuple(sorted({*unpriced_before, *unpriced_after}))))
+    return totals, clusters
 
 
 def _quota(doc: dict[str, Any]) -> dict[str, int]:
@@ -271,16 +316,7 @@ def diff(base: dict[str, Any], head: dict[str, Any], base_label: str, head_label
               if key not in new_by_key]
     found.sort(key=lambda d: (ACTIONS.index(d.action), d.component, d.resource.type, d.name))
 
-    old_cost, new_cost = _cost(base), _cost(head)
-    cost = [Delta("full scale", old_cost.get("fullScaleUsdPerHour", 0.0), new_cost.get("fullScaleUsdPerHour", 0.0)),
-            Delta("idle", old_cost.get("idleUsdPerDay", 0.0), new_cost.get("idleUsdPerDay", 0.0))]
-    old_clusters, new_clusters = _cluster_costs(base), _cluster_costs(head)
-    clusters = []
-    for name in sorted(set(old_clusters) | set(new_clusters)):
-        before, after = old_clusters.get(name), new_clusters.get(name)
-        if before is None or after is None or before[1] != after[1]:
-            label = (after or before)[0]  # type: ignore[index]
-            clusters.append(Delta(label, before[1] if before else None, after[1] if after else None))
+    cost, clusters = _cost_deltas(base, head)
     old_quota, new_quota = _quota(base), _quota(head)
     quota = [Delta(name, old_quota.get(name), new_quota.get(name))
              for name in sorted(set(old_quota) | set(new_quota)) if old_quota.get(name) != new_quota.get(name)]

@@ -154,10 +154,12 @@ _ARM: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "azure-native:network:BastionHost": ("Microsoft.Network/bastionHosts/{name}", "bastionHostName", ()),
     "azure-native:network:NetworkInterface": ("Microsoft.Network/networkInterfaces/{name}", "networkInterfaceName", ()),
     "azure-native:compute:VirtualMachine": ("Microsoft.Compute/virtualMachines/{name}", "vmName", ()),
+    "azure-native:compute:VirtualMachineExtension": ("Microsoft.Compute/virtualMachines/{vmName}/extensions/{name}", "vmExtensionName", ("vmName",)),
     "azure-native:operationalinsights:Workspace": ("Microsoft.OperationalInsights/workspaces/{name}", "workspaceName", ()),
     "azure-native:applicationinsights:Component": ("Microsoft.Insights/components/{name}", "resourceName", ()),
     "azure-native:containerregistry:Registry": ("Microsoft.ContainerRegistry/registries/{name}", "registryName", ()),
     "azure-native:managedidentity:UserAssignedIdentity": ("Microsoft.ManagedIdentity/userAssignedIdentities/{name}", "resourceName", ()),
+    "azure-native:managedidentity:FederatedIdentityCredential": ("Microsoft.ManagedIdentity/userAssignedIdentities/{resourceName}/federatedIdentityCredentials/{name}", "federatedIdentityCredentialResourceName", ("resourceName",)),
     "azure-native:machinelearningservices:Workspace": ("Microsoft.MachineLearningServices/workspaces/{name}", "workspaceName", ()),
     "azure-native:machinelearningservices:Compute": ("Microsoft.MachineLearningServices/workspaces/{workspaceName}/computes/{name}", "computeName", ("workspaceName",)),
     "azure-native:machinelearningservices:Datastore": ("Microsoft.MachineLearningServices/workspaces/{workspaceName}/datastores/{name}", "name", ("workspaceName",)),
@@ -187,6 +189,8 @@ def id_inputs(type_token: str) -> tuple[str, ...]:
         return ("scope", "roleAssignmentName")
     if type_token == "azure-native:consumption:Budget":
         return ("scope", "budgetName")
+    if type_token == "azure-native:authorization:RoleDefinition":
+        return ("scope", "roleDefinitionId")
     arm = _ARM.get(type_token)
     if arm is None:
         return ("resourceGroupName",) if type_token.startswith("azure-native:") else ()
@@ -208,6 +212,13 @@ def qualified_name(type_token: str, inputs: dict[str, Any], logical: str) -> str
 
 def _stable_uuid(*parts: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(parts)))
+
+
+def planned_principal(type_token: str, name: str, system_assigned: bool) -> str:
+    """The stand-in principal id the offline plan gives an identity (`name` its physical
+    name): a user-assigned identity's own, or a resource's system-assigned one. Azure's
+    are random; infra.adopt maps these back to the identity to read the real one."""
+    return _stable_uuid("principal", type_token, name) if system_assigned else _stable_uuid("principal", name)
 
 
 def physical_name(type_token: str, inputs: dict[str, Any], logical: str) -> str:
@@ -256,6 +267,8 @@ class PlanMocks(mocks.Mocks):
             return f"{inputs.get('scope')}/providers/Microsoft.Authorization/roleAssignments/{guid}"
         if type_token == "azure-native:consumption:Budget":
             return f"{inputs.get('scope')}/providers/Microsoft.Consumption/budgets/{name}"
+        if type_token == "azure-native:authorization:RoleDefinition":
+            return f"{inputs.get('scope')}/providers/Microsoft.Authorization/roleDefinitions/{inputs.get('roleDefinitionId')}"
         # Extension resources live under the resource they watch or lock.
         if type_token == "azure-native:monitor:DiagnosticSetting":
             return f"{inputs.get('resourceUri')}/providers/Microsoft.Insights/diagnosticSettings/{inputs.get('name') or logical}"
@@ -280,7 +293,7 @@ class PlanMocks(mocks.Mocks):
                 for uid in identity["userAssignedIdentities"]}}
         if isinstance(identity, dict) and "SystemAssigned" in str(identity.get("type", "")):
             # Azure fills in the system-assigned identity's principal (role grants use it).
-            out["identity"] = {**out.get("identity", identity), "principalId": _stable_uuid("principal", type_token, name),
+            out["identity"] = {**out.get("identity", identity), "principalId": planned_principal(type_token, name, True),
                                "tenantId": FAKE_TENANT}
         if type_token == "azure-native:storage:StorageAccount":
             out["primaryEndpoints"] = {"blob": f"https://{name}.blob.core.windows.net/",
@@ -289,7 +302,7 @@ class PlanMocks(mocks.Mocks):
             out["loginServer"] = f"{name.lower()}.azurecr.io"
         elif type_token == "azure-native:managedidentity:UserAssignedIdentity":
             out["clientId"] = _stable_uuid("client", name)
-            out["principalId"] = _stable_uuid("principal", name)
+            out["principalId"] = planned_principal(type_token, name, False)
             out["tenantId"] = FAKE_TENANT
         elif type_token == "azure-native:keyvault:Key":
             # Azure answers with the key's URL and its first version's URL.
@@ -298,4 +311,27 @@ class PlanMocks(mocks.Mocks):
             out["keyUriWithVersion"] = f"{key_uri}/{uuid.uuid5(uuid.NAMESPACE_URL, key_uri).hex}"
         elif type_token == "azure-native:machinelearningservices:Workspace":
             out["discoveryUrl"] = f"https://{inputs.get('location', 'region')}.api.azureml.ms/discovery"
+        elif type_token == "azure-native:machinelearningservices:Registry":
+            out["regionDetails"] = self._registry_region_details(inputs, name)
+        return out
+
+    def _registry_region_details(self, inputs: dict[str, Any], name: str) -> list[dict[str, Any]]:
+        """Each region with the ids of what Azure ML creates for it in the registry's managed
+        resource group: a storage account per region, one container registry for all
+        (geo-replicated). Synthetic names; Azure's are its own."""
+        group = f"azureml-rg-{name}_{_stable_uuid('registry', name)}"
+        prefix = f"/subscriptions/{self.subscription_id}/resourceGroups/{group}/providers"
+        token = "".join(c for c in name.lower() if c.isalnum())[:12]
+        out = []
+        for i, region in enumerate(inputs.get("regionDetails") or []):
+            details = {**region}
+            details["acrDetails"] = [{**acr, "systemCreatedAcrAccount": {
+                **(acr.get("systemCreatedAcrAccount") or {}), "acrAccountName": f"{token}acr",
+                "armResourceId": {"resourceId": f"{prefix}/Microsoft.ContainerRegistry/registries/{token}acr"}}}
+                for acr in region.get("acrDetails") or []]
+            details["storageAccountDetails"] = [{**account, "systemCreatedStorageAccount": {
+                **(account.get("systemCreatedStorageAccount") or {}), "storageAccountName": f"{token}st{i}",
+                "armResourceId": {"resourceId": f"{prefix}/Microsoft.Storage/storageAccounts/{token}st{i}"}}}
+                for account in region.get("storageAccountDetails") or []]
+            out.append(details)
         return out

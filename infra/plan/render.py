@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra import quirks
+from core.permissions import MODEL
 from infra.plan import STACK_REFERENCE, Plan
 from infra.plan.mocks import RecordedResource, qualified_name
-from infra.plan.text import DETAIL, INDENT, money, pair, wrap
+from infra.plan.render_reachability import reachability_lines
+from infra.plan.text import DETAIL, INDENT, money, pair, price_fix, wrap
 
-_ROLE_NAMES = {
-    quirks.ROLE_STORAGE_BLOB_DATA_READER: "Storage Blob Data Reader",
-    quirks.ROLE_STORAGE_BLOB_DATA_CONTRIBUTOR: "Storage Blob Data Contributor",
-    quirks.ROLE_ACR_PULL: "AcrPull",
-}
+
+def role_name(role_definition_id: str) -> str:
+    """A role assignment's role by name (the permission model's), else its GUID."""
+    parts = str(role_definition_id or "").split("/")
+    subscription = parts[2] if len(parts) > 2 and parts[1].lower() == "subscriptions" else ""
+    role = MODEL.role_by_guid(parts[-1], subscription)
+    return role.name if role else parts[-1]
 
 
 def short_type(type_token: str) -> str:
@@ -73,8 +76,9 @@ def details(r: RecordedResource) -> str:
         regions = ", ".join(str(d.get("location")) for d in i.get("regionDetails") or [])
         return f"regions {regions}, network {i.get('publicNetworkAccess')}"
     if t == "azure-native:authorization:RoleAssignment":
-        guid = _last(i.get("roleDefinitionId"))
-        return f"{_ROLE_NAMES.get(guid, guid)} on {_short_scope(i.get('scope', ''))} ({i.get('principalType')})"
+        condition = ", with a condition" if i.get("condition") else ""
+        return (f"{role_name(str(i.get('roleDefinitionId') or ''))} on {_short_scope(i.get('scope', ''))} "
+                f"({i.get('principalType')}{condition})")
     if t == "azure-native:consumption:Budget":
         notes = i.get("notifications") or {}
         return f"${i.get('amount') or 0:,.0f}/month, alerts at {', '.join(sorted(notes))}"
@@ -176,6 +180,7 @@ def render(plan: Plan) -> str:
         for r in members:
             lines += resource_lines(r)
     lines += [""] + cost_lines(plan) + [""] + quota_lines(plan) + [""] + outputs_lines(plan)
+    lines += [""] + reachability_lines(plan)
     return "\n".join(lines) + "\n"
 
 
@@ -184,14 +189,24 @@ def cost_lines(plan: Plan) -> list[str]:
     lines = ["GPU cost at reference on-demand prices"]
     for c in cost.clusters:
         lines += pair(c.name, f"{c.sku}, {c.priority}, {c.min_nodes}-{c.max_nodes} nodes")
+        if c.usd_per_node_hour is None:
+            lines += wrap(f"UNPRICED: no reference price for {c.sku}, so no figure at all (not $0); "
+                          f"{price_fix((c.sku,))}", DETAIL)
+            continue
         lines += wrap(f"{money(c.usd_per_node_hour, '/node-hour')}: {money(c.full_scale_usd_per_hour, '/hour')} "
                       f"at full scale, {money(c.idle_usd_per_day, '/day')} idle", DETAIL)
         lines += wrap(f"price: {c.price_source}", DETAIL)
     if not cost.clusters:
         lines.append(f"{INDENT}no clusters")
-    lines += wrap(f"Full scale: {money(cost.full_scale_usd_per_hour, '/hour')}; idle: "
+    bound = "at least " if cost.unpriced else ""
+    lines += wrap(f"Full scale: {bound}{money(cost.full_scale_usd_per_hour, '/hour')}; idle: {bound}"
                   f"{money(cost.idle_usd_per_day, '/day')} (nodes only: GPU and the runs' controller; low "
-                  f"priority at on-demand prices, an upper bound)" + (f"; unpriced: {', '.join(cost.unpriced)}" if cost.unpriced else ""))
+                  f"priority at on-demand prices, an upper bound)"
+                  + (f"; unpriced: {', '.join(cost.unpriced)}" if cost.unpriced else ""))
+    if cost.priced_elsewhere:
+        lines += wrap(f"Prices: {' and '.join(cost.priced_elsewhere)} prices, not {cost.location}: the catalog "
+                      f"holds one region's rows and Azure's prices differ by region; set aml-hpc:prices.<size> "
+                      f"for {cost.location}'s figures")
     return lines
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from infra.plan.diff import ABSENT, Change, Delta, PlanDiff, ResourceDiff
 from infra.plan.render import details, short_type
-from infra.plan.text import DETAIL, INDENT, WIDTH, money, pair, signed_money, value, wrap
+from infra.plan.text import DETAIL, INDENT, WIDTH, money, pair, price_fix, signed_money, value, wrap
 
 SIGIL = {"add": "+", "remove": "-", "replace": "!", "update": "~"}
 MARKER = "<!-- aml-hpc offline plan diff -->"
@@ -70,20 +70,34 @@ def _delta_text(d: Delta, fmt, unit: str = "") -> str:
     after = "none" if d.after is None else fmt(d.after) + unit
     if d.before == d.after:
         return f"{after} (no change)"
-    change = signed_money(d.change, unit) if fmt is _usd else f"{d.change:+,.0f}{unit}"
-    return f"{before} -> {after} ({change})"
+    return f"{before} -> {after} ({d.change:+,.0f}{unit})"
 
 
-def _usd(v: float) -> str:
-    return money(v)
+def _money_side(value: float | None, unpriced: tuple[str, ...], unit: str) -> str:
+    """A money figure, honest about what it leaves out: a size without a price is never $0."""
+    if not unpriced:
+        return "none" if value is None else money(value, unit)
+    if value is None:
+        return "unpriced"
+    return f"at least {money(value, unit)} + unpriced {', '.join(unpriced)}"
+
+
+def money_delta_text(d: Delta, unit: str) -> str:
+    before, after = _money_side(d.before, d.unpriced_before, unit), _money_side(d.after, d.unpriced_after, unit)
+    if not d.changed:
+        return f"{after} (no change)"
+    if d.change is None:
+        return f"{before} -> {after} (change unknown: no price for {', '.join(d.unpriced_skus)}; " \
+               f"{price_fix(d.unpriced_skus)})"
+    return f"{before} -> {after} ({signed_money(d.change, unit)})"
 
 
 def cost_lines(diff: PlanDiff) -> list[str]:
     lines = ["GPU cost at reference on-demand prices"]
     for d, unit in zip(diff.cost, ("/hour", "/day"), strict=True):
-        lines += wrap(f"{d.label}: {_delta_text(d, _usd, unit)}", INDENT, DETAIL)
+        lines += wrap(f"{d.label}: {money_delta_text(d, unit)}", INDENT, DETAIL)
     for d in diff.clusters:
-        lines += wrap(f"{d.label}: {_delta_text(d, _usd, '/hour')}", INDENT, DETAIL)
+        lines += wrap(f"{d.label}: {money_delta_text(d, '/hour')}", INDENT, DETAIL)
     return lines
 
 
@@ -119,7 +133,10 @@ def render_text(diff: PlanDiff) -> str:
 
 def headline(diff: PlanDiff) -> str:
     full = diff.cost[0]
-    money_move = f"; full scale {signed_money(full.change, '/hour')}" if full.change else ""
+    if full.change is None and full.changed:
+        money_move = f"; full scale: change unknown (unpriced {', '.join(full.unpriced_skus)})"
+    else:
+        money_move = f"; full scale {signed_money(full.change, '/hour')}" if full.change else ""
     quota_move = "; quota " + ", ".join(f"{d.label} {d.change:+,.0f}" for d in diff.quota) if diff.quota else ""
     return f"{diff.summary()}{money_move}{quota_move}"
 

@@ -42,3 +42,8 @@ def money(v: float | None, unit: str = "") -> str:
 
 def signed_money(v: float, unit: str = "") -> str:
     return f"{'+' if v >= 0 else '-'}${abs(v):,.2f}{unit}"
+
+
+def price_fix(skus: tuple[str, ...]) -> str:
+    """What makes an unpriced size priced."""
+    return "set " + " and ".join(f"aml-hpc:prices.{s}" for s in skus) + " in the stack file"

@@ -23,6 +23,7 @@ from datetime import UTC, date, datetime
 
 from core import availability, skus
 from infra import quirks
+from infra.policy import baseline
 from infra.policy.model import (
     Finding,
     Level,
@@ -95,6 +96,7 @@ TAGGABLE = frozenset({
     "azure-native:network:BastionHost",
     NETWORK_INTERFACE,
     VIRTUAL_MACHINE,
+    "azure-native:compute:VirtualMachineExtension",
     KEY_VAULT_KEY,
 })
 
@@ -627,9 +629,10 @@ def _managed_network_outbound(r: ResourceView, stack: StackView, limits: Limits)
     mode = network.get("isolationMode")
     name = r.inputs.get("workspaceName") or r.name
     if mode == "AllowInternetOutbound":
-        yield Finding(f"workspace {name!r}: jobs may send data to any host on the internet (AllowInternetOutbound)",
-                      "use outbound: AllowOnlyApprovedOutbound with FQDN rules for the hosts jobs need; Azure allows "
-                      "that switch once, and never back")
+        if baseline.environment_of(r, stack) == baseline.DEV:  # outside dev, no-internet-outbound refuses it
+            yield Finding(f"workspace {name!r}: jobs may send data to any host on the internet (AllowInternetOutbound)",
+                          "use outbound: AllowOnlyApprovedOutbound with FQDN rules for the hosts jobs need; Azure "
+                          "allows that switch once, and never back")
         return
     rules = network.get("outboundRules") or {}
     fqdn = [rule.get("destination") for rule in (rules.values() if hasattr(rules, "values") else [])
@@ -759,6 +762,25 @@ RULES: tuple[Rule, ...] = (
     Rule("vm-ssh-key-only", "mandatory", "VMs (the jump box) allow SSH keys only.", check_resource=_vm_ssh_key_only),
     Rule("no-public-ip-on-nics", "mandatory", "Network interfaces have no public IP (reach VMs through Bastion).",
          check_resource=_no_public_ip_nic),
+    # The security baseline (infra/policy/baseline.py): outside dev, and for roles everywhere.
+    Rule("no-public-network-access", "mandatory",
+         "Outside dev, storage, Key Vaults, registries, workspaces and ML registries take no connections from the "
+         "internet.", check_resource=baseline.public_network_access),
+    Rule("no-shared-key-storage", "mandatory", "Outside dev, no storage account accepts its account key.",
+         check_resource=baseline.no_shared_key),
+    Rule("no-internet-outbound", "mandatory", "Outside dev, a managed network never allows all internet outbound.",
+         check_resource=baseline.no_internet_outbound),
+    Rule("outbound-fqdn-allow-listed", "mandatory",
+         "Outside dev, a managed network's FQDN rules name exact hosts of infra/policy/outbound.toml, no wildcard.",
+         check_resource=baseline.outbound_allow_listed),
+    Rule("no-public-ips", "mandatory",
+         "Outside dev, public IPs only on Bastion and NAT gateways, none on cluster nodes.",
+         check_stack=baseline.no_public_ips),
+    Rule("no-privileged-roles", "mandatory",
+         "No Owner, no User Access Administrator, no Role Based Access Control Administrator without the condition "
+         "that constrains the roles it assigns.", check_resource=baseline.no_privileged_roles),
+    Rule("role-in-permission-model", "mandatory",
+         "Every role assignment gives a role core/catalog/permissions.toml names.", check_resource=baseline.role_in_model),
 )
 
 RULES_BY_NAME = {rule.name: rule for rule in RULES}

@@ -23,6 +23,10 @@ STATUS_FILE = f"{STATE_DIR}/beeond.status"
 CONFIG_DIR = "/etc/beegfs/amlhpc"
 ROOT_KEY = "/root/.ssh/amlhpc_beeond"
 NVME_MOUNT = "/mnt/resource_nvme"  # the NDv4 performance article
+BEEGFS_KEY_FINGERPRINT = "0683AF2B9AC5BC7D59B2D62340CE4E243CD50804"
+"""The BeeGFS packages' signing key ("The fingerprint of our signing key is 0683 AF2B 9AC5 BC7D
+59B2 D623 40CE 4E24 3CD5 0804", BeeGFS download page, https://www.beegfs.io/c/download/, read
+2026-11): the downloaded key is trusted only when it is this one."""
 MD_DEVICE = "/dev/md128"  # the NDv4 performance article
 
 
@@ -61,7 +65,17 @@ sudo -n true 2>/dev/null || {{ echo "password-less sudo is needed on the node" >
 if ! command -v beeond >/dev/null 2>&1; then
   . /etc/os-release
   base=https://www.beegfs.io/release/beegfs_{version}
-  wget -q -O- "$base/gpg/GPG-KEY-beegfs" | sudo -n gpg --dearmor --yes -o /etc/apt/trusted.gpg.d/beegfs.gpg
+  key=$(mktemp)
+  wget -q -O "$key" "$base/gpg/GPG-KEY-beegfs"
+  # Trusted only when the file holds exactly BeeGFS's published key (never on first download).
+  keys=$(gpg --batch --with-colons --show-keys "$key" 2>/dev/null || true)
+  fpr=$(awk -F: '$1 == "fpr" {{print $10; exit}}' <<<"$keys")
+  if [ "$(grep -c '^pub:' <<<"$keys")" != 1 ] || [ "$fpr" != {BEEGFS_KEY_FINGERPRINT} ]; then
+    echo "the BeeGFS signing key at $base is not the published one ({BEEGFS_KEY_FINGERPRINT}): refusing it" >&2
+    rm -f "$key"; exit 4
+  fi
+  sudo -n gpg --dearmor --yes -o /etc/apt/trusted.gpg.d/beegfs.gpg < "$key"
+  rm -f "$key"
   wget -q -O- "$base/dists/beegfs-${{VERSION_CODENAME}}.list" | sudo -n tee /etc/apt/sources.list.d/beegfs.list >/dev/null
   sudo -n apt-get update -q
   sudo -n DEBIAN_FRONTEND=noninteractive apt-get install -y -q beeond libbeegfs-ib pdsh "linux-headers-$(uname -r)"

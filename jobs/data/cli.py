@@ -2,7 +2,9 @@
 
     python -m jobs data upload LOCAL_DIR --stack dev --prefix NAME
         [--outputs FILE | --offline] [--connection-string-env VAR] [--container NAME]
-        [--workers N] [--level N] [--member-mib N] [--rewrite] [--cap-mbps N] [--json]
+        [--workers N] [--level N] [--member-mib N] [--rewrite] [--verify-stored]
+        [--allow-skips] [--cap-mbps N] [--json]
+    python -m jobs data seal --stack dev --prefix NAME [--reseal BLOB ...] [target options] [--json]
 
 Where the data goes:
 - Azure (default): the stack's dataset account (`storage.blobEndpoint`) and container
@@ -14,8 +16,15 @@ Where the data goes:
   `--container`, else from the outputs when `--outputs`/`--offline` is given, else
   `datasets`; it is created when missing.
 
-Exit codes: 0 done, 1 some files failed (the rest are uploaded; re-run to finish),
-2 bad input (nothing uploaded), 130 interrupted.
+`upload` follows symbolic links; entries it cannot upload (a link loop, a dangling link,
+a FIFO, an unreadable file) are listed with their reason and make it exit 1 once the rest
+is uploaded, unless `--allow-skips`. Another upload committing the same blob first makes
+this one fail for that blob, naming the other (jobs/data/upload.py). `seal` records a
+checksum for every blob under the prefix that has none (jobs/data/seal.py), so staging
+verifies another tool's blobs like the uploader's own.
+
+Exit codes: 0 done, 1 some files failed or were skipped (the rest are uploaded; re-run
+to finish), 2 bad input (nothing uploaded), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from rich.table import Table
 
 from core.errors import Problem, ProblemCollector, UserError, exit_with
 from jobs import credentials
+from jobs.data import seal as sealer
 from jobs.data import upload as uploader
 from jobs.runtime import blobio
 from jobs.runtime.throttle import Throttle
@@ -184,6 +194,8 @@ def upload_command(
     level: Annotated[int, typer.Option("--level", help="Compression level: 0-3 isal (fast), 4-9 zlib (smaller, slower).")] = uploader.DEFAULT_LEVEL,
     member_mib: Annotated[float, typer.Option("--member-mib", help="MiB of input per gzip member; larger files are staged on several cores.")] = uploader.gzmembers.DEFAULT_MEMBER_BYTES / (1 << 20),
     rewrite: Annotated[bool, typer.Option("--rewrite", help="Upload every file again, even unchanged ones (e.g. to add members and stored digests to blobs of an older upload).")] = False,
+    verify_stored: Annotated[bool, typer.Option("--verify-stored", help="Read every blob's stored bytes and upload again those that differ from their recorded checksums (what staging refuses with 'mismatch').")] = False,
+    allow_skips: Annotated[bool, typer.Option("--allow-skips", help="Exit 0 even when some entries (link loops, dangling links, FIFOs, unreadable files) could not be uploaded; they are still listed.")] = False,
     cap_mbps: Annotated[float | None, typer.Option("--cap-mbps", help="Cap the upload bandwidth, megabits per second.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of the short error block.")] = False,
@@ -194,24 +206,29 @@ def upload_command(
         target = resolve_target(stack, outputs_file=outputs_file, offline=offline,
                                 connection_string_env=connection_string_env, container=container,
                                 max_connections=max(16, 4 * (workers or os.cpu_count() or 2)))
-        files = uploader.scan(local_dir)
-        if not files:
+        walked = uploader.scan_all(local_dir)
+        files = walked.files
+        if not files and not walked.skipped:
             raise UserError([Problem(str(local_dir), "", "holds no files", "point LOCAL_DIR at the dataset")], "invalid options")
         _ensure_container(target, stack)
     except UserError as exc:
         exit_with(exc, debug)
 
     clean = uploader.normalize_prefix(prefix)
+    skipping = f", skipping {len(walked.skipped)} entries (listed at the end)" if walked.skipped else ""
     err.print(f"uploading {len(files)} files ({sum(f.size for f in files) / 1e6:,.1f} MB) from {local_dir} to "
-              f"{target.description}/{clean}/ ({target.auth}) with {uploader.compressor_name(level)}", highlight=False)
+              f"{target.description}/{clean}/ ({target.auth}) with {uploader.compressor_name(level)}{skipping}",
+              highlight=False)
     progress = RichProgress(err)
     try:
         report = uploader.upload_directory(target.container, local_dir, clean, workers=workers, level=level,
                                            throttle=Throttle.from_mbits_per_s(cap_mbps), progress=progress, files=files,
-                                           member_bytes=int(member_mib * (1 << 20)), rewrite=rewrite)
+                                           member_bytes=int(member_mib * (1 << 20)), rewrite=rewrite,
+                                           verify_stored=verify_stored, skipped=walked.skipped)
     except uploader.UploadError as exc:
         progress.stop()
         err.print(f"[red]error:[/] {exc}", highlight=False)
+        _print_skipped(walked.skipped, allow_skips)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         progress.stop()
@@ -226,6 +243,67 @@ def upload_command(
         raise typer.Exit(1) from None
     progress.stop()
     _print_report(report, clean)
+    _print_skipped(report.skipped, allow_skips)
+    if json_out:
+        print(json.dumps(report.to_json(), indent=2))
+    if report.skipped and not allow_skips:
+        raise typer.Exit(1)
+
+
+def _print_skipped(skipped: list, allowed: bool) -> None:
+    if not skipped:
+        return
+    shown = "\n  - ".join(item.line() for item in skipped[:20])
+    more = f"\n  ... and {len(skipped) - 20} more" if len(skipped) > 20 else ""
+    verdict = ("accepted (--allow-skips)" if allowed else
+               "fix or remove them and re-run, or pass --allow-skips to accept the dataset without them")
+    err.print(f"[yellow]skipped:[/] {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} not uploaded; {verdict}:"
+              f"\n  - {shown}{more}", highlight=False)
+
+
+@app.command("seal")
+def seal_command(
+    stack: Stack,
+    prefix: Annotated[str, typer.Option("--prefix", help="Blob prefix of the dataset to seal, e.g. imagenet/2012.")],
+    reseal: Annotated[list[str] | None, typer.Option("--reseal", help="Record the checksum of this blob again (full blob name; after restoring its bytes from the source). Repeatable.")] = None,
+    outputs_file: Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file; wins over the deployed stack.")] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Container name from the offline plan (with --connection-string-env only).")] = False,
+    connection_string_env: Annotated[str | None, typer.Option("--connection-string-env", help="Use the account in this variable's connection string (Azurite); wins over the stack's account.")] = None,
+    container: Annotated[str | None, typer.Option("--container", help="Container; wins over the stack's storage.containers.datasets.")] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Blobs read at once.")] = 4,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of the short error block.")] = False,
+) -> None:
+    """Record a checksum (Content-MD5, and SHA-256 in metadata) for every blob under PREFIX that has none, so staging verifies it."""
+    try:
+        found = ProblemCollector("command line", "invalid options")
+        clean = uploader.normalize_prefix(prefix)
+        if not clean:
+            found.add("--prefix", f"{prefix!r} is empty", "name the dataset's prefix, e.g. --prefix imagenet/2012")
+        if workers < 1:
+            found.add("--workers", f"{workers} is below 1", "use at least 1")
+        found.raise_if_any()
+        target = resolve_target(stack, outputs_file=outputs_file, offline=offline,
+                                connection_string_env=connection_string_env, container=container)
+        if not credentials.check_container(target.container, target=target.description, grant=""):
+            raise UserError([Problem(target.description, "", "container does not exist",
+                                     "check --container or the stack outputs")], "invalid target")
+    except UserError as exc:
+        exit_with(exc, debug)
+    err.print(f"sealing blobs under {target.description}/{clean}/ ({target.auth})", highlight=False)
+    try:
+        report = sealer.seal_prefix(target.container, clean, reseal=reseal or (), workers=workers)
+    except sealer.SealError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    except Exception as exc:
+        if debug:
+            raise
+        known = credentials.explain(exc, target=target.description, role=credentials.BLOB_DATA_ROLE)
+        err.print(f"[red]error:[/] {known.render() if known else uploader.describe_azure_error(exc)}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(f"{report.blobs} blob(s) under {clean}/: {len(report.sealed)} sealed ({report.bytes_read / 1e6:,.1f} MB "
+              f"read), {report.already} already had a checksum", highlight=False)
     if json_out:
         print(json.dumps(report.to_json(), indent=2))
 
@@ -249,12 +327,17 @@ def _ensure_container(target: Target, stack: str) -> None:
 
 def _print_report(report: uploader.UploadReport, prefix: str) -> None:
     table = Table(title=f"upload to {prefix}/", show_header=True)
-    for column in ("files", "uploaded", "unchanged", "refreshed", "MB in", "MB stored", "ratio", "seconds", "MB/s"):
+    for column in ("files", "uploaded", "unchanged", "refreshed", "verified", "skipped", "MB in", "MB stored", "ratio",
+                   "seconds", "MB/s"):
         table.add_column(column, justify="right")
     table.add_row(str(report.files), str(report.uploaded), str(report.unchanged), str(report.refreshed),
+                  str(report.verified), str(len(report.skipped)),
                   f"{report.bytes_in / 1e6:,.1f}", f"{report.bytes_stored / 1e6:,.1f}",
                   f"{report.ratio:.2f}x" if report.bytes_stored else "-", f"{report.seconds:.1f}", f"{report.mb_per_s:,.1f}")
     err.print(table)
     if report.remote_only:
         err.print(f"note: {len(report.remote_only)} blob(s) under {prefix}/ have no local file and were left alone "
                   f"(e.g. {report.remote_only[0]})", highlight=False)
+    if report.repaired:
+        err.print(f"note: {report.repaired} blob(s) whose stored bytes differed from their checksums were uploaded "
+                  "again", highlight=False)

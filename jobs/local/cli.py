@@ -1,11 +1,15 @@
 """`python -m jobs run RECIPE --local`: rehearse a recipe on this machine (jobs/local/rehearsal.py).
 
-    python -m jobs run cosmoflow --local [--nodes 2] [--procs-per-node 2] [--stack dev]
+    python -m jobs run cosmoflow [--local] [--nodes 2] [--procs-per-node 2] [--stack dev]
         [--set key=value ...] [--name NAME] [--data INPUT=DIR] [--quiet]
-        [--managed [--preempt-after S [--preempt-node K]] [--hang-after S [--hang-node K]]]
+        [--managed [--resume] [--preempt-at-step N [--preempt-node K]] [--hang-at-step N [--hang-node K]]
+                   [--kill-host-at-step N [--kill-host-node K]] [--slow-node K --slow-factor F]
+                   [--kill-controller-at PHASE]]
 
-With --managed the run is supervised as `submit --managed` would be in Azure, and a fault
-can be injected into its first attempt (jobs/local/managed.py).
+With --managed the run is supervised as `submit --managed` would be in Azure, and faults are
+injected into its first attempt at a training step or a controller phase (jobs/local/managed.py);
+a fault that did not happen fails the command (exit 1). A managed run's name in use is
+refused unless --resume (its default name is new each time).
 
 In order: the recipe with its local profile (`local:` in the recipe: a model, messages and
 data a 2-core machine without a GPU can run; --set wins over it), then what the profile
@@ -29,6 +33,7 @@ import contextlib
 import difflib
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -38,12 +43,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from core import project
 from core.errors import Problem, UserError
 from jobs.cli_options import guard
 from jobs.local import processes
 from jobs.runtime import contract
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = project.root()
 AZURITE_DIR_VARIABLE = "AMLHPC_AZURITE_DIR"
 """Where the rehearsal's own Azurite keeps its data (default .azurite/)."""
 DEFAULT_NODES = 2
@@ -69,7 +75,7 @@ def local_blob():
         return
     from jobs.local import azurite
 
-    folder = Path(os.environ.get(AZURITE_DIR_VARIABLE) or REPO_ROOT / ".azurite")
+    folder = Path(os.environ.get(AZURITE_DIR_VARIABLE) or PROJECT_ROOT / ".azurite")
     try:
         server = azurite.start(folder)
     except (azurite.AzuriteNotInstalled, RuntimeError, TimeoutError) as exc:
@@ -118,7 +124,7 @@ def upload_inputs(plan, data: dict[str, Path], connection_string: str, echo) -> 
 
 def run(
     recipe: Annotated[str, typer.Argument(help="Recipe name (jobs/recipes/NAME.yaml) or path.")],
-    local: Annotated[bool, typer.Option("--local", help="Rehearse on this machine (the only mode; Azure runs use `submit`).")] = False,
+    local: Annotated[bool, typer.Option("--local", help="Accepted, not needed: rehearsing on this machine is `run`'s only mode (Azure runs use `submit`).")] = False,
     stack: Annotated[str, typer.Option("--stack", help="Stack whose outputs the job is planned against.")] = "dev",
     outputs_file: Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file instead of the offline plan.")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Simulated nodes; wins over the local profile (default 2).")] = None,
@@ -130,21 +136,23 @@ def run(
     timeout: Annotated[float, typer.Option("--timeout", help="Stop every process after this many seconds.")] = 1800,
     quiet: Annotated[bool, typer.Option("--quiet", help="Show rank 0's lines and errors only.")] = False,
     managed: Annotated[bool, typer.Option("--managed", help="Rehearse a managed run: the supervision resubmits after a fault, resuming from the checkpoint (jobs/local/managed.py).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="With --managed: continue the run named by --name (a name in use is refused otherwise).")] = False,
     max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first.")] = None,
-    preempt_after: Annotated[float | None, typer.Option("--preempt-after", help="With --managed: preempt a node this many seconds into the first attempt's training.")] = None,
+    preempt_at_step: Annotated[int | None, typer.Option("--preempt-at-step", help="With --managed: preempt a node when the first attempt's training reaches this step.")] = None,
     preempt_node: Annotated[int, typer.Option("--preempt-node", help="The simulated node that is preempted.")] = 0,
     preempt_grace: Annotated[float, typer.Option("--preempt-grace", help="Seconds between SIGTERM and SIGKILL on preemption.")] = 5.0,
-    hang_after: Annotated[float | None, typer.Option("--hang-after", help="With --managed: freeze a node's training this many seconds into the first attempt.")] = None,
+    hang_at_step: Annotated[int | None, typer.Option("--hang-at-step", help="With --managed: freeze a node's training at this step of the first attempt.")] = None,
     hang_node: Annotated[int, typer.Option("--hang-node", help="The simulated node whose training hangs.")] = 0,
+    kill_host_at_step: Annotated[int | None, typer.Option("--kill-host-at-step", help="With --managed: SIGKILL a node's processes (a lost host) at this step of the first attempt.")] = None,
+    kill_host_node: Annotated[int, typer.Option("--kill-host-node", help="The simulated node that is lost.")] = 0,
+    slow_node: Annotated[int | None, typer.Option("--slow-node", help="With --managed: the simulated node whose own work per step is --slow-factor times longer (a straggler).")] = None,
+    slow_factor: Annotated[float | None, typer.Option("--slow-factor", help="How much slower --slow-node is (e.g. 3).")] = None,
+    kill_controller_at: Annotated[str | None, typer.Option("--kill-controller-at", help="With --managed: the controller dies at this phase (claim, claimed, submitted, watch, ended, backoff, record-write); the revival check must replace it.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Run RECIPE on this machine as Azure ML would: N simulated nodes, real launcher, Azurite as Blob."""
 
     def body() -> None:
-        if not local:
-            raise UserError([Problem("command line", "--local", "`run` rehearses locally only",
-                                     f"add --local, or submit to Azure: python -m jobs submit {recipe} --stack {stack}")],
-                            "nothing to run")
         if (procs_per_node is not None and procs_per_node < 1) or (nodes is not None and nodes < 1):
             raise UserError([Problem("command line", "--nodes/--procs-per-node", "must be 1 or more", "e.g. --nodes 2 --procs-per-node 2")],
                             "invalid rehearsal size")
@@ -154,18 +162,23 @@ def run(
 
         overrides = recipes.parse_overrides(sets or [])
         r = recipes.load(recipe, overrides, local=True)
-        if hang_after is not None and r.watchdog.hang_s is None:  # find the rehearsed hang in seconds, not minutes
+        if managed and r.watchdog.hang_s is None:  # find a rehearsed hang in seconds, not minutes
             r = recipes.load(recipe, {**overrides, "watchdog.hang_s": 10}, local=True)
         size = nodes or r.local.nodes or DEFAULT_NODES
-        faults = managed_rehearsal.faults_from_flags(size, preempt_after=preempt_after, preempt_node=preempt_node,
-                                                     preempt_grace=preempt_grace, hang_after=hang_after,
-                                                     hang_node=hang_node, managed=managed)
+        faults = managed_rehearsal.faults_from_flags(
+            size, preempt_at_step=preempt_at_step, preempt_node=preempt_node, preempt_grace=preempt_grace,
+            hang_at_step=hang_at_step, hang_node=hang_node, kill_host_at_step=kill_host_at_step,
+            kill_host_node=kill_host_node, slow_node=slow_node, slow_factor=slow_factor,
+            kill_controller_at=kill_controller_at, managed=managed)
+        if resume and not (managed and name):
+            raise UserError([Problem("command line", "--resume", "continues a managed rehearsal by its name",
+                                     "add --managed --name RUN")], "invalid flags")
         requirements.check(r)  # before the plan, Blob, data or staging: a refusal takes seconds
         uploads = _parse_data(data or [], r)
         rehearse(r, stack=stack, outputs_file=outputs_file, nodes=size,
                  procs_per_node=procs_per_node or r.local.processes_per_node or DEFAULT_PROCS_PER_NODE,
                  name=name, uploads=uploads, workdir=workdir, timeout=timeout, quiet=quiet,
-                 managed=Managed(faults, max_restarts) if managed else None)
+                 managed=Managed(faults, max_restarts, kill_controller_at, resume) if managed else None)
 
     try:
         with processes.supervised():
@@ -181,6 +194,8 @@ class Managed:
 
     faults: list
     max_restarts: int | None
+    kill_controller_at: str | None = None
+    resume: bool = False
 
 
 def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_node: int, name: str | None,
@@ -193,12 +208,13 @@ def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_
     from jobs.local import datasets, folders, rehearsal
 
     loaded = outputs_mod.load(stack, outputs_file=outputs_file, offline=outputs_file is None)
-    run_name = name or f"{r.name}-local"
+    # a managed run's name is its record's: a new one each time unless given (a name in use needs --resume)
+    run_name = name or (f"{r.name}-managed-{time.strftime('%Y%m%d-%H%M%S')}" if managed else f"{r.name}-local")
     plan = build.plan_job(r, loaded.outputs, nodes=nodes, processes_per_node=procs_per_node, name=run_name)
     folder = workdir or folders.REHEARSALS / run_name
     if workdir is None:
         for old in folders.prune(folders.REHEARSALS, folders.KEEP_REHEARSALS, current=folder):
-            out.print(f"[dim]removed an old rehearsal folder: {old.relative_to(REPO_ROOT)}[/]")
+            out.print(f"[dim]removed an old rehearsal folder: {old.relative_to(PROJECT_ROOT)}[/]")
     snapshot = build.snapshot(plan.code_dirs)
     folders.touch(snapshot)
     folders.prune(folders.SNAPSHOTS, folders.KEEP_SNAPSHOTS, current=snapshot)
@@ -221,10 +237,20 @@ def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_
         if managed is not None:
             from jobs.local import managed as managed_rehearsal
 
-            done = managed_rehearsal.run_and_report(
-                r, loaded.outputs, plan, console=out, max_restarts=managed.max_restarts, snapshot=snapshot,
-                workdir=folder, procs_per_node=procs_per_node, blob_endpoint=endpoint, connection_string=connection,
-                containers=containers, sink=sink, faults=managed.faults, timeout_s=timeout)
+            try:
+                done = managed_rehearsal.run_and_report(
+                    r, loaded.outputs, plan, console=out, max_restarts=managed.max_restarts, snapshot=snapshot,
+                    workdir=folder, procs_per_node=procs_per_node, blob_endpoint=endpoint, connection_string=connection,
+                    containers=containers, sink=sink, faults=managed.faults, timeout_s=timeout,
+                    kill_controller_at=managed.kill_controller_at, resume=managed.resume)
+            except managed_rehearsal.RunNameInUse as exc:
+                raise UserError([Problem("--name", run_name, f"{exc}: a run name in use is not started again",
+                                         "add --resume to continue it, or pick another --name")],
+                                "run name in use") from None
+            if done.missing:
+                out.print(f"[red]rehearsal failed:[/] requested fault(s) did not happen: {'; '.join(done.missing)}",
+                          highlight=False)
+                raise typer.Exit(1)
             raise typer.Exit(0 if done.record.state == "succeeded" else 1)
         result = rehearsal.rehearse(plan, snapshot=snapshot, workdir=folder, procs_per_node=procs_per_node,
                                     blob_endpoint=endpoint, connection_string=connection, containers=containers,

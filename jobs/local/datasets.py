@@ -17,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core import project
 from core.errors import Problem, UserError
 from jobs.local import processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DATA_ROOT = REPO_ROOT / ".scratch" / "local-data"
+DATA_ROOT = project.scratch() / "local-data"
 _DONE = ".complete"
 """Suffix of the marker written beside the folder once the generator succeeded: a folder
 without it is regenerated (the marker is not inside, so it is not uploaded)."""

@@ -11,7 +11,9 @@
    checkpoints to Blob - the staging report, the loss per step and the checkpoint location
    are printed;
 7. the same run name again, one epoch longer: it resumes from the checkpoint;
-8. stop Azurite.
+8. `jobs report`: the run's HTML report (loss, throughput, the staging and launch timeline,
+   both attempts and what they would cost at the planned size), from what the run recorded;
+9. stop Azurite; the last line says where the report is.
 
 Each step runs the real command line in a subprocess; the demo stops at the first failure
 with that step's exit status. Ctrl-C or SIGTERM stops the running step (which stops its
@@ -25,19 +27,23 @@ import shlex
 import shutil
 import sys
 import time
-from pathlib import Path
 
 from rich.console import Console
 
-from jobs.local import azurite, processes
+from core import project
+from jobs.local import azurite, folders, processes
+from jobs.report import REPORT_FILE
 from jobs.runtime import contract
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRATCH = REPO_ROOT / ".scratch" / "demo"
+REPO_ROOT = project.root()
+"""The project the demo runs in (the repository's own Pulumi.dev.yaml in a clone)."""
+SCRATCH = project.scratch() / "demo"
 RUN_NAME = "cosmoflow-demo"
 RECIPE = "cosmoflow"
 
 console = Console(highlight=False)
+if not console.is_terminal:
+    console.width = 100  # rules and wrapped lines as wide as a log reads well
 
 
 def shown(argv: list[str]) -> str:
@@ -67,7 +73,7 @@ def main() -> None:
     started = time.monotonic()
     py = sys.executable
     shutil.rmtree(SCRATCH, ignore_errors=True)
-    shutil.rmtree(REPO_ROOT / ".rehearsal" / RUN_NAME, ignore_errors=True)
+    shutil.rmtree(folders.REHEARSALS / RUN_NAME, ignore_errors=True)
     SCRATCH.mkdir(parents=True)
     env = {**os.environ, "COLUMNS": os.environ.get("COLUMNS", "160")}
     train, make_data, prefix = profile()
@@ -82,9 +88,11 @@ def main() -> None:
         job_yaml = SCRATCH / "cosmoflow-dev.yml"
         console.rule("[bold]3. the cosmoflow job for dev, as Azure ML YAML")
         argv = [py, "-m", "jobs", "submit", RECIPE, "--stack", "dev", "--offline", "--dry-run"]
-        console.print(f"[dim]$ {shown(argv)} > {job_yaml.relative_to(REPO_ROOT)}[/]")
+        console.print(f"[dim]$ cd {SCRATCH.relative_to(REPO_ROOT)} && {shown(argv)} > {job_yaml.name}[/]")
+        # printed where the file is saved: its code: path is relative to that folder
         with job_yaml.open("w") as sink:
-            code = processes.run_step(argv, cwd=REPO_ROOT, env=env, stdout=sink)
+            code = processes.run_step(argv, cwd=SCRATCH, env={**env, "PYTHONPATH": str(project.PACKAGE_ROOT)},
+                                      stdout=sink)
         if code != 0:
             raise SystemExit(code)
         console.print(job_yaml.read_text(), markup=False)
@@ -104,10 +112,14 @@ def main() -> None:
                 "DDP, checkpoints)", rehearse, env)
         step(7, "the same run again, one epoch longer: it resumes from the checkpoint in Blob",
              [*rehearse, "--set", f"command={train} --epochs 3"], env)
+        step(8, "the run's report: its plots and records on one HTML page",
+             [py, "-m", "jobs", "report", RUN_NAME, "--local"], env)
 
-        console.rule("[bold]8. stop Azurite")
+        console.rule("[bold]9. stop Azurite")
+    page = folders.REHEARSALS / RUN_NAME / REPORT_FILE
     console.print(f"[green]demo finished in {time.monotonic() - started:.0f} s[/]; job YAML in "
                   f"{job_yaml.relative_to(REPO_ROOT)}, node folders in .rehearsal/{RUN_NAME}/")
+    console.print(f"run report: {page} (open it in a browser: file://{page})", soft_wrap=True)
 
 
 def entry() -> int:

@@ -19,9 +19,10 @@ import os
 import shutil
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-REHEARSALS = REPO_ROOT / ".rehearsal"
-SNAPSHOTS = REPO_ROOT / ".scratch" / "code-snapshots"
+from core import project
+
+REHEARSALS = project.root() / ".rehearsal"
+SNAPSHOTS = project.scratch() / "code-snapshots"
 KEEP_REHEARSALS = 5
 KEEP_SNAPSHOTS = 10
 

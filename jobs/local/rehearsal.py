@@ -140,23 +140,44 @@ def prepare_nodes(snapshot: Path, workdir: Path, nodes: int) -> list[Path]:
     return folders
 
 
-def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None]) -> None:
+LOG_DIR = "user_logs"
+"""Each process's output, as Azure ML keeps it: node<K>/user_logs/std_log_process_<rank>.txt
+(appended by every attempt; `jobs logs` and `jobs report` read them)."""
+
+
+def log_path(folder: Path, rank: int) -> Path:
+    return folder / LOG_DIR / f"std_log_process_{rank}.txt"
+
+
+def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None], log: Path | None = None) -> None:
     assert proc.process.stdout is not None
-    for raw in proc.process.stdout:
-        line = raw.rstrip("\n")
-        proc.lines.append(line)
-        sink(proc, line)
+    with contextlib.ExitStack() as stack:
+        kept = None
+        if log is not None:
+            with contextlib.suppress(OSError):  # a full disk must not stop the rehearsal
+                log.parent.mkdir(parents=True, exist_ok=True)
+                kept = stack.enter_context(log.open("a", buffering=1))
+        for raw in proc.process.stdout:
+            line = raw.rstrip("\n")
+            proc.lines.append(line)
+            if kept is not None:
+                with contextlib.suppress(OSError):
+                    kept.write(line + "\n")
+            sink(proc, line)
 
 
 def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, procs_per_node: int,
                   sink: Callable[[NodeProcess, str], None], timeout_s: float,
                   started: Callable[[list[NodeProcess]], None] | None = None,
-                  stop_grace_s: float | None = None) -> dict[int, int]:
+                  stop_grace_s: float | None = None, node_env: dict[int, dict[str, str]] | None = None,
+                  node_command: dict[int, str] | None = None) -> dict[int, int]:
     """Start every process of every simulated node; stop the rest `stop_grace_s` (default
     FAILURE_GRACE_S) after one fails (as Azure ML does); return global rank -> exit status.
-    `started` sees the processes once they run (the managed rehearsal injects faults through
-    it). However this ends - an error, Ctrl-C, SIGTERM (jobs/local/processes.py) - every
-    process it started is stopped before it returns."""
+    `started` sees the processes once they run, `node_env` adds variables to one node's
+    processes and `node_command` replaces its command (the managed rehearsal injects faults
+    through them). However this ends - an
+    error, Ctrl-C, SIGTERM (jobs/local/processes.py) - every process it started is stopped
+    before it returns."""
     nodes = len(folders)
     port = _free_port_pair()
     procs: list[NodeProcess] = []
@@ -164,15 +185,17 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
     try:
         for node, folder in enumerate(folders):
             for local_rank in range(procs_per_node):
-                env = {**base_env, **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
-                                              procs_per_node=procs_per_node, master_port=port)}
+                env = {**base_env, **(node_env or {}).get(node, {}),
+                       **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
+                                  procs_per_node=procs_per_node, master_port=port)}
                 env[contract.SCRATCH] = str(folder / "scratch")
                 process = subprocess.Popen(
-                    ["bash", "-c", plan.command], cwd=folder, env=env, text=True, bufsize=1,
+                    ["bash", "-c", (node_command or {}).get(node, plan.command)], cwd=folder, env=env, text=True, bufsize=1,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **processes.popen_kwargs(),
                 )
                 procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
-        pumps = [threading.Thread(target=_pump, args=(p, sink), daemon=True) for p in procs]
+        pumps = [threading.Thread(target=_pump, args=(p, sink, log_path(folders[p.node], p.rank)), daemon=True)
+                 for p in procs]
         for t in pumps:
             t.start()
         if started is not None:
@@ -247,7 +270,7 @@ def checkpoint_state(env: dict[str, str], connection_string: str) -> dict[str, A
     ckpt = json.loads(env[contract.CHECKPOINT_JSON])
     client = blobio.container_client(ckpt["container"], connection_string=connection_string)
     state: dict[str, Any] = {"container": ckpt["container"], "prefix": ckpt["prefix"], "latest": None}
-    for pointer in (f"{ckpt['prefix']}/latest", f"{ckpt['prefix']}/node-0/latest"):
+    for pointer in (f"{ckpt['prefix']}/versions/latest", f"{ckpt['prefix']}/latest", f"{ckpt['prefix']}/node-0/latest"):
         try:
             text = client.get_blob_client(pointer).download_blob().readall().decode()
         except ResourceNotFoundError:
@@ -294,16 +317,19 @@ def check_dataset(plan: Any, connection_string: str) -> None:
 
 def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
              connection_string: str, containers: list[str], sink: Callable[[NodeProcess, str], None],
-             timeout_s: float = 1800, run_id: str | None = None, **process_hooks: Any) -> RehearsalResult:
+             timeout_s: float = 1800, run_id: str | None = None, extra_env: dict[str, str] | None = None,
+             **process_hooks: Any) -> RehearsalResult:
     """Run `plan` locally: one folder and `procs_per_node` processes per simulated node.
 
     containers: the stack's Blob containers (outputs storage.containers), created in Azurite.
-    run_id: the job's run id (default: a new one per call); process_hooks go to run_processes.
+    run_id: the job's run id (default: a new one per call); extra_env: variables the job
+    gets on top of its own (what a managed run's controller adds per attempt);
+    process_hooks go to run_processes.
     """
     ensure_containers(sorted(containers), connection_string)
     check_dataset(plan, connection_string)
     folders = prepare_nodes(snapshot, workdir, plan.instance_count)
-    env = redirect_blob(dict(plan.environment_variables), blob_endpoint, connection_string)
+    env = redirect_blob({**plan.environment_variables, **(extra_env or {})}, blob_endpoint, connection_string)
     base = {**os.environ, **env}
     # `python` in the job's command is this interpreter, as the image's python is in Azure.
     base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
@@ -315,9 +341,34 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     # Azure ML's own id comes first (jobs/runtime/jobid.py): one in the caller's environment
     # (a rehearsal inside an Azure ML job) must not make every attempt share it.
     base["AZUREML_RUN_ID"] = base[contract.RUN_ID]
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s,
                           **process_hooks)
+    note_attempt(workdir, plan, base[contract.RUN_ID], started_at, time.time(), procs_per_node, codes)
     report_dir = env.get(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR)
     return RehearsalResult(plan, workdir, codes, time.monotonic() - started, collect_reports(folders, report_dir),
                            checkpoint_state(env, connection_string))
+
+
+ATTEMPTS_FILE = "attempts.jsonl"
+"""One line per rehearsal of the folder's run (each an attempt, as a job in Azure would be):
+when it ran, its size, its price per node-hour at the planned size, how its processes
+ended. `jobs report` reads it."""
+
+
+def note_attempt(workdir: Path, plan: Any, run_id: str, started: float, ended: float, procs_per_node: int,
+                 codes: dict[int, int]) -> None:
+    from datetime import UTC, datetime
+
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    estimate = getattr(plan, "estimate", None)
+    line = {"run_id": run_id, "started_at": iso(started), "ended_at": iso(ended), "seconds": round(ended - started, 3),
+            "nodes": plan.instance_count, "processes_per_node": procs_per_node, "sku": plan.sku,
+            "usd_per_node_hour": getattr(estimate, "usd_per_node_hour", None),
+            "price_source": getattr(estimate, "price_source", None),
+            "exit_codes": {str(rank): code for rank, code in sorted(codes.items())}}
+    with contextlib.suppress(OSError):  # the record of a rehearsal must not fail it
+        with (workdir / ATTEMPTS_FILE).open("a") as out:
+            out.write(json.dumps(line) + "\n")

@@ -13,25 +13,39 @@ The only module under jobs/managed that calls MLClient. What it reads, and from 
 - `ml_client.compute.list_nodes(cluster)`: AmlComputeNodeInfo with `node_state` and
   `run_id` (the job name), to see nodes of this job preempted or unusable while it runs.
 
-An attempt is the training job template the submit rendered (load_job of its YAML), with
-its own name, the attempt's run id for the launcher (AMLHPC_RUN_ID, so nodes' end records
-land under the attempt's name), tags naming the run, and the code of the controller's own
-job (one upload for the run: the controller's snapshot holds the training code).
+An attempt is the training job template the submit rendered for its cluster (load_job of
+its YAML), with its own name, the attempt's run id for the launcher (AMLHPC_RUN_ID, so
+nodes' end records land under the attempt's name), its evidence key, tags naming the run,
+and the code of the controller's own job (one upload for the run: the controller's
+snapshot holds the training code).
+
+Submit failures: Azure ML answers a job it will never run (a bad definition, a missing
+compute, an environment or code asset that does not exist) with 400, 404, 409 or 422;
+`refusal` names those, so the controller records the attempt as bad input at once instead
+of retrying. Anything else (throttling, 5xx, the connection) may pass, and is retried.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 from jobs.managed.observation import Observation
+from jobs.managed.policy import Target
 from jobs.runtime import contract
 
 log = logging.getLogger("amlhpc.managed")
 
 RUN_TAG = "managed_run"
 ATTEMPT_TAG = "attempt"
+REFUSED_STATUSES = frozenset({400, 404, 409, 422})
+"""HTTP answers to a job PUT that a retry cannot change."""
+NODE_STATUSES = frozenset({"Preparing", "Queued", "Running", "Finalizing", "Failed", "Canceled", "NotResponding",
+                           "Paused", "Unknown", "CancelRequested"})
+"""Job statuses in which the cluster's node states say something about the job."""
+_COMPUTE_CODE = re.compile(r"AzureMLCompute job failed\.\s*([A-Za-z]+Error)\b")
 
 
 def observation_from(job: Any, run: Any | None = None, nodes: list[Any] | None = None) -> Observation:
@@ -40,17 +54,46 @@ def observation_from(job: Any, run: Any | None = None, nodes: list[Any] | None =
     error_code = error_message = None
     started = ended = None
     warnings: tuple[str, ...] = ()
+    codes: tuple[str, ...] = ()
     if run is not None:
         root = getattr(getattr(run, "error", None), "error", None)
         if root is not None:
             error_code, error_message = getattr(root, "code", None), getattr(root, "message", None)
+            codes = error_codes(root)
         started, ended = getattr(run, "start_time_utc", None), getattr(run, "end_time_utc", None)
         warnings = tuple(str(getattr(w, "message", "")) for w in (getattr(run, "warnings", None) or []))
     name = getattr(job, "name", None)
     states = tuple(sorted(str(_field(n, "node_state", "nodeState") or "").lower() for n in (nodes or [])
                           if _field(n, "run_id", "runId") == name))
     return Observation(status=enum_value(job.status), error_code=error_code, error_message=error_message,
-                       started_at=started, ended_at=ended, node_states=states, warnings=warnings)
+                       started_at=started, ended_at=ended, node_states=states, warnings=warnings, error_codes=codes)
+
+
+def error_codes(root: Any) -> tuple[str, ...]:
+    """Every code in a run-history RootError: its own, its inner errors' chain, its details'
+    (recursively), and the compute error code Azure ML puts in the message
+    ("AzureMLCompute job failed. PreemptionError: ...")."""
+    found: list[str] = []
+
+    def visit(error: Any, depth: int = 0) -> None:
+        if error is None or depth > 8:
+            return
+        code = getattr(error, "code", None)
+        if code:
+            found.append(str(code))
+        match = _COMPUTE_CODE.search(str(getattr(error, "message", "") or ""))
+        if match:
+            found.append(match.group(1))
+        inner = getattr(error, "inner_error", None)
+        while inner is not None and depth < 8:
+            if getattr(inner, "code", None):
+                found.append(str(inner.code))
+            inner, depth = getattr(inner, "inner_error", None), depth + 1
+        for detail in getattr(error, "details", None) or []:
+            visit(detail, depth + 1)
+
+    visit(root)
+    return tuple(dict.fromkeys(found))
 
 
 def enum_value(value: Any) -> str:
@@ -73,19 +116,30 @@ def cluster_name(compute: str | None) -> str | None:
 
 
 class AzureJobService:
-    def __init__(self, ml_client, template: Path, code: str, run: str, experiment: str):
-        self.ml_client, self.template, self.code, self.run, self.experiment = ml_client, template, code, run, experiment
+    def __init__(self, ml_client, root: Path, code: str, run: str, experiment: str):
+        self.ml_client, self.root, self.code, self.run, self.experiment = ml_client, root, code, run, experiment
 
-    def submit(self, job: str, attempt: int) -> None:
+    def submit(self, job: str, attempt: int, target: Target, environment: dict[str, str]) -> None:
         from azure.ai.ml import load_job
 
-        entity = load_job(self.template)
+        entity = load_job(self.root / target.template)
         entity.name = job
         entity.code = self.code
         entity.display_name = f"{entity.display_name or self.run} (attempt {attempt})"
         entity.tags = {**(entity.tags or {}), RUN_TAG: self.run, ATTEMPT_TAG: str(attempt)}
-        entity.environment_variables = {**(entity.environment_variables or {}), contract.RUN_ID: job}
+        entity.environment_variables = {**(entity.environment_variables or {}), **environment, contract.RUN_ID: job}
         self.ml_client.jobs.create_or_update(entity, experiment_name=self.experiment)
+
+    @staticmethod
+    def refusal(exc: BaseException) -> str | None:
+        """Why Azure ML refused the job for good, or None when the failure may pass."""
+        from azure.core.exceptions import HttpResponseError
+
+        status = getattr(exc, "status_code", None)
+        if isinstance(exc, HttpResponseError) and status in REFUSED_STATUSES:
+            code = getattr(getattr(exc, "error", None), "code", None) or getattr(exc, "reason", "")
+            return f"Azure ML refused the job (HTTP {status} {code}): {str(exc.message or exc).splitlines()[0][:300]}"
+        return None
 
     def observe(self, job: str) -> Observation | None:
         from azure.core.exceptions import ResourceNotFoundError
@@ -109,8 +163,7 @@ class AzureJobService:
 
     def _nodes(self, entity) -> list[Any]:
         cluster = cluster_name(getattr(entity, "compute", None))
-        if not cluster or enum_value(entity.status) not in ("Preparing", "Queued", "Running", "Finalizing", "Failed",
-                                                             "Canceled"):
+        if not cluster or enum_value(entity.status) not in NODE_STATUSES:
             return []
         try:
             return list(self.ml_client.compute.list_nodes(cluster))

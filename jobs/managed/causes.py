@@ -40,6 +40,12 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("bad_input", False, f"bad input: the launcher refused its settings (exit {EXIT_USAGE}), the command was "
                               "not found (126/127), or Azure ML rejected the job"),
     Cause("training_error", False, "the training code failed (its own exit status)"),
+    Cause("queue_timeout", True, "the attempt waited in Azure ML's queue longer than managed.queue_timeout_s: canceled "
+                                 "and resubmitted on the next cluster of managed.fallback_clusters"),
+    Cause("stalled", True, "Azure ML reported the job Paused, Unknown or NotResponding for longer than the controller "
+                           "waits (managed.stall_s): canceled and resubmitted"),
+    Cause("budget", False, "the controller stopped the attempt: what was spent plus the cost of the time to the next "
+                           "checkpoint would pass the run's cost limit"),
     Cause("canceled", False, "canceled, by the user or in Azure ML"),
     Cause("unknown", False, "Azure ML said the job failed and nothing says why"),
 )}
@@ -59,8 +65,8 @@ EXIT_CAUSES: dict[int, str] = {
 """The launcher's own exit statuses; any other non-zero status is the training's."""
 
 DEFAULT_RETRY_ON: tuple[str, ...] = tuple(name for name, cause in CAUSES.items() if cause.retryable)
-NEVER_RETRIED = ("completed", "canceled")
-"""A finished run is not restarted, and a cancel is the user's decision."""
+NEVER_RETRIED = ("completed", "canceled", "budget")
+"""A finished run is not restarted, a cancel is the user's decision, and a limit is a limit."""
 
 PRECEDENCE: tuple[str, ...] = ("preempted", "node_failure", "hang", "nccl_fallback", "storage_access", "health_gate",
                                "staging", "restore", "bad_input", "final_upload", "training_error")
@@ -80,7 +86,7 @@ def check_retry_entry(entry: object) -> str | None:
     if isinstance(entry, int):
         return None if 1 <= entry <= 255 else f"exit status {entry} is outside 1..255"
     if entry in NEVER_RETRIED:
-        return f"{entry!r} is never retried (a finished run is done; a cancel is the user's decision)"
+        return f"{entry!r} is never retried (a finished run is done; a cancel is the user's decision; a limit is a limit)"
     if entry not in CAUSES:
         return f"unknown cause {entry!r}"
     return None

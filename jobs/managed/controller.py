@@ -1,19 +1,22 @@
 """`python -m jobs.managed.controller`: the controller job of a managed run.
 
 Runs on the stack's controller cluster as the controller identity (AZURE_CLIENT_ID) and
-reads its settings from AMLHPC_MANAGED_JSON (written by render.py):
+takes its settings - its rules included - from its own job definition, AMLHPC_MANAGED_JSON
+(written by render.py), never from a blob:
 
     {"run": "<run>", "recipe": "<recipe>", "experiment": "<experiment>",
      "workspace": {"subscription_id", "resource_group", "name"},
-     "storage": {"account_url", "container", "prefix", "writers"},
-     "template": "managed/training-job.yml",
-     "policy": {...}}                                  # jobs.managed.policy.Policy
+     "storage": {"account_url", "container", "prefix", "writers", "supervision"},
+     "policy": {...},                    # jobs.managed.policy.Policy, with its targets' templates
+     "secret": "<64 hex>",               # signs the attempts' evidence (jobs.runtime.nodestatus)
+     "resume": {"token", "at"} | null}   # an explicit `submit --managed --resume`
 
-It opens the run's record (record.py), then loops (supervisor.py) until the run is done:
-exit 0 when the training completed, 1 when the run failed or was canceled (the reason is
-the last line of the log and in the record), 2 for bad settings. On SIGTERM (the job
-canceled, or its node going away) it releases the record's lease, so a new controller can
-take over at once; nothing else is lost, everything is in the record.
+It opens the run's record (record.py, in the supervision container), makes sure the run's
+revival schedule exists (revive.py), then loops (supervisor.py) until the run is done: exit
+0 when the training completed, 1 when the run failed or was canceled (the reason is the
+last line of the log and in the record), 2 for bad settings. On SIGTERM (the job canceled,
+or its node going away) it releases the record's lease, so a new controller can take over
+at once; nothing else is lost, everything is in the record.
 
 Imports only the standard library, jobs.managed, jobs.runtime and the Azure SDKs.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -30,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 MANAGED_JSON = "AMLHPC_MANAGED_JSON"
-REQUIRED = {"run": str, "recipe": str, "experiment": str, "workspace": dict, "storage": dict, "template": str,
-            "policy": dict}
+REQUIRED = {"run": str, "recipe": str, "experiment": str, "workspace": dict, "storage": dict, "policy": dict,
+            "secret": str}
+_SECRET = re.compile(r"^[0-9a-f]{64}$")
 
 log = logging.getLogger("amlhpc.controller")
 
@@ -46,12 +51,38 @@ def settings_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{MANAGED_JSON} is not valid JSON ({exc.msg})") from None
     wrong = [key for key, kind in REQUIRED.items() if not isinstance(settings.get(key), kind)]
-    wrong += [f"storage.{k}" for k in ("account_url", "container", "prefix") if not settings.get("storage", {}).get(k)]
+    wrong += [f"storage.{k}" for k in ("account_url", "container", "prefix", "supervision")
+              if not settings.get("storage", {}).get(k)]
     wrong += [f"workspace.{k}" for k in ("subscription_id", "resource_group", "name")
               if not settings.get("workspace", {}).get(k)]
+    if isinstance(settings.get("secret"), str) and not _SECRET.match(settings["secret"]):
+        wrong.append("secret (64 lowercase hex characters)")
+    resume = settings.get("resume")
+    if resume is not None and not (isinstance(resume, dict) and resume.get("token") and resume.get("at")):
+        wrong.append("resume ({token, at} or null)")
     if wrong:
         raise ValueError(f"{MANAGED_JSON}: missing or wrong: {', '.join(wrong)}")
     return settings
+
+
+def connect(settings: dict[str, Any]):
+    """(MLClient, the run's RecordStore, Evidence) as the controller identity."""
+    from azure.ai.ml import MLClient
+
+    from jobs.managed.evidence import Evidence
+    from jobs.managed.policy import Policy
+    from jobs.managed.record import RecordStore
+    from jobs.runtime import blobio
+
+    credential = blobio.credential_from_env(os.environ)
+    ws, storage = settings["workspace"], settings["storage"]
+    ml_client = MLClient(credential, ws["subscription_id"], ws["resource_group"], ws["name"])
+    checkpoints = blobio.container_client_from_env(storage["container"], storage["account_url"], env=os.environ)
+    supervision = blobio.container_client_from_env(storage["supervision"], storage["account_url"], env=os.environ)
+    policy = Policy.from_json(settings["policy"])
+    store = RecordStore(supervision, storage["prefix"], lease_s=policy.lease_s)
+    evidence = Evidence(checkpoints, storage["prefix"], storage.get("writers", "rank0"), settings["secret"])
+    return ml_client, store, evidence
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,33 +93,35 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"controller: {exc}", file=sys.stderr)
         return 2
-    from azure.ai.ml import MLClient
-
+    from jobs.managed import revive
     from jobs.managed.azureml import AzureJobService
-    from jobs.managed.evidence import Evidence
     from jobs.managed.policy import Policy
-    from jobs.managed.record import RecordStore
     from jobs.managed.report import summary_lines
-    from jobs.managed.supervisor import Supervisor
-    from jobs.runtime import blobio
+    from jobs.managed.supervisor import Resume, Supervisor
 
-    credential = blobio.credential_from_env(os.environ)
-    ws, storage = settings["workspace"], settings["storage"]
-    ml_client = MLClient(credential, ws["subscription_id"], ws["resource_group"], ws["name"])
     me = os.environ.get("AZUREML_RUN_ID", "").strip()
     if not me:
         print("controller: AZUREML_RUN_ID is not set: this entry point runs as an Azure ML job", file=sys.stderr)
         return 2
-    code = ml_client.jobs.get(me).code
-    container = blobio.container_client_from_env(storage["container"], storage["account_url"], env=os.environ)
-    store = RecordStore(container, storage["prefix"])
-    service = AzureJobService(ml_client, Path(settings["template"]), code, settings["run"], settings["experiment"])
-    supervisor = Supervisor(store, service, Evidence(container, storage["prefix"], storage.get("writers", "rank0")),
-                            controller=me, echo=log.info)
+    ml_client, store, evidence = connect(settings)
+    own_job = ml_client.jobs.get(me)
+    store.add_controller(me, "started")
+    service = AzureJobService(ml_client, Path("."), own_job.code, settings["run"], settings["experiment"])
+    resume = Resume(**settings["resume"]) if settings.get("resume") else None
+    supervisor = Supervisor(store, service, evidence, Policy.from_json(settings["policy"]), controller=me,
+                            resume=resume, echo=log.info)
+    try:
+        revive.ensure_schedule(ml_client, own_job, settings["run"])
+    except Exception as exc:  # noqa: BLE001 - supervision goes on; only the revival is missing
+        log.warning("could not create the revival schedule %s (%s: %s): a controller that dies is not replaced "
+                    "by itself - resume with `submit --managed --resume %s`", revive.schedule_name(settings["run"]),
+                    type(exc).__name__, exc, settings["run"])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through start(): the lease is released
-    record = supervisor.start(settings["run"], settings["recipe"], Policy.from_json(settings["policy"]))
+    record = supervisor.start(settings["run"], settings["recipe"])
     for line in summary_lines(record):
         log.info("%s", line)
+    if record.done:
+        revive.remove_schedule(ml_client, settings["run"])
     return 0 if record.state == "succeeded" else 1
 
 

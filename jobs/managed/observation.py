@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 TERMINAL = frozenset({"Completed", "Failed", "Canceled"})
+QUEUED = frozenset({"NotStarted", "Starting", "Provisioning", "Queued"})
+"""Waiting for nodes: the queue timeout counts here (Preparing already holds nodes)."""
+STALLED = frozenset({"Paused", "Unknown", "NotResponding"})
+"""Neither running nor ended: the controller waits managed.stall_s, then cancels and retries."""
 RUNNING = frozenset({"Running", "Finalizing"})
 """States in which the job holds its nodes and runs: an attempt's cost counts from the first."""
 SERVICE_ERROR_CODES = frozenset({"ServiceError", "TransientError", "AzureStorageError", "RequestThrottled",
@@ -42,6 +46,9 @@ class Observation:
     node_states: tuple[str, ...] = ()
     """States of the cluster nodes running this job right now (lower case)."""
     warnings: tuple[str, ...] = ()
+    error_codes: tuple[str, ...] = ()
+    """Every error code Azure ML gave: the RootError's, its inner errors' and details', and
+    the compute error code it reports ("AzureMLCompute job failed. <Code>: ...")."""
 
     @property
     def terminal(self) -> bool:
@@ -50,6 +57,14 @@ class Observation:
     @property
     def running(self) -> bool:
         return self.status in RUNNING
+
+    @property
+    def queued(self) -> bool:
+        return self.status in QUEUED
+
+    @property
+    def stalled(self) -> bool:
+        return self.status in STALLED
 
     @property
     def trouble(self) -> tuple[str, ...]:

@@ -1,37 +1,48 @@
 """A managed run's durable record: every attempt, why it ended, what it cost.
 
-Kept as one JSON blob beside the run's checkpoints, `<checkpoint prefix>/supervision.json`
-in the stack's checkpoints container, because:
+Kept in the stack's `supervision` container (stack outputs storage.containers), under the
+run's checkpoint prefix:
 
-- it must outlive the controller (a restarted controller reads where the run stood);
-- Blob gives the two guarantees the supervision needs. A lease (60 s, renewed on every
-  loop) makes one controller at a time the one that acts, so a second controller (a
-  restart while the first is still alive) waits instead of submitting; every write also
-  carries the blob's ETag (If-Match), so a writer whose lease lapsed fails loudly
-  instead of overwriting a newer record;
-- it sits next to the checkpoint it describes, under the same prefix and the same access
-  rights, and `status` reads it without the controller running.
+    <prefix>/supervision.json          the record (ETag-guarded writes under a lease)
+    <prefix>/cancel.json               the user's latest cancel request
+    <prefix>/controllers/<job name>    one empty blob per controller job started for the run
+
+The container is writable by the controller identity and the submitters only: the jobs'
+compute identity can at most read it, so no job can edit a record, a cancel request or a
+lease (the checkpoints container, which every job can write, holds only evidence:
+jobs.managed.evidence). Blob gives the guarantees the supervision needs:
+
+- a lease (60 s in Azure, renewed on every loop) makes one controller at a time the one
+  that acts, and shows whether a controller is alive (jobs.managed.revive replaces one
+  whose lease lapsed); every write carries the blob's ETag (If-Match), so a writer whose
+  lease lapsed fails loudly instead of overwriting a newer record;
+- it outlives every controller and `status` reads it without one.
 
 Job tags were the alternative and were rejected: Azure ML offers no conditional update on
 them (last writer wins), they live on jobs that may not exist yet, and their values are
 short strings.
 
-A cancel request from the user (`python -m jobs cancel`) goes to a blob of its own,
-`supervision-cancel.json`, which needs no lease: the controller reads it on every loop.
+A cancel is a state of the record: a request (`cancel.json`, needing no lease) carries an
+id; the controller that sees an id not yet handled cancels the running attempt and
+finishes the record `canceled`, and every controller started later finds it so. Only an
+explicit `submit --managed --resume` reopens it (its token, applied once, sets the
+requests made before it aside).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from jobs.managed.policy import Policy
 
-SCHEMA = 1
+SCHEMA = 2
 RECORD_BLOB = "supervision.json"
-CANCEL_BLOB = "supervision-cancel.json"
+CANCEL_BLOB = "cancel.json"
+CONTROLLERS_FOLDER = "controllers"
 LEASE_S = 60
 DONE_STATES = ("succeeded", "failed", "canceled")
 
@@ -41,7 +52,7 @@ def now_utc() -> datetime:
 
 
 def iso(when: datetime | None) -> str | None:
-    return when.astimezone(UTC).isoformat(timespec="seconds") if when else None
+    return when.astimezone(UTC).isoformat(timespec="milliseconds") if when else None
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -54,6 +65,14 @@ def record_name(prefix: str) -> str:
 
 def cancel_name(prefix: str) -> str:
     return f"{prefix.strip('/')}/{CANCEL_BLOB}"
+
+
+def controllers_folder(prefix: str) -> str:
+    return f"{prefix.strip('/')}/{CONTROLLERS_FOLDER}/"
+
+
+def hours_between(start: datetime | None, end: datetime | None) -> float:
+    return max(0.0, (end - start).total_seconds() / 3600) if start and end else 0.0
 
 
 @dataclass
@@ -76,15 +95,42 @@ class Attempt:
     first_step: int | None = None
     last_step: int | None = None
     nodes: int = 0
+    cluster: str = ""
+    target: int = 0
+    """Index of its cluster in the policy's targets."""
+    usd_per_hour: float | None = None
+    """What the attempt's nodes cost together per hour, fixed at its claim."""
     usd: float | None = None
     node_events: list[str] = field(default_factory=list)
+    """Every trouble state a node of the job was seen in (history)."""
+    epoch_events: list[str] = field(default_factory=list)
+    """The same, since Azure ML last requeued the job: what classification reads."""
+    requeued_at: list[str] = field(default_factory=list)
+    """When the controller saw Azure ML put the job back in its queue (each starts an epoch)."""
+    stale_ends: dict[str, str] = field(default_factory=dict)
+    """node -> the ETag of its end record when the latest epoch began: a record still
+    carrying it is the earlier epoch's."""
+    commit_seen: list[str] = field(default_factory=list)
+    """[checkpoint version, when this controller first saw it committed]: the checkpoint rhythm."""
+    queued_since: str | None = None
+    stalled_since: str | None = None
     bad_nodes: list[dict[str, Any]] = field(default_factory=list)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    """Nodes named persistently slower than their peers: node, host, factor, at, step."""
+    slow_looks: dict[str, list[Any]] = field(default_factory=dict)
+    """node -> [consecutive slow looks, the step last counted]: the straggler's evidence so far."""
+    ignored_evidence: list[str] = field(default_factory=list)
+    """Node records the controller refused (unsigned, forged, another epoch's), with why."""
 
     def hours(self, until: datetime | None = None) -> float:
         """Hours on its nodes: from the start to the end (or `until` while it runs)."""
-        start = parse_time(self.started_at)
-        end = parse_time(self.ended_at) or until
-        return max(0.0, (end - start).total_seconds() / 3600) if start and end else 0.0
+        return hours_between(parse_time(self.started_at), parse_time(self.ended_at) or until)
+
+    def charged_hours(self, until: datetime | None = None) -> float:
+        """Hours charged against the limit: from its submission (queue and preparing included)."""
+        start = parse_time(self.submitted_at) or parse_time(self.started_at)
+        return hours_between(start, parse_time(self.ended_at) or until)
+
 
 
 @dataclass
@@ -92,6 +138,7 @@ class Record:
     run: str
     recipe: str
     policy: dict[str, Any]
+    """The acting controller's rules, for people reading the record; never read back."""
     state: str = "running"
     reason: str | None = None
     created_at: str | None = None
@@ -102,6 +149,14 @@ class Record:
     """{"job", "started_at", "seen_at"}: each controller that acted on the run (for its cost)."""
     base_attempt: int = 0
     """Attempts before the run was last (re)started: restarts are counted from here."""
+    target: int = 0
+    """Where the next attempt runs: an index into the policy's targets."""
+    preemptions: int = 0
+    """Preemptions on the current target (reset when the run moves on)."""
+    cancels_handled: list[str] = field(default_factory=list)
+    """Ids of cancel requests honoured, or set aside by an explicit resume."""
+    resumes: list[str] = field(default_factory=list)
+    """Tokens of the explicit resumes applied (each once)."""
     schema: int = SCHEMA
 
     @property
@@ -112,30 +167,29 @@ class Record:
     def current(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
 
-    def rules(self) -> Policy:
-        return Policy.from_json(self.policy)
-
     def attempts_usd(self, now: datetime | None = None) -> float:
-        policy = self.rules()
-        return sum(a.usd if a.usd is not None else policy.attempt_usd(a.hours(now)) for a in self.attempts)
+        total = 0.0
+        for a in self.attempts:
+            total += a.usd if a.usd is not None else (a.usd_per_hour or 0.0) * a.charged_hours(now)
+        return total
 
-    def controller_usd(self, now: datetime | None = None) -> float:
-        policy = self.rules()
-        hours = 0.0
-        for c in self.controllers:
-            start, seen = parse_time(c.get("started_at")), parse_time(c.get("seen_at"))
-            if start and seen:
-                hours += max(0.0, (seen - start).total_seconds() / 3600)
-        return hours * policy.controller_usd_per_hour
+    def controller_usd(self, rate: float) -> float:
+        hours = sum(hours_between(parse_time(c.get("started_at")), parse_time(c.get("seen_at")))
+                    for c in self.controllers)
+        return hours * rate
 
-    def total_usd(self, now: datetime | None = None) -> float:
-        return self.attempts_usd(now) + self.controller_usd(now)
+    def total_usd(self, rate: float, now: datetime | None = None) -> float:
+        return self.attempts_usd(now) + self.controller_usd(rate)
 
     def hours_run(self) -> float:
         return sum(a.hours() for a in self.attempts)
 
     def finish(self, state: str, reason: str) -> None:
         self.state, self.reason, self.next_attempt_at = state, reason, None
+
+    def rules(self) -> Policy:
+        """The rules as recorded - for display only (a controller uses its own)."""
+        return Policy.from_json(self.policy)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,13 +210,15 @@ class RecordConflict(RuntimeError):
 
 
 class RecordStore:
-    """The record blob: load, create, save under a lease with an ETag condition."""
+    """The run's blobs in the supervision container: the record (load, create, save under a
+    lease with an ETag condition), the cancel request and the controllers' names."""
 
-    def __init__(self, container, prefix: str):
+    def __init__(self, container, prefix: str, lease_s: int = LEASE_S):
         self.container = container
         self.prefix = prefix.strip("/")
         self.blob = container.get_blob_client(record_name(self.prefix))
         self.lease = None
+        self.lease_s = lease_s
 
     def load(self) -> tuple[Record | None, str | None]:
         from azure.core.exceptions import ResourceNotFoundError
@@ -199,13 +255,13 @@ class RecordStore:
                 raise RecordConflict(f"{record_name(self.prefix)}: {exc.error_code or exc.reason}") from None
             raise
 
-    # the lease: one acting controller at a time
-    def acquire(self, duration_s: int = LEASE_S) -> bool:
+    # the lease: one acting controller at a time, and the sign that one is alive
+    def acquire(self, duration_s: int | None = None) -> bool:
         """Take the lease; False when another controller holds it."""
         from azure.core.exceptions import HttpResponseError
 
         try:
-            self.lease = self.blob.acquire_lease(lease_duration=duration_s)
+            self.lease = self.blob.acquire_lease(lease_duration=duration_s or self.lease_s)
             return True
         except HttpResponseError as exc:
             if exc.status_code == 409:
@@ -215,29 +271,56 @@ class RecordStore:
     def renew(self) -> None:
         from azure.core.exceptions import HttpResponseError
 
+        if self.lease is None:
+            raise RecordConflict(f"no lease on {record_name(self.prefix)}")
         try:
             self.lease.renew()
         except HttpResponseError as exc:
-            self.lease = None
-            raise RecordConflict(f"lost the lease on {record_name(self.prefix)}: {exc.error_code or exc.reason}") from None
+            if exc.status_code in (400, 409, 412):  # expired and taken, or lost
+                self.lease = None
+                raise RecordConflict(f"lost the lease on {record_name(self.prefix)}: {exc.error_code or exc.reason}") from None
+            raise
 
     def release(self) -> None:
         if self.lease is not None:
             try:
                 self.lease.release()
-            except Exception:  # noqa: BLE001 - it expires by itself within LEASE_S
+            except Exception:  # noqa: BLE001 - it expires by itself within the lease time
                 pass
             self.lease = None
 
-    # the user's cancel request
-    def request_cancel(self, by: str) -> None:
-        self.container.upload_blob(cancel_name(self.prefix), json.dumps({"by": by, "at": iso(now_utc())}).encode(),
-                                   overwrite=True)
+    def lease_held(self) -> bool:
+        """Whether some controller holds the record's lease now (the service's view)."""
+        lease = self.blob.get_blob_properties().lease
+        return getattr(lease, "state", None) == "leased" and getattr(lease, "status", None) == "locked"
 
-    def cancel_requested(self) -> dict[str, Any] | None:
+    # the user's cancel request
+    def request_cancel(self, by: str) -> str:
+        """Leave a cancel request; returns its id."""
+        request = {"id": secrets.token_hex(8), "by": by, "at": iso(now_utc())}
+        self.container.upload_blob(cancel_name(self.prefix), json.dumps(request).encode(), overwrite=True)
+        return request["id"]
+
+    def cancel_request(self) -> dict[str, Any] | None:
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
-            return json.loads(self.container.get_blob_client(cancel_name(self.prefix)).download_blob().readall())
+            request = json.loads(self.container.get_blob_client(cancel_name(self.prefix)).download_blob().readall())
         except ResourceNotFoundError:
             return None
+        return request if isinstance(request, dict) and request.get("id") else None
+
+    # the controller jobs started for the run (the first, resumed ones, revived ones)
+    def add_controller(self, job: str, why: str) -> None:
+        self.container.upload_blob(controllers_folder(self.prefix) + job, b"", overwrite=True,
+                                   metadata={"why": why[:200], "at": iso(now_utc()) or ""})
+
+    def controllers_registered(self) -> dict[str, datetime]:
+        """Their names, oldest first, with when each was registered (service time)."""
+        folder = controllers_folder(self.prefix)
+        found = sorted((b.last_modified, b.name[len(folder):]) for b in self.container.list_blobs(name_starts_with=folder))
+        return {name: when for when, name in found}
+
+    def controller_jobs(self) -> list[str]:
+        """Their names, oldest first."""
+        return list(self.controllers_registered())

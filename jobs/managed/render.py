@@ -3,13 +3,18 @@ that supervises it (`python -m jobs submit RECIPE --managed`).
 
 What is submitted is the controller job only, on the stack's controller cluster (stack
 output `controller`) as the controller identity. Its code snapshot is the training job's
-(the recipe's `code` folders) plus jobs/managed and the rendered training job template
-(`managed/training-job.yml`); the controller submits every attempt from that template
-with the code asset of its own job, so the run uploads its code once. Settings travel in
-AMLHPC_MANAGED_JSON (controller.py).
+(the recipe's `code` folders) plus jobs/managed and one rendered training job template per
+cluster the run may use (`managed/training-job.yml` for the recipe's cluster,
+`managed/training-job-<cluster>.yml` for each of `managed.fallback_clusters`); the
+controller submits every attempt from its cluster's template with the code asset of its
+own job, so the run uploads its code once. Settings - the rules included - travel in
+AMLHPC_MANAGED_JSON (controller.py): the controller's job definition is the only place
+its orders come from.
 
-The controller's environment is Azure ML's CPU base image with the three SDKs it needs,
-pinned to the versions of this checkout's uv.lock; Azure ML builds it once per set of pins.
+The controller's environment is the stack's `aml-hpc-controller` environment: an image
+built from images/controller/Dockerfile (a pinned Python base, the controller's SDKs from
+hashed pins) and registered like the training images, so Azure ML builds nothing and
+reaches no package index at run time.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import hashlib
 import json
 import secrets
 import shutil
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,19 +32,22 @@ from core.outputs import StackOutputs
 from jobs import build
 from jobs.managed import causes
 from jobs.managed.controller import MANAGED_JSON
-from jobs.managed.policy import Policy
-from jobs.managed.record import record_name
+from jobs.managed.policy import DEFAULT_TEMPLATE, Policy, Target
+from jobs.managed.record import iso, now_utc, record_name
 from jobs.recipes.schema import Recipe
 from jobs.runtime import contract
 
-TEMPLATE_PATH = "managed/training-job.yml"
-"""Where the training job template sits in the controller's snapshot."""
-CONTROLLER_IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:20241202.v1"
-"""Azure ML's CPU base image (Ubuntu 22.04, conda), a released tag from its release notes
-(Azure/AzureML-Containers images/openmpi4.1.0-ubuntu22.04/release-notes.md, read 2026-11)."""
-CONTROLLER_PACKAGES = ("azure-ai-ml", "azure-identity", "azure-storage-blob")
-CONTROLLER_PYTHON = "3.11"
+TEMPLATE_PATH = DEFAULT_TEMPLATE
+"""Where the recipe's cluster's training job template sits in the controller's snapshot."""
+CONTROLLER_ENVIRONMENT = "aml-hpc-controller"
+"""The stack's registered environment for the controller (images/controller/Dockerfile)."""
+SUPERVISION_CONTAINER = "supervision"
+"""The logical container of the run records (stack outputs storage.containers)."""
 CONTROLLER_CODE = ("jobs/managed", "jobs/runtime")
+
+
+def template_path(cluster: str, primary: bool) -> str:
+    return TEMPLATE_PATH if primary else f"managed/training-job-{cluster}.yml"
 
 
 @dataclass(frozen=True)
@@ -54,24 +61,37 @@ class ManagedPlan:
     cluster: str
     identity_client_id: str
     storage: dict[str, str]
-    """account_url, container, prefix (the checkpoint prefix), writers."""
+    """account_url, container (checkpoints), prefix (the checkpoint prefix), writers, supervision."""
     workspace: dict[str, str]
     timeout_s: int
+    environment: str
+    """The controller's environment: azureml:aml-hpc-controller:<tag> (or an image reference)."""
+    secret: str
+    """Signs the attempts' evidence; kept in the controller's job definition only."""
+    fallbacks: tuple[build.JobPlan, ...] = ()
+    resume_token: dict[str, str] | None = None
 
     @property
     def record_blob(self) -> str:
-        return f"{self.storage['container']}/{record_name(self.storage['prefix'])}"
+        return f"{self.storage['supervision']}/{record_name(self.storage['prefix'])}"
+
+    @property
+    def templates(self) -> dict[str, build.JobPlan]:
+        """Snapshot path -> the training job planned for that target."""
+        plans = (self.training, *self.fallbacks)
+        return {t.template: plan for t, plan in zip(self.policy.targets, plans, strict=True)}
 
     def settings(self) -> dict[str, Any]:
         """AMLHPC_MANAGED_JSON: what the controller needs to know."""
         return {"run": self.run, "recipe": self.recipe, "experiment": self.training.experiment,
-                "workspace": self.workspace, "storage": self.storage, "template": TEMPLATE_PATH,
-                "policy": self.policy.to_json()}
+                "workspace": self.workspace, "storage": self.storage, "policy": self.policy.to_json(),
+                "secret": self.secret, "resume": self.resume_token}
 
 
 def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan, *, max_restarts: int | None = None,
-                 resume: str | None = None) -> ManagedPlan:
-    """The controller's plan for a planned training job; UserError names what is missing."""
+                 resume: str | None = None, secret: str | None = None, allow_tcp: bool = False) -> ManagedPlan:
+    """The controller's plan for a planned training job; UserError names what is missing.
+    `secret`: the run's evidence secret when resuming (the earlier controller's), else new."""
     reference = f"jobs/recipes/{recipe.name}.yaml"
     problems = []
     if contract.CHECKPOINT_JSON not in training.environment_variables:
@@ -84,52 +104,73 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
     if max_restarts is not None and not 0 <= max_restarts <= 100:
         problems.append(Problem("command line", "--max-restarts", f"{max_restarts} is outside 0..100",
                                 "e.g. --max-restarts 3"))
+    supervision = outputs.storage.containers.get(SUPERVISION_CONTAINER)
+    if supervision is None:
+        problems.append(Problem(f"stack {outputs.stack!r} outputs", f"storage.containers.{SUPERVISION_CONTAINER}",
+                                "the stack has no container for managed runs' records (one jobs cannot write)",
+                                f"deploy the environment stack {outputs.environment!r} with this version"))
+    environment = outputs.registry.environment_ids.get(CONTROLLER_ENVIRONMENT) or \
+        outputs.registry.environments.get(CONTROLLER_ENVIRONMENT)
+    if environment is None:
+        problems.append(Problem(f"stack {outputs.stack!r} outputs", f"registry.environments.{CONTROLLER_ENVIRONMENT}",
+                                "the stack registers no controller image (Azure ML must not build the controller's "
+                                "environment: prod reaches no package index)",
+                                f"build it (`python -m images build --stack {outputs.stack}`), then deploy the stack"))
+    unknown = [c for c in recipe.managed.fallback_clusters if c not in outputs.clusters]
+    if unknown:
+        problems.append(Problem(reference, "managed.fallback_clusters", f"{', '.join(unknown)}: not a cluster of stack "
+                                f"{outputs.stack!r}", f"clusters: {', '.join(outputs.clusters)}"))
     if problems:
         raise UserError(problems, "cannot submit a managed run")
-    assert outputs.controller is not None
+    assert outputs.controller is not None and environment is not None and supervision is not None
     checkpoint = json.loads(training.environment_variables[contract.CHECKPOINT_JSON])
     run = resume or training.name
     limits = [(recipe.cost.ceiling_usd, f"{reference}: cost.ceiling_usd")]
     if outputs.budget is not None:
         limits.append((outputs.budget.monthly_amount_usd, f"stack {outputs.stack!r} monthly budget"))
     limit = min(((v, s) for v, s in limits if v is not None), default=(None, ""))
+    fallbacks = tuple(build.plan_job(recipe, outputs, cluster=c, nodes=training.instance_count,
+                                     processes_per_node=training.processes_per_node, allow_tcp=allow_tcp,
+                                     hours=training.estimate.hours, name=training.name, resume=resume)
+                      for c in recipe.managed.fallback_clusters if c != training.cluster)
+    targets = tuple(Target(plan.cluster, plan.instance_count, plan.estimate.usd_per_node_hour, plan.priority,
+                           template_path(plan.cluster, i == 0)) for i, plan in enumerate((training, *fallbacks)))
+    m = recipe.managed
     policy = Policy(nodes=training.instance_count, usd_per_node_hour=training.estimate.usd_per_node_hour,
                     expected_hours=training.estimate.hours,
-                    max_restarts=recipe.managed.max_restarts if max_restarts is None else max_restarts,
-                    retry_on=tuple(recipe.managed.retry_on), backoff_s=recipe.managed.backoff_s,
-                    backoff_max_s=recipe.managed.backoff_max_s, limit_usd=limit[0], limit_source=limit[1],
-                    controller_usd_per_hour=outputs.controller.usd_per_hour)
+                    max_restarts=m.max_restarts if max_restarts is None else max_restarts,
+                    retry_on=tuple(m.retry_on), backoff_s=m.backoff_s, backoff_max_s=m.backoff_max_s,
+                    limit_usd=limit[0], limit_source=limit[1], controller_usd_per_hour=outputs.controller.usd_per_hour,
+                    targets=targets, queue_timeout_s=m.queue_timeout_s,
+                    fallback_after_preemptions=m.fallback_after_preemptions,
+                    checkpoint_interval_s=recipe.checkpoint.interval_s, straggler_factor=m.straggler_factor,
+                    straggler_looks=m.straggler_looks, stall_s=m.stall_s)
     backoffs = sum(policy.backoff(n) for n in range(1, policy.max_restarts + 1))
+    longest = max(plan.timeout_s for plan in (training, *fallbacks))
     return ManagedPlan(
         run=run, recipe=recipe.name, training=training, policy=policy,
         controller_job=run if resume is None else f"{run}-c{secrets.token_hex(2)}",
         cluster=outputs.controller.cluster, identity_client_id=outputs.controller.identity.client_id,
         storage={"account_url": outputs.storage.blob_endpoint, "container": checkpoint["container"],
-                 "prefix": checkpoint["prefix"], "writers": checkpoint.get("writers", "rank0")},
+                 "prefix": checkpoint["prefix"], "writers": checkpoint.get("writers", "rank0"),
+                 "supervision": supervision},
         workspace={"subscription_id": outputs.subscription_id, "resource_group": outputs.resource_group,
                    "name": outputs.workspace},
-        timeout_s=int((policy.max_restarts + 1) * training.timeout_s + backoffs + 3600))
+        timeout_s=int((policy.max_restarts + 1) * longest + backoffs + 3600),
+        environment=environment, secret=secret or secrets.token_hex(32), fallbacks=fallbacks,
+        resume_token={"token": secrets.token_hex(8), "at": iso(now_utc()) or ""} if resume else None)
 
 
 # --- documents --------------------------------------------------------------------------
 
 
-def training_template(mplan: ManagedPlan) -> dict[str, Any]:
-    """The training job every attempt is made from (name, run id and code set per attempt)."""
-    plan = replace(mplan.training, tags={**mplan.training.tags, "managed_run": mplan.run})
+def training_template(mplan: ManagedPlan, plan: build.JobPlan | None = None) -> dict[str, Any]:
+    """The training job every attempt on a cluster is made from (name, run id and code set per attempt)."""
+    plan = plan or mplan.training
+    plan = replace(plan, tags={**plan.tags, "managed_run": mplan.run, "record": mplan.record_blob})
     document = build.to_job_dict(plan, "..")
     document["code"] = ".."  # the snapshot root, seen from managed/; each attempt uses the controller's code asset
     return document
-
-
-def controller_packages(lock: Path = build.REPO_ROOT / "uv.lock") -> dict[str, str]:
-    """The controller's SDK versions: exactly this checkout's (uv.lock)."""
-    found = {p["name"]: p["version"] for p in tomllib.loads(lock.read_text()).get("package", [])}
-    missing = [name for name in CONTROLLER_PACKAGES if name not in found]
-    if missing:
-        raise UserError([Problem(str(lock), "package", f"{', '.join(missing)} not locked",
-                                 "run `make bootstrap` (uv lock) in a complete checkout")], "incomplete checkout")
-    return {name: found[name] for name in CONTROLLER_PACKAGES}
 
 
 def controller_job(mplan: ManagedPlan, code_path: str | Path):
@@ -137,15 +178,10 @@ def controller_job(mplan: ManagedPlan, code_path: str | Path):
     from azure.ai.ml.entities import (
         CommandJob,
         CommandJobLimits,
-        Environment,
         JobResourceConfiguration,
         ManagedIdentityConfiguration,
     )
 
-    pins = controller_packages()
-    conda = {"name": "aml-hpc-controller", "channels": ["conda-forge"],
-             "dependencies": [f"python={CONTROLLER_PYTHON}", "pip",
-                              {"pip": [f"{name}=={version}" for name, version in pins.items()]}]}
     plan = mplan.training
     return CommandJob(
         name=mplan.controller_job,
@@ -156,7 +192,7 @@ def controller_job(mplan: ManagedPlan, code_path: str | Path):
               "record": mplan.record_blob, "estimated_usd": plan.tags.get("estimated_usd", "")},
         code=str(code_path),
         command="python -m jobs.managed.controller",
-        environment=Environment(image=CONTROLLER_IMAGE, conda_file=conda),
+        environment=mplan.environment,
         environment_variables={MANAGED_JSON: json.dumps(mplan.settings(), separators=(",", ":")),
                                "AZURE_CLIENT_ID": mplan.identity_client_id},
         compute=mplan.cluster,
@@ -167,20 +203,21 @@ def controller_job(mplan: ManagedPlan, code_path: str | Path):
 
 
 def controller_document(mplan: ManagedPlan, code_path: str | Path) -> dict[str, Any]:
-    # an inline environment: Azure ML names and versions it by content on submit
-    return build.command_job_document(controller_job(mplan, code_path), ("image", "conda_file"))
+    return build.command_job_document(controller_job(mplan, code_path))
 
 
 def to_yaml(mplan: ManagedPlan, code_path: str | Path) -> str:
-    """Both jobs as one YAML stream: the controller job, then the training job template."""
+    """The jobs as one YAML stream: the controller job, then the training job template of each cluster."""
     import yaml
 
-    head = (f"# managed run {mplan.run}: the controller job (what is submitted), then the training job template\n"
-            f"# each attempt is the template named {mplan.run}-a<n>, with the controller's code;\n"
+    head = (f"# managed run {mplan.run}: the controller job (what is submitted), then the training job template"
+            f"{'s of its clusters' if mplan.fallbacks else ''}\n"
+            f"# each attempt is its cluster's template named {mplan.run}-a<n>, with the controller's code;\n"
             f"# attempts: 1 + up to {mplan.policy.max_restarts} restarts on "
             f"{', '.join(map(str, mplan.policy.retry_on))}\n")
-    return head + yaml.safe_dump_all([controller_document(mplan, code_path), training_template(mplan)],
-                                     sort_keys=False, width=120)
+    documents = [controller_document(mplan, code_path)]
+    documents += [training_template(mplan, plan) for plan in mplan.templates.values()]
+    return head + yaml.safe_dump_all(documents, sort_keys=False, width=120)
 
 
 def validate(mplan: ManagedPlan, code_path: str | Path) -> None:
@@ -194,8 +231,10 @@ def validate(mplan: ManagedPlan, code_path: str | Path) -> None:
     problems = []
     with tempfile.TemporaryDirectory(prefix="amlhpc-managed-") as tmp:
         (Path(tmp) / "managed").mkdir()
-        for label, document, path in (("controller job", controller_document(mplan, code_path), Path(tmp) / "c.yml"),
-                                      ("training job template", training_template(mplan), Path(tmp) / TEMPLATE_PATH)):
+        documents = [("controller job", controller_document(mplan, code_path), Path(tmp) / "c.yml")]
+        documents += [(f"training job template for {plan.cluster}", training_template(mplan, plan), Path(tmp) / path)
+                      for path, plan in mplan.templates.items()]
+        for label, document, path in documents:
             path.write_text(yaml.safe_dump(document, sort_keys=False))
             try:
                 load_job(path)
@@ -215,14 +254,16 @@ def snapshot(mplan: ManagedPlan, root: Path = build.REPO_ROOT, dest_root: Path =
     import yaml
 
     base = build.snapshot(tuple(dict.fromkeys((*mplan.training.code_dirs, *CONTROLLER_CODE))), root, dest_root)
-    template = yaml.safe_dump(training_template(mplan), sort_keys=False, width=120)
-    digest = hashlib.sha256(base.name.encode() + b"\0" + template.encode()).hexdigest()[:16]
+    templates = {path: yaml.safe_dump(training_template(mplan, plan), sort_keys=False, width=120)
+                 for path, plan in mplan.templates.items()}
+    digest = hashlib.sha256(base.name.encode() + b"\0" + json.dumps(templates, sort_keys=True).encode()).hexdigest()[:16]
     dest = dest_root / f"managed-{digest}"
     if not dest.is_dir():
         tmp = dest_root / f".tmp-{secrets.token_hex(4)}"
         shutil.copytree(base, tmp)
-        (tmp / TEMPLATE_PATH).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / TEMPLATE_PATH).write_text(template)
+        for path, text in templates.items():
+            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / path).write_text(text)
         try:
             tmp.rename(dest)
         except OSError:  # made concurrently by another submit

@@ -1,9 +1,9 @@
 """The supervision loop of a managed run: claim an attempt, submit it, watch it, classify
 how it ended, wait, and go again - or stop and say why.
 
-Every decision is taken from the run's record (record.py) and written back before the
-next side effect, so a controller that is restarted at any point continues where the
-record stands:
+Every decision is taken from the run's record (record.py) and the controller's own rules
+(policy.py, from its job definition), and written back before the next side effect, so a
+controller that is restarted at any point continues where the record stands:
 
 - an attempt is claimed (written as `submitting`, with the checkpoint version it will
   restore) before its job is created; a restarted controller that finds a claimed
@@ -11,7 +11,19 @@ record stands:
   exist, so a crash between the two never yields a second job;
 - a new attempt is claimed only after the previous one was seen ended (a terminal
   status): never two attempts at once;
-- only the controller holding the record's lease acts; another one waits.
+- only the controller holding the record's lease acts; another one waits;
+- a cancel request is honoured before anything else, and checked again right before a
+  job is created: once a cancel is asked, no controller creates a job.
+
+While an attempt runs, each look also enforces what cannot wait for its end: the cost
+limit (spent plus the cost of the time to the next checkpoint), the queue timeout, a job
+Azure ML leaves Paused/Unknown/NotResponding, and names stragglers. A look that fails
+(Azure ML or storage unreachable) is retried with a capped backoff, without end: the
+record is unchanged meanwhile, and the attempt is never left unsupervised because an
+outage lasted. A job Azure ML refuses for good (HTTP 400/404/409/422 on its creation) ends
+its attempt at once as bad input.
+
+Named fault points (jobs.runtime.faultpoints) sit at every step, for tests and rehearsals.
 
 The job service is Azure ML (azureml.py) in the cloud and simulated nodes in the local
 rehearsal (jobs.local.managed); both speak observation.py's vocabulary.
@@ -23,12 +35,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
+from jobs.managed import stragglers
 from jobs.managed.classify import Verdict, classify
 from jobs.managed.evidence import Evidence
 from jobs.managed.observation import Observation
-from jobs.managed.policy import Policy
+from jobs.managed.policy import Policy, Target
 from jobs.managed.record import (
     Attempt,
     Record,
@@ -38,11 +51,12 @@ from jobs.managed.record import (
     now_utc,
     parse_time,
 )
+from jobs.runtime import contract, faultpoints
 
 
 class JobService(Protocol):
-    def submit(self, job: str, attempt: int) -> None:
-        """Create the training job named `job` (attempt number `attempt`)."""
+    def submit(self, job: str, attempt: int, target: Target, environment: dict[str, str]) -> None:
+        """Create the training job named `job` (attempt number `attempt`) on `target`."""
 
     def observe(self, job: str) -> Observation | None:
         """The job's state, or None when no job has that name."""
@@ -50,19 +64,40 @@ class JobService(Protocol):
     def cancel(self, job: str) -> None:
         """Ask for the job to be canceled (returns without waiting)."""
 
+    def refusal(self, exc: BaseException) -> str | None:
+        """Why the service refused a submit for good, or None when the failure may pass."""
 
-MAX_FAILED_LOOKS = 20
-"""Consecutive failed looks (Azure ML or storage unreachable) before the controller gives up."""
-POLL_AFTER_ERROR_S = 30.0
+
+REQUEUED_FROM = frozenset({"Running", "Finalizing", "NotResponding"})
+"""A job seen in one of these and then back in the queue (or preparing) was requeued by Azure ML."""
 
 
 def attempt_job_name(run: str, number: int) -> str:
     return f"{run}-a{number}"
 
 
-def open_record(store: RecordStore, run: str, recipe: str, policy: Policy) -> Record:
-    """The run's record: created on the first start; reopened (with this policy, counting
-    restarts afresh) when a finished run is started again; kept as it is otherwise."""
+def permanent_failure(exc: BaseException) -> bool:
+    """A failed look that waiting cannot fix: the controller's identity lacks a right."""
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+    return isinstance(exc, ClientAuthenticationError) or (isinstance(exc, HttpResponseError)
+                                                          and getattr(exc, "status_code", None) == 403)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """An explicit `submit --managed --resume`: reopens a finished run once."""
+
+    token: str
+    at: str
+    """When it was asked: cancel requests made before are set aside."""
+
+
+def open_record(store: RecordStore, run: str, recipe: str, policy: Policy, resume: Resume | None = None,
+                echo: Callable[[str], None] = print) -> Record:
+    """The run's record: created on the first start; reopened by an explicit resume (once,
+    counting restarts afresh and setting earlier cancel requests aside); kept as it is
+    otherwise - a finished run stays finished for every other controller."""
     record, etag = store.load()
     if record is None:
         try:
@@ -71,10 +106,17 @@ def open_record(store: RecordStore, run: str, recipe: str, policy: Policy) -> Re
             pass  # another controller created it first: fine, it is the same run
         record, etag = store.load()
         assert record is not None
+    if resume is None or resume.token in record.resumes:
         return record
-    record.policy = policy.to_json()
+    request = store.cancel_request()
+    if request and request["id"] not in record.cancels_handled and str(request.get("at", "")) <= resume.at:
+        record.cancels_handled.append(request["id"])
+    record.resumes.append(resume.token)
     if record.done:
-        record.state, record.reason, record.base_attempt = "running", None, len(record.attempts)
+        echo(f"run {run}: resumed after it {record.state} ({record.reason})")
+        record.state, record.reason, record.base_attempt, record.target = "running", None, len(record.attempts), 0
+        record.preemptions = 0
+    record.policy = policy.to_json()
     store.save(record, etag)
     return record
 
@@ -84,37 +126,49 @@ class Supervisor:
     store: RecordStore
     service: JobService
     evidence: Evidence
+    policy: Policy
+    """The rules, from the controller's own job definition: never reloaded from the record."""
     controller: str = "local"
     """The controller's own name (its job name in Azure), kept in the record for its cost."""
+    resume: Resume | None = None
     echo: Callable[[str], None] = print
     clock: Callable[[], datetime] = now_utc
     sleep: Callable[[float], None] = time.sleep
     said: set[str] = field(default_factory=set)
+    renewed: float = 0.0
 
     # --- the loop -------------------------------------------------------------------
 
-    def start(self, run: str, recipe: str, policy: Policy) -> Record:
+    def start(self, run: str, recipe: str) -> Record:
         """The controller's entry: create the run's record if there is none, take its lease,
-        open it with this policy (open_record), and act until the run is done."""
+        open it (open_record), and act until the run is done."""
         if self.store.load()[0] is None:
             try:
-                self.store.create(Record(run=run, recipe=recipe, policy=policy.to_json()))
+                self.store.create(Record(run=run, recipe=recipe, policy=self.policy.to_json()))
             except RecordConflict:
                 pass  # another controller was first
-        self._take_lease()
-        try:
-            open_record(self.store, run, recipe, policy)
+
+        def body() -> Record:
+            open_record(self.store, run, recipe, self.policy, self.resume, self.echo)
             return self._loop()
-        finally:
-            self.store.release()
+
+        return self._leased(body)
 
     def run(self) -> Record:
         """Act on an opened record until the run is done; returns the final record."""
+        return self._leased(self._loop)
+
+    def _leased(self, body: Callable[[], Record]) -> Record:
         self._take_lease()
         try:
-            return self._loop()
-        finally:
+            result = body()
+        except faultpoints.Crash:
+            raise  # a dead process releases nothing: its lease lapses, as a killed controller's does
+        except BaseException:
             self.store.release()
+            raise
+        self.store.release()
+        return result
 
     def _loop(self) -> Record:
         failures = 0
@@ -124,37 +178,56 @@ class Supervisor:
                 if record.done:
                     return record
                 failures = 0
-                self.sleep(self.pause(record))
-                self.store.renew()
+                self._wait(self.pause(record))
             except RecordConflict as exc:
                 self.echo(f"the record changed underneath ({exc}): taking the lease again")
                 self.store.release()
                 self._take_lease()
-            except Exception as exc:  # noqa: BLE001 - Azure or storage trouble: keep supervising, a while
-                failures += 1
-                if failures > MAX_FAILED_LOOKS:
+            except Exception as exc:
+                if permanent_failure(exc):
                     raise
-                self.echo(f"look {failures} of {MAX_FAILED_LOOKS} failed ({type(exc).__name__}: {exc}); trying again")
-                self.sleep(POLL_AFTER_ERROR_S)
-                try:
-                    self.store.renew()
-                except RecordConflict:
-                    self.store.release()
-                    self._take_lease()
+                failures += 1
+                wait = self.policy.outage_wait(failures)
+                self.echo(f"look failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                          f"{failures} in a row, the record is unchanged; looking again in {wait:.0f}s")
+                self._wait(wait)
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep, renewing the lease often enough that it never lapses meanwhile (the lease
+        runs in real time at the service, whatever clock the controller is given)."""
+        step = max(1.0, self.policy.lease_s / 3)
+        remaining = seconds
+        while True:
+            chunk = min(remaining, step)
+            self.sleep(chunk)
+            remaining -= chunk
+            if remaining <= 0 or time.monotonic() - self.renewed >= step:
+                self._renew()
+            if remaining <= 0:
+                return
+
+    def _renew(self) -> None:
+        self.renewed = time.monotonic()
+        try:
+            self.store.renew()
+        except RecordConflict:
+            self.store.release()
+            self._take_lease()
+        except Exception as exc:  # noqa: BLE001 - storage down: the next write's ETag check still guards the record
+            self._say_once(f"renew-{type(exc).__name__}", f"could not renew the lease ({type(exc).__name__}); going on")
 
     def _take_lease(self) -> None:
         while not self.store.acquire():
             self._say_once("lease", "another controller holds this run's lease: waiting for it to stop (at most "
-                                    "a minute after it is gone)")
-            self.sleep(10)
+                                    f"{self.policy.lease_s}s after it is gone)")
+            self.sleep(min(10.0, self.policy.lease_s / 4))
 
     def pause(self, record: Record) -> float:
         """Seconds until the next look: the poll interval, or less when a restart is due sooner."""
-        poll = record.rules().poll_s
         due = parse_time(record.next_attempt_at)
         if due is not None:
-            return max(0.0, min(poll, (due - self.clock()).total_seconds()))
-        return poll
+            return max(0.0, min(self.policy.poll_s, (due - self.clock()).total_seconds()))
+        return self.policy.poll_s
 
     def tick(self) -> Record:
         """One look at the run: at most one side effect (a submit, a cancel), then the record is saved."""
@@ -165,91 +238,229 @@ class Supervisor:
         self._note_controller(record, now)
         if not record.done:
             etag = self._step(record, etag, now)
-        self.store.save(record, etag)
+        self._save(record, etag)
         return record
+
+    def _save(self, record: Record, etag: str) -> str:
+        faultpoints.reach("controller.record.write", run=record.run, attempts=len(record.attempts))
+        record.policy = self.policy.to_json()  # what this controller obeys, for readers; never read back
+        return self.store.save(record, etag)
 
     def _step(self, record: Record, etag: str, now: datetime) -> str:
         current = record.current
-        cancel = self.store.cancel_requested()
-        if cancel:
-            if current is not None and current.state != "ended":
-                self.service.cancel(current.job)
-                self._end(record, current, Verdict("canceled", f"canceled by {cancel.get('by', 'the user')}"), now,
-                          "Canceled")
-            record.finish("canceled", f"canceled by {cancel.get('by', 'the user')} at {cancel.get('at', iso(now))}")
-            self.echo(f"run {record.run}: {record.reason}")
+        request = self._cancel_request(record)
+        if request:
+            self._honour_cancel(record, current, request, now)
         elif current is None or current.state == "ended":
             stop = self._stop_reason(record, now)
             if stop:
                 record.finish(*stop)
                 self.echo(f"run {record.run} {record.state}: {record.reason}")
-            elif not self._waiting(record, now):
+            elif self._waiting(record, now):
+                faultpoints.reach("controller.backoff", attempt=len(record.attempts))
+            else:
                 return self._claim(record, etag, now)
         elif current.state == "submitting":
-            self._submit(current, now)
+            self._submit(record, current, now)
         else:
             self._watch(record, current, now)
         return etag
+
+    # --- cancel ---------------------------------------------------------------------
+
+    def _cancel_request(self, record: Record) -> dict[str, Any] | None:
+        request = self.store.cancel_request()
+        return request if request and request["id"] not in record.cancels_handled else None
+
+    def _honour_cancel(self, record: Record, current: Attempt | None, request: dict[str, Any], now: datetime) -> None:
+        faultpoints.reach("controller.cancel", attempt=current.number if current else 0)
+        who = f"canceled by {request.get('by') or 'the user'} at {request.get('at') or iso(now)}"
+        if current is not None and current.state != "ended":
+            if current.state == "running" or self.service.observe(current.job) is not None:
+                self.service.cancel(current.job)
+            self._end(record, current, Verdict("canceled", who), now, "Canceled")
+        record.cancels_handled.append(request["id"])
+        record.finish("canceled", who)
+        self.echo(f"run {record.run}: {who}")
 
     # --- attempts -------------------------------------------------------------------
 
     def _claim(self, record: Record, etag: str, now: datetime) -> str:
         number = len(record.attempts) + 1
+        faultpoints.reach("controller.claim", attempt=number)
+        target = self.policy.target(record.target)
         attempt = Attempt(number=number, job=attempt_job_name(record.run, number), claimed_at=iso(now),
-                          nodes=record.rules().nodes, resumed_version=self.evidence.latest_version())
+                          nodes=target.nodes, cluster=target.cluster, target=record.target,
+                          usd_per_hour=target.usd_per_hour, resumed_version=self.evidence.latest_version())
         record.attempts.append(attempt)
         record.next_attempt_at = None
-        etag = self.store.save(record, etag)  # the claim is durable before the job exists
-        self._submit(attempt, now)
+        etag = self._save(record, etag)  # the claim is durable before the job exists
+        faultpoints.reach("controller.claimed", attempt=number)
+        self._submit(record, attempt, now)
         return etag
 
-    def _submit(self, attempt: Attempt, now: datetime) -> None:
+    def _submit(self, record: Record, attempt: Attempt, now: datetime) -> None:
+        request = self._cancel_request(record)
+        if request:  # asked between the claim and now: the job is never created
+            self._honour_cancel(record, attempt, request, now)
+            return
         if self.service.observe(attempt.job) is None:
-            self.service.submit(attempt.job, attempt.number)
+            target = self.policy.target(attempt.target)
+            environment = {contract.EVIDENCE_KEY: key} if (key := self.evidence.key(attempt.job)) else {}
+            try:
+                self.service.submit(attempt.job, attempt.number, target, environment)
+            except Exception as exc:
+                refused = self.service.refusal(exc)
+                if refused is None:
+                    raise  # may pass: the claim stands, the next look creates the job
+                self._end(record, attempt, Verdict("bad_input", refused), now, "NotCreated")
+                return
+            faultpoints.reach("controller.submitted", attempt=attempt.number)
             source = f"checkpoint {attempt.resumed_version}" if attempt.resumed_version else "the start (no checkpoint yet)"
-            self.echo(f"attempt {attempt.number}: submitted {attempt.job}, resuming from {source}")
+            self.echo(f"attempt {attempt.number}: submitted {attempt.job} on {target.cluster or 'its cluster'}, "
+                      f"resuming from {source}")
         else:
             self.echo(f"attempt {attempt.number}: {attempt.job} exists already: watching it")
         attempt.state, attempt.submitted_at = "running", iso(now)
+        attempt.queued_since = attempt.submitted_at
 
     def _watch(self, record: Record, attempt: Attempt, now: datetime) -> None:
         observation = self.service.observe(attempt.job)
         if observation is None:
             self._end(record, attempt, Verdict("unknown", f"job {attempt.job} no longer exists"), now, "Missing")
             return
-        if observation.status != attempt.status:
+        self._follow_status(attempt, observation, now)
+        for state in observation.trouble:
+            if state not in attempt.epoch_events:
+                attempt.epoch_events.append(state)
+                self.echo(f"attempt {attempt.number}: a node of {attempt.job} is {state}")
+            if state not in attempt.node_events:
+                attempt.node_events.append(state)
+        if observation.terminal:
+            ends = self.evidence.ends(attempt.job, attempt.nodes, attempt.stale_ends)
+            self._note_ignored(attempt, ends.refused)
+            verdict = classify(observation, ends.records, attempt.nodes, attempt.epoch_events, ends.tampered)
+            faultpoints.reach("controller.ended", attempt=attempt.number, cause=verdict.cause)
+            self._end(record, attempt, verdict, observation.ended_at or now, observation.status)
+            return
+        self._note_commit(attempt, now)
+        beats, refused = self.evidence.heartbeats(attempt.job)
+        self._note_ignored(attempt, refused)
+        step = self.evidence.last_step(beats)
+        attempt.last_step = step if step is not None else attempt.last_step
+        for named in stragglers.look(attempt, beats, self.policy.straggler_factor, self.policy.straggler_looks, now):
+            self.echo(f"attempt {attempt.number}: {stragglers.describe(named)}")
+        stop = self._must_stop(record, attempt, observation, now)
+        faultpoints.reach("controller.watch", attempt=attempt.number, status=observation.status)
+        if stop is not None:
+            self.service.cancel(attempt.job)
+            self._end(record, attempt, stop, now, "Canceled")
+
+    def _follow_status(self, attempt: Attempt, observation: Observation, now: datetime) -> None:
+        previous = attempt.status
+        if observation.status != previous:
             self.echo(f"attempt {attempt.number}: {attempt.job} is {observation.status}")
+            if previous in REQUEUED_FROM and (observation.queued or observation.status == "Preparing"):
+                attempt.requeued_at.append(iso(now))
+                attempt.epoch_events = []
+                attempt.stale_ends = self.evidence.stale_marks(attempt.job)
+                attempt.queued_since = iso(now)
+                self.echo(f"attempt {attempt.number}: Azure ML requeued {attempt.job} (epoch {len(attempt.requeued_at) + 1}): "
+                          "its end is classified from what happens from now on")
         attempt.status = observation.status
         if observation.started_at and (attempt.started_at is None or observation.started_at < parse_time(attempt.started_at)):
             attempt.started_at = iso(observation.started_at)
         elif observation.running and attempt.started_at is None:
             attempt.started_at = iso(now)
-        for state in observation.trouble:
-            if state not in attempt.node_events:
-                attempt.node_events.append(state)
-                self.echo(f"attempt {attempt.number}: a node of {attempt.job} is {state}")
-        if not observation.terminal:
-            step = self.evidence.last_step(attempt.job)
-            attempt.last_step = step if step is not None else attempt.last_step
-            return
-        verdict = classify(observation, self.evidence.ends(attempt.job), attempt.nodes, attempt.node_events)
-        self._end(record, attempt, verdict, observation.ended_at or now, observation.status)
+        attempt.stalled_since = (attempt.stalled_since or iso(now)) if observation.stalled else None
+
+    def _must_stop(self, record: Record, attempt: Attempt, observation: Observation, now: datetime) -> Verdict | None:
+        """What ends a running attempt before Azure ML does: the cost limit, the queue
+        timeout, a status that stays Paused/Unknown/NotResponding."""
+        over = self._over_budget(record, attempt, now)
+        if over:
+            return Verdict("budget", over)
+        policy = self.policy
+        queued = parse_time(attempt.queued_since)
+        if policy.queue_timeout_s and observation.queued and queued and (now - queued).total_seconds() > policy.queue_timeout_s:
+            return Verdict("queue_timeout", f"queued {(now - queued).total_seconds():.0f}s on "
+                                            f"{attempt.cluster or 'its cluster'} (managed.queue_timeout_s "
+                                            f"{policy.queue_timeout_s:g})")
+        stalled = parse_time(attempt.stalled_since)
+        if stalled and (now - stalled).total_seconds() > policy.stall_s:
+            return Verdict("stalled", f"Azure ML reported {observation.status} for {(now - stalled).total_seconds():.0f}s "
+                                      f"(managed.stall_s {policy.stall_s:g})")
+        return None
+
+    def _over_budget(self, record: Record, attempt: Attempt, now: datetime) -> str | None:
+        """Cancel now when what was spent plus the cost of the time to the next checkpoint
+        would pass the limit (the work after the last checkpoint is lost either way)."""
+        policy = self.policy
+        if policy.limit_usd is None:
+            return None
+        spent = record.total_usd(policy.controller_usd_per_hour, now)
+        ahead_s = self._to_next_checkpoint(attempt, now)
+        rate = (attempt.usd_per_hour or 0.0) + policy.controller_usd_per_hour
+        ahead = rate * ahead_s / 3600
+        if spent + ahead <= policy.limit_usd:
+            return None
+        return (f"over budget while running: ${spent:,.2f} spent (queued and preparing time included) + "
+                f"${ahead:,.2f} until the next checkpoint (in {ahead_s:.0f}s) would pass "
+                f"{policy.limit_source or 'the limit'} ${policy.limit_usd:,.2f}")
+
+    def _note_commit(self, attempt: Attempt, now: datetime) -> None:
+        """Keep when this controller first saw the latest checkpoint version (its own clock:
+        never compared with another's)."""
+        version = self.evidence.latest_version()
+        if version and (not attempt.commit_seen or attempt.commit_seen[0] != version):
+            attempt.commit_seen = [version, iso(now) or ""]
+
+    def _to_next_checkpoint(self, attempt: Attempt, now: datetime) -> float:
+        interval = self.policy.checkpoint_interval_s
+        if not interval:
+            return self.policy.poll_s  # no checkpoint rhythm known: only the next look matters
+        started = parse_time(attempt.started_at)
+        if started is None:
+            return interval  # not training yet: its first checkpoint is a full interval away
+        seen = parse_time(attempt.commit_seen[1]) if attempt.commit_seen and attempt.commit_seen[0] != \
+            attempt.resumed_version else None
+        since = max(started, seen) if seen else started
+        return max(0.0, interval - (now - since).total_seconds())
 
     def _end(self, record: Record, attempt: Attempt, verdict: Verdict, ended: datetime, status: str) -> None:
-        policy = record.rules()
+        policy = self.policy
         attempt.state, attempt.status, attempt.ended_at = "ended", status, iso(ended)
         attempt.cause, attempt.detail, attempt.exit_code = verdict.cause, verdict.detail, verdict.exit_code
         attempt.retryable = verdict.retryable(policy.retry_on)
         attempt.first_step = verdict.first_step if verdict.first_step is not None else attempt.first_step
         attempt.last_step = verdict.last_step if verdict.last_step is not None else attempt.last_step
         attempt.bad_nodes = list(verdict.bad_nodes)
-        attempt.usd = round(policy.attempt_usd(attempt.hours()), 2)
+        attempt.usd = round((attempt.usd_per_hour or 0.0) * attempt.charged_hours(), 2)
+        self._move_on(record, attempt)
         if attempt.retryable:
             wait = policy.backoff(len(record.attempts) - record.base_attempt)
             record.next_attempt_at = iso(self.clock() + timedelta(seconds=wait))
         self.echo(f"attempt {attempt.number}: {attempt.job} ended {status}: {verdict.cause} ({verdict.detail})"
                   + (f"; bad node(s): {', '.join(_node_text(b) for b in attempt.bad_nodes)}" if attempt.bad_nodes else "")
                   + ("; retryable" if attempt.retryable else "; not retryable"))
+        for named in attempt.stragglers:
+            self.echo(f"attempt {attempt.number}: {stragglers.describe(named)}")
+
+    def _move_on(self, record: Record, attempt: Attempt) -> None:
+        """The next attempt's cluster: one on after a queue timeout, or after enough preemptions."""
+        last = len(self.policy.targets) - 1
+        if attempt.cause == "preempted":
+            record.preemptions += 1
+        why = None
+        if attempt.cause == "queue_timeout":
+            why = "the queue timeout"
+        elif attempt.cause == "preempted" and record.preemptions >= self.policy.fallback_after_preemptions:
+            why = f"{record.preemptions} preemption(s) (managed.fallback_after_preemptions)"
+        if why and record.target < last:
+            record.target, record.preemptions = record.target + 1, 0
+            nxt = self.policy.target(record.target)
+            self.echo(f"after {why} on {attempt.cluster or 'its cluster'}, the next attempt goes to {nxt.cluster} "
+                      f"({nxt.priority}, ${nxt.usd_per_hour:,.2f}/h)")
 
     # --- decisions ------------------------------------------------------------------
 
@@ -257,20 +468,22 @@ class Supervisor:
         current = record.current
         if current is None or len(record.attempts) <= record.base_attempt:
             return None  # nothing yet since the run was (re)started
-        policy = record.rules()
+        policy = self.policy
         what = f"attempt {current.number} ended {current.cause} ({current.detail})"
         if current.cause == "completed":
             return "succeeded", f"attempt {current.number} completed"
         if current.cause == "canceled":
             return "canceled", f"{what}: a cancel is the user's decision, not retried"
+        if current.cause == "budget":
+            return "failed", what
         if not current.retryable:
             return "failed", f"{what}: not retried (managed.retry_on: {', '.join(map(str, policy.retry_on))})"
         restarts = len(record.attempts) - record.base_attempt - 1
         if restarts >= policy.max_restarts:
             return "failed", f"{what}: max restarts reached ({restarts} of managed.max_restarts {policy.max_restarts})"
         if policy.limit_usd is not None:
-            spent = record.total_usd(now)
-            upcoming = policy.next_attempt_usd(record.hours_run())
+            spent = record.total_usd(policy.controller_usd_per_hour, now)
+            upcoming = policy.next_attempt_usd(record.hours_run(), policy.target(record.target))
             if spent + upcoming > policy.limit_usd:
                 return "failed", (f"{what}: over budget: ${spent:,.2f} spent + ${upcoming:,.2f} for one more attempt "
                                   f"exceeds {policy.limit_source or 'the limit'} ${policy.limit_usd:,.2f}")
@@ -289,6 +502,12 @@ class Supervisor:
                 entry["seen_at"] = iso(now)
                 return
         record.controllers.append({"job": self.controller, "started_at": iso(now), "seen_at": iso(now)})
+
+    def _note_ignored(self, attempt: Attempt, refused: list[str]) -> None:
+        for why in refused:
+            if why not in attempt.ignored_evidence:
+                attempt.ignored_evidence.append(why)
+                self.echo(f"attempt {attempt.number}: {why}")
 
     def _say_once(self, key: str, text: str) -> None:
         if key not in self.said:

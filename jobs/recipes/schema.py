@@ -12,10 +12,11 @@ chosen for InfiniBand GPU clusters (see each field's docstring for why).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core.values import Hours, Usd, checked
 from jobs.managed import causes
 
 SHM_SIZE_DEFAULT = "3100m"
@@ -26,12 +27,19 @@ _SHM = re.compile(r"^[1-9][0-9]*[bkmg]$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,40}$")
 _INPUT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$")
+# Host folders a recipe may never bind into the job's container: the node's system, its
+# container runtime and its credentials (a `-v /var/run/docker.sock:...` is root on the node).
+_SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run",
+                "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var")
 
 Distribution = Literal["pytorch", "mpi", "tensorflow", "deepspeed"]
 Framework = Literal["pytorch", "tensorflow"]
 InputMode = Literal["stage", "download", "ro_mount"]
 Placement = Literal["local", "shared", "replica"]
 HealthMode = Literal["gate", "warn", "off"]
+ModelDim = Annotated[int, checked("model_dim")]
+Batch = Annotated[int, checked("batch")]
 
 
 class _Model(BaseModel):
@@ -72,7 +80,26 @@ class InputSpec(_Model):
     """For mode stage: local (each node gets its share; each rank a file list), replica
     (every node gets everything) or shared (BeeOND: staged once into `shared_dir`)."""
     shared_dir: str = "/mnt/beeond"
-    """Where the BeeOND file system is mounted on the nodes (placement shared)."""
+    """Where the BeeOND file system is mounted on the nodes (placement shared). It becomes a
+    `docker -v DIR:DIR` argument of the job, so it must be a plain absolute folder below a data
+    mount (e.g. /mnt/beeond), never a system folder, and take no spaces, colons or options."""
+
+    @field_validator("shared_dir")
+    @classmethod
+    def _shared_dir(cls, value: str) -> str:
+        return check_mount_path(value)
+
+
+def check_mount_path(value: str) -> str:
+    """A host folder safe to hand to `docker -v DIR:DIR`, or ValueError naming what is wrong."""
+    fix = "use a folder below the nodes' data mounts, e.g. /mnt/beeond (jobs beeond start --mount)"
+    if not _MOUNT_PATH.match(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError(f"{value!r} is not a plain absolute folder (letters, digits, '.', '_', '-' between "
+                         f"slashes; no spaces, colons, commas, '..' or trailing slash): {fix}")
+    top = "/" + value.split("/")[1]
+    if value.count("/") < 2 or top in _SYSTEM_DIRS:
+        raise ValueError(f"{value!r} would bind a system folder of the node into the job's container: {fix}")
+    return value
 
 
 class OutputSpec(_Model):
@@ -115,11 +142,21 @@ class Checkpoint(_Model):
     account's ingress). Default: per_rank for deepspeed (ZeRO shards), else rank0."""
     cap_mbps: int | None = Field(None, ge=1)
     """Per-writer upload cap in Mb/s; default: 90 % of the account ingress / writers."""
+    local_keep: int = Field(2, ge=2, le=20)
+    """Versioned checkpoints (common.save_state) kept on each node's NVMe. At least 2: a rank is at
+    most one version behind the others, so two always leave one every node holds whole."""
+    local_restarts: int = Field(3, ge=0, le=100)
+    """In-job restarts (jobs/runtime/restart.py): after a crashed rank, an NCCL error or a hang, the
+    launchers restart the training inside the same Azure ML job from the newest version every node
+    holds locally. After this many the job ends (exit 11) for a managed run to resubmit; 0: off."""
+    agree_s: int = Field(300, ge=10)
+    """How long nodes wait for each other to agree on an in-job restart; a node that does not answer
+    is lost (exit 10)."""
 
 
 class Watchdog(_Model):
     """The launcher's hang watchdog (jobs/runtime/watchdog.py): stop a training that no
-    longer reports progress (launcher exit 8) instead of letting it hold the nodes."""
+    longer reports progress (launcher exit 7) instead of letting it hold the nodes."""
 
     enabled: bool = True
     hang_s: int | None = Field(None, ge=10)
@@ -146,6 +183,24 @@ class Managed(_Model):
     backoff_s: int = Field(60, ge=0)
     """Wait before the first restart; doubled for each further one."""
     backoff_max_s: int = Field(900, ge=0)
+    fallback_clusters: list[str] = Field(default_factory=list)
+    """Clusters of the stack to move to, in order, after a queue timeout or repeated preemption
+    (e.g. the Dedicated twin of a LowPriority cluster); all attempts share one cost limit."""
+    queue_timeout_s: int | None = Field(None, ge=60)
+    """An attempt queued longer than this is canceled and resubmitted on the next cluster."""
+    fallback_after_preemptions: int = Field(2, ge=1)
+    """Preemptions on one cluster after which the next attempt goes to the next cluster."""
+    straggler_factor: float | None = Field(1.5, gt=1)
+    """A node whose step time in its own work is this many times its peers' median, at
+    `straggler_looks` consecutive heartbeats, is named a straggler (null: off)."""
+    straggler_looks: int = Field(3, ge=1)
+    stall_s: int = Field(900, ge=60)
+    """An attempt Azure ML reports Paused, Unknown or NotResponding this long is canceled and retried."""
+    min_nodes: int | None = Field(None, ge=1)
+    """Shrink-and-continue: when a node is lost and the cluster has no capacity for the full
+    count, a restart may run on as few as this many nodes (default: the recipe's `nodes`, no
+    shrinking). The training keeps its global batch (more gradient accumulation per rank, e.g.
+    `--global-batch`) and the versioned checkpoint reshards into the smaller world."""
 
     @field_validator("retry_on")
     @classmethod
@@ -158,23 +213,26 @@ class Managed(_Model):
 
 
 class Cost(_Model):
-    expected_hours: float = Field(1.0, gt=0)
+    expected_hours: Hours = 1.0
     """Wall-clock estimate used by `estimate` and by submit's ceiling check."""
-    ceiling_usd: float | None = Field(None, gt=0)
+    ceiling_usd: Usd | None = None
     """Submit refuses (unless --yes) when the estimate exceeds it."""
+    preemptions_per_node_hour: float | None = Field(None, ge=0)
+    """For goodput planning on a LowPriority cluster: the preemptions per node-hour you assume
+    (Azure publishes none; `estimate --preemption-rate` wins)."""
 
 
 class ModelShape(_Model):
     """A transformer's shape, for the parameter count and activation memory."""
 
-    hidden_size: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    intermediate_size: int | None = Field(None, ge=1)
+    hidden_size: ModelDim
+    num_layers: ModelDim
+    num_heads: ModelDim
+    intermediate_size: ModelDim | None = None
     """Default 4 x hidden_size."""
-    vocab_size: int = Field(30522, ge=1)
-    max_position: int = Field(512, ge=1)
-    seq_len: int = Field(128, ge=1)
+    vocab_size: ModelDim = 30522
+    max_position: ModelDim = 512
+    seq_len: ModelDim = 128
 
 
 class DeepSpeedSpec(_Model):
@@ -184,8 +242,8 @@ class DeepSpeedSpec(_Model):
     zero_stage: Literal["auto", 0, 1, 2, 3] = "auto"
     """auto: by model size (Azure's large-scale training guide: <300M 0, <1B 1, <10B 2, else 3), raised until the
     model states fit the GPU; CPU offload only when even stage 3 does not fit."""
-    micro_batch: int = Field(8, ge=1)
-    grad_accum: int = Field(1, ge=1)
+    micro_batch: Batch = 8
+    grad_accum: Batch = 1
     activation_checkpointing: bool = False
     tensorboard: bool = True
     flops_profiler: bool = False
@@ -293,7 +351,7 @@ class Recipe(_Model):
     watchdog: Watchdog = Watchdog()
     managed: Managed = Managed()
     cost: Cost = Cost()
-    timeout_hours: float | None = Field(None, gt=0)
+    timeout_hours: Hours | None = None
     """Azure ML kills the job after this; default: 2 x cost.expected_hours, at least 1 h."""
     deepspeed: DeepSpeedSpec | None = None
     experiment: str | None = None
@@ -352,6 +410,13 @@ class Recipe(_Model):
         if self.framework == "pytorch" and self.distribution == "tensorflow":
             raise ValueError("framework pytorch cannot use distribution tensorflow (it sets TF_CONFIG, not torch.distributed's "
                              "variables): use pytorch, deepspeed or mpi, or set framework: tensorflow")
+        return self
+
+    @model_validator(mode="after")
+    def _min_nodes(self) -> Recipe:
+        if self.managed.min_nodes is not None and self.managed.min_nodes > self.nodes:
+            raise ValueError(f"managed.min_nodes {self.managed.min_nodes} is more than nodes {self.nodes}: the floor for "
+                             "shrink-and-continue cannot exceed the job's node count")
         return self
 
     @model_validator(mode="after")

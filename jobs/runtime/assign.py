@@ -219,9 +219,6 @@ class RankSplit:
     def node_balance(self) -> Balance:
         return measure(self.per_node)
 
-    def rank_balance(self) -> Balance:
-        return measure(self.per_rank)
-
 
 def split_for_ranks(items: Sequence[Item], node_count: int, local_size: int) -> RankSplit:
     """Balance over nodes, then each node's share over its local ranks."""

@@ -152,8 +152,12 @@ def auth_from_env(container: str, account_url: str | None, env) -> tuple[str, Sa
         raise blobio.BlobConfigError(
             f"no Blob endpoint for container {container!r}: give the account URL (the stack output "
             f"storage.blobEndpoint) or set {blobio.CONNECTION_STRING_VARIABLE} for Azurite")
-    if not account_url.startswith(("https://", "http://")):
-        raise blobio.BlobConfigError(f"account URL {blobio.safe_endpoint(account_url)!r} must start with https://")
+    if not account_url.startswith("https://"):
+        # A bearer token sent over plain http can be read and replayed by anyone on the path
+        # (azure-core's BearerTokenCredentialPolicy refuses non-TLS URLs for the same reason).
+        raise blobio.BlobConfigError(f"account URL {blobio.safe_endpoint(account_url)!r} must start with https://: "
+                                     "an Entra ID token is never sent over plain http (Azurite: set "
+                                     f"{blobio.CONNECTION_STRING_VARIABLE})")
     return f"{blobio.safe_endpoint(account_url)}/{container}", BearerAuth(blobio.credential_from_env(env))
 
 
@@ -172,6 +176,9 @@ class Reader:
         self._host = split.hostname or ""
         self._port = split.port or (443 if self._https else 80)
         self._path = split.path.rstrip("/")
+        if isinstance(auth, BearerAuth) and not self._https:
+            raise blobio.BlobConfigError(f"{self.shown_url}: an Entra ID token is never sent over plain http; "
+                                         "use the account's https:// endpoint")
         self.auth = auth
         self.retry = retry or blobio.RetrySettings()
         self._sleep = sleep

@@ -19,6 +19,12 @@ RUN_ID = "AMLHPC_RUN_ID"
 WATCHDOG_JSON = "AMLHPC_WATCHDOG_JSON"
 NCCL_RESOLVE = "AMLHPC_NCCL_RESOLVE"
 TELEMETRY_INTERVAL_S = "AMLHPC_TELEMETRY_INTERVAL_S"
+EVIDENCE_KEY = "AMLHPC_EVIDENCE_KEY"
+"""Set per attempt by a managed run's controller: the key that signs the nodes' end records
+and heartbeats (jobs/runtime/nodestatus.py)."""
+
+# Set by whatever starts a node's ranks (a launcher, a wrapper script), fresh for each launch.
+LAUNCH_ID = "AMLHPC_LAUNCH_ID"
 
 # Set by jobs.runtime.launch for the training command.
 DATA_DIR_PREFIX = "AMLHPC_DATA_DIR_"
@@ -26,6 +32,12 @@ FILE_LIST_PREFIX = "AMLHPC_FILE_LIST_"
 CHECKPOINT_DIR = "AMLHPC_CHECKPOINT_DIR"
 RESUME_DIR = "AMLHPC_RESUME_DIR"
 PROGRESS_FILE = "AMLHPC_PROGRESS_FILE"
+RESUME_VERSION = "AMLHPC_RESUME_VERSION"
+"""The versioned checkpoint (a folder of the node's tier) to resume from; unset: start fresh."""
+RESTART_GENERATION = "AMLHPC_RESTART_GENERATION"
+"""0 for the job's first training run, n after n in-job restarts."""
+CHECKPOINT_TAG = "AMLHPC_CHECKPOINT_TAG"
+"""The timeline the run's versioned checkpoints belong to (job run and restart generation)."""
 
 DEFAULT_REPORT_DIR = "outputs/aml-hpc"
 

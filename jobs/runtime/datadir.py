@@ -1,8 +1,9 @@
 """Where each blob lands below the data directory, and keeping that directory equal to the dataset.
 
 - `local_paths(prefix, entries)`: the path below the data directory of every blob: the
-  name below the prefix, `.gz` dropped for gzip blobs, empty segments dropped (`dir//b`
-  is `dir/b`). Refused, naming the blobs: a name that would leave the directory (`..`,
+  name below the prefix, `.gz` dropped for blobs that are inflated (Content-Encoding gzip;
+  a foreign `archive.tar.gz` stored as it is keeps its name), empty segments dropped
+  (`dir//b` is `dir/b`, and a blob named `dirlike/` that holds data is `dirlike`). Refused, naming the blobs: a name that would leave the directory (`..`,
   `.`), that a filesystem cannot hold (NUL, a segment over 255 bytes), two blobs that land
   on one path (`a.bin` and `a.bin.gz`, `dir//b` and `dir/b`) and a blob that lands where
   another needs a directory (`x` and `x/y`). Every process refuses the same listing the
@@ -42,7 +43,7 @@ def local_paths(prefix: str, entries: Sequence[BlobEntry], limit: int = 20) -> l
     """Path below the data directory of each entry (same order); PathProblems when some cannot be.
     A million names take under a second: cut by C-level slicing when all or none end in
     `.gz`, checked for odd names all at once (joined), one set for collisions."""
-    rels = _below(len(prefix), list(map(attrgetter("name"), entries)))
+    rels = _below(len(prefix), list(map(attrgetter("name"), entries)), entries)
     problems: list[str] = []
     long = MAX_SEGMENT_BYTES // 4  # a segment over 255 bytes needs at least 64 characters
     if _any_suspect(rels, long):
@@ -64,12 +65,15 @@ def local_paths(prefix: str, entries: Sequence[BlobEntry], limit: int = 20) -> l
     return rels
 
 
-def _below(cut: int, names: list[str]) -> list[str]:
-    """Each name without its first `cut` characters and a final `.gz`."""
-    gzipped = sum(map(str.endswith, names, repeat(".gz")))
-    if gzipped in (0, len(names)):  # the usual dataset: one slice for all, in C
-        return list(map(getitem, names, repeat(slice(cut, -3 if gzipped else None))))
-    return [name[cut:-3] if name.endswith(".gz") else name[cut:] for name in names]
+def _below(cut: int, names: list[str], entries: Sequence[BlobEntry]) -> list[str]:
+    """Each name without its first `cut` characters, and without a final `.gz` when it is inflated."""
+    named = sum(map(str.endswith, names, repeat(".gz")))
+    encodings = list(map(attrgetter("content_encoding"), entries))
+    if named == 0 or (named == len(names) and encodings.count("gzip") == len(names)):
+        # The usual dataset (all uploaded by jobs data upload, or none gzip-named): one slice for all, in C.
+        return list(map(getitem, names, repeat(slice(cut, -3 if named else None))))
+    return [name[cut:-3] if entry.gzip and name.endswith(".gz") else name[cut:] for name, entry in zip(names, entries,
+                                                                                                       strict=True)]
 
 
 _AS_SEPARATORS = bytes(0x2F if c in (0, 0x2F) else 0x2E if c == 0x2E else 0x78 for c in range(256))

@@ -1,4 +1,4 @@
-"""Exit statuses the in-job launcher adds for hangs, NCCL and storage-access failures,
+"""Exit statuses the in-job launcher adds for hangs, NCCL, storage-access and in-job restart failures,
 allocated here once (the launcher's older ones live in jobs/runtime/launch.py: 2 bad input,
 3 health gate, 4 staging, 5 restore, 6 final upload, 126/127 command). Managed runs
 (jobs/managed/causes.py) decide from these which ends to retry.
@@ -21,3 +21,12 @@ EXIT_STORAGE_ACCESS = 9
 """The node's managed identity cannot get a token for the job's storage, or lacks the role to
 read the inputs (Storage Blob Data Reader) or write the checkpoints (Storage Blob Data
 Contributor): stopped before staging, with the account, container and role named."""
+
+EXIT_NODE_LOST = 10
+"""An in-job restart could not happen: a node did not answer within checkpoint.agree_s (its host
+is gone, or its launcher is frozen). The job ends so the managed run can resubmit it
+(jobs/runtime/restart.py)."""
+
+EXIT_RESTARTS_EXHAUSTED = 11
+"""The training failed again after checkpoint.local_restarts in-job restarts: the job ends so the
+managed run can resubmit it on other nodes (jobs/runtime/restart.py)."""

@@ -159,12 +159,14 @@ class BlobEntry(NamedTuple):
 
     @property
     def gzip(self) -> bool:
-        return (self.content_encoding or "").strip().lower() == "gzip" or self.name.endswith(".gz")
+        """Whether the blob is inflated when staged: it says it is gzip-encoded (Content-Encoding),
+        whatever its name; a foreign `archive.tar.gz` without that is staged as it is stored."""
+        return (self.content_encoding or "").strip().lower() == "gzip"
 
     @property
     def local_name(self) -> str:
-        """The name on disk: `.gz` dropped (a `.gz` blob is always decompressed)."""
-        return self.name[:-3] if self.name.endswith(".gz") else self.name
+        """The name on disk: `.gz` dropped from a blob that is inflated, kept on one that is not."""
+        return self.name[:-3] if self.gzip and self.name.endswith(".gz") else self.name
 
     @property
     def identity(self) -> str | None:
@@ -210,12 +212,17 @@ class FetchResult:
 
 
 class Gunzip:
-    """Streaming gzip decoder: feed() stored bytes, get uncompressed pieces; finish() checks the end."""
+    """Streaming gzip decoder: feed() stored bytes, get uncompressed pieces; finish() checks the end.
+
+    Zero bytes after the last member are padding and accepted, as GNU gzip accepts them
+    (tape and block devices pad files with zeros; `gzip -t` of such a file succeeds, checked
+    with gzip 1.12); any other byte there is refused as trailing garbage."""
 
     def __init__(self, blob: str):
         self.blob = blob
         self._decoder = _inflate_lib.decompressobj(wbits=GZIP_WBITS)
         self._member_has_input = False
+        self._padding = False
         self.members = 0
 
     def feed(self, data: bytes):
@@ -228,12 +235,14 @@ class Gunzip:
                 yield from self.feed(view[start:start + FEED_BYTES])
             return
         while data:
+            if self._padding or (self.members and not self._member_has_input and data[0] == 0):
+                self._check_padding(data)
+                return
             self._member_has_input = True
             try:
                 piece = self._decoder.decompress(data, MAX_PIECE_BYTES)
             except (zlib.error, _inflate_lib.error) as exc:
-                raise IntegrityError(self.blob, f"gzip data is corrupt ({exc}); re-upload it with "
-                                     "`python -m jobs data upload`") from None
+                raise IntegrityError(self.blob, f"gzip data is corrupt ({exc})") from None
             if piece:
                 yield piece
             if self._decoder.eof:
@@ -245,11 +254,17 @@ class Gunzip:
             else:
                 data = self._decoder.unconsumed_tail
 
+    def _check_padding(self, data) -> None:
+        self._padding = True
+        if bytes(data).strip(b"\0"):
+            raise IntegrityError(self.blob, "gzip data is followed by bytes that are neither a gzip member nor zero "
+                                 "padding (trailing garbage)")
+
     def finish(self) -> bytes:
         if self._member_has_input and not self._decoder.eof:
             tail = self._decoder.flush()
             if not self._decoder.eof:
-                raise IntegrityError(self.blob, "gzip stream ends early (truncated blob or upload); re-upload it")
+                raise IntegrityError(self.blob, "gzip stream ends early (truncated blob or upload)")
             return tail
         if self.members == 0:
             raise IntegrityError(self.blob, "is marked gzip but holds no gzip data")
@@ -303,7 +318,7 @@ class Checks:
         entry, expected_size = self.entry, self.expected_size
         if expected_size is not None and written != expected_size:
             raise IntegrityError(entry.name, f"size mismatch: got {written} bytes, metadata amlhpc_size says "
-                                 f"{expected_size}; re-upload it with `python -m jobs data upload`")
+                                 f"{expected_size}")
         if self.stored is not None:
             got = self.stored.hexdigest() if self.kind == "sha256" else base64.b64encode(self.stored.digest()).decode()
             if got != self.expected:
@@ -312,8 +327,7 @@ class Checks:
                                      f"(got {got[:16]}..., expected {self.expected[:16]}...)")
         if self.output is not None and self.output.hexdigest() != self.expected_sha256:
             raise IntegrityError(entry.name, f"checksum mismatch: SHA-256 {self.output.hexdigest()[:16]}... but "
-                                 f"metadata amlhpc_sha256 says {self.expected_sha256[:16]}...; re-upload it with "
-                                 "`python -m jobs data upload`")
+                                 f"metadata amlhpc_sha256 says {self.expected_sha256[:16]}...")
         if not entry.gzip and expected_size is None and written != entry.size:
             raise FetchError(entry.name, f"got {written} of {entry.size} bytes", transient=True)
 
@@ -329,6 +343,21 @@ def with_headers(entry: BlobEntry, headers, keys: tuple[str, ...] = META_KEYS) -
     found = {key: value for key in keys if (value := headers.get("x-ms-meta-" + key)) is not None}
     return BlobEntry.with_metadata(entry.name, entry.size, found, etag=entry.etag,
                                    content_encoding=entry.content_encoding, content_md5=entry.content_md5)
+
+
+def file_matches_stored(path: str | Path, entry: BlobEntry) -> bool:
+    """Whether a file holds exactly the blob's stored bytes (a blob staged as it is stored), by
+    the stored SHA-256 when the blob has one, else its Content-MD5."""
+    digest = hashlib.sha256() if entry.stored_sha256 else hashlib.md5()
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(MAX_PIECE_BYTES):
+                digest.update(chunk)
+    except OSError:
+        return False
+    if entry.stored_sha256:
+        return digest.hexdigest() == entry.stored_sha256
+    return base64.b64encode(digest.digest()).decode() == entry.content_md5
 
 
 def member_plan(entry: BlobEntry) -> tuple[list[int], int, int] | None:
@@ -372,10 +401,9 @@ class Fetcher:
         self.verify_sha256 = verify_sha256
         self.deadline = deadline
         self.on_bytes = on_bytes or (lambda stored, out: None)
-        # What the one-stream path reads from a GET's answer: sizes, the stored digest when this CPU
-        # prefers SHA-256 (else the listing's Content-MD5 serves), the output's SHA-256 when asked.
-        self._stream_keys = ("amlhpc_size", *(("amlhpc_stored_sha256",) if sha256_is_faster() else ()),
-                             *(("amlhpc_sha256",) if verify_sha256 else ()))
+        # What the one-stream path reads from a GET's answer: sizes, the stored digest (a sealed foreign
+        # blob may have it and no Content-MD5), the output's SHA-256 when asked.
+        self._stream_keys = ("amlhpc_size", "amlhpc_stored_sha256", *(("amlhpc_sha256",) if verify_sha256 else ()))
 
     def fetch(self, entry: BlobEntry, final_path: str | Path, partial_path: str | Path) -> FetchResult:
         """Fetch `entry` to `final_path` via `partial_path` (same filesystem; see the module docstring)."""
@@ -551,8 +579,7 @@ class Fetcher:
         try:
             out = gzmembers.inflate_member(view[start:start + length], out_length, entry.name, index)
         except gzmembers.MemberError as exc:
-            raise IntegrityError(entry.name, f"{str(exc).split(': ', 1)[1]}; re-upload it with "
-                                 "`python -m jobs data upload`") from None
+            raise IntegrityError(entry.name, str(exc).split(": ", 1)[1]) from None
         os.pwrite(fd, out, out_offset)
         self.on_bytes(length, len(out))
         return len(out)

@@ -12,15 +12,22 @@ Azure ML starts it on every process of the job (one per GPU); each one, in order
 5. pinning (AMLHPC_PIN auto|off, jobs.runtime.topology): this process's CPU affinity and
    the command's CUDA_VISIBLE_DEVICES order;
 6. restore (AMLHPC_CHECKPOINT_JSON, jobs.runtime.checkpoint): local rank 0 downloads the
-   latest committed version into the node's checkpoint folder, the others wait;
+   latest committed version of the checkpoint folder, and the newest versioned checkpoint
+   into the node's tier (its own ranks' parts, or every part on another world size), the
+   others wait;
 7. the training command, with AMLHPC_DATA_DIR_<NAME>, AMLHPC_FILE_LIST_<NAME>,
-   AMLHPC_CHECKPOINT_DIR, AMLHPC_RESUME_DIR (when a version was restored) and the pinning
-   variables set; while it runs, the uploading node's local rank 0 uploads the checkpoint
-   folder every `interval_s`; SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 are forwarded to the
-   command's process group (SIGTERM is how a low-priority node is preempted), and the group
-   is killed `--term-grace` seconds after a SIGTERM/SIGINT/SIGHUP if it has not exited;
-8. a final upload once the command (and, for sharded checkpoints, every local rank's
-   command) has exited; then the launcher exits with the command's status.
+   AMLHPC_CHECKPOINT_DIR, AMLHPC_RESUME_DIR (when a folder version was restored),
+   AMLHPC_RESUME_VERSION (the versioned checkpoint to resume from), AMLHPC_RESTART_GENERATION,
+   AMLHPC_CHECKPOINT_TAG and the pinning variables set; while it runs, local rank 0 uploads
+   the checkpoint folder (writer nodes) and the node's parts of versioned checkpoints every
+   `interval_s`; SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 are forwarded to the command's process
+   group (SIGTERM is how a low-priority node is preempted), and the group is killed
+   `--term-grace` seconds after a SIGTERM/SIGINT/SIGHUP if it has not exited. When a command
+   fails - a crash, an NCCL error, a hang the watchdog stops - the launchers of every node
+   stop theirs, agree on a version and start the command again in the same job
+   (jobs.runtime.restart), up to `local_restarts` times;
+8. a final upload once every local rank's command has exited; then the launcher exits with
+   the command's status.
 
 While the command runs, local rank 0 samples the node's GPUs, RDMA ports and host into
 <report dir>/telemetry-node<k>.jsonl and MLflow (jobs.runtime.telemetry). The hang watchdog
@@ -40,6 +47,8 @@ signal after it reported a completed training (jobs.runtime.completion; the repo
     7   the hang watchdog stopped the command: no progress for watchdog.hang_s
     8   NCCL would use TCP sockets between the nodes of an InfiniBand size (jobs/runtime/exit_codes.py)
     9   the node's managed identity cannot reach the job's storage with the role it needs
+    10  an in-job restart could not happen: a node did not answer (lost)
+    11  the training failed again after `local_restarts` in-job restarts
     126 the command is not executable, 127 it was not found
 
 The connection string AMLHPC_BLOB_CONNECTION_STRING (Azurite) is removed from the
@@ -87,6 +96,13 @@ PIN_MODES = ("auto", "off")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SECRET_VARIABLES = (contract.BLOB_CONNECTION_STRING,)
+STANDBY_READY = "AMLHPC_STANDBY_READY"
+"""For the training: the file the warm standby for the next restart writes once it is ready."""
+STANDBY = "AMLHPC_STANDBY"
+"""on | off | auto (default): keep a warm standby of a Python training command for in-job
+restarts. auto: when the node has at least 2 CPUs per local rank, so that a standby importing
+torch never slows the running training (a rehearsal of several nodes on one small machine)."""
+STANDBY_MODES = ("on", "off", "auto")
 
 
 class LaunchFailed(Exception):
@@ -127,6 +143,8 @@ class LaunchReport:
     restored_version: str | None = None
     uploaded_versions: list[str] = field(default_factory=list)
     signals: list[str] = field(default_factory=list)
+    restarts: list[dict] = field(default_factory=list)
+    """In-job restarts: generation, the failure's cause and node, where it resumed from."""
     command_status: int | None = None
     exit_code: int | None = None
     error: str | None = None
@@ -254,6 +272,8 @@ class SignalForwarder:
         self._previous: dict[int, object] = {}
         self._timer: threading.Timer | None = None
         self.done = False
+        self.stopped: str | None = None
+        """The stopping signal the launcher received (the job is being stopped: no in-job restart)."""
 
     def install(self) -> None:
         for signum in FORWARDED_SIGNALS:
@@ -270,6 +290,8 @@ class SignalForwarder:
             os.killpg(self.child.pid, signum)
         except ProcessLookupError:
             return
+        if signum in STOPPING_SIGNALS:
+            self.stopped = self.stopped or name
         if signum in STOPPING_SIGNALS and self._timer is None:
             self._timer = threading.Timer(self.grace_s, self._kill)
             self._timer.daemon = True
@@ -292,6 +314,101 @@ class SignalForwarder:
     def restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+
+
+class _RestartStopper:
+    """Kills the command's process group at once when the node's leader asks for it: the training
+    failed somewhere in the job and every node restarts it (jobs/runtime/restart.py)."""
+
+    def __init__(self, records, pid: int):
+        self.records, self.pid = records, pid
+        self.killed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="restart-stopper", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from jobs.runtime.restart import POLL_S
+
+        while not self._stop.wait(POLL_S):
+            if self.records.stop_requested() is not None:
+                self.killed = True
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _Standbys:
+    """The warm standby of a Python training command (jobs.runtime.standby): started once the
+    running command has reported its first step (so it never competes with that start), taken
+    by the next in-job restart. One thread starts them and lives as long as the launcher's
+    training phase: a child gets SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG
+    follows the thread), which is what the standby must do only when the launcher goes."""
+
+    def __init__(self, command: list[str]):
+        import queue
+
+        from jobs.runtime.standby import standby_command
+
+        self.command = standby_command(command)
+        self.argv = command
+        self._lock = threading.Lock()
+        self._standby = None
+        self._closed = False
+        self._requests: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def prepare_after_first_step(self, child: subprocess.Popen, progress_file: Path, env: dict[str, str],
+                                 ready_file: Path) -> None:
+        if self.command is None:
+            return
+        ready_file.unlink(missing_ok=True)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="standby", daemon=True)
+            self._thread.start()
+        self._requests.put((child, progress_file, env, ready_file))
+
+    def _serve(self) -> None:
+        from jobs.runtime.standby import Standby, standby_command
+
+        while (request := self._requests.get()) is not None:
+            child, progress_file, env, ready_file = request
+            while child.poll() is None and not progress_file.exists() and not self._closed:
+                time.sleep(0.5)
+            with self._lock:
+                if self._closed or self._standby is not None or child.poll() is not None:
+                    continue
+                try:
+                    self._standby = Standby(standby_command(self.argv, ready_file), env, _die_with_parent)
+                    log.info("warm standby (pid %d) started for the next in-job restart", self._standby.process.pid)
+                except OSError as exc:
+                    log.warning("no warm standby for the next restart: %s", exc)
+
+    def take(self, env: dict[str, str]) -> subprocess.Popen | None:
+        with self._lock:
+            standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        child = standby.activate(env)
+        if child is None:
+            log.warning("the warm standby is gone (exit %s): a cold start", standby.process.returncode)
+            standby.discard()
+        return child
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.discard()
+        if self._thread is not None:
+            self._requests.put(None)
 
 
 def exit_status(returncode: int) -> int:
@@ -334,6 +451,9 @@ class Launcher:
         self.staged_scratch: str | None = None
         self.store = None
         self.checkpoint_dir: Path | None = None
+        self.node_checkpoints = None
+        self._forwarder: SignalForwarder | None = None
+        self._standbys = _Standbys(self.options.command if self._standby_wanted() else [])
 
     # 1b. NCCL settings for this node; stop before anything runs when NCCL would fall back to TCP
     def nccl_preflight(self) -> None:
@@ -470,31 +590,34 @@ class Launcher:
         if self.ranks.is_node_leader:
             barrier.lead()
             try:
-                version = self._restore_as_leader()
+                version, resume = self._restore_as_leader()
             except BaseException as exc:
                 barrier.fail(str(exc))
                 raise
-            barrier.succeed({"checkpoint_dir": str(self.checkpoint_dir), "version": version})
+            barrier.succeed({"checkpoint_dir": str(self.checkpoint_dir), "version": version, "resume": resume})
         else:
             try:
                 done = barrier.wait()
             except (BarrierFailed, BarrierTimeout) as exc:
                 raise LaunchFailed(EXIT_RESTORE, f"restore on local rank 0 failed: {exc}") from None
             self.checkpoint_dir = Path(done["checkpoint_dir"])
-            version = done.get("version")
-        self.report.restored_version = version
+            version, resume = done.get("version"), done.get("resume")
+        self.report.restored_version = version or (Path(resume).name if resume else None)
         self.child_env[contract.CHECKPOINT_DIR] = str(self.checkpoint_dir)
         if version:
             self.child_env[contract.RESUME_DIR] = str(self.checkpoint_dir)
+        self._resume_from(resume)
         self.report.phases["restore"] = time.monotonic() - started
 
-    def _restore_as_leader(self) -> str | None:
-        from jobs.runtime.checkpoint import (
-            CheckpointError,
-            CheckpointStore,
-            container_from_settings,
-        )
-        from jobs.runtime.throttle import Throttle
+    def _resume_from(self, resume: str | None) -> None:
+        if resume:
+            self.child_env[contract.RESUME_VERSION] = resume
+        else:
+            self.child_env.pop(contract.RESUME_VERSION, None)
+
+    def _restore_as_leader(self) -> tuple[str | None, str | None]:
+        from jobs.runtime.checkpoint import CheckpointError
+        from jobs.runtime.checkpoint.node import NodeCheckpoints
 
         settings = self.checkpoint
         self.checkpoint_dir = self.options.checkpoint_dir or (
@@ -504,13 +627,14 @@ class Launcher:
         if warning:
             log.warning("%s", warning)
         try:
-            container = container_from_settings(settings, self.environ)
+            self.node_checkpoints = NodeCheckpoints(settings, node=self.ranks.node_index, nodes=self.ranks.node_count,
+                                                    local_size=self.ranks.local_size, world=self.ranks.world_size,
+                                                    checkpoint_dir=self.checkpoint_dir, environ=self.environ)
         except ValueError as exc:  # blobio.BlobConfigError: never holds a secret
             raise LaunchFailed(EXIT_USAGE, f"checkpoint storage: {exc}") from None
-        self.store = CheckpointStore(container, settings.stream(self.ranks.node_index),
-                                     throttle=Throttle.from_mbits_per_s(settings.cap_mbps))
+        self.store = self.node_checkpoints.store
         try:
-            manifest = self.store.restore(self.checkpoint_dir)
+            manifest, resume = self.node_checkpoints.restore_at_start()
         except CheckpointError as exc:
             raise LaunchFailed(EXIT_RESTORE, f"restore failed: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - storage errors: say which and stop
@@ -519,18 +643,17 @@ class Launcher:
                 hint = ("; the node's identity (AZURE_CLIENT_ID) needs 'Storage Blob Data Contributor' on the "
                         "account (role assignments take minutes to propagate)")
             raise LaunchFailed(EXIT_RESTORE, f"restore failed: {type(exc).__name__}: {exc}{hint}") from None
-        if manifest is None:
-            log.info("no checkpoint under %s/%s: starting fresh", settings.container, settings.stream(self.ranks.node_index))
-            return None
-        log.info("resuming from checkpoint %s (%d files, %d bytes) in %s", manifest.version, len(manifest.files),
-                 manifest.bytes, self.checkpoint_dir)
-        return manifest.version
+        if manifest is None and resume is None:
+            log.info("no checkpoint under %s/%s: starting fresh", settings.container, settings.prefix)
+        if manifest is not None:
+            log.info("resuming from checkpoint %s (%d files, %d bytes) in %s", manifest.version, len(manifest.files),
+                     manifest.bytes, self.checkpoint_dir)
+        return (manifest.version if manifest else None), (str(resume) if resume else None)
 
     @property
-    def uploads(self) -> bool:
-        """Whether this process uploads checkpoints (local rank 0 of a writing node)."""
-        return (self.checkpoint is not None and self.store is not None and self.ranks.is_node_leader
-                and self.checkpoint.is_writer(self.ranks.node_index))
+    def restarts_allowed(self) -> int:
+        """In-job restarts this job may make (0: a failed training ends the job, as it always did)."""
+        return self.checkpoint.local_restarts if self.checkpoint is not None and self.checkpoint_dir else 0
 
     # 7. training
     def command_env(self) -> dict[str, str]:
@@ -539,48 +662,183 @@ class Launcher:
         return env
 
     def train(self) -> int:
-        from jobs.runtime import telemetry, watchdog
-        from jobs.runtime.checkpoint import BackgroundUploader
+        from jobs.runtime import telemetry
 
-        progress_dir = _node_dir(self.ranks, self.environ, "progress")
-        self.child_env[contract.PROGRESS_FILE] = str(watchdog.progress_path(progress_dir, self.ranks.local_rank))
-        uploader = None
-        if self.uploads:
-            uploader = BackgroundUploader(self.store, self.checkpoint_dir, self.checkpoint.interval_s, self.checkpoint.keep)
-            uploader.mark_current()
         started = time.monotonic()
-        log.info("starting: %s", " ".join(self.options.command))
+        if self.node_checkpoints is not None:
+            self.node_checkpoints.start_uploads()
+        sampler = telemetry.start_for(self)  # local rank 0: node telemetry while the training runs, restarts included
         try:
-            child = subprocess.Popen(self.options.command, env=self.command_env(), start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+            status = self._generations()
+        finally:
+            if sampler is not None:
+                self.report.telemetry = sampler.stop()
+        self.report.phases["training"] = time.monotonic() - started
+        self._standbys.close()
+        self._mark_exited(status)
+        if self.ranks.is_node_leader and self.node_checkpoints is not None:
+            status = self._final_upload(status)
+        if self._forwarder is not None:
+            self._forwarder.restore()
+        return status
+
+    def _generations(self) -> int:
+        """The training command, run again after each in-job restart; the last run's status."""
+        from jobs.runtime.checkpoint import tier
+
+        generation = 0
+        while True:
+            self.child_env[contract.RESTART_GENERATION] = str(generation)
+            self.child_env[contract.CHECKPOINT_TAG] = tier.timeline_tag(self.ranks.run_id, generation)
+            status, decision = self._run_generation(generation)
+            if decision is None or decision.result != "restart":
+                break
+            self._forwarder.restore()
+            self.report.restarts.append({"generation": generation + 1, "cause": (decision.failure or {}).get("cause"),
+                                         "failed_node": (decision.failure or {}).get("node"),
+                                         "source": decision.source, "version": decision.version,
+                                         "step": decision.step, "blob_version": decision.blob_version,
+                                         "started": time.time()})
+            log.warning("in-job restart %d: %s; resuming from %s", generation + 1, decision.reason,
+                        f"{decision.version} ({decision.source})" if decision.version else "the start")
+            self._resume_from(decision.resume)
+            if self.node_checkpoints is not None:
+                self.node_checkpoints.start_uploads(protect={decision.version} if decision.version else None)
+            generation += 1
+        return status
+
+    def _run_generation(self, generation: int):
+        """One run of the training command; returns (status, the node's decision or None)."""
+        from jobs.runtime import restart, watchdog
+
+        progress_dir = _node_dir(self.ranks, self.environ, "progress" if generation == 0 else f"progress-g{generation}")
+        self.child_env[contract.PROGRESS_FILE] = str(watchdog.progress_path(progress_dir, self.ranks.local_rank))
+        records = restart.NodeRecords(_node_dir(self.ranks, self.environ, "restart"), generation)
+        coordinated = self.restarts_allowed > 0
+        outcome_barrier = self._coordinator(generation, records) if coordinated else None
+        started = time.monotonic()
+        log.info("starting%s: %s", f" (in-job restart {generation})" if generation else "", " ".join(self.options.command))
+        ready_file = _node_dir(self.ranks, self.environ, "standby") / f"rank-{self.ranks.local_rank}-g{generation + 1}.ready"
+        self.child_env[STANDBY_READY] = str(ready_file)
+        child = self._spawn()
+        if coordinated and generation < self.restarts_allowed:
+            self._standbys.prepare_after_first_step(child, Path(self.child_env[contract.PROGRESS_FILE]), self.command_env(),
+                                                    ready_file)
+        forwarder = self._forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
+        forwarder.install()
+        self.guard = watchdog.attach(self, child.pid, progress_dir)
+        stopper = _RestartStopper(records, child.pid) if coordinated else None
+        try:
+            returncode = child.wait()
+        finally:
+            forwarder.finish()  # signals stay caught until the next run or the end of the final upload
+            self.guard.stop()
+            if stopper is not None:
+                stopper.stop()
+        status = self.report.command_status = exit_status(returncode)
+        log.info("training command exited with %d after %.1fs", status, time.monotonic() - started)
+        status = self._judge_exit(returncode, status)
+        if self.guard.fired:
+            cause, message = "hang", f"hang: {self.guard.fired.get('message')}"
+        elif forwarder.stopped:
+            cause, message = "stopped", f"stopped by {forwarder.stopped}"
+        elif stopper is not None and stopper.killed:
+            cause, message = "restart", "stopped for an in-job restart"
+        else:
+            cause, message = "exit", f"exit {status}"
+        if not coordinated:
+            if cause == "hang":
+                status, self.report.error = EXIT_HANG, message
+            return status, None
+        records.record_exit(self.ranks.local_rank, status, cause, message,
+                            peer_silent=bool(cause == "hang" and self.guard.fired.get("peer_silent")))
+        decision = self._outcome(outcome_barrier)
+        if decision.result == "restart":
+            return status, decision
+        if decision.exit_code is not None:
+            status = decision.exit_code
+        elif cause == "hang" or (cause == "restart" and (decision.failure or {}).get("cause") == "hang"):
+            status = EXIT_HANG
+        elif cause == "restart":
+            status = int((decision.failure or {}).get("status") or status)
+        if decision.result == "end":
+            self.report.error = f"{decision.reason}" + (f" (after {message})" if cause != "exit" else "")
+            log.error("the job ends: %s", decision.reason)
+        return status, decision
+
+    def _standby_wanted(self) -> bool:
+        mode = self.environ.get(STANDBY, "").strip() or "auto"
+        if mode not in STANDBY_MODES:
+            log.warning("%s=%r is not one of %s: auto", STANDBY, mode, ", ".join(STANDBY_MODES))
+            mode = "auto"
+        return mode == "on" or (mode == "auto" and (os.cpu_count() or 1) >= 2 * self.ranks.local_size)
+
+    def _spawn(self) -> subprocess.Popen:
+        """The training command: the warm standby made it (after an in-job restart), or a cold start."""
+        child = self._standbys.take(self.command_env())
+        if child is not None:
+            log.info("the warm standby (pid %d) runs the command: its interpreter and torch are loaded", child.pid)
+            return child
+        try:
+            return subprocess.Popen(self.options.command, env=self.command_env(), start_new_session=True,
+                                    preexec_fn=_die_with_parent)
         except FileNotFoundError:
             raise LaunchFailed(EXIT_NOT_FOUND, f"command not found: {self.options.command[0]}") from None
         except PermissionError:
             raise LaunchFailed(EXIT_NOT_EXECUTABLE, f"command not executable: {self.options.command[0]}") from None
-        forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
-        forwarder.install()
-        self.guard = watchdog.attach(self, child.pid, progress_dir)
-        sampler = telemetry.start_for(self)  # local rank 0: node telemetry while the command runs
-        if uploader is not None:
-            uploader.start()
+
+    def _coordinator(self, generation: int, records):
+        """Local rank 0: the node's side of the generation, in a thread, its decision behind a node barrier."""
+        from jobs.runtime import restart
+        from jobs.runtime.nodebarrier import NodeBarrier
+
+        barrier = NodeBarrier(records.outcome_dir, RESTORE_WAIT_S, self.ranks.run_id)
+        if not self.ranks.is_node_leader:
+            return barrier
+        shared = None
+        if self.node_checkpoints is not None:
+            shared = restart.JobRecords(self.node_checkpoints.store.container, self.checkpoint.prefix,
+                                        self.ranks.run_id, generation)
+        hooks = restart.Hooks(report=self._restart_report, apply=self._apply_restart)
+        coordinator = restart.Coordinator(generation=generation, node=self.ranks.node_index,
+                                          nodes=self.ranks.node_count, local_size=self.ranks.local_size,
+                                          records=records, shared=shared, limit=self.restarts_allowed,
+                                          agree_s=self.checkpoint.agree_s, hooks=hooks)
+        barrier.lead()
+
+        def run() -> None:
+            try:
+                decision = coordinator.watch()
+                barrier.succeed({**decision.to_json(), "failure": coordinator.failure})
+            except BaseException as exc:  # noqa: BLE001 - the node's ranks must hear of it, then end
+                log.exception("the restart coordinator failed")
+                barrier.fail(f"the restart coordinator failed: {type(exc).__name__}: {exc}")
+
+        thread = threading.Thread(target=run, name="restart-coordinator", daemon=True)
+        thread.start()
+        return barrier
+
+    def _outcome(self, barrier):
+        from jobs.runtime import restart
+        from jobs.runtime.nodebarrier import BarrierFailed, BarrierTimeout
+
         try:
-            returncode = child.wait()
-        finally:
-            forwarder.finish()
-            self.guard.stop()
-            if sampler is not None:
-                self.report.telemetry = sampler.stop()
-        status = self.report.command_status = exit_status(returncode)
-        self.report.phases["training"] = time.monotonic() - started
-        log.info("training command exited with %d after %.1fs", status, self.report.phases["training"])
-        status = self._judge_exit(returncode, status)
-        if self.guard.fired:
-            status, self.report.error = EXIT_HANG, f"hang: {self.guard.fired.get('message')}"
-        self._mark_exited(status)
-        if uploader is not None:
-            status = self._final_upload(uploader, status)
-        forwarder.restore()
-        return status
+            result = barrier.wait()
+        except (BarrierFailed, BarrierTimeout) as exc:
+            return restart.Decision("end", f"no restart decision on this node: {exc}")
+        return restart.Decision(**{k: result.get(k) for k in restart.Decision.__dataclass_fields__})
+
+    def _restart_report(self) -> dict:
+        report = self.node_checkpoints.restart_report() if self.node_checkpoints is not None else {"versions": []}
+        return {**report, "host": self.report.host}
+
+    def _apply_restart(self, decision):
+        if self.node_checkpoints is None:
+            from jobs.runtime.checkpoint import tier
+
+            tier.discard_after(self.checkpoint_dir, decision.step if decision.source == "local" else None)
+            return decision
+        return self.node_checkpoints.apply(decision)
 
     def _judge_exit(self, returncode: int, status: int) -> int:
         """A command that crashed after it reported a completed training did its work: 0."""
@@ -601,7 +859,7 @@ class Launcher:
 
     # 8. final upload
     def _mark_exited(self, status: int) -> None:
-        if self.checkpoint is None or self.checkpoint.writers == "rank0":
+        if self.checkpoint is None:
             return
         from jobs.runtime.nodebarrier import write_json_atomic
 
@@ -609,8 +867,8 @@ class Launcher:
                           {"pid": os.getpid(), "status": status, "written": time.time()})
 
     def _wait_for_local_ranks(self) -> None:
-        """Sharded checkpoints: every local rank's command must be done writing its shard."""
-        if self.checkpoint.writers == "rank0" or self.ranks.local_size == 1:
+        """Every local rank's command must be done writing its part before the last upload."""
+        if self.ranks.local_size == 1:
             return
         folder = _node_dir(self.ranks, self.environ, "exited")
         deadline = time.monotonic() + self.options.final_wait_s
@@ -621,26 +879,20 @@ class Launcher:
             time.sleep(0.2)
         log.warning("local rank(s) %s still running after %.0fs: uploading what is there", missing, self.options.final_wait_s)
 
-    def _final_upload(self, uploader, status: int) -> int:
-        from jobs.runtime.checkpoint import CheckpointError
-
+    def _final_upload(self, status: int) -> int:
         started = time.monotonic()
         self._wait_for_local_ranks()
         try:
-            final = uploader.finish()
-        except CheckpointError as exc:
-            self.report.error = str(exc)
-            if status == 0:
-                log.error("%s", exc)
-                return EXIT_FINAL_UPLOAD
-            log.error("%s (the command had already failed with %d)", exc, status)
-            return status
+            errors = self.node_checkpoints.finish(self.options.final_wait_s)
         finally:
-            self.report.uploaded_versions = [r.version for r in uploader.results if r.version]
+            self.report.uploaded_versions = list(self.node_checkpoints.uploaded)
             self.report.phases["final_upload"] = time.monotonic() - started
-        if final is not None and final.version:
-            log.info("checkpoint %s is the latest in %s/%s", final.version, self.checkpoint.container,
-                     self.checkpoint.stream(self.ranks.node_index))
+        if errors:
+            self.report.error = "; ".join(errors)
+            if status == 0:
+                log.error("%s", self.report.error)
+                return EXIT_FINAL_UPLOAD
+            log.error("%s (the command had already failed with %d)", self.report.error, status)
         return status
 
     def write_report(self) -> None:

@@ -16,9 +16,10 @@ Content-MD5, and the metadata when the page has it (staging lists without: a thi
 bytes of a page, and it reads a blob's metadata from the answer to its GET). The fast path
 matches once per `<Blob>`, taking the fields in the fixed order the service writes them;
 a blob laid out otherwise, or a Content-Encoding or Content-MD5 found where the pattern
-did not look, sends the page blob by blob instead. Folder markers (names ending in '/',
-`hdi_isfolder=true` metadata, `ResourceType` directory on accounts with a hierarchical
-namespace) are skipped. A listing is built with the garbage collector paused (see
+did not look, sends the page blob by blob instead. Folder markers (empty blobs whose names
+end in '/', `hdi_isfolder=true` metadata, `ResourceType` directory on accounts with a
+hierarchical namespace) are skipped; a blob named like a folder that holds bytes is data
+and kept (jobs.runtime.datadir says where it lands). A listing is built with the garbage collector paused (see
 `_collector_paused`).
 
 Standard library only (the pages come from jobs.runtime.blobhttp).
@@ -113,7 +114,7 @@ def parse_page(page: bytes, with_metadata: bool | None = None) -> tuple[list[Blo
         names, map(int, sizes), _texts(etags), map(_ENCODINGS.get, encodings, encodings),
         map(_EMPTY_IS_NONE.get, md5s, md5s), metas, strict=True)))
     if any(name.endswith("/") for name in names) or any(metas):
-        entries = [e for e in entries if not (e.name.endswith("/") or (e.metadata and _FOLDER in e.metadata))]
+        entries = [e for e in entries if not ((e.name.endswith("/") and not e.size) or (e.metadata and _FOLDER in e.metadata))]
     return entries, _marker(page)
 
 
@@ -165,7 +166,7 @@ def _parse_page_slowly(body: bytes) -> list[BlobEntry]:
             raise ListingError(f"a <Blob> element without Name/Properties near {chunk[:120]!r}") from None
         meta_at = chunk.find(b"<Metadata>", end)
         meta = chunk[meta_at + 10:chunk.index(b"</Metadata>", meta_at)] if meta_at >= 0 else b""
-        if name.endswith("/") or _FOLDER in meta or kind == b"directory":
+        if (name.endswith("/") and not size) or _FOLDER in meta or kind == b"directory":
             continue
         entries.append(BlobEntry(name, size, etag.decode() if etag else None, encoding.decode() if encoding else None,
                                  md5.decode() if md5 else None, meta))

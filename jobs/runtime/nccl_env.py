@@ -13,6 +13,11 @@ that depend on the node in AMLHPC_NCCL_RESOLVE, a JSON object {variable: kind}:
   (older hosts name them mlx5_0...). Never an Ethernet-link RDMA device such as mlx5_an0.
 - "ib-ports": NCCL_IB_HCA's exact list (=dev:port,...). Replaced by the node's active
   InfiniBand ports when the names differ.
+- "imex": NCCL_MNNVL_ENABLE on the GB200/GB300 sizes. Multi-node NVLink shares GPU memory
+  between VMs through an IMEX channel (/dev/nvidia-caps-imex-channels/channelN, created by the
+  hosts' nvidia-imex service and passed into the container: an AKS ComputeDomain or a
+  `--device` flag). Without one NCCL's multi-node NVLink cannot start, so the value becomes 0
+  with a warning that says how to get a channel; the job then runs over InfiniBand.
 
 `apply(environ, sysfs)` edits the mapping in place and returns what it changed, for the log.
 Standard library only: it ships in the image with the rest of jobs/runtime.
@@ -32,8 +37,10 @@ RESOLVE_VAR = contract.NCCL_RESOLVE
 SNAPSHOT_TOPO_DIR = "nccl-topo"
 """Folder of the topology files inside the job's code snapshot (jobs/build.py puts them there)."""
 IMAGE_TOPO_DIR = "/opt/aml-hpc/nccl-topo"
+IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+"""Where NVIDIA's driver exposes IMEX channels (NVIDIA IMEX guide: channel0 ... channelN)."""
 """Where the training images install them (images/catalog.py NCCL_TOPO_DIR)."""
-KINDS = ("topology", "ib-port", "ib-ports")
+KINDS = ("topology", "ib-port", "ib-ports", "imex")
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _FIX = "the job builder sets it (jobs/tuning.py); resubmit the job, or remove the variable"
 
@@ -65,15 +72,31 @@ def find_topology_file(value: str, cwd: Path | None = None, package_root: Path =
     return None
 
 
+def imex_channels(imex_dir: Path = Path(IMEX_CHANNEL_DIR)) -> list[str]:
+    """The IMEX channel devices this container can use (channel0, ...), sorted."""
+    try:
+        return sorted(p.name for p in imex_dir.iterdir() if p.name.startswith("channel"))
+    except OSError:
+        return []
+
+
 def apply(environ: MutableMapping[str, str], sysfs: Path = Path("/sys"), *, cwd: Path | None = None,
-          package_root: Path = _PACKAGE_ROOT, image_dir: Path = Path(IMAGE_TOPO_DIR)) -> list[str]:
+          package_root: Path = _PACKAGE_ROOT, image_dir: Path = Path(IMAGE_TOPO_DIR),
+          imex_dir: Path = Path(IMEX_CHANNEL_DIR)) -> list[str]:
     """Resolve every listed variable in place; returns one line per change (warnings start with "warning:")."""
     notes: list[str] = []
     spec = resolve_spec(environ)
-    ports = [p for p in infiniband_ports(sysfs) if p.state == "ACTIVE"] if set(spec.values()) - {"topology"} else []
+    ports = [p for p in infiniband_ports(sysfs) if p.state == "ACTIVE"] if set(spec.values()) - {"topology", "imex"} else []
     for name, kind in sorted(spec.items()):
         value = environ.get(name)
         if value is None:
+            continue
+        if kind == "imex":
+            if value != "0" and not imex_channels(imex_dir):
+                environ[name] = "0"
+                notes.append(f"warning: {name}=0: no IMEX channel in {imex_dir} (multi-node NVLink needs one: run the job "
+                             "with the hosts' nvidia-imex service and pass /dev/nvidia-caps-imex-channels/channel0 into "
+                             "the container, e.g. an AKS ComputeDomain); NCCL uses InfiniBand between the VMs instead")
             continue
         if kind == "topology":
             found = find_topology_file(value, cwd, package_root, image_dir)

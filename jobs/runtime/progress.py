@@ -15,6 +15,15 @@ fresh start. The launcher's watchdog (jobs.runtime.watchdog)
 reads the files: a change is progress. Without the variable (a run outside the launcher),
 `report` does nothing.
 
+A synchronous training may also call `compute_done(step)` when the process finished its
+own work on a step and is about to wait for its peers (before the gradient all-reduce,
+the barrier): the file then carries `"waiting": step` and `"busy_s"`, the seconds the
+step took before that wait. Every rank of a data-parallel job finishes a step at the
+same time, so the time per step cannot tell a slow node from the others; the time
+before the wait can (a straggler), and so can who is not waiting when all stopped (the
+node a hang started on). Both are optional: without them a node is still judged by its
+steps.
+
 When the training has finished its work (its last step taken, its final checkpoint written),
 `report_completed(step, checkpoint)` adds
 
@@ -32,10 +41,13 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from jobs.runtime import faultpoints
 from jobs.runtime.contract import PROGRESS_FILE
 
 _lock = threading.Lock()
@@ -43,7 +55,10 @@ _beats = 0
 _resumed_from: int | None = None
 _first_step: int | None = None
 _last_step: int | None = None
-_completed: dict | None = None
+_reported_at: float | None = None
+"""Monotonic time of the last `report`: where the next step's own work starts."""
+_busy_s: float | None = None
+_completed: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,10 @@ class Progress:
     beats: int
     first_step: int | None = None
     resumed_from: int | None = None
+    waiting: int | None = None
+    """The step this process finished its own work on and waits for its peers to finish."""
+    busy_s: float | None = None
+    """Seconds of the process's own work on its latest step (before waiting for peers)."""
     completed_step: int | None = None
     """The step the training said it completed at (report_completed), None before that."""
     completed_checkpoint: str | None = None
@@ -83,7 +102,7 @@ def last_step() -> int | None:
     return _last_step
 
 
-def report_completed(step: int, checkpoint: str | os.PathLike | None = None,
+def report_completed(step: int, checkpoint: str | os.PathLike[str] | None = None,
                      environ: Mapping[str, str] | None = None) -> bool:
     """Tell the launcher the training finished at `step`, its final checkpoint (if this rank
     wrote one) at `checkpoint`; the last thing a training reports."""
@@ -94,7 +113,7 @@ def report_completed(step: int, checkpoint: str | os.PathLike | None = None,
 
 def report(step: int, environ: Mapping[str, str] | None = None) -> bool:
     """Tell the launcher this process completed `step`; False when no launcher listens."""
-    global _beats, _first_step, _last_step
+    global _beats, _first_step, _last_step, _reported_at
     _last_step = int(step)
     path = progress_file(environ)
     if path is None:
@@ -102,15 +121,38 @@ def report(step: int, environ: Mapping[str, str] | None = None) -> bool:
     with _lock:
         _beats += 1
         _first_step = int(step) if _first_step is None else _first_step
-        document = {"step": int(step), "beats": _beats, "first_step": _first_step, "resumed_from": _resumed_from,
-                    "pid": os.getpid(), **({"completed": _completed} if _completed else {})}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(document))
-            os.replace(tmp, path)
-        except OSError:
-            return False  # a full or vanished scratch must not stop the training
+        written = _write(path, int(step), None)
+        _reported_at = time.monotonic()
+    faultpoints.reach("training.step", step=int(step))
+    return written
+
+
+def compute_done(step: int, environ: Mapping[str, str] | None = None) -> bool:
+    """This process finished its own work on `step` and now waits for its peers; False
+    when no launcher listens. Call it right before the step's collective."""
+    global _beats, _busy_s
+    path = progress_file(environ)
+    if path is None:
+        return False
+    started = _reported_at if _reported_at is not None else time.monotonic()
+    faultpoints.reach("training.compute", step=int(step), busy_s=time.monotonic() - started)
+    with _lock:
+        _beats += 1
+        _busy_s = time.monotonic() - started
+        return _write(path, _last_step if _last_step is not None else int(step) - 1, int(step))
+
+
+def _write(path: Path, step: int, waiting: int | None) -> bool:
+    document = {"step": step, "beats": _beats, "first_step": _first_step, "resumed_from": _resumed_from,
+                "waiting": waiting, "busy_s": None if _busy_s is None else round(_busy_s, 6), "pid": os.getpid(),
+                **({"completed": _completed} if _completed else {})}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(document))
+        os.replace(tmp, path)
+    except OSError:
+        return False  # a full or vanished scratch must not stop the training
     return True
 
 
@@ -118,11 +160,12 @@ def read(path: Path) -> Progress | None:
     """The latest report in `path`, or None when there is none (yet) or it is unreadable."""
     try:
         data = json.loads(path.read_text())
-        first, resumed = data.get("first_step"), data.get("resumed_from")
+        first, resumed, waiting, busy = (data.get(k) for k in ("first_step", "resumed_from", "waiting", "busy_s"))
         completed = data.get("completed") or {}
         done, checkpoint = completed.get("step"), completed.get("checkpoint")
         return Progress(int(data["step"]), int(data.get("beats", 0)), int(first) if first is not None else None,
-                        int(resumed) if resumed is not None else None, int(done) if done is not None else None,
+                        int(resumed) if resumed is not None else None, int(waiting) if waiting is not None else None,
+                        float(busy) if busy is not None else None, int(done) if done is not None else None,
                         str(checkpoint) if checkpoint else None)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

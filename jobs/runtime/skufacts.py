@@ -8,8 +8,9 @@ catalog can grow without breaking running images):
     {"name": "Standard_ND96asr_v4",            required, str
      "gpus": 8,                                 required, int >= 0
      "vcpus": 96, "gpu_model": "A100-SXM4-40GB",
+     "gpu_vendor": "nvidia" | "amd", "gpu_arch": "sm_80" | "gfx942", "host_arch": "x86_64" | "aarch64",
      "gpu_gemm_dtype": "bf16" | "fp16",         GEMM health check dtype
-     "gpu_peak_dense_tflops": 312.0,            per GPU, for gpu_gemm_dtype
+     "peak_tflops_bf16": 312.0 | null,          per GPU, dense (also _fp16, _fp8)
      "gpu_memory_gib": 40,                      per GPU
      "gpu_memory_gbytes_per_s": 1555.0,
      "ib_hcas": 8, "ib_gbits_per_s_per_hca": 200, "ib_generation": "HDR" | null,
@@ -24,8 +25,11 @@ catalog can grow without breaking running images):
                 "nvme_count": 8 | null, "nvlink_check": true,
                 "gemm_tflops": [271.2, 261.7, 252.2] | null,     expected, warn below, fail below
                 "gemm_shape": [1024, 10240, 5120] | null,
+                "gemm_method": "burst" | "sustained", "gemm_seconds": 60.0 | null,
+                "ecc_dram_limit": 20000000 | null, "ecc_sram_correctable_limit": 10000 | null,
                 "nccl_multinode_busbw_gbytes_per_s": [450.0, 400.0, 300.0] | null},
-     "nvlink": true}
+     "nvlink": true,
+     "nvlink_domain": {"gpus": 72, "vms": 18, "imex": true} | null}
 
 A missing optional key means "unknown" (no threshold, no catalog map); a present key with
 the wrong type is an error naming the key.
@@ -68,6 +72,13 @@ class HealthFacts:
     gemm_tflops: tuple[float, float, float] | None = None
     """(expected, warn below, fail below), TFLOP/s per GPU."""
     gemm_shape: tuple[int, int, int] | None = None
+    gemm_method: str = "burst"
+    """"burst" (median of the fastest iterations) or "sustained" (mean over gemm_seconds)."""
+    gemm_seconds: float | None = None
+    ecc_dram_limit: int | None = None
+    """More corrected or uncorrected DRAM ECC errors than this fail the GPU (azure_gpu_ecc.nhc)."""
+    ecc_sram_correctable_limit: int | None = None
+    """More correctable SRAM errors than this fail the GPU."""
     nccl_multinode_busbw_gbytes_per_s: tuple[float, float, float] | None = None
     """(expected, warn below, fail below), GB/s."""
 
@@ -78,8 +89,13 @@ class SkuFacts:
     gpus: int
     vcpus: int | None = None
     gpu_model: str | None = None
+    gpu_vendor: str = "nvidia"
+    gpu_arch: str | None = None
+    host_arch: str | None = None
     gpu_gemm_dtype: str = "bf16"
-    gpu_peak_dense_tflops: float | None = None
+    peak_tflops_bf16: float | None = None
+    peak_tflops_fp16: float | None = None
+    peak_tflops_fp8: float | None = None
     gpu_memory_gib: float | None = None
     gpu_memory_gbytes_per_s: float | None = None
     ib_hcas: int = 0
@@ -89,11 +105,18 @@ class SkuFacts:
     storage_nic_gbits_per_s: float | None = None
     numa: tuple[NumaFacts, ...] | None = None
     nvlink: bool = False
+    nvlink_domain_vms: int | None = None
+    """VMs that share one multi-node NVLink domain (GB200/GB300: 18), None without one."""
     health: HealthFacts = HealthFacts()
 
     @property
     def infiniband(self) -> bool:
         return self.ib_hcas > 0
+
+    @property
+    def gpu_peak_dense_tflops(self) -> float | None:
+        """Peak dense rate per GPU in `gpu_gemm_dtype`, TFLOP/s (None when unknown)."""
+        return getattr(self, f"peak_tflops_{self.gpu_gemm_dtype}", None)
 
 
 def _is_number(value: Any) -> bool:
@@ -177,6 +200,15 @@ def _triple(reader: _Reader, raw: Mapping, key: str, what: str, integer: bool = 
     return tuple(int(v) if integer else float(v) for v in value)
 
 
+def _domain_vms(reader: _Reader, raw: Any) -> int | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        reader.bad("nvlink_domain", f"must be an object or null, got {type(raw).__name__}")
+        return None
+    return reader.number(raw, "vms", "nvlink_domain.vms", integer=True, minimum=1)
+
+
 def _parse_health(reader: _Reader, raw: Any) -> HealthFacts:
     if raw is None:
         return HealthFacts()
@@ -192,6 +224,11 @@ def _parse_health(reader: _Reader, raw: Any) -> HealthFacts:
         if number is not None:
             values[key] = number
     values["nvme_count"] = reader.number(raw, "nvme_count", "health.nvme_count", integer=True)
+    for key in ("ecc_dram_limit", "ecc_sram_correctable_limit"):
+        values[key] = reader.number(raw, key, f"health.{key}", integer=True)
+    values["gemm_seconds"] = reader.number(raw, "gemm_seconds", "health.gemm_seconds")
+    values["gemm_method"] = reader.text(raw, "gemm_method", "health.gemm_method", default="burst",
+                                        allowed=("burst", "sustained"))
     for key in ("ib_write_gpudirect", "nvlink_check"):
         if key in raw and raw[key] is not None:
             if isinstance(raw[key], bool):
@@ -218,8 +255,13 @@ def parse_sku_facts(text: str, reference: str = SKU_JSON) -> SkuFacts:
     facts = dict(
         vcpus=reader.number(data, "vcpus", "vcpus", integer=True),
         gpu_model=reader.text(data, "gpu_model", "gpu_model"),
+        gpu_vendor=reader.text(data, "gpu_vendor", "gpu_vendor", default="nvidia", allowed=("nvidia", "amd")),
+        gpu_arch=reader.text(data, "gpu_arch", "gpu_arch"),
+        host_arch=reader.text(data, "host_arch", "host_arch", allowed=("x86_64", "aarch64")),
         gpu_gemm_dtype=reader.text(data, "gpu_gemm_dtype", "gpu_gemm_dtype", default="bf16", allowed=("bf16", "fp16")),
-        gpu_peak_dense_tflops=reader.number(data, "gpu_peak_dense_tflops", "gpu_peak_dense_tflops"),
+        peak_tflops_bf16=reader.number(data, "peak_tflops_bf16", "peak_tflops_bf16"),
+        peak_tflops_fp16=reader.number(data, "peak_tflops_fp16", "peak_tflops_fp16"),
+        peak_tflops_fp8=reader.number(data, "peak_tflops_fp8", "peak_tflops_fp8"),
         gpu_memory_gib=reader.number(data, "gpu_memory_gib", "gpu_memory_gib"),
         gpu_memory_gbytes_per_s=reader.number(data, "gpu_memory_gbytes_per_s", "gpu_memory_gbytes_per_s"),
         ib_hcas=reader.number(data, "ib_hcas", "ib_hcas", default=0, integer=True),
@@ -229,6 +271,7 @@ def parse_sku_facts(text: str, reference: str = SKU_JSON) -> SkuFacts:
         storage_nic_gbits_per_s=reader.number(data, "storage_nic_gbits_per_s", "storage_nic_gbits_per_s"),
         numa=_parse_numa(reader, data.get("numa")),
         nvlink=bool(data.get("nvlink", False)),
+        nvlink_domain_vms=_domain_vms(reader, data.get("nvlink_domain")),
         health=_parse_health(reader, data.get("health")),
     )
     if reader.problems:

@@ -1,7 +1,10 @@
 """What to stage: the inputs of AMLHPC_STAGE_JSON (docs/contracts.md section 4), parsed and checked.
 
-Each entry: {"name", "container", "account_url", "prefix", "mode", "egress_gbps"}; `mode` is
-`local`, `shared` or `replica` (see jobs/runtime/staging.py). `specs_from_json` reports every
+Each entry: {"name", "container", "account_url", "prefix", "mode", "egress_gbps", "inflate"};
+`mode` is `local`, `shared` or `replica` (see jobs/runtime/staging.py); `inflate` says which
+blobs are gzip to inflate: `encoded` (the default: those whose Content-Encoding is gzip, as
+`jobs data upload` writes them) or `gz-names` (also every blob whose name ends in `.gz`,
+for another tool's data the user knows to be gzip; such blobs are staged without `.gz`). `specs_from_json` reports every
 wrong entry and key at once, as `StageConfigError` (a RuntimeInputError: exit 2 at entry
 points); an account URL is shown without its query, so a SAS never reaches a message.
 
@@ -30,6 +33,7 @@ log = logging.getLogger("amlhpc.staging")
 
 Mode = Literal["local", "shared", "replica"]
 MODES: tuple[str, ...] = ("local", "shared", "replica")
+INFLATE: tuple[str, ...] = ("encoded", "gz-names")
 
 
 class StageConfigError(RuntimeInputError):
@@ -50,6 +54,8 @@ class StageSpec:
     mode: Mode = "local"
     egress_gbps: float | None = None
     """The account's egress limit, Gb/s (stack output storage.egressGbps)."""
+    inflate: str = "encoded"
+    """Which blobs are inflated: `encoded` (Content-Encoding gzip) or `gz-names` (also names ending in .gz)."""
 
     @property
     def normalized_prefix(self) -> str:
@@ -58,7 +64,7 @@ class StageSpec:
         return f"{p}/" if p else ""
 
 
-_SPEC_KEYS = {"name", "account_url", "container", "prefix", "mode", "egress_gbps"}
+_SPEC_KEYS = {"name", "account_url", "container", "prefix", "mode", "egress_gbps", "inflate"}
 
 
 def specs_from_json(text: str, source: str = contract.STAGE_JSON) -> list[StageSpec]:
@@ -115,9 +121,14 @@ def specs_from_json(text: str, source: str = contract.STAGE_JSON) -> list[StageS
         egress = entry.get("egress_gbps")
         if egress is not None and (not isinstance(egress, (int, float)) or isinstance(egress, bool) or egress <= 0):
             bad("egress_gbps", f"{egress!r} is not a positive number", "the stack output storage.egressGbps, in Gb/s")
+        inflate = entry.get("inflate", "encoded")
+        if inflate not in INFLATE:
+            bad("inflate", f"{inflate!r} is not an inflate rule",
+                "use 'encoded' (blobs with Content-Encoding: gzip, the default) or 'gz-names' (also names ending in .gz)")
         if len(problems) == before:
             specs.append(StageSpec(name=name, container=container, account_url=account_url, prefix=prefix,
-                                   mode=mode, egress_gbps=float(egress) if egress is not None else None))
+                                   mode=mode, egress_gbps=float(egress) if egress is not None else None,
+                                   inflate=inflate))
     if problems:
         raise StageConfigError(problems, "invalid staging inputs")
     return specs

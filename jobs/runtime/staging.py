@@ -16,8 +16,11 @@ node-local barrier and gets the same StageResult once staging is done, or an exc
 (`StagingError` with local rank 0's message, `StagingTimedOut`, `BarrierTimeout`,
 `StageConfigError` when rank 0 found bad input). Exceptions are the only failure signal:
 an error never leaves a process believing the data is there. The barrier is keyed by the
-job's unique id and its inputs (jobs.runtime.jobid), so an earlier job's markers never
-release this job's ranks.
+job's id and its inputs (jobs.runtime.jobid), and its markers carry this launch's
+generation (jobs.runtime.launchid: a launcher's AMLHPC_LAUNCH_ID, torchrun's attempt
+directory, or a unique job id with the node's boot and container), so an earlier
+launch's markers never release this launch's ranks, even under the same job id. Several
+local ranks with none of these cannot tell launches apart: staging refuses to run (exit 2).
 
 Modes (per input, `mode` in AMLHPC_STAGE_JSON):
 
@@ -61,7 +64,7 @@ The pieces, one module each: stagespec (the inputs), jobid (whose markers), list
 blobhttp (reading Blob), assign (the byte-balanced split), datadir (paths, stale files),
 fetch (one blob to one file, verified), gzmembers (parallel inflate), manifest (resume),
 stagelock (one stager), nodebarrier (waiting), scratch (where), filelist (rank lists),
-throttle (the cap). This module wires them together.
+throttle (the cap), repair (the command that fixes a refused blob). This module wires them together.
 
 Standard library plus azure-storage-blob / azure-identity / isal: ships in the image and
 imports nothing from this repository outside jobs.runtime.
@@ -70,8 +73,10 @@ imports nothing from this repository outside jobs.runtime.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+import operator
 import os
 import socket
 import sys
@@ -81,16 +86,29 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from jobs.runtime import assign, blobhttp, blobio, contract, datadir, filelist, jobid, listing
+from jobs.runtime import (
+    assign,
+    blobhttp,
+    blobio,
+    contract,
+    datadir,
+    faultpoints,
+    filelist,
+    jobid,
+    launchid,
+    listing,
+    repair,
+)
 from jobs.runtime import fetch as fetch_module
 from jobs.runtime import ranks as ranks_module
 from jobs.runtime import scratch as scratch_module
 from jobs.runtime.blobhttp import BlobReadError, Deadline, DeadlineExceeded
 from jobs.runtime.errors import RuntimeProblem
-from jobs.runtime.fetch import BlobEntry, Fetcher, FetchError, FetchResult
+from jobs.runtime.fetch import BlobEntry, Fetcher, FetchError, FetchResult, IntegrityError
 from jobs.runtime.manifest import Manifest, adoptable
 from jobs.runtime.nodebarrier import (
     BarrierFailed,
@@ -226,6 +244,10 @@ class InputResult:
     files_skipped: int = 0
     files_removed: int = 0
     """Files in the data directory that are not (or no longer) part of what this node holds, deleted."""
+    files_unverifiable: int = 0
+    """Staged files --verify-existing kept unchecked: their blobs record no checksum to check them with."""
+    renamed: int = 0
+    """Of this node's files, those staged under another name: inflated ones without `.gz`, `name/` as `name`."""
     bytes_in: int = 0
     """Stored (compressed) bytes downloaded."""
     bytes_out: int = 0
@@ -328,6 +350,8 @@ def list_entries(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADL
     if any(a > b for a, b in zip(names, names[1:], strict=False)):
         entries.sort(key=lambda e: e.name)
         names = [e.name for e in entries]
+    if spec.inflate == "gz-names":  # the user says every *.gz blob is gzip, whatever its Content-Encoding
+        entries = [e._replace(content_encoding="gzip") if e.name.endswith(".gz") and not e.gzip else e for e in entries]
     return _drop_folder_markers(spec, entries, names)
 
 
@@ -388,6 +412,21 @@ def make_plan(spec: StageSpec, reader, entries: list[BlobEntry], ranks: ranks_mo
                  [sum(map(sizes.__getitem__, g)) for g in groups], [len(g) for g in groups])
 
 
+def _renamed(plan: _Plan) -> tuple[int, str]:
+    """How many of this node's blobs land under another name than theirs below the prefix, and
+    one example. Every rename shortens the name (a dropped `.gz`, '/' or empty segment), so
+    comparing lengths in C finds them without building a string per file."""
+    cut = len(plan.spec.normalized_prefix)
+    names = list(map(operator.attrgetter("name"), map(plan.entries.__getitem__, plan.node_idx)))
+    rels = list(map(plan.rels.__getitem__, plan.node_idx))
+    lengths = list(map(operator.sub, map(len, names), repeat(cut)))
+    count = sum(map(operator.ne, lengths, map(len, rels)))
+    if not count:
+        return 0, ""
+    k = next(i for i, (a, b) in enumerate(zip(lengths, map(len, rels), strict=True)) if a != b)
+    return count, f"{names[k][cut:]} -> {rels[k]}"
+
+
 # ------------------------------------------------------------------ staging one input on one node
 
 
@@ -430,7 +469,25 @@ class _Dirs:
             dirs.partial.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StagingError(f"cannot create {exc.filename or dirs.data}: {exc.strerror or exc}") from None
+        dirs.check(name)
         return dirs
+
+    def check(self, name: str) -> None:
+        """Files are downloaded into `partial` and renamed into `data`: both must be writable
+        and on one filesystem (a read-only mount or a link to another disk at the data
+        directory would otherwise fail each rename with EXDEV, 'Invalid cross-device link')."""
+        if not os.access(self.data, os.W_OK | os.X_OK):
+            raise StageConfigError.single(
+                f"input {name!r}", "data directory", f"{self.data} is not writable (a read-only mount or directory?)",
+                "staging writes the dataset there: unmount or make it writable, or stage to another scratch "
+                f"({contract.SCRATCH})")
+        data_dev, partial_dev = os.stat(self.data).st_dev, os.stat(self.partial).st_dev
+        if data_dev != partial_dev:
+            raise StageConfigError.single(
+                f"input {name!r}", "data directory", f"{self.data} is on another filesystem than {self.partial} "
+                "(a mount or a symbolic link at the data directory?)",
+                "finished files are renamed from the second into the first, which works only within one filesystem: "
+                f"remove the mount or link, or stage to a scratch where both are one filesystem ({contract.SCRATCH})")
 
 
 def _prepare(plan: _Plan, dirs: _Dirs, ranks: ranks_module.Ranks, options: StageOptions, clean_all: bool,
@@ -463,13 +520,21 @@ def _prepare(plan: _Plan, dirs: _Dirs, ranks: ranks_module.Ranks, options: Stage
             check.append(k)  # complete but not recorded (a run killed before its manifest batch)? adopted below
         else:
             todo.append(k)
-    for k, keep in zip(check, _check_present(plan, check, dirs.data, present), strict=True):
-        if keep:
-            if plan.rels[k] not in manifest.records:
-                manifest.record(plan.entries[k], plan.rels[k], present[plan.rels[k]])
-            result.files_skipped += 1
-        else:
+    recorded = {k for k in check if plan.rels[k] in manifest.records}
+    for k, verdict in zip(check, _check_present(plan, check, dirs.data, present, recorded), strict=True):
+        if verdict == "fetch":
             todo.append(k)
+            continue
+        if plan.rels[k] not in manifest.records:
+            manifest.record(plan.entries[k], plan.rels[k], present[plan.rels[k]])
+        result.files_skipped += 1
+        if verdict == "unverifiable":
+            result.files_unverifiable += 1
+    if result.files_unverifiable:
+        log.warning("input %s: %d staged file(s) kept unchecked by --verify-existing: their blobs record no checksum "
+                    "(another tool's, never sealed), so a new download could not be checked either; seal the dataset "
+                    "(python -m jobs data seal --stack STACK --prefix %s) to verify them", plan.spec.name,
+                    result.files_unverifiable, plan.spec.prefix.strip("/"))
     if manifest.should_compact(len(plan.node_idx)):
         manifest.compact({plan.rels[k]: plan.entries[k] for k in plan.node_idx})
     todo.sort(key=lambda k: -plan.entries[k].size)  # big files first: a shorter tail
@@ -478,27 +543,43 @@ def _prepare(plan: _Plan, dirs: _Dirs, ranks: ranks_module.Ranks, options: Stage
     return todo, manifest
 
 
-def _check_present(plan: _Plan, indices: list[int], data_dir: Path, present: dict[str, int]) -> list[bool]:
-    """Whether each file on disk is its blob, whole: size and SHA-256 against the blob's amlhpc_size
-    and amlhpc_sha256 (read with Get Blob Properties: listing leaves metadata out)."""
+def _check_present(plan: _Plan, indices: list[int], data_dir: Path, present: dict[str, int],
+                   recorded: set[int]) -> list[str]:
+    """For each file on disk: 'keep' (it is its blob, whole), 'fetch' (it is not, or cannot be
+    shown to be and was never recorded) or 'unverifiable' (recorded as staged, and its blob
+    carries nothing to check it against: kept, as a download could not be checked either).
+
+    Checked against the blob's amlhpc_size and amlhpc_sha256 (read with Get Blob Properties:
+    listing leaves metadata out); a blob stored as it is (not inflated) is checked against
+    its stored checksum (Content-MD5 or amlhpc_stored_sha256, which `jobs data seal`
+    records for another tool's blobs). `recorded`: indices the manifest says were staged."""
     if not indices:
         return []
 
-    def one(k: int) -> bool:
+    def one(k: int) -> str:
         entry = plan.entries[k]
         try:
             entry = fetch_module.with_headers(entry, plan.reader.head(entry.name, etag=entry.etag))
         except (BlobReadError, DeadlineExceeded):
-            return False
-        return adoptable(entry, data_dir / plan.rels[k], present.get(plan.rels[k]))
+            return "fetch"
+        path, size = data_dir / plan.rels[k], present.get(plan.rels[k])
+        if entry.expected_sha256 is not None:
+            return "keep" if adoptable(entry, path, size) else "fetch"
+        if not entry.gzip and (entry.stored_sha256 or entry.content_md5):
+            return "keep" if size == entry.size and fetch_module.file_matches_stored(path, entry) else "fetch"
+        if entry.gzip and (entry.stored_sha256 or entry.content_md5):
+            return "fetch"  # checkable only by fetching it again: a verified download replaces it
+        return "unverifiable" if k in recorded else "fetch"
 
     with ThreadPoolExecutor(min(16, len(indices)), thread_name_prefix="blob-check") as pool:
         return list(pool.map(one, indices))
 
 
 def _fetch_all(plan: _Plan, todo: list[int], dirs: _Dirs, manifest: Manifest, ranks: ranks_module.Ranks,
-               options: StageOptions, throttle: Throttle, deadline: Deadline, result: InputResult) -> list[str]:
-    """Fetch `todo` (a bounded number of files in flight); returns the failures."""
+               options: StageOptions, throttle: Throttle, deadline: Deadline, result: InputResult,
+               corrupt: list[BlobEntry] | None = None) -> list[str]:
+    """Fetch `todo` (a bounded number of files in flight); returns the failures (the blobs whose
+    bytes did not verify are added to `corrupt`)."""
     entries, rels = plan.entries, plan.rels
     progress = _Progress(f"input {plan.spec.name} node {ranks.node_index}", len(todo),
                          sum(entries[k].size for k in todo), options.progress_interval_s)
@@ -530,7 +611,7 @@ def _fetch_all(plan: _Plan, todo: list[int], dirs: _Dirs, manifest: Manifest, ra
                 finished, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
                 for future in finished:
                     k = pending.pop(future)
-                    _record(future, entries[k], rels[k], manifest, result, failures)
+                    _record(future, entries[k], rels[k], manifest, result, failures, corrupt)
                     progress.done += 1
                 progress.maybe_log()
                 deadline.check(f"staging input {plan.spec.name!r}")
@@ -543,11 +624,13 @@ def _fetch_all(plan: _Plan, todo: list[int], dirs: _Dirs, manifest: Manifest, ra
 
 
 def _record(future: Future, entry: BlobEntry, rel: str, manifest: Manifest, result: InputResult,
-            failures: list[str]) -> None:
+            failures: list[str], corrupt: list[BlobEntry] | None = None) -> None:
     try:
         fetched: FetchResult = future.result()
     except FetchError as exc:
         failures.append(str(exc))
+        if isinstance(exc, IntegrityError) and corrupt is not None:
+            corrupt.append(entry)
         return
     except DeadlineExceeded:
         raise
@@ -575,26 +658,33 @@ def _stage_input(plan: _Plan, root: Path, ranks: ranks_module.Ranks, options: St
     spec = plan.spec
     dirs = _Dirs.make(root, spec.name)
     started = time.monotonic()
+    renamed, example = _renamed(plan)
     result = InputResult(spec.name, spec.mode, str(dirs.data), str(dirs.staging), len(plan.entries),
-                         len(plan.node_idx), balance=plan.balance())
+                         len(plan.node_idx), balance=plan.balance(), renamed=renamed)
+    if renamed:
+        log.info("input %s: %d blob(s) are staged under another name: gzip-encoded ones are inflated and lose their "
+                 ".gz, a name ending in '/' loses it (e.g. %s)", spec.name, renamed, example)
     try:
         with InputLock(dirs.staging, ranks.node_index, spec.name, job.job_id):
+            faultpoints.reach("staging.after-lock", input=spec.name, node=ranks.node_index)
             todo, manifest = _prepare(plan, dirs, ranks, options, clean_all, result)
             log.info("input %s (%s): node %d/%d has %d of %d files (%.1f MB stored); %d already staged, %d to fetch "
                      "into %s", spec.name, spec.mode, ranks.node_index, ranks.node_count, len(plan.node_idx),
                      len(plan.entries), sum(plan.entries[k].size for k in plan.node_idx) / 1e6, result.files_skipped,
                      len(todo), dirs.data)
+            corrupt: list[BlobEntry] = []
             try:
-                failures = _fetch_all(plan, todo, dirs, manifest, ranks, options, throttle, deadline, result)
+                failures = _fetch_all(plan, todo, dirs, manifest, ranks, options, throttle, deadline, result, corrupt)
             finally:
                 manifest.close()
             result.seconds = time.monotonic() - started
             if failures:
                 shown = "\n  - ".join(failures[:10])
                 more = f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""
+                advice = "".join(f"\n{line}" for line in repair.advice(plan.reader, spec, corrupt))
                 raise StagingError(f"input {spec.name!r}: {len(failures)} of {len(todo)} files failed on node "
                                    f"{ranks.node_index} (finished files are kept; a re-run fetches only the rest):"
-                                   f"\n  - {shown}{more}")
+                                   f"\n  - {shown}{more}{advice}")
             _write_file_lists(plan, dirs, result)
     except StagingLocked as exc:
         raise StagingError(str(exc)) from None
@@ -671,15 +761,15 @@ def _pick_scratch(plans: list[_Plan], scratch: Path | None, env: Mapping[str, st
 
 def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path | None, shared_dir: Path | None,
           options: StageOptions, env: Mapping[str, str], reader_factory: Callable[[StageSpec], Any],
-          job: jobid.JobIdentity, key: str, deadline: Deadline) -> StageResult:
+          job: jobid.JobIdentity, key: str, deadline: Deadline, generation: launchid.Generation) -> StageResult:
     started = time.monotonic()
     warnings: list[str] = []
     _check_shared(specs, shared_dir, ranks)
     if env.get(contract.SCRATCH) and scratch is None:  # bad input before anything is listed
         scratch_module.check_writable(Path(env[contract.SCRATCH]), contract.SCRATCH)
     if not job.unique and ranks.world_size > 1:
-        warnings.append("no unique job id (AZUREML_RUN_ID, AMLHPC_RUN_ID, torchrun --rdzv-id, PMIx): staging's "
-                        "markers are keyed by the inputs and ignore markers older than this job instead")
+        warnings.append(f"no unique job id (AZUREML_RUN_ID, AMLHPC_RUN_ID, torchrun --rdzv-id, PMIx): staging's "
+                        f"markers are keyed by the inputs and trust only this launch's ({generation.source})")
         log.warning("%s", warnings[-1])
     plans = _plans(specs, ranks, reader_factory, deadline)
     node_gbits = options.node_gbits_per_s if options.node_gbits_per_s is not None else node_gbits_from_env(env)
@@ -707,24 +797,35 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
 def _stage_shared(plan: _Plan, shared_dir: Path, ranks: ranks_module.Ranks, options: StageOptions, throttle: Throttle,
                   job: jobid.JobIdentity, key: str, deadline: Deadline) -> InputResult:
     markers = SharedMarkers(shared_dir / STAGING_DIR / plan.spec.name / "nodes" / key, ranks.node_count,
-                            options.timeout_s, run_id=job.job_id, unique_id=job.unique)
-    markers.reset(ranks.node_index)
+                            options.timeout_s, ranks.node_index, listing=_listing_digest(plan.entries))
+    markers.start()
     try:
-        result = _stage_input(plan, shared_dir, ranks, options, throttle, job, deadline,
-                              clean_all=ranks.node_index == 0)
-    except Exception as exc:
-        markers.failed(ranks.node_index, str(exc))
-        raise
-    markers.done(ranks.node_index, {"node": ranks.node_index, "files": result.files_node, "bytes_out": result.bytes_out})
-    log.info("input %s: node %d finished its share; waiting for the other %d node(s)", plan.spec.name,
-             ranks.node_index, ranks.node_count - 1)
-    try:
-        markers.wait_all(deadline_s=max(deadline.remaining() or options.timeout_s, 0.0))
-    except BarrierFailed as exc:
-        raise StagingError(f"input {plan.spec.name!r}: {exc}") from None
-    except BarrierTimeout as exc:
-        raise StagingTimedOut(f"input {plan.spec.name!r}: {exc}") from None
+        try:
+            result = _stage_input(plan, shared_dir, ranks, options, throttle, job, deadline,
+                                  clean_all=ranks.node_index == 0)
+        except Exception as exc:
+            markers.failed(str(exc))
+            raise
+        try:
+            markers.done({"node": ranks.node_index, "files": result.files_node, "bytes_out": result.bytes_out})
+            log.info("input %s: node %d finished its share; waiting for the other %d node(s)", plan.spec.name,
+                     ranks.node_index, ranks.node_count - 1)
+            markers.wait_all(deadline_s=max(deadline.remaining() or options.timeout_s, 0.0))
+        except BarrierFailed as exc:
+            raise StagingError(f"input {plan.spec.name!r}: {exc}") from None
+        except BarrierTimeout as exc:
+            raise StagingTimedOut(f"input {plan.spec.name!r}: {exc}") from None
+    finally:
+        markers.close()
     return result
+
+
+def _listing_digest(entries: list[BlobEntry]) -> str:
+    """What the nodes planned from: names, sizes and etags of the listing (16 hex digits)."""
+    digest = hashlib.sha256("\0".join(map(operator.attrgetter("name"), entries)).encode("utf-8", "surrogatepass"))
+    digest.update(repr(list(map(operator.attrgetter("size"), entries))).encode())
+    digest.update("\0".join(map(str, map(operator.attrgetter("etag"), entries))).encode())
+    return digest.hexdigest()[:16]
 
 
 def _write_report(result: StageResult, options: StageOptions, env: Mapping[str, str]) -> None:
@@ -774,7 +875,10 @@ def stage_inputs(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch:
     if not specs:
         return StageResult(ranks.node_index, ranks.node_count, socket.gethostname(), job.job_id, [], 0.0)
     key = job.key(jobid.inputs_digest(specs, ranks.node_count, ranks.local_size))
-    barrier = NodeBarrier(_barrier_dir(key, ranks), options.timeout_s, job.job_id)
+    generation = launchid.node_generation(env, ranks.local_size)
+    if generation is None:
+        raise StageConfigError.single("launch identity", "", launchid.refusal(ranks.local_size), launchid.REFUSAL_HINT)
+    barrier = NodeBarrier(_barrier_dir(key, ranks), options.timeout_s, job.job_id, generation=generation.value)
     if not ranks.is_node_leader:
         return _wait_for_leader(barrier, ranks, len(specs))
     deadline = Deadline(options.timeout_s)
@@ -785,7 +889,7 @@ def stage_inputs(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch:
                            f"{exc.strerror or exc}") from None
     try:
         result = _lead(specs, ranks, scratch, shared_dir, options, env,
-                       reader_factory or _default_reader_factory(options, env), job, key, deadline)
+                       reader_factory or _default_reader_factory(options, env), job, key, deadline, generation)
     except DeadlineExceeded as exc:
         barrier.fail(str(exc), "timeout")
         raise StagingTimedOut(str(exc)) from None

@@ -89,7 +89,7 @@ class GpuReader:
         self.handles: list[Any] = []
         self.bus_ids: list[str] = []
         self.events = None
-        lib = self.session.lib
+        lib: Any = self.session.lib
         if lib is None:
             return
         try:
@@ -107,7 +107,7 @@ class GpuReader:
         self._register_xid_events()
 
     def _register_xid_events(self) -> None:
-        lib = self.session.lib
+        lib: Any = self.session.lib
         try:
             events = lib.nvmlEventSetCreate()
         except lib.NVMLError as exc:
@@ -128,31 +128,31 @@ class GpuReader:
 
     def read(self) -> list[dict[str, Any]]:
         """One record per GPU; a figure NVML refuses is left out (never guessed)."""
-        lib = self.session.lib
+        lib: Any = self.session.lib
         out = []
         for index, handle in enumerate(self.handles):
             gpu: dict[str, Any] = {"index": index, "bus_id": self.bus_ids[index]}
-            self._try(gpu, lambda h=handle: _utilisation(lib, h))
-            self._try(gpu, lambda h=handle: _memory(lib, h))
-            self._try(gpu, lambda h=handle: {"power_w": lib.nvmlDeviceGetPowerUsage(h) / 1000.0})
-            self._try(gpu, lambda h=handle: {"power_limit_w": lib.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0})
-            self._try(gpu, lambda h=handle: {"temperature_c": lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU)})
-            self._try(gpu, lambda h=handle: {"sm_clock_mhz": lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM)})
-            self._try(gpu, lambda h=handle: {"memory_clock_mhz": lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_MEM)})
-            self._try(gpu, lambda h=handle: {"throttle_reasons": reason_names(lib.nvmlDeviceGetCurrentClocksEventReasons(h))})
+            self._try(gpu, handle, lambda h: _utilisation(lib, h))
+            self._try(gpu, handle, lambda h: _memory(lib, h))
+            self._try(gpu, handle, lambda h: {"power_w": lib.nvmlDeviceGetPowerUsage(h) / 1000.0})
+            self._try(gpu, handle, lambda h: {"power_limit_w": lib.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0})
+            self._try(gpu, handle, lambda h: {"temperature_c": lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU)})
+            self._try(gpu, handle, lambda h: {"sm_clock_mhz": lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM)})
+            self._try(gpu, handle, lambda h: {"memory_clock_mhz": lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_MEM)})
+            self._try(gpu, handle, lambda h: {"throttle_reasons": reason_names(lib.nvmlDeviceGetCurrentClocksEventReasons(h))})
             out.append(gpu)
         return out
 
-    def _try(self, record: dict[str, Any], read: Callable[[], dict[str, Any]]) -> None:
-        lib = self.session.lib
+    def _try(self, record: dict[str, Any], handle: Any, read: Callable[[Any], dict[str, Any]]) -> None:
+        lib: Any = self.session.lib
         try:
-            record.update(read())
+            record.update(read(handle))
         except lib.NVMLError as exc:
             record.setdefault("unavailable", []).append(nvml.error_text(lib, exc))
 
     def xid_events(self) -> list[dict[str, Any]]:
         """Every XID event queued since the last call (a zero-timeout wait until NVML has none)."""
-        lib = self.session.lib
+        lib: Any = self.session.lib
         if lib is None or self.events is None:
             return []
         found = []
@@ -172,7 +172,7 @@ class GpuReader:
                           "critical": xid in CRITICAL_XIDS})
 
     def close(self) -> None:
-        lib = self.session.lib
+        lib: Any = self.session.lib
         if lib is not None and self.events is not None:
             try:
                 lib.nvmlEventSetFree(self.events)

@@ -34,9 +34,13 @@ from jobs.runtime.errors import EXIT_USAGE
 from jobs.runtime.skufacts import SkuFacts
 
 NVIDIA_VENDOR = "0x10de"
-# PCI class codes: 0x0300 VGA controller, 0x0302 3D controller (data-centre GPUs). NVSwitch
-# bridges (0x0680) share the vendor id and must not be counted as GPUs.
-GPU_CLASS_PREFIXES = ("0x0300", "0x0302")
+AMD_VENDOR = "0x1002"
+# PCI class codes: 0x0300 VGA controller, 0x0302 3D controller (data-centre GPUs), 0x1200
+# processing accelerator (AMD Instinct MI300X: "Processing accelerators ... [Instinct MI300X]"
+# in lspci). NVSwitch bridges (0x0680) share NVIDIA's vendor id and AMD's platform devices
+# (0x1080 crypto) AMD's: neither is counted as a GPU.
+GPU_CLASS_PREFIXES = ("0x0300", "0x0302", "0x0380", "0x1200")
+GPU_VENDORS = {NVIDIA_VENDOR: "nvidia", AMD_VENDOR: "amd"}
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
@@ -137,8 +141,10 @@ def _device_cpus(device: Path, numa_node: int | None, sysfs: Path) -> frozenset[
     return frozenset()
 
 
-def sysfs_gpus(sysfs: Path) -> list[GpuLocation] | None:
-    """NVIDIA GPUs on the PCI bus in CUDA PCI_BUS_ID order; None when there is no PCI tree."""
+def sysfs_gpus(sysfs: Path, vendor: str | None = None) -> list[GpuLocation] | None:
+    """GPUs on the PCI bus (NVIDIA and AMD Instinct, or only `vendor`'s: "nvidia" / "amd") in
+    PCI bus order, as CUDA_DEVICE_ORDER=PCI_BUS_ID and HIP number them; None when there is no
+    PCI tree."""
     bus = sysfs / "bus" / "pci" / "devices"
     try:
         entries = sorted(os.listdir(bus))
@@ -147,7 +153,8 @@ def sysfs_gpus(sysfs: Path) -> list[GpuLocation] | None:
     gpus = []
     for address in entries:
         device = bus / address
-        if _read(device / "vendor") != NVIDIA_VENDOR:
+        found = GPU_VENDORS.get(_read(device / "vendor") or "")
+        if found is None or (vendor is not None and found != vendor):
             continue
         if not (_read(device / "class") or "").startswith(GPU_CLASS_PREFIXES):
             continue
@@ -187,14 +194,14 @@ def discover(sysfs: Path = Path("/sys"), sku: SkuFacts | None = None,
     """This node's GPU and HCA placement: sysfs first, the catalog's map as fallback."""
     available = frozenset(os.sched_getaffinity(0)) if available_cpus is None else available_cpus
     hcas = tuple(sysfs_hcas(sysfs))
-    gpus = sysfs_gpus(sysfs)
+    gpus = sysfs_gpus(sysfs, sku.gpu_vendor if sku else None)
     notes: list[str] = []
     if gpus and all(g.numa_node is not None and g.cpus for g in gpus):
         if sku is not None and sku.gpus and len(gpus) != sku.gpus:
             notes.append(f"sysfs shows {len(gpus)} GPU(s) but {sku.name} has {sku.gpus}")
         return Topology("sysfs", tuple(gpus), hcas, tuple(notes))
     if gpus == []:
-        return Topology("none", (), hcas, ("no NVIDIA GPU on the PCI bus: nothing to pin",))
+        return Topology("none", (), hcas, ("no GPU on the PCI bus: nothing to pin",))
     # sysfs is missing or has no NUMA facts for the GPUs: try the catalog's published map.
     why = "no PCI tree in sysfs" if gpus is None else "sysfs has no NUMA node for the GPUs"
     if sku is None or not sku.numa:

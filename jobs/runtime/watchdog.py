@@ -28,7 +28,15 @@ hung, and leaves a record the supervision reads after the job is gone.
 On a verdict, rank 0 writes it into the node's local folder; every local rank's launcher
 sends its command SIGCONT (a stopped process must see the signal), SIGTERM, and SIGKILL
 after `--term-grace`, and exits with jobs.runtime.exit_codes.EXIT_HANG. The node's end record
-names the node that stopped first.
+names the node the hang started on: when every node stopped, the node whose ranks are not
+waiting for their peers (they stopped in their own work: jobs.runtime.progress.compute_done)
+while the others wait for it; without that signal, the node that stopped first.
+
+Heartbeats also carry the node's time per step in its own work (`busy`: the slowest of its
+ranks, median of their latest STEP_WINDOW steps), from which the managed run's controller
+names a node persistently slower than its peers (jobs.managed.stragglers). With a managed
+run's key (AMLHPC_EVIDENCE_KEY) heartbeats and the end record are signed, and heartbeats
+that do not verify are not taken for a peer's.
 
 Standard library plus azure-storage-blob (through jobs.runtime.nodestatus): ships in the image.
 """
@@ -40,21 +48,25 @@ import logging
 import os
 import signal
 import socket
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jobs.runtime import nodestatus, progress
-from jobs.runtime.contract import WATCHDOG_JSON
+from jobs.runtime.contract import EVIDENCE_KEY, WATCHDOG_JSON
 from jobs.runtime.errors import RuntimeInputError, RuntimeProblem, load_json_object
 
 log = logging.getLogger("amlhpc.watchdog")
 
 VERDICT_FILE = "verdict.json"
 POLL_VERDICT_S = 0.5
+STEP_WINDOW = 5
+"""Latest steps per rank whose own-work time make the node's step time (a median: one slow step is not a straggler)."""
 _FIX = "the job builder sets it from the recipe's `watchdog` block; resubmit, or correct the JSON by hand"
 
 
@@ -120,6 +132,10 @@ class NodeWatch:
     steps: dict[int, int] = field(default_factory=dict)
     markers: dict[int, tuple[int, int]] = field(default_factory=dict)
     first_step: int | None = None
+    waiting: dict[int, bool] = field(default_factory=dict)
+    """Local rank -> whether it waits for its peers (ranks that report it)."""
+    busy: dict[int, deque] = field(default_factory=dict)
+    """Local rank -> (step, own-work seconds) of its latest steps."""
 
     def observe(self, local_rank: int, report: progress.Progress | None, now: float) -> None:
         if report is None or self.markers.get(local_rank) == report.marker:
@@ -129,10 +145,30 @@ class NodeWatch:
         self.steps[local_rank] = report.step
         if self.first_step is None:
             self.first_step = report.first_step if report.first_step is not None else report.step
+        if report.waiting is not None or report.busy_s is not None:
+            self.waiting[local_rank] = report.waiting is not None
+        if report.busy_s is not None:  # the own-work time of the step it waits on, or of the one it just finished
+            step = report.waiting if report.waiting is not None else report.step
+            window = self.busy.setdefault(local_rank, deque(maxlen=STEP_WINDOW))
+            if not window or window[-1][0] != step:
+                window.append((step, report.busy_s))
 
     @property
     def step(self) -> int | None:
         return max(self.steps.values()) if self.steps else None
+
+    @property
+    def busy_s(self) -> float | None:
+        """The node's own-work time per step: its slowest rank's median over the window."""
+        medians = [statistics.median(b for _, b in window) for window in self.busy.values() if window]
+        return max(medians) if medians else None
+
+    @property
+    def all_waiting(self) -> bool | None:
+        """Whether every rank of the node waits for its peers; None when the training does not say."""
+        if not self.waiting:
+            return None
+        return len(self.waiting) == len(self.changed) and all(self.waiting.values())
 
     def age(self, now: float) -> float | None:
         """Seconds since any rank of the node progressed; None before the first report."""
@@ -160,19 +196,50 @@ class NodeWatch:
         return None
 
 
-def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now, hang_s: float) -> tuple[int, str] | None:
-    """The first other node that made no progress, or went silent, for `hang_s` (service time)."""
+def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now, hang_s: float,
+                 since=None) -> tuple[int, str] | None:
+    """The first other node that made no progress, or went silent, for `hang_s` (service time).
+    `since`: when this node's watch began (its first heartbeat); a peer is judged from then at
+    the earliest, so the time every node spent restarting the training is nobody's hang."""
     for node, beat in sorted(beats.items()):
         if node == me or beat.state == "ended":
             continue
-        silent = (service_now - beat.written).total_seconds()
+        silent = (service_now - (max(beat.written, since) if since else beat.written)).total_seconds()
         if silent > hang_s:
             return node, (f"node {node} ({beat.host or 'unknown host'}) wrote no heartbeat for {silent:.0f}s: its "
                           "launcher is frozen or gone")
-        age = beat.age_at(service_now)
+        age = beat.age_at(service_now) if not since or beat.written >= since else None
         if age is not None and age > hang_s:
             return node, f"node {node} ({beat.host or 'unknown host'}) made no progress for {age:.0f}s (step {beat.step})"
     return None
+
+
+def _peers_stopped_with_us(all_waiting: bool | None, going_ages: list[float], settings: WatchdogSettings) -> bool:
+    """Whether to judge at the next look instead of blaming this node now.
+
+    This node's ranks wait for their peers, and every peer that seems to go on has made no
+    progress for nearly as long (within two looks of the limit): they stopped on the same
+    collective, and only the order of the reports put the peer under the limit. At the next
+    look its age is past the limit too, and the hang is judged on every node's evidence
+    (never this node first, by a race)."""
+    return bool(going_ages) and bool(all_waiting) and all(
+        age > settings.hang_s - 2 * settings.interval_s for age in going_ages)
+
+
+def _stopped_in_own_work(me: int, mine_waiting: bool | None, beats: Mapping[int, nodestatus.Heartbeat]) -> tuple[int, str] | None:
+    """When every node stopped: the node whose ranks are not waiting for their peers while
+    the others wait for it (where a synchronous job's hang started), or None when the
+    training does not say or it is not clear."""
+    states = {n: b.waiting for n, b in beats.items() if n != me and b.state != "ended"}
+    states[me] = mine_waiting
+    if any(v is None for v in states.values()) or len(states) < 2:
+        return None
+    working = sorted(n for n, waiting in states.items() if not waiting)
+    if len(working) != 1:
+        return None
+    waiting = sorted(n for n in states if n != working[0])
+    return working[0], (f"node {working[0]} stopped in its own work while node(s) {', '.join(map(str, waiting))} "
+                        "wait for it")
 
 
 # --- threads in the launcher ----------------------------------------------------------
@@ -202,10 +269,13 @@ class Guard:
         self.settings, self.node, self.local_rank, self.local_size = settings, node, local_rank, local_size
         self.folder, self.child_pid, self.term_grace_s, self.shared, self.clock = (
             folder, child_pid, term_grace_s, shared, clock)
+        self.key: str | None = None
+        """The managed run's evidence key: heartbeats are signed, and peers' verified."""
         self.verdict_path = folder / VERDICT_FILE
         self.watch = NodeWatch(settings, node, local_size, clock())
         self.started_wall = time.time()
         self.fired: dict | None = None
+        self.first_beat = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.host = socket.gethostname()
@@ -249,24 +319,34 @@ class Guard:
         try:
             written = nodestatus.write_heartbeat(container, prefix, run_id, self.node, step=self.watch.step,
                                                  age_s=self.watch.age(now), first_step=self.watch.first_step,
-                                                 host=self.host)
-            peers = nodestatus.read_heartbeats(container, prefix, run_id) if written else {}
+                                                 host=self.host, busy_s=self.watch.busy_s,
+                                                 waiting=self.watch.all_waiting, key=self.key)
+            peers = nodestatus.read_heartbeats(container, prefix, run_id, verify=self.key) if written else {}
         except Exception as exc:  # noqa: BLE001 - storage trouble must not stop training: judge locally
             log.warning("watchdog heartbeat failed (judging this node alone): %s: %s", type(exc).__name__, exc)
             return {"culprit": self.node, "message": mine} if mine else None
-        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s) if written else None
+        self.first_beat = self.first_beat or written
+        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat) if written else None
         if mine:
             others = {n: b.age_at(written) for n, b in peers.items() if n != self.node and b.state != "ended"}
             going = sorted(n for n, age in others.items() if (age or 0) <= self.settings.hang_s)
+            if _peers_stopped_with_us(self.watch.all_waiting, [others[n] or 0 for n in going], self.settings):
+                return None
             if going:
                 return {"culprit": self.node, "message": f"{mine}, while node(s) {', '.join(map(str, going))} go on"}
+            blamed = _stopped_in_own_work(self.node, self.watch.all_waiting, peers)
+            if blamed is not None:
+                return {"culprit": blamed[0], "message": f"{mine}; {blamed[1]}"}
             # every node stopped: the one that stopped first is where it started
             first = max(others.items(), key=lambda item: item[1] or 0, default=(None, None))
             if first[0] is not None and (first[1] or 0) > (self.watch.age(now) or 0) + self.settings.interval_s:
                 return {"culprit": first[0], "message": f"{mine}; node {first[0]} stopped first ({first[1]:.0f}s ago)"}
             return {"culprit": self.node, "message": mine}
         if stalled:
-            return {"culprit": stalled[0], "message": stalled[1]}
+            beat = peers[stalled[0]]
+            silent = (written - max(beat.written, self.first_beat)).total_seconds() > self.settings.hang_s
+            # A silent peer's launcher is frozen or gone: it can take part in no restart.
+            return {"culprit": stalled[0], "message": stalled[1], "peer_silent": silent}
         return None
 
     def _watch_loop(self) -> None:
@@ -313,7 +393,8 @@ class Guard:
         """What the node's end record says about progress and a hang."""
         if self.local_rank == 0:
             self._read_local()
-        fields: dict[str, Any] = {"first_step": self.watch.first_step, "last_step": self.watch.step}
+        fields: dict[str, Any] = {"first_step": self.watch.first_step, "last_step": self.watch.step,
+                                  "busy_s": self.watch.busy_s}
         if self.fired:
             fields["hang"] = {"culprit": self.fired.get("culprit"), "message": self.fired.get("message")}
         return fields
@@ -327,9 +408,11 @@ def attach(launcher, child_pid: int, folder: Path) -> Guard:
     shared = None
     if launcher.ranks.is_node_leader and launcher.checkpoint is not None and launcher.store is not None:
         shared = (launcher.store.container, launcher.checkpoint.prefix, launcher.ranks.run_id)
-    return Guard(settings=launcher.watchdog, node=launcher.ranks.node_index, local_rank=launcher.ranks.local_rank,
-                 local_size=launcher.ranks.local_size, folder=folder, child_pid=child_pid,
-                 term_grace_s=launcher.options.term_grace_s, shared=shared).start()
+    guard = Guard(settings=launcher.watchdog, node=launcher.ranks.node_index, local_rank=launcher.ranks.local_rank,
+                  local_size=launcher.ranks.local_size, folder=folder, child_pid=child_pid,
+                  term_grace_s=launcher.options.term_grace_s, shared=shared)
+    guard.key = launcher.environ.get(EVIDENCE_KEY) or None
+    return guard.start()
 
 
 def record_end(launcher, code: int) -> None:
@@ -342,6 +425,7 @@ def record_end(launcher, code: int) -> None:
     record = {"node": launcher.ranks.node_index, "host": report.host, "azure_node_id": launcher.environ.get("AZ_BATCH_NODE_ID"),
               "exit_code": code, "command_status": report.command_status, "error": report.error,
               "signals": list(report.signals), "restored_version": report.restored_version, "health": report.health,
+              "restarts": list(getattr(report, "restarts", [])),
               "phases": {k: round(v, 3) for k, v in report.phases.items()}, "written": time.time(),
               "completed": report.completed, "exit_after_completion": report.exit_after_completion,
               **(guard.end_fields() if guard else {})}
@@ -352,8 +436,9 @@ def record_end(launcher, code: int) -> None:
 
             container = container_from_settings(launcher.checkpoint, launcher.environ)
         prefix, run_id, node = launcher.checkpoint.prefix, launcher.ranks.run_id, launcher.ranks.node_index
-        nodestatus.write_end(container, prefix, run_id, node, record)
+        key = launcher.environ.get(EVIDENCE_KEY) or None
+        nodestatus.write_end(container, prefix, run_id, node, record, key=key)
         nodestatus.write_heartbeat(container, prefix, run_id, node, step=record.get("last_step"), age_s=None,
-                                   first_step=record.get("first_step"), host=report.host, state="ended")
+                                   first_step=record.get("first_step"), host=report.host, state="ended", key=key)
     except Exception as exc:  # noqa: BLE001 - best effort: the exit status is the primary signal
         log.warning("could not write the node's end record: %s: %s", type(exc).__name__, exc)

@@ -6,8 +6,10 @@
   (see `_leave_process_group`).
 - `Metrics`: one JSON line per log step on stdout (rank 0), MLflow when the image has it
   (Azure ML picks MLflow metrics up), and a summary file under outputs/ for `jobs scale report`.
-- checkpoint helpers over AMLHPC_CHECKPOINT_DIR / AMLHPC_RESUME_DIR (the launcher uploads
-  and restores them; docs/contracts.md section 4).
+- checkpoints: `save_state` / `load_state` / `finish_checkpoints` (jobs/workloads/resume.py):
+  torch.distributed.checkpoint versions of model, optimizer, data order and RNG in the node's
+  tier under AMLHPC_CHECKPOINT_DIR, written in the background, resumed from the version the
+  launcher names (AMLHPC_RESUME_VERSION); `latest_checkpoint` for whole-file checkpoints.
 - progress: every rank reports its step to the launcher's hang watchdog
   (jobs.runtime.progress) each time it logs, and the step it resumed from.
 - `profiler()`: torch.profiler writing TensorBoard traces when AMLHPC_PROFILE_DIR is set.
@@ -222,7 +224,7 @@ class Metrics:
         progress.report(step)  # every rank: the watchdog judges each one
         if not self.d.is_main:
             return
-        print(json.dumps({"step": step, **{k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}}), flush=True)
+        print(json.dumps({"step": step, **values}), flush=True)  # floats exactly: resumed runs are compared bit for bit
         if self._mlflow is not None:
             self._mlflow.log_metrics({k: float(v) for k, v in values.items()}, step=step)
 
@@ -257,7 +259,8 @@ def checkpoint_dir(default: str | Path = "outputs/checkpoints") -> Path:
 
 
 def latest_checkpoint(pattern: str = "ckpt-*.pt") -> Path | None:
-    """The newest checkpoint the launcher restored (AMLHPC_RESUME_DIR), else one left locally."""
+    """The newest whole-file checkpoint the launcher restored (AMLHPC_RESUME_DIR), else one left
+    locally. Workloads that checkpoint with save_state resume with load_state instead."""
     for folder in (os.environ.get(contract.RESUME_DIR), os.environ.get(contract.CHECKPOINT_DIR)):
         if folder and Path(folder).is_dir():
             found = sorted(Path(folder).glob(pattern), key=_step_of)
@@ -273,19 +276,52 @@ def _step_of(path: Path) -> int:
     return int("".join(c for c in path.stem if c.isdigit()) or 0)
 
 
-def save_checkpoint(state: dict[str, Any], step: int, keep: int = 2) -> Path:
-    """Write atomically (temp file + rename) so the uploader never sees half a file."""
-    import torch
+def data_parallel(model, d: Dist, deterministic: bool = False):
+    """(the module to call, a function to call after the last backward of a step).
 
-    folder = checkpoint_dir()
-    final = folder / f"ckpt-{step:09d}.pt"
-    tmp = folder / f".{final.name}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, final)
-    record_checkpoint(final)
-    for old in sorted(folder.glob("ckpt-*.pt"))[:-keep]:
-        old.unlink(missing_ok=True)
-    return final
+    Normally DistributedDataParallel, whose gradient all-reduce overlaps the backward. With
+    `deterministic` on several ranks: the model itself, and gradients averaged parameter by
+    parameter in a fixed order after the backward. DDP's buckets are rebuilt after the first
+    iteration of every process, so a resumed process sums a gradient's elements in another
+    order than an uninterrupted one on more than 2 ranks (ring all-reduce chunks follow the
+    bucket layout): bit-identical resumes need the fixed order, at the cost of the overlap."""
+    import torch
+    import torch.distributed as dist
+
+    if d.world == 1:
+        return model, lambda: None
+    if not deterministic:
+        device_ids = [d.device.index] if d.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids), lambda: None
+    with torch.no_grad():
+        for parameter in model.parameters():  # what DDP does at construction: every rank starts from rank 0's
+            dist.broadcast(parameter.data, 0)
+
+    def average() -> None:
+        for parameter in model.parameters():
+            if parameter.grad is not None:
+                dist.all_reduce(parameter.grad)
+                parameter.grad.div_(d.world)
+
+    return model, average
+
+
+# --- versioned checkpoints and exact resume (jobs/workloads/resume.py) --------------------
+# save_state / load_state / finish_checkpoints: the checkpoint API of every workload here.
+from jobs.workloads.resume import (  # noqa: E402 - grouped with the helpers they belong to
+    GlobalBatchSampler,
+    ShardSampler,
+    TrainState,
+    finish_checkpoints,
+    inject_fault,
+    load_state,
+    save_state,
+)
+
+__all__ = ["Dist", "GlobalBatchSampler", "Metrics", "ShardSampler", "Timer", "TrainState", "all_reduce_mean",
+           "all_reduce_min", "barrier", "checkpoint_dir", "data_parallel", "finish_checkpoints", "init_distributed",
+           "inject_fault",
+           "latest_checkpoint", "load_state", "profiler", "save_state"]
 
 
 @contextlib.contextmanager

@@ -9,7 +9,9 @@ Lockstep stands in for the all-reduce of a data-parallel step, without its arith
 rank 0 listens on MASTER_ADDR:MASTER_PORT, every other rank connects, and each step
 every rank tells rank 0 it finished and waits for rank 0's go, sent once all have. A rank
 that dies breaks its connection and the others fail (exit 1), as NCCL or gloo would; a
-rank that freezes leaves the others waiting, as a hung collective does. Standard library
+rank that freezes leaves the others waiting, as a hung collective does. Each rank says when
+its own work on a step is done and it waits for the others (jobs.runtime.progress.compute_done),
+so the watchdog can tell a slow node and the node a hang started on. Standard library
 and jobs.workloads.common only (no torch): it starts in a fraction of a second.
 Exit codes: 0 done, 1 a peer went away, 2 bad input.
 """
@@ -24,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from jobs.runtime import progress
 from jobs.workloads import common
 
 CONNECT_S = 120.0
@@ -117,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         lockstep = Lockstep(rank, world)
         while step < args.steps:
             time.sleep(args.step_s)
+            progress.compute_done(step + 1)  # its own work is done: now it waits for its peers
             lockstep.step(step + 1)
             step += 1
             metrics.log(step, loss=1.0 / step)

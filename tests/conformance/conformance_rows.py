@@ -171,6 +171,11 @@ ROWS: dict[str, Row] = {row.type: row for row in [
              "superset of the properties the jump box sets",
         not_covered={"hardwareProfile.vmSize": "VirtualMachineSizeTypes stops at 2017's sizes and its "
                                                "docstring points to the List Sizes API for the real list"}),
+    Row("azure-native:compute:VirtualMachineExtension", "azure.mgmt.compute.models.VirtualMachineExtension",
+        "azure.mgmt.compute.operations._operations.build_virtual_machine_extensions_create_or_update_request",
+        "azure-mgmt-compute",
+        note="as for VirtualMachine: the newest API's VirtualMachineExtension is a superset of what the jump box's "
+             "Entra ID sign-in extension sets"),
     Row("azure-native:keyvault:Key", "azure.mgmt.keyvault.v2024_11_01.models.KeyCreateParameters",
         "azure.mgmt.keyvault.v2024_11_01.operations._keys_operations.build_create_if_not_exist_request",
         "azure-mgmt-keyvault"),

@@ -1,8 +1,8 @@
 """The stacks conformance checks: the shipped dev and prod, an experiment written by
 `new-experiment` (as users make them), and two generated environments that turn every
-option on: `EVERYTHING` on our own VNet (SSH, a way in, the key, diagnostics, HBI, the
-lock) and `EVERYTHING_MANAGED` in Azure ML's managed network (which takes no SSH and no
-compute subnet). Options added later go into both where they apply.
+option on: `EVERYTHING` on our own VNet (SSH, Bastion and a jump box with Entra ID logins,
+the key, diagnostics, HBI, the lock) and `EVERYTHING_MANAGED` in Azure ML's managed network
+(which takes no SSH and no compute subnet; its people arrive through a VPN hand-off). Options added later go into both where they apply.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ EVERYTHING: dict[str, Any] = {
     ],
     "aml-hpc:network": {"isolation": "private", "addressSpace": "10.50.0.0/16",
                         "computeSubnet": "10.50.0.0/17", "endpointSubnet": "10.50.128.0/24",
-                        "wayIn": {"bastion": {}, "jumpBox": {"publicKey": PUBKEY}, "ciRunners": {}}},
+                        "wayIn": {"bastion": {}, "ciRunners": {}, "jumpBox": {"publicKey": PUBKEY, "logins": [
+                            {"principalId": "11111111-2222-3333-4444-555555555555", "principalType": "Group"}]}}},
     "aml-hpc:encryption": {"customerManagedKey": True, "cosmosDbPrincipalId": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"},
     "aml-hpc:diagnostics": {"retentionDays": 60, "storageReads": True},
     "aml-hpc:hbiWorkspace": True,
@@ -62,7 +63,7 @@ EVERYTHING_MANAGED: dict[str, Any] = {
     "aml-hpc:names": {"resourceGroup": "rg-amlhpc-everything-managed", "workspace": "mlw-everything-managed"},
     "aml-hpc:network": {"isolation": "managed", "addressSpace": "10.60.0.0/16", "outbound": "AllowOnlyApprovedOutbound",
                         "fqdnRules": ["pypi.org", "files.pythonhosted.org", "github.com"], "firewallSku": "Standard",
-                        "wayIn": {"ciRunners": {}}},
+                        "wayIn": {"ciRunners": {}, "handOff": {"via": "VPN", "addressPrefixes": ["10.0.0.0/12"]}}},
     "aml-hpc:clusters": [{**c, "ssh": None} if "ssh" in c else c for c in EVERYTHING["aml-hpc:clusters"]],
 }
 

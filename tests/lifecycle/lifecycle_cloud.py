@@ -32,9 +32,18 @@ Each rule is Azure's, with its source:
   the target blocks it too: ScopeLocked on `<target>/privateEndpointConnectionProxies/...`
   (hashicorp/terraform-provider-azurerm issue #17478; MicrosoftDocs/azure-docs issue
   #116983, "When I delete a private endpoint it fails because the target resource has a
-  lock on it").
+  lock on it"). A private endpoint connects to a resource that exists, or is refused.
+- An Azure ML registry comes with what Azure ML creates for it in a managed resource group:
+  a storage account per region and one container registry (Microsoft Learn, "Manage Azure
+  Machine Learning registries"); they exist from the registry's creation, under the ids
+  its GET reports, and are nobody's PUT.
 
 Blobs are data: a container holds them, and they disappear with it.
+
+GETs answer as Azure does, not with the request echoed (tests/lifecycle/lifecycle_answers.py):
+server-assigned principals (random on every create, as Entra issues them), read-only
+properties, server defaults, ids in Azure's casing and system-added items. Role
+assignments can be listed by scope, role and principal, as `az role assignment list` does.
 """
 
 from __future__ import annotations
@@ -44,7 +53,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from core.permissions import MODEL
 from infra import quirks
+from tests.lifecycle import lifecycle_answers as answers
 
 GLOBAL_NAME_TYPES = {
     "azure-native:storage:StorageAccount": "StorageAccountAlreadyTaken: the storage account name {name!r} is already taken",
@@ -60,6 +71,8 @@ BLOB_SERVICE = "azure-native:storage:BlobServiceProperties"
 ROLE = "azure-native:authorization:RoleAssignment"
 LOCK = "azure-native:authorization:ManagementLockByScope"
 PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
+ML_REGISTRY = "azure-native:machinelearningservices:Registry"
+CONTAINER_REGISTRY = "azure-native:containerregistry:Registry"
 _LOCKS_SEGMENT = "/providers/microsoft.authorization/locks/"
 
 
@@ -74,6 +87,10 @@ class AzureObject:
     name: str
     body: dict[str, Any]
     blobs: dict[str, bytes] = field(default_factory=dict)
+    server: dict[str, Any] = field(default_factory=dict)
+    """What Azure assigned at creation (principal ids...): kept across updates."""
+    created_at: int = 0
+    """The operation count when it was created (RBAC propagation is counted in operations)."""
 
 
 @dataclass
@@ -105,11 +122,24 @@ def _top_level_id(arm_id: str) -> str:
 class FakeAzure:
     """All of Azure: every adopter's subscriptions share the global name space."""
 
-    def __init__(self, now: datetime | None = None):
+    def __init__(self, now: datetime | None = None, tenant: str = "00000000-0000-0000-0000-0000000000aa"):
         self.now = now or datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
+        self.tenant = tenant
         self.objects: dict[str, AzureObject] = {}
         self.deleted: dict[str, Deleted] = {}
         self.log: list[str] = []
+        self.operations = 0
+        """Writes so far: the clock RBAC propagation is measured on (a step, not a wall time)."""
+        self.propagation_operations = 0
+        """A role assignment takes effect this many operations after its creation (0: at once)."""
+
+    def wait(self, operations: int) -> None:
+        """Time passes (the tooling's wait between attempts), counted in operations."""
+        self.operations += operations
+
+    def grant_effective(self, scope: str, role_guid: str, principal: str) -> bool:
+        return any(self.operations - o.created_at >= self.propagation_operations
+                   for o in self.role_assignments(scope, role_guid, principal))
 
     # --- time ------------------------------------------------------------------------
     def advance(self, days: float) -> None:
@@ -126,6 +156,30 @@ class FakeAzure:
     def of_type(self, type_token: str) -> list[AzureObject]:
         return [o for o in self.objects.values() if o.type == type_token]
 
+    def response(self, arm_id: str) -> dict[str, Any] | None:
+        """The GET answer, in azure-native's SDK shape (lifecycle_answers)."""
+        obj = self.get(arm_id)
+        if obj is None:
+            return None
+        return answers.answer(obj.type, obj.id, obj.body, obj.server, self.response)
+
+    def role_assignments(self, scope: str | None = None, role: str | None = None,
+                         principal: str | None = None) -> list[AzureObject]:
+        """Role assignments exactly at `scope` (ids compared without case, as ARM does), of
+        `role` (a role definition id or its GUID) and `principal`; None matches any."""
+        out = []
+        for o in self.of_type(ROLE):
+            at = o.id.split("/providers/Microsoft.Authorization/")[0]
+            definition = str(o.body.get("roleDefinitionId", ""))
+            if scope is not None and at.lower() != scope.lower():
+                continue
+            if role is not None and definition.lower().rsplit("/", 1)[-1] != role.lower().rsplit("/", 1)[-1]:
+                continue
+            if principal is not None and str(o.body.get("principalId", "")).lower() != principal.lower():
+                continue
+            out.append(o)
+        return out
+
     # --- writes ----------------------------------------------------------------------
     def put(self, type_token: str, arm_id: str, name: str, body: dict[str, Any]) -> AzureObject:
         """Create or update, refusing what Azure refuses."""
@@ -139,20 +193,44 @@ class FakeAzure:
             body = self._check_soft_deleted(type_token, arm_id, name, body)
             if type_token == ROLE:
                 self._check_role_unique(arm_id, body)
-        obj = AzureObject(arm_id, type_token, name, copy.deepcopy(body), existing.blobs if existing else {})
+            if type_token == WORKSPACE:
+                self._check_key_access(body)
+            if type_token == PRIVATE_ENDPOINT:
+                self._check_link_target(arm_id, body)
+        self.operations += 1
+        server = existing.server if existing else answers.on_create(type_token, body, self.tenant)
+        obj = AzureObject(arm_id, type_token, name, copy.deepcopy(body), existing.blobs if existing else {},
+                          server, existing.created_at if existing else self.operations)
         self.objects[key] = obj
         if type_token == ACCOUNT and _key(f"{arm_id}/blobServices/default") not in self.objects:
             # Azure creates the blob service with the account, in its default state.
             self.objects[_key(f"{arm_id}/blobServices/default")] = AzureObject(
                 f"{arm_id}/blobServices/default", BLOB_SERVICE, "default", {})
         self.log.append(f"{'update' if existing else 'create'} {arm_id}")
+        if type_token == ML_REGISTRY:
+            self._create_registry_storage(arm_id)
         return obj
+
+    def _create_registry_storage(self, registry_id: str) -> None:
+        """What Azure ML creates with a registry (and a region added to it): the storage
+        accounts and the container registry its answer names."""
+        answer = self.response(registry_id) or {}
+        for region in answer.get("regionDetails") or []:
+            for kind, key, type_token in (("acrDetails", "systemCreatedAcrAccount", CONTAINER_REGISTRY),
+                                          ("storageAccountDetails", "systemCreatedStorageAccount", ACCOUNT)):
+                for entry in region.get(kind) or []:
+                    created_id = ((entry.get(key) or {}).get("armResourceId") or {}).get("resourceId")
+                    if created_id and _key(created_id) not in self.objects:
+                        self.objects[_key(created_id)] = AzureObject(
+                            created_id, type_token, created_id.rsplit("/", 1)[-1],
+                            {"location": region.get("location")}, created_at=self.operations)
 
     def delete(self, arm_id: str) -> None:
         key = _key(arm_id)
         obj = self.objects.get(key)
         if obj is None:
             return  # ARM DELETE of a missing resource succeeds (azure-native treats 404 as done)
+        self.operations += 1
         if obj.type != LOCK:
             self._check_not_locked(obj)
         if obj.type == "azure-native:resources:ResourceGroup":
@@ -255,6 +333,32 @@ class FakeAzure:
         if type_token == LOGS and _key(arm_id) in self.deleted:
             self.deleted.pop(_key(arm_id))  # same name, group and location: recovered
         return body
+
+    def _check_key_access(self, body: dict[str, Any]) -> None:
+        """Azure ML checks, when it creates a workspace with a customer-managed key, that the
+        identity the encryption names can use the key: a grant not yet in effect is refused
+        with Key Vault's RBAC denial (infra.quirks.RBAC_PROPAGATION_ERRORS)."""
+        encryption = body.get("encryption") or {}
+        uai = (encryption.get("identity") or {}).get("userAssignedIdentity")
+        key_url = str((encryption.get("keyVaultProperties") or {}).get("keyIdentifier") or "")
+        if not uai or not key_url:
+            return
+        vault, _, rest = key_url.removeprefix("https://").partition(".vault.azure.net/keys/")
+        key = next((o for o in self.of_type("azure-native:keyvault:Key")
+                    if o.name == rest.split("/")[0] and f"/vaults/{vault}/".lower() in o.id.lower()), None)
+        identity = self.response(uai) or {}
+        if key is None or not self.grant_effective(key.id, MODEL.role("key-vault-crypto-service-encryption-user").guid,
+                                                   str(identity.get("principalId"))):
+            raise AzureError(f"Forbidden: ForbiddenByRbac: the identity {uai.rsplit('/', 1)[-1]} may not wrap/unwrap "
+                             f"with the key {key_url} (its role assignment is not in effect)")
+
+    def _check_link_target(self, arm_id: str, body: dict[str, Any]) -> None:
+        """A private endpoint's connections name resources that exist."""
+        for connection in body.get("privateLinkServiceConnections") or []:
+            target = str(connection.get("privateLinkServiceId") or "")
+            if _key(target) not in self.objects:
+                raise AzureError(f"the private link resource '{target}' of private endpoint "
+                                 f"'{arm_id.rsplit('/', 1)[-1]}' does not exist")
 
     def _check_role_unique(self, arm_id: str, body: dict[str, Any]) -> None:
         scope = arm_id.split("/providers/Microsoft.Authorization/")[0].lower()

@@ -24,6 +24,31 @@ What it reproduces, with the source of each behaviour:
   A role assignment declared without roleAssignmentName gets a random GUID (the
   provider's auto-name for it), so only a declared name can be found again after `down`.
 - URNs are the engine's (no root stack type in the chain), not the mock runtime's.
+- Outputs are Azure's answer (FakeAzure.response), never the inputs echoed: principal ids
+  come from Azure, new on every create.
+- Read-back (azure-native provider/pkg/provider/provider.go `Read`, and
+  provider/pkg/convert/responseToSdkInputs.go at commit 604cfd525f96): an import takes its
+  inputs from the GET response (`ResponseToSdkInputs`): the resource path's parameters from
+  the id, then every property of the PUT body found in the response, read-only ones left
+  out (they are not body properties), `id` dropped, empty maps and arrays removed
+  (`removeEmptyCollections`). A refresh of a resource in the state projects the old and
+  the new outputs onto the input properties and applies their difference to the inputs
+  (`applyDiff`), so what Azure changed since the last update shows as a diff.
+- Diff (provider/pkg/provider/diff.go `calculateDetailedDiff` and the `Diff` method): old
+  inputs against the program's; a change of a path parameter, or of a property azure-native
+  marks forceNew (its forceNewMap, provider/pkg/gen/forceNew.go, and `location`, which the
+  ARM guidelines make create-only, compared without case and spaces as
+  `normalizedLocation` does), replaces; adding a forceNew property whose old output already
+  has that value does not (the ADD_REPLACE exception). The engine applies ignoreChanges
+  first (old values kept). A replacement forced on a resource this deployment adopted by
+  import fails the update: Azure would refuse the second resource of the same name, and
+  the adoption exists precisely so nothing retained is replaced.
+- Each `up` records its steps (`Engine.last_steps`): an up with none has no diff.
+- `preview` is an up that writes nothing: the same steps, computed on a copy of the state,
+  with the provider's create, update and delete left undone (azure-native's Create is what
+  GETs first, so a preview never meets "already existing": pulumi/pulumi's engine calls
+  only Check and Diff in a preview). Given an import document, it imports first, on that
+  copy, as scripts/pulumi-stack.sh's preview does on a scratch backend.
 """
 
 from __future__ import annotations
@@ -43,7 +68,15 @@ from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 from infra.adopt import SINGLETONS
 from infra.plan import _drop_provider_version_aliases
 from infra.plan.event_loop import private_event_loop
-from infra.plan.mocks import FAKE_TENANT, PlanMocks, RecordingMonitor, _plain, physical_name
+from infra.plan.mocks import (
+    FAKE_TENANT,
+    PlanMocks,
+    RecordingMonitor,
+    _plain,
+    id_inputs,
+    physical_name,
+)
+from tests.lifecycle import lifecycle_answers as answers
 from tests.lifecycle.lifecycle_cloud import ROLE, AzureError, FakeAzure
 
 PROJECT = "aml-hpc"
@@ -65,6 +98,8 @@ class StateResource:
     protect: bool = False
     retain_on_delete: bool = False
     dependencies: list[str] = field(default_factory=list)
+    imported: bool = False
+    """Adopted by `pulumi import` and not yet updated by an `up`."""
 
 
 @dataclass
@@ -104,9 +139,12 @@ def _path(value: Any, path: str) -> Any:
 class Provider(PlanMocks):
     """azure-native's create/update/delete/read as it treats existence, against FakeAzure."""
 
-    def __init__(self, azure: FakeAzure, subscription_id: str, stack_outputs: dict[str, dict[str, Any]]):
+    def __init__(self, azure: FakeAzure, subscription_id: str, stack_outputs: dict[str, dict[str, Any]],
+                 dry_run: bool = False):
         super().__init__(subscription_id, stack_outputs)
         self.azure = azure
+        self.dry_run = dry_run
+        """A preview: nothing is written to Azure; what would be created has no answer yet."""
 
     def call(self, args):
         if args.token == "azure-native:authorization:getClientConfig":
@@ -123,20 +161,30 @@ class Provider(PlanMocks):
             return keep if keep.lower().startswith(prefix.lower()) else f"{prefix}{uuid.uuid4()}"
         return self._arm_id(type_token, inputs, name)
 
-    def outputs(self, type_token: str, inputs: dict[str, Any], name: str) -> dict[str, Any]:
-        return {**inputs, **self._computed(type_token, inputs, name)}
+    def outputs(self, type_token: str, arm_id: str, inputs: dict[str, Any], name: str) -> dict[str, Any]:
+        """Azure's answer, over the shape-only fields PlanMocks fills for types the answers
+        do not model (endpoints, login servers, key URLs)."""
+        response = self.azure.response(arm_id)
+        if response is None:  # a preview's create: shapes only, as the offline plan gives them
+            return {**inputs, **self._computed(type_token, inputs, name)}
+        return {**self._computed(type_token, inputs, name), **response}
 
     def create(self, type_token: str, inputs: dict[str, Any], name: str) -> str:
         arm_id = self.arm_id(type_token, inputs, name)  # a fresh auto-name, where there is one
+        if self.dry_run:
+            return arm_id
         if type_token not in SINGLETONS and self.azure.exists(arm_id):
             raise AzureError(f"cannot create already existing resource '{arm_id}'")
         self.azure.put(type_token, arm_id, physical_name(type_token, inputs, name), inputs)
         return arm_id
 
     def update(self, type_token: str, arm_id: str, inputs: dict[str, Any], name: str) -> None:
-        self.azure.put(type_token, arm_id, physical_name(type_token, inputs, name), inputs)
+        if not self.dry_run:
+            self.azure.put(type_token, arm_id, physical_name(type_token, inputs, name), inputs)
 
     def delete(self, resource: StateResource) -> None:
+        if self.dry_run:
+            return
         if resource.type in SINGLETONS:
             self.azure.reset_to_defaults(resource.id)
         else:
@@ -189,11 +237,14 @@ def _alias_urns(stack: str, request) -> list[str]:
 class Engine:
     """One adopter's Pulumi: stacks on a backend, deploying into one subscription."""
 
-    def __init__(self, azure: FakeAzure, subscription_id: str):
+    def __init__(self, azure: FakeAzure, subscription_id: str, dry_run: bool = False):
         self.azure = azure
         self.subscription_id = subscription_id
+        self.dry_run = dry_run
         self.stacks: dict[str, Stack] = {}
         self.project_outputs: dict[str, dict[str, Any]] = {}
+        self.last_steps: list[tuple[str, str]] = []
+        """(create|update|replace|delete, URN) of the last `up`: empty means no diff."""
 
     # --- stacks ----------------------------------------------------------------------
     def select(self, name: str) -> Stack:
@@ -212,7 +263,8 @@ class Engine:
         """Run the program; create/update/replace what it declares, then delete the rest."""
         stack = self.select(name)
         self.refresh(stack)
-        provider = Provider(self.azure, self.subscription_id, self.project_outputs)
+        self.last_steps = []
+        provider = Provider(self.azure, self.subscription_id, self.project_outputs, self.dry_run)
         monitor = EmulatorMonitor(self, stack, provider)
         try:
             outputs = _run(monitor, build, name)
@@ -220,10 +272,26 @@ class Engine:
             errors = monitor.errors or [f"{type(exc).__name__}: {exc}"]
             raise DeploymentFailed("update failed:\n  " + "\n  ".join(errors)) from exc
         gone = [r for urn, r in stack.resources.items() if urn not in monitor.seen]
+        self.last_steps += [("delete", r.urn) for r in gone if r.custom]
         self._delete(stack, gone)
         stack.outputs = outputs
         self.project_outputs[f"organization/{PROJECT}/{name}"] = outputs
         return outputs
+
+    def preview(self, name: str, build: Callable[[], dict[str, Any]],
+                imports: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+        """`pulumi preview` (after `pulumi import --file imports`, when given): the steps it
+        shows, (import|create|update|replace|delete, URN); nothing is written to Azure, the
+        stacks are untouched."""
+        scratch = Engine(self.azure, self.subscription_id, dry_run=True)
+        scratch.stacks = copy.deepcopy(self.stacks)
+        scratch.project_outputs = copy.deepcopy(self.project_outputs)
+        steps = []
+        if imports and imports.get("resources"):
+            steps = [("import", urn) for urn in scratch.import_file(name, imports, protect=False)
+                     if scratch.select(name).resources[urn].custom]
+        scratch.up(name, build)
+        return steps + scratch.last_steps
 
     def step(self, monitor: EmulatorMonitor, request, urn: str, inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         stack, provider = monitor.stack, monitor.provider
@@ -241,11 +309,17 @@ class Engine:
             entry.id = f"{request.name}-component"
             stack.resources[urn] = entry
             return "", inputs
+        if old is not None and old.custom:
+            inputs = entry.inputs = _ignoring(old.inputs, inputs, list(request.ignoreChanges))
         new_id = provider.arm_id(request.type, inputs, request.name, keep=old.id if old and old.custom else "")
         if old is None or not old.custom:
             entry.id = provider.create(request.type, inputs, request.name)
-        elif old.id.lower() != new_id.lower() or any(
-                _path(old.inputs, p) != _path(inputs, p) for p in request.replaceOnChanges):
+            self.last_steps.append(("create", urn))
+        elif replaces := replace_reasons(request.type, old, inputs, list(request.replaceOnChanges), new_id):
+            if old.imported:
+                raise AzureError(f"a replacement after import, forced by {', '.join(replaces)} (forceNew in "
+                                 f"azure-native): the adopted resource would be replaced, not kept")
+            self.last_steps.append(("replace", urn))
             if request.deleteBeforeReplace:
                 self._forget_or_delete(provider, old)
                 entry.id = provider.create(request.type, inputs, request.name)
@@ -256,7 +330,8 @@ class Engine:
             entry.id = old.id
             if _canonical(old.inputs) != _canonical(inputs):
                 provider.update(request.type, old.id, inputs, request.name)
-        entry.outputs = provider.outputs(request.type, inputs, request.name)
+                self.last_steps.append(("update", urn))
+        entry.outputs = provider.outputs(request.type, entry.id, inputs, request.name)
         stack.resources[urn] = entry
         return entry.id, entry.outputs
 
@@ -271,7 +346,7 @@ class Engine:
         protected = [r.urn for r in resources if r.protect]
         if protected:
             raise DeploymentFailed("resource(s) cannot be deleted because they are protected: " + ", ".join(protected))
-        provider = Provider(self.azure, self.subscription_id, self.project_outputs)
+        provider = Provider(self.azure, self.subscription_id, self.project_outputs, self.dry_run)
         for r in reversed(resources):
             if r.custom and not r.retain_on_delete:
                 try:
@@ -293,17 +368,25 @@ class Engine:
             self.project_outputs.pop(f"organization/{PROJECT}/{name}", None)
 
     def refresh(self, stack: Stack) -> None:
-        """Drop resources Azure no longer has (azure-native Read answers 404 -> gone)."""
+        """Read every resource back: what Azure no longer has leaves the state (404); for
+        the rest, what changed in Azure since the last update moves into the inputs."""
         for urn, r in list(stack.resources.items()):
-            if r.custom and not self.azure.exists(r.id):
+            if not r.custom:
+                continue
+            response = self.azure.response(r.id)
+            if response is None:
                 stack.resources.pop(urn)
+                continue
+            fresh = {**r.outputs, **response}
+            r.inputs = _apply_diff(r.inputs, answers.writable(r.type, r.outputs), answers.writable(r.type, fresh))
+            r.outputs = fresh
 
     def import_file(self, name: str, document: dict[str, Any], protect: bool = True) -> list[str]:
         """`pulumi import --file document [--protect=false]`: read each resource into the
         state as Azure has it. Returns the imported URNs."""
         stack = self.select(name)
         table = dict(document.get("nameTable") or {})
-        provider = Provider(self.azure, self.subscription_id, self.project_outputs)
+        provider = Provider(self.azure, self.subscription_id, self.project_outputs, self.dry_run)
         staged: dict[str, StateResource] = {}
         errors = []
         for entry in document.get("resources", []):
@@ -316,14 +399,14 @@ class Engine:
                 staged[urn] = StateResource(urn, entry["type"], False, id=f"{entry['name']}-component", parent=parent)
                 table[entry["name"]] = urn
                 continue
-            found = self.azure.get(entry["id"])
-            if found is None:
+            response = self.azure.response(entry["id"])
+            if response is None:
                 errors.append(f"{urn}: resource '{entry['id']}' does not exist")
                 continue
-            body = copy.deepcopy(found.body)
-            staged[urn] = StateResource(urn, entry["type"], True, id=found.id, inputs=body,
-                                        outputs=provider.outputs(entry["type"], body, entry["name"]),
-                                        parent=parent, protect=protect)
+            inputs = response_to_inputs(entry["type"], response)
+            staged[urn] = StateResource(urn, entry["type"], True, id=entry["id"], inputs=inputs,
+                                        outputs=provider.outputs(entry["type"], entry["id"], inputs, entry["name"]),
+                                        parent=parent, protect=protect, imported=True)
         if errors:
             raise DeploymentFailed("import failed:\n  " + "\n  ".join(errors))
         stack.resources.update(staged)
@@ -344,6 +427,85 @@ def _closure(stack: Stack, roots: set[str]) -> set[str]:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
+
+
+FORCE_NEW: dict[str, frozenset[str]] = {
+    # pulumi-azure-native provider/pkg/gen/forceNew.go (forceNewMap), for the types here.
+    "azure-native:authorization:RoleAssignment": frozenset({"principalId", "scope"}),
+    "azure-native:resources:ResourceGroup": frozenset({"location"}),
+    "azure-native:storage:StorageAccount": frozenset({"isHnsEnabled", "location"}),
+    "azure-native:network:PublicIPAddress": frozenset({"location", "publicIPAddressVersion", "publicIPPrefix", "sku"}),
+    "azure-native:network:VirtualNetwork": frozenset({"location"}),
+}
+
+
+def _normalized_location(value: Any) -> Any:
+    return str(value).replace(" ", "").lower() if isinstance(value, str) else value
+
+
+def replace_reasons(type_token: str, old: StateResource, inputs: dict[str, Any], replace_on_changes: list[str],
+                    new_id: str) -> list[str]:
+    """What forces a replacement, as azure-native's Diff (and the engine's
+    replaceOnChanges) decide it; [] for an in-place update or no change."""
+    reasons = [p for p in replace_on_changes if _path(old.inputs, p) != _path(inputs, p)]
+    if old.id.lower() != new_id.lower():
+        reasons.append("the resource id")
+    for key in (*id_inputs(type_token), *FORCE_NEW.get(type_token, ()), "location"):
+        before, after = old.inputs.get(key), inputs.get(key)
+        if key == "location":
+            before, after = _normalized_location(before), _normalized_location(after)
+        if before == after:
+            continue
+        if before is None and after is not None and old.outputs.get(key) == inputs.get(key):
+            continue  # ADD_REPLACE exception: the old output already holds the new value
+        reasons.append(key)
+    return sorted(set(reasons))
+
+
+def _ignoring(old: dict[str, Any], new: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """ignoreChanges: the old value of each named top-level property where the state has one."""
+    out = dict(new)
+    for path in paths:
+        key = path.split(".")[0]
+        if key in old:
+            out[key] = copy.deepcopy(old[key])
+    return out
+
+
+def remove_empty_collections(value: Any) -> Any:
+    """azure-native's removeEmptyCollections: empty maps and arrays (after cleaning) -> None."""
+    if isinstance(value, dict):
+        cleaned = {k: c for k, v in value.items() if (c := remove_empty_collections(v)) is not None}
+        return cleaned or None
+    if isinstance(value, list):
+        cleaned_list = [c for v in value if (c := remove_empty_collections(v)) is not None]
+        return cleaned_list or None
+    return value
+
+
+def response_to_inputs(type_token: str, response: dict[str, Any]) -> dict[str, Any]:
+    """azure-native's ResponseToSdkInputs on an emulated GET answer."""
+    out = {}
+    for key, value in answers.writable(type_token, response).items():
+        cleaned = remove_empty_collections(value)
+        if cleaned is not None:
+            out[key] = cleaned
+    return out
+
+
+def _apply_diff(inputs: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """azure-native's applyDiff: changes between two projections, applied to the inputs,
+    recursing into objects present in all three."""
+    out = {k: v for k, v in inputs.items() if not (k in old and k not in new)}
+    for key, value in new.items():
+        if key in old and old[key] == value:
+            continue
+        base = inputs.get(key)
+        if isinstance(base, dict) and isinstance(old.get(key), dict) and isinstance(value, dict):
+            out[key] = _apply_diff(base, old[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
 
 
 def _run(monitor: EmulatorMonitor, build: Callable[[], dict[str, Any]], stack: str) -> dict[str, Any]:

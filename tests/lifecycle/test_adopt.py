@@ -232,3 +232,57 @@ def test_module_runs_as_a_script():
                             cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 0 and "import-file" in result.stdout and "suffix" in result.stdout
 
+
+
+class TestRoleAssignmentAdoption:
+    """Retained grants are found in Azure by (scope, role, principal), the principal read
+    from the identity in Azure: never by the offline plan's stand-in principal."""
+
+    SCOPE = "/subscriptions/s/resourceGroups/g/providers/Microsoft.KeyVault/vaults/kv/keys/k"
+    ROLE = "/subscriptions/s/providers/Microsoft.Authorization/roleDefinitions/e147488a-f6f5-4113-8e2d-b22465e65bf6"
+    IDENTITY = "/subscriptions/s/resourceGroups/g/providers/Microsoft.ManagedIdentity/userAssignedIdentities/cmk"
+
+    class Reader:
+        def __init__(self, principal: str | None, assignments: list[dict]):
+            self.principal, self.assignments = principal, assignments
+
+        def exists(self, r):
+            return True
+
+        def read(self, arm_id, api_version):
+            return {"properties": {"principalId": self.principal}} if self.principal else None
+
+        def role_assignments(self, scope):
+            return self.assignments
+
+    def grant(self, principal: str, name: str | None = None, scope: str | None = None) -> dict:
+        from infra.components.access import role_assignment_name
+
+        at = scope or self.SCOPE
+        name = name or role_assignment_name(at, principal, self.ROLE)
+        return {"id": f"{at}/providers/Microsoft.Authorization/roleAssignments/{name}", "name": name,
+                "properties": {"scope": at, "principalId": principal, "roleDefinitionId": self.ROLE.upper()}}
+
+    def retained(self) -> adopt.Retained:
+        return adopt.Retained("urn:grant", adopt.ROLE_ASSIGNMENT, "grant", None, "/planned-id", "2022-04-01",
+                              inputs={"scope": self.SCOPE, "principalId": "stand-in", "roleDefinitionId": self.ROLE})
+
+    def identities(self):
+        return {"stand-in": adopt.IdentityRef(self.IDENTITY, "2023-01-31", "properties.principalId")}
+
+    def test_found_by_the_real_principal_not_the_planned_id(self):
+        real = self.grant("real-principal")
+        above = self.grant("real-principal", scope="/subscriptions/s")  # inherited: listed by atScope(), not ours
+        reader = self.Reader("real-principal", [above, self.grant("someone-else"), real])
+        assert adopt.locate_assignment(self.retained(), reader, self.identities()) == real["id"]
+
+    def test_nothing_to_adopt_when_the_identity_or_the_grant_is_gone(self):
+        assert adopt.locate_assignment(self.retained(), self.Reader(None, []), self.identities()) is None
+        assert adopt.locate_assignment(self.retained(), self.Reader("real", [self.grant("other")]),
+                                       self.identities()) is None
+
+    def test_a_grant_under_another_name_is_refused_with_the_fix(self):
+        stray = self.grant("real", name="0f0f0f0f-0000-4000-8000-000000000000")
+        with pytest.raises(UserError) as info:
+            adopt.locate_assignment(self.retained(), self.Reader("real", [stray]), self.identities())
+        assert "az role assignment delete --ids" in info.value.render() and stray["id"] in info.value.render()

@@ -23,7 +23,7 @@ def group(name: str = "rg", **opts) -> resources.ResourceGroup:
 
 def account(name: str, rg: str = "rg", **opts) -> storage.StorageAccount:
     return storage.StorageAccount(name, account_name=name, resource_group_name=rg, location="eastus",
-                                  kind="StorageV2", sku=storage.SkuArgs(name="Standard_LRS"),
+                                  kind="StorageV2", sku=storage.SkuArgs(name="Standard_LRS"), is_hns_enabled=False,
                                   opts=pulumi.ResourceOptions(**opts))
 
 
@@ -306,3 +306,114 @@ def test_a_failed_up_leaves_nothing_for_asyncio_to_report_later(azure, engine, c
         run(engine, "third", lambda: group("other"))  # the next run lets go of the failed run's state
         gc.collect()
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+class TestAzureAnswers:
+    """GETs answer as Azure does (lifecycle_answers), and import reads inputs from them."""
+
+    def test_an_identity_gets_a_new_random_principal_on_every_create(self, azure, engine):
+        from pulumi_azure_native import managedidentity
+
+        def build():
+            managedidentity.UserAssignedIdentity("id", resource_name_="uai", resource_group_name="rg",
+                                                 location="eastus", opts=pulumi.ResourceOptions(depends_on=[group()]))
+
+        run(engine, "s", build)
+        first = engine.select("s").resources["urn:pulumi:s::aml-hpc::azure-native:managedidentity:UserAssignedIdentity::id"]
+        engine.destroy("s")
+        run(engine, "s", build)
+        second = engine.select("s").resources[first.urn]
+        assert first.outputs["principalId"] != second.outputs["principalId"]
+        assert len(first.outputs["principalId"]) == 36 and first.outputs["clientId"] != second.outputs["clientId"]
+
+    def test_import_reads_server_defaults_and_drops_read_only_properties(self, azure, engine):
+        run(engine, "s", lambda: account("readacct", depends_on=[group(retain_on_delete=True)], retain_on_delete=True))
+        account_id = f"/subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/readacct"
+        engine.destroy("s")
+        engine.import_file("s", {"resources": [{"type": "azure-native:storage:StorageAccount", "name": "readacct",
+                                                "id": account_id}]})
+        [imported] = engine.select("s").resources.values()
+        assert imported.inputs["isHnsEnabled"] is False  # a server default, read back
+        assert "creationTime" not in imported.inputs and "primaryEndpoints" not in imported.inputs  # read-only
+        assert imported.outputs["provisioningState"] == "Succeeded"
+
+    def test_a_force_new_difference_after_import_fails_the_up(self, azure, engine):
+        """The hazard of pulumi-azure-native #2003: a program that leaves isHnsEnabled unset
+        adopts an account that reports it, and the next up would replace the account."""
+        def unset():
+            rg = group(retain_on_delete=True)
+            storage.StorageAccount("hnsacct", account_name="hnsacct", resource_group_name="rg", location="eastus",
+                                   kind="StorageV2", sku=storage.SkuArgs(name="Standard_LRS"),
+                                   opts=pulumi.ResourceOptions(depends_on=[rg], retain_on_delete=True))
+
+        run(engine, "s", unset)
+        engine.destroy("s")
+        engine.import_file("s", {"resources": [
+            {"type": "azure-native:resources:ResourceGroup", "name": "rg", "id": f"/subscriptions/{SUB}/resourceGroups/rg"},
+            {"type": "azure-native:storage:StorageAccount", "name": "hnsacct",
+             "id": f"/subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/hnsacct"}]},
+            protect=False)
+        with pytest.raises(DeploymentFailed, match="replacement after import, forced by isHnsEnabled"):
+            run(engine, "s", unset)
+
+    def test_location_is_compared_as_azure_native_does(self, azure, engine):
+        run(engine, "s", lambda: resources.ResourceGroup("rg", resource_group_name="rg", location="eastus"))
+        run(engine, "s", lambda: resources.ResourceGroup("rg", resource_group_name="rg", location="East US"))
+        assert engine.last_steps == [("update", "urn:pulumi:s::aml-hpc::azure-native:resources:ResourceGroup::rg")]
+        with pytest.raises(DeploymentFailed, match="already existing"):  # a real move: a replacement
+            run(engine, "s", lambda: resources.ResourceGroup("rg", resource_group_name="rg", location="westus"))
+        assert engine.last_steps[0][0] == "replace"
+
+    def test_role_assignments_are_listed_by_scope_role_and_principal(self, azure, engine):
+        scope = f"/subscriptions/{SUB}/resourceGroups/rg"
+        azure.put("azure-native:resources:ResourceGroup", scope, "rg", {})
+        for guid, principal in (("a" * 8 + "-0000-4000-8000-000000000001", "p1"),
+                                ("b" * 8 + "-0000-4000-8000-000000000002", "p2")):
+            azure.put("azure-native:authorization:RoleAssignment",
+                      f"{scope}/providers/Microsoft.Authorization/roleAssignments/{guid}", guid,
+                      {"principalId": principal, "roleDefinitionId": "/subscriptions/s/providers/x/roleDefinitions/r1",
+                       "scope": scope})
+        assert [o.body["principalId"] for o in azure.role_assignments(scope.upper(), "R1", "p2")] == ["p2"]
+        assert len(azure.role_assignments(scope)) == 2 and azure.role_assignments(scope + "/x") == []
+
+
+class TestRegistryStorage:
+    """An ML registry comes with a storage account per region and one geo-replicated ACR,
+    which exist under the ids its answer reports; a private endpoint needs a target that exists."""
+
+    def registry(self, regions: tuple[str, ...] = ("eastus", "westus3")) -> ml.Registry:
+        return ml.Registry("reg", registry_name="mlr-shared", resource_group_name="rg", location="eastus",
+                           region_details=[ml.RegistryRegionArmDetailsArgs(
+                               location=r,
+                               acr_details=[ml.AcrDetailsArgs(system_created_acr_account=ml.SystemCreatedAcrAccountArgs(
+                                   acr_account_sku="Premium"))],
+                               storage_account_details=[ml.StorageAccountDetailsArgs(
+                                   system_created_storage_account=ml.SystemCreatedStorageAccountArgs(
+                                       storage_account_type="Standard_LRS"))]) for r in regions])
+
+    def test_what_azure_ml_creates_exists_under_the_reported_ids(self, azure, engine):
+        run(engine, "s", lambda: (group(), self.registry()))
+        [registry] = azure.of_type("azure-native:machinelearningservices:Registry")
+        details = azure.response(registry.id)["regionDetails"]
+        acrs = {d["acrDetails"][0]["systemCreatedAcrAccount"]["armResourceId"]["resourceId"] for d in details}
+        accounts = [d["storageAccountDetails"][0]["systemCreatedStorageAccount"]["armResourceId"]["resourceId"]
+                    for d in details]
+        assert len(acrs) == 1 and len(set(accounts)) == 2  # one ACR for all regions, storage per region
+        assert all(azure.exists(i) for i in [*acrs, *accounts])
+
+    def test_a_private_endpoint_to_a_resource_that_does_not_exist_is_refused(self, azure, engine):
+        from pulumi_azure_native import network
+
+        guessed = f"/subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/mlrsharedst0"
+
+        def build():
+            group()
+            self.registry()
+            network.PrivateEndpoint("pe", private_endpoint_name="pe-guess", resource_group_name="rg",
+                                    location="eastus", subnet=network.SubnetArgs(id="subnet"),
+                                    private_link_service_connections=[network.PrivateLinkServiceConnectionArgs(
+                                        name="pe-guess", private_link_service_id=guessed, group_ids=["blob"])])
+
+        with pytest.raises(DeploymentFailed, match="private link resource .*mlrsharedst0' of private endpoint "
+                                                   "'pe-guess' does not exist"):
+            run(engine, "s", build)

@@ -1,6 +1,6 @@
 """Up, down and up again, with the real program, the real tooling steps (infra.adopt) and an
-emulated engine, provider and Azure (tests/lifecycle): the scenarios of issue 11, each a
-test, plus the counter-tests showing the emulator refuses what Azure refuses when the
+emulated engine, provider and Azure (tests/lifecycle): each redeploy scenario a test, plus
+the counter-tests showing the emulator refuses what Azure refuses when the
 tooling's fixes are left out."""
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ def adopter(azure, tmp_path) -> Adopter:
     return Adopter(azure, clone(tmp_path / "clone-a"), SUB_A)
 
 
+def up_again_changes_nothing(adopter: Adopter, stack: str) -> None:
+    """The last `up` of up -> down -> up -> up: the program and Azure agree, no step at all."""
+    adopter.make_up(stack)
+    assert adopter.engine.last_steps == [], adopter.engine.last_steps
+
+
 def by_type(adopter: Adopter, stack: str, type_token: str):
     return [r for r in adopter.state(stack).values() if r.type == type_token]
 
@@ -56,6 +62,18 @@ def upload_data(azure: FakeAzure, outputs: dict) -> None:
     _, containers = dataset_objects(azure, outputs)
     azure.upload(containers["datasets"].id, "bert/wiki/shard-000.tfrecord.gz", b"data")
     azure.upload(containers["checkpoints"].id, "bert/step-1000/model.pt", b"weights")
+
+
+def registry_private_links(azure: FakeAzure) -> tuple[set[str], set[str]]:
+    """(what Azure ML created for the registry, what our private endpoints connect to), ids in lower case."""
+    [registry] = azure.of_type("azure-native:machinelearningservices:Registry")
+    created = set()
+    for region in azure.response(registry.id)["regionDetails"]:
+        for kind, key in (("acrDetails", "systemCreatedAcrAccount"), ("storageAccountDetails", "systemCreatedStorageAccount")):
+            created |= {e[key]["armResourceId"]["resourceId"].lower() for e in region[kind]}
+    linked = {c["privateLinkServiceId"].lower() for e in azure.of_type(PRIVATE_ENDPOINT)
+              for c in e.body["privateLinkServiceConnections"]}
+    return created, linked
 
 
 class TestEnvironmentRedeploy:
@@ -86,6 +104,7 @@ class TestEnvironmentRedeploy:
         text = (adopter.root / "Pulumi.dev.yaml").read_text()
         assert len(re.findall(rf"^\s+{NAME_SUFFIX_KEY}:", text, flags=re.MULTILINE)) == 1
 
+        up_again_changes_nothing(adopter, "dev")
         adopter.make_down("dev")
         assert adopter.make_up("dev")["storage"] == first["storage"]  # and again
 
@@ -103,6 +122,8 @@ class TestEnvironmentRedeploy:
         """prod: destroy without --exclude-protected refuses; make down keeps them; up again works."""
         first = adopter.make_up("prod")
         upload_data(azure, first)
+        created, linked = registry_private_links(azure)
+        assert len(created) == 3 and created <= linked  # the registry's ACR and its storage in both regions
         with pytest.raises(DeploymentFailed, match="protected"):
             adopter.engine.destroy("prod")  # a plain `pulumi destroy`
         assert len(adopter.state("prod")) > 40  # nothing was deleted
@@ -116,9 +137,12 @@ class TestEnvironmentRedeploy:
 
         second = adopter.make_up("prod")
         assert second["storage"] == first["storage"] and second["registry"]["mlRegistry"] == first["registry"]["mlRegistry"]
+        created, linked = registry_private_links(azure)
+        assert created <= linked  # endpoints back after down, to what Azure reports
         _, containers = dataset_objects(azure, second)
         assert containers["datasets"].blobs  # data intact
         assert len(by_type(adopter, "prod", COMPUTE)) == 2  # the GPU cluster and the controller
+        up_again_changes_nothing(adopter, "prod")
 
 
 def lock_of(azure: FakeAzure, outputs: dict):
@@ -167,6 +191,7 @@ class TestDeleteLock:
         second = adopter.make_up("prod")
         assert second["storage"] == first["storage"] and lock_of(azure, second) is not None
         assert dataset_objects(azure, second)[1]["datasets"].blobs  # data intact
+        up_again_changes_nothing(adopter, "prod")
 
     def test_counter_test_unprotected_grants_make_down_fail_with_scope_locked(self, azure, adopter, monkeypatch):
         """What `down` did before: Pulumi deletes what the lock covers, Azure refuses."""
@@ -227,6 +252,61 @@ class TestDeleteLock:
         assert endpoint.name.endswith("datasets-blob")
         second = adopter.make_up("everything")
         assert second["storage"] == first["storage"] and dataset_objects(azure, second)[1]["datasets"].blobs
+        up_again_changes_nothing(adopter, "everything")
+
+
+class TestManagedNetwork:
+    def test_managed_network_workspace_adopted_with_its_system_rules_up_down_up_up(self, azure, tmp_path):
+        """Unprotected, so `down` drops the workspace from the state and `up` imports it: Azure
+        answers with the rules it added to the managed network itself; the up after the
+        import sends the program's rules, and the last up has nothing to do."""
+        from tests.conformance.conformance_stacks import EVERYTHING_MANAGED
+
+        config = {**EVERYTHING_MANAGED, "aml-hpc:protectData": False, "aml-hpc:encryption": {}}
+        config["aml-hpc:clusters"] = [{k: v for k, v in c.items() if v is not None}
+                                      for c in config["aml-hpc:clusters"]]
+        root = clone(tmp_path / "managed")
+        (root / "Pulumi.managed.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+        adopter = Adopter(azure, root, SUB_A)
+        adopter.make_up("managed")
+        [workspace] = azure.of_type("azure-native:machinelearningservices:Workspace")
+        system = [n for n, r in azure.response(workspace.id)["managedNetwork"]["outboundRules"].items()
+                  if r["category"] == "Required"]
+        assert system  # added by Azure, in no request
+        adopter.make_down("managed")
+        adopter.make_up("managed")
+        assert any(u.endswith("::ml-mlw") for u in adopter.adopted)
+        up_again_changes_nothing(adopter, "managed")
+
+
+class TestRbacPropagation:
+    """A customer-managed key's grants are made in the same up as the workspace, and Azure ML
+    checks them when it creates it; a grant takes effect some operations after it is made."""
+
+    def cmk(self, azure, tmp_path) -> Adopter:
+        from tests.conformance.conformance_stacks import EVERYTHING
+
+        config = {**EVERYTHING, "aml-hpc:protectData": False, "aml-hpc:network": {"isolation": "public"},
+                  "aml-hpc:clusters": [{"name": "nc-a100", "sku": "Standard_NC24ads_A100_v4", "maxNodes": 1}]}
+        root = clone(tmp_path / "cmk")
+        (root / "Pulumi.cmk.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+        azure.propagation_operations = 25
+        return Adopter(azure, root, SUB_A)
+
+    def test_the_up_waits_for_the_key_grants_and_tries_again(self, azure, tmp_path):
+        adopter = self.cmk(azure, tmp_path)
+        adopter.make_up("cmk")
+        assert adopter.retries >= 1  # the first attempt met the grant before it was in effect
+        assert azure.of_type("azure-native:machinelearningservices:Workspace")
+        up_again_changes_nothing(adopter, "cmk")
+
+    def test_without_the_wait_the_workspace_is_refused(self, azure, tmp_path, monkeypatch):
+        """The counter-test: one attempt, as before the tooling retried."""
+        from infra import quirks
+
+        monkeypatch.setattr(quirks, "RBAC_PROPAGATION_ATTEMPTS", 1)
+        with pytest.raises(DeploymentFailed, match="ForbiddenByRbac"):
+            self.cmk(azure, tmp_path).make_up("cmk")
 
 
 class TestRoleAssignmentNames:
@@ -247,6 +327,7 @@ class TestRoleAssignmentNames:
         adopter.make_up("cmk")
         assert {u for u in adopter.adopted if "crypto-user" in u} and len(azure.of_type(LOCK)) == 0
         assert {o.id for o in azure.of_type(ROLE) if "/keys/" in o.id} == grants
+        up_again_changes_nothing(adopter, "cmk")
 
 
 class TestExperimentRedeploy:
@@ -267,6 +348,7 @@ class TestExperimentRedeploy:
         budget = next(o for o in azure.of_type("azure-native:consumption:Budget") if "exp-sweep" in o.name)
         compute = next(o for o in azure.of_type(COMPUTE) if o.name == "sweep")
         assert budget.body["filter"]["dimensions"]["values"] == [compute.id.lower()]
+        up_again_changes_nothing(adopter, "exp-sweep")
 
 
 class TestTwoAdopters:

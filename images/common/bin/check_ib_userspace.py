@@ -8,12 +8,14 @@ times slower - so the build is where to catch them:
   libibverbs       libibverbs.so.1                       (rdma-core / DOCA-OFED / MLNX_OFED)
   mlx5 provider    libmlx5.so.1 and libibverbs/libmlx5-rdmav*.so (the ConnectX driver plugin)
   HPC-X/OpenMPI    ompi_info that runs and reports Open MPI
-  NCCL             libnccl.so.2
-  NCCL net plugin  libnccl-net*.so from the RDMA/SHARP plugin (not the AWS OFI one)
+  NCCL             libnccl.so.2 (NVIDIA images; --gpu-vendor amd checks RCCL's librccl.so.1,
+                   whose InfiniBand transport is built in, instead)
+  NCCL net plugin  libnccl-net*.so from the RDMA/SHARP plugin (not the AWS OFI one; NVIDIA only)
   ofed_info        only when DOCA-OFED or MLNX_OFED was added (and its version for MLNX_OFED)
 
 Warnings only (reported, never fatal): librdmacm, UCX's ucx_info, ibv_devinfo (the smoke
-command uses it), the mlx5 .driver file. Writes what it found as JSON (--report).
+command uses it), the mlx5 .driver file; and OpenMPI in the ROCm image (RCCL jobs start with
+torch.distributed, not mpirun). Writes what it found as JSON (--report).
 Standard library only; `--root` points it at a fake tree for tests.
 Exit status: 0 all required pieces present, 1 something required is missing, 2 bad usage.
 """
@@ -203,6 +205,15 @@ def check_nccl(tree: Tree, report: Report) -> None:
                        FIX_BASE))
 
 
+ROCM_LIB_DIRS = ("/opt/rocm/lib", "/opt/rocm/lib64")
+
+
+def check_rccl(tree: Tree, report: Report) -> None:
+    rccl = tree.find(list(ROCM_LIB_DIRS) + tree.lib_dirs(), "librccl.so.1*")
+    report.add(Finding("RCCL", bool(rccl), True, rccl[0] if rccl else "librccl.so.1 not found in /opt/rocm/lib",
+                       "the ROCm base no longer carries RCCL: pick a rocm/pytorch tag that does (images/pins.toml)"))
+
+
 def nccl_version(library: str) -> str:
     """NCCL's own version via ncclGetVersion (needs no GPU), e.g. 2.27.7."""
     try:
@@ -239,12 +250,22 @@ def check_tools(tree: Tree, report: Report, expect: str, mlnx_ofed_version: str)
         report.add(Finding("ofed_info", code == 0, True, line or "no output"))
 
 
-def run_checks(root: str, env: dict[str, str], expect: str, mlnx_ofed_version: str = "") -> Report:
+def run_checks(root: str, env: dict[str, str], expect: str, mlnx_ofed_version: str = "",
+               gpu_vendor: str = "nvidia") -> Report:
     tree = Tree(root, env)
     report = Report(expect)
     check_verbs(tree, report)
-    check_mpi(tree, report)
-    check_nccl(tree, report)
+    if gpu_vendor == "amd":
+        mpi = Report(expect)
+        check_mpi(tree, mpi)
+        for finding in mpi.findings:
+            finding.required = False
+            report.add(finding)
+        report.versions.update(mpi.versions)
+        check_rccl(tree, report)
+    else:
+        check_mpi(tree, report)
+        check_nccl(tree, report)
     check_tools(tree, report, expect, mlnx_ofed_version)
     return report
 
@@ -269,11 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect", default=os.environ.get("IB_USERSPACE", "none"), choices=("none", "doca", "mlnx-ofed"),
                         help="which user space the build installed (default: $IB_USERSPACE or none)")
     parser.add_argument("--mlnx-ofed-version", default=os.environ.get("MLNX_OFED_VERSION", ""))
+    parser.add_argument("--gpu-vendor", default="nvidia", choices=("nvidia", "amd"),
+                        help="nvidia: NCCL and its RDMA plugin; amd: RCCL (default nvidia)")
     parser.add_argument("--report", help="write the findings as JSON here")
     args = parser.parse_args(argv)
     if args.expect == "mlnx-ofed" and not args.mlnx_ofed_version:
         parser.error("--expect mlnx-ofed needs --mlnx-ofed-version (or MLNX_OFED_VERSION)")
-    report = run_checks(args.root, dict(os.environ), args.expect, args.mlnx_ofed_version)
+    report = run_checks(args.root, dict(os.environ), args.expect, args.mlnx_ofed_version, args.gpu_vendor)
     print(render(report))
     if args.report:
         out = Path(args.report)

@@ -2,11 +2,14 @@
 # Adds an InfiniBand user space on top of the base image, or keeps the base's own.
 # Runs in a Dockerfile RUN step; every input is a build arg from images/pins.toml:
 #   IB_USERSPACE       none | doca | mlnx-ofed
-#   DOCA_VERSION       e.g. 3.2.2   DOCA_REPO        https://linux.mellanox.com/public/repo/doca
+#   DOCA_VERSION       e.g. 3.2.3   DOCA_REPO        https://linux.mellanox.com/public/repo/doca
+#   DOCA_KEY           the repository signing key's pinned fingerprint (or 64-bit id)
 #   MLNX_OFED_VERSION  e.g. 24.10-1.1.4.0
 #   MLNX_OFED_URL      https://content.mellanox.com/ofed   MLNX_OFED_SHA256  sha256 of the tarball
 # User space only, never kernel modules: the host's driver serves the container, so the
-# libraries here only need to match the host's driver line (see docs/images.md).
+# libraries here only need to match the host's driver line (see docs/images.md). Either way
+# infiniband-diags (ibstat, ibstatus) is installed for the health gate: from the DOCA
+# repository with DOCA, else Ubuntu's rdma-core build.
 set -euo pipefail
 
 mode="${IB_USERSPACE:?IB_USERSPACE must be set (none, doca or mlnx-ofed; images/pins.toml [infiniband].userspace)}"
@@ -33,19 +36,22 @@ apt_cleanup() {
 install_doca() {
   : "${DOCA_VERSION:?DOCA_VERSION must be set for IB_USERSPACE=doca}"
   : "${DOCA_REPO:?DOCA_REPO must be set for IB_USERSPACE=doca}"
+  : "${DOCA_KEY:?DOCA_KEY must be set for IB_USERSPACE=doca (images/pins.toml infiniband.doca_key)}"
   local distro arch repo
   distro="$(os_id)"
   arch="$(vendor_arch arm64-sbsa)"
   repo="${DOCA_REPO}/${DOCA_VERSION}/${distro}/${arch}/"
   log "DOCA-OFED user space ${DOCA_VERSION} from ${repo}"
   install -d -m 0755 /etc/apt/keyrings
-  # apt reads ASCII-armoured keys directly when the file ends in .asc (no gpg needed).
+  # apt reads ASCII-armoured keys directly when the file ends in .asc. The key is trusted only
+  # when it is the pinned one (never on first download).
   curl -fsSL --retry 3 "${DOCA_REPO}/GPG-KEY-Mellanox.pub" -o /etc/apt/keyrings/doca.asc
+  "$(dirname "$0")/verify_signing_key.sh" /etc/apt/keyrings/doca.asc "${DOCA_KEY}"
   echo "deb [signed-by=/etc/apt/keyrings/doca.asc] ${repo} ./" > /etc/apt/sources.list.d/doca.list
   apt-get update
   # doca-ofed-userspace: the DOCA-OFED profile without kernel modules (libibverbs, the
-  # mlx5 provider, librdmacm, UCX, ibverbs-utils, ofed_info).
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends doca-ofed-userspace
+  # mlx5 provider, librdmacm, UCX, ibverbs-utils, ofed_info); infiniband-diags: ibstat.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends doca-ofed-userspace infiniband-diags
   rm -f /etc/apt/sources.list.d/doca.list
   apt_cleanup
 }
@@ -69,10 +75,17 @@ install_mlnx_ofed() {
   "${work}/${name}/mlnxofedinstall" --user-space-only --without-fw-update --without-ucx-cuda --force
   rm -rf "${work}"
   apt_cleanup
+  command -v ibstat >/dev/null || install_diags_from_ubuntu
+}
+
+install_diags_from_ubuntu() {
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends infiniband-diags
+  apt_cleanup
 }
 
 case "$mode" in
-  none) log "keeping the base image's rdma-core, HPC-X and NCCL plugin (checked next)" ;;
+  none) log "keeping the base image's rdma-core, HPC-X and NCCL plugin (checked next)"; install_diags_from_ubuntu ;;
   doca) install_doca ;;
   mlnx-ofed) install_mlnx_ofed ;;
   *) die "IB_USERSPACE=${mode} is not one of none, doca, mlnx-ofed" ;;

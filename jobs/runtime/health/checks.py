@@ -2,13 +2,16 @@
 ports, ECC / row remapping. (The all-reduce needs every rank: see collective.py.)
 
 Thresholds come from the size's facts (AMLHPC_SKU_JSON): GEMM is graded against the size's
-measured baseline `gemm_tflops` (expected, warn below, fail below) at the baseline's shape, copies
+measured baseline `gemm_tflops` (expected, warn below, fail below) at the baseline's shape and
+measured the baseline's way (`gemm_method`: a burst per GPU, or every GPU at once for the
+mark's `gemm_seconds`; --quick cannot afford the latter and reports its burst as info), copies
 against `h2d/d2h_gbytes_per_s_min` and peer reads against `p2p_gbytes_per_s_min` (Azure's
 check_gpu_bw); D2D has no published pass mark and is judged against the fleet only. Sizes
 without a measured GEMM baseline (V100) report the figure and compare it with the fleet. A machine with no
-NVIDIA GPU on its PCI bus is not the size's hardware (a CPU rehearsal): the GPU checks say
+GPU on its PCI bus is not the size's hardware (a CPU rehearsal): the GPU checks say
 so and are skipped, and so are InfiniBand and ECC, whose expectations belong to that
-hardware. GPUs on the bus that CUDA cannot use are a failure, not a skip.
+hardware. GPUs on the bus that CUDA cannot use are a failure, not a skip; GPUs on the bus
+with no PyTorch to measure them are not-checked (a failure of the verdict too).
 
 Copies run with this process pinned to the GPU's local CPUs (from sysfs), so the pinned
 buffer lives on the GPU's NUMA node, as the NDv4 performance article's `numactl --cpunodebind` does.
@@ -17,14 +20,23 @@ buffer lives on the GPU's NUMA node, as the NDv4 performance article's `numactl 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.runtime import topology
-from jobs.runtime.health.ecc import check_ecc
-from jobs.runtime.health.grading import FAIL, PASS, SKIP, grade_band, grade_minimum
+from jobs.runtime.health.ecc import EccLimits, check_ecc
+from jobs.runtime.health.grading import (
+    FAIL,
+    INFO,
+    NOT_CHECKED,
+    PASS,
+    SKIP,
+    grade_band,
+    grade_minimum,
+)
 from jobs.runtime.health.infiniband import check_infiniband
 from jobs.runtime.health.measure import MIB, GpuMeasurer
 from jobs.runtime.health.results import CheckResult
@@ -43,6 +55,10 @@ class Sizes:
     """How long the timed GEMM loop should last (iterations follow from the shape)."""
     gemm_tflops_guess: float = 300.0
     """A rate to turn gemm_seconds into iterations before anything is measured."""
+    sustained: bool = True
+    """Run a sustained GEMM mark's full duration (every GPU at once for `gemm_seconds`)."""
+    settle_seconds: float = 5.0
+    """Unmeasured work before a sustained window, so clocks and temperature reach steady state."""
     copy_bytes: int = 256 * MIB
     copy_iters: int = 20
     allreduce_iters: int = 10
@@ -52,9 +68,11 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = Sizes(gemm_seconds=0.3, copy_iters=5, allreduce_iters=3, allreduce_warmup=1, cpu_allreduce_bytes=16 * MIB)
-"""--quick: the same GPU sizes (pass marks hold for them), fewer repetitions; a smaller
-gloo message on CPU-only runs, which have no pass marks."""
+QUICK = Sizes(gemm_seconds=0.3, copy_iters=5, allreduce_iters=3, allreduce_warmup=1, cpu_allreduce_bytes=16 * MIB,
+              sustained=False)
+"""--quick: the same GPU sizes (pass marks hold for them), fewer repetitions, no minute-long
+sustained GEMM (a sustained mark is then reported, not graded); a smaller gloo message on
+CPU-only runs, which have no pass marks."""
 
 
 @contextmanager
@@ -84,14 +102,20 @@ def _physical_gpus(environ: Mapping[str, str], pci: list[topology.GpuLocation]) 
         return []  # UUIDs
 
 
+def _vendor(sku: SkuFacts | None) -> str:
+    return "AMD" if sku and sku.gpu_vendor == "amd" else "NVIDIA"
+
+
 def _gpu_count(sku: SkuFacts | None, pci_count: int | None, cuda_count: int, measurer: GpuMeasurer,
                environ: Mapping[str, str]) -> CheckResult:
     expected = sku.gpus if sku else None
     if cuda_count == 0 and pci_count:
         if measurer.software_missing:
-            return CheckResult("gpu_count", "node", SKIP, float(pci_count), "GPUs", detail=f"{measurer.unavailable_reason}: GPUs not measured")
+            return CheckResult("gpu_count", "node", NOT_CHECKED, float(pci_count), "GPUs",
+                               detail=f"{measurer.unavailable_reason}: {pci_count} GPU(s) on the PCI bus, none measured "
+                                      "(use the aml-hpc image that fits the size)")
         return CheckResult("gpu_count", "node", FAIL, 0.0, "GPUs", float(pci_count),
-                           f"{pci_count} NVIDIA GPU(s) on the PCI bus but CUDA sees none: {measurer.unavailable_reason}")
+                           f"{pci_count} {_vendor(sku)} GPU(s) on the PCI bus but CUDA sees none: {measurer.unavailable_reason}")
     if expected is not None and pci_count is not None and pci_count != expected:
         return CheckResult("gpu_count", "node", FAIL, float(pci_count), "GPUs", float(expected),
                            f"{pci_count} GPU(s) on the PCI bus, {sku.name} has {expected} (a GPU fell off the bus?)")
@@ -117,45 +141,96 @@ def _measure(check: str, subject: str, unit: str, minimum: float | None, detail:
     return CheckResult(check, subject, grade_minimum(value, minimum), value, unit, minimum, detail)
 
 
+def sustained_seconds(sku: SkuFacts | None) -> float | None:
+    """How long the size's GEMM mark ran on every GPU at once, or None for a burst mark."""
+    health = sku.health if sku else None
+    if health and health.gemm_tflops and health.gemm_method == "sustained":
+        return health.gemm_seconds
+    return None
+
+
 def gemm_plan(sku: SkuFacts | None, sizes: Sizes) -> tuple[tuple[int, int, int], int, tuple[float, float, float] | None, str]:
-    """(shape, iterations, band or None, detail) of the GEMM check for this size."""
+    """(shape, iterations, band or None, detail) of the GEMM check for this size. The band is
+    None where there is no mark, or where the mark is sustained and `sizes` cannot run it."""
     health = sku.health if sku else None
     dtype = sku.gpu_gemm_dtype if sku else "bf16"
     shape = health.gemm_shape if health and health.gemm_shape else (sizes.gemm_n,) * 3
     band = health.gemm_tflops if health else None
     flops = 2 * shape[0] * shape[1] * shape[2]
     iters = max(10, int(sizes.gemm_seconds * (band[0] if band else sizes.gemm_tflops_guess) * 1e12 / flops))
-    detail = f"{dtype} {shape[0]}x{shape[1]}x{shape[2]} matmul x {iters}"
-    if band:
+    seconds = sustained_seconds(sku)
+    if seconds and sizes.sustained:
+        detail = (f"{dtype} {shape[0]}x{shape[1]}x{shape[2]} matmul on every GPU at once for {seconds:g} s "
+                  f"(after {sizes.settle_seconds:g} s settling), mean rate")
+    else:
+        detail = f"{dtype} {shape[0]}x{shape[1]}x{shape[2]} matmul, median of the 5 fastest of {iters}"
+    if band and seconds and not sizes.sustained:
+        detail += (f"; the mark (~{band[0]:g} TFLOP/s) is a {seconds:g}-second sustained rate on every GPU at once, "
+                   "which a burst overstates: not graded in a quick run")
+        band = None
+    elif band:
         detail += f", measured baseline ~{band[0]:g} TFLOP/s (warn below {band[1]:g}, fail below {band[2]:g})"
     else:
         detail += "; no measured baseline for this GPU: compared with the fleet"
     return shape, iters, band, detail
 
 
+def _gemm_results(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, count: int,
+                  subjects: list[str]) -> list[CheckResult]:
+    """One gemm result per GPU, measured the way the size's mark was."""
+    dtype = sku.gpu_gemm_dtype if sku else "bf16"
+    shape, iters, band, detail = gemm_plan(sku, sizes)
+    seconds = sustained_seconds(sku)
+    if not (seconds and sizes.sustained):
+        results = [_measure("gemm", subjects[i], "TFLOP/s", None, detail,
+                            lambda i=i: measurer.gemm_tflops(i, dtype, shape, iters), band) for i in range(count)]
+        if band is None and seconds:
+            for result in results:
+                if result.status != FAIL:
+                    result.status = INFO
+        return results
+    try:
+        rates = measurer.gemm_sustained_tflops(list(range(count)), dtype, shape, seconds, sizes.settle_seconds)
+    except Exception as exc:  # noqa: BLE001 - any error from the GPUs is the finding
+        rates = {i: exc for i in range(count)}
+    results = []
+    for i in range(count):
+        rate = rates.get(i)
+        if isinstance(rate, threading.BrokenBarrierError):
+            results.append(CheckResult("gemm", subjects[i], INFO, detail="not measured: another GPU's run failed first"))
+        elif isinstance(rate, Exception) or rate is None:
+            results.append(CheckResult("gemm", subjects[i], FAIL, detail=f"measurement failed: {type(rate).__name__}: {rate}"[:400]))
+        else:
+            results.append(CheckResult("gemm", subjects[i], grade_band(rate, band[1], band[2]), rate, "TFLOP/s", band[2], detail))
+    return results
+
+
 def gpu_checks(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, sysfs: Path,
                environ: Mapping[str, str]) -> list[CheckResult]:
-    """GPU count, then GEMM/H2D/D2H/D2D on every GPU (in turn, so copies do not share PCIe)."""
-    pci = topology.sysfs_gpus(sysfs)
+    """GPU count, GEMM (per GPU, or all at once for a sustained mark), then H2D/D2H/D2D on
+    every GPU in turn (so copies do not share PCIe), then peer reads."""
+    pci = topology.sysfs_gpus(sysfs, sku.gpu_vendor if sku else None)
     pci_count = None if pci is None else len(pci)
     cuda_count = measurer.device_count()
     if not pci_count and cuda_count == 0:
         where = f" (a {sku.name} has {sku.gpus})" if sku and sku.gpus else ""
         return [CheckResult("gpu_count", "node", SKIP, 0.0, "GPUs",
-                            detail=f"no NVIDIA GPU on this machine{where}: GPU checks skipped, not faked")]
+                            detail=f"no {_vendor(sku)} GPU on this machine{where}: GPU checks skipped, not faked")]
     results = [_gpu_count(sku, pci_count, cuda_count, measurer, environ)]
     if cuda_count == 0:
         return results
     physical = _physical_gpus(environ, pci or [])
     health = sku.health if sku else None
-    dtype = sku.gpu_gemm_dtype if sku else "bf16"
-    shape, gemm_iters, band, gemm_detail = gemm_plan(sku, sizes)
+    subjects = []
+    for index in range(cuda_count):
+        location = physical[index] if index < len(physical) else None
+        subjects.append(f"gpu{index} {location.pci_address}" if location else f"gpu{index}")
+    gemm = _gemm_results(sku, measurer, sizes, cuda_count, subjects)
     copy_mib = sizes.copy_bytes // MIB
     for index in range(cuda_count):
         location = physical[index] if index < len(physical) else None
-        subject = f"gpu{index} {location.pci_address}" if location else f"gpu{index}"
-        results.append(_measure("gemm", subject, "TFLOP/s", None, gemm_detail,
-                                lambda i=index: measurer.gemm_tflops(i, dtype, shape, gemm_iters), band))
+        subject = subjects[index]
+        results.append(gemm[index])
         cpus = location.cpus if location else frozenset()
         with _on_cpus(cpus) as pinned:
             where = f"pinned {copy_mib} MiB from NUMA node {location.numa_node}" if pinned and location else f"pinned {copy_mib} MiB (NUMA placement unknown)"
@@ -202,13 +277,19 @@ def node_checks(sku: SkuFacts | None, measurer: GpuMeasurer, nvml: NvmlSession, 
     no_gpu_hardware = results[0].check == "gpu_count" and results[0].status == SKIP and results[0].value == 0.0
     if no_gpu_hardware:
         what = f"a {sku.name}" if sku else "a GPU node"
-        reason = f"not {what} (no NVIDIA GPU): the size's InfiniBand, ECC and node-tool expectations do not apply here"
+        reason = f"not {what} (no {_vendor(sku)} GPU): the size's InfiniBand, ECC and node-tool expectations do not apply here"
         results.append(CheckResult("infiniband", "node", SKIP, detail=reason))
         results.append(CheckResult("ecc", "node", SKIP, detail=reason))
         results.extend(skipped_on_cpu(reason))
         return results
+    tools = tools or Tools()
     results.extend(check_infiniband(sysfs, sku))
-    results.extend(check_ecc(nvml, sku.gpus if sku else 0))
+    if sku and sku.gpu_vendor == "amd":
+        results.append(CheckResult("ecc", "node", SKIP, detail=f"{sku.name} has AMD GPUs: Azure's MI300X health "
+                                   "configuration has no ECC rule, and NVML does not read them"))
+    else:
+        health = sku.health if sku else None
+        limits = EccLimits(health.ecc_dram_limit, health.ecc_sram_correctable_limit) if health else EccLimits()
+        results.extend(check_ecc(nvml, sku.gpus if sku else 0, limits, tools))
     results.extend(tool_checks(sku, sysfs, measurer.device_count(), tools))
     return results
-

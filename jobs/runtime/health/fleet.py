@@ -12,6 +12,12 @@ sample of a metric across the job (each GPU's GEMM, H2D, D2H, D2D; each node's a
 
 Per-GPU metrics compare GPUs with each other, so even one node of 8 GPUs is a fleet.
 Only findings (warn/fail) become results, named `fleet:<metric>`.
+
+On sizes with a multi-node NVLink domain (GB200/GB300: 18 VMs per NVL72 rack), the nodes'
+domains (each node's `nvlink_fabric` ClusterUUID) are compared too: a job spread over more than
+one domain warns (`fleet:nvlink_domain`), since NCCL then uses NVLink only within each domain
+and InfiniBand between them (Azure's baseline: about 937 GB/s all-reduce within a rack, 200
+GB/s across racks).
 """
 
 from __future__ import annotations
@@ -83,10 +89,36 @@ def fleet_findings(reports: list[NodeReport]) -> dict[int, list[CheckResult]]:
     return findings
 
 
+def nvlink_domains(reports: list[NodeReport]) -> dict[str, list[str]]:
+    """ClusterUUID -> hosts, from each node's nvlink_fabric result (nodes without one are left out)."""
+    from jobs.runtime.health.tools import DOMAIN_PREFIX
+
+    domains: dict[str, list[str]] = {}
+    for report in reports:
+        for check in report.checks:
+            if check.check == "nvlink_fabric" and check.subject == "node" and check.detail.startswith(DOMAIN_PREFIX):
+                domains.setdefault(check.detail.removeprefix(DOMAIN_PREFIX), []).append(report.host)
+    return domains
+
+
+def domain_findings(reports: list[NodeReport]) -> list[CheckResult]:
+    """One warning when the job's nodes sit in more than one NVLink domain."""
+    domains = nvlink_domains(reports)
+    if len(domains) < 2:
+        return []
+    spread = "; ".join(f"{uuid}: {len(hosts)} node(s)" for uuid, hosts in sorted(domains.items(), key=lambda d: -len(d[1])))
+    return [CheckResult("fleet:nvlink_domain", "job", WARN, float(len(domains)), "domains", 1.0,
+                        f"the job spans {len(domains)} NVLink domains ({spread}): multi-node NVLink only within each, "
+                        "InfiniBand between them")]
+
+
 def apply_fleet(reports: list[NodeReport]) -> list[MetricStats]:
     """Replace each report's fleet findings with fresh ones; returns the fleet statistics."""
     for report in reports:
         report.checks = [c for c in report.checks if not c.check.startswith("fleet:")]
     for position, extra in fleet_findings(reports).items():
         reports[position].checks.extend(extra)
+    spread = domain_findings(reports)
+    for report in reports:
+        report.checks.extend(spread)
     return metric_stats(reports)

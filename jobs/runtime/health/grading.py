@@ -10,12 +10,17 @@ are used as given.
 from __future__ import annotations
 
 PASS, WARN, FAIL, SKIP, INFO = "pass", "warn", "fail", "skip", "info"
-"""Statuses. `skip`: not measured (with the reason). `info`: measured, no pass mark."""
+"""Statuses. `skip`: not measured, and nothing expected it here (a CPU rehearsal, a check that
+does not apply to the size), with the reason. `info`: measured, no pass mark."""
+NOT_CHECKED = "not-checked"
+"""The size expects the check but its tool is missing or broken (nvidia-smi, ibstat,
+ib_write_bw, all_reduce_perf, NVML, PyTorch): nothing vouches for that part of the node, so it
+counts as a failure in the node's verdict (never a silent pass), with the tool to install."""
 
 WARN_MARGIN = 0.035
 """Warn when a figure is less than 3.5 % above its fail line (the fleet rule of Azure's node health checks)."""
 
-_SEVERITY = {FAIL: 3, WARN: 2, PASS: 1, INFO: 0, SKIP: 0}
+_SEVERITY = {FAIL: 3, NOT_CHECKED: 3, WARN: 2, PASS: 1, INFO: 0, SKIP: 0}
 
 
 def grade_minimum(value: float, minimum: float | None, warn_margin: float = WARN_MARGIN) -> str:
@@ -39,12 +44,18 @@ def grade_band(value: float, warn_below: float, fail_below: float) -> str:
 
 
 def worst(statuses) -> str:
-    """The most severe status (fail > warn > pass); pass when nothing was graded."""
+    """The most severe status (fail and not-checked > warn > pass, fail first of the two); pass
+    when nothing was graded."""
     result = PASS
     for status in statuses:
-        if _SEVERITY[status] > _SEVERITY[result]:
+        if _SEVERITY[status] > _SEVERITY[result] or (status == FAIL and result == NOT_CHECKED):
             result = status
     return result
+
+
+def verdict(status: str) -> str:
+    """A check's status as the node's verdict counts it: not-checked is a failure."""
+    return FAIL if status == NOT_CHECKED else status
 
 
 def bus_bandwidth(algbw: float, ranks: int) -> float:

@@ -10,8 +10,9 @@ report directory) and the object the nodes exchange to compare themselves with t
      "checks": [{"check": "gemm", "subject": "gpu2 0003:00:00.0", "status": "pass",
                  "value": 265.1, "unit": "TFLOP/s", "threshold": 187.2, "detail": "..."}, ...]}
 
-`status` is the worst graded check (fail > warn > pass), or "info"/"skip" when no check
-could be graded (a CPU-only machine).
+`status` is the worst graded check (fail > warn > pass; a "not-checked" check, whose tool the
+size needs but the node lacks, counts as fail), or "info"/"skip" when no check could be graded
+(a CPU-only machine).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.runtime.health.grading import FAIL, INFO, PASS, SKIP, WARN, worst
+from jobs.runtime.health.grading import FAIL, INFO, NOT_CHECKED, PASS, SKIP, WARN, verdict, worst
 
 SCHEMA = 1
-STATUSES = (PASS, WARN, FAIL, SKIP, INFO)
+STATUSES = (PASS, WARN, FAIL, NOT_CHECKED, SKIP, INFO)
 
 
 def fmt(value: float) -> str:
@@ -53,6 +54,8 @@ class CheckResult:
             text += f": {fmt(self.value)} {self.unit}".rstrip()
             if self.threshold is not None:
                 text += f" ({'<' if self.status == FAIL else '>='} {fmt(self.threshold)})"
+        if self.status == NOT_CHECKED:
+            text += " not checked"
         if self.detail:
             text += f" - {self.detail}" if self.value is not None else f": {self.detail}"
         return text
@@ -72,14 +75,15 @@ class NodeReport:
 
     @property
     def status(self) -> str:
-        """Worst graded check; "info" or "skip" when nothing could be graded."""
-        graded = [c.status for c in self.checks if c.status in (PASS, WARN, FAIL)]
+        """Worst graded check (not-checked counts as fail); "info" or "skip" when nothing could be graded."""
+        graded = [verdict(c.status) for c in self.checks if c.status in (PASS, WARN, FAIL, NOT_CHECKED)]
         if graded:
             return worst(graded)
         return INFO if any(c.status == INFO for c in self.checks) else SKIP
 
     def failures(self) -> list[CheckResult]:
-        return [c for c in self.checks if c.status == FAIL]
+        """Failed checks, and those the size needs that could not run (not-checked)."""
+        return [c for c in self.checks if c.status in (FAIL, NOT_CHECKED)]
 
     def warnings(self) -> list[CheckResult]:
         return [c for c in self.checks if c.status == WARN]

@@ -15,12 +15,12 @@ from typing import TextIO
 
 from jobs.runtime.errors import RuntimeInputError, RuntimeProblem
 from jobs.runtime.health.fleet import MetricStats, apply_fleet
-from jobs.runtime.health.grading import FAIL, PASS, SKIP, WARN, worst
+from jobs.runtime.health.grading import FAIL, NOT_CHECKED, PASS, SKIP, WARN, worst
 from jobs.runtime.health.results import CheckResult, NodeReport
 
 SUMMARY_FILE = "health-summary.json"
 REPORT_GLOB = "health-node*.json"
-JOB_CHECKS = ("allreduce_job", "rendezvous", "exchange")
+JOB_CHECKS = ("allreduce_job", "rendezvous", "exchange", "fleet:nvlink_domain")
 
 
 def overall(reports: list[NodeReport]) -> str:
@@ -53,7 +53,7 @@ def _ecc(report: NodeReport) -> str:
 
 
 def _problems(report: NodeReport) -> list[CheckResult]:
-    return [c for c in report.checks if c.status in (FAIL, WARN) and c.check not in JOB_CHECKS]
+    return [c for c in report.checks if c.status in (FAIL, NOT_CHECKED, WARN) and c.check not in JOB_CHECKS]
 
 
 COLUMNS = ("node", "host", "status", "GEMM TFLOP/s", "H2D GB/s", "D2H GB/s", "D2D GB/s", "all-reduce GB/s",
@@ -96,7 +96,7 @@ def render(reports: list[NodeReport], stats: list[MetricStats], stream: TextIO |
         table = Table(title=title, show_lines=False)
         for column in COLUMNS:
             table.add_column(column, overflow="fold")
-        colors = {FAIL: "red", WARN: "yellow", PASS: "green"}
+        colors = {FAIL: "red", NOT_CHECKED: "red", WARN: "yellow", PASS: "green"}
         for row in body:
             color = colors.get(row[2])
             table.add_row(*row[:2], f"[{color}]{row[2]}[/]" if color else row[2], *row[3:])

@@ -6,16 +6,26 @@
 - clock throttle reasons (azure_gpu_clock_throttling.nhc): `nvidia-smi -q -d PERFORMANCE`;
   hardware slowdown, thermal or power-brake throttling warns, as Azure's check only warns;
 - NVLink status (azure_gpu_nvlink.nhc): `nvidia-smi nvlink --status`; an inactive link fails;
-- InfiniBand port state (`ibstat`) and link flaps (azure_ib_link_flapping.nhc: 5 or more
-  "lost carrier" events of one device in 24 hours fail);
+- the multi-node NVLink fabric on GB200/GB300 (Azure/azhpc-images tests/test-definitions.sh
+  verify_nvlink_setup, 2026-07-29): each GPU's `nvidia-smi -q` Fabric block must say State
+  Completed, Status Success, a non-zero CliqueId and a non-zero ClusterUUID (the NVL72 rack's
+  domain); a health summary of Unhealthy warns;
+- InfiniBand port state (`ibstat <device>` for each InfiniBand device sysfs lists: a bare
+  `ibstat` stops at the first device it cannot open, such as the Ethernet RDMA device
+  mlx5_an0 of ND A100 v4 and H100/H200 v5 sizes, Azure/azhpc-images#213) and link flaps
+  (azure_ib_link_flapping.nhc: 5 or more "lost carrier" events of one device in 24 hours fail);
 - NVMe device count (azure_nvme_count.nhc: nvme<N>n1 namespaces, from sysfs here);
-- InfiniBand write bandwidth per HCA with GPUDirect (azure_ib_write_bw_gdr.nhc, perftest's
-  `ib_write_bw` loopback with --use_cuda) where the image has ib_write_bw;
+- InfiniBand write bandwidth per HCA (azure_ib_write_bw_gdr.nhc / _non_gdr.nhc: perftest's
+  `ib_write_bw` loopback, with --use_cuda or --use_rocm for GPUDirect RDMA);
 - NCCL all-reduce with nccl-tests' `all_reduce_perf` (azure_nccl_allreduce.nhc, run
-  without the topology file) where the image has it.
+  without the topology file), RCCL's with rccl-tests' on AMD sizes (azure_rccl_allreduce.nhc).
 
-Every check takes a `Tools` (runs a command, reads a file) so tests feed recorded outputs;
-a missing tool or an unreadable log is a skip that says so, never a pass.
+Every check takes a `Tools` (runs a command, reads a file) so tests feed recorded outputs.
+A tool the size's checks need that is missing or cannot run (not installed, "command not
+found", nvidia-smi without the driver's libnvidia-ml.so) is graded "not-checked", which fails
+the node's verdict: the images ship every one of them (images/pins.toml [tools]). A check
+that does not apply (NVIDIA's tools on an AMD size) or a log the container may not read is a
+skip that says why.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from jobs.runtime.health.grading import FAIL, INFO, PASS, SKIP, WARN, grade_minimum
+from jobs.runtime.health.grading import FAIL, INFO, NOT_CHECKED, PASS, SKIP, WARN, grade_minimum
 from jobs.runtime.health.results import CheckResult
 from jobs.runtime.rdma import state_name
 from jobs.runtime.skufacts import SkuFacts
@@ -45,6 +55,13 @@ FLAP_THRESHOLD = 5
 THROTTLE_WARN = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
 """Reasons that mean the GPU runs below its clocks for a hardware or thermal cause (nvml.h)."""
 KERNEL_LOGS = (Path("/var/log/syslog"), Path("/var/log/messages"), Path("/var/log/kern.log"))
+TOOLS_DIR = Path("/opt/aml-hpc/tools/bin")
+"""Where the images install the health tools (images/common/bin/install_health_tools.sh)."""
+PACKAGES = {"nvidia-smi": "the NVIDIA driver's utilities (NVIDIA container runtime, capability 'utility')",
+            "ibstat": "infiniband-diags", "ib_write_bw": "perftest built with GPU memory support",
+            "all_reduce_perf": "nccl-tests (rccl-tests on AMD)"}
+_MISSING = re.compile(r"command not found|: not found|executable file not found|No such file or directory|"
+                      r"cannot open shared object file")
 
 
 @dataclass
@@ -68,6 +85,24 @@ def _run(command: list[str], timeout: float) -> tuple[int, str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 127, str(exc)
     return done.returncode, done.stdout + done.stderr
+
+
+def tool_problem(name: str, code: int, text: str) -> str | None:
+    """Why `name` could not run, when its exit and output say so (exit 126/127, "command not
+    found", a missing library), else None: a tool that ran and reported is graded on its output."""
+    missing = code in (126, 127) or "libnvidia-ml.so" in text or (code != 0 and name in text and _MISSING.search(text))
+    if missing:
+        first = text.strip().splitlines()[0][:160] if text.strip() else f"exit {code}"
+        return f"{name} cannot run here ({first})"
+    return None
+
+
+def not_checked(check: str, name: str, why: str = "") -> CheckResult:
+    """The result of a check whose tool is missing: it fails the node's verdict, with what to install."""
+    why = why or f"{name} is not on PATH"
+    return CheckResult(check, "node", NOT_CHECKED,
+                       detail=f"{why}: not checked; the size expects it (install {PACKAGES.get(name, name)}, "
+                              "or use the aml-hpc image that fits the size)")
 
 
 def _read(path: Path) -> str | None:
@@ -177,8 +212,11 @@ def parse_clock_reasons(text: str) -> dict[str, dict[str, bool]]:
 
 def check_throttle(tools: Tools) -> list[CheckResult]:
     if not tools.which("nvidia-smi"):
-        return [CheckResult("throttle", "node", SKIP, detail="nvidia-smi is not on PATH: clock throttle reasons not checked")]
+        return [not_checked("throttle", "nvidia-smi")]
     code, text = tools.run(["nvidia-smi", "-q", "-d", "PERFORMANCE"], 60)
+    problem = tool_problem("nvidia-smi", code, text)
+    if problem:
+        return [not_checked("throttle", "nvidia-smi", problem)]
     gpus = parse_clock_reasons(text) if code == 0 else {}
     if not gpus:
         return [CheckResult("throttle", "node", SKIP, detail=f"nvidia-smi -q -d PERFORMANCE gave no GPU (exit {code})")]
@@ -223,8 +261,11 @@ def parse_nvlink_status(text: str) -> dict[int, dict]:
 def check_nvlink(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
     expected = bool(sku and (sku.nvlink or sku.health.nvlink_check))
     if not tools.which("nvidia-smi"):
-        return [CheckResult("nvlink", "node", SKIP, detail="nvidia-smi is not on PATH: NVLink not checked")]
+        return [not_checked("nvlink", "nvidia-smi")]
     code, text = tools.run(["nvidia-smi", "nvlink", "--status"], 60)
+    problem = tool_problem("nvidia-smi", code, text)
+    if problem:
+        return [not_checked("nvlink", "nvidia-smi", problem)]
     if code != 0 and "inactive" not in text.lower():
         return [CheckResult("nvlink", "node", FAIL if expected else SKIP, detail=f"nvidia-smi nvlink --status failed (exit {code})")]
     gpus = parse_nvlink_status(text)
@@ -244,11 +285,94 @@ def check_nvlink(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
     return results
 
 
+# --- multi-node NVLink fabric (GB200/GB300) ----------------------------------------------
+
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def parse_fabric(text: str) -> list[dict[str, str]]:
+    """One {gpu, State, Status, CliqueId, ClusterUUID, Summary} per Fabric block of `nvidia-smi -q`
+    (also from quoted excerpts without GPU lines: gpu is then "")."""
+    blocks: list[dict[str, str]] = []
+    gpu = ""
+    fabric: dict[str, str] | None = None
+    fabric_indent = -1
+    for line in text.splitlines():
+        header = _GPU_HEADER.match(line)
+        if header:
+            gpu, fabric = header.group(1), None
+            continue
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if line.strip() == "Fabric":
+            fabric, fabric_indent = {"gpu": gpu}, indent
+            blocks.append(fabric)
+            continue
+        if fabric is None:
+            continue
+        if indent <= fabric_indent:
+            fabric = None
+            continue
+        key, sep, value = line.strip().partition(":")
+        if sep:
+            fabric.setdefault(key.strip(), value.strip())
+    return blocks
+
+
+def check_nvlink_fabric(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
+    """Azure's rules for the GB-family NVLink fabric, per GPU, and the node's NVLink domain
+    (its ClusterUUID, in the node result's detail for the job-wide comparison)."""
+    if not sku or not sku.nvlink_domain_vms:
+        return []
+    if not tools.which("nvidia-smi"):
+        return [not_checked("nvlink_fabric", "nvidia-smi")]
+    code, text = tools.run(["nvidia-smi", "-q"], 120)
+    problem = tool_problem("nvidia-smi", code, text)
+    if problem:
+        return [not_checked("nvlink_fabric", "nvidia-smi", problem)]
+    blocks = parse_fabric(text)
+    if not blocks:
+        return [CheckResult("nvlink_fabric", "node", FAIL, detail=f"nvidia-smi -q shows no Fabric block (exit {code}), "
+                            f"but {sku.name} is part of a {sku.nvlink_domain_vms}-VM NVLink domain")]
+    results = []
+    for index, block in enumerate(blocks):
+        problems = []
+        if block.get("State") != "Completed":
+            problems.append(f"State {block.get('State', '?')!r} (expected Completed)")
+        if block.get("Status") != "Success":
+            problems.append(f"Status {block.get('Status', '?')!r} (expected Success)")
+        if block.get("CliqueId", "0") in ("0", "", "N/A"):
+            problems.append(f"CliqueId {block.get('CliqueId', '?')!r} (expected non-zero)")
+        if block.get("ClusterUUID", ZERO_UUID) in (ZERO_UUID, "", "N/A"):
+            problems.append(f"ClusterUUID {block.get('ClusterUUID', '?')!r} (the NVLink fabric did not register this GPU)")
+        subject = f"gpu{index} {block['gpu']}".strip()
+        if problems:
+            results.append(CheckResult("nvlink_fabric", subject, FAIL, detail="; ".join(problems)))
+        elif block.get("Summary") == "Unhealthy":
+            results.append(CheckResult("nvlink_fabric", subject, WARN, detail=f"fabric health summary Unhealthy "
+                                       f"(clique {block['CliqueId']}, domain {block['ClusterUUID']})"))
+        else:
+            results.append(CheckResult("nvlink_fabric", subject, PASS,
+                                       detail=f"clique {block['CliqueId']}, domain {block['ClusterUUID']}"))
+    domains = sorted({b.get("ClusterUUID", "") for b in blocks} - {ZERO_UUID, "", "N/A"})
+    if len(domains) == 1:
+        node = CheckResult("nvlink_fabric", "node", PASS, float(len(blocks)), "GPUs", detail=f"{DOMAIN_PREFIX}{domains[0]}")
+    else:
+        node = CheckResult("nvlink_fabric", "node", FAIL, float(len(blocks)), "GPUs",
+                           detail=f"the node's GPUs report {len(domains)} NVLink domains: {', '.join(domains) or 'none'}")
+    return [node, *results]
+
+
+DOMAIN_PREFIX = "NVLink domain "
+"""The node result's detail starts with it, followed by the ClusterUUID (read by the fleet comparison)."""
+
+
 # --- InfiniBand: ibstat, link flaps ------------------------------------------------------
 
 _CA = re.compile(r"^CA '([^']+)'")
-_PORT = re.compile(r"^\s+Port (\d+):\s*$")
-_FIELD = re.compile(r"^\s+([A-Za-z ]+):\s*(.*?)\s*$")
+_PORT = re.compile(r"^\s*Port (\d+):\s*$")
+_FIELD = re.compile(r"^\s*([A-Za-z ]+):\s*(.*?)\s*$")
 
 
 def parse_ibstat(text: str) -> list[dict]:
@@ -281,18 +405,43 @@ def parse_ibstat(text: str) -> list[dict]:
     return ports
 
 
-def check_ibstat(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
-    """Port state from ibstat where the image has it (the sysfs check runs regardless)."""
+def _ibstat_devices(tools: Tools, sysfs: Path) -> tuple[list[str], list[str], str]:
+    """(InfiniBand devices to ask ibstat about, RDMA devices left out as not InfiniBand, where
+    the list came from). sysfs says each port's link layer; without it, `ibstat -l` names them."""
+    from jobs.runtime.rdma import rdma_ports
+
+    ports = rdma_ports(sysfs)
+    if ports:
+        infiniband = sorted({p.device for p in ports if p.infiniband})
+        return infiniband, sorted({p.device for p in ports} - set(infiniband)), "sysfs"
+    code, text = tools.run(["ibstat", "-l"], 30)
+    names = [line.strip() for line in text.splitlines() if re.fullmatch(r"[A-Za-z0-9_.-]+", line.strip())] if code == 0 else []
+    return names, [], "ibstat -l"
+
+
+def check_ibstat(tools: Tools, sku: SkuFacts | None, sysfs: Path = Path("/sys")) -> list[CheckResult]:
+    """Port state from `ibstat <device>`, one InfiniBand device at a time: a bare `ibstat`
+    stops at the first device it cannot open (ND A100 v4 / H100 / H200 v5 have the Ethernet
+    RDMA device mlx5_an0 beside the InfiniBand HCAs), losing every port after it."""
     if not sku or not sku.infiniband:
         return []
     if not tools.which("ibstat"):
-        return [CheckResult("ibstat", "node", SKIP, detail="ibstat is not in this image (infiniband-diags): "
-                            "port state checked from sysfs only")]
-    code, text = tools.run(["ibstat"], 60)
-    ports = [p for p in parse_ibstat(text) if p["link_layer"] == "InfiniBand"]
-    if code != 0 and not ports:
-        return [CheckResult("ibstat", "node", FAIL, detail=f"ibstat failed (exit {code}): {text.strip()[:200]}")]
+        return [not_checked("ibstat", "ibstat")]
+    devices, ethernet, listed_by = _ibstat_devices(tools, sysfs)
     results = []
+    ports: list[dict] = []
+    for device in devices:
+        code, text = tools.run(["ibstat", device], 60)
+        problem = tool_problem("ibstat", code, text)
+        if problem:
+            return [not_checked("ibstat", "ibstat", problem)]
+        found = [dict(p, device=device) for p in parse_ibstat(text)]
+        if not found:
+            status = FAIL if listed_by == "sysfs" else INFO
+            results.append(CheckResult("ibstat", device, status, detail=f"ibstat {device} gave no port (exit {code}): "
+                                       f"{text.strip()[-200:]}" + ("" if status == FAIL else "; not counted")))
+            continue
+        ports.extend(p for p in found if p["link_layer"] in ("InfiniBand", ""))
     for port in ports:
         problems = []
         if port["state"] != "ACTIVE":
@@ -303,10 +452,11 @@ def check_ibstat(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
             problems.append(f"rate {port['rate_gbits']:g} below {sku.ib_gbits_per_s_per_hca} Gb/s")
         results.append(CheckResult("ibstat", f"{port['device']}/{port['port']}", FAIL if problems else PASS,
                                    port["rate_gbits"], "Gb/s", float(sku.ib_gbits_per_s_per_hca), "; ".join(problems) or "Active, LinkUp"))
-    if len(ports) < sku.ib_hcas:
-        results.insert(0, CheckResult("ibstat", "node", FAIL, float(len(ports)), "ports", float(sku.ib_hcas),
-                                      f"ibstat lists {len(ports)} InfiniBand port(s), {sku.name} has {sku.ib_hcas}"))
-    return results
+    left_out = f" ({', '.join(ethernet)} left out: Ethernet RDMA, which ibstat cannot read)" if ethernet else ""
+    count = CheckResult("ibstat", "node", PASS if len(ports) >= sku.ib_hcas else FAIL, float(len(ports)), "ports",
+                        float(sku.ib_hcas), f"ibstat lists {len(ports)} InfiniBand port(s) on the device(s) {listed_by} "
+                        f"names, {sku.name} has {sku.ib_hcas}{left_out}")
+    return [count, *results]
 
 
 _FLAP = re.compile(r"\b(ib[0-9A-Za-z_]+): [Ll]ost carrier")
@@ -403,8 +553,7 @@ def check_ib_write(tools: Tools, sku: SkuFacts | None, sysfs: Path) -> list[Chec
     if not sku or not sku.infiniband:
         return []
     if not tools.which("ib_write_bw"):
-        return [CheckResult("ib_write", "node", SKIP, detail="ib_write_bw (perftest) is not in this image: "
-                            "IB write bandwidth not measured")]
+        return [not_checked("ib_write", "ib_write_bw")]
     from jobs.runtime.rdma import infiniband_ports
 
     health = sku.health
@@ -413,7 +562,8 @@ def check_ib_write(tools: Tools, sku: SkuFacts | None, sysfs: Path) -> list[Chec
         args = ["-p", str(18510 + index), "-s", str(health.ib_write_message_bytes), "-x", "0", "-F", "--report_gbits",
                 "--perform_warm_up", "-d", port.device]
         if health.ib_write_gpudirect:
-            args.append(f"--use_cuda={index % max(sku.gpus, 1)}")
+            memory = "rocm" if sku.gpu_vendor == "amd" else "cuda"
+            args.append(f"--use_{memory}={index % max(sku.gpus, 1)}")
         server = subprocess.Popen(["ib_write_bw", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) \
             if tools.run is _run else None
         time.sleep(2 if server else 0)
@@ -421,6 +571,9 @@ def check_ib_write(tools: Tools, sku: SkuFacts | None, sysfs: Path) -> list[Chec
         if server is not None:
             server.kill()
             server.wait()
+        problem = tool_problem("ib_write_bw", code, text)
+        if problem:
+            return [not_checked("ib_write", "ib_write_bw", problem)]
         parsed = parse_ib_write_bw(text)
         subject = port.name
         if parsed is None:
@@ -447,17 +600,21 @@ def parse_nccl_tests(text: str) -> tuple[float | None, bool]:
 
 def check_nccl_tests(tools: Tools, sku: SkuFacts | None, gpus: int) -> list[CheckResult]:
     """nccl-tests' all_reduce_perf over this node's GPUs in one process, without the topology
-    file (Azure's check since 2025-06: the file gave false failures on H100/H200)."""
+    file (Azure's check since 2025-06: the file gave false failures on H100/H200); rccl-tests'
+    binary of the same name on AMD sizes (azure_rccl_allreduce.nhc)."""
+    library = "RCCL" if sku and sku.gpu_vendor == "amd" else "NCCL"
     binary = tools.which("all_reduce_perf") or next(
-        (str(p) for p in (Path("/opt/nccl-tests/build/all_reduce_perf"),) if p.is_file()), None)
+        (str(p) for p in (TOOLS_DIR / "all_reduce_perf", Path("/opt/nccl-tests/build/all_reduce_perf")) if p.is_file()), None)
     if not binary:
-        return [CheckResult("nccl_tests", "node", SKIP, detail="nccl-tests' all_reduce_perf is not in this image: "
-                            "the single-node all-reduce is measured through torch.distributed instead")]
+        return [not_checked("nccl_tests", "all_reduce_perf")]
     if gpus < 2:
         return [CheckResult("nccl_tests", "node", SKIP, detail="one GPU: nothing to all-reduce")]
     size = sku.health.nccl_allreduce_message_bytes if sku else 1 << 30
     code, text = tools.run(["env", "NCCL_TOPO_FILE=", binary, "-b", str(size), "-e", str(size), "-f", "2", "-g", str(gpus),
                             "-c", "1"], 600)
+    problem = tool_problem("all_reduce_perf", code, text)
+    if problem:
+        return [not_checked("nccl_tests", "all_reduce_perf", problem)]
     busbw, correct = parse_nccl_tests(text)
     minimum = sku.health.nccl_allreduce_busbw_gbytes_per_s_min if sku else None
     if busbw is None:
@@ -465,14 +622,24 @@ def check_nccl_tests(tools: Tools, sku: SkuFacts | None, gpus: int) -> list[Chec
     if not correct:
         return [CheckResult("nccl_tests", "node", FAIL, busbw, "GB/s", minimum, "all_reduce_perf found wrong values")]
     return [CheckResult("nccl_tests", "node", grade_minimum(busbw, minimum), busbw, "GB/s", minimum,
-                        f"all_reduce_perf -g {gpus} at {size >> 20} MiB, no topology file")]
+                        f"{library} all_reduce_perf -g {gpus} at {size >> 20} MiB, no topology file")]
+
+
+NVIDIA_ONLY = ("xid", "throttle", "nvlink")
+"""Checks read from NVIDIA's driver (the NVRM kernel log, nvidia-smi)."""
 
 
 def tool_checks(sku: SkuFacts | None, sysfs: Path, gpus: int, tools: Tools | None = None) -> list[CheckResult]:
-    """Every check above, for a node with GPUs."""
+    """Every check above, for a node with GPUs. On AMD sizes NVIDIA's driver checks do not
+    apply (Azure's MI300X configuration runs none of them either) and are skipped with why."""
     tools = tools or Tools()
-    results = check_xid(tools) + check_throttle(tools) + check_nvlink(tools, sku)
-    results += check_ibstat(tools, sku) + check_link_flaps(tools, sku, sysfs) + check_nvme(sysfs, sku)
+    if sku and sku.gpu_vendor == "amd":
+        reason = (f"{sku.name} has AMD GPUs: this check reads NVIDIA's driver (nvidia-smi, NVRM kernel log), "
+                  "and Azure's MI300X health configuration has no counterpart")
+        results = [CheckResult(check, "node", SKIP, detail=reason) for check in NVIDIA_ONLY]
+    else:
+        results = check_xid(tools) + check_throttle(tools) + check_nvlink(tools, sku) + check_nvlink_fabric(tools, sku)
+    results += check_ibstat(tools, sku, sysfs) + check_link_flaps(tools, sku, sysfs) + check_nvme(sysfs, sku)
     results += check_ib_write(tools, sku, sysfs) + check_nccl_tests(tools, sku, gpus)
     return results
 

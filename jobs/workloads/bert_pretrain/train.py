@@ -18,6 +18,7 @@ tokenizer. Paths:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -50,6 +51,13 @@ def parse(argv):
     p.add_argument("--autotune-steps", type=int, default=5)
     p.add_argument("--ort", action="store_true")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: at the end only")
+    p.add_argument("--global-batch", type=int, default=0,
+                   help="samples per optimizer step over all ranks; sets the gradient accumulation for the world size "
+                        "(kept when a job resumes on fewer ranks); 0: micro batch x accumulation x world")
+    p.add_argument("--dropout", type=float, help="hidden and attention dropout (default: the model's, 0.1)")
+    p.add_argument("--samples", type=int, default=1 << 16, help="samples in one epoch of the synthetic corpus")
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels and a fixed gradient-reduction order (bit-exact resumes; common.data_parallel)")
+    p.add_argument("--sync-checkpoints", action="store_true", help="write checkpoints in the training loop (no background)")
     p.add_argument("--output-dir", default="outputs")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -65,28 +73,39 @@ def model_config(args, plan):
 
     shape = plan.get("model", {})
     hidden = args.hidden or shape.get("hidden_size", 128)
-    return BertConfig(vocab_size=args.vocab or shape.get("vocab_size", 1024), hidden_size=hidden,
+    dropout = {} if args.dropout is None else {"hidden_dropout_prob": args.dropout,
+                                                "attention_probs_dropout_prob": args.dropout}
+    return BertConfig(**dropout, vocab_size=args.vocab or shape.get("vocab_size", 1024), hidden_size=hidden,
                       num_hidden_layers=args.layers or shape.get("num_layers", 2),
                       num_attention_heads=args.heads or shape.get("num_heads", 2),
                       intermediate_size=shape.get("intermediate_size") or 4 * hidden,
                       max_position_embeddings=shape.get("max_position", 512))
 
 
-def batch(generator: torch.Generator, size: int, seq_len: int, vocab: int):
-    """Sequences of a repeated random n-gram; 15 % masked (80 % [MASK], 10 % random, 10 % kept)."""
+def sample(index: int, seq_len: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence `index` of the corpus: a repeated random n-gram; 15 % masked (80 % [MASK],
+    10 % random, 10 % kept). A function of (seed, index) only."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
     period = 8
-    gram = torch.randint(SPECIAL, vocab, (size, period), generator=generator)
-    ids = gram.repeat(1, seq_len // period + 1)[:, :seq_len].clone()
-    ids[:, 0], ids[:, -1] = 1, 2
+    gram = torch.randint(SPECIAL, vocab, (period,), generator=generator)
+    ids = gram.repeat(seq_len // period + 1)[:seq_len].clone()
+    ids[0], ids[-1] = 1, 2
     labels = torch.full_like(ids, -100)
-    chosen = (torch.rand(ids.shape, generator=generator) < MASK_PROB)
-    chosen[:, 0] = chosen[:, -1] = False
+    chosen = torch.rand(ids.shape, generator=generator) < MASK_PROB
+    chosen[0] = chosen[-1] = False
+    if not chosen.any():  # a sequence with nothing to predict has no loss (NaN): mask one token
+        chosen[1 + index % (seq_len - 2)] = True
     labels[chosen] = ids[chosen]
     action = torch.rand(ids.shape, generator=generator)
     ids[chosen & (action < 0.8)] = 3
     randomised = chosen & (action >= 0.8) & (action < 0.9)
     ids[randomised] = torch.randint(SPECIAL, vocab, (int(randomised.sum()),), generator=generator)
     return ids, labels
+
+
+def batch(indices: list[int], seq_len: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pairs = [sample(i, seq_len, vocab, seed) for i in indices]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
 def build_model(config, use_ort: bool):
@@ -103,10 +122,11 @@ def build_model(config, use_ort: bool):
 
 
 def run_steps(d, args, config, ds_config, steps, metrics, use_ds, seq_len, use_ort, save=True) -> tuple[float, float]:
-    """Train `steps` optimizer steps; returns (samples/s, last loss)."""
+    """Train up to step `steps`; returns (samples/s, last loss: the global batch's mean)."""
     torch.manual_seed(args.seed)
     model = build_model(config, use_ort)
     mbs, gas = ds_config["train_micro_batch_size_per_gpu"], ds_config["gradient_accumulation_steps"]
+    sampler = common.GlobalBatchSampler(args.samples, mbs * gas * d.world, mbs, d.rank, d.world, args.seed)
     if use_ds:
         import deepspeed
 
@@ -114,49 +134,50 @@ def run_steps(d, args, config, ds_config, steps, metrics, use_ds, seq_len, use_o
         device = engine.device
     else:
         model = model.to(d.device)
-        engine = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
+        engine, sync_gradients = common.data_parallel(model, d, args.deterministic)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         device = d.device
-    generator = torch.Generator().manual_seed(args.seed + d.rank)
-    start_step = 0
-    resume = common.latest_checkpoint() if save and not use_ds else None
-    if resume is not None:
-        state = torch.load(resume, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start_step = state["step"]
-        if d.is_main:
-            print(f"resumed from {resume} (step {start_step})", flush=True)
+    state = common.TrainState(model, optimizer, sampler=sampler) if save and not use_ds else None
+    start_step = common.load_state(state) if state is not None else 0
     timer, loss_value = common.Timer(), float("nan")
     for step in range(start_step + 1, steps + 1):
-        for _ in range(gas):
-            ids, labels = batch(generator, mbs, seq_len, config.vocab_size)
-            out = engine(input_ids=ids.to(device), labels=labels.to(device))
-            if use_ds:
-                engine.backward(out.loss)
-                engine.step()
-            else:
-                (out.loss / gas).backward()
+        if sampler.step_in_epoch >= sampler.steps_per_epoch:
+            sampler.set_epoch(sampler.epoch + 1)
+        total = torch.zeros((), dtype=torch.float64)
+        micro_batches = sampler.indices_of_step(sampler.step_in_epoch)
+        for pass_index, indices in enumerate(micro_batches):
+            ids, labels = batch(indices, seq_len, config.vocab_size, args.seed)
+            last = pass_index == len(micro_batches) - 1
+            with (contextlib.nullcontext() if use_ds or last or engine is model else engine.no_sync()):
+                out = engine(input_ids=ids.to(device), labels=labels.to(device))
+                if use_ds:
+                    engine.backward(out.loss)
+                    engine.step()
+                else:
+                    (out.loss / gas).backward()
+            total += out.loss.detach().double().cpu()
         if not use_ds:
+            sync_gradients()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        loss_value = float(out.loss.item())
+        sampler.step_done()
+        loss_value = common.all_reduce_mean(d, float(total) / gas)
         if metrics and (step % args.log_every == 0 or step == start_step + 1):
             metrics.log(step, loss=loss_value)
-        if save and args.checkpoint_every and step % args.checkpoint_every == 0:
-            _checkpoint(d, engine, model, None if use_ds else optimizer, step, use_ds)
+        if state is not None and args.checkpoint_every and step % args.checkpoint_every == 0:
+            common.save_state(state, step, background=not args.sync_checkpoints)
+        elif use_ds and save and args.checkpoint_every and step % args.checkpoint_every == 0:
+            engine.save_checkpoint(str(common.checkpoint_dir()), tag=f"step{step}")  # every rank writes its shard
+        if save:
+            common.inject_fault(step)
     done = steps - start_step
     throughput = done * gas * mbs * d.world / max(timer.elapsed(), 1e-9)
-    if save and done > 0:
-        _checkpoint(d, engine, model, None if use_ds else optimizer, steps, use_ds)
+    if state is not None and done > 0 and not (args.checkpoint_every and steps % args.checkpoint_every == 0):
+        common.save_state(state, steps, background=not args.sync_checkpoints)
+    elif use_ds and save and done > 0:
+        engine.save_checkpoint(str(common.checkpoint_dir()), tag=f"step{steps}")
+    common.finish_checkpoints()
     return throughput, loss_value
-
-
-def _checkpoint(d, engine, model, optimizer, step, use_ds):
-    if use_ds:
-        engine.save_checkpoint(str(common.checkpoint_dir()), tag=f"step{step}")  # every rank writes its shard
-    elif d.is_main:
-        common.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, step)
 
 
 def main(argv=None) -> int:
@@ -175,6 +196,15 @@ def main(argv=None) -> int:
         ds_config["train_micro_batch_size_per_gpu"] = args.micro_batch
     if args.grad_accum:
         ds_config["gradient_accumulation_steps"] = args.grad_accum
+    if args.global_batch:
+        per_pass = ds_config["train_micro_batch_size_per_gpu"] * d.world
+        if args.global_batch % per_pass:
+            print(f"--global-batch {args.global_batch} is not a multiple of the micro batch x world ({per_pass})",
+                  file=sys.stderr)
+            return 2
+        ds_config["gradient_accumulation_steps"] = args.global_batch // per_pass
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
     ds_config["train_batch_size"] = ds_config["train_micro_batch_size_per_gpu"] * ds_config["gradient_accumulation_steps"] * d.world
     use_ds = not args.no_deepspeed and d.device.type == "cuda" and bool(plan.get("config"))
     if use_ds:  # importing DeepSpeed is slow and pointless on the CPU path
@@ -196,7 +226,7 @@ def main(argv=None) -> int:
         return autotune(d, args, config, ds_config, candidates, use_ds, seq_len, use_ort)
     throughput, loss = run_steps(d, args, config, ds_config, args.steps, metrics, use_ds, seq_len, use_ort)
     metrics.summary(throughput=throughput, throughput_unit="samples/s", final_loss=loss, world_size=d.world,
-                    steps=args.steps, deepspeed=use_ds, workload="bert-pretrain")
+                    steps=args.steps, deepspeed=use_ds, workload="bert-pretrain", global_batch=ds_config["train_batch_size"])
     return 0
 
 

@@ -4,9 +4,9 @@ MFU = model FLOPs per token x tokens per second per device / the device's peak F
 (PaLM, arXiv:2204.02311 appendix B: the FLOPs the model needs, not what the hardware ran, so
 activation recomputation does not count). The peak comes from:
 
-- the catalog, on a GPU: the size's `gpu_peak_dense_tflops` (dense tensor-core TFLOP/s per GPU,
-  core/catalog/skus.toml with its source) when its `gpu_gemm_dtype` is the dtype the step
-  computes in; for another dtype the catalog has no figure and MFU is not reported;
+- the catalog, on a GPU: the size's `peak_tflops_<dtype>` for the dtype the step computes in
+  (dense tensor-core TFLOP/s per GPU, without sparsity; core/catalog/skus.toml with its
+  source); where the catalog has no figure for that dtype, MFU is not reported;
 - a measurement, on a CPU rehearsal: the best of a few fp32 GEMMs on this process's threads,
   so the figure says "of what a GEMM reaches here", and says so (`Peak.source`).
 """
@@ -31,12 +31,10 @@ def catalog_peak(facts, dtype: str) -> tuple[Peak | None, str]:
     (jobs.runtime.skufacts.SkuFacts), or None and why not."""
     if facts is None:
         return None, "no SKU facts (AMLHPC_SKU_JSON) in this job"
-    if not facts.gpu_peak_dense_tflops:
-        return None, f"the catalog has no peak TFLOP/s for {facts.name}"
-    if facts.gpu_gemm_dtype != dtype:
-        return None, f"the catalog's peak for {facts.name} is for {facts.gpu_gemm_dtype}, this run computes in {dtype}"
-    return Peak(float(facts.gpu_peak_dense_tflops),
-                f"catalog: {facts.name} gpu_peak_dense_tflops ({dtype}, dense, per GPU)"), ""
+    peak = getattr(facts, f"peak_tflops_{dtype}", None)
+    if not peak:
+        return None, f"the catalog has no peak {dtype} TFLOP/s for {facts.name}"
+    return Peak(float(peak), f"catalog: {facts.name} peak_tflops_{dtype} (dense, per GPU)"), ""
 
 
 def measured_cpu_peak(size: int = 384, repeats: int = 12) -> Peak:

@@ -171,7 +171,7 @@ def main(argv=None) -> int:
                     throughput=statistics.median(r.tokens_per_s for r in steady) if steady else None,
                     throughput_unit="tokens/s",
                     tflops_per_device=statistics.median(r.tflops_per_device for r in steady) if steady else None,
-                    mfu=statistics.median(r.mfu for r in steady) if steady and peak else None,
+                    mfu=statistics.median(r.mfu for r in steady if r.mfu is not None) if steady and peak else None,
                     peak_source=peak.source if peak else f"none: {no_peak}")
     return 0
 

@@ -1,0 +1,113 @@
+"""The console commands the wheel installs.
+
+    aml-hpc [--project DIR] infra|jobs|images|doctor ...
+    aml-hpc-infra | aml-hpc-jobs | aml-hpc-images ...     (the same apps, one each)
+
+`--project DIR` names the project (the folder with Pulumi.yaml and the stack files);
+without it the project is found from the current folder upwards (core/project.py). It is
+taken off the command line before anything else is imported, because the parts read the
+project's location when they load, and passed on to every process a command starts
+(AMLHPC_PROJECT). It may stand anywhere on the line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from core import project
+from core.cli_help import VersionOption, new_app, run
+from core.errors import EXIT_USAGE
+
+PROJECT_OPTION = "--project"
+
+
+def take_project(argv: list[str]) -> tuple[list[str], str | None]:
+    """(argv without `--project DIR` / `--project=DIR`, DIR or None)."""
+    rest, chosen, i = [], None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        if arg == PROJECT_OPTION:
+            if i + 1 >= len(argv):
+                _refuse(f"{PROJECT_OPTION} needs a folder: {PROJECT_OPTION} DIR")
+            chosen, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith(PROJECT_OPTION + "="):
+            chosen, i = arg.split("=", 1)[1], i + 1
+            continue
+        rest.append(arg)
+        i += 1
+    return rest, chosen
+
+
+def _refuse(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    raise SystemExit(EXIT_USAGE)
+
+
+def enter_project(argv: list[str]) -> list[str]:
+    """Apply `--project DIR` (checked: it must hold a Pulumi.yaml) for this process and its children."""
+    rest, chosen = take_project(argv)
+    if chosen is not None:
+        folder = Path(chosen).expanduser().resolve()
+        if not project.is_project(folder):
+            _refuse(f"{PROJECT_OPTION} {chosen}: no {project.PROJECT_FILE} in {folder}: fix: pass the folder that "
+                    f"holds the project's {project.PROJECT_FILE} and Pulumi.<stack>.yaml files")
+        os.environ[project.ENV_VARIABLE] = str(folder)
+    return rest
+
+
+def build() -> typer.Typer:
+    """`aml-hpc`: the three apps under one command, and `doctor`."""
+    from amlhpc.doctor.cli import doctor
+    from images.cli import app as images_app
+    from infra.cli import app as infra_app
+    from jobs.cli import app as jobs_app
+
+    app = new_app("aml-hpc: platform-as-code for distributed GPU training on Azure Machine Learning.")
+
+    @app.callback()
+    def _root(
+        version: VersionOption = False,
+        project_dir: Annotated[Path | None, typer.Option(
+            PROJECT_OPTION, metavar="DIR",
+            help="The project folder (its Pulumi.yaml and Pulumi.<stack>.yaml); default: found from the current "
+                 "folder upwards.")] = None,
+    ) -> None:
+        """aml-hpc: plan and deploy the platform (infra), run training on it (jobs), build its images (images)."""
+
+    app.add_typer(infra_app, name="infra", help="Plan stacks offline, manage experiment stacks (python -m infra).")
+    app.add_typer(jobs_app, name="jobs", help="Recipes, submission, runs, logs and reports (python -m jobs).")
+    app.add_typer(images_app, name="images", help="Training images: build, list, check (python -m images).")
+    app.command("doctor")(doctor)
+    return app
+
+
+def main() -> None:
+    argv = enter_project(sys.argv[1:])
+    run(build(), "aml-hpc", argv)
+
+
+def _one(module: str, prog_name: str) -> None:
+    argv = enter_project(sys.argv[1:])
+    app = __import__(f"{module}.cli", fromlist=["app"]).app
+    run(app, prog_name, argv)
+
+
+def infra_main() -> None:
+    _one("infra", "aml-hpc-infra")
+
+
+def jobs_main() -> None:
+    _one("jobs", "aml-hpc-jobs")
+
+
+def images_main() -> None:
+    _one("images", "aml-hpc-images")

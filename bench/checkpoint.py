@@ -1,0 +1,362 @@
+"""Checkpoints and recovery, measured on this machine: training stall per checkpoint (async vs
+sync), restore time (node tier vs Blob), recovery time (in-job restart vs a resubmitted attempt).
+
+    python -m bench.checkpoint [--state-mib 1024] [--repeats 3] [--skip stall,restore,recovery]
+                               [--out bench/out] [--update-results]
+
+1. Stall: how long a training loop is held per checkpoint of a `--state-mib` state (4 float32
+   tensors), synchronous (the DCP write, fsync and marker in the loop: `save_state(...,
+   background=False)`) against asynchronous (the copy to CPU memory in the loop, the write in
+   the background: the default), interleaved, `--repeats` each, medians; the background
+   write's own time beside it. Target: async stalls less than a third of sync.
+2. Restore: that version (2 ranks' parts) from the node's tier (check every file's SHA-256
+   against its marker, load with DCP) against from Blob (Azurite on this machine: download
+   and verify, then the same load); interleaved, medians.
+3. Recovery: the rehearsed cosmoflow job (2 simulated nodes x 2 ranks, gloo, the job's own
+   command) with rank 3 crashing at step 5, and with rank 3 hanging at step 5 (watchdog.hang_s
+   10): seconds from the fault to the first step logged after it,
+   - in-job restart: the launchers stop, agree, restart from their node-local copies;
+   - a resubmitted attempt: the same job with in-job restarts off ends (fault -> its last
+     process gone), then a fresh rehearsal of it starts (launcher, staging, restore from Blob,
+     process group, first step); the two are added.
+   Azure ML's own part of a resubmission (queueing, node allocation, image pull, which take
+   minutes) cannot be rehearsed and is not in the figure: the ratio is a lower bound. Target:
+   in-job at least 5x faster.
+
+Results go to `--out` (checkpoint.md and .json, git-ignored); `--update-results` also
+replaces this benchmark's section of bench/RESULTS.md (between its two markers), keeping the
+rest of the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from bench.machine import azurite_version, describe_machine, loadavg
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+BEGIN, END = "<!-- bench.checkpoint: begin -->", "<!-- bench.checkpoint: end -->"
+TRAIN = ("python -m jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 1 --conv-size 4 --n-conv-layers 3 "
+         "--fc1 16 --fc2 8 --workers 0 --log-every 1 --epochs 2 --checkpoint-every 2 --optimizer adam")
+MIB = 1 << 20
+
+
+# --- 1. stall ---------------------------------------------------------------------------
+
+
+def _state(mib: int):
+    import torch
+
+    per = mib * MIB // 4 // 4
+    return {"model": {f"layer{i}.weight": torch.randn(per) for i in range(4)}}
+
+
+def stall(args, workdir: Path) -> dict:
+    from jobs.runtime.checkpoint.versioned import Checkpointer
+
+    state = _state(args.state_mib)
+    runs: dict[str, list[float]] = {"sync": [], "async": []}
+    writes: list[float] = []
+    Checkpointer(workdir / "warm-up", 0, 1, "bench", background=False).save(0, _state(1), {"step": 0})  # imports
+    step = 0
+    for _ in range(args.repeats):
+        for mode in ("sync", "async"):
+            step += 1
+            folder = workdir / f"stall-{mode}"
+            shutil.rmtree(folder, ignore_errors=True)
+            writer = Checkpointer(folder, 0, 1, "bench", background=mode == "async")
+            started = time.perf_counter()
+            held = writer.save(step, state, {"step": step})
+            if mode == "async":
+                runs[mode].append(held)
+                writer.wait()
+                writes.append(time.perf_counter() - started)
+            else:
+                runs[mode].append(time.perf_counter() - started)
+    sync, asynchronous = statistics.median(runs["sync"]), statistics.median(runs["async"])
+    return {"state_mib": args.state_mib, "runs_s": runs, "sync_s": sync, "async_s": asynchronous,
+            "background_write_s": statistics.median(writes), "ratio": asynchronous / sync}
+
+
+# --- 2. restore -------------------------------------------------------------------------
+
+
+def restore(args, workdir: Path, server) -> dict:
+    import torch
+
+    from jobs.runtime import blobio
+    from jobs.runtime.checkpoint import CheckpointStore, parse_settings, tier
+    from jobs.runtime.checkpoint.node import NodeCheckpoints
+    from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+
+    source = workdir / "restore-source"
+    state = _state(args.state_mib)
+    halves = [{"model": {k: v for i, (k, v) in enumerate(state["model"].items()) if i % 2 == r}} for r in (0, 1)]
+    for rank in (0, 1):
+        Checkpointer(source, rank, 2, "bench", background=False).save(10, halves[rank], {"step": 10})
+    version = tier.read_version(tier.versions_dir(source) / "step-000000010")
+    container = blobio.container_client("checkpoints", connection_string=server.connection_string)
+    container.create_container()
+    store = CheckpointStore(container, "bench/versions")
+    store.stage(version.path, version.files([0, 1]), "000000010-bench")
+    store.commit("000000010-bench", 10, [0], {"layout": "versions", "step": 10, "world": 2, "tag": "bench",
+                                               "local": "step-000000010", "nodes": 1})
+    settings = parse_settings(json.dumps({"container": "checkpoints", "prefix": "bench"}))
+
+    def load(folder: Path) -> None:
+        for rank in (0, 1):
+            target = {"model": {k: torch.empty_like(v) for k, v in halves[rank]["model"].items()}}
+            load_version(folder, target, rank, 2)
+
+    runs: dict[str, list[float]] = {"local": [], "blob": []}
+    for repeat in range(args.repeats):
+        started = time.perf_counter()
+        problem = tier.read_version(version.path).verify([0, 1])
+        assert problem is None, problem
+        load(version.path)
+        runs["local"].append(time.perf_counter() - started)
+        node = NodeCheckpoints(settings, node=0, nodes=1, local_size=2, world=2,
+                               checkpoint_dir=workdir / f"restore-blob-{repeat}",
+                               environ={"AMLHPC_BLOB_CONNECTION_STRING": server.connection_string})
+        started = time.perf_counter()
+        restored = node.restore_blob_version()
+        load(restored)
+        runs["blob"].append(time.perf_counter() - started)
+        shutil.rmtree(workdir / f"restore-blob-{repeat}", ignore_errors=True)
+    local, blob = statistics.median(runs["local"]), statistics.median(runs["blob"])
+    return {"state_mib": args.state_mib, "runs_s": runs, "local_s": local, "blob_s": blob, "ratio": blob / local}
+
+
+# --- 3. recovery --------------------------------------------------------------------------
+
+
+class Rehearsals:
+    """The cosmoflow job rehearsed on 2 nodes x 2 ranks, every line of every rank timestamped."""
+
+    def __init__(self, workdir: Path, server):
+        from jobs import build
+        from jobs import outputs as outputs_mod
+        from jobs.data import upload
+        from jobs.local import rehearsal
+        from jobs.runtime import blobio
+        from jobs.workloads.cosmoflow import generate
+
+        self.rehearsal, self.build, self.server, self.workdir = rehearsal, build, server, workdir
+        self.outputs = outputs_mod.load("dev", offline=True).outputs  # the dev stack's offline plan
+        self.containers = list(self.outputs.storage.containers.values())
+        rehearsal.ensure_containers(self.containers, server.connection_string)
+        data = workdir / "cosmoflow"
+        generate.generate(data, universes=1, volume=16, subvolumes=16, validation_universes=1, seed=3)
+        self.data_prefix = f"bench/{uuid.uuid4().hex[:8]}"
+        upload.upload_directory(blobio.container_client(self.outputs.storage.containers["datasets"],
+                                                        connection_string=server.connection_string), data,
+                                self.data_prefix)
+        self.snapshot = build.snapshot(self.plan("snapshot").code_dirs)
+
+    def plan(self, name: str, *sets: str):
+        from jobs import recipes
+
+        recipe = recipes.load("cosmoflow", recipes.parse_overrides([
+            f"command={TRAIN}", "health=off", f"inputs.cosmoflow.path={self.data_prefix}", *sets]))
+        return self.build.plan_job(recipe, self.outputs, nodes=2, processes_per_node=2, name=name)
+
+    def run(self, name: str, *sets: str) -> tuple[object, list[tuple[float, int, str]], float, float]:
+        """(result, [(time, rank, line)], start time, end time)."""
+        lines: list[tuple[float, int, str]] = []
+        lock = threading.Lock()
+
+        def sink(proc, line: str) -> None:
+            with lock:
+                lines.append((time.monotonic(), proc.rank, line))
+
+        started = time.monotonic()
+        result = self.rehearsal.rehearse(self.plan(name, *sets), snapshot=self.snapshot, workdir=self.workdir / name,
+                                         procs_per_node=2, blob_endpoint=self.server.blob_endpoint,
+                                         connection_string=self.server.connection_string, containers=self.containers,
+                                         sink=sink, timeout_s=900)
+        return result, lines, started, time.monotonic()
+
+
+def _first(lines, predicate, after: float = 0.0) -> float:
+    found = next((t for t, rank, line in lines if t >= after and predicate(rank, line)), None)
+    if found is None:
+        tail = "\n".join(f"r{rank} {line[:200]}" for _, rank, line in lines[-60:])
+        raise AssertionError(f"an expected line is missing from the rehearsal's output; its end:\n{tail}")
+    return found
+
+
+def _is_step(rank: int, line: str) -> bool:
+    return rank == 0 and line.startswith('{"step"') and '"loss"' in line
+
+
+def _is_verdict(rank: int, line: str) -> bool:
+    return "hang: " in line and "stopping the training on node" in line
+
+
+def _in_job(rehearsals: Rehearsals, kind: str, fault: str, *sets: str) -> tuple[float, float | None]:
+    """Seconds from the fault to the first step of the restarted training inside one job, and
+    from the fault to the watchdog's verdict (a hang)."""
+    marker = f"injected fault: {kind} on rank 3 at step 5"
+    result, lines, _, _ = rehearsals.run(f"{kind}-inside-{uuid.uuid4().hex[:6]}", fault, *sets)
+    assert result.ok, f"the in-job restart of the {kind} failed: {result.exit_codes}"
+    at = _first(lines, lambda rank, line: marker in line)
+    resumed = _first(lines, lambda rank, line: rank == 0 and line.startswith("resumed from"), at)
+    detected = _first(lines, _is_verdict, at) - at if kind == "hang" else None
+    return _first(lines, _is_step, resumed) - at, detected
+
+
+def recovery(args, workdir: Path, server) -> dict:
+    rehearsals = Rehearsals(workdir, server)
+    found: dict = {}
+    for kind in ("crash", "hang"):
+        fault = f"env.AMLHPC_INJECT_FAULT={kind}@5:rank=3"
+        marker = f"injected fault: {kind} on rank 3 at step 5"
+        watch = ("watchdog.hang_s=10",) if kind == "hang" else ()
+        inside, detected = _in_job(rehearsals, kind, fault + ":after_standby=1", "env.AMLHPC_STANDBY=on", *watch)
+        row = {"in_job_s": inside, "in_job_detection_s": detected}
+        if kind == "crash":
+            row["in_job_cold_s"] = _in_job(rehearsals, kind, fault, "env.AMLHPC_STANDBY=off", *watch)[0]
+        name = f"{kind}-resubmit-{uuid.uuid4().hex[:6]}"
+        ended, lines_resubmit, _, end = rehearsals.run(name, fault, "checkpoint.local_restarts=0", *watch)
+        assert not ended.ok, "with in-job restarts off the fault ends the job"
+        at = _first(lines_resubmit, lambda rank, line, marker=marker: marker in line)
+        again, lines, start, _ = rehearsals.run(name, *watch)  # the new attempt: same name, same checkpoint prefix
+        assert again.ok, f"the resubmitted attempt failed: {again.exit_codes}"
+        resumed = _first(lines, lambda rank, line: rank == 0 and line.startswith("resumed from"))
+        first_step = _first(lines, _is_step, resumed)
+        row.update({"job_end_s": end - at, "new_attempt_s": first_step - start,
+                    "resubmitted_s": (end - at) + (first_step - start)})
+        row["ratio"] = row["resubmitted_s"] / row["in_job_s"]
+        if kind == "hang":  # the watchdog's detection is the same on both paths: also compare what follows it
+            row["detection_s"] = _first(lines_resubmit, _is_verdict, at) - at
+            row["after_detection_ratio"] = (row["resubmitted_s"] - row["detection_s"]) / (
+                row["in_job_s"] - row["in_job_detection_s"])
+        found[kind] = row
+    return found
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def render(results: dict) -> str:
+    machine = results["machine"]
+    lines = [BEGIN, "# Checkpoints and recovery", "",
+             f"Command: `{results['command']}` (`make bench`), {results['date']}. Written by bench/checkpoint.py.",
+             f"Machine: {machine['cpu']}, {machine['cpus']} CPUs, {machine['mem_gib']} GiB RAM, Python "
+             f"{machine['python']}; Azurite {machine['azurite']} on the same machine. Load average before/after: "
+             f"{results['load_before']} / {machine['load_after']}.", ""]
+    if "stall" in results:
+        s = results["stall"]
+        lines += ["## Training stall per checkpoint", "",
+                  f"State of {s['state_mib']} MiB (4 float32 tensors), one rank, saved as `save_state` does (Checkpointer.save); "
+                  f"median of "
+                  f"{len(s['runs_s']['sync'])} interleaved runs each.", "",
+                  "| mode | training held, median s | runs (s) |", "|---|---:|---|",
+                  f"| synchronous (write + fsync + marker in the loop) | {s['sync_s']:.3f} | "
+                  f"{', '.join(f'{x:.3f}' for x in s['runs_s']['sync'])} |",
+                  f"| asynchronous (copy in the loop, write in the background) | {s['async_s']:.3f} | "
+                  f"{', '.join(f'{x:.3f}' for x in s['runs_s']['async'])} |", "",
+                  f"- async / sync: **{s['ratio']:.2f}** (target < 0.33): {_met(s['ratio'] < 1 / 3)}; the background "
+                  f"write itself took {s['background_write_s']:.2f} s (median), during which training goes on", ""]
+    if "restore" in results:
+        r = results["restore"]
+        lines += ["## Restore: node tier vs Blob", "",
+                  f"A version of {r['state_mib']} MiB in 2 ranks' parts; verified (SHA-256 of every file) and loaded "
+                  f"with DCP; median of {len(r['runs_s']['local'])} interleaved runs each.", "",
+                  "| source | median s | runs (s) |", "|---|---:|---|",
+                  f"| node tier (NVMe here: the VM's disk) | {r['local_s']:.2f} | "
+                  f"{', '.join(f'{x:.2f}' for x in r['runs_s']['local'])} |",
+                  f"| Blob (Azurite, download + verify + load) | {r['blob_s']:.2f} | "
+                  f"{', '.join(f'{x:.2f}' for x in r['runs_s']['blob'])} |", "",
+                  f"- Blob / tier: {r['ratio']:.2f}x", ""]
+    if "recovery" in results:
+        rows = results["recovery"]
+        lines += ["## Recovery: in-job restart vs a resubmitted attempt", "",
+                  "The rehearsed cosmoflow job, 2 nodes x 2 ranks over gloo; seconds from the fault (rank 3, step 5) "
+                  "to the first step logged after it. In-job: the launchers restart the training from node-local "
+                  "copies, the command run by its warm standby (interpreter and torch loaded; the fault waits until "
+                  "every rank's standby is ready); cold: the same without a standby. Resubmitted = the job ending "
+                  "(in-job restarts off) + a new attempt from launcher start to its first step (staging, restore from "
+                  "Blob). Azure ML's queueing, node allocation and image pull are not rehearsed: the ratio is a lower "
+                  "bound.", "",
+                  "| fault | in-job restart s | in-job, cold s | job ends s | new attempt s | resubmitted s | "
+                  "resubmitted / in-job |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for kind, row in rows.items():
+            cold = f"{row['in_job_cold_s']:.1f}" if "in_job_cold_s" in row else "-"
+            lines.append(f"| {kind} | {row['in_job_s']:.1f} | {cold} | {row['job_end_s']:.1f} | "
+                         f"{row['new_attempt_s']:.1f} | {row['resubmitted_s']:.1f} | **{row['ratio']:.1f}x** |")
+        lines += ["", *(f"- {kind}: in-job restart {row['ratio']:.1f}x faster (target >= 5x): {_met(row['ratio'] >= 5)}"
+                        for kind, row in rows.items())]
+        hang = rows.get("hang")
+        if hang and "after_detection_ratio" in hang:
+            lines.append(f"- the hang's figures include the watchdog's detection (hang_s 10 s; here "
+                         f"{hang['in_job_detection_s']:.1f} s in-job, {hang['detection_s']:.1f} s before the job ended), "
+                         f"the same on both paths; what follows it: in-job "
+                         f"{hang['in_job_s'] - hang['in_job_detection_s']:.1f} s, resubmitted "
+                         f"{hang['resubmitted_s'] - hang['detection_s']:.1f} s: **{hang['after_detection_ratio']:.1f}x**")
+        lines.append("")
+    return "\n".join([*lines, END])
+
+
+def write_results(text: str, results: dict, out: Path, update: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "checkpoint.md").write_text(text + "\n")
+    (out / "checkpoint.json").write_text(json.dumps(results, indent=2) + "\n")
+    if update:
+        previous = RESULTS.read_text() if RESULTS.exists() else ""
+        if BEGIN in previous and END in previous:
+            head, rest = previous.split(BEGIN, 1)
+            RESULTS.write_text(head + text + rest.split(END, 1)[1])
+        else:
+            RESULTS.write_text(previous.rstrip("\n") + "\n\n" + text + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.checkpoint", description=__doc__.splitlines()[0])
+    parser.add_argument("--state-mib", type=int, default=1024, help="checkpoint size for the stall and restore figures")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip", default="", help="comma-separated: stall, restore, recovery")
+    parser.add_argument("--out", type=Path, default=Path("bench/out"))
+    parser.add_argument("--update-results", action="store_true", help="also rewrite this section of bench/RESULTS.md")
+    args = parser.parse_args(argv)
+    from jobs.local import azurite as azurite_server
+
+    results: dict = {"command": "python -m bench.checkpoint " + " ".join(argv if argv is not None else sys.argv[1:]),
+                     "date": time.strftime("%Y-%m-%d %H:%M %Z"), "load_before": loadavg()}
+    skip = set(filter(None, args.skip.split(",")))
+    workdir = Path(tempfile.mkdtemp(prefix="amlhpc-bench-ckpt-"))
+    try:
+        if "stall" not in skip:
+            print("stall: ...", file=sys.stderr)
+            results["stall"] = stall(args, workdir)
+        with azurite_server.start(workdir / "azurite") as server:
+            if "restore" not in skip:
+                print("restore: ...", file=sys.stderr)
+                results["restore"] = restore(args, workdir, server)
+            if "recovery" not in skip:
+                print("recovery: ...", file=sys.stderr)
+                results["recovery"] = recovery(args, workdir, server)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results["machine"] = {**describe_machine(), "load_after": loadavg(), "azurite": azurite_version()}
+    text = render(results)
+    write_results(text, results, args.out, args.update_results)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

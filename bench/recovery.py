@@ -1,0 +1,372 @@
+"""Recovery benchmark: what each failure costs a managed run, measured on the rehearsal.
+
+    python -m bench.recovery [--out bench/out] [--update-results] [--only preempt,hang,...]
+
+Every scenario is a managed rehearsal (jobs.local.managed) of the synthetic lockstep
+training (jobs.workloads.synthetic: 2 simulated nodes, one rank each) under the real
+supervision, with Azurite as Blob, and one fault injected at a step or a controller phase:
+
+- preempt: node 1 preempted at step FAULT_STEP (SIGTERM, SIGKILL after the grace);
+- host-loss: node 1's processes SIGKILLed at step FAULT_STEP (no word, no final upload);
+  host-loss-writer: the same on node 0, whose rank 0 writes the checkpoints (the work since
+  its last periodic upload is lost);
+- hang: node 1's training frozen at step FAULT_STEP (the watchdog must stop it);
+- nccl: NCCL told to use sockets on node 1 (the launcher's preflight stops the job);
+- throttle: the first attempt's Blob behind a proxy answering 503 ServerBusy;
+- kill-<phase>: the controller killed at each phase of its loop (the revival check must
+  replace it); `ended` and `backoff` come after a preemption, so there is one to end;
+- straggler: node 1's own work per step 3x longer (it must be named, the others never);
+- budget: a limit the run cannot meet at $1 per node-second (the controller must stop it
+  before spent plus the cost to the next checkpoint passes the limit);
+- baseline: the same run undisturbed (the reference for every other figure).
+
+For each: time to detect (the fault to the controller's seeing the end; the controller's
+death to its replacement's first look; the slowing to the straggler's naming), time from
+the end of the attempt to the next attempt's first step, steps lost, and the cost of the
+time lost at the recipe's Azure price - next to what the same failure costs without
+supervision. The goodput model (jobs/goodput.py) is checked against the measured losses.
+Results: `--out` (recovery.md, recovery.json); `--update-results` also writes them as the
+last section of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.machine import azurite_version, describe_machine, loadavg
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+SECTION = "# Recovery benchmark"
+STEPS, STEP_S, CHECKPOINT_EVERY, FAULT_STEP = 60, 0.3, 5, 40
+UPLOAD_INTERVAL_S, HANG_S = 10, 10
+TRAIN = f"python -m jobs.workloads.synthetic --steps {STEPS} --step-s {STEP_S} --checkpoint-every {CHECKPOINT_EVERY}"
+NODES = 2
+LIMIT_USD = 30.0
+"""The budget scenario: $1 per node-second on 2 nodes; the run needs 20 s of training alone, so it cannot finish within it."""
+KILL_PHASES = ("claim", "claimed", "submitted", "watch", "ended", "backoff", "record-write")
+SCENARIOS = ("baseline", "preempt", "host-loss", "host-loss-writer", "hang", "nccl", "throttle", *(f"kill-{p}" for p in KILL_PHASES),
+             "straggler", "budget")
+
+
+def _seconds(start: datetime | str | None, end: datetime | str | None) -> float | None:
+    if start is None or end is None:
+        return None
+    start = datetime.fromisoformat(start) if isinstance(start, str) else start
+    end = datetime.fromisoformat(end) if isinstance(end, str) else end
+    return (end - start).total_seconds()
+
+
+class Bench:
+    """Azurite, the planned recipe and the code snapshot, shared by the scenarios."""
+
+    def __init__(self, server, root: Path):
+        from jobs import build, recipes
+        from jobs.local import rehearsal
+        from jobs.outputs import load
+
+        self.server, self.root = server, root
+        self.outputs = load("dev", offline=True).outputs
+        self.recipe = recipes.load("cosmoflow", recipes.parse_overrides(
+            [f"command={TRAIN}", "health=off", "inputs={}", f"checkpoint.interval_s={UPLOAD_INTERVAL_S}",
+             f"watchdog.hang_s={HANG_S}"]))
+        base = build.plan_job(self.recipe, self.outputs, nodes=NODES, processes_per_node=1, name="bench-snapshot")
+        self.snapshot = build.snapshot(base.code_dirs)
+        self.containers = list(self.outputs.storage.containers.values())
+        rehearsal.ensure_containers(self.containers, server.connection_string)
+        self.price = base.estimate.usd_per_node_hour
+        self.timeout_h = base.timeout_s / 3600
+        self.expected_h = base.estimate.hours
+
+    def rehearse(self, name: str, faults: list, **kwargs: Any):
+        from jobs import build
+        from jobs.local import managed
+        from jobs.managed import render
+
+        run = f"bench-{name}-{uuid.uuid4().hex[:6]}"
+        plan = build.plan_job(self.recipe, self.outputs, nodes=NODES, processes_per_node=1, name=run)
+        lines: list[str] = []
+        done = managed.rehearse_managed(
+            render.plan_managed(self.recipe, self.outputs, plan), snapshot=self.snapshot, workdir=self.root / run,
+            procs_per_node=1, blob_endpoint=kwargs.pop("blob_endpoint", self.server.blob_endpoint),
+            connection_string=self.server.connection_string, containers=self.containers,
+            sink=lambda proc, line: lines.append(f"n{proc.node}: {line}"), echo=lambda line: lines.append(line),
+            faults=faults, timeout_s=600, **kwargs)
+        return done, lines
+
+
+def measure(name: str, done, bench: Bench, baseline_s: float | None) -> dict[str, Any]:
+    """The figures of one scenario from its record and its local jobs."""
+    record = done.record
+    jobs = list(done.service.jobs.values())
+    attempts = record.attempts
+    row: dict[str, Any] = {"scenario": name, "state": record.state, "attempts": len(attempts),
+                           "causes": [a.cause for a in attempts], "seconds": round(done.seconds, 1),
+                           "missing": done.missing, "max_running": done.service.max_running,
+                           "controllers": [c["job"] for c in record.controllers]}
+    fired = next((f for job in jobs for f in job.fired), None)
+    first = jobs[0] if jobs else None
+    if name.startswith("kill-"):
+        spawned = sorted(done.controllers.started_at.values())
+        row["controllers"] = list(done.controllers.started_at)
+        row["detect_s"] = _seconds(done.kill_fired_at, spawned[1] if len(spawned) > 1 else None)
+    elif name == "straggler":
+        named = attempts[0].stragglers[:1] if attempts else []
+        row["detect_s"] = _seconds(fired.at if fired else None, named[0]["at"] if named else None)
+        row["named"] = [s["node"] for s in attempts[0].stragglers] if attempts else []
+    elif name == "nccl" and first is not None:
+        row["detect_s"] = _seconds(first.started_at, first.seen_ended_at)
+    elif fired is not None and first is not None:
+        row["detect_s"] = _seconds(fired.at, first.seen_ended_at)
+        if name == "hang":
+            row["verdict_s"] = _seconds(fired.at, first.verdict_at)
+    if len(attempts) > 1 and len(jobs) > 1:
+        row["restart_s"] = _seconds(attempts[0].ended_at, jobs[1].first_step_at)
+        last, resumed = attempts[0].last_step, attempts[1].first_step
+        row["steps_lost"] = max(0, (last or 0) - (resumed or 0)) if last is not None else None
+        row["fault_step"] = fired.step if fired else None
+    lost_s = sum(row.get(k) or 0.0 for k in ("detect_s", "restart_s")) + (row.get("steps_lost") or 0) * STEP_S
+    row["lost_s"] = round(lost_s, 2)
+    row["cost_lost_usd"] = round(lost_s * NODES * bench.price / 3600, 4)
+    if baseline_s is not None:
+        row["slowdown_s"] = round(done.seconds - baseline_s, 1)
+    row["unsupervised"] = unsupervised(name, bench)
+    return row
+
+
+def unsupervised(name: str, bench: Bench) -> str:
+    """What the same failure costs an Azure ML job with no supervision, at the recipe's scale."""
+    hour = NODES * bench.price
+    if name == "hang":
+        return (f"the job holds its nodes to its timeout: {bench.timeout_h:g} h x {NODES} nodes = "
+                f"${bench.timeout_h * hour:,.2f}")
+    if name in ("preempt", "host-loss", "host-loss-writer", "nccl"):
+        return (f"the run stops; resubmitted by hand from the start, half a run is lost on average: "
+                f"{bench.expected_h / 2:g} h x {NODES} nodes = ${bench.expected_h / 2 * hour:,.2f}, plus the wait for a person")
+    if name.startswith("kill-"):
+        return "the attempt runs on unsupervised; when it fails, nothing restarts it (as a preemption then)"
+    if name == "straggler":
+        return "nobody names the slow node; every step runs at its pace"
+    if name == "budget":
+        return "no limit while an attempt runs: it spends until its own timeout"
+    return "-"
+
+
+def scenario(name: str, bench: Bench):
+    from jobs.local import managed
+    from jobs.managed.policy import Target
+
+    fault = managed.Fault
+    if name == "baseline":
+        return bench.rehearse(name, [])
+    if name == "preempt":
+        return bench.rehearse(name, [fault("preempt", 1, FAULT_STEP, grace_s=5)])
+    if name == "host-loss":
+        return bench.rehearse(name, [fault("host_loss", 1, FAULT_STEP)])
+    if name == "host-loss-writer":
+        return bench.rehearse(name, [fault("host_loss", 0, FAULT_STEP)])
+    if name == "hang":
+        return bench.rehearse(name, [fault("hang", 1, FAULT_STEP)])
+    if name == "nccl":
+        from tests.fake_sysfs import build_nd96asr_sysfs
+
+        gpu_node = build_nd96asr_sysfs(bench.root / f"sysfs-{uuid.uuid4().hex[:6]}", hcas=0)  # GPUs, no InfiniBand
+        return bench.rehearse(name, [fault("nccl", 1, launcher_args=("--sysfs", str(gpu_node)))])
+    if name == "straggler":
+        return bench.rehearse(name, [fault("slow", 1, factor=3)])
+    if name == "throttle":
+        from tests.faultproxy import FaultProxy
+
+        with FaultProxy(bench.server.port, seed=11, busy=0.3, max_faults=400, max_per_request=2) as proxy:
+            endpoint = f"http://127.0.0.1:{proxy.port}/{bench.server.account}"
+            done, lines = bench.rehearse(name, [], blob_override={1: (endpoint, proxy.connection_string(bench.server))})
+            done.throttled = dict(proxy.counts)
+        return done, lines
+    if name == "budget":
+        rate = 3600.0  # $1 per node-second: the rehearsal's seconds cost what hours cost in Azure
+        target = Target("nd-a100", NODES, rate, "LowPriority")
+        return bench.rehearse(name, [], policy_changes={
+            "targets": (target,), "usd_per_node_hour": rate, "limit_usd": LIMIT_USD, "limit_source": "bench limit",
+            "expected_hours": 0.001, "checkpoint_interval_s": float(UPLOAD_INTERVAL_S)})
+    phase = name.removeprefix("kill-")
+    faults = [fault("preempt", 1, FAULT_STEP, grace_s=5)] if phase in ("ended", "backoff") else []
+    waits = {"backoff_s": 5.0, "backoff_max_s": 5.0} if phase == "backoff" else {}  # looks happen during the wait
+    return bench.rehearse(name, faults, kill_controller_at=phase, policy_changes=waits)
+
+
+def validate_model(rows: list[dict]) -> dict[str, Any]:
+    """The goodput model's loss per interruption (recovery + half an interval) against the
+    measured loss of the failure scenarios, with the recovery the benchmark measured."""
+    from jobs import goodput
+
+    failures = [r for r in rows if r["scenario"] in ("preempt", "host-loss", "host-loss-writer", "hang")
+                and r.get("restart_s") is not None]
+    if not failures:
+        return {}
+    recovery = statistics.mean((r.get("detect_s") or 0) + r["restart_s"] for r in failures)
+    interval = UPLOAD_INTERVAL_S
+    predicted = goodput.loss_per_interruption_s(interval, recovery)
+    measured = statistics.mean(r["lost_s"] for r in failures)
+    return {"recovery_s": round(recovery, 2), "interval_s": interval, "predicted_loss_s": round(predicted, 2),
+            "measured_loss_s": round(measured, 2), "ratio": round(measured / predicted, 2) if predicted else None,
+            "lost_steps": [r.get("steps_lost") for r in failures]}
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def render(results: dict) -> str:
+    rows = results["rows"]
+    lines = [SECTION, "",
+             f"Command: `{results['command']}` (`make bench`), {results['date']}. Written by bench/recovery.py. "
+             f"Each row is one managed rehearsal: {NODES} simulated nodes x 1 rank of `{TRAIN}`, checkpoints "
+             f"uploaded every {UPLOAD_INTERVAL_S} s and on every exit, watchdog.hang_s {HANG_S}, the supervision "
+             "polling every second with a 15 s lease and the revival check every second; faults at step "
+             f"{FAULT_STEP} on node 1 (node 0 for host-loss-writer). Costs at the recipe's Azure price (${results['price']:,.3f} per node-hour, "
+             f"{NODES} nodes) for the seconds measured here.",
+             "", f"Machine: {results['machine']}. Load average before/after: {results['load_before']} / "
+             f"{results['load_after']}.", "",
+             "| scenario | outcome | attempts (causes) | detect s | end -> next first step s | steps lost | "
+             "lost s | cost lost $ | without supervision |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        outcome = r["state"] + ("" if not r["missing"] else f"; FAULT MISSING: {'; '.join(r['missing'])}")
+        if r.get("named") is not None:
+            outcome += f"; named node(s) {r['named'] or 'none'}"
+        if r.get("throttled"):
+            outcome += f"; {sum(r['throttled'].values())} busy answers"
+        lines.append(f"| {r['scenario']} | {outcome} | {r['attempts']} ({', '.join(map(str, r['causes']))}) | "
+                     f"{_f(r.get('detect_s'))} | {_f(r.get('restart_s'))} | {_f(r.get('steps_lost'))} | "
+                     f"{_f(r.get('lost_s'))} | {_f(r.get('cost_lost_usd'), 4)} | {r['unsupervised']} |")
+    checks = results["checks"]
+    lines += ["", "Checks (the done-when of the supervision):", ""]
+    lines += [f"- {text}: **{'met' if ok else 'MISSED'}**" for text, ok in checks]
+    model = results.get("model") or {}
+    if model:
+        lines += ["", f"Goodput model (jobs/goodput.py) against these losses: recovery {model['recovery_s']} s "
+                      f"(detection + restart, mean of preempt, host-loss, host-loss-writer and hang), checkpoint interval "
+                      f"{model['interval_s']} s: predicted loss per interruption {model['predicted_loss_s']} s "
+                      f"(recovery + half an interval), measured {model['measured_loss_s']} s (ratio {model['ratio']}; "
+                      f"steps lost {model['lost_steps']}: a preempted or hung node uploads its last checkpoint on "
+                      "the way out, and so does the writer when another node is lost: only a lost writer loses the "
+                      "work since its last periodic upload)."]
+    return "\n".join(lines) + "\n"
+
+
+def checks(rows: list[dict]) -> list[tuple[str, bool]]:
+    by = {r["scenario"]: r for r in rows}
+    out = []
+    if "hang" in by:
+        found = by["hang"].get("verdict_s")
+        out.append((f"a hang is found within hang_s + two watchdog intervals ({HANG_S} + 2 x {HANG_S / 6:.2f} s) of the "
+                    f"freeze: {_f(found)} s (the job's end, the controller's look and the restart follow: detect s)",
+                    found is not None and found <= HANG_S + 2 * HANG_S / 6))
+    kills = [r for r in rows if r["scenario"].startswith("kill-")]
+    if kills:
+        out.append(("a controller killed at any phase is replaced and the run completes",
+                    all(r["state"] == "succeeded" and len(r["controllers"]) > 1 for r in kills)))
+    out.append(("never two attempts at once", all(r["max_running"] <= 1 for r in rows)))
+    out.append(("every requested fault happened", all(not r["missing"] for r in rows)))
+    if "budget" in by:
+        b = by["budget"]
+        out.append((f"spend within the limit plus one poll's cost: ${b.get('total_usd', 0):,.2f} of ${LIMIT_USD:,.2f} "
+                    f"(+ ${b.get('one_poll_usd', 0):,.2f})", b.get("total_usd", 1e9) <= LIMIT_USD + b.get("one_poll_usd", 0)))
+    if "straggler" in by:
+        out.append(("the slowed node is named, and only it", by["straggler"].get("named") == [1]))
+    undisturbed = [r for r in rows if r["scenario"] in ("baseline", "throttle", "nccl") or r["scenario"].startswith("kill-")]
+    out.append(("no straggler named on the runs without a slowed node",
+                all(not r.get("stragglers") for r in undisturbed)))
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from jobs.local import azurite
+
+    chosen = [s for s in SCENARIOS if not args.only or s in args.only.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="amlhpc-recovery-"))
+    results: dict[str, Any] = {"command": "python -m bench.recovery " + " ".join(sys.argv[1:]),
+                               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "load_before": loadavg()}
+    rows: list[dict] = []
+    with azurite.start(root / "azurite") as server:
+        bench = Bench(server, root)
+        results["price"] = bench.price
+        baseline_s = None
+        for name in chosen:
+            print(f"recovery: {name} ...", flush=True)
+            done, lines = scenario(name, bench)
+            row = measure(name, done, bench, baseline_s)
+            row["stragglers"] = [s for a in done.record.attempts for s in a.stragglers]
+            if getattr(done, "throttled", None) is not None:
+                row["throttled"] = done.throttled
+            if name == "budget":
+                row["total_usd"] = round(done.record.total_usd(0.0), 2)
+                row["one_poll_usd"] = NODES * 3600.0 / 3600
+            if name == "baseline":
+                baseline_s = done.seconds
+            rows.append(row)
+            print(f"recovery: {name}: {json.dumps({k: v for k, v in row.items() if k != 'unsupervised'})}", flush=True)
+            (root / f"{name}.log").write_text("\n".join(lines))
+    machine = describe_machine()
+    results.update(rows=rows, checks=checks(rows), model=validate_model(rows), load_after=loadavg(), logs=str(root),
+                   machine=f"{machine['cpu']}, {machine['cpus']} CPUs, {machine['mem_gib']} GiB, Python "
+                           f"{machine['python']}; Azurite {azurite_version()} on the same machine")
+    return results
+
+
+def merge(results: dict, out: Path) -> dict:
+    """With --only: the other scenarios' rows from the previous run at `out` (said in the table)."""
+    previous = out / "recovery.json"
+    if not previous.is_file():
+        return results
+    old = json.loads(previous.read_text())
+    rerun = {r["scenario"] for r in results["rows"]}
+    kept = [r for r in old.get("rows", []) if r["scenario"] not in rerun]
+    if kept:
+        rows = {r["scenario"]: r for r in (*kept, *results["rows"])}
+        results["rows"] = [rows[name] for name in SCENARIOS if name in rows]
+        results["command"] = (f"{old.get('command')}, {old.get('date')}; rows {', '.join(sorted(rerun))} again with "
+                              f"{results['command']}")
+        results["checks"], results["model"] = checks(results["rows"]), validate_model(results["rows"])
+    return results
+
+
+def write(results: dict, out: Path, update: bool) -> str:
+    text = render(results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recovery.md").write_text(text)
+    (out / "recovery.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    if update:
+        previous = RESULTS.read_text() if RESULTS.exists() else ""
+        kept = previous[:previous.index(SECTION)].rstrip() if SECTION in previous else previous.rstrip()
+        RESULTS.write_text((kept + "\n\n" if kept else "") + text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/out"))
+    parser.add_argument("--update-results", action="store_true", help="also write the table into bench/RESULTS.md")
+    parser.add_argument("--only", help=f"comma-separated scenarios (default all: {', '.join(SCENARIOS)})")
+    args = parser.parse_args(argv)
+    unknown = sorted(set((args.only or "").split(",")) - set(SCENARIOS) - {""})
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    results = run(args)
+    if args.only:
+        results = merge(results, args.out)
+    print(write(results, args.out, args.update_results))
+    return 0 if all(ok for _, ok in results["checks"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

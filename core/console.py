@@ -1,0 +1,73 @@
+"""Output that reads well on a terminal and in a log: the consoles, tables and progress
+lines every command line of the project uses.
+
+- On a terminal, output takes the terminal's width, and a table too narrow for its values
+  wraps them inside their cells (`table()`: overflow "fold") instead of cutting them off.
+- Off a terminal (a pipe, a file, a CI log) there is no width to fit, and rich would
+  assume 80 columns and cut cells to `atte…`. `wide_when_piped()`, called by each entry
+  point before anything prints, gives such output `PIPED_WIDTH` columns unless COLUMNS
+  says otherwise, so every value is written out in full.
+- `working(message)` says what a step that takes more than a few seconds is doing: a
+  spinner on a terminal, one line otherwise (stderr, so stdout stays data).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+PIPED_WIDTH = 400
+"""Columns given to output that goes to a pipe or a file: wide enough for any table here."""
+PIPED_HELP_WIDTH = 100
+"""Columns of `--help` off a terminal: typer's help panels fill their console's width, so
+they read typer's own TERMINAL_WIDTH instead of the tables' PIPED_WIDTH."""
+
+
+def wide_when_piped(stream: TextIO | None = None, environ: dict[str, str] | Any = None) -> None:
+    """Off a terminal, and unless COLUMNS is set, let rich use PIPED_WIDTH columns (rich reads
+    COLUMNS when a console is created, so call this before any console exists); `--help`
+    keeps PIPED_HELP_WIDTH. Child processes inherit both, and print in full too."""
+    stream = sys.stdout if stream is None else stream
+    environ = os.environ if environ is None else environ
+    if environ.get("COLUMNS"):
+        return
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    if not terminal:
+        environ["COLUMNS"] = str(PIPED_WIDTH)
+        environ.setdefault("TERMINAL_WIDTH", str(PIPED_HELP_WIDTH))
+
+
+def table(*headers: str, title: str | None = None, show_header: bool = True, **kwargs: Any) -> Table:
+    """A table whose cells wrap rather than lose characters when the output is narrow."""
+    t = Table(title=title, show_header=show_header, **kwargs)
+    for header in headers:
+        t.add_column(header, overflow="fold")
+    return t
+
+
+def row_table(title: str | None = None) -> Table:
+    """Two columns, key and value, no header (a single object: `jobs show`)."""
+    t = Table(title=title, show_header=False)
+    t.add_column("key", overflow="fold", no_wrap=True)
+    t.add_column("value", overflow="fold")
+    return t
+
+
+@contextmanager
+def working(console: Console, message: str) -> Iterator[None]:
+    """`message` while the block runs: a spinner on a terminal, else one line up front."""
+    if console.is_terminal:
+        with console.status(message):
+            yield
+        return
+    console.print(message, highlight=False, markup=False, soft_wrap=True)
+    yield

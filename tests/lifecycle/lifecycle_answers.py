@@ -1,0 +1,235 @@
+"""What Azure answers to a GET, type by type, beyond echoing the request: the server-side
+part of the lifecycle emulator's responses, built from the example responses of
+Azure/azure-rest-api-specs recorded in tests/reference/azure-rest-api-specs (SOURCES.md).
+
+Answers are in azure-native's SDK shape (the `properties` container flattened where the
+Pulumi resource flattens it), since the emulated provider hands them to the engine as
+outputs and, on import, turns them into inputs (azure-native `ResponseToSdkInputs`,
+lifecycle_engine.response_to_inputs). Each rule names the example field it stands for
+(`EXAMPLE_FIELDS`: the test holds every one to the recorded file):
+
+- Server-assigned identities: a user-assigned identity's principalId, clientId and
+  tenantId, and a system-assigned identity's principalId and tenantId, are new random
+  GUIDs each time the resource is created (Entra issues a new service principal per
+  identity); Azure returns the map of user-assigned identities with each one's ids.
+- Read-only properties (provisioningState, creationTime, a workspace's discoveryUrl and
+  serviceProvisionedResourceGroup, a registry's managed resource group...).
+- Server defaults the request left out: a workspace reports hbiWorkspace false; a storage
+  account reports isHnsEnabled false for a new non-HNS account (pulumi-azure-native issue
+  #2003: accounts created since the property exists report it).
+- Ids in Azure's casing: a workspace returns its Application Insights id with the
+  provider namespace `microsoft.insights` (the workspace example); Azure ML returns
+  referenced ids as it stores them, not as sent.
+- System-added items: a managed network reports the rules Azure adds itself (category
+  Required, status Active or Inactive, like the example's), which the request never holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "azure-rest-api-specs"
+
+UAI = "azure-native:managedidentity:UserAssignedIdentity"
+WORKSPACE = "azure-native:machinelearningservices:Workspace"
+ML_REGISTRY = "azure-native:machinelearningservices:Registry"
+ACCOUNT = "azure-native:storage:StorageAccount"
+ROLE = "azure-native:authorization:RoleAssignment"
+
+EXAMPLE_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    UAI: ("msi/IdentityGet.json", ("properties.principalId", "properties.clientId", "properties.tenantId")),
+    WORKSPACE: ("machinelearningservices/Workspace_get.json", (
+        "identity.principalId", "identity.tenantId", "identity.userAssignedIdentities",
+        "properties.hbiWorkspace", "properties.discoveryUrl", "properties.serviceProvisionedResourceGroup",
+        "properties.applicationInsights", "properties.managedNetwork.outboundRules",
+        "properties.managedNetwork.networkId", "properties.managedNetwork.status")),
+    ML_REGISTRY: ("machinelearningservices/Registries_get.json", (
+        "identity.principalId", "properties.managedResourceGroup.resourceId", "properties.discoveryUrl",
+        "properties.regionDetails")),
+    ACCOUNT: ("storage/StorageAccountGetProperties.json", (
+        "properties.isHnsEnabled", "properties.creationTime", "properties.provisioningState",
+        "properties.primaryEndpoints")),
+    ROLE: ("authorization/RoleAssignments_ListForScope.json", ("value",)),
+}
+"""type -> (recorded example, the wire paths of it the answers below reproduce)."""
+
+READ_ONLY: dict[str, frozenset[str]] = {
+    UAI: frozenset({"principalId", "clientId", "tenantId"}),
+    WORKSPACE: frozenset({"discoveryUrl", "serviceProvisionedResourceGroup", "provisioningState", "workspaceId",
+                          "mlFlowTrackingUri", "privateEndpointConnections", "notebookInfo"}),
+    ML_REGISTRY: frozenset({"managedResourceGroup", "discoveryUrl", "mlFlowRegistryUri",
+                            "registryPrivateEndpointConnections"}),
+    ACCOUNT: frozenset({"creationTime", "provisioningState", "primaryEndpoints", "primaryLocation",
+                        "statusOfPrimary"}),
+}
+"""Top-level SDK properties Azure sets and a request may not (readOnly in the specification):
+azure-native leaves them out of inputs on import. Nested read-only fields are listed in
+NESTED_READ_ONLY."""
+
+NESTED_READ_ONLY: dict[str, tuple[str, ...]] = {
+    "identity": ("principalId", "tenantId"),
+    "managedNetwork": ("networkId", "status"),
+}
+
+
+def example(type_token: str) -> dict[str, Any]:
+    """The recorded example response body of a type."""
+    path, _ = EXAMPLE_FIELDS[type_token]
+    document = json.loads((REFERENCE / path).read_text())
+    return document["responses"]["200"]["body"]
+
+
+def wire_path(body: dict[str, Any], dotted: str) -> Any:
+    value: Any = body
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(dotted)
+        value = value[part]
+    return value
+
+
+def new_guid() -> str:
+    return str(uuid.uuid4())
+
+
+def on_create(type_token: str, body: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """What Azure assigns once, when the resource is created (kept across updates)."""
+    server: dict[str, Any] = {}
+    if type_token == UAI:
+        server.update(principalId=new_guid(), clientId=new_guid(), tenantId=tenant)
+    identity = body.get("identity")
+    if isinstance(identity, dict) and "SystemAssigned" in str(identity.get("type", "")):
+        server["identity"] = {"principalId": new_guid(), "tenantId": tenant}
+    if type_token == WORKSPACE:
+        server["workspaceId"] = new_guid()
+    if type_token == ML_REGISTRY:
+        server["registryGuid"] = new_guid()
+    return server
+
+
+def azure_casing(arm_id: str, pattern: str) -> str:
+    """`arm_id` with the fixed segments (`providers`, namespaces, types) cased as in
+    `pattern`, an id of the same type as Azure writes it in the example."""
+    mine, theirs = arm_id.split("/"), pattern.split("/")
+    if len(mine) != len(theirs):
+        return arm_id
+    fixed = {"subscriptions", "resourcegroups", "providers"}
+    out = []
+    for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        is_fixed = a.lower() in fixed or (i > 0 and mine[i - 1].lower() == "providers") or (
+            i % 2 == 1 and i > 6 and a.lower() == b.lower())
+        out.append(b if is_fixed and a.lower() == b.lower() else a)
+    return "/".join(out)
+
+
+def system_outbound_rules(body: dict[str, Any]) -> dict[str, Any]:
+    """The rules Azure adds to a managed network itself: private endpoints to the workspace's
+    own storage (blob, file), Key Vault and registry, and the service tags its computes
+    need (Microsoft Learn, "Managed virtual network isolation", required outbound rules),
+    shaped like the example's Required rule."""
+    rules: dict[str, Any] = {}
+    for target, subresources in ((body.get("storageAccount"), ("blob", "file")), (body.get("keyVault"), ("vault",)),
+                                 (body.get("containerRegistry"), ("registry",))):
+        for sub in subresources:
+            if target:
+                name = f"__SYS_PE_{str(target).rsplit('/', 1)[-1]}_{sub}"
+                rules[name] = {"type": "PrivateEndpoint", "category": "Required", "status": "Active",
+                               "destination": {"serviceResourceId": target, "subresourceTarget": sub,
+                                               "sparkEnabled": False}}
+    for tag in ("AzureActiveDirectory", "AzureMachineLearning", "BatchNodeManagement", "AzureResourceManager"):
+        rules[f"__SYS_ST_{tag}"] = {"type": "ServiceTag", "category": "Required", "status": "Active",
+                                    "destination": {"serviceTag": tag, "protocol": "TCP", "portRanges": "443"}}
+    return rules
+
+
+def answer(type_token: str, arm_id: str, body: dict[str, Any], server: dict[str, Any],
+           lookup: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
+    """The GET response (SDK shape) of a resource whose last request was `body`. `lookup`
+    answers for other resources (a workspace reports its user-assigned identities' ids)."""
+    out = copy.deepcopy(body)
+    for key, value in server.items():
+        if key == "identity":
+            out["identity"] = {**out.get("identity", {}), **value}
+        elif key not in ("registryGuid",):
+            out[key] = value
+    identity = out.get("identity")
+    if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
+        identity["userAssignedIdentities"] = {
+            uid: {k: (lookup(uid) or {}).get(k) for k in ("principalId", "clientId")}
+            for uid in identity["userAssignedIdentities"]}
+    name = arm_id.rsplit("/", 1)[-1]
+    if type_token == WORKSPACE:
+        out.setdefault("hbiWorkspace", False)
+        out["discoveryUrl"] = f"https://{out.get('location', 'region')}.api.azureml.ms/discovery"
+        out["serviceProvisionedResourceGroup"] = f"{name}_{server.get('workspaceId', '').replace('-', '')[:16]}"
+        if out.get("applicationInsights"):
+            pattern = wire_path(example(WORKSPACE), "properties.applicationInsights")
+            out["applicationInsights"] = azure_casing(str(out["applicationInsights"]), pattern)
+        network = out.get("managedNetwork")
+        if isinstance(network, dict):
+            network["outboundRules"] = {**system_outbound_rules(out), **(network.get("outboundRules") or {})}
+            network["networkId"] = server.get("workspaceId")
+            network["status"] = {"sparkReady": False, "status": "Active"}
+    if type_token == ML_REGISTRY:
+        managed = f"azureml-rg-{name}_{server.get('registryGuid', '')}"
+        subscription = arm_id.split("/")[2]
+        out["managedResourceGroup"] = {"resourceId": f"/subscriptions/{subscription}/resourceGroups/{managed}"}
+        out["discoveryUrl"] = f"https://{out.get('location', 'region')}.api.azureml.ms/registrymanagement/v1.0/registries/{name}/discovery"
+        out["regionDetails"] = registry_region_details(out, subscription, managed)
+    if type_token == ACCOUNT:
+        out.setdefault("isHnsEnabled", False)
+        out["provisioningState"] = "Succeeded"
+        out["creationTime"] = "2026-11-23T09:00:00.0000000Z"
+        out["primaryEndpoints"] = {s: f"https://{name}.{s}.core.windows.net/" for s in ("blob", "dfs", "file", "queue")}
+    return out
+
+
+def registry_region_details(registry: dict[str, Any], subscription: str, managed_group: str) -> list[dict[str, Any]]:
+    """Each region with the ids of what Azure ML created for it in the registry's managed
+    resource group (the example's armResourceId): a storage account per region and a single
+    container registry, geo-replicated to every region, reported in each ("Manage Azure
+    Machine Learning registries": "Azure blob storage accounts in each supported region ...
+    a single Azure Container Registry with replication enabled to each supported region")."""
+    out = []
+    prefix = f"/subscriptions/{subscription}/resourceGroups/{managed_group}/providers"
+    token = re.sub(r"[^a-z0-9]", "", str(registry.get("registryName") or "reg").lower())[:10]
+    for i, region in enumerate(registry.get("regionDetails") or []):
+        details = copy.deepcopy(region)
+        for acr in details.get("acrDetails") or []:
+            created = acr.setdefault("systemCreatedAcrAccount", {})
+            created["acrAccountName"] = f"{token}acr"
+            created["armResourceId"] = {"resourceId": f"{prefix}/Microsoft.ContainerRegistry/registries/{token}acr"}
+        for account in details.get("storageAccountDetails") or []:
+            created = account.setdefault("systemCreatedStorageAccount", {})
+            created["storageAccountName"] = f"{token}st{i}"
+            created["armResourceId"] = {"resourceId": f"{prefix}/Microsoft.Storage/storageAccounts/{token}st{i}"}
+        out.append(details)
+    return out
+
+
+def writable(type_token: str, response: dict[str, Any]) -> dict[str, Any]:
+    """The response without what Azure sets and a request may not (read-only properties),
+    as azure-native's ResponseToSdkInputs keeps only the PUT body's properties."""
+    out = {k: copy.deepcopy(v) for k, v in response.items() if k not in READ_ONLY.get(type_token, ()) and k != "id"}
+    for key, nested in NESTED_READ_ONLY.items():
+        if isinstance(out.get(key), dict):
+            out[key] = {k: v for k, v in out[key].items() if k not in nested}
+    identity = out.get("identity")
+    if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), dict):
+        # azure-native's input is the list of ids (a string set); the answer is a map.
+        identity["userAssignedIdentities"] = sorted(identity["userAssignedIdentities"])
+    if type_token == ML_REGISTRY:
+        for region in out.get("regionDetails") or []:
+            for acr in region.get("acrDetails") or []:
+                for key in ("acrAccountName", "armResourceId"):
+                    (acr.get("systemCreatedAcrAccount") or {}).pop(key, None)
+            for account in region.get("storageAccountDetails") or []:
+                for key in ("storageAccountName", "armResourceId"):
+                    (account.get("systemCreatedStorageAccount") or {}).pop(key, None)
+    return out

@@ -1,0 +1,235 @@
+"""The access program (infra/access): the CI identities, their GitHub credentials and roles, the
+custom roles and per-environment state, under Pulumi's mock runtime - each checked against the
+permission model and against what the environment stacks assign."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.errors import UserError
+from core.permissions import MODEL
+from infra.access.config import parse
+from infra.access.github import commands
+from infra.access.program import build
+from infra.plan import evaluate, record
+from infra.plan.mocks import FAKE_SUBSCRIPTION
+from infra.policy import run_rules
+from infra.policy.model import StackView
+from infra.policy.plan_check import views_from_plan
+
+ROLE = "azure-native:authorization:RoleAssignment"
+CONFIG = {"aml-hpc-access:repository": "my-org/aml-hpc", "aml-hpc-access:stateAccount": "amlhpcstate1",
+          "azure-native:location": "swedencentral"}
+
+
+@pytest.fixture(scope="module")
+def access():
+    resources, outputs, _ = record(lambda: build(parse(CONFIG, "test")), "access")
+    return resources, outputs
+
+
+def of_type(resources, type_token: str):
+    return [r for r in resources if r.type == type_token]
+
+
+def identity_principal(resources, name: str) -> str:
+    from infra.plan.mocks import _stable_uuid
+
+    assert any(r.inputs.get("resourceName") == name for r in resources), name
+    return _stable_uuid("principal", name)
+
+
+class TestGitHubCredentials:
+    def test_one_credential_per_identity_for_its_github_environment_only(self, access):
+        resources, _ = access
+        creds = {r.inputs["resourceName"]: r.inputs for r in of_type(resources, "azure-native:managedidentity:FederatedIdentityCredential")}
+        assert {name: c["subject"] for name, c in creds.items()} == {
+            "id-amlhpc-dev-deploy": "repo:my-org/aml-hpc:environment:dev",
+            "id-amlhpc-prod-deploy": "repo:my-org/aml-hpc:environment:prod",
+            "id-amlhpc-dev-teardown": "repo:my-org/aml-hpc:environment:teardown-dev",
+            "id-amlhpc-prod-teardown": "repo:my-org/aml-hpc:environment:teardown-prod",
+        }
+        # GitHub's issuer, and the audience azure/login requests (Azure/login README, OIDC).
+        assert all(c["issuer"] == "https://token.actions.githubusercontent.com"
+                   and c["audiences"] == ["api://AzureADTokenExchange"] for c in creds.values())
+
+    def test_the_pull_request_checks_get_no_identity(self, access):
+        resources, _ = access
+        text = json.dumps([r.inputs for r in resources])
+        assert "pull_request" not in text and ":ref:" not in text
+        assert MODEL.rights_of("pr-checks") == []
+
+
+class TestRoles:
+    def test_every_assignment_is_a_right_of_the_model_at_its_environments_scope(self, access):
+        resources, _ = access
+        roles = of_type(resources, ROLE)
+        expected = []
+        for env, locked in (("dev", False), ("prod", True)):
+            for principal in ("deploy", "teardown"):
+                for right in MODEL.rights_of(principal, "access-setup"):
+                    if right.when is None or (right.when == "dataset-lock" and locked):
+                        expected.append(f"{principal}-{env}-{right.key}")
+        assert sorted(r.name for r in roles) == sorted(expected)
+        for r in roles:
+            principal, env = r.name.split("-")[:2]
+            right = MODEL.right(principal, r.name.split("-", 2)[2])
+            assert r.inputs["principalId"] == identity_principal(resources, f"id-amlhpc-{env}-{principal}")
+            assert r.inputs["roleDefinitionId"].endswith(right.role.guid_in(FAKE_SUBSCRIPTION))
+            if right.scope == "resource-group":
+                assert r.inputs["scope"].endswith(f"/resourceGroups/rg-amlhpc-{env}")
+            else:
+                assert r.inputs["scope"].endswith(f"/containers/state-{env}")
+
+    def test_role_assignments_are_constrained_to_what_the_program_assigns(self, access):
+        resources, _ = access
+        (dev_admin,) = [r for r in of_type(resources, ROLE) if r.name == "deploy-dev-deploy-role-assignments"]
+        condition = dev_admin.inputs["condition"]
+        assert dev_admin.inputs["conditionVersion"] == "2.0"
+        listed = set(condition.split("GuidEquals {")[1].split("}")[0].split(", "))
+        program = {r.role.guid_in(FAKE_SUBSCRIPTION) for r in MODEL.rights if r.granted_by in ("program", "azure-ml")}
+        assert listed == program
+        owner, uaa = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635", "18d7d88d-d35e-4fb5-a5c3-7773c20a72d9"
+        assert owner not in condition and uaa not in condition
+        # writes and deletes both constrained (Microsoft Learn, "Constrain roles" example)
+        assert "@Request[Microsoft.Authorization/roleAssignments:RoleDefinitionId]" in condition
+        assert "@Resource[Microsoft.Authorization/roleAssignments:RoleDefinitionId]" in condition
+
+    def test_the_access_stack_passes_the_role_rules(self, access):
+        resources, _ = access
+        plan = {"stack": "access", "resources": [r.to_json() for r in resources]}
+        views, _ = views_from_plan(plan)
+        found = [v for v in run_rules(views, StackView("access", "environment"))
+                 if v.rule in ("no-privileged-roles", "role-in-permission-model")]
+        assert found == []
+
+
+class TestCustomRoles:
+    def test_definitions_are_the_models_and_assignable_in_the_environments_only(self, access):
+        resources, _ = access
+        definitions = {r.name.removeprefix("role-"): r.inputs for r in of_type(resources, "azure-native:authorization:RoleDefinition")}
+        assert set(definitions) == {role.key for role in MODEL.custom_roles()} == {"controller", "teardown", "lock-writer"}
+        for key, inputs in definitions.items():
+            role = MODEL.role(key)
+            assert inputs["roleDefinitionId"] == role.guid_in(FAKE_SUBSCRIPTION)
+            assert inputs["permissions"] == [{"actions": list(role.actions), "dataActions": [], "notActions": []}]
+            assert sorted(s.rsplit("/", 1)[-1] for s in inputs["assignableScopes"]) == ["rg-amlhpc-dev", "rg-amlhpc-prod"]
+            assert FAKE_SUBSCRIPTION in inputs["roleName"]  # one per subscription: names are unique per tenant
+
+    def test_the_environment_stack_assigns_the_role_this_program_defines(self, access):
+        resources, _ = access
+        (controller,) = [r for r in of_type(resources, "azure-native:authorization:RoleDefinition")
+                         if r.name == "role-controller"]
+        dev = evaluate("dev")
+        (jobs,) = [r for r in dev.of_type(ROLE) if r.name == "controller-access-jobs"]
+        assert jobs.inputs["roleDefinitionId"].rsplit("/", 1)[-1] == controller.inputs["roleDefinitionId"]
+
+    def test_teardown_can_delete_clusters_and_budgets_and_nothing_else(self):
+        teardown = MODEL.role("teardown")
+        deletes = [a for a in teardown.actions if a.endswith("/delete")]
+        assert deletes == ["Microsoft.MachineLearningServices/workspaces/computes/delete",
+                           "Microsoft.Consumption/budgets/delete"]
+
+    def test_the_controller_role_holds_no_secret_or_destructive_action(self):
+        role = MODEL.role("controller")
+        for action in ("Microsoft.MachineLearningServices/workspaces/datastores/listsecrets/action",
+                       "Microsoft.MachineLearningServices/workspaces/connections/listsecrets/action",
+                       "Microsoft.MachineLearningServices/workspaces/listKeys/action",
+                       "Microsoft.MachineLearningServices/workspaces/jobs/delete",
+                       "Microsoft.MachineLearningServices/workspaces/computes/write",
+                       "Microsoft.MachineLearningServices/workspaces/onlineEndpoints/write"):
+            assert not role.allows(action), action
+        assert all(role.why[a] for a in role.actions), "every action says which call needs it"
+
+
+class TestState:
+    def test_one_container_per_environment_on_a_keyless_versioned_account(self, access):
+        resources, outputs = access
+        containers = sorted(r.inputs["containerName"] for r in of_type(resources, "azure-native:storage:BlobContainer"))
+        assert containers == ["state-dev", "state-prod"]
+        (account,) = of_type(resources, "azure-native:storage:StorageAccount")
+        assert account.inputs["allowSharedKeyAccess"] is False and account.inputs["allowBlobPublicAccess"] is False
+        (service,) = of_type(resources, "azure-native:storage:BlobServiceProperties")
+        assert service.inputs["isVersioningEnabled"] is True
+        assert outputs["github"]["prod"]["PULUMI_BACKEND_URL"] == "azblob://state-prod?storage_account=amlhpcstate1"
+        assert outputs["github"]["teardown-prod"]["PULUMI_BACKEND_URL"].startswith("azblob://state-prod?")
+
+    def test_environment_groups_exist_before_their_first_deployment(self, access):
+        resources, _ = access
+        groups = {r.inputs["resourceGroupName"]: r for r in of_type(resources, "azure-native:resources:ResourceGroup")}
+        assert set(groups) == {"rg-amlhpc-access", "rg-amlhpc-dev", "rg-amlhpc-prod"}
+        # the environment stack owns the tags and retains the group: adopted on its first up
+        assert groups["rg-amlhpc-prod"].ignore_changes == ["tags"] and groups["rg-amlhpc-prod"].retain_on_delete
+
+
+class TestConfig:
+    @pytest.mark.parametrize("key, value, fragment", [
+        ("aml-hpc-access:repository", "not a repo", "is not a GitHub owner/name"),
+        ("aml-hpc-access:stateAccount", "Bad_Name", "aml-hpc-access:stateAccount: 'Bad_Name'"),
+        ("aml-hpc-access:environments", ["dev", "exp-x"], "'exp-x' is an experiment stack"),
+        ("aml-hpc-access:stateAcount", "x", "unknown key"),
+    ])
+    def test_bad_values_are_named(self, key, value, fragment):
+        with pytest.raises(UserError) as info:
+            parse({**CONFIG, key: value}, "infra/access/Pulumi.access.yaml")
+        assert fragment in info.value.render()
+
+
+class TestGitHubEnvironments:
+    def test_every_environment_is_limited_to_main_and_prod_needs_reviewers(self, access):
+        _, outputs = access
+        lines = commands(outputs["github"], "my-org/aml-hpc", ["team:ml-platform"])
+        for name in ("dev", "prod", "teardown-dev", "teardown-prod"):
+            put = next(line for line in lines if line.startswith(f"gh api -X PUT repos/my-org/aml-hpc/environments/{name} "))
+            assert "deployment_branch_policy[custom_branch_policies]=true" in put
+            assert ("reviewers[][id]=$(gh api orgs/my-org/teams/ml-platform --jq .id)" in put) == (name == "prod")
+            assert (f"gh api -X POST repos/my-org/aml-hpc/environments/{name}/deployment-branch-policies "
+                    "-f name=main -f type=branch") in lines
+        variables = [line for line in lines if line.startswith("gh variable set")]
+        assert len(variables) == 16 and all(" --env " in line for line in variables)  # never repository-wide
+
+    def test_passphrases_go_to_their_environments_only(self, access, tmp_path):
+        _, outputs = access
+        lines = commands(outputs["github"], "my-org/aml-hpc", ["team:ml-platform"], tmp_path)
+        secrets = sorted(line for line in lines if line.startswith("gh secret set"))
+        assert secrets == [f"gh secret set PULUMI_CONFIG_PASSPHRASE --repo my-org/aml-hpc --env {gh} < {tmp_path}/{env}.txt"
+                           for gh, env in (("dev", "dev"), ("prod", "prod"), ("teardown-dev", "dev"),
+                                           ("teardown-prod", "prod"))]
+
+    def test_prod_without_reviewers_is_refused(self, access):
+        _, outputs = access
+        with pytest.raises(UserError, match="'prod' needs required reviewers"):
+            commands(outputs["github"], "my-org/aml-hpc", [])
+
+
+class TestScript:
+    """scripts/access-setup.sh: its refusals name the fix; it drives `pulumi -C infra/access`."""
+
+    def run(self, *args: str, path: str = "/usr/bin:/bin", **env: str):
+        import subprocess
+
+        from infra.config import REPO_ROOT
+
+        return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "access-setup.sh"), *args], cwd=REPO_ROOT, text=True,
+                              capture_output=True, env={"PATH": path, "HOME": "/tmp", **env}, timeout=60)
+
+    def test_unknown_action_and_missing_cli_are_refused(self):
+        unknown = self.run("apply")
+        assert unknown.returncode == 2 and "unknown action 'apply'" in unknown.stderr
+        missing = self.run("up")
+        assert missing.returncode == 127 and "the Pulumi CLI is not installed" in missing.stderr
+
+    def test_up_runs_the_access_program_on_its_own_stack(self, tmp_path):
+        fake = tmp_path / "bin"
+        fake.mkdir()
+        (fake / "pulumi").write_text('#!/usr/bin/env bash\nprintf "%s|%s\\n" "$*" "$PULUMI_BACKEND_URL" >> "$LOG"\n')
+        (fake / "pulumi").chmod(0o755)
+        log = tmp_path / "log"
+        result = self.run("up", "--", "--yes", path=f"{fake}:/usr/bin:/bin", LOG=str(log), PULUMI_CONFIG_PASSPHRASE="x",
+                          ACCESS_BACKEND_URL=f"file://{tmp_path}/state")
+        assert result.returncode == 0, result.stderr
+        assert log.read_text().splitlines() == [
+            f"-C infra/access stack select --create --secrets-provider passphrase access|file://{tmp_path}/state",
+            f"-C infra/access up --stack access --yes|file://{tmp_path}/state"]

@@ -1,0 +1,207 @@
+"""Versioned checkpoints: the node-local tier (markers, verification, retention), the background
+writer (training goes on while it writes, and what it writes is the state at save time),
+sharded state (FSDP) saved by every rank and loaded into another world size, and the launcher's
+restore from Blob of a node's own parts or, on another world size, of every part."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.runtime.checkpoint import CheckpointStore, tier
+from jobs.runtime.checkpoint.snapshot import scan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_version(root: Path, step: int, ranks: list[int], world: int, tag: str = "t0") -> Path:
+    version = tier.versions_dir(root) / tier.version_name(step)
+    for rank in ranks:
+        folder = tier.rank_dir(version, rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "shard.bin").write_bytes(os.urandom(2000) + bytes([rank, step % 256]))
+        tier.write_marker(version, rank, step=step, world=world, tag=tag)
+    return version
+
+
+class TestTier:
+    def test_held_verify_and_corruption(self, tmp_path):
+        make_version(tmp_path, 2, [0, 1], 4)
+        make_version(tmp_path, 4, [0], 4)  # rank 1's part of step 4 never finished
+        assert [v.name for v in tier.held(tmp_path, [0, 1])] == ["step-000000002"]
+        (version,) = tier.held(tmp_path, [0, 1])
+        assert version.verify([0, 1]) is None and version.world == 4 and version.tag == "t0"
+        shard = tier.rank_dir(version.path, 1) / "shard.bin"
+        shard.write_bytes(b"x" + shard.read_bytes()[1:])
+        assert "rank-1/shard.bin does not match its marker (corrupt)" in version.verify([0, 1])
+
+    def test_retention_keeps_what_is_in_use(self, tmp_path):
+        for step in (2, 4, 6, 8):
+            make_version(tmp_path, step, [0, 1], 2)
+        make_version(tmp_path, 10, [0], 2)  # being written
+        gone = tier.prune_local(tmp_path, [0, 1], keep=2, protect={"step-000000002"})
+        assert gone == ["step-000000004"]
+        assert [v.name for v in tier.scan_versions(tmp_path)] == ["step-000000002", "step-000000006", "step-000000008",
+                                                                   "step-000000010"]
+        assert tier.discard_after(tmp_path, 6) == ["step-000000008", "step-000000010"]
+
+    def test_a_marker_naming_another_rank_folder_is_ignored(self, tmp_path):
+        version = make_version(tmp_path, 2, [0], 1)
+        marker = json.loads(tier.marker_path(version, 0).read_text())
+        marker["files"][0]["path"] = "rank-1/shard.bin"
+        tier.marker_path(version, 0).write_text(json.dumps(marker))
+        assert tier.held(tmp_path, [0]) == []
+
+
+class TestBackgroundWriter:
+    def test_saves_the_state_of_the_save_not_of_later_steps(self, tmp_path):
+        torch = pytest.importorskip("torch")
+        from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+
+        weight = torch.arange(1_000_000, dtype=torch.float32)
+        writer = Checkpointer(tmp_path, 0, 1, "t0", background=True)
+        stall = writer.save(1, {"w": weight}, {"step": 1})
+        weight.mul_(-1)  # the training goes on and changes the tensor in place at once
+        writer.wait()
+        target = {"w": torch.zeros_like(weight)}
+        load_version(tier.versions_dir(tmp_path) / "step-000000001", target, 0)
+        assert torch.equal(target["w"], torch.arange(1_000_000, dtype=torch.float32))
+        assert stall >= 0 and writer.saved == [1]
+
+    def test_the_next_save_reuses_the_buffers_and_keeps_each_state(self, tmp_path):
+        """The second save copies into the first one's CPU buffers (no new allocation) only after
+        the first write is done: both versions hold their own step's values."""
+        torch = pytest.importorskip("torch")
+        from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+
+        weight = torch.ones(100_000)
+        writer = Checkpointer(tmp_path, 0, 1, "t0")
+        writer.save(1, {"w": weight}, {"step": 1})
+        buffer = writer._buffers[("w",)]
+        weight.add_(1)
+        writer.save(2, {"w": weight}, {"step": 2})
+        assert writer._buffers[("w",)] is buffer, "the buffer of the first save is reused"
+        weight.add_(1)
+        writer.wait()
+        for step, value in ((1, 1.0), (2, 2.0)):
+            target = {"w": torch.zeros(100_000)}
+            load_version(tier.versions_dir(tmp_path) / tier.version_name(step), target, 0)
+            assert torch.equal(target["w"], torch.full((100_000,), value)), step
+
+    def test_a_failed_write_is_reported_by_the_next_save(self, tmp_path):
+        torch = pytest.importorskip("torch")
+        from jobs.runtime.checkpoint import CheckpointError
+        from jobs.runtime.checkpoint.versioned import Checkpointer
+
+        (tmp_path / "versions").write_text("not a folder")
+        writer = Checkpointer(tmp_path, 0, 1, "t0")
+        writer.save(1, {"w": torch.ones(3)}, {"step": 1})
+        with pytest.raises(CheckpointError, match="rank 0: writing a checkpoint failed"):
+            writer.save(2, {"w": torch.ones(3)}, {"step": 2})
+
+
+FSDP = r"""
+import json, os, sys, torch, torch.distributed as dist
+from pathlib import Path
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+mode, root = sys.argv[1], Path(sys.argv[2])
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(10, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+mesh = init_device_mesh("cpu", (world,))
+for layer in (model[0], model[2]):
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+optim = torch.optim.AdamW(model.parameters(), lr=0.01)
+def full(sd):
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).tolist() for k, v in sd.items() if hasattr(v, "shape")}
+if mode == "save":
+    for _ in range(2):
+        optim.zero_grad(); model(torch.randn(4, 10)).sum().backward(); optim.step()
+    msd, osd = get_state_dict(model, optim)
+    writer = Checkpointer(root, rank, world, "t0", background=True)
+    writer.save(2, {"model": msd, "optim": osd}, {"step": 2})
+    expected = {"model": full(msd), "exp_avg": {k: full(v) for k, v in osd["state"].items()}}
+    if rank == 0:
+        (root / "expected.json").write_text(json.dumps(expected))
+    writer.wait()
+else:
+    msd, osd = get_state_dict(model, optim)
+    state = {"model": msd, "optim": osd}
+    trainer = load_version(root / "versions" / "step-000000002", state, rank, world)
+    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    msd, osd = get_state_dict(model, optim)
+    expected = json.loads((root / "expected.json").read_text())
+    assert full(msd) == expected["model"], "model differs after resharding"
+    assert {k: full(v) for k, v in osd["state"].items()} == expected["exp_avg"], "optimizer state differs"
+    assert trainer["same_world"] is False and trainer["saved_world"] == 4
+    optim.zero_grad(); model(torch.randn(4, 10)).sum().backward(); optim.step()
+    print(f"rank {rank}: resharded 4 -> {world} ok")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_state_saved_by_every_rank_loads_into_another_world_size(tmp_path):
+    """FSDP2 (fully_shard) over gloo: 4 ranks each save their shards; 3 ranks load them (DCP
+    reshards by chunk offsets): model and Adam state equal the 4-rank job's, element for element."""
+    pytest.importorskip("torch")
+    script = tmp_path / "fsdp.py"
+    script.write_text(FSDP)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for mode, nproc in (("save", 4), ("load", 3)):
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
+                               str(script), mode, str(tmp_path / "ckpt")], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "versions" / "step-000000002").glob("rank-*.json")) == \
+        [f"rank-{r}.json" for r in range(4)]
+    assert proc.stdout.count("resharded 4 -> 3 ok") == 3
+
+
+@pytest.mark.azurite
+class TestRestoreFromBlob:
+    def committed(self, container, tmp_path) -> tuple[CheckpointStore, Path]:
+        """A version of a 4-rank job (2 nodes x 2) staged by both nodes and committed."""
+        stores = [CheckpointStore(container, "job/versions", node=k) for k in (0, 1)]
+        for node in (0, 1):
+            version = make_version(tmp_path / f"node{node}", 6, [2 * node, 2 * node + 1], 4)
+            files = tier.read_version(version).files([2 * node, 2 * node + 1])
+            stores[node].stage(version, files, "000000006-t0")
+        stores[0].commit("000000006-t0", 6, [0, 1], {"layout": "versions", "step": 6, "world": 4, "tag": "t0",
+                                                     "local": "step-000000006", "nodes": 2})
+        return stores[0], tmp_path
+
+    def node(self, azurite, container, tmp_path: Path, node: int, local_size: int, world: int):
+        from jobs.runtime.checkpoint import parse_settings
+        from jobs.runtime.checkpoint.node import NodeCheckpoints
+
+        settings = parse_settings(json.dumps({"container": container.container_name, "prefix": "job"}))
+        return NodeCheckpoints(settings, node=node, nodes=world // local_size, local_size=local_size, world=world,
+                               checkpoint_dir=tmp_path / f"restore-{node}-{world}",
+                               environ={"AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string})
+
+    def test_same_world_restores_the_nodes_own_parts(self, azurite, container, tmp_path):
+        self.committed(container, tmp_path)
+        node = self.node(azurite, container, tmp_path, 1, 2, 4)
+        folder, resume = node.restore_at_start()
+        assert folder is None and resume.name == "step-000000006"
+        assert sorted(scan(resume)) == ["rank-2.json", "rank-2/shard.bin", "rank-3.json", "rank-3/shard.bin"]
+
+    def test_another_world_restores_every_part(self, azurite, container, tmp_path):
+        """Shrink-and-continue: a 3-rank job needs every rank's shards to reshard from."""
+        self.committed(container, tmp_path)
+        node = self.node(azurite, container, tmp_path, 0, 1, 3)
+        _, resume = node.restore_at_start()
+        assert sorted(p.name for p in resume.glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
+        assert tier.read_version(resume).verify(range(4)) is None
+

@@ -1,0 +1,157 @@
+"""The security baseline on a prod stack: each insecure configuration is refused by a mandatory
+rule naming the resource and the fix; the same configuration in dev passes the network rules
+(dev is public by design) but never the role rules.
+
+The stacks are the shipped Pulumi.prod.yaml with one thing changed, evaluated as the offline
+plan does (the real program under Pulumi's mocks); what the stack file cannot express (a
+wildcard rule, an Owner assignment, a stray public IP) is added to the plan's resources, as
+another branch of the program or a hand-written resource would add it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from core.errors import UserError
+from infra.config import REPO_ROOT
+from infra.plan import evaluate
+from infra.policy import check_plan, render
+from infra.policy.outbound import allowed_hosts
+
+PROD = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())["config"]
+ROLE = "azure-native:authorization:RoleAssignment"
+# Azure's built-in role GUIDs (Azure built-in roles: privileged, general).
+OWNER, UAA, RBAC_ADMIN = ("8e3af657-a8ff-443c-a75c-2fe8c4bcb635", "18d7d88d-d35e-4fb5-a5c3-7773c20a72d9",
+                          "f58310d9-a9f6-439a-9e8d-f62e7b41a168")
+
+
+def prod_with(tmp_path, name: str = "prod", **changes) -> dict:
+    config = copy.deepcopy(PROD)
+    for key, value in changes.items():
+        config[f"aml-hpc:{key}"] = value
+    (tmp_path / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": config}))
+    return evaluate(name, tmp_path).to_json()
+
+
+def mandatory(plan: dict) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for v in check_plan(plan):
+        if v.level == "mandatory":
+            out.setdefault(v.rule, []).append(v)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prod() -> dict:
+    return evaluate("prod").to_json()
+
+
+def with_resource(plan: dict, type_token: str, name: str, inputs: dict) -> dict:
+    plan = copy.deepcopy(plan)
+    plan["resources"].append({"urn": f"urn:pulumi:prod::aml-hpc::{type_token}::{name}", "type": type_token,
+                              "name": name, "custom": True, "inputs": inputs, "options": {}})
+    return plan
+
+
+def role_assignment(guid: str, condition: str | None = None, environment: str = "prod") -> dict:
+    inputs = {"roleDefinitionId": f"/subscriptions/s/providers/Microsoft.Authorization/roleDefinitions/{guid}",
+              "principalId": "11111111-2222-3333-4444-555555555555", "principalType": "User",
+              "scope": "/subscriptions/s/resourceGroups/rg-amlhpc-prod", "tags": {"environment": environment}}
+    if condition is not None:
+        inputs |= {"condition": condition, "conditionVersion": "2.0"}
+    return inputs
+
+
+def test_shipped_prod_passes_every_mandatory_rule(prod):
+    assert mandatory(prod) == {}, render(check_plan(prod), "prod")
+
+
+class TestNetwork:
+    def test_prod_on_the_public_internet_is_refused(self, tmp_path):
+        """isolation: public on prod used to pass every rule."""
+        found = mandatory(prod_with(tmp_path, network={"isolation": "public"}))
+        public = {v.name for v in found["no-public-network-access"]}
+        assert {"data-account", "ml-storage", "ml-kv", "ml-acr", "ml-mlw", "registry-registry"} <= public
+        assert all("environment 'prod'" in v.message and "isolation: managed" in v.fix
+                   for v in found["no-public-network-access"])
+        assert {v.name for v in found["no-public-ips"]} == {"cluster-nd-h100-compute", "controller-compute"}
+
+    def test_internet_outbound_is_refused_not_advised(self, tmp_path):
+        network = {**PROD["aml-hpc:network"], "outbound": "AllowInternetOutbound"}
+        network.pop("fqdnRules")
+        network.pop("firewallSku")
+        [v] = mandatory(prod_with(tmp_path, network=network))["no-internet-outbound"]
+        assert "any host on the internet" in v.message and "AllowOnlyApprovedOutbound" in v.fix
+
+    def test_a_host_not_on_the_allow_list_is_refused(self, tmp_path):
+        network = {**PROD["aml-hpc:network"], "fqdnRules": ["pypi.org", "github.com"]}
+        [v] = mandatory(prod_with(tmp_path, network=network))["outbound-fqdn-allow-listed"]
+        assert "'github.com'" in v.message and "infra/policy/outbound.toml" in v.fix
+
+    def test_a_wildcard_is_refused_by_config_and_by_policy(self, tmp_path, prod):
+        with pytest.raises(UserError, match=r"fqdnRules\[0\]: '\*.ngrok.io' is a wildcard"):
+            prod_with(tmp_path, network={**PROD["aml-hpc:network"], "fqdnRules": ["*.ngrok.io"]})
+        plan = copy.deepcopy(prod)
+        ws = next(r for r in plan["resources"] if r["type"] == "azure-native:machinelearningservices:Workspace")
+        ws["inputs"]["managedNetwork"]["outboundRules"]["fqdn-s3"] = {"type": "FQDN", "destination": "*.amazonaws.com",
+                                                                      "category": "UserDefined"}
+        [v] = mandatory(plan)["outbound-fqdn-allow-listed"]
+        assert "wildcard '*.amazonaws.com'" in v.message
+
+    def test_a_public_ip_that_is_not_bastions_or_nats_is_refused(self, prod):
+        plan = with_resource(prod, "azure-native:network:PublicIPAddress", "stray-ip",
+                             {"publicIpAddressName": "pip-stray", "tags": {"environment": "prod"}})
+        [v] = mandatory(plan)["no-public-ips"]
+        assert v.name == "stray-ip" and "neither Azure Bastion nor a NAT gateway" in v.message
+
+    def test_the_way_ins_bastion_and_nat_ips_are_accepted(self, prod):
+        ips = sorted(r["name"] for r in prod["resources"] if r["type"] == "azure-native:network:PublicIPAddress")
+        assert ips == ["way-in-bastion-ip", "way-in-nat-ip"] and "no-public-ips" not in mandatory(prod)
+
+    def test_dev_stays_public_by_design(self):
+        assert {"no-public-network-access", "no-public-ips", "no-shared-key-storage"}.isdisjoint(
+            mandatory(evaluate("dev").to_json()))
+
+
+class TestStorage:
+    def test_an_account_key_on_the_workspace_storage_is_refused(self, tmp_path):
+        [v] = mandatory(prod_with(tmp_path, workspaceStorageAuth="accessKey"))["no-shared-key-storage"]
+        assert v.name == "ml-storage" and "workspaceStorageAuth: identity" in v.fix
+
+    def test_shared_key_on_the_dataset_account_is_refused(self, tmp_path):
+        storage = {**PROD["aml-hpc:storage"], "allowSharedKeyAccess": True}
+        [v] = mandatory(prod_with(tmp_path, storage=storage))["no-shared-key-storage"]
+        assert v.name == "data-account" and "allowSharedKeyAccess: false" in v.fix
+
+
+class TestRoles:
+    @pytest.mark.parametrize("guid, name", [(OWNER, "Owner"), (UAA, "User Access Administrator"),
+                                            (RBAC_ADMIN, "Role Based Access Control Administrator")])
+    @pytest.mark.parametrize("environment", ["prod", "dev"])
+    def test_privileged_roles_are_refused_everywhere(self, prod, guid, name, environment):
+        plan = with_resource(prod, ROLE, "grant-everything", role_assignment(guid, environment=environment))
+        [v] = mandatory(plan)["no-privileged-roles"]
+        assert f"gives {name} with no condition" in v.message and "constrain-roles" in v.fix
+
+    def test_rbac_administrator_needs_a_condition_that_constrains_roles(self, prod):
+        from core.permissions import MODEL
+
+        loose = "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers:ContainerName] StringEquals 'x'"
+        [v] = mandatory(with_resource(prod, ROLE, "loose", role_assignment(RBAC_ADMIN, loose)))["no-privileged-roles"]
+        assert "does not constrain the roles" in v.message
+        tight = role_assignment(RBAC_ADMIN, MODEL.constrain_roles_condition("s"))
+        assert "no-privileged-roles" not in mandatory(with_resource(prod, ROLE, "tight", tight))
+
+    def test_a_role_outside_the_model_is_refused(self, prod):
+        network_contributor = "4d97b98b-1d4f-4787-a291-c67834d212e7"  # Azure built-in roles, networking
+        [v] = mandatory(with_resource(prod, ROLE, "extra", role_assignment(network_contributor)))["role-in-permission-model"]
+        assert network_contributor in v.message and "core/catalog/permissions.toml" in v.fix
+
+
+def test_default_outbound_rules_are_all_allow_listed():
+    from infra.config import DEFAULT_FQDN_RULES
+
+    assert set(DEFAULT_FQDN_RULES) <= set(allowed_hosts())
+    assert "github.com" not in allowed_hosts()

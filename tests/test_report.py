@@ -1,0 +1,252 @@
+"""`jobs report`: the page's plots show what the run recorded, checked against the records
+themselves (read here independently of jobs.report.records).
+
+tests/fixtures/runs/cosmoflow-recorded is a real rehearsal (`jobs run cosmoflow --local`,
+2 simulated nodes, then the same name again with one epoch more: it resumed from step 8),
+kept as written except that the project's path is shortened; its node code and scratch
+are left out. Telemetry, MFU and per-node step times are not in it (nothing in this
+rehearsal records them): their plots are tested on records built here in the documented
+format, and the recorded run must say "not recorded" for them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from jobs import report
+from jobs.report import figures, page, records
+
+RECORDED = Path(__file__).parent / "fixtures" / "runs" / "cosmoflow-recorded"
+
+
+def metric_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if re.match(r'^\{"step": \d+', line)]
+
+
+def attempt_lines() -> list[dict]:
+    return [json.loads(line) for line in (RECORDED / "attempts.jsonl").read_text().splitlines()]
+
+
+def path_points(svg: str, gid: str) -> int:
+    """Vertices of the path a series was drawn as (`<g id="gid"><path d="M ... L ...">`)."""
+    group = svg[svg.index(f'<g id="{gid}">'):]
+    d = re.search(r'<path d="([^"]+)"', group).group(1)
+    return d.count("M") + d.count("L")
+
+
+def texts(svg: str) -> list[str]:
+    return re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+
+
+@pytest.fixture(scope="module")
+def run() -> records.RunRecords:
+    return records.read(RECORDED)
+
+
+@pytest.fixture(scope="module")
+def plots(run) -> dict[str, figures.Plot]:
+    return {p.key: p for p in figures.all_plots(run)}
+
+
+class TestRecordedRun:
+    def test_loss_has_every_step_rank_0_logged(self, run, plots):
+        logged = [(line["step"], line["loss"]) for line in metric_lines(RECORDED / "node0/user_logs/std_log_process_0.txt")
+                  if "loss" in line]
+        assert len(logged) == 12 and logged[0][0] == 1 and logged[-1][0] == 12  # 8 steps, then 4 more after resuming
+        plot = plots["loss"]
+        assert plot.series["loss-0-0"] == [(float(s), v) for s, v in logged]
+        assert path_points(plot.svg, "loss-0-0") == 12
+        epochs = [(line["step"], line["epoch_loss"]) for line in
+                  metric_lines(RECORDED / "node0/user_logs/std_log_process_0.txt") if "epoch_loss" in line]
+        assert plot.series["loss-m0-0"] == [(float(s), v) for s, v in epochs] and len(epochs) == 3
+        labels = texts(plot.svg)
+        assert "step" in labels and "loss" in labels and "12" in labels and "mean loss per epoch" in labels
+        top = max(v for _, v in logged)
+        assert any(t.replace("\u2212", "-") == f"{top:.1f}" for t in labels) or float(labels[labels.index("loss") - 1]) <= top + 0.1
+
+    def test_throughput_is_samples_per_second_at_each_epoch_end(self, plots):
+        logged = [(float(line["step"]), line["samples_per_s"]) for line in
+                  metric_lines(RECORDED / "node0/user_logs/std_log_process_0.txt") if "samples_per_s" in line]
+        plot = plots["throughput"]
+        assert plot.series["throughput-0-0"] == logged and path_points(plot.svg, "throughput-0-0") == 3
+        assert "samples/s" in texts(plot.svg)
+
+    def test_timeline_lays_each_nodes_phases_end_to_end(self, run, plots):
+        plot = plots["timeline"]
+        for node in (0, 1):
+            launch = json.loads((RECORDED / f"node{node}/outputs/aml-hpc/launch-node00{node}.json").read_text())
+            start = 0.0
+            for phase in [p for p in records.LAUNCH_PHASES if p in launch["phases"]]:  # node 1 uploads nothing
+                seconds = launch["phases"][phase]
+                assert plot.series[f"timeline-n{node}-{phase}"] == [(pytest.approx(start), pytest.approx(start + seconds))]
+                assert f'id="timeline-n{node}-{phase}"' in plot.svg
+                start += seconds
+        assert "node 0" in texts(plot.svg) and "node 1" in texts(plot.svg) and "seconds from launch" in texts(plot.svg)
+        staged = {(s.node, s.input): s for s in run.staging}
+        doc = json.loads((RECORDED / "node1/outputs/aml-hpc/staging-node1.json").read_text())["inputs"][0]
+        assert staged[(1, "cosmoflow")].bytes_out == doc["bytes_out"] and staged[(1, "cosmoflow")].files == doc["files_node"]
+
+    def test_attempts_and_their_cost_at_the_planned_price(self, plots):
+        lines = attempt_lines()
+        assert len(lines) == 2
+        plot = plots["attempts"]
+        assert {k for k in plot.series if k.startswith("attempts-bar-")} == {"attempts-bar-1", "attempts-bar-2"}
+        costs = []
+        for line in lines:
+            hours = (datetime.fromisoformat(line["ended_at"].replace("Z", "+00:00"))
+                     - datetime.fromisoformat(line["started_at"].replace("Z", "+00:00"))).total_seconds() / 3600
+            costs.append(line["nodes"] * hours * line["usd_per_node_hour"])
+        cumulative = plot.series["attempts-cost"]
+        assert cumulative[-1][1] == pytest.approx(sum(costs)) and cumulative[2][1] == pytest.approx(costs[0])
+        assert "Standard_ND96asr_v4" in plot.note and "$27.197/node-hour" in plot.note
+        assert "cumulative $" in texts(plot.svg) and "minutes since the first attempt started" in texts(plot.svg)
+
+    def test_what_was_not_recorded_says_so(self, plots):
+        for key in ("mfu", "step-time", "gpu-util", "gpu-memory"):
+            assert plots[key].svg is None and plots[key].note.startswith("not recorded"), key
+
+    def test_the_page_is_self_contained(self, tmp_path):
+        path = report.write(RECORDED, tmp_path / "r.html", now=datetime(2026, 11, 25, tzinfo=UTC))
+        html = path.read_text()
+        assert html.count("<svg") == 4 and html.count('class="missing"') == 4
+        assert "4 of 8 plots recorded" in html
+        assert "<script" not in html and "<link" not in html and not re.search(r'(src|href)="https?:', html)
+        ids = re.findall(r'\bid="([^"]+)"', html)
+        assert len(ids) == len(set(ids)), "ids shared between plots"
+        again = report.write(RECORDED, tmp_path / "again.html", now=datetime(2026, 11, 25, tzinfo=UTC)).read_text()
+        assert again == html, "the same records give the same page"
+
+
+class TestManagedRun:
+    """tests/fixtures/runs/cosmoflow-managed: `jobs run cosmoflow --local --managed --preempt-after 3
+    --preempt-node 1`, recorded: node 1 preempted in the first attempt (after step 1, before any
+    checkpoint), the second attempt trained from the start to step 8."""
+
+    MANAGED = RECORDED.parent / "cosmoflow-managed"
+
+    def test_attempts_and_costs_come_from_the_record(self):
+        record = json.loads((self.MANAGED / "supervision.json").read_text())
+        r = records.read(self.MANAGED)
+        plot = figures.attempts(r)
+        assert [a.outcome for a in r.attempts] == ["Failed: preempted", "Completed: completed"]
+        assert plot.series["attempts-cost"][-1][1] == pytest.approx(sum(a["usd"] for a in record["attempts"]))
+        first = record["attempts"][0]
+        hours = (datetime.fromisoformat(first["ended_at"]) - datetime.fromisoformat(first["started_at"])).total_seconds() / 3600
+        assert plot.series["attempts-bar-1"] == [(0.0, pytest.approx(hours * 60))]  # minutes: a short run
+        assert "the managed run's record" in plot.note and r.outcome.startswith("succeeded")
+
+    def test_the_second_attempt_is_a_second_segment_of_the_loss(self):
+        plot = figures.loss(records.read(self.MANAGED))
+        lines = [line for line in metric_lines(self.MANAGED / "node0/user_logs/std_log_process_0.txt") if "loss" in line]
+        assert [len(v) for k, v in sorted(plot.series.items()) if k.startswith("loss-0-")] == [1, len(lines) - 1]
+        assert "go back 1 time(s)" in plot.note
+
+
+class TestOtherRecords:
+    def test_telemetry_mfu_and_step_times_in_the_documented_format(self, tmp_path):
+        node0 = tmp_path / "node0" / "user_logs"
+        node0.mkdir(parents=True)
+        node0.joinpath("std_log_process_0.txt").write_text("\n".join(
+            json.dumps({"step": s, "loss": 2.0 / s, "tokens_per_s": 1000.0 + s, "mfu": 0.40 + s / 100,
+                        "step_time_s": 0.5, "node": 0}) for s in range(1, 6)) + "\nnot json\n")
+        node1 = tmp_path / "node1" / "user_logs"
+        node1.mkdir(parents=True)
+        node1.joinpath("std_log_process_1.txt").write_text("\n".join(
+            json.dumps({"step": s, "step_time_s": 0.5 + s / 10, "node": 1}) for s in range(1, 6)))
+        samples = [{"time": 1000 + 5 * i, "node": 0, "gpus": [{"index": 0, "util_percent": 90 + i, "memory_used_mib": 40960},
+                                                              {"index": 1, "util_percent": 10, "memory_used_mib": 1024}]}
+                   for i in range(4)]
+        (tmp_path / "node0" / "telemetry-node0.jsonl").write_text("\n".join(json.dumps(s) for s in samples))
+        r = records.read(tmp_path)
+        plots = {p.key: p for p in figures.all_plots(r)}
+        assert plots["mfu"].series["mfu-0-0"] == [(float(s), pytest.approx(40 + s)) for s in range(1, 6)]
+        assert plots["throughput"].series["throughput-0-0"][0] == (1.0, 1001.0) and "tokens/s" in texts(plots["throughput"].svg)
+        assert plots["step-time"].series["step-time-1-0"] == [(float(s), pytest.approx(0.5 + s / 10)) for s in range(1, 6)]
+        assert plots["gpu-util"].series["gpu-util-0-0"] == [(0.0, 90.0), (5.0, 91.0), (10.0, 92.0), (15.0, 93.0)]
+        assert plots["gpu-memory"].series["gpu-memory-0-0"][0] == (0.0, 40.0)  # GiB
+        assert "node 0 gpu 1" in texts(plots["gpu-util"].svg)
+
+    def test_a_restart_starts_a_new_segment(self, tmp_path):
+        log = tmp_path / "node0" / "user_logs" / "std_log_process_0.txt"
+        log.parent.mkdir(parents=True)
+        steps = [1, 2, 3, 4, 3, 4, 5]  # preempted after 4, resumed from the checkpoint of step 2
+        log.write_text("\n".join(json.dumps({"step": s, "loss": 1.0 / s}) for s in steps))
+        plot = figures.loss(records.read(tmp_path))
+        assert [len(v) for k, v in sorted(plot.series.items())] == [4, 3]
+        assert "go back 1 time(s)" in plot.note
+
+    def test_an_unreadable_record_is_named_not_guessed(self, tmp_path):
+        (tmp_path / "node0" / "outputs" / "aml-hpc").mkdir(parents=True)
+        (tmp_path / "node0" / "outputs" / "aml-hpc" / "launch-node000.json").write_text("{broken")
+        r = records.read(tmp_path)
+        assert r.phases == [] and any("launch-node000.json" in p for p in r.problems)
+        assert "could not be read" in page.render(r, figures.all_plots(r))
+
+
+class TestCommands:
+    @pytest.fixture()
+    def project(self, tmp_path, monkeypatch):
+        from jobs.local import folders
+
+        shutil.copytree(RECORDED, tmp_path / ".rehearsal" / "cosmoflow-recorded")
+        monkeypatch.setattr(folders, "REHEARSALS", tmp_path / ".rehearsal")
+        return tmp_path
+
+    def run(self, *args):
+        from typer.testing import CliRunner
+
+        from jobs.cli import app
+
+        return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+    def test_report_list_show_logs_of_a_rehearsal(self, project):
+        result = self.run("report", "cosmoflow-recorded", "--local")
+        assert result.exit_code == 0, result.output
+        assert (project / ".rehearsal" / "cosmoflow-recorded" / "report.html").is_file()
+        listed = json.loads(self.run("list", "--local", "--json").stdout)
+        assert listed[0]["run"] == "cosmoflow-recorded" and listed[0]["attempts"] == 2 and listed[0]["state"] == "succeeded"
+        shown = json.loads(self.run("show", "cosmoflow-recorded", "--local", "--json").stdout)
+        assert shown["summary"]["steps"] == 12 and shown["report"].endswith("report.html")
+        node1 = self.run("logs", "cosmoflow-recorded", "--local", "--node", "1")
+        assert node1.exit_code == 0 and node1.stdout == (RECORDED / "node1/user_logs/std_log_process_1.txt").read_text()
+
+    def test_unknown_run_and_node_are_bad_input(self, project):
+        unknown = self.run("logs", "cosmoflow-recorde", "--local")
+        assert unknown.exit_code == 2 and "did you mean cosmoflow-recorded?" in unknown.stderr
+        node = self.run("logs", "cosmoflow-recorded", "--local", "--node", "5")
+        assert node.exit_code == 2 and "no such simulated node" in node.stderr
+
+    def test_azure_commands_need_a_stack_and_refuse_offline(self, project):
+        missing = self.run("list")
+        assert missing.exit_code == 2 and "add --stack S" in missing.stderr
+        offline = self.run("logs", "some-job", "--stack", "dev", "--offline")
+        assert offline.exit_code == 2 and "--offline" in offline.stderr and "needs Azure" in offline.stderr
+
+
+@pytest.mark.slow
+def test_the_page_renders_in_headless_chromium(tmp_path):
+    """Every plot drawn and the page laid out by a real browser engine (where one is installed)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium); the page is checked as HTML above")
+    path = report.write(RECORDED, tmp_path / "report.html")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count("<svg") == 4 and "Loss" in dom.stdout
+    shot = tmp_path / "page.png"
+    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1280,3000", path.as_uri()],
+                   capture_output=True, text=True, timeout=120)
+    from PIL import Image
+
+    image = Image.open(shot).convert("RGB")
+    colours = image.getcolors(maxcolors=1 << 20) or []
+    blue = sum(n for n, (r, g, b) in colours if b > 200 and r < 80 and 90 < g < 140)  # the plots' #1f6feb lines
+    assert image.size == (1280, 3000) and blue > 200, f"no plotted line visible ({blue} blue pixels)"
