@@ -246,8 +246,8 @@ _last_saved: Path | None = None
 
 
 def record_checkpoint(path: Path) -> None:
-    """Note a checkpoint this process finished writing (save_checkpoint does; a workload
-    with its own format calls it), so the completion report names the final one."""
+    """Note a checkpoint this process writes (save_state does; a workload with its own
+    format calls it), so the completion report names the final one."""
     global _last_saved
     _last_saved = Path(path)
 
