@@ -67,7 +67,7 @@ class TestSample:
         lib.gpus[3].event_reasons = 0x4 | 0x40  # SW power cap + HW thermal slowdown
         gpus = sampler.sample()["gpus"]
         assert len(gpus) == 8 and gpus[0]["bus_id"] == "00000001:00:00.0"
-        assert (gpus[0]["util_pct"], gpus[0]["memory_util_pct"], gpus[0]["power_w"], gpus[0]["power_limit_w"]) == (97, 41, 350.0, 400.0)
+        assert (gpus[0]["util_percent"], gpus[0]["memory_util_percent"], gpus[0]["power_w"], gpus[0]["power_limit_w"]) == (97, 41, 350.0, 400.0)
         assert (gpus[0]["memory_used_mib"], gpus[0]["memory_total_mib"]) == (30 * 1024, 40 * 1024)
         assert (gpus[0]["temperature_c"], gpus[0]["sm_clock_mhz"], gpus[0]["memory_clock_mhz"]) == (62, 1410, 1215)
         assert gpus[3]["throttle_reasons"] == ["SW Power Cap", "HW Thermal Slowdown"] and gpus[0]["throttle_reasons"] == []
@@ -140,6 +140,18 @@ class TestSample:
         assert metrics["telemetry/node0/gpu6/throttled"] == 1.0 and metrics["telemetry/node0/gpu1/throttled"] == 0.0
         assert metrics["telemetry/node0/xid_events"] == 1.0
         assert metrics["telemetry/node0/ib/mlx5_ib1_1/errors_grown"] == 5.0
+
+    def test_the_report_reads_the_record_file(self, node, tmp_path):
+        """`jobs report` (jobs/report/records.py) finds every GPU's utilisation and memory in it."""
+        from jobs.report import records
+
+        sampler, _, _, _, clock = node
+        sampler.sample()
+        clock.now += 10
+        sampler.sample()
+        found = records.read(tmp_path / "reports")
+        assert len(found.gpu_util) == 8 and found.gpu_util["node 0 gpu 0"].points == [(0.0, 97.0), (10.0, 97.0)]
+        assert found.gpu_memory["node 0 gpu 0"].points[0] == (0.0, 30.0)  # GiB
 
     def test_a_failing_mlflow_is_dropped_the_file_goes_on(self, node, tmp_path):
         sampler, *_ = node

@@ -184,7 +184,7 @@ class GpuReader:
 
 def _utilisation(lib, handle) -> dict[str, Any]:
     rates = lib.nvmlDeviceGetUtilizationRates(handle)
-    return {"util_pct": rates.gpu, "memory_util_pct": rates.memory}
+    return {"util_percent": rates.gpu, "memory_util_percent": rates.memory}  # the names `jobs report` reads
 
 
 def _memory(lib, handle) -> dict[str, Any]:
