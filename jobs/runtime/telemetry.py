@@ -268,7 +268,8 @@ class Sampler:
     """Samples the node every `interval_s` on a thread, between `start()` and `stop()`."""
 
     def __init__(self, node: int, report_dir: Path, interval_s: float, *, sysfs: Path = Path("/sys"),
-                 proc: Path = Path("/proc"), nvml_module: Any | None = None, progress_file: Path | None = None,
+                 proc: Path = Path("/proc"), nvml_module: Any | None = None,
+                 progress_file: Path | Callable[[], Path | None] | None = None,
                  mlflow: Any | None = None, clock: Callable[[], float] = time.time):
         self.node, self.interval_s, self.sysfs, self.proc = node, interval_s, sysfs, proc
         self.progress_file, self.clock = progress_file, clock
@@ -292,7 +293,8 @@ class Sampler:
             now = self.clock()
             elapsed = max(now - self._previous_time, 1e-9)
             record: dict[str, Any] = {"time": round(now, 3), "node": self.node, "interval_s": round(elapsed, 3)}
-            reading = progress.read(self.progress_file) if self.progress_file else None
+            where = self.progress_file() if callable(self.progress_file) else self.progress_file
+            reading = progress.read(where) if where else None
             record["step"] = reading.step if reading else None
             if self.gpus.present:
                 record["gpus"] = self.gpus.read()
@@ -448,10 +450,13 @@ def start_for(launcher) -> Sampler | None:
     interval = interval_from_env(launcher.environ)
     if interval <= 0:
         return None
-    progress_file = launcher.child_env.get(contract.PROGRESS_FILE)
+    def progress_file() -> Path | None:  # each in-job restart's command reports into a file of its own
+        value = launcher.child_env.get(contract.PROGRESS_FILE)
+        return Path(value) if value else None
+
     try:
         return Sampler(launcher.ranks.node_index, launcher.options.report_dir, interval, sysfs=launcher.options.sysfs,
-                       progress_file=Path(progress_file) if progress_file else None,
+                       progress_file=progress_file,
                        mlflow=_mlflow(launcher.environ)).start()
     except Exception as exc:  # noqa: BLE001 - telemetry must never stop a training
         log.warning("telemetry not started (%s: %s)", type(exc).__name__, exc)
