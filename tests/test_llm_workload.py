@@ -1,14 +1,22 @@
 """The LLM workload: model FLOPs against torch's own counter, shapes against the published
-parameter counts, sizing from the catalog's GPU memory, peak FLOP/s from the catalog, and a
-real two-rank FSDP2 run over gloo that logs tokens/s and MFU every step and resumes from its
-DCP checkpoint."""
+parameter counts, sizing from the catalog's GPU memory, peak FLOP/s from the catalog, and real
+two-rank FSDP2 runs over gloo (the recipe's local profile: the tiny shape, deterministic
+kernels) that log tokens/s and MFU every step and checkpoint with common.save_state: a resume
+logs the uninterrupted run's losses bit for bit, a version of 2 ranks loads into 1 with the
+same model and optimizer state, a forged `.metadata` is refused without running, and the
+rehearsal (`jobs run llm-pretrain --local`) restarts a crashed rank inside the job and leaves
+records `jobs report` reads MFU and tokens/s from."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
+import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,12 +24,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from core import skus  # noqa: E402
-from jobs import tuning  # noqa: E402
+from jobs import recipes, tuning  # noqa: E402
+from jobs.runtime import contract  # noqa: E402
 from jobs.runtime.skufacts import parse_sku_facts  # noqa: E402
-from jobs.workloads.llm import checkpointing, data, sizing, throughput  # noqa: E402
+from jobs.workloads.llm import data, sizing, throughput  # noqa: E402
 from jobs.workloads.llm.model import ModelConfig, Transformer  # noqa: E402
+from tests.jobs_helpers import outputs_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+TRAIN = "jobs.workloads.llm.train"
+PROFILE = recipes.load("llm-pretrain", local=True).command.split(f"-m {TRAIN}", 1)[1].split()
+"""The local profile's arguments: the tiny shape, 8 steps, versions at 4 and 8, deterministic."""
 
 
 class TestFlops:
@@ -126,58 +139,257 @@ class TestPeak:
 
 
 class TestData:
-    def test_batches_are_a_function_of_step_and_rank(self):
-        kwargs = {"world": 2, "micro_batch": 2, "grad_accum": 2, "seq_len": 40, "vocab": 1000, "seed": 3}
-        a = data.batch(5, 1, rank=1, **kwargs)
-        assert torch.equal(a[0], data.batch(5, 1, rank=1, **kwargs)[0])
+    KW = {"micro_batch": 2, "seq_len": 40, "vocab": 1000, "seed": 3}
+
+    def test_batches_follow_the_position_and_rank(self):
+        ranks = [data.Position(rank=r, world=2, grad_accum=2, **self.KW) for r in (0, 1)]
+        a = ranks[1].batch(1)
+        assert torch.equal(a[0], ranks[1].batch(1)[0])
         assert torch.equal(a[0][:, 1:], a[1][:, :-1]), "targets are the inputs shifted by one"
-        seen = {tuple(data.batch(s, m, rank=r, **kwargs)[0][i].tolist()) for s in (1, 2) for m in (0, 1) for r in (0, 1)
-                for i in (0, 1)}
+        seen = set()
+        for _ in range(2):
+            seen |= {tuple(p.batch(m)[0][i].tolist()) for p in ranks for m in (0, 1) for i in (0, 1)}
+            for p in ranks:
+                p.step_done()
         assert len(seen) == 16, "no sample repeats across steps, micro-batches and ranks"
 
+    def test_another_world_size_goes_on_with_the_same_samples(self):
+        """2 ranks x 1 pass and 1 rank x 2 passes train step k on the same 4 samples."""
+        two = [data.Position(rank=r, world=2, grad_accum=1, **self.KW) for r in (0, 1)]
+        for p in two:
+            p.step_done()
+        one = data.Position(rank=0, world=1, grad_accum=2, **self.KW)
+        one.load_state_dict(two[0].state_dict(), same_world=False)
+        assert torch.equal(torch.cat([p.batch(0)[0] for p in two]), torch.cat([one.batch(m)[0] for m in (0, 1)]))
 
-def test_a_checkpoint_from_another_world_size_is_refused(tmp_path, monkeypatch):
-    step = tmp_path / "step-000000004"
-    step.mkdir()
-    (step / "done-rank0.json").write_text(json.dumps({"step": 4, "world": 2}))
-    monkeypatch.setenv("AMLHPC_CHECKPOINT_DIR", str(tmp_path))
-    with pytest.raises(checkpointing.CheckpointMismatch, match="written by 2 ranks, this job has 1"):
-        checkpointing._steps_held(0, 1)
+
+# --- real runs: FSDP2 over gloo, versioned checkpoints ---------------------------------------
 
 
-def _torchrun(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env}
+def _env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AMLHPC_")}
+    return {**base, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **extra}
+
+
+def torchrun(args: list[str], cwd: Path, env: dict[str, str], script: list[str] | None = None) -> subprocess.CompletedProcess:
+    target = script or ["-m", TRAIN]
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                           "-m", "jobs.workloads.llm.train", *args], cwd=cwd, env=full, capture_output=True, text=True,
-                          timeout=300)
+                           *target, *args], cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=300)
 
 
-def test_two_ranks_fsdp_log_mfu_every_step_and_resume(tmp_path):
-    """FSDP2 over gloo: each step's tokens/s and MFU, DCP shards per rank, then a resume that
-    continues at the next step; the process group leaves no thread behind."""
-    env = {"AMLHPC_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-           "AMLHPC_SKU_JSON": tuning.sku_json(skus.get("Standard_ND96isr_H100_v5"))}
-    common = ["--model", "tiny", "--seq-len", "32", "--micro-batch", "2", "--warmup-steps", "1", "--lr", "3e-3",
-              "--checkpoint-every", "2"]
-    first = _torchrun([*common, "--steps", "4"], tmp_path, env)
-    assert first.returncode == 0, first.stderr[-3000:]
-    lines = [json.loads(line) for line in first.stdout.splitlines() if line.startswith("{")]
-    header, steps = lines[0], [entry for entry in lines if "tokens_per_s" in entry]
+def step_lines(stdout: str) -> list[dict]:
+    """Rank 0's metric lines, in order (a rehearsal's log has them as they are)."""
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith('{"step"')]
+
+
+def losses(stdout: str) -> dict[int, float]:
+    return {entry["step"]: entry["loss"] for entry in step_lines(stdout)}
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> dict:
+    """The local profile's run, uninterrupted, by torchrun: 2 ranks, versions at steps 4 and 8."""
+    root = tmp_path_factory.mktemp("llm-whole")
+    result = torchrun(PROFILE, root, {contract.CHECKPOINT_DIR: str(root / "ckpt"),
+                                      contract.PROGRESS_FILE: str(root / "progress.json"),
+                                      "AMLHPC_SKU_JSON": tuning.sku_json(skus.get("Standard_ND96isr_H100_v5"))})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"root": root, "result": result, "losses": losses(result.stdout),
+            "versions": root / "ckpt" / "versions"}
+
+
+slow = pytest.mark.slow
+
+
+@slow
+def test_two_ranks_fsdp_log_mfu_every_step_and_write_versions(whole):
+    """Each step's tokens/s and MFU; every rank's DTensor shards in a version of the tier; the
+    completion report names this rank's part of the final version; no thread left behind."""
+    result, versions = whole["result"], whole["versions"]
+    header = json.loads(result.stdout.splitlines()[0])
     assert header["fsdp"] is True and header["world"] == 2 and header["model"]["name"] == "tiny"
     assert header["peak_source"].startswith("measured: best fp32"), "no catalog peak for a CPU"
-    assert [s["step"] for s in steps] == [1, 2, 3, 4]
-    assert all(s["tokens_per_s"] > 0 and 0 < s["mfu"] < 1 and s["tflops_per_device"] > 0 for s in steps)
-    step_dirs = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert step_dirs == ["step-000000002", "step-000000004"]
-    assert {p.name for p in (tmp_path / "ckpt" / "step-000000004").iterdir()} >= {
-        ".metadata", "__0_0.distcp", "__1_0.distcp", "done-rank0.json", "done-rank1.json"}
-    summary = json.loads((tmp_path / "outputs" / "aml-hpc" / "metrics.json").read_text())
+    steps = step_lines(result.stdout)
+    assert [s["step"] for s in steps] == list(range(1, 9))
+    assert all(s["tokens_per_s"] > 0 and 0 < s["mfu"] < 1 and s["step_time_s"] > 0 for s in steps)
+    assert sorted(p.name for p in versions.iterdir()) == ["step-000000004", "step-000000008"]
+    assert {p.name for p in (versions / "step-000000008").iterdir()} == {"rank-0", "rank-1", "rank-0.json", "rank-1.json"}
+    assert {p.name for p in (versions / "step-000000008" / "rank-1").iterdir()} == {".metadata", "__0_0.distcp",
+                                                                                   "trainer.json"}
+    trainer = json.loads((versions / "step-000000004" / "rank-1" / "trainer.json").read_text())
+    assert trainer["step"] == 4 and trainer["sampler"] == {"consumed": 16, "per_step": 4} and "torch" in trainer["rng"]
+    completed = json.loads((whole["root"] / "progress.json").read_text())["completed"]
+    assert completed["step"] == 8 and re.search(r"/versions/step-000000008/rank-[01]\.json$", completed["checkpoint"])
+    assert Path(completed["checkpoint"]).is_file()
+    summary = json.loads((whole["root"] / "outputs" / "aml-hpc" / "metrics.json").read_text())
     assert summary["workload"] == "llm-pretrain" and summary["throughput_unit"] == "tokens/s" and summary["mfu"] > 0
-    assert "still running after destroy_process_group" not in first.stderr
+    assert "still running after destroy_process_group" not in result.stderr
 
-    second = _torchrun([*common, "--steps", "6"], tmp_path, env)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "step-000000004 (step 4)" in second.stdout
-    resumed = [json.loads(line) for line in second.stdout.splitlines() if line.startswith('{"step"')]
-    assert [s["step"] for s in resumed] == [5, 6]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000000004", "step-000000006"], "keep 2"
+
+@slow
+def test_a_resumed_run_logs_bit_identical_losses(whole, tmp_path):
+    """Resumed from the version of step 4 (as after a crash at a later step; the rehearsal below
+    crashes one): every later step logs the uninterrupted run's loss, bit for bit - model,
+    optimizer, data position and RNG came back."""
+    version = whole["versions"] / "step-000000004"
+    again = torchrun(PROFILE, tmp_path, {contract.CHECKPOINT_DIR: str(tmp_path / "ckpt"),
+                                         contract.RESUME_VERSION: str(version)})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from step-000000004 (step 4)" in again.stdout
+    resumed = losses(again.stdout)
+    assert sorted(resumed) == [5, 6, 7, 8] and resumed == {k: whole["losses"][k] for k in resumed}
+
+
+LOAD = r"""
+import shutil, sys, torch
+from pathlib import Path
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from jobs.workloads import common
+from jobs.workloads.llm import sizing, train
+
+version, out, args = Path(sys.argv[1]), Path(sys.argv[2]), train.parse(sys.argv[3:])
+d = common.init_distributed()
+if d.world > 1:  # as on a node of its own: this rank's part of the version only
+    own = out.parent / f"node{d.rank}" / version.name
+    shutil.copytree(version / f"rank-{d.rank}", own / f"rank-{d.rank}")
+    shutil.copy(version / f"rank-{d.rank}.json", own)
+    version = own
+cfg = sizing.PRESETS["tiny"]
+model, _ = train.build(cfg, d, args)
+optimizer = train.optimizer_for(model, d, args)
+state = common.TrainState(model, optimizer, sampler=train.position_for(cfg, d, args))
+full = lambda sd: {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in sd.items()}
+fresh = full(get_state_dict(model, optimizer)[0])
+step = common.load_state(state, version)
+model_sd, optim_sd = get_state_dict(model, optimizer)
+dump = {"step": step, "consumed": state.sampler.consumed, "fresh": fresh, "model": full(model_sd),
+        "optim": {k: full(v) for k, v in optim_sd["state"].items()}}
+if d.rank == 0:
+    torch.save(dump, out)
+"""
+
+
+@slow
+def test_a_version_of_two_ranks_loads_into_one_with_the_same_state(whole, tmp_path):
+    """2 ranks load the version of step 4 each from its own node's part (their own shards); 1 rank
+    loads it resharded from both parts: model and AdamW state are equal element for element."""
+    script = tmp_path / "load.py"
+    script.write_text(LOAD)
+    version = whole["versions"] / "step-000000004"
+    two = torchrun([str(version), str(tmp_path / "two.pt"), *PROFILE], tmp_path, {}, script=[str(script)])
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = subprocess.run([sys.executable, str(script), str(version), str(tmp_path / "one.pt"), *PROFILE], cwd=tmp_path,
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "resharded from world size 2" in one.stdout and "resharded" not in two.stdout
+    a, b = (torch.load(tmp_path / name, weights_only=True) for name in ("two.pt", "one.pt"))
+    assert a["step"] == b["step"] == 4 and a["consumed"] == b["consumed"] == 16
+    assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert any(not torch.equal(b["fresh"][k], b["model"][k]) for k in b["model"]), "the weights were loaded"
+    assert a["optim"].keys() == b["optim"].keys()
+    for name, moments in a["optim"].items():
+        assert moments.keys() == b["optim"][name].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(moments[k], b["optim"][name][k]) for k in moments), name
+        assert float(moments["step"]) == 4.0
+
+
+class _Payload:
+    """What a forged checkpoint pickles: unpickling it would create `marker`."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _train_here(monkeypatch, version: Path, tmp_path: Path) -> int:
+    """The training's main on one rank in this process (no process group), resuming from `version`."""
+    from jobs.workloads.llm import train
+
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", "29500"), (contract.RESUME_VERSION, str(version)),
+                        (contract.CHECKPOINT_DIR, str(tmp_path / "ckpt"))):
+        monkeypatch.setenv(name, value)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        return train.main([*PROFILE, "--output-dir", str(tmp_path / "outputs")])
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
+@slow
+def test_a_forged_metadata_pickle_is_refused_and_never_run(whole, tmp_path, monkeypatch, capsys):
+    version = tmp_path / "step-000000004"
+    shutil.copytree(whole["versions"] / version.name, version)
+    marker = tmp_path / "payload-ran"
+    (version / "rank-0" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    assert _train_here(monkeypatch, version, tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "llm-pretrain: cannot resume:" in err and "nothing in it was run" in err
+    assert re.search(r"refers to (io|builtins)\.open", err)
+    assert not marker.exists()
+
+
+@slow
+def test_a_version_missing_a_ranks_part_is_refused_on_another_world_size(whole, tmp_path, monkeypatch, capsys):
+    """One rank loads whole tensors: node 0's part alone is not enough (rank 1's shards are missing),
+    and the load says so instead of leaving half of each tensor as initialised."""
+    version = tmp_path / "step-000000004"
+    shutil.copytree(whole["versions"] / version.name, version)
+    shutil.rmtree(version / "rank-1")
+    (version / "rank-1.json").unlink()
+    assert _train_here(monkeypatch, version, tmp_path) == 2
+    assert re.search(r"model\.\S+ is only partly there: the ranks present \(0\) hold part of what rank 0 loads",
+                     capsys.readouterr().err)
+
+
+@pytest.fixture
+def blob_env(azurite):
+    env = _env(**{contract.BLOB_CONNECTION_STRING: azurite.connection_string, "COLUMNS": "200",
+                  contract.TELEMETRY_INTERVAL_S: "1"})
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+@slow
+@pytest.mark.azurite
+def test_rehearsal_restarts_a_crashed_rank_in_the_job_and_reports_mfu(whole, tmp_path, blob_env):
+    """`jobs run llm-pretrain --local` on 2 simulated nodes: rank 1 crashes after step 5, both
+    launchers restart the training from the version of step 4 each node holds (its own shards),
+    every step logs tokens/s and MFU and the uninterrupted run's loss, and `jobs report`'s
+    records of the rehearsal's folder have the MFU and tokens/s of every step."""
+    from jobs.report import figures, records
+
+    work = tmp_path / "work"
+    result = subprocess.run([sys.executable, "-m", "jobs", "run", "llm-pretrain", "--local", "--nodes", "2",
+                             "--procs-per-node", "1", "--outputs", str(outputs_file("dev")), "--workdir", str(work),
+                             "--name", f"llm-{uuid.uuid4().hex[:6]}", "--set", "health=off",
+                             "--set", "env.AMLHPC_INJECT_FAULT=crash@5:rank=1"],
+                            cwd=REPO, env=blob_env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "rehearsal succeeded: 2 processes" in result.stdout
+    logged = step_lines((work / "node0" / "user_logs" / "std_log_process_0.txt").read_text())
+    assert [s["step"] for s in logged] == [1, 2, 3, 4, 5, 5, 6, 7, 8], "step 5 again after the restart"
+    assert all(s["tokens_per_s"] > 0 and 0 < s["mfu"] < 1 for s in logged)
+    assert all(s["loss"] == whole["losses"][s["step"]] for s in logged), "every loss is the uninterrupted run's"
+    for node in (0, 1):
+        launch = json.loads((work / f"node{node}" / "outputs" / "aml-hpc" / f"launch-node{node:03d}.json").read_text())
+        (again,) = launch["restarts"]
+        assert (again["cause"], again["source"], again["version"]) == ("exit", "local", "step-000000004")
+        assert launch["completed"]["checkpoint"].endswith(f"/versions/step-000000008/rank-{node}.json")
+        held = {p.name for p in work.glob(f"node{node}/scratch/amlhpc-checkpoints/*/versions/step-*/rank-*")}
+        assert held == {f"rank-{node}", f"rank-{node}.json"}, "each node holds its own ranks' parts only"
+
+    found = records.read(work)
+    assert found.throughput_unit == "tokens/s" and found.mfu is not None and found.throughput is not None
+    assert [[x for x, _ in segment] for segment in found.mfu.segments] == [[1, 2, 3, 4, 5], [5, 6, 7, 8]]
+    assert found.mfu.points == [(s["step"], pytest.approx(100 * s["mfu"])) for s in logged]
+    assert found.throughput.points == [(s["step"], pytest.approx(s["tokens_per_s"])) for s in logged]
+    assert found.step_times[0].points == [(s["step"], pytest.approx(s["step_time_s"])) for s in logged]
+    samples = [json.loads(line) for path in work.glob("node*/outputs/aml-hpc/telemetry-node*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert any(sample["step"] for sample in samples), "node telemetry was sampled, with the training's step"
+    assert found.gpu_util == {} and not found.problems, "a CPU node's samples have no GPU figures, and no error"
+    plots = {p.key: p for p in figures.all_plots(found)}
+    assert plots["mfu"].series and plots["throughput"].series

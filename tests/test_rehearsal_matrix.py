@@ -113,8 +113,8 @@ def test_runs_here(recipe, tmp_path, blob_env):
         steps = [json.loads(line.split("] ", 1)[-1]) for line in result.stdout.splitlines() if '"tokens_per_s"' in line]
         assert [s["step"] for s in steps] == list(range(1, 9)), "every step logs its rate"
         assert all(s["tokens_per_s"] > 0 and 0 < s["mfu"] < 1 for s in steps)
-        assert sorted(p.name for p in work.glob("node*/scratch/amlhpc-checkpoints/*/step-*")) == [
-            "step-000000004", "step-000000004", "step-000000008", "step-000000008"], "each node holds its shards"
+        assert sorted(p.name for p in work.glob("node*/scratch/amlhpc-checkpoints/*/versions/step-*/rank-*.json")) == [
+            "rank-0.json", "rank-0.json", "rank-1.json", "rank-1.json"], "each node holds its shards of steps 4 and 8"
     elif recipe == "nccl-allreduce":
         report = json.loads((work / "node0" / "outputs" / "aml-hpc" / "allreduce.json").read_text())
         assert [row["bytes"] for row in report["sizes"]][-1] == 4 << 20
