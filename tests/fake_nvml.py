@@ -22,8 +22,14 @@ NVML_MEMORY_LOCATION_DRAM = 2
 NVML_MEMORY_LOCATION_SRAM = 7
 NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+NVML_ERROR_TIMEOUT = 10
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
 
 CONSTANTS = [name for name in dir() if name.startswith("NVML_")]
+nvmlEventTypeXidCriticalError = 0x8
+EVENT_CONSTANTS = ["nvmlEventTypeXidCriticalError"]
+"""Constants the real bindings spell in lower case (checked like CONSTANTS)."""
 
 
 class NVMLError(Exception):
@@ -32,7 +38,8 @@ class NVMLError(Exception):
         self.value = value
 
     def __str__(self) -> str:
-        return {3: "Not Supported", 4: "Insufficient Permissions", 9: "Driver Not Loaded"}.get(self.value, f"code {self.value}")
+        return {3: "Not Supported", 4: "Insufficient Permissions", 9: "Driver Not Loaded", 10: "Timeout"}.get(
+            self.value, f"code {self.value}")
 
 
 @dataclass
@@ -56,6 +63,22 @@ class FakeGpu:
     retired_pages: tuple[int, int] | None = None
     """(single-bit, double-bit) retired pages; None: not supported (A100 and later remap rows instead)."""
     retirement_pending: bool = False
+    # telemetry readings (units as NVML returns them)
+    util: tuple[int, int] = (97, 41)
+    """(gpu %, memory %)"""
+    memory_bytes: tuple[int, int] = (30 << 30, 40 << 30)
+    """(used, total)"""
+    power_mw: int = 350_000
+    power_limit_mw: int = 400_000
+    temperature_c: int = 62
+    sm_clock_mhz: int = 1410
+    memory_clock_mhz: int = 1215
+    event_reasons: int = 0
+    """Clocks event reason bit mask (nvml.h nvmlClocksEventReason*)."""
+    pending_xids: list[int] = field(default_factory=list)
+    """XID events NVML will deliver to a registered event set."""
+    unsupported: tuple[str, ...] = ()
+    """NVML functions that answer NOT_SUPPORTED for this GPU (e.g. power on some boards)."""
 
 
 class FakeNvml:
@@ -68,7 +91,7 @@ class FakeNvml:
         self.init_error = init_error
         self.calls: list[tuple] = []
         self.initialised = False
-        for name in CONSTANTS:
+        for name in CONSTANTS + EVENT_CONSTANTS:
             setattr(self, name, globals()[name])
 
     # session
@@ -145,6 +168,58 @@ class FakeNvml:
         if gpu.retired_pages is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return int(gpu.retirement_pending)
+
+
+    # telemetry
+    def _reading(self, gpu, name):
+        if name in gpu.unsupported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetUtilizationRates(self, gpu):
+        self._reading(gpu, "nvmlDeviceGetUtilizationRates")
+        return type("Utilization", (), {"gpu": gpu.util[0], "memory": gpu.util[1]})()
+
+    def nvmlDeviceGetMemoryInfo(self, gpu):
+        self._reading(gpu, "nvmlDeviceGetMemoryInfo")
+        used, total = gpu.memory_bytes
+        return type("Memory", (), {"used": used, "total": total, "free": total - used})()
+
+    def nvmlDeviceGetPowerUsage(self, gpu):
+        self._reading(gpu, "nvmlDeviceGetPowerUsage")
+        return gpu.power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, gpu):
+        self._reading(gpu, "nvmlDeviceGetEnforcedPowerLimit")
+        return gpu.power_limit_mw
+
+    def nvmlDeviceGetTemperature(self, gpu, sensor):
+        assert sensor == NVML_TEMPERATURE_GPU
+        return gpu.temperature_c
+
+    def nvmlDeviceGetClockInfo(self, gpu, kind):
+        return {NVML_CLOCK_SM: gpu.sm_clock_mhz, NVML_CLOCK_MEM: gpu.memory_clock_mhz}[kind]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, gpu):
+        return gpu.event_reasons
+
+    # events
+    def nvmlEventSetCreate(self):
+        return {"registered": [], "freed": False}
+
+    def nvmlDeviceRegisterEvents(self, gpu, types, event_set):
+        assert types == nvmlEventTypeXidCriticalError
+        event_set["registered"].append(gpu)
+
+    def nvmlEventSetWait_v2(self, event_set, timeout_ms):
+        for gpu in event_set["registered"]:
+            if gpu.pending_xids:
+                xid = gpu.pending_xids.pop(0)
+                return type("EventData", (), {"device": gpu, "eventType": nvmlEventTypeXidCriticalError,
+                                              "eventData": xid})()
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, event_set):
+        event_set["freed"] = True
 
 
 FAKE_FUNCTIONS = [name for name in dir(FakeNvml) if name.startswith("nvml")]

@@ -20,7 +20,7 @@ from jobs.runtime import contract
 from tests.jobs_helpers import outputs_file
 
 REPO = Path(__file__).resolve().parent.parent
-RUNS = ("cosmoflow", "nccl-allreduce", "bert-pretrain", "node-health")
+RUNS = ("cosmoflow", "nccl-allreduce", "bert-pretrain", "llm-pretrain", "node-health")
 REFUSED = {
     # recipe: what the refusal must name
     "cosmoflow-tf": ["tensorflow, horovod.tensorflow", "aml-hpc-tensorflow image"],
@@ -109,6 +109,12 @@ def test_runs_here(recipe, tmp_path, blob_env):
         header = next(json.loads(line.split("] ", 1)[-1]) for line in result.stdout.splitlines() if '"params"' in line)
         assert header["deepspeed"] is False and header["world"] == 2
         assert header["params"] < 5e6, "the profile's small model, not BERT-large"
+    elif recipe == "llm-pretrain":
+        steps = [json.loads(line.split("] ", 1)[-1]) for line in result.stdout.splitlines() if '"tokens_per_s"' in line]
+        assert [s["step"] for s in steps] == list(range(1, 9)), "every step logs its rate"
+        assert all(s["tokens_per_s"] > 0 and 0 < s["mfu"] < 1 for s in steps)
+        assert sorted(p.name for p in work.glob("node*/scratch/amlhpc-checkpoints/*/versions/step-*/rank-*.json")) == [
+            "rank-0.json", "rank-0.json", "rank-1.json", "rank-1.json"], "each node holds its shards of steps 4 and 8"
     elif recipe == "nccl-allreduce":
         report = json.loads((work / "node0" / "outputs" / "aml-hpc" / "allreduce.json").read_text())
         assert [row["bytes"] for row in report["sizes"]][-1] == 4 << 20

@@ -174,6 +174,14 @@ class TestOtherRecords:
         assert plots["gpu-memory"].series["gpu-memory-0-0"][0] == (0.0, 40.0)  # GiB
         assert "node 0 gpu 1" in texts(plots["gpu-util"].svg)
 
+    def test_telemetry_of_a_node_without_gpus_has_no_gpu_figures(self, tmp_path):
+        """A CPU node's samples say why there are no GPU figures (jobs/runtime/telemetry.py)."""
+        sample = {"time": 1000, "node": 0, "gpus": {"absent": "NVML did not initialise"}, "host": {"cpu_busy_pct": 50.0}}
+        (tmp_path / "node0").mkdir()
+        (tmp_path / "node0" / "telemetry-node000.jsonl").write_text(json.dumps(sample) + "\n")
+        r = records.read(tmp_path)
+        assert r.gpu_util == {} and r.gpu_memory == {} and not r.problems
+
     def test_a_restart_starts_a_new_segment(self, tmp_path):
         log = tmp_path / "node0" / "user_logs" / "std_log_process_0.txt"
         log.parent.mkdir(parents=True)

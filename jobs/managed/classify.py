@@ -14,7 +14,10 @@ Evidence, strongest first:
 3. The nodes' end records (jobs.runtime.nodestatus): each node's launcher exit status
    maps to a cause (causes.EXIT_CAUSES); a node that left none vanished (a crashed host,
    a preempted VM) - node failure - and so does a node seen `unusable`. When nodes ended
-   differently, causes.PRECEDENCE picks the one that explains the others.
+   differently, causes.PRECEDENCE picks the one that explains the others. A node whose
+   training reported it completed (final step and checkpoint) and whose command then died
+   by a crash signal at exit (jobs.runtime.completion) is no failure; when every node
+   completed so, the attempt did.
 4. With no end record at all, the job's RootError code: service-side codes are
    `service_error` (retried), UserError/ValidationError mean Azure ML could not run the
    job as given (image, quota, configuration): `bad_input`.
@@ -38,6 +41,7 @@ from typing import Any
 
 from jobs.managed import causes
 from jobs.managed.observation import SERVICE_ERROR_CODES, Observation
+from jobs.runtime.completion import crash_signal
 
 PREEMPTION_CODES = frozenset({"PreemptionError"})
 """Azure ML's compute error code for a job whose low-priority nodes were taken back."""
@@ -64,9 +68,17 @@ class Verdict:
 
 def _node_cause(record: Mapping[str, Any]) -> str | None:
     code = record.get("exit_code")
-    if not isinstance(code, int) or code == 0:
+    if not isinstance(code, int) or code == 0 or _completed_then_crashed(record):
         return None
     return causes.cause_of_exit(code)
+
+
+def _completed_then_crashed(record: Mapping[str, Any]) -> bool:
+    """The node's training reported it completed and its command then died by a crash signal
+    (the launcher's exit is the command's own status): the work was done, not a training error."""
+    done, code = record.get("completed"), record.get("exit_code")
+    return (isinstance(done, Mapping) and isinstance(done.get("step"), int) and code == record.get("command_status")
+            and isinstance(code, int) and crash_signal(code) is not None and record.get("last_step") == done["step"])
 
 
 def _where(node: int, record: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -129,6 +141,11 @@ def classify(observation: Observation, ends: Mapping[int, Mapping[str, Any]], no
         return Verdict("unknown", f"the end record(s) of node(s) {', '.join(map(str, sorted(tampered)))} failed "
                                   "verification (written by someone without the attempt's key): not evidence", None,
                        _dedupe(bad), *steps)
+    crashed = [n for n, record in sorted(ends.items()) if _completed_then_crashed(record)]
+    if crashed and len(ends) == nodes and all(isinstance(r.get("completed"), Mapping) for r in ends.values()):
+        return Verdict("completed", f"every node completed its training; node(s) {', '.join(map(str, crashed))} then "
+                       "crashed at exit (" + ", ".join(f"exit {ends[n].get('exit_code')}" for n in crashed) + ")",
+                       0, (), *steps)
     if not ends:
         if observation.error_code in SERVICE_ERROR_CODES:
             return Verdict("service_error", f"Azure ML: {error[:300]}", None, (), *steps)

@@ -227,9 +227,11 @@ def _telemetry(records: RunRecords) -> None:
             if when is None:
                 continue
             node = sample.get("node", node_dir if node_dir is not None else 0)
-            for gpu in sample.get("gpus") or []:
-                samples.append((when, node, gpu))
-                count += 1
+            gpus = sample.get("gpus")  # {"absent": why} on a node without GPUs
+            for gpu in gpus if isinstance(gpus, list) else []:
+                if isinstance(gpu, dict):
+                    samples.append((when, node, gpu))
+                    count += 1
         if count:
             records.source(path)
     if not samples:

@@ -18,6 +18,7 @@ STAGE_TIMEOUT_S = "AMLHPC_STAGE_TIMEOUT_S"
 RUN_ID = "AMLHPC_RUN_ID"
 WATCHDOG_JSON = "AMLHPC_WATCHDOG_JSON"
 NCCL_RESOLVE = "AMLHPC_NCCL_RESOLVE"
+TELEMETRY_INTERVAL_S = "AMLHPC_TELEMETRY_INTERVAL_S"
 EVIDENCE_KEY = "AMLHPC_EVIDENCE_KEY"
 """Set per attempt by a managed run's controller: the key that signs the nodes' end records
 and heartbeats (jobs/runtime/nodestatus.py)."""

@@ -29,12 +29,16 @@ Azure ML starts it on every process of the job (one per GPU); each one, in order
 8. a final upload once every local rank's command has exited; then the launcher exits with
    the command's status.
 
-While the command runs, the hang watchdog (AMLHPC_WATCHDOG_JSON, jobs.runtime.watchdog)
-reads the step counter each process reports through AMLHPC_PROGRESS_FILE and stops the
-command when it stops making progress; at the end, local rank 0 writes the node's end
-record beside the checkpoints (jobs.runtime.nodestatus) for the supervision.
+While the command runs, local rank 0 samples the node's GPUs, RDMA ports and host into
+<report dir>/telemetry-node<k>.jsonl and MLflow (jobs.runtime.telemetry). The hang watchdog
+(AMLHPC_WATCHDOG_JSON, jobs.runtime.watchdog) reads the step counter each process reports
+through AMLHPC_PROGRESS_FILE and stops the command when it stops making progress; at the
+end, local rank 0 writes the node's end record beside the checkpoints
+(jobs.runtime.nodestatus) for the supervision.
 
-Exit status: the command's own (128+N when signal N killed it), or:
+Exit status: the command's own (128+N when signal N killed it), 0 when it died by a crash
+signal after it reported a completed training (jobs.runtime.completion; the report's
+`exit_after_completion` says so), or:
     2   bad input: flags, AMLHPC_* variables, rank variables (nothing was started)
     3   the health gate failed or timed out (the training did not start)
     4   staging failed or timed out
@@ -144,6 +148,13 @@ class LaunchReport:
     command_status: int | None = None
     exit_code: int | None = None
     error: str | None = None
+    completed: dict | None = None
+    """What the training said when it finished: {"step", "checkpoint"} (jobs.runtime.progress)."""
+    telemetry: dict | None = None
+    """The node's telemetry summary (jobs.runtime.telemetry), on local rank 0."""
+    exit_after_completion: dict | None = None
+    """Set when the command died by a crash signal after it completed (jobs.runtime.completion):
+    {"status", "signal", "step", "checkpoint"}; the launcher then exits 0."""
 
 
 # --- options ---------------------------------------------------------------------------
@@ -651,11 +662,30 @@ class Launcher:
         return env
 
     def train(self) -> int:
-        from jobs.runtime.checkpoint import tier
+        from jobs.runtime import telemetry
 
         started = time.monotonic()
         if self.node_checkpoints is not None:
             self.node_checkpoints.start_uploads()
+        sampler = telemetry.start_for(self)  # local rank 0: node telemetry while the training runs, restarts included
+        try:
+            status = self._generations()
+        finally:
+            if sampler is not None:
+                self.report.telemetry = sampler.stop()
+        self.report.phases["training"] = time.monotonic() - started
+        self._standbys.close()
+        self._mark_exited(status)
+        if self.ranks.is_node_leader and self.node_checkpoints is not None:
+            status = self._final_upload(status)
+        if self._forwarder is not None:
+            self._forwarder.restore()
+        return status
+
+    def _generations(self) -> int:
+        """The training command, run again after each in-job restart; the last run's status."""
+        from jobs.runtime.checkpoint import tier
+
         generation = 0
         while True:
             self.child_env[contract.RESTART_GENERATION] = str(generation)
@@ -675,13 +705,6 @@ class Launcher:
             if self.node_checkpoints is not None:
                 self.node_checkpoints.start_uploads(protect={decision.version} if decision.version else None)
             generation += 1
-        self.report.phases["training"] = time.monotonic() - started
-        self._standbys.close()
-        self._mark_exited(status)
-        if self.ranks.is_node_leader and self.node_checkpoints is not None:
-            status = self._final_upload(status)
-        if self._forwarder is not None:
-            self._forwarder.restore()
         return status
 
     def _run_generation(self, generation: int):
@@ -714,6 +737,7 @@ class Launcher:
                 stopper.stop()
         status = self.report.command_status = exit_status(returncode)
         log.info("training command exited with %d after %.1fs", status, time.monotonic() - started)
+        status = self._judge_exit(returncode, status)
         if self.guard.fired:
             cause, message = "hang", f"hang: {self.guard.fired.get('message')}"
         elif forwarder.stopped:
@@ -815,6 +839,23 @@ class Launcher:
             tier.discard_after(self.checkpoint_dir, decision.step if decision.source == "local" else None)
             return decision
         return self.node_checkpoints.apply(decision)
+
+    def _judge_exit(self, returncode: int, status: int) -> int:
+        """A command that crashed after it reported a completed training did its work: 0."""
+        from jobs.runtime import completion, progress
+
+        reading = progress.read(Path(self.child_env[contract.PROGRESS_FILE]))
+        if reading is not None and reading.completed_step is not None:
+            self.report.completed = {"step": reading.completed_step, "checkpoint": reading.completed_checkpoint}
+        if status == 0:
+            return 0
+        stopped = any(name in self.report.signals for name in (s.name for s in STOPPING_SIGNALS))
+        after = completion.after_completion(returncode, reading, stopped=stopped, hung=bool(self.guard.fired))
+        if after is None:
+            return status
+        self.report.exit_after_completion = after.to_json()
+        log.warning("%s", after.message())
+        return 0
 
     # 8. final upload
     def _mark_exited(self, status: int) -> None:

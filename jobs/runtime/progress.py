@@ -24,6 +24,15 @@ before the wait can (a straggler), and so can who is not waiting when all stoppe
 node a hang started on). Both are optional: without them a node is still judged by its
 steps.
 
+When the training has finished its work (its last step taken, its final checkpoint written),
+`report_completed(step, checkpoint)` adds
+
+    "completed": {"step": 2000, "checkpoint": "/scratch/.../ckpt-000002000.pt"}
+
+(checkpoint null on a rank that writes none). The launcher reads it after the command exits:
+a command that then dies in its interpreter's shutdown has still done its work
+(jobs.runtime.completion).
+
 Standard library only: this module ships into the training image.
 """
 
@@ -36,6 +45,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from jobs.runtime import faultpoints
 from jobs.runtime.contract import PROGRESS_FILE
@@ -48,6 +58,7 @@ _last_step: int | None = None
 _reported_at: float | None = None
 """Monotonic time of the last `report`: where the next step's own work starts."""
 _busy_s: float | None = None
+_completed: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,10 @@ class Progress:
     """The step this process finished its own work on and waits for its peers to finish."""
     busy_s: float | None = None
     """Seconds of the process's own work on its latest step (before waiting for peers)."""
+    completed_step: int | None = None
+    """The step the training said it completed at (report_completed), None before that."""
+    completed_checkpoint: str | None = None
+    """The final checkpoint it named with that, if it wrote one."""
 
     @property
     def marker(self) -> tuple[int, int]:
@@ -82,16 +97,30 @@ def note_resumed(step: int, environ: Mapping[str, str] | None = None) -> None:
     report(step, environ=environ)
 
 
+def last_step() -> int | None:
+    """The step this process reported last (None before any report)."""
+    return _last_step
+
+
+def report_completed(step: int, checkpoint: str | os.PathLike[str] | None = None,
+                     environ: Mapping[str, str] | None = None) -> bool:
+    """Tell the launcher the training finished at `step`, its final checkpoint (if this rank
+    wrote one) at `checkpoint`; the last thing a training reports."""
+    global _completed
+    _completed = {"step": int(step), "checkpoint": None if checkpoint is None else str(checkpoint)}
+    return report(step, environ=environ)
+
+
 def report(step: int, environ: Mapping[str, str] | None = None) -> bool:
     """Tell the launcher this process completed `step`; False when no launcher listens."""
     global _beats, _first_step, _last_step, _reported_at
+    _last_step = int(step)
     path = progress_file(environ)
     if path is None:
         return False
     with _lock:
         _beats += 1
         _first_step = int(step) if _first_step is None else _first_step
-        _last_step = int(step)
         written = _write(path, int(step), None)
         _reported_at = time.monotonic()
     faultpoints.reach("training.step", step=int(step))
@@ -115,7 +144,8 @@ def compute_done(step: int, environ: Mapping[str, str] | None = None) -> bool:
 
 def _write(path: Path, step: int, waiting: int | None) -> bool:
     document = {"step": step, "beats": _beats, "first_step": _first_step, "resumed_from": _resumed_from,
-                "waiting": waiting, "busy_s": None if _busy_s is None else round(_busy_s, 6), "pid": os.getpid()}
+                "waiting": waiting, "busy_s": None if _busy_s is None else round(_busy_s, 6), "pid": os.getpid(),
+                **({"completed": _completed} if _completed else {})}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,8 +161,11 @@ def read(path: Path) -> Progress | None:
     try:
         data = json.loads(path.read_text())
         first, resumed, waiting, busy = (data.get(k) for k in ("first_step", "resumed_from", "waiting", "busy_s"))
+        completed = data.get("completed") or {}
+        done, checkpoint = completed.get("step"), completed.get("checkpoint")
         return Progress(int(data["step"]), int(data.get("beats", 0)), int(first) if first is not None else None,
                         int(resumed) if resumed is not None else None, int(waiting) if waiting is not None else None,
-                        float(busy) if busy is not None else None)
-    except (OSError, ValueError, KeyError, TypeError):
+                        float(busy) if busy is not None else None, int(done) if done is not None else None,
+                        str(checkpoint) if checkpoint else None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -11,6 +11,7 @@ catalog can grow without breaking running images):
      "gpu_vendor": "nvidia" | "amd", "gpu_arch": "sm_80" | "gfx942", "host_arch": "x86_64" | "aarch64",
      "gpu_gemm_dtype": "bf16" | "fp16",         GEMM health check dtype
      "peak_tflops_bf16": 312.0 | null,          per GPU, dense (also _fp16, _fp8)
+     "gpu_memory_gib": 40,                      per GPU
      "gpu_memory_gbytes_per_s": 1555.0,
      "ib_hcas": 8, "ib_gbits_per_s_per_hca": 200, "ib_generation": "HDR" | null,
      "nvme_devices": 8, "storage_nic_gbits_per_s": 24.0,
@@ -95,6 +96,7 @@ class SkuFacts:
     peak_tflops_bf16: float | None = None
     peak_tflops_fp16: float | None = None
     peak_tflops_fp8: float | None = None
+    gpu_memory_gib: float | None = None
     gpu_memory_gbytes_per_s: float | None = None
     ib_hcas: int = 0
     ib_gbits_per_s_per_hca: int = 0
@@ -260,6 +262,7 @@ def parse_sku_facts(text: str, reference: str = SKU_JSON) -> SkuFacts:
         peak_tflops_bf16=reader.number(data, "peak_tflops_bf16", "peak_tflops_bf16"),
         peak_tflops_fp16=reader.number(data, "peak_tflops_fp16", "peak_tflops_fp16"),
         peak_tflops_fp8=reader.number(data, "peak_tflops_fp8", "peak_tflops_fp8"),
+        gpu_memory_gib=reader.number(data, "gpu_memory_gib", "gpu_memory_gib"),
         gpu_memory_gbytes_per_s=reader.number(data, "gpu_memory_gbytes_per_s", "gpu_memory_gbytes_per_s"),
         ib_hcas=reader.number(data, "ib_hcas", "ib_hcas", default=0, integer=True),
         ib_gbits_per_s_per_hca=reader.number(data, "ib_gbits_per_s_per_hca", "ib_gbits_per_s_per_hca", default=0, integer=True),

@@ -427,6 +427,7 @@ def record_end(launcher, code: int) -> None:
               "signals": list(report.signals), "restored_version": report.restored_version, "health": report.health,
               "restarts": list(getattr(report, "restarts", [])),
               "phases": {k: round(v, 3) for k, v in report.phases.items()}, "written": time.time(),
+              "completed": report.completed, "exit_after_completion": report.exit_after_completion,
               **(guard.end_fields() if guard else {})}
     try:
         container = launcher.store.container if launcher.store is not None else None

@@ -2,7 +2,8 @@
 
 - `init_distributed()`: torch.distributed from the launcher's environment (RANK /
   WORLD_SIZE / MASTER_ADDR, or OpenMPI's variables under MPI), NCCL on GPUs, gloo on CPU;
-  the group is destroyed at exit.
+  the group is destroyed at exit, with its worker threads, before the interpreter finalizes
+  (see `_leave_process_group`).
 - `Metrics`: one JSON line per log step on stdout (rank 0), MLflow when the image has it
   (Azure ML picks MLflow metrics up), and a summary file under outputs/ for `jobs scale report`.
 - checkpoints: `save_state` / `load_state` / `finish_checkpoints` (jobs/workloads/resume.py):
@@ -18,15 +19,31 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
+import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jobs.runtime import contract, progress
 from jobs.workloads import env as workload_env
+
+log = logging.getLogger("amlhpc.workloads")
+
+MODULES_THAT_CAPTURE_THE_GROUP = ("torch.distributed.nn.functional",)
+"""torch modules whose functions take `group=group.WORLD` as a default argument, evaluated when
+the module is imported: imported after init_process_group, they hold the live default group
+until the interpreter tears its modules down, and destroy_process_group() can then neither free
+the group nor stop its threads. DistributedDataParallel imports this one lazily, at its first
+construction (torch 2.13: DDP -> torch.distributed._shard -> sharded_tensor.reshard ->
+torch.distributed.nn.functional). Imported before the group exists, they capture None."""
+
+GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
+"""The names (Linux `comm`) of a gloo group's worker threads and its TCP event loop."""
 
 
 @dataclass(frozen=True)
@@ -71,20 +88,92 @@ def init_distributed(backend: str | None = None) -> Dist:
     else:
         device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
+        import importlib
+
+        for module in MODULES_THAT_CAPTURE_THE_GROUP:
+            importlib.import_module(module)
         dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"), init_method="env://")
         atexit.register(_leave_process_group)
     return Dist(rank, local_rank, world, device)
 
 
 def _leave_process_group() -> None:
-    """Destroy the group while the interpreter is still whole: a process that exits with a
-    gloo group alive can abort in finalization (SIGABRT, "terminate called without an active
-    exception"; github.com/pytorch/pytorch/issues/190489, read 2026-11-23), which turned a
-    finished rehearsal rank into exit 134 here."""
+    """Destroy the group, and with it its worker threads, while the interpreter is whole.
+
+    A gloo group's threads (GLOO_THREADS) stop only when the group object is freed, not when
+    destroy_process_group() returns. Freed during interpreter finalization instead (the last
+    reference held by a module's default argument, see MODULES_THAT_CAPTURE_THE_GROUP), a
+    rank that finished its training could die there with SIGABRT: "terminate called without
+    an active exception", exit 134. A gloo worker that needs the GIL then (to run a work's
+    Python callback, or to free a tensor Python made) is ended by CPython with pthread_exit,
+    whose unwinding through a noexcept C++ frame calls std::terminate (python/cpython
+    gh-87135 and PR 105805, read 2026-11-25: CPython 3.14 makes such threads hang instead).
+    Here: destroy, let device meshes drop the group, collect the reference cycles a
+    DDP-wrapped model leaves (its reducer holds the group), and check that the threads are
+    gone (tests/test_exit_teardown.py makes the abort happen without this)."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    dist.destroy_process_group()
+    _release_device_meshes()
+    gc.collect()
+    left = gloo_threads()
+    if left:
+        holders = group_holders()
+        log.warning("the process group's threads (%s) are still running after destroy_process_group: %s holds the "
+                    "group; this process may abort (SIGABRT) as the interpreter finalizes", ", ".join(left),
+                    ", ".join(holders) or "an object still alive (a DDP-wrapped model in a module global?)")
+
+
+def _release_device_meshes() -> None:
+    """A DeviceMesh (FSDP2, DTensor) keeps its process groups in `_pg_registry`, and DTensor's
+    sharding-propagation and redistribution caches keep the meshes alive for the life of the
+    process (torch 2.13 torch/distributed/device_mesh.py): once the groups are destroyed, the
+    meshes let go of them, so the groups can be freed now and not in finalization."""
+    import sys
+
+    if "torch.distributed.device_mesh" not in sys.modules:
+        return
+    from torch.distributed.device_mesh import DeviceMesh
+
+    for obj in gc.get_objects():
+        if isinstance(obj, DeviceMesh) and isinstance(getattr(obj, "_pg_registry", None), dict):
+            obj._pg_registry.clear()
+
+
+def gloo_threads(task_dir: Path = Path("/proc/self/task")) -> list[str]:
+    """The gloo threads of this process, by name (Linux; elsewhere none can be seen)."""
+    found = []
+    try:
+        tasks = os.listdir(task_dir)
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            name = (task_dir / task / "comm").read_text().strip()
+        except OSError:
+            continue
+        if name in GLOO_THREADS:
+            found.append(name)
+    return sorted(found)
+
+
+def group_holders() -> list[str]:
+    """Functions whose default arguments hold a process group (what keeps one alive)."""
+    import types
+
+    from torch.distributed import ProcessGroup
+
+    found = []
+    with warnings.catch_warnings():  # isinstance on torch's deprecated aliases warns
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            if isinstance(obj, types.FunctionType):
+                defaults = (*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values())
+                if any(isinstance(value, ProcessGroup) for value in defaults):
+                    found.append(f"{obj.__module__}.{obj.__qualname__}")
+    return sorted(found)
 
 
 def barrier(d: Dist) -> None:
@@ -140,12 +229,27 @@ class Metrics:
             self._mlflow.log_metrics({k: float(v) for k, v in values.items()}, step=step)
 
     def summary(self, **values: Any) -> Path | None:
+        """The workload's last word, on every rank: tells the launcher the training completed
+        (its last step, and the final checkpoint this rank wrote); rank 0 writes the summary file."""
+        final = values.get("steps") if isinstance(values.get("steps"), int) else progress.last_step()
+        progress.report_completed(final or 0, _last_saved)
         if not self.d.is_main:
             return None
         path = self.output_dir / workload_env.METRICS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values, indent=2, sort_keys=True))
         return path
+
+
+_last_saved: Path | None = None
+"""The checkpoint this process wrote last (named in its completion report)."""
+
+
+def record_checkpoint(path: Path) -> None:
+    """Note a checkpoint this process writes (save_state does; a workload with its own
+    format calls it), so the completion report names the final one."""
+    global _last_saved
+    _last_saved = Path(path)
 
 
 def checkpoint_dir(default: str | Path = "outputs/checkpoints") -> Path:

@@ -259,8 +259,20 @@ def save_state(state: TrainState, step: int, background: bool = True) -> float:
     model_sd, optim_sd = _model_and_optim(state)
     trainer = {"step": step, "sampler": state.sampler.state_dict() if state.sampler is not None else None,
                "rng": rng_state(state.generators), "extra": state.extra(), "written": time.time()}
-    stall = checkpointer(background).save(step, {"model": model_sd, "optim": optim_sd}, trainer)
+    writer = checkpointer(background)
+    stall = writer.save(step, {"model": model_sd, "optim": optim_sd}, trainer)
+    _record(writer, step)
     return stall
+
+
+def _record(writer, step: int) -> None:
+    """Name this rank's part of the version in the completion report (common.Metrics.summary):
+    its marker, which exists only once the part is written whole (finish_checkpoints waits)."""
+    from jobs.runtime.checkpoint import tier
+    from jobs.workloads import common  # here: common re-exports this module
+
+    common.record_checkpoint(tier.marker_path(tier.versions_dir(writer.checkpoint_dir) / tier.version_name(step),
+                                              writer.rank))
 
 
 def finish_checkpoints() -> None:

@@ -17,7 +17,9 @@ Each rank saves its part of a version on its own (tier.py: `rank-<r>/`, `no_dist
 version's global metadata is the union of the ranks' (`merged_metadata`): chunks of sharded
 tensors (FSDP, DTensor) from every rank, one copy of replicated ones, preferring the loading
 rank's own copy so that a restart with the same world size reads only its node's files. The
-union also loads into a different world size (DCP reshards by chunk offsets).
+union also loads into a different world size (DCP reshards by chunk offsets). `uncovered` names
+what the loading rank needs and the parts present lack (a node holds only its own ranks' parts:
+enough for its ranks' own shards at the same world size, not for a full tensor).
 
 Imports torch: used by the training process, never by the launcher.
 """
@@ -128,13 +130,31 @@ def merged_metadata(version_dir: Path, ranks: list[int], prefer: int | None = No
                 storage[key] = dataclasses.replace(info, relative_path=f"rank-{rank}/{info.relative_path}")
         for key, value in (metadata.planner_data or {}).items():
             planner_data.setdefault(key, value)
-    for fqn, meta in state.items():
-        if isinstance(meta, TensorStorageMetadata):
-            covered = sum(math.prod(c.sizes) for c in meta.chunks)
-            if covered < math.prod(meta.size):
-                raise CheckpointError(f"{version_dir}: {fqn} is only partly there: the ranks present ({', '.join(map(str, ranks))}) "
-                                      "hold part of it; the other ranks' parts are needed (restore the version from Blob)")
     return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage)
+
+
+def uncovered(state: dict, metadata) -> list[str]:
+    """The tensors of `state` whose part this rank loads (its own shard of a DTensor, all of a
+    plain tensor) the metadata's chunks do not cover whole: DCP would leave the rest as it was.
+    A node holds only its own ranks' parts of a version: enough for the same world size."""
+    from torch.distributed.checkpoint.planner import LoadItemType
+    from torch.distributed.tensor import DTensor
+
+    planner = safe_planner()
+    planner.set_up_planner(state, metadata, is_coordinator=False)
+    read: dict[str, int] = {}
+    for item in planner.create_local_plan().items:
+        if item.type == LoadItemType.TENSOR:
+            read[item.dest_index.fqn] = read.get(item.dest_index.fqn, 0) + math.prod(item.lengths)
+    missing = []
+    for fqn, value in planner.state_dict.items():
+        if isinstance(value, DTensor):
+            if value.device_mesh.get_coordinate() is None:
+                continue
+            value = value.to_local()
+        if fqn in metadata.state_dict_metadata and hasattr(value, "numel") and read.get(fqn, 0) < value.numel():
+            missing.append(fqn)
+    return missing
 
 
 def unwrap(exc: BaseException) -> BaseException:

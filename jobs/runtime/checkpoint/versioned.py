@@ -143,6 +143,11 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int
         raise CheckpointError(f"{version_dir} holds no complete rank part (no rank-<r>.json marker)")
     worlds = {m["world"] for m in markers.values()}
     metadata = safeload.merged_metadata(version_dir, sorted(markers), prefer=rank)
+    missing = safeload.uncovered(state, metadata)
+    if missing:
+        raise CheckpointError(f"{version_dir}: {missing[0]} is only partly there: the ranks present "
+                              f"({', '.join(map(str, sorted(markers)))}) hold part of what rank {rank} loads; the "
+                              "other ranks' parts are needed (restore the version from Blob)")
     try:
         dcp.load(state, storage_reader=safeload.safe_reader(version_dir, metadata), planner=safeload.safe_planner(),
                  no_dist=True)
