@@ -315,5 +315,5 @@ def test_status_names_the_shrink(mocker, container):
     result = CliRunner().invoke(cli.app, ["status", f"{run}-a3", "--stack", "dev", "--outputs", str(outputs_file("dev"))],
                                 env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
-    assert "1 of 2" in result.output and f"attempt 3 shrank to 1 of 2 nodes (the same global batch, the checkpoint " \
-        f"resharded): {why}" in " ".join(result.output.split())
+    assert "1 of 2" in result.output and f"attempt 3 shrank to 1 of 2 nodes (the same global batch; a versioned " \
+        f"checkpoint reshards): {why}" in " ".join(result.output.split())

@@ -59,8 +59,8 @@ def findings(record: Record) -> list[str]:
     lines = []
     for a in record.attempts:
         if a.shrunk:
-            lines.append(f"attempt {a.number} shrank to {a.nodes} of {a.full_nodes} nodes (the same global batch, "
-                         f"the checkpoint resharded): {a.shrunk}")
+            lines.append(f"attempt {a.number} shrank to {a.nodes} of {a.full_nodes} nodes (the same global batch; "
+                         f"a versioned checkpoint reshards): {a.shrunk}")
         for bad in a.bad_nodes:
             lines.append(f"attempt {a.number}: distrust {bad.get('host') or 'node ' + str(bad.get('node'))} "
                          f"({bad.get('why')})" + (f", Azure node id {bad['azure_node_id']}" if bad.get("azure_node_id") else ""))

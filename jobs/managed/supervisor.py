@@ -526,7 +526,8 @@ class Supervisor:
             return False
         record.next_nodes, record.shrink_reason = nodes, f"after {record.node_lost}, {why}"
         self.echo(f"shrink-and-continue: the next attempt runs on {nodes} of {full} nodes on {where} (managed.min_nodes "
-                  f"{min(self.policy.shrink_nodes)}), keeping the global batch; it reshards the checkpoint ({why})")
+                  f"{min(self.policy.shrink_nodes)}), keeping the command's global batch; a versioned checkpoint "
+                  f"reshards into it ({why})")
         return True
 
     # --- decisions ------------------------------------------------------------------
