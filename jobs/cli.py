@@ -181,6 +181,8 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
               f"backoff {policy.backoff_s:g}s doubling to {policy.backoff_max_s:g}s", highlight=False)
     for line in render.describe_retry(policy):
         err.print(f"  retried: {line}", highlight=False)
+    for line in render.describe_shrink(mplan):
+        err.print(f"  {line}", highlight=False, soft_wrap=True)
     if policy.limit_usd is not None:
         err.print(f"  limit: ${policy.limit_usd:,.2f} ({policy.limit_source}) on all attempts together", highlight=False)
     err.print(f"  record: {mplan.record_blob}", highlight=False)

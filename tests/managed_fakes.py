@@ -95,6 +95,8 @@ class FakeAzureML:
         self.refuse_creates: BaseException | None = None
         """Raised by every job PUT (an Azure ML that refuses the job for good)."""
         self.create_calls = 0
+        self.unusable_nodes = 0
+        """Nodes of the cluster listed `unusable` and running no job (a lost host not yet removed)."""
         self.jobs = _Jobs(self)
         self.compute = _Compute(self)
 
@@ -231,4 +233,8 @@ class _Compute:
                 nodes.append(AmlComputeNodeInfo._from_rest_object(_deserialize(AmlComputeNodeInformation, {
                     "nodeId": f"tvmps_{name}_{i}", "privateIpAddress": f"10.0.0.{i + 4}", "port": 50000,
                     "nodeState": state, "runId": name})))
+        for i in range(self.azure.unusable_nodes):
+            nodes.append(AmlComputeNodeInfo._from_rest_object(_deserialize(AmlComputeNodeInformation, {
+                "nodeId": f"tvmps_lost_{i}", "privateIpAddress": f"10.0.1.{i + 4}", "port": 50000,
+                "nodeState": "unusable"})))
         return nodes

@@ -63,10 +63,11 @@ class Harness:
         return RecordStore(self.records, self.prefix, lease_s=self.policy.lease_s)
 
     def new_supervisor(self, controller: str, policy: Policy | None = None, **kwargs) -> Supervisor:
+        rules = policy or self.policy
         service = AzureJobService(self.azure, self.root, "azureml:/subscriptions/s/codes/run-code/versions/1",
-                                  self.run, "cosmoflow")
+                                  self.run, "cosmoflow", max_nodes={t.cluster: t.max_nodes for t in rules.targets})
         return Supervisor(self.store(), service, Evidence(self.container, self.prefix, secret=SECRET),
-                          policy or self.policy, controller=controller, echo=self.lines.append, clock=self.clock,
+                          rules, controller=controller, echo=self.lines.append, clock=self.clock,
                           sleep=self.clock.sleep, **kwargs)
 
     def record(self) -> Record:

@@ -149,3 +149,31 @@ def test_a_fault_that_did_not_happen_is_an_error(world):
     with pytest.raises(managed.RunNameInUse, match=f"run {name} exists"):
         managed.rehearse_managed(render.plan_managed(recipe, outputs, job), echo=lines.append, faults=[],
                                  **common(world, world["root"] / name, lines))
+
+
+
+def test_a_lost_host_without_replacement_shrinks_two_nodes_to_one(world, undisturbed):
+    """Node 1's host is lost at step 12 and the cluster gets no node in its place: the
+    supervision sees the cluster one node short, runs the next attempt on one node with the
+    same --global-batch (the one rank takes all of it), from the checkpoint in Blob, and the
+    run ends with as many steps as an undisturbed one. (Losses on the smaller world are held
+    by tests/test_exact_resume.py, 4 -> 3 ranks of the real BERT; a BERT rehearsal of this takes
+    minutes on two cores: docs/managed-jobs.md, "Shrink-and-continue".)"""
+    name = f"m-shrink-{uuid.uuid4().hex[:6]}"
+    recipe, outputs, job = plan(name, f"command={TRAIN} --global-batch 4", "managed.min_nodes=1")
+    mplan = render.plan_managed(recipe, outputs, job)
+    assert mplan.policy.shrink_nodes == (1,)
+    lines: list[str] = []
+    fault = managed.Fault("host_loss", node=1, at_step=12, stays_lost=True)
+    done = managed.rehearse_managed(mplan, echo=lines.append, faults=[fault], **common(world, world["root"] / name, lines))
+    record = done.record
+    assert record.state == "succeeded" and not done.missing, "\n".join(lines[-40:])
+    lost, small = record.attempts
+    assert (lost.cause, lost.nodes, lost.capacity) == ("node_failure", 2, 1)
+    assert (small.nodes, small.full_nodes) == (1, 2) and "could give at most 1 node(s)" in small.shrunk
+    assert done.service.jobs[small.job].nodes == 1 and small.first_step > 0, "one node, resumed from the checkpoint"
+    summary = json.loads((world["root"] / name / "node0" / "outputs" / "aml-hpc" / "metrics.json").read_text())
+    assert (summary["world_size"], summary["global_batch"], summary["per_rank"]) == (1, 4, 4), "the same global batch"
+    assert summary["steps"] == small.last_step == undisturbed
+    text = "\n".join(summary_lines(record))
+    assert "| 1 of 2 |" in text and "attempt 2 shrank to 1 of 2 nodes" in text

@@ -54,3 +54,16 @@ def test_a_rank_that_goes_away_fails_the_others(tmp_path):
     out, _ = hub.communicate(timeout=60)
     peer.communicate(timeout=10)
     assert hub.returncode == 1 and "a rank left" in out, out
+
+
+def test_the_global_batch_is_kept_on_another_world_and_must_divide(tmp_path):
+    """Resumed on one rank with the same --global-batch, it takes the whole batch itself; a
+    batch the ranks cannot share is refused (exit 2)."""
+    alone = start(tmp_path, 0, 1, free_port(), "--steps", "3", "--global-batch", "4")
+    out, _ = alone.communicate(timeout=60)
+    assert alone.returncode == 0, out
+    summary = json.loads((tmp_path / "out" / "aml-hpc" / "metrics.json").read_text())
+    assert (summary["world_size"], summary["global_batch"], summary["per_rank"]) == (1, 4, 4)
+    odd = start(tmp_path, 0, 2, free_port(), "--steps", "3", "--global-batch", "3")  # refused before it meets a peer
+    out, _ = odd.communicate(timeout=60)
+    assert odd.returncode == 2 and "--global-batch 3 is not a multiple of the world size 2" in out, out

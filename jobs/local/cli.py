@@ -3,7 +3,7 @@
     python -m jobs run cosmoflow [--local] [--nodes 2] [--procs-per-node 2] [--stack dev]
         [--set key=value ...] [--name NAME] [--data INPUT=DIR] [--quiet]
         [--managed [--resume] [--preempt-at-step N [--preempt-node K]] [--hang-at-step N [--hang-node K]]
-                   [--kill-host-at-step N [--kill-host-node K]] [--slow-node K --slow-factor F]
+                   [--kill-host-at-step N [--kill-host-node K] [--no-replacement]] [--slow-node K --slow-factor F]
                    [--kill-controller-at PHASE]]
 
 With --managed the run is supervised as `submit --managed` would be in Azure, and faults are
@@ -145,6 +145,7 @@ def run(
     hang_node: Annotated[int, typer.Option("--hang-node", help="The simulated node whose training hangs.")] = 0,
     kill_host_at_step: Annotated[int | None, typer.Option("--kill-host-at-step", help="With --managed: SIGKILL a node's processes (a lost host) at this step of the first attempt.")] = None,
     kill_host_node: Annotated[int, typer.Option("--kill-host-node", help="The simulated node that is lost.")] = 0,
+    no_replacement: Annotated[bool, typer.Option("--no-replacement", help="With --kill-host-at-step: the cluster gets no node in its place (one node short: a restart shrinks when the recipe sets managed.min_nodes).")] = False,
     slow_node: Annotated[int | None, typer.Option("--slow-node", help="With --managed: the simulated node whose own work per step is --slow-factor times longer (a straggler).")] = None,
     slow_factor: Annotated[float | None, typer.Option("--slow-factor", help="How much slower --slow-node is (e.g. 3).")] = None,
     kill_controller_at: Annotated[str | None, typer.Option("--kill-controller-at", help="With --managed: the controller dies at this phase (claim, claimed, submitted, watch, ended, backoff, record-write); the revival check must replace it.")] = None,
@@ -168,7 +169,7 @@ def run(
         faults = managed_rehearsal.faults_from_flags(
             size, preempt_at_step=preempt_at_step, preempt_node=preempt_node, preempt_grace=preempt_grace,
             hang_at_step=hang_at_step, hang_node=hang_node, kill_host_at_step=kill_host_at_step,
-            kill_host_node=kill_host_node, slow_node=slow_node, slow_factor=slow_factor,
+            kill_host_node=kill_host_node, no_replacement=no_replacement, slow_node=slow_node, slow_factor=slow_factor,
             kill_controller_at=kill_controller_at, managed=managed)
         if resume and not (managed and name):
             raise UserError([Problem("command line", "--resume", "continues a managed rehearsal by its name",

@@ -18,7 +18,10 @@ Faults, each on one attempt (the first unless said otherwise), each deterministi
   forwards it and uploads the last checkpoint) and SIGKILL `grace_s` later as the VM goes;
   the job fails as Azure ML reports a preemption (PreemptionError, node state `preempted`);
 - `host_loss` at step N on node K: node K's processes get SIGKILL at step N - a host gone
-  without a word (no end record);
+  without a word (no end record); with `stays_lost` the simulated cluster gets no node in
+  its place: it lists node K `unusable` and answers one node less capacity, and an attempt
+  asking for more nodes than it has waits in the queue (shrink-and-continue; each attempt
+  runs on the node count the supervision asks for);
 - `hang` at step N on node K: node K's training is frozen (SIGSTOP) at step N; the
   launcher's watchdog must find it (exit 7) and name node K;
 - `nccl` on node K: NCCL is told to use sockets there (NCCL_NET=Socket), and the launcher
@@ -86,10 +89,12 @@ class Fault:
     attempt: int = 1
     launcher_args: tuple[str, ...] = ()
     """Extra arguments for node K's launcher (`python -m jobs.runtime.launch ARGS -- ...`)."""
+    stays_lost: bool = False
+    """host_loss: the cluster stays one node short afterwards (no capacity for the full count)."""
 
     def describe(self) -> str:
         where = f" at step {self.at_step}" if self.at_step is not None else ""
-        extra = f" x{self.factor:g}" if self.kind == "slow" else ""
+        extra = f" x{self.factor:g}" if self.kind == "slow" else " (no replacement)" if self.stays_lost else ""
         return f"{self.kind} on node {self.node}{where}{extra} (attempt {self.attempt})"
 
 
@@ -107,6 +112,8 @@ class LocalJob:
     name: str
     attempt: int
     cluster: str = ""
+    nodes: int = 0
+    """The nodes the attempt asked for (0: the plan's)."""
     status: str = "Queued"
     started_at: datetime | None = None
     ended_at: datetime | None = None
@@ -124,6 +131,8 @@ class LocalJob:
     faults: list[Fault] = field(default_factory=list)
     fired: list[Fired] = field(default_factory=list)
     finished: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    """Set by a cancel (ends a job still waiting in the queue)."""
 
     def fired_kind(self, kind: str) -> Fired | None:
         return next((f for f in self.fired if f.fault.kind == kind), None)
@@ -172,12 +181,14 @@ class LocalJobService:
         self.sink, self.faults, self.echo, self.timeout_s = sink, faults, echo, timeout_s
         self.blob_override = blob_override or {}
         self.jobs: dict[str, LocalJob] = {}
+        self.lost_hosts: set[int] = set()
+        """Nodes lost for good (host_loss with stays_lost): the cluster is that many nodes short."""
         self.max_running = 0
         """The most attempts ever running at once (the supervision promises one)."""
 
     # JobService
     def submit(self, job: str, attempt: int, target: Target, environment: dict[str, str]) -> None:
-        local = self.jobs[job] = LocalJob(job, attempt, target.cluster,
+        local = self.jobs[job] = LocalJob(job, attempt, target.cluster, nodes=target.nodes,
                                           faults=[f for f in self.faults if f.attempt == attempt])
         self.max_running = max(self.max_running, sum(not j.finished.is_set() for j in self.jobs.values()))
         threading.Thread(target=self._run, args=(local, environment), name=f"attempt-{attempt}", daemon=True).start()
@@ -192,11 +203,16 @@ class LocalJobService:
         return Observation(status=local.status, error_code=error[0] if error else None,
                            error_message=error[1] if error else None, started_at=local.started_at,
                            ended_at=local.ended_at, node_states=tuple(local.node_states.values()),
-                           error_codes=tuple(error[2:]) if error else ())
+                           error_codes=tuple(error[2:]) if error else (), capacity=self.capacity())
+
+    def capacity(self) -> int:
+        """The simulated cluster's answer: the plan's nodes less those lost for good."""
+        return self.plan.instance_count - len(self.lost_hosts)
 
     def cancel(self, job: str) -> None:
         local = self.jobs[job]
         local.canceled = True
+        local.stop.set()
         self._signal_nodes(local, signal.SIGTERM, nodes=None)
 
     @staticmethod
@@ -229,9 +245,15 @@ class LocalJobService:
 
     def _run(self, job: LocalJob, environment: dict[str, str]) -> None:
         endpoint, connection = self.blob_override.get(job.attempt, (self.blob_endpoint, self.connection_string))
+        plan = replace(self.plan, instance_count=job.nodes) if job.nodes else self.plan
+        if plan.instance_count > self.capacity():  # Azure ML would keep it queued: it waits for a cancel
+            job.stop.wait()
+            job.status, job.ended_at = "Canceled", now_utc()
+            job.finished.set()
+            return
         try:
             job.result = rehearsal.rehearse(
-                self.plan, snapshot=self.snapshot, workdir=self.workdir, procs_per_node=self.procs_per_node,
+                plan, snapshot=self.snapshot, workdir=self.workdir, procs_per_node=self.procs_per_node,
                 blob_endpoint=endpoint, connection_string=connection, containers=self.containers,
                 sink=self.sink, timeout_s=self.timeout_s, run_id=job.name, extra_env=environment,
                 node_env=self._node_env(job), node_command=self._node_command(job),
@@ -324,7 +346,11 @@ class LocalJobService:
             if not job.finished.wait(fault.grace_s):
                 self._signal_nodes(job, signal.SIGKILL, nodes={fault.node})
         elif fault.kind == "host_loss":
-            self.echo(f"rehearsal: node {fault.node} of {job.name} is lost at step {step} (SIGKILL, no word)")
+            self.echo(f"rehearsal: node {fault.node} of {job.name} is lost at step {step} (SIGKILL, no word)"
+                      + ("; the cluster gets no node in its place" if fault.stays_lost else ""))
+            if fault.stays_lost:
+                self.lost_hosts.add(fault.node)
+                job.node_states[fault.node] = "unusable"
             self._signal_nodes(job, signal.SIGKILL, nodes={fault.node})
             (gate / "release").touch()
         elif fault.kind == "hang":
@@ -506,6 +532,7 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
 
 def faults_from_flags(nodes: int, *, preempt_at_step: int | None, preempt_node: int, preempt_grace: float,
                       hang_at_step: int | None, hang_node: int, kill_host_at_step: int | None, kill_host_node: int,
+                      no_replacement: bool = False,
                       slow_node: int | None, slow_factor: float | None, kill_controller_at: str | None,
                       managed: bool) -> list[Fault]:
     """The faults the flags ask for; UserError for flags that do not fit together."""
@@ -530,6 +557,9 @@ def faults_from_flags(nodes: int, *, preempt_at_step: int | None, preempt_node: 
         if node is not None and not 0 <= node < nodes:
             problems.append(Problem("command line", flag, f"node {node} does not exist ({nodes} simulated node(s))",
                                     f"pick 0..{nodes - 1}"))
+    if no_replacement and kill_host_at_step is None:
+        problems.append(Problem("command line", "--no-replacement", "says what follows a lost host",
+                                "add --kill-host-at-step N (and --kill-host-node K)"))
     if (slow_node is None) != (slow_factor is None):
         problems.append(Problem("command line", "--slow-node/--slow-factor", "go together", "e.g. --slow-node 1 "
                                 "--slow-factor 3"))
@@ -546,7 +576,7 @@ def faults_from_flags(nodes: int, *, preempt_at_step: int | None, preempt_node: 
     if hang_at_step is not None:
         faults.append(Fault("hang", hang_node, hang_at_step))
     if kill_host_at_step is not None:
-        faults.append(Fault("host_loss", kill_host_node, kill_host_at_step))
+        faults.append(Fault("host_loss", kill_host_node, kill_host_at_step, stays_lost=no_replacement))
     if slow_node is not None and slow_factor is not None:
         faults.append(Fault("slow", slow_node, factor=slow_factor))
     return faults

@@ -11,13 +11,23 @@ The only module under jobs/managed that calls MLClient. What it reads, and from 
   fails the observation goes on without error text (classification then rests on node
   states and the nodes' end records);
 - `ml_client.compute.list_nodes(cluster)`: AmlComputeNodeInfo with `node_state` and
-  `run_id` (the job name), to see nodes of this job preempted or unusable while it runs.
+  `run_id` (the job name), to see nodes of this job preempted or unusable while it runs -
+  and the cluster's capacity: its maxNodes (stack outputs, in the policy's targets) less
+  the nodes it lists `unusable`, whichever job they ran. An unusable node stays allocated
+  to the cluster until it is removed (the predecessor service said so of its clusters:
+  microsoftarchive/BatchAI issue 19, 2018-01-19, "it's still allocated and is considered to
+  be used by you"), so a job asking for more nodes than that waits. azure-ai-ml's
+  AmlCompute entity carries no node counts or allocation errors (azure-ai-ml 1.x,
+  entities/_compute/aml_compute.py), and quota is regional and shared, so this is the
+  only capacity answer read.
 
 An attempt is the training job template the submit rendered for its cluster (load_job of
-its YAML), with its own name, the attempt's run id for the launcher (AMLHPC_RUN_ID, so
-nodes' end records land under the attempt's name), its evidence key, tags naming the run,
-and the code of the controller's own job (one upload for the run: the controller's
-snapshot holds the training code).
+its YAML), with its own name, its node count (the template's, or fewer when the run shrank:
+the command keeps its `--global-batch`, so the training accumulates more per rank, and the
+launcher restores every part of the versioned checkpoint to reshard it), the attempt's run
+id for the launcher (AMLHPC_RUN_ID, so nodes' end records land under the attempt's name),
+its evidence key, tags naming the run, and the code of the controller's own job (one upload
+for the run: the controller's snapshot holds the training code).
 
 Submit failures: Azure ML answers a job it will never run (a bad definition, a missing
 compute, an environment or code asset that does not exist) with 400, 404, 409 or 422;
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +51,7 @@ log = logging.getLogger("amlhpc.managed")
 
 RUN_TAG = "managed_run"
 ATTEMPT_TAG = "attempt"
+NODES_TAG = "nodes"
 REFUSED_STATUSES = frozenset({400, 404, 409, 422})
 """HTTP answers to a job PUT that a retry cannot change."""
 NODE_STATUSES = frozenset({"Preparing", "Queued", "Running", "Finalizing", "Failed", "Canceled", "NotResponding",
@@ -48,9 +60,11 @@ NODE_STATUSES = frozenset({"Preparing", "Queued", "Running", "Finalizing", "Fail
 _COMPUTE_CODE = re.compile(r"AzureMLCompute job failed\.\s*([A-Za-z]+Error)\b")
 
 
-def observation_from(job: Any, run: Any | None = None, nodes: list[Any] | None = None) -> Observation:
+def observation_from(job: Any, run: Any | None = None, nodes: list[Any] | None = None,
+                     max_nodes: int = 0) -> Observation:
     """An Observation from azure-ai-ml entities: the Job, its run-history Run (or None) and
-    the cluster's AmlComputeNodeInfo list (or None)."""
+    the cluster's AmlComputeNodeInfo list (or None); `max_nodes`: the cluster's maxNodes
+    (0: unknown, no capacity answer)."""
     error_code = error_message = None
     started = ended = None
     warnings: tuple[str, ...] = ()
@@ -65,8 +79,13 @@ def observation_from(job: Any, run: Any | None = None, nodes: list[Any] | None =
     name = getattr(job, "name", None)
     states = tuple(sorted(str(_field(n, "node_state", "nodeState") or "").lower() for n in (nodes or [])
                           if _field(n, "run_id", "runId") == name))
+    capacity = None
+    if max_nodes and nodes is not None:
+        unusable = sum(str(_field(n, "node_state", "nodeState") or "").lower() == "unusable" for n in nodes)
+        capacity = max(0, max_nodes - unusable)
     return Observation(status=enum_value(job.status), error_code=error_code, error_message=error_message,
-                       started_at=started, ended_at=ended, node_states=states, warnings=warnings, error_codes=codes)
+                       started_at=started, ended_at=ended, node_states=states, warnings=warnings, error_codes=codes,
+                       capacity=capacity)
 
 
 def error_codes(root: Any) -> tuple[str, ...]:
@@ -116,8 +135,11 @@ def cluster_name(compute: str | None) -> str | None:
 
 
 class AzureJobService:
-    def __init__(self, ml_client, root: Path, code: str, run: str, experiment: str):
+    def __init__(self, ml_client, root: Path, code: str, run: str, experiment: str,
+                 max_nodes: Mapping[str, int] | None = None):
         self.ml_client, self.root, self.code, self.run, self.experiment = ml_client, root, code, run, experiment
+        self.max_nodes = dict(max_nodes or {})
+        """cluster -> its maxNodes, for the capacity answer (from the policy's targets)."""
 
     def submit(self, job: str, attempt: int, target: Target, environment: dict[str, str]) -> None:
         from azure.ai.ml import load_job
@@ -125,8 +147,15 @@ class AzureJobService:
         entity = load_job(self.root / target.template)
         entity.name = job
         entity.code = self.code
-        entity.display_name = f"{entity.display_name or self.run} (attempt {attempt})"
-        entity.tags = {**(entity.tags or {}), RUN_TAG: self.run, ATTEMPT_TAG: str(attempt)}
+        if entity.resources is None:
+            from azure.ai.ml.entities import JobResourceConfiguration
+
+            entity.resources = JobResourceConfiguration()
+        planned = entity.resources.instance_count
+        entity.resources.instance_count = target.nodes
+        shrunk = f", {target.nodes} of {planned} nodes" if planned and target.nodes < planned else ""
+        entity.display_name = f"{entity.display_name or self.run} (attempt {attempt}{shrunk})"
+        entity.tags = {**(entity.tags or {}), RUN_TAG: self.run, ATTEMPT_TAG: str(attempt), NODES_TAG: str(target.nodes)}
         entity.environment_variables = {**(entity.environment_variables or {}), **environment, contract.RUN_ID: job}
         self.ml_client.jobs.create_or_update(entity, experiment_name=self.experiment)
 
@@ -148,7 +177,8 @@ class AzureJobService:
             entity = self.ml_client.jobs.get(job)
         except ResourceNotFoundError:
             return None
-        return observation_from(entity, self._run(job), self._nodes(entity))
+        return observation_from(entity, self._run(job), self._nodes(entity),
+                                self.max_nodes.get(cluster_name(getattr(entity, "compute", None)) or "", 0))
 
     def cancel(self, job: str) -> None:
         self.ml_client.jobs.begin_cancel(job)

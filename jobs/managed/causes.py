@@ -40,8 +40,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("bad_input", False, f"bad input: the launcher refused its settings (exit {EXIT_USAGE}), the command was "
                               "not found (126/127), or Azure ML rejected the job"),
     Cause("training_error", False, "the training code failed (its own exit status)"),
-    Cause("queue_timeout", True, "the attempt waited in Azure ML's queue longer than managed.queue_timeout_s: canceled "
-                                 "and resubmitted on the next cluster of managed.fallback_clusters"),
+    Cause("queue_timeout", True, "the attempt waited in Azure ML's queue longer than managed.queue_timeout_s (or, after "
+                                 "a lost node, its cluster's capacity answer was below its nodes): canceled and resubmitted "
+                                 "on fewer nodes (managed.min_nodes) or the next cluster of managed.fallback_clusters"),
     Cause("stalled", True, "Azure ML reported the job Paused, Unknown or NotResponding for longer than the controller "
                            "waits (managed.stall_s): canceled and resubmitted"),
     Cause("budget", False, "the controller stopped the attempt: what was spent plus the cost of the time to the next "

@@ -106,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     ml_client, store, evidence = connect(settings)
     own_job = ml_client.jobs.get(me)
     store.add_controller(me, "started")
-    service = AzureJobService(ml_client, Path("."), own_job.code, settings["run"], settings["experiment"])
+    policy = Policy.from_json(settings["policy"])
+    service = AzureJobService(ml_client, Path("."), own_job.code, settings["run"], settings["experiment"],
+                              max_nodes={t.cluster: t.max_nodes for t in policy.targets if t.max_nodes})
     resume = Resume(**settings["resume"]) if settings.get("resume") else None
-    supervisor = Supervisor(store, service, evidence, Policy.from_json(settings["policy"]), controller=me,
-                            resume=resume, echo=log.info)
+    supervisor = Supervisor(store, service, evidence, policy, controller=me, resume=resume, echo=log.info)
     try:
         revive.ensure_schedule(ml_client, own_job, settings["run"])
     except Exception as exc:  # noqa: BLE001 - supervision goes on; only the revival is missing

@@ -7,7 +7,9 @@ Finalizing, CancelRequested, NotResponding and Paused are on the way (NotRespond
 back to any earlier state). Errors are run history's `RootError` (`code`: ServiceError,
 UserError, ValidationError, AzureStorageError, TransientError, RequestThrottled; and a
 message). Node states are AmlCompute's NodeState (idle, running, preparing, unusable,
-leaving, preempted), read for the nodes whose current run is the job.
+leaving, preempted), read for the nodes whose current run is the job. `capacity` is the
+service's answer to "how many nodes could this job get on its cluster now", where it has
+one (jobs.managed.azureml: the cluster's maxNodes less the nodes it lists unusable).
 
 jobs.managed.azureml builds an Observation from azure-ai-ml's entities; the local
 rehearsal (jobs.local.managed) builds the same from its simulated nodes, so one
@@ -49,6 +51,8 @@ class Observation:
     error_codes: tuple[str, ...] = ()
     """Every error code Azure ML gave: the RootError's, its inner errors' and details', and
     the compute error code it reports ("AzureMLCompute job failed. <Code>: ...")."""
+    capacity: int | None = None
+    """Nodes the job's cluster could give a job now, by the service's account; None: it does not say."""
 
     @property
     def terminal(self) -> bool:

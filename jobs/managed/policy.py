@@ -23,6 +23,13 @@ Where an attempt runs: the recipe's cluster, then each cluster of `managed.fallb
 in order. The next attempt moves one cluster on after an attempt queued longer than
 `managed.queue_timeout_s`, or after `managed.fallback_after_preemptions` preemptions on
 the cluster (LowPriority first, then Dedicated).
+
+On how many nodes (shrink-and-continue, `shrink_nodes`): the target's count, except after a
+node was lost and the next attempt could not get the full count (queue timeout, or the
+cluster's capacity answer): then the next smaller count of `shrink_nodes` (from the
+recipe's `managed.min_nodes`), down to the smallest, before moving to the next cluster.
+Cost is node-hours: an attempt on fewer nodes costs less per hour and is expected to run
+longer, so the budget for the rest of the run does not depend on the count.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ class Target:
     priority: str = "Dedicated"
     template: str = DEFAULT_TEMPLATE
     """Path of the job template inside the controller's code snapshot."""
+    max_nodes: int = 0
+    """The cluster's maxNodes (stack outputs), for its capacity answer; 0: unknown."""
 
     @property
     def usd_per_hour(self) -> float:
@@ -85,6 +94,10 @@ class Policy:
     """The record's lease (Blob: 15..60 s); a controller silent this long is replaced."""
     outage_backoff_max_s: float = 300.0
     """While Azure or storage does not answer, looks back off up to this; supervision never gives up."""
+    shrink_nodes: tuple[int, ...] = ()
+    """Shrink-and-continue: the node counts below the targets' that an attempt may use after a
+    lost node when the cluster cannot give the full count, largest first; each is one the
+    training's global batch splits over (render.py, from managed.min_nodes). Empty: never."""
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -104,15 +117,26 @@ class Policy:
     def attempt_usd(self, hours: float, target: Target | None = None) -> float:
         return (target or self.targets[0]).usd_per_hour * max(0.0, hours)
 
-    def next_attempt_usd(self, hours_run: float, target: Target | None = None) -> float:
-        """What one more attempt is budgeted at: the expected hours not yet run, at least a share."""
-        remaining = max(self.expected_hours - hours_run, self.expected_hours * MIN_REMAINING_SHARE)
-        return self.attempt_usd(remaining, target)
+    def next_attempt_usd(self, node_hours_run: float, target: Target | None = None) -> float:
+        """What one more attempt is budgeted at: the expected node-hours not yet run (at least a
+        share) at the target's price per node-hour - the same on fewer nodes, which run longer."""
+        target = target or self.targets[0]
+        planned = self.expected_hours * target.nodes
+        remaining = max(planned - node_hours_run, planned * MIN_REMAINING_SHARE)
+        return target.usd_per_node_hour * remaining
+
+    def smaller(self, nodes: int, capacity: int | None = None) -> int | None:
+        """The count a shrunk attempt uses after one on `nodes` could not get them: the largest
+        of `shrink_nodes` below `nodes` (and within `capacity`, when the cluster said); None
+        when there is none (then the run moves on to the next cluster)."""
+        return next((n for n in sorted(self.shrink_nodes, reverse=True)
+                     if n < nodes and (capacity is None or n <= capacity)), None)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["retry_on"] = list(self.retry_on)
         data["targets"] = [asdict(t) for t in self.targets]
+        data["shrink_nodes"] = list(self.shrink_nodes)
         return data
 
     @classmethod
@@ -121,4 +145,5 @@ class Policy:
         known["retry_on"] = tuple(known.get("retry_on", causes.DEFAULT_RETRY_ON))
         known["targets"] = tuple(Target(**{k: v for k, v in t.items() if k in Target.__dataclass_fields__})
                                  for t in known.get("targets") or ())
+        known["shrink_nodes"] = tuple(known.get("shrink_nodes") or ())
         return cls(**known)

@@ -95,11 +95,18 @@ class Attempt:
     first_step: int | None = None
     last_step: int | None = None
     nodes: int = 0
+    """The nodes it asked for (fewer than `full_nodes` when shrunk)."""
+    full_nodes: int = 0
+    """Its cluster's count in the recipe (0: written before shrinking existed; same as nodes)."""
+    shrunk: str | None = None
+    """Why it runs on fewer nodes than `full_nodes` (None: it does not)."""
+    capacity: int | None = None
+    """The nodes its cluster could give a job at the last look, by the service's answer (None: not said)."""
     cluster: str = ""
     target: int = 0
     """Index of its cluster in the policy's targets."""
     usd_per_hour: float | None = None
-    """What the attempt's nodes cost together per hour, fixed at its claim."""
+    """What the attempt's nodes cost together per hour, fixed at its claim (its own node count)."""
     usd: float | None = None
     node_events: list[str] = field(default_factory=list)
     """Every trouble state a node of the job was seen in (history)."""
@@ -153,6 +160,13 @@ class Record:
     """Where the next attempt runs: an index into the policy's targets."""
     preemptions: int = 0
     """Preemptions on the current target (reset when the run moves on)."""
+    next_nodes: int | None = None
+    """Nodes the next attempt asks for when shrunk (None: its cluster's full count)."""
+    shrink_reason: str | None = None
+    """Why the next attempt is shrunk (copied into its `shrunk`)."""
+    node_lost: str | None = None
+    """The lost node that lets a run shrink ("attempt 2: node_failure ..."); cleared once an
+    attempt runs on its full count."""
     cancels_handled: list[str] = field(default_factory=list)
     """Ids of cancel requests honoured, or set aside by an explicit resume."""
     resumes: list[str] = field(default_factory=list)
@@ -181,8 +195,9 @@ class Record:
     def total_usd(self, rate: float, now: datetime | None = None) -> float:
         return self.attempts_usd(now) + self.controller_usd(rate)
 
-    def hours_run(self) -> float:
-        return sum(a.hours() for a in self.attempts)
+    def node_hours_run(self) -> float:
+        """Hours on nodes, times the nodes: the work done, whatever count each attempt ran on."""
+        return sum(a.hours() * a.nodes for a in self.attempts)
 
     def finish(self, state: str, reason: str) -> None:
         self.state, self.reason, self.next_attempt_at = state, reason, None

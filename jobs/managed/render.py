@@ -30,12 +30,13 @@ from typing import Any
 from core.errors import Problem, UserError
 from core.outputs import StackOutputs
 from jobs import build
-from jobs.managed import causes
+from jobs.managed import causes, shrink
 from jobs.managed.controller import MANAGED_JSON
 from jobs.managed.policy import DEFAULT_TEMPLATE, Policy, Target
 from jobs.managed.record import iso, now_utc, record_name
 from jobs.recipes.schema import Recipe
 from jobs.runtime import contract
+from jobs.workloads import env as workload_env
 
 TEMPLATE_PATH = DEFAULT_TEMPLATE
 """Where the recipe's cluster's training job template sits in the controller's snapshot."""
@@ -70,6 +71,8 @@ class ManagedPlan:
     """Signs the attempts' evidence; kept in the controller's job definition only."""
     fallbacks: tuple[build.JobPlan, ...] = ()
     resume_token: dict[str, str] | None = None
+    shrink_skipped: tuple[int, ...] = ()
+    """Counts from managed.min_nodes up that the global batch does not split over (not used)."""
 
     @property
     def record_blob(self) -> str:
@@ -120,6 +123,9 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
     if unknown:
         problems.append(Problem(reference, "managed.fallback_clusters", f"{', '.join(unknown)}: not a cluster of stack "
                                 f"{outputs.stack!r}", f"clusters: {', '.join(outputs.clusters)}"))
+    batch = shrink.batch_of(training.training_command, training.processes_per_node, _deepspeed_config(training))
+    shrink_nodes, skipped = shrink.counts(training.instance_count, recipe.managed.min_nodes, batch)
+    problems += _shrink_problems(reference, recipe, training, batch, shrink_nodes, skipped)
     if problems:
         raise UserError(problems, "cannot submit a managed run")
     assert outputs.controller is not None and environment is not None and supervision is not None
@@ -134,7 +140,8 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
                                      hours=training.estimate.hours, name=training.name, resume=resume)
                       for c in recipe.managed.fallback_clusters if c != training.cluster)
     targets = tuple(Target(plan.cluster, plan.instance_count, plan.estimate.usd_per_node_hour, plan.priority,
-                           template_path(plan.cluster, i == 0)) for i, plan in enumerate((training, *fallbacks)))
+                           template_path(plan.cluster, i == 0), outputs.clusters[plan.cluster].max_nodes)
+                    for i, plan in enumerate((training, *fallbacks)))
     m = recipe.managed
     policy = Policy(nodes=training.instance_count, usd_per_node_hour=training.estimate.usd_per_node_hour,
                     expected_hours=training.estimate.hours,
@@ -144,7 +151,7 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
                     targets=targets, queue_timeout_s=m.queue_timeout_s,
                     fallback_after_preemptions=m.fallback_after_preemptions,
                     checkpoint_interval_s=recipe.checkpoint.interval_s, straggler_factor=m.straggler_factor,
-                    straggler_looks=m.straggler_looks, stall_s=m.stall_s)
+                    straggler_looks=m.straggler_looks, stall_s=m.stall_s, shrink_nodes=shrink_nodes)
     backoffs = sum(policy.backoff(n) for n in range(1, policy.max_restarts + 1))
     longest = max(plan.timeout_s for plan in (training, *fallbacks))
     return ManagedPlan(
@@ -158,7 +165,38 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
                    "name": outputs.workspace},
         timeout_s=int((policy.max_restarts + 1) * longest + backoffs + 3600),
         environment=environment, secret=secret or secrets.token_hex(32), fallbacks=fallbacks,
-        resume_token={"token": secrets.token_hex(8), "at": iso(now_utc()) or ""} if resume else None)
+        resume_token={"token": secrets.token_hex(8), "at": iso(now_utc()) or ""} if resume else None,
+        shrink_skipped=skipped)
+
+
+def _deepspeed_config(training: build.JobPlan) -> dict[str, Any] | None:
+    raw = training.environment_variables.get(workload_env.DEEPSPEED_JSON)
+    return json.loads(raw).get("config") if raw else None
+
+
+def _shrink_problems(reference: str, recipe: Recipe, training: build.JobPlan, batch: shrink.Batch,
+                     shrink_nodes: tuple[int, ...], skipped: tuple[int, ...]) -> list[Problem]:
+    """What stops shrink-and-continue from keeping the global batch (managed.min_nodes below the nodes)."""
+    floor, nodes = recipe.managed.min_nodes, training.instance_count
+    if floor is None or floor >= nodes:
+        return []
+    if batch.global_batch is None:
+        return [Problem(reference, "command", f"managed.min_nodes {floor} lets a restart run on fewer than {nodes} "
+                        f"nodes, and the command does not name its global batch ({shrink.GLOBAL_BATCH_FLAG}): on fewer "
+                        "nodes it would train with a smaller one",
+                        f"add {shrink.GLOBAL_BATCH_FLAG} N to the command (now micro batch {batch.micro_batch} x "
+                        f"accumulation {batch.accumulation} x {batch.ranks_per_node * nodes} ranks = {batch.now(nodes)}), "
+                        "with N a multiple of the micro batch x ranks of every count you allow")]
+    if not batch.splits_over(nodes):
+        return [Problem(reference, "command", f"{shrink.GLOBAL_BATCH_FLAG} {batch.global_batch} does not split over "
+                        f"{nodes} nodes x {batch.ranks_per_node} ranks x micro batch {batch.micro_batch}",
+                        f"use a multiple of {batch.micro_batch * batch.ranks_per_node * nodes}")]
+    if not shrink_nodes:
+        return [Problem(reference, "managed.min_nodes", f"{shrink.GLOBAL_BATCH_FLAG} {batch.global_batch} splits over "
+                        f"none of {', '.join(map(str, skipped))} nodes ({batch.ranks_per_node} ranks each, micro batch "
+                        f"{batch.micro_batch}): the run could never shrink",
+                        "choose a global batch those counts divide, or a min_nodes that divides it (or drop min_nodes)")]
+    return []
 
 
 # --- documents --------------------------------------------------------------------------
@@ -214,7 +252,8 @@ def to_yaml(mplan: ManagedPlan, code_path: str | Path) -> str:
             f"{'s of its clusters' if mplan.fallbacks else ''}\n"
             f"# each attempt is its cluster's template named {mplan.run}-a<n>, with the controller's code;\n"
             f"# attempts: 1 + up to {mplan.policy.max_restarts} restarts on "
-            f"{', '.join(map(str, mplan.policy.retry_on))}\n")
+            f"{', '.join(map(str, mplan.policy.retry_on))}\n"
+            + "".join(f"# {line}\n" for line in describe_shrink(mplan)))
     documents = [controller_document(mplan, code_path)]
     documents += [training_template(mplan, plan) for plan in mplan.templates.values()]
     return head + yaml.safe_dump_all(documents, sort_keys=False, width=120)
@@ -269,6 +308,19 @@ def snapshot(mplan: ManagedPlan, root: Path = build.REPO_ROOT, dest_root: Path =
         except OSError:  # made concurrently by another submit
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def describe_shrink(mplan: ManagedPlan) -> list[str]:
+    """The shrink-and-continue rule of the run, for the submit summary (empty: it never shrinks)."""
+    counts = mplan.policy.shrink_nodes
+    if not counts:
+        return []
+    lines = [f"shrink-and-continue: after a lost node, an attempt that cannot get {mplan.training.instance_count} nodes "
+             f"is followed by one on {', then '.join(map(str, counts))} (managed.min_nodes), before the next cluster; "
+             "the command's --global-batch is kept"]
+    if mplan.shrink_skipped:
+        lines.append(f"not {', '.join(map(str, mplan.shrink_skipped))} nodes: the global batch does not split over them")
+    return lines
 
 
 def describe_retry(policy: Policy) -> list[str]:

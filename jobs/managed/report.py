@@ -1,7 +1,7 @@
 """A managed run's history as rows and totals: every attempt (job, cluster, start, end,
-cause, the checkpoint and step it resumed from, nodes, cost) and what the run cost in all,
-then what the attempts found out about their nodes (nodes to distrust, stragglers,
-evidence ignored). Plain strings, so `status` (a rich table), the controller's log and the
+cause, the checkpoint and step it resumed from, nodes - "3 of 4" when it shrank - and cost)
+and what the run cost in all, then what the attempts found out about their nodes (nodes to
+distrust, stragglers, evidence ignored) and why an attempt ran on fewer nodes. Plain strings, so `status` (a rich table), the controller's log and the
 rehearsal's summary print the same thing.
 
 The rules shown (limit, controller price) are the record's copy of the acting
@@ -38,8 +38,12 @@ def rows(record: Record, now: datetime | None = None) -> list[tuple[str, ...]]:
             later = a is not record.attempts[-1]
             cause += " (retried)" if a.retryable and later else " (retryable)" if a.retryable else " (not retried)"
         out.append((str(a.number), a.job, a.cluster or "-", _time(a.started_at), _time(a.ended_at), a.status or a.state,
-                    cause, resumed, steps, str(a.nodes), f"{usd:,.2f}"))
+                    cause, resumed, steps, _nodes(a.nodes, a.full_nodes), f"{usd:,.2f}"))
     return out
+
+
+def _nodes(nodes: int, full: int) -> str:
+    return f"{nodes} of {full}" if full and nodes < full else str(nodes)
 
 
 def totals(record: Record, now: datetime | None = None) -> dict[str, float | None]:
@@ -54,6 +58,9 @@ def findings(record: Record) -> list[str]:
     """What each attempt found out about its nodes and its evidence, and what the next one inherits."""
     lines = []
     for a in record.attempts:
+        if a.shrunk:
+            lines.append(f"attempt {a.number} shrank to {a.nodes} of {a.full_nodes} nodes (the same global batch; "
+                         f"a versioned checkpoint reshards): {a.shrunk}")
         for bad in a.bad_nodes:
             lines.append(f"attempt {a.number}: distrust {bad.get('host') or 'node ' + str(bad.get('node'))} "
                          f"({bad.get('why')})" + (f", Azure node id {bad['azure_node_id']}" if bad.get("azure_node_id") else ""))
@@ -64,6 +71,8 @@ def findings(record: Record) -> list[str]:
         for why in a.ignored_evidence:
             lines.append(f"attempt {a.number}: {why}")
     for before, after in zip(record.attempts, record.attempts[1:], strict=False):
+        if before.shrunk and not after.shrunk and after.full_nodes and after.nodes >= after.full_nodes:
+            lines.append(f"attempt {after.number} grew back to {after.nodes} nodes")
         inherited = [stragglers.describe(s) for s in before.stragglers] + \
             [f"{b.get('host') or 'node ' + str(b.get('node'))} ({b.get('why')})" for b in before.bad_nodes]
         if inherited:

@@ -16,8 +16,15 @@ controller that is restarted at any point continues where the record stands:
   job is created: once a cancel is asked, no controller creates a job.
 
 While an attempt runs, each look also enforces what cannot wait for its end: the cost
-limit (spent plus the cost of the time to the next checkpoint), the queue timeout, a job
-Azure ML leaves Paused/Unknown/NotResponding, and names stragglers. A look that fails
+limit (spent plus the cost of the time to the next checkpoint), the queue timeout (and,
+after a lost node, a cluster whose capacity answer is short of the attempt's nodes), a job
+Azure ML leaves Paused/Unknown/NotResponding, and names stragglers.
+
+Shrink-and-continue (policy.shrink_nodes, from managed.min_nodes): after an attempt lost a
+node (node_failure, preempted), an attempt that cannot get its nodes (queue timeout, or the
+capacity answer) is followed by one on the next smaller count, down to the smallest, and
+only then by one on the next cluster; every other restart asks for the full count again
+(it grows back when the capacity is there). The record says each attempt's count and why. A look that fails
 (Azure ML or storage unreachable) is retried with a capped backoff, without end: the
 record is unchanged meanwhile, and the attempt is never left unsupervised because an
 outage lasted. A job Azure ML refuses for good (HTTP 400/404/409/422 on its creation) ends
@@ -33,7 +40,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -70,6 +77,8 @@ class JobService(Protocol):
 
 REQUEUED_FROM = frozenset({"Running", "Finalizing", "NotResponding"})
 """A job seen in one of these and then back in the queue (or preparing) was requeued by Azure ML."""
+NODE_LOSS = ("node_failure", "preempted")
+"""Causes that took a node away: after one, an attempt that cannot get its nodes may shrink."""
 
 
 def attempt_job_name(run: str, number: int) -> str:
@@ -115,7 +124,7 @@ def open_record(store: RecordStore, run: str, recipe: str, policy: Policy, resum
     if record.done:
         echo(f"run {run}: resumed after it {record.state} ({record.reason})")
         record.state, record.reason, record.base_attempt, record.target = "running", None, len(record.attempts), 0
-        record.preemptions = 0
+        record.preemptions, record.next_nodes, record.shrink_reason, record.node_lost = 0, None, None, None
     record.policy = policy.to_json()
     store.save(record, etag)
     return record
@@ -289,11 +298,17 @@ class Supervisor:
         number = len(record.attempts) + 1
         faultpoints.reach("controller.claim", attempt=number)
         target = self.policy.target(record.target)
+        nodes = min(record.next_nodes or target.nodes, target.nodes)
         attempt = Attempt(number=number, job=attempt_job_name(record.run, number), claimed_at=iso(now),
-                          nodes=target.nodes, cluster=target.cluster, target=record.target,
-                          usd_per_hour=target.usd_per_hour, resumed_version=self.evidence.latest_version())
+                          nodes=nodes, full_nodes=target.nodes, cluster=target.cluster, target=record.target,
+                          shrunk=record.shrink_reason if nodes < target.nodes else None,
+                          usd_per_hour=nodes * target.usd_per_node_hour, resumed_version=self.evidence.latest_version())
+        previous = record.current
+        if previous is not None and previous.full_nodes and previous.nodes < previous.full_nodes <= nodes:
+            self.echo(f"attempt {number} asks for all {nodes} nodes again (attempt {previous.number} ran on "
+                      f"{previous.nodes}): it shrinks again only if they cannot be had")
         record.attempts.append(attempt)
-        record.next_attempt_at = None
+        record.next_attempt_at, record.next_nodes, record.shrink_reason = None, None, None
         etag = self._save(record, etag)  # the claim is durable before the job exists
         faultpoints.reach("controller.claimed", attempt=number)
         self._submit(record, attempt, now)
@@ -305,7 +320,7 @@ class Supervisor:
             self._honour_cancel(record, attempt, request, now)
             return
         if self.service.observe(attempt.job) is None:
-            target = self.policy.target(attempt.target)
+            target = replace(self.policy.target(attempt.target), nodes=attempt.nodes)
             environment = {contract.EVIDENCE_KEY: key} if (key := self.evidence.key(attempt.job)) else {}
             try:
                 self.service.submit(attempt.job, attempt.number, target, environment)
@@ -317,8 +332,9 @@ class Supervisor:
                 return
             faultpoints.reach("controller.submitted", attempt=attempt.number)
             source = f"checkpoint {attempt.resumed_version}" if attempt.resumed_version else "the start (no checkpoint yet)"
+            size = f"{attempt.nodes} of {attempt.full_nodes} nodes (shrunk)" if attempt.shrunk else f"{attempt.nodes} node(s)"
             self.echo(f"attempt {attempt.number}: submitted {attempt.job} on {target.cluster or 'its cluster'}, "
-                      f"resuming from {source}")
+                      f"{size}, resuming from {source}")
         else:
             self.echo(f"attempt {attempt.number}: {attempt.job} exists already: watching it")
         attempt.state, attempt.submitted_at = "running", iso(now)
@@ -330,6 +346,8 @@ class Supervisor:
             self._end(record, attempt, Verdict("unknown", f"job {attempt.job} no longer exists"), now, "Missing")
             return
         self._follow_status(attempt, observation, now)
+        if observation.capacity is not None:
+            attempt.capacity = observation.capacity
         for state in observation.trouble:
             if state not in attempt.epoch_events:
                 attempt.epoch_events.append(state)
@@ -386,11 +404,24 @@ class Supervisor:
             return Verdict("queue_timeout", f"queued {(now - queued).total_seconds():.0f}s on "
                                             f"{attempt.cluster or 'its cluster'} (managed.queue_timeout_s "
                                             f"{policy.queue_timeout_s:g})")
+        short = self._short_of_nodes(record, attempt) if observation.queued else None
+        if short:
+            return Verdict("queue_timeout", short)
         stalled = parse_time(attempt.stalled_since)
         if stalled and (now - stalled).total_seconds() > policy.stall_s:
             return Verdict("stalled", f"Azure ML reported {observation.status} for {(now - stalled).total_seconds():.0f}s "
                                       f"(managed.stall_s {policy.stall_s:g})")
         return None
+
+    def _short_of_nodes(self, record: Record, attempt: Attempt) -> str | None:
+        """Why a queued attempt will not get its nodes, when the run may shrink instead: a node
+        was lost and the cluster's capacity answer is below the attempt's count."""
+        capacity = attempt.capacity
+        if record.node_lost is None or capacity is None or capacity >= attempt.nodes or \
+                self.policy.smaller(attempt.nodes, capacity) is None:
+            return None
+        return (f"{attempt.cluster or 'its cluster'} can give at most {capacity} node(s) now (its maxNodes less its "
+                f"unusable nodes), {attempt.nodes} asked: not waiting in the queue")
 
     def _over_budget(self, record: Record, attempt: Attempt, now: datetime) -> str | None:
         """Cancel now when what was spent plus the cost of the time to the next checkpoint
@@ -447,20 +478,57 @@ class Supervisor:
             self.echo(f"attempt {attempt.number}: {stragglers.describe(named)}")
 
     def _move_on(self, record: Record, attempt: Attempt) -> None:
-        """The next attempt's cluster: one on after a queue timeout, or after enough preemptions."""
+        """The next attempt's cluster and count. Fewer nodes on the same cluster after a lost
+        node, when this attempt could not get its nodes or the cluster's capacity answer is
+        short of the full count (while policy.shrink_nodes has a count that fits); else one
+        cluster on after a queue timeout, or after enough preemptions (which shrinking does not
+        cure, so they move on first)."""
+        lost = _node_lost(attempt)
+        if lost:
+            record.node_lost = lost
+        elif attempt.started_at and attempt.nodes >= (attempt.full_nodes or attempt.nodes):
+            record.node_lost = None  # it ran on the full count: the capacity was there
         last = len(self.policy.targets) - 1
         if attempt.cause == "preempted":
             record.preemptions += 1
         why = None
-        if attempt.cause == "queue_timeout":
-            why = "the queue timeout"
-        elif attempt.cause == "preempted" and record.preemptions >= self.policy.fallback_after_preemptions:
+        if attempt.cause == "preempted" and record.preemptions >= self.policy.fallback_after_preemptions \
+                and record.target < last:
             why = f"{record.preemptions} preemption(s) (managed.fallback_after_preemptions)"
+        elif self._shrink(record, attempt):
+            return
+        elif attempt.cause == "queue_timeout":
+            why = "the queue timeout"
         if why and record.target < last:
             record.target, record.preemptions = record.target + 1, 0
             nxt = self.policy.target(record.target)
             self.echo(f"after {why} on {attempt.cluster or 'its cluster'}, the next attempt goes to {nxt.cluster} "
                       f"({nxt.priority}, ${nxt.usd_per_hour:,.2f}/h)")
+
+    def _shrink(self, record: Record, attempt: Attempt) -> bool:
+        """Shrink-and-continue: after a lost node, the next attempt's count when this one could
+        not get its nodes (one allowed count below its own, within the capacity answer), or
+        when the cluster's capacity answer at its last look is short of the full count (the
+        largest allowed count within it). False when neither applies or no count fits."""
+        if record.node_lost is None or not attempt.retryable:
+            return False
+        full, capacity, where = attempt.full_nodes or attempt.nodes, attempt.capacity, attempt.cluster or "its cluster"
+        if attempt.cause == "queue_timeout":
+            nodes = self.policy.smaller(attempt.nodes, capacity)
+            why = f"attempt {attempt.number} could not get {attempt.nodes} node(s) on {where}: {attempt.detail}"
+        elif capacity is not None and capacity < full:
+            nodes = self.policy.smaller(full, capacity)
+            why = (f"{where} could give at most {capacity} node(s) at attempt {attempt.number}'s last look (its "
+                   "maxNodes less its unusable nodes)")
+        else:
+            return False
+        if nodes is None:
+            return False
+        record.next_nodes, record.shrink_reason = nodes, f"after {record.node_lost}, {why}"
+        self.echo(f"shrink-and-continue: the next attempt runs on {nodes} of {full} nodes on {where} (managed.min_nodes "
+                  f"{min(self.policy.shrink_nodes)}), keeping the command's global batch; a versioned checkpoint "
+                  f"reshards into it ({why})")
+        return True
 
     # --- decisions ------------------------------------------------------------------
 
@@ -483,7 +551,7 @@ class Supervisor:
             return "failed", f"{what}: max restarts reached ({restarts} of managed.max_restarts {policy.max_restarts})"
         if policy.limit_usd is not None:
             spent = record.total_usd(policy.controller_usd_per_hour, now)
-            upcoming = policy.next_attempt_usd(record.hours_run(), policy.target(record.target))
+            upcoming = policy.next_attempt_usd(record.node_hours_run(), policy.target(record.target))
             if spent + upcoming > policy.limit_usd:
                 return "failed", (f"{what}: over budget: ${spent:,.2f} spent + ${upcoming:,.2f} for one more attempt "
                                   f"exceeds {policy.limit_source or 'the limit'} ${policy.limit_usd:,.2f}")
@@ -513,6 +581,17 @@ class Supervisor:
         if key not in self.said:
             self.said.add(key)
             self.echo(text)
+
+
+def _node_lost(attempt: Attempt) -> str | None:
+    """How the attempt lost a node, if it did: it ended so, or Azure ML requeued it after one
+    of its nodes was preempted or became unusable (and it then waited in the queue)."""
+    if attempt.cause in NODE_LOSS:
+        return f"attempt {attempt.number} lost a node ({attempt.cause}: {(attempt.detail or '')[:200]})"
+    gone = sorted({"preempted", "unusable"}.intersection(attempt.node_events))
+    if attempt.requeued_at and gone:
+        return f"attempt {attempt.number} lost a node (a node was {' and '.join(gone)}, then Azure ML requeued the job)"
+    return None
 
 
 def _node_text(bad: dict) -> str:

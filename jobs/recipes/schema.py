@@ -199,8 +199,11 @@ class Managed(_Model):
     min_nodes: int | None = Field(None, ge=1)
     """Shrink-and-continue: when a node is lost and the cluster has no capacity for the full
     count, a restart may run on as few as this many nodes (default: the recipe's `nodes`, no
-    shrinking). The training keeps its global batch (more gradient accumulation per rank, e.g.
-    `--global-batch`) and the versioned checkpoint reshards into the smaller world."""
+    shrinking), trying each smaller count the global batch splits over before the fallback
+    clusters; a later restart asks for the full count again. The command must name its
+    global batch (`--global-batch N`: more gradient accumulation per rank on fewer nodes;
+    submit refuses otherwise) and the versioned checkpoint reshards into the smaller world
+    (docs/managed-jobs.md)."""
 
     @field_validator("retry_on")
     @classmethod

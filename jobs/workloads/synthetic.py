@@ -11,8 +11,11 @@ every rank tells rank 0 it finished and waits for rank 0's go, sent once all hav
 that dies breaks its connection and the others fail (exit 1), as NCCL or gloo would; a
 rank that freezes leaves the others waiting, as a hung collective does. Each rank says when
 its own work on a step is done and it waits for the others (jobs.runtime.progress.compute_done),
-so the watchdog can tell a slow node and the node a hang started on. Standard library
-and jobs.workloads.common only (no torch): it starts in a fraction of a second.
+so the watchdog can tell a slow node and the node a hang started on. `--global-batch N` is
+the samples of a step over all ranks, as the real workloads take it: each rank's share is N
+divided by the ranks (refused when it does not divide), so a run resumed on fewer nodes
+(shrink-and-continue) keeps N and says so in its summary. Standard library and
+jobs.workloads.common only (no torch): it starts in a fraction of a second.
 Exit codes: 0 done, 1 a peer went away, 2 bad input.
 """
 
@@ -37,10 +40,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--step-s", type=float, default=0.1, help="seconds of 'compute' per step")
     p.add_argument("--checkpoint-every", type=int, default=5)
+    p.add_argument("--global-batch", type=int, default=0, help="samples per step over all ranks (0: one per rank)")
     p.add_argument("--output-dir", default="outputs")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.step_s < 0 or args.checkpoint_every < 1:
-        p.error("--steps and --checkpoint-every must be >= 1, --step-s >= 0")
+    if args.steps < 1 or args.step_s < 0 or args.checkpoint_every < 1 or args.global_batch < 0:
+        p.error("--steps and --checkpoint-every must be >= 1, --step-s and --global-batch >= 0")
     return args
 
 
@@ -111,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
     local_rank = int(os.environ.get("LOCAL_RANK") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or 0)
     d = common.Dist(rank, local_rank, world, device=None)
+    global_batch = args.global_batch or world
+    if global_batch % world:
+        print(f"--global-batch {global_batch} is not a multiple of the world size {world}", file=sys.stderr)
+        return 2
     resume = common.latest_checkpoint("ckpt-*.json")
     step = json.loads(Path(resume).read_text())["step"] if resume else 0
     if d.is_main and resume:
@@ -129,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ConnectionError) as exc:
         print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    metrics.summary(steps=step, world_size=world, workload="synthetic")
+    metrics.summary(steps=step, world_size=world, global_batch=global_batch, per_rank=global_batch // world,
+                    workload="synthetic")
     return 0
 
 
