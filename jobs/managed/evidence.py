@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from jobs.runtime import nodestatus
 from jobs.runtime.checkpoint import CheckpointStore
+from jobs.runtime.checkpoint.settings import VERSIONS_STREAM
 
 
 class Ends(NamedTuple):
@@ -83,6 +84,11 @@ class Evidence:
 
     def latest_version(self) -> str | None:
         """The committed checkpoint version a new attempt restores (None before the first)."""
-        pointer, _ = CheckpointStore(self.container, self.stream).pointer()
-        return pointer.get("version") if pointer else None
+        # Versioned checkpoints (every rank's parts, <prefix>/versions) first: a launcher
+        # restores them before the folder stream when both exist.
+        for stream in (f"{self.prefix}/{VERSIONS_STREAM}", self.stream):
+            pointer, _ = CheckpointStore(self.container, stream).pointer()
+            if pointer:
+                return pointer.get("version")
+        return None
 
