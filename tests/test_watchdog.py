@@ -126,6 +126,16 @@ class TestPeers:
         culprit, message = watchdog.stalled_peer(0, beats, self.now, hang_s=20)
         assert culprit == 1 and "made no progress for 23s (step 7)" in message
 
+    def test_a_peer_gone_quiet_is_judged_by_its_silence_not_its_last_progress(self):
+        """A launcher frozen 0.5 s after its last step: by its last report the peer made no
+        progress for 3.5 s > 3, but 3 s of that is silence. Calling it 'no progress' would make
+        the other nodes wait for a restart answer it cannot give; once its silence passes the
+        limit, it is named silent."""
+        frozen = beat(1, self.now - timedelta(seconds=3), age_s=0.5)
+        assert watchdog.stalled_peer(0, {1: frozen}, self.now, hang_s=3) is None
+        culprit, message = watchdog.stalled_peer(0, {1: frozen}, self.now + timedelta(seconds=0.5), hang_s=3)
+        assert culprit == 1 and "wrote no heartbeat" in message
+
     def test_healthy_and_ended_nodes_pass(self):
         beats = {1: beat(1, self.now, age_s=2.0), 2: beat(2, self.now - timedelta(hours=1), state="ended")}
         assert watchdog.stalled_peer(0, beats, self.now, hang_s=20) is None

@@ -210,6 +210,11 @@ def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now
                           "launcher is frozen or gone")
         age = beat.age_at(service_now) if not since or beat.written >= since else None
         if age is not None and age > hang_s:
+            if (service_now - beat.written).total_seconds() > (beat.age_s or 0.0):
+                # Most of that is the heartbeat's own silence (a live launcher writes one every
+                # look): its launcher froze or went. Judged as silence once that passes hang_s,
+                # at most age_s later: a silent peer can take part in no in-job restart.
+                continue
             return node, f"node {node} ({beat.host or 'unknown host'}) made no progress for {age:.0f}s (step {beat.step})"
     return None
 
