@@ -26,6 +26,7 @@ InfinibandGeneration = Literal["FDR", "EDR", "HDR", "NDR"]
 GpuVendor = Literal["nvidia", "amd"]
 HostArch = Literal["x86_64", "aarch64"]
 GemmMethod = Literal["sustained", "burst"]
+GemmTool = Literal["torch", "ubergemm"]
 PEAK_DTYPES = ("bf16", "fp16", "fp8")
 """The dtypes a size's peak dense tensor rate is recorded for (`peak_tflops_<dtype>`)."""
 
@@ -95,6 +96,15 @@ class HealthThresholds:
     reports its maximum achievable rate)."""
     gemm_seconds: float | None = None
     """For "sustained": how long the baseline's run lasted; the check runs as long."""
+    gemm_tool: GemmTool = "torch"
+    """What measured `gemm_tflops`: "torch" (torch.matmul, as mamf-finder and the gate's own
+    measurer do) or "ubergemm" (DCGM's GEMM workload, Azure's baselines). The gate grades a
+    figure only against a mark its own tool measured: the two differ on the same GPU."""
+    gemm_torch_tflops: tuple[float, float, float] | None = None
+    """Where `gemm_tool` is "ubergemm": a torch.matmul mark at the same shape, method and
+    duration (expected, warn below, fail below), for nodes without ubergemm; None: there is none."""
+    gemm_torch_source: str = ""
+    """Source id of `gemm_torch_tflops`."""
     ecc_dram_limit: int | None = None
     """check_gpu_ecc's first argument: more corrected or uncorrected DRAM ECC errors than this
     (volatile or aggregate) fail the GPU (azure_gpu_ecc.nhc)."""
@@ -109,7 +119,7 @@ class HealthThresholds:
 
     def sources(self) -> list[str]:
         """Every source id these pass marks cite."""
-        return [s for s in (self.source, self.gemm_source, self.nccl_multinode_source) if s]
+        return [s for s in (self.source, self.gemm_source, self.gemm_torch_source, self.nccl_multinode_source) if s]
 
 
 @dataclass(frozen=True)
@@ -303,6 +313,24 @@ def _value_problem(sku: Sku) -> str:
         return f"health.gemm_method {health.gemm_method!r} is not one of {', '.join(get_args(GemmMethod))}"
     if health.gemm_tflops and health.gemm_method == "sustained" and not health.gemm_seconds:
         return "health.gemm_seconds is missing: a sustained GEMM baseline says how long it ran"
+    return _gemm_tool_problem(health)
+
+
+def _gemm_tool_problem(health: HealthThresholds) -> str:
+    """What is wrong with the GEMM mark's tool and its torch counterpart ("" when nothing is)."""
+    if health.gemm_tool not in get_args(GemmTool):
+        return f"health.gemm_tool {health.gemm_tool!r} is not one of {', '.join(get_args(GemmTool))}"
+    if health.gemm_tool == "ubergemm" and health.gemm_tflops and health.gemm_method != "sustained":
+        return "health.gemm_tool 'ubergemm' needs gemm_method 'sustained' (ubergemm runs for a set time)"
+    torch = health.gemm_torch_tflops
+    if torch is None:
+        return ""
+    if health.gemm_tool != "ubergemm":
+        return "health.gemm_torch_tflops is only for an ubergemm mark (gemm_tflops is already torch's)"
+    if len(torch) != 3 or not torch[0] >= torch[1] >= torch[2]:
+        return f"health.gemm_torch_tflops must be [expected, warn below, fail below] in falling order, got {list(torch)}"
+    if not health.gemm_torch_source:
+        return "health.gemm_torch_source is missing: a torch mark names where it was measured"
     return ""
 
 

@@ -84,3 +84,26 @@ def test_negative_count_is_refused():
     doc = _doc("Standard_NC24s_v3") | {"ib_hcas": -1}
     with pytest.raises(RuntimeInputError, match="ib_hcas: must be >= 0"):
         parse_sku_facts(json.dumps(doc))
+
+
+def test_gemm_tool_and_torch_mark_travel_with_the_size():
+    h200 = parse_sku_facts(json.dumps(_doc("Standard_ND96isr_H200_v5"))).health
+    assert h200.gemm_tool == "ubergemm" and h200.gemm_torch_tflops == (681.3, 657.5, 633.6)
+    assert parse_sku_facts(json.dumps(_doc("Standard_ND96asr_v4"))).health.gemm_tool == "torch"
+
+
+def test_a_job_built_before_gemm_tool_reads_azures_baseline_as_ubergemm():
+    doc = _doc("Standard_ND96isr_H100_v5")
+    del doc["health"]["gemm_tool"]
+    assert parse_sku_facts(json.dumps(doc)).health.gemm_tool == "ubergemm"
+
+
+def test_a_bad_gemm_tool_names_the_key():
+    doc = _doc("Standard_ND96isr_H100_v5")
+    doc["health"]["gemm_tool"] = "cublas"
+    doc["health"]["gemm_torch_tflops"] = [1, 2]
+    with pytest.raises(RuntimeInputError) as info:
+        parse_sku_facts(json.dumps(doc))
+    problems = {p.path: p.message for p in info.value.problems}
+    assert "torch, ubergemm" in problems["health.gemm_tool"] and "cublas" in problems["health.gemm_tool"]
+    assert "3 numbers" in problems["health.gemm_torch_tflops"]

@@ -103,7 +103,9 @@ class TestCatalogData:
         cited = [sku.facts_source, *sku.health.sources()] + ([sku.price.source] if sku.price else [])
         for source_id in cited:
             source = skus.SOURCES[source_id]
-            assert source.title and source.url.startswith("https://") and source.as_of
+            # the project's own measurements cite the committed result file instead of a web page
+            own = source_id.startswith("aml-hpc-") and (skus.CATALOG_FILE.parents[2] / source.url).is_file()
+            assert source.title and (source.url.startswith("https://") or own) and source.as_of
 
     def test_unknown_key_is_named(self, tmp_path):
         text = skus.CATALOG_FILE.read_text().replace("gpu_memory_gib = 32", "gpu_memory_gb = 32", 1)
@@ -237,6 +239,39 @@ class TestNewGenerations:
     def test_gb300_gemm_mark_is_a_60_second_sustained_run(self):
         health = skus.get("Standard_ND128isr_GB300_v6").health
         assert health.gemm_tflops == (1850, 1785, 1720) and health.gemm_method == "sustained" and health.gemm_seconds == 60
+
+    @pytest.mark.parametrize("name", ["Standard_ND96isr_H100_v5", "Standard_ND96isr_H200_v5", "Standard_ND128isr_GB300_v6"])
+    def test_azure_baseline_gemm_marks_say_ubergemm_measured_them(self, name):
+        health = skus.get(name).health
+        assert health.gemm_source == "azure-sku-baseline" and health.gemm_tool == "ubergemm"
+
+    def test_h200_has_a_torch_mark_from_the_measurement(self):
+        health = skus.get("Standard_ND96isr_H200_v5").health
+        assert health.gemm_torch_tflops == (681.3, 657.5, 633.6) and health.gemm_torch_source == "aml-hpc-h200-gemm"
+        assert "2026-11-26" == skus.SOURCES["aml-hpc-h200-gemm"].as_of
+        assert skus.get("Standard_ND96isr_H100_v5").health.gemm_torch_tflops is None
+        assert skus.get("Standard_ND96asr_v4").health.gemm_tool == "torch"  # mamf-finder is torch.matmul
+
+    def test_a_bad_gemm_tool_is_named(self, tmp_path):
+        text = skus.CATALOG_FILE.read_text().replace('gemm_tool = "ubergemm"', 'gemm_tool = "dcgmi"', 1)
+        (tmp_path / "skus.toml").write_text(text)
+        with pytest.raises(skus.CatalogError, match=r"Standard_ND96isr_H100_v5.*health.gemm_tool 'dcgmi' is not one of torch, ubergemm"):
+            skus._load(tmp_path / "skus.toml")
+
+    def test_a_torch_mark_needs_its_source_and_falling_order(self, tmp_path):
+        text = skus.CATALOG_FILE.read_text()
+        (tmp_path / "skus.toml").write_text(text.replace('gemm_torch_source = "aml-hpc-h200-gemm"\n', "", 1))
+        with pytest.raises(skus.CatalogError, match="gemm_torch_source is missing"):
+            skus._load(tmp_path / "skus.toml")
+        (tmp_path / "skus.toml").write_text(text.replace("[681.3, 657.5, 633.6]", "[633.6, 657.5, 681.3]", 1))
+        with pytest.raises(skus.CatalogError, match="gemm_torch_tflops must be .* falling order"):
+            skus._load(tmp_path / "skus.toml")
+
+    def test_a_torch_mark_beside_a_torch_mark_is_refused(self, tmp_path):
+        text = skus.CATALOG_FILE.read_text().replace('gemm_tool = "ubergemm"\n# torch.matmul', "# torch.matmul", 1)
+        (tmp_path / "skus.toml").write_text(text)
+        with pytest.raises(skus.CatalogError, match="Standard_ND96isr_H200_v5.*gemm_torch_tflops is only for an ubergemm mark"):
+            skus._load(tmp_path / "skus.toml")
 
     def test_a_sustained_mark_without_its_duration_fails_at_load(self, tmp_path):
         text = skus.CATALOG_FILE.read_text().replace("gemm_seconds = 60.0\n", "", 1)

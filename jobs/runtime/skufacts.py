@@ -26,6 +26,8 @@ catalog can grow without breaking running images):
                 "gemm_tflops": [271.2, 261.7, 252.2] | null,     expected, warn below, fail below
                 "gemm_shape": [1024, 10240, 5120] | null,
                 "gemm_method": "burst" | "sustained", "gemm_seconds": 60.0 | null,
+                "gemm_tool": "torch" | "ubergemm",               what measured gemm_tflops
+                "gemm_torch_tflops": [681.3, 657.5, 633.6] | null, torch's mark beside ubergemm's
                 "ecc_dram_limit": 20000000 | null, "ecc_sram_correctable_limit": 10000 | null,
                 "nccl_multinode_busbw_gbytes_per_s": [450.0, 400.0, 300.0] | null},
      "nvlink": true,
@@ -75,6 +77,10 @@ class HealthFacts:
     gemm_method: str = "burst"
     """"burst" (median of the fastest iterations) or "sustained" (mean over gemm_seconds)."""
     gemm_seconds: float | None = None
+    gemm_tool: str = "torch"
+    """What measured `gemm_tflops`: "torch" (torch.matmul) or "ubergemm" (DCGM's workload)."""
+    gemm_torch_tflops: tuple[float, float, float] | None = None
+    """A torch.matmul mark beside an ubergemm one, for nodes without ubergemm."""
     ecc_dram_limit: int | None = None
     """More corrected or uncorrected DRAM ECC errors than this fail the GPU (azure_gpu_ecc.nhc)."""
     ecc_sram_correctable_limit: int | None = None
@@ -229,6 +235,10 @@ def _parse_health(reader: _Reader, raw: Any) -> HealthFacts:
     values["gemm_seconds"] = reader.number(raw, "gemm_seconds", "health.gemm_seconds")
     values["gemm_method"] = reader.text(raw, "gemm_method", "health.gemm_method", default="burst",
                                         allowed=("burst", "sustained"))
+    # A job built before gemm_tool existed: Azure's baselines were the ubergemm ones.
+    legacy_tool = "ubergemm" if raw.get("gemm_source") == "azure-sku-baseline" else "torch"
+    values["gemm_tool"] = reader.text(raw, "gemm_tool", "health.gemm_tool", default=legacy_tool,
+                                      allowed=("torch", "ubergemm"))
     for key in ("ib_write_gpudirect", "nvlink_check"):
         if key in raw and raw[key] is not None:
             if isinstance(raw[key], bool):
@@ -236,6 +246,7 @@ def _parse_health(reader: _Reader, raw: Any) -> HealthFacts:
             else:
                 reader.bad(f"health.{key}", f"must be true or false, got {raw[key]!r}")
     values["gemm_tflops"] = _triple(reader, raw, "gemm_tflops", "[expected, warn below, fail below]")
+    values["gemm_torch_tflops"] = _triple(reader, raw, "gemm_torch_tflops", "[expected, warn below, fail below]")
     values["gemm_shape"] = _triple(reader, raw, "gemm_shape", "[M, N, K]", integer=True, falling=False)
     values["nccl_multinode_busbw_gbytes_per_s"] = _triple(reader, raw, "nccl_multinode_busbw_gbytes_per_s",
                                                           "[expected, warn below, fail below]")
