@@ -10,12 +10,14 @@ import os
 import pytest
 
 from core import skus
-from jobs.runtime.health import checks
+from jobs.runtime.health import checks, fleet
 from jobs.runtime.health.checks import QUICK, gpu_checks, node_checks
 from jobs.runtime.health.ecc import check_ecc
 from jobs.runtime.health.grading import FAIL, INFO, NOT_CHECKED, PASS, SKIP, WARN
 from jobs.runtime.health.infiniband import check_infiniband, ib_ports
 from jobs.runtime.health.measure import TorchGpuMeasurer
+from jobs.runtime.health.results import NodeReport
+from jobs.runtime.health.tools import Tools
 from jobs.runtime.nvml import NvmlSession
 from jobs.runtime.skufacts import parse_sku_facts
 from tests import fake_nvml
@@ -203,41 +205,107 @@ class TestGpuChecks:
         assert {r.status for r in results if r.check in ("gemm", "h2d", "d2h", "d2d")} == {INFO}
 
 
+def ubergemm_tools(answers=None, calls=None):
+    """Tools with ubergemm on PATH answering per CUDA_VISIBLE_DEVICES value (the recorded
+    line format of Azure's gpu_validation.md), or without it when `answers` is None."""
+    def run(command, timeout):
+        if calls is not None:
+            calls.append((command, timeout))
+        device = next(a.split("=", 1)[1] for a in command if a.startswith("CUDA_VISIBLE_DEVICES="))
+        return answers(device)
+
+    return Tools(run=run, read=lambda path: None, which=lambda name: "/usr/bin/ubergemm" if answers and name == "ubergemm" else None,
+                 executable=lambda path: False)
+
+
+def gflops(value: float) -> tuple[int, str]:
+    return 0, f"tuning....\nGFlops:0.00000e+00 GFlops\nstarting....\nGFlops:{value:.5e} GFlops\nGFlops:{value:.5e} GFlops\n"
+
+
 class TestGemmMethod:
-    """The GEMM check measures the way the size's mark was measured."""
+    """The GEMM check measures the way the size's mark was measured, with the tool that measured it."""
 
     H100 = facts("Standard_ND96isr_H100_v5")
+    H200 = facts("Standard_ND96isr_H200_v5")
 
-    def test_sustained_mark_runs_every_gpu_at_once_for_its_duration(self, nd96asr):
-        """ND H100 v5's mark is Azure's 60-second ubergemm on every GPU at once: the check runs
-        one sustained window over all eight GPUs (before: about a second per GPU, one at a time,
-        which a GPU that sags under a full node's heat passes)."""
-        slow = {3: 700.0}  # below the 715 fail line once the node is hot
+    def test_without_ubergemm_an_ubergemm_mark_is_reported_not_graded(self, nd96asr):
+        """ND H100 v5's mark is Azure's 60-second ubergemm: without ubergemm the gate runs torch the
+        same way (every GPU at once, 60 s), reports it, and leaves the slow GPU to the fleet."""
+        slow = {3: 700.0}
         measurer = FakeMeasurer(gemm=lambda i: slow.get(i, 770.0))
-        results = by(gpu_checks(self.H100, measurer, checks.FULL, nd96asr, PCI_ORDER), "gemm")
+        results = by(gpu_checks(self.H100, measurer, checks.FULL, nd96asr, PCI_ORDER, ubergemm_tools()), "gemm")
         gemm_calls = [c for c in measurer.calls if c[0].startswith("gemm")]
         assert gemm_calls == [("gemm_sustained", tuple(range(8)), "bf16", (2048, 2048, 13312), 60.0, checks.FULL.settle_seconds)]
-        assert [r.status for r in results] == [PASS] * 3 + [FAIL] + [PASS] * 4
-        assert results[3].threshold == 715.0 and "every GPU at once for 60 s" in results[3].detail
+        assert {r.status for r in results} == {INFO} and results[3].value == 700.0 and results[3].threshold is None
+        assert "every GPU at once for 60 s" in results[3].detail and "ubergemm" in results[3].detail
+        assert "681.3" in results[3].detail and "power cap" in results[3].detail
+        report = NodeReport("h", 0, self.H100.name, "gate", False, "", checks=results)
+        (finding,) = fleet.fleet_findings([report])[0]
+        assert finding.check == "fleet:gemm" and finding.subject == results[3].subject and finding.status == FAIL  # 9 % below the median
+
+    def test_h200_torch_figure_is_graded_against_torch_mark(self, nd96asr):
+        """The healthy H200 measured 2026-11-26 (681.3 TFLOP/s, torch, 60 s) failed the gate against
+        ubergemm's 715 line; without ubergemm it is now graded against the torch mark and passes."""
+        results = by(gpu_checks(self.H200, FakeMeasurer(gemm=681.3), checks.FULL, nd96asr, PCI_ORDER, ubergemm_tools()), "gemm")
+        assert {r.status for r in results} == {PASS} and results[0].threshold == 633.6
+        assert "torch.matmul mark ~681.3" in results[0].detail
+        slow = by(gpu_checks(self.H200, FakeMeasurer(gemm=lambda i: 630.0 if i == 2 else 681.3), checks.FULL, nd96asr,
+                             PCI_ORDER, ubergemm_tools()), "gemm")
+        assert [r.status for r in slow] == [PASS, PASS, FAIL] + [PASS] * 5
+
+    @pytest.mark.parametrize(("gflops_figure", "status"), [(760000.0, PASS), (730000.0, WARN), (700000.0, FAIL)])
+    def test_with_ubergemm_the_h200_is_graded_against_ubergemms_mark(self, nd96asr, gflops_figure, status):
+        calls = []
+        measurer = FakeMeasurer(gemm=681.3)
+        results = by(gpu_checks(self.H200, measurer, checks.FULL, nd96asr, PCI_ORDER,
+                                ubergemm_tools(lambda device: gflops(gflops_figure), calls)), "gemm")
+        assert {r.status for r in results} == {status}
+        assert results[0].value == pytest.approx(gflops_figure / 1000) and results[0].threshold == 715.0
+        assert "ubergemm -t 60" in results[0].detail and not [c for c in measurer.calls if c[0].startswith("gemm")]
+        assert sorted(c[0][1] for c in calls) == [f"CUDA_VISIBLE_DEVICES={i}" for i in range(8)]
+        assert {tuple(c[0][2:]) for c in calls} == {("/usr/bin/ubergemm", "-t", "60")} and calls[0][1] > 60
+
+    def test_ubergemm_sees_the_gates_own_gpu_under_visible_devices(self, nd96asr):
+        calls = []
+        environ = {**PCI_ORDER, "CUDA_VISIBLE_DEVICES": "4,6"}
+        gpu_checks(self.H100, FakeMeasurer(gpus=2), checks.FULL, nd96asr, environ,
+                   ubergemm_tools(lambda device: gflops(770000.0), calls))
+        assert sorted(c[0][1] for c in calls) == ["CUDA_VISIBLE_DEVICES=4", "CUDA_VISIBLE_DEVICES=6"]
+
+    def test_an_ubergemm_run_that_fails_fails_its_gpu_with_the_output(self, nd96asr):
+        def answers(device):
+            if device == "5":
+                return 1, "starting....\nCUDA error: an illegal memory access was encountered\n"
+            return (0, "Usage: ubergemm [options]\n") if device == "6" else gflops(770000.0)
+
+        results = by(gpu_checks(self.H100, FakeMeasurer(), checks.FULL, nd96asr, PCI_ORDER, ubergemm_tools(answers)), "gemm")
+        assert [r.status for r in results] == [PASS] * 5 + [FAIL, FAIL, PASS]
+        assert "exit 1" in results[5].detail and "illegal memory access" in results[5].detail
+        assert "no GFlops line" in results[6].detail and "Usage" in results[6].detail
 
     def test_quick_run_reports_a_sustained_mark_without_grading_it(self, nd96asr):
+        calls = []
         measurer = FakeMeasurer(gemm=800.0)
-        results = by(gpu_checks(self.H100, measurer, QUICK, nd96asr, PCI_ORDER), "gemm")
+        results = by(gpu_checks(self.H100, measurer, QUICK, nd96asr, PCI_ORDER,
+                                ubergemm_tools(lambda device: gflops(770000.0), calls)), "gemm")
         assert {r.status for r in results} == {INFO} and results[0].threshold is None
         assert "60-second sustained rate" in results[0].detail and "not graded in a quick run" in results[0].detail
-        assert {c[0] for c in measurer.calls if c[0].startswith("gemm")} == {"gemm"}
+        assert {c[0] for c in measurer.calls if c[0].startswith("gemm")} == {"gemm"} and calls == []
+        h200 = by(gpu_checks(self.H200, FakeMeasurer(gemm=723.2), QUICK, nd96asr, PCI_ORDER, ubergemm_tools()), "gemm")
+        assert {r.status for r in h200} == {INFO}  # a burst is not graded against the sustained torch mark either
 
     def test_burst_mark_is_the_median_of_the_fastest_iterations_per_gpu(self, nd96asr):
-        """mamf-finder's A100 figure is a burst: one GPU at a time, graded as before."""
+        """mamf-finder's A100 figure is a torch burst: one GPU at a time, graded as before, ubergemm or not."""
         measurer = FakeMeasurer()
-        results = by(gpu_checks(ND96ASR, measurer, checks.FULL, nd96asr, PCI_ORDER), "gemm")
+        results = by(gpu_checks(ND96ASR, measurer, checks.FULL, nd96asr, PCI_ORDER,
+                                ubergemm_tools(lambda device: gflops(1.0))), "gemm")
         assert [c[1] for c in measurer.calls if c[0] == "gemm"] == list(range(8))
         assert "median of the 5 fastest" in results[0].detail and {r.status for r in results} == {PASS}
 
     def test_a_gpu_failing_in_the_sustained_run_fails_alone(self, nd96asr):
         error = RuntimeError("CUDA error: an illegal memory access was encountered")
-        results = by(gpu_checks(self.H100, FakeMeasurer(gemm=lambda i: error if i == 5 else 770.0), checks.FULL,
-                                nd96asr, PCI_ORDER), "gemm")
+        results = by(gpu_checks(self.H200, FakeMeasurer(gemm=lambda i: error if i == 5 else 681.3), checks.FULL,
+                                nd96asr, PCI_ORDER, ubergemm_tools()), "gemm")
         assert [r.status for r in results] == [PASS] * 5 + [FAIL] + [PASS] * 2
         assert "illegal memory access" in results[5].detail
 

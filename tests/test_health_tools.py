@@ -48,7 +48,7 @@ def recorded_tools(*, healthy: bool = True, outputs: dict[str, tuple[int, str]] 
         return 127, f"{command[0]}: not found"
 
     return tools.Tools(run=run, read=lambda path: (files or {}).get(str(path)),
-                       which=lambda name: None if name in missing or name in ("ib_write_bw", "all_reduce_perf") and name not in answers
+                       which=lambda name: None if name in missing or name in ("ib_write_bw", "all_reduce_perf", "ubergemm") and name not in answers
                        else f"/usr/bin/{name}", now=lambda: now or datetime(2026, 11, 23, 12).timestamp())
 
 

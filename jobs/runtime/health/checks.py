@@ -2,9 +2,12 @@
 ports, ECC / row remapping. (The all-reduce needs every rank: see collective.py.)
 
 Thresholds come from the size's facts (AMLHPC_SKU_JSON): GEMM is graded against the size's
-measured baseline `gemm_tflops` (expected, warn below, fail below) at the baseline's shape and
+measured baseline `gemm_tflops` (expected, warn below, fail below) at the baseline's shape,
 measured the baseline's way (`gemm_method`: a burst per GPU, or every GPU at once for the
-mark's `gemm_seconds`; --quick cannot afford the latter and reports its burst as info), copies
+mark's `gemm_seconds`; --quick cannot afford the latter and reports its burst as info) and with
+the baseline's tool (`gemm_tool`): Azure's marks are DCGM ubergemm's, run where the node has it
+(ubergemm.py); without it torch.matmul's figure is graded only against a torch mark
+(`gemm_torch_tflops`), else reported and compared with the fleet. Copies
 against `h2d/d2h_gbytes_per_s_min` and peer reads against `p2p_gbytes_per_s_min` (Azure's
 check_gpu_bw); D2D has no published pass mark and is judged against the fleet only. Sizes
 without a measured GEMM baseline (V100) report the figure and compare it with the fleet. A machine with no
@@ -41,6 +44,7 @@ from jobs.runtime.health.infiniband import check_infiniband
 from jobs.runtime.health.measure import MIB, GpuMeasurer
 from jobs.runtime.health.results import CheckResult
 from jobs.runtime.health.tools import Tools, skipped_on_cpu, tool_checks
+from jobs.runtime.health.ubergemm import find_ubergemm, ubergemm_results
 from jobs.runtime.nvml import NvmlSession
 from jobs.runtime.skufacts import SkuFacts
 
@@ -149,46 +153,71 @@ def sustained_seconds(sku: SkuFacts | None) -> float | None:
     return None
 
 
+UBERGEMM_VS_TORCH = (
+    "torch.matmul on random data runs below ubergemm's figures, held by the GPU's power cap (one healthy "
+    "H200, 2026-11-26: 681.3 TFLOP/s sustained at this shape, 692 W of 700 W, SM clock 1500 MHz, 'SW Power "
+    "Cap'; 814.5 on zeros at 408 W), so it is not graded against ubergemm's mark")
+"""Why a torch figure is not graded against an ubergemm mark (bench/device/h200-gemm-2026-11-26.json)."""
+
+
+def torch_mark(sku: SkuFacts | None) -> tuple[float, float, float] | None:
+    """The mark a torch.matmul figure may be graded against: the size's mark when torch measured
+    it, else the torch mark beside ubergemm's (None when there is none)."""
+    health = sku.health if sku else None
+    if not health:
+        return None
+    return health.gemm_torch_tflops if health.gemm_tool == "ubergemm" else health.gemm_tflops
+
+
 def gemm_plan(sku: SkuFacts | None, sizes: Sizes) -> tuple[tuple[int, int, int], int, tuple[float, float, float] | None, str]:
-    """(shape, iterations, band or None, detail) of the GEMM check for this size. The band is
-    None where there is no mark, or where the mark is sustained and `sizes` cannot run it."""
+    """(shape, iterations, band or None, detail) of the torch GEMM check for this size. The band
+    is None where torch has no mark, or where the mark is sustained and `sizes` cannot run it."""
     health = sku.health if sku else None
     dtype = sku.gpu_gemm_dtype if sku else "bf16"
     shape = health.gemm_shape if health and health.gemm_shape else (sizes.gemm_n,) * 3
-    band = health.gemm_tflops if health else None
+    band = torch_mark(sku)
+    mark = health.gemm_tflops if health else None
     flops = 2 * shape[0] * shape[1] * shape[2]
-    iters = max(10, int(sizes.gemm_seconds * (band[0] if band else sizes.gemm_tflops_guess) * 1e12 / flops))
+    iters = max(10, int(sizes.gemm_seconds * ((band or mark or (sizes.gemm_tflops_guess,))[0]) * 1e12 / flops))
     seconds = sustained_seconds(sku)
     if seconds and sizes.sustained:
         detail = (f"{dtype} {shape[0]}x{shape[1]}x{shape[2]} matmul on every GPU at once for {seconds:g} s "
                   f"(after {sizes.settle_seconds:g} s settling), mean rate")
     else:
         detail = f"{dtype} {shape[0]}x{shape[1]}x{shape[2]} matmul, median of the 5 fastest of {iters}"
-    if band and seconds and not sizes.sustained:
-        detail += (f"; the mark (~{band[0]:g} TFLOP/s) is a {seconds:g}-second sustained rate on every GPU at once, "
+    ubergemm = health is not None and health.gemm_tool == "ubergemm" and mark is not None
+    if mark and seconds and not sizes.sustained:
+        detail += (f"; the mark (~{mark[0]:g} TFLOP/s) is a {seconds:g}-second sustained rate on every GPU at once, "
                    "which a burst overstates: not graded in a quick run")
         band = None
+    elif band and ubergemm:
+        detail += (f", torch.matmul mark ~{band[0]:g} TFLOP/s (warn below {band[1]:g}, fail below {band[2]:g}); "
+                   f"the size's ubergemm mark (~{mark[0]:g}) is graded where the image has DCGM's ubergemm")
     elif band:
         detail += f", measured baseline ~{band[0]:g} TFLOP/s (warn below {band[1]:g}, fail below {band[2]:g})"
+    elif ubergemm:
+        detail += (f"; the size's mark (~{mark[0]:g} TFLOP/s) is DCGM ubergemm's, which this image lacks: "
+                   f"{UBERGEMM_VS_TORCH}; compared with the fleet")
     else:
         detail += "; no measured baseline for this GPU: compared with the fleet"
     return shape, iters, band, detail
 
 
 def _gemm_results(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, count: int,
-                  subjects: list[str]) -> list[CheckResult]:
-    """One gemm result per GPU, measured the way the size's mark was."""
+                  subjects: list[str], tools: Tools, environ: Mapping[str, str]) -> list[CheckResult]:
+    """One gemm result per GPU, measured the way the size's mark was: with ubergemm when the
+    mark is ubergemm's and the node has it, else with torch.matmul."""
     dtype = sku.gpu_gemm_dtype if sku else "bf16"
-    shape, iters, band, detail = gemm_plan(sku, sizes)
     seconds = sustained_seconds(sku)
+    health = sku.health if sku else None
+    if seconds and sizes.sustained and health and health.gemm_tool == "ubergemm" and health.gemm_tflops:
+        binary = find_ubergemm(tools)
+        if binary:
+            return ubergemm_results(tools, binary, health.gemm_tflops, seconds, subjects, environ)
+    shape, iters, band, detail = gemm_plan(sku, sizes)
     if not (seconds and sizes.sustained):
-        results = [_measure("gemm", subjects[i], "TFLOP/s", None, detail,
-                            lambda i=i: measurer.gemm_tflops(i, dtype, shape, iters), band) for i in range(count)]
-        if band is None and seconds:
-            for result in results:
-                if result.status != FAIL:
-                    result.status = INFO
-        return results
+        return [_measure("gemm", subjects[i], "TFLOP/s", None, detail,
+                         lambda i=i: measurer.gemm_tflops(i, dtype, shape, iters), band) for i in range(count)]
     try:
         rates = measurer.gemm_sustained_tflops(list(range(count)), dtype, shape, seconds, sizes.settle_seconds)
     except Exception as exc:  # noqa: BLE001 - any error from the GPUs is the finding
@@ -200,13 +229,15 @@ def _gemm_results(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, cou
             results.append(CheckResult("gemm", subjects[i], INFO, detail="not measured: another GPU's run failed first"))
         elif isinstance(rate, Exception) or rate is None:
             results.append(CheckResult("gemm", subjects[i], FAIL, detail=f"measurement failed: {type(rate).__name__}: {rate}"[:400]))
+        elif band is None:
+            results.append(CheckResult("gemm", subjects[i], INFO, rate, "TFLOP/s", None, detail))
         else:
             results.append(CheckResult("gemm", subjects[i], grade_band(rate, band[1], band[2]), rate, "TFLOP/s", band[2], detail))
     return results
 
 
 def gpu_checks(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, sysfs: Path,
-               environ: Mapping[str, str]) -> list[CheckResult]:
+               environ: Mapping[str, str], tools: Tools | None = None) -> list[CheckResult]:
     """GPU count, GEMM (per GPU, or all at once for a sustained mark), then H2D/D2H/D2D on
     every GPU in turn (so copies do not share PCIe), then peer reads."""
     pci = topology.sysfs_gpus(sysfs, sku.gpu_vendor if sku else None)
@@ -225,7 +256,7 @@ def gpu_checks(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, sysfs:
     for index in range(cuda_count):
         location = physical[index] if index < len(physical) else None
         subjects.append(f"gpu{index} {location.pci_address}" if location else f"gpu{index}")
-    gemm = _gemm_results(sku, measurer, sizes, cuda_count, subjects)
+    gemm = _gemm_results(sku, measurer, sizes, cuda_count, subjects, tools or Tools(), environ)
     copy_mib = sizes.copy_bytes // MIB
     for index in range(cuda_count):
         location = physical[index] if index < len(physical) else None
@@ -273,7 +304,8 @@ def node_checks(sku: SkuFacts | None, measurer: GpuMeasurer, nvml: NvmlSession, 
                 tools: Tools | None = None) -> list[CheckResult]:
     """Everything one node checks about itself."""
     environ = os.environ if environ is None else environ
-    results = gpu_checks(sku, measurer, sizes, sysfs, environ)
+    tools = tools or Tools()
+    results = gpu_checks(sku, measurer, sizes, sysfs, environ, tools)
     no_gpu_hardware = results[0].check == "gpu_count" and results[0].status == SKIP and results[0].value == 0.0
     if no_gpu_hardware:
         what = f"a {sku.name}" if sku else "a GPU node"
@@ -282,7 +314,6 @@ def node_checks(sku: SkuFacts | None, measurer: GpuMeasurer, nvml: NvmlSession, 
         results.append(CheckResult("ecc", "node", SKIP, detail=reason))
         results.extend(skipped_on_cpu(reason))
         return results
-    tools = tools or Tools()
     results.extend(check_infiniband(sysfs, sku))
     if sku and sku.gpu_vendor == "amd":
         results.append(CheckResult("ecc", "node", SKIP, detail=f"{sku.name} has AMD GPUs: Azure's MI300X health "

@@ -72,11 +72,14 @@ class Tools:
     read: Callable[[Path], str | None] = field(default=None)  # type: ignore[assignment]
     which: Callable[[str], str | None] = field(default=None)  # type: ignore[assignment]
     now: Callable[[], float] = time.time
+    executable: Callable[[Path], bool] = field(default=None)  # type: ignore[assignment]
+    """Whether a file is there and may be run (tools installed off PATH, such as DCGM's ubergemm)."""
 
     def __post_init__(self) -> None:
         self.run = self.run or _run
         self.read = self.read or _read
         self.which = self.which or shutil.which
+        self.executable = self.executable or _executable
 
 
 def _run(command: list[str], timeout: float) -> tuple[int, str]:
@@ -103,6 +106,10 @@ def not_checked(check: str, name: str, why: str = "") -> CheckResult:
     return CheckResult(check, "node", NOT_CHECKED,
                        detail=f"{why}: not checked; the size expects it (install {PACKAGES.get(name, name)}, "
                               "or use the aml-hpc image that fits the size)")
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
 
 
 def _read(path: Path) -> str | None:
