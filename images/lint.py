@@ -64,7 +64,7 @@ REQUIRED_COMPONENTS: dict[str, tuple[str, ...]] = {
     "common": ("openssh-server", "openssh-client", "install_ib_userspace.sh", "aml-hpc-check-ib",
                "install_health_tools.sh", "aml-hpc/requirements/", "--require-hashes", "pip check",
                "aml-hpc/python/", "aml-hpc.pth", "ibstat", "ib_write_bw", "all_reduce_perf"),
-    "nvidia": ("aml-hpc/nccl-topo/", "GPU_VENDOR=nvidia", "nvbandwidth", "dcgmi"),
+    "nvidia": ("aml-hpc/nccl-topo/", "GPU_VENDOR=nvidia", "nvbandwidth", "dcgmi", "ubergemm"),
     "amd": ("GPU_VENDOR=amd", "--gpu-vendor amd"),
     "pytorch": ("deepspeed",),
     "tensorflow": ("-horovod.txt", "horovod.tensorflow"),

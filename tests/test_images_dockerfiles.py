@@ -103,6 +103,12 @@ class TestStructureRulesBite:
         found = broken(tmp_path, catalog.PYTORCH, "openssh-client openssh-server", "openssh-client")
         assert any("'openssh-server'" in f for f in found)
 
+    @pytest.mark.parametrize("spec", [catalog.PYTORCH, catalog.TENSORFLOW], ids=lambda s: s.name)
+    def test_missing_ubergemm_smoke(self, tmp_path, spec):
+        """The GEMM check runs DCGM's ubergemm: an NVIDIA image must prove it ships it."""
+        found = broken(tmp_path, spec, ' && test -x "$(command -v ubergemm)"', "")
+        assert any("'ubergemm'" in f for f in found)
+
     def test_missing_label(self, tmp_path):
         found = broken(tmp_path, catalog.TENSORFLOW, "org.opencontainers.image.revision=", "org.example.revision=")
         assert any("no label org.opencontainers.image.revision" in f for f in found)
@@ -115,6 +121,21 @@ class TestStructureRulesBite:
 def run_install(env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(INSTALL_SCRIPT)], env={"PATH": os.environ["PATH"], **env},
                           capture_output=True, text=True, timeout=30, check=False)
+
+
+class TestHealthToolsScript:
+    SCRIPT = ROOT / "images" / "common" / "bin" / "install_health_tools.sh"
+
+    def test_shell_syntax(self):
+        assert subprocess.run(["bash", "-n", str(self.SCRIPT)], check=False).returncode == 0
+
+    def test_dcgm_brings_ubergemm_or_the_build_stops(self):
+        """ubergemm ships in DCGM's proprietary CUDA plugins (its own -ubergemm2 package from 4.7),
+        at the pinned version; the build stops when no ubergemm was installed."""
+        text = self.SCRIPT.read_text()
+        assert '"datacenter-gpu-manager-4-proprietary-cuda${cuda_major}=${DCGM_VERSION}"' in text
+        assert 'apt-cache show "datacenter-gpu-manager-4-cuda${cuda_major}-ubergemm2=${DCGM_VERSION}"' in text
+        assert '"$plugins/updated/ubergemm"' in text and 'die "DCGM ${DCGM_VERSION} installed no ubergemm' in text
 
 
 class TestInstallScript:

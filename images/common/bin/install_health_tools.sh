@@ -6,7 +6,7 @@
 #
 #   NVIDIA  perftest with CUDA (ib_write_bw --use_cuda: GPUDirect RDMA; the distributions'
 #           perftest lacks it), nccl-tests (all_reduce_perf, MPI=1 on the base's HPC-X),
-#           nvbandwidth, DCGM (dcgmi) from NVIDIA's CUDA repository
+#           nvbandwidth, DCGM (dcgmi, and ubergemm for the GEMM check) from NVIDIA's CUDA repository
 #   AMD     perftest with ROCm (--use_rocm), rccl-tests (all_reduce_perf for RCCL)
 #
 # Every input is a build arg from images/pins.toml. Sources are cloned at the pinned commit and
@@ -86,9 +86,23 @@ install_dcgm() {
   "$here/verify_signing_key.sh" /etc/apt/keyrings/cuda-aml-hpc.asc "${CUDA_REPO_KEY}"
   echo "deb [signed-by=/etc/apt/keyrings/cuda-aml-hpc.asc] ${repo}/ /" > /etc/apt/sources.list.d/cuda-aml-hpc.list
   apt-get update
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-    "datacenter-gpu-manager-4-core=${DCGM_VERSION}" "datacenter-gpu-manager-4-cuda${cuda_major}=${DCGM_VERSION}"
+  # The proprietary CUDA plugins carry ubergemm, the GEMM workload Azure's GEMM marks were measured
+  # with (as Azure/azhpc-images install_dcgm.sh installs them); from DCGM 4.7 it is its own package.
+  local packages=("datacenter-gpu-manager-4-core=${DCGM_VERSION}" "datacenter-gpu-manager-4-cuda${cuda_major}=${DCGM_VERSION}"
+                  "datacenter-gpu-manager-4-proprietary=${DCGM_VERSION}"
+                  "datacenter-gpu-manager-4-proprietary-cuda${cuda_major}=${DCGM_VERSION}")
+  if apt-cache show "datacenter-gpu-manager-4-cuda${cuda_major}-ubergemm2=${DCGM_VERSION}" >/dev/null 2>&1; then
+    packages+=("datacenter-gpu-manager-4-cuda${cuda_major}-ubergemm2=${DCGM_VERSION}")
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${packages[@]}"
   rm -f /etc/apt/sources.list.d/cuda-aml-hpc.list
+  # Azure's scripts run the "updated" build; link it onto PATH for the health gate and the smoke check.
+  local plugins="/usr/libexec/datacenter-gpu-manager-4/plugins/cuda${cuda_major}" ubergemm
+  for ubergemm in "$plugins/updated/ubergemm" "$plugins/ubergemm" ""; do
+    [[ -x "$ubergemm" ]] && break
+  done
+  [[ -n "$ubergemm" ]] || die "DCGM ${DCGM_VERSION} installed no ubergemm under $plugins (the health gate's GEMM tool)"
+  ln -sf "$ubergemm" "$prefix/bin/ubergemm"
 }
 
 install -d -m 0755 "$prefix/bin"
