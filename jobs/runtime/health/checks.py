@@ -154,9 +154,9 @@ def sustained_seconds(sku: SkuFacts | None) -> float | None:
 
 
 UBERGEMM_VS_TORCH = (
-    "torch.matmul on random data runs below ubergemm's figures, held by the GPU's power cap (one healthy "
-    "H200, 2026-11-26: 681.3 TFLOP/s sustained at this shape, 692 W of 700 W, SM clock 1500 MHz, 'SW Power "
-    "Cap'; 814.5 on zeros at 408 W), so it is not graded against ubergemm's mark")
+    "torch.matmul on random data measured below that mark on a healthy GPU, held by its power cap (one "
+    "H200, 2026-11-26: 681.3 TFLOP/s over 60 s at 2048x2048x13312; sampled over 20 s: 692 W of 700 W, SM "
+    "clock 1500 MHz, 'SW Power Cap', and 814.5 on zeros at 408 W), so it is not graded against ubergemm's mark")
 """Why a torch figure is not graded against an ubergemm mark (bench/device/h200-gemm-2026-11-26.json)."""
 
 
