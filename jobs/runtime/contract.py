@@ -19,9 +19,6 @@ RUN_ID = "AMLHPC_RUN_ID"
 WATCHDOG_JSON = "AMLHPC_WATCHDOG_JSON"
 NCCL_RESOLVE = "AMLHPC_NCCL_RESOLVE"
 TELEMETRY_INTERVAL_S = "AMLHPC_TELEMETRY_INTERVAL_S"
-CHECKPOINT_PINNED = "AMLHPC_CHECKPOINT_PINNED"
-"""`0`: stage a background checkpoint's GPU tensors in ordinary memory, not page-locked
-(jobs/runtime/checkpoint/versioned.py), where host memory is too tight to lock a copy."""
 EVIDENCE_KEY = "AMLHPC_EVIDENCE_KEY"
 """Set per attempt by a managed run's controller: the key that signs the nodes' end records
 and heartbeats (jobs/runtime/nodestatus.py)."""

@@ -241,8 +241,7 @@ def checkpointer(background: bool | None = None):
         rank, world = _dist()
         folder = Path(os.environ.get(contract.CHECKPOINT_DIR) or "outputs/checkpoints")
         _checkpointer = Checkpointer(folder, rank, world, os.environ.get(CHECKPOINT_TAG) or "local",
-                                     background=True if background is None else background,
-                                     pinned=os.environ.get(contract.CHECKPOINT_PINNED, "1").strip() != "0")
+                                     background=True if background is None else background)
     elif background is not None:
         _checkpointer.background = background
     return _checkpointer

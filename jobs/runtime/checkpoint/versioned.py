@@ -37,39 +37,23 @@ TRAINER_FILE = "trainer.json"
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
-def to_cpu(state: Any, buffers: dict | None = None, pinned: bool = True) -> Any:
+def to_cpu(state: Any, buffers: dict | None = None) -> Any:
     """A copy of `state` whose tensors live in CPU memory and no longer change with training.
     `buffers` (kept between saves) holds the CPU tensors of the last copy: a tensor of the same
     shape and dtype is copied into its buffer instead of a new allocation, whose page faults
-    cost as much as the copy itself (the caller must know the last write is done with them).
-    GPU tensors go into page-locked buffers (`pinned`), copied without blocking and waited for
-    once at the end: the copy engine then moves them at the link's speed instead of through a
-    pageable bounce buffer (measured on an H200, bench/RESULTS.md). Where page-locked memory
-    cannot be had, the buffer is an ordinary one."""
+    cost as much as the copy itself (the caller must know the last write is done with them)."""
     import torch
     from torch.distributed.tensor import DTensor
 
     buffers = {} if buffers is None else buffers
-    pending = False
-
-    def host_buffer(tensor):
-        if pinned and tensor.is_cuda:
-            try:
-                return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            except RuntimeError as exc:  # page-locked memory exhausted, or no CUDA host allocator
-                log.warning("checkpoint: no page-locked memory for %s bytes (%s): an ordinary buffer instead",
-                            tensor.numel() * tensor.element_size(), exc)
-        return torch.empty(tensor.shape, dtype=tensor.dtype)
 
     def to_host(path: tuple, tensor):
-        nonlocal pending
         tensor = tensor.detach()
         held = buffers.get(path)
-        if held is None or held.shape != tensor.shape or held.dtype != tensor.dtype:
-            held = buffers[path] = host_buffer(tensor)
-        asynchronous = tensor.is_cuda and held.is_pinned()
-        pending = pending or asynchronous
-        return held.copy_(tensor, non_blocking=asynchronous)
+        if held is not None and held.shape == tensor.shape and held.dtype == tensor.dtype:
+            return held.copy_(tensor)
+        buffers[path] = tensor.to("cpu", copy=True)
+        return buffers[path]
 
     def copy(path: tuple, value):
         if isinstance(value, DTensor):
@@ -84,21 +68,15 @@ def to_cpu(state: Any, buffers: dict | None = None, pinned: bool = True) -> Any:
             return type(value)(copy((*path, i), v) for i, v in enumerate(value))
         return value
 
-    staged = copy((), state)
-    if pending:
-        torch.cuda.synchronize()  # every copy has landed before the writer thread reads a buffer
-    return staged
+    return copy((), state)
 
 
 class Checkpointer:
     """This rank's saves into the node's tier (see the module docstring)."""
 
-    def __init__(self, checkpoint_dir: Path, rank: int, world: int, tag: str, background: bool = True,
-                 pinned: bool = True):
+    def __init__(self, checkpoint_dir: Path, rank: int, world: int, tag: str, background: bool = True):
         self.checkpoint_dir, self.rank, self.world, self.tag, self.background = (
             Path(checkpoint_dir), rank, world, tag, background)
-        self.pinned = pinned
-        """Stage GPU tensors in page-locked memory (to_cpu)."""
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._buffers: dict = {}
@@ -111,7 +89,7 @@ class Checkpointer:
         Returns the seconds the caller was held (waiting for the previous save, and the copy)."""
         started = time.perf_counter()
         self.wait()
-        staged = to_cpu(state, self._buffers, self.pinned) if self.background else state
+        staged = to_cpu(state, self._buffers) if self.background else state
         version_dir = tier.versions_dir(self.checkpoint_dir) / tier.version_name(step)
         if self.background:
             self._thread = threading.Thread(target=self._write_guarded, args=(version_dir, step, staged, trainer),
