@@ -4,9 +4,9 @@ themselves (read here independently of jobs.report.records).
 tests/fixtures/runs/cosmoflow-recorded is a real rehearsal (`jobs run cosmoflow --local`,
 2 simulated nodes, then the same name again with one epoch more: it resumed from step 8),
 kept as written except that the project's path is shortened; its node code and scratch
-are left out. Telemetry, MFU and per-node step times are not in it (nothing in this
-rehearsal records them): their plots are tested on records built here in the documented
-format, and the recorded run must say "not recorded" for them.
+are left out. Its nodes have no GPU: the utilisation and memory plots show each node's host.
+tests/fixtures/runs/llm-h200-recorded is llm-pretrain on one NVIDIA H200 through the launcher
+(bench/gpu_node.sh): its GPU plots come from NVML samples (tests/fixtures/runs/README.md).
 """
 
 from __future__ import annotations
@@ -24,6 +24,12 @@ from jobs import report
 from jobs.report import figures, page, records
 
 RECORDED = Path(__file__).parent / "fixtures" / "runs" / "cosmoflow-recorded"
+ON_H200 = RECORDED.parent / "llm-h200-recorded"
+
+
+def telemetry(folder: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted(folder.rglob("telemetry*.jsonl"))
+            for line in path.read_text().splitlines()]
 
 
 def metric_lines(path: Path) -> list[dict]:
@@ -108,15 +114,40 @@ class TestRecordedRun:
         assert "Standard_ND96asr_v4" in plot.note and "$27.197/node-hour" in plot.note
         assert "cumulative $" in texts(plot.svg) and "minutes since the first attempt started" in texts(plot.svg)
 
-    def test_what_was_not_recorded_says_so(self, plots):
-        for key in ("mfu", "step-time", "gpu-util", "gpu-memory"):
-            assert plots[key].svg is None and plots[key].note.startswith("not recorded"), key
+    def test_mfu_is_rank_0s_fraction_as_a_percentage(self, plots):
+        logged = [(float(line["step"]), line["mfu"] * 100) for line in
+                  metric_lines(RECORDED / "node0/user_logs/std_log_process_0.txt") if "mfu" in line]
+        assert len(logged) == 12 and all(0 < v < 100 for _, v in logged)
+        assert plots["mfu"].series["mfu-0-0"] == [(s, pytest.approx(v)) for s, v in logged]
+        assert "MFU %" in texts(plots["mfu"].svg)
+
+    def test_step_time_has_a_line_per_node_from_that_nodes_own_log(self, plots):
+        for node, rank in ((0, 0), (1, 1)):
+            logged = [(float(line["step"]), line["step_time_s"]) for line in
+                      metric_lines(RECORDED / f"node{node}/user_logs/std_log_process_{rank}.txt") if "step_time_s" in line]
+            assert len(logged) == 12, node
+            assert [p for segment in (v for k, v in sorted(plots["step-time"].series.items())
+                                      if k.startswith(f"step-time-{node}-")) for p in segment] == logged
+        assert {"node 0", "node 1"} <= set(texts(plots["step-time"].svg))
+
+    def test_a_node_without_gpus_shows_its_hosts_utilisation_and_memory(self, plots):
+        samples = [s for s in telemetry(RECORDED) if s["node"] == 1]
+        start = min(s["time"] for s in telemetry(RECORDED))
+        busy = [(s["time"] - start, s["host"]["cpu_busy_pct"]) for s in samples if "cpu_busy_pct" in s["host"]]
+        used = [(s["time"] - start, s["host"]["memory_used_gib"]) for s in samples]
+        assert len(busy) > 10 and all("absent" in s["gpus"] for s in samples)
+        util, memory = plots["gpu-util"], plots["gpu-memory"]
+        assert util.title == "Host CPU utilisation" and memory.title == "Host memory"
+        assert util.series["gpu-util-1-0"] == [(pytest.approx(t), pytest.approx(v)) for t, v in busy]
+        assert memory.series["gpu-memory-1-0"] == [(pytest.approx(t), pytest.approx(v)) for t, v in used]
+        assert "No GPU was sampled" in util.note and samples[0]["gpus"]["absent"] in util.note
+        assert "CPU busy %" in texts(util.svg)
 
     def test_the_page_is_self_contained(self, tmp_path):
         path = report.write(RECORDED, tmp_path / "r.html", now=datetime(2026, 11, 25, tzinfo=UTC))
         html = path.read_text()
-        assert html.count("<svg") == 4 and html.count('class="missing"') == 4
-        assert "4 of 8 plots recorded" in html
+        assert html.count("<svg") == 8 and html.count('class="missing"') == 0
+        assert "8 of 8 plots recorded" in html
         assert "<script" not in html and "<link" not in html and not re.search(r'(src|href)="https?:', html)
         ids = re.findall(r'\bid="([^"]+)"', html)
         assert len(ids) == len(set(ids)), "ids shared between plots"
@@ -148,6 +179,37 @@ class TestManagedRun:
         back = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])  # the second attempt starts over
         assert [len(v) for k, v in sorted(plot.series.items()) if k.startswith("loss-0-")] == [back, len(steps) - back]
         assert "go back 1 time(s)" in plot.note
+
+
+@pytest.fixture(scope="module")
+def gpu_plots() -> dict[str, figures.Plot]:
+    return {p.key: p for p in figures.all_plots(records.read(ON_H200))}
+
+
+class TestGpuRun:
+    """llm-pretrain on one H200: every figure from the GPU's own records."""
+
+    def test_gpu_utilisation_and_memory_are_the_nvml_samples(self, gpu_plots):
+        samples = telemetry(ON_H200)
+        start = samples[0]["time"]
+        util = [(s["time"] - start, s["gpus"][0]["util_percent"]) for s in samples]
+        memory = [(s["time"] - start, s["gpus"][0]["memory_used_mib"] / 1024) for s in samples]
+        assert gpu_plots["gpu-util"].title == "GPU utilisation" and gpu_plots["gpu-memory"].title == "GPU memory"
+        assert gpu_plots["gpu-util"].series["gpu-util-0-0"] == [(pytest.approx(t), v) for t, v in util]
+        assert gpu_plots["gpu-memory"].series["gpu-memory-0-0"] == [(pytest.approx(t), pytest.approx(v)) for t, v in memory]
+        assert max(v for _, v in util) >= 90 and max(v for _, v in memory) > 30  # a busy GPU, 38 GiB in use
+        assert "utilisation %" in texts(gpu_plots["gpu-util"].svg) and "GiB used" in texts(gpu_plots["gpu-memory"].svg)
+
+    def test_mfu_against_the_catalogs_peak(self, gpu_plots):
+        lines = (ON_H200 / "node0/user_logs/std_log_process_0.txt").read_text().splitlines()
+        header = json.loads(next(line for line in lines if line.startswith('{"model"')))
+        assert header["device"] == "cuda" and header["peak_tflops"] == 989.0 and "H200" in header["peak_source"]
+        logged = [(float(m["step"]), m["mfu"] * 100) for m in map(json.loads, (x for x in lines if x.startswith('{"step"')))]
+        assert gpu_plots["mfu"].series["mfu-0-0"] == [(s, pytest.approx(v)) for s, v in logged]
+        steady = [v for s, v in logged if s > 5]
+        assert 25 < min(steady) and max(steady) < 35  # per cent of the dense bf16 peak
+        # one launcher run outside a rehearsal: no attempts record, every other plot drawn
+        assert [k for k, p in gpu_plots.items() if p.svg is None] == ["attempts"]
 
 
 class TestOtherRecords:
@@ -249,7 +311,7 @@ def test_the_page_renders_in_headless_chromium(tmp_path):
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([browser, *flags, "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert dom.stdout.count("<svg") == 4 and "Loss" in dom.stdout
+    assert dom.stdout.count("<svg") == 8 and "Loss" in dom.stdout
     shot = tmp_path / "page.png"
     subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1280,3000", path.as_uri()],
                    capture_output=True, text=True, timeout=120)

@@ -91,6 +91,11 @@ class TestCosmoFlowTraining:
         assert first.returncode == 0, first.stderr[-3000:]
         steps = step_lines(first.stdout)
         assert steps and all(s["loss"] == s["loss"] for s in steps if "loss" in s)  # finite, logged per step
+        header = json.loads(next(line for line in first.stdout.splitlines() if line.startswith('{"flops_per_sample"')))
+        assert header["peak_source"].startswith("measured: best fp32") and header["peak_tflops"] > 0
+        for s in (s for s in steps if "loss" in s):  # MFU = model FLOPs of the step / its seconds / the peak
+            assert s["step_time_s"] > 0
+            assert s["mfu"] == pytest.approx(header["flops_per_sample"] * 1 / s["step_time_s"] / (header["peak_tflops"] * 1e12))
         versions = tmp_path / "ckpt" / "versions"
         assert sorted(p.name for p in versions.iterdir()) == ["step-000000002", "step-000000004"]  # one per epoch
         assert sorted(p.name for p in (versions / "step-000000004").glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
@@ -116,6 +121,35 @@ class TestCosmoFlowTraining:
         proc = subprocess.run([sys.executable, "-m", "jobs.workloads.cosmoflow.train", "--data-dir", str(tmp_path), *TINY],
                               cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "no training files" in proc.stderr
+
+
+class TestModelFlops:
+    def test_a_training_step_counts_two_to_three_forwards_of_its_layers(self):
+        """Forward FLOPs by hand (2 x multiply-adds of every conv and linear layer), against the
+        counter's forward and backward (the backward: weight and input gradients, no input
+        gradient for the first layer)."""
+        import torch
+
+        from jobs.workloads import peak
+        from jobs.workloads.cosmoflow.model import CosmoFlow
+
+        model = CosmoFlow(16, 4, conv_size=4, n_conv_layers=3, fc1=16, fc2=8)
+        forward, side, channels = 0, 16, 4
+        for i in range(3):
+            out = 4 * 2**i
+            forward += 2 * side**3 * out * channels * 2**3  # kernel 2, 'same' size
+            side, channels = side // 2, out
+        forward += 2 * (channels * side**3 * 16 + 16 * 8 + 8 * 4)
+        counted = peak.train_flops(model, torch.zeros(1, 4, 16, 16, 16))
+        assert 2 * forward < counted < 3 * forward
+
+    def test_every_other_nodes_first_process_logs_its_step_time(self, capsys):
+        from jobs.workloads import common
+
+        for rank, local_rank, node in ((0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)):
+            common.Metrics(common.Dist(rank, local_rank, 4, None, node)).node_step(7, 0.25)
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert lines == [{"step": 7, "node": 1, "step_time_s": 0.25}]  # rank 0 logs its own with the loss
 
 
 class TestProcessGroup:

@@ -140,6 +140,9 @@ def prepare_nodes(snapshot: Path, workdir: Path, nodes: int) -> list[Path]:
     return folders
 
 
+REHEARSAL_TELEMETRY_INTERVAL_S = "1"
+"""AMLHPC_TELEMETRY_INTERVAL_S for a rehearsal, unless the caller's environment sets one."""
+
 LOG_DIR = "user_logs"
 """Each process's output, as Azure ML keeps it: node<K>/user_logs/std_log_process_<rank>.txt
 (appended by every attempt; `jobs logs` and `jobs report` read them)."""
@@ -335,6 +338,9 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
     base.pop("PYTHONPATH", None)  # the node's code folder is the job's import root
     base["PYTHONUNBUFFERED"] = "1"
+    # A rehearsal trains for seconds, not hours: sample the nodes every second (the job's 30 s
+    # default would leave its report's utilisation and memory plots a point or two).
+    base.setdefault(contract.TELEMETRY_INTERVAL_S, REHEARSAL_TELEMETRY_INTERVAL_S)
     # Each attempt is a new job run, as AZUREML_RUN_ID is in Azure: node-local markers of an
     # earlier attempt in the same folders must not be taken for this one's.
     base[contract.RUN_ID] = run_id or f"{plan.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"

@@ -141,18 +141,31 @@ def step_time(r: RunRecords) -> Plot:
                   "A node slower than the others holds every step back (a straggler).")
 
 
+def _no_gpu(r: RunRecords) -> str:
+    why = f" ({r.gpus_absent})" if r.gpus_absent else ""
+    return f"No GPU was sampled on these nodes{why}: each node's host, from the same telemetry samples."
+
+
 def gpu_util(r: RunRecords) -> Plot:
-    if not r.gpu_util:
-        return _missing("gpu-util", "GPU utilisation", "not recorded: no node telemetry (telemetry*.jsonl) with GPU "
-                        "utilisation; a CPU rehearsal has no GPU to sample")
-    return _lines("gpu-util", "GPU utilisation", [r.gpu_util[k] for k in sorted(r.gpu_util)], "seconds", "utilisation %")
+    if r.gpu_util:
+        return _lines("gpu-util", "GPU utilisation", [r.gpu_util[k] for k in sorted(r.gpu_util)], "seconds",
+                      "utilisation %")
+    if r.host_cpu:
+        return _lines("gpu-util", "Host CPU utilisation", [r.host_cpu[k] for k in sorted(r.host_cpu)], "seconds",
+                      "CPU busy %", _no_gpu(r))
+    return _missing("gpu-util", "GPU utilisation", "not recorded: no node telemetry (telemetry*.jsonl) with GPU "
+                    "utilisation or host CPU figures")
 
 
 def gpu_memory(r: RunRecords) -> Plot:
-    if not r.gpu_memory:
-        return _missing("gpu-memory", "GPU memory", "not recorded: no node telemetry (telemetry*.jsonl) with GPU memory; "
-                        "a CPU rehearsal has no GPU to sample")
-    return _lines("gpu-memory", "GPU memory", [r.gpu_memory[k] for k in sorted(r.gpu_memory)], "seconds", "GiB used")
+    if r.gpu_memory:
+        return _lines("gpu-memory", "GPU memory", [r.gpu_memory[k] for k in sorted(r.gpu_memory)], "seconds",
+                      "GiB used")
+    if r.host_memory:
+        return _lines("gpu-memory", "Host memory", [r.host_memory[k] for k in sorted(r.host_memory)], "seconds",
+                      "GiB used", _no_gpu(r))
+    return _missing("gpu-memory", "GPU memory", "not recorded: no node telemetry (telemetry*.jsonl) with GPU "
+                    "memory or host memory figures")
 
 
 def timeline(r: RunRecords) -> Plot:

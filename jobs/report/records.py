@@ -12,7 +12,9 @@ outputs and logs (`jobs report RUN --stack S`). Files are found by name anywhere
   time). Lines where the step goes back start a new segment (an attempt resumed from a
   checkpoint).
 - `telemetry*.jsonl`: node samples `{"time": <unix s or ISO 8601>, "node": K, "gpus":
-  [{"index": i, "util_percent": u, "memory_used_mib": m}]}` (utilisation and memory per GPU).
+  [{"index": i, "util_percent": u, "memory_used_mib": m}], "host": {"cpu_busy_pct": c,
+  "memory_used_gib": g}}` (utilisation and memory per GPU, and of the node's host; a node
+  without GPUs has `"gpus": {"absent": why}`).
 - `launch-node<K>.json` (the launcher's report): seconds per phase; `staging-node<K>.json`:
   files and bytes staged per input; `metrics.json`: the training's summary.
 - `attempts.jsonl` (one line per rehearsal attempt) and `supervision.json` (a managed run's
@@ -96,6 +98,11 @@ class RunRecords:
     step_times: dict[int, Series] = field(default_factory=dict)
     gpu_util: dict[str, Series] = field(default_factory=dict)
     gpu_memory: dict[str, Series] = field(default_factory=dict)
+    host_cpu: dict[str, Series] = field(default_factory=dict)
+    host_memory: dict[str, Series] = field(default_factory=dict)
+    """Each node's host: CPU busy % and memory used (GiB), from the same samples."""
+    gpus_absent: str = ""
+    """Why a node's samples hold no GPU (the sampler's own words), when none does."""
     phases: list[NodePhases] = field(default_factory=list)
     staging: list[Staged] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
@@ -214,7 +221,7 @@ def _when(value: Any) -> float | None:
 
 
 def _telemetry(records: RunRecords) -> None:
-    samples = []
+    samples, hosts = [], []
     for path in sorted(records.folder.rglob("telemetry*.jsonl")):
         node_dir = _node_of(path, records.folder)
         count = 0
@@ -232,11 +239,20 @@ def _telemetry(records: RunRecords) -> None:
                 if isinstance(gpu, dict):
                     samples.append((when, node, gpu))
                     count += 1
+            if isinstance(gpus, dict) and isinstance(gpus.get("absent"), str):
+                records.gpus_absent = records.gpus_absent or gpus["absent"]
+            if isinstance(sample.get("host"), dict):
+                hosts.append((when, node, sample["host"]))
+                count += 1
         if count:
             records.source(path)
-    if not samples:
-        return
-    start = min(s[0] for s in samples)
+    if samples or hosts:
+        start = min(s[0] for s in samples + hosts)
+        _gpu_series(records, samples, start)
+        _host_series(records, hosts, start)
+
+
+def _gpu_series(records: RunRecords, samples: list, start: float) -> None:
     for when, node, gpu in sorted(samples, key=lambda s: s[0]):
         label = f"node {node} gpu {gpu.get('index', '?')}"
         util = gpu.get("util_percent", gpu.get("utilization_percent"))
@@ -247,6 +263,15 @@ def _telemetry(records: RunRecords) -> None:
             records.gpu_util.setdefault(label, Series(label)).add(when - start, util)
         if isinstance(memory, int | float):
             records.gpu_memory.setdefault(label, Series(label)).add(when - start, memory / 1024)
+
+
+def _host_series(records: RunRecords, hosts: list, start: float) -> None:
+    for when, node, host in sorted(hosts, key=lambda s: s[0]):
+        label = f"node {node}"
+        if isinstance(host.get("cpu_busy_pct"), int | float):  # absent from a node's first sample
+            records.host_cpu.setdefault(label, Series(label)).add(when - start, host["cpu_busy_pct"])
+        if isinstance(host.get("memory_used_gib"), int | float):
+            records.host_memory.setdefault(label, Series(label)).add(when - start, host["memory_used_gib"])
 
 
 def _launch_reports(records: RunRecords) -> None:

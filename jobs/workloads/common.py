@@ -52,6 +52,8 @@ class Dist:
     local_rank: int
     world: int
     device: Any
+    node: int = 0
+    """This process's node (NODE_RANK, GROUP_RANK or OMPI_COMM_WORLD_NODE_RANK)."""
 
     @property
     def is_main(self) -> bool:
@@ -94,7 +96,8 @@ def init_distributed(backend: str | None = None) -> Dist:
             importlib.import_module(module)
         dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"), init_method="env://")
         atexit.register(_leave_process_group)
-    return Dist(rank, local_rank, world, device)
+    node = int(_first("NODE_RANK", "GROUP_RANK", "OMPI_COMM_WORLD_NODE_RANK", default="0"))
+    return Dist(rank, local_rank, world, device, node)
 
 
 def _leave_process_group() -> None:
@@ -227,6 +230,12 @@ class Metrics:
         print(json.dumps({"step": step, **values}), flush=True)  # floats exactly: resumed runs are compared bit for bit
         if self._mlflow is not None:
             self._mlflow.log_metrics({k: float(v) for k, v in values.items()}, step=step)
+
+    def node_step(self, step: int, step_time_s: float) -> None:
+        """A step's seconds from the first process of every other node (rank 0's own line
+        carries its node's): the report's per-node step time, where a straggler shows."""
+        if self.d.local_rank == 0 and not self.d.is_main:
+            print(json.dumps({"step": step, "node": self.d.node, "step_time_s": step_time_s}), flush=True)
 
     def summary(self, **values: Any) -> Path | None:
         """The workload's last word, on every rank: tells the launcher the training completed

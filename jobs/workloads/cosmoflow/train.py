@@ -3,7 +3,8 @@
     python -m jobs.workloads.cosmoflow.train --input cosmoflow --epochs 48 --batch-size 4 --amp
 
 Reads AMLHPC_DATA_DIR_<INPUT> / AMLHPC_FILE_LIST_<INPUT> (jobs/workloads/cosmoflow/data.py),
-logs the loss per step (JSON lines; MLflow in Azure ML), validates each epoch (MAE),
+logs the loss, the step's seconds and MFU per step (JSON lines; MLflow in Azure ML; every
+other node's first process logs its own step time), validates each epoch (MAE),
 checkpoints model, optimizer, data order and RNG (common.save_state: in the background, into
 the node's tier under AMLHPC_CHECKPOINT_DIR) every `--checkpoint-every` steps or after every
 epoch, and resumes exactly from the version the launcher names (AMLHPC_RESUME_VERSION): the
@@ -18,15 +19,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from jobs.runtime import progress
-from jobs.workloads import common
+from jobs.runtime import progress, skufacts
+from jobs.runtime.errors import RuntimeInputError
+from jobs.workloads import common, peak
 from jobs.workloads.cosmoflow import data
 from jobs.workloads.cosmoflow.model import CosmoFlow
 
@@ -63,8 +67,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _peak(d, use_amp: bool, amp_dtype) -> tuple[peak.Peak | None, str]:
+    """What MFU is measured against: the catalog's peak for the dtype the convolutions run
+    in on a GPU (none for fp32/TF32: the catalog keeps tensor-core peaks), a measured GEMM on
+    a CPU."""
+    if d.device.type != "cuda":
+        return peak.measured_cpu_peak(), ""
+    if not use_amp:
+        return None, "fp32 steps (no --amp): the catalog has no TF32 peak to measure them against"
+    return peak.catalog_peak(skufacts.load_sku_facts(), "bf16" if amp_dtype == torch.bfloat16 else "fp16")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    try:
+        skufacts.load_sku_facts()  # a malformed AMLHPC_SKU_JSON is bad input before anything starts
+    except RuntimeInputError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
     d = common.init_distributed()
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -92,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     amp_dtype = torch.bfloat16 if (d.device.type == "cuda" and torch.cuda.is_bf16_supported()) else torch.float16
     use_amp = args.amp and d.device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+    device_peak, no_peak = _peak(d, use_amp, amp_dtype)
+    flops_per_step = peak.train_flops(model, x0.unsqueeze(0)) * args.batch_size * accumulation  # per rank
+    if d.is_main:
+        print(json.dumps({"flops_per_sample": flops_per_step / (args.batch_size * accumulation),
+                          "peak_tflops": device_peak.tflops if device_peak else None,
+                          "peak_source": device_peak.source if device_peak else f"none: {no_peak}"}), flush=True)
 
     sampler = common.ShardSampler(len(dataset), args.batch_size * accumulation, args.seed + d.rank)
     steps_per_epoch = common.all_reduce_min(d, sampler.steps_per_epoch)  # DDP needs equal step counts on every rank
@@ -130,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             batches = iter(loader)
             done = sampler.position // sampler.batch
             for i in range(done, steps_per_epoch):
+                step_started = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
                 step_loss = 0.0
                 for micro in range(accumulation):
@@ -148,11 +175,15 @@ def main(argv: list[str] | None = None) -> int:
                 scaler.update()
                 sampler.step_done()
                 step += 1
+                step_s = time.perf_counter() - step_started  # the loss's float() above waited for the device
                 if prof is not None:
                     prof.step()
                 if step % args.log_every == 0 or i == done:
                     loss_value = step_loss
-                    metrics.log(step, loss=loss_value, epoch=epoch)
+                    mfu = flops_per_step / step_s / (device_peak.tflops * 1e12) if device_peak else None
+                    metrics.log(step, loss=loss_value, epoch=epoch, step_time_s=step_s,
+                                **({"mfu": mfu} if mfu is not None else {}))
+                    metrics.node_step(step, step_s)
                 if args.checkpoint_every and step % args.checkpoint_every == 0:
                     common.save_state(state, step, background=not args.sync_checkpoints)
                 common.inject_fault(step)

@@ -168,6 +168,7 @@ def main(argv=None) -> int:
                           "peak_source": peak.source if peak else f"none: {no_peak}", "resumed_from": start}), flush=True)
 
     rates, loss_value = [], float("nan")
+    stalls: list[float] = []  # seconds the training was held by each checkpoint
     for step in range(start + 1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
@@ -197,12 +198,16 @@ def main(argv=None) -> int:
                         tokens_per_s_per_device=rate.tokens_per_s_per_device, tflops_per_device=rate.tflops_per_device,
                         **({"mfu": rate.mfu} if rate.mfu is not None else {}), step_time_s=seconds,
                         lr=lr_at(step, args), grad_norm=norm_value)
+            metrics.node_step(step, seconds)
         if step == args.steps or (args.checkpoint_every and step % args.checkpoint_every == 0):
-            common.save_state(state, step, background=not args.sync_checkpoints)
+            stall = common.save_state(state, step, background=not args.sync_checkpoints)
+            stalls.append(stall)
+            if d.is_main:  # not a step line: the training's step log stays one line per step
+                print(json.dumps({"checkpoint_step": step, "stall_s": stall}), flush=True)
         common.inject_fault(step)
     common.finish_checkpoints()
     steady = rates[1:] or rates  # the first step includes warm-up
-    metrics.summary(workload="llm-pretrain", model=cfg.name, params=cfg.param_count(), world_size=d.world, dtype=dtype,
+    metrics.summary(checkpoint_stalls_s=stalls, workload="llm-pretrain", model=cfg.name, params=cfg.param_count(), world_size=d.world, dtype=dtype,
                     steps=args.steps, resumed_from=start, final_loss=loss_value,
                     throughput=statistics.median(r.tokens_per_s for r in steady) if steady else None,
                     throughput_unit="tokens/s",
