@@ -11,8 +11,9 @@
    checkpoints to Blob - the staging report, the loss per step and the checkpoint location
    are printed;
 7. the same run name again, one epoch longer: it resumes from the checkpoint;
-8. `jobs report`: the run's HTML report (loss, throughput, the staging and launch timeline,
-   both attempts and what they would cost at the planned size), from what the run recorded;
+8. `jobs report`: the run's HTML report (loss, throughput, MFU, each node's step time, each
+   node's CPU and memory (no GPU here), the staging and launch timeline, both attempts and
+   what they would cost at the planned size), from what the run recorded;
 9. stop Azurite; the last line says where the report is.
 
 Each step runs the real command line in a subprocess; the demo stops at the first failure
