@@ -112,41 +112,46 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+from jobs.workloads import common
+import atexit  # runs after the workloads' own exit handler: what it left running
+atexit.register(lambda: os.write(1, f"rank {os.environ['RANK']} gloo threads at exit: {common.gloo_threads() or None}\n".encode()))
 mode, root = sys.argv[1], Path(sys.argv[2])
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(10, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-mesh = init_device_mesh("cpu", (world,))
-for layer in (model[0], model[2]):
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
-optim = torch.optim.AdamW(model.parameters(), lr=0.01)
-def full(sd):
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).tolist() for k, v in sd.items() if hasattr(v, "shape")}
-if mode == "save":
-    for _ in range(2):
+def main():  # the model and its meshes live in main's frame, gone before the exit handler
+    common.init_distributed()  # as the workloads join, and leave at exit (tests/test_exit_teardown.py)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.01)
+    def full(sd):
+        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).tolist() for k, v in sd.items() if hasattr(v, "shape")}
+    if mode == "save":
+        for _ in range(2):
+            optim.zero_grad(); model(torch.randn(4, 10)).sum().backward(); optim.step()
+        msd, osd = get_state_dict(model, optim)
+        writer = Checkpointer(root, rank, world, "t0", background=True)
+        writer.save(2, {"model": msd, "optim": osd}, {"step": 2})
+        expected = {"model": full(msd), "exp_avg": {k: full(v) for k, v in osd["state"].items()}}
+        if rank == 0:
+            (root / "expected.json").write_text(json.dumps(expected))
+        writer.wait()
+    else:
+        msd, osd = get_state_dict(model, optim)
+        state = {"model": msd, "optim": osd}
+        trainer = load_version(root / "versions" / "step-000000002", state, rank, world)
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        msd, osd = get_state_dict(model, optim)
+        expected = json.loads((root / "expected.json").read_text())
+        assert full(msd) == expected["model"], "model differs after resharding"
+        assert {k: full(v) for k, v in osd["state"].items()} == expected["exp_avg"], "optimizer state differs"
+        assert trainer["same_world"] is False and trainer["saved_world"] == 4
         optim.zero_grad(); model(torch.randn(4, 10)).sum().backward(); optim.step()
-    msd, osd = get_state_dict(model, optim)
-    writer = Checkpointer(root, rank, world, "t0", background=True)
-    writer.save(2, {"model": msd, "optim": osd}, {"step": 2})
-    expected = {"model": full(msd), "exp_avg": {k: full(v) for k, v in osd["state"].items()}}
-    if rank == 0:
-        (root / "expected.json").write_text(json.dumps(expected))
-    writer.wait()
-else:
-    msd, osd = get_state_dict(model, optim)
-    state = {"model": msd, "optim": osd}
-    trainer = load_version(root / "versions" / "step-000000002", state, rank, world)
-    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    msd, osd = get_state_dict(model, optim)
-    expected = json.loads((root / "expected.json").read_text())
-    assert full(msd) == expected["model"], "model differs after resharding"
-    assert {k: full(v) for k, v in osd["state"].items()} == expected["exp_avg"], "optimizer state differs"
-    assert trainer["same_world"] is False and trainer["saved_world"] == 4
-    optim.zero_grad(); model(torch.randn(4, 10)).sum().backward(); optim.step()
-    print(f"rank {rank}: resharded 4 -> {world} ok")
-dist.destroy_process_group()
+        print(f"rank {rank}: resharded 4 -> {world} ok")
+    dist.destroy_process_group()
+main()
 """
 
 
@@ -163,6 +168,8 @@ def test_fsdp_state_saved_by_every_rank_loads_into_another_world_size(tmp_path):
                                str(script), mode, str(tmp_path / "ckpt")], env=env, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        left = [line for line in proc.stdout.splitlines() if "gloo threads at exit" in line]
+        assert len(left) == nproc and all(line.endswith(": None") for line in left), left  # nothing left to abort
     assert sorted(p.name for p in (tmp_path / "ckpt" / "versions" / "step-000000002").glob("rank-*.json")) == \
         [f"rank-{r}.json" for r in range(4)]
     assert proc.stdout.count("resharded 4 -> 3 ok") == 3

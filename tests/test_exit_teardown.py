@@ -52,6 +52,34 @@ def test_no_gloo_thread_outlives_a_ddp_workload(tmp_path):
     assert "still running after destroy_process_group" not in proc.stderr
 
 
+def test_no_gloo_thread_outlives_fsdp_when_the_training_destroys_the_group_itself(tmp_path):
+    """FSDP2 over a device mesh, and the training's own `dist.destroy_process_group()` at its
+    end: the mesh still holds the group, so the exit handler releases it all the same (the abort
+    a fresh-clone `make test` met in tests/test_checkpoint_versions.py's FSDP script)."""
+    script = tmp_path / "fsdp.py"
+    script.write_text(PROBE + (
+        "import torch, torch.distributed as dist\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        "def main():\n"  # as the workloads do: the model lives in main's frame
+        "    d = common.init_distributed()\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))\n"
+        "    mesh = init_device_mesh('cpu', (d.world,))\n"
+        "    for layer in (model[0], model[1], model):\n"
+        "        fully_shard(layer, mesh=mesh)\n"
+        "    model(torch.ones(2, 8)).sum().backward()\n"
+        "    dist.destroy_process_group()\n"
+        "main()\n"
+        "assert common.gloo_threads(), 'the meshes keep the destroyed group and its threads'\n"
+    ))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(line for line in proc.stdout.splitlines() if "gloo threads at exit" in line) == [
+        "rank 0 gloo threads at exit: None", "rank 1 gloo threads at exit: None"], proc.stdout
+
+
 # Rank 0 starts an all-reduce whose completion runs a Python callback on a gloo worker thread,
 # and exits. An object of __main__ is freed while the interpreter tears its modules down (after
 # the exit handlers, finalization under way): it tells rank 1 to join the all-reduce now, then

@@ -113,12 +113,13 @@ def _leave_process_group() -> None:
     gh-87135 and PR 105805, read 2026-11-25: CPython 3.14 makes such threads hang instead).
     Here: destroy, let device meshes drop the group, collect the reference cycles a
     DDP-wrapped model leaves (its reducer holds the group), and check that the threads are
-    gone (tests/test_exit_teardown.py makes the abort happen without this)."""
+    gone (tests/test_exit_teardown.py makes the abort happen without this). A training that
+    destroyed the group itself (`dist.destroy_process_group()` at its end, a common habit) still
+    gets the rest: a destroyed group lives on in its meshes all the same."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        return
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     _release_device_meshes()
     gc.collect()
     left = gloo_threads()

@@ -17,6 +17,7 @@ Over gloo the GPU pass marks do not apply: the figures are reported as info.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -135,10 +136,15 @@ class Collective:
         return out
 
     def close(self) -> None:
+        """Destroy every group and let go of them now: a gloo group's threads stop only when
+        the group object is freed, and one freed as the interpreter finalizes can abort the
+        process (jobs/workloads/common.py `_leave_process_group`)."""
         try:
             self.dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
+        self._node_groups = None
+        gc.collect()
 
 
 def message_bytes(collective: Collective, sku: SkuFacts | None, cpu_bytes: int) -> tuple[int, str]:
