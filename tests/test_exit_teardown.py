@@ -30,6 +30,17 @@ PROBE = (
 )
 
 
+def run_two_ranks(script: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           str(script)], cwd=script.parent, env=env, capture_output=True, text=True, timeout=180)
+
+
+def threads_at_exit(proc: subprocess.CompletedProcess) -> list[str]:
+    """What PROBE printed on each rank, sorted by rank."""
+    return sorted(line for line in proc.stdout.splitlines() if "gloo threads at exit" in line)
+
+
 def test_no_gloo_thread_outlives_a_ddp_workload(tmp_path):
     """Two ranks wrap a model in DDP (which imports torch.distributed.nn.functional, whose
     default arguments would hold the group) and train a step: at exit, no gloo thread is left."""
@@ -43,12 +54,9 @@ def test_no_gloo_thread_outlives_a_ddp_workload(tmp_path):
         "    assert common.gloo_threads(), 'the group runs gloo threads while it is alive'\n"
         "main()\n"
     ))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    proc = run_two_ranks(script)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(line for line in proc.stdout.splitlines() if "gloo threads at exit" in line) == [
-        "rank 0 gloo threads at exit: None", "rank 1 gloo threads at exit: None"], proc.stdout
+    assert threads_at_exit(proc) == ["rank 0 gloo threads at exit: None", "rank 1 gloo threads at exit: None"], proc.stdout
     assert "still running after destroy_process_group" not in proc.stderr
 
 
@@ -72,12 +80,9 @@ def test_no_gloo_thread_outlives_fsdp_when_the_training_destroys_the_group_itsel
         "main()\n"
         "assert common.gloo_threads(), 'the meshes keep the destroyed group and its threads'\n"
     ))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    proc = run_two_ranks(script)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(line for line in proc.stdout.splitlines() if "gloo threads at exit" in line) == [
-        "rank 0 gloo threads at exit: None", "rank 1 gloo threads at exit: None"], proc.stdout
+    assert threads_at_exit(proc) == ["rank 0 gloo threads at exit: None", "rank 1 gloo threads at exit: None"], proc.stdout
 
 
 # Rank 0 starts an all-reduce whose completion runs a Python callback on a gloo worker thread,

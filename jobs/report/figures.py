@@ -146,26 +146,24 @@ def _no_gpu(r: RunRecords) -> str:
     return f"No GPU was sampled on these nodes{why}: each node's host, from the same telemetry samples."
 
 
+def _device_plot(r: RunRecords, key: str, gpu: dict[str, Series], host: dict[str, Series], titles: tuple[str, str],
+                 units: tuple[str, str], missing: str) -> Plot:
+    """The GPUs' series where telemetry sampled any, else each node's host's, titled so."""
+    if gpu:
+        return _lines(key, titles[0], [gpu[k] for k in sorted(gpu)], "seconds", units[0])
+    if host:
+        return _lines(key, titles[1], [host[k] for k in sorted(host)], "seconds", units[1], _no_gpu(r))
+    return _missing(key, titles[0], f"not recorded: no node telemetry (telemetry*.jsonl) with {missing}")
+
+
 def gpu_util(r: RunRecords) -> Plot:
-    if r.gpu_util:
-        return _lines("gpu-util", "GPU utilisation", [r.gpu_util[k] for k in sorted(r.gpu_util)], "seconds",
-                      "utilisation %")
-    if r.host_cpu:
-        return _lines("gpu-util", "Host CPU utilisation", [r.host_cpu[k] for k in sorted(r.host_cpu)], "seconds",
-                      "CPU busy %", _no_gpu(r))
-    return _missing("gpu-util", "GPU utilisation", "not recorded: no node telemetry (telemetry*.jsonl) with GPU "
-                    "utilisation or host CPU figures")
+    return _device_plot(r, "gpu-util", r.gpu_util, r.host_cpu, ("GPU utilisation", "Host CPU utilisation"),
+                        ("utilisation %", "CPU busy %"), "GPU utilisation or host CPU figures")
 
 
 def gpu_memory(r: RunRecords) -> Plot:
-    if r.gpu_memory:
-        return _lines("gpu-memory", "GPU memory", [r.gpu_memory[k] for k in sorted(r.gpu_memory)], "seconds",
-                      "GiB used")
-    if r.host_memory:
-        return _lines("gpu-memory", "Host memory", [r.host_memory[k] for k in sorted(r.host_memory)], "seconds",
-                      "GiB used", _no_gpu(r))
-    return _missing("gpu-memory", "GPU memory", "not recorded: no node telemetry (telemetry*.jsonl) with GPU "
-                    "memory or host memory figures")
+    return _device_plot(r, "gpu-memory", r.gpu_memory, r.host_memory, ("GPU memory", "Host memory"),
+                        ("GiB used", "GiB used"), "GPU memory or host memory figures")
 
 
 def timeline(r: RunRecords) -> Plot:
