@@ -44,7 +44,7 @@ env-demo:
 	@scripts/bootstrap.sh --for demo
 
 demo: env-demo ## the main job, offline: dev plan, cosmoflow rendered, data uploaded, rehearsed on 2 nodes x 2 ranks
-	$(PY) -m jobs.local.demo
+	$(PY) -m amlhpc.jobs.local.demo
 
 test: bootstrap typecheck ## the whole test suite (with the type check and the installed wheel's test)
 	$(PY) -m pytest
@@ -61,7 +61,7 @@ doctor: env ## check what the first deploy and submit of STACK need (Azure sign-
 	$(PY) -m amlhpc doctor --stack $(STACK)
 
 plan: env ## offline plan of STACK (no Azure, no Pulumi CLI)
-	$(PY) -m infra plan --stack $(STACK)
+	$(PY) -m amlhpc.infra plan --stack $(STACK)
 
 BENCH_OUT := bench/out
 bench: env-demo ## benchmarks; results in bench/out/ (UPDATE_RESULTS=1: also rewrite the tracked bench/RESULTS.md)
@@ -69,7 +69,7 @@ bench: env-demo ## benchmarks; results in bench/out/ (UPDATE_RESULTS=1: also rew
 	$(PY) -m bench.staging --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 	$(PY) -m bench.inflate --out $(BENCH_OUT)
 	$(PY) -m bench.checkpoint --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
-	$(PY) -m infra.plan.bench | tee $(BENCH_OUT)/plan.txt
+	$(PY) -m amlhpc.infra.plan.bench | tee $(BENCH_OUT)/plan.txt
 	$(PY) -m bench.recovery --out $(BENCH_OUT)$(if $(UPDATE_RESULTS), --update-results)
 
 bench-bootstrap: ## time a fresh clone's first `make demo` and `make test` install step (writes bench/out/bootstrap.md)
@@ -77,10 +77,10 @@ bench-bootstrap: ## time a fresh clone's first `make demo` and `make test` insta
 
 lint: bootstrap ## ruff and the image checks (pins, Dockerfiles, hadolint)
 	$(PY) -m ruff check .
-	$(PY) -m images check
+	$(PY) -m amlhpc.images check
 
 images: env ## build the training images missing from STACK's registry (az acr build); print their refs
-	$(PY) -m images build --stack $(STACK)
+	$(PY) -m amlhpc.images build --stack $(STACK)
 
 preview: env ## pulumi preview STACK against Azure, policy pack on (needs the Pulumi CLI and az login)
 	@scripts/pulumi-stack.sh preview $(STACK)
@@ -92,10 +92,10 @@ down: env ## destroy STACK (environments need CONFIRM=STACK; experiments are als
 	@CONFIRM=$(CONFIRM) scripts/pulumi-stack.sh down $(STACK)
 
 new-experiment: env ## write Pulumi.exp-NAME.yaml: make new-experiment NAME=x ENV=dev DAYS=7
-	$(PY) -m infra new-experiment "$(NAME)" --env $(ENV) --days $(DAYS)
+	$(PY) -m amlhpc.infra new-experiment "$(NAME)" --env $(ENV) --days $(DAYS)
 
 expired: env ## experiment stacks past their expiresAt
-	$(PY) -m infra expired
+	$(PY) -m amlhpc.infra expired
 
 clean: ## remove what the tools create: .rehearsal/ .scratch/ .azurite/ bench/out/ dist/ and caches (keeps .venv, node_modules, .pulumi-state)
 	rm -rf .rehearsal .scratch .azurite $(BENCH_OUT) dist .pytest_cache .ruff_cache .mypy_cache

@@ -1,10 +1,10 @@
-"""`aml-hpc`: the kit as one installed command, `aml-hpc infra|jobs|images|doctor ...`.
+"""aml-hpc: platform-as-code for HPC-scale distributed GPU training on Azure Machine Learning.
 
-The same command lines as `python -m infra|jobs|images` (one app each; nothing is
-redefined here), usable from any folder of a project (core/project.py) once the wheel is
-installed (`uv tool install`, `pip install`).
+One package, four parts: `amlhpc.core` (facts and contracts shared by all), `amlhpc.infra`
+(the Pulumi program), `amlhpc.jobs` (recipes become Azure ML jobs; `amlhpc.jobs.runtime`
+runs inside them) and `amlhpc.images` (the training images). The `aml-hpc` command is
+amlhpc/app.py; docs/layout.md maps the layers.
+
+Imports nothing: the job's code snapshot and the training images carry this file beside
+`amlhpc.jobs.runtime` alone (the version is `amlhpc.core.version`).
 """
-
-from core.version import __version__
-
-__all__ = ["__version__"]

@@ -1,6 +1,6 @@
 """`python -m amlhpc`: the `aml-hpc` command (amlhpc/app.py)."""
 
-from core.interpreter import check
+from amlhpc.core.interpreter import check
 
 check("amlhpc")
 

@@ -4,7 +4,7 @@
     aml-hpc-infra | aml-hpc-jobs | aml-hpc-images ...     (the same apps, one each)
 
 `--project DIR` names the project (the folder with Pulumi.yaml and the stack files);
-without it the project is found from the current folder upwards (core/project.py). It is
+without it the project is found from the current folder upwards (amlhpc/core/project.py). It is
 taken off the command line before anything else is imported, because the parts read the
 project's location when they load, and passed on to every process a command starts
 (AMLHPC_PROJECT). It may stand anywhere on the line.
@@ -19,9 +19,9 @@ from typing import Annotated
 
 import typer
 
-from core import project
-from core.cli_help import VersionOption, new_app, run
-from core.errors import EXIT_USAGE
+from amlhpc.core import project
+from amlhpc.core.cli_help import VersionOption, new_app, run
+from amlhpc.core.errors import EXIT_USAGE
 
 PROJECT_OPTION = "--project"
 
@@ -67,9 +67,9 @@ def enter_project(argv: list[str]) -> list[str]:
 def build() -> typer.Typer:
     """`aml-hpc`: the three apps under one command, and `doctor`."""
     from amlhpc.doctor.cli import doctor
-    from images.cli import app as images_app
-    from infra.cli import app as infra_app
-    from jobs.cli import app as jobs_app
+    from amlhpc.images.cli import app as images_app
+    from amlhpc.infra.cli import app as infra_app
+    from amlhpc.jobs.cli.main import app as jobs_app
 
     app = new_app("aml-hpc: platform-as-code for distributed GPU training on Azure Machine Learning.")
 
@@ -83,9 +83,9 @@ def build() -> typer.Typer:
     ) -> None:
         """aml-hpc: plan and deploy the platform (infra), run training on it (jobs), build its images (images)."""
 
-    app.add_typer(infra_app, name="infra", help="Plan stacks offline, manage experiment stacks (python -m infra).")
-    app.add_typer(jobs_app, name="jobs", help="Recipes, submission, runs, logs and reports (python -m jobs).")
-    app.add_typer(images_app, name="images", help="Training images: build, list, check (python -m images).")
+    app.add_typer(infra_app, name="infra", help="Plan stacks offline, manage experiment stacks (python -m amlhpc.infra).")
+    app.add_typer(jobs_app, name="jobs", help="Recipes, submission, runs, logs and reports (python -m amlhpc.jobs).")
+    app.add_typer(images_app, name="images", help="Training images: build, list, check (python -m amlhpc.images).")
     app.command("doctor")(doctor)
     return app
 

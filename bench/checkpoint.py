@@ -45,7 +45,7 @@ from bench.machine import azurite_version, describe_machine, loadavg
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 BEGIN, END = "<!-- bench.checkpoint: begin -->", "<!-- bench.checkpoint: end -->"
-TRAIN = ("python -m jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 1 --conv-size 4 --n-conv-layers 3 "
+TRAIN = ("python -m amlhpc.jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 1 --conv-size 4 --n-conv-layers 3 "
          "--fc1 16 --fc2 8 --workers 0 --log-every 1 --epochs 2 --checkpoint-every 2 --optimizer adam")
 MIB = 1 << 20
 
@@ -61,7 +61,7 @@ def _state(mib: int):
 
 
 def stall(args, workdir: Path) -> dict:
-    from jobs.runtime.checkpoint.versioned import Checkpointer
+    from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
 
     state = _state(args.state_mib)
     runs: dict[str, list[float]] = {"sync": [], "async": []}
@@ -93,10 +93,10 @@ def stall(args, workdir: Path) -> dict:
 def restore(args, workdir: Path, server) -> dict:
     import torch
 
-    from jobs.runtime import blobio
-    from jobs.runtime.checkpoint import CheckpointStore, parse_settings, tier
-    from jobs.runtime.checkpoint.node import NodeCheckpoints
-    from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+    from amlhpc.jobs.runtime.blob import blobio
+    from amlhpc.jobs.runtime.checkpoint import CheckpointStore, parse_settings, tier
+    from amlhpc.jobs.runtime.checkpoint.node import NodeCheckpoints
+    from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
 
     source = workdir / "restore-source"
     state = _state(args.state_mib)
@@ -143,12 +143,12 @@ class Rehearsals:
     """The cosmoflow job rehearsed on 2 nodes x 2 ranks, every line of every rank timestamped."""
 
     def __init__(self, workdir: Path, server):
-        from jobs import build
-        from jobs import outputs as outputs_mod
-        from jobs.data import upload
-        from jobs.local import rehearsal
-        from jobs.runtime import blobio
-        from jobs.workloads.cosmoflow import generate
+        from amlhpc.jobs.data import upload
+        from amlhpc.jobs.local import rehearsal
+        from amlhpc.jobs.plan import build
+        from amlhpc.jobs.plan import outputs as outputs_mod
+        from amlhpc.jobs.runtime.blob import blobio
+        from amlhpc.jobs.workloads.cosmoflow import generate
 
         self.rehearsal, self.build, self.server, self.workdir = rehearsal, build, server, workdir
         self.outputs = outputs_mod.load("dev", offline=True).outputs  # the dev stack's offline plan
@@ -163,7 +163,7 @@ class Rehearsals:
         self.snapshot = build.snapshot(self.plan("snapshot").code_dirs)
 
     def plan(self, name: str, *sets: str):
-        from jobs import recipes
+        from amlhpc.jobs import recipes
 
         recipe = recipes.load("cosmoflow", recipes.parse_overrides([
             f"command={TRAIN}", "health=off", f"inputs.cosmoflow.path={self.data_prefix}", *sets]))
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--update-results", action="store_true", help="also rewrite this section of bench/RESULTS.md")
     args = parser.parse_args(argv)
-    from jobs.local import azurite as azurite_server
+    from amlhpc.jobs.local import azurite as azurite_server
 
     results: dict = {"command": "python -m bench.checkpoint " + " ".join(argv if argv is not None else sys.argv[1:]),
                      "date": time.strftime("%Y-%m-%d %H:%M %Z"), "load_before": loadavg()}

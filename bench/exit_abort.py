@@ -15,7 +15,7 @@ exit 1 by design).
 ranks' threads are descheduled as they are on a loaded CI machine; `--one-cpu` puts both
 ranks and the burners on CPU 0 (sched_setaffinity), the most contention; the figures say which.
 Besides the counts, every run's ranks report whether a gloo worker thread (pt_gloo_runloop,
-gloo_tcp_loop) was still alive after the workload's teardown (jobs/workloads/common.py):
+gloo_tcp_loop) was still alive after the workload's teardown (amlhpc/jobs/workloads/common.py):
 a thread alive then runs into interpreter finalization, where taking the GIL ends the thread
 with pthread_exit and std::terminate.
 
@@ -51,7 +51,7 @@ shortest path from a gloo work to interpreter finalization, to see the race quic
 
 DDP_EXIT = '''
 import torch
-from jobs.workloads import common
+from amlhpc.jobs.workloads import common
 def main():
     d = common.init_distributed()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
@@ -105,16 +105,16 @@ class Run:
 def _command(workload: str, work: Path, data: Path | None) -> tuple[list[str], dict[str, str]]:
     env: dict[str, str] = {"AMLHPC_CHECKPOINT_DIR": str(work / "ckpt")}
     if workload == "bert":
-        module, args = "jobs.workloads.bert_pretrain.train", ["--steps", "4", "--log-every", "2"]
+        module, args = "amlhpc.jobs.workloads.bert_pretrain.train", ["--steps", "4", "--log-every", "2"]
         env["AMLHPC_DEEPSPEED_JSON"] = json.dumps(BERT_PLAN)
     elif workload == "cosmoflow":
-        module, args = "jobs.workloads.cosmoflow.train", COSMO_TINY
+        module, args = "amlhpc.jobs.workloads.cosmoflow.train", COSMO_TINY
         env["AMLHPC_DATA_DIR_COSMOFLOW"] = str(data)
     elif workload == "allreduce":
-        module, args = "jobs.workloads.allreduce", ["--min-bytes", "1K", "--max-bytes", "64K", "--factor", "4",
+        module, args = "amlhpc.jobs.workloads.allreduce", ["--min-bytes", "1K", "--max-bytes", "64K", "--factor", "4",
                                                     "--iters", "3", "--no-judge", "--report", "r.json"]
     elif workload == "llm":
-        module, args = "jobs.workloads.llm.train", ["--model", "tiny", "--steps", "3", "--seq-len", "32",
+        module, args = "amlhpc.jobs.workloads.llm.train", ["--model", "tiny", "--steps", "3", "--seq-len", "32",
                                                     "--micro-batch", "2", "--warmup-steps", "1"]
     elif workload == "ddp-exit":
         script = work / "ddp_exit.py"
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     (probe_dir / "sitecustomize.py").write_text(_PROBE)
     data = None
     if "cosmoflow" in workloads:
-        from jobs.workloads.cosmoflow import generate
+        from amlhpc.jobs.workloads.cosmoflow import generate
 
         data = root / "cosmoflow-data"
         if not data.is_dir():

@@ -24,7 +24,7 @@ for mode in $modes; do
   start=$(date +%s)
   env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 NODE_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29600 \
       AMLHPC_CHECKPOINT_DIR="$ckpt_root" \
-      timeout 200 "$py" -m jobs.workloads.llm.train --model "$model" --steps "$steps" --seq-len 4096 --micro-batch 2 \
+      timeout 200 "$py" -m amlhpc.jobs.workloads.llm.train --model "$model" --steps "$steps" --seq-len 4096 --micro-batch 2 \
         --warmup-steps 5 --checkpoint-every $((steps / 2)) --log-every 1 --output-dir "$out/$mode" $flag \
       > "$out/$mode/log.txt" 2>&1
   echo "$mode: exit $? in $(( $(date +%s) - start )) s: $(grep -h '^{"checkpoint_step"' "$out/$mode/log.txt" | tr '\n' ' ')"

@@ -2,12 +2,12 @@
 
     python -m bench.gpu_gemm [--seconds 20] [--json OUT.json]
 
-Runs the gate's own measurer (jobs/runtime/health/measure.py) at the catalog's mark shape
+Runs the gate's own measurer (amlhpc/jobs/runtime/health/measure.py) at the catalog's mark shape
 (ND H100/H200 v5: bf16 2048x2048x13312): a burst (fastest iterations) and the sustained
 loop the mark is checked with, on random operands as the gate uses and on zeros (a GPU
 draws less power multiplying zeros, so a mark measured on constant data reads higher), and
 a square 8192 product for comparison. While each runs, NVML is read every 0.25 s through
-the telemetry reader (jobs/runtime/telemetry.py): SM clock, power, temperature and the
+the telemetry reader (amlhpc/jobs/runtime/node/telemetry.py): SM clock, power, temperature and the
 clock event reasons, so a figure below the mark can be told from a power or thermal cap.
 Needs a CUDA GPU, PyTorch and the NVML bindings.
 """
@@ -22,8 +22,8 @@ import threading
 import time
 from collections import Counter
 
-from jobs.runtime.health.measure import TorchGpuMeasurer
-from jobs.runtime.telemetry import GpuReader
+from amlhpc.jobs.runtime.health.measure import TorchGpuMeasurer
+from amlhpc.jobs.runtime.node.telemetry import GpuReader
 
 MARK_SHAPE = (2048, 2048, 13312)
 SQUARE = (8192, 8192, 8192)

@@ -9,7 +9,7 @@
 # run-sync/ (a run folder `jobs report` reads: node0/user_logs, node0/outputs/aml-hpc),
 # and one log per step. Needs python3 with torch (CUDA) and the NVML bindings; no Azure, no
 # network. The GPU's size is chosen from its name (H200 -> ND96isr_H200_v5, H100 ->
-# ND96isr_H100_v5); its facts come from core/catalog/skus.toml through AMLHPC_SKU_JSON.
+# ND96isr_H100_v5); its facts come from amlhpc/core/catalog/skus.toml through AMLHPC_SKU_JSON.
 # On a machine with one GPU of the size's eight, the GPU count check fails (reported, not
 # fatal: report mode) and NVLink, peer copies and the all-reduce have no second GPU.
 set -u
@@ -41,7 +41,7 @@ one_rank() {  # what Azure ML's launcher sets for the only process of a one-node
 
 # 1. The health gate, full repetitions (the sustained GEMM mark's 60 s), report mode.
 start=$(date +%s)
-one_rank 29400 timeout 200 "$py" -m jobs.runtime.health --mode report --report-dir "$out/health" \
+one_rank 29400 timeout 200 "$py" -m amlhpc.jobs.runtime.health --mode report --report-dir "$out/health" \
   > "$out/health.log" 2>&1
 echo "health: exit $? in $(( $(date +%s) - start )) s" >> "$out/gpu.txt"
 
@@ -55,8 +55,8 @@ for mode in async sync; do
   start=$(date +%s)
   (cd "$run" && one_rank 29500 env AMLHPC_CHECKPOINT_DIR="$ckpt_root" AMLHPC_TELEMETRY_INTERVAL_S=1 AMLHPC_HEALTH=off AMLHPC_PIN=auto \
       AMLHPC_REPORT_DIR=outputs/aml-hpc PYTHONPATH="$OLDPWD${PYTHONPATH:+:$PYTHONPATH}" \
-      timeout 150 "$py" -m jobs.runtime.launch -- \
-      "$py" -m jobs.workloads.llm.train --model "$model" --steps "$steps" --seq-len 4096 --micro-batch 2 \
+      timeout 150 "$py" -m amlhpc.jobs.runtime.launch -- \
+      "$py" -m amlhpc.jobs.workloads.llm.train --model "$model" --steps "$steps" --seq-len 4096 --micro-batch 2 \
         --warmup-steps 5 --checkpoint-every $((steps / 2)) --log-every 1 --output-dir outputs $flag) \
     > "$run/user_logs/std_log_process_0.txt" 2>&1
   echo "llm $mode: exit $? in $(( $(date +%s) - start )) s" >> "$out/gpu.txt"

@@ -3,7 +3,7 @@
     python -m bench.inflate [--mib 512] [--repeats 5] [--server nginx|memory] [--write-dir DIR] [--skip-azurite]
                             [--out bench/out]
 
-On two vCPUs that also run Azurite, the members path (jobs.runtime.gzmembers: one file
+On two vCPUs that also run Azurite, the members path (amlhpc.jobs.runtime.blob.gzmembers: one file
 uploaded as independent gzip members, fetched by runs and inflated on every core) was
 measured at 1.04x one stream (bench/RESULTS.md part 2): Azurite, a Node.js server, spends
 about a core serving the bytes, so the second inflate thread has nowhere to run. Here the
@@ -57,14 +57,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from amlhpc.jobs.data import upload
+from amlhpc.jobs.local import azurite as azurite_server
+from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.base.ranks import validated
+from amlhpc.jobs.runtime.blob import blobhttp, blobio, gzmembers
+from amlhpc.jobs.runtime.blob.fetch import INFLATE_LIBRARY, BlobEntry, Fetcher
+from amlhpc.jobs.runtime.staging import stager as staging
 from bench.dataset import generate
 from bench.machine import describe_machine, loadavg
 from bench.staging import Measurement, interleaved
-from jobs.data import upload
-from jobs.local import azurite as azurite_server
-from jobs.runtime import blobhttp, blobio, contract, gzmembers, staging
-from jobs.runtime.fetch import INFLATE_LIBRARY, BlobEntry, Fetcher
-from jobs.runtime.ranks import validated
 
 MB = 1e6
 ROOT = Path(__file__).resolve().parents[1]

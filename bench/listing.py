@@ -10,7 +10,7 @@ record for every blob of node 0 is written as an earlier, finished run would hav
 Then, timed step by step (page generation and file writing excluded):
 
 1. parse every page into entries, one page held at a time, as staging lists
-   (jobs.runtime.listing.list_all, following the markers; generating a page is not counted);
+   (amlhpc.jobs.runtime.blob.listing.list_all, following the markers; generating a page is not counted);
 2. plan: paths, collision checks and the byte-balanced split over nodes and node 0's
    ranks (staging.make_plan, `local` mode);
 3. load the manifest and decide, for each of node 0's files, whether it is finished,
@@ -70,7 +70,7 @@ def pages(blobs: int) -> Iterator[bytes]:
 
 def write_manifest(path: Path, entries, rels, indices) -> None:
     """The manifest a finished run of node 0 would have left (one record per file)."""
-    from jobs.runtime.manifest import HEADER
+    from amlhpc.jobs.runtime.staging.manifest import HEADER
 
     with open(path, "w", encoding="utf-8") as out:
         out.write(HEADER)
@@ -80,9 +80,10 @@ def write_manifest(path: Path, entries, rels, indices) -> None:
 
 
 def measure(blobs: int, nodes: int, ranks: int) -> dict:
-    from jobs.runtime import listing, staging
-    from jobs.runtime.manifest import Manifest
-    from jobs.runtime.ranks import validated
+    from amlhpc.jobs.runtime.base.ranks import validated
+    from amlhpc.jobs.runtime.blob import listing
+    from amlhpc.jobs.runtime.staging import stager as staging
+    from amlhpc.jobs.runtime.staging.manifest import Manifest
 
     making = {"wall": 0.0, "cpu": 0.0}  # generating pages is not listing: taken out of the figures
 

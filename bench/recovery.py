@@ -2,8 +2,8 @@
 
     python -m bench.recovery [--out bench/out] [--update-results] [--only preempt,hang,...]
 
-Every scenario is a managed rehearsal (jobs.local.managed) of the synthetic lockstep
-training (jobs.workloads.synthetic: 2 simulated nodes, one rank each) under the real
+Every scenario is a managed rehearsal (amlhpc.jobs.local.managed) of the synthetic lockstep
+training (amlhpc.jobs.workloads.synthetic: 2 simulated nodes, one rank each) under the real
 supervision, with Azurite as Blob, and one fault injected at a step or a controller phase:
 
 - preempt: node 1 preempted at step FAULT_STEP (SIGTERM, SIGKILL after the grace);
@@ -24,7 +24,7 @@ For each: time to detect (the fault to the controller's seeing the end; the cont
 death to its replacement's first look; the slowing to the straggler's naming), time from
 the end of the attempt to the next attempt's first step, steps lost, and the cost of the
 time lost at the recipe's Azure price - next to what the same failure costs without
-supervision. The goodput model (jobs/goodput.py) is checked against the measured losses.
+supervision. The goodput model (amlhpc/jobs/plan/goodput.py) is checked against the measured losses.
 Results: `--out` (recovery.md, recovery.json); `--update-results` also writes them as the
 last section of bench/RESULTS.md.
 """
@@ -48,7 +48,7 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "# Recovery benchmark"
 STEPS, STEP_S, CHECKPOINT_EVERY, FAULT_STEP = 60, 0.3, 5, 40
 UPLOAD_INTERVAL_S, HANG_S = 10, 10
-TRAIN = f"python -m jobs.workloads.synthetic --steps {STEPS} --step-s {STEP_S} --checkpoint-every {CHECKPOINT_EVERY}"
+TRAIN = f"python -m amlhpc.jobs.workloads.synthetic --steps {STEPS} --step-s {STEP_S} --checkpoint-every {CHECKPOINT_EVERY}"
 NODES = 2
 LIMIT_USD = 30.0
 """The budget scenario: $1 per node-second on 2 nodes; the run needs 20 s of training alone, so it cannot finish within it."""
@@ -69,9 +69,10 @@ class Bench:
     """Azurite, the planned recipe and the code snapshot, shared by the scenarios."""
 
     def __init__(self, server, root: Path):
-        from jobs import build, recipes
-        from jobs.local import rehearsal
-        from jobs.outputs import load
+        from amlhpc.jobs import recipes
+        from amlhpc.jobs.local import rehearsal
+        from amlhpc.jobs.plan import build
+        from amlhpc.jobs.plan.outputs import load
 
         self.server, self.root = server, root
         self.outputs = load("dev", offline=True).outputs
@@ -87,9 +88,9 @@ class Bench:
         self.expected_h = base.estimate.hours
 
     def rehearse(self, name: str, faults: list, **kwargs: Any):
-        from jobs import build
-        from jobs.local import managed
-        from jobs.managed import render
+        from amlhpc.jobs.local import managed
+        from amlhpc.jobs.managed import render
+        from amlhpc.jobs.plan import build
 
         run = f"bench-{name}-{uuid.uuid4().hex[:6]}"
         plan = build.plan_job(self.recipe, self.outputs, nodes=NODES, processes_per_node=1, name=run)
@@ -161,8 +162,8 @@ def unsupervised(name: str, bench: Bench) -> str:
 
 
 def scenario(name: str, bench: Bench):
-    from jobs.local import managed
-    from jobs.managed.policy import Target
+    from amlhpc.jobs.local import managed
+    from amlhpc.jobs.managed.policy import Target
 
     fault = managed.Fault
     if name == "baseline":
@@ -205,7 +206,7 @@ def scenario(name: str, bench: Bench):
 def validate_model(rows: list[dict]) -> dict[str, Any]:
     """The goodput model's loss per interruption (recovery + half an interval) against the
     measured loss of the failure scenarios, with the recovery the benchmark measured."""
-    from jobs import goodput
+    from amlhpc.jobs.plan import goodput
 
     failures = [r for r in rows if r["scenario"] in ("preempt", "host-loss", "host-loss-writer", "hang")
                 and r.get("restart_s") is not None]
@@ -252,7 +253,7 @@ def render(results: dict) -> str:
     lines += [f"- {text}: **{'met' if ok else 'MISSED'}**" for text, ok in checks]
     model = results.get("model") or {}
     if model:
-        lines += ["", f"Goodput model (jobs/goodput.py) against these losses: recovery {model['recovery_s']} s "
+        lines += ["", f"Goodput model (amlhpc/jobs/plan/goodput.py) against these losses: recovery {model['recovery_s']} s "
                       f"(detection + restart, mean of preempt, host-loss, host-loss-writer and hang), checkpoint interval "
                       f"{model['interval_s']} s: predicted loss per interruption {model['predicted_loss_s']} s "
                       f"(recovery + half an interval), measured {model['measured_loss_s']} s (ratio {model['ratio']}; "
@@ -289,7 +290,7 @@ def checks(rows: list[dict]) -> list[tuple[str, bool]]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from jobs.local import azurite
+    from amlhpc.jobs.local import azurite
 
     chosen = [s for s in SCENARIOS if not args.only or s in args.only.split(",")]
     root = Path(tempfile.mkdtemp(prefix="amlhpc-recovery-"))

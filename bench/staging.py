@@ -52,13 +52,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from amlhpc.jobs.data import upload
+from amlhpc.jobs.local import azurite as azurite_server
+from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.base.ranks import validated
+from amlhpc.jobs.runtime.blob import blobhttp, blobio
+from amlhpc.jobs.runtime.blob.fetch import INFLATE_LIBRARY, Gunzip, sha256_is_faster
+from amlhpc.jobs.runtime.staging import stager as staging
 from bench.dataset import generate
 from bench.machine import azurite_version, describe_machine, loadavg
-from jobs.data import upload
-from jobs.local import azurite as azurite_server
-from jobs.runtime import blobhttp, blobio, contract, staging
-from jobs.runtime.fetch import INFLATE_LIBRARY, Gunzip, sha256_is_faster
-from jobs.runtime.ranks import validated
 
 MB = 1e6
 ROOT = Path(__file__).resolve().parents[1]

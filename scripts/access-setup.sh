@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Set up who may do what, from the permission model (core/catalog/permissions.toml): the CI
+# Set up who may do what, from the permission model (amlhpc/core/catalog/permissions.toml): the CI
 # identities with their GitHub federated credentials and roles, the custom roles, one Pulumi
 # state container per environment and the environments' resource groups (the access
-# program, infra/access), then the GitHub environments that use them.
+# program, amlhpc/infra/access), then the GitHub environments that use them.
 #
 #   scripts/access-setup.sh preview|up [-- extra pulumi arguments]
 #   scripts/access-setup.sh github [--apply] -- --repository OWNER/NAME --reviewers team:SLUG [--passphrases DIR]
@@ -10,7 +10,7 @@
 # Run by a platform administrator (Owner of the subscription) once, and again whenever the
 # model's CI rights or custom roles change; nobody grants CI rights by hand. The program's
 # own state lives in ACCESS_BACKEND_URL (default: a file backend in .pulumi-state/access),
-# under the stack `access` (config: infra/access/Pulumi.access.yaml; docs/deploying.md says
+# under the stack `access` (config: amlhpc/infra/access/Pulumi.access.yaml; docs/deploying.md says
 # which keys). `github` prints the gh commands (environments limited to main, prod's
 # reviewers, the environment-level variables and, with --passphrases, each environment's
 # passphrase secret); --apply runs them with the gh CLI.
@@ -44,8 +44,8 @@ case $action in
     export PULUMI_BACKEND_URL=${ACCESS_BACKEND_URL:-file://$PWD/.pulumi-state/access}
     export PULUMI_SKIP_UPDATE_CHECK=true
     [[ $PULUMI_BACKEND_URL == file://* ]] && mkdir -p "${PULUMI_BACKEND_URL#file://}"
-    pulumi -C infra/access stack select --create --secrets-provider passphrase "$STACK"
-    pulumi -C infra/access "$action" --stack "$STACK" "$@"
+    pulumi -C amlhpc/infra/access stack select --create --secrets-provider passphrase "$STACK"
+    pulumi -C amlhpc/infra/access "$action" --stack "$STACK" "$@"
     ;;
   github)
     apply=0
@@ -55,8 +55,8 @@ case $action in
     export PULUMI_BACKEND_URL=${ACCESS_BACKEND_URL:-file://$PWD/.pulumi-state/access}
     outputs=$(mktemp)
     trap 'rm -f "$outputs"' EXIT
-    pulumi -C infra/access stack output github --json --stack "$STACK" > "$outputs"
-    commands=$(.venv/bin/python -m infra.access.github --outputs "$outputs" "$@")
+    pulumi -C amlhpc/infra/access stack output github --json --stack "$STACK" > "$outputs"
+    commands=$(.venv/bin/python -m amlhpc.infra.access.github --outputs "$outputs" "$@")
     if (( apply )); then
       command -v gh >/dev/null 2>&1 || die "the GitHub CLI (gh) is not installed" "https://cli.github.com, then gh auth login" 127
       while IFS= read -r line; do

@@ -14,12 +14,12 @@
 # - AMLHPC_ENVIRONMENT (set by the workflows to the GitHub environment's aml-hpc environment):
 #   a stack of another environment is refused, so a job holding dev's identity and passphrase
 #   never touches prod's stacks, whatever a stack file claims.
-# - preview and up run the policy pack (infra/policy/pack) and refresh from Azure first.
+# - preview and up run the policy pack (amlhpc/infra/policy/pack) and refresh from Azure first.
 # - Environment stacks: preview and up first give the stack its random aml-hpc:nameSuffix
 #   (written once into Pulumi.<stack>.yaml: commit it), so every copy of this repository
 #   gets its own globally unique names. up then adopts what an earlier `down` kept
 #   (retainOnDelete: the resource group, data, workspace, Key Vault, registry...):
-#   `pulumi stack export`, `python -m infra.adopt import-file` lists the retained resources
+#   `pulumi stack export`, `python -m amlhpc.infra.adopt import-file` lists the retained resources
 #   that exist in Azure but not in the state, and `pulumi import --file` takes them back
 #   before `pulumi up` (which would otherwise fail: "cannot create already existing
 #   resource"). The subscription comes from ARM_SUBSCRIPTION_ID, AZURE_SUBSCRIPTION_ID or
@@ -32,7 +32,7 @@
 #   before, saying that retained resources then show as creates.
 # - up runs again, after a wait, when it failed on Azure RBAC propagation: a role assignment
 #   made in the same up was not in effect yet when Azure checked it (a customer-managed key
-#   for the workspace; infra/quirks.py lists the error codes, infra.adopt decides). At most
+#   for the workspace; amlhpc/infra/quirks.py lists the error codes, amlhpc.infra.adopt decides). At most
 #   RBAC_ATTEMPTS (6) attempts, RBAC_WAIT_SECONDS (60) apart.
 # - down refuses an environment stack unless CONFIRM=<stack name>, and then keeps
 #   protected resources (dataset storage); experiment stacks (exp-*) go without asking and
@@ -46,7 +46,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-POLICY_PACK=infra/policy/pack
+POLICY_PACK=amlhpc/infra/policy/pack
 EXPERIMENT_PREFIX=exp-
 
 die() {  # message [fix] [status]
@@ -161,7 +161,7 @@ subscription_id() {
 
 plan_adoption() {  # WORK SUBSCRIPTION: export the state to WORK/state.json, the import plan to WORK/import.json; print its count
   pulumi stack export --stack "$stack" --file "$1/state.json"
-  .venv/bin/python -m infra.adopt import-file --stack "$stack" --state "$1/state.json" \
+  .venv/bin/python -m amlhpc.infra.adopt import-file --stack "$stack" --state "$1/state.json" \
     --subscription "$2" --out "$1/import.json"
 }
 
@@ -227,7 +227,7 @@ up_with_rbac_retries() {  # pulumi up, again after a wait when a fresh grant was
     status=${PIPESTATUS[0]}
     set -e
     (( status == 0 )) && break
-    if (( attempt >= attempts )) || ! code=$(.venv/bin/python -m infra.adopt propagation --log "$log"); then
+    if (( attempt >= attempts )) || ! code=$(.venv/bin/python -m amlhpc.infra.adopt propagation --log "$log"); then
       rm -f "$log"
       exit "$status"
     fi
@@ -245,7 +245,7 @@ case $action in
       select_existing  # and no suffix written: `pulumi up` refuses a stack file without one
     else
       if [[ $kind == environment ]]; then
-        .venv/bin/python -m infra.adopt suffix --stack "$stack" >/dev/null
+        .venv/bin/python -m amlhpc.infra.adopt suffix --stack "$stack" >/dev/null
       fi
       pulumi stack select --create --secrets-provider passphrase "$stack"
     fi

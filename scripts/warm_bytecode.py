@@ -28,26 +28,27 @@ sys.path.insert(0, str(REPO_ROOT))
 
 DEMO_MODULES = [
     # the command lines
-    "infra.cli", "jobs.cli", "jobs.local.cli", "jobs.local.demo", "jobs.data.cli", "jobs.data.upload",
+    "amlhpc.infra.cli", "amlhpc.jobs.cli.main", "amlhpc.jobs.local.cli", "amlhpc.jobs.local.demo", "amlhpc.jobs.data.cli", "amlhpc.jobs.data.upload",
     # what runs on every simulated node
-    "jobs.runtime.launch", "jobs.runtime.staging", "jobs.runtime.checkpoint", "jobs.runtime.health.__main__",
-    "jobs.runtime.health.runner", "jobs.runtime.topology", "jobs.runtime.blobio",
-    "jobs.workloads.cosmoflow.train", "jobs.workloads.cosmoflow.generate", "jobs.workloads.allreduce",
+    "amlhpc.jobs.runtime.launch.launcher", "amlhpc.jobs.runtime.staging.stager", "amlhpc.jobs.runtime.checkpoint", "amlhpc.jobs.runtime.health.__main__",
+    "amlhpc.jobs.runtime.health.runner", "amlhpc.jobs.runtime.node.topology", "amlhpc.jobs.runtime.blob.blobio",
+    "amlhpc.jobs.workloads.cosmoflow.train", "amlhpc.jobs.workloads.cosmoflow.generate", "amlhpc.jobs.workloads.allreduce",
     "torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch.profiler",
     "azure.identity", "azure.storage.blob", "azure.ai.ml", "azure.ai.ml.entities",
 ]
 TEST_MODULES = ["pytest", "pytest_mock", "pytest_timeout", "typer.testing", "transformers",
-                "transformers.models.bert.modeling_bert", "jobs.workloads.bert_pretrain.train", "pulumi_policy"]
+                "transformers.models.bert.modeling_bert", "amlhpc.jobs.workloads.bert_pretrain.train", "pulumi_policy"]
 
 
 def _plan_and_render() -> None:
     """The offline plan and a job rendered as YAML: they import the Azure resource and job
     entity modules they use lazily."""
-    from jobs import build, outputs, recipes
+    from amlhpc.jobs import recipes
+    from amlhpc.jobs.plan import build, outputs
 
     loaded = outputs.load("dev", offline=True, root=REPO_ROOT)
     plan = build.plan_job(recipes.load("cosmoflow"), loaded.outputs, name="warm-up")
-    build.to_yaml(plan, REPO_ROOT / "jobs")
+    build.to_yaml(plan, REPO_ROOT / "amlhpc" / "jobs")
 
 
 def _train_steps(bert: bool = False) -> None:
@@ -62,7 +63,7 @@ def _train_steps(bert: bool = False) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from jobs.workloads.cosmoflow.model import CosmoFlow
+    from amlhpc.jobs.workloads.cosmoflow.model import CosmoFlow
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

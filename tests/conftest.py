@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.local import azurite as azurite_server
+from amlhpc.jobs.local import azurite as azurite_server
 
 
 @pytest.fixture(scope="session")

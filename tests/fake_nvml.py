@@ -1,4 +1,4 @@
-"""A fake NVML module for tests: the names jobs.runtime.{nvml,clocks,health.ecc} call, with
+"""A fake NVML module for tests: the names amlhpc.jobs.runtime.{nvml,clocks,health.ecc} call, with
 the constants and error codes of the real bindings (nvidia-ml-py's pynvml), backed by a
 list of `FakeGpu` records a test sets up. tests/test_clocks.py checks that every name
 used here exists in the real pynvml with the same value.

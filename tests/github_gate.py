@@ -1,6 +1,6 @@
 """What GitHub hands a workflow job: an OIDC token (and its subject) and which secrets, given
 the event, the ref, the job's `environment` and `permissions`, and the repository's GitHub
-environments as the permission model declares them (core/catalog/permissions.toml).
+environments as the permission model declares them (amlhpc/core/catalog/permissions.toml).
 
 GitHub's documented behaviour this follows:
 - A job gets an OIDC token only with `permissions: id-token: write`. Its subject is
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.permissions import MODEL
+from amlhpc.core.permissions import MODEL
 
 
 @dataclass(frozen=True)

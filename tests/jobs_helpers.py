@@ -18,6 +18,6 @@ def outputs_doc(stack: str) -> dict:
 
 
 def stack_outputs(stack: str):
-    from jobs import outputs
+    from amlhpc.jobs.plan import outputs
 
     return outputs.load(stack, outputs_file=outputs_file(stack)).outputs

@@ -18,8 +18,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from jobs.runtime import contract, nodestatus
-from jobs.runtime.checkpoint import CheckpointStore
+from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.checkpoint import CheckpointStore
+from amlhpc.jobs.runtime.coord import nodestatus
 
 FIXTURE = Path(__file__).parent / "fixtures" / "azureml" / "commandjob-get.json"
 SUB, RG, WS = "00000000-0000-0000-0000-000000000000", "rg-amlhpc-dev", "mlw-amlhpc-dev"
@@ -52,7 +53,7 @@ class Step:
 
 
 def end(code: int, *, first: int = 0, last: int = 10, node: int = 0, **extra) -> dict[str, Any]:
-    """An end record as jobs.runtime.watchdog.record_end writes it."""
+    """An end record as amlhpc.jobs.runtime.launch.watchdog.record_end writes it."""
     return {"node": node, "host": f"node{node}-host", "exit_code": code, "error": extra.pop("error", None),
             "signals": extra.pop("signals", []), "first_step": first, "last_step": last, **extra}
 
@@ -104,7 +105,7 @@ class FakeAzureML:
         """A job the controller did not create (a controller job of the run, for `cancel`)."""
         from azure.ai.ml.entities import CommandJob
 
-        entity = CommandJob(name=name, command="python -m jobs.managed.controller", compute="azureml:jobs-controller",
+        entity = CommandJob(name=name, command="python -m amlhpc.jobs.managed.controller", compute="azureml:jobs-controller",
                             environment="azureml:aml-hpc-controller:1", tags=tags or {"role": "controller"})
         self.state[name] = _Job(entity, steps)
 

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import yaml
 
-from jobs import build, recipes
-from jobs.managed import render
-from jobs.managed.azureml import AzureJobService
-from jobs.managed.evidence import Evidence
-from jobs.managed.policy import Policy
-from jobs.managed.record import Record, RecordStore
-from jobs.managed.supervisor import Supervisor, open_record
+from amlhpc.jobs import recipes
+from amlhpc.jobs.managed import render
+from amlhpc.jobs.managed.azureml import AzureJobService
+from amlhpc.jobs.managed.evidence import Evidence
+from amlhpc.jobs.managed.policy import Policy
+from amlhpc.jobs.managed.record import Record, RecordStore
+from amlhpc.jobs.managed.supervisor import Supervisor, open_record
+from amlhpc.jobs.plan import build
 from tests.jobs_helpers import stack_outputs
 from tests.managed_fakes import Clock, FakeAzureML, Step, end
 

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from infra.config import REPO_ROOT
+from amlhpc.infra.config import REPO_ROOT
 
 SWEEP_EXPERIMENT = {
     "azure-native:location": "swedencentral",

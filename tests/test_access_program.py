@@ -1,4 +1,4 @@
-"""The access program (infra/access): the CI identities, their GitHub credentials and roles, the
+"""The access program (amlhpc/infra/access): the CI identities, their GitHub credentials and roles, the
 custom roles and per-environment state, under Pulumi's mock runtime - each checked against the
 permission model and against what the environment stacks assign."""
 
@@ -8,16 +8,16 @@ import json
 
 import pytest
 
-from core.errors import UserError
-from core.permissions import MODEL
-from infra.access.config import parse
-from infra.access.github import commands
-from infra.access.program import build
-from infra.plan import evaluate, record
-from infra.plan.mocks import FAKE_SUBSCRIPTION
-from infra.policy import run_rules
-from infra.policy.model import StackView
-from infra.policy.plan_check import views_from_plan
+from amlhpc.core.errors import UserError
+from amlhpc.core.permissions import MODEL
+from amlhpc.infra.access.config import parse
+from amlhpc.infra.access.github import commands
+from amlhpc.infra.access.program import build
+from amlhpc.infra.plan import evaluate, record
+from amlhpc.infra.plan.mocks import FAKE_SUBSCRIPTION
+from amlhpc.infra.policy import run_rules
+from amlhpc.infra.policy.model import StackView
+from amlhpc.infra.policy.plan_check import views_from_plan
 
 ROLE = "azure-native:authorization:RoleAssignment"
 CONFIG = {"aml-hpc-access:repository": "my-org/aml-hpc", "aml-hpc-access:stateAccount": "amlhpcstate1",
@@ -35,7 +35,7 @@ def of_type(resources, type_token: str):
 
 
 def identity_principal(resources, name: str) -> str:
-    from infra.plan.mocks import _stable_uuid
+    from amlhpc.infra.plan.mocks import _stable_uuid
 
     assert any(r.inputs.get("resourceName") == name for r in resources), name
     return _stable_uuid("principal", name)
@@ -173,7 +173,7 @@ class TestConfig:
     ])
     def test_bad_values_are_named(self, key, value, fragment):
         with pytest.raises(UserError) as info:
-            parse({**CONFIG, key: value}, "infra/access/Pulumi.access.yaml")
+            parse({**CONFIG, key: value}, "amlhpc/infra/access/Pulumi.access.yaml")
         assert fragment in info.value.render()
 
 
@@ -205,12 +205,12 @@ class TestGitHubEnvironments:
 
 
 class TestScript:
-    """scripts/access-setup.sh: its refusals name the fix; it drives `pulumi -C infra/access`."""
+    """scripts/access-setup.sh: its refusals name the fix; it drives `pulumi -C amlhpc/infra/access`."""
 
     def run(self, *args: str, path: str = "/usr/bin:/bin", **env: str):
         import subprocess
 
-        from infra.config import REPO_ROOT
+        from amlhpc.infra.config import REPO_ROOT
 
         return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "access-setup.sh"), *args], cwd=REPO_ROOT, text=True,
                               capture_output=True, env={"PATH": path, "HOME": "/tmp", **env}, timeout=60)
@@ -231,5 +231,5 @@ class TestScript:
                           ACCESS_BACKEND_URL=f"file://{tmp_path}/state")
         assert result.returncode == 0, result.stderr
         assert log.read_text().splitlines() == [
-            f"-C infra/access stack select --create --secrets-provider passphrase access|file://{tmp_path}/state",
-            f"-C infra/access up --stack access --yes|file://{tmp_path}/state"]
+            f"-C amlhpc/infra/access stack select --create --secrets-provider passphrase access|file://{tmp_path}/state",
+            f"-C amlhpc/infra/access up --stack access --yes|file://{tmp_path}/state"]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from azure.mgmt.compute.models import ResourceSku, ResourceSkuLocationInfo
 
-from core import availability, skus
-from core.skus import CatalogError
-from infra.config import REPO_ROOT
+from amlhpc.core import availability, skus
+from amlhpc.core.skus import CatalogError
+from amlhpc.infra.config import REPO_ROOT
 
 TODAY = date(2026, 11, 23)
 
@@ -32,7 +32,7 @@ def test_every_offering_cites_a_dated_source():
 
 
 def test_the_shipped_stacks_use_sizes_offered_in_their_regions():
-    from infra.config import load_stack_config
+    from amlhpc.infra.config import load_stack_config
     for stack in ("dev", "prod"):
         cfg = load_stack_config(stack)
         for cluster in cfg.clusters:
@@ -43,7 +43,7 @@ def test_a_size_missing_from_a_region_names_the_regions_that_have_it():
     message, fix = availability.problem("Standard_ND96isr_H100_v5", "brazilsouth", TODAY)
     assert "Standard_ND96isr_H100_v5 is not offered in brazilsouth" in message
     assert "eastus" in message and "swedencentral" in message and "(2025-06)" in message
-    assert "az vm list-skus --all" in fix and "python -m core.availability refresh" in fix
+    assert "az vm list-skus --all" in fix and "python -m amlhpc.core.availability refresh" in fix
 
 
 def test_a_retired_size_is_offered_nowhere_after_its_date():
@@ -129,19 +129,19 @@ def test_refresh_rewrites_regions_from_a_capture(tmp_path):
 def test_the_shipped_file_round_trips_through_render():
     offerings, sources = availability.load()
     text = availability.render(offerings, sources, availability._header(availability.AVAILABILITY_FILE))
-    rewritten = Path(REPO_ROOT / "core" / "catalog" / "availability.toml").read_text()
+    rewritten = Path(REPO_ROOT / "amlhpc" / "core" / "catalog" / "availability.toml").read_text()
     assert text == rewritten
 
 
 def test_refresh_cli_refuses_a_table_capture_with_exit_2(tmp_path):
     capture = tmp_path / "skus.json"
     capture.write_text(json.dumps({"value": []}))
-    result = subprocess.run([sys.executable, "-m", "core.availability", "refresh", str(capture)],
+    result = subprocess.run([sys.executable, "-m", "amlhpc.core.availability", "refresh", str(capture)],
                             cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and "is not a JSON list of Resource SKUs" in result.stderr
     assert "Traceback" not in result.stderr
-    result = subprocess.run([sys.executable, "-m", "core.availability"], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert result.returncode == 2 and "usage: python -m core.availability refresh" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "amlhpc.core.availability"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and "usage: python -m amlhpc.core.availability refresh" in result.stderr
 
 
 def test_a_size_with_no_known_region_is_not_refused_for_its_region():

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from core.errors import UserError
-from jobs import outputs as outputs_module
-from jobs.beeond import cli as beeond_cli
-from jobs.beeond import cluster as beeond
-from jobs.beeond import scripts
-from jobs.beeond.ssh import OpenSshRunner, SshResult, SshTarget
+from amlhpc.core.errors import UserError
+from amlhpc.jobs.beeond import cli as beeond_cli
+from amlhpc.jobs.beeond import cluster as beeond
+from amlhpc.jobs.beeond import scripts
+from amlhpc.jobs.beeond.ssh import OpenSshRunner, SshResult, SshTarget
+from amlhpc.jobs.plan import outputs as outputs_module
 
 FIXTURE = Path(__file__).parent / "fixtures" / "outputs" / "dev.json"
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFakeFakeFakeFakeFakeFake amlhpc-beeond"
@@ -173,7 +173,7 @@ class TestStart:
             beeond.start(ml_client(mocker), nodes, facts(), LAYOUT, echo=lambda m: None)
         text = str(caught.value)
         assert "mounted on 1 of 3 nodes (mounted: node1; not mounted: node0, node2)" in text
-        assert "python -m jobs beeond stop --stack dev --cluster nd-a100" in text
+        assert "python -m amlhpc.jobs beeond stop --stack dev --cluster nd-a100" in text
         assert {k for _, k in nodes.calls} == {"probe"}  # nothing was changed
 
     def test_nodes_not_ready(self, mocker):

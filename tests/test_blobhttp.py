@@ -1,4 +1,4 @@
-"""jobs.runtime.blobhttp: staging's Blob reads on http.client, against Azurite and a recording server."""
+"""amlhpc.jobs.runtime.blob.blobhttp: staging's Blob reads on http.client, against Azurite and a recording server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import namedtuple
 
 import pytest
 
-from jobs.runtime import blobhttp, blobio
+from amlhpc.jobs.runtime.blob import blobhttp, blobio
 from tests.faultproxy import FaultProxy
 
 FAST = blobio.RetrySettings.fast()
@@ -83,7 +83,7 @@ class TestOnAzurite:
             assert proxy.counts["truncate"] == 1 + retry.read
 
     def test_nobody_listening_gives_up_after_the_budget(self):
-        from jobs.local.azurite import free_port
+        from amlhpc.jobs.local.azurite import free_port
 
         url = f"http://127.0.0.1:{free_port()}/acct/data"
         reader = blobhttp.Reader(url, blobhttp.SasAuth("acct", "a2V5", "data"),

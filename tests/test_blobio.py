@@ -1,10 +1,10 @@
-"""jobs.runtime.blobio: container clients for Azurite and Azure, retries, no secrets in messages."""
+"""amlhpc.jobs.runtime.blob.blobio: container clients for Azurite and Azure, retries, no secrets in messages."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobs.runtime import blobio
+from amlhpc.jobs.runtime.blob import blobio
 from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.azurite

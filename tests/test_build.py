@@ -1,4 +1,4 @@
-"""jobs.build: every recipe x stack renders to YAML that azure.ai.ml.load_job loads, with the
+"""amlhpc.jobs.plan.build: every recipe x stack renders to YAML that azure.ai.ml.load_job loads, with the
 distribution, counts, per-SKU environment, inputs, services and shm_size it should have."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import json
 import pytest
 from azure.ai.ml import load_job
 
-from core import skus
-from core.errors import UserError
-from jobs import build, recipes
-from jobs.runtime import contract
+from amlhpc.core import skus
+from amlhpc.core.errors import UserError
+from amlhpc.jobs import recipes
+from amlhpc.jobs.plan import build
+from amlhpc.jobs.runtime.base import contract
 from tests.jobs_helpers import STACKS, stack_outputs
 
 RECIPES = recipes.available()
@@ -42,7 +43,7 @@ def test_every_recipe_loads_with_load_job(tmp_path, name, stack):
         assert job.distribution.process_count_per_instance == sku.gpus
     assert job.environment_variables[contract.SKU_JSON] == json.dumps(json.loads(job.environment_variables[contract.SKU_JSON]), sort_keys=True, separators=(",", ":"))
     assert json.loads(job.environment_variables[contract.SKU_JSON])["name"] == sku.name
-    assert job.command.startswith(("python -m jobs.runtime.launch ", "env ", "bash -c "))
+    assert job.command.startswith(("python -m amlhpc.jobs.runtime.launch ", "env ", "bash -c "))
     assert " -- " in job.command
     assert job.identity.client_id == stack_outputs(stack).identity.client_id
     assert job.limits.timeout == plan.timeout_s
@@ -225,7 +226,7 @@ class TestPrepareBarrier:
         log = tmp_path / "prepared.log"
         plan = build.plan_job(recipes.load("cosmoflow", {"prepare": f"sleep 0.5; echo once >> {log}",
                                                           "command": "true"}), stack_outputs("dev"))
-        script = plan.command.replace("python -m jobs.runtime.launch -- true", f"echo ran >> {tmp_path}/ranks.log")
+        script = plan.command.replace("python -m amlhpc.jobs.runtime.launch -- true", f"echo ran >> {tmp_path}/ranks.log")
         procs = [subprocess.Popen(["bash", "-c", f"export LOCAL_RANK={r} AMLHPC_SCRATCH={tmp_path}/scratch AZUREML_RUN_ID=t1; {script}"])
                  for r in (1, 0)]
         assert [p.wait(timeout=30) for p in procs] == [0, 0]
@@ -245,25 +246,25 @@ class TestPrepareBarrier:
 
 class TestSnapshot:
     def test_contains_runtime_and_workloads_only(self, tmp_path):
-        snap = build.snapshot(("jobs/runtime", "jobs/workloads"), dest_root=tmp_path)
+        snap = build.snapshot(("amlhpc/jobs/runtime", "amlhpc/jobs/workloads"), dest_root=tmp_path)
         names = {p.relative_to(snap).as_posix() for p in snap.rglob("*.py")}
-        assert "jobs/__init__.py" in names and "jobs/runtime/contract.py" in names
-        assert "jobs/workloads/cosmoflow/train.py" in names
-        assert not any(n.startswith(("jobs/cli", "infra/", "tests/")) for n in names)
-        assert build.snapshot(("jobs/runtime", "jobs/workloads"), dest_root=tmp_path) == snap  # content-addressed
+        assert "amlhpc/jobs/__init__.py" in names and "amlhpc/jobs/runtime/base/contract.py" in names
+        assert "amlhpc/jobs/workloads/cosmoflow/train.py" in names
+        assert not any(n.startswith(("amlhpc/jobs/cli", "amlhpc/infra/", "tests/")) for n in names)
+        assert build.snapshot(("amlhpc/jobs/runtime", "amlhpc/jobs/workloads"), dest_root=tmp_path) == snap  # content-addressed
 
     def test_topology_dir_matches_images(self):
         """The NCCL topology path the jobs set is where the images install the files."""
-        catalog = pytest.importorskip("images.catalog")
-        from jobs import tuning
+        catalog = pytest.importorskip("amlhpc.images.catalog")
+        from amlhpc.jobs.plan import tuning
 
         assert tuning.NCCL_TOPO_DIR == catalog.NCCL_TOPO_DIR
 
 
 @pytest.fixture(scope="module")
 def offline_outputs():
-    """The real offline plan's outputs (infra.plan), once per stack."""
-    from jobs import outputs
+    """The real offline plan's outputs (amlhpc.infra.plan), once per stack."""
+    from amlhpc.jobs.plan import outputs
 
     return {stack: outputs.load(stack, offline=True).outputs for stack in STACKS}
 
@@ -287,7 +288,7 @@ def test_every_recipe_renders_against_the_real_offline_plan(tmp_path, offline_ou
 class TestMaxClocks:
     def test_recipe_switch_reaches_the_launcher(self, tmp_path):
         plan, _ = _render(tmp_path, "nccl-allreduce", "dev")
-        assert "python -m jobs.runtime.launch --max-clocks -- " in plan.command
+        assert "python -m amlhpc.jobs.runtime.launch --max-clocks -- " in plan.command
 
     def test_off_by_default(self, tmp_path):
         plan, _ = _render(tmp_path, "cosmoflow", "dev")

@@ -1,4 +1,4 @@
-"""`python -m core.catalog refresh` on recorded responses (tests/fixtures/catalog-refresh,
+"""`python -m amlhpc.core.catalog refresh` on recorded responses (tests/fixtures/catalog-refresh,
 built after the documented REST shapes): azure-core's real pipeline over a fake transport,
 as tests/aml_fakes.py does for Azure ML. The catalog files are copies in tmp_path."""
 
@@ -18,9 +18,9 @@ from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest._requests_basic import RestRequestsTransportResponse
 from typer.testing import CliRunner
 
-from core import availability, skus
-from core.catalog import refresh
-from core.errors import UserError
+from amlhpc.core import availability, skus
+from amlhpc.core.catalog import refresh
+from amlhpc.core.errors import UserError
 from tests.aml_fakes import SUBSCRIPTION, FakeCredential
 
 FIXTURES = Path(__file__).parent / "fixtures" / "catalog-refresh"

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import checkpoint
-from jobs.runtime.checkpoint import (
+from amlhpc.jobs.runtime import checkpoint
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
+from amlhpc.jobs.runtime.base.throttle import Throttle
+from amlhpc.jobs.runtime.checkpoint import (
     BackgroundUploader,
     CheckpointError,
     CheckpointStore,
@@ -22,8 +24,6 @@ from jobs.runtime.checkpoint import (
     PointerConflict,
     parse_settings,
 )
-from jobs.runtime.errors import RuntimeInputError
-from jobs.runtime.throttle import Throttle
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.azurite
@@ -263,7 +263,7 @@ class TestAtomicity:
 
 
 def _cli(env: dict, *args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "jobs.runtime.checkpoint", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.runtime.checkpoint", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -271,7 +271,7 @@ class TestKillMidUpload:
     def test_sigkill_leaves_previous_version_and_rerun_completes(self, azurite, container, tmp_path):
         """SIGKILL after the first file of version 2 is in: `latest` still names version 1,
         which restores intact; a re-run commits version 2 and clears the orphan parts."""
-        settings = {"container": container.container_name, "prefix": "jobs/kill", "keep": 2, "cap_mbps": 8}
+        settings = {"container": container.container_name, "prefix": "amlhpc/jobs/kill", "keep": 2, "cap_mbps": 8}
         env = {**os.environ, "AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string,
                "AMLHPC_CHECKPOINT_JSON": json.dumps(settings)}
         source = write(tmp_path / "ckpt", {"a.bin": b"v1-a" * 1000})
@@ -293,9 +293,9 @@ class TestKillMidUpload:
         proc.stdout.close()
         proc.stderr.close()
 
-        store = CheckpointStore(container, "jobs/kill")
+        store = CheckpointStore(container, "amlhpc/jobs/kill")
         assert store.latest().version == v1
-        orphans = [b for b in blobs(container, "jobs/kill/data/") if f"/{v1}/" not in b]
+        orphans = [b for b in blobs(container, "amlhpc/jobs/kill/data/") if f"/{v1}/" not in b]
         assert orphans, "the kill should have left parts of the unfinished version"
         store.restore(tmp_path / "after-kill")
         assert tree(tmp_path / "after-kill") == v1_files
@@ -305,7 +305,7 @@ class TestKillMidUpload:
         assert rerun.returncode == 0, err
         v2 = json.loads(out)["version"]
         assert v2 != v1 and store.latest().version == v2
-        assert not set(orphans) & set(blobs(container, "jobs/kill/data/")), "orphans of the killed upload remain"
+        assert not set(orphans) & set(blobs(container, "amlhpc/jobs/kill/data/")), "orphans of the killed upload remain"
         store.restore(tmp_path / "after-rerun")
         assert tree(tmp_path / "after-rerun") == tree(source)
 
@@ -325,7 +325,7 @@ class TestCli:
 
     def test_unreachable_endpoint_is_one_line_with_the_fix(self, azurite, tmp_path):
         """No traceback: the endpoint, the cause and what to check; the key is never printed."""
-        from jobs.local.azurite import free_port
+        from amlhpc.jobs.local.azurite import free_port
 
         port = free_port()  # nothing listens there
         closed = azurite.connection_string.replace(f":{azurite.port}/", f":{port}/")

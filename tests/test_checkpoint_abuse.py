@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime.checkpoint import CheckpointStore, UnsafeCheckpoint
+from amlhpc.jobs.runtime.checkpoint import CheckpointStore, UnsafeCheckpoint
 
 pytestmark = pytest.mark.azurite
 VICTIM = "victim-run"
@@ -91,7 +91,7 @@ class TestPicklePayloads:
     def test_a_whole_file_checkpoint_with_a_payload(self, container, tmp_path):
         """The launcher restores the bytes (they are only data to it); the training's load refuses them."""
         torch = pytest.importorskip("torch")
-        from jobs.runtime.checkpoint import safeload
+        from amlhpc.jobs.runtime.checkpoint import safeload
 
         marker = tmp_path / "payload-ran"
         evil = tmp_path / "evil"
@@ -110,8 +110,8 @@ class TestPicklePayloads:
     def test_dcp_metadata_with_a_payload(self, tmp_path):
         """DCP's own reader would pickle.load `.metadata`; ours refuses the global and names it."""
         torch = pytest.importorskip("torch")
-        from jobs.runtime.checkpoint import tier
-        from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+        from amlhpc.jobs.runtime.checkpoint import tier
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
 
         marker = tmp_path / "payload-ran"
         Checkpointer(tmp_path / "ckpt", 0, 1, "t", background=False).save(5, {"w": torch.ones(3)}, {"step": 5})
@@ -126,8 +126,8 @@ class TestPicklePayloads:
     def test_dcp_value_with_a_payload(self, tmp_path):
         """A non-tensor value is a torch.save pickle inside the shard: read with weights_only."""
         torch = pytest.importorskip("torch")
-        from jobs.runtime.checkpoint import tier
-        from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+        from amlhpc.jobs.runtime.checkpoint import tier
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
 
         marker = tmp_path / "payload-ran"
         Checkpointer(tmp_path / "ckpt", 0, 1, "t", background=False).save(
@@ -142,8 +142,8 @@ class TestPicklePayloads:
         torch = pytest.importorskip("torch")
         from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-        from jobs.runtime.checkpoint import safeload, tier
-        from jobs.runtime.checkpoint.versioned import Checkpointer
+        from amlhpc.jobs.runtime.checkpoint import safeload, tier
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
 
         Checkpointer(tmp_path / "ckpt", 0, 1, "t", background=False).save(5, {"w": torch.ones(3)}, {"step": 5})
         path = tier.versions_dir(tmp_path / "ckpt") / "step-000000005" / "rank-0" / ".metadata"
@@ -157,8 +157,8 @@ class TestPicklePayloads:
     def test_a_legitimate_version_still_loads(self, tmp_path):
         """The allow-list is exactly what DCP writes: model, optimizer and plain values round-trip."""
         torch = pytest.importorskip("torch")
-        from jobs.runtime.checkpoint import tier
-        from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+        from amlhpc.jobs.runtime.checkpoint import tier
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
 
         model = torch.nn.Linear(3, 2)
         optim = torch.optim.AdamW(model.parameters())

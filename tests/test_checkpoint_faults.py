@@ -1,5 +1,5 @@
 """The checkpoint state machine under interleavings, against a real Azurite: at every named step
-of an upload and a commit (jobs/runtime/faultpoints.py) a prune, a second writer, a
+of an upload and a commit (amlhpc/jobs/runtime/base/faultpoints.py) a prune, a second writer, a
 cancel and a kill land there, and afterwards the invariants hold:
 
 - `latest` names a version whose every part is in Blob and restores byte for byte;
@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import faultpoints
-from jobs.runtime.checkpoint import (
+from amlhpc.jobs.runtime.base import faultpoints
+from amlhpc.jobs.runtime.checkpoint import (
     CheckpointStore,
     NotReady,
     PartMissing,
     PointerConflict,
     UploadCancelled,
 )
-from jobs.runtime.checkpoint.snapshot import scan
+from amlhpc.jobs.runtime.checkpoint.snapshot import scan
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.azurite
@@ -169,7 +169,7 @@ def cancel(**_context) -> None:
 
 
 def _cli(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.runtime.checkpoint", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "amlhpc.jobs.runtime.checkpoint", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

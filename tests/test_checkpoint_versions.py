@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime.checkpoint import CheckpointStore, tier
-from jobs.runtime.checkpoint.snapshot import scan
+from amlhpc.jobs.runtime.checkpoint import CheckpointStore, tier
+from amlhpc.jobs.runtime.checkpoint.snapshot import scan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ class TestTier:
 class TestBackgroundWriter:
     def test_saves_the_state_of_the_save_not_of_later_steps(self, tmp_path):
         torch = pytest.importorskip("torch")
-        from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
 
         weight = torch.arange(1_000_000, dtype=torch.float32)
         writer = Checkpointer(tmp_path, 0, 1, "t0", background=True)
@@ -77,7 +77,7 @@ class TestBackgroundWriter:
         """The second save copies into the first one's CPU buffers (no new allocation) only after
         the first write is done: both versions hold their own step's values."""
         torch = pytest.importorskip("torch")
-        from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
 
         weight = torch.ones(100_000)
         writer = Checkpointer(tmp_path, 0, 1, "t0")
@@ -95,8 +95,8 @@ class TestBackgroundWriter:
 
     def test_a_failed_write_is_reported_by_the_next_save(self, tmp_path):
         torch = pytest.importorskip("torch")
-        from jobs.runtime.checkpoint import CheckpointError
-        from jobs.runtime.checkpoint.versioned import Checkpointer
+        from amlhpc.jobs.runtime.checkpoint import CheckpointError
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
 
         (tmp_path / "versions").write_text("not a folder")
         writer = Checkpointer(tmp_path, 0, 1, "t0")
@@ -111,8 +111,8 @@ from pathlib import Path
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from jobs.runtime.checkpoint.versioned import Checkpointer, load_version
-from jobs.workloads import common
+from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+from amlhpc.jobs.workloads import common
 import atexit  # runs after the workloads' own exit handler: what it left running
 atexit.register(lambda: os.write(1, f"rank {os.environ['RANK']} gloo threads at exit: {common.gloo_threads() or None}\n".encode()))
 mode, root = sys.argv[1], Path(sys.argv[2])
@@ -189,8 +189,8 @@ class TestRestoreFromBlob:
         return stores[0], tmp_path
 
     def node(self, azurite, container, tmp_path: Path, node: int, local_size: int, world: int):
-        from jobs.runtime.checkpoint import parse_settings
-        from jobs.runtime.checkpoint.node import NodeCheckpoints
+        from amlhpc.jobs.runtime.checkpoint import parse_settings
+        from amlhpc.jobs.runtime.checkpoint.node import NodeCheckpoints
 
         settings = parse_settings(json.dumps({"container": container.container_name, "prefix": "job"}))
         return NodeCheckpoints(settings, node=node, nodes=world // local_size, local_size=local_size, world=world,

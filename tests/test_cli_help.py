@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 def _apps():
     from amlhpc.app import build
-    from images.cli import app as images_app
-    from infra.cli import app as infra_app
-    from jobs.cli import app as jobs_app
+    from amlhpc.images.cli import app as images_app
+    from amlhpc.infra.cli import app as infra_app
+    from amlhpc.jobs.cli.main import app as jobs_app
 
     return {"jobs": jobs_app, "infra": infra_app, "images": images_app, "aml-hpc": build()}
 
@@ -42,7 +42,7 @@ def test_no_flag_shows_a_value_type(cli):
 
 
 def test_value_options_keep_their_type_and_set_reads_key_value():
-    from jobs.cli import app
+    from amlhpc.jobs.cli.main import app
 
     result = CliRunner().invoke(app, ["submit", "--help"], env={"COLUMNS": "200"})
     assert "--hours" in result.output and "<float>" in result.output
@@ -53,8 +53,8 @@ def test_value_options_keep_their_type_and_set_reads_key_value():
 
 @pytest.mark.parametrize("cli", ["jobs", "infra", "images", "aml-hpc"])
 def test_every_command_takes_h_and_every_app_version(cli):
-    """`-h` is `--help` on every command; `--version` prints the one version (core/version.py)."""
-    from core.version import __version__
+    """`-h` is `--help` on every command; `--version` prints the one version (amlhpc/core/version.py)."""
+    from amlhpc.core.version import __version__
 
     app = _apps()[cli]
     runner = CliRunner()
@@ -67,7 +67,7 @@ def test_every_command_takes_h_and_every_app_version(cli):
 
 @pytest.mark.parametrize("cli", ["jobs", "infra", "images"])
 def test_completion_and_exit_statuses_in_the_root_help(cli):
-    from core.cli_help import EXIT_STATUSES
+    from amlhpc.core.cli_help import EXIT_STATUSES
 
     help_text = CliRunner().invoke(_apps()[cli], ["--help"], env={"COLUMNS": "250"}).output
     assert "--install-completion" in help_text and "--show-completion" in help_text

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import UserError, exit_on_bad_input, os_error_line
+from amlhpc.core.errors import UserError, exit_on_bad_input, os_error_line
 
 REPO = Path(__file__).resolve().parent.parent
 DEV_OUTPUTS = REPO / "tests" / "fixtures" / "outputs" / "dev.json"
@@ -23,7 +23,7 @@ DEV_OUTPUTS = REPO / "tests" / "fixtures" / "outputs" / "dev.json"
 
 def jobs(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "AMLHPC_PROJECT")}
-    return subprocess.run([sys.executable, "-m", "jobs", *args], cwd=cwd, env={**base, **(env or {})},
+    return subprocess.run([sys.executable, "-m", "amlhpc.jobs", *args], cwd=cwd, env={**base, **(env or {})},
                           capture_output=True, text=True, timeout=300)
 
 
@@ -96,14 +96,14 @@ class TestWholeCommands:
         assert "Traceback" in debug.stderr
 
     def test_the_wrong_python_says_which_and_how(self):
-        result = subprocess.run([sys.executable, "-S", "-m", "jobs", "--version"], cwd=REPO, capture_output=True,
+        result = subprocess.run([sys.executable, "-S", "-m", "amlhpc.jobs", "--version"], cwd=REPO, capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.count("\n") == 1 and "does not have aml-hpc's dependencies" in result.stderr
         assert "make bootstrap" in result.stderr
 
     def test_outside_a_project_the_offline_plan_says_where_to_go(self, tmp_path):
-        result = subprocess.run([sys.executable, "-m", "infra", "plan", "--stack", "dev"], cwd=REPO,
+        result = subprocess.run([sys.executable, "-m", "amlhpc.infra", "plan", "--stack", "dev"], cwd=REPO,
                                 env={**os.environ, "AMLHPC_PROJECT": str(tmp_path)}, capture_output=True, text=True,
                                 timeout=120)
         assert result.returncode == 2 and "no aml-hpc project here" in result.stderr and "--project DIR" in result.stderr
@@ -125,7 +125,7 @@ class TestWholeCommands:
         assert result.returncode == 0, result.stderr[-2000:]
         code = Path(yaml.safe_load(result.stdout)["code"])
         assert code.as_posix().startswith("../.scratch/code-snapshots/")
-        assert (project / "jobs-yaml" / code / "jobs" / "runtime" / "launch.py").is_file()
+        assert (project / "jobs-yaml" / code / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").is_file()
         assert str(REPO) not in result.stdout and str(tmp_path) not in result.stdout
 
     def test_offline_on_an_azure_only_command_asks_for_no_login(self):
@@ -137,7 +137,7 @@ class TestWholeCommands:
 class TestTablesOffATerminal:
     def test_a_pipe_gets_every_value_in_full(self):
         """Piped (as in CI logs), no cell is cut to fit 80 columns."""
-        from jobs import recipes
+        from amlhpc.jobs import recipes
 
         result = jobs("recipes")
         assert result.returncode == 0 and "…" not in result.stdout
@@ -151,7 +151,7 @@ class TestTablesOffATerminal:
 
         from rich.console import Console
 
-        from core.console import table
+        from amlhpc.core.console import table
 
         grid = table("attempt", "status", "cause")
         grid.add_row("1", "Failed", "preempted (retried)")
@@ -168,11 +168,11 @@ class TestTablesOffATerminal:
 
 
 def test_user_errors_outside_a_guard_still_end_in_one_block(capsys):
-    """The entry point's wrapper (core.cli_help.run) catches what a command let through."""
+    """The entry point's wrapper (amlhpc.core.cli_help.run) catches what a command let through."""
     import typer
 
-    from core.cli_help import run
-    from core.errors import Problem
+    from amlhpc.core.cli_help import run
+    from amlhpc.core.errors import Problem
 
     app = typer.Typer()
 

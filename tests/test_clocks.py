@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from jobs.runtime import clocks
-from jobs.runtime.nvml import NvmlSession, open_nvml
+from amlhpc.jobs.runtime.node import clocks
+from amlhpc.jobs.runtime.node.nvml import NvmlSession, open_nvml
 from tests import fake_nvml
 from tests.fake_nvml import FakeGpu, FakeNvml, nd96asr_gpus
 

@@ -6,20 +6,20 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from infra import quirks
-from infra.components.access import Access, AccessArgs, Grant, grants_for
-from infra.components.budget import Budget, BudgetArgs
-from infra.components.dataset_storage import DatasetStorage, DatasetStorageArgs
-from infra.components.gpu_cluster import GpuCluster, GpuClusterArgs
-from infra.components.private_endpoints import (
+from amlhpc.infra import quirks
+from amlhpc.infra.components.access import Access, AccessArgs, Grant, grants_for
+from amlhpc.infra.components.budget import Budget, BudgetArgs
+from amlhpc.infra.components.dataset_storage import DatasetStorage, DatasetStorageArgs
+from amlhpc.infra.components.gpu_cluster import GpuCluster, GpuClusterArgs
+from amlhpc.infra.components.private_endpoints import (
     EndpointTarget,
     PrivateEndpoints,
     PrivateEndpointsArgs,
 )
-from infra.components.resource_group import ResourceGroup, ResourceGroupArgs
-from infra.components.workspace import Workspace, WorkspaceArgs
-from infra.naming import StackNames
-from infra.plan import record
+from amlhpc.infra.components.resource_group import ResourceGroup, ResourceGroupArgs
+from amlhpc.infra.components.workspace import Workspace, WorkspaceArgs
+from amlhpc.infra.naming import StackNames
+from amlhpc.infra.plan import record
 
 TAGS = {"owner": "o@example.com", "environment": "dev", "stack": "dev"}
 
@@ -199,7 +199,7 @@ class TestAccess:
             record(lambda: Access("access", AccessArgs("sub", grants)) and None)
 
     def test_roles_outside_the_model_refused(self):
-        with pytest.raises(pulumi.RunError, match="not in core/catalog/permissions.toml"):
+        with pytest.raises(pulumi.RunError, match="not in amlhpc/core/catalog/permissions.toml"):
             record(lambda: Access("access", AccessArgs("sub", [Grant("x", "owner-ish", "/s", "p")])) and None)
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.errors import UserError
-from infra.config import load_stack_config, parse, read_stack_file
+from amlhpc.core.errors import UserError
+from amlhpc.infra.config import load_stack_config, parse, read_stack_file
 
 GOOD_ENV = {
     "azure-native:location": "eastus",
@@ -77,7 +77,7 @@ BAD = [
      {"monthlyAmountUsd": 10, "alertEmails": ["a@example.com"], "thresholdsPercent": [10, 20, 30, 40, 50]},
      ["aml-hpc:budget.thresholdsPercent", "6 notifications", "at most 5"]),
     ("name suffix", "dev", GOOD_ENV, "aml-hpc:nameSuffix", "AB_1",
-     ["aml-hpc:nameSuffix", "'AB_1'", "4-8 lowercase letters and digits", "python -m infra.adopt suffix"]),
+     ["aml-hpc:nameSuffix", "'AB_1'", "4-8 lowercase letters and digits", "python -m amlhpc.infra.adopt suffix"]),
     ("submitter not a guid", "dev", GOOD_ENV, "aml-hpc:submitters", [{"principalId": "alice"}],
      ["aml-hpc:submitters[0].principalId", "not an Entra object id"]),
     ("workspace storage auth", "dev", GOOD_ENV, "aml-hpc:workspaceStorageAuth", "keys",

@@ -1,17 +1,17 @@
 """What the stack declares for managed runs' controllers: a CPU cluster that scales to zero,
 its own identity with three narrow role assignments, the outputs entry jobs read, and the
-config checks - under Pulumi's mock runtime, the outputs checked with core.outputs."""
+config checks - under Pulumi's mock runtime, the outputs checked with amlhpc.core.outputs."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.errors import UserError
-from core.outputs import StackOutputs
-from infra import quirks
-from infra.components.controller import ControllerCluster, ControllerClusterArgs
-from infra.config import parse
-from infra.plan import evaluate, record
+from amlhpc.core.errors import UserError
+from amlhpc.core.outputs import StackOutputs
+from amlhpc.infra import quirks
+from amlhpc.infra.components.controller import ControllerCluster, ControllerClusterArgs
+from amlhpc.infra.config import parse
+from amlhpc.infra.plan import evaluate, record
 
 COMPUTE = "azure-native:machinelearningservices:Compute"
 ROLE = "azure-native:authorization:RoleAssignment"
@@ -52,7 +52,7 @@ class TestComponent:
     def test_least_privilege_each_at_its_own_scope(self):
         """A custom role on the workspace (not AzureML Data Scientist), write on `supervision`
         only, read on `checkpoints`, AcrPull: each at its own scope."""
-        from core.permissions import MODEL
+        from amlhpc.core.permissions import MODEL
 
         resources = build()
         identity = next(r for r in resources if r.type == "azure-native:managedidentity:UserAssignedIdentity")
@@ -118,7 +118,7 @@ class TestStacks:
 
         import yaml
 
-        from infra.config import REPO_ROOT
+        from amlhpc.infra.config import REPO_ROOT
 
         shutil.copy(REPO_ROOT / "Pulumi.dev.yaml", tmp_path / "Pulumi.dev.yaml")
         (tmp_path / "Pulumi.exp-ctl.yaml").write_text(yaml.safe_dump({"config": {

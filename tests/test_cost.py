@@ -1,12 +1,12 @@
-"""jobs.cost: nodes x hours x price, a published figure, stack prices and limits."""
+"""amlhpc.jobs.plan.cost: nodes x hours x price, a published figure, stack prices and limits."""
 
 from __future__ import annotations
 
 import pytest
 
-from core import pricing, skus
-from core.errors import UserError
-from jobs import cost
+from amlhpc.core import pricing, skus
+from amlhpc.core.errors import UserError
+from amlhpc.jobs.plan import cost
 
 
 def test_nag_cosmoflow_figure():

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from core import skus
-from core.errors import UserError
-from core.skus import Price
-from jobs import cost, quota
+from amlhpc.core import skus
+from amlhpc.core.errors import UserError
+from amlhpc.core.skus import Price
+from amlhpc.jobs.plan import cost, quota
 
 NEW = ["Standard_ND96isr_H200_v5", "Standard_ND96isr_MI300X_v5", "Standard_ND128isr_NDR_GB200_v6",
        "Standard_ND128isr_GB300_v6", "Standard_NC40ads_H100_v5", "Standard_NC80adis_H100_v5", "Standard_NC48ads_A100_v4"]
@@ -25,7 +25,7 @@ def test_every_size_is_costed_or_says_how_to_price_it(name):
     with pytest.raises(UserError) as info:
         cost.estimate(name, 2, 1.5)
     text = info.value.render()
-    assert f"aml-hpc:prices.{name}" in text and f"python -m core.catalog refresh --size {name}" in text
+    assert f"aml-hpc:prices.{name}" in text and f"python -m amlhpc.core.catalog refresh --size {name}" in text
     stack = {name: Price(120.0, "eastus", "stack", "Pulumi.dev.yaml: aml-hpc:prices")}
     assert cost.estimate(name, 2, 1.5, stack).usd == 360.0
 

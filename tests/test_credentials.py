@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import UserError
-from jobs import credentials
+from amlhpc.core.errors import UserError
+from amlhpc.jobs.azure import credentials
 from tests.jobs_helpers import outputs_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -194,7 +194,7 @@ def test_commands_without_login_fail_in_seconds(argv, tmp_path):
     (tmp_path / "data" / "f.txt").write_text("x")
     argv = [a.format(data=tmp_path / "data", outputs=outputs_file("dev")) for a in argv]
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=REPO, env=_without_login(tmp_path),
+    result = subprocess.run([sys.executable, "-m", "amlhpc.jobs", *argv], cwd=REPO, env=_without_login(tmp_path),
                             capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - started
     assert result.returncode == 2, result.stderr
@@ -210,7 +210,7 @@ def test_bad_container_name_is_refused_before_any_request(tmp_path, monkeypatch)
     (tmp_path / "d" / "f").write_text("x")
     env = {**os.environ, "UNREACHABLE": f"DefaultEndpointsProtocol=http;AccountName=acct;AccountKey={ACCOUNT_KEY};"
                                         f"BlobEndpoint=http://127.0.0.1:{closed_port()}/acct;"}
-    result = subprocess.run([sys.executable, "-m", "jobs", "data", "upload", str(tmp_path / "d"), "--stack", "dev",
+    result = subprocess.run([sys.executable, "-m", "amlhpc.jobs", "data", "upload", str(tmp_path / "d"), "--stack", "dev",
                              "--prefix", "x", "--connection-string-env", "UNREACHABLE", "--container", "My_Data"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2

@@ -18,13 +18,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE = (".py", ".toml", ".yaml", ".yml", ".sh", ".cfg")
-PACKAGES = ("amlhpc", "core", "infra", "jobs", "images", "scripts", "bench", "tests")
+PACKAGES = ("amlhpc", "scripts", "bench", "tests")
 
 CALLED_BY_FRAMEWORKS = {
     "new_resource", "call",          # pulumi.runtime.Mocks: the mock runtime calls them
-    "create_module", "exec_module",  # importlib loaders (infra/plan/lazy_provider.py)
+    "create_module", "exec_module",  # importlib loaders (amlhpc/infra/plan/lazy_provider.py)
     "get_token", "get_token_info",   # azure-core's credential protocols
-    "find_class", "persistent_load",  # pickle.Unpickler's hooks (jobs/runtime/checkpoint/safeload.py)
+    "find_class", "persistent_load",  # pickle.Unpickler's hooks (amlhpc/jobs/runtime/checkpoint/safeload.py)
 }
 
 

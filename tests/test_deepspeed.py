@@ -1,11 +1,11 @@
-"""jobs.deepspeed and `jobs deepspeed-plan`: model states per GPU held against DeepSpeed's own
+"""amlhpc.jobs.plan.deepspeed and `jobs deepspeed-plan`: model states per GPU held against DeepSpeed's own
 estimators, the ZeRO stage and offload choice, ds_config.
 
 Reference: deepspeedai/DeepSpeed version 0.19.6 (commit edaa722, 2026-08-22),
 deepspeed/runtime/zero/stage_1_and_2.py `estimate_zero2_model_states_mem_needs` and
 deepspeed/runtime/zero/stage3.py `estimate_zero3_model_states_mem_needs`. The functions
 below restate their GPU-memory formulas as DeepSpeed documents them (integer division as
-DeepSpeed rounds), independently of jobs/deepspeed.py, so the test compares two derivations.
+DeepSpeed rounds), independently of amlhpc/jobs/plan/deepspeed.py, so the test compares two derivations.
 DeepSpeed has no stage-1 estimator: stage 1 is derived from the byte breakdown in the
 stage-2 estimator's own comment (2 bytes of 16-bit parameters; 2 of 16-bit gradients, 4 of
 32-bit gradients, 4 of 32-bit parameters, 8 of Adam moments) with the 16-bit gradients left
@@ -19,10 +19,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from core import skus
-from jobs import deepspeed as ds
-from jobs.cli import app
-from jobs.recipes.schema import DeepSpeedSpec, ModelShape
+from amlhpc.core import skus
+from amlhpc.jobs.cli.main import app
+from amlhpc.jobs.plan import deepspeed as ds
+from amlhpc.jobs.recipes.schema import DeepSpeedSpec, ModelShape
 
 BERT_LARGE = ModelShape(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096, seq_len=128)
 GIB = 2 ** 30

@@ -9,7 +9,7 @@ marker on the line just above the fence:
                                  block, in a scratch copy of the repository; must exit 0
     <!-- commands: azure -->     needs something outside this machine (a subscription, az
                                  login, the Pulumi CLI, Docker, the internet): not run, but
-                                 every `python -m jobs|infra|images` line must name real
+                                 every `python -m amlhpc.jobs|infra|images` line must name real
                                  commands and options, and every `make` target must exist
     <!-- commands: long -->      offline but minutes long (the suite, the demo, benchmarks):
                                  its `make` targets must exist
@@ -139,9 +139,9 @@ def _check_parses(argv: list[str], where: str) -> None:
     import typer
 
     module = argv[2]
-    app = {"jobs": lambda: __import__("jobs.cli", fromlist=["app"]).app,
-           "infra": lambda: __import__("infra.cli", fromlist=["app"]).app,
-           "images": lambda: __import__("images.cli", fromlist=["app"]).app}[module]()
+    app = {"jobs": lambda: __import__("amlhpc.jobs.cli.main", fromlist=["app"]).app,
+           "infra": lambda: __import__("amlhpc.infra.cli", fromlist=["app"]).app,
+           "images": lambda: __import__("amlhpc.images.cli", fromlist=["app"]).app}[module]()
     command = typer.main.get_command(app)
     args = argv[3:]
     ctx = command.make_context(f"python -m {module}", list(args), resilient_parsing=False)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from azure.core.credentials import AccessToken
 
+from amlhpc.core.errors import Problem, UserError
 from amlhpc.doctor import arm as arm_mod
 from amlhpc.doctor import checks
-from core.errors import Problem, UserError
 from tests.aml_fakes import FakeCredential, ServiceTransport, rest_json
 from tests.jobs_helpers import stack_outputs
 
@@ -213,7 +213,7 @@ class TestLocalChecks:
 def test_the_providers_come_from_the_plan_and_every_module_is_known():
     """dev's resources name the providers doctor checks; no module falls back to a guess."""
     from amlhpc.doctor.cli import target as plan_target
-    from infra.plan import evaluate
+    from amlhpc.infra.plan import evaluate
 
     found = plan_target("dev")
     assert isinstance(found, checks.Target)

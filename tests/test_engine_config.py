@@ -10,8 +10,8 @@ import threading
 import pytest
 import yaml
 
-from core.errors import UserError
-from infra.config import NAME_SUFFIX_KEY, REPO_ROOT, from_pulumi, parse
+from amlhpc.core.errors import UserError
+from amlhpc.infra.config import NAME_SUFFIX_KEY, REPO_ROOT, from_pulumi, parse
 
 SUFFIX = "k3x9q2"
 """The per-stack name suffix `make preview` writes into a stack file before the first deploy."""
@@ -93,11 +93,11 @@ def test_bad_value_under_the_engine_names_the_stack_file():
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_engine_entry_point_declares_the_same_resources_as_the_plan(stack, tmp_path):
-    """infra.engine.run (what `pulumi up` executes) under the mock runtime."""
+    """amlhpc.infra.engine.run (what `pulumi up` executes) under the mock runtime."""
     from pulumi.runtime import config as runtime_config
 
-    from infra import engine
-    from infra.plan import evaluate, record
+    from amlhpc.infra import engine
+    from amlhpc.infra.plan import evaluate, record
 
     config = engine_config(stack)
 
@@ -115,8 +115,8 @@ def test_engine_refuses_bad_config_before_any_resource():
     import pulumi
     from pulumi.runtime import config as runtime_config
 
-    from infra import engine
-    from infra.plan import record
+    from amlhpc.infra import engine
+    from amlhpc.infra.plan import record
 
     config = engine_config("dev")
     config["aml-hpc:clusters"] = json.dumps([{"name": "x", "sku": "Standard_Nope", "maxNodes": 1}])

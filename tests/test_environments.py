@@ -1,4 +1,4 @@
-"""infra/components/environments.py under Pulumi's mock runtime (infra.plan.record, which
+"""amlhpc/infra/components/environments.py under Pulumi's mock runtime (amlhpc.infra.plan.record, which
 records every registered resource): one Azure ML environment per image, registered by
 image reference with the content-hash tag as version, never rebuilt, old versions kept."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from images import catalog
-from infra.components.environments import TrainingEnvironments, TrainingEnvironmentsArgs
-from infra.plan import record
+from amlhpc.images import catalog
+from amlhpc.infra.components.environments import TrainingEnvironments, TrainingEnvironmentsArgs
+from amlhpc.infra.plan import record
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGIN = "myacr.azurecr.io"
@@ -35,7 +35,7 @@ def register(images=None, login_server=LOGIN):
 
 @pytest.fixture(scope="module")
 def releases():
-    """Resolved once: jobs/runtime may change under a long test run, and with it the tags."""
+    """Resolved once: amlhpc/jobs/runtime may change under a long test run, and with it the tags."""
     return catalog.releases()
 
 
@@ -122,9 +122,9 @@ class TestInputs:
             register(images=[release, release])
 
     def test_a_pin_change_registers_a_new_version(self, tmp_path):
-        shutil.copytree(ROOT / "images", tmp_path / "images", ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copytree(ROOT / "jobs" / "runtime", tmp_path / "jobs" / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
-        pins = tmp_path / "images" / "pins.toml"
+        shutil.copytree(ROOT / "amlhpc" / "images", tmp_path / "amlhpc" / "images", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / "amlhpc" / "jobs" / "runtime", tmp_path / "amlhpc" / "jobs" / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
+        pins = tmp_path / "amlhpc" / "images" / "pins.toml"
         before = by_type(register(images=catalog.releases(tmp_path))[0], VERSION)["aml-hpc-pytorch"].inputs["version"]
         pins.write_text(pins.read_text().replace('deepspeed = "0.19.8"', 'deepspeed = "0.19.7"'))
         after = by_type(register(images=catalog.releases(tmp_path))[0], VERSION)["aml-hpc-pytorch"].inputs["version"]
@@ -133,8 +133,8 @@ class TestInputs:
 
 @pytest.mark.slow
 def test_the_dev_stack_registers_the_catalog_images():
-    """The real program (infra/program.py) wires the component into the outputs document."""
-    from infra.plan import evaluate
+    """The real program (amlhpc/infra/program.py) wires the component into the outputs document."""
+    from amlhpc.infra.plan import evaluate
 
     plan = evaluate("dev")
     login = plan.outputs["registry"]["loginServer"]

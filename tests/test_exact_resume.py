@@ -41,7 +41,7 @@ def losses(stdout: str) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    from jobs.workloads.cosmoflow import generate
+    from amlhpc.jobs.workloads.cosmoflow import generate
 
     out = tmp_path_factory.mktemp("cosmo")
     generate.generate(out, universes=1, volume=16, subvolumes=8, validation_universes=1, seed=1)
@@ -51,18 +51,18 @@ def dataset(tmp_path_factory):
 class TestCosmoFlow:
     def test_resumed_losses_are_bit_identical(self, dataset, tmp_path):
         env = {"AMLHPC_DATA_DIR_COSMOFLOW": str(dataset)}
-        whole = torchrun("jobs.workloads.cosmoflow.train", COSMO, tmp_path, {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "a")})
+        whole = torchrun("amlhpc.jobs.workloads.cosmoflow.train", COSMO, tmp_path, {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "a")})
         assert whole.returncode == 0, whole.stderr[-3000:]
         expected = losses(whole.stdout)
         assert sorted(expected) == list(range(1, 9))
 
-        cut = torchrun("jobs.workloads.cosmoflow.train", COSMO, tmp_path,
+        cut = torchrun("amlhpc.jobs.workloads.cosmoflow.train", COSMO, tmp_path,
                        {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "b"), "AMLHPC_INJECT_FAULT": "crash@5:rank=1"})
         assert cut.returncode != 0 and "injected fault: crash on rank 1 at step 5" in cut.stderr
         assert losses(cut.stdout) == {k: expected[k] for k in range(1, 6)}
 
         version = tmp_path / "b" / "versions" / "step-000000003"
-        again = torchrun("jobs.workloads.cosmoflow.train", COSMO, tmp_path,
+        again = torchrun("amlhpc.jobs.workloads.cosmoflow.train", COSMO, tmp_path,
                          {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "b"), "AMLHPC_RESUME_VERSION": str(version)})
         assert again.returncode == 0, again.stderr[-3000:]
         assert "resumed from step-000000003 (step 3)" in again.stdout
@@ -77,11 +77,11 @@ class TestBert:
         args = ["--steps", "6", "--log-every", "1", "--checkpoint-every", "2", "--global-batch", "4", "--dropout", "0.1",
                 "--deterministic"]
         env = {"AMLHPC_DEEPSPEED_JSON": json.dumps(BERT_PLAN)}
-        whole = torchrun("jobs.workloads.bert_pretrain.train", args, tmp_path, {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "a")})
+        whole = torchrun("amlhpc.jobs.workloads.bert_pretrain.train", args, tmp_path, {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "a")})
         assert whole.returncode == 0, whole.stderr[-3000:]
         expected = losses(whole.stdout)
         version = tmp_path / "a" / "versions" / "step-000000002"
-        again = torchrun("jobs.workloads.bert_pretrain.train", args, tmp_path,
+        again = torchrun("amlhpc.jobs.workloads.bert_pretrain.train", args, tmp_path,
                          {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "b"), "AMLHPC_RESUME_VERSION": str(version)})
         assert again.returncode == 0, again.stderr[-3000:]
         resumed = losses(again.stdout)
@@ -98,13 +98,13 @@ class TestBert:
         args = ["--steps", "6", "--log-every", "1", "--checkpoint-every", "3", "--global-batch", "12", "--dropout", "0",
                 "--deterministic"]
         env = {"AMLHPC_DEEPSPEED_JSON": json.dumps(BERT_PLAN)}
-        whole = torchrun("jobs.workloads.bert_pretrain.train", args, tmp_path,
+        whole = torchrun("amlhpc.jobs.workloads.bert_pretrain.train", args, tmp_path,
                          {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "four")}, nproc=4)
         assert whole.returncode == 0, whole.stderr[-3000:]
         expected = losses(whole.stdout)
         version = tmp_path / "four" / "versions" / "step-000000003"
         assert sorted(p.name for p in version.glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
-        shrunk = torchrun("jobs.workloads.bert_pretrain.train", args, tmp_path,
+        shrunk = torchrun("amlhpc.jobs.workloads.bert_pretrain.train", args, tmp_path,
                           {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "three"), "AMLHPC_RESUME_VERSION": str(version)},
                           nproc=3)
         assert shrunk.returncode == 0, shrunk.stderr[-3000:]

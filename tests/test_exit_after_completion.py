@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.managed import causes
-from jobs.managed.classify import classify
-from jobs.managed.observation import Observation
-from jobs.runtime import completion, nodestatus
-from jobs.runtime.progress import Progress
+from amlhpc.jobs.managed import causes
+from amlhpc.jobs.managed.classify import classify
+from amlhpc.jobs.managed.observation import Observation
+from amlhpc.jobs.runtime.base.progress import Progress
+from amlhpc.jobs.runtime.coord import nodestatus
+from amlhpc.jobs.runtime.launch import completion
 from tests.managed_fakes import end
 from tests.test_launch import REPO, base_env, checkpoint_env, finish, start
 
@@ -24,7 +25,7 @@ from tests.test_launch import REPO, base_env, checkpoint_env, finish, start
 TRAIN = r"""
 import os, signal, sys
 from pathlib import Path
-from jobs.runtime import progress
+from amlhpc.jobs.runtime import progress
 how, checkpoint_named = sys.argv[1], sys.argv[2]
 folder = Path(os.environ.get("AMLHPC_CHECKPOINT_DIR") or sys.argv[3])
 for step in range(1, 4):
@@ -113,7 +114,7 @@ class TestLauncher:
 
 
 class TestJudge:
-    """jobs.runtime.completion.after_completion, case by case."""
+    """amlhpc.jobs.runtime.launch.completion.after_completion, case by case."""
 
     DONE = Progress(7, 9, completed_step=7, completed_checkpoint=None)
 

@@ -17,14 +17,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from jobs.workloads import common  # noqa: E402
+from amlhpc.jobs.workloads import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 # Registered before the workload's own exit handler, so it runs after the teardown.
 PROBE = (
     "import atexit, os\n"
-    "from jobs.workloads import common\n"
+    "from amlhpc.jobs.workloads import common\n"
     "atexit.register(lambda: os.write(1, f'rank {os.environ.get(\"RANK\")} gloo threads at exit: '\n"
     "                                   f'{common.gloo_threads() or None}\\n'.encode()))\n"
 )
@@ -94,7 +94,7 @@ LATE_WORK = """
 import os, sys, time, torch
 from pathlib import Path
 import torch.distributed as dist
-from jobs.workloads import common
+from amlhpc.jobs.workloads import common
 folder, rank = Path(sys.argv[1]), int(os.environ["RANK"])
 finalizing, ran = folder / "rank0-finalizing", folder / "callback-ran"
 

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from core.outputs import StackOutputs
-from infra import lifecycle, outputs
-from infra.config import REPO_ROOT
-from infra.plan import evaluate
-from jobs import build, recipes
-from jobs import outputs as jobs_outputs
+from amlhpc.core.outputs import StackOutputs
+from amlhpc.infra import lifecycle, outputs
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.plan import evaluate
+from amlhpc.jobs import recipes
+from amlhpc.jobs.plan import build
+from amlhpc.jobs.plan import outputs as jobs_outputs
 
 
 class TestInheritedEntries:

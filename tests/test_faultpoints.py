@@ -1,4 +1,4 @@
-"""Named fault points (jobs/runtime/faultpoints.py): inert unless armed, act exactly where
+"""Named fault points (amlhpc/jobs/runtime/base/faultpoints.py): inert unless armed, act exactly where
 armed and say so; in a child process, a gate holds the training at a step until released,
 and a slow point makes one process's own work longer; progress reports carry the wait."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import faultpoints, progress
+from amlhpc.jobs.runtime.base import faultpoints, progress
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,7 +56,7 @@ def test_a_gate_holds_a_child_process_at_its_step(tmp_path):
     """A child reporting steps 1..5 stops at step 3 until the gate is released."""
     gate = tmp_path / "gate"
     progress_file = tmp_path / "rank-0.json"
-    script = ("from jobs.runtime import progress\n"
+    script = ("from amlhpc.jobs.runtime import progress\n"
               "for step in range(1, 6):\n"
               "    progress.report(step)\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), progress.PROGRESS_FILE: str(progress_file),

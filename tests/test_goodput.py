@@ -1,4 +1,4 @@
-"""Goodput planning (jobs/goodput.py): the cited failure rate, Young's and Daly's optimum
+"""Goodput planning (amlhpc/jobs/plan/goodput.py): the cited failure rate, Young's and Daly's optimum
 intervals, the expected goodput and cost per useful hour, and what `estimate` and
 `submit --managed --dry-run` print."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import goodput
+from amlhpc.jobs.plan import goodput
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,7 +58,7 @@ def test_preemption_counts_only_on_low_priority():
 
 
 def run_jobs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "amlhpc.jobs", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def test_estimate_shows_the_plan():

@@ -1,4 +1,4 @@
-"""jobs.runtime.gzmembers: a file as independent gzip members, an index that fits in metadata."""
+"""amlhpc.jobs.runtime.blob.gzmembers: a file as independent gzip members, an index that fits in metadata."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import zlib
 
 import pytest
 
+from amlhpc.jobs.data.upload import compressor
+from amlhpc.jobs.runtime.blob import gzmembers
 from bench.dataset import volume_bytes
-from jobs.data.upload import compressor
-from jobs.runtime import gzmembers
 
 
 def members_of(data: bytes, member_bytes: int) -> tuple[bytes, list[int]]:

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from core.errors import UserError
-from infra.config import DEFAULT_FQDN_RULES, load_stack_config
+from amlhpc.core.errors import UserError
+from amlhpc.infra.config import DEFAULT_FQDN_RULES, load_stack_config
 from tests.test_config import GOOD_ENV, GOOD_EXP, PUBKEY, mutate, write
 
 NOW = datetime(2026, 11, 23, tzinfo=UTC)
@@ -212,7 +212,7 @@ class TestResolved:
             load_stack_config("stage", tmp_path, now=NOW)
 
 
-# A cluster may accept a region core/catalog/availability.toml does not list (the lists are a
+# A cluster may accept a region amlhpc/core/catalog/availability.toml does not list (the lists are a
 # snapshot): (id, region, size, allowUnlistedRegion, None when accepted / fragments of the refusal)
 REGION_OPT_IN = [
     ("unlisted region, no opt-in", "brazilsouth", "Standard_ND96asr_v4", None,
@@ -250,7 +250,7 @@ def test_a_cluster_can_opt_in_to_an_unlisted_region_but_never_to_a_retired_size(
 
 
 def test_an_experiment_copies_the_opt_in_with_the_cluster(tmp_path):
-    from infra.lifecycle import new_experiment
+    from amlhpc.infra.lifecycle import new_experiment
 
     cluster = {"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "allowUnlistedRegion": True}
     write(tmp_path, "brz", {**GOOD_ENV, "azure-native:location": "brazilsouth", "aml-hpc:clusters": [cluster]})

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.plan import evaluate
-from infra.plan.mocks import PlanMocks
-from infra.policy import check_plan, render
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.mocks import PlanMocks
+from amlhpc.infra.policy import check_plan, render
 from tests.conformance.conformance_rows import ROWS
 from tests.conformance.test_conformance import findings_for
 from tests.test_config import GOOD_ENV, PUBKEY
@@ -157,7 +157,7 @@ class TestKeysDiagnosticsHbiLock:
 
     def test_reads_stay_out_of_the_logs_unless_asked(self, plans):
         assert plans["priv"].of_type("azure-native:monitor:DiagnosticSetting") == []  # off unless declared
-        from infra.components.diagnostics import platform_targets
+        from amlhpc.infra.components.diagnostics import platform_targets
         targets = platform_targets(workspace_id="w", vault_id="v", storage_account_ids={"datasets": "a"})
         assert targets[-1].log_categories == ("StorageWrite", "StorageDelete")
 
@@ -192,7 +192,7 @@ class TestKeysDiagnosticsHbiLock:
         assert ("diagnostics-datasets-blob" in {r.name for r in inside}) == (stack == "hard")
 
     def test_every_role_assignment_is_named_by_scope_principal_and_role(self, plans):
-        from infra.components.access import role_assignment_name
+        from amlhpc.infra.components.access import role_assignment_name
 
         for plan in plans.values():
             grants = plan.of_type("azure-native:authorization:RoleAssignment")

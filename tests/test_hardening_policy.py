@@ -9,10 +9,10 @@ import inspect
 
 import pytest
 
-from infra import quirks
-from infra.policy import RULES_BY_NAME, ResourceView, StackView, run_rules
-from infra.policy.model import DEFAULT_LIMITS
-from infra.policy.rules import (
+from amlhpc.infra import quirks
+from amlhpc.infra.policy import RULES_BY_NAME, ResourceView, StackView, run_rules
+from amlhpc.infra.policy.model import DEFAULT_LIMITS
+from amlhpc.infra.policy.rules import (
     COMPUTE,
     DIAGNOSTIC_SETTING,
     KEY_VAULT,
@@ -237,7 +237,7 @@ class TestSizesByRegion:
 def test_the_opt_in_shows_on_the_cluster_in_the_plan(tmp_path):
     import yaml
 
-    from infra.plan import evaluate
+    from amlhpc.infra.plan import evaluate
     from tests.test_config import GOOD_ENV
 
     cluster_cfg = {"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "allowUnlistedRegion": True}
@@ -246,7 +246,7 @@ def test_the_opt_in_shows_on_the_cluster_in_the_plan(tmp_path):
     plan = evaluate("dev", tmp_path)
     [compute] = [r for r in plan.of_type(COMPUTE) if r.name == "cluster-nd-a100-compute"]  # not the controller
     assert compute.inputs["tags"]["allowUnlistedRegion"] == "true" and compute.inputs["location"] == "brazilsouth"
-    from infra.policy import check_plan
+    from amlhpc.infra.policy import check_plan
 
     violations = check_plan(plan.to_json())
     assert [v.rule for v in violations if v.level == "mandatory"] == []

@@ -9,17 +9,17 @@ import os
 
 import pytest
 
-from core import skus
-from jobs.runtime.health import checks, fleet
-from jobs.runtime.health.checks import QUICK, gpu_checks, node_checks
-from jobs.runtime.health.ecc import check_ecc
-from jobs.runtime.health.grading import FAIL, INFO, NOT_CHECKED, PASS, SKIP, WARN
-from jobs.runtime.health.infiniband import check_infiniband, ib_ports
-from jobs.runtime.health.measure import TorchGpuMeasurer
-from jobs.runtime.health.results import NodeReport
-from jobs.runtime.health.tools import Tools
-from jobs.runtime.nvml import NvmlSession
-from jobs.runtime.skufacts import parse_sku_facts
+from amlhpc.core import skus
+from amlhpc.jobs.runtime.health import checks, fleet
+from amlhpc.jobs.runtime.health.checks import QUICK, gpu_checks, node_checks
+from amlhpc.jobs.runtime.health.ecc import check_ecc
+from amlhpc.jobs.runtime.health.grading import FAIL, INFO, NOT_CHECKED, PASS, SKIP, WARN
+from amlhpc.jobs.runtime.health.infiniband import check_infiniband, ib_ports
+from amlhpc.jobs.runtime.health.measure import TorchGpuMeasurer
+from amlhpc.jobs.runtime.health.results import NodeReport
+from amlhpc.jobs.runtime.health.tools import Tools
+from amlhpc.jobs.runtime.node.nvml import NvmlSession
+from amlhpc.jobs.runtime.node.skufacts import parse_sku_facts
 from tests import fake_nvml
 from tests.fake_nvml import FakeNvml, nd96asr_gpus
 from tests.fake_sysfs import build_nd96asr_sysfs, ib_port, pci_device
@@ -430,7 +430,7 @@ class TestNodeChecks:
     def test_a_missing_tool_fails_the_node(self, nd96asr):
         """The missing-tool case end to end: every figure passes, ibstat is absent from the image;
         the node report's verdict is fail, and the failure names the package to install."""
-        from jobs.runtime.health.results import NodeReport
+        from amlhpc.jobs.runtime.health.results import NodeReport
         from tests.test_health_tools import recorded_tools
 
         tools = recorded_tools(healthy=True, missing=("ibstat",),

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from core import skus
-from jobs.runtime.health import ecc
-from jobs.runtime.health.ecc import (
+from amlhpc.core import skus
+from amlhpc.jobs.runtime.health import ecc
+from amlhpc.jobs.runtime.health.ecc import (
     EccLimits,
     MemoryCounters,
     check_ecc,
     grade_memory,
     parse_smi_memory,
 )
-from jobs.runtime.health.grading import FAIL, NOT_CHECKED, PASS, WARN
-from jobs.runtime.nvml import NvmlSession
+from amlhpc.jobs.runtime.health.grading import FAIL, NOT_CHECKED, PASS, WARN
+from amlhpc.jobs.runtime.node.nvml import NvmlSession
 from tests import fake_nvml
 from tests.fake_nvml import FakeNvml, nd96asr_gpus
 from tests.test_health_tools import recorded_tools, sample

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core import skus
-from jobs.runtime.health import fleet
-from jobs.runtime.health.grading import (
+from amlhpc.core import skus
+from amlhpc.jobs.runtime.health import fleet
+from amlhpc.jobs.runtime.health.grading import (
     FAIL,
     INFO,
     PASS,
@@ -16,7 +16,7 @@ from jobs.runtime.health.grading import (
     grade_minimum,
     worst,
 )
-from jobs.runtime.health.results import CheckResult, NodeReport
+from amlhpc.jobs.runtime.health.results import CheckResult, NodeReport
 
 
 class TestGradeMinimum:

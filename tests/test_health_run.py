@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from core import skus
-from jobs.local.azurite import free_port
-from jobs.runtime.health import HealthOptions, run_health
-from jobs.runtime.health.__main__ import main as health_main
-from jobs.runtime.health.collective import AllReduceFigure, rendezvous_address
-from jobs.runtime.health.grading import FAIL, INFO, PASS, WARN, bus_bandwidth
-from jobs.runtime.health.results import CheckResult, NodeReport
-from jobs.runtime.nvml import NvmlSession
+from amlhpc.core import skus
+from amlhpc.jobs.local.azurite import free_port
+from amlhpc.jobs.runtime.health import HealthOptions, run_health
+from amlhpc.jobs.runtime.health.__main__ import main as health_main
+from amlhpc.jobs.runtime.health.collective import AllReduceFigure, rendezvous_address
+from amlhpc.jobs.runtime.health.grading import FAIL, INFO, PASS, WARN, bus_bandwidth
+from amlhpc.jobs.runtime.health.results import CheckResult, NodeReport
+from amlhpc.jobs.runtime.node.nvml import NvmlSession
 from tests.fake_sysfs import build_nd96asr_sysfs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def sku_json(name: str) -> str:
 
 
 def launch_ranks(world: int, local: int, report_dir: Path, extra_args=(), per_rank_args=None, mode="gate", timeout=120):
-    """Start `world` processes of `python -m jobs.runtime.health` the way Azure ML would."""
+    """Start `world` processes of `python -m amlhpc.jobs.runtime.health` the way Azure ML would."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -39,7 +39,7 @@ def launch_ranks(world: int, local: int, report_dir: Path, extra_args=(), per_ra
                "LOCAL_WORLD_SIZE": str(local), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "AMLHPC_SKU_JSON": sku_json("Standard_ND96asr_v4"), "AMLHPC_RUN_ID": f"health-{port}",
                "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-        args = [sys.executable, "-m", "jobs.runtime.health", "--mode", mode, "--quick", "--report-dir", str(report_dir),
+        args = [sys.executable, "-m", "amlhpc.jobs.runtime.health", "--mode", mode, "--quick", "--report-dir", str(report_dir),
                 "--timeout", "60", *extra_args, *((per_rank_args or {}).get(rank, ()))]
         procs.append(subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = []
@@ -156,7 +156,7 @@ class TestNcclPassMarks:
         fake = FakeCollective(node_busbw, job_busbw, others if others is not None else [_other_node(1)], world)
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local),
                "AMLHPC_SKU_JSON": sku_json(sku)}
-        import jobs.runtime.health.runner as runner
+        import amlhpc.jobs.runtime.health.runner as runner
 
         original = runner.message_bytes
         runner.message_bytes = lambda c, s, cpu: (s.health.nccl_allreduce_message_bytes, "16384 MiB")
@@ -250,7 +250,7 @@ class TestSummarize:
         import builtins
         import io
 
-        from jobs.runtime.health.summary import summarize
+        from amlhpc.jobs.runtime.health.summary import summarize
 
         self._write(tmp_path, 0, [260.0])
         real_import = builtins.__import__

@@ -1,4 +1,4 @@
-"""The node-tool checks (jobs/runtime/health/tools.py) on recorded real output: nvidia-smi,
+"""The node-tool checks (amlhpc/jobs/runtime/health/tools.py) on recorded real output: nvidia-smi,
 dmesg/syslog, ibstat, ib_write_bw and nccl-tests as those tools print it
 (tests/fixtures/tool-output/SOURCES.toml says where each sample comes from), and Azure's own
 samples (tests/reference/azurehpc-health-checks/test-data)."""
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from core import skus
-from jobs.runtime.health import tools
-from jobs.runtime.health.grading import FAIL, INFO, NOT_CHECKED, PASS, SKIP, WARN
-from jobs.runtime.skufacts import parse_sku_facts
+from amlhpc.core import skus
+from amlhpc.jobs.runtime.health import tools
+from amlhpc.jobs.runtime.health.grading import FAIL, INFO, NOT_CHECKED, PASS, SKIP, WARN
+from amlhpc.jobs.runtime.node.skufacts import parse_sku_facts
 from tests.fake_sysfs import build_nd96asr_sysfs, ib_port
 
 OUTPUT = Path(__file__).parent / "fixtures" / "tool-output"
@@ -268,9 +268,9 @@ class TestNvlinkFabric:
         assert result.status == NOT_CHECKED
 
     def test_a_job_spread_over_two_racks_warns_once(self):
-        from jobs.runtime.health.fleet import apply_fleet
-        from jobs.runtime.health.results import CheckResult, NodeReport
-        from jobs.runtime.health.summary import job_checks
+        from amlhpc.jobs.runtime.health.fleet import apply_fleet
+        from amlhpc.jobs.runtime.health.results import CheckResult, NodeReport
+        from amlhpc.jobs.runtime.health.summary import job_checks
 
         def node(n, uuid):
             check = CheckResult("nvlink_fabric", "node", PASS, 4.0, "GPUs", detail=tools.DOMAIN_PREFIX + uuid)

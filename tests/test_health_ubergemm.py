@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime.health import ubergemm
-from jobs.runtime.health.grading import FAIL, PASS, WARN
-from jobs.runtime.health.tools import Tools
+from amlhpc.jobs.runtime.health import ubergemm
+from amlhpc.jobs.runtime.health.grading import FAIL, PASS, WARN
+from amlhpc.jobs.runtime.health.tools import Tools
 
 PLUGIN = Path("/usr/libexec/datacenter-gpu-manager-4/plugins/cuda13/updated/ubergemm")
 MARK = (769.0, 742.0, 715.0)

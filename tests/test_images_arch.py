@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from core import skus
-from images import catalog
+from amlhpc.core import skus
+from amlhpc.images import catalog
 
 
 @pytest.mark.parametrize("name", skus.names())
@@ -30,7 +30,7 @@ def test_the_pytorch_image_for_each_generation(name, image):
 
 
 def test_cuda_13_is_refused_on_volta_with_the_reason():
-    """images/pins.toml: CUDA 13 drops Volta (compute capability 7.0)."""
+    """amlhpc/images/pins.toml: CUDA 13 drops Volta (compute capability 7.0)."""
     v100 = skus.get("Standard_ND40rs_v2")
     why = catalog.PYTORCH.runs_on(v100.gpu_vendor, v100.gpu_arch, v100.host_arch)
     assert "sm_75+" in why and "sm_70" in why and "Volta" in why
@@ -44,7 +44,7 @@ def test_host_and_vendor_mismatches_say_which():
 
 
 def test_grace_image_takes_the_doca_azure_pins_for_arm64():
-    from images.pins import load_pins
+    from amlhpc.images.pins import load_pins
 
     args = catalog.build_args(catalog.PYTORCH_ARM64, load_pins())
     assert args["HOST_ARCH"] == "aarch64" and args["IB_USERSPACE"] == "doca" and args["DOCA_VERSION"] == "3.2.2"

@@ -1,4 +1,4 @@
-"""`python -m images build` and friends with a fake command runner (no az, pulumi or
+"""`python -m amlhpc.images build` and friends with a fake command runner (no az, pulumi or
 Docker here): skip present tags, build missing ones with the pins as build args from a
 context that hashes to the tag, report every image, and give clear errors (exit 2) for
 bad input, a missing az, or no login."""
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from core.errors import UserError
-from images import catalog, cli, context
-from images.build import AzError, AzureCli, build_images, git_commit
-from images.commands import CommandNotFound, CommandResult
-from images.stack import registry_name, resolve_login_server
+from amlhpc.core.errors import UserError
+from amlhpc.images import catalog, cli, context
+from amlhpc.images.build import AzError, AzureCli, build_images, git_commit
+from amlhpc.images.commands import CommandNotFound, CommandResult
+from amlhpc.images.stack import registry_name, resolve_login_server
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_OUTPUTS = ROOT / "tests" / "fixtures" / "outputs" / "dev.json"
@@ -114,8 +114,8 @@ class TestBuildImages:
         for release in releases:
             uploaded = runner.uploads[f"{release.spec.repository}:{release.tag}"]
             assert context.content_hash(uploaded, dict(release.build_args)) == release.tag
-            assert "Dockerfile" in uploaded and "aml-hpc/python/jobs/runtime/contract.py" in uploaded
-            assert not any(name.startswith((".venv", "node_modules", "infra/")) for name in uploaded)
+            assert "Dockerfile" in uploaded and "aml-hpc/python/amlhpc/jobs/runtime/base/contract.py" in uploaded
+            assert not any(name.startswith((".venv", "node_modules", "amlhpc/infra/")) for name in uploaded)
 
     def test_staging_folder_is_removed_afterwards(self, releases, tmp_path):
         runner = FakeRunner()
@@ -174,7 +174,7 @@ class TestGitCommit:
         class Dirty(FakeRunner):
             def __call__(self, argv, **kw):
                 if "status" in argv:
-                    return CommandResult(0, " M jobs/runtime/launch.py\n")
+                    return CommandResult(0, " M amlhpc/jobs/runtime/launch/launcher.py\n")
                 return super().__call__(argv, **kw)
 
         assert git_commit(Dirty(), ROOT).endswith("-dirty")
@@ -185,10 +185,10 @@ class TestGitCommit:
 
 @pytest.fixture
 def pulumi_on_path(monkeypatch):
-    """jobs.outputs looks for the pulumi binary itself before running it."""
-    import jobs.outputs
+    """amlhpc.jobs.plan.outputs looks for the pulumi binary itself before running it."""
+    import amlhpc.jobs.plan.outputs
 
-    monkeypatch.setattr(jobs.outputs.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(amlhpc.jobs.plan.outputs.shutil, "which", lambda name: f"/usr/bin/{name}")
 
 
 class TestLoginServer:
@@ -247,9 +247,9 @@ class TestLoginServer:
             resolve_login_server(stack="dev", runner=FakeRunner(), outputs_file=path)
 
     def test_no_pulumi_cli(self, monkeypatch):
-        import jobs.outputs
+        import amlhpc.jobs.plan.outputs
 
-        monkeypatch.setattr(jobs.outputs.shutil, "which", lambda name: None)
+        monkeypatch.setattr(amlhpc.jobs.plan.outputs.shutil, "which", lambda name: None)
         with pytest.raises(UserError) as caught:
             resolve_login_server(stack="dev", runner=FakeRunner())
         assert "pulumi command is not installed" in caught.value.render() and "--outputs FILE" in caught.value.render()
@@ -266,7 +266,7 @@ class TestLoginServer:
 
 @pytest.fixture
 def invoke(monkeypatch):
-    """Run `python -m images ...` in-process with a given fake runner."""
+    """Run `python -m amlhpc.images ...` in-process with a given fake runner."""
 
     def run(args: list[str], runner: FakeRunner | None = None):
         fake = runner or FakeRunner()
@@ -363,9 +363,9 @@ class TestCli:
 def test_pulumi_and_cli_agree_on_tags(tmp_path):
     """The Pulumi program registers catalog.releases(); the build uses catalog.release():
     same checkout, same tags - the environment always points at what the build pushes."""
-    shutil.copytree(ROOT / "images", tmp_path / "images", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "jobs" / "runtime", tmp_path / "jobs" / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
-    from images.pins import load_pins
+    shutil.copytree(ROOT / "amlhpc" / "images", tmp_path / "amlhpc" / "images", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "amlhpc" / "jobs" / "runtime", tmp_path / "amlhpc" / "jobs" / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
+    from amlhpc.images.pins import load_pins
 
-    pins = load_pins(tmp_path / "images" / "pins.toml")
+    pins = load_pins(tmp_path / "amlhpc" / "images" / "pins.toml")
     assert [r.tag for r in catalog.releases(tmp_path)] == [catalog.release(s, pins, tmp_path).tag for s in catalog.IMAGES]

@@ -1,4 +1,4 @@
-"""images.catalog and images.context: what goes into each build context, and the
+"""amlhpc.images.catalog and amlhpc.images.context: what goes into each build context, and the
 content-hash tag - stable across machines, changed by anything that shapes the image,
 unchanged by anything that does not."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from images import catalog, context
-from images.pins import load_pins
+from amlhpc.images import catalog, context
+from amlhpc.images.pins import load_pins
 from tests.source_imports import imports_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def repo(tmp_path):
-    """A copy of just what the images are made of: images/ and jobs/runtime/."""
-    shutil.copytree(ROOT / "images", tmp_path / "images", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "jobs" / "runtime", tmp_path / "jobs" / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
+    """A copy of just what the images are made of: amlhpc/images/ and amlhpc/jobs/runtime/."""
+    shutil.copytree(ROOT / "amlhpc" / "images", tmp_path / "amlhpc" / "images", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "amlhpc" / "jobs" / "runtime", tmp_path / "amlhpc" / "jobs" / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
@@ -32,7 +32,7 @@ def tags(root: Path) -> dict[str, str]:
 
 
 def edit_pins(root: Path, old: str, new: str) -> None:
-    path = root / "images" / "pins.toml"
+    path = root / "amlhpc" / "images" / "pins.toml"
     text = path.read_text()
     assert old in text
     path.write_text(text.replace(old, new))
@@ -95,14 +95,14 @@ class TestContextFiles:
         assert "Dockerfile" in files
         assert "aml-hpc/bin/check_ib_userspace.py" in files and "aml-hpc/bin/install_ib_userspace.sh" in files
         assert "aml-hpc/nccl-topo/ndv4-topo.xml" in files and "aml-hpc/ssh/aml-hpc.conf" in files
-        assert "aml-hpc/python/jobs/runtime/contract.py" in files
-        runtime = {p.relative_to(ROOT / "jobs" / "runtime").as_posix() for p in (ROOT / "jobs" / "runtime").rglob("*.py")
+        assert "aml-hpc/python/amlhpc/jobs/runtime/base/contract.py" in files
+        runtime = {p.relative_to(ROOT / "amlhpc" / "jobs" / "runtime").as_posix() for p in (ROOT / "amlhpc" / "jobs" / "runtime").rglob("*.py")
                    if "__pycache__" not in p.parts}
-        assert {f"aml-hpc/python/jobs/runtime/{r}" for r in runtime} <= set(files)
+        assert {f"aml-hpc/python/amlhpc/jobs/runtime/{r}" for r in runtime} <= set(files)
 
     def test_jobs_package_is_a_generated_stub(self):
-        """The repo's jobs/__init__.py belongs to the submit side; the image gets a stub."""
-        stub = context.context_files("pytorch")["aml-hpc/python/jobs/__init__.py"].data.decode()
+        """The repo's amlhpc/jobs/__init__.py belongs to the submit side; the image gets a stub."""
+        stub = context.context_files("pytorch")["aml-hpc/python/amlhpc/jobs/__init__.py"].data.decode()
         assert "generates this file" in stub and "import" not in stub.split('"""')[2]
 
     def test_scripts_keep_their_executable_bit(self):
@@ -112,9 +112,9 @@ class TestContextFiles:
         assert not files["Dockerfile"].executable
 
     def test_litter_and_docs_stay_out(self, repo):
-        (repo / "jobs" / "runtime" / "__pycache__").mkdir(exist_ok=True)
-        (repo / "jobs" / "runtime" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
-        (repo / "images" / "common" / "notes.swp").write_bytes(b"junk")
+        (repo / "amlhpc" / "jobs" / "runtime" / "__pycache__").mkdir(exist_ok=True)
+        (repo / "amlhpc" / "jobs" / "runtime" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
+        (repo / "amlhpc" / "images" / "common" / "notes.swp").write_bytes(b"junk")
         files = context.context_files("pytorch", repo)
         assert not any("__pycache__" in f or f.endswith((".pyc", ".swp", ".md")) for f in files)
 
@@ -185,19 +185,19 @@ class TestContentHashTag:
 
     def test_a_runtime_change_changes_every_image(self, repo):
         before = tags(repo)
-        target = repo / "jobs" / "runtime" / "contract.py"
+        target = repo / "amlhpc" / "jobs" / "runtime" / "base" / "contract.py"
         target.write_text(target.read_text() + "\n# changed\n")
         after = tags(repo)
         assert all(after[n] != before[n] for n in before)
 
     def test_a_new_runtime_module_is_picked_up(self, repo):
         before = tags(repo)
-        (repo / "jobs" / "runtime" / "brand_new.py").write_text('"""new"""\n')
+        (repo / "amlhpc" / "jobs" / "runtime" / "brand_new.py").write_text('"""new"""\n')
         assert all(tags(repo)[n] != before[n] for n in before)
 
     def test_a_dockerfile_change_changes_only_that_image(self, repo):
         before = tags(repo)
-        dockerfile = repo / "images" / "tensorflow" / "Dockerfile"
+        dockerfile = repo / "amlhpc" / "images" / "tensorflow" / "Dockerfile"
         dockerfile.write_text(dockerfile.read_text() + "\n# comment\n")
         after = tags(repo)
         assert after["aml-hpc-tensorflow"] != before["aml-hpc-tensorflow"]
@@ -205,14 +205,14 @@ class TestContentHashTag:
 
     def test_executable_bit_counts(self, repo):
         before = tags(repo)
-        os.chmod(repo / "images" / "common" / "bin" / "install_ib_userspace.sh", 0o644)
+        os.chmod(repo / "amlhpc" / "images" / "common" / "bin" / "install_ib_userspace.sh", 0o644)
         assert all(tags(repo)[n] != before[n] for n in before)
 
     def test_docs_and_litter_do_not_count(self, repo):
         before = tags(repo)
-        (repo / "images" / "common" / "nccl-topo" / "README.md").write_text("rewritten")
-        (repo / "jobs" / "runtime" / "__pycache__").mkdir(exist_ok=True)
-        (repo / "jobs" / "runtime" / "__pycache__" / "contract.cpython-312.pyc").write_bytes(b"x")
+        (repo / "amlhpc" / "images" / "common" / "nccl-topo" / "README.md").write_text("rewritten")
+        (repo / "amlhpc" / "jobs" / "runtime" / "__pycache__").mkdir(exist_ok=True)
+        (repo / "amlhpc" / "jobs" / "runtime" / "__pycache__" / "contract.cpython-312.pyc").write_bytes(b"x")
         assert tags(repo) == before
 
     def test_label_only_args_are_not_hashed(self):
@@ -231,19 +231,19 @@ class TestContentHashTag:
 class TestPurity:
     def test_images_package_imports_no_pulumi_or_azure(self):
         """The build runs without Pulumi or the Azure SDK (az is a command, not an import)."""
-        for path in sorted((ROOT / "images").glob("*.py")):
+        for path in sorted((ROOT / "amlhpc" / "images").glob("*.py")):
             bad = {m for m in imports_of(path) if m.split(".")[0] in ("pulumi", "pulumi_azure_native", "azure")}
             assert not bad, f"{path.name} imports {bad}"
 
     def test_what_the_pulumi_program_imports_stays_out_of_jobs(self):
-        """infra imports images.catalog, and infra never imports jobs (docs/contracts.md 1)."""
+        """infra imports amlhpc.images.catalog, and infra never imports jobs (docs/contracts.md 1)."""
         for name in ("catalog.py", "context.py", "pins.py"):
-            assert not {m for m in imports_of(ROOT / "images" / name) if m.split(".")[0] == "jobs"}, name
-        jobs_users = {p.name for p in (ROOT / "images").glob("*.py") if any(m.startswith("jobs") for m in imports_of(p))}
+            assert not {m for m in imports_of(ROOT / "amlhpc" / "images" / name) if m.split(".")[0] == "jobs"}, name
+        jobs_users = {p.name for p in (ROOT / "amlhpc" / "images").glob("*.py") if any(m.startswith("jobs") for m in imports_of(p))}
         assert jobs_users <= {"stack.py"}
 
     def test_in_image_scripts_use_only_the_standard_library(self):
         """check_ib_userspace.py and smoke.py run on the base image's bare Python."""
-        for path in sorted((ROOT / "images" / "common" / "bin").glob("*.py")):
+        for path in sorted((ROOT / "amlhpc" / "images" / "common" / "bin").glob("*.py")):
             top = {m.split(".")[0] for m in imports_of(path)}
             assert top <= set(sys.stdlib_module_names) | {"__future__"}, f"{path.name}: {top - set(sys.stdlib_module_names)}"

@@ -1,4 +1,4 @@
-"""The managed-run controller's image (images/controller): a pinned Python base, its packages
+"""The managed-run controller's image (amlhpc/images/controller): a pinned Python base, its packages
 from hashed pins that are exactly uv.lock's, installed so that nothing else can come in;
 registered like the training images, and what the controller job runs on."""
 
@@ -8,15 +8,15 @@ import re
 import tomllib
 from pathlib import Path
 
-from images import catalog, lint
-from images.pins import load_pins
+from amlhpc.images import catalog, lint
+from amlhpc.images.pins import load_pins
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIREMENTS = ROOT / "images" / "controller" / "requirements.txt"
+REQUIREMENTS = ROOT / "amlhpc" / "images" / "controller" / "requirements.txt"
 
 
 def pinned() -> dict[str, tuple[str, set[str]]]:
-    """name -> (version, hashes) of images/controller/requirements.txt."""
+    """name -> (version, hashes) of amlhpc/images/controller/requirements.txt."""
     found = {}
     for block in re.split(r"\n(?=[a-z0-9])", REQUIREMENTS.read_text()):
         head = re.match(r"([a-z0-9._-]+)==([^ ;\\]+)", block)

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from core import nccl, skus
-from images import catalog, lint
-from images.pins import load_pins
+from amlhpc.core import nccl, skus
+from amlhpc.images import catalog, lint
+from amlhpc.images.pins import load_pins
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = {spec.name: ROOT / spec.dockerfile for spec in catalog.IMAGES}
-INSTALL_SCRIPT = ROOT / "images" / "common" / "bin" / "install_ib_userspace.sh"
-TOPO_DIR = ROOT / "images" / "common" / "nccl-topo"
+INSTALL_SCRIPT = ROOT / "amlhpc" / "images" / "common" / "bin" / "install_ib_userspace.sh"
+TOPO_DIR = ROOT / "amlhpc" / "images" / "common" / "nccl-topo"
 
 
 class TestHadolint:
@@ -124,7 +124,7 @@ def run_install(env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 class TestHealthToolsScript:
-    SCRIPT = ROOT / "images" / "common" / "bin" / "install_health_tools.sh"
+    SCRIPT = ROOT / "amlhpc" / "images" / "common" / "bin" / "install_health_tools.sh"
 
     def test_shell_syntax(self):
         assert subprocess.run(["bash", "-n", str(self.SCRIPT)], check=False).returncode == 0
@@ -157,7 +157,7 @@ class TestInstallScript:
     def test_legacy_ofed_refuses_without_checksum(self):
         done = run_install({"IB_USERSPACE": "mlnx-ofed", "MLNX_OFED_VERSION": "24.10-1.1.4.0",
                             "MLNX_OFED_URL": "https://example.invalid", "MLNX_OFED_SHA256": ""})
-        assert done.returncode == 1 and "mlnx_ofed_sha256 in images/pins.toml" in done.stderr
+        assert done.returncode == 1 and "mlnx_ofed_sha256 in amlhpc/images/pins.toml" in done.stderr
 
     def test_user_space_only_never_kernel_modules(self):
         text = INSTALL_SCRIPT.read_text()
@@ -191,7 +191,7 @@ def cpulist(text: str) -> set[int]:
 
 
 def topo_file(sku) -> str:
-    """The topology file core/catalog/nccl.toml names for a size."""
+    """The topology file amlhpc/core/catalog/nccl.toml names for a size."""
     return nccl.topology_files(sku.name)["NCCL_TOPO_FILE"]
 
 

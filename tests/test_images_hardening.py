@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from images import catalog, lint, locks
-from images.pins import load_pins
+from amlhpc.images import catalog, lint, locks
+from amlhpc.images.pins import load_pins
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMON = ROOT / "images" / "common"
+COMMON = ROOT / "amlhpc" / "images" / "common"
 VERIFY = COMMON / "bin" / "verify_signing_key.sh"
 OLD_SSH_CONFIG = """Host *
     StrictHostKeyChecking no
@@ -129,7 +129,7 @@ class TestKeyDownloads:
         assert len(problems) == 1 and "trusts it unchecked" in problems[0].message
 
     def test_the_beeond_install_checks_the_beegfs_key(self):
-        from jobs.beeond import scripts
+        from amlhpc.jobs.beeond import scripts
 
         text = scripts.install(scripts.Layout())
         assert scripts.BEEGFS_KEY_FINGERPRINT in text and "--with-colons" in text

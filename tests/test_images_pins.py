@@ -1,4 +1,4 @@
-"""images/pins.toml: the one file every image version comes from - valid, cited, exact,
+"""amlhpc/images/pins.toml: the one file every image version comes from - valid, cited, exact,
 consistent with the project's own dependency ranges, and every bad edit reported by key."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from core.errors import UserError
-from images.pins import PINS_FILE, load_pins
+from amlhpc.core.errors import UserError
+from amlhpc.images.pins import PINS_FILE, load_pins
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS_TEXT = PINS_FILE.read_text()
@@ -56,7 +56,7 @@ class TestRealPins:
             assert f"Not confirmed against {registry}" in body
 
     def test_runtime_pins_satisfy_pyproject_ranges(self):
-        """The image must run jobs/runtime with versions the project declares it supports."""
+        """The image must run amlhpc/jobs/runtime with versions the project declares it supports."""
         pins = load_pins()
         project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
         ranges = {re.split(r"[<>=!~ \[]", d, maxsplit=1)[0]: SpecifierSet(d[len(re.split(r"[<>=!~ \[]", d, maxsplit=1)[0]):])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = ROOT / "images" / "common" / "bin"
+BIN = ROOT / "amlhpc" / "images" / "common" / "bin"
 CHECK = BIN / "check_ib_userspace.py"
 SMOKE = BIN / "smoke.py"
 LIB = "usr/lib/x86_64-linux-gnu"
@@ -229,7 +229,7 @@ class TestSmoke:
         monkeypatch.setattr(module, "_run", lambda argv, timeout=300: calls.append(argv) or (0, "all checks passed"))
         assert module.check_health(True, tmp_path).status == "ok"
         assert module.check_health(False, tmp_path).status == "ok"
-        assert calls[0][1:] == ["-m", "jobs.runtime.health", "--quick", "--mode", "gate", "--report-dir", str(tmp_path)]
+        assert calls[0][1:] == ["-m", "amlhpc.jobs.runtime.health", "--quick", "--mode", "gate", "--report-dir", str(tmp_path)]
         assert calls[1][5] == "report"
         monkeypatch.setattr(module, "_run", lambda argv, timeout=300: (1, "gpu 3: ECC errors"))
         result = module.check_health(True, tmp_path)

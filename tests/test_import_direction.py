@@ -36,53 +36,53 @@ def offenders(files: list[Path], forbidden: tuple[str, ...], allowed: tuple[str,
     return bad
 
 
-CATALOG_FETCHER = ROOT / "core" / "catalog" / "refresh.py"
+CATALOG_FETCHER = ROOT / "amlhpc" / "core" / "catalog" / "refresh.py"
 
 
 def test_core_imports_no_sdk_and_nothing_else_from_the_repository():
     """core is shared by infra, jobs and images: pure Python, pydantic and the standard library.
     The catalog's fetcher (a command, imported by nothing in core) reads Azure through azure-core."""
-    shared = [p for p in py_files("core") if p != CATALOG_FETCHER]
-    assert offenders(shared, ("pulumi", "pulumi_azure_native", "azure", "infra", "jobs", "images")) == {}
-    assert offenders([CATALOG_FETCHER], ("pulumi", "pulumi_azure_native", "azure", "infra", "jobs", "images"),
+    shared = [p for p in py_files("amlhpc", "core") if p != CATALOG_FETCHER]
+    assert offenders(shared, ("pulumi", "pulumi_azure_native", "azure", "amlhpc.infra", "amlhpc.jobs", "amlhpc.images")) == {}
+    assert offenders([CATALOG_FETCHER], ("pulumi", "pulumi_azure_native", "azure", "amlhpc.infra", "amlhpc.jobs", "amlhpc.images"),
                      allowed=("azure.core", "azure.mgmt.core", "azure.identity")) == {}
-    assert list(offenders(shared, ("core.catalog.refresh",))) == ["core/catalog/__main__.py"]
+    assert list(offenders(shared, ("amlhpc.core.catalog.refresh",))) == ["amlhpc/core/catalog/__main__.py"]
 
 
 def test_runtime_imports_nothing_else_from_the_repository():
-    """jobs/runtime ships into the training image on its own."""
-    assert offenders(py_files("jobs", "runtime"), ("core", "infra", "images", "jobs", "pulumi", "azure.ai"),
-                     allowed=("jobs.runtime",)) == {}
+    """amlhpc/jobs/runtime ships into the training image on its own."""
+    assert offenders(py_files("amlhpc", "jobs", "runtime"), ("amlhpc.core", "amlhpc.infra", "amlhpc.images", "amlhpc.jobs", "pulumi", "azure.ai"),
+                     allowed=("amlhpc.jobs.runtime",)) == {}
 
 
 def test_infra_never_imports_jobs():
-    assert offenders(py_files("infra"), ("jobs",)) == {}
+    assert offenders(py_files("amlhpc", "infra"), ("amlhpc.jobs",)) == {}
 
 
 def test_images_use_core_not_infra():
-    assert offenders(py_files("images"), ("infra", "pulumi", "pulumi_azure_native")) == {}
+    assert offenders(py_files("amlhpc", "images"), ("amlhpc.infra", "pulumi", "pulumi_azure_native")) == {}
 
 
 def test_jobs_reach_infra_only_for_the_offline_plan_and_stack_files():
-    """jobs never creates Azure resources; it may plan offline (infra.plan) and read stack files
-    (infra.config) for messages, both lazily."""
-    jobs_files = [p for p in py_files("jobs") if "runtime" not in p.parts]
-    assert offenders(jobs_files, ("pulumi", "pulumi_azure_native", "infra"),
-                     allowed=("infra.plan", "infra.config")) == {}
-    assert offenders(jobs_files, ("infra", "pulumi"), top_level_only=True) == {}
+    """jobs never creates Azure resources; it may plan offline (amlhpc.infra.plan) and read stack files
+    (amlhpc.infra.config) for messages, both lazily."""
+    jobs_files = [p for p in py_files("amlhpc", "jobs") if "runtime" not in p.parts]
+    assert offenders(jobs_files, ("pulumi", "pulumi_azure_native", "amlhpc.infra"),
+                     allowed=("amlhpc.infra.plan", "amlhpc.infra.config")) == {}
+    assert offenders(jobs_files, ("amlhpc.infra", "pulumi"), top_level_only=True) == {}
 
 
-@pytest.mark.parametrize("path", py_files("core") + [ROOT / "infra" / "naming.py", ROOT / "infra" / "quirks.py"],
+@pytest.mark.parametrize("path", py_files("amlhpc", "core") + [ROOT / "amlhpc" / "infra" / "naming.py", ROOT / "amlhpc" / "infra" / "quirks.py"],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_shared_pieces_import_no_pulumi(path):
-    assert offenders([path], ("pulumi", "pulumi_azure_native", "azure.ai", "infra.components", "infra.program",
-                              "infra.plan")) == {}
+    assert offenders([path], ("pulumi", "pulumi_azure_native", "azure.ai", "amlhpc.infra.components", "amlhpc.infra.program",
+                              "amlhpc.infra.plan")) == {}
 
 
 def test_config_imports_pulumi_only_lazily():
     """A bad config must fail before Pulumi is even loaded at module level."""
-    modules = sorted((ROOT / "infra" / "config").glob("*.py"))
-    assert len(modules) > 5, "infra/config/ is a package of modules by concern"
+    modules = sorted((ROOT / "amlhpc" / "infra" / "config").glob("*.py"))
+    assert len(modules) > 5, "amlhpc/infra/config/ is a package of modules by concern"
     longest = max(modules, key=lambda p: len(p.read_text().splitlines()))
     assert len(longest.read_text().splitlines()) < 400, f"{longest.name} grew past one concern: split it"
     for path in modules:
@@ -90,7 +90,7 @@ def test_config_imports_pulumi_only_lazily():
 
 
 def test_components_never_read_pulumi_config():
-    for path in py_files("infra", "components"):
+    for path in py_files("amlhpc", "infra", "components"):
         assert "pulumi.Config(" not in path.read_text(), path.name
 
 
@@ -102,7 +102,7 @@ class NoPulumi(importlib.abc.MetaPathFinder):
             raise ImportError(f"test: {name} must not be imported by this command")
 sys.meta_path.insert(0, NoPulumi())
 sys.argv = ["jobs", *sys.argv[1:]]
-runpy.run_module("jobs", run_name="__main__")
+runpy.run_module("amlhpc.jobs", run_name="__main__")
 """
 
 

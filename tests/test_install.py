@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.version import __version__
+from amlhpc.core.version import __version__
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = ("aml-hpc", "aml-hpc-infra", "aml-hpc-jobs", "aml-hpc-images")
@@ -56,7 +56,7 @@ def installed(tmp_path_factory) -> Path:
     uv_run("venv", "-q", "--python", sys.executable, str(work / "venv"))
     (wheel,) = (work / "dist").glob("aml_hpc-*.whl")
     # every tracked file of the packages, the data the tools read included: recipes, the
-    # catalog, Dockerfiles and images/common, workloads, the policy pack
+    # catalog, Dockerfiles and amlhpc/images/common, workloads, the policy pack
     listed = subprocess.run(["git", "ls-files", "amlhpc", "core", "infra", "jobs", "images"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.split()
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -106,9 +106,9 @@ def test_installed_tool_runs_outside_the_repository(installed: Path, sample_proj
     assert document["stack"] == "dev" and document["outputs"]["workspace"] == "mlw-amlhpc-dev"
     assert job.returncode == 0, job_err[-3000:]
     rendered = yaml.safe_load(job_out)
-    assert rendered["compute"] == "azureml:nd-a100" and rendered["command"].startswith("python -m jobs.runtime.launch")
+    assert rendered["compute"] == "azureml:nd-a100" and rendered["command"].startswith("python -m amlhpc.jobs.runtime.launch")
     code = Path(rendered["code"])
-    assert not code.is_absolute() and (outside / code / "jobs" / "runtime" / "launch.py").is_file()
+    assert not code.is_absolute() and (outside / code / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").is_file()
     assert (sample_project / ".scratch" / "code-snapshots") in (outside / code).resolve().parents
     assert str(tmp_path) not in job_out
 

@@ -1,4 +1,4 @@
-"""`python -m jobs`: dry-run YAML, exit 2 with one error block for bad input, nothing
+"""`python -m amlhpc.jobs`: dry-run YAML, exit 2 with one error block for bad input, nothing
 submitted, and the submit path with a fake MLClient."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from jobs import cli
+from amlhpc.jobs.cli import main as cli
 from tests.jobs_helpers import outputs_file
 
 runner = CliRunner()
@@ -25,7 +25,7 @@ def run(*args):
 def fake_client(mocker):
     fake = mocker.MagicMock(name="MLClient")
     fake.jobs.create_or_update.side_effect = lambda job, **kw: SimpleNamespace(name=job.name, studio_url="https://ml.azure.com/x")
-    mocker.patch("jobs.submit.connect", return_value=fake)
+    mocker.patch("amlhpc.jobs.azure.submit.connect", return_value=fake)
     return fake
 
 
@@ -45,11 +45,11 @@ def test_dry_run_prints_loadable_yaml(tmp_path, stack, fake_client, monkeypatch)
 
 
 def test_dry_run_offline(monkeypatch, fake_client):
-    """--offline goes through infra.plan.offline_outputs."""
-    import infra.plan
+    """--offline goes through amlhpc.infra.plan.offline_outputs."""
+    import amlhpc.infra.plan
     from tests.jobs_helpers import outputs_doc
 
-    monkeypatch.setattr(infra.plan, "offline_outputs", lambda stack, root=None: outputs_doc(stack))
+    monkeypatch.setattr(amlhpc.infra.plan, "offline_outputs", lambda stack, root=None: outputs_doc(stack))
     result = run("submit", "bert-pretrain", "--stack", "dev", "--offline", "--dry-run")
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(result.stdout)["distribution"]["type"] == "pytorch"
@@ -144,5 +144,5 @@ def test_scale_submits_tagged_study(fake_client):
 
 
 def test_module_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "jobs", "recipes"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "amlhpc.jobs", "recipes"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "cosmoflow" in proc.stdout

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import launch
-from jobs.runtime.checkpoint import CheckpointStore
-from jobs.runtime.errors import RuntimeInputError
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
+from amlhpc.jobs.runtime.checkpoint import CheckpointStore
+from amlhpc.jobs.runtime.launch import launcher as launch
 from tests.fake_sysfs import build_nd96asr_sysfs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def rank_env(env: dict, rank: int, local: int, world: int, tmp_path: Path) -> di
 
 
 def start(env: dict, *args: str, cwd: Path = REPO) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "jobs.runtime.launch", *args], env=env, cwd=cwd,
+    return subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.runtime.launch", *args], env=env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -14,11 +14,11 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from core import skus
-from core.errors import EXIT_USAGE, UserError
-from infra import lifecycle, naming
-from infra.config import REPO_ROOT, load_stack_config
-from infra.lifecycle import (
+from amlhpc.core import skus
+from amlhpc.core.errors import EXIT_USAGE, UserError
+from amlhpc.infra import lifecycle, naming
+from amlhpc.infra.config import REPO_ROOT, load_stack_config
+from amlhpc.infra.lifecycle import (
     MAX_DAYS,
     experiment_stacks,
     expired_stacks,

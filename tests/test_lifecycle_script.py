@@ -1,6 +1,6 @@
 """scripts/pulumi-stack.sh (behind make preview/up/down), run by bash against a fake
 `pulumi` on PATH that records its arguments and a fake `.venv/bin/python` standing in for
-`python -m infra.adopt` (its real behaviour is tested in tests/lifecycle), in a throwaway
+`python -m amlhpc.infra.adopt` (its real behaviour is tested in tests/lifecycle), in a throwaway
 copy of the repository layout (so the default .pulumi-state lands in the temporary
 directory)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import REPO_ROOT
+from amlhpc.infra.config import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "pulumi-stack.sh"
 PASSPHRASE = "correct-horse-battery-staple"
@@ -22,7 +22,7 @@ SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"
 
 FAKE_PYTHON = r"""#!/usr/bin/env bash
-# python -m infra.adopt: records the call; import-file writes $FAKE_IMPORT to --out.
+# python -m amlhpc.infra.adopt: records the call; import-file writes $FAKE_IMPORT to --out.
 printf '%s\n' "$*" >> "$FAKE_PULUMI_LOG.python"
 if [[ " $* " == *" import-file "* ]]; then
   out=""; prev=""
@@ -30,7 +30,7 @@ if [[ " $* " == *" import-file "* ]]; then
   if [[ -n ${FAKE_IMPORT:-} ]]; then printf '%s' "$FAKE_IMPORT" > "$out"; echo 2; else echo 0; fi
   exit "${FAKE_PYTHON_STATUS:-0}"
 fi
-if [[ " $* " == *" propagation "* ]]; then  # infra.adopt propagation --log FILE
+if [[ " $* " == *" propagation "* ]]; then  # amlhpc.infra.adopt propagation --log FILE
   grep -o ForbiddenByRbac "${*: -1}" | head -1 | grep . || exit 1
   exit 0
 fi
@@ -112,7 +112,7 @@ class TestPreviewAndUp:
         assert result.status == 0, result.stderr
         assert [result.calls[0], result.calls[-1]] == [
             ["stack", "select", "--create", "--secrets-provider", "passphrase", "dev"],
-            ["preview", "--stack", "dev", "--refresh", "--policy-pack", "infra/policy/pack"],
+            ["preview", "--stack", "dev", "--refresh", "--policy-pack", "amlhpc/infra/policy/pack"],
         ]
         assert [c[:2] for c in result.calls] == [["stack", "select"], ["stack", "export"], ["preview", "--stack"]]
 
@@ -134,14 +134,14 @@ class TestPreviewAndUp:
     def test_extra_arguments_pass_through(self, repo):
         """Arguments after -- go to pulumi."""
         result = run(repo, "up", "exp-demo", "--", "--yes", "--target", "urn:x")
-        assert result.calls[-1] == ["up", "--stack", "exp-demo", "--refresh", "--policy-pack", "infra/policy/pack",
+        assert result.calls[-1] == ["up", "--stack", "exp-demo", "--refresh", "--policy-pack", "amlhpc/infra/policy/pack",
                                     "--yes", "--target", "urn:x"]
 
     def test_environment_preview_writes_its_name_suffix_first(self, repo):
         """The stack's random name suffix is ensured before Pulumi sees the stack file."""
         result = run(repo, "preview", "dev")
         assert result.status == 0, result.stderr
-        assert python_calls(repo)[0] == "-m infra.adopt suffix --stack dev"
+        assert python_calls(repo)[0] == "-m amlhpc.infra.adopt suffix --stack dev"
 
     def test_environment_up_adopts_what_down_kept_before_up(self, repo):
         """up dev: export the state, plan the import, `pulumi import --file` it, then up."""

@@ -1,4 +1,4 @@
-"""jobs.runtime.listing: List Blobs pages parsed into entries, held against the storage SDK's own
+"""amlhpc.jobs.runtime.blob.listing: List Blobs pages parsed into entries, held against the storage SDK's own
 parse of the same recorded pages; a million blobs listed, planned and resumed in budget."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from amlhpc.jobs.runtime.blob import listing
+from amlhpc.jobs.runtime.blob.fetch import BlobEntry
 from bench import listing as bench_listing
-from jobs.runtime import listing
-from jobs.runtime.fetch import BlobEntry
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = Path(__file__).parent / "fixtures" / "listing"

@@ -23,16 +23,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from core import skus  # noqa: E402
-from jobs import recipes, tuning  # noqa: E402
-from jobs.runtime import contract  # noqa: E402
-from jobs.runtime.skufacts import parse_sku_facts  # noqa: E402
-from jobs.workloads.llm import data, sizing, throughput  # noqa: E402
-from jobs.workloads.llm.model import ModelConfig, Transformer  # noqa: E402
+from amlhpc.core import skus  # noqa: E402
+from amlhpc.jobs import recipes  # noqa: E402
+from amlhpc.jobs.plan import tuning  # noqa: E402
+from amlhpc.jobs.runtime.base import contract  # noqa: E402
+from amlhpc.jobs.runtime.node.skufacts import parse_sku_facts  # noqa: E402
+from amlhpc.jobs.workloads.llm import data, sizing, throughput  # noqa: E402
+from amlhpc.jobs.workloads.llm.model import ModelConfig, Transformer  # noqa: E402
 from tests.jobs_helpers import outputs_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-TRAIN = "jobs.workloads.llm.train"
+TRAIN = "amlhpc.jobs.workloads.llm.train"
 PROFILE = recipes.load("llm-pretrain", local=True).command.split(f"-m {TRAIN}", 1)[1].split()
 """The local profile's arguments: the tiny shape, 8 steps, versions at 4 and 8, deterministic."""
 
@@ -244,8 +245,8 @@ LOAD = r"""
 import shutil, sys, torch
 from pathlib import Path
 from torch.distributed.checkpoint.state_dict import get_state_dict
-from jobs.workloads import common
-from jobs.workloads.llm import sizing, train
+from amlhpc.jobs.workloads import common
+from amlhpc.jobs.workloads.llm import sizing, train
 
 version, out, args = Path(sys.argv[1]), Path(sys.argv[2]), train.parse(sys.argv[3:])
 d = common.init_distributed()
@@ -305,7 +306,7 @@ class _Payload:
 
 def _train_here(monkeypatch, version: Path, tmp_path: Path) -> int:
     """The training's main on one rank in this process (no process group), resuming from `version`."""
-    from jobs.workloads.llm import train
+    from amlhpc.jobs.workloads.llm import train
 
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
                         ("MASTER_PORT", "29500"), (contract.RESUME_VERSION, str(version)),
@@ -359,10 +360,10 @@ def test_rehearsal_restarts_a_crashed_rank_in_the_job_and_reports_mfu(whole, tmp
     launchers restart the training from the version of step 4 each node holds (its own shards),
     every step logs tokens/s and MFU and the uninterrupted run's loss, and `jobs report`'s
     records of the rehearsal's folder have the MFU and tokens/s of every step."""
-    from jobs.report import figures, records
+    from amlhpc.jobs.report import figures, records
 
     work = tmp_path / "work"
-    result = subprocess.run([sys.executable, "-m", "jobs", "run", "llm-pretrain", "--local", "--nodes", "2",
+    result = subprocess.run([sys.executable, "-m", "amlhpc.jobs", "run", "llm-pretrain", "--local", "--nodes", "2",
                              "--procs-per-node", "1", "--outputs", str(outputs_file("dev")), "--workdir", str(work),
                              "--name", f"llm-{uuid.uuid4().hex[:6]}", "--set", "health=off",
                              "--set", "env.AMLHPC_INJECT_FAULT=crash@5:rank=1"],

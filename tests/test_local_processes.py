@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.local import processes, rehearsal
-from jobs.runtime import contract
+from amlhpc.jobs.local import processes, rehearsal
+from amlhpc.jobs.runtime.base import contract
 from tests.jobs_helpers import outputs_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,11 +89,11 @@ def test_interrupt_mid_training_leaves_nothing_behind(signum, nodes, tmp_path):
     session = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k not in (contract.BLOB_CONNECTION_STRING, "PYTHONPATH")}
     env.update({processes.SESSION_VARIABLE: session, "COLUMNS": "200", "AMLHPC_AZURITE_DIR": str(tmp_path / "azurite")})
-    argv = [sys.executable, "-m", "jobs", "run", "cosmoflow", "--local", "--nodes", str(nodes), "--procs-per-node", "1",
+    argv = [sys.executable, "-m", "amlhpc.jobs", "run", "cosmoflow", "--local", "--nodes", str(nodes), "--procs-per-node", "1",
             "--outputs", str(outputs_file("dev")), "--workdir", str(tmp_path / "work"), "--name", f"interrupt-{session[:6]}",
             "--set", "health=off", "--set", f"inputs.cosmoflow.path=interrupt/{session[:8]}",
             # long enough that the signal always lands while it trains
-            "--set", "command=python -m jobs.workloads.cosmoflow.train --input cosmoflow --epochs 500 --batch-size 2 "
+            "--set", "command=python -m amlhpc.jobs.workloads.cosmoflow.train --input cosmoflow --epochs 500 --batch-size 2 "
                      "--conv-size 4 --n-conv-layers 3 --fc1 16 --fc2 8 --workers 0 --log-every 1"]
     cli = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
@@ -110,13 +110,13 @@ def test_interrupt_mid_training_leaves_nothing_behind(signum, nodes, tmp_path):
             if cli.poll() is not None:
                 raise AssertionError(f"the rehearsal ended early ({cli.returncode}):\n" + "".join(lines)[-3000:])
             running = session_processes(session)
-            trainers = [pid for pid, cmd in running.items() if cmd.split()[1:3] == ["-m", "jobs.workloads.cosmoflow.train"]]
+            trainers = [pid for pid, cmd in running.items() if cmd.split()[1:3] == ["-m", "amlhpc.jobs.workloads.cosmoflow.train"]]
             return running if len(trainers) == nodes and any('"loss"' in line for line in lines) else None
 
         before = wait_for(training, 240, "both training processes to log a loss")
         commands = " | ".join(before.values())
         assert "azurite-blob" in commands
-        assert sum(cmd.split()[1:3] == ["-m", "jobs.runtime.launch"] for cmd in before.values()) == nodes
+        assert sum(cmd.split()[1:3] == ["-m", "amlhpc.jobs.runtime.launch"] for cmd in before.values()) == nodes
         sessions = {os.getsid(pid) for pid in before if pid in session_processes(session)}
         assert len(sessions) >= 2 + 2 * nodes, "the CLI, Azurite, each launcher and each training command: sessions of their own"
         ports = listening_ports(before)

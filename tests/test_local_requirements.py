@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from core.errors import UserError
-from jobs import recipes
-from jobs.local import folders, requirements
+from amlhpc.core.errors import UserError
+from amlhpc.jobs import recipes
+from amlhpc.jobs.local import folders, requirements
 
 
 def machine(modules=(), gpu=False, down=()):
@@ -55,7 +55,7 @@ def test_unreachable_endpoints_are_bounded_by_the_deadline():
 
 
 def test_azurite_is_required_unless_a_connection_string_is_given(monkeypatch, tmp_path):
-    from jobs.local import azurite
+    from amlhpc.jobs.local import azurite
 
     monkeypatch.setattr(azurite, "AZURITE_BIN", requirements.REPO_ROOT / "node_modules" / ".bin" / "no-such-binary")
     problems = requirements.azurite_problems({"PATH": os.environ.get("PATH", "")})

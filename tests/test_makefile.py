@@ -18,10 +18,10 @@ def dry(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, expected", [
-    (("plan", "stack=prod"), "-m infra plan --stack prod"),
-    (("plan", "STACK=prod"), "-m infra plan --stack prod"),
-    (("plan",), "-m infra plan --stack dev"),
-    (("new-experiment", "name=x", "env=prod", "days=3"), '-m infra new-experiment "x" --env prod --days 3'),
+    (("plan", "stack=prod"), "-m amlhpc.infra plan --stack prod"),
+    (("plan", "STACK=prod"), "-m amlhpc.infra plan --stack prod"),
+    (("plan",), "-m amlhpc.infra plan --stack dev"),
+    (("new-experiment", "name=x", "env=prod", "days=3"), '-m amlhpc.infra new-experiment "x" --env prod --days 3'),
     (("doctor", "stack=prod"), "-m amlhpc doctor --stack prod"),
 ])
 def test_lower_case_variables_mean_the_same(args, expected):

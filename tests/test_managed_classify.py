@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.managed import causes
-from jobs.managed.classify import classify
-from jobs.managed.observation import Observation
-from jobs.runtime import launch
+from amlhpc.jobs.managed import causes
+from amlhpc.jobs.managed.classify import classify
+from amlhpc.jobs.managed.observation import Observation
+from amlhpc.jobs.runtime.launch import launcher as launch
 from tests.managed_fakes import PREEMPTION, end
 
 FAILED = Observation("Failed", "UserError", "Execution failed")

@@ -1,4 +1,4 @@
-"""`python -m jobs submit --managed`, `status` and `cancel` of a managed run: rendered and
+"""`python -m amlhpc.jobs submit --managed`, `status` and `cancel` of a managed run: rendered and
 validated offline, bad input refused with exit 2, the history read from the run's record."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from images.catalog import CONTROLLER, release
-from jobs import cli
-from jobs.managed import render
-from jobs.managed.controller import MANAGED_JSON
-from jobs.managed.policy import Policy
-from jobs.managed.record import Attempt, Record, RecordStore
-from jobs.runtime import contract
+from amlhpc.images.catalog import CONTROLLER, release
+from amlhpc.jobs.cli import main as cli
+from amlhpc.jobs.managed import render
+from amlhpc.jobs.managed.controller import MANAGED_JSON
+from amlhpc.jobs.managed.policy import Policy
+from amlhpc.jobs.managed.record import Attempt, Record, RecordStore
+from amlhpc.jobs.runtime.base import contract
 from tests.jobs_helpers import outputs_doc, outputs_file
 
 
 def plan_outputs(stack: str):
-    from jobs import outputs
+    from amlhpc.jobs.plan import outputs
 
     return outputs.load(stack, offline=True).outputs
 
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_jobs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "amlhpc.jobs", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,13 @@ def dry_run():
 class TestDryRun:
     def test_shows_the_controller_job_then_the_training_template(self, dry_run):
         controller, training = list(yaml.safe_load_all(dry_run.stdout))
-        assert controller["command"] == "python -m jobs.managed.controller"
+        assert controller["command"] == "python -m amlhpc.jobs.managed.controller"
         assert controller["compute"] == "azureml:jobs-controller" and controller["resources"]["instance_count"] == 1
         outputs = plan_outputs("dev")
         assert controller["environment"] == outputs.registry.environment_ids["aml-hpc-controller"], \
             "the stack's controller image: Azure ML builds nothing"
         assert controller["environment"] == f"azureml:aml-hpc-controller:{release(CONTROLLER).tag}"
-        assert training["command"].startswith("python -m jobs.runtime.launch -- ") and training["code"] == ".."
+        assert training["command"].startswith("python -m amlhpc.jobs.runtime.launch -- ") and training["code"] == ".."
         assert training["compute"] == "azureml:nd-a100" and training["tags"]["managed_run"] == controller["name"]
         assert contract.WATCHDOG_JSON in training["environment_variables"]
         assert "managed run" in dry_run.stderr and "retried: preempted" in dry_run.stderr
@@ -88,8 +88,8 @@ class TestDryRun:
     def test_the_snapshot_holds_the_controller_and_the_template(self, dry_run):
         controller, _ = list(yaml.safe_load_all(dry_run.stdout))
         code = Path(controller["code"])
-        assert (code / "jobs" / "managed" / "controller.py").is_file() and (code / "jobs" / "runtime" / "launch.py").is_file()
-        assert (code / "jobs" / "workloads" / "cosmoflow" / "train.py").is_file()
+        assert (code / "amlhpc" / "jobs" / "managed" / "controller.py").is_file() and (code / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").is_file()
+        assert (code / "amlhpc" / "jobs" / "workloads" / "cosmoflow" / "train.py").is_file()
         template = yaml.safe_load((code / render.TEMPLATE_PATH).read_text())
         assert template["tags"]["managed_run"] == controller["name"]
 
@@ -147,8 +147,8 @@ class TestStatusAndCancel:
             {"managed_run": run, "attempt": name[-1], "record": tags["record"]}, display_name=name,
             experiment_name="cosmoflow", compute="jobs-controller", creation_context=None, studio_url=None)
         fake.jobs.begin_cancel.side_effect = lambda name: statuses.__setitem__(name, "Canceled")
-        mocker.patch("jobs.submit.connect", return_value=fake)
-        mocker.patch("jobs.managed.client.store_for", lambda outputs, place: RecordStore(container, place.prefix))
+        mocker.patch("amlhpc.jobs.azure.submit.connect", return_value=fake)
+        mocker.patch("amlhpc.jobs.managed.client.store_for", lambda outputs, place: RecordStore(container, place.prefix))
         return run, fake, store
 
     def test_status_shows_every_attempt_every_controller_and_the_total(self, mocker, container):
@@ -174,13 +174,13 @@ class TestStatusAndCancel:
 
 def test_the_controller_imports_only_what_its_image_has():
     """The controller job's image has the standard library and three Azure SDKs; its code
-    is jobs/managed and jobs/runtime. render.py and client.py run on the laptop only."""
+    is amlhpc/jobs/managed and amlhpc/jobs/runtime. render.py and client.py run on the laptop only."""
     from tests.test_import_direction import offenders, py_files
 
     controller_side = [p for p in py_files("jobs", "managed") if p.name not in ("render.py", "client.py")]
     assert offenders(controller_side, ("core", "infra", "images", "jobs", "pulumi", "pydantic", "yaml", "rich", "typer"),
-                     allowed=("jobs.managed", "jobs.runtime")) == {}
-    assert offenders(controller_side, ("jobs.managed.render", "jobs.managed.client")) == {}
+                     allowed=("amlhpc.jobs.managed", "amlhpc.jobs.runtime")) == {}
+    assert offenders(controller_side, ("amlhpc.jobs.managed.render", "amlhpc.jobs.managed.client")) == {}
 
 
 @pytest.mark.parametrize("flags, message", [

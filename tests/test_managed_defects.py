@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.managed import render
-from jobs.managed.azureml import observation_from
-from jobs.managed.classify import classify
-from jobs.managed.observation import Observation
-from jobs.managed.policy import Policy, Target
-from jobs.managed.record import iso, now_utc
-from jobs.managed.report import summary_lines
-from jobs.managed.supervisor import Resume
-from jobs.runtime import exit_codes
+from amlhpc.jobs.managed import render
+from amlhpc.jobs.managed.azureml import observation_from
+from amlhpc.jobs.managed.classify import classify
+from amlhpc.jobs.managed.observation import Observation
+from amlhpc.jobs.managed.policy import Policy, Target
+from amlhpc.jobs.managed.record import iso, now_utc
+from amlhpc.jobs.managed.report import summary_lines
+from amlhpc.jobs.managed.supervisor import Resume
+from amlhpc.jobs.runtime.base import exit_codes
 from tests.aml_fakes import service_error
 from tests.managed_fakes import PREEMPTION, Step, end
 from tests.managed_harness import (
@@ -134,7 +134,7 @@ class TestCancelAndResume:
         assert h.supervisor.run().state == "canceled"
         resumed = h.new_supervisor("ctl-resume", resume=Resume("tok-1", iso(now_utc())))
         resumed.store.acquire()
-        from jobs.managed.supervisor import open_record
+        from amlhpc.jobs.managed.supervisor import open_record
 
         open_record(resumed.store, h.run, "cosmoflow", h.policy, resumed.resume)
         resumed.tick(), resumed.tick()
@@ -290,7 +290,7 @@ class TestStragglers:
 
 
 def test_the_docs_give_the_hangs_exit_code():
-    """The watchdog's exit status is jobs.runtime.exit_codes.EXIT_HANG wherever the docs name it."""
+    """The watchdog's exit status is amlhpc.jobs.runtime.base.exit_codes.EXIT_HANG wherever the docs name it."""
     pattern = re.compile(r"\b(?:hang|watchdog)\b[^.|]{0,240}?\bexit(?:s)? \**(\d+)", re.IGNORECASE)
     checked = 0
     for doc in ("docs/managed-jobs.md", "docs/jobs.md"):

@@ -1,4 +1,4 @@
-"""What a new attempt resumes from, as the controller records it (jobs/managed/evidence.py):
+"""What a new attempt resumes from, as the controller records it (amlhpc/jobs/managed/evidence.py):
 the versioned stream's commit when the training checkpoints in versions, else the folder's."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.managed.evidence import Evidence
-from jobs.runtime.checkpoint import CheckpointStore
+from amlhpc.jobs.managed.evidence import Evidence
+from amlhpc.jobs.runtime.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.azurite
 

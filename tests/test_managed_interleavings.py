@@ -1,5 +1,5 @@
 """The managed-run record as a state machine under interleavings: at every named point of
-the controller's loop (jobs/runtime/faultpoints.py), the controller is killed, a second
+the controller's loop (amlhpc/jobs/runtime/base/faultpoints.py), the controller is killed, a second
 writer comes in, or a cancel arrives; and `jobs cancel` is interleaved with a claim. Each
 test asserts its point fired, that no attempt ever ran twice or unsupervised, and where
 the run ended."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.managed import client
-from jobs.managed.observation import TERMINAL
-from jobs.managed.record import RecordConflict
-from jobs.runtime import faultpoints
+from amlhpc.jobs.managed import client
+from amlhpc.jobs.managed.observation import TERMINAL
+from amlhpc.jobs.managed.record import RecordConflict
+from amlhpc.jobs.runtime.base import faultpoints
 from tests.managed_fakes import PREEMPTION, Step
 from tests.managed_harness import Harness, completed, new_managed_plan, running, write_template
 

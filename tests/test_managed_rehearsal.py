@@ -4,7 +4,7 @@ the next attempt, a node's training freezes; the supervision classifies each end
 resubmits, every restart resumes from the checkpoint in Blob, and the run ends with as
 many steps as an undisturbed run.
 
-The training is jobs.workloads.synthetic (lockstep ranks, checkpoints, progress reports,
+The training is amlhpc.jobs.workloads.synthetic (lockstep ranks, checkpoints, progress reports,
 no framework): the subject is the platform's recovery, and without a torch import per
 process the whole scenario fits in a few seconds of CPU per attempt."""
 
@@ -16,15 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from jobs import build, recipes
-from jobs.local import managed, rehearsal
-from jobs.managed import render
-from jobs.managed.report import summary_lines
+from amlhpc.jobs import recipes
+from amlhpc.jobs.local import managed, rehearsal
+from amlhpc.jobs.managed import render
+from amlhpc.jobs.managed.report import summary_lines
+from amlhpc.jobs.plan import build
 from tests.jobs_helpers import outputs_file, stack_outputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.azurite]
 
-TRAIN = "python -m jobs.workloads.synthetic --steps 30 --step-s 0.15 --checkpoint-every 5"
+TRAIN = "python -m amlhpc.jobs.workloads.synthetic --steps 30 --step-s 0.15 --checkpoint-every 5"
 NODES, PROCS = 2, 1
 
 
@@ -69,12 +70,12 @@ def undisturbed(world):
 
 
 def test_cli_a_preempted_node_resumes_from_the_checkpoint(world, undisturbed, monkeypatch):
-    """`python -m jobs run ... --local --managed --preempt-at-step 12 --preempt-node 1`, in process."""
+    """`python -m amlhpc.jobs run ... --local --managed --preempt-at-step 12 --preempt-node 1`, in process."""
     from typer.testing import CliRunner
 
-    from jobs import cli
-    from jobs.managed.record import RecordStore
-    from jobs.runtime import blobio
+    from amlhpc.jobs.cli import main as cli
+    from amlhpc.jobs.managed.record import RecordStore
+    from amlhpc.jobs.runtime.blob import blobio
 
     name = f"m-cli-{uuid.uuid4().hex[:6]}"
     azurite = world["azurite"]

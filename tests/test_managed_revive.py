@@ -1,4 +1,4 @@
-"""A controller that cannot be orphaned (jobs/managed/revive.py): the revival check starts a
+"""A controller that cannot be orphaned (amlhpc/jobs/managed/revive.py): the revival check starts a
 copy of the controller when none holds the record's lease, never two, never for a finished
 run, waits for one that is starting, and cancels one that hangs; the schedule that runs it
 is an azure-ai-ml JobSchedule the SDK turns into the service's REST shape."""
@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 import yaml
 
-from jobs.managed import revive
-from jobs.managed.record import iso
+from amlhpc.jobs.managed import revive
+from amlhpc.jobs.managed.record import iso
 from tests.managed_harness import Harness, completed, new_managed_plan, running, write_template
 
 pytestmark = pytest.mark.azurite
@@ -120,10 +120,10 @@ def test_the_schedule_is_what_azure_ml_accepts(managed_plan, tmp_path):
     the revival command, the controller's code, environment, cluster, identity, settings)."""
     from azure.ai.ml.entities import CommandJob, ManagedIdentityConfiguration
 
-    from jobs.managed.controller import MANAGED_JSON
+    from amlhpc.jobs.managed.controller import MANAGED_JSON
 
     controller = CommandJob(
-        name=managed_plan.run, experiment_name="cosmoflow", command="python -m jobs.managed.controller",
+        name=managed_plan.run, experiment_name="cosmoflow", command="python -m amlhpc.jobs.managed.controller",
         code="azureml:/subscriptions/s/resourceGroups/r/providers/Microsoft.MachineLearningServices/workspaces/w/codes/c/"
              "versions/1", environment="azureml:aml-hpc-controller:0123456789ab", compute="azureml:jobs-controller",
         environment_variables={MANAGED_JSON: "{}", "AZURE_CLIENT_ID": "cid"},
@@ -137,7 +137,7 @@ def test_the_schedule_is_what_azure_ml_accepts(managed_plan, tmp_path):
     assert pipeline["jobType"] == "Pipeline" and pipeline["tags"]["role"] == "revival"
     step = pipeline["jobs"]["revive"]
     component = yaml.safe_load(step["componentId"])  # an anonymous component, registered when the schedule is created
-    assert component["command"] == "python -m jobs.managed.revive"
+    assert component["command"] == "python -m amlhpc.jobs.managed.revive"
     assert component["environment"] == "azureml:aml-hpc-controller:0123456789ab" and component["code"] == controller.code
     assert step["environment_variables"][MANAGED_JSON] == "{}" and step["identity"]["client_id"] == "cid"
     assert step["computeId"].endswith("jobs-controller") and step["resources"]["instance_count"] == 1

@@ -18,20 +18,22 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from core.errors import UserError
-from jobs import build, cli, recipes
-from jobs.managed import render, shrink
-from jobs.managed.policy import Policy, Target
-from jobs.managed.record import RecordStore
-from jobs.managed.report import summary_lines
-from jobs.runtime import faultpoints
+from amlhpc.core.errors import UserError
+from amlhpc.jobs import recipes
+from amlhpc.jobs.cli import main as cli
+from amlhpc.jobs.managed import render, shrink
+from amlhpc.jobs.managed.policy import Policy, Target
+from amlhpc.jobs.managed.record import RecordStore
+from amlhpc.jobs.managed.report import summary_lines
+from amlhpc.jobs.plan import build
+from amlhpc.jobs.runtime.base import faultpoints
 from tests.jobs_helpers import outputs_file, stack_outputs
 from tests.managed_fakes import PREEMPTION, T0, Step, end
 from tests.managed_harness import Harness, running, write_template
 
 pytestmark = pytest.mark.azurite
 
-COMMAND = "python -m jobs.workloads.cosmoflow.train --input cosmoflow --epochs 48 --batch-size 4"
+COMMAND = "python -m amlhpc.jobs.workloads.cosmoflow.train --input cosmoflow --epochs 48 --batch-size 4"
 """cosmoflow's command: 4 samples per rank and pass, 8 ranks per ND96asr_v4 node."""
 
 
@@ -291,7 +293,7 @@ class TestSubmitSide:
 
 def test_status_names_the_shrink(mocker, container):
     """`jobs status` of a run whose third attempt shrank: its nodes as "1 of 2", and why."""
-    from jobs.managed.record import Attempt, Record
+    from amlhpc.jobs.managed.record import Attempt, Record
 
     run = "cosmoflow-20261123-100000-abcd"
     prefix = f"cosmoflow/{run}"
@@ -310,8 +312,8 @@ def test_status_names_the_shrink(mocker, container):
     fake.jobs.get.side_effect = lambda name: SimpleNamespace(
         name=name, status="Running", tags=tags, display_name=name, experiment_name="cosmoflow", compute="nd-a100",
         creation_context=None, studio_url=None)
-    mocker.patch("jobs.submit.connect", return_value=fake)
-    mocker.patch("jobs.managed.client.store_for", lambda outputs, place: RecordStore(container, place.prefix))
+    mocker.patch("amlhpc.jobs.azure.submit.connect", return_value=fake)
+    mocker.patch("amlhpc.jobs.managed.client.store_for", lambda outputs, place: RecordStore(container, place.prefix))
     result = CliRunner().invoke(cli.app, ["status", f"{run}-a3", "--stack", "dev", "--outputs", str(outputs_file("dev"))],
                                 env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output

@@ -9,12 +9,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from jobs.managed.azureml import observation_from
-from jobs.managed.policy import Policy
-from jobs.managed.record import RecordStore, iso
-from jobs.managed.report import summary_lines
-from jobs.managed.supervisor import Resume
-from jobs.runtime import contract
+from amlhpc.jobs.managed.azureml import observation_from
+from amlhpc.jobs.managed.policy import Policy
+from amlhpc.jobs.managed.record import RecordStore, iso
+from amlhpc.jobs.managed.report import summary_lines
+from amlhpc.jobs.managed.supervisor import Resume
+from amlhpc.jobs.runtime.base import contract
 from tests.managed_fakes import PREEMPTION, T0, Step, end
 from tests.managed_harness import (
     Harness,
@@ -186,13 +186,13 @@ class TestLimits:
         """2 nodes x $10/h: attempt 1 ran 4 h ($80) before it was preempted; one more attempt
         is budgeted at the 6 expected hours not yet run ($120): $200 > the $150 limit."""
         policy = Policy(nodes=2, usd_per_node_hour=10.0, expected_hours=10, limit_usd=150,
-                        limit_source="jobs/recipes/cosmoflow.yaml: cost.ceiling_usd")
+                        limit_source="amlhpc/jobs/recipes/cosmoflow.yaml: cost.ceiling_usd")
         scripts = {1: [running(), Step("Failed", error=PREEMPTION, started_h=0, ended_h=4)], 2: [completed()]}
         h = Harness(container, template, managed_plan, scripts, policy)
         record = h.supervisor.run()
         assert record.state == "failed" and len(h.azure.created) == 1
         assert "over budget: $80.00 spent + $120.00 for one more attempt exceeds " \
-               "jobs/recipes/cosmoflow.yaml: cost.ceiling_usd $150.00" in record.reason
+               "amlhpc/jobs/recipes/cosmoflow.yaml: cost.ceiling_usd $150.00" in record.reason
 
 
 class TestControllerRestart:

@@ -18,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.managed.policy import Policy
-from jobs.managed.record import cancel_name, record_name
-from jobs.runtime import nodestatus
+from amlhpc.jobs.managed.policy import Policy
+from amlhpc.jobs.managed.record import cancel_name, record_name
+from amlhpc.jobs.runtime.coord import nodestatus
 from tests.managed_fakes import Step, end
 from tests.managed_harness import (
     SECRET,

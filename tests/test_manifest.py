@@ -1,4 +1,4 @@
-"""jobs.runtime.manifest: the resume record, read back all at once or line by line alike."""
+"""amlhpc.jobs.runtime.staging.manifest: the resume record, read back all at once or line by line alike."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from jobs.runtime import manifest
-from jobs.runtime.fetch import BlobEntry
-from jobs.runtime.manifest import HEADER, Manifest
+from amlhpc.jobs.runtime.blob.fetch import BlobEntry
+from amlhpc.jobs.runtime.staging import manifest
+from amlhpc.jobs.runtime.staging.manifest import HEADER, Manifest
 
 
 def line_by_line(text: str) -> dict:

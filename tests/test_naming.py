@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import naming
+from amlhpc.infra import naming
 
 
 class TestCheck:

@@ -1,4 +1,4 @@
-"""jobs/runtime/nccl_env.py and nccl_transport.py: NCCL settings adapted to the node, and
+"""amlhpc/jobs/runtime/node/nccl_env.py and nccl_transport.py: NCCL settings adapted to the node, and
 NCCL's transport choice read from its real init log (tests/fixtures/tool-output/nccl-*.log,
 sources in SOURCES.toml)."""
 
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import launch, nccl_env, nccl_transport
-from jobs.runtime.exit_codes import EXIT_NCCL_SOCKETS
+from amlhpc.jobs.runtime.base.exit_codes import EXIT_NCCL_SOCKETS
+from amlhpc.jobs.runtime.launch import launcher as launch
+from amlhpc.jobs.runtime.node import nccl_env, nccl_transport
 from tests.fake_sysfs import build_nd96asr_sysfs, ib_port, pci_device
 
 LOGS = Path(__file__).parent / "fixtures" / "tool-output"
@@ -79,7 +80,7 @@ class TestPreflight:
         sysfs = build_nd96asr_sysfs(tmp_path / "sys")
         import dataclasses
 
-        from core import skus
+        from amlhpc.core import skus
 
         env = {"RANK": "0", "WORLD_SIZE": "16", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8", "NCCL_IB_DISABLE": "1",
                "AMLHPC_SKU_JSON": json.dumps(dataclasses.asdict(skus.get("Standard_ND96asr_v4"))),
@@ -109,9 +110,9 @@ class TestNodeEnvironment:
         assert "NCCL_TOPO_FILE" not in env and notes[0].startswith("warning: NCCL_TOPO_FILE: ndv5-topo.xml is neither")
 
     def test_the_real_snapshot_carries_the_files(self, tmp_path):
-        from jobs import build
+        from amlhpc.jobs.plan import build
 
-        snap = build.snapshot(("jobs/runtime",), dest_root=tmp_path)
+        snap = build.snapshot(("amlhpc/jobs/runtime",), dest_root=tmp_path)
         env = {"NCCL_TOPO_FILE": "nccl-topo/ndv5-topo.xml", nccl_env.RESOLVE_VAR: json.dumps({"NCCL_TOPO_FILE": "topology"})}
         nccl_env.apply(env, tmp_path, cwd=snap, image_dir=tmp_path / "img")
         assert Path(env["NCCL_TOPO_FILE"]).read_bytes() == (Path("tests/reference/azhpc-images/topology/ndv5-topo.xml")).read_bytes()
@@ -133,7 +134,7 @@ class TestNodeEnvironment:
         assert nccl_env.apply(env, tmp_path) == [] and env["UCX_NET_DEVICES"] == "mlx5_ib0:1"
 
     def test_bad_resolve_list_names_the_variable(self, tmp_path):
-        from jobs.runtime.errors import RuntimeInputError
+        from amlhpc.jobs.runtime.base.errors import RuntimeInputError
 
         with pytest.raises(RuntimeInputError, match="AMLHPC_NCCL_RESOLVE"):
             nccl_env.apply({nccl_env.RESOLVE_VAR: '{"X": "everything"}'}, tmp_path)

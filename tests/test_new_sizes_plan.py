@@ -9,10 +9,10 @@ import copy
 import pytest
 import yaml
 
-from core import skus
-from core.errors import UserError
-from infra.config import REPO_ROOT
-from infra.plan import evaluate
+from amlhpc.core import skus
+from amlhpc.core.errors import UserError
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.plan import evaluate
 
 COMPUTE = "azure-native:machinelearningservices:Compute"
 RUNNABLE = {"h200": "Standard_ND96isr_H200_v5", "nch100a": "Standard_NC40ads_H100_v5",
@@ -31,7 +31,7 @@ def write(root, stack: str, config: dict) -> None:
 
 
 def test_one_cluster_of_each_new_size_azure_ml_runs_plans_with_quota_and_price(tmp_path):
-    """In eastus, the one region core/catalog/availability.toml records for the NC H100 v5 and
+    """In eastus, the one region amlhpc/core/catalog/availability.toml records for the NC H100 v5 and
     NC48ads sizes so far (the dev stack's swedencentral would be refused for them)."""
     clusters = [{"name": name, "sku": sku, "maxNodes": 2 if skus.get(sku).infiniband else 1}
                 for name, sku in RUNNABLE.items()]

@@ -1,4 +1,4 @@
-"""jobs.outputs: the three sources and the checks on the outputs document."""
+"""amlhpc.jobs.plan.outputs: the three sources and the checks on the outputs document."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from core.errors import UserError
-from jobs import outputs
+from amlhpc.core.errors import UserError
+from amlhpc.jobs.plan import outputs
 from tests.jobs_helpers import outputs_doc, outputs_file
 
 
@@ -50,17 +50,17 @@ def test_wrong_stack(tmp_path):
 
 
 def test_offline_source_uses_plan(monkeypatch):
-    """--offline calls infra.plan.offline_outputs (monkeypatched here to the fixture)."""
-    import infra.plan
+    """--offline calls amlhpc.infra.plan.offline_outputs (monkeypatched here to the fixture)."""
+    import amlhpc.infra.plan
 
     calls = []
-    monkeypatch.setattr(infra.plan, "offline_outputs", lambda stack, root=None: calls.append(stack) or outputs_doc(stack))
+    monkeypatch.setattr(amlhpc.infra.plan, "offline_outputs", lambda stack, root=None: calls.append(stack) or outputs_doc(stack))
     loaded = outputs.load("prod", offline=True)
     assert calls == ["prod"] and loaded.source == "offline" and "nd-h100" in loaded.outputs.clusters
 
 
 def test_real_offline_plan_document_validates():
-    """The offline plan of dev (infra.plan) gives a document with every key jobs need."""
+    """The offline plan of dev (amlhpc.infra.plan) gives a document with every key jobs need."""
     loaded = outputs.load("dev", offline=True)
     assert loaded.outputs.clusters["nd-a100"].sku == "Standard_ND96asr_v4"
 

@@ -1,4 +1,4 @@
-"""The permission model (core/catalog/permissions.toml, core/permissions.py): it loads and
+"""The permission model (amlhpc/core/catalog/permissions.toml, amlhpc/core/permissions.py): it loads and
 refuses malformed entries by name, its built-in roles are Azure's, its conditions are in
 Azure's syntax, nothing a cluster runs as can do more than a submitter, and docs/deploying.md's
 tables are generated from it."""
@@ -11,9 +11,9 @@ import tomllib
 
 import pytest
 
-from core import permissions, permissions_table
-from core.permissions import MODEL, action_matches
-from core.skus import CatalogError
+from amlhpc.core import permissions, permissions_table
+from amlhpc.core.permissions import MODEL, action_matches
+from amlhpc.core.skus import CatalogError
 
 # Azure's built-in role GUIDs, copied independently from Azure built-in roles
 # (learn.microsoft.com/azure/role-based-access-control/built-in-roles, read 2026-11-26).
@@ -156,7 +156,7 @@ class TestNoEscalationThroughAJob:
 class TestDocs:
     def test_deploying_md_holds_the_generated_tables(self):
         assert permissions_table.current() == permissions_table.tables(), (
-            "docs/deploying.md is not current: run .venv/bin/python -m core.permissions_table --write")
+            "docs/deploying.md is not current: run .venv/bin/python -m amlhpc.core.permissions_table --write")
 
     def test_every_right_and_principal_is_in_the_tables(self):
         text = permissions_table.tables()

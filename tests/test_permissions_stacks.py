@@ -1,6 +1,6 @@
 """Every role assignment of every shipped and generated stack is a right of the permission
 model - the shipped dev and prod, an experiment as `new-experiment` writes it, and the two
-every-option environments the conformance tests use - and `python -m infra plan --access`
+every-option environments the conformance tests use - and `python -m amlhpc.infra plan --access`
 shows it, with who holds it, where, and why."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from core.permissions import MODEL
-from infra.config import REPO_ROOT
-from infra.plan import evaluate
-from infra.plan.access import access_view
+from amlhpc.core.permissions import MODEL
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.access import access_view
 from tests.conformance.conformance_stacks import NOW, write_stacks
 
 ROLE = "azure-native:authorization:RoleAssignment"
@@ -70,7 +70,7 @@ def test_an_assignment_outside_the_model_is_named(stacks):
 
 class TestCommand:
     def test_prod_access_prints_who_can_do_what_where_and_why(self, stacks):
-        from infra.plan.render_access import render_access
+        from amlhpc.infra.plan.render_access import render_access
 
         text = render_access(access_view(stacks["prod"]))
         assert "controller: managed-run controller identity (workload)" in text
@@ -85,7 +85,7 @@ class TestCommand:
     def test_the_command_prints_the_view_as_json(self):
         from typer.testing import CliRunner
 
-        from infra.cli import app
+        from amlhpc.infra.cli import app
 
         result = CliRunner().invoke(app, ["plan", "--stack", "prod", "--access", "--json"])
         assert result.exit_code == 0, result.output
@@ -96,6 +96,6 @@ class TestCommand:
         assert view["unexplained"] == [] and view["environment"] == "prod"
 
     def test_access_with_a_diff_is_refused_by_name(self):
-        result = subprocess.run([sys.executable, "-m", "infra", "plan", "--stack", "prod", "--access", "--diff-ref",
+        result = subprocess.run([sys.executable, "-m", "amlhpc.infra", "plan", "--stack", "prod", "--access", "--diff-ref",
                                  "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and "--access" in result.stderr and "drop --diff" in result.stderr

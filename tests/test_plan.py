@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core import skus
-from core.errors import UserError
-from infra.config import REPO_ROOT, ControllerConfig
-from infra.plan import evaluate
+from amlhpc.core import skus
+from amlhpc.core.errors import UserError
+from amlhpc.infra.config import REPO_ROOT, ControllerConfig
+from amlhpc.infra.plan import evaluate
 from tests.plan_helpers import SWEEP_EXPERIMENT
 
 FIXTURES = Path(__file__).parent / "fixtures" / "outputs"
@@ -169,10 +169,10 @@ class TestExperimentStacks:
 
 class TestBadConfigRegistersNothing:
     def test_program_never_runs(self, tmp_path, monkeypatch):
-        import infra.program
+        import amlhpc.infra.program
 
         called = []
-        monkeypatch.setattr(infra.program, "build", lambda *a, **k: called.append(1))
+        monkeypatch.setattr(amlhpc.infra.program, "build", lambda *a, **k: called.append(1))
         bad = yaml.safe_load((REPO_ROOT / "Pulumi.dev.yaml").read_text())
         bad["config"]["aml-hpc:clusters"][0]["sku"] = "Standard_Bogus"
         (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(bad))
@@ -196,7 +196,7 @@ class TestPrices:
 class TestCli:
     def run(self, *args):
         env = {**os.environ, "COLUMNS": "250"}
-        return subprocess.run([sys.executable, "-m", "infra", *args], cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+        return subprocess.run([sys.executable, "-m", "amlhpc.infra", *args], cwd=REPO_ROOT, capture_output=True, text=True, env=env)
 
     def test_prod_json_is_valid_and_has_the_outputs_document(self, prod):
         result = self.run("plan", "--stack", "prod", "--json")

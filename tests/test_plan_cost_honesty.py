@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import REPO_ROOT
-from infra.plan import evaluate
-from infra.plan.diff import diff
-from infra.plan.render import render
-from infra.plan.render_diff import headline, render_markdown, render_text
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.diff import diff
+from amlhpc.infra.plan.render import render
+from amlhpc.infra.plan.render_diff import headline, render_markdown, render_text
 
 UNPRICED = "Standard_ND96isr_H200_v5"  # in the catalog without a reference price
 

@@ -1,5 +1,5 @@
 """The same stack gives the same plan, byte for byte: in separate processes, and whether
-azure-native loads lazily (infra/plan/lazy_provider.py) or as the stock package."""
+azure-native loads lazily (amlhpc/infra/plan/lazy_provider.py) or as the stock package."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import sys
 import pytest
 import yaml
 
-from infra.config import REPO_ROOT
-from infra.plan import lazy_provider
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.plan import lazy_provider
 from tests.plan_helpers import SWEEP_EXPERIMENT
 
 # Writes, for each stack, the CLI's two outputs (`plan --json` and the text) in one process.
 SCRIPT = """
 import json, sys
 from pathlib import Path
-from infra.plan import evaluate
-from infra.plan.render import render
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.render import render
 root, out = Path(sys.argv[1]), {}
 for stack in sys.argv[2:]:
     plan = evaluate(stack, root)
@@ -71,8 +71,8 @@ def test_lazy_and_stock_azure_native_give_the_same_plan(runs, stack):
 def test_json_is_in_canonical_order(runs):
     """Resources grouped by component (the component first), dependencies sorted."""
     document = json.loads(runs[0]["prod"]["json"])
-    from infra.plan import canonical_order
-    from infra.plan.mocks import RecordedResource
+    from amlhpc.infra.plan import canonical_order
+    from amlhpc.infra.plan.mocks import RecordedResource
 
     resources = [RecordedResource.from_json(r) for r in document["resources"]]
     assert [r.urn for r in canonical_order(list(reversed(resources)))] == [r["urn"] for r in document["resources"]]

@@ -16,20 +16,20 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from core import skus
-from core.errors import UserError
-from infra.cli import app
-from infra.config import REPO_ROOT, ControllerConfig
-from infra.plan import evaluate
-from infra.plan.diff import (
+from amlhpc.core import skus
+from amlhpc.core.errors import UserError
+from amlhpc.infra.cli import app
+from amlhpc.infra.config import REPO_ROOT, ControllerConfig
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.diff import (
     REASON_LOCATION,
     REASON_REPLACE_ON_CHANGES,
     REASON_RESOURCE_ID,
     changes,
     diff,
 )
-from infra.plan.render_diff import MARKER, render_markdown, render_text
-from infra.plan.revision import plan_at
+from amlhpc.infra.plan.render_diff import MARKER, render_markdown, render_text
+from amlhpc.infra.plan.revision import plan_at
 from tests.plan_helpers import repository_copy
 
 COMPUTE = "azure-native:machinelearningservices:Compute"
@@ -188,7 +188,7 @@ class TestMarkdown:
 
 
 def run_plan(*args: str, cwd: Path = REPO_ROOT, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infra", "plan", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "amlhpc.infra", "plan", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=300)
 
 
@@ -218,7 +218,7 @@ class TestCli:
             path.write_text(content)
         result = CliRunner().invoke(app, ["plan", "--stack", "prod", "--diff", str(path)])
         assert result.exit_code == 2 and "Traceback" not in result.output
-        assert message in result.output and "python -m infra plan --stack STACK --json > FILE" in result.output
+        assert message in result.output and "python -m amlhpc.infra plan --stack STACK --json > FILE" in result.output
 
     @pytest.mark.parametrize(("args", "message"), [
         (["--diff", "x.json", "--diff-ref", "HEAD"], "--diff, --diff-ref: both given"),

@@ -1,10 +1,10 @@
 """The Pulumi SDK surfaces the offline plan stands on, held to the versions pyproject.toml pins.
 
-infra/plan runs the real program under Pulumi's mock runtime. It uses the SDK's public
+amlhpc/infra/plan runs the real program under Pulumi's mock runtime. It uses the SDK's public
 testing API (`set_mocks`, `pulumi.runtime.test`, `Mocks`, `MockMonitor`), the fields of
 Pulumi's resource protocol that the mock monitor receives, `pulumi.runtime.rpc`'s secret
 helpers, `ResourceOptions.merge` and stack transformations, plus the file layout of the
-generated azure-native package (infra/plan/lazy_provider.py). An SDK upgrade can change
+generated azure-native package (amlhpc/infra/plan/lazy_provider.py). An SDK upgrade can change
 any of them; each test here names the surface, the file that relies on it and the version
 it was tested with, so the failure says what to look at.
 """
@@ -26,8 +26,8 @@ import pytest
 from pulumi.runtime import mocks, rpc
 from pulumi.runtime.proto import resource_pb2
 
-from infra.config import REPO_ROOT
-from infra.plan import lazy_provider, record
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.plan import lazy_provider, record
 
 PINS = {
     re.split(r"[=<>~!]", spec, maxsplit=1)[0]: spec
@@ -58,19 +58,19 @@ def test_installed_versions_are_the_pinned_ones(package):
 
 
 def test_set_mocks_takes_our_monitor():
-    """infra/plan/__init__.py passes a RecordingMonitor through set_mocks(monitor=...)."""
+    """amlhpc/infra/plan/__init__.py passes a RecordingMonitor through set_mocks(monitor=...)."""
     params = inspect.signature(pulumi.runtime.set_mocks).parameters
     missing = {"mocks", "project", "stack", "preview", "monitor"} - set(params)
-    assert not missing, broken("pulumi.runtime.set_mocks", "infra/plan/__init__.py", f"no parameter(s) {missing}")
+    assert not missing, broken("pulumi.runtime.set_mocks", "amlhpc/infra/plan/__init__.py", f"no parameter(s) {missing}")
 
 
 def test_mock_monitor_methods():
-    """infra/plan/mocks.py subclasses MockMonitor and overrides two of its gRPC methods."""
+    """amlhpc/infra/plan/mocks.py subclasses MockMonitor and overrides two of its gRPC methods."""
     for method in ("RegisterResource", "ReadResource"):
         assert callable(getattr(mocks.MockMonitor, method, None)), broken(
-            f"pulumi.runtime.mocks.MockMonitor.{method}", "infra/plan/mocks.py", "method gone")
+            f"pulumi.runtime.mocks.MockMonitor.{method}", "amlhpc/infra/plan/mocks.py", "method gone")
     assert list(inspect.signature(mocks.MockMonitor.__init__).parameters)[1:] == ["mocks"], broken(
-        "MockMonitor.__init__", "infra/plan/mocks.py", "signature is no longer (mocks)")
+        "MockMonitor.__init__", "amlhpc/infra/plan/mocks.py", "signature is no longer (mocks)")
 
 
 @pytest.mark.parametrize(("message", "fields"), [
@@ -82,20 +82,20 @@ def test_resource_protocol_fields(message, fields):
     """The request fields RecordingMonitor records (the options the engine would see)."""
     descriptor = getattr(resource_pb2, message).DESCRIPTOR
     missing = fields - set(descriptor.fields_by_name)
-    assert not missing, broken(f"pulumi's {message}", "infra/plan/mocks.py", f"field(s) {sorted(missing)} gone")
+    assert not missing, broken(f"pulumi's {message}", "amlhpc/infra/plan/mocks.py", f"field(s) {sorted(missing)} gone")
 
 
 def test_rpc_secret_helpers():
     """Secret inputs are found with rpc.is_rpc_secret on deserialized properties."""
     for name in ("deserialize_properties", "is_rpc_secret"):
-        assert callable(getattr(rpc, name, None)), broken(f"pulumi.runtime.rpc.{name}", "infra/plan/mocks.py", "gone")
+        assert callable(getattr(rpc, name, None)), broken(f"pulumi.runtime.rpc.{name}", "amlhpc/infra/plan/mocks.py", "gone")
 
 
 def test_output_methods_the_plan_awaits():
     """The outputs document is resolved with Output.future() and Output.is_secret()."""
     for name in ("future", "is_secret"):
         assert inspect.iscoroutinefunction(getattr(pulumi.Output, name, None)), broken(
-            f"pulumi.Output.{name}", "infra/plan/__init__.py", "no longer a coroutine method")
+            f"pulumi.Output.{name}", "amlhpc/infra/plan/__init__.py", "no longer a coroutine method")
 
 
 def test_secret_inputs_are_named_and_never_recorded():
@@ -107,7 +107,7 @@ def test_secret_inputs_are_named_and_never_recorded():
 
     resources, _, _ = record(program)
     (thing,) = resources
-    assert thing.secret_inputs == ["password"], broken("secret marking of inputs", "infra/plan/mocks.py",
+    assert thing.secret_inputs == ["password"], broken("secret marking of inputs", "amlhpc/infra/plan/mocks.py",
                                                        f"secretInputs {thing.secret_inputs}")
     assert thing.inputs == {"password": "[secret]", "plain": "visible"}
     assert "hunter2" not in json.dumps(thing.to_json())
@@ -128,7 +128,7 @@ def test_options_reach_the_monitor():
     got = (second.protect, second.retain_on_delete, second.delete_before_replace, second.replace_on_changes,
            second.ignore_changes, [u.rsplit("::", 1)[-1] for u in second.depends_on])
     assert got == (True, True, True, ["a"], ["b"], ["first"]), broken(
-        "resource options under set_mocks", "infra/plan/mocks.py", f"recorded {got}")
+        "resource options under set_mocks", "amlhpc/infra/plan/mocks.py", f"recorded {got}")
 
 
 def test_each_run_starts_clean():
@@ -143,14 +143,14 @@ def test_each_run_starts_clean():
         record(failing)
     resources, outputs, _ = record(lambda: {"x": pulumi.CustomResource("test:index:Thing", "kept", {}).urn})
     assert [r.name for r in resources] == ["kept"], broken("pulumi.runtime.test / set_mocks state",
-                                                          "infra/plan/__init__.py", f"saw {resources}")
+                                                          "amlhpc/infra/plan/__init__.py", f"saw {resources}")
     assert outputs["x"].endswith("$test:index:Thing::kept")
 
 
 def test_a_run_leaves_no_event_loop_open():
     """Pulumi sends monitor calls to the loop's default executor, and its mock monitor gives
     each worker thread a loop of its own (`_sync_await`) that nothing closes:
-    infra/plan/event_loop.py closes them with the run's, so the garbage collector finds
+    amlhpc/infra/plan/event_loop.py closes them with the run's, so the garbage collector finds
     none to warn about later."""
     import gc
     import warnings
@@ -161,42 +161,42 @@ def test_a_run_leaves_no_event_loop_open():
         gc.collect()
     unclosed = [str(w.message) for w in caught if "unclosed event loop" in str(w.message)]
     assert unclosed == [], broken("run_in_executor(None) / _sync_await's per-thread loops",
-                                  "infra/plan/event_loop.py", f"{len(unclosed)} left open")
+                                  "amlhpc/infra/plan/event_loop.py", f"{len(unclosed)} left open")
 
 
 def test_stack_transformations_run_under_mocks():
     """The plan drops azure-native's API-version aliases with a stack transformation and
     ResourceOptions.merge (a copy); both must still work client-side under mocks."""
-    from infra.plan import _drop_provider_version_aliases
+    from amlhpc.infra.plan import _drop_provider_version_aliases
 
     seen = []
 
     def program():
-        # Runs after the plan's own transformation (registered first, by infra.plan._run).
+        # Runs after the plan's own transformation (registered first, by amlhpc.infra.plan._run).
         pulumi.runtime.register_stack_transformation(
             lambda args: seen.append([a.name or a.type_ for a in args.opts.aliases or []]))
         pulumi.CustomResource("azure-native:storage:StorageAccount", "acct", {}, opts=pulumi.ResourceOptions(
             aliases=[pulumi.Alias(type_="azure-native:storage/v20230101:StorageAccount"), pulumi.Alias(name="old")]))
 
     record(program)
-    assert seen == [["old"]], broken("pulumi.runtime.register_stack_transformation", "infra/plan/__init__.py",
+    assert seen == [["old"]], broken("pulumi.runtime.register_stack_transformation", "amlhpc/infra/plan/__init__.py",
                                      f"aliases after the plan's transformation: {seen}")
     opts = pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="azure-native:storage/v20230101:StorageAccount"),
                                            pulumi.Alias(name="old")])
     args = pulumi.ResourceTransformationArgs(None, "azure-native:storage:StorageAccount", "acct", {}, opts)
     result = _drop_provider_version_aliases(args)
     assert result is not None and [a.name for a in result.opts.aliases] == ["old"], broken(
-        "pulumi.ResourceOptions.merge", "infra/plan/__init__.py", "the copy lost or kept the wrong aliases")
-    assert len(opts.aliases) == 2, broken("pulumi.ResourceOptions.merge", "infra/plan/__init__.py",
+        "pulumi.ResourceOptions.merge", "amlhpc/infra/plan/__init__.py", "the copy lost or kept the wrong aliases")
+    assert len(opts.aliases) == 2, broken("pulumi.ResourceOptions.merge", "amlhpc/infra/plan/__init__.py",
                                           "merge changed its input")
 
 
 def test_engine_detection():
-    """infra/__main__.py tells the engine from the CLI with pulumi.runtime.settings.get_monitor()."""
+    """amlhpc/infra/__main__.py tells the engine from the CLI with pulumi.runtime.settings.get_monitor()."""
     from pulumi.runtime import settings
 
     assert callable(getattr(settings, "get_monitor", None)), broken(
-        "pulumi.runtime.settings.get_monitor", "infra/__main__.py", "gone")
+        "pulumi.runtime.settings.get_monitor", "amlhpc/infra/__main__.py", "gone")
 
 
 # The service modules the program uses; each must load lazily to the stock package's objects.
@@ -208,7 +208,7 @@ SERVICES = ("applicationinsights", "authorization", "consumption", "containerreg
 def test_generated_layout_lazy_loading_relies_on():
     """azure-native's generated layout (one file per resource listing its names in
     `__all__`, plus `_inputs`, `_enums`, `outputs`): every public name of a stock service
-    package is found where infra/plan/lazy_provider.py looks for it."""
+    package is found where amlhpc/infra/plan/lazy_provider.py looks for it."""
     script = (
         "import importlib, json, types\n"
         "def api(n, v):  # public names, not the modules the generated __init__ imports for itself\n"
@@ -232,6 +232,6 @@ def test_generated_layout_lazy_loading_relies_on():
                   for n in lazy_provider.exported_names(directory / f)}
         modules = {p.stem for p in directory.glob("*.py")} | {p.name for p in directory.iterdir() if p.is_dir()}
         unknown = sorted(n for n in names if n not in index and n not in shared and n not in modules)
-        assert not unknown, broken(f"the layout of pulumi_azure_native.{service}", "infra/plan/lazy_provider.py",
+        assert not unknown, broken(f"the layout of pulumi_azure_native.{service}", "amlhpc/infra/plan/lazy_provider.py",
                                    f"names not where the lazy loader looks: {unknown[:10]}",
                                    package="pulumi-azure-native")

@@ -14,11 +14,11 @@ import copy
 import pytest
 import yaml
 
-from core.errors import UserError
-from infra.config import REPO_ROOT
-from infra.plan import evaluate
-from infra.policy import check_plan, render
-from infra.policy.outbound import allowed_hosts
+from amlhpc.core.errors import UserError
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.policy import check_plan, render
+from amlhpc.infra.policy.outbound import allowed_hosts
 
 PROD = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())["config"]
 ROLE = "azure-native:authorization:RoleAssignment"
@@ -88,7 +88,7 @@ class TestNetwork:
     def test_a_host_not_on_the_allow_list_is_refused(self, tmp_path):
         network = {**PROD["aml-hpc:network"], "fqdnRules": ["pypi.org", "github.com"]}
         [v] = mandatory(prod_with(tmp_path, network=network))["outbound-fqdn-allow-listed"]
-        assert "'github.com'" in v.message and "infra/policy/outbound.toml" in v.fix
+        assert "'github.com'" in v.message and "amlhpc/infra/policy/outbound.toml" in v.fix
 
     def test_a_wildcard_is_refused_by_config_and_by_policy(self, tmp_path, prod):
         with pytest.raises(UserError, match=r"fqdnRules\[0\]: '\*.ngrok.io' is a wildcard"):
@@ -136,7 +136,7 @@ class TestRoles:
         assert f"gives {name} with no condition" in v.message and "constrain-roles" in v.fix
 
     def test_rbac_administrator_needs_a_condition_that_constrains_roles(self, prod):
-        from core.permissions import MODEL
+        from amlhpc.core.permissions import MODEL
 
         loose = "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers:ContainerName] StringEquals 'x'"
         [v] = mandatory(with_resource(prod, ROLE, "loose", role_assignment(RBAC_ADMIN, loose)))["no-privileged-roles"]
@@ -147,11 +147,11 @@ class TestRoles:
     def test_a_role_outside_the_model_is_refused(self, prod):
         network_contributor = "4d97b98b-1d4f-4787-a291-c67834d212e7"  # Azure built-in roles, networking
         [v] = mandatory(with_resource(prod, ROLE, "extra", role_assignment(network_contributor)))["role-in-permission-model"]
-        assert network_contributor in v.message and "core/catalog/permissions.toml" in v.fix
+        assert network_contributor in v.message and "amlhpc/core/catalog/permissions.toml" in v.fix
 
 
 def test_default_outbound_rules_are_all_allow_listed():
-    from infra.config import DEFAULT_FQDN_RULES
+    from amlhpc.infra.config import DEFAULT_FQDN_RULES
 
     assert set(DEFAULT_FQDN_RULES) <= set(allowed_hosts())
     assert "github.com" not in allowed_hosts()

@@ -1,5 +1,5 @@
 """The policy pack as the Pulumi engine runs it: `python -m pulumi.policy` serving
-infra/policy/pack over gRPC, asked the same questions `pulumi preview --policy-pack` asks
+amlhpc/infra/policy/pack over gRPC, asked the same questions `pulumi preview --policy-pack` asks
 (GetAnalyzerInfo, Analyze per resource, AnalyzeStack, Configure). The resources come from
 real offline plans, and the answers must match `check_plan` on the same plan - except the
 rules that need retainOnDelete, which the analyzer protocol does not carry: those must
@@ -20,11 +20,11 @@ from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
-from infra.config import REPO_ROOT
-from infra.plan import evaluate
-from infra.policy import RULES, check_plan
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.policy import RULES, check_plan
 
-PACK_DIR = REPO_ROOT / "infra" / "policy" / "pack"
+PACK_DIR = REPO_ROOT / "amlhpc" / "infra" / "policy" / "pack"
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 NEEDS_RETENTION = {"dataset-storage-retained", "dataset-resource-group-retained"}
 LEVELS = {"mandatory": analyzer_pb2.MANDATORY, "advisory": analyzer_pb2.ADVISORY}
@@ -215,7 +215,7 @@ class TestPreviewRealities:
 
 
 def test_pack_project_file_points_at_the_repository_venv():
-    """PulumiPolicy.yaml runs the pack in the repository's .venv, where infra.policy imports."""
+    """PulumiPolicy.yaml runs the pack in the repository's .venv, where amlhpc.infra.policy imports."""
     import yaml
 
     project = yaml.safe_load((PACK_DIR / "PulumiPolicy.yaml").read_text())

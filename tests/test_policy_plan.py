@@ -1,4 +1,4 @@
-"""The rules over offline plans of real stack files (infra.plan.evaluate under Pulumi mocks).
+"""The rules over offline plans of real stack files (amlhpc.infra.plan.evaluate under Pulumi mocks).
 
 Where a valid stack file can break a rule, the test writes that stack file and checks the
 message the plan gets. Where it cannot - the config validation or the components refuse
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.errors import UserError
-from infra.config import REPO_ROOT
-from infra.plan import evaluate
-from infra.policy import RULES, Limits, check_plan, has_mandatory, render, render_violations
+from amlhpc.core.errors import UserError
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.policy import RULES, Limits, check_plan, has_mandatory, render, render_violations
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 PROJECT_FILES = ("Pulumi.yaml", "Pulumi.dev.yaml", "Pulumi.prod.yaml")
@@ -83,7 +83,7 @@ class TestShippedStacks:
 
     def test_generated_experiment_passes(self, root):
         """An experiment stack made by new-experiment passes every rule."""
-        from infra.lifecycle import new_experiment
+        from amlhpc.infra.lifecycle import new_experiment
 
         path = new_experiment("sweep", "dev", 7, root, NOW)
         stack = path.name[len("Pulumi."):-len(".yaml")]
@@ -96,7 +96,7 @@ def test_every_taggable_type_in_the_shipped_stacks_is_known(dev_plan, prod_plan)
     import importlib
     import inspect
 
-    from infra.policy.rules import TAGGABLE
+    from amlhpc.infra.policy.rules import TAGGABLE
 
     types = {r["type"] for plan in (dev_plan, prod_plan) for r in plan["resources"]
              if r["custom"] and r["type"].startswith("azure-native:")}

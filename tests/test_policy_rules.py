@@ -9,10 +9,10 @@ import inspect
 
 import pytest
 
-from core import skus
-from infra.policy import RULES, RULES_BY_NAME, Limits, ResourceView, StackView, run_rules
-from infra.policy.model import DEFAULT_LIMITS, NotVisible
-from infra.policy.rules import (
+from amlhpc.core import skus
+from amlhpc.infra.policy import RULES, RULES_BY_NAME, Limits, ResourceView, StackView, run_rules
+from amlhpc.infra.policy.model import DEFAULT_LIMITS, NotVisible
+from amlhpc.infra.policy.rules import (
     BLOB_CONTAINER,
     BUDGET,
     COMPUTE,

@@ -1,4 +1,4 @@
-"""core.quota and jobs.quota: vCPUs per bucket (family, regional dedicated total, low priority)
+"""amlhpc.core.quota and amlhpc.jobs.plan.quota: vCPUs per bucket (family, regional dedicated total, low priority)
 and the service's names for the buckets (Azure/azure-rest-api-specs
 machinelearningservices examples/Usage/list.json, api-version 2024-10-01)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.quota import usage_key
-from jobs import quota
+from amlhpc.core.quota import usage_key
+from amlhpc.jobs.plan import quota
 
 
 def row(name, used, limit, kind="vmFamily", rid=""):
@@ -42,7 +42,7 @@ def test_service_names_map_to_buckets(name, kind, rid, key):
 
 def test_catalog_families_match_the_service_names():
     """standardNDSv2Family <-> 'Standard NDSv2 Family Cluster Dedicated vCPUs', and so on for each size."""
-    from core import skus
+    from amlhpc.core import skus
 
     for sku in skus.CATALOG.values():
         words = sku.quota_family.removeprefix("standard").removeprefix("Standard").removesuffix("Family")

@@ -1,11 +1,11 @@
-"""jobs.runtime.ranks: rank, local rank, world, node index from each launcher's variables."""
+"""amlhpc.jobs.runtime.base.ranks: rank, local rank, world, node index from each launcher's variables."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobs.runtime import ranks
-from jobs.runtime.errors import RuntimeInputError
+from amlhpc.jobs.runtime.base import ranks
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
 
 TORCH = {"RANK": "11", "LOCAL_RANK": "3", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}
 OMPI = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "12",

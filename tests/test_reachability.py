@@ -11,10 +11,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from infra.cli import app
-from infra.plan import evaluate
-from infra.plan.reachability import reachability
-from infra.plan.render import render
+from amlhpc.infra.cli import app
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.reachability import reachability
+from amlhpc.infra.plan.render import render
 from tests.test_config import GOOD_ENV, PUBKEY
 
 NOW = datetime(2026, 11, 23, tzinfo=UTC)

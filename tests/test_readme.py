@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import typer
 
-from core.cli_help import exit_status_table_markdown
-from core.version import __version__
-from infra import config, config_doc
+from amlhpc.core.cli_help import exit_status_table_markdown
+from amlhpc.core.version import __version__
+from amlhpc.infra import config, config_doc
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -39,9 +39,9 @@ class TestReadme:
         assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
 
     def test_the_config_table_is_the_config_models(self):
-        """Regenerate with `python -m infra config-keys --update README.md`."""
+        """Regenerate with `python -m amlhpc.infra config-keys --update README.md`."""
         assert config_doc.current_in(README) == config_doc.section(), \
-            "README.md's config table is stale: python -m infra config-keys --update README.md"
+            "README.md's config table is stale: python -m amlhpc.infra config-keys --update README.md"
 
     def test_every_key_is_in_the_table_and_documented(self):
         keys = {f"{config.NAMESPACE}{f.alias or n}" for n, f in config._RawConfig.model_fields.items()}
@@ -49,14 +49,14 @@ class TestReadme:
         assert all(f"`{k}`" in table for k in keys), [k for k in keys if f"`{k}`" not in table]
         assert "`aml-hpc:submitters`" in table
         undocumented = [k.key for k in config_doc.keys() if k.meaning == config_doc.UNDOCUMENTED]
-        assert not undocumented, f"document these in infra/config/models.py (a docstring under the field) or MEANING: {undocumented}"
+        assert not undocumented, f"document these in amlhpc/infra/config/models.py (a docstring under the field) or MEANING: {undocumented}"
 
 
 class TestVersion:
     def test_one_source(self):
         pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
         assert "version" not in pyproject["project"] and "version" in pyproject["project"]["dynamic"]
-        assert pyproject["tool"]["hatch"]["version"]["path"] == "core/version.py"
+        assert pyproject["tool"]["hatch"]["version"]["path"] == "amlhpc/core/version.py"
         assert re.fullmatch(r"\d+\.\d+\.\d+(\.dev\d+|rc\d+)?", __version__)
 
     def test_the_changelog_keeps_a_changelog(self):
@@ -66,7 +66,7 @@ class TestVersion:
         assert sections[0] == ("Unreleased", ""), "the first section is [Unreleased]"
         released = [(v, d) for v, d in sections[1:]]
         assert released and all(d for _, d in released), "every release has a date"
-        assert __version__ in [v for v, _ in released], f"core/version.py's {__version__} has no changelog section"
+        assert __version__ in [v for v, _ in released], f"amlhpc/core/version.py's {__version__} has no changelog section"
         kinds = set(re.findall(r"^### (\w+)$", text, re.M))
         assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import UserError
-from jobs import recipes
+from amlhpc.core.errors import UserError
+from amlhpc.jobs import recipes
 
 SHIPPED = {"cosmoflow", "cosmoflow-tf", "maskrcnn", "bert-pretrain", "nccl-allreduce", "node-health"}
 
@@ -103,7 +103,7 @@ class TestRecipeConsistency:
     def _load(self, tmp_path, **changes):
         import yaml
 
-        from jobs import recipes
+        from amlhpc.jobs import recipes
 
         doc = yaml.safe_load(recipes.resolve("cosmoflow").read_text())
         doc.update(changes)
@@ -112,14 +112,14 @@ class TestRecipeConsistency:
         return recipes.load(str(path))
 
     def test_empty_command_is_refused(self, tmp_path):
-        from core.errors import UserError
+        from amlhpc.core.errors import UserError
 
         with pytest.raises(UserError) as info:
             self._load(tmp_path, command="   ")
         assert "command" in info.value.render() and "is empty" in info.value.render()
 
     def test_pytorch_code_under_tensorflow_distribution_is_refused(self, tmp_path):
-        from core.errors import UserError
+        from amlhpc.core.errors import UserError
 
         with pytest.raises(UserError) as info:
             self._load(tmp_path, framework="pytorch", distribution="tensorflow")
@@ -128,7 +128,7 @@ class TestRecipeConsistency:
     def test_maskrcnn_is_pinned_to_a_commit(self):
         import re
 
-        from jobs import recipes
+        from amlhpc.jobs import recipes
 
         revision = recipes.load("maskrcnn").env["MASKRCNN_REVISION"]
         assert re.fullmatch(r"[0-9a-f]{40}", revision), revision

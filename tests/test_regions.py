@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from core import regions
+from amlhpc.core import regions
 
 
 @pytest.mark.parametrize("name", ["eastus", "swedencentral", "eastus2euap", "usgovvirginia", "newregion3"])

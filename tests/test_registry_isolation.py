@@ -13,9 +13,9 @@ import pulumi
 import pytest
 import yaml
 
-from infra.components.ml_registry import system_created_id
-from infra.plan import evaluate
-from infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
+from amlhpc.infra.components.ml_registry import system_created_id
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
 from tests.test_config import GOOD_ENV, PUBKEY
 
 REGISTRY = "azure-native:machinelearningservices:Registry"

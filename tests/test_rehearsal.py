@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import UserError
-from jobs import build, recipes
-from jobs import outputs as outputs_mod
-from jobs.local import rehearsal
-from jobs.runtime import contract
+from amlhpc.core.errors import UserError
+from amlhpc.jobs import recipes
+from amlhpc.jobs.local import rehearsal
+from amlhpc.jobs.plan import build
+from amlhpc.jobs.plan import outputs as outputs_mod
+from amlhpc.jobs.runtime.base import contract
 
 REPO = Path(__file__).resolve().parent.parent
-TRAIN = ("python -m jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 2 --conv-size 4 "
+TRAIN = ("python -m amlhpc.jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 2 --conv-size 4 "
          "--n-conv-layers 3 --fc1 16 --fc2 8 --workers 0 --log-every 1 --epochs {epochs}")
 
 
@@ -52,19 +53,19 @@ class TestSeams:
 
     def test_each_node_gets_its_own_code_copy_and_scratch(self, tmp_path):
         snapshot = tmp_path / "snap"
-        (snapshot / "jobs" / "runtime").mkdir(parents=True)
-        (snapshot / "jobs" / "runtime" / "launch.py").write_text("# launcher\n")
+        (snapshot / "amlhpc" / "jobs" / "runtime").mkdir(parents=True)
+        (snapshot / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").write_text("# launcher\n")
         folders = rehearsal.prepare_nodes(snapshot, tmp_path / "work", 3)
         assert [f.name for f in folders] == ["node0", "node1", "node2"]
         for f in folders:
-            assert (f / "jobs" / "runtime" / "launch.py").read_text() == "# launcher\n"
+            assert (f / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").read_text() == "# launcher\n"
             assert (f / "scratch").is_dir()
-        assert not (folders[0] / "jobs").samefile(folders[1] / "jobs")
+        assert not (folders[0] / "amlhpc" / "jobs").samefile(folders[1] / "amlhpc" / "jobs")
 
 
 class TestCli:
     def run(self, *args):
-        return subprocess.run([sys.executable, "-m", "jobs", "run", *args], cwd=REPO, capture_output=True, text=True)
+        return subprocess.run([sys.executable, "-m", "amlhpc.jobs", "run", *args], cwd=REPO, capture_output=True, text=True)
 
     def test_local_is_not_needed(self):
         """Rehearsing is `run`'s only mode: without --local it goes on to what the recipe needs."""
@@ -97,4 +98,4 @@ class TestRehearsal:
         with pytest.raises(UserError) as info:
             rehearsal.check_dataset(plan, azurite.connection_string)
         text = info.value.render()
-        assert "no blobs under datasets/nothing/here/" in text and "python -m jobs data upload" in text
+        assert "no blobs under datasets/nothing/here/" in text and "python -m amlhpc.jobs data upload" in text

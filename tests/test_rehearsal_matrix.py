@@ -1,6 +1,6 @@
 """Every shipped recipe rehearses here (2 cores, no GPU) with its local profile, or is refused
 within 5 s, before anything starts, naming what it needs. Each case runs the real command
-line, `python -m jobs run RECIPE --local`, on 2 simulated nodes."""
+line, `python -m amlhpc.jobs run RECIPE --local`, on 2 simulated nodes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import recipes
-from jobs.runtime import contract
+from amlhpc.jobs import recipes
+from amlhpc.jobs.runtime.base import contract
 from tests.jobs_helpers import outputs_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def test_every_profile_validates_with_the_recipe():
 
 def rehearse(recipe: str, tmp_path: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
     """`jobs run RECIPE --local` on 2 nodes x 1 process; later flags (--nodes, --name) win."""
-    argv = [sys.executable, "-m", "jobs", "run", recipe, "--local", "--nodes", "2", "--procs-per-node", "1",
+    argv = [sys.executable, "-m", "amlhpc.jobs", "run", recipe, "--local", "--nodes", "2", "--procs-per-node", "1",
             "--outputs", str(outputs_file("dev")), "--workdir", str(tmp_path / "work"),
             "--name", f"matrix-{recipe}", *extra]
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

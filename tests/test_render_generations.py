@@ -10,11 +10,12 @@ import json
 
 import pytest
 
-from core import nccl, skus
-from core.errors import UserError
-from core.outputs import StackOutputs
-from images import catalog
-from jobs import build, recipes
+from amlhpc.core import nccl, skus
+from amlhpc.core.errors import UserError
+from amlhpc.core.outputs import StackOutputs
+from amlhpc.images import catalog
+from amlhpc.jobs import recipes
+from amlhpc.jobs.plan import build
 from tests.jobs_helpers import outputs_doc
 
 INPUTS = {"cosmoflow": {"inputs.cosmoflow.path": "cosmoflow/mini"}, "cosmoflow-tf": {"inputs.cosmoflow.path": "cosmoflow/mini"},
@@ -106,7 +107,7 @@ def test_a_raw_image_reference_into_the_registry_is_checked_too():
 def test_a_foreign_image_renders_with_a_warning_that_it_is_unchecked():
     recipe = recipes.load("nccl-allreduce", {"environment.registered": None, "environment.image": "docker.io/me/mine:1"})
     plan = build.plan_job(recipe, outputs_with("Standard_ND96isr_H100_v5"), name="foreign")
-    assert any("is not an images/ image" in w and "sm_90" in w for w in plan.warnings)
+    assert any("is not an amlhpc/images/ image" in w and "sm_90" in w for w in plan.warnings)
 
 
 def test_grace_blackwell_jobs_carry_the_nvlink_domain():

@@ -1,5 +1,5 @@
 """`jobs report`: the page's plots show what the run recorded, checked against the records
-themselves (read here independently of jobs.report.records).
+themselves (read here independently of amlhpc.jobs.report.records).
 
 tests/fixtures/runs/cosmoflow-recorded is a real rehearsal (`jobs run cosmoflow --local`,
 2 simulated nodes, then the same name again with one epoch more: it resumed from step 8),
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import report
-from jobs.report import figures, page, records
+from amlhpc.jobs import report
+from amlhpc.jobs.report import figures, page, records
 
 RECORDED = Path(__file__).parent / "fixtures" / "runs" / "cosmoflow-recorded"
 ON_H200 = RECORDED.parent / "llm-h200-recorded"
@@ -237,7 +237,7 @@ class TestOtherRecords:
         assert "node 0 gpu 1" in texts(plots["gpu-util"].svg)
 
     def test_telemetry_of_a_node_without_gpus_has_no_gpu_figures(self, tmp_path):
-        """A CPU node's samples say why there are no GPU figures (jobs/runtime/telemetry.py)."""
+        """A CPU node's samples say why there are no GPU figures (amlhpc/jobs/runtime/node/telemetry.py)."""
         sample = {"time": 1000, "node": 0, "gpus": {"absent": "NVML did not initialise"}, "host": {"cpu_busy_pct": 50.0}}
         (tmp_path / "node0").mkdir()
         (tmp_path / "node0" / "telemetry-node000.jsonl").write_text(json.dumps(sample) + "\n")
@@ -264,7 +264,7 @@ class TestOtherRecords:
 class TestCommands:
     @pytest.fixture()
     def project(self, tmp_path, monkeypatch):
-        from jobs.local import folders
+        from amlhpc.jobs.local import folders
 
         shutil.copytree(RECORDED, tmp_path / ".rehearsal" / "cosmoflow-recorded")
         monkeypatch.setattr(folders, "REHEARSALS", tmp_path / ".rehearsal")
@@ -273,7 +273,7 @@ class TestCommands:
     def run(self, *args):
         from typer.testing import CliRunner
 
-        from jobs.cli import app
+        from amlhpc.jobs.cli.main import app
 
         return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 

@@ -1,4 +1,4 @@
-"""In-job restart (jobs/runtime/restart.py): the decision every node takes, and the protocol run by
+"""In-job restart (amlhpc/jobs/runtime/launch/restart.py): the decision every node takes, and the protocol run by
 real launchers of two simulated nodes against Azurite, with a small training in lockstep that
 writes versioned checkpoints into the node-local tier (no torch: the subject is the launcher).
 Faults are injected at steps; the figures the tests rely on do not depend on timing."""
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import exit_codes, restart
-from jobs.runtime.restart import decide
+from amlhpc.jobs.runtime.base import exit_codes
+from amlhpc.jobs.runtime.launch import restart
+from amlhpc.jobs.runtime.launch.restart import decide
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,9 +66,9 @@ class TestDecide:
 TRAIN = r"""
 import json, os, sys, time
 from pathlib import Path
-from jobs.runtime import progress
-from jobs.runtime.checkpoint import tier
-from jobs.workloads import resume as resume_api
+from amlhpc.jobs.runtime import progress
+from amlhpc.jobs.runtime.checkpoint import tier
+from amlhpc.jobs.workloads import resume as resume_api
 shared, total = Path(sys.argv[1]), int(sys.argv[2])
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 gen = int(os.environ["AMLHPC_RESTART_GENERATION"])
@@ -130,7 +131,7 @@ def run_job(tmp_path: Path, train_script: Path, azurite, container, total: int, 
         env = node_env(tmp_path, node, run_id, prefix, azurite, container, **extra)
         if settings:
             env["AMLHPC_CHECKPOINT_JSON"] = json.dumps({**json.loads(env["AMLHPC_CHECKPOINT_JSON"]), **settings})
-        procs.append(subprocess.Popen([sys.executable, "-m", "jobs.runtime.launch", "--term-grace", "2", "--",
+        procs.append(subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.runtime.launch", "--term-grace", "2", "--",
                                        sys.executable, str(train_script), str(shared), str(total)],
                                       env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=240)[0] for p in procs]

@@ -13,13 +13,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from jobs import build, recipes  # noqa: E402
-from jobs.local import rehearsal  # noqa: E402
+from amlhpc.jobs import recipes
+from amlhpc.jobs.local import rehearsal  # noqa: E402
+from amlhpc.jobs.plan import build  # noqa: E402
 from tests.jobs_helpers import stack_outputs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.azurite]
 
-TRAIN = ("python -m jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 1 --conv-size 4 --n-conv-layers 3 "
+TRAIN = ("python -m amlhpc.jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 1 --conv-size 4 --n-conv-layers 3 "
          "--fc1 16 --fc2 8 --workers 0 --log-every 1 --epochs 2 --checkpoint-every 2 --dropout 0.2 --deterministic "
          "--optimizer adam")
 NODES, PROCS = 2, 2
@@ -27,9 +28,9 @@ NODES, PROCS = 2, 2
 
 @pytest.fixture(scope="module")
 def world(azurite, tmp_path_factory):
-    from jobs.data import upload
-    from jobs.runtime import blobio
-    from jobs.workloads.cosmoflow import generate
+    from amlhpc.jobs.data import upload
+    from amlhpc.jobs.runtime.blob import blobio
+    from amlhpc.jobs.workloads.cosmoflow import generate
 
     outputs = stack_outputs("dev")
     containers = list(outputs.storage.containers.values())

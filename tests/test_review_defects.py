@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.errors import UserError
-from infra import naming, quirks
-from infra.config import REPO_ROOT, parse
-from infra.lifecycle import new_experiment
-from infra.plan import evaluate
+from amlhpc.core.errors import UserError
+from amlhpc.infra import naming, quirks
+from amlhpc.infra.config import REPO_ROOT, parse
+from amlhpc.infra.lifecycle import new_experiment
+from amlhpc.infra.plan import evaluate
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 ENV = {
@@ -43,7 +43,7 @@ ROLE_NAMES = {
 
 
 def azure_accepts_compute_name(name: str) -> bool:
-    """The documented rule, written out independently of infra.naming."""
+    """The documented rule, written out independently of amlhpc.infra.naming."""
     if not 3 <= len(name) <= 24 or not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", name):
         return False
     return "-" not in name or re.search(r"[A-Za-z]", name[name.rindex("-"):]) is not None
@@ -89,9 +89,9 @@ class TestBudgetNotificationLimit:
         assert parse("dev", flat, "Pulumi.dev.yaml", now=NOW).budget is not None
 
     def test_the_component_refuses_too_many_too(self):
-        from infra.components import ComponentError
-        from infra.components.budget import Budget, BudgetArgs
-        from infra.plan import record
+        from amlhpc.infra.components import ComponentError
+        from amlhpc.infra.components.budget import Budget, BudgetArgs
+        from amlhpc.infra.plan import record
 
         with pytest.raises(ComponentError, match="at most 5"):
             record(lambda: Budget("b", BudgetArgs("b", "/subscriptions/s/resourceGroups/rg", 10, ["a@example.com"],
@@ -205,14 +205,14 @@ class TestDatastorePreviewAccess:
 
 def ws_principal(plan) -> str:
     """The principal Azure gives the workspace's system-assigned identity (the plan's mock)."""
-    from infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
+    from amlhpc.infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
 
     ws = plan.of_type("azure-native:machinelearningservices:Workspace")[0]
     return PlanMocks(FAKE_SUBSCRIPTION)._computed(ws.type, ws.inputs, ws.name)["identity"]["principalId"]  # noqa: SLF001
 
 
 def arm_id(plan, resource) -> str:
-    from infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
+    from amlhpc.infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
 
     return PlanMocks(FAKE_SUBSCRIPTION)._arm_id(resource.type, resource.inputs, resource.name)  # noqa: SLF001
 
@@ -305,7 +305,7 @@ class TestWhatStaysPublic:
                 assert resource.type in public_by_design and public_by_design[resource.type].strip(), resource.name
 
     def test_workspace_docstring_says_what_stays_public(self):
-        from infra.components import workspace
+        from amlhpc.infra.components import workspace
 
         source = " ".join(Path(workspace.__file__).read_text().split())
         assert "off on every dependency" not in source

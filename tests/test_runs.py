@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from jobs import runs
-from jobs.managed.record import Record
+from amlhpc.jobs.cli import run_index as runs
+from amlhpc.jobs.managed.record import Record
 from tests.aml_fakes import ml_client, rest_json
 from tests.jobs_helpers import outputs_file
 
@@ -48,15 +48,15 @@ def workspace(mocker):
     client, transport = ml_client({"/jobs": (200, {"value": JOBS})})
     for document in JOBS:  # GET of one job
         transport.routes[f"/jobs/{document['name']}"] = (200, document)
-    mocker.patch("jobs.submit.connect", return_value=client)
-    mocker.patch("jobs.managed.client.read", return_value=Record.from_json(RECORD))
+    mocker.patch("amlhpc.jobs.azure.submit.connect", return_value=client)
+    mocker.patch("amlhpc.jobs.managed.client.read", return_value=Record.from_json(RECORD))
     # the run's controller markers in Blob: none beyond what the record lists
-    mocker.patch("jobs.managed.client.store_for", return_value=SimpleNamespace(controller_jobs=lambda: []))
+    mocker.patch("amlhpc.jobs.managed.client.store_for", return_value=SimpleNamespace(controller_jobs=lambda: []))
     return client, transport
 
 
 def run(*args: str):
-    from jobs.cli import app
+    from amlhpc.jobs.cli.main import app
 
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 
@@ -77,9 +77,9 @@ def test_list_groups_a_managed_run_and_says_where_costs_come_from(workspace):
 
 
 def test_an_unreadable_record_leaves_the_cost_unknown_and_says_why(workspace, mocker):
-    from core.errors import Problem, UserError
+    from amlhpc.core.errors import Problem, UserError
 
-    mocker.patch("jobs.managed.client.read", side_effect=UserError([Problem("acct/c", "p", "access denied to the "
+    mocker.patch("amlhpc.jobs.managed.client.read", side_effect=UserError([Problem("acct/c", "p", "access denied to the "
                                                                             "managed run's record", "a role")]))
     rows = json.loads(run("list", "--stack", "dev", "--outputs", str(outputs_file("dev")), "--json").stdout)
     assert rows[0]["cost"] == "?" and "access denied" in rows[0]["detail"] and rows[0]["state"] == "Completed"
@@ -97,7 +97,7 @@ def _download_as_azure_ml(processes: int = 16):
 
 
 def test_logs_of_a_node_are_its_processes(workspace, mocker):
-    mocker.patch("jobs.submit.download", side_effect=_download_as_azure_ml())
+    mocker.patch("amlhpc.jobs.azure.submit.download", side_effect=_download_as_azure_ml())
     result = run("logs", "cosmoflow-20261125-100000-aaaa", "--stack", "dev", "--outputs", str(outputs_file("dev")),
                  "--node", "1")
     assert result.exit_code == 0, result.output
@@ -107,13 +107,13 @@ def test_logs_of_a_node_are_its_processes(workspace, mocker):
 
 
 def test_logs_of_a_managed_run_are_its_latest_attempts(workspace, mocker):
-    mocker.patch("jobs.submit.download", side_effect=_download_as_azure_ml())
+    mocker.patch("amlhpc.jobs.azure.submit.download", side_effect=_download_as_azure_ml())
     result = run("logs", "cosmoflow-managed", "--stack", "dev", "--outputs", str(outputs_file("dev")))
     assert result.exit_code == 0 and result.stdout == "cosmoflow-managed-a2 rank 0\n", result.output
 
 
 def test_follow_streams_and_refuses_a_node(workspace, mocker):
-    stream = mocker.patch("jobs.submit.stream")
+    stream = mocker.patch("amlhpc.jobs.azure.submit.stream")
     assert run("logs", "cosmoflow-managed", "--stack", "dev", "--outputs", str(outputs_file("dev")), "-f").exit_code == 0
     assert stream.call_args.args[1] == "cosmoflow-managed-a2"
     refused = run("logs", "cosmoflow-managed", "--stack", "dev", "--outputs", str(outputs_file("dev")), "-f",
@@ -124,15 +124,15 @@ def test_follow_streams_and_refuses_a_node(workspace, mocker):
 def test_report_of_a_managed_run_downloads_each_attempt(workspace, mocker, tmp_path, monkeypatch):
     monkeypatch.setenv("AMLHPC_PROJECT", str(tmp_path))
     (tmp_path / "Pulumi.yaml").write_text("name: aml-hpc\n")
-    import core.project
+    import amlhpc.core.project
 
-    monkeypatch.setattr(core.project, "scratch", lambda *a, **k: tmp_path / ".scratch")
+    monkeypatch.setattr(amlhpc.core.project, "scratch", lambda *a, **k: tmp_path / ".scratch")
 
     def download(client, name, workspace, path, output_name=None, everything=False):
         shutil.copytree(MANAGED / "node0", path / "node0")  # the recorded attempt's node folder
         return path
 
-    fetched = mocker.patch("jobs.submit.download", side_effect=download)
+    fetched = mocker.patch("amlhpc.jobs.azure.submit.download", side_effect=download)
     result = run("report", "cosmoflow-managed", "--stack", "dev", "--outputs", str(outputs_file("dev")))
     assert result.exit_code == 0, result.output
     assert [c.args[1] for c in fetched.call_args_list] == ["cosmoflow-managed-a1", "cosmoflow-managed-a2"]

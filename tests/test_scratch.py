@@ -1,4 +1,4 @@
-"""jobs.runtime.scratch: pick NVMe RAID0 > temp disk > directory, on a fake device tree.
+"""amlhpc.jobs.runtime.node.scratch: pick NVMe RAID0 > temp disk > directory, on a fake device tree.
 
 The fake node is a directory holding sys/block/nvme*, dev/ stand-ins and proc/mounts; the
 fake runner records every command and plays its effect on the tree (mdadm creates the
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import scratch
-from jobs.runtime.scratch import Host, ScratchError, pick_scratch
+from amlhpc.jobs.runtime.node import scratch
+from amlhpc.jobs.runtime.node.scratch import Host, ScratchError, pick_scratch
 
 TOOLS = {"mdadm", "mkfs.xfs", "mount", "mkdir", "chmod", "sudo"}
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from core import skus
-from jobs.runtime.errors import RuntimeInputError
-from jobs.runtime.skufacts import load_sku_facts, parse_sku_facts
+from amlhpc.core import skus
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
+from amlhpc.jobs.runtime.node.skufacts import load_sku_facts, parse_sku_facts
 
 
 def _doc(name: str) -> dict:
@@ -50,7 +50,7 @@ def test_missing_required_keys_are_all_named():
     text = info.value.render()
     assert "AMLHPC_SKU_JSON: name: is missing" in text
     assert "AMLHPC_SKU_JSON: gpus: is missing" in text
-    assert "fix: the job builder sets it from core/catalog/skus.toml" in text
+    assert "fix: the job builder sets it from amlhpc/core/catalog/skus.toml" in text
 
 
 def test_wrong_types_name_key_and_value():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core import skus
+from amlhpc.core import skus
 
 REQUIRED = {
     # the sizes of the published guides this platform follows (NAG's CosmoFlow and Mask R-CNN
@@ -94,7 +94,7 @@ class TestLookups:
 
 
 class TestCatalogData:
-    """The catalog is data (core/catalog/skus.toml): every figure cites a known source, and
+    """The catalog is data (amlhpc/core/catalog/skus.toml): every figure cites a known source, and
     a malformed entry fails loudly, naming the entry and the key."""
 
     @pytest.mark.parametrize("name", sorted(skus.CATALOG))

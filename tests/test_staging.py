@@ -1,6 +1,6 @@
-"""jobs.runtime.staging against a real Azurite: round trips on 1-3 simulated nodes, resume, bad blobs.
+"""amlhpc.jobs.runtime.staging.stager against a real Azurite: round trips on 1-3 simulated nodes, resume, bad blobs.
 
-A simulated node is one or more separate processes (`python -m jobs.runtime.staging`) with
+A simulated node is one or more separate processes (`python -m amlhpc.jobs.runtime.staging`) with
 their own rank variables and their own scratch directory; a shared mount is a directory
 all of them see. Data is generated in CosmoFlow's naming with compressible int16 volumes
 (bench/dataset.py) and uploaded with `jobs data upload`'s code, so the blobs carry the
@@ -19,12 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from amlhpc.jobs.data import upload
+from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.base.ranks import validated
+from amlhpc.jobs.runtime.blob import blobio
+from amlhpc.jobs.runtime.blob.fetch import BlobEntry, Gunzip, IntegrityError
+from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout, NodeBarrier
+from amlhpc.jobs.runtime.staging import datadir, filelist
+from amlhpc.jobs.runtime.staging import stager as staging
 from bench.dataset import generate
-from jobs.data import upload
-from jobs.runtime import blobio, contract, datadir, filelist, staging
-from jobs.runtime.fetch import BlobEntry, Gunzip, IntegrityError
-from jobs.runtime.nodebarrier import BarrierFailed, BarrierTimeout, NodeBarrier
-from jobs.runtime.ranks import validated
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = staging.StageOptions(retry=blobio.RetrySettings.fast(), progress_interval_s=60)
@@ -86,7 +89,7 @@ def launch_nodes(azurite_or_cs, tmp: Path, stage_json: str, nodes: int, local_si
         for local_rank in range(local_size):
             env = node_env(azurite_or_cs, tmp, node, local_rank, nodes, local_size, run_id, shared)
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "jobs.runtime.staging", "--stage-json", stage_json, "--fast-retries", "--json",
+                [sys.executable, "-m", "amlhpc.jobs.runtime.staging", "--stage-json", stage_json, "--fast-retries", "--json",
                  "--print-env", "-q", "--timeout-s", "120", *extra_args],
                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
@@ -320,7 +323,7 @@ class TestRoundTripShared:
 
     def test_shared_without_a_mount_is_bad_input(self, azurite, container, tmp_path):
         env = node_env(azurite, tmp_path, 0, 0, 1, 1, "x", shared=False)
-        done = subprocess.run([sys.executable, "-m", "jobs.runtime.staging", "--stage-json",
+        done = subprocess.run([sys.executable, "-m", "amlhpc.jobs.runtime.staging", "--stage-json",
                                spec_json(container.container_name, "shared")], cwd=ROOT, env=env,
                               capture_output=True, text=True)
         assert done.returncode == staging.EXIT_USAGE
@@ -420,7 +423,7 @@ class TestBadBlobs:
                  metadata={"amlhpc_size": str(len(payload)), "amlhpc_sha256": "0" * 64})
         deep = staging.StageOptions(retry=blobio.RetrySettings.fast(), verify_sha256=True)
         with pytest.raises(staging.StagingError, match=r"(?s)blob 'sum/a.bin.gz': checksum mismatch.*"
-                           r"python -m jobs data upload LOCAL_DIR --stack STACK --prefix sum --verify-stored"):
+                           r"python -m amlhpc.jobs data upload LOCAL_DIR --stack STACK --prefix sum --verify-stored"):
             stage_local(azurite, container, tmp_path, deep, prefix="sum")
         assert list((tmp_path / "scratch" / "cosmo").iterdir()) == []
         assert leftovers(tmp_path) == []

@@ -1,4 +1,4 @@
-"""jobs.runtime.assign: byte-balanced, deterministic split of files over nodes and ranks."""
+"""amlhpc.jobs.runtime.staging.assign: byte-balanced, deterministic split of files over nodes and ranks."""
 
 from __future__ import annotations
 
@@ -6,8 +6,15 @@ import random
 
 import pytest
 
+from amlhpc.jobs.runtime.staging.assign import (
+    BALANCED,
+    Item,
+    balance,
+    balance_indices,
+    measure,
+    split_for_ranks,
+)
 from bench.dataset import cosmoflow_name
-from jobs.runtime.assign import BALANCED, Item, balance, balance_indices, measure, split_for_ranks
 
 
 def cosmoflow_items(n: int = 64, size: int = 1000) -> list[Item]:

@@ -20,11 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from amlhpc.jobs.data import upload
+from amlhpc.jobs.runtime.base import contract, faultpoints
+from amlhpc.jobs.runtime.base.ranks import validated
+from amlhpc.jobs.runtime.blob import blobio
+from amlhpc.jobs.runtime.coord import nodebarrier
+from amlhpc.jobs.runtime.coord.nodebarrier import BarrierTimeout, NodeBarrier, SharedMarkers
+from amlhpc.jobs.runtime.staging import stager as staging
 from bench.dataset import generate
-from jobs.data import upload
-from jobs.runtime import blobio, contract, faultpoints, nodebarrier, staging
-from jobs.runtime.nodebarrier import BarrierTimeout, NodeBarrier, SharedMarkers
-from jobs.runtime.ranks import validated
 from tests.faultproxy import FaultProxy
 from tests.test_staging import ROOT, data_files, put_blob, source_files, spec_json
 
@@ -47,7 +50,7 @@ def rank_env(rank: int, local_rank: int, world: int, local_size: int, **extra: s
 
 
 def stager(env: dict[str, str], stage_json: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "jobs.runtime.staging", "--stage-json", stage_json, "--fast-retries",
+    return subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.runtime.staging", "--stage-json", stage_json, "--fast-retries",
                              "--json", "-q", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -71,7 +74,7 @@ def in_process(azurite, container, tmp_path: Path, prefix: str, mode: str = "loc
 
 
 def read_list(path: str) -> list[str]:
-    from jobs.runtime import filelist
+    from amlhpc.jobs.runtime.staging import filelist
 
     return filelist.read(path)
 
@@ -109,7 +112,7 @@ class TestJobIdentity:
         env = rank_env(1, 1, 2, 2, **{contract.BLOB_CONNECTION_STRING: azurite.connection_string,
                                       contract.SCRATCH: str(tmp_path / "node0"), **ids},
                        **(torchrun_env(attempt, 1) if attempt else {}))
-        return subprocess.run([sys.executable, "-m", "jobs.runtime.staging", "--stage-json",
+        return subprocess.run([sys.executable, "-m", "amlhpc.jobs.runtime.staging", "--stage-json",
                                spec_json(container.container_name, "local", prefix=prefix), "--timeout-s", "3", "-q",
                                "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
@@ -346,7 +349,7 @@ def test_read_only_scratch_is_bad_input(readonly_dir, tmp_path, capsys):
 
 def test_read_only_scratch_is_bad_input_injected(tmp_path, monkeypatch, capsys):
     """The same with the filesystem's answer injected, for machines where no read-only mount can be made."""
-    from jobs.runtime import scratch
+    from amlhpc.jobs.runtime.node import scratch
 
     target = tmp_path / "scratch"
     target.mkdir()
@@ -463,7 +466,7 @@ def test_a_second_stager_on_the_same_scratch_is_refused_and_names_the_first(azur
         while faultpoints.fired_in_log(log) != ["staging.after-lock"]:
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() else "slow"
             time.sleep(0.05)
-        second = subprocess.run([sys.executable, "-m", "jobs.runtime.staging", "--stage-json", stage_json, "-q"],
+        second = subprocess.run([sys.executable, "-m", "amlhpc.jobs.runtime.staging", "--stage-json", stage_json, "-q"],
                                 cwd=ROOT, env=clean_env(AMLHPC_RUN_ID="second", **common), capture_output=True,
                                 text=True, timeout=60)
     finally:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from amlhpc.jobs.data import upload
+from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.base.ranks import validated
+from amlhpc.jobs.runtime.blob import blobio
+from amlhpc.jobs.runtime.staging import stager as staging
 from bench.dataset import generate
-from jobs.data import upload
-from jobs.runtime import blobio, contract, staging
-from jobs.runtime.ranks import validated
 from tests.faultproxy import FaultProxy
 from tests.test_staging import (
     data_files,

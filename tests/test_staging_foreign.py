@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.data import seal
-from jobs.runtime import blobio, contract, staging
-from jobs.runtime.ranks import validated
+from amlhpc.jobs.data import seal
+from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.base.ranks import validated
+from amlhpc.jobs.runtime.blob import blobio
+from amlhpc.jobs.runtime.staging import stager as staging
 
 pytestmark = pytest.mark.azurite
 FAST = staging.StageOptions(retry=blobio.RetrySettings.fast(), progress_interval_s=60)
@@ -212,7 +214,7 @@ class TestSeal:
             stage(azurite, container, tmp_path, "s")
         text = str(caught.value)
         assert "blob 's/raw.bin'" in text and "mismatch" in text
-        assert "python -m jobs data seal --stack STACK --prefix s --reseal s/raw.bin" in text
+        assert "python -m amlhpc.jobs data seal --stack STACK --prefix s --reseal s/raw.bin" in text
         assert not (data(tmp_path) / "raw.bin").exists()
 
     def test_a_gzip_encoded_sealed_blob_that_rots_is_refused(self, azurite, container, tmp_path):
@@ -225,7 +227,7 @@ class TestSeal:
         assert not (data(tmp_path) / "x.bin").exists()
 
     def test_a_blob_replaced_while_it_is_read_is_not_sealed(self, azurite, container, tmp_path):
-        from jobs.runtime import faultpoints
+        from amlhpc.jobs.runtime.base import faultpoints
 
         put_block_list(container, "s/raw.bin", payload_of(100 << 10, 4))
         replace = lambda **c: put_block_list(container, "s/raw.bin", payload_of(100 << 10, 5))  # noqa: E731
@@ -236,7 +238,7 @@ class TestSeal:
         assert seal.seal_prefix(container, "s").sealed == ["s/raw.bin"]
 
     def test_a_seal_cut_between_its_two_writes_already_counts(self, azurite, container, tmp_path):
-        from jobs.runtime import faultpoints
+        from amlhpc.jobs.runtime.base import faultpoints
 
         payload = payload_of(100 << 10, 6)
         put_block_list(container, "s/raw.bin", payload)
@@ -249,7 +251,7 @@ class TestSeal:
             stage(azurite, container, tmp_path, "s")
 
     def test_reseal_refuses_the_uploaders_own_blobs(self, azurite, container, tmp_path):
-        from jobs.data import upload
+        from amlhpc.jobs.data import upload
 
         source = tmp_path / "src"
         source.mkdir()
@@ -310,8 +312,8 @@ def test_the_command_staging_gives_for_a_rotted_upload_repairs_it(azurite, conta
 
     from typer.testing import CliRunner
 
-    from jobs.data import cli as data_cli
-    from jobs.data import upload
+    from amlhpc.jobs.data import cli as data_cli
+    from amlhpc.jobs.data import upload
 
     source = tmp_path / "src"
     source.mkdir()
@@ -322,7 +324,7 @@ def test_the_command_staging_gives_for_a_rotted_upload_repairs_it(azurite, conta
     rot(azurite, stored, len(stored) // 2)
     with pytest.raises(staging.StagingError) as caught:
         stage(azurite, container, tmp_path, "up")
-    advice = re.search(r"python -m jobs data upload (.*?) \(it reads", str(caught.value))
+    advice = re.search(r"python -m amlhpc.jobs data upload (.*?) \(it reads", str(caught.value))
     assert advice, str(caught.value)
     args = [a.replace("LOCAL_DIR", str(source)) for a in shlex.split(advice.group(1))]
     assert upload.upload_directory(container, source, "up", workers=1).unchanged == 1  # a plain re-run: skipped

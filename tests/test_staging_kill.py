@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from amlhpc.jobs.data import upload
 from bench.dataset import generate
-from jobs.data import upload
 from tests.test_staging import ROOT, data_files, node_env, source_files, spec_json
 
 pytestmark = pytest.mark.azurite
@@ -25,7 +25,7 @@ def test_killed_staging_resumes_without_refetching(azurite, container, tmp_path)
     upload.upload_directory(container, source, "cosmoflow", workers=2)
     expected = source_files(source)
     env = node_env(azurite, tmp_path, 0, 0, 1, 1, "kill-run", shared=False)
-    argv = [sys.executable, "-m", "jobs.runtime.staging", "--stage-json", spec_json(container.container_name, "local"),
+    argv = [sys.executable, "-m", "amlhpc.jobs.runtime.staging", "--stage-json", spec_json(container.container_name, "local"),
             "--fast-retries", "--json", "-q"]
     staging_dir = tmp_path / "node0" / ".amlhpc-staging" / "cosmo"
     data_dir = tmp_path / "node0" / "cosmo"

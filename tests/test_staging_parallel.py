@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from amlhpc.jobs.data import upload
+from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.base.ranks import validated
+from amlhpc.jobs.runtime.blob import blobio, gzmembers
+from amlhpc.jobs.runtime.staging import stager as staging
 from bench.dataset import generate
-from jobs.data import upload
-from jobs.runtime import blobio, contract, gzmembers, staging
-from jobs.runtime.ranks import validated
 from tests.faultproxy import FaultProxy
 from tests.test_staging import data_files, leftovers, put_blob, source_files, spec_json, stage_local
 

@@ -1,4 +1,4 @@
-"""The warm standby (jobs/runtime/standby.py): which commands get one, and a standby that becomes
+"""The warm standby (amlhpc/jobs/runtime/launch/standby.py): which commands get one, and a standby that becomes
 the command - the new environment, the command's argv, its exit status - once activated."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from jobs.runtime.standby import Standby, standby_command
+from amlhpc.jobs.runtime.launch.standby import Standby, standby_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 class TestWhichCommands:
     def test_python_module_and_script_commands(self):
         assert standby_command(["python", "-m", "pkg.train", "--x", "1"]) == [
-            "python", "-m", "jobs.runtime.standby", "--", "-m", "pkg.train", "--x", "1"]
+            "python", "-m", "amlhpc.jobs.runtime.launch.standby", "--", "-m", "pkg.train", "--x", "1"]
         assert standby_command(["python3", "-u", "train.py", "a"], Path("/r")) == [
-            "python3", "-u", "-m", "jobs.runtime.standby", "--ready-file", "/r", "--", "train.py", "a"]
+            "python3", "-u", "-m", "amlhpc.jobs.runtime.launch.standby", "--ready-file", "/r", "--", "train.py", "a"]
 
     def test_anything_else_starts_cold(self):
         for command in (["bash", "run.sh"], ["python", "-c", "print(1)"], ["python", "-m"], ["python"], []):
@@ -34,7 +34,7 @@ def test_a_standby_becomes_the_command(tmp_path):
                       "'old': 'OLD' in os.environ}))\n"
                       "sys.exit(int(os.environ['CODE']))\n")
     ready = tmp_path / "ready"
-    command = [sys.executable, "-m", "jobs.runtime.standby", "--preload", "json", "--ready-file", str(ready), "--",
+    command = [sys.executable, "-m", "amlhpc.jobs.runtime.launch.standby", "--preload", "json", "--ready-file", str(ready), "--",
                str(script), "a", "b"]
     standby = Standby(command, {**os.environ, "PYTHONPATH": str(REPO), "OLD": "1"})
     while not ready.exists():
@@ -51,7 +51,7 @@ def test_a_discarded_standby_exits_without_running_the_command(tmp_path):
     marker = tmp_path / "ran"
     script = tmp_path / "train.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
-    command = [sys.executable, "-m", "jobs.runtime.standby", "--preload", "", "--", str(script)]
+    command = [sys.executable, "-m", "amlhpc.jobs.runtime.launch.standby", "--preload", "", "--", str(script)]
     standby = Standby(command, {**os.environ, "PYTHONPATH": str(REPO)})
     standby.discard()
     assert not marker.exists() and not standby.alive

@@ -1,4 +1,4 @@
-"""The managed-identity check before staging (jobs/runtime/health/access.py): a missing token,
+"""The managed-identity check before staging (amlhpc/jobs/runtime/health/access.py): a missing token,
 a missing role and a network refusal each stop the job with the cause named. The storage
 errors are the SDK's own: azure-core's HttpResponseError with Azure Storage's error codes."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
-from jobs.runtime.health import access
+from amlhpc.jobs.runtime.health import access
 
 READ = access.Target("https://acct.blob.core.windows.net/", "datasets", "cosmoflow/", False, "input 'cosmoflow'")
 WRITE = access.Target("https://acct.blob.core.windows.net/", "checkpoints", "cosmoflow/run-1", True, "checkpoints")

@@ -1,4 +1,4 @@
-"""jobs.submit against azure-ai-ml itself: a real MLClient whose HTTP answers come from a fake
+"""amlhpc.jobs.azure.submit against azure-ai-ml itself: a real MLClient whose HTTP answers come from a fake
 Azure ML service with the service's JSON (tests/aml_fakes.py), so usage names, counts and
 errors arrive exactly as the SDK hands them over."""
 
@@ -10,9 +10,11 @@ import pytest
 from azure.ai.ml.entities import CommandJob
 from azure.ai.ml.exceptions import ValidationException
 
-from core.errors import UserError
-from jobs import build, recipes, submit
-from jobs.runtime import contract
+from amlhpc.core.errors import UserError
+from amlhpc.jobs import recipes
+from amlhpc.jobs.azure import submit
+from amlhpc.jobs.plan import build
+from amlhpc.jobs.runtime.base import contract
 from tests.aml_fakes import created_job, ml_client, rest_json, service_error
 from tests.jobs_helpers import stack_outputs
 
@@ -155,12 +157,12 @@ class TestQuota:
 
 
 class TestCommands:
-    """`python -m jobs quota` and `submit` end to end, with the fake service behind MLClient."""
+    """`python -m amlhpc.jobs quota` and `submit` end to end, with the fake service behind MLClient."""
 
     def run(self, mocker, args, client=None):
         from typer.testing import CliRunner
 
-        from jobs.cli import app
+        from amlhpc.jobs.cli.main import app
         from tests.jobs_helpers import outputs_file
 
         if client is not None:
@@ -183,7 +185,7 @@ class TestCommands:
         connect = mocker.patch.object(submit, "connect")
         from typer.testing import CliRunner
 
-        from jobs.cli import app
+        from amlhpc.jobs.cli.main import app
 
         result = CliRunner().invoke(app, ["submit", "cosmoflow", "--stack", "dev", "--offline"])
         assert result.exit_code == 2 and "--offline" in result.output and "--dry-run" in result.output
@@ -193,7 +195,7 @@ class TestCommands:
         """A retired V100 size: warned at submit (the TensorFlow recipe: its CUDA 12.8 image runs on Volta)."""
         from typer.testing import CliRunner
 
-        from jobs.cli import app
+        from amlhpc.jobs.cli.main import app
         from tests.jobs_helpers import outputs_doc
 
         doc = outputs_doc("dev")

@@ -1,4 +1,4 @@
-"""jobs.workloads.synthetic: lockstep steps, checkpoints, resume and progress reports,
+"""amlhpc.jobs.workloads.synthetic: lockstep steps, checkpoints, resume and progress reports,
 with real processes (two ranks over a local socket)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.local.azurite import free_port
+from amlhpc.jobs.local.azurite import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -20,7 +20,7 @@ def start(tmp_path: Path, rank: int, world: int, port: int, *args: str, **env: s
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(REPO),
                "AMLHPC_CHECKPOINT_DIR": str(tmp_path / f"ckpt{rank}"),
                "AMLHPC_PROGRESS_FILE": str(tmp_path / f"progress-{rank}.json"), **env}
-    return subprocess.Popen([sys.executable, "-m", "jobs.workloads.synthetic", "--step-s", "0", "--checkpoint-every", "5",
+    return subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.workloads.synthetic", "--step-s", "0", "--checkpoint-every", "5",
                              "--output-dir", str(tmp_path / "out"), *args], env=environ, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

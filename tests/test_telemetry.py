@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import contract, telemetry
-from jobs.runtime.health.tools import CRITICAL_XIDS, parse_clock_reasons, parse_xids
+from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.health.tools import CRITICAL_XIDS, parse_clock_reasons, parse_xids
+from amlhpc.jobs.runtime.node import telemetry
 from tests import fake_nvml
 from tests.fake_nvml import FakeNvml, nd96asr_gpus
 from tests.fake_sysfs import ib_port
@@ -142,8 +143,8 @@ class TestSample:
         assert metrics["telemetry/node0/ib/mlx5_ib1_1/errors_grown"] == 5.0
 
     def test_the_report_reads_the_record_file(self, node, tmp_path):
-        """`jobs report` (jobs/report/records.py) finds every GPU's utilisation and memory in it."""
-        from jobs.report import records
+        """`jobs report` (amlhpc/jobs/report/records.py) finds every GPU's utilisation and memory in it."""
+        from amlhpc.jobs.report import records
 
         sampler, _, _, _, clock = node
         sampler.sample()
@@ -209,7 +210,7 @@ class TestLauncher:
         """A command under the launcher: its report carries the node's telemetry summary and the
         samples are in the report folder; on this CPU machine GPUs are absent, with the reason."""
         script = tmp_path / "train.py"
-        script.write_text("from jobs.runtime import progress\nprogress.report(1)\nprogress.report(2)\n")
+        script.write_text("from amlhpc.jobs.runtime import progress\nprogress.report(1)\nprogress.report(2)\n")
         env = base_env(tmp_path, PYTHONPATH=str(REPO), **{contract.TELEMETRY_INTERVAL_S: "3600"})
         code, out = finish(start(env, "--", sys.executable, str(script)))
         assert code == 0, out

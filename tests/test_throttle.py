@@ -1,4 +1,4 @@
-"""jobs.runtime.throttle: the shared bandwidth cap."""
+"""amlhpc.jobs.runtime.base.throttle: the shared bandwidth cap."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ import time
 
 import pytest
 
-from jobs.runtime.throttle import Throttle, ThrottledReader, mbits_to_bytes_per_s, throttled
+from amlhpc.jobs.runtime.base.throttle import (
+    Throttle,
+    ThrottledReader,
+    mbits_to_bytes_per_s,
+    throttled,
+)
 
 
 class FakeClock:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from core import skus
-from jobs.runtime import topology
-from jobs.runtime.skufacts import parse_sku_facts
+from amlhpc.core import skus
+from amlhpc.jobs.runtime.node import topology
+from amlhpc.jobs.runtime.node.skufacts import parse_sku_facts
 from tests.fake_sysfs import build_nd96asr_sysfs
 from tests.fake_sysfs import pci_device as _device
 
@@ -183,7 +183,7 @@ class TestApply:
         script = (
             "import os, subprocess, sys\n"
             "from pathlib import Path\n"
-            "from jobs.runtime import topology as t\n"
+            "from amlhpc.jobs.runtime import topology as t\n"
             "avail = frozenset(os.sched_getaffinity(0))\n"
             f"plan = t.plan_pinning(t.discover(Path({str(root)!r}), None, avail), 1, avail)\n"
             "t.apply_pinning(plan, 0, os.environ)\n"

@@ -1,4 +1,4 @@
-"""jobs.tuning and jobs.scale: the per-size environment held against what Azure sets (reference
+"""amlhpc.jobs.plan.tuning and amlhpc.jobs.plan.scale: the per-size environment held against what Azure sets (reference
 tables in tests/reference/azure-nccl-env.toml), the topology files against Azure's own
 (tests/reference/azhpc-images/topology), and the scaling arithmetic."""
 
@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from core import nccl, skus
-from core.errors import UserError
-from jobs import scale, tuning
-from jobs.runtime import nccl_env
+from amlhpc.core import nccl, skus
+from amlhpc.core.errors import UserError
+from amlhpc.jobs.plan import scale, tuning
+from amlhpc.jobs.runtime.node import nccl_env
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = tomllib.loads((ROOT / "tests" / "reference" / "azure-nccl-env.toml").read_text())
 AZURE_TOPOLOGY = ROOT / "tests" / "reference" / "azhpc-images" / "topology"
-SHIPPED_TOPOLOGY = ROOT / "images" / "common" / "nccl-topo"
+SHIPPED_TOPOLOGY = ROOT / "amlhpc" / "images" / "common" / "nccl-topo"
 IB_SIZES = [n for n in skus.names() if skus.get(n).infiniband]
 
 
@@ -56,7 +56,7 @@ class TestAgainstAzure:
             if comparable(name, ours.get(name, "<unset>")) != value:
                 assert listed("differs", name, size), (
                     f"{size}: Azure sets {name}={value}, the job has {ours.get(name, '<unset>')}: "
-                    "fix core/catalog/nccl.toml or list it under [[differs]] with the reason")
+                    "fix amlhpc/core/catalog/nccl.toml or list it under [[differs]] with the reason")
 
     @pytest.mark.parametrize("size", skus.names())
     def test_every_variable_the_job_adds_is_listed_with_a_reason(self, size):
@@ -181,7 +181,7 @@ class TestJobEnvironment:
 
 
 def test_docs_table_is_the_catalog():
-    """docs/tuning.md shows exactly core/catalog/nccl.toml (regenerate: python -m jobs.tuning)."""
+    """docs/tuning.md shows exactly amlhpc/core/catalog/nccl.toml (regenerate: python -m amlhpc.jobs.plan.tuning)."""
     text = (ROOT / "docs" / "tuning.md").read_text()
     start, end = text.index(tuning.TABLE_BEGIN), text.index(tuning.TABLE_END)
     assert text[start:end + len(tuning.TABLE_END)] == tuning.docs_table()

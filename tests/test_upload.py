@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from amlhpc.jobs.data import cli as data_cli
+from amlhpc.jobs.data import upload
+from amlhpc.jobs.runtime.blob import gzmembers
 from bench.dataset import generate
-from jobs.data import cli as data_cli
-from jobs.data import upload
-from jobs.runtime import gzmembers
 
 pytestmark = pytest.mark.azurite
 FIXTURES = Path(__file__).parent / "fixtures" / "outputs"
@@ -138,7 +138,7 @@ class TestUploadDirectory:
             upload.compressor(10)
 
     def test_bandwidth_cap(self, container, tmp_path):
-        from jobs.runtime.throttle import Throttle
+        from amlhpc.jobs.runtime.base.throttle import Throttle
 
         source = tmp_path / "capped"
         source.mkdir()

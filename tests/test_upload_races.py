@@ -1,6 +1,6 @@
 """Two uploads of one prefix, a crash at every step of an upload, and re-runs that repair, on real Azurite.
 
-Each race is staged at named fault points (jobs.runtime.faultpoints), never by timing:
+Each race is staged at named fault points (amlhpc.jobs.runtime.base.faultpoints), never by timing:
 the first writer is held exactly at a step while the second one runs, and every test
 asserts the points it armed fired. Whatever the order, a committed blob's stored bytes
 agree with its Content-MD5 and amlhpc_stored_sha256 and inflate to one writer's file,
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.data import remote, upload
-from jobs.runtime import faultpoints
+from amlhpc.jobs.data import remote, upload
+from amlhpc.jobs.runtime.base import faultpoints
 
 pytestmark = pytest.mark.azurite
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,7 +202,7 @@ def test_sigkill_before_the_commit_then_the_command_again(azurite, container, tm
     log = tmp_path / "fired.log"
     env = {**os.environ, "AZ_CS": azurite.connection_string, "PYTHONPATH": str(ROOT),
            faultpoints.ENV_POINTS: "upload.before-commit=kill", faultpoints.ENV_LOG: str(log)}
-    args = [sys.executable, "-m", "jobs", "data", "upload", str(source), "--stack", "dev", "--prefix", "p",
+    args = [sys.executable, "-m", "amlhpc.jobs", "data", "upload", str(source), "--stack", "dev", "--prefix", "p",
             "--connection-string-env", "AZ_CS", "--container", container.container_name]
     killed = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert killed.returncode == -9, killed.stderr

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jobs.data import cli as data_cli
-from jobs.data import walk
+from amlhpc.jobs.data import cli as data_cli
+from amlhpc.jobs.data import walk
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""core.values: every number a person types is finite and sane, and a run name is a plain name.
+"""amlhpc.core.values: every number a person types is finite and sane, and a run name is a plain name.
 
 Each case is the input a user could give (a flag, a recipe key, a stack key) and the refusal
 it must get: a clear error naming the value and the range, exit 2, no traceback, nothing
@@ -13,8 +13,8 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from typer.testing import CliRunner
 
-from core import values
-from jobs import cli
+from amlhpc.core import values
+from amlhpc.jobs.cli import main as cli
 from tests.jobs_helpers import outputs_file
 
 runner = CliRunner()
@@ -127,8 +127,8 @@ class TestStackConfig:
         ("aml-hpc:storage", {"egressGbps": math.nan}, "Gb/s"),
     ])
     def test_non_finite_and_absurd_numbers_are_refused_by_key(self, tmp_path, key, value, fragment):
-        from core.errors import UserError
-        from infra.config import load_stack_config
+        from amlhpc.core.errors import UserError
+        from amlhpc.infra.config import load_stack_config
         from tests.test_config import GOOD_ENV, write
 
         write(tmp_path, "dev", {**GOOD_ENV, key: value})

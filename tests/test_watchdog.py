@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runtime import launch, nodestatus, progress, watchdog
-from jobs.runtime.errors import RuntimeInputError
+from amlhpc.jobs.runtime.base import progress
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
+from amlhpc.jobs.runtime.coord import nodestatus
+from amlhpc.jobs.runtime.launch import launcher as launch
+from amlhpc.jobs.runtime.launch import watchdog
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 # training code) or keeps going until `total` steps.
 TRAIN = r"""
 import sys, time
-from jobs.runtime import progress
+from amlhpc.jobs.runtime import progress
 stop_after, total = int(sys.argv[1]), int(sys.argv[2])
 progress.report(0)
 for step in range(1, total + 1):
@@ -47,7 +50,7 @@ def env_for(tmp_path: Path, node: int, nodes: int, run_id: str, **extra: str) ->
 
 
 def start(env: dict[str, str], script: Path, stop_after: int, total: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "jobs.runtime.launch", "--term-grace", "2", "--",
+    return subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.runtime.launch", "--term-grace", "2", "--",
                              sys.executable, str(script), str(stop_after), str(total)],
                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -174,7 +177,7 @@ class TestLauncher:
         assert going.returncode == 0, out
         silent = tmp_path / "silent.py"
         silent.write_text("import time; time.sleep(3)\n")  # never reports: never judged
-        proc = subprocess.run([sys.executable, "-m", "jobs.runtime.launch", "--", sys.executable, str(silent)],
+        proc = subprocess.run([sys.executable, "-m", "amlhpc.jobs.runtime.launch", "--", sys.executable, str(silent)],
                               env=env_for(tmp_path, 0, 1, "silent", AMLHPC_WATCHDOG_JSON=settings), cwd=REPO,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stdout + proc.stderr

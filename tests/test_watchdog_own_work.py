@@ -1,4 +1,4 @@
-"""The watchdog's view of a rank's own work (jobs/runtime/watchdog.py): each step's own-work
+"""The watchdog's view of a rank's own work (amlhpc/jobs/runtime/launch/watchdog.py): each step's own-work
 time whichever report it samples, the node's median of its slowest rank, whether the node
 waits for its peers, and which node a hang started on when every node stopped."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from jobs.runtime import watchdog
-from jobs.runtime.nodestatus import Heartbeat
-from jobs.runtime.progress import Progress
+from amlhpc.jobs.runtime.base.progress import Progress
+from amlhpc.jobs.runtime.coord.nodestatus import Heartbeat
+from amlhpc.jobs.runtime.launch import watchdog
 
 
 def watch() -> watchdog.NodeWatch:

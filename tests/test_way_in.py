@@ -12,17 +12,17 @@ from datetime import UTC, datetime
 import pytest
 import yaml
 
-from core.errors import UserError
-from core.permissions import MODEL
-from infra.config import (
+from amlhpc.core.errors import UserError
+from amlhpc.core.permissions import MODEL
+from amlhpc.infra.config import (
     NAME_SUFFIX_KEY,
     UNHELD_PUBLIC_KEY,
     load_stack_config,
     parse,
     read_stack_file,
 )
-from infra.plan import evaluate
-from infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
 from tests.test_config import GOOD_ENV, PUBKEY, write
 
 NOW = datetime(2026, 11, 23, tzinfo=UTC)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import REPO_ROOT
+from amlhpc.infra.config import REPO_ROOT
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 FILES = sorted(WORKFLOWS.glob("*.yml"))
@@ -142,10 +142,10 @@ class TestEveryWorkflow:
             assert not re.search(r"(echo|printf)[^\n]*secrets\.", step.get("run", ""))
 
     def test_pulumi_updates_run_the_policy_pack_with_refresh(self, path):
-        """Every preview/up through pulumi/actions refreshes and enforces infra/policy/pack."""
+        """Every preview/up through pulumi/actions refreshes and enforces amlhpc/infra/policy/pack."""
         for _, _, step in uses(yaml.safe_load(path.read_text()), "pulumi/actions"):
             if step["with"].get("command") in ("preview", "up"):
-                assert step["with"]["policyPacks"] == "infra/policy/pack"
+                assert step["with"]["policyPacks"] == "amlhpc/infra/policy/pack"
                 assert step["with"]["refresh"] is True
                 assert step["with"]["secrets-provider"] == "passphrase"
                 assert step["with"]["cloud-url"] == "${{ vars.PULUMI_BACKEND_URL }}"
@@ -167,10 +167,10 @@ class TestPullRequest:
         assert any(s.get("run") == "make test" for s in job["steps"])
 
     def test_offline_policy_for_every_stack(self):
-        """Every stack file goes through `python -m infra plan --policy` (fails the job on a mandatory rule)."""
+        """Every stack file goes through `python -m amlhpc.infra plan --policy` (fails the job on a mandatory rule)."""
         script = run_text(self.doc, "stacks", "Offline plan with policy (no Azure needed)")
         assert "for file in Pulumi.*.yaml" in script
-        assert 'python -m infra plan --stack "$stack" --policy || status=1' in script
+        assert 'python -m amlhpc.infra plan --stack "$stack" --policy || status=1' in script
 
     def test_no_azure_no_state_no_secret_within_a_pull_requests_reach(self):
         """No job runs in a GitHub environment, none may mint an OIDC token, and nothing reads a
@@ -195,7 +195,7 @@ class TestPullRequest:
     def test_plan_diff_commented_for_every_stack(self):
         """The offline plan diff of every stack against the base commit goes to the job summary
         and, except from forks, into one PR comment found again by its marker."""
-        from infra.plan.render_diff import MARKER
+        from amlhpc.infra.plan.render_diff import MARKER
 
         job = self.doc["jobs"]["stacks"]
         checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
@@ -235,7 +235,7 @@ class TestPullRequest:
         comment = (tmp_path / "plan-diff.md").read_text()
         assert comment.startswith("<!-- aml-hpc offline plan diff -->\n### Offline plan diff against `main`")
         assert "#### `dev`: 1 to update; full scale +$" in comment
-        from infra.plan import evaluate
+        from amlhpc.infra.plan import evaluate
         prod = evaluate("prod")  # the base's prod: this change deletes all of it
         removed = re.search(r"#### `prod`: (\d+) to remove; full scale -\$([\d.,]+)/hour", comment)
         assert removed, comment
@@ -338,9 +338,9 @@ class TestTeardown:
         assert on["workflow_dispatch"]["inputs"]["dry_run"]["type"] == "boolean"
 
     def test_finds_expired_with_the_infra_command(self):
-        """The list of stacks comes from `python -m infra expired --json`."""
-        assert "python -m infra expired --json" in run_text(self.doc, "teardown", "Find expired experiment stacks")
-        assert "python -m infra expired --json" in run_text(self.doc, "find", "Environments whose experiments expired")
+        """The list of stacks comes from `python -m amlhpc.infra expired --json`."""
+        assert "python -m amlhpc.infra expired --json" in run_text(self.doc, "teardown", "Find expired experiment stacks")
+        assert "python -m amlhpc.infra expired --json" in run_text(self.doc, "find", "Environments whose experiments expired")
 
     def test_one_job_per_environment_with_its_own_identity(self):
         """Each environment's expired experiments go down in teardown-<environment>: its identity,

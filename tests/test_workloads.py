@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from jobs.runtime import filelist  # noqa: E402
-from jobs.workloads.cosmoflow import data, generate, tfrecord  # noqa: E402
+from amlhpc.jobs.runtime.staging import filelist  # noqa: E402
+from amlhpc.jobs.workloads.cosmoflow import data, generate, tfrecord  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--conv-size", "4", "--n-conv-layers", "3", "--fc1", "16", "--fc2", "8", "--workers", "0",
@@ -87,7 +87,7 @@ class TestCosmoFlowTraining:
     def test_ddp_two_ranks_checkpoint_and_resume(self, dataset, tmp_path):
         """2 gloo ranks train from the launcher's variables, checkpoint, then resume."""
         env = {"AMLHPC_DATA_DIR_COSMOFLOW": str(dataset), "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
-        first = torchrun("jobs.workloads.cosmoflow.train", ["--epochs", "2", *TINY], tmp_path, env)
+        first = torchrun("amlhpc.jobs.workloads.cosmoflow.train", ["--epochs", "2", *TINY], tmp_path, env)
         assert first.returncode == 0, first.stderr[-3000:]
         steps = step_lines(first.stdout)
         assert steps and all(s["loss"] == s["loss"] for s in steps if "loss" in s)  # finite, logged per step
@@ -103,7 +103,7 @@ class TestCosmoFlowTraining:
         assert summary["world_size"] == 2 and summary["throughput"] > 0 and summary["val_mae"] is not None
 
         env["AMLHPC_RESUME_VERSION"] = str(versions / "step-000000004")
-        second = torchrun("jobs.workloads.cosmoflow.train", ["--epochs", "3", *TINY], tmp_path, env)
+        second = torchrun("amlhpc.jobs.workloads.cosmoflow.train", ["--epochs", "3", *TINY], tmp_path, env)
         assert second.returncode == 0, second.stderr[-3000:]
         assert "resumed from step-000000004 (step 4)" in second.stdout
         assert min(s["step"] for s in step_lines(second.stdout)) == 5
@@ -111,14 +111,14 @@ class TestCosmoFlowTraining:
     def test_from_memory_and_profiler(self, dataset, tmp_path):
         env = {"AMLHPC_DATA_DIR_COSMOFLOW": str(dataset), "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
                "AMLHPC_PROFILE_DIR": str(tmp_path / "prof")}
-        proc = torchrun("jobs.workloads.cosmoflow.train", ["--epochs", "3", "--from-memory", *TINY], tmp_path, env)
+        proc = torchrun("amlhpc.jobs.workloads.cosmoflow.train", ["--epochs", "3", "--from-memory", *TINY], tmp_path, env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads((tmp_path / "outputs/aml-hpc/metrics.json").read_text())["from_memory"] is True
         traces = list((tmp_path / "prof").rglob("*.pt.trace.json*"))
         assert traces, "the profiler wrote no TensorBoard trace"
 
     def test_no_data_is_exit_2(self, tmp_path):
-        proc = subprocess.run([sys.executable, "-m", "jobs.workloads.cosmoflow.train", "--data-dir", str(tmp_path), *TINY],
+        proc = subprocess.run([sys.executable, "-m", "amlhpc.jobs.workloads.cosmoflow.train", "--data-dir", str(tmp_path), *TINY],
                               cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "no training files" in proc.stderr
 
@@ -130,8 +130,8 @@ class TestModelFlops:
         gradient for the first layer)."""
         import torch
 
-        from jobs.workloads import peak
-        from jobs.workloads.cosmoflow.model import CosmoFlow
+        from amlhpc.jobs.workloads import peak
+        from amlhpc.jobs.workloads.cosmoflow.model import CosmoFlow
 
         model = CosmoFlow(16, 4, conv_size=4, n_conv_layers=3, fc1=16, fc2=8)
         forward, side, channels = 0, 16, 4
@@ -144,7 +144,7 @@ class TestModelFlops:
         assert 2 * forward < counted < 3 * forward
 
     def test_every_other_nodes_first_process_logs_its_step_time(self, capsys):
-        from jobs.workloads import common
+        from amlhpc.jobs.workloads import common
 
         for rank, local_rank, node in ((0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)):
             common.Metrics(common.Dist(rank, local_rank, 4, None, node)).node_step(7, 0.25)
@@ -160,7 +160,7 @@ class TestProcessGroup:
         script.write_text(
             "import atexit, os, torch.distributed as dist\n"  # one write per rank: the two share stdout
             "atexit.register(lambda: os.write(1, f'group alive at exit: {dist.is_initialized()}\\n'.encode()))\n"
-            "from jobs.workloads import common\n"
+            "from amlhpc.jobs.workloads import common\n"
             "d = common.init_distributed()\n"
             "assert dist.is_initialized() and d.world == 2\n"
         )
@@ -174,11 +174,11 @@ class TestProcessGroup:
 
 class TestAllReduce:
     def test_sweep_over_gloo(self, tmp_path):
-        from core import skus
-        from jobs import tuning
+        from amlhpc.core import skus
+        from amlhpc.jobs.plan import tuning
 
         env = {"AMLHPC_SKU_JSON": tuning.sku_json(skus.get("Standard_ND96isr_H100_v5"))}
-        proc = torchrun("jobs.workloads.allreduce", ["--min-bytes", "1K", "--max-bytes", "64K", "--factor", "4",
+        proc = torchrun("amlhpc.jobs.workloads.allreduce", ["--min-bytes", "1K", "--max-bytes", "64K", "--factor", "4",
                                                      "--iters", "3", "--report", "r.json"], tmp_path, env)
         # gloo on 2 CPU processes is far below an H100 node's 460 GB/s: judged fail, exit 1
         assert proc.returncode == 1, proc.stderr[-3000:]
@@ -190,7 +190,7 @@ class TestAllReduce:
         assert report["verdict"] == "fail" and ">= 460.0 (one node)" in report["detail"]
 
     def test_judge(self):
-        from jobs.workloads import allreduce
+        from amlhpc.jobs.workloads import allreduce
 
         h100 = {"health": {"nccl_multinode_busbw_gbytes_per_s": [450.0, 400.0, 300.0], "nccl_allreduce_busbw_gbytes_per_s_min": 460.0}}
         assert allreduce.judge(455, h100, 2)[0] == "pass"
@@ -208,7 +208,7 @@ class TestBert:
                           "vocab_size": 128, "max_position": 64, "seq_len": 16},
                 "config": {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}}
         env = {"AMLHPC_DEEPSPEED_JSON": json.dumps(plan), "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
-        proc = torchrun("jobs.workloads.bert_pretrain.train", ["--steps", "4", "--log-every", "2"], tmp_path, env)
+        proc = torchrun("amlhpc.jobs.workloads.bert_pretrain.train", ["--steps", "4", "--log-every", "2"], tmp_path, env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         header = json.loads(proc.stdout.splitlines()[0])
         assert header["deepspeed"] is False and header["world"] == 2 and header["params"] > 0
@@ -221,7 +221,7 @@ class TestBert:
         plan = {"model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "vocab_size": 128, "seq_len": 16},
                 "config": {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1},
                 "autotune": [{"stage": 0, "micro_batch": 1, "grad_accum": 1}, {"stage": 0, "micro_batch": 4, "grad_accum": 1}]}
-        proc = torchrun("jobs.workloads.bert_pretrain.train", ["--autotune-steps", "2"], tmp_path,
+        proc = torchrun("amlhpc.jobs.workloads.bert_pretrain.train", ["--autotune-steps", "2"], tmp_path,
                         {"AMLHPC_DEEPSPEED_JSON": json.dumps(plan)}, nproc=1)
         assert proc.returncode == 0, proc.stderr[-3000:]
         results = json.loads((tmp_path / "outputs/autotuning/results.json").read_text())
@@ -232,7 +232,7 @@ class TestBert:
 
 class TestAdapters:
     def test_maskrcnn_maps_mpi_ranks_to_torch(self):
-        from jobs.workloads.maskrcnn import run
+        from amlhpc.jobs.workloads.maskrcnn import run
 
         env = run.torch_env({"OMPI_COMM_WORLD_RANK": "9", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
                              "AZ_BATCH_MASTER_NODE": "10.0.0.4:6105"})
@@ -241,13 +241,13 @@ class TestAdapters:
         assert cmd[1] == "/src/tools/train_net.py" and "--local_rank" in cmd and cmd[cmd.index("SOLVER.IMS_PER_BATCH") + 1] == "128"
 
     def test_maskrcnn_missing_source_is_exit_2(self, tmp_path):
-        from jobs.workloads.maskrcnn import run
+        from amlhpc.jobs.workloads.maskrcnn import run
 
         assert run.main(["--source", str(tmp_path), "--coco", str(tmp_path)]) == 2
 
     def test_cosmoflow_tf_needs_its_image(self, tmp_path):
         """Without TensorFlow/Horovod (this machine) the TF workload says so and exits 2."""
-        from jobs.workloads.cosmoflow_tf import train
+        from amlhpc.jobs.workloads.cosmoflow_tf import train
 
         try:
             import horovod  # noqa: F401

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from amlhpc.core.errors import UserError
+from amlhpc.core.version import __version__
 from amlhpc.doctor.arm import MANAGEMENT_SCOPE, Arm, ArmError, token_claims
-from core.errors import UserError
-from core.version import __version__
 
 Status = Literal["pass", "fail", "warn", "skip"]
 
@@ -65,7 +65,7 @@ class Target:
 
     stack: str
     outputs: Any
-    """core.outputs.StackOutputs of the plan (synthetic subscription and ids)."""
+    """amlhpc.core.outputs.StackOutputs of the plan (synthetic subscription and ids)."""
     providers: list[str]
     submitters: list[str]
     """Object ids in aml-hpc:submitters of the stack's environment."""
@@ -255,7 +255,7 @@ def roles_checks(arm: Arm, subscription_id: str, object_id: str, target: Target)
 
 
 def quota_check(ml_client: Any, target: Target) -> Check:
-    from jobs import submit
+    from amlhpc.jobs.azure import submit
 
     o = target.outputs
     requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in o.clusters.items()]

@@ -14,17 +14,17 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from amlhpc.core.console import table, working
+from amlhpc.core.errors import UserError, exit_on_bad_input
 from amlhpc.doctor import checks
-from core.console import table, working
-from core.errors import UserError, exit_on_bad_input
 
 STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
 
 
 def target(stack: str) -> checks.Target | UserError:
     """The stack's offline plan as the checks need it, or the UserError that stops it."""
-    from infra.plan import evaluate
-    from jobs import outputs
+    from amlhpc.infra.plan import evaluate
+    from amlhpc.jobs.plan import outputs
 
     try:
         plan = evaluate(stack)
@@ -41,7 +41,7 @@ def target(stack: str) -> checks.Target | UserError:
 def seams() -> checks.Seams:
     """The real world: the sign-in jobs use (az login, managed or workload identity), ARM,
     Azure ML, the Pulumi CLI, this environment."""
-    from jobs import credentials
+    from amlhpc.jobs.azure import credentials
 
     return checks.Seams(credential=lambda: credentials.credential(credentials.MANAGEMENT))
 

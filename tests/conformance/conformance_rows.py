@@ -4,7 +4,7 @@ its ARM body, which request builder checks its names, and what the model cannot 
 covered by adding a row here; test_conformance refuses a plan type without one.
 
 API versions: `provider` is what the installed azure-native module targets (its
-docstring, read by infra.adopt.provider_api_version); the SDK's is what its request
+docstring, read by amlhpc.infra.adopt.provider_api_version); the SDK's is what its request
 builder sends. Where they differ, `note` says why that model is the nearest reference.
 Packages are pinned in pyproject.toml's dev group.
 """
@@ -192,7 +192,7 @@ ROWS: dict[str, Row] = {row.type: row for row in [
     Row("azure-native:machinelearningservices:Compute", f"{ML}.models.ComputeResource",
         f"{ML_BUILDERS}.build_compute_create_or_update_request", "azure-ai-ml", note=ML_NOTE,
         not_covered={"computeName": "the specification has no name rule for computes; Microsoft Learn's "
-                                    "(3-24 characters, a letter after the last hyphen) is infra.naming's, "
+                                    "(3-24 characters, a letter after the last hyphen) is amlhpc.infra.naming's, "
                                     "tested in test_review_defects"}),
     Row("azure-native:machinelearningservices:Datastore", f"{ML}.models.Datastore",
         f"{ML_BUILDERS}.build_datastores_create_or_update_request", "azure-ai-ml", note=ML_NOTE),

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from infra.config import REPO_ROOT
-from infra.lifecycle import new_experiment
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.lifecycle import new_experiment
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBHk3Nw2Qz3q8e6tW1zM2xX0f9Yx7m1o5J4nKqLw0bVx hpc@example"

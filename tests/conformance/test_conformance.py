@@ -12,9 +12,9 @@ import importlib.metadata
 
 import pytest
 
-from infra.adopt import provider_api_version
-from infra.plan import evaluate
-from infra.plan.mocks import FAKE_SUBSCRIPTION
+from amlhpc.infra.adopt import provider_api_version
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.mocks import FAKE_SUBSCRIPTION
 from tests.conformance import conformance_reference as ref
 from tests.conformance.conformance_rows import ROWS, Row
 from tests.conformance.conformance_stacks import NOW, write_stacks

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from core.permissions import MODEL
-from infra import quirks
+from amlhpc.core.permissions import MODEL
+from amlhpc.infra import quirks
 from tests.lifecycle import lifecycle_answers as answers
 
 GLOBAL_NAME_TYPES = {
@@ -337,7 +337,7 @@ class FakeAzure:
     def _check_key_access(self, body: dict[str, Any]) -> None:
         """Azure ML checks, when it creates a workspace with a customer-managed key, that the
         identity the encryption names can use the key: a grant not yet in effect is refused
-        with Key Vault's RBAC denial (infra.quirks.RBAC_PROPAGATION_ERRORS)."""
+        with Key Vault's RBAC denial (amlhpc.infra.quirks.RBAC_PROPAGATION_ERRORS)."""
         encryption = body.get("encryption") or {}
         uai = (encryption.get("identity") or {}).get("userAssignedIdentity")
         key_url = str((encryption.get("keyVaultProperties") or {}).get("keyIdentifier") or "")

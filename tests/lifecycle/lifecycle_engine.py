@@ -1,5 +1,5 @@
 """A stateful stand-in for the Pulumi engine and the azure-native provider, running the real
-program (infra.program.build) under Pulumi's mock runtime against `FakeAzure`, across as
+program (amlhpc.infra.program.build) under Pulumi's mock runtime against `FakeAzure`, across as
 many deployments as a test needs.
 
 What it reproduces, with the source of each behaviour:
@@ -65,10 +65,10 @@ from pulumi.runtime import rpc
 from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
-from infra.adopt import SINGLETONS
-from infra.plan import _drop_provider_version_aliases
-from infra.plan.event_loop import private_event_loop
-from infra.plan.mocks import (
+from amlhpc.infra.adopt import SINGLETONS
+from amlhpc.infra.plan import _drop_provider_version_aliases
+from amlhpc.infra.plan.event_loop import private_event_loop
+from amlhpc.infra.plan.mocks import (
     FAKE_TENANT,
     PlanMocks,
     RecordingMonitor,

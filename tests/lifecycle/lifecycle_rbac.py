@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from core.permissions import MODEL, Role, action_matches
+from amlhpc.core.permissions import MODEL, Role, action_matches
 from tests.lifecycle.lifecycle_cloud import ROLE, FakeAzure
 
 ROLE_DEFINITION = "azure-native:authorization:RoleDefinition"

@@ -3,15 +3,15 @@
 An `Adopter` is a clone of this repository (its own stack files in a directory), a Pulumi
 backend and an Azure subscription; several adopters share one `FakeAzure`. `make_up` and
 `make_down` do what `make up STACK=...` and `make down STACK=...` do through
-scripts/pulumi-stack.sh, calling the same Python the script calls (infra.adopt):
+scripts/pulumi-stack.sh, calling the same Python the script calls (amlhpc.infra.adopt):
 
     up (environment):  ensure the stack's name suffix -> stack select --create ->
-                       stack export -> infra.adopt.plan_import -> pulumi import --file
+                       stack export -> amlhpc.infra.adopt.plan_import -> pulumi import --file
                        --protect=false (when there is something to adopt) -> up --refresh,
                        again after a wait when it failed on RBAC propagation
     up (experiment):   stack select --create -> up --refresh
     preview (environment): ensure the stack's name suffix -> stack select --create ->
-                       stack export -> infra.adopt.plan_import -> import and preview on a
+                       stack export -> amlhpc.infra.adopt.plan_import -> import and preview on a
                        scratch copy of the state (nothing written)
     preview (experiment): stack select --create -> preview
     down (environment): destroy --refresh --exclude-protected (the stack stays)
@@ -27,15 +27,15 @@ from typing import Any
 
 import yaml
 
-from infra import adopt, quirks
-from infra.config import EXPERIMENT_PREFIX, REPO_ROOT, parse, read_stack_file, stack_file
+from amlhpc.infra import adopt, quirks
+from amlhpc.infra.config import EXPERIMENT_PREFIX, REPO_ROOT, parse, read_stack_file, stack_file
 from tests.lifecycle.lifecycle_cloud import ROLE, FakeAzure
 from tests.lifecycle.lifecycle_engine import DeploymentFailed, Engine
 
 
 @dataclass
 class EmulatedArm:
-    """infra.adopt.AzureReader on the emulated cloud, answering in ARM's wire shape: an
+    """amlhpc.infra.adopt.AzureReader on the emulated cloud, answering in ARM's wire shape: an
     identity's principal under `properties` (user-assigned) or `identity` (system-assigned),
     role assignments listed at a scope and above it, as `$filter=atScope()` lists them."""
 
@@ -104,7 +104,7 @@ class Adopter:
                      now=self.azure.now, deploying=True)
 
     def make_up(self, stack: str) -> dict[str, Any]:
-        from infra import program
+        from amlhpc.infra import program
 
         experiment = stack.startswith(EXPERIMENT_PREFIX)
         if not experiment:
@@ -130,7 +130,7 @@ class Adopter:
 
     def make_preview(self, stack: str) -> list[tuple[str, str]]:
         """`make preview STACK=...`: the steps the preview shows (import|create|update|replace|delete, URN)."""
-        from infra import program
+        from amlhpc.infra import program
 
         experiment = stack.startswith(EXPERIMENT_PREFIX)
         if not experiment:

@@ -1,4 +1,4 @@
-"""infra.adopt on its own: the name suffix written once into a stack file, the import
+"""amlhpc.infra.adopt on its own: the name suffix written once into a stack file, the import
 document for retained resources, the URN form, the ARM existence probe and the CLI's bad
 input (exit 2, the fix, nothing written)."""
 
@@ -11,10 +11,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from core.errors import UserError
-from infra import adopt
-from infra.config import NAME_SUFFIX_KEY, REPO_ROOT, load_stack_config
-from infra.plan import evaluate
+from amlhpc.core.errors import UserError
+from amlhpc.infra import adopt
+from amlhpc.infra.config import NAME_SUFFIX_KEY, REPO_ROOT, load_stack_config
+from amlhpc.infra.plan import evaluate
 from tests.lifecycle.lifecycle_tooling import clone
 
 SUB = "aaaaaaaa-0000-0000-0000-000000000001"
@@ -224,11 +224,11 @@ class TestCli:
 
 
 def test_module_runs_as_a_script():
-    """`python -m infra.adopt --help` (what scripts/pulumi-stack.sh calls) works."""
+    """`python -m amlhpc.infra.adopt --help` (what scripts/pulumi-stack.sh calls) works."""
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "infra.adopt", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "amlhpc.infra.adopt", "--help"], capture_output=True, text=True,
                             cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 0 and "import-file" in result.stdout and "suffix" in result.stdout
 
@@ -256,7 +256,7 @@ class TestRoleAssignmentAdoption:
             return self.assignments
 
     def grant(self, principal: str, name: str | None = None, scope: str | None = None) -> dict:
-        from infra.components.access import role_assignment_name
+        from amlhpc.infra.components.access import role_assignment_name
 
         at = scope or self.SCOPE
         name = name or role_assignment_name(at, principal, self.ROLE)

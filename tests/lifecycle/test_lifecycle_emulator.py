@@ -107,7 +107,7 @@ def test_a_deleted_singleton_is_reset_to_defaults(azure, engine):
     assert azure.get(service_id).body["deleteRetentionPolicy"]["enabled"] is True
     engine.destroy("s")
     assert azure.get(service_id).body == {}
-    # Adopt the retained group and account (what infra.adopt plans), then up: the singleton is
+    # Adopt the retained group and account (what amlhpc.infra.adopt plans), then up: the singleton is
     # created again with a PUT whatever exists, so it needs no adoption.
     engine.import_file("s", {"resources": [
         {"type": "azure-native:resources:ResourceGroup", "name": "rg", "id": f"/subscriptions/{SUB}/resourceGroups/rg"},
@@ -253,8 +253,8 @@ class TestLocks:
 def test_a_retained_role_assignment_is_found_again_only_under_a_declared_name(azure, engine, named):
     """azure-native auto-names an assignment with a random GUID: after `destroy` keeps it,
     nothing can compute its id, and creating it again hits RoleAssignmentExists."""
-    from infra.components.access import role_assignment_name
-    from infra.plan.mocks import PlanMocks
+    from amlhpc.infra.components.access import role_assignment_name
+    from amlhpc.infra.plan.mocks import PlanMocks
 
     scope = f"/subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/grantacct"
     inputs = {"scope": scope, "principalId": "p", "roleDefinitionId": "r", "principalType": "User"}
@@ -273,7 +273,7 @@ def test_a_retained_role_assignment_is_found_again_only_under_a_declared_name(az
     planned = PlanMocks(SUB)._arm_id("azure-native:authorization:RoleAssignment", inputs, "grant")  # noqa: SLF001
     adopt = [{"type": "azure-native:resources:ResourceGroup", "name": "rg", "id": f"/subscriptions/{SUB}/resourceGroups/rg"},
              {"type": "azure-native:storage:StorageAccount", "name": "grantacct", "id": scope}]
-    if azure.exists(planned):  # what infra.adopt's existence probe does
+    if azure.exists(planned):  # what amlhpc.infra.adopt's existence probe does
         adopt.append({"type": "azure-native:authorization:RoleAssignment", "name": "grant", "id": planned})
     engine.import_file("s", {"resources": adopt}, protect=False)
     if named:

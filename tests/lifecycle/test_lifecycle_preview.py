@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from infra.adopt import SINGLETONS
+from amlhpc.infra.adopt import SINGLETONS
 from tests.lifecycle.lifecycle_cloud import FakeAzure
 from tests.lifecycle.lifecycle_tooling import Adopter, clone
 
@@ -57,7 +57,7 @@ class TestPreviewAfterDown:
 
     def test_counter_test_a_plain_preview_shows_them_as_creates(self, azure, adopter):
         """What `make preview` showed before: `pulumi preview` alone, against the state `down` left."""
-        from infra import program
+        from amlhpc.infra import program
 
         adopter.make_up("dev")
         adopter.make_down("dev")

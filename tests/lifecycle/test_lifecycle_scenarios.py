@@ -1,4 +1,4 @@
-"""Up, down and up again, with the real program, the real tooling steps (infra.adopt) and an
+"""Up, down and up again, with the real program, the real tooling steps (amlhpc.infra.adopt) and an
 emulated engine, provider and Azure (tests/lifecycle): each redeploy scenario a test, plus
 the counter-tests showing the emulator refuses what Azure refuses when the
 tooling's fixes are left out."""
@@ -12,9 +12,9 @@ import pulumi
 import pytest
 import yaml
 
-from images import catalog
-from infra.config import NAME_SUFFIX_KEY, REPO_ROOT
-from infra.lifecycle import new_experiment
+from amlhpc.images import catalog
+from amlhpc.infra.config import NAME_SUFFIX_KEY, REPO_ROOT
+from amlhpc.infra.lifecycle import new_experiment
 from tests.lifecycle.lifecycle_cloud import FakeAzure
 from tests.lifecycle.lifecycle_engine import DeploymentFailed
 from tests.lifecycle.lifecycle_tooling import Adopter, clone
@@ -110,7 +110,7 @@ class TestEnvironmentRedeploy:
 
     def test_without_adoption_the_second_up_fails_as_in_azure(self, azure, adopter, monkeypatch):
         """The counter-test: skip the import step and azure-native refuses to create what exists."""
-        from infra import adopt
+        from amlhpc.infra import adopt
 
         adopter.make_up("dev")
         adopter.make_down("dev")
@@ -195,7 +195,7 @@ class TestDeleteLock:
 
     def test_counter_test_unprotected_grants_make_down_fail_with_scope_locked(self, azure, adopter, monkeypatch):
         """What `down` did before: Pulumi deletes what the lock covers, Azure refuses."""
-        from infra import program
+        from amlhpc.infra import program
 
         build = program.build
 
@@ -302,7 +302,7 @@ class TestRbacPropagation:
 
     def test_without_the_wait_the_workspace_is_refused(self, azure, tmp_path, monkeypatch):
         """The counter-test: one attempt, as before the tooling retried."""
-        from infra import quirks
+        from amlhpc.infra import quirks
 
         monkeypatch.setattr(quirks, "RBAC_PROPAGATION_ATTEMPTS", 1)
         with pytest.raises(DeploymentFailed, match="ForbiddenByRbac"):
@@ -375,10 +375,10 @@ class TestTwoAdopters:
 class TestEnvironmentVersions:
     def test_an_image_tag_that_comes_back_after_a_revert_is_adopted(self, azure, adopter, tmp_path, monkeypatch):
         images = tmp_path / "images-checkout"
-        shutil.copytree(REPO_ROOT / "images", images / "images", ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copytree(REPO_ROOT / "jobs" / "runtime", images / "jobs" / "runtime",
+        shutil.copytree(REPO_ROOT / "amlhpc" / "images", images / "amlhpc" / "images", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO_ROOT / "amlhpc" / "jobs" / "runtime", images / "amlhpc" / "jobs" / "runtime",
                         ignore=shutil.ignore_patterns("__pycache__"))
-        pins = images / "images" / "pins.toml"
+        pins = images / "amlhpc" / "images" / "pins.toml"
         original = pins.read_text()
         from_checkout = catalog.releases
         # The program registers the images of "this checkout": here, the copy we edit.

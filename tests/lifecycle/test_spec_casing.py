@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from azure.ai.ml._restclient.arm_ml_service.models import SystemDatastoresAuthMode
 
-from infra import quirks
+from amlhpc.infra import quirks
 
 
 def test_system_datastores_auth_mode_is_sent_as_the_spec_spells_it():

@@ -15,10 +15,10 @@ import subprocess
 import pytest
 import yaml
 
-from infra.access.config import parse as access_config
-from infra.access.program import build as access_build
-from infra.config import REPO_ROOT
-from infra.lifecycle import new_experiment
+from amlhpc.infra.access.config import parse as access_config
+from amlhpc.infra.access.program import build as access_build
+from amlhpc.infra.config import REPO_ROOT
+from amlhpc.infra.lifecycle import new_experiment
 from tests.github_gate import job_access
 from tests.lifecycle.lifecycle_cloud import FakeAzure
 from tests.lifecycle.lifecycle_rbac import Authorizer
@@ -186,8 +186,8 @@ class TestExperimentTarget:
     """The experiment's target is one fact: aml-hpc:environment."""
 
     def test_environment_stack_of_another_environment_is_refused(self, tmp_path):
-        from core.errors import UserError
-        from infra.config import load_stack_config
+        from amlhpc.core.errors import UserError
+        from amlhpc.infra.config import load_stack_config
 
         path = tmp_path / "Pulumi.exp-sneak.yaml"
         path.write_text(yaml.safe_dump({"config": {
@@ -213,7 +213,7 @@ class TestExperimentTarget:
 
 
 class TestSubmittersJobOnTheControllerCluster:
-    """Azure ML lets anyone with jobs/write target any cluster of the workspace, and the job then
+    """Azure ML lets anyone with amlhpc/jobs/write target any cluster of the workspace, and the job then
     acts as that cluster's identity: Azure cannot stop a submitter's job from running on the
     controller's cluster. What keeps it harmless: the controller's identity can do nothing the
     submitter could not, so the job gains nothing."""

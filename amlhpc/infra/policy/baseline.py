@@ -1,0 +1,192 @@
+"""The security baseline: checks amlhpc/infra/policy/rules.py registers as mandatory rules.
+
+Outside dev (the `environment` tag every resource carries): no public network access on
+data or control-plane resources, no shared keys on storage, no internet outbound from a
+managed network and only allow-listed exact hosts in its FQDN rules, no public IP but
+Bastion's and a NAT gateway's (outbound only). Everywhere: no Owner, no User Access
+Administrator, no Role Based Access Control Administrator without a condition that
+constrains the roles it assigns, and no role the permission model (amlhpc/core/catalog/
+permissions.toml) does not name. dev is public by design (docs/isolation.md), so the
+network rules leave it alone; nothing justifies an unconstrained role anywhere.
+
+Pure functions over the neutral view (amlhpc/infra/policy/model.py); no Pulumi import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from amlhpc.core.permissions import MODEL
+from amlhpc.infra.policy.model import (
+    Finding,
+    Limits,
+    ResourceView,
+    StackView,
+    get_path,
+    is_sequence,
+)
+from amlhpc.infra.policy.outbound import OUTBOUND_FILE, allowed_hosts
+
+STORAGE_ACCOUNT = "azure-native:storage:StorageAccount"
+KEY_VAULT = "azure-native:keyvault:Vault"
+CONTAINER_REGISTRY = "azure-native:containerregistry:Registry"
+WORKSPACE = "azure-native:machinelearningservices:Workspace"
+ML_REGISTRY = "azure-native:machinelearningservices:Registry"
+COMPUTE = "azure-native:machinelearningservices:Compute"
+ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
+PUBLIC_IP = "azure-native:network:PublicIPAddress"
+BASTION = "azure-native:network:BastionHost"
+NAT_GATEWAY = "azure-native:network:NatGateway"
+
+DEV = "dev"
+_CONSTRAINED = "@Request[Microsoft.Authorization/roleAssignments:RoleDefinitionId] ForAnyOfAnyValues:GuidEquals"
+
+
+def environment_of(r: ResourceView, stack: StackView) -> str:
+    """The environment a resource belongs to: its tag, else the stack's, else the stack's name."""
+    for tags in (r.tags or {}, stack.tags or {}):
+        if str(tags.get("environment") or "").strip():
+            return str(tags["environment"])
+    return stack.name.rsplit("/", 1)[-1]
+
+
+def _outside_dev(r: ResourceView, stack: StackView) -> bool:
+    return environment_of(r, stack) != DEV
+
+
+def _short(stack: StackView) -> str:
+    return stack.name.rsplit("/", 1)[-1]
+
+
+# --------------------------------------------------------------------------------------
+# Network
+
+
+def _public_access(r: ResourceView) -> object:
+    if r.type == KEY_VAULT:
+        return get_path(r.inputs, "properties", "publicNetworkAccess")
+    return r.inputs.get("publicNetworkAccess")
+
+
+def public_network_access(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type not in (STORAGE_ACCOUNT, KEY_VAULT, CONTAINER_REGISTRY, WORKSPACE, ML_REGISTRY) or not _outside_dev(r, stack):
+        return
+    value = _public_access(r)
+    if value != "Disabled":
+        shown = value if value is not None else "unset, which Azure reads as Enabled"
+        yield Finding(f"{r.type.rsplit(':', 1)[-1]} {r.name!r} in environment {environment_of(r, stack)!r} takes "
+                      f"connections from the internet (publicNetworkAccess {shown})",
+                      f"set aml-hpc:network.isolation: managed (or private) in Pulumi.{_short(stack)}.yaml: people and "
+                      "CI then reach it through private endpoints (docs/isolation.md)")
+
+
+def no_internet_outbound(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != WORKSPACE or not _outside_dev(r, stack):
+        return
+    if get_path(r.inputs, "managedNetwork", "isolationMode") == "AllowInternetOutbound":
+        yield Finding(f"workspace {r.inputs.get('workspaceName') or r.name!r}: jobs may send data to any host on the "
+                      "internet (managed network AllowInternetOutbound)",
+                      f"set aml-hpc:network.outbound: AllowOnlyApprovedOutbound in Pulumi.{_short(stack)}.yaml with the "
+                      "hosts jobs need in fqdnRules (Azure allows that switch once, and never back)")
+
+
+def outbound_allow_listed(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != WORKSPACE or not _outside_dev(r, stack):
+        return
+    rules = get_path(r.inputs, "managedNetwork", "outboundRules") or {}
+    allowed = allowed_hosts()
+    for key, rule in sorted((rules.items() if hasattr(rules, "items") else []), key=lambda kv: str(kv[0])):
+        if rule.get("type") != "FQDN":
+            continue
+        host = str(rule.get("destination") or "").lower()
+        if "*" in host:
+            yield Finding(f"workspace {r.inputs.get('workspaceName') or r.name!r}: outbound rule {key!r} allows the "
+                          f"wildcard {host!r}: jobs could send data to any host anyone creates under it",
+                          "list exact hosts in aml-hpc:network.fqdnRules")
+        elif host not in allowed:
+            yield Finding(f"workspace {r.inputs.get('workspaceName') or r.name!r}: outbound rule {key!r} allows "
+                          f"{host!r}, which {OUTBOUND_FILE.parent.name}/{OUTBOUND_FILE.name} does not allow-list",
+                          f"remove it from aml-hpc:network.fqdnRules, or propose it with why in "
+                          f"amlhpc/infra/policy/{OUTBOUND_FILE.name} for the platform team's review (allowed now: "
+                          f"{', '.join(sorted(allowed))})")
+
+
+def no_public_ips(resources: Sequence[ResourceView], stack: StackView, limits: Limits) -> Iterable[Finding]:
+    """Public IPs only on Bastion (the way in) and NAT gateways (outbound only: nothing can
+    connect to them); no node public IPs on clusters."""
+    attached: set[str] = set()
+    for r in resources:
+        if r.type == BASTION:
+            configs = r.inputs.get("ipConfigurations") or []
+            attached |= {str(get_path(c, "publicIPAddress", "id") or "").lower()
+                         for c in (configs if is_sequence(configs) else [])}
+        elif r.type == NAT_GATEWAY:
+            ips = r.inputs.get("publicIpAddresses") or []
+            attached |= {str(get_path(ip, "id") or "").lower() for ip in (ips if is_sequence(ips) else [])}
+    for r in resources:
+        if not _outside_dev(r, stack):
+            continue
+        if r.type == PUBLIC_IP:
+            name = str(r.inputs.get("publicIpAddressName") or r.name)
+            if not any(ref.endswith(f"/publicipaddresses/{name.lower()}") for ref in attached):
+                yield Finding(f"public IP {name!r} belongs to neither Azure Bastion nor a NAT gateway: something "
+                              "outside the VNet could reach what it is attached to",
+                              "reach VMs through Bastion (aml-hpc:network.wayIn.bastion); send outbound traffic "
+                              "through the NAT gateway", urn=r.urn, name=r.name)
+        elif r.type == COMPUTE and get_path(r.inputs, "properties", "computeType") == "AmlCompute":
+            if get_path(r.inputs, "properties", "properties", "enableNodePublicIp") is not False:
+                yield Finding(f"cluster {r.inputs.get('computeName') or r.name!r} gives its nodes public IPs",
+                              f"set aml-hpc:network.isolation: managed (or private) in Pulumi.{_short(stack)}.yaml",
+                              urn=r.urn, name=r.name)
+
+
+# --------------------------------------------------------------------------------------
+# Storage
+
+
+def no_shared_key(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != STORAGE_ACCOUNT or not _outside_dev(r, stack):
+        return
+    if r.inputs.get("allowSharedKeyAccess") is not False:
+        yield Finding(f"storage account {r.inputs.get('accountName') or r.name!r} accepts its account key (shared key "
+                      "access is not off): one leaked key reads and writes everything in it, past every role",
+                      "aml-hpc:workspaceStorageAuth: identity for the workspace's storage, "
+                      "aml-hpc:storage.allowSharedKeyAccess: false for the dataset storage")
+
+
+# --------------------------------------------------------------------------------------
+# Roles
+
+
+def _role_guid(r: ResourceView) -> tuple[str, str]:
+    """(role GUID, subscription) of a role assignment's roleDefinitionId."""
+    parts = str(r.inputs.get("roleDefinitionId") or "").split("/")
+    subscription = parts[2] if len(parts) > 2 and parts[1].lower() == "subscriptions" else ""
+    return parts[-1].lower(), subscription
+
+
+def no_privileged_roles(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != ROLE_ASSIGNMENT:
+        return
+    guid, _ = _role_guid(r)
+    role = MODEL.role_by_guid(guid)
+    if role is None or not role.privileged:
+        return
+    condition = str(r.inputs.get("condition") or "")
+    if role.key == "rbac-administrator" and _CONSTRAINED in condition:
+        return
+    why = "with no condition" if not condition else "with a condition that does not constrain the roles it assigns"
+    yield Finding(f"role assignment {r.name!r} gives {role.name} {why}: its holder can give anyone any role, "
+                  "Owner included", "grant the narrow roles amlhpc/core/catalog/permissions.toml lists; Role Based Access "
+                  "Control Administrator only with the constrain-roles condition (amlhpc.core.permissions)")
+
+
+def role_in_model(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != ROLE_ASSIGNMENT:
+        return
+    guid, subscription = _role_guid(r)
+    role = MODEL.role_by_guid(guid, subscription)
+    if role is None or not any(right.role.key == role.key for right in MODEL.rights):
+        yield Finding(f"role assignment {r.name!r} gives role {guid}, which no right of the permission model names",
+                      "add the right (principal, role, scope, why) to amlhpc/core/catalog/permissions.toml and derive the "
+                      "assignment from it (amlhpc/infra/components/access.py grants_for)")

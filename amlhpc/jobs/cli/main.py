@@ -1,0 +1,612 @@
+"""`python -m amlhpc.jobs`: recipes -> Azure ML jobs. Thin: parse, call, print.
+
+Bad input (recipe, flags, stack outputs) prints one error block and exits 2; nothing is
+submitted. `--debug` shows the traceback instead. Shared options and which value wins
+when several set the same thing: amlhpc/jobs/cli/options.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from amlhpc.core.cli_help import JsonOption, VersionOption, new_app
+from amlhpc.core.console import row_table, table
+from amlhpc.core.errors import Problem, UserError
+from amlhpc.jobs.cli.options import (
+    AllowTcp,
+    ClusterOpt,
+    Debug,
+    HoursOpt,
+    JobName,
+    NodesOpt,
+    Offline,
+    OutputsFile,
+    ResumeOpt,
+    SetOpt,
+    Stack,
+    err,
+    guard,
+    load_outputs,
+    out,
+)
+
+app = new_app("Submit and manage aml-hpc training jobs on Azure ML.")
+
+
+@app.callback()
+def _callback(version: VersionOption = False) -> None:
+    """Submit and manage aml-hpc training jobs on Azure ML: recipes, cost, quota, runs, reports."""
+
+
+def _plan(recipe_name: str, stack: str, offline: bool, outputs_file: Path | None, cluster: str | None,
+          nodes: int | None, sets: list[str] | None, allow_tcp: bool, hours: float | None = None, **kwargs):
+    from amlhpc.jobs import recipes
+    from amlhpc.jobs.plan import build
+
+    overrides = recipes.parse_overrides(sets or [])
+    recipe = recipes.load(recipe_name, overrides)
+    stack_outputs = load_outputs(stack, offline, outputs_file)
+    plan = build.plan_job(recipe, stack_outputs, cluster=cluster, nodes=nodes, allow_tcp=allow_tcp, hours=hours, **kwargs)
+    return recipe, stack_outputs, plan
+
+
+def _summary(plan, recipe, stack_outputs) -> None:
+    est = plan.estimate
+    err.print(f"[bold]{plan.name}[/]: {plan.instance_count} x {plan.sku} on {plan.cluster} ({plan.priority}), "
+              f"{plan.processes_per_node} processes/node, distribution {plan.recipe_distribution}", highlight=False)
+    err.print(f"estimate: {est.nodes} nodes x {est.hours:g} h x ${est.usd_per_node_hour:,.3f}/h = [bold]${est.usd:,.2f}[/] "
+              f"({est.price_source})", highlight=False)
+    for note in est.notes(stack_outputs.location):
+        err.print(f"  note: {note}", highlight=False)
+    if plan.deepspeed is not None:
+        m = plan.deepspeed
+        err.print(f"deepspeed: {m.params / 1e6:,.0f}M params, ZeRO {m.stage}{' + offload' if m.offload else ''}, "
+                  f"{m.total_gib:,.1f} of {m.usable_gib:,.1f} GiB per GPU", highlight=False)
+    for warning in plan.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+
+
+@app.command("recipes")
+def list_recipes(as_json: JsonOption = False) -> None:
+    """List the shipped recipes."""
+    from amlhpc.jobs import recipes
+
+    loaded = [recipes.load(name) for name in recipes.available()]
+    if as_json:
+        _print_json([{"recipe": r.name, "distribution": r.distribution, "nodes": r.nodes, "description": r.description}
+                     for r in loaded])
+        return
+    rows = table("recipe", "distribution", "nodes", "description")
+    for r in loaded:
+        rows.add_row(r.name, r.distribution, str(r.nodes), r.description)
+    out.print(rows)
+
+
+def _print_json(document) -> None:
+    """Data for scripts, on stdout, nothing else there."""
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+
+
+@app.command()
+def submit(
+    recipe: Annotated[str, typer.Argument(help="Recipe name (amlhpc/jobs/recipes/NAME.yaml) or a path to a recipe file.")],
+    stack: Stack,
+    cluster: ClusterOpt = None,
+    nodes: NodesOpt = None,
+    sets: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the job as Azure ML YAML (load_job / az ml job create -f) and submit nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Submit even when the estimate exceeds the recipe's ceiling or the stack's budget.")] = False,
+    follow: Annotated[bool, typer.Option("--stream/--no-stream", help="Follow the job's logs after submitting.")] = False,
+    resume: ResumeOpt = None,
+    hours: HoursOpt = None,
+    allow_tcp: AllowTcp = False,
+    managed: Annotated[bool, typer.Option("--managed", help="Submit under supervision: a controller job in Azure resubmits it after preemption, node failure or a hang, resuming from the latest checkpoint (docs/managed-jobs.md).")] = False,
+    max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first; wins over the recipe's managed.max_restarts.")] = None,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    debug: Debug = False,
+) -> None:
+    """Build a job from RECIPE and the stack's outputs; submit it (or print it with --dry-run)."""
+
+    def body() -> None:
+        from amlhpc.jobs.azure import submit as submitter
+        from amlhpc.jobs.plan import build, cost
+
+        if offline and not dry_run:
+            raise UserError([Problem("command line", "--offline",
+                                     "the offline plan's outputs are synthetic (subscription, workspace and identity "
+                                     "are placeholders): a job submitted with them would go nowhere",
+                                     f"add --dry-run to print the job, or drop --offline to submit to the deployed stack {stack!r}")],
+                            "job not submitted")
+        if max_restarts is not None and not managed:
+            raise UserError([Problem("command line", "--max-restarts", "only applies to a managed run", "add --managed")],
+                            "invalid flags")
+        r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours, resume=resume)
+        _summary(plan, r, stack_outputs)
+        budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+        too_much = cost.over_limits(plan.estimate.usd, r.cost.ceiling_usd, budget)
+        if managed:
+            _submit_managed(r, stack_outputs, plan, too_much, dry_run=dry_run, yes=yes, follow=follow,
+                            max_restarts=max_restarts, resume=resume)
+            return
+        code = build.snapshot(plan.code_dirs)
+        _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
+        if dry_run:
+            sys.stdout.write(_code_note() + build.to_yaml(plan, portable(code)))
+            return
+        client = submitter.connect(stack_outputs)
+        submitter.submit(client, plan, code, follow=follow, echo=out.print)
+
+    guard(debug, body)
+
+
+def portable(code: Path) -> str:
+    """The code snapshot as a dry run prints it: relative to the current folder, so the YAML
+    names no absolute path of this machine (`az ml job create -f` resolves `code:` from the
+    folder the file is in: save it here)."""
+    return Path(os.path.relpath(code)).as_posix()
+
+
+def _code_note() -> str:
+    return "# code: is relative to the folder this was printed in; save the file there for `az ml job create -f`\n"
+
+
+def _cost_gate(recipe: str, too_much: list[str], *, dry_run: bool, yes: bool) -> None:
+    """Over the recipe's ceiling or the stack's budget: a dry run warns, a submission needs --yes."""
+    if dry_run:
+        for reason in too_much:
+            err.print(f"[yellow]warning:[/] {reason}; submit would need --yes", highlight=False)
+    elif too_much and not yes:
+        raise UserError([Problem(f"amlhpc/jobs/recipes/{recipe}.yaml", "cost", reason,
+                                 "pass --yes to submit anyway, or lower --nodes / --hours") for reason in too_much],
+                        "job not submitted: over its cost limit")
+
+
+def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: bool, yes: bool, follow: bool,
+                    max_restarts: int | None, resume: str | None) -> None:
+    """`submit --managed`: render and validate the controller job and the training template; submit the controller."""
+    from amlhpc.jobs.azure import submit as submitter
+    from amlhpc.jobs.managed import render
+
+    mplan = render.plan_managed(r, stack_outputs, plan, max_restarts=max_restarts, resume=resume,
+                                secret=_resume_secret(submitter, stack_outputs, resume) if resume and not dry_run else None)
+    policy = mplan.policy
+    err.print(f"managed run [bold]{mplan.run}[/]: controller job {mplan.controller_job} on {mplan.cluster} "
+              f"(${stack_outputs.controller.usd_per_hour:,.3f}/h while it runs); up to {policy.max_restarts} restart(s), "
+              f"backoff {policy.backoff_s:g}s doubling to {policy.backoff_max_s:g}s", highlight=False)
+    for line in render.describe_retry(policy):
+        err.print(f"  retried: {line}", highlight=False)
+    for line in render.describe_shrink(mplan):
+        err.print(f"  {line}", highlight=False, soft_wrap=True)
+    if policy.limit_usd is not None:
+        err.print(f"  limit: ${policy.limit_usd:,.2f} ({policy.limit_source}) on all attempts together", highlight=False)
+    err.print(f"  record: {mplan.record_blob}", highlight=False)
+    from amlhpc.jobs.plan import goodput
+
+    for line in goodput.report(plan, r, stack_outputs):
+        err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
+    code = render.snapshot(mplan)
+    render.validate(mplan, code)
+    _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
+    if dry_run:
+        sys.stdout.write(_code_note() + render.to_yaml(mplan, portable(code)))
+        return
+    client = submitter.connect(stack_outputs)
+    with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
+        created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
+    _register_controller(stack_outputs, mplan, created.name)
+    out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
+    if getattr(created, "studio_url", None):
+        out.print(f"studio: {created.studio_url}", highlight=False)
+    out.print(f"follow it: python -m amlhpc.jobs status {mplan.run} --stack {stack_outputs.stack}", highlight=False)
+    if follow:
+        submitter.stream(client, created.name, stack_outputs.workspace)
+
+
+def _register_controller(stack_outputs, mplan, job: str) -> None:
+    """Name the new controller beside the run's record, so `cancel` stops it even while it is queued."""
+    from amlhpc.jobs.managed import client as managed
+
+    place = managed.RecordPlace(mplan.storage["supervision"], mplan.storage["prefix"])
+    try:
+        managed.store_for(stack_outputs, place).add_controller(job, "submitted")
+    except Exception as exc:  # noqa: BLE001 - the controller registers itself when it starts
+        err.print(f"[yellow]note:[/] could not register controller {job} beside the record ({type(exc).__name__}); "
+                  "it registers itself when it starts", highlight=False)
+
+
+def _resume_secret(submitter, stack_outputs, run: str) -> str | None:
+    """The run's evidence secret from its first controller's job definition (attempts the
+    earlier controllers submitted sign with it); None when it cannot be read."""
+    from amlhpc.jobs.managed.controller import MANAGED_JSON
+
+    try:
+        job = submitter.connect(stack_outputs).jobs.get(run)
+        return json.loads((job.environment_variables or {}).get(MANAGED_JSON, "{}")).get("secret")
+    except Exception:  # noqa: BLE001 - a new secret then: attempts still running keep their own evidence unread
+        return None
+
+
+@app.command()
+def estimate(
+    recipe: Annotated[str, typer.Argument(help="Recipe name or path.")],
+    stack: Stack,
+    cluster: ClusterOpt = None,
+    nodes: NodesOpt = None,
+    hours: HoursOpt = None,
+    sets: SetOpt = None,
+    allow_tcp: AllowTcp = False,
+    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", min=0, help="Goodput: low-priority preemptions per node-hour you assume; wins over the recipe's cost.preemptions_per_node_hour.")] = None,
+    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", min=0, help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
+    failure_rate: Annotated[float | None, typer.Option("--failure-rate", min=0, help="Goodput: unexpected interruptions per GPU-hour (default: Llama 3's, amlhpc/jobs/plan/goodput.py).")] = None,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
+    debug: Debug = False,
+) -> None:
+    """Cost of RECIPE on the stack: nodes x hours x price per node-hour, and its goodput plan."""
+
+    def body() -> None:
+        r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
+        est = plan.estimate
+        if as_json:
+            _print_json(_estimate_document(r, stack_outputs, plan))
+            return
+        rows = table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
+        rows.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
+                     f"{est.usd_per_node_hour:,.3f}", f"{est.usd:,.2f}")
+        out.print(rows)
+        out.print(f"total: {est.nodes} x {plan.sku} x {est.hours:g} h x ${est.usd_per_node_hour:,.3f}/h = ${est.usd:,.2f}",
+                  highlight=False, soft_wrap=True)
+        out.print(f"price from: {est.price_source}", highlight=False, soft_wrap=True)
+        for note in est.notes(stack_outputs.location):
+            out.print(f"note: {note}", highlight=False, soft_wrap=True)
+        from amlhpc.jobs.plan import cost
+
+        budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+        over = cost.over_limits(est.usd, r.cost.ceiling_usd, budget)
+        for reason in over:
+            out.print(f"[bold red]OVER:[/] {reason}: `submit` refuses it without --yes", highlight=False, soft_wrap=True)
+        if not over:
+            limits = [f"the recipe's ceiling ${r.cost.ceiling_usd:,.2f}" if r.cost.ceiling_usd is not None else "",
+                      f"the stack's monthly budget ${budget:,.2f}" if budget is not None else ""]
+            within = " and ".join(x for x in limits if x)
+            out.print(f"within {within}" if within else "no cost ceiling or budget to check against", highlight=False,
+                      soft_wrap=True)
+        if plan.deepspeed is not None:
+            out.print_json(json.dumps(plan.deepspeed.to_json()))
+        from amlhpc.jobs.plan import goodput
+
+        for line in goodput.report(plan, r, stack_outputs, preemption_rate=preemption_rate,
+                                   checkpoint_size_gb=checkpoint_gb, failure_rate=failure_rate):
+            out.print(f"goodput: {line}", highlight=False, soft_wrap=True)
+        for warning in plan.warnings:
+            err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+
+    guard(debug, body)
+
+
+def _estimate_document(r, stack_outputs, plan) -> dict:
+    from amlhpc.jobs.plan import cost
+
+    est = plan.estimate
+    budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+    return {"recipe": r.name, "stack": stack_outputs.stack, "cluster": plan.cluster, "sku": plan.sku,
+            "priority": plan.priority, "nodes": est.nodes, "hours": est.hours, "usdPerNodeHour": est.usd_per_node_hour,
+            "usd": round(est.usd, 2), "priceSource": est.price_source, "notes": list(est.notes(stack_outputs.location)),
+            "ceilingUsd": r.cost.ceiling_usd, "monthlyBudgetUsd": budget,
+            "over": cost.over_limits(est.usd, r.cost.ceiling_usd, budget), "warnings": list(plan.warnings),
+            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None}
+
+
+@app.command()
+def quota(
+    stack: Stack,
+    recipe: Annotated[str | None, typer.Argument(help="A recipe: the quota its job needs (default: every cluster at maxNodes).")] = None,
+    cluster: ClusterOpt = None,
+    nodes: NodesOpt = None,
+    sets: SetOpt = None,
+    allow_tcp: AllowTcp = False,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
+    debug: Debug = False,
+) -> None:
+    """GPU quota needed vs available per VM family (low priority draws on lowPriorityCores)."""
+
+    def body() -> None:
+        from amlhpc.jobs.azure import submit as submitter
+
+        _refuse_offline(offline, "quota", "the quota the plan needs is in `python -m amlhpc.infra plan --stack S` (offline)")
+        if recipe:
+            _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
+            requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
+        else:
+            stack_outputs = load_outputs(stack, offline, outputs_file)
+            requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
+        client = submitter.connect(stack_outputs)
+        lines = submitter.quota(client, stack_outputs, requests)
+        if as_json:
+            _print_json([{"quota": line.quota_name, "azureName": line.label, "neededVcpus": line.needed,
+                          "inUse": line.used, "limit": line.limit, "available": line.available, "ok": line.ok,
+                          "clusters": list(line.clusters),
+                          "fix": line.hint(stack_outputs.location) if line.ok is False else None} for line in lines])
+            if any(line.ok is False for line in lines):
+                raise typer.Exit(1)
+            return
+        rows = table("quota", "Azure's name", "needed vCPUs", "in use", "limit", "available", "ok", "clusters")
+        for line in lines:
+            rows.add_row(line.quota_name, line.label or "-", str(line.needed), _n(line.used),
+                         "none" if line.limit == -1 else _n(line.limit), _n(line.available),
+                         {True: "yes", False: "[red]NO[/]", None: "?"}[line.ok], ", ".join(line.clusters))
+        out.print(rows)
+        for line in lines:
+            if line.limit is None:
+                err.print(f"[yellow]warning:[/] Azure reported no usage for {line.quota_name} in {stack_outputs.location}: "
+                          "its limit is unknown (check Azure portal > Quotas > Machine learning)", highlight=False)
+        short = [line for line in lines if line.ok is False]
+        for line in short:
+            out.print(f"fix: {line.hint(stack_outputs.location)}", highlight=False, soft_wrap=True)
+        if short:
+            raise typer.Exit(1)
+
+    guard(debug, body)
+
+
+def _n(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _on_job(stack: str, offline: bool, outputs_file: Path | None, debug: bool, action) -> None:
+    """Connect to the stack's workspace and run `action(submit module, MLClient, outputs)`."""
+
+    def body() -> None:
+        from amlhpc.jobs.azure import submit as submitter
+
+        _refuse_offline(offline)
+        stack_outputs = load_outputs(stack, offline, outputs_file)
+        action(submitter, submitter.connect(stack_outputs), stack_outputs)
+
+    guard(debug, body)
+
+
+def _refuse_offline(offline: bool, what: str = "this command", instead: str = "") -> None:
+    """--offline on a command that can only ask Azure ML: refused before any plan or sign-in."""
+    if offline:
+        raise UserError([Problem("command line", "--offline", f"{what} asks Azure ML about the deployed stack; the "
+                                 "offline plan has no jobs, usage or logs",
+                                 "drop --offline and sign in (az login); "
+                                 + (instead or "rehearsals are local: python -m amlhpc.jobs list --local, "
+                                    "python -m amlhpc.jobs logs RUN --local"))], "needs Azure")
+
+
+@app.command()
+def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None,
+           as_json: JsonOption = False, debug: Debug = False) -> None:
+    """Status of a job (of a managed run: every attempt and the cost)."""
+
+    def show(submitter, client, o) -> None:
+        info = submitter.status(client, job, o.workspace)
+        if as_json:
+            _print_json(_status_document(submitter, client, o, info))
+            return
+        rows = row_table()
+        for key, value in info.items():
+            rows.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
+        out.print(rows)
+        if (info.get("tags") or {}).get("managed_run"):
+            _managed_history(submitter, client, o, info)
+
+    _on_job(stack, offline, outputs_file, debug, show)
+
+
+def _status_document(submitter, client, o, info) -> dict:
+    """`status --json`: the job, and for a managed run its record with every attempt, its
+    controllers and the totals."""
+    from amlhpc.jobs.managed import report
+
+    document = dict(info)
+    if (info.get("tags") or {}).get("managed_run"):
+        _, controllers, record = _managed_record(submitter, client, o, info)
+        document["managedRun"] = {**record.to_json(), "controllers": controllers,
+                                  "attemptRows": [dict(zip(report.COLUMNS, row, strict=True)) for row in report.rows(record)],
+                                  "totals": report.totals(record)}
+    return document
+
+
+def _managed_run_record(submitter, client, o, info):
+    """(run, where its record is, the record) of the managed run a job belongs to."""
+    from amlhpc.jobs.managed import client as managed
+
+    run = info["tags"]["managed_run"]
+    place = managed.place_from_tags(info["tags"]) or managed.place_from_tags(
+        submitter.status(client, run, o.workspace).get("tags") or {})
+    if place is None:
+        raise UserError([Problem(f"job {info['name']}", "tags.record", "names no record",
+                                 "the jobs of a managed run carry it; was the job submitted with --managed?")],
+                        "not a managed run")
+    return run, place, managed.read(o, place)
+
+
+def _managed_record(submitter, client, o, info):
+    """(run, {controller job: status or None when gone}, record) of the managed run a job
+    belongs to; every controller counts (the first, resumed RUN-cXXXX and revived ones)."""
+    from amlhpc.jobs.managed import client as managed
+
+    run, place, record = _managed_run_record(submitter, client, o, info)
+    return run, managed.controller_statuses(client.jobs, managed.store_for(o, place), record, run), record
+
+
+def _managed_history(submitter, client, o, info) -> None:
+    """Every attempt of the managed run a job belongs to, its controllers, and what the run cost."""
+    from amlhpc.jobs.managed import report
+
+    run, controllers, record = _managed_record(submitter, client, o, info)
+    shown = "; ".join(f"{name} {status or 'gone'}" for name, status in controllers.items())
+    grid = table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controllers: {shown})")
+    for row in report.rows(record):
+        grid.add_row(*row)
+    out.print(grid)
+    for line in report.summary_lines(record)[len(record.attempts) + 1:]:
+        out.print(line, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def stream(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+    """Follow a job's logs until it ends."""
+    _on_job(stack, offline, outputs_file, debug, lambda submitter, client, o: submitter.stream(client, job, o.workspace))
+
+
+@app.command()
+def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+    """Cancel a job (waits until Azure ML accepted the cancellation)."""
+
+    def cancel_it(submitter, client, o) -> None:
+        tags = submitter.status(client, job, o.workspace).get("tags") or {}
+        if tags.get("managed_run"):
+            _cancel_managed(submitter, client, o, tags["managed_run"], tags)
+            return
+        submitter.cancel(client, job, o.workspace)
+        out.print(f"cancelled {job}")
+
+    _on_job(stack, offline, outputs_file, debug, cancel_it)
+
+
+def _cancel_managed(submitter, client, o, run: str, tags: dict[str, str]) -> None:
+    """A managed run: the cancel request, then every controller, then every attempt (amlhpc/jobs/managed/client.py)."""
+    import getpass
+
+    from amlhpc.jobs.managed import client as managed
+
+    place = managed.place_from_tags(tags) or managed.place_from_tags(
+        submitter.status(client, run, o.workspace).get("tags") or {})
+    if place is None:
+        raise UserError([Problem(f"managed run {run}", "tags.record", "no job of the run names its record",
+                                 f"cancel its jobs one by one: python -m amlhpc.jobs cancel JOB --stack {o.stack}")],
+                        "not a managed run")
+    managed.cancel_run(client.jobs, managed.store_for(o, place), run, getpass.getuser(),
+                       echo=lambda line: out.print(line, highlight=False))
+    out.print(f"managed run {run}: canceled")
+
+
+@app.command()
+def download(job: JobName, stack: Stack,
+             path: Annotated[Path | None, typer.Option("--path", help="Folder to download into (default ./downloads/JOB).")] = None,
+             output: Annotated[str | None, typer.Option("--output", help="A named output (default: the job's outputs/ folder and logs).")] = None,
+             everything: Annotated[bool, typer.Option("--all", help="Every output and the logs.")] = False,
+             offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
+    """Download a job's outputs."""
+
+    def fetch(submitter, client, o) -> None:
+        target = submitter.download(client, job, o.workspace, path or Path("downloads") / job, output, everything)
+        out.print(f"downloaded {job} to {target}")
+
+    _on_job(stack, offline, outputs_file, debug, fetch)
+
+
+@app.command()
+def scale(
+    recipe: Annotated[str, typer.Argument(help="Recipe name or path.")],
+    stack: Stack,
+    cluster: ClusterOpt = None,
+    max_nodes: Annotated[int | None, typer.Option("--max-nodes", help="Largest run (default: the cluster's maxNodes).")] = None,
+    sets: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every job of the study as YAML documents; submit nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Submit even when the study's total estimate exceeds the stack's budget.")] = False,
+    allow_tcp: AllowTcp = False,
+    offline: Offline = False,
+    outputs_file: OutputsFile = None,
+    debug: Debug = False,
+) -> None:
+    """Scaling study: RECIPE on 1, 2, 4 ... nodes up to the cluster's maximum, tagged as one study."""
+
+    def body() -> None:
+        from amlhpc.jobs import recipes
+        from amlhpc.jobs.azure import submit as submitter
+        from amlhpc.jobs.plan import build, cost
+        from amlhpc.jobs.plan import scale as scaling
+
+        r = recipes.load(recipe, recipes.parse_overrides(sets or []))
+        stack_outputs = load_outputs(stack, offline, outputs_file)
+        cluster_name = build.pick_cluster(r, stack_outputs, cluster)
+        top = max_nodes or stack_outputs.clusters[cluster_name].max_nodes
+        study = scaling.study_id(r.name)
+        plans = [build.plan_job(r, stack_outputs, cluster=cluster_name, nodes=n, allow_tcp=allow_tcp,
+                                name=f"{study}-n{n}", extra_tags={"study": study, "study_nodes": str(n)})
+                 for n in scaling.node_counts(top)]
+        total = sum(p.estimate.usd for p in plans)
+        err.print(f"study {study}: nodes {', '.join(str(p.instance_count) for p in plans)}; total estimate ${total:,.2f}", highlight=False)
+        code = build.snapshot(plans[0].code_dirs)
+        if dry_run:
+            import yaml
+
+            sys.stdout.write(_code_note() + yaml.safe_dump_all([build.to_job_dict(p, portable(code)) for p in plans],
+                                                               sort_keys=False, width=120))
+            return
+        budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
+        too_much = cost.over_limits(total, None, budget)
+        if too_much and not yes:
+            raise UserError([Problem(f"study {study}", "cost", reason, "pass --yes, or --max-nodes fewer") for reason in too_much],
+                            "study not submitted: over budget")
+        client = submitter.connect(stack_outputs)
+        for p in plans:
+            submitter.submit(client, p, code, echo=out.print)
+        out.print(f"report when they finish: python -m amlhpc.jobs scale-report {study} --stack {stack}", highlight=False)
+
+    guard(debug, body)
+
+
+@app.command("scale-report")
+def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by `scale`.")], stack: Stack,
+                 offline: Offline = False, outputs_file: OutputsFile = None, as_json: JsonOption = False,
+                 debug: Debug = False) -> None:
+    """Throughput, speedup and scaling efficiency of a finished scaling study."""
+
+    def report(submitter, client, o) -> None:
+        from amlhpc.jobs.plan import scale as scaling
+
+        rows = []
+        for job in submitter.study_jobs(client, study, o.workspace):
+            nodes = int((job.tags or {}).get("study_nodes", 0))
+            metrics = submitter.job_metrics(client, job.name, o.workspace) if job.status == "Completed" else None
+            rows.append(scaling.ScalingRow(nodes, job.name, job.status, (metrics or {}).get("throughput"),
+                                           (metrics or {}).get("throughput_unit", "samples/s")))
+        if not rows:
+            raise UserError([Problem(f"workspace {o.workspace}", study, "no jobs carry this study tag",
+                                     "use the id printed by `python -m amlhpc.jobs scale`")], "unknown study")
+        if as_json:
+            _print_json([{"nodes": row.nodes, "job": row.job, "status": row.status, "throughput": row.throughput,
+                          "unit": row.unit, "speedup": row.speedup, "efficiency": row.efficiency}
+                         for row in scaling.report(rows)])
+            return
+        grid = table("nodes", "job", "status", "throughput", "speedup", "efficiency")
+        for row in scaling.report(rows):
+            grid.add_row(str(row.nodes), row.job, row.status,
+                         f"{row.throughput:,.1f} {row.unit}" if row.throughput else "-",
+                         f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
+        out.print(grid)
+
+    _on_job(stack, offline, outputs_file, debug, report)
+
+
+def _mount() -> None:
+    """The data, BeeOND and rehearsal commands live with their own code."""
+    from amlhpc.jobs.beeond.cli import app as beeond_app
+    from amlhpc.jobs.cli import runs as runs_cli
+    from amlhpc.jobs.data.cli import app as data_app
+    from amlhpc.jobs.local.cli import run
+
+    app.add_typer(data_app, name="data", help="Datasets: gzip upload to the stack's datasets container.")
+    app.add_typer(beeond_app, name="beeond", help="BeeOND shared scratch on a fixed-size cluster.")
+    app.command("run")(run)
+    runs_cli.mount(app)
+    app.command("deepspeed-plan")(__import__("amlhpc.jobs.cli.deepspeed_plan", fromlist=["deepspeed_plan"]).deepspeed_plan)
+
+
+_mount()

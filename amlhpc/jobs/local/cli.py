@@ -1,0 +1,284 @@
+"""`python -m amlhpc.jobs run RECIPE --local`: rehearse a recipe on this machine (amlhpc/jobs/local/rehearsal.py).
+
+    python -m amlhpc.jobs run cosmoflow [--local] [--nodes 2] [--procs-per-node 2] [--stack dev]
+        [--set key=value ...] [--name NAME] [--data INPUT=DIR] [--quiet]
+        [--managed [--resume] [--preempt-at-step N [--preempt-node K]] [--hang-at-step N [--hang-node K]]
+                   [--kill-host-at-step N [--kill-host-node K] [--no-replacement]] [--slow-node K --slow-factor F]
+                   [--kill-controller-at PHASE]]
+
+With --managed the run is supervised as `submit --managed` would be in Azure, and faults are
+injected into its first attempt at a training step or a controller phase (amlhpc/jobs/local/managed.py);
+a fault that did not happen fails the command (exit 1). A managed run's name in use is
+refused unless --resume (its default name is new each time).
+
+In order: the recipe with its local profile (`local:` in the recipe: a model, messages and
+data a 2-core machine without a GPU can run; --set wins over it), then what the profile
+requires of this machine (amlhpc/jobs/local/requirements.py: refused within seconds, before
+anything starts, naming everything missing), then the offline plan, Blob, the dataset,
+and the simulated nodes.
+
+Blob: when AMLHPC_BLOB_CONNECTION_STRING is set (e.g. by `make demo`) that Azurite is used;
+otherwise one is started for the run with its data in .azurite/ (or $AMLHPC_AZURITE_DIR;
+kept between runs, so a dataset uploaded once stays) and stopped afterwards. A staged input with no blobs and no
+--data gets the profile's generated dataset. The same --name resumes from the checkpoint
+the previous run left. Ctrl-C, SIGTERM or a failure stop every process the run started
+(amlhpc/jobs/local/processes.py). Exit status: 0 when every process succeeded, else the first
+failing process's status; 2 for bad input or a machine that cannot run the recipe;
+128+N after signal N.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from amlhpc.core import project
+from amlhpc.core.errors import Problem, UserError
+from amlhpc.jobs.cli.options import guard
+from amlhpc.jobs.local import processes
+from amlhpc.jobs.runtime.base import contract
+
+PROJECT_ROOT = project.root()
+AZURITE_DIR_VARIABLE = "AMLHPC_AZURITE_DIR"
+"""Where the rehearsal's own Azurite keeps its data (default .azurite/)."""
+DEFAULT_NODES = 2
+DEFAULT_PROCS_PER_NODE = 2
+out = Console(highlight=False)
+
+
+def _blob_endpoint(connection_string: str) -> str:
+    match = re.search(r"BlobEndpoint=([^;]+)", connection_string)
+    if not match:
+        raise UserError([Problem(contract.BLOB_CONNECTION_STRING, "BlobEndpoint",
+                                 "the connection string has no BlobEndpoint=...", "use Azurite's full connection string")],
+                        "invalid Blob connection")
+    return match.group(1).rstrip("/")
+
+
+@contextlib.contextmanager
+def local_blob():
+    """(endpoint, connection string) of the Azurite to use: the caller's, or one we start."""
+    given = os.environ.get(contract.BLOB_CONNECTION_STRING)
+    if given:
+        yield _blob_endpoint(given), given
+        return
+    from amlhpc.jobs.local import azurite
+
+    folder = Path(os.environ.get(AZURITE_DIR_VARIABLE) or PROJECT_ROOT / ".azurite")
+    try:
+        server = azurite.start(folder)
+    except (azurite.AzuriteNotInstalled, RuntimeError, TimeoutError) as exc:
+        raise UserError([Problem("Azurite (the local Blob service)", "", f"did not start: {exc}",
+                                 f"see {folder / 'azurite.log'}; `make bootstrap` reinstalls it")],
+                        "no local Blob") from None
+    with server:
+        yield server.blob_endpoint, server.connection_string
+
+
+def _parse_data(pairs: list[str], recipe) -> dict[str, Path]:
+    """--data INPUT=DIR pairs, checked against the recipe's inputs before anything starts."""
+    data, problems = {}, []
+    for pair in pairs:
+        name, sep, folder = pair.partition("=")
+        if not sep or not name or not Path(folder).is_dir():
+            problems.append(Problem("--data", pair, "is not INPUT=DIR with an existing folder",
+                                    "e.g. --data cosmoflow=.scratch/demo/cosmoflow-data"))
+            continue
+        staged = [n for n, spec in recipe.inputs.items() if spec.mode == "stage"]
+        if name not in staged:
+            near = difflib.get_close_matches(name, staged, n=1)
+            problems.append(Problem("--data", name, f"recipe {recipe.name!r} stages no input called {name!r}",
+                                    (f"did you mean --data {near[0]}={folder}? " if near else "")
+                                    + f"staged inputs: {', '.join(staged) or 'none'}"))
+            continue
+        data[name] = Path(folder)
+    if problems:
+        raise UserError(problems, "invalid --data")
+    return data
+
+
+def upload_inputs(plan, data: dict[str, Path], connection_string: str, echo) -> None:
+    """Upload local folders to the staged inputs' prefixes (resumable: unchanged files skip)."""
+    from amlhpc.jobs.data import upload
+    from amlhpc.jobs.runtime.blob import blobio
+
+    staged = {spec["name"]: spec for spec in plan.staged_inputs}
+    for name, folder in data.items():
+        spec = staged[name]
+        client = blobio.container_client(spec["container"], connection_string=connection_string)
+        report = upload.upload_directory(client, folder, spec["prefix"])
+        echo(f"uploaded {folder} -> {spec['container']}/{spec['prefix']}: {report.uploaded} new, "
+             f"{report.unchanged} unchanged, {report.bytes_in / 1e6:,.1f} MB as {report.bytes_stored / 1e6:,.1f} MB gzip")
+
+
+def run(
+    recipe: Annotated[str, typer.Argument(help="Recipe name (amlhpc/jobs/recipes/NAME.yaml) or path.")],
+    local: Annotated[bool, typer.Option("--local", help="Accepted, not needed: rehearsing on this machine is `run`'s only mode (Azure runs use `submit`).")] = False,
+    stack: Annotated[str, typer.Option("--stack", help="Stack whose outputs the job is planned against.")] = "dev",
+    outputs_file: Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file instead of the offline plan.")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Simulated nodes; wins over the local profile (default 2).")] = None,
+    procs_per_node: Annotated[int | None, typer.Option("--procs-per-node", help="Processes per simulated node (CPU ranks; default 2).")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE", help="Override a recipe key, as for submit; wins over the local profile.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Run name: the checkpoint prefix; reuse it to resume. Default <recipe>-local.")] = None,
+    data: Annotated[list[str] | None, typer.Option("--data", metavar="INPUT=DIR", help="Upload DIR to the input's Blob prefix first (default: the profile's generated dataset when the input has none).")] = None,
+    workdir: Annotated[Path | None, typer.Option("--workdir", help="Folder for the simulated nodes (default .rehearsal/<name>).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Stop every process after this many seconds.")] = 1800,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Show rank 0's lines and errors only.")] = False,
+    managed: Annotated[bool, typer.Option("--managed", help="Rehearse a managed run: the supervision resubmits after a fault, resuming from the checkpoint (amlhpc/jobs/local/managed.py).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="With --managed: continue the run named by --name (a name in use is refused otherwise).")] = False,
+    max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first.")] = None,
+    preempt_at_step: Annotated[int | None, typer.Option("--preempt-at-step", help="With --managed: preempt a node when the first attempt's training reaches this step.")] = None,
+    preempt_node: Annotated[int, typer.Option("--preempt-node", help="The simulated node that is preempted.")] = 0,
+    preempt_grace: Annotated[float, typer.Option("--preempt-grace", help="Seconds between SIGTERM and SIGKILL on preemption.")] = 5.0,
+    hang_at_step: Annotated[int | None, typer.Option("--hang-at-step", help="With --managed: freeze a node's training at this step of the first attempt.")] = None,
+    hang_node: Annotated[int, typer.Option("--hang-node", help="The simulated node whose training hangs.")] = 0,
+    kill_host_at_step: Annotated[int | None, typer.Option("--kill-host-at-step", help="With --managed: SIGKILL a node's processes (a lost host) at this step of the first attempt.")] = None,
+    kill_host_node: Annotated[int, typer.Option("--kill-host-node", help="The simulated node that is lost.")] = 0,
+    no_replacement: Annotated[bool, typer.Option("--no-replacement", help="With --kill-host-at-step: the cluster gets no node in its place (one node short: a restart shrinks when the recipe sets managed.min_nodes).")] = False,
+    slow_node: Annotated[int | None, typer.Option("--slow-node", help="With --managed: the simulated node whose own work per step is --slow-factor times longer (a straggler).")] = None,
+    slow_factor: Annotated[float | None, typer.Option("--slow-factor", help="How much slower --slow-node is (e.g. 3).")] = None,
+    kill_controller_at: Annotated[str | None, typer.Option("--kill-controller-at", help="With --managed: the controller dies at this phase (claim, claimed, submitted, watch, ended, backoff, record-write); the revival check must replace it.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Run RECIPE on this machine as Azure ML would: N simulated nodes, real launcher, Azurite as Blob."""
+
+    def body() -> None:
+        if (procs_per_node is not None and procs_per_node < 1) or (nodes is not None and nodes < 1):
+            raise UserError([Problem("command line", "--nodes/--procs-per-node", "must be 1 or more", "e.g. --nodes 2 --procs-per-node 2")],
+                            "invalid rehearsal size")
+        from amlhpc.jobs import recipes
+        from amlhpc.jobs.local import managed as managed_rehearsal
+        from amlhpc.jobs.local import requirements
+
+        overrides = recipes.parse_overrides(sets or [])
+        r = recipes.load(recipe, overrides, local=True)
+        if managed and r.watchdog.hang_s is None:  # find a rehearsed hang in seconds, not minutes
+            r = recipes.load(recipe, {**overrides, "watchdog.hang_s": 10}, local=True)
+        size = nodes or r.local.nodes or DEFAULT_NODES
+        faults = managed_rehearsal.faults_from_flags(
+            size, preempt_at_step=preempt_at_step, preempt_node=preempt_node, preempt_grace=preempt_grace,
+            hang_at_step=hang_at_step, hang_node=hang_node, kill_host_at_step=kill_host_at_step,
+            kill_host_node=kill_host_node, no_replacement=no_replacement, slow_node=slow_node, slow_factor=slow_factor,
+            kill_controller_at=kill_controller_at, managed=managed)
+        if resume and not (managed and name):
+            raise UserError([Problem("command line", "--resume", "continues a managed rehearsal by its name",
+                                     "add --managed --name RUN")], "invalid flags")
+        requirements.check(r)  # before the plan, Blob, data or staging: a refusal takes seconds
+        uploads = _parse_data(data or [], r)
+        rehearse(r, stack=stack, outputs_file=outputs_file, nodes=size,
+                 procs_per_node=procs_per_node or r.local.processes_per_node or DEFAULT_PROCS_PER_NODE,
+                 name=name, uploads=uploads, workdir=workdir, timeout=timeout, quiet=quiet,
+                 managed=Managed(faults, max_restarts, kill_controller_at, resume) if managed else None)
+
+    try:
+        with processes.supervised():
+            guard(debug, body)
+    except processes.Interrupted as stop:
+        out.print(f"[yellow]rehearsal interrupted ({stop}):[/] every process it started was stopped")
+        raise typer.Exit(stop.exit_code) from None
+
+
+@dataclass(frozen=True)
+class Managed:
+    """A rehearsal of a managed run: the faults to inject into its first attempt."""
+
+    faults: list
+    max_restarts: int | None
+    kill_controller_at: str | None = None
+    resume: bool = False
+
+
+def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_node: int, name: str | None,
+             uploads: dict[str, Path], workdir: Path | None, timeout: float, quiet: bool,
+             managed: Managed | None = None) -> None:
+    """Plan the job, start Blob, provide its data, run the simulated nodes (supervised when
+    `managed`), print the summary."""
+    from amlhpc.jobs.local import datasets, folders, rehearsal
+    from amlhpc.jobs.plan import build
+    from amlhpc.jobs.plan import outputs as outputs_mod
+
+    loaded = outputs_mod.load(stack, outputs_file=outputs_file, offline=outputs_file is None)
+    # a managed run's name is its record's: a new one each time unless given (a name in use needs --resume)
+    run_name = name or (f"{r.name}-managed-{time.strftime('%Y%m%d-%H%M%S')}" if managed else f"{r.name}-local")
+    plan = build.plan_job(r, loaded.outputs, nodes=nodes, processes_per_node=procs_per_node, name=run_name)
+    folder = workdir or folders.REHEARSALS / run_name
+    if workdir is None:
+        for old in folders.prune(folders.REHEARSALS, folders.KEEP_REHEARSALS, current=folder):
+            out.print(f"[dim]removed an old rehearsal folder: {old.relative_to(PROJECT_ROOT)}[/]")
+    snapshot = build.snapshot(plan.code_dirs)
+    folders.touch(snapshot)
+    folders.prune(folders.SNAPSHOTS, folders.KEEP_SNAPSHOTS, current=snapshot)
+    out.print(f"[bold]rehearsal[/] {plan.name}: {nodes} simulated node(s) x {procs_per_node} process(es), "
+              f"recipe {r.name}, planned for {plan.sku} on stack {stack} ({loaded.source} outputs); folder {folder}")
+
+    def sink(proc, line: str) -> None:
+        if quiet and proc.rank != 0 and "error" not in line.lower():
+            return
+        out.print(f"[dim]\\[n{proc.node}r{proc.local_rank}][/] {escape(line)}", markup=True, soft_wrap=True,
+                  highlight=False)  # escaped: gloo's lines hold "[/path:line]", which rich takes for markup
+
+    with local_blob() as (endpoint, connection):
+        out.print(f"Blob: {endpoint}")
+        containers = list(loaded.outputs.storage.containers.values())
+        rehearsal.ensure_containers(containers, connection)
+        if uploads:
+            upload_inputs(plan, uploads, connection, out.print)
+        datasets.provide(plan, r, uploads, connection, out.print, upload_inputs)
+        if managed is not None:
+            from amlhpc.jobs.local import managed as managed_rehearsal
+
+            try:
+                done = managed_rehearsal.run_and_report(
+                    r, loaded.outputs, plan, console=out, max_restarts=managed.max_restarts, snapshot=snapshot,
+                    workdir=folder, procs_per_node=procs_per_node, blob_endpoint=endpoint, connection_string=connection,
+                    containers=containers, sink=sink, faults=managed.faults, timeout_s=timeout,
+                    kill_controller_at=managed.kill_controller_at, resume=managed.resume)
+            except managed_rehearsal.RunNameInUse as exc:
+                raise UserError([Problem("--name", run_name, f"{exc}: a run name in use is not started again",
+                                         "add --resume to continue it, or pick another --name")],
+                                "run name in use") from None
+            if done.missing:
+                out.print(f"[red]rehearsal failed:[/] requested fault(s) did not happen: {'; '.join(done.missing)}",
+                          highlight=False)
+                raise typer.Exit(1)
+            raise typer.Exit(0 if done.record.state == "succeeded" else 1)
+        result = rehearsal.rehearse(plan, snapshot=snapshot, workdir=folder, procs_per_node=procs_per_node,
+                                    blob_endpoint=endpoint, connection_string=connection, containers=containers,
+                                    sink=sink, timeout_s=timeout)
+    summarize(result)
+    if not result.ok:
+        first = next(code for _, code in sorted(result.exit_codes.items()) if code != 0)
+        raise typer.Exit(first)
+
+
+def summarize(result) -> None:
+    """Staging per node, the checkpoint, and how every process ended."""
+    staging = {k: v for k, v in result.reports.items() if "/staging-node" in k}
+    if staging:
+        table = Table(title="staging (per node)")
+        for col in ("node", "files", "MB in (gzip)", "MB out", "seconds", "MB/s written"):
+            table.add_column(col, justify="right")
+        for _, doc in sorted(staging.items()):
+            table.add_row(str(doc.get("node_index")), str(doc.get("files")), f"{doc.get('bytes_in', 0) / 1e6:,.1f}",
+                          f"{doc.get('bytes_out', 0) / 1e6:,.1f}", f"{doc.get('seconds', 0):.2f}", f"{doc.get('mb_per_s', 0):,.1f}")
+        out.print(table)
+    if result.checkpoint:
+        ck = result.checkpoint
+        latest = ck.get("latest")
+        version = latest.get("version") if isinstance(latest, dict) else latest
+        out.print(f"checkpoint: Blob container [bold]{ck['container']}[/], prefix [bold]{ck['prefix']}[/], "
+                  f"latest version {version or 'none'}")
+    failed = {rank: code for rank, code in result.exit_codes.items() if code != 0}
+    verdict = "[green]succeeded[/]" if not failed else f"[red]failed[/] (rank: status {failed})"
+    out.print(f"rehearsal {verdict}: {len(result.exit_codes)} processes in {result.seconds:.1f} s; reports under {result.workdir}")

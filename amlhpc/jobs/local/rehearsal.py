@@ -1,0 +1,380 @@
+"""Rehearse a recipe on this machine the way Azure ML would run it.
+
+The job is planned exactly as for Azure (`amlhpc.jobs.plan.build.plan_job` against the stack's outputs),
+its code snapshot is copied into one working folder per simulated node, and every process
+runs the job's own command - `python -m amlhpc.jobs.runtime.launch -- <training command>` - with the
+variables Azure ML's launcher sets (torch.distributed or OpenMPI ranks, MASTER_ADDR/PORT)
+plus the job's `AMLHPC_*` variables. Only two things change, both at the seams:
+
+- Blob is Azurite: the stage and checkpoint account URLs point at it and
+  `AMLHPC_BLOB_CONNECTION_STRING` carries its (per-start, generated) key instead of the
+  node's managed identity.
+- Each simulated node gets its own scratch folder (`AMLHPC_SCRATCH`), as each real node has
+  its own NVMe.
+
+Staging, the health gate (GPU checks skipped on a CPU), pinning, training over gloo and
+checkpoints all run through the same code as in the cloud. A second rehearsal with the same
+`name` uses the same checkpoint prefix and resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amlhpc.core.errors import Problem, UserError
+from amlhpc.jobs.local import processes
+from amlhpc.jobs.local.azurite import free_port
+from amlhpc.jobs.runtime.base import contract
+
+# Variables that only make sense on an Azure node (identity) or would point the rehearsal
+# at real Azure; the seam replaces them.
+_AZURE_ONLY = ("AZURE_CLIENT_ID",)
+_MPI_DISTRIBUTIONS = ("mpi", "tensorflow")
+FAILURE_GRACE_S = 30.0
+"""After one process fails, how long the others get to notice before they are stopped."""
+STOP_GRACE_S = 20.0
+"""How long a stopped rank gets (its launcher's final checkpoint upload included) before SIGKILL."""
+
+
+@dataclass
+class NodeProcess:
+    node: int
+    local_rank: int
+    rank: int
+    process: subprocess.Popen
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RehearsalResult:
+    plan: Any
+    """The JobPlan that was rehearsed."""
+    workdir: Path
+    exit_codes: dict[int, int]
+    """Global rank -> exit status."""
+    seconds: float
+    reports: dict[str, dict[str, Any]]
+    """File name -> per-node JSON report (staging, launch, health) from every node."""
+    checkpoint: dict[str, Any] | None
+    """Where checkpoints went: container, prefix and the committed version, if any."""
+
+    @property
+    def ok(self) -> bool:
+        return all(code == 0 for code in self.exit_codes.values())
+
+
+def _free_port_pair() -> int:
+    """A port P with P+1 also free: the health gate rendezvouses on MASTER_PORT + 1."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
+
+
+def redirect_blob(env: dict[str, str], blob_endpoint: str, connection_string: str) -> dict[str, str]:
+    """The job's variables with Blob pointed at Azurite and Azure-only identity removed."""
+    env = {k: v for k, v in env.items() if k not in _AZURE_ONLY}
+    if contract.STAGE_JSON in env:
+        specs = json.loads(env[contract.STAGE_JSON])
+        for spec in specs:
+            spec["account_url"] = blob_endpoint
+        env[contract.STAGE_JSON] = json.dumps(specs, separators=(",", ":"))
+    if contract.CHECKPOINT_JSON in env:
+        ckpt = json.loads(env[contract.CHECKPOINT_JSON])
+        ckpt["account_url"] = blob_endpoint
+        env[contract.CHECKPOINT_JSON] = json.dumps(ckpt, separators=(",", ":"))
+    env[contract.BLOB_CONNECTION_STRING] = connection_string
+    return env
+
+
+def rank_env(distribution: str, *, node: int, local_rank: int, nodes: int, procs_per_node: int,
+             master_port: int) -> dict[str, str]:
+    """What Azure ML's launcher sets for one process (PyTorch or MPI distribution)."""
+    rank = node * procs_per_node + local_rank
+    world = nodes * procs_per_node
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+    if distribution in _MPI_DISTRIBUTIONS:
+        env.update({
+            "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(procs_per_node),
+            "OMPI_COMM_WORLD_NODE_RANK": str(node),
+        })
+    else:
+        env.update({
+            "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(procs_per_node), "NODE_RANK": str(node), "GROUP_RANK": str(node),
+        })
+    return env
+
+
+def prepare_nodes(snapshot: Path, workdir: Path, nodes: int) -> list[Path]:
+    """One working folder per node holding its own copy of the job's code (as Azure ML
+    gives each node), plus its scratch. Earlier outputs are kept: a rerun resumes."""
+    folders = []
+    for node in range(nodes):
+        folder = workdir / f"node{node}"
+        code = folder / "amlhpc" / "jobs"
+        if code.exists():
+            shutil.rmtree(code)
+        shutil.copytree(snapshot / "amlhpc" / "jobs", code)
+        (folder / "scratch").mkdir(parents=True, exist_ok=True)
+        folders.append(folder)
+    return folders
+
+
+REHEARSAL_TELEMETRY_INTERVAL_S = "1"
+"""AMLHPC_TELEMETRY_INTERVAL_S for a rehearsal, unless the caller's environment sets one."""
+
+LOG_DIR = "user_logs"
+"""Each process's output, as Azure ML keeps it: node<K>/user_logs/std_log_process_<rank>.txt
+(appended by every attempt; `jobs logs` and `jobs report` read them)."""
+
+
+def log_path(folder: Path, rank: int) -> Path:
+    return folder / LOG_DIR / f"std_log_process_{rank}.txt"
+
+
+def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None], log: Path | None = None) -> None:
+    assert proc.process.stdout is not None
+    with contextlib.ExitStack() as stack:
+        kept = None
+        if log is not None:
+            with contextlib.suppress(OSError):  # a full disk must not stop the rehearsal
+                log.parent.mkdir(parents=True, exist_ok=True)
+                kept = stack.enter_context(log.open("a", buffering=1))
+        for raw in proc.process.stdout:
+            line = raw.rstrip("\n")
+            proc.lines.append(line)
+            if kept is not None:
+                with contextlib.suppress(OSError):
+                    kept.write(line + "\n")
+            sink(proc, line)
+
+
+def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, procs_per_node: int,
+                  sink: Callable[[NodeProcess, str], None], timeout_s: float,
+                  started: Callable[[list[NodeProcess]], None] | None = None,
+                  stop_grace_s: float | None = None, node_env: dict[int, dict[str, str]] | None = None,
+                  node_command: dict[int, str] | None = None) -> dict[int, int]:
+    """Start every process of every simulated node; stop the rest `stop_grace_s` (default
+    FAILURE_GRACE_S) after one fails (as Azure ML does); return global rank -> exit status.
+    `started` sees the processes once they run, `node_env` adds variables to one node's
+    processes and `node_command` replaces its command (the managed rehearsal injects faults
+    through them). However this ends - an
+    error, Ctrl-C, SIGTERM (amlhpc/jobs/local/processes.py) - every process it started is stopped
+    before it returns."""
+    nodes = len(folders)
+    port = _free_port_pair()
+    procs: list[NodeProcess] = []
+    codes: dict[int, int] = {}
+    try:
+        for node, folder in enumerate(folders):
+            for local_rank in range(procs_per_node):
+                env = {**base_env, **(node_env or {}).get(node, {}),
+                       **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
+                                  procs_per_node=procs_per_node, master_port=port)}
+                env[contract.SCRATCH] = str(folder / "scratch")
+                process = subprocess.Popen(
+                    ["bash", "-c", (node_command or {}).get(node, plan.command)], cwd=folder, env=env, text=True, bufsize=1,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **processes.popen_kwargs(),
+                )
+                procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
+        pumps = [threading.Thread(target=_pump, args=(p, sink, log_path(folders[p.node], p.rank)), daemon=True)
+                 for p in procs]
+        for t in pumps:
+            t.start()
+        if started is not None:
+            started(procs)
+        _wait_all(procs, codes, sink, timeout_s, FAILURE_GRACE_S if stop_grace_s is None else stop_grace_s)
+        drained = time.monotonic() + 5  # a leftover grandchild may hold a pipe open: do not wait on it
+        for t in pumps:
+            t.join(timeout=max(0.0, drained - time.monotonic()))
+    finally:
+        _stop(procs, codes)
+    return codes
+
+
+def _wait_all(procs: list[NodeProcess], codes: dict[int, int], sink, timeout_s: float, stop_grace_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    failed_at: float | None = None
+    while len(codes) < len(procs):
+        for p in procs:
+            if p.rank in codes:
+                continue
+            status = p.process.poll()
+            if status is not None:
+                codes[p.rank] = status
+                if status != 0 and failed_at is None:
+                    failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > stop_grace_s:
+            _stop(procs, codes)  # the others had their chance to notice; Azure ML would cancel the job
+        if time.monotonic() > deadline:
+            sink(procs[0], f"rehearsal timed out after {timeout_s:.0f} s: stopping every process")
+            _stop(procs, codes)
+        time.sleep(0.2)
+
+
+def _stop(procs: list[NodeProcess], codes: dict[int, int], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM each running rank's process group (the launcher passes it on to the training
+    command and uploads a last checkpoint), SIGKILL the groups still there after `grace_s`."""
+    running = [p for p in procs if p.rank not in codes and p.process.poll() is None]
+    for p in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        if p.rank in codes:
+            continue
+        code = processes.wait(p.process, max(0.0, deadline - time.monotonic()))
+        if code is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.process.pid, signal.SIGKILL)
+            code = p.process.wait()
+        codes[p.rank] = code
+
+
+def collect_reports(folders: list[Path], report_dir: str) -> dict[str, dict[str, Any]]:
+    reports = {}
+    for folder in folders:
+        for path in sorted((folder / report_dir).glob("*.json")):
+            try:
+                reports[f"{folder.name}/{path.name}"] = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+    return reports
+
+
+def checkpoint_state(env: dict[str, str], connection_string: str) -> dict[str, Any] | None:
+    """The committed checkpoint under the job's prefix (reads the `latest` pointer)."""
+    if contract.CHECKPOINT_JSON not in env:
+        return None
+    from azure.core.exceptions import ResourceNotFoundError
+
+    from amlhpc.jobs.runtime.blob import blobio
+
+    ckpt = json.loads(env[contract.CHECKPOINT_JSON])
+    client = blobio.container_client(ckpt["container"], connection_string=connection_string)
+    state: dict[str, Any] = {"container": ckpt["container"], "prefix": ckpt["prefix"], "latest": None}
+    for pointer in (f"{ckpt['prefix']}/versions/latest", f"{ckpt['prefix']}/latest", f"{ckpt['prefix']}/node-0/latest"):
+        try:
+            text = client.get_blob_client(pointer).download_blob().readall().decode()
+        except ResourceNotFoundError:
+            continue
+        try:
+            state["latest"] = json.loads(text)
+        except json.JSONDecodeError:
+            state["latest"] = text.strip()
+        state["pointer"] = pointer
+        break
+    return state
+
+
+def ensure_containers(containers: list[str], connection_string: str) -> None:
+    """The stack declares its containers; in Azurite the rehearsal creates them."""
+    from azure.core.exceptions import ResourceExistsError
+
+    from amlhpc.jobs.runtime.blob import blobio
+
+    for name in containers:
+        try:
+            blobio.container_client(name, connection_string=connection_string).create_container()
+        except ResourceExistsError:
+            pass
+
+
+def check_dataset(plan: Any, connection_string: str) -> None:
+    """Staged inputs must exist in Azurite before the job starts, as in Azure."""
+    from amlhpc.jobs.runtime.blob import blobio
+
+    problems = []
+    for spec in plan.staged_inputs:
+        client = blobio.container_client(spec["container"], connection_string=connection_string)
+        prefix = spec.get("prefix", "").rstrip("/") + "/"
+        if not client.exists() or next(iter(client.list_blobs(name_starts_with=prefix)), None) is None:
+            problems.append(Problem(
+                f"amlhpc/jobs/recipes/{plan.recipe}.yaml", f"inputs.{spec['name']}",
+                f"no blobs under {spec['container']}/{prefix} in the local Blob (Azurite)",
+                f"upload them first: python -m amlhpc.jobs data upload DIR --stack {plan.stack} --prefix {prefix.rstrip('/')} "
+                f"--connection-string-env {contract.BLOB_CONNECTION_STRING} (or pass --data {spec['name']}=DIR)"))
+    if problems:
+        raise UserError(problems, "rehearsal cannot start: its dataset is missing")
+
+
+def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
+             connection_string: str, containers: list[str], sink: Callable[[NodeProcess, str], None],
+             timeout_s: float = 1800, run_id: str | None = None, extra_env: dict[str, str] | None = None,
+             **process_hooks: Any) -> RehearsalResult:
+    """Run `plan` locally: one folder and `procs_per_node` processes per simulated node.
+
+    containers: the stack's Blob containers (outputs storage.containers), created in Azurite.
+    run_id: the job's run id (default: a new one per call); extra_env: variables the job
+    gets on top of its own (what a managed run's controller adds per attempt);
+    process_hooks go to run_processes.
+    """
+    ensure_containers(sorted(containers), connection_string)
+    check_dataset(plan, connection_string)
+    folders = prepare_nodes(snapshot, workdir, plan.instance_count)
+    env = redirect_blob({**plan.environment_variables, **(extra_env or {})}, blob_endpoint, connection_string)
+    base = {**os.environ, **env}
+    # `python` in the job's command is this interpreter, as the image's python is in Azure.
+    base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
+    base.pop("PYTHONPATH", None)  # the node's code folder is the job's import root
+    base["PYTHONUNBUFFERED"] = "1"
+    # A rehearsal trains for seconds, not hours: sample the nodes every second (the job's 30 s
+    # default would leave its report's utilisation and memory plots a point or two).
+    base.setdefault(contract.TELEMETRY_INTERVAL_S, REHEARSAL_TELEMETRY_INTERVAL_S)
+    # Each attempt is a new job run, as AZUREML_RUN_ID is in Azure: node-local markers of an
+    # earlier attempt in the same folders must not be taken for this one's.
+    base[contract.RUN_ID] = run_id or f"{plan.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    # Azure ML's own id comes first (amlhpc/jobs/runtime/base/jobid.py): one in the caller's environment
+    # (a rehearsal inside an Azure ML job) must not make every attempt share it.
+    base["AZUREML_RUN_ID"] = base[contract.RUN_ID]
+    started, started_at = time.monotonic(), time.time()
+    codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s,
+                          **process_hooks)
+    note_attempt(workdir, plan, base[contract.RUN_ID], started_at, time.time(), procs_per_node, codes)
+    report_dir = env.get(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR)
+    return RehearsalResult(plan, workdir, codes, time.monotonic() - started, collect_reports(folders, report_dir),
+                           checkpoint_state(env, connection_string))
+
+
+ATTEMPTS_FILE = "attempts.jsonl"
+"""One line per rehearsal of the folder's run (each an attempt, as a job in Azure would be):
+when it ran, its size, its price per node-hour at the planned size, how its processes
+ended. `jobs report` reads it."""
+
+
+def note_attempt(workdir: Path, plan: Any, run_id: str, started: float, ended: float, procs_per_node: int,
+                 codes: dict[int, int]) -> None:
+    from datetime import UTC, datetime
+
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    estimate = getattr(plan, "estimate", None)
+    line = {"run_id": run_id, "started_at": iso(started), "ended_at": iso(ended), "seconds": round(ended - started, 3),
+            "nodes": plan.instance_count, "processes_per_node": procs_per_node, "sku": plan.sku,
+            "usd_per_node_hour": getattr(estimate, "usd_per_node_hour", None),
+            "price_source": getattr(estimate, "price_source", None),
+            "exit_codes": {str(rank): code for rank, code in sorted(codes.items())}}
+    with contextlib.suppress(OSError):  # the record of a rehearsal must not fail it
+        with (workdir / ATTEMPTS_FILE).open("a") as out:
+            out.write(json.dumps(line) + "\n")

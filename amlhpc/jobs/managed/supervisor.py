@@ -1,0 +1,599 @@
+"""The supervision loop of a managed run: claim an attempt, submit it, watch it, classify
+how it ended, wait, and go again - or stop and say why.
+
+Every decision is taken from the run's record (record.py) and the controller's own rules
+(policy.py, from its job definition), and written back before the next side effect, so a
+controller that is restarted at any point continues where the record stands:
+
+- an attempt is claimed (written as `submitting`, with the checkpoint version it will
+  restore) before its job is created; a restarted controller that finds a claimed
+  attempt looks the job up by its name (`<run>-a<n>`) and creates it only if it does not
+  exist, so a crash between the two never yields a second job;
+- a new attempt is claimed only after the previous one was seen ended (a terminal
+  status): never two attempts at once;
+- only the controller holding the record's lease acts; another one waits;
+- a cancel request is honoured before anything else, and checked again right before a
+  job is created: once a cancel is asked, no controller creates a job.
+
+While an attempt runs, each look also enforces what cannot wait for its end: the cost
+limit (spent plus the cost of the time to the next checkpoint), the queue timeout (and,
+after a lost node, a cluster whose capacity answer is short of the attempt's nodes), a job
+Azure ML leaves Paused/Unknown/NotResponding, and names stragglers.
+
+Shrink-and-continue (policy.shrink_nodes, from managed.min_nodes): after an attempt lost a
+node (node_failure, preempted), an attempt that cannot get its nodes (queue timeout, or the
+capacity answer) is followed by one on the next smaller count, down to the smallest, and
+only then by one on the next cluster; every other restart asks for the full count again
+(it grows back when the capacity is there). The record says each attempt's count and why. A look that fails
+(Azure ML or storage unreachable) is retried with a capped backoff, without end: the
+record is unchanged meanwhile, and the attempt is never left unsupervised because an
+outage lasted. A job Azure ML refuses for good (HTTP 400/404/409/422 on its creation) ends
+its attempt at once as bad input.
+
+Named fault points (amlhpc.jobs.runtime.base.faultpoints) sit at every step, for tests and rehearsals.
+
+The job service is Azure ML (azureml.py) in the cloud and simulated nodes in the local
+rehearsal (amlhpc.jobs.local.managed); both speak observation.py's vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from amlhpc.jobs.managed import stragglers
+from amlhpc.jobs.managed.classify import Verdict, classify
+from amlhpc.jobs.managed.evidence import Evidence
+from amlhpc.jobs.managed.observation import Observation
+from amlhpc.jobs.managed.policy import Policy, Target
+from amlhpc.jobs.managed.record import (
+    Attempt,
+    Record,
+    RecordConflict,
+    RecordStore,
+    iso,
+    now_utc,
+    parse_time,
+)
+from amlhpc.jobs.runtime.base import contract, faultpoints
+
+
+class JobService(Protocol):
+    def submit(self, job: str, attempt: int, target: Target, environment: dict[str, str]) -> None:
+        """Create the training job named `job` (attempt number `attempt`) on `target`."""
+
+    def observe(self, job: str) -> Observation | None:
+        """The job's state, or None when no job has that name."""
+
+    def cancel(self, job: str) -> None:
+        """Ask for the job to be canceled (returns without waiting)."""
+
+    def refusal(self, exc: BaseException) -> str | None:
+        """Why the service refused a submit for good, or None when the failure may pass."""
+
+
+REQUEUED_FROM = frozenset({"Running", "Finalizing", "NotResponding"})
+"""A job seen in one of these and then back in the queue (or preparing) was requeued by Azure ML."""
+NODE_LOSS = ("node_failure", "preempted")
+"""Causes that took a node away: after one, an attempt that cannot get its nodes may shrink."""
+
+
+def attempt_job_name(run: str, number: int) -> str:
+    return f"{run}-a{number}"
+
+
+def permanent_failure(exc: BaseException) -> bool:
+    """A failed look that waiting cannot fix: the controller's identity lacks a right."""
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+    return isinstance(exc, ClientAuthenticationError) or (isinstance(exc, HttpResponseError)
+                                                          and getattr(exc, "status_code", None) == 403)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """An explicit `submit --managed --resume`: reopens a finished run once."""
+
+    token: str
+    at: str
+    """When it was asked: cancel requests made before are set aside."""
+
+
+def open_record(store: RecordStore, run: str, recipe: str, policy: Policy, resume: Resume | None = None,
+                echo: Callable[[str], None] = print) -> Record:
+    """The run's record: created on the first start; reopened by an explicit resume (once,
+    counting restarts afresh and setting earlier cancel requests aside); kept as it is
+    otherwise - a finished run stays finished for every other controller."""
+    record, etag = store.load()
+    if record is None:
+        try:
+            store.create(Record(run=run, recipe=recipe, policy=policy.to_json()))
+        except RecordConflict:
+            pass  # another controller created it first: fine, it is the same run
+        record, etag = store.load()
+        assert record is not None
+    if resume is None or resume.token in record.resumes:
+        return record
+    request = store.cancel_request()
+    if request and request["id"] not in record.cancels_handled and str(request.get("at", "")) <= resume.at:
+        record.cancels_handled.append(request["id"])
+    record.resumes.append(resume.token)
+    if record.done:
+        echo(f"run {run}: resumed after it {record.state} ({record.reason})")
+        record.state, record.reason, record.base_attempt, record.target = "running", None, len(record.attempts), 0
+        record.preemptions, record.next_nodes, record.shrink_reason, record.node_lost = 0, None, None, None
+    record.policy = policy.to_json()
+    store.save(record, etag)
+    return record
+
+
+@dataclass
+class Supervisor:
+    store: RecordStore
+    service: JobService
+    evidence: Evidence
+    policy: Policy
+    """The rules, from the controller's own job definition: never reloaded from the record."""
+    controller: str = "local"
+    """The controller's own name (its job name in Azure), kept in the record for its cost."""
+    resume: Resume | None = None
+    echo: Callable[[str], None] = print
+    clock: Callable[[], datetime] = now_utc
+    sleep: Callable[[float], None] = time.sleep
+    said: set[str] = field(default_factory=set)
+    renewed: float = 0.0
+
+    # --- the loop -------------------------------------------------------------------
+
+    def start(self, run: str, recipe: str) -> Record:
+        """The controller's entry: create the run's record if there is none, take its lease,
+        open it (open_record), and act until the run is done."""
+        if self.store.load()[0] is None:
+            try:
+                self.store.create(Record(run=run, recipe=recipe, policy=self.policy.to_json()))
+            except RecordConflict:
+                pass  # another controller was first
+
+        def body() -> Record:
+            open_record(self.store, run, recipe, self.policy, self.resume, self.echo)
+            return self._loop()
+
+        return self._leased(body)
+
+    def run(self) -> Record:
+        """Act on an opened record until the run is done; returns the final record."""
+        return self._leased(self._loop)
+
+    def _leased(self, body: Callable[[], Record]) -> Record:
+        self._take_lease()
+        try:
+            result = body()
+        except faultpoints.Crash:
+            raise  # a dead process releases nothing: its lease lapses, as a killed controller's does
+        except BaseException:
+            self.store.release()
+            raise
+        self.store.release()
+        return result
+
+    def _loop(self) -> Record:
+        failures = 0
+        while True:
+            try:
+                record = self.tick()
+                if record.done:
+                    return record
+                failures = 0
+                self._wait(self.pause(record))
+            except RecordConflict as exc:
+                self.echo(f"the record changed underneath ({exc}): taking the lease again")
+                self.store.release()
+                self._take_lease()
+            except Exception as exc:
+                if permanent_failure(exc):
+                    raise
+                failures += 1
+                wait = self.policy.outage_wait(failures)
+                self.echo(f"look failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                          f"{failures} in a row, the record is unchanged; looking again in {wait:.0f}s")
+                self._wait(wait)
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep, renewing the lease often enough that it never lapses meanwhile (the lease
+        runs in real time at the service, whatever clock the controller is given)."""
+        step = max(1.0, self.policy.lease_s / 3)
+        remaining = seconds
+        while True:
+            chunk = min(remaining, step)
+            self.sleep(chunk)
+            remaining -= chunk
+            if remaining <= 0 or time.monotonic() - self.renewed >= step:
+                self._renew()
+            if remaining <= 0:
+                return
+
+    def _renew(self) -> None:
+        self.renewed = time.monotonic()
+        try:
+            self.store.renew()
+        except RecordConflict:
+            self.store.release()
+            self._take_lease()
+        except Exception as exc:  # noqa: BLE001 - storage down: the next write's ETag check still guards the record
+            self._say_once(f"renew-{type(exc).__name__}", f"could not renew the lease ({type(exc).__name__}); going on")
+
+    def _take_lease(self) -> None:
+        while not self.store.acquire():
+            self._say_once("lease", "another controller holds this run's lease: waiting for it to stop (at most "
+                                    f"{self.policy.lease_s}s after it is gone)")
+            self.sleep(min(10.0, self.policy.lease_s / 4))
+
+    def pause(self, record: Record) -> float:
+        """Seconds until the next look: the poll interval, or less when a restart is due sooner."""
+        due = parse_time(record.next_attempt_at)
+        if due is not None:
+            return max(0.0, min(self.policy.poll_s, (due - self.clock()).total_seconds()))
+        return self.policy.poll_s
+
+    def tick(self) -> Record:
+        """One look at the run: at most one side effect (a submit, a cancel), then the record is saved."""
+        record, etag = self.store.load()
+        if record is None:
+            raise RecordConflict(f"no record at {self.store.prefix}: the controller opens it first")
+        now = self.clock()
+        self._note_controller(record, now)
+        if not record.done:
+            etag = self._step(record, etag, now)
+        self._save(record, etag)
+        return record
+
+    def _save(self, record: Record, etag: str) -> str:
+        faultpoints.reach("controller.record.write", run=record.run, attempts=len(record.attempts))
+        record.policy = self.policy.to_json()  # what this controller obeys, for readers; never read back
+        return self.store.save(record, etag)
+
+    def _step(self, record: Record, etag: str, now: datetime) -> str:
+        current = record.current
+        request = self._cancel_request(record)
+        if request:
+            self._honour_cancel(record, current, request, now)
+        elif current is None or current.state == "ended":
+            stop = self._stop_reason(record, now)
+            if stop:
+                record.finish(*stop)
+                self.echo(f"run {record.run} {record.state}: {record.reason}")
+            elif self._waiting(record, now):
+                faultpoints.reach("controller.backoff", attempt=len(record.attempts))
+            else:
+                return self._claim(record, etag, now)
+        elif current.state == "submitting":
+            self._submit(record, current, now)
+        else:
+            self._watch(record, current, now)
+        return etag
+
+    # --- cancel ---------------------------------------------------------------------
+
+    def _cancel_request(self, record: Record) -> dict[str, Any] | None:
+        request = self.store.cancel_request()
+        return request if request and request["id"] not in record.cancels_handled else None
+
+    def _honour_cancel(self, record: Record, current: Attempt | None, request: dict[str, Any], now: datetime) -> None:
+        faultpoints.reach("controller.cancel", attempt=current.number if current else 0)
+        who = f"canceled by {request.get('by') or 'the user'} at {request.get('at') or iso(now)}"
+        if current is not None and current.state != "ended":
+            if current.state == "running" or self.service.observe(current.job) is not None:
+                self.service.cancel(current.job)
+            self._end(record, current, Verdict("canceled", who), now, "Canceled")
+        record.cancels_handled.append(request["id"])
+        record.finish("canceled", who)
+        self.echo(f"run {record.run}: {who}")
+
+    # --- attempts -------------------------------------------------------------------
+
+    def _claim(self, record: Record, etag: str, now: datetime) -> str:
+        number = len(record.attempts) + 1
+        faultpoints.reach("controller.claim", attempt=number)
+        target = self.policy.target(record.target)
+        nodes = min(record.next_nodes or target.nodes, target.nodes)
+        attempt = Attempt(number=number, job=attempt_job_name(record.run, number), claimed_at=iso(now),
+                          nodes=nodes, full_nodes=target.nodes, cluster=target.cluster, target=record.target,
+                          shrunk=record.shrink_reason if nodes < target.nodes else None,
+                          usd_per_hour=nodes * target.usd_per_node_hour, resumed_version=self.evidence.latest_version())
+        previous = record.current
+        if previous is not None and previous.full_nodes and previous.nodes < previous.full_nodes <= nodes:
+            self.echo(f"attempt {number} asks for all {nodes} nodes again (attempt {previous.number} ran on "
+                      f"{previous.nodes}): it shrinks again only if they cannot be had")
+        record.attempts.append(attempt)
+        record.next_attempt_at, record.next_nodes, record.shrink_reason = None, None, None
+        etag = self._save(record, etag)  # the claim is durable before the job exists
+        faultpoints.reach("controller.claimed", attempt=number)
+        self._submit(record, attempt, now)
+        return etag
+
+    def _submit(self, record: Record, attempt: Attempt, now: datetime) -> None:
+        request = self._cancel_request(record)
+        if request:  # asked between the claim and now: the job is never created
+            self._honour_cancel(record, attempt, request, now)
+            return
+        if self.service.observe(attempt.job) is None:
+            target = replace(self.policy.target(attempt.target), nodes=attempt.nodes)
+            environment = {contract.EVIDENCE_KEY: key} if (key := self.evidence.key(attempt.job)) else {}
+            try:
+                self.service.submit(attempt.job, attempt.number, target, environment)
+            except Exception as exc:
+                refused = self.service.refusal(exc)
+                if refused is None:
+                    raise  # may pass: the claim stands, the next look creates the job
+                self._end(record, attempt, Verdict("bad_input", refused), now, "NotCreated")
+                return
+            faultpoints.reach("controller.submitted", attempt=attempt.number)
+            source = f"checkpoint {attempt.resumed_version}" if attempt.resumed_version else "the start (no checkpoint yet)"
+            size = f"{attempt.nodes} of {attempt.full_nodes} nodes (shrunk)" if attempt.shrunk else f"{attempt.nodes} node(s)"
+            self.echo(f"attempt {attempt.number}: submitted {attempt.job} on {target.cluster or 'its cluster'}, "
+                      f"{size}, resuming from {source}")
+        else:
+            self.echo(f"attempt {attempt.number}: {attempt.job} exists already: watching it")
+        attempt.state, attempt.submitted_at = "running", iso(now)
+        attempt.queued_since = attempt.submitted_at
+
+    def _watch(self, record: Record, attempt: Attempt, now: datetime) -> None:
+        observation = self.service.observe(attempt.job)
+        if observation is None:
+            self._end(record, attempt, Verdict("unknown", f"job {attempt.job} no longer exists"), now, "Missing")
+            return
+        self._follow_status(attempt, observation, now)
+        if observation.capacity is not None:
+            attempt.capacity = observation.capacity
+        for state in observation.trouble:
+            if state not in attempt.epoch_events:
+                attempt.epoch_events.append(state)
+                self.echo(f"attempt {attempt.number}: a node of {attempt.job} is {state}")
+            if state not in attempt.node_events:
+                attempt.node_events.append(state)
+        if observation.terminal:
+            ends = self.evidence.ends(attempt.job, attempt.nodes, attempt.stale_ends)
+            self._note_ignored(attempt, ends.refused)
+            verdict = classify(observation, ends.records, attempt.nodes, attempt.epoch_events, ends.tampered)
+            faultpoints.reach("controller.ended", attempt=attempt.number, cause=verdict.cause)
+            self._end(record, attempt, verdict, observation.ended_at or now, observation.status)
+            return
+        self._note_commit(attempt, now)
+        beats, refused = self.evidence.heartbeats(attempt.job)
+        self._note_ignored(attempt, refused)
+        step = self.evidence.last_step(beats)
+        attempt.last_step = step if step is not None else attempt.last_step
+        for named in stragglers.look(attempt, beats, self.policy.straggler_factor, self.policy.straggler_looks, now):
+            self.echo(f"attempt {attempt.number}: {stragglers.describe(named)}")
+        stop = self._must_stop(record, attempt, observation, now)
+        faultpoints.reach("controller.watch", attempt=attempt.number, status=observation.status)
+        if stop is not None:
+            self.service.cancel(attempt.job)
+            self._end(record, attempt, stop, now, "Canceled")
+
+    def _follow_status(self, attempt: Attempt, observation: Observation, now: datetime) -> None:
+        previous = attempt.status
+        if observation.status != previous:
+            self.echo(f"attempt {attempt.number}: {attempt.job} is {observation.status}")
+            if previous in REQUEUED_FROM and (observation.queued or observation.status == "Preparing"):
+                attempt.requeued_at.append(iso(now))
+                attempt.epoch_events = []
+                attempt.stale_ends = self.evidence.stale_marks(attempt.job)
+                attempt.queued_since = iso(now)
+                self.echo(f"attempt {attempt.number}: Azure ML requeued {attempt.job} (epoch {len(attempt.requeued_at) + 1}): "
+                          "its end is classified from what happens from now on")
+        attempt.status = observation.status
+        if observation.started_at and (attempt.started_at is None or observation.started_at < parse_time(attempt.started_at)):
+            attempt.started_at = iso(observation.started_at)
+        elif observation.running and attempt.started_at is None:
+            attempt.started_at = iso(now)
+        attempt.stalled_since = (attempt.stalled_since or iso(now)) if observation.stalled else None
+
+    def _must_stop(self, record: Record, attempt: Attempt, observation: Observation, now: datetime) -> Verdict | None:
+        """What ends a running attempt before Azure ML does: the cost limit, the queue
+        timeout, a status that stays Paused/Unknown/NotResponding."""
+        over = self._over_budget(record, attempt, now)
+        if over:
+            return Verdict("budget", over)
+        policy = self.policy
+        queued = parse_time(attempt.queued_since)
+        if policy.queue_timeout_s and observation.queued and queued and (now - queued).total_seconds() > policy.queue_timeout_s:
+            return Verdict("queue_timeout", f"queued {(now - queued).total_seconds():.0f}s on "
+                                            f"{attempt.cluster or 'its cluster'} (managed.queue_timeout_s "
+                                            f"{policy.queue_timeout_s:g})")
+        short = self._short_of_nodes(record, attempt) if observation.queued else None
+        if short:
+            return Verdict("queue_timeout", short)
+        stalled = parse_time(attempt.stalled_since)
+        if stalled and (now - stalled).total_seconds() > policy.stall_s:
+            return Verdict("stalled", f"Azure ML reported {observation.status} for {(now - stalled).total_seconds():.0f}s "
+                                      f"(managed.stall_s {policy.stall_s:g})")
+        return None
+
+    def _short_of_nodes(self, record: Record, attempt: Attempt) -> str | None:
+        """Why a queued attempt will not get its nodes, when the run may shrink instead: a node
+        was lost and the cluster's capacity answer is below the attempt's count."""
+        capacity = attempt.capacity
+        if record.node_lost is None or capacity is None or capacity >= attempt.nodes or \
+                self.policy.smaller(attempt.nodes, capacity) is None:
+            return None
+        return (f"{attempt.cluster or 'its cluster'} can give at most {capacity} node(s) now (its maxNodes less its "
+                f"unusable nodes), {attempt.nodes} asked: not waiting in the queue")
+
+    def _over_budget(self, record: Record, attempt: Attempt, now: datetime) -> str | None:
+        """Cancel now when what was spent plus the cost of the time to the next checkpoint
+        would pass the limit (the work after the last checkpoint is lost either way)."""
+        policy = self.policy
+        if policy.limit_usd is None:
+            return None
+        spent = record.total_usd(policy.controller_usd_per_hour, now)
+        ahead_s = self._to_next_checkpoint(attempt, now)
+        rate = (attempt.usd_per_hour or 0.0) + policy.controller_usd_per_hour
+        ahead = rate * ahead_s / 3600
+        if spent + ahead <= policy.limit_usd:
+            return None
+        return (f"over budget while running: ${spent:,.2f} spent (queued and preparing time included) + "
+                f"${ahead:,.2f} until the next checkpoint (in {ahead_s:.0f}s) would pass "
+                f"{policy.limit_source or 'the limit'} ${policy.limit_usd:,.2f}")
+
+    def _note_commit(self, attempt: Attempt, now: datetime) -> None:
+        """Keep when this controller first saw the latest checkpoint version (its own clock:
+        never compared with another's)."""
+        version = self.evidence.latest_version()
+        if version and (not attempt.commit_seen or attempt.commit_seen[0] != version):
+            attempt.commit_seen = [version, iso(now) or ""]
+
+    def _to_next_checkpoint(self, attempt: Attempt, now: datetime) -> float:
+        interval = self.policy.checkpoint_interval_s
+        if not interval:
+            return self.policy.poll_s  # no checkpoint rhythm known: only the next look matters
+        started = parse_time(attempt.started_at)
+        if started is None:
+            return interval  # not training yet: its first checkpoint is a full interval away
+        seen = parse_time(attempt.commit_seen[1]) if attempt.commit_seen and attempt.commit_seen[0] != \
+            attempt.resumed_version else None
+        since = max(started, seen) if seen else started
+        return max(0.0, interval - (now - since).total_seconds())
+
+    def _end(self, record: Record, attempt: Attempt, verdict: Verdict, ended: datetime, status: str) -> None:
+        policy = self.policy
+        attempt.state, attempt.status, attempt.ended_at = "ended", status, iso(ended)
+        attempt.cause, attempt.detail, attempt.exit_code = verdict.cause, verdict.detail, verdict.exit_code
+        attempt.retryable = verdict.retryable(policy.retry_on)
+        attempt.first_step = verdict.first_step if verdict.first_step is not None else attempt.first_step
+        attempt.last_step = verdict.last_step if verdict.last_step is not None else attempt.last_step
+        attempt.bad_nodes = list(verdict.bad_nodes)
+        attempt.usd = round((attempt.usd_per_hour or 0.0) * attempt.charged_hours(), 2)
+        self._move_on(record, attempt)
+        if attempt.retryable:
+            wait = policy.backoff(len(record.attempts) - record.base_attempt)
+            record.next_attempt_at = iso(self.clock() + timedelta(seconds=wait))
+        self.echo(f"attempt {attempt.number}: {attempt.job} ended {status}: {verdict.cause} ({verdict.detail})"
+                  + (f"; bad node(s): {', '.join(_node_text(b) for b in attempt.bad_nodes)}" if attempt.bad_nodes else "")
+                  + ("; retryable" if attempt.retryable else "; not retryable"))
+        for named in attempt.stragglers:
+            self.echo(f"attempt {attempt.number}: {stragglers.describe(named)}")
+
+    def _move_on(self, record: Record, attempt: Attempt) -> None:
+        """The next attempt's cluster and count. Fewer nodes on the same cluster after a lost
+        node, when this attempt could not get its nodes or the cluster's capacity answer is
+        short of the full count (while policy.shrink_nodes has a count that fits); else one
+        cluster on after a queue timeout, or after enough preemptions (which shrinking does not
+        cure, so they move on first)."""
+        lost = _node_lost(attempt)
+        if lost:
+            record.node_lost = lost
+        elif attempt.started_at and attempt.nodes >= (attempt.full_nodes or attempt.nodes):
+            record.node_lost = None  # it ran on the full count: the capacity was there
+        last = len(self.policy.targets) - 1
+        if attempt.cause == "preempted":
+            record.preemptions += 1
+        why = None
+        if attempt.cause == "preempted" and record.preemptions >= self.policy.fallback_after_preemptions \
+                and record.target < last:
+            why = f"{record.preemptions} preemption(s) (managed.fallback_after_preemptions)"
+        elif self._shrink(record, attempt):
+            return
+        elif attempt.cause == "queue_timeout":
+            why = "the queue timeout"
+        if why and record.target < last:
+            record.target, record.preemptions = record.target + 1, 0
+            nxt = self.policy.target(record.target)
+            self.echo(f"after {why} on {attempt.cluster or 'its cluster'}, the next attempt goes to {nxt.cluster} "
+                      f"({nxt.priority}, ${nxt.usd_per_hour:,.2f}/h)")
+
+    def _shrink(self, record: Record, attempt: Attempt) -> bool:
+        """Shrink-and-continue: after a lost node, the next attempt's count when this one could
+        not get its nodes (one allowed count below its own, within the capacity answer), or
+        when the cluster's capacity answer at its last look is short of the full count (the
+        largest allowed count within it). False when neither applies or no count fits."""
+        if record.node_lost is None or not attempt.retryable:
+            return False
+        full, capacity, where = attempt.full_nodes or attempt.nodes, attempt.capacity, attempt.cluster or "its cluster"
+        if attempt.cause == "queue_timeout":
+            nodes = self.policy.smaller(attempt.nodes, capacity)
+            why = f"attempt {attempt.number} could not get {attempt.nodes} node(s) on {where}: {attempt.detail}"
+        elif capacity is not None and capacity < full:
+            nodes = self.policy.smaller(full, capacity)
+            why = (f"{where} could give at most {capacity} node(s) at attempt {attempt.number}'s last look (its "
+                   "maxNodes less its unusable nodes)")
+        else:
+            return False
+        if nodes is None:
+            return False
+        record.next_nodes, record.shrink_reason = nodes, f"after {record.node_lost}, {why}"
+        self.echo(f"shrink-and-continue: the next attempt runs on {nodes} of {full} nodes on {where} (managed.min_nodes "
+                  f"{min(self.policy.shrink_nodes)}), keeping the command's global batch; a versioned checkpoint "
+                  f"reshards into it ({why})")
+        return True
+
+    # --- decisions ------------------------------------------------------------------
+
+    def _stop_reason(self, record: Record, now: datetime) -> tuple[str, str] | None:
+        current = record.current
+        if current is None or len(record.attempts) <= record.base_attempt:
+            return None  # nothing yet since the run was (re)started
+        policy = self.policy
+        what = f"attempt {current.number} ended {current.cause} ({current.detail})"
+        if current.cause == "completed":
+            return "succeeded", f"attempt {current.number} completed"
+        if current.cause == "canceled":
+            return "canceled", f"{what}: a cancel is the user's decision, not retried"
+        if current.cause == "budget":
+            return "failed", what
+        if not current.retryable:
+            return "failed", f"{what}: not retried (managed.retry_on: {', '.join(map(str, policy.retry_on))})"
+        restarts = len(record.attempts) - record.base_attempt - 1
+        if restarts >= policy.max_restarts:
+            return "failed", f"{what}: max restarts reached ({restarts} of managed.max_restarts {policy.max_restarts})"
+        if policy.limit_usd is not None:
+            spent = record.total_usd(policy.controller_usd_per_hour, now)
+            upcoming = policy.next_attempt_usd(record.node_hours_run(), policy.target(record.target))
+            if spent + upcoming > policy.limit_usd:
+                return "failed", (f"{what}: over budget: ${spent:,.2f} spent + ${upcoming:,.2f} for one more attempt "
+                                  f"exceeds {policy.limit_source or 'the limit'} ${policy.limit_usd:,.2f}")
+        return None
+
+    def _waiting(self, record: Record, now: datetime) -> bool:
+        due = parse_time(record.next_attempt_at)
+        if due is not None and now < due:
+            self._say_once(f"wait-{len(record.attempts)}", f"next attempt at {iso(due)} (backoff)")
+            return True
+        return False
+
+    def _note_controller(self, record: Record, now: datetime) -> None:
+        for entry in record.controllers:
+            if entry.get("job") == self.controller:
+                entry["seen_at"] = iso(now)
+                return
+        record.controllers.append({"job": self.controller, "started_at": iso(now), "seen_at": iso(now)})
+
+    def _note_ignored(self, attempt: Attempt, refused: list[str]) -> None:
+        for why in refused:
+            if why not in attempt.ignored_evidence:
+                attempt.ignored_evidence.append(why)
+                self.echo(f"attempt {attempt.number}: {why}")
+
+    def _say_once(self, key: str, text: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            self.echo(text)
+
+
+def _node_lost(attempt: Attempt) -> str | None:
+    """How the attempt lost a node, if it did: it ended so, or Azure ML requeued it after one
+    of its nodes was preempted or became unusable (and it then waited in the queue)."""
+    if attempt.cause in NODE_LOSS:
+        return f"attempt {attempt.number} lost a node ({attempt.cause}: {(attempt.detail or '')[:200]})"
+    gone = sorted({"preempted", "unusable"}.intersection(attempt.node_events))
+    if attempt.requeued_at and gone:
+        return f"attempt {attempt.number} lost a node (a node was {' and '.join(gone)}, then Azure ML requeued the job)"
+    return None
+
+
+def _node_text(bad: dict) -> str:
+    where = bad.get("host") or f"node {bad.get('node')}"
+    return f"{where} ({bad.get('why')})"

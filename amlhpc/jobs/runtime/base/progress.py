@@ -1,0 +1,171 @@
+"""Training progress: the step counter the training code reports and the launcher watches.
+
+The launcher gives each training process a file of its own in node-local storage and
+names it in AMLHPC_PROGRESS_FILE (docs/contracts.md section 4). The training calls
+`report(step)` after each step it completes (the shipped workloads do it through
+amlhpc/jobs/workloads/common.py); every call rewrites the file atomically (temporary name, then
+rename) with
+
+    {"step": 1234, "beats": 57, "first_step": 1000, "resumed_from": 1000, "pid": 4242}
+
+`beats` counts the calls, so a loop that reports the same step again (validation) still
+shows it is alive; `first_step` is the first step this process reported, and
+`resumed_from` the step of the checkpoint it started from (`note_resumed`), null on a
+fresh start. The launcher's watchdog (amlhpc.jobs.runtime.launch.watchdog)
+reads the files: a change is progress. Without the variable (a run outside the launcher),
+`report` does nothing.
+
+A synchronous training may also call `compute_done(step)` when the process finished its
+own work on a step and is about to wait for its peers (before the gradient all-reduce,
+the barrier): the file then carries `"waiting": step` and `"busy_s"`, the seconds the
+step took before that wait. Every rank of a data-parallel job finishes a step at the
+same time, so the time per step cannot tell a slow node from the others; the time
+before the wait can (a straggler), and so can who is not waiting when all stopped (the
+node a hang started on). Both are optional: without them a node is still judged by its
+steps.
+
+When the training has finished its work (its last step taken, its final checkpoint written),
+`report_completed(step, checkpoint)` adds
+
+    "completed": {"step": 2000, "checkpoint": "/scratch/.../ckpt-000002000.pt"}
+
+(checkpoint null on a rank that writes none). The launcher reads it after the command exits:
+a command that then dies in its interpreter's shutdown has still done its work
+(amlhpc.jobs.runtime.launch.completion).
+
+Standard library only: this module ships into the training image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from amlhpc.jobs.runtime.base import faultpoints
+from amlhpc.jobs.runtime.base.contract import PROGRESS_FILE
+
+_lock = threading.Lock()
+_beats = 0
+_resumed_from: int | None = None
+_first_step: int | None = None
+_last_step: int | None = None
+_reported_at: float | None = None
+"""Monotonic time of the last `report`: where the next step's own work starts."""
+_busy_s: float | None = None
+_completed: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One reading of a progress file."""
+
+    step: int
+    beats: int
+    first_step: int | None = None
+    resumed_from: int | None = None
+    waiting: int | None = None
+    """The step this process finished its own work on and waits for its peers to finish."""
+    busy_s: float | None = None
+    """Seconds of the process's own work on its latest step (before waiting for peers)."""
+    completed_step: int | None = None
+    """The step the training said it completed at (report_completed), None before that."""
+    completed_checkpoint: str | None = None
+    """The final checkpoint it named with that, if it wrote one."""
+
+    @property
+    def marker(self) -> tuple[int, int]:
+        """What changes when the training reports again."""
+        return self.step, self.beats
+
+
+def progress_file(environ: Mapping[str, str] | None = None) -> Path | None:
+    environ = os.environ if environ is None else environ
+    value = environ.get(PROGRESS_FILE, "").strip()
+    return Path(value) if value else None
+
+
+def note_resumed(step: int, environ: Mapping[str, str] | None = None) -> None:
+    """Record the step the restored checkpoint holds (reported with every later step)."""
+    global _resumed_from
+    _resumed_from = int(step)
+    report(step, environ=environ)
+
+
+def last_step() -> int | None:
+    """The step this process reported last (None before any report)."""
+    return _last_step
+
+
+def report_completed(step: int, checkpoint: str | os.PathLike[str] | None = None,
+                     environ: Mapping[str, str] | None = None) -> bool:
+    """Tell the launcher the training finished at `step`, its final checkpoint (if this rank
+    wrote one) at `checkpoint`; the last thing a training reports."""
+    global _completed
+    _completed = {"step": int(step), "checkpoint": None if checkpoint is None else str(checkpoint)}
+    return report(step, environ=environ)
+
+
+def report(step: int, environ: Mapping[str, str] | None = None) -> bool:
+    """Tell the launcher this process completed `step`; False when no launcher listens."""
+    global _beats, _first_step, _last_step, _reported_at
+    _last_step = int(step)
+    path = progress_file(environ)
+    if path is None:
+        return False
+    with _lock:
+        _beats += 1
+        _first_step = int(step) if _first_step is None else _first_step
+        written = _write(path, int(step), None)
+        _reported_at = time.monotonic()
+    faultpoints.reach("training.step", step=int(step))
+    return written
+
+
+def compute_done(step: int, environ: Mapping[str, str] | None = None) -> bool:
+    """This process finished its own work on `step` and now waits for its peers; False
+    when no launcher listens. Call it right before the step's collective."""
+    global _beats, _busy_s
+    path = progress_file(environ)
+    if path is None:
+        return False
+    started = _reported_at if _reported_at is not None else time.monotonic()
+    faultpoints.reach("training.compute", step=int(step), busy_s=time.monotonic() - started)
+    with _lock:
+        _beats += 1
+        _busy_s = time.monotonic() - started
+        return _write(path, _last_step if _last_step is not None else int(step) - 1, int(step))
+
+
+def _write(path: Path, step: int, waiting: int | None) -> bool:
+    document = {"step": step, "beats": _beats, "first_step": _first_step, "resumed_from": _resumed_from,
+                "waiting": waiting, "busy_s": None if _busy_s is None else round(_busy_s, 6), "pid": os.getpid(),
+                **({"completed": _completed} if _completed else {})}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(document))
+        os.replace(tmp, path)
+    except OSError:
+        return False  # a full or vanished scratch must not stop the training
+    return True
+
+
+def read(path: Path) -> Progress | None:
+    """The latest report in `path`, or None when there is none (yet) or it is unreadable."""
+    try:
+        data = json.loads(path.read_text())
+        first, resumed, waiting, busy = (data.get(k) for k in ("first_step", "resumed_from", "waiting", "busy_s"))
+        completed = data.get("completed") or {}
+        done, checkpoint = completed.get("step"), completed.get("checkpoint")
+        return Progress(int(data["step"]), int(data.get("beats", 0)), int(first) if first is not None else None,
+                        int(resumed) if resumed is not None else None, int(waiting) if waiting is not None else None,
+                        float(busy) if busy is not None else None, int(done) if done is not None else None,
+                        str(checkpoint) if checkpoint else None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -1,0 +1,175 @@
+"""The node's checkpoint duties in the launcher (local rank 0): restore when the job starts,
+upload while it trains, report and prepare for an in-job restart, the final upload.
+
+When the job starts the node's tier is empty (each job run has its own folder), so Blob is the
+source, stream by stream:
+- the folder stream (`<prefix>`, or `<prefix>/node-<k>` when every node writes): its latest
+  version into the node's checkpoint folder;
+- the versioned stream (`<prefix>/versions`): the newest committed version into
+  `versions/step-N/`: this node's ranks' parts when the job runs at the world size that saved
+  it, every rank's part when it does not (the training then reshards: shrink-and-continue).
+
+For an in-job restart (amlhpc/jobs/runtime/launch/restart.py) the node reports the versions it holds intact
+(every file checked against its rank's marker) and, on node 0, the newest one committed in
+Blob; then prepares what all nodes decided: keep the local version and drop newer ones, or
+restore Blob's into the tier (a local copy that failed its check is replaced), or start over.
+
+Standard library plus azure-storage-blob: ships in the image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from amlhpc.jobs.runtime.checkpoint import tier
+from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
+from amlhpc.jobs.runtime.checkpoint.settings import CheckpointSettings, container_from_settings
+from amlhpc.jobs.runtime.checkpoint.snapshot import scan
+from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, Manifest
+from amlhpc.jobs.runtime.checkpoint.uploader import FOLDER_EXCLUDE, FolderUploader, VersionUploader
+
+log = logging.getLogger("amlhpc.checkpoint")
+
+
+class NodeCheckpoints:
+    """One node's checkpoints as its launcher's local rank 0 handles them."""
+
+    def __init__(self, settings: CheckpointSettings, *, node: int, nodes: int, local_size: int, world: int,
+                 checkpoint_dir: Path, environ: Mapping[str, str]):
+        from amlhpc.jobs.runtime.base.throttle import Throttle
+
+        self.settings, self.node, self.nodes, self.local_size, self.world = settings, node, nodes, local_size, world
+        self.checkpoint_dir = Path(checkpoint_dir)
+        container = container_from_settings(settings, environ)  # BlobConfigError (ValueError) on bad settings
+        throttle = Throttle.from_mbits_per_s(settings.cap_mbps)  # one cap for the node's uploads
+        self.store = CheckpointStore(container, settings.stream(node), throttle=throttle, node=node)
+        self.versions = CheckpointStore(container, settings.versions_stream, throttle=throttle, node=node)
+        self.folder_uploader: FolderUploader | None = None
+        self.version_uploader: VersionUploader | None = None
+        self.uploaded: list[str] = []
+
+    @property
+    def ranks(self) -> list[int]:
+        """The global ranks of this node."""
+        return list(range(self.node * self.local_size, (self.node + 1) * self.local_size))
+
+    def _own_parts(self, path: str) -> bool:
+        return any(path == f"rank-{r}.json" or path.startswith(f"rank-{r}/") for r in self.ranks)
+
+    # --- at the start ---------------------------------------------------------------------
+    def restore_at_start(self) -> tuple[Manifest | None, Path | None]:
+        """(the folder version restored, the versioned checkpoint to resume from), either None."""
+        folder = self.store.restore(self.checkpoint_dir)
+        tier.discard_after(self.checkpoint_dir, None)  # nothing in this run's tier yet can be this run's
+        return folder, self.restore_blob_version()
+
+    def restore_blob_version(self, manifest: Manifest | None = None) -> Path | None:
+        """The committed version (default: the latest) into the tier; its folder, None when there is none."""
+        manifest = manifest or self.versions.latest()
+        if manifest is None:
+            return None
+        meta = manifest.meta
+        local = meta.get("local")
+        if not tier.is_version_name(local):
+            raise CheckpointError(f"{self.versions.manifest_name(manifest.version)}: `meta.local` {local!r} is not a "
+                                  "version folder name (step-NNNNNNNNN)")
+        same_world = meta.get("world") == self.world
+        target = tier.versions_dir(self.checkpoint_dir) / str(local)
+        started = time.monotonic()
+        self.versions.restore(target, manifest, select=self._own_parts if same_world else None)
+        found = tier.read_version(target)
+        needed = self.ranks if same_world else range(int(meta.get("world") or 0))
+        if found is None or not found.holds(needed):
+            raise CheckpointError(f"checkpoint {manifest.version} in Blob lacks the parts of rank(s) "
+                                  f"{sorted(set(needed) - set(found.markers if found else ()))}")
+        log.info("versioned checkpoint %s (step %s, saved by %s ranks) restored from Blob into %s in %.1fs%s",
+                 manifest.version, meta.get("step"), meta.get("world"), target, time.monotonic() - started,
+                 "" if same_world else f": every part, to reshard for {self.world} ranks")
+        return target
+
+    # --- while training ---------------------------------------------------------------------
+    def start_uploads(self, protect: set[str] | None = None) -> None:
+        """Background uploads: the folder (writer nodes), versioned checkpoints (every node)."""
+        if self.folder_uploader is None and self.settings.is_writer(self.node):
+            self.folder_uploader = FolderUploader(self.store, self.checkpoint_dir, self.settings.interval_s,
+                                                  self.settings.keep)
+            self.folder_uploader.mark_current()
+            self.folder_uploader.start()
+        self.version_uploader = VersionUploader(self.versions, self.checkpoint_dir, self.ranks, self.node, self.nodes,
+                                                self.settings.interval_s, self.settings.keep, self.settings.local_keep,
+                                                protect=protect)
+        self.version_uploader.start()
+
+    def cancel_version_uploads(self) -> None:
+        if self.version_uploader is not None:
+            self.version_uploader.cancel()
+            self.uploaded += self.version_uploader.committed
+            self.version_uploader = None
+
+    def finish(self, final_wait_s: float) -> list[str]:
+        """The final uploads; returns the errors (empty when everything is committed)."""
+        errors = []
+        if self.folder_uploader is not None:
+            try:
+                result = self.folder_uploader.finish()
+                if result is not None and result.version:
+                    log.info("checkpoint %s is the latest in %s/%s", result.version, self.settings.container,
+                             self.store.stream)
+            except CheckpointError as exc:
+                errors.append(str(exc))
+            self.uploaded += [r.version for r in self.folder_uploader.results if r.version]
+        if self.version_uploader is not None:
+            try:
+                committed = self.version_uploader.finish(final_wait_s)
+                if committed:
+                    log.info("versioned checkpoint %s is the latest in %s/%s", committed, self.settings.container,
+                             self.versions.stream)
+            except CheckpointError as exc:
+                errors.append(str(exc))
+            self.uploaded += self.version_uploader.committed
+        return errors
+
+    # --- in-job restart -----------------------------------------------------------------
+    def restart_report(self) -> dict[str, Any]:
+        """Stop the version uploads; what this node holds intact; node 0: Blob's latest."""
+        self.cancel_version_uploads()
+        intact = []
+        for version in reversed(tier.held(self.checkpoint_dir, self.ranks)):
+            problem = version.verify(self.ranks)
+            if problem:
+                log.warning("local checkpoint not intact, not offered for the restart: %s", problem)
+                continue
+            intact.append({"name": version.name, "step": version.step, "tag": version.tag})
+        report: dict[str, Any] = {"versions": intact, "folder_files": bool(scan(self.checkpoint_dir, FOLDER_EXCLUDE))}
+        if self.node == 0:
+            latest = self.versions.latest()
+            if latest is not None:
+                report["blob_latest"] = {"version": latest.version, "step": latest.meta.get("step"),
+                                         "tag": latest.meta.get("tag"), "local": latest.meta.get("local")}
+        return report
+
+    def apply(self, decision) -> Any:
+        """Make the node's tier what the decision needs; the decision with `resume` (this node's
+        folder to resume from) filled in, or turned into an end when the restore fails."""
+        if decision.source == "local":
+            tier.discard_after(self.checkpoint_dir, decision.step)
+            return dataclasses.replace(decision, resume=str(tier.versions_dir(self.checkpoint_dir) / decision.version))
+        tier.discard_after(self.checkpoint_dir, None)
+        if decision.source == "none":
+            return dataclasses.replace(decision, resume=None)
+        try:
+            manifest = self.versions.manifest(decision.blob_version)
+            if manifest is None:
+                raise CheckpointError(f"checkpoint {decision.blob_version} is no longer in Blob")
+            resume = self.restore_blob_version(manifest)
+        except Exception as exc:  # noqa: BLE001 - any restore failure ends the job: a new attempt restores again
+            from amlhpc.jobs.runtime.launch.launcher import EXIT_RESTORE
+
+            return dataclasses.replace(decision, result="end", reason=f"restoring {decision.blob_version} from Blob "
+                                       f"failed: {type(exc).__name__}: {exc}", exit_code=EXIT_RESTORE)
+        return dataclasses.replace(decision, resume=str(resume))

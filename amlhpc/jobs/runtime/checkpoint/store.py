@@ -1,0 +1,598 @@
+"""One stream of checkpoint versions in a Blob container: leases, parts, verified commits, safe restores.
+
+Layout of a stream (`<prefix>`, `<prefix>/node-<k>` or `<prefix>/versions`, see settings.py):
+
+    <stream>/data/<version>/<path>             parts: file contents (block blobs, metadata amlhpc_sha256/amlhpc_size)
+    <stream>/pending/<version>/node-<k>.json   node k's lease while it uploads its parts of a version: every blob it
+                                               writes or reuses; then (state "staged") each part's size, SHA-256, ETag
+    <stream>/manifests/<version>.json          every file of a committed version: path, blob, size, sha256, mtimeNs, etag
+    <stream>/latest                            {"version", "manifest"}: THE commit point
+
+A version moves through these steps (each arrow is a named fault point, amlhpc/jobs/runtime/base/faultpoints.py):
+
+    stage (every node with parts): pending record "uploading" -> parts (blocks under ids unique to the upload
+        session, so two writers of one blob never mix blocks) -> pending record "staged"
+    commit (one committer): every expected node staged -> every part checked in Blob (it exists, its size and
+        SHA-256 metadata are what the node uploaded, its ETag is the one the upload got) -> manifest (create-only)
+        -> `latest` (ETag-conditional: a second writer fails loudly) -> pending records deleted
+
+So a version is committed only when every part it names exists as uploaded, and a part is never
+without a record that references it: the pending record is written before the part and removed
+only after the manifest and pointer that reference it. Retention (prune.py) reads in the order
+that makes this enough: data blobs first, then pending records, then manifests and the pointer.
+
+A process killed anywhere leaves `latest` on the previous complete version; its pending record
+keeps its parts from being pruned until the same node's next upload session takes the node's
+old records over (or, for a node that never comes back, until the record is `stale_pending_s`
+old). Unchanged files (same path, size and mtime as in the previous version) are not uploaded
+again: the manifest points at the blob that already holds them.
+
+Restores check every path and blob name of a manifest (safepath.py: nothing outside the folder,
+nothing outside the stream), download each file through a temporary name, verify size and
+SHA-256, and only then rename it.
+
+Standard library plus azure-storage-blob (through amlhpc.jobs.runtime.blob.blobio): ships in the image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from amlhpc.jobs.runtime.base import faultpoints
+from amlhpc.jobs.runtime.base.throttle import UNLIMITED, Throttle
+from amlhpc.jobs.runtime.checkpoint import safepath
+from amlhpc.jobs.runtime.checkpoint.errors import (
+    CheckpointError,
+    FileChanged,
+    NotReady,
+    PartMissing,
+    PointerConflict,
+    UnsafeCheckpoint,
+    UploadCancelled,
+)
+from amlhpc.jobs.runtime.checkpoint.snapshot import TMP_SUFFIX, LocalFile, scan, signature
+
+log = logging.getLogger("amlhpc.checkpoint")
+
+SCHEMA = 1
+POINTER = "latest"
+BLOCK_BYTES = 8 << 20
+"""Staged block size: large enough for throughput, small enough to retry cheaply."""
+STALE_PENDING_S = 24 * 3600.0
+"""A pending record this old belongs to an uploader that is gone: its lease no longer holds."""
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def sequence_of(version: str) -> int:
+    """A version's order: the digits it starts with (the upload sequence, or the training step)."""
+    head = version.split("-", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
+@dataclass
+class Manifest:
+    version: str
+    sequence: int
+    created_at: str
+    files: list[dict[str, Any]] = field(default_factory=list)
+    """{"path", "blob", "size", "sha256", "mtimeNs", "etag"} per file."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """What the version is: {"layout": "folder"} or {"layout": "versions", "step", "world", "nodes", ...}."""
+
+    @property
+    def bytes(self) -> int:
+        return sum(f["size"] for f in self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "version": self.version, "sequence": self.sequence, "createdAt": self.created_at,
+                "bytes": self.bytes, "meta": self.meta, "files": self.files}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, data_prefix: str) -> Manifest:
+        """Parse and check a manifest read from Blob (input a lower principal may have written)."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise CheckpointError(f"{where}: not a schema-{SCHEMA} checkpoint manifest")
+        files = data.get("files")
+        if not isinstance(files, list):
+            raise CheckpointError(f"{where}: `files` is not a list")
+        seen: set[str] = set()
+        for entry in files:
+            if not isinstance(entry, dict):
+                raise CheckpointError(f"{where}: a file entry is not an object")
+            path = safepath.checked_relative(entry.get("path"), where)
+            safepath.checked_blob(entry.get("blob"), data_prefix, where)
+            size, sha = entry.get("size"), entry.get("sha256")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise CheckpointError(f"{where}: {path}: size {size!r} is not a byte count")
+            if not isinstance(sha, str) or not _SHA256.match(sha):
+                raise CheckpointError(f"{where}: {path}: sha256 {sha!r} is not a SHA-256 digest")
+            if path in seen:
+                raise CheckpointError(f"{where}: {path} is listed twice")
+            seen.add(path)
+        meta = data["meta"] if isinstance(data.get("meta"), dict) else {}
+        return cls(str(data.get("version")), int(data.get("sequence", -1)), str(data.get("createdAt", "")),
+                   list(files), meta)
+
+
+@dataclass
+class UploadResult:
+    version: str | None
+    """The committed version, None when nothing changed."""
+    uploaded_files: int = 0
+    reused_files: int = 0
+    uploaded_bytes: int = 0
+    seconds: float = 0.0
+    pruned_versions: list[str] = field(default_factory=list)
+    deleted_blobs: int = 0
+
+    @property
+    def mbits_per_s(self) -> float:
+        return self.uploaded_bytes * 8 / 1e6 / self.seconds if self.seconds else 0.0
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One node's pending record of a version, as read from Blob."""
+
+    version: str
+    node: int
+    document: dict[str, Any]
+    last_modified: datetime | None
+
+    @property
+    def staged(self) -> bool:
+        return self.document.get("state") == "staged"
+
+    @property
+    def blobs(self) -> set[str]:
+        names = {b for b in self.document.get("blobs", []) if isinstance(b, str)}
+        names.update(p["blob"] for p in self.document.get("parts", []) if isinstance(p, dict) and isinstance(p.get("blob"), str))
+        return names
+
+
+class CheckpointStore:
+    """One stream of versions in a container; `node` is the node this process uploads for."""
+
+    def __init__(self, container, stream: str, *, throttle: Throttle | None = None, workers: int = 4,
+                 blocks_in_flight: int = 4, block_bytes: int = BLOCK_BYTES, node: int = 0,
+                 cancel: threading.Event | None = None, stale_pending_s: float = STALE_PENDING_S):
+        self.container = container
+        self.stream = stream.strip("/")
+        self.throttle = throttle or UNLIMITED
+        self.workers = workers
+        self.blocks_in_flight = blocks_in_flight
+        self.block_bytes = block_bytes
+        self.node = node
+        self.cancel = cancel or threading.Event()
+        self.stale_pending_s = stale_pending_s
+        self._lock = threading.Lock()
+
+    # --- names ----------------------------------------------------------------------------
+    @property
+    def pointer_name(self) -> str:
+        return f"{self.stream}/{POINTER}"
+
+    def manifest_name(self, version: str) -> str:
+        return f"{self.stream}/manifests/{version}.json"
+
+    def data_prefix(self, version: str | None = None) -> str:
+        return f"{self.stream}/data/{version}/" if version else f"{self.stream}/data/"
+
+    def pending_prefix(self, version: str | None = None) -> str:
+        return f"{self.stream}/pending/{version}/" if version else f"{self.stream}/pending/"
+
+    def pending_name(self, version: str, node: int | None = None) -> str:
+        return f"{self.pending_prefix(version)}node-{self.node if node is None else node}.json"
+
+    # --- reading --------------------------------------------------------------------------
+    def _read_json(self, name: str) -> tuple[Any, str] | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            downloader = self.container.get_blob_client(name).download_blob()
+            raw = downloader.readall()
+        except ResourceNotFoundError as exc:
+            if getattr(exc, "error_code", None) == "ContainerNotFound":
+                raise CheckpointError(f"container {self.container.container_name!r} does not exist: create it (the stack "
+                                      "declares it as storage.containers.checkpoints) or fix the container in "
+                                      "AMLHPC_CHECKPOINT_JSON") from None
+            return None
+        try:
+            return json.loads(raw), downloader.properties.etag
+        except (ValueError, UnicodeDecodeError):
+            raise CheckpointError(f"{name} is not JSON: it was not written by a checkpoint uploader") from None
+
+    def pointer(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(pointer document, etag), (None, None) when no version was ever committed."""
+        found = self._read_json(self.pointer_name)
+        if not found:
+            return None, None
+        document, etag = found
+        if not isinstance(document, dict) or not isinstance(document.get("version"), str):
+            raise CheckpointError(f"{self.pointer_name} is not a checkpoint pointer")
+        return document, etag
+
+    def latest(self) -> Manifest | None:
+        """The committed latest version's manifest, or None."""
+        return self._manifest_of(self.pointer()[0])
+
+    def manifest(self, version: str) -> Manifest | None:
+        found = self._read_json(self.manifest_name(version))
+        return Manifest.from_json(found[0], self.manifest_name(version), self.data_prefix()) if found else None
+
+    def _manifest_of(self, pointer: dict[str, Any] | None) -> Manifest | None:
+        if pointer is None:
+            return None
+        version = pointer["version"]
+        safepath.checked_relative(version, self.pointer_name)
+        if "/" in version:
+            raise UnsafeCheckpoint(f"{self.pointer_name}: version {version!r} is not a version name; refused. {safepath.FIX}")
+        manifest = self.manifest(version)
+        if manifest is None:
+            raise CheckpointError(f"{self.pointer_name} names {self.manifest_name(version)}, which does not exist: the "
+                                  "version was deleted by hand; delete the pointer blob to start fresh, or point it at an "
+                                  "older manifest")
+        return manifest
+
+    def versions(self) -> list[str]:
+        """Versions that have a manifest, oldest first."""
+        prefix = f"{self.stream}/manifests/"
+        names = [b.name[len(prefix):-len(".json")] for b in self.container.list_blobs(name_starts_with=prefix)
+                 if b.name.endswith(".json")]
+        return sorted(names, key=lambda v: (sequence_of(v), v))
+
+    def pendings(self) -> dict[str, dict[int, Pending]]:
+        """Every pending record: version -> node -> record (unreadable ones are skipped)."""
+        found: dict[str, dict[int, Pending]] = {}
+        prefix = self.pending_prefix()
+        for blob in self.container.list_blobs(name_starts_with=prefix):
+            version, _, leaf = blob.name[len(prefix):].partition("/")
+            node_text = leaf.removeprefix("node-").removesuffix(".json")
+            if not node_text.isdigit():
+                continue
+            read = self._read_json(blob.name)
+            if read is None or not isinstance(read[0], dict):
+                continue
+            found.setdefault(version, {})[int(node_text)] = Pending(version, int(node_text), read[0], blob.last_modified)
+        return found
+
+    def is_stale(self, pending: Pending) -> bool:
+        if pending.last_modified is None:
+            return False
+        return time.time() - pending.last_modified.timestamp() > self.stale_pending_s
+
+    # --- staging parts --------------------------------------------------------------------
+    def new_version(self, previous: Manifest | None) -> tuple[str, int]:
+        sequence = max([previous.sequence if previous else 0, *(sequence_of(v) for v in self.versions())]) + 1
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        return f"{sequence:06d}-{stamp}-{secrets.token_hex(2)}", sequence
+
+    def _write_pending(self, version: str, document: dict[str, Any]) -> None:
+        self.container.upload_blob(self.pending_name(version), json.dumps(document).encode(), overwrite=True)
+
+    def _delete_quietly(self, name: str) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            self.container.delete_blob(name)
+        except ResourceNotFoundError:
+            pass
+
+    def abandon(self, version: str, node: int | None = None) -> None:
+        """Withdraw a node's pending record (its parts become orphans that prune may delete)."""
+        self._delete_quietly(self.pending_name(version, node))
+
+    def take_over(self, keep: Collection[str] = frozenset()) -> list[str]:
+        """Withdraw this node's pending records of earlier upload sessions (an uploader that was
+        killed or cancelled); versions in `keep` are left alone. Returns the versions withdrawn."""
+        withdrawn = [v for v, nodes in self.pendings().items() if self.node in nodes and v not in keep]
+        for version in withdrawn:
+            self.abandon(version)
+        if withdrawn:
+            log.info("checkpoint: withdrew the pending record(s) of %s left by an earlier upload of node %d",
+                     ", ".join(withdrawn), self.node)
+        return withdrawn
+
+    def _check_cancel(self) -> None:
+        if self.cancel.is_set():
+            raise UploadCancelled("the checkpoint upload was cancelled; nothing committed")
+
+    def _upload_file(self, folder: Path, entry: LocalFile, blob_name: str, blocks: ThreadPoolExecutor,
+                     session: str) -> tuple[str, str]:
+        """Stage the file's blocks (capped, several in flight), commit; returns (SHA-256, ETag).
+
+        Verified as `jobs data upload` and staging verify (amlhpc.jobs.runtime.blob.fetch): each block goes
+        with its MD5, which the service checks before storing it; the committed blob's
+        Content-MD5 is the MD5 of the whole file and `amlhpc_stored_sha256` (= `amlhpc_sha256`,
+        checkpoints are stored as they are) its SHA-256. Block ids start with the upload
+        session's own random id: a second writer of the same blob stages other blocks, and
+        each commit names only its own."""
+        from azure.core.exceptions import HttpResponseError
+        from azure.storage.blob import ContentSettings
+
+        client = self.container.get_blob_client(blob_name)
+        path = folder / entry.path
+        digest, md5 = hashlib.sha256(), hashlib.md5()
+        block_ids: list[str] = []
+        pending: deque = deque()
+        with open(path, "rb") as handle:
+            st = os.fstat(handle.fileno())
+            if (st.st_size, st.st_mtime_ns) != (entry.size, entry.mtime_ns):
+                raise FileChanged(f"{entry.path} changed before it was read")
+            while True:
+                self._check_cancel()
+                chunk = handle.read(self.block_bytes)
+                if not chunk:
+                    break
+                self.throttle.acquire(len(chunk))
+                digest.update(chunk)
+                md5.update(chunk)
+                block_id = f"{session}{len(block_ids):08d}"  # the SDK base64-encodes; ids must share a length
+                block_ids.append(block_id)
+                pending.append(blocks.submit(client.stage_block, block_id, chunk, length=len(chunk),
+                                             validate_content=True))
+                while len(pending) >= self.blocks_in_flight:
+                    pending.popleft().result()
+                if len(block_ids) == 1:
+                    pending.popleft().result()
+                    faultpoints.reach("checkpoint.block-staged")
+            while pending:
+                pending.popleft().result()
+        st = os.stat(path)
+        if (st.st_size, st.st_mtime_ns) != (entry.size, entry.mtime_ns):
+            raise FileChanged(f"{entry.path} changed while it was uploaded")
+        sha = digest.hexdigest()
+        try:
+            result = client.commit_block_list(block_ids, metadata={"amlhpc_sha256": sha, "amlhpc_size": str(entry.size),
+                                                                   "amlhpc_stored_sha256": sha},
+                                              content_settings=ContentSettings(content_type="application/octet-stream",
+                                                                               content_md5=bytearray(md5.digest())))
+        except HttpResponseError as exc:
+            if getattr(exc, "error_code", None) != "InvalidBlockList":
+                raise
+            # Committing a blob discards every block not in its list: another session committed
+            # this blob while ours staged it, and took our blocks with it.
+            raise PointerConflict(f"another writer committed {blob_name} while this upload staged it: two jobs are "
+                                  "writing checkpoints under one prefix; give each its own prefix") from None
+        faultpoints.reach("checkpoint.part-committed")
+        return sha, result["etag"]
+
+    def stage(self, folder: Path, files: list[LocalFile], version: str, reused: Sequence[dict[str, Any]] = (),
+              blob_of: Callable[[str], str] | None = None) -> list[dict[str, Any]]:
+        """Upload this node's parts of `version` under a pending record; returns their manifest
+        entries (`reused` ones included). On any failure the node's record is withdrawn, so
+        nothing half-uploaded is ever staged."""
+        blob_of = blob_of or (lambda path: self.data_prefix(version) + path)
+        session = secrets.token_hex(8)
+        planned = sorted({e["blob"] for e in reused} | {blob_of(f.path) for f in files})
+        record = {"schema": SCHEMA, "version": version, "node": self.node, "session": session, "state": "uploading",
+                  "blobs": planned, "written": time.time()}
+        self._check_cancel()
+        self._write_pending(version, record)
+        entries: list[dict[str, Any]] = [dict(e) for e in reused]
+        try:
+            faultpoints.reach("checkpoint.pending-written")
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="ckpt-file") as file_pool, \
+                    ThreadPoolExecutor(self.workers * self.blocks_in_flight, thread_name_prefix="ckpt-block") as block_pool:
+                futures = {file_pool.submit(self._upload_file, folder, e, blob_of(e.path), block_pool, session): e
+                           for e in sorted(files, key=lambda e: e.path)}
+                try:
+                    for future, entry in futures.items():
+                        sha, etag = future.result()
+                        entries.append({"path": entry.path, "blob": blob_of(entry.path), "size": entry.size,
+                                        "sha256": sha, "mtimeNs": entry.mtime_ns, "etag": etag})
+                        log.info("checkpoint %s: uploaded %s (%d bytes)", version, entry.path, entry.size)
+                except BaseException:
+                    for future in futures:
+                        future.cancel()
+                    raise
+            self._check_cancel()
+            self._write_pending(version, {**record, "state": "staged", "parts": sorted(entries, key=lambda e: e["path"]),
+                                          "written": time.time()})
+            faultpoints.reach("checkpoint.parts-recorded")
+        except BaseException:
+            try:
+                self.abandon(version)
+            except Exception:  # noqa: BLE001 - the original error matters; the record goes stale or is taken over
+                pass
+            raise
+        return entries
+
+    # --- committing -----------------------------------------------------------------------
+    def _verify(self, entry: dict[str, Any]) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            props = self.container.get_blob_client(entry["blob"]).get_blob_properties()
+        except ResourceNotFoundError:
+            raise PartMissing(f"part {entry['blob']} of the version is not in Blob (deleted or never finished): not "
+                              "committed") from None
+        if props.size != entry["size"] or (props.metadata or {}).get("amlhpc_sha256") != entry["sha256"]:
+            raise PartMissing(f"part {entry['blob']} is not what was uploaded ({props.size} bytes, expected "
+                              f"{entry['size']}): not committed")
+        if entry.get("etag") and props.etag != entry["etag"]:
+            raise PartMissing(f"part {entry['blob']} was overwritten after its upload (ETag {props.etag}, uploaded as "
+                              f"{entry['etag']}): another writer uses this prefix; not committed")
+
+    def commit(self, version: str, sequence: int, nodes: list[int], meta: dict[str, Any],
+               expected_etag: str | None | bool = False) -> Manifest:
+        """Commit `version` from the staged parts of `nodes`. NotReady when a node has not staged;
+        PartMissing when a part is not in Blob as uploaded; PointerConflict when another writer
+        moved `latest` (compared with `expected_etag`; False: the pointer as read now)."""
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
+
+        head, head_etag = self.pointer()
+        if expected_etag is False:
+            expected_etag = head_etag
+        if head is not None and sequence_of(head["version"]) >= sequence:
+            # `latest` never moves back: a writer that committed this far is another one, or this version is stale.
+            raise PointerConflict(f"{self.pointer_name} names {head['version']}, not older than {version}: two jobs are "
+                                  "writing checkpoints under one prefix (give each its own prefix), or the version is "
+                                  "stale; not committed")
+        records = self.pendings().get(version, {})
+        waiting = [n for n in nodes if n not in records or not records[n].staged]
+        if waiting:
+            raise NotReady(f"version {version}: node(s) {', '.join(map(str, waiting))} have not staged their parts")
+        entries: dict[str, dict[str, Any]] = {}
+        for node in nodes:
+            for part in records[node].document.get("parts", []):
+                if part.get("path") in entries and entries[part["path"]]["blob"] != part.get("blob"):
+                    raise CheckpointError(f"version {version}: two nodes staged {part['path']}; not committed")
+                entries[part["path"]] = part
+        manifest = Manifest(version, sequence, datetime.now(UTC).isoformat(timespec="seconds"),
+                            sorted(entries.values(), key=lambda f: f["path"]), meta)
+        Manifest.from_json(manifest.to_json(), f"pending records of {version}", self.data_prefix())  # same checks as restore
+        with ThreadPoolExecutor(self.workers * 2, thread_name_prefix="ckpt-verify") as pool:
+            list(pool.map(self._verify, manifest.files))
+        faultpoints.reach("checkpoint.verified")
+        try:
+            self.container.upload_blob(self.manifest_name(version), json.dumps(manifest.to_json()).encode(), overwrite=False)
+        except ResourceExistsError:
+            raise PointerConflict(f"{self.manifest_name(version)} already exists: another writer committed this version "
+                                  "name; give each job its own prefix") from None
+        faultpoints.reach("checkpoint.manifest-written")
+        pointer = json.dumps({"schema": SCHEMA, "version": version, "manifest": self.manifest_name(version),
+                              "createdAt": manifest.created_at}).encode()
+        try:
+            if expected_etag is None:
+                self.container.upload_blob(self.pointer_name, pointer, overwrite=False)
+            else:
+                self.container.upload_blob(self.pointer_name, pointer, overwrite=True, etag=expected_etag,
+                                           match_condition=MatchConditions.IfNotModified)
+        except (ResourceExistsError, ResourceModifiedError):
+            self._delete_quietly(self.manifest_name(version))  # never committed: no manifest may claim it was
+            raise PointerConflict(f"{self.pointer_name} was moved by another writer while {version} uploaded: two jobs "
+                                  "are writing checkpoints under one prefix; give each its own prefix") from None
+        faultpoints.reach("checkpoint.pointer-written")
+        for node in records:
+            self.abandon(version, node)
+        log.info("checkpoint %s committed: %d file(s), %d bytes", version, len(manifest.files), manifest.bytes)
+        return manifest
+
+    # --- one node's folder as a version ----------------------------------------------------
+    def upload(self, folder: Path, keep: int = 3, files: Mapping[str, LocalFile] | None = None,
+               exclude: frozenset[str] = frozenset()) -> UploadResult:
+        """Upload `folder` as a new version, commit it, prune to `keep` versions.
+
+        Returns a result with version None when the folder is empty or identical to the
+        latest version. Raises FileChanged (nothing committed) when the folder changed
+        underneath, PointerConflict when another writer committed meanwhile.
+        """
+        with self._lock:
+            return self._upload(folder, keep, files, exclude)
+
+    def _upload(self, folder: Path, keep: int, files: Mapping[str, LocalFile] | None, exclude: frozenset[str]) -> UploadResult:
+        started = time.monotonic()
+        files = scan(folder, exclude) if files is None else files
+        pointer, etag = self.pointer()
+        previous = self._manifest_of(pointer)
+        if not files:
+            return UploadResult(None)
+        self.take_over()  # this node's earlier sessions are over: their leases go
+        if previous and signature(files) == tuple(sorted((f["path"], f["size"], f["mtimeNs"]) for f in previous.files)):
+            return UploadResult(None, reused_files=len(files))
+        version, sequence = self.new_version(previous)
+        reusable = {f["path"]: f for f in previous.files} if previous else {}
+        reused, to_upload = [], []
+        for entry in files.values():
+            old = reusable.get(entry.path)
+            if old and (old["size"], old["mtimeNs"]) == (entry.size, entry.mtime_ns):
+                reused.append(old)
+            else:
+                to_upload.append(entry)
+        self.stage(folder, to_upload, version, reused)
+        result = UploadResult(version, reused_files=len(reused), uploaded_files=len(to_upload),
+                              uploaded_bytes=sum(e.size for e in to_upload))
+        try:
+            self.commit(version, sequence, [self.node], {"layout": "folder"}, expected_etag=etag)
+        except NotReady:
+            raise PointerConflict(f"the lease of {version} was withdrawn by another uploader of node {self.node}: two "
+                                  "jobs are writing checkpoints under one prefix; give each its own prefix") from None
+        result.seconds = time.monotonic() - started
+        log.info("checkpoint %s committed: %d file(s) uploaded (%d bytes, %.0f Mb/s), %d unchanged",
+                 version, result.uploaded_files, result.uploaded_bytes, result.mbits_per_s, result.reused_files)
+        result.pruned_versions, result.deleted_blobs = self.prune(keep)
+        return result
+
+    def prune(self, keep: int) -> tuple[list[str], int]:
+        """Retention (prune.py): returns (deleted versions, deleted data blobs)."""
+        from amlhpc.jobs.runtime.checkpoint.prune import prune
+
+        return prune(self, keep)
+
+    # --- restoring ------------------------------------------------------------------------
+    def _restore_file(self, folder: Path, entry: dict[str, Any], where: str) -> bool:
+        """Download one file (verified) unless an identical one is there; True if downloaded."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        target = safepath.target_in(folder, entry["path"], where)
+        if target.is_file() and target.stat().st_size == entry["size"] and sha256_of(target) == entry["sha256"]:
+            os.utime(target, ns=(entry["mtimeNs"], entry["mtimeNs"]))
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        safepath.target_in(folder, entry["path"], where)  # the folders just made are ours; check nothing moved
+        tmp = target.with_name(target.name + TMP_SUFFIX)
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            try:
+                stream = self.container.get_blob_client(entry["blob"]).download_blob()
+            except ResourceNotFoundError:
+                raise CheckpointError(f"checkpoint blob {entry['blob']} is missing: the version is incomplete") from None
+            with open(tmp, "xb") as handle:
+                for chunk in stream.chunks():
+                    digest.update(chunk)
+                    size += len(chunk)
+                    handle.write(chunk)
+            if size != entry["size"] or digest.hexdigest() != entry["sha256"]:
+                raise CheckpointError(f"checkpoint blob {entry['blob']} does not match its manifest "
+                                      f"({size} bytes, sha256 {digest.hexdigest()[:12]}..., expected {entry['size']} bytes, "
+                                      f"{entry['sha256'][:12]}...)")
+            faultpoints.reach("checkpoint.restore-file-written")
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        os.utime(target, ns=(entry["mtimeNs"], entry["mtimeNs"]))
+        return True
+
+    def restore(self, folder: Path, manifest: Manifest | None = None,
+                select: Callable[[str], bool] | None = None) -> Manifest | None:
+        """Download a version (default: the latest) into `folder`, verified; None when there is
+        none. `select(path)` limits it to some files (a node's own parts)."""
+        manifest = manifest or self.latest()
+        if manifest is None:
+            return None
+        where = self.manifest_name(manifest.version)
+        wanted = [e for e in manifest.files if select is None or select(e["path"])]
+        for entry in wanted:  # every path is checked before anything is written
+            safepath.target_in(folder, entry["path"], where)
+        folder.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="ckpt-restore") as pool:
+            downloaded = sum(pool.map(lambda e: self._restore_file(folder, e, where), wanted))
+        log.info("checkpoint %s restored into %s: %d file(s), %d bytes, %d already present, %.1fs", manifest.version,
+                 folder, downloaded, sum(e["size"] for e in wanted), len(wanted) - downloaded, time.monotonic() - started)
+        return manifest
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,223 @@
+"""The node-local tier of versioned checkpoints: what each node holds on its NVMe.
+
+Layout under the node's checkpoint folder (AMLHPC_CHECKPOINT_DIR):
+
+    versions/step-000000120/rank-3/...        rank 3's files of the version (its torch.distributed.checkpoint
+                                              shard, `.metadata`, trainer.json); written by rank 3 only
+    versions/step-000000120/rank-3.json       rank 3's marker: written last, atomically, after its files are on
+                                              disk: {step, rank, world, tag, files: [{path, size, sha256}]}
+
+A rank's part of a version exists when its marker does; a node holds a version when every one
+of its local ranks' markers is there, and holds it intact when every file matches its marker
+(`verify`). The job holds a version when every node holds its part: that is what the launchers
+agree on before an in-job restart (amlhpc/jobs/runtime/launch/restart.py).
+
+`tag` names the timeline that wrote the version (the job run and its restart generation): after
+a restart from step 100, a second step 120 is a different version from the first, in Blob
+(`<step>-<tag>`) as on the node (the abandoned one is deleted before training resumes).
+
+Standard library only: the launcher reads this tier without importing torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amlhpc.jobs.runtime.checkpoint import safepath
+from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
+from amlhpc.jobs.runtime.checkpoint.snapshot import LocalFile
+
+VERSIONS_DIR = "versions"
+SCHEMA = 1
+_VERSION = re.compile(r"^step-(\d{9,})$")
+
+
+def version_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def is_version_name(name: object) -> bool:
+    """A version folder's name, nothing else (no path, no '..')."""
+    return isinstance(name, str) and _VERSION.match(name) is not None
+
+
+def versions_dir(checkpoint_dir: Path) -> Path:
+    return Path(checkpoint_dir) / VERSIONS_DIR
+
+
+def rank_dir(version_dir: Path, rank: int) -> Path:
+    return Path(version_dir) / f"rank-{rank}"
+
+
+def marker_path(version_dir: Path, rank: int) -> Path:
+    return Path(version_dir) / f"rank-{rank}.json"
+
+
+def timeline_tag(run_id: str, generation: int) -> str:
+    """The same on every node of a job for one restart generation."""
+    return hashlib.sha256(f"{run_id}:{generation}".encode()).hexdigest()[:8]
+
+
+def blob_version(step: int, tag: str) -> str:
+    """The version's name in Blob: ordered by step, unique per timeline."""
+    return f"{step:09d}-{tag}"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(4 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_marker(version_dir: Path, rank: int, *, step: int, world: int, tag: str, extra: dict[str, Any] | None = None) -> Path:
+    """Record rank `rank`'s part of the version as complete: every file under its rank folder
+    with size and SHA-256, written through a temporary name (the last thing a save does)."""
+    folder = rank_dir(version_dir, rank)
+    files = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+        files.append({"path": path.relative_to(version_dir).as_posix(), "size": path.stat().st_size,
+                      "sha256": file_sha256(path)})
+    document = {"schema": SCHEMA, "version": Path(version_dir).name, "step": step, "rank": rank, "world": world,
+                "tag": tag, "files": files, "written": time.time(), **(extra or {})}
+    target = marker_path(version_dir, rank)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(document))
+    os.replace(tmp, target)
+    return target
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """A rank marker, checked; None when absent or not a marker (an interrupted or foreign file)."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA or not isinstance(document.get("files"), list):
+        return None
+    rank = document.get("rank")
+    if not isinstance(rank, int) or not isinstance(document.get("step"), int) or not isinstance(document.get("world"), int):
+        return None
+    for entry in document["files"]:
+        if not isinstance(entry, dict):
+            return None
+        safepath.checked_relative(entry.get("path"), str(path))
+        if not str(entry["path"]).startswith(f"rank-{rank}/"):
+            return None
+    return document
+
+
+@dataclass
+class LocalVersion:
+    name: str
+    step: int
+    path: Path
+    markers: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def holds(self, ranks: Iterable[int]) -> bool:
+        return all(r in self.markers for r in ranks)
+
+    @property
+    def world(self) -> int | None:
+        worlds = {m["world"] for m in self.markers.values()}
+        return worlds.pop() if len(worlds) == 1 else None
+
+    @property
+    def tag(self) -> str | None:
+        tags = {m.get("tag") for m in self.markers.values()}
+        return tags.pop() if len(tags) == 1 else None
+
+    def files(self, ranks: Iterable[int]) -> list[LocalFile]:
+        """This node's files of the version (markers included), relative to the version folder."""
+        out = []
+        for rank in sorted(ranks):
+            for rel in [f["path"] for f in self.markers[rank]["files"]] + [f"rank-{rank}.json"]:
+                st = (self.path / rel).stat()
+                out.append(LocalFile(rel, st.st_size, st.st_mtime_ns))
+        return out
+
+    def verify(self, ranks: Iterable[int]) -> str | None:
+        """None when every file of `ranks` matches its marker, else what does not."""
+        for rank in sorted(ranks):
+            marker = self.markers.get(rank)
+            if marker is None:
+                return f"{self.name}: rank {rank} has no marker"
+            for entry in marker["files"]:
+                path = self.path / entry["path"]
+                try:
+                    if path.stat().st_size != entry["size"] or file_sha256(path) != entry["sha256"]:
+                        return f"{self.name}: {entry['path']} does not match its marker (corrupt)"
+                except OSError as exc:
+                    return f"{self.name}: {entry['path']}: {exc.strerror or exc}"
+        return None
+
+
+def read_version(path: Path) -> LocalVersion | None:
+    """One version folder with the rank markers it has; None when it is not a version folder."""
+    path = Path(path)
+    match = _VERSION.match(path.name)
+    if not match or not path.is_dir() or path.is_symlink():
+        return None
+    version = LocalVersion(path.name, int(match.group(1)), path)
+    for marker in path.glob("rank-*.json"):
+        try:
+            document = read_marker(marker)
+        except CheckpointError:
+            document = None
+        if document is not None and marker.name == f"rank-{document['rank']}.json":
+            version.markers[document["rank"]] = document
+    return version
+
+
+def scan_versions(checkpoint_dir: Path) -> list[LocalVersion]:
+    """Every version folder under the node's checkpoint folder with the markers it has, oldest first."""
+    root = versions_dir(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    found = [v for v in (read_version(child) for child in root.iterdir()) if v is not None]
+    return sorted(found, key=lambda v: v.step)
+
+
+def held(checkpoint_dir: Path, ranks: Iterable[int]) -> list[LocalVersion]:
+    """Versions of which this node holds every one of `ranks`' parts (markers), oldest first."""
+    ranks = list(ranks)
+    return [v for v in scan_versions(checkpoint_dir) if v.holds(ranks)]
+
+
+def remove(version: LocalVersion) -> None:
+    shutil.rmtree(version.path, ignore_errors=True)
+
+
+def prune_local(checkpoint_dir: Path, ranks: Iterable[int], keep: int, protect: Iterable[str] = ()) -> list[str]:
+    """Keep the newest `keep` versions this node holds whole; delete older ones (held or not),
+    never one named in `protect` (being uploaded, or restored from) and never a version newer
+    than the newest held one (a save in progress)."""
+    ranks, protect = list(ranks), set(protect)
+    versions = scan_versions(checkpoint_dir)
+    whole = [v for v in versions if v.holds(ranks)]
+    if not whole:
+        return []
+    kept = {v.name for v in whole[-keep:]} | protect
+    newest = whole[-1].step
+    gone = [v for v in versions if v.name not in kept and v.step < newest]
+    for version in gone:
+        remove(version)
+    return [v.name for v in gone]
+
+
+def discard_after(checkpoint_dir: Path, step: int | None) -> list[str]:
+    """Delete versions newer than `step` (all when None): an abandoned timeline after a restart."""
+    gone = [v for v in scan_versions(checkpoint_dir) if step is None or v.step > step]
+    for version in gone:
+        remove(version)
+    return [v.name for v in gone]

@@ -1,0 +1,961 @@
+"""The in-job launcher: `python -m amlhpc.jobs.runtime.launch [options] -- <training command>`.
+
+Azure ML starts it on every process of the job (one per GPU); each one, in order:
+
+1. ranks from the launcher's variables (amlhpc.jobs.runtime.base.ranks);
+2. staging (AMLHPC_STAGE_JSON, amlhpc.jobs.runtime.staging.stager): local rank 0 of each node downloads
+   the node's share while the node's other ranks wait;
+3. GPU application clocks to maximum with --max-clocks (local rank 0, reset at the end);
+4. the health gate (AMLHPC_HEALTH gate|warn|off): `python -m amlhpc.jobs.runtime.health` in a
+   child process on every rank, with a wall-clock limit, so a broken node stops the job
+   here (with its host and failed check in the log) instead of hanging the training;
+5. pinning (AMLHPC_PIN auto|off, amlhpc.jobs.runtime.node.topology): this process's CPU affinity and
+   the command's CUDA_VISIBLE_DEVICES order;
+6. restore (AMLHPC_CHECKPOINT_JSON, amlhpc.jobs.runtime.checkpoint): local rank 0 downloads the
+   latest committed version of the checkpoint folder, and the newest versioned checkpoint
+   into the node's tier (its own ranks' parts, or every part on another world size), the
+   others wait;
+7. the training command, with AMLHPC_DATA_DIR_<NAME>, AMLHPC_FILE_LIST_<NAME>,
+   AMLHPC_CHECKPOINT_DIR, AMLHPC_RESUME_DIR (when a folder version was restored),
+   AMLHPC_RESUME_VERSION (the versioned checkpoint to resume from), AMLHPC_RESTART_GENERATION,
+   AMLHPC_CHECKPOINT_TAG and the pinning variables set; while it runs, local rank 0 uploads
+   the checkpoint folder (writer nodes) and the node's parts of versioned checkpoints every
+   `interval_s`; SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 are forwarded to the command's process
+   group (SIGTERM is how a low-priority node is preempted), and the group is killed
+   `--term-grace` seconds after a SIGTERM/SIGINT/SIGHUP if it has not exited. When a command
+   fails - a crash, an NCCL error, a hang the watchdog stops - the launchers of every node
+   stop theirs, agree on a version and start the command again in the same job
+   (amlhpc.jobs.runtime.launch.restart), up to `local_restarts` times;
+8. a final upload once every local rank's command has exited; then the launcher exits with
+   the command's status.
+
+While the command runs, local rank 0 samples the node's GPUs, RDMA ports and host into
+<report dir>/telemetry-node<k>.jsonl and MLflow (amlhpc.jobs.runtime.node.telemetry). The hang watchdog
+(AMLHPC_WATCHDOG_JSON, amlhpc.jobs.runtime.launch.watchdog) reads the step counter each process reports
+through AMLHPC_PROGRESS_FILE and stops the command when it stops making progress; at the
+end, local rank 0 writes the node's end record beside the checkpoints
+(amlhpc.jobs.runtime.coord.nodestatus) for the supervision.
+
+Exit status: the command's own (128+N when signal N killed it), 0 when it died by a crash
+signal after it reported a completed training (amlhpc.jobs.runtime.launch.completion; the report's
+`exit_after_completion` says so), or:
+    2   bad input: flags, AMLHPC_* variables, rank variables (nothing was started)
+    3   the health gate failed or timed out (the training did not start)
+    4   staging failed or timed out
+    5   the latest checkpoint could not be restored
+    6   the command succeeded but its final checkpoint could not be uploaded
+    7   the hang watchdog stopped the command: no progress for watchdog.hang_s
+    8   NCCL would use TCP sockets between the nodes of an InfiniBand size (amlhpc/jobs/runtime/base/exit_codes.py)
+    9   the node's managed identity cannot reach the job's storage with the role it needs
+    10  an in-job restart could not happen: a node did not answer (lost)
+    11  the training failed again after `local_restarts` in-job restarts
+    126 the command is not executable, 127 it was not found
+
+The connection string AMLHPC_BLOB_CONNECTION_STRING (Azurite) is removed from the
+command's environment: the training never needs the account key.
+
+Standard library plus azure-storage-blob / azure-identity (through the modules above):
+ships in the image, imports nothing from the repository outside amlhpc.jobs.runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.base.errors import EXIT_USAGE, RuntimeInputError, RuntimeProblem
+from amlhpc.jobs.runtime.base.exit_codes import EXIT_HANG, EXIT_NCCL_SOCKETS, EXIT_STORAGE_ACCESS
+
+log = logging.getLogger("amlhpc.launch")
+
+EXIT_HEALTH = 3
+EXIT_STAGING = 4
+EXIT_RESTORE = 5
+EXIT_FINAL_UPLOAD = 6
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+
+RESTORE_WAIT_S = 3 * 3600.0
+"""How long a node's other ranks wait for local rank 0's restore (it notices a dead leader sooner)."""
+HEALTH_MODES = ("gate", "warn", "off")
+PIN_MODES = ("auto", "off")
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+SECRET_VARIABLES = (contract.BLOB_CONNECTION_STRING,)
+STANDBY_READY = "AMLHPC_STANDBY_READY"
+"""For the training: the file the warm standby for the next restart writes once it is ready."""
+STANDBY = "AMLHPC_STANDBY"
+"""on | off | auto (default): keep a warm standby of a Python training command for in-job
+restarts. auto: when the node has at least 2 CPUs per local rank, so that a standby importing
+torch never slows the running training (a rehearsal of several nodes on one small machine)."""
+STANDBY_MODES = ("on", "off", "auto")
+
+
+class LaunchFailed(Exception):
+    """A phase before the training failed; carries the launcher's exit status."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class LaunchOptions:
+    command: list[str]
+    health: str = "off"
+    health_full: bool = False
+    health_timeout_s: float = 900.0
+    pin: str = "auto"
+    max_clocks: bool = False
+    checkpoint_dir: Path | None = None
+    term_grace_s: float = 30.0
+    final_wait_s: float = 600.0
+    report_dir: Path = Path(contract.DEFAULT_REPORT_DIR)
+    sysfs: Path = Path("/sys")
+
+
+@dataclass
+class LaunchReport:
+    """What happened on this process; local rank 0 writes it as launch-node<k>.json."""
+
+    host: str
+    rank: int
+    node: int
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase: staging, health, pinning, restore, training, final_upload."""
+    staged_bytes: int = 0
+    health: str | None = None
+    pinning: dict | None = None
+    restored_version: str | None = None
+    uploaded_versions: list[str] = field(default_factory=list)
+    signals: list[str] = field(default_factory=list)
+    restarts: list[dict] = field(default_factory=list)
+    """In-job restarts: generation, the failure's cause and node, where it resumed from."""
+    command_status: int | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    completed: dict | None = None
+    """What the training said when it finished: {"step", "checkpoint"} (amlhpc.jobs.runtime.base.progress)."""
+    telemetry: dict | None = None
+    """The node's telemetry summary (amlhpc.jobs.runtime.node.telemetry), on local rank 0."""
+    exit_after_completion: dict | None = None
+    """Set when the command died by a crash signal after it completed (amlhpc.jobs.runtime.launch.completion):
+    {"status", "signal", "step", "checkpoint"}; the launcher then exits 0."""
+
+
+# --- options ---------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m amlhpc.jobs.runtime.launch",
+        usage="python -m amlhpc.jobs.runtime.launch [options] -- COMMAND [ARGS...]",
+        description="Stage inputs, gate on node health, pin, restore the latest checkpoint, run COMMAND with "
+                    "background checkpoint uploads. Exit: COMMAND's status, or 2 bad input, 3 health gate, "
+                    "4 staging, 5 restore, 6 final upload, 7 hang, 8 NCCL on TCP on an InfiniBand size, 9 storage access, "
+                    "126/127 COMMAND not executable/not found.")
+    p.add_argument("--health", choices=HEALTH_MODES, default=None,
+                   help=f"health gate before training; the flag wins over ${contract.HEALTH} (default: it, else off)")
+    p.add_argument("--health-full", action="store_true", help="full repetitions (default: --quick before training)")
+    p.add_argument("--health-timeout", type=float, default=900.0, metavar="S",
+                   help="wall-clock limit for the health checks; a hung collective fails the gate (default 900)")
+    p.add_argument("--pin", choices=PIN_MODES, default=None,
+                   help=f"GPU order and CPU affinity per local rank; wins over ${contract.PIN} (default: it, else auto)")
+    p.add_argument("--max-clocks", action="store_true",
+                   help="set GPU application clocks to maximum for the job and reset them afterwards (needs root)")
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="local checkpoint folder (default: <scratch>/amlhpc-checkpoints/<run id>)")
+    p.add_argument("--term-grace", type=float, default=30.0, metavar="S",
+                   help="after forwarding SIGTERM/SIGINT/SIGHUP, SIGKILL the command this many seconds later (default 30)")
+    p.add_argument("--final-wait", type=float, default=600.0, metavar="S",
+                   help="with sharded checkpoints, how long local rank 0 waits for the node's other ranks to exit "
+                        "before the final upload (default 600)")
+    p.add_argument("--report-dir", type=Path, default=None,
+                   help=f"per-node reports (default: ${contract.REPORT_DIR}, else {contract.DEFAULT_REPORT_DIR})")
+    p.add_argument("--sysfs", type=Path, default=Path("/sys"), help=argparse.SUPPRESS)
+    return p
+
+
+def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchOptions:
+    """Flags before `--`, the command after it; RuntimeInputError names what is wrong."""
+    argv = list(argv)
+    if "--" not in argv and {"-h", "--help"} & set(argv):
+        _parser().parse_args(argv)  # prints the help and exits 0
+    if "--" not in argv:
+        raise RuntimeInputError.single("command line", "--", "no training command: put it after `--`",
+                                       "python -m amlhpc.jobs.runtime.launch [options] -- python train.py ...")
+    split = argv.index("--")
+    flags, command = argv[:split], argv[split + 1:]
+    if not command:
+        raise RuntimeInputError.single("command line", "--", "nothing after `--`: the training command is missing",
+                                       "python -m amlhpc.jobs.runtime.launch -- python train.py ...")
+    args = _parser().parse_args(flags)
+    problems = []
+    health = args.health or environ.get(contract.HEALTH, "").strip() or "off"
+    if health not in HEALTH_MODES:
+        problems.append(RuntimeProblem(contract.HEALTH, "", f"must be one of {', '.join(HEALTH_MODES)}, got {health!r}",
+                                       "set it in the recipe's `health` field, or pass --health"))
+    pin = args.pin or environ.get(contract.PIN, "").strip() or "auto"
+    if pin not in PIN_MODES:
+        problems.append(RuntimeProblem(contract.PIN, "", f"must be one of {', '.join(PIN_MODES)}, got {pin!r}",
+                                       "set it in the recipe's `pin` field, or pass --pin"))
+    for name, value in (("--health-timeout", args.health_timeout), ("--term-grace", args.term_grace),
+                        ("--final-wait", args.final_wait)):
+        if value <= 0:
+            problems.append(RuntimeProblem("command line", name, f"must be a positive number of seconds, got {value:g}"))
+    if problems:
+        raise RuntimeInputError(problems, title="the launcher's settings are not usable")
+    report_dir = args.report_dir or Path(environ.get(contract.REPORT_DIR) or contract.DEFAULT_REPORT_DIR)
+    return LaunchOptions(command, health, args.health_full, args.health_timeout, pin, args.max_clocks,
+                         args.checkpoint_dir, args.term_grace, args.final_wait, report_dir, args.sysfs)
+
+
+# --- node-local coordination -------------------------------------------------------------
+
+
+def _node_dir(ranks, environ: Mapping[str, str], what: str) -> Path:
+    """Node-local marker folder for this job and node (the forced scratch when set, as
+    simulated nodes on one machine differ there; else the temp dir)."""
+    base = Path(environ.get(contract.SCRATCH) or tempfile.gettempdir())
+    return base / ".amlhpc-launch" / f"{ranks.run_id}-node{ranks.node_index}" / what
+
+
+def _checkpoint_base(environ: Mapping[str, str], staged_scratch: str | None) -> Path:
+    """Where the node's checkpoint folder goes: the scratch staging used, else the one it would pick."""
+    if environ.get(contract.SCRATCH):
+        return Path(environ[contract.SCRATCH])
+    if staged_scratch:
+        return Path(staged_scratch)
+    from amlhpc.jobs.runtime.node import scratch
+
+    try:
+        return scratch.pick_scratch().path
+    except scratch.ScratchError as exc:
+        log.warning("no scratch for checkpoints (%s): using %s", exc, tempfile.gettempdir())
+        return Path(tempfile.gettempdir())
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:120]
+
+
+# --- the child process -----------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL if the launcher dies (no orphaned training)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class SignalForwarder:
+    """Forwards signals to the command's process group; kills it `grace_s` after a stop signal."""
+
+    def __init__(self, child: subprocess.Popen, grace_s: float, report: LaunchReport):
+        self.child, self.grace_s, self.report = child, grace_s, report
+        self._previous: dict[int, object] = {}
+        self._timer: threading.Timer | None = None
+        self.done = False
+        self.stopped: str | None = None
+        """The stopping signal the launcher received (the job is being stopped: no in-job restart)."""
+
+    def install(self) -> None:
+        for signum in FORWARDED_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame) -> None:
+        name = signal.Signals(signum).name
+        self.report.signals.append(name)
+        if self.done:
+            log.warning("%s received while finishing up: the final checkpoint upload goes on", name)
+            return
+        log.warning("%s received: forwarding it to the training command (pid %d)", name, self.child.pid)
+        try:
+            os.killpg(self.child.pid, signum)
+        except ProcessLookupError:
+            return
+        if signum in STOPPING_SIGNALS:
+            self.stopped = self.stopped or name
+        if signum in STOPPING_SIGNALS and self._timer is None:
+            self._timer = threading.Timer(self.grace_s, self._kill)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _kill(self) -> None:
+        if self.child.poll() is None:
+            log.warning("the training command did not exit %gs after the stop signal: SIGKILL", self.grace_s)
+            try:
+                os.killpg(self.child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def finish(self) -> None:
+        """The command has exited: stop the kill timer, keep catching signals (upload goes on)."""
+        self.done = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+class _RestartStopper:
+    """Kills the command's process group at once when the node's leader asks for it: the training
+    failed somewhere in the job and every node restarts it (amlhpc/jobs/runtime/launch/restart.py)."""
+
+    def __init__(self, records, pid: int):
+        self.records, self.pid = records, pid
+        self.killed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="restart-stopper", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from amlhpc.jobs.runtime.launch.restart import POLL_S
+
+        while not self._stop.wait(POLL_S):
+            if self.records.stop_requested() is not None:
+                self.killed = True
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _Standbys:
+    """The warm standby of a Python training command (amlhpc.jobs.runtime.launch.standby): started once the
+    running command has reported its first step (so it never competes with that start), taken
+    by the next in-job restart. One thread starts them and lives as long as the launcher's
+    training phase: a child gets SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG
+    follows the thread), which is what the standby must do only when the launcher goes."""
+
+    def __init__(self, command: list[str]):
+        import queue
+
+        from amlhpc.jobs.runtime.launch.standby import standby_command
+
+        self.command = standby_command(command)
+        self.argv = command
+        self._lock = threading.Lock()
+        self._standby = None
+        self._closed = False
+        self._requests: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def prepare_after_first_step(self, child: subprocess.Popen, progress_file: Path, env: dict[str, str],
+                                 ready_file: Path) -> None:
+        if self.command is None:
+            return
+        ready_file.unlink(missing_ok=True)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="standby", daemon=True)
+            self._thread.start()
+        self._requests.put((child, progress_file, env, ready_file))
+
+    def _serve(self) -> None:
+        from amlhpc.jobs.runtime.launch.standby import Standby, standby_command
+
+        while (request := self._requests.get()) is not None:
+            child, progress_file, env, ready_file = request
+            while child.poll() is None and not progress_file.exists() and not self._closed:
+                time.sleep(0.5)
+            with self._lock:
+                if self._closed or self._standby is not None or child.poll() is not None:
+                    continue
+                try:
+                    self._standby = Standby(standby_command(self.argv, ready_file), env, _die_with_parent)
+                    log.info("warm standby (pid %d) started for the next in-job restart", self._standby.process.pid)
+                except OSError as exc:
+                    log.warning("no warm standby for the next restart: %s", exc)
+
+    def take(self, env: dict[str, str]) -> subprocess.Popen | None:
+        with self._lock:
+            standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        child = standby.activate(env)
+        if child is None:
+            log.warning("the warm standby is gone (exit %s): a cold start", standby.process.returncode)
+            standby.discard()
+        return child
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.discard()
+        if self._thread is not None:
+            self._requests.put(None)
+
+
+def exit_status(returncode: int) -> int:
+    """A Popen return code as a shell would report it (signal N -> 128+N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# --- the launcher ----------------------------------------------------------------------
+
+
+class Launcher:
+    """The phases for one process (see the module docstring)."""
+
+    def __init__(self, options: LaunchOptions, environ: Mapping[str, str] | None = None):
+        from amlhpc.jobs.runtime.base import ranks as ranks_module
+        from amlhpc.jobs.runtime.checkpoint import settings_from_env
+        from amlhpc.jobs.runtime.launch.watchdog import settings_from_env as watchdog_settings
+        from amlhpc.jobs.runtime.node.skufacts import load_sku_facts
+        from amlhpc.jobs.runtime.staging.stager import specs_from_env
+
+        self.options = options
+        self.environ = dict(os.environ if environ is None else environ)
+        self.ranks = ranks_module.from_env(self.environ)  # RankError is a RuntimeInputError
+        # Parse every input up front: bad input stops the job before anything is downloaded.
+        problems: list[RuntimeProblem] = []
+        self.sku = self.checkpoint = self.watchdog = self.guard = None
+        self.specs = []
+        for load, target in ((lambda: load_sku_facts(self.environ), "sku"),
+                             (lambda: settings_from_env(self.environ), "checkpoint"),
+                             (lambda: specs_from_env(self.environ), "specs"),
+                             (lambda: watchdog_settings(self.environ), "watchdog")):
+            try:
+                setattr(self, target, load())
+            except RuntimeInputError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise RuntimeInputError(problems, title="the job's runtime settings are not usable")
+        self.child_env: dict[str, str] = {}
+        self.report = LaunchReport(socket.gethostname(), self.ranks.rank, self.ranks.node_index)
+        self.staged_scratch: str | None = None
+        self.store = None
+        self.checkpoint_dir: Path | None = None
+        self.node_checkpoints = None
+        self._forwarder: SignalForwarder | None = None
+        self._standbys = _Standbys(self.options.command if self._standby_wanted() else [])
+
+    # 1b. NCCL settings for this node; stop before anything runs when NCCL would fall back to TCP
+    def nccl_preflight(self) -> None:
+        from amlhpc.jobs.runtime.node import nccl_env, nccl_transport
+
+        try:
+            notes = nccl_env.apply(self.environ, self.options.sysfs)
+        except RuntimeInputError as exc:
+            raise LaunchFailed(EXIT_USAGE, exc.render()) from None
+        for note in notes:
+            (log.warning if note.startswith("warning:") else log.info)("nccl: %s", note.removeprefix("warning: "))
+        if self.sku is not None:
+            problem = nccl_transport.preflight(self.sku.name, self.sku.infiniband, self.ranks.node_count,
+                                               self.environ, self.options.sysfs)
+            if problem:
+                raise LaunchFailed(EXIT_NCCL_SOCKETS, problem)
+
+    # 1c. the node's identity can read the inputs and write the checkpoints (fail in seconds, role named)
+    def storage_preflight(self) -> None:
+        from amlhpc.jobs.runtime.blob import blobio
+        from amlhpc.jobs.runtime.health import access
+
+        problems = access.check_access(
+            access.targets(self.specs, self.checkpoint), self.environ,
+            credential_factory=lambda: blobio.credential_from_env(self.environ),
+            client_factory=lambda t, credential: blobio.container_client(t.container, account_url=t.account_url,
+                                                                          credential=credential))
+        if problems:
+            raise LaunchFailed(EXIT_STORAGE_ACCESS, "storage access: " + "; ".join(problems))
+
+    # 2. staging
+    def stage(self) -> None:
+        if not self.specs:
+            return
+        from amlhpc.jobs.runtime.coord.nodebarrier import BarrierTimeout
+        from amlhpc.jobs.runtime.node import scratch
+        from amlhpc.jobs.runtime.staging import stager as staging
+
+        started = time.monotonic()
+        try:
+            result = staging.stage_inputs(self.specs, self.ranks, env=self.environ,
+                                          options=staging.StageOptions(report_dir=self.options.report_dir))
+        except (staging.StageConfigError, scratch.ScratchError) as exc:
+            raise LaunchFailed(EXIT_USAGE, f"staging input: {exc}") from None
+        except (staging.StagingError, BarrierTimeout, OSError) as exc:
+            raise LaunchFailed(EXIT_STAGING, f"staging failed: {exc}") from None
+        self.child_env.update(result.env_for(self.ranks.rank))
+        self.staged_scratch = (result.scratch or {}).get("path")
+        self.report.staged_bytes = result.bytes_out
+        self.report.phases["staging"] = time.monotonic() - started
+
+    # 4. health
+    def health_env(self) -> dict[str, str]:
+        """The gate's own rendezvous port (the command's + 1), so the training's port is
+        never one the checks just closed."""
+        from amlhpc.jobs.runtime.health.collective import rendezvous_address
+
+        env = {k: v for k, v in self.environ.items() if k not in SECRET_VARIABLES}
+        address = rendezvous_address(self.environ)
+        if address is not None:
+            env["MASTER_ADDR"], env["MASTER_PORT"] = address[0], str(address[1] + 1)
+        return env
+
+    def health_gate(self) -> None:
+        if self.options.health == "off":
+            return
+        started = time.monotonic()
+        command = [sys.executable, "-m", "amlhpc.jobs.runtime.health", "--mode", self.options.health,
+                   "--report-dir", str(self.options.report_dir / "health"),
+                   "--timeout", str(max(self.options.health_timeout_s - 30, 30))]
+        if not self.options.health_full:
+            command.append("--quick")
+        if self.options.sysfs != Path("/sys"):
+            command += ["--sysfs", str(self.options.sysfs)]
+        log.info("health checks (%s): %s", self.options.health, " ".join(command[1:]))
+        proc = subprocess.Popen(command, env=self.health_env())
+        try:
+            code = proc.wait(timeout=self.options.health_timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
+        self.report.phases["health"] = time.monotonic() - started
+        if code == 0:
+            # In warn mode the checks exit 0 whatever they found: their report says what.
+            self.report.health = "passed" if self.options.health == "gate" else "ran (warn: see the health report)"
+            return
+        if code == EXIT_USAGE:
+            raise LaunchFailed(EXIT_USAGE, "the health checks rejected their input (see above)")
+        if code is None:
+            message = (f"the health checks did not finish in {self.options.health_timeout_s:.0f}s: a hung collective "
+                       "means a node or the network is broken")
+        elif code == EXIT_HEALTH:
+            message = "health gate failed: see the failing host and check above"
+        elif code == EXIT_NCCL_SOCKETS:
+            message = "NCCL fell back to TCP sockets on an InfiniBand size: see the cause above"
+        else:
+            message = f"the health checks crashed (exit {exit_status(code)})"
+        self.report.health = "fail"
+        if self.options.health == "gate":
+            raise LaunchFailed(EXIT_NCCL_SOCKETS if code == EXIT_NCCL_SOCKETS else EXIT_HEALTH, message)
+        log.warning("%s; continuing (health: warn)", message)
+
+    # 5. pinning
+    def pin(self) -> None:
+        if self.options.pin == "off":
+            return
+        from amlhpc.jobs.runtime.node import topology
+
+        started = time.monotonic()
+        available = frozenset(os.sched_getaffinity(0))
+        found = topology.discover(self.options.sysfs, self.sku, available)
+        plan = topology.plan_pinning(found, self.ranks.local_size, available, self.environ.get("CUDA_VISIBLE_DEVICES"))
+        applied = topology.apply_pinning(plan, self.ranks.local_rank, self.environ)
+        self.child_env.update(applied.env)
+        mine = plan.for_rank(self.ranks.local_rank)
+        self.report.pinning = {"source": plan.source, "gpus": list(mine.gpu_indices) if mine else [],
+                               "cpus": topology.format_cpulist(applied.cpus), "notes": list(plan.notes), **applied.env}
+        if mine:
+            log.info("pinned local rank %d to GPU %s and CPUs %s (%s)", self.ranks.local_rank,
+                     ",".join(map(str, mine.gpu_indices)), topology.format_cpulist(applied.cpus) or "unchanged", plan.source)
+        for note in plan.notes:
+            log.info("pinning: %s", note)
+        self.report.phases["pinning"] = time.monotonic() - started
+
+    # 6. restore
+    def restore(self) -> None:
+        if self.checkpoint is None:
+            log.info("no %s: checkpoints are not uploaded or restored", contract.CHECKPOINT_JSON)
+            return
+        from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout, NodeBarrier
+
+        started = time.monotonic()
+        barrier = NodeBarrier(_node_dir(self.ranks, self.environ, "restore"), RESTORE_WAIT_S, self.ranks.run_id)
+        if self.ranks.is_node_leader:
+            barrier.lead()
+            try:
+                version, resume = self._restore_as_leader()
+            except BaseException as exc:
+                barrier.fail(str(exc))
+                raise
+            barrier.succeed({"checkpoint_dir": str(self.checkpoint_dir), "version": version, "resume": resume})
+        else:
+            try:
+                done = barrier.wait()
+            except (BarrierFailed, BarrierTimeout) as exc:
+                raise LaunchFailed(EXIT_RESTORE, f"restore on local rank 0 failed: {exc}") from None
+            self.checkpoint_dir = Path(done["checkpoint_dir"])
+            version, resume = done.get("version"), done.get("resume")
+        self.report.restored_version = version or (Path(resume).name if resume else None)
+        self.child_env[contract.CHECKPOINT_DIR] = str(self.checkpoint_dir)
+        if version:
+            self.child_env[contract.RESUME_DIR] = str(self.checkpoint_dir)
+        self._resume_from(resume)
+        self.report.phases["restore"] = time.monotonic() - started
+
+    def _resume_from(self, resume: str | None) -> None:
+        if resume:
+            self.child_env[contract.RESUME_VERSION] = resume
+        else:
+            self.child_env.pop(contract.RESUME_VERSION, None)
+
+    def _restore_as_leader(self) -> tuple[str | None, str | None]:
+        from amlhpc.jobs.runtime.checkpoint import CheckpointError
+        from amlhpc.jobs.runtime.checkpoint.node import NodeCheckpoints
+
+        settings = self.checkpoint
+        self.checkpoint_dir = self.options.checkpoint_dir or (
+            _checkpoint_base(self.environ, self.staged_scratch) / "amlhpc-checkpoints" / _safe(self.ranks.run_id))
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        warning = settings.ingress_warning(self.ranks.node_count)
+        if warning:
+            log.warning("%s", warning)
+        try:
+            self.node_checkpoints = NodeCheckpoints(settings, node=self.ranks.node_index, nodes=self.ranks.node_count,
+                                                    local_size=self.ranks.local_size, world=self.ranks.world_size,
+                                                    checkpoint_dir=self.checkpoint_dir, environ=self.environ)
+        except ValueError as exc:  # blobio.BlobConfigError: never holds a secret
+            raise LaunchFailed(EXIT_USAGE, f"checkpoint storage: {exc}") from None
+        self.store = self.node_checkpoints.store
+        try:
+            manifest, resume = self.node_checkpoints.restore_at_start()
+        except CheckpointError as exc:
+            raise LaunchFailed(EXIT_RESTORE, f"restore failed: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - storage errors: say which and stop
+            hint = ""
+            if type(exc).__name__ == "ClientAuthenticationError" or getattr(exc, "status_code", None) == 403:
+                hint = ("; the node's identity (AZURE_CLIENT_ID) needs 'Storage Blob Data Contributor' on the "
+                        "account (role assignments take minutes to propagate)")
+            raise LaunchFailed(EXIT_RESTORE, f"restore failed: {type(exc).__name__}: {exc}{hint}") from None
+        if manifest is None and resume is None:
+            log.info("no checkpoint under %s/%s: starting fresh", settings.container, settings.prefix)
+        if manifest is not None:
+            log.info("resuming from checkpoint %s (%d files, %d bytes) in %s", manifest.version, len(manifest.files),
+                     manifest.bytes, self.checkpoint_dir)
+        return (manifest.version if manifest else None), (str(resume) if resume else None)
+
+    @property
+    def restarts_allowed(self) -> int:
+        """In-job restarts this job may make (0: a failed training ends the job, as it always did)."""
+        return self.checkpoint.local_restarts if self.checkpoint is not None and self.checkpoint_dir else 0
+
+    # 7. training
+    def command_env(self) -> dict[str, str]:
+        env = {k: v for k, v in self.environ.items() if k not in SECRET_VARIABLES}
+        env.update(self.child_env)
+        return env
+
+    def train(self) -> int:
+        from amlhpc.jobs.runtime.node import telemetry
+
+        started = time.monotonic()
+        if self.node_checkpoints is not None:
+            self.node_checkpoints.start_uploads()
+        sampler = telemetry.start_for(self)  # local rank 0: node telemetry while the training runs, restarts included
+        try:
+            status = self._generations()
+        finally:
+            if sampler is not None:
+                self.report.telemetry = sampler.stop()
+        self.report.phases["training"] = time.monotonic() - started
+        self._standbys.close()
+        self._mark_exited(status)
+        if self.ranks.is_node_leader and self.node_checkpoints is not None:
+            status = self._final_upload(status)
+        if self._forwarder is not None:
+            self._forwarder.restore()
+        return status
+
+    def _generations(self) -> int:
+        """The training command, run again after each in-job restart; the last run's status."""
+        from amlhpc.jobs.runtime.checkpoint import tier
+
+        generation = 0
+        while True:
+            self.child_env[contract.RESTART_GENERATION] = str(generation)
+            self.child_env[contract.CHECKPOINT_TAG] = tier.timeline_tag(self.ranks.run_id, generation)
+            status, decision = self._run_generation(generation)
+            if decision is None or decision.result != "restart":
+                break
+            self._forwarder.restore()
+            self.report.restarts.append({"generation": generation + 1, "cause": (decision.failure or {}).get("cause"),
+                                         "failed_node": (decision.failure or {}).get("node"),
+                                         "source": decision.source, "version": decision.version,
+                                         "step": decision.step, "blob_version": decision.blob_version,
+                                         "started": time.time()})
+            log.warning("in-job restart %d: %s; resuming from %s", generation + 1, decision.reason,
+                        f"{decision.version} ({decision.source})" if decision.version else "the start")
+            self._resume_from(decision.resume)
+            if self.node_checkpoints is not None:
+                self.node_checkpoints.start_uploads(protect={decision.version} if decision.version else None)
+            generation += 1
+        return status
+
+    def _run_generation(self, generation: int):
+        """One run of the training command; returns (status, the node's decision or None)."""
+        from amlhpc.jobs.runtime.launch import restart, watchdog
+
+        progress_dir = _node_dir(self.ranks, self.environ, "progress" if generation == 0 else f"progress-g{generation}")
+        self.child_env[contract.PROGRESS_FILE] = str(watchdog.progress_path(progress_dir, self.ranks.local_rank))
+        records = restart.NodeRecords(_node_dir(self.ranks, self.environ, "restart"), generation)
+        coordinated = self.restarts_allowed > 0
+        outcome_barrier = self._coordinator(generation, records) if coordinated else None
+        started = time.monotonic()
+        log.info("starting%s: %s", f" (in-job restart {generation})" if generation else "", " ".join(self.options.command))
+        ready_file = _node_dir(self.ranks, self.environ, "standby") / f"rank-{self.ranks.local_rank}-g{generation + 1}.ready"
+        self.child_env[STANDBY_READY] = str(ready_file)
+        child = self._spawn()
+        if coordinated and generation < self.restarts_allowed:
+            self._standbys.prepare_after_first_step(child, Path(self.child_env[contract.PROGRESS_FILE]), self.command_env(),
+                                                    ready_file)
+        forwarder = self._forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
+        forwarder.install()
+        self.guard = watchdog.attach(self, child.pid, progress_dir)
+        stopper = _RestartStopper(records, child.pid) if coordinated else None
+        try:
+            returncode = child.wait()
+        finally:
+            forwarder.finish()  # signals stay caught until the next run or the end of the final upload
+            self.guard.stop()
+            if stopper is not None:
+                stopper.stop()
+        status = self.report.command_status = exit_status(returncode)
+        log.info("training command exited with %d after %.1fs", status, time.monotonic() - started)
+        status = self._judge_exit(returncode, status)
+        if self.guard.fired:
+            cause, message = "hang", f"hang: {self.guard.fired.get('message')}"
+        elif forwarder.stopped:
+            cause, message = "stopped", f"stopped by {forwarder.stopped}"
+        elif stopper is not None and stopper.killed:
+            cause, message = "restart", "stopped for an in-job restart"
+        else:
+            cause, message = "exit", f"exit {status}"
+        if not coordinated:
+            if cause == "hang":
+                status, self.report.error = EXIT_HANG, message
+            return status, None
+        records.record_exit(self.ranks.local_rank, status, cause, message,
+                            peer_silent=bool(cause == "hang" and self.guard.fired.get("peer_silent")))
+        decision = self._outcome(outcome_barrier)
+        if decision.result == "restart":
+            return status, decision
+        if decision.exit_code is not None:
+            status = decision.exit_code
+        elif cause == "hang" or (cause == "restart" and (decision.failure or {}).get("cause") == "hang"):
+            status = EXIT_HANG
+        elif cause == "restart":
+            status = int((decision.failure or {}).get("status") or status)
+        if decision.result == "end":
+            self.report.error = f"{decision.reason}" + (f" (after {message})" if cause != "exit" else "")
+            log.error("the job ends: %s", decision.reason)
+        return status, decision
+
+    def _standby_wanted(self) -> bool:
+        mode = self.environ.get(STANDBY, "").strip() or "auto"
+        if mode not in STANDBY_MODES:
+            log.warning("%s=%r is not one of %s: auto", STANDBY, mode, ", ".join(STANDBY_MODES))
+            mode = "auto"
+        return mode == "on" or (mode == "auto" and (os.cpu_count() or 1) >= 2 * self.ranks.local_size)
+
+    def _spawn(self) -> subprocess.Popen:
+        """The training command: the warm standby made it (after an in-job restart), or a cold start."""
+        child = self._standbys.take(self.command_env())
+        if child is not None:
+            log.info("the warm standby (pid %d) runs the command: its interpreter and torch are loaded", child.pid)
+            return child
+        try:
+            return subprocess.Popen(self.options.command, env=self.command_env(), start_new_session=True,
+                                    preexec_fn=_die_with_parent)
+        except FileNotFoundError:
+            raise LaunchFailed(EXIT_NOT_FOUND, f"command not found: {self.options.command[0]}") from None
+        except PermissionError:
+            raise LaunchFailed(EXIT_NOT_EXECUTABLE, f"command not executable: {self.options.command[0]}") from None
+
+    def _coordinator(self, generation: int, records):
+        """Local rank 0: the node's side of the generation, in a thread, its decision behind a node barrier."""
+        from amlhpc.jobs.runtime.coord.nodebarrier import NodeBarrier
+        from amlhpc.jobs.runtime.launch import restart
+
+        barrier = NodeBarrier(records.outcome_dir, RESTORE_WAIT_S, self.ranks.run_id)
+        if not self.ranks.is_node_leader:
+            return barrier
+        shared = None
+        if self.node_checkpoints is not None:
+            shared = restart.JobRecords(self.node_checkpoints.store.container, self.checkpoint.prefix,
+                                        self.ranks.run_id, generation)
+        hooks = restart.Hooks(report=self._restart_report, apply=self._apply_restart)
+        coordinator = restart.Coordinator(generation=generation, node=self.ranks.node_index,
+                                          nodes=self.ranks.node_count, local_size=self.ranks.local_size,
+                                          records=records, shared=shared, limit=self.restarts_allowed,
+                                          agree_s=self.checkpoint.agree_s, hooks=hooks)
+        barrier.lead()
+
+        def run() -> None:
+            try:
+                decision = coordinator.watch()
+                barrier.succeed({**decision.to_json(), "failure": coordinator.failure})
+            except BaseException as exc:  # noqa: BLE001 - the node's ranks must hear of it, then end
+                log.exception("the restart coordinator failed")
+                barrier.fail(f"the restart coordinator failed: {type(exc).__name__}: {exc}")
+
+        thread = threading.Thread(target=run, name="restart-coordinator", daemon=True)
+        thread.start()
+        return barrier
+
+    def _outcome(self, barrier):
+        from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout
+        from amlhpc.jobs.runtime.launch import restart
+
+        try:
+            result = barrier.wait()
+        except (BarrierFailed, BarrierTimeout) as exc:
+            return restart.Decision("end", f"no restart decision on this node: {exc}")
+        return restart.Decision(**{k: result.get(k) for k in restart.Decision.__dataclass_fields__})
+
+    def _restart_report(self) -> dict:
+        report = self.node_checkpoints.restart_report() if self.node_checkpoints is not None else {"versions": []}
+        return {**report, "host": self.report.host}
+
+    def _apply_restart(self, decision):
+        if self.node_checkpoints is None:
+            from amlhpc.jobs.runtime.checkpoint import tier
+
+            tier.discard_after(self.checkpoint_dir, decision.step if decision.source == "local" else None)
+            return decision
+        return self.node_checkpoints.apply(decision)
+
+    def _judge_exit(self, returncode: int, status: int) -> int:
+        """A command that crashed after it reported a completed training did its work: 0."""
+        from amlhpc.jobs.runtime.base import progress
+        from amlhpc.jobs.runtime.launch import completion
+
+        reading = progress.read(Path(self.child_env[contract.PROGRESS_FILE]))
+        if reading is not None and reading.completed_step is not None:
+            self.report.completed = {"step": reading.completed_step, "checkpoint": reading.completed_checkpoint}
+        if status == 0:
+            return 0
+        stopped = any(name in self.report.signals for name in (s.name for s in STOPPING_SIGNALS))
+        after = completion.after_completion(returncode, reading, stopped=stopped, hung=bool(self.guard.fired))
+        if after is None:
+            return status
+        self.report.exit_after_completion = after.to_json()
+        log.warning("%s", after.message())
+        return 0
+
+    # 8. final upload
+    def _mark_exited(self, status: int) -> None:
+        if self.checkpoint is None:
+            return
+        from amlhpc.jobs.runtime.coord.nodebarrier import write_json_atomic
+
+        write_json_atomic(_node_dir(self.ranks, self.environ, "exited") / f"rank-{self.ranks.local_rank}.json",
+                          {"pid": os.getpid(), "status": status, "written": time.time()})
+
+    def _wait_for_local_ranks(self) -> None:
+        """Every local rank's command must be done writing its part before the last upload."""
+        if self.ranks.local_size == 1:
+            return
+        folder = _node_dir(self.ranks, self.environ, "exited")
+        deadline = time.monotonic() + self.options.final_wait_s
+        while time.monotonic() < deadline:
+            missing = [r for r in range(self.ranks.local_size) if not (folder / f"rank-{r}.json").exists()]
+            if not missing:
+                return
+            time.sleep(0.2)
+        log.warning("local rank(s) %s still running after %.0fs: uploading what is there", missing, self.options.final_wait_s)
+
+    def _final_upload(self, status: int) -> int:
+        started = time.monotonic()
+        self._wait_for_local_ranks()
+        try:
+            errors = self.node_checkpoints.finish(self.options.final_wait_s)
+        finally:
+            self.report.uploaded_versions = list(self.node_checkpoints.uploaded)
+            self.report.phases["final_upload"] = time.monotonic() - started
+        if errors:
+            self.report.error = "; ".join(errors)
+            if status == 0:
+                log.error("%s", self.report.error)
+                return EXIT_FINAL_UPLOAD
+            log.error("%s (the command had already failed with %d)", self.report.error, status)
+        return status
+
+    def write_report(self) -> None:
+        if not self.ranks.is_node_leader:
+            return
+        from amlhpc.jobs.runtime.coord.nodebarrier import write_json_atomic
+
+        try:
+            write_json_atomic(self.options.report_dir / f"launch-node{self.ranks.node_index:03d}.json",
+                              self.report.__dict__)
+        except OSError as exc:
+            log.warning("could not write the launch report: %s", exc)
+
+    def run(self) -> int:
+        """All phases; returns the exit status."""
+        from contextlib import ExitStack
+
+        from amlhpc.jobs.runtime.node import clocks
+
+        with ExitStack() as stack:
+            try:
+                self.nccl_preflight()
+                self.storage_preflight()
+                self.stage()
+                if self.options.max_clocks and self.ranks.is_node_leader:
+                    changes = stack.enter_context(clocks.max_application_clocks())
+                    if not changes:
+                        log.info("--max-clocks: no GPU clocks changed (NVML unavailable or no GPU)")
+                    for change in changes:
+                        log.info("clocks gpu%d: %s %s", change.index, change.status,
+                                 change.reason or f"{change.memory_mhz}/{change.graphics_mhz} MHz")
+                self.health_gate()
+                self.pin()
+                self.restore()
+                code = self.train()
+            except LaunchFailed as exc:
+                log.error("%s", exc)
+                self.report.error = str(exc)
+                code = exc.code
+        self.report.exit_code = code
+        self.write_report()
+        from amlhpc.jobs.runtime.launch.watchdog import record_end
+
+        record_end(self, code)
+        return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    environ = os.environ
+    rank = environ.get("RANK") or environ.get("OMPI_COMM_WORLD_RANK") or "0"
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"[launch rank {rank}] %(message)s")
+    logging.getLogger("azure").setLevel(logging.WARNING)
+    try:
+        options = parse_options(argv, environ)
+        launcher = Launcher(options, environ)
+    except RuntimeInputError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_USAGE
+    return launcher.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""A warm standby for the next in-job restart: a Python process that has already started and
+imported the heavy modules (torch), waiting to become the training command.
+
+Most of a restarted training's start is the interpreter and `import torch` (seconds, more on a
+busy node); the launcher therefore keeps, beside a Python training command, one process that
+has done both. On an in-job restart it sends the standby the new run's environment (one JSON
+line on its stdin) and the standby runs the command's module or script in place
+(`runpy`, as `python -m MODULE` / `python SCRIPT` would), so the restart costs only what the
+training itself does when it starts (its process group, data, model, the checkpoint).
+
+    python -m amlhpc.jobs.runtime.launch.standby [--preload torch,numpy] [--ready-file PATH] -- [-u] -m MODULE ARGS...
+    python -m amlhpc.jobs.runtime.launch.standby [--preload torch,numpy] [--ready-file PATH] -- [-u] SCRIPT ARGS...
+
+`--ready-file` is written once the preloads are done (the launcher names it to the running
+training as AMLHPC_STANDBY_READY, so a test can fail it after the standby is ready).
+
+Only commands of that shape get a standby (`standby_command` says which); any other command
+is started cold, as before. The standby has its own session, dies with the launcher, and is
+discarded when no restart is left.
+
+Standard library only: ships in the image.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import runpy
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+PRELOAD = ("torch", "torch.nn", "torch.optim", "torch._dynamo", "torch.utils.data", "torch.distributed",
+           "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict", "torch.distributed.fsdp",
+           "numpy")
+"""Imported by the standby before it waits (each only when it is installed): torch and the parts a
+training resuming from a torch.distributed.checkpoint imports (5 s here), and torch._dynamo, which
+the first optimizer imports (3 s here)."""
+_PYTHON_FLAGS = ("-u", "-B", "-O", "-OO")
+
+
+def _is_python(executable: str) -> bool:
+    return Path(executable).name.startswith("python") or executable == sys.executable
+
+
+def standby_command(command: Sequence[str], ready_file: Path | None = None) -> list[str] | None:
+    """The standby for `command`, or None when it is not `python [-u] -m MODULE ...` or
+    `python [-u] SCRIPT ...`."""
+    if not command or not _is_python(command[0]):  # (an empty command: standbys are off)
+        return None
+    rest = list(command[1:])
+    flags = []
+    while rest and rest[0] in _PYTHON_FLAGS:
+        flags.append(rest.pop(0))
+    if not rest or (rest[0] == "-m" and len(rest) < 2) or (rest[0] != "-m" and rest[0].startswith("-")):
+        return None
+    ready = ["--ready-file", str(ready_file)] if ready_file else []
+    return [command[0], *flags, "-m", "amlhpc.jobs.runtime.launch.standby", *ready, "--", *rest]
+
+
+class Standby:
+    """One standby process (see the module docstring)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], preexec_fn: Callable[[], None] | None = None):
+        self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, start_new_session=True,
+                                        preexec_fn=preexec_fn)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def activate(self, env: dict[str, str]) -> subprocess.Popen | None:
+        """Hand it the run's environment: it becomes the training command. None if it is gone."""
+        if not self.alive:
+            return None
+        stdin = self.process.stdin
+        if stdin is None:
+            return None
+        try:
+            stdin.write((json.dumps(env) + "\n").encode())
+            stdin.close()
+        except (BrokenPipeError, OSError):
+            return None
+        return self.process
+
+    def discard(self) -> None:
+        if self.alive:
+            self.process.kill()
+        self.process.wait()
+        if self.process.stdin and not self.process.stdin.closed:
+            self.process.stdin.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    preload: tuple[str, ...] = PRELOAD
+    ready_file = None
+    while argv[:1] in (["--preload"], ["--ready-file"]) and len(argv) > 1:
+        if argv[0] == "--preload":
+            preload = tuple(filter(None, argv[1].split(",")))
+        else:
+            ready_file = Path(argv[1])
+        argv = argv[2:]
+    if argv[:1] != ["--"] or len(argv) < 2:
+        print("usage: python -m amlhpc.jobs.runtime.launch.standby [--preload A,B] -- -m MODULE ARGS... | SCRIPT ARGS...",
+              file=sys.stderr)
+        return 2
+    target = argv[1:]
+    for name in preload:
+        if importlib.util.find_spec(name.split(".")[0]) is not None:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # an optional part this torch lacks: the command imports what it needs itself
+    if ready_file is not None:
+        tmp = ready_file.with_name(f".{ready_file.name}.tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, ready_file)
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # discarded before it was needed
+    env = json.loads(line)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - the command's stdin, as a cold start's would be
+    if target[0] == "-m":
+        sys.argv = [target[1], *target[2:]]
+        runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = target
+        sys.path.insert(0, str(Path(target[0]).resolve().parent))
+        runpy.run_path(target[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

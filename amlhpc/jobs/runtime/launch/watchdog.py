@@ -1,0 +1,450 @@
+"""The hang watchdog: stop a job whose training no longer makes progress.
+
+Settings: AMLHPC_WATCHDOG_JSON (docs/contracts.md section 4), set by the job builder from
+the recipe's `watchdog` block:
+
+    {"hang_s": 1200,       # no progress for this long is a hang
+     "startup_s": null,    # optional: limit from the command's start to its first report
+     "check_s": null}      # optional: how often to look (default hang_s / 6, 1..60 s)
+
+How it decides, on every node (the launcher's local rank 0 looks, every local rank acts):
+
+- each training process reports its step (amlhpc.jobs.runtime.base.progress); a rank's progress is a
+  change in its report;
+- the node hangs when no rank on it progressed for `hang_s`, or when one rank stopped for
+  `hang_s` while the node's other ranks go on. A rank is watched from its first report
+  (a command that never reports is never judged, unless `startup_s` bounds the wait);
+- across nodes, with checkpoints configured, every node's rank 0 writes a heartbeat to
+  Blob (amlhpc.jobs.runtime.coord.nodestatus) and reads the others': a node whose heartbeat says it made
+  no progress for `hang_s`, or that stopped writing heartbeats for `hang_s` (its launcher is
+  frozen or gone, so it cannot stop itself), is named and the job is stopped from the
+  nodes that still run. Ages are compared in the storage service's time, never across
+  node clocks.
+
+Blob is the shared signal rather than the rendezvous (MASTER_ADDR): it needs no port
+beyond the job's own, keeps working when the training's collectives are the thing that
+hung, and leaves a record the supervision reads after the job is gone.
+
+On a verdict, rank 0 writes it into the node's local folder; every local rank's launcher
+sends its command SIGCONT (a stopped process must see the signal), SIGTERM, and SIGKILL
+after `--term-grace`, and exits with amlhpc.jobs.runtime.base.exit_codes.EXIT_HANG. The node's end record
+names the node the hang started on: when every node stopped, the node whose ranks are not
+waiting for their peers (they stopped in their own work: amlhpc.jobs.runtime.base.progress.compute_done)
+while the others wait for it; without that signal, the node that stopped first.
+
+Heartbeats also carry the node's time per step in its own work (`busy`: the slowest of its
+ranks, median of their latest STEP_WINDOW steps), from which the managed run's controller
+names a node persistently slower than its peers (amlhpc.jobs.managed.stragglers). With a managed
+run's key (AMLHPC_EVIDENCE_KEY) heartbeats and the end record are signed, and heartbeats
+that do not verify are not taken for a peer's.
+
+Standard library plus azure-storage-blob (through amlhpc.jobs.runtime.coord.nodestatus): ships in the image.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amlhpc.jobs.runtime.base import progress
+from amlhpc.jobs.runtime.base.contract import EVIDENCE_KEY, WATCHDOG_JSON
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem, load_json_object
+from amlhpc.jobs.runtime.coord import nodestatus
+
+log = logging.getLogger("amlhpc.watchdog")
+
+VERDICT_FILE = "verdict.json"
+POLL_VERDICT_S = 0.5
+STEP_WINDOW = 5
+"""Latest steps per rank whose own-work time make the node's step time (a median: one slow step is not a straggler)."""
+_FIX = "the job builder sets it from the recipe's `watchdog` block; resubmit, or correct the JSON by hand"
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    hang_s: float
+    startup_s: float | None = None
+    check_s: float | None = None
+
+    @property
+    def interval_s(self) -> float:
+        return self.check_s or min(60.0, max(1.0, self.hang_s / 6))
+
+
+def parse_settings(text: str, reference: str = WATCHDOG_JSON) -> WatchdogSettings:
+    data = load_json_object(text, reference, _FIX)
+    problems: list[RuntimeProblem] = []
+    values: dict[str, float | None] = {}
+    for key, required in (("hang_s", True), ("startup_s", False), ("check_s", False)):
+        value = data.get(key)
+        if value is None and not required:
+            values[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            problems.append(RuntimeProblem(reference, key, f"must be a positive number of seconds, got {value!r}", _FIX))
+            continue
+        values[key] = float(value)
+    unknown = sorted(set(data) - {"hang_s", "startup_s", "check_s"})
+    if unknown:
+        problems.append(RuntimeProblem(reference, unknown[0], "unknown key", "allowed: hang_s, startup_s, check_s"))
+    if problems:
+        raise RuntimeInputError(problems, title=f"{reference} is not usable")
+    return WatchdogSettings(values["hang_s"], values["startup_s"], values["check_s"])  # type: ignore[arg-type]
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> WatchdogSettings | None:
+    """The settings, or None when AMLHPC_WATCHDOG_JSON is unset (no watchdog)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(WATCHDOG_JSON, "").strip()
+    return parse_settings(text) if text else None
+
+
+def progress_path(folder: Path, local_rank: int) -> Path:
+    """The progress file of one local rank inside the node's progress folder."""
+    return folder / f"rank-{local_rank}.json"
+
+
+# --- the node's view (pure: clock passed in) ---------------------------------------------
+
+
+@dataclass
+class NodeWatch:
+    """What rank 0 knows about its node's ranks; `verdict` says whether the node hangs."""
+
+    settings: WatchdogSettings | None
+    """None: progress is recorded (for the end record) but never judged."""
+    node: int
+    local_size: int
+    started: float
+    """Monotonic time the training command started."""
+    changed: dict[int, float] = field(default_factory=dict)
+    """Local rank -> monotonic time of its last progress."""
+    steps: dict[int, int] = field(default_factory=dict)
+    markers: dict[int, tuple[int, int]] = field(default_factory=dict)
+    first_step: int | None = None
+    waiting: dict[int, bool] = field(default_factory=dict)
+    """Local rank -> whether it waits for its peers (ranks that report it)."""
+    busy: dict[int, deque] = field(default_factory=dict)
+    """Local rank -> (step, own-work seconds) of its latest steps."""
+
+    def observe(self, local_rank: int, report: progress.Progress | None, now: float) -> None:
+        if report is None or self.markers.get(local_rank) == report.marker:
+            return
+        self.markers[local_rank] = report.marker
+        self.changed[local_rank] = now
+        self.steps[local_rank] = report.step
+        if self.first_step is None:
+            self.first_step = report.first_step if report.first_step is not None else report.step
+        if report.waiting is not None or report.busy_s is not None:
+            self.waiting[local_rank] = report.waiting is not None
+        if report.busy_s is not None:  # the own-work time of the step it waits on, or of the one it just finished
+            step = report.waiting if report.waiting is not None else report.step
+            window = self.busy.setdefault(local_rank, deque(maxlen=STEP_WINDOW))
+            if not window or window[-1][0] != step:
+                window.append((step, report.busy_s))
+
+    @property
+    def step(self) -> int | None:
+        return max(self.steps.values()) if self.steps else None
+
+    @property
+    def busy_s(self) -> float | None:
+        """The node's own-work time per step: its slowest rank's median over the window."""
+        medians = [statistics.median(b for _, b in window) for window in self.busy.values() if window]
+        return max(medians) if medians else None
+
+    @property
+    def all_waiting(self) -> bool | None:
+        """Whether every rank of the node waits for its peers; None when the training does not say."""
+        if not self.waiting:
+            return None
+        return len(self.waiting) == len(self.changed) and all(self.waiting.values())
+
+    def age(self, now: float) -> float | None:
+        """Seconds since any rank of the node progressed; None before the first report."""
+        return now - max(self.changed.values()) if self.changed else None
+
+    def verdict(self, now: float) -> str | None:
+        if self.settings is None:
+            return None
+        limit = self.settings.hang_s
+        if not self.changed:
+            startup = self.settings.startup_s
+            if startup is not None and now - self.started > startup:
+                return (f"no rank on node {self.node} reported progress within {startup:.0f}s of the training's start "
+                        f"(watchdog.startup_s)")
+            return None
+        age = self.age(now)
+        assert age is not None
+        if age > limit:
+            return (f"no rank on node {self.node} progressed for {age:.0f}s (last step {self.step}; "
+                    f"watchdog.hang_s {limit:.0f}s)")
+        for rank, when in sorted(self.changed.items()):
+            if now - when > limit:
+                return (f"local rank {rank} on node {self.node} stopped at step {self.steps[rank]} {now - when:.0f}s ago "
+                        f"while the node's other ranks go on (watchdog.hang_s {limit:.0f}s)")
+        return None
+
+
+def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now, hang_s: float,
+                 since=None) -> tuple[int, str] | None:
+    """The first other node that made no progress, or went silent, for `hang_s` (service time).
+    `since`: when this node's watch began (its first heartbeat); a peer is judged from then at
+    the earliest, so the time every node spent restarting the training is nobody's hang."""
+    for node, beat in sorted(beats.items()):
+        if node == me or beat.state == "ended":
+            continue
+        silent = (service_now - (max(beat.written, since) if since else beat.written)).total_seconds()
+        if silent > hang_s:
+            return node, (f"node {node} ({beat.host or 'unknown host'}) wrote no heartbeat for {silent:.0f}s: its "
+                          "launcher is frozen or gone")
+        age = beat.age_at(service_now) if not since or beat.written >= since else None
+        if age is not None and age > hang_s:
+            if (service_now - beat.written).total_seconds() > (beat.age_s or 0.0):
+                # Most of that is the heartbeat's own silence (a live launcher writes one every
+                # look): its launcher froze or went. Judged as silence once that passes hang_s,
+                # at most age_s later: a silent peer can take part in no in-job restart.
+                continue
+            return node, f"node {node} ({beat.host or 'unknown host'}) made no progress for {age:.0f}s (step {beat.step})"
+    return None
+
+
+def _peers_stopped_with_us(all_waiting: bool | None, going_ages: list[float], settings: WatchdogSettings) -> bool:
+    """Whether to judge at the next look instead of blaming this node now.
+
+    This node's ranks wait for their peers, and every peer that seems to go on has made no
+    progress for nearly as long (within two looks of the limit): they stopped on the same
+    collective, and only the order of the reports put the peer under the limit. At the next
+    look its age is past the limit too, and the hang is judged on every node's evidence
+    (never this node first, by a race)."""
+    return bool(going_ages) and bool(all_waiting) and all(
+        age > settings.hang_s - 2 * settings.interval_s for age in going_ages)
+
+
+def _stopped_in_own_work(me: int, mine_waiting: bool | None, beats: Mapping[int, nodestatus.Heartbeat]) -> tuple[int, str] | None:
+    """When every node stopped: the node whose ranks are not waiting for their peers while
+    the others wait for it (where a synchronous job's hang started), or None when the
+    training does not say or it is not clear."""
+    states = {n: b.waiting for n, b in beats.items() if n != me and b.state != "ended"}
+    states[me] = mine_waiting
+    if any(v is None for v in states.values()) or len(states) < 2:
+        return None
+    working = sorted(n for n, waiting in states.items() if not waiting)
+    if len(working) != 1:
+        return None
+    waiting = sorted(n for n in states if n != working[0])
+    return working[0], (f"node {working[0]} stopped in its own work while node(s) {', '.join(map(str, waiting))} "
+                        "wait for it")
+
+
+# --- threads in the launcher ----------------------------------------------------------
+
+
+def _write_json(path: Path, document: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(document))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Guard:
+    """Attached to one launcher's training command: rank 0 watches the node (and, through
+    Blob, its peers); every rank stops its command when a verdict appears."""
+
+    def __init__(self, *, settings: WatchdogSettings | None, node: int, local_rank: int, local_size: int,
+                 folder: Path, child_pid: int, term_grace_s: float, shared: tuple[Any, str, str] | None = None,
+                 clock=time.monotonic):
+        self.settings, self.node, self.local_rank, self.local_size = settings, node, local_rank, local_size
+        self.folder, self.child_pid, self.term_grace_s, self.shared, self.clock = (
+            folder, child_pid, term_grace_s, shared, clock)
+        self.key: str | None = None
+        """The managed run's evidence key: heartbeats are signed, and peers' verified."""
+        self.verdict_path = folder / VERDICT_FILE
+        self.watch = NodeWatch(settings, node, local_size, clock())
+        self.started_wall = time.time()
+        self.fired: dict | None = None
+        self.first_beat = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.host = socket.gethostname()
+
+    def start(self) -> Guard:
+        if self.settings is None:
+            return self
+        if self.local_rank == 0:
+            self._threads.append(threading.Thread(target=self._watch_loop, name="watchdog", daemon=True))
+        self._threads.append(threading.Thread(target=self._verdict_loop, name="watchdog-verdict", daemon=True))
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    # rank 0: look
+    def _read_local(self) -> None:
+        now = self.clock()
+        for rank in range(self.local_size):
+            path = progress_path(self.folder, rank)
+            try:
+                if path.stat().st_mtime < self.started_wall - 1:
+                    continue  # left by an earlier run on this node: not this command's progress
+            except FileNotFoundError:
+                continue
+            self.watch.observe(rank, progress.read(path), now)
+
+    def check(self) -> dict | None:
+        """One look: the verdict document, or None while the node and its peers progress."""
+        assert self.settings is not None
+        self._read_local()
+        now = self.clock()
+        mine = self.watch.verdict(now)
+        if self.shared is None:
+            return {"culprit": self.node, "message": mine} if mine else None
+        container, prefix, run_id = self.shared
+        try:
+            written = nodestatus.write_heartbeat(container, prefix, run_id, self.node, step=self.watch.step,
+                                                 age_s=self.watch.age(now), first_step=self.watch.first_step,
+                                                 host=self.host, busy_s=self.watch.busy_s,
+                                                 waiting=self.watch.all_waiting, key=self.key)
+            peers = nodestatus.read_heartbeats(container, prefix, run_id, verify=self.key) if written else {}
+        except Exception as exc:  # noqa: BLE001 - storage trouble must not stop training: judge locally
+            log.warning("watchdog heartbeat failed (judging this node alone): %s: %s", type(exc).__name__, exc)
+            return {"culprit": self.node, "message": mine} if mine else None
+        self.first_beat = self.first_beat or written
+        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat) if written else None
+        if mine:
+            others = {n: b.age_at(written) for n, b in peers.items() if n != self.node and b.state != "ended"}
+            going = sorted(n for n, age in others.items() if (age or 0) <= self.settings.hang_s)
+            if _peers_stopped_with_us(self.watch.all_waiting, [others[n] or 0 for n in going], self.settings):
+                return None
+            if going:
+                return {"culprit": self.node, "message": f"{mine}, while node(s) {', '.join(map(str, going))} go on"}
+            blamed = _stopped_in_own_work(self.node, self.watch.all_waiting, peers)
+            if blamed is not None:
+                return {"culprit": blamed[0], "message": f"{mine}; {blamed[1]}"}
+            # every node stopped: the one that stopped first is where it started
+            first = max(others.items(), key=lambda item: item[1] or 0, default=(None, None))
+            if first[0] is not None and (first[1] or 0) > (self.watch.age(now) or 0) + self.settings.interval_s:
+                return {"culprit": first[0], "message": f"{mine}; node {first[0]} stopped first ({first[1]:.0f}s ago)"}
+            return {"culprit": self.node, "message": mine}
+        if stalled:
+            beat = peers[stalled[0]]
+            silent = (written - max(beat.written, self.first_beat)).total_seconds() > self.settings.hang_s
+            # A silent peer's launcher is frozen or gone: it can take part in no restart.
+            return {"culprit": stalled[0], "message": stalled[1], "peer_silent": silent}
+        return None
+
+    def _watch_loop(self) -> None:
+        while not self._stop.wait(self.settings.interval_s):
+            try:
+                verdict = self.check()
+            except Exception:  # noqa: BLE001 - a watchdog bug must not take the training down
+                log.exception("watchdog check failed")
+                continue
+            if verdict:
+                verdict.update({"node": self.node, "host": self.host, "step": self.watch.step, "written": time.time()})
+                log.error("hang: %s; stopping the training on node %d", verdict["message"], self.node)
+                _write_json(self.verdict_path, verdict)
+                return
+
+    # every rank: act
+    def _verdict_loop(self) -> None:
+        while not self._stop.wait(POLL_VERDICT_S):
+            verdict = _read_json(self.verdict_path)
+            if verdict and verdict.get("written", 0) >= self.started_wall - 1:
+                self.fired = verdict
+                self._stop_command()
+                return
+
+    def _stop_command(self) -> None:
+        for signum in (signal.SIGCONT, signal.SIGTERM):
+            try:
+                os.killpg(self.child_pid, signum)
+            except ProcessLookupError:
+                return
+        deadline = time.monotonic() + self.term_grace_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            try:
+                os.killpg(self.child_pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        try:
+            os.killpg(self.child_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def end_fields(self) -> dict[str, Any]:
+        """What the node's end record says about progress and a hang."""
+        if self.local_rank == 0:
+            self._read_local()
+        fields: dict[str, Any] = {"first_step": self.watch.first_step, "last_step": self.watch.step,
+                                  "busy_s": self.watch.busy_s}
+        if self.fired:
+            fields["hang"] = {"culprit": self.fired.get("culprit"), "message": self.fired.get("message")}
+        return fields
+
+
+# --- the launcher's two calls ----------------------------------------------------------
+
+
+def attach(launcher, child_pid: int, folder: Path) -> Guard:
+    """Start the guard for a launcher's training command (`folder`: the node's progress folder)."""
+    shared = None
+    if launcher.ranks.is_node_leader and launcher.checkpoint is not None and launcher.store is not None:
+        shared = (launcher.store.container, launcher.checkpoint.prefix, launcher.ranks.run_id)
+    guard = Guard(settings=launcher.watchdog, node=launcher.ranks.node_index, local_rank=launcher.ranks.local_rank,
+                  local_size=launcher.ranks.local_size, folder=folder, child_pid=child_pid,
+                  term_grace_s=launcher.options.term_grace_s, shared=shared)
+    guard.key = launcher.environ.get(EVIDENCE_KEY) or None
+    return guard.start()
+
+
+def record_end(launcher, code: int) -> None:
+    """Local rank 0: the node's end record beside the checkpoints, for the supervision.
+    Never raises: a storage error here must not change the job's exit status."""
+    if not launcher.ranks.is_node_leader or launcher.checkpoint is None:
+        return
+    guard: Guard | None = getattr(launcher, "guard", None)
+    report = launcher.report
+    record = {"node": launcher.ranks.node_index, "host": report.host, "azure_node_id": launcher.environ.get("AZ_BATCH_NODE_ID"),
+              "exit_code": code, "command_status": report.command_status, "error": report.error,
+              "signals": list(report.signals), "restored_version": report.restored_version, "health": report.health,
+              "restarts": list(getattr(report, "restarts", [])),
+              "phases": {k: round(v, 3) for k, v in report.phases.items()}, "written": time.time(),
+              "completed": report.completed, "exit_after_completion": report.exit_after_completion,
+              **(guard.end_fields() if guard else {})}
+    try:
+        container = launcher.store.container if launcher.store is not None else None
+        if container is None:
+            from amlhpc.jobs.runtime.checkpoint import container_from_settings
+
+            container = container_from_settings(launcher.checkpoint, launcher.environ)
+        prefix, run_id, node = launcher.checkpoint.prefix, launcher.ranks.run_id, launcher.ranks.node_index
+        key = launcher.environ.get(EVIDENCE_KEY) or None
+        nodestatus.write_end(container, prefix, run_id, node, record, key=key)
+        nodestatus.write_heartbeat(container, prefix, run_id, node, step=record.get("last_step"), age_s=None,
+                                   first_step=record.get("first_step"), host=report.host, state="ended", key=key)
+    except Exception as exc:  # noqa: BLE001 - best effort: the exit status is the primary signal
+        log.warning("could not write the node's end record: %s: %s", type(exc).__name__, exc)

@@ -1,4 +1,0 @@
-"""aml-hpc jobs: recipes become Azure ML jobs against a stack's outputs.
-
-`jobs.runtime` ships into the container and imports nothing else from this repository.
-"""

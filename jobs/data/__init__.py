@@ -1,2 +1,0 @@
-"""Datasets: `python -m jobs data upload` compresses a local directory into the stack's
-`datasets` container, in the layout and with the metadata that in-job staging reads."""
