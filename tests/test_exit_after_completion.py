@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from amlhpc.jobs.managed import causes
 from amlhpc.jobs.managed.classify import classify
 from amlhpc.jobs.managed.observation import Observation
+from amlhpc.jobs.recipes import causes
 from amlhpc.jobs.runtime.base.progress import Progress
 from amlhpc.jobs.runtime.coord import nodestatus
 from amlhpc.jobs.runtime.launch import completion

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from amlhpc.jobs.managed import causes
 from amlhpc.jobs.managed.classify import classify
 from amlhpc.jobs.managed.observation import Observation
-from amlhpc.jobs.runtime.launch import launcher as launch
+from amlhpc.jobs.recipes import causes
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from tests.managed_fakes import PREEMPTION, end
 
 FAILED = Observation("Failed", "UserError", "Execution failed")
@@ -34,7 +34,7 @@ class TestPreemption:
 
 class TestEndRecords:
     def test_the_launchers_status_explains_the_others_collective_failure(self):
-        ends = {0: end(1), 1: end(launch.EXIT_HEALTH, node=1, error="health gate failed")}
+        ends = {0: end(1), 1: end(ExitCode.HEALTH, node=1, error="health gate failed")}
         verdict = classify(FAILED, ends, nodes=2)
         assert (verdict.cause, verdict.exit_code) == ("health_gate", 3)
         assert verdict.bad_nodes == ({"node": 1, "host": "node1-host", "why": "health gate"},)
@@ -59,7 +59,7 @@ class TestEndRecords:
 
 class TestHangCulprit:
     def hang(self, node, culprit, last):
-        return end(launch.EXIT_HANG, node=node, last=last, hang={"culprit": culprit, "message": "no progress"})
+        return end(ExitCode.HANG, node=node, last=last, hang={"culprit": culprit, "message": "no progress"})
 
     def test_a_frozen_node_named_by_another_is_believed(self):
         """Node 1 froze whole (no end record); node 0's watchdog saw its heartbeat stop."""

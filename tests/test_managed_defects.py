@@ -290,12 +290,12 @@ class TestStragglers:
 
 
 def test_the_docs_give_the_hangs_exit_code():
-    """The watchdog's exit status is amlhpc.jobs.runtime.base.exit_codes.EXIT_HANG wherever the docs name it."""
+    """The watchdog's exit status is amlhpc.jobs.runtime.base.exit_codes.ExitCode.HANG wherever the docs name it."""
     pattern = re.compile(r"\b(?:hang|watchdog)\b[^.|]{0,240}?\bexit(?:s)? \**(\d+)", re.IGNORECASE)
     checked = 0
     for doc in ("docs/managed-jobs.md", "docs/jobs.md"):
         text = " ".join((REPO / doc).read_text().split())
         for match in pattern.finditer(text):
             checked += 1
-            assert int(match.group(1)) == exit_codes.EXIT_HANG, f"{doc}: ...{match.group(0)[-200:]}"
+            assert int(match.group(1)) == exit_codes.ExitCode.HANG, f"{doc}: ...{match.group(0)[-200:]}"
     assert checked >= 2, "both docs state the hang's exit status"

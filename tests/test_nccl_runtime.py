@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from amlhpc.jobs.runtime.base.exit_codes import EXIT_NCCL_SOCKETS
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.launch import launcher as launch
 from amlhpc.jobs.runtime.node import nccl_env, nccl_transport
 from tests.fake_sysfs import build_nd96asr_sysfs, ib_port, pci_device
@@ -86,7 +86,7 @@ class TestPreflight:
                "AMLHPC_SKU_JSON": json.dumps(dataclasses.asdict(skus.get("Standard_ND96asr_v4"))),
                "AMLHPC_SCRATCH": str(tmp_path / "scratch"), "AMLHPC_RUN_ID": "t"}
         options = launch.parse_options(["--sysfs", str(sysfs), "--report-dir", str(tmp_path / "r"), "--", "true"], env)
-        assert launch.Launcher(options, env).run() == EXIT_NCCL_SOCKETS == 8
+        assert launch.Launcher(options, env).run() == ExitCode.NCCL_SOCKETS == 8
 
 
 class TestNodeEnvironment:

@@ -47,13 +47,13 @@ class TestDecide:
         reports = {0: {"versions": [v(2)]}}
         assert decide(0, 3, 3, reports, {}, False) is None
         lost = decide(0, 3, 3, reports, {}, True)
-        assert (lost.result, lost.exit_code) == ("end", exit_codes.EXIT_NODE_LOST)
+        assert (lost.result, lost.exit_code) == ("end", exit_codes.ExitCode.NODE_LOST)
         assert "node(s) 1, 2 did not answer the restart: lost" in lost.reason
 
     def test_limit_and_ended_nodes(self):
         reports = {0: {"versions": [v(2)]}, 1: {"versions": [v(2)]}}
         spent = decide(3, 3, 2, reports, {}, False)
-        assert (spent.result, spent.exit_code) == ("end", exit_codes.EXIT_RESTARTS_EXHAUSTED)
+        assert (spent.result, spent.exit_code) == ("end", exit_codes.ExitCode.RESTARTS_EXHAUSTED)
         ended = decide(0, 3, 2, reports, {1: {"reason": "the launcher was told to stop"}}, False)
         assert ended.result == "end" and "node 1 ended the job (the launcher was told to stop)" in ended.reason
 
@@ -196,7 +196,7 @@ class TestInJobRestart:
         """local_restarts 1: the second failure ends the job on every node with exit 11."""
         codes, outs, reports = run_job(tmp_path, train_script, azurite, container, 8, {"local_restarts": 1},
                                        AMLHPC_INJECT_FAULT="crash@3:rank=0;crash@5:rank=0:generation=1")
-        assert codes == [exit_codes.EXIT_RESTARTS_EXHAUSTED] * 2, "\n".join(o[-3000:] for o in outs)
+        assert codes == [exit_codes.ExitCode.RESTARTS_EXHAUSTED] * 2, "\n".join(o[-3000:] for o in outs)
         assert [len(r["restarts"]) for r in reports] == [1, 1]
         assert "1 in-job restart(s) spent (checkpoint.local_restarts)" in reports[1]["error"]
 

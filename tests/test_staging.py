@@ -21,6 +21,7 @@ import pytest
 
 from amlhpc.jobs.data import upload
 from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.base.ranks import validated
 from amlhpc.jobs.runtime.blob import blobio
 from amlhpc.jobs.runtime.blob.fetch import BlobEntry, Gunzip, IntegrityError
@@ -148,15 +149,15 @@ class TestSpecs:
 
 class TestCommandLineErrors:
     def test_unreadable_spec_file(self, capsys):
-        assert staging.main(["--stage-json", "@/nonexistent/stage.json"], env={}) == staging.EXIT_USAGE
+        assert staging.main(["--stage-json", "@/nonexistent/stage.json"], env={}) == ExitCode.USAGE
         assert "--stage-json: @/nonexistent/stage.json: cannot read the file" in capsys.readouterr().err
 
     def test_nothing_to_stage(self, capsys):
-        assert staging.main([], env={}) == staging.EXIT_USAGE
+        assert staging.main([], env={}) == ExitCode.USAGE
         assert "AMLHPC_STAGE_JSON: is not set: nothing to stage" in capsys.readouterr().err
 
     def test_bad_rank_variables(self, capsys):
-        assert staging.main([], env={"RANK": "0"}) == staging.EXIT_USAGE
+        assert staging.main([], env={"RANK": "0"}) == ExitCode.USAGE
         assert "LOCAL_RANK" in capsys.readouterr().err
 
 
@@ -326,7 +327,7 @@ class TestRoundTripShared:
         done = subprocess.run([sys.executable, "-m", "amlhpc.jobs.runtime.staging", "--stage-json",
                                spec_json(container.container_name, "shared")], cwd=ROOT, env=env,
                               capture_output=True, text=True)
-        assert done.returncode == staging.EXIT_USAGE
+        assert done.returncode == ExitCode.USAGE
         assert "AMLHPC_SHARED_DIR: is not set" in done.stderr and "beeond start" in done.stderr
 
 
@@ -477,7 +478,7 @@ class TestBadBlobs:
         """Local rank 1 of the node fails with local rank 0's message (exit 3), not a hang."""
         put_blob(container, "bad2/x.bin.gz", b"not gzip at all")
         results = finish(launch_nodes(azurite, tmp_path, spec_json(container.container_name, "local", prefix="bad2"), 1, 2))
-        assert [r[0] for r in results] == [staging.EXIT_FAILED] * 2
+        assert [r[0] for r in results] == [ExitCode.STAGING] * 2
         assert "blob 'bad2/x.bin.gz'" in results[0][3]
         assert "staging failed on this node's local rank 0" in results[1][3] and "bad2/x.bin.gz" in results[1][3]
 

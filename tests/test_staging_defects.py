@@ -22,6 +22,7 @@ import pytest
 
 from amlhpc.jobs.data import upload
 from amlhpc.jobs.runtime.base import contract, faultpoints
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.base.ranks import validated
 from amlhpc.jobs.runtime.blob import blobio
 from amlhpc.jobs.runtime.coord import nodebarrier
@@ -122,7 +123,7 @@ class TestJobIdentity:
         small_dataset(container, tmp_path, "b", seed=1)
         self.run_job(azurite, container, tmp_path, "a", AMLHPC_RUN_ID="fixed", AZUREML_RUN_ID="job-a")
         waiter = self.lone_waiter(azurite, container, tmp_path, "b", AMLHPC_RUN_ID="fixed", AZUREML_RUN_ID="job-b")
-        assert waiter.returncode == staging.EXIT_TIMEOUT, waiter.stderr
+        assert waiter.returncode == ExitCode.STAGING_TIMEOUT, waiter.stderr
         assert "waited 3s for local rank 0" in waiter.stderr
 
     def test_torchruns_default_run_id_does_not_release_the_next_jobs_ranks(self, azurite, container, tmp_path):
@@ -131,7 +132,7 @@ class TestJobIdentity:
         small_dataset(container, tmp_path, "b", seed=1)
         self.run_job(azurite, container, tmp_path, "a", tmp_path / "torchelastic_1" / "attempt_0")
         waiter = self.lone_waiter(azurite, container, tmp_path, "b", tmp_path / "torchelastic_2" / "attempt_0")
-        assert waiter.returncode == staging.EXIT_TIMEOUT, waiter.stderr
+        assert waiter.returncode == ExitCode.STAGING_TIMEOUT, waiter.stderr
 
     def test_a_rerun_of_the_same_job_on_a_grown_dataset_never_gets_the_earlier_result(self, azurite, container,
                                                                                       tmp_path):
@@ -145,7 +146,7 @@ class TestJobIdentity:
         generate(source, files_per_universe=10, file_bytes=8 << 10, seed=6, first_universe=30000)
         upload.upload_directory(container, source, "grow", workers=2)
         waiter = self.lone_waiter(azurite, container, tmp_path, "grow", tmp_path / "torchelastic_2" / "attempt_0")
-        assert waiter.returncode == staging.EXIT_TIMEOUT, (waiter.stdout, waiter.stderr)
+        assert waiter.returncode == ExitCode.STAGING_TIMEOUT, (waiter.stdout, waiter.stderr)
         second = self.run_job(azurite, container, tmp_path, "grow", tmp_path / "torchelastic_3" / "attempt_0")
         assert [r["inputs"][0]["files_total"] for r in second] == [30, 30]
 
@@ -154,12 +155,12 @@ class TestJobIdentity:
         small_dataset(container, tmp_path, "a")
         self.run_job(azurite, container, tmp_path, "a", tmp_path / "torchelastic_1" / "attempt_0")
         waiter = self.lone_waiter(azurite, container, tmp_path, "a", tmp_path / "torchelastic_1" / "attempt_1")
-        assert waiter.returncode == staging.EXIT_TIMEOUT, waiter.stderr
+        assert waiter.returncode == ExitCode.STAGING_TIMEOUT, waiter.stderr
 
     def test_without_any_way_to_tell_launches_apart_staging_refuses(self, azurite, container, tmp_path):
         small_dataset(container, tmp_path, "a")
         waiter = self.lone_waiter(azurite, container, tmp_path, "a", TORCHELASTIC_RUN_ID="none")
-        assert waiter.returncode == staging.EXIT_USAGE, waiter.stderr
+        assert waiter.returncode == ExitCode.USAGE, waiter.stderr
         assert "cannot tell this launch from an earlier one" in waiter.stderr
         assert "AMLHPC_LAUNCH_ID=$(cat /proc/sys/kernel/random/uuid)" in waiter.stderr
 
@@ -167,7 +168,7 @@ class TestJobIdentity:
         small_dataset(container, tmp_path, "a")
         self.run_job(azurite, container, tmp_path, "a", AMLHPC_LAUNCH_ID="launch-1")
         waiter = self.lone_waiter(azurite, container, tmp_path, "a", AMLHPC_LAUNCH_ID="launch-2")
-        assert waiter.returncode == staging.EXIT_TIMEOUT, waiter.stderr
+        assert waiter.returncode == ExitCode.STAGING_TIMEOUT, waiter.stderr
 
 
 class TestStaleMarkers:
@@ -249,7 +250,7 @@ class TestStaleMarkers:
 def test_a_timeout_exits_4(tmp_path, capsys):
     env = rank_env(1, 1, 2, 2, **{contract.SCRATCH: str(tmp_path / "scratch"), contract.RUN_ID: uuid.uuid4().hex,
                                   contract.STAGE_JSON: spec_json("datasets", "local")})
-    assert staging.main(["--timeout-s", "1", "-q"], env=env) == staging.EXIT_TIMEOUT
+    assert staging.main(["--timeout-s", "1", "-q"], env=env) == ExitCode.STAGING_TIMEOUT
     assert "waited 1s for local rank 0" in capsys.readouterr().err
 
 
@@ -309,7 +310,7 @@ def test_scratch_that_is_a_file_fails_every_rank_at_once_with_exit_2(azurite, co
                     "--timeout-s", "120") for r in (0, 1)]
     outs = [p.communicate(timeout=100) for p in procs]
     assert time.monotonic() - started < 30
-    assert [p.returncode for p in procs] == [staging.EXIT_USAGE] * 2, [o[1] for o in outs]
+    assert [p.returncode for p in procs] == [ExitCode.USAGE] * 2, [o[1] for o in outs]
     for _, err in outs:
         assert f"AMLHPC_SCRATCH: {not_a_dir} is a file" in err, err
         assert "Errno" not in err
@@ -342,7 +343,7 @@ def test_read_only_scratch_is_bad_input(readonly_dir, tmp_path, capsys):
            contract.STAGE_JSON: spec_json("datasets", "local"),
            contract.BLOB_CONNECTION_STRING: "DefaultEndpointsProtocol=http;AccountName=a;AccountKey=YQ==;"
                                             "BlobEndpoint=http://127.0.0.1:9/a;"}
-    assert staging.main(["-q", "--fast-retries"], env=env) == staging.EXIT_USAGE
+    assert staging.main(["-q", "--fast-retries"], env=env) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert f"AMLHPC_SCRATCH: {readonly_dir} is not writable" in err and "Errno" not in err
 
@@ -437,7 +438,7 @@ def test_bad_options_exit_2_naming_the_option(tmp_path, capsys, args, named):
     env = {contract.SCRATCH: str(tmp_path), contract.RUN_ID: "x", contract.STAGE_JSON: spec_json("datasets", "local"),
            contract.BLOB_CONNECTION_STRING: "DefaultEndpointsProtocol=http;AccountName=a;AccountKey=YQ==;"
                                             "BlobEndpoint=http://127.0.0.1:9/a;"}
-    assert staging.main([*args, "-q", "--fast-retries"], env=env) == staging.EXIT_USAGE
+    assert staging.main([*args, "-q", "--fast-retries"], env=env) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err
 
@@ -445,7 +446,7 @@ def test_bad_options_exit_2_naming_the_option(tmp_path, capsys, args, named):
 def test_bad_timeout_variable_exits_2(tmp_path, capsys):
     env = {contract.SCRATCH: str(tmp_path), contract.RUN_ID: "x", contract.STAGE_JSON: spec_json("datasets", "local"),
            contract.STAGE_TIMEOUT_S: "soon"}
-    assert staging.main(["-q"], env=env) == staging.EXIT_USAGE
+    assert staging.main(["-q"], env=env) == ExitCode.USAGE
     assert "AMLHPC_STAGE_TIMEOUT_S" in capsys.readouterr().err
 
 
@@ -471,7 +472,7 @@ def test_a_second_stager_on_the_same_scratch_is_refused_and_names_the_first(azur
                                 text=True, timeout=60)
     finally:
         release.touch()
-    assert second.returncode == staging.EXIT_FAILED
+    assert second.returncode == ExitCode.STAGING
     assert f"pid {first.pid}" in second.stderr and "is staging input 'cosmo'" in second.stderr
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
@@ -502,7 +503,7 @@ def test_a_rerun_in_shared_mode_never_trusts_the_earlier_jobs_node_markers(azuri
     upload.upload_directory(container, source, "shared-grow", workers=2)
     alone = node(0, "10")
     out, err = alone.communicate(timeout=120)
-    assert alone.returncode == staging.EXIT_TIMEOUT, (out, err)
+    assert alone.returncode == ExitCode.STAGING_TIMEOUT, (out, err)
     assert "node(s) 1" in err
 
 
@@ -521,7 +522,7 @@ def test_a_server_that_drips_bytes_meets_the_deadline(azurite, container, tmp_pa
             _, err = proc.communicate(timeout=40)
         finally:
             proc.kill()
-        assert proc.returncode == staging.EXIT_TIMEOUT, err
+        assert proc.returncode == ExitCode.STAGING_TIMEOUT, err
         assert time.monotonic() - started < 30
         assert "deadline" in err and "4s" in err
     assert proxy.counts["drip"] > 0
@@ -597,7 +598,7 @@ def test_local_rank_0_killed_at_each_barrier_step_fails_its_waiters_and_a_new_la
     first = launch("one", {faultpoints.ENV_POINTS: f"{point}=kill", faultpoints.ENV_LOG: str(log)})
     outs = [p.communicate(timeout=150) for p in first]
     assert first[0].returncode == -9 and faultpoints.fired_in_log(log) == [point]
-    assert first[1].returncode == staging.EXIT_FAILED, outs[1][1]
+    assert first[1].returncode == ExitCode.STAGING, outs[1][1]
     assert "exited without finishing staging" in outs[1][1]
     again = launch("two", {})
     results = [p.communicate(timeout=150) for p in again]

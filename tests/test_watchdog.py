@@ -17,8 +17,8 @@ import pytest
 
 from amlhpc.jobs.runtime.base import progress
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import nodestatus
-from amlhpc.jobs.runtime.launch import launcher as launch
 from amlhpc.jobs.runtime.launch import watchdog
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ class TestLauncher:
         started = time.monotonic()
         proc = start(env, script, stop_after=3, total=1000)
         out, _ = proc.communicate(timeout=90)
-        assert proc.returncode == launch.EXIT_HANG == 7, out
+        assert proc.returncode == ExitCode.HANG == 7, out
         assert time.monotonic() - started < 60
         assert "hang: no rank on node 0 progressed for" in out and "(last step 3;" in out
         report = json.loads((tmp_path / "node0" / "reports" / "launch-node000.json").read_text())
@@ -167,7 +167,7 @@ class TestLauncher:
         pid = json.loads(progress_file.read_text())["pid"]
         os.killpg(pid, signal.SIGSTOP)
         out, _ = proc.communicate(timeout=90)
-        assert proc.returncode == launch.EXIT_HANG, out
+        assert proc.returncode == ExitCode.HANG, out
 
     def test_progress_keeps_it_alive_and_silence_is_not_judged(self, tmp_path, script):
         settings = '{"hang_s": 1.5, "check_s": 0.3}'
@@ -214,11 +214,11 @@ class TestAcrossNodes:
             progress_file = next(_wait_for(lambda: list((tmp_path / "node1" / "scratch").rglob("rank-0.json")), 10))
             os.killpg(json.loads(progress_file.read_text())["pid"], signal.SIGSTOP)  # its training
             out, _ = nodes[0].communicate(timeout=90)
-            assert nodes[0].returncode == launch.EXIT_HANG, out
+            assert nodes[0].returncode == ExitCode.HANG, out
             assert "node 1 (" in out and "wrote no heartbeat" in out
             ends = nodestatus.read_ends(container, "wd/run", run_id)
             assert list(ends) == [0], "the frozen node wrote no end record"
-            assert ends[0]["exit_code"] == launch.EXIT_HANG and ends[0]["hang"]["culprit"] == 1
+            assert ends[0]["exit_code"] == ExitCode.HANG and ends[0]["hang"]["culprit"] == 1
             assert ends[0]["first_step"] == 0 and ends[0]["last_step"] >= 1
         finally:
             for proc in nodes:

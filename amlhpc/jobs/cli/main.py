@@ -16,14 +16,15 @@ from typing import Annotated
 import typer
 
 from amlhpc.core.cli_help import JsonOption, VersionOption, new_app
-from amlhpc.core.console import row_table, table
+from amlhpc.core.console import table
 from amlhpc.core.errors import Problem, UserError
+from amlhpc.jobs.cli import job as job_commands
+from amlhpc.jobs.cli.job import on_job, print_json, refuse_offline
 from amlhpc.jobs.cli.options import (
     AllowTcp,
     ClusterOpt,
     Debug,
     HoursOpt,
-    JobName,
     NodesOpt,
     Offline,
     OutputsFile,
@@ -79,18 +80,13 @@ def list_recipes(as_json: JsonOption = False) -> None:
 
     loaded = [recipes.load(name) for name in recipes.available()]
     if as_json:
-        _print_json([{"recipe": r.name, "distribution": r.distribution, "nodes": r.nodes, "description": r.description}
+        print_json([{"recipe": r.name, "distribution": r.distribution, "nodes": r.nodes, "description": r.description}
                      for r in loaded])
         return
     rows = table("recipe", "distribution", "nodes", "description")
     for r in loaded:
         rows.add_row(r.name, r.distribution, str(r.nodes), r.description)
     out.print(rows)
-
-
-def _print_json(document) -> None:
-    """Data for scripts, on stdout, nothing else there."""
-    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
 @app.command()
@@ -224,7 +220,7 @@ def _register_controller(stack_outputs, mplan, job: str) -> None:
 def _resume_secret(submitter, stack_outputs, run: str) -> str | None:
     """The run's evidence secret from its first controller's job definition (attempts the
     earlier controllers submitted sign with it); None when it cannot be read."""
-    from amlhpc.jobs.managed.controller import MANAGED_JSON
+    from amlhpc.jobs.managed.settings import MANAGED_JSON
 
     try:
         job = submitter.connect(stack_outputs).jobs.get(run)
@@ -256,7 +252,7 @@ def estimate(
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
         est = plan.estimate
         if as_json:
-            _print_json(_estimate_document(r, stack_outputs, plan))
+            print_json(_estimate_document(r, stack_outputs, plan))
             return
         rows = table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
         rows.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
@@ -323,7 +319,7 @@ def quota(
     def body() -> None:
         from amlhpc.jobs.azure import submit as submitter
 
-        _refuse_offline(offline, "quota", "the quota the plan needs is in `python -m amlhpc.infra plan --stack S` (offline)")
+        refuse_offline(offline, "quota", "the quota the plan needs is in `python -m amlhpc.infra plan --stack S` (offline)")
         if recipe:
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
@@ -333,7 +329,7 @@ def quota(
         client = submitter.connect(stack_outputs)
         lines = submitter.quota(client, stack_outputs, requests)
         if as_json:
-            _print_json([{"quota": line.quota_name, "azureName": line.label, "neededVcpus": line.needed,
+            print_json([{"quota": line.quota_name, "azureName": line.label, "neededVcpus": line.needed,
                           "inUse": line.used, "limit": line.limit, "available": line.available, "ok": line.ok,
                           "clusters": list(line.clusters),
                           "fix": line.hint(stack_outputs.location) if line.ok is False else None} for line in lines])
@@ -363,151 +359,7 @@ def _n(value: int | None) -> str:
     return "?" if value is None else str(value)
 
 
-def _on_job(stack: str, offline: bool, outputs_file: Path | None, debug: bool, action) -> None:
-    """Connect to the stack's workspace and run `action(submit module, MLClient, outputs)`."""
-
-    def body() -> None:
-        from amlhpc.jobs.azure import submit as submitter
-
-        _refuse_offline(offline)
-        stack_outputs = load_outputs(stack, offline, outputs_file)
-        action(submitter, submitter.connect(stack_outputs), stack_outputs)
-
-    guard(debug, body)
-
-
-def _refuse_offline(offline: bool, what: str = "this command", instead: str = "") -> None:
-    """--offline on a command that can only ask Azure ML: refused before any plan or sign-in."""
-    if offline:
-        raise UserError([Problem("command line", "--offline", f"{what} asks Azure ML about the deployed stack; the "
-                                 "offline plan has no jobs, usage or logs",
-                                 "drop --offline and sign in (az login); "
-                                 + (instead or "rehearsals are local: python -m amlhpc.jobs list --local, "
-                                    "python -m amlhpc.jobs logs RUN --local"))], "needs Azure")
-
-
-@app.command()
-def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None,
-           as_json: JsonOption = False, debug: Debug = False) -> None:
-    """Status of a job (of a managed run: every attempt and the cost)."""
-
-    def show(submitter, client, o) -> None:
-        info = submitter.status(client, job, o.workspace)
-        if as_json:
-            _print_json(_status_document(submitter, client, o, info))
-            return
-        rows = row_table()
-        for key, value in info.items():
-            rows.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value or ""))
-        out.print(rows)
-        if (info.get("tags") or {}).get("managed_run"):
-            _managed_history(submitter, client, o, info)
-
-    _on_job(stack, offline, outputs_file, debug, show)
-
-
-def _status_document(submitter, client, o, info) -> dict:
-    """`status --json`: the job, and for a managed run its record with every attempt, its
-    controllers and the totals."""
-    from amlhpc.jobs.managed import report
-
-    document = dict(info)
-    if (info.get("tags") or {}).get("managed_run"):
-        _, controllers, record = _managed_record(submitter, client, o, info)
-        document["managedRun"] = {**record.to_json(), "controllers": controllers,
-                                  "attemptRows": [dict(zip(report.COLUMNS, row, strict=True)) for row in report.rows(record)],
-                                  "totals": report.totals(record)}
-    return document
-
-
-def _managed_run_record(submitter, client, o, info):
-    """(run, where its record is, the record) of the managed run a job belongs to."""
-    from amlhpc.jobs.managed import client as managed
-
-    run = info["tags"]["managed_run"]
-    place = managed.place_from_tags(info["tags"]) or managed.place_from_tags(
-        submitter.status(client, run, o.workspace).get("tags") or {})
-    if place is None:
-        raise UserError([Problem(f"job {info['name']}", "tags.record", "names no record",
-                                 "the jobs of a managed run carry it; was the job submitted with --managed?")],
-                        "not a managed run")
-    return run, place, managed.read(o, place)
-
-
-def _managed_record(submitter, client, o, info):
-    """(run, {controller job: status or None when gone}, record) of the managed run a job
-    belongs to; every controller counts (the first, resumed RUN-cXXXX and revived ones)."""
-    from amlhpc.jobs.managed import client as managed
-
-    run, place, record = _managed_run_record(submitter, client, o, info)
-    return run, managed.controller_statuses(client.jobs, managed.store_for(o, place), record, run), record
-
-
-def _managed_history(submitter, client, o, info) -> None:
-    """Every attempt of the managed run a job belongs to, its controllers, and what the run cost."""
-    from amlhpc.jobs.managed import report
-
-    run, controllers, record = _managed_record(submitter, client, o, info)
-    shown = "; ".join(f"{name} {status or 'gone'}" for name, status in controllers.items())
-    grid = table(*report.COLUMNS, title=f"managed run {run} ({record.state}; controllers: {shown})")
-    for row in report.rows(record):
-        grid.add_row(*row)
-    out.print(grid)
-    for line in report.summary_lines(record)[len(record.attempts) + 1:]:
-        out.print(line, highlight=False, soft_wrap=True)
-
-
-@app.command()
-def stream(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
-    """Follow a job's logs until it ends."""
-    _on_job(stack, offline, outputs_file, debug, lambda submitter, client, o: submitter.stream(client, job, o.workspace))
-
-
-@app.command()
-def cancel(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
-    """Cancel a job (waits until Azure ML accepted the cancellation)."""
-
-    def cancel_it(submitter, client, o) -> None:
-        tags = submitter.status(client, job, o.workspace).get("tags") or {}
-        if tags.get("managed_run"):
-            _cancel_managed(submitter, client, o, tags["managed_run"], tags)
-            return
-        submitter.cancel(client, job, o.workspace)
-        out.print(f"cancelled {job}")
-
-    _on_job(stack, offline, outputs_file, debug, cancel_it)
-
-
-def _cancel_managed(submitter, client, o, run: str, tags: dict[str, str]) -> None:
-    """A managed run: the cancel request, then every controller, then every attempt (amlhpc/jobs/managed/client.py)."""
-    import getpass
-
-    from amlhpc.jobs.managed import client as managed
-
-    place = managed.place_from_tags(tags) or managed.place_from_tags(
-        submitter.status(client, run, o.workspace).get("tags") or {})
-    if place is None:
-        raise UserError([Problem(f"managed run {run}", "tags.record", "no job of the run names its record",
-                                 f"cancel its jobs one by one: python -m amlhpc.jobs cancel JOB --stack {o.stack}")],
-                        "not a managed run")
-    managed.cancel_run(client.jobs, managed.store_for(o, place), run, getpass.getuser(),
-                       echo=lambda line: out.print(line, highlight=False))
-    out.print(f"managed run {run}: canceled")
-
-
-@app.command()
-def download(job: JobName, stack: Stack,
-             path: Annotated[Path | None, typer.Option("--path", help="Folder to download into (default ./downloads/JOB).")] = None,
-             output: Annotated[str | None, typer.Option("--output", help="A named output (default: the job's outputs/ folder and logs).")] = None,
-             everything: Annotated[bool, typer.Option("--all", help="Every output and the logs.")] = False,
-             offline: Offline = False, outputs_file: OutputsFile = None, debug: Debug = False) -> None:
-    """Download a job's outputs."""
-
-    def fetch(submitter, client, o) -> None:
-        target = submitter.download(client, job, o.workspace, path or Path("downloads") / job, output, everything)
-        out.print(f"downloaded {job} to {target}")
-
-    _on_job(stack, offline, outputs_file, debug, fetch)
+job_commands.mount(app)
 
 
 @app.command()
@@ -581,7 +433,7 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
             raise UserError([Problem(f"workspace {o.workspace}", study, "no jobs carry this study tag",
                                      "use the id printed by `python -m amlhpc.jobs scale`")], "unknown study")
         if as_json:
-            _print_json([{"nodes": row.nodes, "job": row.job, "status": row.status, "throughput": row.throughput,
+            print_json([{"nodes": row.nodes, "job": row.job, "status": row.status, "throughput": row.throughput,
                           "unit": row.unit, "speedup": row.speedup, "efficiency": row.efficiency}
                          for row in scaling.report(rows)])
             return
@@ -592,7 +444,7 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
                          f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.efficiency:.0%}" if row.efficiency else "-")
         out.print(grid)
 
-    _on_job(stack, offline, outputs_file, debug, report)
+    on_job(stack, offline, outputs_file, debug, report)
 
 
 def _mount() -> None:

@@ -17,15 +17,9 @@ import typer
 from amlhpc.core.cli_help import JsonOption
 from amlhpc.core.console import row_table, table
 from amlhpc.core.errors import Problem, UserError
+from amlhpc.jobs.cli.job import managed_run_record, on_job, print_json
+from amlhpc.jobs.cli.job import status as job_status
 from amlhpc.jobs.cli.options import Debug, Offline, OutputsFile, err, guard, out
-
-
-def _jobs_cli():
-    """amlhpc/jobs/cli/main.py, which mounts these commands (imported when a command runs, not before)."""
-    from amlhpc.jobs.cli import main as cli
-
-    return cli
-
 
 OptionalStack = Annotated[str | None, typer.Option("--stack", help="Stack whose Azure ML workspace holds the run (not "
                                                    "needed with --local).")]
@@ -63,7 +57,7 @@ def list_runs(
 
     def show_rows(rows) -> None:
         if as_json:
-            _jobs_cli()._print_json([r.to_json() for r in rows])
+            print_json([r.to_json() for r in rows])
             return
         grid = table(*runs.COLUMNS, title="rehearsals in this project" if local else f"runs in stack {stack}")
         for r in rows:
@@ -86,14 +80,14 @@ def list_runs(
 
         show_rows(runs.azure_runs(runs.recent_jobs(client, o.workspace), record_of, limit))
 
-    _jobs_cli()._on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
+    on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
 
 
 def show(run: RunName, stack: OptionalStack = None, local: LocalRuns = False, offline: Offline = False,
          outputs_file: OutputsFile = None, as_json: JsonOption = False, debug: Debug = False) -> None:
     """One run: its state, attempts, cost and records (--local: a rehearsal)."""
     if not local:
-        _jobs_cli().status(job=run, stack=guard(debug, lambda: _need_stack(stack, local)), offline=offline,
+        job_status(job=run, stack=guard(debug, lambda: _need_stack(stack, local)), offline=offline,
                outputs_file=outputs_file, as_json=as_json, debug=debug)
         return
 
@@ -104,7 +98,7 @@ def show(run: RunName, stack: OptionalStack = None, local: LocalRuns = False, of
         folder = runs.local_folder(_rehearsals(), run)
         r = records.read(folder)
         if as_json:
-            _jobs_cli()._print_json({"run": r.run, "folder": str(folder), "outcome": r.outcome, "costBasis": r.cost_basis,
+            print_json({"run": r.run, "folder": str(folder), "outcome": r.outcome, "costBasis": r.cost_basis,
                          "attempts": [vars(a) for a in r.attempts], "summary": r.summary,
                          "staging": [vars(x) for x in r.staging], "phases": [vars(p) for p in r.phases],
                          "report": str(folder / REPORT_FILE) if (folder / REPORT_FILE).is_file() else None})
@@ -164,7 +158,7 @@ def logs(
         info = submitter.status(client, run, o.workspace)
         job = run
         if (info.get("tags") or {}).get("managed_run"):
-            _, _, record = _jobs_cli()._managed_run_record(submitter, client, o, info)
+            _, _, record = managed_run_record(submitter, client, o, info)
             job = record.current.job if record.current else run
         if follow:
             if node is not None:
@@ -185,7 +179,7 @@ def logs(
             for line in runs.iter_lines(paths):
                 emit(line)
 
-    _jobs_cli()._on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
+    on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
 
 
 def report(
@@ -218,7 +212,7 @@ def report(
         info = submitter.status(client, run, o.workspace)
         jobs_to_read = [run]
         if (info.get("tags") or {}).get("managed_run"):
-            _, _, record = _jobs_cli()._managed_run_record(submitter, client, o, info)
+            _, _, record = managed_run_record(submitter, client, o, info)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "supervision.json").write_text(json.dumps(record.to_json(), indent=2))
             jobs_to_read = [a.job for a in record.attempts]
@@ -228,7 +222,7 @@ def report(
         path = run_report.write(folder, out_file, run)
         out.print(f"run report: {path}", highlight=False, soft_wrap=True)
 
-    _jobs_cli()._on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
+    on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
 
 
 def mount(app: typer.Typer) -> None:

@@ -264,7 +264,7 @@ class LocalJobService:
             job.verdict_at = self._verdict_time(job)
             for fault in job.faults:
                 node_codes = [code for rank, code in codes.items() if rank // self.procs_per_node == fault.node]
-                if fault.kind == "nccl" and exit_codes.EXIT_NCCL_SOCKETS in node_codes:
+                if fault.kind == "nccl" and exit_codes.ExitCode.NCCL_SOCKETS in node_codes:
                     job.fired.append(Fired(fault, now_utc()))
             preempted = job.fired_kind("preempt")
             if job.canceled:

@@ -181,7 +181,7 @@ def main() -> int:
     """`python -m amlhpc.jobs.managed.revive`: one revival check, as the schedule's job."""
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
-    from amlhpc.jobs.managed.controller import connect, settings_from_env
+    from amlhpc.jobs.managed.settings import connect, settings_from_env
 
     try:
         settings = settings_from_env(os.environ)

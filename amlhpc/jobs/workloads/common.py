@@ -242,24 +242,13 @@ class Metrics:
         """The workload's last word, on every rank: tells the launcher the training completed
         (its last step, and the final checkpoint this rank wrote); rank 0 writes the summary file."""
         final = values.get("steps") if isinstance(values.get("steps"), int) else progress.last_step()
-        progress.report_completed(final or 0, _last_saved)
+        progress.report_completed(final or 0, last_checkpoint())
         if not self.d.is_main:
             return None
         path = self.output_dir / workload_env.METRICS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values, indent=2, sort_keys=True))
         return path
-
-
-_last_saved: Path | None = None
-"""The checkpoint this process wrote last (named in its completion report)."""
-
-
-def record_checkpoint(path: Path) -> None:
-    """Note a checkpoint this process writes (save_state does; a workload with its own
-    format calls it), so the completion report names the final one."""
-    global _last_saved
-    _last_saved = Path(path)
 
 
 def checkpoint_dir(default: str | Path = "outputs/checkpoints") -> Path:
@@ -324,14 +313,16 @@ from amlhpc.jobs.workloads.resume import (  # noqa: E402 - grouped with the help
     TrainState,
     finish_checkpoints,
     inject_fault,
+    last_checkpoint,
     load_state,
+    record_checkpoint,
     save_state,
 )
 
 __all__ = ["Dist", "GlobalBatchSampler", "Metrics", "ShardSampler", "Timer", "TrainState", "all_reduce_mean",
            "all_reduce_min", "barrier", "checkpoint_dir", "data_parallel", "finish_checkpoints", "init_distributed",
            "inject_fault",
-           "latest_checkpoint", "load_state", "profiler", "save_state"]
+           "latest_checkpoint", "load_state", "profiler", "record_checkpoint", "save_state"]
 
 
 @contextlib.contextmanager

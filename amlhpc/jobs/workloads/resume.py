@@ -48,6 +48,20 @@ INJECT_FAULT = "AMLHPC_INJECT_FAULT"
 separated by ';'; KIND crash | nccl | hang."""
 EXIT_INJECTED_CRASH = 86
 
+_last_saved: Path | None = None
+"""The checkpoint this process wrote last (named in its completion report)."""
+
+
+def record_checkpoint(path: Path) -> None:
+    """Note a checkpoint this process writes (save_state does; a workload with its own
+    format calls it, as common.record_checkpoint), so the completion report names the final one."""
+    global _last_saved
+    _last_saved = Path(path)
+
+
+def last_checkpoint() -> Path | None:
+    return _last_saved
+
 
 # --- data order -------------------------------------------------------------------------
 
@@ -269,9 +283,8 @@ def _record(writer, step: int) -> None:
     """Name this rank's part of the version in the completion report (common.Metrics.summary):
     its marker, which exists only once the part is written whole (finish_checkpoints waits)."""
     from amlhpc.jobs.runtime.checkpoint import tier
-    from amlhpc.jobs.workloads import common  # here: common re-exports this module
 
-    common.record_checkpoint(tier.marker_path(tier.versions_dir(writer.checkpoint_dir) / tier.version_name(step),
+    record_checkpoint(tier.marker_path(tier.versions_dir(writer.checkpoint_dir) / tier.version_name(step),
                                               writer.rank))
 
 

@@ -4,7 +4,7 @@ cannot import: it ships alone into the training image).
 A `RuntimeInputError` holds every `RuntimeProblem` found in one input (an environment
 variable such as AMLHPC_SKU_JSON, a flag, a file): where it came from, which key, what is
 wrong with which value, and how to fix it. Entry points print `render()` to stderr and
-exit with `EXIT_USAGE`. Values that may be secrets are never put in a message.
+exit with `ExitCode.USAGE` (exit_codes.py). Values that may be secrets are never put in a message.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-EXIT_USAGE = 2
-"""Exit status for bad input, as in `amlhpc.core.errors` and argparse."""
 
 
 @dataclass(frozen=True)

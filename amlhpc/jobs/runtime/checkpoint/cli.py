@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from amlhpc.jobs.runtime.base.contract import BLOB_CONNECTION_STRING, CHECKPOINT_JSON
-from amlhpc.jobs.runtime.base.errors import EXIT_USAGE, RuntimeInputError
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.base.throttle import Throttle
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
 from amlhpc.jobs.runtime.checkpoint.settings import settings_from_env
@@ -79,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                                                      retry=blobio.RetrySettings(**CLI_RETRY))
     except RuntimeInputError as exc:
         print(exc.render(), file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except ValueError as exc:  # blobio.BlobConfigError: never holds a secret
         print(f"checkpoint: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     stream = settings.versions_stream if args.versions else settings.stream(args.node)
     store = CheckpointStore(container, stream, throttle=Throttle.from_mbits_per_s(settings.cap_mbps), node=args.node)
     endpoint = blobio.safe_endpoint(settings.account_url, os.environ.get(BLOB_CONNECTION_STRING))

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.checkpoint import tier
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
 from amlhpc.jobs.runtime.checkpoint.settings import CheckpointSettings, container_from_settings
@@ -168,8 +169,7 @@ class NodeCheckpoints:
                 raise CheckpointError(f"checkpoint {decision.blob_version} is no longer in Blob")
             resume = self.restore_blob_version(manifest)
         except Exception as exc:  # noqa: BLE001 - any restore failure ends the job: a new attempt restores again
-            from amlhpc.jobs.runtime.launch.launcher import EXIT_RESTORE
 
             return dataclasses.replace(decision, result="end", reason=f"restoring {decision.blob_version} from Blob "
-                                       f"failed: {type(exc).__name__}: {exc}", exit_code=EXIT_RESTORE)
+                                       f"failed: {type(exc).__name__}: {exc}", exit_code=ExitCode.RESTORE)
         return dataclasses.replace(decision, resume=str(resume))

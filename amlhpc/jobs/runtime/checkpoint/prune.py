@@ -24,9 +24,13 @@ referenced by its manifest).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from amlhpc.jobs.runtime.base import faultpoints
-from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, sequence_of
+from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
+
+if TYPE_CHECKING:  # the store calls prune(): a type, not a second import at run time
+    from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore
 
 log = logging.getLogger("amlhpc.checkpoint")
 

@@ -64,6 +64,7 @@ from amlhpc.jobs.runtime.checkpoint.errors import (
     UnsafeCheckpoint,
     UploadCancelled,
 )
+from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.snapshot import TMP_SUFFIX, LocalFile, scan, signature
 
 log = logging.getLogger("amlhpc.checkpoint")
@@ -75,12 +76,6 @@ BLOCK_BYTES = 8 << 20
 STALE_PENDING_S = 24 * 3600.0
 """A pending record this old belongs to an uploader that is gone: its lease no longer holds."""
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def sequence_of(version: str) -> int:
-    """A version's order: the digits it starts with (the upload sequence, or the training step)."""
-    head = version.split("-", 1)[0]
-    return int(head) if head.isdigit() else -1
 
 
 @dataclass

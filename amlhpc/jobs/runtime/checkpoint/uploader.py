@@ -34,8 +34,9 @@ from amlhpc.jobs.runtime.checkpoint.errors import (
     PartMissing,
     UploadCancelled,
 )
+from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.snapshot import scan, signature
-from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, UploadResult, sequence_of
+from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, UploadResult
 
 log = logging.getLogger("amlhpc.checkpoint")
 

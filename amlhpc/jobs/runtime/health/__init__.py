@@ -15,12 +15,10 @@ reports), summary (table), runner (the run on every process and its verdict).
 """
 
 from amlhpc.jobs.runtime.health.runner import (
-    EXIT_HEALTHY,
-    EXIT_UNHEALTHY,
     MODES,
     HealthOptions,
     HealthOutcome,
     run_health,
 )
 
-__all__ = ["EXIT_HEALTHY", "EXIT_UNHEALTHY", "MODES", "HealthOptions", "HealthOutcome", "run_health"]
+__all__ = ["MODES", "HealthOptions", "HealthOutcome", "run_health"]

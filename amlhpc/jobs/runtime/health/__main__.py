@@ -17,10 +17,9 @@ import sys
 from pathlib import Path
 
 from amlhpc.jobs.runtime.base.contract import DEFAULT_REPORT_DIR, REPORT_DIR
-from amlhpc.jobs.runtime.base.errors import EXIT_USAGE, RuntimeInputError
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.health.runner import (
-    EXIT_HEALTHY,
-    EXIT_UNHEALTHY,
     MODES,
     HealthOptions,
     run_health,
@@ -62,8 +61,8 @@ def _summarize(argv: list[str]) -> int:
             reports, _ = summarize(args.folder, sys.stdout)
     except RuntimeInputError as exc:
         print(exc.render(), file=sys.stderr)
-        return EXIT_USAGE
-    return EXIT_UNHEALTHY if any(r.status == "fail" for r in reports) else EXIT_HEALTHY
+        return ExitCode.USAGE
+    return ExitCode.HEALTH if any(r.status == "fail" for r in reports) else ExitCode.OK
 
 
 def main(argv: list[str] | None = None) -> int:

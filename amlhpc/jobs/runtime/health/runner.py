@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import TextIO
 
 from amlhpc.jobs.runtime.base.contract import DEFAULT_REPORT_DIR
-from amlhpc.jobs.runtime.base.errors import EXIT_USAGE, RuntimeInputError
-from amlhpc.jobs.runtime.base.exit_codes import EXIT_NCCL_SOCKETS
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.base.ranks import Ranks, from_env
 from amlhpc.jobs.runtime.health.checks import FULL, QUICK, node_checks
 from amlhpc.jobs.runtime.health.collective import (
@@ -51,8 +51,6 @@ from amlhpc.jobs.runtime.health.summary import render, write_summary
 from amlhpc.jobs.runtime.node.nccl_transport import parse_init_log, verdict
 from amlhpc.jobs.runtime.node.nvml import open_nvml
 
-EXIT_HEALTHY = 0
-EXIT_UNHEALTHY = 3
 MODES = ("gate", "warn", "report")
 
 
@@ -151,7 +149,7 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
         sku = load_sku_facts(environ)
     except RuntimeInputError as exc:  # RankError included
         print(exc.render(), file=stream)
-        return HealthOutcome(EXIT_USAGE, [], [])
+        return HealthOutcome(ExitCode.USAGE, [], [])
     sizes = QUICK if options.quick else FULL
     started = time.time()
     report = NodeReport(socket.gethostname(), ranks.node_index, sku.name if sku else None, options.mode, options.quick,
@@ -214,9 +212,9 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
     failing = [r for r in reports if r.status == FAIL]
     if not ranks.is_node_leader and any(c.status == FAIL for c in job_checks):
         failing = failing or [report]
-    code = EXIT_UNHEALTHY if failing and options.mode == "gate" else EXIT_HEALTHY
-    if code == EXIT_UNHEALTHY and any(c.check == "nccl_transport" and c.status == FAIL for r in failing for c in r.checks):
-        code = EXIT_NCCL_SOCKETS  # the more specific cause: NCCL on TCP between the nodes
+    code = ExitCode.HEALTH if failing and options.mode == "gate" else ExitCode.OK
+    if code == ExitCode.HEALTH and any(c.check == "nccl_transport" and c.status == FAIL for r in failing for c in r.checks):
+        code = ExitCode.NCCL_SOCKETS  # the more specific cause: NCCL on TCP between the nodes
     if failing and (ranks.rank == 0 or (ranks.is_node_leader and mine in failing)):
         _print_verdict(failing, options.mode, stream)
     return HealthOutcome(code, reports, failing)

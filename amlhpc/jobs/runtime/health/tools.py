@@ -52,9 +52,8 @@ from amlhpc.jobs.runtime.health.grading import (
 from amlhpc.jobs.runtime.health.results import CheckResult
 from amlhpc.jobs.runtime.node.rdma import state_name
 from amlhpc.jobs.runtime.node.skufacts import SkuFacts
+from amlhpc.jobs.runtime.node.xids import CRITICAL_XIDS
 
-CRITICAL_XIDS = frozenset({48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120})
-"""The XIDs Azure's check fails a node for (azure_gpu_xid.nhc XID_EC, 2025-07-16)."""
 XID_WINDOW_S = 2 * 3600
 """Azure's window for syslog XIDs: the last 2 hours (dmesg covers the boot, kept in full)."""
 FLAP_WINDOW_S = 24 * 3600

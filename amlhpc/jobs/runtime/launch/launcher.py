@@ -38,14 +38,14 @@ end, local rank 0 writes the node's end record beside the checkpoints
 
 Exit status: the command's own (128+N when signal N killed it), 0 when it died by a crash
 signal after it reported a completed training (amlhpc.jobs.runtime.launch.completion; the report's
-`exit_after_completion` says so), or:
+`exit_after_completion` says so), or one of amlhpc.jobs.runtime.base.exit_codes.ExitCode:
     2   bad input: flags, AMLHPC_* variables, rank variables (nothing was started)
     3   the health gate failed or timed out (the training did not start)
     4   staging failed or timed out
     5   the latest checkpoint could not be restored
     6   the command succeeded but its final checkpoint could not be uploaded
     7   the hang watchdog stopped the command: no progress for watchdog.hang_s
-    8   NCCL would use TCP sockets between the nodes of an InfiniBand size (amlhpc/jobs/runtime/base/exit_codes.py)
+    8   NCCL would use TCP sockets between the nodes of an InfiniBand size
     9   the node's managed identity cannot reach the job's storage with the role it needs
     10  an in-job restart could not happen: a node did not answer (lost)
     11  the training failed again after `local_restarts` in-job restarts
@@ -77,17 +77,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from amlhpc.jobs.runtime.base import contract
-from amlhpc.jobs.runtime.base.errors import EXIT_USAGE, RuntimeInputError, RuntimeProblem
-from amlhpc.jobs.runtime.base.exit_codes import EXIT_HANG, EXIT_NCCL_SOCKETS, EXIT_STORAGE_ACCESS
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 
 log = logging.getLogger("amlhpc.launch")
 
-EXIT_HEALTH = 3
-EXIT_STAGING = 4
-EXIT_RESTORE = 5
-EXIT_FINAL_UPLOAD = 6
-EXIT_NOT_EXECUTABLE = 126
-EXIT_NOT_FOUND = 127
 
 RESTORE_WAIT_S = 3 * 3600.0
 """How long a node's other ranks wait for local rank 0's restore (it notices a dead leader sooner)."""
@@ -462,14 +456,14 @@ class Launcher:
         try:
             notes = nccl_env.apply(self.environ, self.options.sysfs)
         except RuntimeInputError as exc:
-            raise LaunchFailed(EXIT_USAGE, exc.render()) from None
+            raise LaunchFailed(ExitCode.USAGE, exc.render()) from None
         for note in notes:
             (log.warning if note.startswith("warning:") else log.info)("nccl: %s", note.removeprefix("warning: "))
         if self.sku is not None:
             problem = nccl_transport.preflight(self.sku.name, self.sku.infiniband, self.ranks.node_count,
                                                self.environ, self.options.sysfs)
             if problem:
-                raise LaunchFailed(EXIT_NCCL_SOCKETS, problem)
+                raise LaunchFailed(ExitCode.NCCL_SOCKETS, problem)
 
     # 1c. the node's identity can read the inputs and write the checkpoints (fail in seconds, role named)
     def storage_preflight(self) -> None:
@@ -482,7 +476,7 @@ class Launcher:
             client_factory=lambda t, credential: blobio.container_client(t.container, account_url=t.account_url,
                                                                           credential=credential))
         if problems:
-            raise LaunchFailed(EXIT_STORAGE_ACCESS, "storage access: " + "; ".join(problems))
+            raise LaunchFailed(ExitCode.STORAGE_ACCESS, "storage access: " + "; ".join(problems))
 
     # 2. staging
     def stage(self) -> None:
@@ -497,9 +491,9 @@ class Launcher:
             result = staging.stage_inputs(self.specs, self.ranks, env=self.environ,
                                           options=staging.StageOptions(report_dir=self.options.report_dir))
         except (staging.StageConfigError, scratch.ScratchError) as exc:
-            raise LaunchFailed(EXIT_USAGE, f"staging input: {exc}") from None
+            raise LaunchFailed(ExitCode.USAGE, f"staging input: {exc}") from None
         except (staging.StagingError, BarrierTimeout, OSError) as exc:
-            raise LaunchFailed(EXIT_STAGING, f"staging failed: {exc}") from None
+            raise LaunchFailed(ExitCode.STAGING, f"staging failed: {exc}") from None
         self.child_env.update(result.env_for(self.ranks.rank))
         self.staged_scratch = (result.scratch or {}).get("path")
         self.report.staged_bytes = result.bytes_out
@@ -541,20 +535,20 @@ class Launcher:
             # In warn mode the checks exit 0 whatever they found: their report says what.
             self.report.health = "passed" if self.options.health == "gate" else "ran (warn: see the health report)"
             return
-        if code == EXIT_USAGE:
-            raise LaunchFailed(EXIT_USAGE, "the health checks rejected their input (see above)")
+        if code == ExitCode.USAGE:
+            raise LaunchFailed(ExitCode.USAGE, "the health checks rejected their input (see above)")
         if code is None:
             message = (f"the health checks did not finish in {self.options.health_timeout_s:.0f}s: a hung collective "
                        "means a node or the network is broken")
-        elif code == EXIT_HEALTH:
+        elif code == ExitCode.HEALTH:
             message = "health gate failed: see the failing host and check above"
-        elif code == EXIT_NCCL_SOCKETS:
+        elif code == ExitCode.NCCL_SOCKETS:
             message = "NCCL fell back to TCP sockets on an InfiniBand size: see the cause above"
         else:
             message = f"the health checks crashed (exit {exit_status(code)})"
         self.report.health = "fail"
         if self.options.health == "gate":
-            raise LaunchFailed(EXIT_NCCL_SOCKETS if code == EXIT_NCCL_SOCKETS else EXIT_HEALTH, message)
+            raise LaunchFailed(ExitCode.NCCL_SOCKETS if code == ExitCode.NCCL_SOCKETS else ExitCode.HEALTH, message)
         log.warning("%s; continuing (health: warn)", message)
 
     # 5. pinning
@@ -600,7 +594,7 @@ class Launcher:
             try:
                 done = barrier.wait()
             except (BarrierFailed, BarrierTimeout) as exc:
-                raise LaunchFailed(EXIT_RESTORE, f"restore on local rank 0 failed: {exc}") from None
+                raise LaunchFailed(ExitCode.RESTORE, f"restore on local rank 0 failed: {exc}") from None
             self.checkpoint_dir = Path(done["checkpoint_dir"])
             version, resume = done.get("version"), done.get("resume")
         self.report.restored_version = version or (Path(resume).name if resume else None)
@@ -632,18 +626,18 @@ class Launcher:
                                                     local_size=self.ranks.local_size, world=self.ranks.world_size,
                                                     checkpoint_dir=self.checkpoint_dir, environ=self.environ)
         except ValueError as exc:  # blobio.BlobConfigError: never holds a secret
-            raise LaunchFailed(EXIT_USAGE, f"checkpoint storage: {exc}") from None
+            raise LaunchFailed(ExitCode.USAGE, f"checkpoint storage: {exc}") from None
         self.store = self.node_checkpoints.store
         try:
             manifest, resume = self.node_checkpoints.restore_at_start()
         except CheckpointError as exc:
-            raise LaunchFailed(EXIT_RESTORE, f"restore failed: {exc}") from None
+            raise LaunchFailed(ExitCode.RESTORE, f"restore failed: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - storage errors: say which and stop
             hint = ""
             if type(exc).__name__ == "ClientAuthenticationError" or getattr(exc, "status_code", None) == 403:
                 hint = ("; the node's identity (AZURE_CLIENT_ID) needs 'Storage Blob Data Contributor' on the "
                         "account (role assignments take minutes to propagate)")
-            raise LaunchFailed(EXIT_RESTORE, f"restore failed: {type(exc).__name__}: {exc}{hint}") from None
+            raise LaunchFailed(ExitCode.RESTORE, f"restore failed: {type(exc).__name__}: {exc}{hint}") from None
         if manifest is None and resume is None:
             log.info("no checkpoint under %s/%s: starting fresh", settings.container, settings.prefix)
         if manifest is not None:
@@ -749,7 +743,7 @@ class Launcher:
             cause, message = "exit", f"exit {status}"
         if not coordinated:
             if cause == "hang":
-                status, self.report.error = EXIT_HANG, message
+                status, self.report.error = ExitCode.HANG, message
             return status, None
         records.record_exit(self.ranks.local_rank, status, cause, message,
                             peer_silent=bool(cause == "hang" and self.guard.fired.get("peer_silent")))
@@ -759,7 +753,7 @@ class Launcher:
         if decision.exit_code is not None:
             status = decision.exit_code
         elif cause == "hang" or (cause == "restart" and (decision.failure or {}).get("cause") == "hang"):
-            status = EXIT_HANG
+            status = ExitCode.HANG
         elif cause == "restart":
             status = int((decision.failure or {}).get("status") or status)
         if decision.result == "end":
@@ -784,9 +778,9 @@ class Launcher:
             return subprocess.Popen(self.options.command, env=self.command_env(), start_new_session=True,
                                     preexec_fn=_die_with_parent)
         except FileNotFoundError:
-            raise LaunchFailed(EXIT_NOT_FOUND, f"command not found: {self.options.command[0]}") from None
+            raise LaunchFailed(ExitCode.NOT_FOUND, f"command not found: {self.options.command[0]}") from None
         except PermissionError:
-            raise LaunchFailed(EXIT_NOT_EXECUTABLE, f"command not executable: {self.options.command[0]}") from None
+            raise LaunchFailed(ExitCode.NOT_EXECUTABLE, f"command not executable: {self.options.command[0]}") from None
 
     def _coordinator(self, generation: int, records):
         """Local rank 0: the node's side of the generation, in a thread, its decision behind a node barrier."""
@@ -893,7 +887,7 @@ class Launcher:
             self.report.error = "; ".join(errors)
             if status == 0:
                 log.error("%s", self.report.error)
-                return EXIT_FINAL_UPLOAD
+                return ExitCode.FINAL_UPLOAD
             log.error("%s (the command had already failed with %d)", self.report.error, status)
         return status
 
@@ -953,7 +947,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher = Launcher(options, environ)
     except RuntimeInputError as exc:
         print(exc.render(), file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     return launcher.run()
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.base.exit_codes import EXIT_NODE_LOST, EXIT_RESTARTS_EXHAUSTED
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import nodestatus
 
 log = logging.getLogger("amlhpc.restart")
@@ -192,7 +192,7 @@ def _key(version: dict[str, Any]) -> tuple[int, str, str]:
 
 
 def spent(limit: int) -> Decision:
-    return Decision("end", f"{limit} in-job restart(s) spent (checkpoint.local_restarts)", exit_code=EXIT_RESTARTS_EXHAUSTED)
+    return Decision("end", f"{limit} in-job restart(s) spent (checkpoint.local_restarts)", exit_code=ExitCode.RESTARTS_EXHAUSTED)
 
 
 def decide(generation: int, limit: int, nodes: int, reports: dict[int, dict[str, Any]],
@@ -207,7 +207,7 @@ def decide(generation: int, limit: int, nodes: int, reports: dict[int, dict[str,
         if not deadline_passed:
             return None
         return Decision("end", f"node(s) {', '.join(map(str, missing))} did not answer the restart: lost (a host that "
-                               "is gone ends the Azure ML job; the managed run resubmits it)", exit_code=EXIT_NODE_LOST)
+                               "is gone ends the Azure ML job; the managed run resubmits it)", exit_code=ExitCode.NODE_LOST)
     if generation >= limit:
         return spent(limit)
     held = [{_key(v) for v in reports[k].get("versions", [])} for k in range(nodes)]

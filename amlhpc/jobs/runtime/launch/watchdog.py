@@ -27,7 +27,7 @@ hung, and leaves a record the supervision reads after the job is gone.
 
 On a verdict, rank 0 writes it into the node's local folder; every local rank's launcher
 sends its command SIGCONT (a stopped process must see the signal), SIGTERM, and SIGKILL
-after `--term-grace`, and exits with amlhpc.jobs.runtime.base.exit_codes.EXIT_HANG. The node's end record
+after `--term-grace`, and exits with amlhpc.jobs.runtime.base.exit_codes.ExitCode.HANG. The node's end record
 names the node the hang started on: when every node stopped, the node whose ranks are not
 waiting for their peers (they stopped in their own work: amlhpc.jobs.runtime.base.progress.compute_done)
 while the others wait for it; without that signal, the node that stopped first.

@@ -16,7 +16,7 @@ a fraction of the fabric's speed, without any error. `parse_init_log` reads the 
 evidence of why; `static_causes` finds the usual causes without starting NCCL (NCCL_IB_DISABLE
 inherited from the image or the recipe, NCCL_NET=Socket, libibverbs missing from the image, no
 InfiniBand port on the node); `preflight` turns them into the message the launcher stops the
-job with (exit code amlhpc.jobs.runtime.base.exit_codes.EXIT_NCCL_SOCKETS).
+job with (exit code ExitCode.NCCL_SOCKETS).
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amlhpc.jobs.runtime.base.exit_codes import EXIT_NCCL_SOCKETS
 from amlhpc.jobs.runtime.node.rdma import rdma_ports
 from amlhpc.jobs.runtime.node.topology import sysfs_gpus
 
-__all__ = ["EXIT_NCCL_SOCKETS", "NetChoice", "parse_init_log", "static_causes", "preflight", "verdict"]
+__all__ = ["NetChoice", "parse_init_log", "static_causes", "preflight", "verdict"]
 
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
 _NET_IB = re.compile(r"NCCL INFO NET/IB ?: Using (.*)")

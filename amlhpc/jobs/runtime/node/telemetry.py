@@ -8,7 +8,7 @@ stops it when the command exits. Every `interval_s` (AMLHPC_TELEMETRY_INTERVAL_S
   memory used and total (MiB), power draw and limit (W), temperature (C), SM and memory clocks
   (MHz), the active clock event ("throttle") reasons by the names nvidia-smi prints, and the
   XID events NVML delivered since the previous sample (critical: in Azure's list of XIDs that
-  fail a node, amlhpc.jobs.runtime.health.tools.CRITICAL_XIDS);
+  fail a node, amlhpc.jobs.runtime.node.xids.CRITICAL_XIDS);
 - every RDMA port, from sysfs (amlhpc.jobs.runtime.node.rdma): state, rate, and its counters
   (counters/*): data sent and received as Gb/s over the interval (port_xmit_data and
   port_rcv_data count 4-byte words, the InfiniBand PortCounters convention the kernel keeps),
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from amlhpc.jobs.runtime.base import contract, progress
-from amlhpc.jobs.runtime.health.tools import CRITICAL_XIDS
 from amlhpc.jobs.runtime.node import nvml, rdma
+from amlhpc.jobs.runtime.node.xids import CRITICAL_XIDS
 
 log = logging.getLogger("amlhpc.telemetry")
 

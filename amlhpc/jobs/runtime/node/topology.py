@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amlhpc.jobs.runtime.base.errors import EXIT_USAGE
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.node.skufacts import SkuFacts
 
 NVIDIA_VENDOR = "0x10de"
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         sku = load_sku_facts()
     except RuntimeInputError as exc:
         print(exc.render(), file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     available = frozenset(os.sched_getaffinity(0))
     topology = discover(args.sysfs, sku, available)
     size = args.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or max(len(topology.gpus), 1)

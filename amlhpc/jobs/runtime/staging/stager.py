@@ -93,6 +93,7 @@ from typing import Any
 from amlhpc.jobs.runtime.base import contract, faultpoints, jobid, launchid
 from amlhpc.jobs.runtime.base import ranks as ranks_module
 from amlhpc.jobs.runtime.base.errors import RuntimeProblem
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.base.throttle import Throttle
 from amlhpc.jobs.runtime.blob import blobhttp, blobio, listing
 from amlhpc.jobs.runtime.blob import fetch as fetch_module
@@ -131,8 +132,6 @@ log = logging.getLogger("amlhpc.staging")
 STAGING_DIR = ".amlhpc-staging"
 TIMEOUT_VARIABLE = contract.STAGE_TIMEOUT_S
 DEFAULT_TIMEOUT_S = 3 * 3600.0
-
-EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_TIMEOUT = 0, 2, 3, 4
 
 __all__ = ["StageSpec", "StageOptions", "StageResult", "InputResult", "StageConfigError", "StagingError",
            "StagingTimedOut", "BarrierTimeout", "stage_inputs", "specs_from_env", "specs_from_json", "egress_warning",
@@ -970,7 +969,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         ranks = ranks_module.from_env(env)
     except ranks_module.RankError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
                         format=f"[staging node {ranks.node_index} rank {ranks.rank}] %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
@@ -982,13 +981,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         result = stage_inputs(specs, ranks, args.scratch, shared_dir=args.shared_dir, options=options, env=env)
     except (StageConfigError, scratch_module.ScratchError, blobio.BlobConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except (StagingTimedOut, BarrierTimeout) as exc:  # before OSError: BarrierTimeout is a TimeoutError
         print(f"error: timed out: {exc}", file=sys.stderr)
-        return EXIT_TIMEOUT
+        return ExitCode.STAGING_TIMEOUT
     except (StagingError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return ExitCode.STAGING
     if args.json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     if args.print_env:
@@ -996,7 +995,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
         for name, value in sorted(result.env_for(ranks.rank).items()):
             print(f"export {name}={shlex.quote(value)}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amlhpc.jobs.runtime.base import exit_codes
-from amlhpc.jobs.runtime.base.errors import EXIT_USAGE
-from amlhpc.jobs.runtime.launch import launcher as launch
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 
 
 @dataclass(frozen=True)
@@ -29,16 +27,16 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("node_failure", True, "a node failed or vanished (node state 'unusable', or a node left no end record)"),
     Cause("service_error", True, "Azure ML reported a service-side error (ServiceError, TransientError, AzureStorageError, "
                                  "RequestThrottled) before the training could say anything"),
-    Cause("health_gate", True, f"the health gate failed on a node (launcher exit {launch.EXIT_HEALTH})"),
-    Cause("staging", True, f"staging the inputs failed or timed out (launcher exit {launch.EXIT_STAGING})"),
-    Cause("hang", True, f"the watchdog stopped a training that made no progress (launcher exit {exit_codes.EXIT_HANG})"),
+    Cause("health_gate", True, f"the health gate failed on a node (launcher exit {ExitCode.HEALTH})"),
+    Cause("staging", True, f"staging the inputs failed or timed out (launcher exit {ExitCode.STAGING})"),
+    Cause("hang", True, f"the watchdog stopped a training that made no progress (launcher exit {ExitCode.HANG})"),
     Cause("nccl_fallback", True, "NCCL fell back to TCP instead of InfiniBand "
-                                 f"(launcher exit {exit_codes.EXIT_NCCL_SOCKETS})"),
+                                 f"(launcher exit {ExitCode.NCCL_SOCKETS})"),
     Cause("storage_access", False, "the node's managed identity cannot reach the job's storage with the role it needs "
-                                   f"(launcher exit {exit_codes.EXIT_STORAGE_ACCESS}): grant the role the message names"),
-    Cause("restore", False, f"the latest checkpoint could not be restored (launcher exit {launch.EXIT_RESTORE})"),
-    Cause("final_upload", False, f"the final checkpoint could not be uploaded (launcher exit {launch.EXIT_FINAL_UPLOAD})"),
-    Cause("bad_input", False, f"bad input: the launcher refused its settings (exit {EXIT_USAGE}), the command was "
+                                   f"(launcher exit {ExitCode.STORAGE_ACCESS}): grant the role the message names"),
+    Cause("restore", False, f"the latest checkpoint could not be restored (launcher exit {ExitCode.RESTORE})"),
+    Cause("final_upload", False, f"the final checkpoint could not be uploaded (launcher exit {ExitCode.FINAL_UPLOAD})"),
+    Cause("bad_input", False, f"bad input: the launcher refused its settings (exit {ExitCode.USAGE}), the command was "
                               "not found (126/127), or Azure ML rejected the job"),
     Cause("training_error", False, "the training code failed (its own exit status)"),
     Cause("queue_timeout", True, "the attempt waited in Azure ML's queue longer than managed.queue_timeout_s (or, after "
@@ -53,16 +51,16 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
 )}
 
 EXIT_CAUSES: dict[int, str] = {
-    EXIT_USAGE: "bad_input",
-    launch.EXIT_HEALTH: "health_gate",
-    launch.EXIT_STAGING: "staging",
-    launch.EXIT_RESTORE: "restore",
-    launch.EXIT_FINAL_UPLOAD: "final_upload",
-    exit_codes.EXIT_NCCL_SOCKETS: "nccl_fallback",
-    exit_codes.EXIT_STORAGE_ACCESS: "storage_access",
-    exit_codes.EXIT_HANG: "hang",
-    launch.EXIT_NOT_EXECUTABLE: "bad_input",
-    launch.EXIT_NOT_FOUND: "bad_input",
+    ExitCode.USAGE: "bad_input",
+    ExitCode.HEALTH: "health_gate",
+    ExitCode.STAGING: "staging",
+    ExitCode.RESTORE: "restore",
+    ExitCode.FINAL_UPLOAD: "final_upload",
+    ExitCode.NCCL_SOCKETS: "nccl_fallback",
+    ExitCode.STORAGE_ACCESS: "storage_access",
+    ExitCode.HANG: "hang",
+    ExitCode.NOT_EXECUTABLE: "bad_input",
+    ExitCode.NOT_FOUND: "bad_input",
 }
 """The launcher's own exit statuses; any other non-zero status is the training's."""
 
