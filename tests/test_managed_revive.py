@@ -120,7 +120,7 @@ def test_the_schedule_is_what_azure_ml_accepts(managed_plan, tmp_path):
     the revival command, the controller's code, environment, cluster, identity, settings)."""
     from azure.ai.ml.entities import CommandJob, ManagedIdentityConfiguration
 
-    from amlhpc.jobs.managed.controller import MANAGED_JSON
+    from amlhpc.jobs.managed.settings import MANAGED_JSON
 
     controller = CommandJob(
         name=managed_plan.run, experiment_name="cosmoflow", command="python -m amlhpc.jobs.managed.controller",
