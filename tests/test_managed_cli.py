@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from amlhpc.images.catalog import CONTROLLER, release
 from amlhpc.jobs.cli import main as cli
 from amlhpc.jobs.managed import render
-from amlhpc.jobs.managed.settings import MANAGED_JSON
 from amlhpc.jobs.managed.policy import Policy
 from amlhpc.jobs.managed.record import Attempt, Record, RecordStore
+from amlhpc.jobs.managed.settings import MANAGED_JSON
 from amlhpc.jobs.runtime.base import contract
 from tests.jobs_helpers import outputs_doc, outputs_file
 
