@@ -95,9 +95,13 @@ def main() -> None:
     run(build(), "aml-hpc", argv)
 
 
-def _one(module: str, prog_name: str) -> None:
+APPS = {"infra": "amlhpc.infra.cli", "jobs": "amlhpc.jobs.cli.main", "images": "amlhpc.images.cli"}
+"""Each part's command-line app, by the name `aml-hpc` mounts it under."""
+
+
+def _one(part: str, prog_name: str) -> None:
     argv = enter_project(sys.argv[1:])
-    app = __import__(f"{module}.cli", fromlist=["app"]).app
+    app = __import__(APPS[part], fromlist=["app"]).app
     run(app, prog_name, argv)
 
 

@@ -83,7 +83,7 @@ def test_installed_tool_runs_outside_the_repository(installed: Path, sample_proj
         version = subprocess.run([str(installed / command), "--version"], cwd=tmp_path, env=env,
                                  capture_output=True, text=True, timeout=120)
         assert version.returncode == 0 and version.stdout.strip() == f"aml-hpc {__version__}", (command, version.stderr)
-    where = subprocess.run([str(installed / "python"), "-c", "import jobs, core; print(jobs.__file__)"],
+    where = subprocess.run([str(installed / "python"), "-c", "import amlhpc.jobs, amlhpc.core; print(amlhpc.jobs.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert str(installed.parent) in where.stdout and str(REPO) not in where.stdout, where.stdout + where.stderr
 

@@ -177,8 +177,8 @@ def test_the_controller_imports_only_what_its_image_has():
     is amlhpc/jobs/managed and amlhpc/jobs/runtime. render.py and client.py run on the laptop only."""
     from tests.test_import_direction import offenders, py_files
 
-    controller_side = [p for p in py_files("jobs", "managed") if p.name not in ("render.py", "client.py")]
-    assert offenders(controller_side, ("core", "infra", "images", "jobs", "pulumi", "pydantic", "yaml", "rich", "typer"),
+    controller_side = [p for p in py_files("amlhpc", "jobs", "managed") if p.name not in ("render.py", "client.py")]
+    assert offenders(controller_side, ("amlhpc.core", "amlhpc.infra", "amlhpc.images", "amlhpc.jobs", "pulumi", "pydantic", "yaml", "rich", "typer"),
                      allowed=("amlhpc.jobs.managed", "amlhpc.jobs.runtime")) == {}
     assert offenders(controller_side, ("amlhpc.jobs.managed.render", "amlhpc.jobs.managed.client")) == {}
 

@@ -53,12 +53,14 @@ class TestSeams:
 
     def test_each_node_gets_its_own_code_copy_and_scratch(self, tmp_path):
         snapshot = tmp_path / "snap"
-        (snapshot / "amlhpc" / "jobs" / "runtime").mkdir(parents=True)
+        (snapshot / "amlhpc" / "jobs" / "runtime" / "launch").mkdir(parents=True)
+        (snapshot / "amlhpc" / "__init__.py").write_text("")
         (snapshot / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").write_text("# launcher\n")
         folders = rehearsal.prepare_nodes(snapshot, tmp_path / "work", 3)
         assert [f.name for f in folders] == ["node0", "node1", "node2"]
         for f in folders:
             assert (f / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").read_text() == "# launcher\n"
+            assert (f / "amlhpc" / "__init__.py").is_file(), "a regular package: the node's copy wins over the checkout"
             assert (f / "scratch").is_dir()
         assert not (folders[0] / "amlhpc" / "jobs").samefile(folders[1] / "amlhpc" / "jobs")
 

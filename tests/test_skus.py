@@ -104,7 +104,7 @@ class TestCatalogData:
         for source_id in cited:
             source = skus.SOURCES[source_id]
             # the project's own measurements cite the committed result file instead of a web page
-            own = source_id.startswith("aml-hpc-") and (skus.CATALOG_FILE.parents[2] / source.url).is_file()
+            own = source_id.startswith("aml-hpc-") and (skus.CATALOG_FILE.parents[3] / source.url).is_file()
             assert source.title and (source.url.startswith("https://") or own) and source.as_of
 
     def test_unknown_key_is_named(self, tmp_path):

@@ -131,10 +131,10 @@ def prepare_nodes(snapshot: Path, workdir: Path, nodes: int) -> list[Path]:
     folders = []
     for node in range(nodes):
         folder = workdir / f"node{node}"
-        code = folder / "amlhpc" / "jobs"
+        code = folder / "amlhpc"
         if code.exists():
             shutil.rmtree(code)
-        shutil.copytree(snapshot / "amlhpc" / "jobs", code)
+        shutil.copytree(snapshot / "amlhpc", code)
         (folder / "scratch").mkdir(parents=True, exist_ok=True)
         folders.append(folder)
     return folders

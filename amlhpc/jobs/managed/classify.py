@@ -39,8 +39,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from amlhpc.jobs.managed import causes
 from amlhpc.jobs.managed.observation import SERVICE_ERROR_CODES, Observation
-from amlhpc.jobs.recipes import causes
 from amlhpc.jobs.runtime.launch.completion import crash_signal
 
 PREEMPTION_CODES = frozenset({"PreemptionError"})

@@ -29,12 +29,11 @@ from typing import Any
 
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.outputs import StackOutputs
-from amlhpc.jobs.managed import shrink
+from amlhpc.jobs.managed import causes, shrink
 from amlhpc.jobs.managed.policy import DEFAULT_TEMPLATE, Policy, Target
 from amlhpc.jobs.managed.record import iso, now_utc, record_name
 from amlhpc.jobs.managed.settings import MANAGED_JSON
 from amlhpc.jobs.plan import build
-from amlhpc.jobs.recipes import causes
 from amlhpc.jobs.recipes.schema import Recipe
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.workloads import env as workload_env

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from amlhpc.core.values import Hours, Usd, checked
-from amlhpc.jobs.recipes import causes
+from amlhpc.jobs.managed import causes
 
 SHM_SIZE_DEFAULT = "3100m"
 """Docker's /dev/shm for the job. Azure ML's default (2 GB) starves PyTorch data loader
@@ -177,7 +177,7 @@ class Managed(_Model):
     max_restarts: int = Field(3, ge=0, le=100)
     """Attempts after the first; --max-restarts wins."""
     retry_on: list[str | int] = Field(default_factory=lambda: list(causes.DEFAULT_RETRY_ON))
-    """Causes that are retried (see amlhpc/jobs/recipes/causes.py), and exit statuses of the training's own
+    """Causes that are retried (see amlhpc/jobs/managed/causes.py), and exit statuses of the training's own
     that mean "try again" (e.g. 75). Default: preempted, node_failure, service_error, health_gate,
     staging, hang, nccl_fallback."""
     backoff_s: int = Field(60, ge=0)

@@ -1,5 +1,5 @@
 """Every exit status of the in-job runtime, in one enum: the launcher's, the staging command's
-and the health gate's. Managed runs (amlhpc/jobs/recipes/causes.py) decide from these which
+and the health gate's. Managed runs (amlhpc/jobs/managed/causes.py) decide from these which
 ends to retry; docs/runtime.md lists them with what to do about each.
 
 A process ended by signal N exits 128+N (the shell's convention); those are not listed here.
