@@ -321,3 +321,18 @@ def test_the_page_renders_in_headless_chromium(tmp_path):
     colours = image.getcolors(maxcolors=1 << 20) or []
     blue = sum(n for n, (r, g, b) in colours if b > 200 and r < 80 and 90 < g < 140)  # the plots' #1f6feb lines
     assert image.size == (1280, 3000) and blue > 200, f"no plotted line visible ({blue} blue pixels)"
+
+
+def test_without_matplotlib_the_report_names_the_extra(tmp_path, monkeypatch):
+    """matplotlib is the `report` extra: missing, `jobs report` says how to add it, and reads nothing."""
+    import importlib.util
+
+    from amlhpc.core.errors import UserError
+    from amlhpc.jobs import report as run_report
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(UserError) as raised:
+        run_report.write(tmp_path / "no-such-run")
+    text = str(raised.value.problems[0])
+    assert "matplotlib" in text and "aml-hpc[report]" in text and not (tmp_path / "no-such-run").exists()

@@ -17,6 +17,7 @@ REPORT_FILE = "report.html"
 
 def write(folder: Path, out: Path | None = None, run: str | None = None, now: datetime | None = None) -> Path:
     """Read the run in `folder`, write its page (default `<folder>/report.html`), return its path."""
+    figures.require_matplotlib()
     found = records.read(folder, run)
     target = out or folder / REPORT_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
