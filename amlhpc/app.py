@@ -97,17 +97,17 @@ def main() -> None:
 
 def _one(module: str, prog_name: str) -> None:
     argv = enter_project(sys.argv[1:])
-    app = __import__(f"{module}.cli", fromlist=["app"]).app
+    app = __import__(module, fromlist=["app"]).app
     run(app, prog_name, argv)
 
 
 def infra_main() -> None:
-    _one("infra", "aml-hpc-infra")
+    _one("amlhpc.infra.cli", "aml-hpc-infra")
 
 
 def jobs_main() -> None:
-    _one("jobs", "aml-hpc-jobs")
+    _one("amlhpc.jobs.cli.main", "aml-hpc-jobs")
 
 
 def images_main() -> None:
-    _one("images", "aml-hpc-images")
+    _one("amlhpc.images.cli", "aml-hpc-images")

@@ -57,7 +57,7 @@ def installed(tmp_path_factory) -> Path:
     (wheel,) = (work / "dist").glob("aml_hpc-*.whl")
     # every tracked file of the packages, the data the tools read included: recipes, the
     # catalog, Dockerfiles and amlhpc/images/common, workloads, the policy pack
-    listed = subprocess.run(["git", "ls-files", "amlhpc", "core", "infra", "jobs", "images"], cwd=REPO,
+    listed = subprocess.run(["git", "ls-files", "amlhpc"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.split()
     names = set(zipfile.ZipFile(wheel).namelist())
     assert listed and not [f for f in listed if f not in names], [f for f in listed if f not in names][:10]
@@ -83,7 +83,7 @@ def test_installed_tool_runs_outside_the_repository(installed: Path, sample_proj
         version = subprocess.run([str(installed / command), "--version"], cwd=tmp_path, env=env,
                                  capture_output=True, text=True, timeout=120)
         assert version.returncode == 0 and version.stdout.strip() == f"aml-hpc {__version__}", (command, version.stderr)
-    where = subprocess.run([str(installed / "python"), "-c", "import jobs, core; print(jobs.__file__)"],
+    where = subprocess.run([str(installed / "python"), "-c", "import amlhpc.jobs; print(amlhpc.jobs.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert str(installed.parent) in where.stdout and str(REPO) not in where.stdout, where.stdout + where.stderr
 

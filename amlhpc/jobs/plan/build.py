@@ -53,7 +53,7 @@ from amlhpc.jobs.workloads import env as workload_env
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SNAPSHOT_ROOT = project.scratch() / "code-snapshots"
-TOPOLOGY_SOURCE = Path("amlhpc") / "amlhpc" / "images" / "common" / "nccl-topo"
+TOPOLOGY_SOURCE = Path("amlhpc") / "images" / "common" / "nccl-topo"
 """The topology files the images install; the snapshot carries the same files."""
 CHECKPOINT_INGRESS_SHARE = 0.9
 """Checkpoint writers together stay under 90 % of the account's ingress (the NDv4 performance article: 8 x 2300
