@@ -83,9 +83,9 @@ def build() -> typer.Typer:
     ) -> None:
         """aml-hpc: plan and deploy the platform (infra), run training on it (jobs), build its images (images)."""
 
-    app.add_typer(infra_app, name="infra", help="Plan stacks offline, manage experiment stacks (python -m amlhpc.infra).")
-    app.add_typer(jobs_app, name="jobs", help="Recipes, submission, runs, logs and reports (python -m amlhpc.jobs).")
-    app.add_typer(images_app, name="images", help="Training images: build, list, check (python -m amlhpc.images).")
+    app.add_typer(infra_app, name="infra", help="Plan, preview, deploy and tear down stacks; experiment stacks.")
+    app.add_typer(jobs_app, name="jobs", help="Recipes, submission, rehearsals, runs, logs and reports.")
+    app.add_typer(images_app, name="images", help="Training images: build, list, check.")
     app.command("doctor")(doctor)
     return app
 

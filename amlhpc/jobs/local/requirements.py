@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.runtime.base import contract
 
@@ -85,13 +86,14 @@ def azurite_problems(env: Mapping[str, str]) -> list[Problem]:
     """Azurite (npm) and Node.js, unless the caller brings its own Blob connection string."""
     if env.get(contract.BLOB_CONNECTION_STRING):
         return []
-    from amlhpc.jobs.local.azurite import AZURITE_BIN
+    from amlhpc.jobs.local import azurite
 
     problems = []
-    if not AZURITE_BIN.exists():
-        problems.append(Problem("Azurite (the local Blob service)", "", f"{AZURITE_BIN.relative_to(REPO_ROOT)} is missing",
-                                "run `make bootstrap` (installs it from npm), or set "
-                                f"{contract.BLOB_CONNECTION_STRING} to a running Azurite's connection string"))
+    if azurite.find(env.get("PATH")) is None:
+        problems.append(Problem("Azurite (the local Blob service)", "", f"{azurite.AZURITE_COMMAND} is not installed "
+                                "(neither in this project's node_modules nor on PATH)",
+                                f"{azurite.install_hint()}; or set {contract.BLOB_CONNECTION_STRING} to a running "
+                                "Azurite's connection string"))
     if shutil.which("node", path=env.get("PATH")) is None:
         problems.append(Problem("Node.js", "", "`node` is not on PATH (Azurite runs on it)",
                                 "install Node.js 20 or newer (https://nodejs.org)"))
@@ -122,8 +124,10 @@ def check(recipe, env: Mapping[str, str] | None = None, machine: Machine | None 
     if missing:
         problems.append(Problem(where, "local.requires.modules", f"needs Python module{'s' if len(missing) > 1 else ''} "
                                 f"{', '.join(missing)}, not installed in this environment",
-                                "install them into .venv (`uv pip install --python .venv/bin/python ...`), or use the "
-                                "recipe's image on Azure"))
+                                f"install {'it' if len(missing) == 1 else 'them'} into this environment: "
+                                + (invocation.torch_cpu() + " (PyTorch's CPU build)" if missing == ["torch"]
+                                   else invocation.python_modules(" ".join(missing)))
+                                + ", or use the recipe's image on Azure"))
     for name, spec in recipe.inputs.items():
         if spec.mode != "stage":
             problems.append(Problem(where, f"inputs.{name}.mode", f"is {spec.mode}: Azure ML itself provides such inputs, "

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.outputs import StackOutputs
 from amlhpc.jobs.managed import shrink
@@ -119,7 +120,7 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
         problems.append(Problem(f"stack {outputs.stack!r} outputs", f"registry.environments.{CONTROLLER_ENVIRONMENT}",
                                 "the stack registers no controller image (Azure ML must not build the controller's "
                                 "environment: prod reaches no package index)",
-                                f"build it (`python -m amlhpc.images build --stack {outputs.stack}`), then deploy the stack"))
+                                f"build it (`{invocation.command('images', 'build --stack ' + outputs.stack)}`), then deploy the stack"))
     unknown = [c for c in recipe.managed.fallback_clusters if c not in outputs.clusters]
     if unknown:
         problems.append(Problem(reference, "managed.fallback_clusters", f"{', '.join(unknown)}: not a cluster of stack "

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from amlhpc.core import project, skus
+from amlhpc.core import invocation, project, skus
 from amlhpc.core.errors import Problem, ProblemCollector, UserError
 from amlhpc.core.outputs import StackOutputs
 from amlhpc.core.values import NumberError, check_number, check_run_name
@@ -350,7 +350,7 @@ def _environment(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector)
         found.add("environment.registered",
                   f"environment {ref.registered!r} is not registered in stack {outputs.stack!r} "
                   f"(registry.environments has: {', '.join(registered) or 'none'})",
-                  f"build and register the images (`make images STACK={outputs.stack}`, then `pulumi up`), "
+                  f"build and register the images (`{invocation.command('images', 'build --stack ' + outputs.stack)}`, then `{invocation.deploy('up', outputs.stack)}`), "
                   "or name an image directly: --set environment.registered=null --set environment.image=REGISTRY/REPO:TAG")
         return {}
     if ref.registered in outputs.registry.environment_ids:
@@ -425,7 +425,7 @@ def _inputs(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector):
     for name, spec in recipe.inputs.items():
         if not spec.path:
             found.add(f"inputs.{name}.path", f"input {name!r} has no path in the datasets container",
-                      f"pass --set inputs.{name}.path=FOLDER (upload it first: python -m amlhpc.jobs data upload DIR --stack {outputs.stack} --prefix FOLDER)")
+                      f"pass --set inputs.{name}.path=FOLDER (upload it first: {invocation.command('jobs', f'data upload DIR --stack {outputs.stack} --prefix FOLDER')})")
             continue
         prefix = spec.path.strip("/")
         if spec.mode == "stage":
