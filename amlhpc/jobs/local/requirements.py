@@ -108,7 +108,7 @@ def check(recipe, env: Mapping[str, str] | None = None, machine: Machine | None 
     gpu = machine.has_gpu or has_nvidia_gpu
     probe = machine.reachable or reachable
     needs = recipe.local.requires
-    where = f"amlhpc/jobs/recipes/{recipe.name}.yaml"
+    where = recipe.reference
     problems: list[Problem] = []
 
     # the network probes run while the rest is checked

@@ -97,7 +97,7 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
                  resume: str | None = None, secret: str | None = None, allow_tcp: bool = False) -> ManagedPlan:
     """The controller's plan for a planned training job; UserError names what is missing.
     `secret`: the run's evidence secret when resuming (the earlier controller's), else new."""
-    reference = f"amlhpc/jobs/recipes/{recipe.name}.yaml"
+    reference = recipe.reference
     problems = []
     if contract.CHECKPOINT_JSON not in training.environment_variables:
         problems.append(Problem(reference, "checkpoint.enabled", "a managed run resumes from checkpoints, and the "
