@@ -1,6 +1,7 @@
 """The console commands the wheel installs.
 
     aml-hpc [--project DIR] infra|jobs|images|doctor ...
+    aml-hpc init [DIR]                                    (a new team project: amlhpc/scaffold/)
     aml-hpc-infra | aml-hpc-jobs | aml-hpc-images ...     (the same apps, one each)
 
 `--project DIR` names the project (the folder with Pulumi.yaml and the stack files);
@@ -70,6 +71,7 @@ def build() -> typer.Typer:
     from amlhpc.images.cli import app as images_app
     from amlhpc.infra.cli import app as infra_app
     from amlhpc.jobs.cli.main import app as jobs_app
+    from amlhpc.scaffold import init_command
 
     app = new_app("aml-hpc: platform-as-code for distributed GPU training on Azure Machine Learning.")
 
@@ -81,12 +83,14 @@ def build() -> typer.Typer:
             help="The project folder (its Pulumi.yaml and Pulumi.<stack>.yaml); default: found from the current "
                  "folder upwards.")] = None,
     ) -> None:
-        """aml-hpc: plan and deploy the platform (infra), run training on it (jobs), build its images (images)."""
+        """aml-hpc: start a team project (init), plan and deploy the platform (infra), run training on it (jobs),
+        build its images (images)."""
 
     app.add_typer(infra_app, name="infra", help="Plan, preview, deploy and tear down stacks; experiment stacks.")
     app.add_typer(jobs_app, name="jobs", help="Recipes, submission, rehearsals, runs, logs and reports.")
     app.add_typer(images_app, name="images", help="Training images: build, list, check.")
     app.command("doctor")(doctor)
+    app.command("init")(init_command)
     return app
 
 
