@@ -99,19 +99,29 @@ def main() -> None:
     run(build(), "aml-hpc", argv)
 
 
-def _one(module: str, prog_name: str) -> None:
+ONE_APP = {"aml-hpc-infra": "amlhpc.infra.cli", "aml-hpc-jobs": "amlhpc.jobs.cli.main",
+           "aml-hpc-images": "amlhpc.images.cli"}
+"""The one-app commands and the module whose `app` each runs."""
+
+
+def one_app(prog_name: str) -> typer.Typer:
+    """The typer app behind aml-hpc-infra, aml-hpc-jobs or aml-hpc-images."""
+    app: typer.Typer = __import__(ONE_APP[prog_name], fromlist=["app"]).app
+    return app
+
+
+def _one(prog_name: str) -> None:
     argv = enter_project(sys.argv[1:])
-    app = __import__(module, fromlist=["app"]).app
-    run(app, prog_name, argv)
+    run(one_app(prog_name), prog_name, argv)
 
 
 def infra_main() -> None:
-    _one("amlhpc.infra.cli", "aml-hpc-infra")
+    _one("aml-hpc-infra")
 
 
 def jobs_main() -> None:
-    _one("amlhpc.jobs.cli.main", "aml-hpc-jobs")
+    _one("aml-hpc-jobs")
 
 
 def images_main() -> None:
-    _one("amlhpc.images.cli", "aml-hpc-images")
+    _one("aml-hpc-images")

@@ -53,6 +53,16 @@ def command(part: str, args: str = "") -> str:
     return _join("python -m amlhpc", part, args)
 
 
+def spoken(text: str) -> str:
+    """Free text written for a clone (a recipe's own hint naming `python -m amlhpc.jobs ...`)
+    with each such command as this user runs it."""
+    if from_clone():
+        return text
+    for part in PARTS:
+        text = text.replace("python -m amlhpc." + part + " ", command(part) + " ")
+    return text
+
+
 def module(name: str, args: str = "") -> str:
     """The command that runs a module of the package that has no command of its own (e.g.
     amlhpc.core.availability): with the clone's .venv, or with the interpreter of the install."""

@@ -134,7 +134,7 @@ def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
                 if _PIP_INSTALL.search(part) and not ("--require-hashes" in part and " -r " in part):
                     add(step.line, "runs pip install without --require-hashes -r <lock>: packages would be trusted "
                         "on first download", "install from the image's lock: pip install --require-hashes --no-deps "
-                        "-r /opt/aml-hpc/requirements/<lock> (python -m amlhpc.images lock writes it)")
+                        f"-r /opt/aml-hpc/requirements/<lock> ({invocation.command('images', 'lock')} writes it)")
     for number, line in enumerate(text.splitlines(), start=1):
         if re.search(r"(:|\b)latest\b", line, re.IGNORECASE) and not line.lstrip().startswith("#"):
             add(number, "mentions `latest`", "pin an exact version in amlhpc/images/pins.toml")

@@ -99,9 +99,6 @@ def run(action: str, stack: str, extra: list[str], confirm: str | None = None) -
         raise UserError([Problem("STACK", stack, "is not a stack name",
                                  "stack names are lowercase letters, digits and hyphens, e.g. dev or exp-bert")],
                         "invalid stack")
-    if confirm is not None and action != "down":
-        raise UserError([Problem("command line", "--confirm", f"only `down` asks for it, not `{action}`",
-                                 "drop --confirm")], "invalid flags")
     check_program(root)
     bash = shutil.which("bash")
     if bash is None:
@@ -112,9 +109,9 @@ def run(action: str, stack: str, extra: list[str], confirm: str | None = None) -
     return EXIT_USAGE if status == MISSING_CLI else status
 
 
-StackArgument = Annotated[str, typer.Argument(metavar="STACK", help="The stack: Pulumi.STACK.yaml in the project.")]
+StackArgument = Annotated[str, typer.Argument(help="The stack: Pulumi.STACK.yaml in the project.")]
 PulumiArguments = Annotated[list[str] | None, typer.Argument(
-    metavar="[-- PULUMI ARGUMENTS]", help="Passed on to pulumi after --, e.g. -- --yes --diff.")]
+    metavar="-- PULUMI_ARGS", help="Passed on to pulumi after --, e.g. -- --diff --target URN.", show_default=False)]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
 
 

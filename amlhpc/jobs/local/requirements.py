@@ -100,6 +100,16 @@ def azurite_problems(env: Mapping[str, str]) -> list[Problem]:
     return problems
 
 
+def _install_hint(missing: list[str]) -> str:
+    """The commands that install `missing` here; PyTorch as its CPU build (enough for a
+    rehearsal, without the gigabytes of CUDA libraries pip's default build brings on Linux)."""
+    others = [m for m in missing if m != "torch"]
+    commands = [invocation.torch_cpu()] if "torch" in missing else []
+    if others:
+        commands.append(invocation.python_modules(" ".join(others)))
+    return " and ".join(commands)
+
+
 def check(recipe, env: Mapping[str, str] | None = None, machine: Machine | None = None) -> None:
     """Raise UserError listing everything this machine lacks to rehearse `recipe`."""
     env = os.environ if env is None else env
@@ -125,9 +135,7 @@ def check(recipe, env: Mapping[str, str] | None = None, machine: Machine | None 
         problems.append(Problem(where, "local.requires.modules", f"needs Python module{'s' if len(missing) > 1 else ''} "
                                 f"{', '.join(missing)}, not installed in this environment",
                                 f"install {'it' if len(missing) == 1 else 'them'} into this environment: "
-                                + (invocation.torch_cpu() + " (PyTorch's CPU build)" if missing == ["torch"]
-                                   else invocation.python_modules(" ".join(missing)))
-                                + ", or use the recipe's image on Azure"))
+                                + _install_hint(missing) + ", or use the recipe's image on Azure"))
     for name, spec in recipe.inputs.items():
         if spec.mode != "stage":
             problems.append(Problem(where, f"inputs.{name}.mode", f"is {spec.mode}: Azure ML itself provides such inputs, "
@@ -145,5 +153,5 @@ def check(recipe, env: Mapping[str, str] | None = None, machine: Machine | None 
     if problems:
         if needs.hint:  # the recipe's own advice replaces the generic one for the first reason
             first = problems[0]
-            problems[0] = Problem(first.reference, first.path, first.message, needs.hint)
+            problems[0] = Problem(first.reference, first.path, first.message, invocation.spoken(needs.hint))
         raise UserError(problems, f"cannot rehearse {recipe.name} on this machine")

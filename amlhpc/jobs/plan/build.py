@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 import shlex
@@ -46,7 +47,7 @@ from amlhpc.core.values import NumberError, check_number, check_run_name
 from amlhpc.jobs.plan import cost as cost_mod
 from amlhpc.jobs.plan import deepspeed as ds_mod
 from amlhpc.jobs.plan import tuning
-from amlhpc.jobs.recipes.schema import Recipe, display_path
+from amlhpc.jobs.recipes.schema import Recipe
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.runtime.node.nccl_env import SNAPSHOT_TOPO_DIR
 from amlhpc.jobs.workloads import env as workload_env
@@ -431,7 +432,7 @@ def _code_dirs(recipe: Recipe, root: Path, found: ProblemCollector) -> list[str]
         path = _find_folder(given, places)
         if path is None:
             looked = "it is not a folder" if Path(given).expanduser().is_absolute() else \
-                "looked in " + ", ".join(dict.fromkeys(display_path(p) + "/" for p in places[:2])) + " and aml-hpc's package"
+                "looked in " + ", ".join(dict.fromkeys(_shown_folder(p) for p in places[:2])) + " and aml-hpc's package"
             found.add(f"code[{i}]", f"{given!r} is not a folder ({looked})",
                       "give a folder relative to the recipe file or the project (e.g. src), an absolute path, "
                       "or one of aml-hpc's (amlhpc/jobs/workloads)")
@@ -443,6 +444,14 @@ def _code_dirs(recipe: Recipe, root: Path, found: ProblemCollector) -> list[str]
         dirs.insert(0, RUNTIME_CODE)
     _check_code_layout(dirs, found)
     return dirs
+
+
+def _shown_folder(folder: Path) -> str:
+    """A folder as a message names it: relative to the current one when near, else absolute."""
+    relative = os.path.relpath(folder)
+    if relative == ".":
+        return "./"
+    return (relative if relative.split(os.sep).count("..") <= 2 else str(folder.resolve())) + "/"
 
 
 def _find_folder(given: str, places: list[Path]) -> Path | None:
