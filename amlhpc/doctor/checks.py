@@ -283,8 +283,9 @@ def submitters_check(target: Target, object_id: str) -> Check:
     listed = [s.lower() for s in target.submitters]
     key = "aml-hpc:submitters"
     if not listed:
-        return Check("submitters", "fail", f"{target.environment_file} lists no {key}: nobody but Owners and "
-                     f"Contributors can submit jobs to {target.stack}",
+        return Check("submitters", "fail", f"{target.environment_file} lists no {key}: nobody can submit jobs to "
+                     f"{target.stack} (the code upload to the keyless workspace storage needs a data role Owners and "
+                     "Contributors do not have; only `workspaceStorageAuth: accessKey` lets them)",
                      f"add to {target.environment_file}: {key}: [{{principalId: <object id>, principalType: Group}}] "
                      f"(yours: az ad signed-in-user show --query id -o tsv), then {invocation.deploy('up', target.stack)}")
     if object_id and object_id.lower() in listed:
