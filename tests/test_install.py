@@ -165,7 +165,9 @@ def test_outside_any_project_the_tool_says_where_to_go(installed: Path, tmp_path
 @pytest.mark.torch
 @pytest.mark.azurite
 def test_a_team_project_from_init_to_preview(installed: Path, tmp_path: Path):
-    """What a new team does first, from the installed wheel alone, in a folder of its own."""
+    """What a new team does first, from the installed wheel alone, in a folder of its own. The
+    rehearsal (the longest step) runs beside the offline dry run, the preview and the
+    experiment's stack file."""
     from azure.ai.ml import load_job
 
     env = _clean_env()
@@ -188,7 +190,7 @@ def test_a_team_project_from_init_to_preview(installed: Path, tmp_path: Path):
     dry_run = subprocess.Popen([aml_hpc, "jobs", "submit", "train", "--stack", "dev", "--offline", "--dry-run",
                                 "--out", ".scratch/train.yml"], cwd=team / "src", env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    dry_out, dry_err = dry_run.communicate(timeout=600)
+    _, dry_err = dry_run.communicate(timeout=600)
     preview = run("infra", "preview", "dev", cwd=team)
     rehearsal_out, rehearsal_err = rehearsal.communicate(timeout=600)
 
@@ -202,6 +204,10 @@ def test_a_team_project_from_init_to_preview(installed: Path, tmp_path: Path):
     assert preview.returncode == 2, preview.stderr
     assert "the Pulumi CLI is not installed" in preview.stderr and "https://get.pulumi.com" in preview.stderr
     assert "Traceback" not in preview.stderr and "make " not in preview.stderr
+    experiment = run("infra", "new-experiment", "sweep", "--env", "dev", "--days", "3", cwd=team)
+    assert experiment.returncode == 0, experiment.stderr
+    assert "aml-hpc infra preview exp-sweep" in experiment.stdout and "aml-hpc infra down exp-sweep" in experiment.stdout
+    assert "make " not in experiment.stdout and "python -m" not in experiment.stdout
 
     assert rehearsal.returncode == 0, (rehearsal_out + rehearsal_err)[-4000:]
     assert "rehearsal succeeded" in rehearsal_out + rehearsal_err
