@@ -93,13 +93,6 @@ def clean() -> str:
     return "rm -rf " + " ".join(folder + "/" for folder in CLEANED)
 
 
-def setup() -> str:
-    """How to install what the local rehearsal needs (PyTorch for CPU, Azurite)."""
-    if from_clone():
-        return "make bootstrap"
-    return torch_cpu() + " and " + azurite()
-
-
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 """PyTorch's own index of CPU-only builds (pytorch.org, "Start Locally", 2025): without it pip
 takes the default build, which on Linux carries the CUDA libraries (gigabytes a rehearsal on a
