@@ -22,9 +22,15 @@ import yaml
 from amlhpc import scaffold
 from amlhpc.core import invocation, project
 from amlhpc.core.errors import UserError
+from amlhpc.infra import deploy
 from amlhpc.jobs import recipes
+from amlhpc.jobs.local import requirements
 from amlhpc.jobs.plan import build
 from tests.jobs_helpers import stack_outputs
+
+# Loaded here, not under the `team` fixture: modules that read the project's location when they
+# load (amlhpc.jobs.plan.outputs' REPO_ROOT) must keep this repository's for the other tests.
+DEV = stack_outputs("dev")
 
 REPO = Path(__file__).resolve().parent.parent
 DEV_OUTPUTS = REPO / "tests" / "fixtures" / "outputs" / "dev.json"
@@ -142,7 +148,7 @@ class TestCode:
         (elsewhere / "teamlib").mkdir(parents=True)
         (elsewhere / "teamlib" / "__init__.py").write_text("")
         recipe = self._recipe(team, ["src", "helpers", str(elsewhere), "amlhpc/jobs/workloads"])
-        plan = build.plan_job(recipe, stack_outputs("dev"))
+        plan = build.plan_job(recipe, DEV)
         assert plan.code_dirs == ("amlhpc/jobs/runtime", str(team / "src"), str(team / "recipes" / "helpers"),
                                   str(elsewhere), "amlhpc/jobs/workloads")
         snap = build.snapshot(plan.code_dirs, dest_root=tmp_path / "snap")
@@ -155,7 +161,7 @@ class TestCode:
     def test_the_runtime_travels_even_when_the_recipe_lists_only_the_teams_code(self, team, tmp_path):
         recipe = recipes.load("train")
         assert recipe.code == ["src"]
-        plan = build.plan_job(recipe, stack_outputs("dev"))
+        plan = build.plan_job(recipe, DEV)
         assert plan.code_dirs == ("amlhpc/jobs/runtime", str(team / "src"))
         assert plan.command.startswith("python -m amlhpc.jobs.runtime.launch -- python train.py")
 
@@ -163,7 +169,7 @@ class TestCode:
         monkeypatch.chdir(team / "recipes")
         recipe = self._recipe(team, ["srcc", "/no/such/folder"])
         with pytest.raises(UserError) as info:
-            build.plan_job(recipe, stack_outputs("dev"))
+            build.plan_job(recipe, DEV)
         text = info.value.render()
         assert f".{os.sep}train.yaml: code[0]: 'srcc' is not a folder" in text and "jobs/recipes/" not in text
         assert "looked in ./, ../ and aml-hpc's package" in text
@@ -173,12 +179,10 @@ class TestCode:
     def test_code_that_would_land_on_the_runtime_or_the_jobs_own_folders_is_refused(self, team, name):
         (team / "src" / name).mkdir()
         with pytest.raises(UserError) as info:
-            build.plan_job(recipes.load("train"), stack_outputs("dev"))
+            build.plan_job(recipes.load("train"), DEV)
         assert f"both are {name!r} at its top" in info.value.render()
 
     def test_the_rehearsal_requirements_name_the_recipe_file(self, team, monkeypatch):
-        from amlhpc.jobs.local import requirements
-
         monkeypatch.chdir(team)
         with pytest.raises(UserError) as info:
             requirements.check(recipes.load("train", local=True), env={"AMLHPC_BLOB_CONNECTION_STRING": "BlobEndpoint=x"},
@@ -212,8 +216,6 @@ class TestDryRunFile:
 
 class TestDeploy:
     def test_a_pulumi_yaml_copied_from_a_clone_is_named_with_the_fix(self, team):
-        from amlhpc.infra import deploy
-
         shutil.copy(REPO / "Pulumi.yaml", team / "Pulumi.yaml")
         with pytest.raises(UserError) as info:
             deploy.check_program(team)
@@ -222,8 +224,6 @@ class TestDeploy:
         assert "aml-hpc init" in info.value.render()
 
     def test_the_projects_own_program_and_the_repositorys_pass(self, team):
-        from amlhpc.infra import deploy
-
         deploy.check_program(team)
         deploy.check_program(REPO)
 
@@ -235,8 +235,6 @@ class TestDeploy:
         assert "Traceback" not in result.stderr
 
     def test_the_script_is_told_the_project_the_interpreter_and_the_pack(self, team, monkeypatch):
-        from amlhpc.infra import deploy
-
         seen = {}
 
         def fake_run(argv, cwd, env, check):
@@ -261,15 +259,12 @@ class TestDeploy:
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
     def test_new_experiment_prints_the_installed_commands(self, team):
-        from amlhpc.infra import lifecycle
-
         result = _python("-c", "from amlhpc.core import invocation; invocation.from_clone = lambda: False; "
                          "import sys; sys.argv = ['aml-hpc-infra', 'new-experiment', 'sweep', '--env', 'dev']; "
                          "from amlhpc.app import infra_main; infra_main()", cwd=team)
         assert result.returncode == 0, result.stderr
         assert "aml-hpc infra preview exp-sweep" in result.stdout and "aml-hpc infra up exp-sweep" in result.stdout
         assert "make " not in result.stdout and (team / "Pulumi.exp-sweep.yaml").is_file()
-        assert lifecycle.__name__  # the command lives there
 
 
 class TestHints:
