@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import grpc
 import pytest
@@ -214,12 +213,13 @@ class TestPreviewRealities:
         assert not any(d.policyName == "gpu-idle-scale-down" for d in server.analyze(item).diagnostics)
 
 
-def test_pack_project_file_points_at_the_repository_venv():
-    """PulumiPolicy.yaml runs the pack in the repository's .venv, where amlhpc.infra.policy imports."""
+def test_pack_runs_with_the_interpreter_the_deploy_script_gives_pulumi():
+    """PulumiPolicy.yaml names no virtualenv (an installed pack has none beside it): Pulumi runs
+    it with PULUMI_PYTHON_CMD, which scripts/pulumi-stack.sh sets to the interpreter aml-hpc
+    runs in (the clone's .venv, or the installed tool's), where amlhpc.infra.policy imports."""
     import yaml
 
     project = yaml.safe_load((PACK_DIR / "PulumiPolicy.yaml").read_text())
-    assert project["runtime"]["name"] == "python"
-    venv = (PACK_DIR / project["runtime"]["options"]["virtualenv"]).resolve()
-    assert venv == (REPO_ROOT / ".venv").resolve()
-    assert Path(venv / "bin" / "python").exists()
+    assert project["runtime"] == {"name": "python", "options": {"toolchain": "pip"}}
+    script = (REPO_ROOT / "scripts" / "pulumi-stack.sh").read_text()
+    assert "export PULUMI_PYTHON_CMD" in script and "PYTHON=${AMLHPC_PYTHON:-.venv/bin/python}" in script

@@ -22,13 +22,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from amlhpc.core import skus
+from amlhpc.core import invocation, skus
 from amlhpc.core.skus import CatalogError, Source
 
 AVAILABILITY_FILE = Path(__file__).resolve().parent / "catalog" / "availability.toml"
 LIST_SKUS_SOURCE = "az-vm-list-skus"
 REFRESH_COMMAND = ("az vm list-skus --all --resource-type virtualMachines -o json > list-skus.json && "
-                   ".venv/bin/python -m amlhpc.core.availability refresh list-skus.json")
+                   + invocation.module("amlhpc.core.availability", "refresh list-skus.json"))
 
 
 @dataclass(frozen=True)

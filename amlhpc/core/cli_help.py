@@ -39,6 +39,8 @@ EXIT_STATUSES: list[tuple[str, str, str]] = [
     ("3-9", "the launcher's status of the first process that failed: 3 health gate, 4 staging, "
             "5 restore, 6 final upload, 7 hang, 8 NCCL over sockets, 9 storage access (docs/runtime.md)",
             "jobs run"),
+    ("other", "the Pulumi CLI's own status, once it ran and failed (a missing CLI, passphrase or subscription is 2)",
+     "infra preview, up, down, destroy"),
     ("130", "interrupted (Ctrl-C); 128+N after signal N: everything it started was stopped", "all"),
 ]
 """(status, meaning, commands) for every exit status the command lines use."""

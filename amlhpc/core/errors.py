@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from amlhpc.core import invocation
+
 EXIT_FAILURE = 1
 """Exit status when the command ran and what it did or checked failed."""
 EXIT_USAGE = 2
@@ -108,7 +110,7 @@ def os_error_line(exc: OSError) -> str:
     reason = (exc.strerror or str(exc)).rstrip(".").lower()
     if exc.errno in _NO_SPACE:
         return (f"no space left on the device holding {path or 'the output'}: fix: free some space "
-                "(`make clean` removes .rehearsal/, .scratch/ and .azurite/), or pass --workdir on another disk")
+                f"(`{invocation.clean()}` removes .rehearsal/, .scratch/ and .azurite/), or pass --workdir on another disk")
     if exc.errno == errno.EROFS or exc.errno in _NOT_ALLOWED:
         where = path or "a file"
         return (f"cannot write {where}: {reason}: fix: make it writable (chmod -R u+w {where}), or run from a "

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import UserError
 from amlhpc.core.version import __version__
 from amlhpc.doctor.arm import MANAGEMENT_SCOPE, Arm, ArmError, token_claims
@@ -173,7 +174,7 @@ def pulumi_backend_check(seams: Seams) -> Check:
     result = seams.run(["pulumi", "whoami", "--verbose"])
     if result.returncode != 0:
         return Check("Pulumi backend", "fail", f"not logged in to a state backend: {result.stderr.strip()[:160]}",
-                     "make targets use file://$PWD/.pulumi-state by default; or: pulumi login azblob://<container>"
+                     "preview, up and down keep the state in the project's .pulumi-state/ by default; or: pulumi login azblob://<container>"
                      "?storage_account=<account> (docs/deploying.md, step 2)")
     backend = next((line.split(":", 1)[1].strip() for line in result.stdout.splitlines()
                     if line.lower().startswith("backend url")), "?")
@@ -246,11 +247,11 @@ def roles_checks(arm: Arm, subscription_id: str, object_id: str, target: Target)
         checks.append(Check("roles to submit", "pass", f"on {o.workspace}: {names(at_workspace)}"))
     elif object_id.lower() in {s.lower() for s in target.submitters}:
         checks.append(Check("roles to submit", "warn", f"none on {o.workspace} yet; aml-hpc:submitters lists you, so "
-                            "the next `make up` grants AzureML Data Scientist", f"make up STACK={target.stack}"))
+                            f"the next `{invocation.deploy('up', target.stack)}` grants AzureML Data Scientist", invocation.deploy("up", target.stack)))
     else:
         checks.append(Check("roles to submit", "fail", f"on {o.workspace} you have: {names(at_workspace)}",
                             f"add yourself (or a group you are in) to aml-hpc:submitters in {target.environment_file} "
-                            f"and `make up`: principalId {object_id}"))
+                            f"and `{invocation.deploy('up', target.stack)}`: principalId {object_id}"))
     return checks
 
 
@@ -282,10 +283,11 @@ def submitters_check(target: Target, object_id: str) -> Check:
     listed = [s.lower() for s in target.submitters]
     key = "aml-hpc:submitters"
     if not listed:
-        return Check("submitters", "fail", f"{target.environment_file} lists no {key}: nobody but Owners and "
-                     f"Contributors can submit jobs to {target.stack}",
+        return Check("submitters", "fail", f"{target.environment_file} lists no {key}: nobody can submit jobs to "
+                     f"{target.stack} (the code upload to the keyless workspace storage needs a data role Owners and "
+                     "Contributors do not have; only `workspaceStorageAuth: accessKey` lets them)",
                      f"add to {target.environment_file}: {key}: [{{principalId: <object id>, principalType: Group}}] "
-                     "(yours: az ad signed-in-user show --query id -o tsv), then make up")
+                     f"(yours: az ad signed-in-user show --query id -o tsv), then {invocation.deploy('up', target.stack)}")
     if object_id and object_id.lower() in listed:
         return Check("submitters", "pass", f"{len(listed)} in {key}, you among them")
     return Check("submitters", "warn" if object_id else "pass",

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.infra.config.models import (
     _TEXT_KEYS,
@@ -41,7 +42,7 @@ def read_stack_file(stack: str, root: Path = REPO_ROOT) -> dict[str, Any]:
             [Problem(reference, "", f"stack file not found for stack {stack!r}",
                      (f"did you mean {' or '.join(near)}? " if near else "")
                      + f"stacks here: {', '.join(stacks) or 'none'}; create an experiment with "
-                     "`make new-experiment NAME=... ENV=dev`")],
+                     f"`{invocation.new_experiment('NAME', 'dev')}`")],
             "unknown stack",
         )
     try:

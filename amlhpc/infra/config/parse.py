@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from amlhpc.core import regions, skus
+from amlhpc.core import invocation, regions, skus
 from amlhpc.core.errors import ProblemCollector
 from amlhpc.infra import naming
 from amlhpc.infra.config.clusters import (
@@ -278,11 +278,12 @@ def _check_name_suffix(found: ProblemCollector, stack: str, kind: StackKind, raw
         problem = naming.check("nameSuffix", raw.name_suffix)
         if problem:
             found.add(NAME_SUFFIX_KEY, problem,
-                      f"remove it and let the tooling make one: python -m amlhpc.infra.adopt suffix --stack {stack}")
+                      f"remove it and let the tooling make one: {invocation.module('amlhpc.infra.adopt', 'suffix --stack ' + stack)}")
     elif deploying and kind == "environment":
         found.add(NAME_SUFFIX_KEY, "is not set: without it every copy of this repository asks Azure for the same "
                   "globally unique storage, Key Vault and registry names",
-                  f"run `make preview STACK={stack}` once (it writes one), or python -m amlhpc.infra.adopt suffix --stack {stack}; "
+                  f"run `{invocation.deploy('preview', stack)}` once (it writes one), or "
+                  f"{invocation.module('amlhpc.infra.adopt', 'suffix --stack ' + stack)}; "
                   "commit the stack file")
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from amlhpc.core import availability, skus
+from amlhpc.core import availability, invocation, skus
 from amlhpc.infra import quirks
 from amlhpc.infra.policy import baseline
 from amlhpc.infra.policy.model import (
@@ -391,7 +391,7 @@ def _dataset_retained(r: ResourceView, stack: StackView, limits: Limits) -> Iter
     if not _is_dataset_resource(r) or r.protect:
         return
     if r.retain_on_delete is None:
-        raise NotVisible("retainOnDelete is not sent to policy packs; `python -m amlhpc.infra plan --stack S --policy` checks it")
+        raise NotVisible(f"retainOnDelete is not sent to policy packs; `{invocation.command('infra', 'plan --stack S --policy')}` checks it")
     if not r.retain_on_delete:
         yield Finding(
             f"dataset storage {r.name!r} would be deleted by `pulumi destroy` or a replacement",
@@ -412,7 +412,7 @@ def _dataset_group_retained(resources: Sequence[ResourceView], stack: StackView,
         if group.protect:
             continue
         if group.retain_on_delete is None:
-            raise NotVisible("retainOnDelete is not sent to policy packs; `python -m amlhpc.infra plan --stack S --policy` checks it")
+            raise NotVisible(f"retainOnDelete is not sent to policy packs; `{invocation.command('infra', 'plan --stack S --policy')}` checks it")
         if not group.retain_on_delete:
             names = ", ".join(sorted(r.name for r in exposed))
             yield Finding(
@@ -587,7 +587,7 @@ def _locked_scope_protected(resources: Sequence[ResourceView], stack: StackView,
             if held:
                 yield Finding(
                     f"{r.type.rsplit(':', 1)[-1]} {r.name!r} sits under the delete lock on {held.rsplit('/', 1)[-1]!r}: "
-                    "Azure refuses to delete it (ScopeLocked), so `make down` would fail on it",
+                    "Azure refuses to delete it (ScopeLocked), so tearing the stack down (`down`) would fail on it",
                     "declare it with protect=True while the lock stands (amlhpc/infra/components/access.py, diagnostics.py, "
                     "private_endpoints.py take protect)",
                     urn=r.urn, name=r.name,

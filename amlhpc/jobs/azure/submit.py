@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from amlhpc.core import skus
+from amlhpc.core import invocation, skus
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.outputs import StackOutputs
 from amlhpc.jobs.plan import quota as quota_mod
@@ -36,7 +36,7 @@ def connect(outputs: StackOutputs):
     return MLClient(signed_in, outputs.subscription_id, outputs.resource_group, outputs.workspace)
 
 
-NOT_FOUND_JOB = "check the job name (`python -m amlhpc.jobs status` needs the exact name printed by submit) and --stack"
+NOT_FOUND_JOB = f"check the job name (`{invocation.command('jobs', 'status')}` needs the exact name printed by submit) and --stack"
 NOT_FOUND_SUBMIT = ("something the job names does not exist in the workspace (the cluster, the environment or a "
                     "datastore): check the name in the message against the stack's outputs, deploy the stack "
                     "(`pulumi up`), or pick another --cluster")

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from amlhpc.core import invocation
 from amlhpc.core.cli_help import JsonOption
 from amlhpc.core.console import row_table, table
 from amlhpc.core.errors import Problem, UserError
@@ -56,8 +57,8 @@ def refuse_offline(offline: bool, what: str = "this command", instead: str = "")
         raise UserError([Problem("command line", "--offline", f"{what} asks Azure ML about the deployed stack; the "
                                  "offline plan has no jobs, usage or logs",
                                  "drop --offline and sign in (az login); "
-                                 + (instead or "rehearsals are local: python -m amlhpc.jobs list --local, "
-                                    "python -m amlhpc.jobs logs RUN --local"))], "needs Azure")
+                                 + (instead or f"rehearsals are local: {invocation.command('jobs', 'list --local')}, "
+                                    f"{invocation.command('jobs', 'logs RUN --local')}"))], "needs Azure")
 
 
 def status(job: JobName, stack: Stack, offline: Offline = False, outputs_file: OutputsFile = None,
@@ -159,7 +160,7 @@ def _cancel_managed(submitter, client, o, run: str, tags: dict[str, str]) -> Non
         submitter.status(client, run, o.workspace).get("tags") or {})
     if place is None:
         raise UserError([Problem(f"managed run {run}", "tags.record", "no job of the run names its record",
-                                 f"cancel its jobs one by one: python -m amlhpc.jobs cancel JOB --stack {o.stack}")],
+                                 f"cancel its jobs one by one: {invocation.command('jobs', 'cancel JOB --stack ' + o.stack)}")],
                         "not a managed run")
     managed.cancel_run(client.jobs, managed.store_for(o, place), run, getpass.getuser(),
                        echo=lambda line: out.print(line, highlight=False))

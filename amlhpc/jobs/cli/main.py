@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from amlhpc.core import invocation
 from amlhpc.core.cli_help import JsonOption, VersionOption, new_app
 from amlhpc.core.console import table
 from amlhpc.core.errors import Problem, UserError
@@ -38,6 +39,11 @@ from amlhpc.jobs.cli.options import (
 )
 
 app = new_app("Submit and manage aml-hpc training jobs on Azure ML.")
+
+DryRunOut = Annotated[Path | None, typer.Option(
+    "--out", metavar="FILE", dir_okay=False,
+    help="With --dry-run: write the YAML to FILE, its code: path relative to FILE's folder (where "
+         "`az ml job create -f FILE` and azure-ai-ml's load_job look for it), instead of printing it.")]
 
 
 @app.callback()
@@ -75,28 +81,37 @@ def _summary(plan, recipe, stack_outputs) -> None:
 
 @app.command("recipes")
 def list_recipes(as_json: JsonOption = False) -> None:
-    """List the shipped recipes."""
+    """List the recipes: the project's own (recipes/*.yaml) and the built-in ones. A project
+    recipe named like a built-in one is the one used."""
     from amlhpc.jobs import recipes
 
+    own, builtin = set(recipes.from_project()), set(recipes.builtin())
     loaded = [recipes.load(name) for name in recipes.available()]
+
+    def source(name: str) -> str:
+        if name in own:
+            return "project, shadows the built-in" if name in builtin else "project"
+        return "built in"
+
     if as_json:
-        print_json([{"recipe": r.name, "distribution": r.distribution, "nodes": r.nodes, "description": r.description}
-                     for r in loaded])
+        print_json([{"recipe": r.name, "source": source(r.name), "file": str(r.source), "distribution": r.distribution,
+                     "nodes": r.nodes, "description": r.description} for r in loaded])
         return
-    rows = table("recipe", "distribution", "nodes", "description")
+    rows = table("recipe", "source", "distribution", "nodes", "description")
     for r in loaded:
-        rows.add_row(r.name, r.distribution, str(r.nodes), r.description)
+        rows.add_row(r.name, source(r.name), r.distribution, str(r.nodes), r.description)
     out.print(rows)
 
 
 @app.command()
 def submit(
-    recipe: Annotated[str, typer.Argument(help="Recipe name (amlhpc/jobs/recipes/NAME.yaml) or a path to a recipe file.")],
+    recipe: Annotated[str, typer.Argument(help="Recipe name (the project's recipes/NAME.yaml, else the built-in one) or a path to a recipe file.")],
     stack: Stack,
     cluster: ClusterOpt = None,
     nodes: NodesOpt = None,
     sets: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the job as Azure ML YAML (load_job / az ml job create -f) and submit nothing.")] = False,
+    out_file: DryRunOut = None,
     yes: Annotated[bool, typer.Option("--yes", help="Submit even when the estimate exceeds the recipe's ceiling or the stack's budget.")] = False,
     follow: Annotated[bool, typer.Option("--stream/--no-stream", help="Follow the job's logs after submitting.")] = False,
     resume: ResumeOpt = None,
@@ -123,18 +138,19 @@ def submit(
         if max_restarts is not None and not managed:
             raise UserError([Problem("command line", "--max-restarts", "only applies to a managed run", "add --managed")],
                             "invalid flags")
+        _check_out(out_file, dry_run)
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours, resume=resume)
         _summary(plan, r, stack_outputs)
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
         too_much = cost.over_limits(plan.estimate.usd, r.cost.ceiling_usd, budget)
         if managed:
             _submit_managed(r, stack_outputs, plan, too_much, dry_run=dry_run, yes=yes, follow=follow,
-                            max_restarts=max_restarts, resume=resume)
+                            max_restarts=max_restarts, resume=resume, out_file=out_file)
             return
         code = build.snapshot(plan.code_dirs)
-        _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
+        _cost_gate(r.reference, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
-            sys.stdout.write(_code_note() + build.to_yaml(plan, portable(code)))
+            write_dry_run(lambda code_path: build.to_yaml(plan, code_path), code, out_file)
             return
         client = submitter.connect(stack_outputs)
         submitter.submit(client, plan, code, follow=follow, echo=out.print)
@@ -142,30 +158,52 @@ def submit(
     guard(debug, body)
 
 
-def portable(code: Path) -> str:
-    """The code snapshot as a dry run prints it: relative to the current folder, so the YAML
-    names no absolute path of this machine (`az ml job create -f` resolves `code:` from the
-    folder the file is in: save it here)."""
-    return Path(os.path.relpath(code)).as_posix()
+def portable(code: Path, base: Path | None = None) -> str:
+    """The code snapshot as a dry run names it: relative to `base` (default: the current
+    folder), so the YAML names no absolute path of this machine. Azure ML resolves `code:`
+    from the folder of the file that holds it."""
+    return Path(os.path.relpath(code, base)).as_posix()
 
 
-def _code_note() -> str:
-    return "# code: is relative to the folder this was printed in; save the file there for `az ml job create -f`\n"
+def _check_out(out_file: Path | None, dry_run: bool) -> None:
+    if out_file is not None and not dry_run:
+        raise UserError([Problem("command line", "--out", "writes the dry run's YAML", "add --dry-run")], "invalid flags")
 
 
-def _cost_gate(recipe: str, too_much: list[str], *, dry_run: bool, yes: bool) -> None:
+def write_dry_run(render, code: Path, out_file: Path | None) -> None:
+    """A dry run's YAML (render(code path) -> text): printed with code: relative to the current
+    folder, or written to FILE (atomically: a failure leaves no half file) with code: relative
+    to FILE's folder."""
+    if out_file is None:
+        sys.stdout.write("# code: is relative to the folder this was printed in; save the file there for "
+                         "`az ml job create -f`, or write it with --out FILE\n" + render(portable(code)))
+        return
+    target = Path(os.path.abspath(out_file.expanduser()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = "# code: is relative to this file's folder\n" + render(portable(code, target.parent))
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        partial.write_text(text)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    shown = os.path.relpath(target) if not os.path.relpath(target).startswith("..") else str(target)
+    err.print(f"wrote {shown}: az ml job create -f {shown} -g RESOURCE_GROUP -w WORKSPACE", highlight=False, soft_wrap=True)
+
+
+def _cost_gate(reference: str, too_much: list[str], *, dry_run: bool, yes: bool) -> None:
     """Over the recipe's ceiling or the stack's budget: a dry run warns, a submission needs --yes."""
     if dry_run:
         for reason in too_much:
             err.print(f"[yellow]warning:[/] {reason}; submit would need --yes", highlight=False)
     elif too_much and not yes:
-        raise UserError([Problem(f"amlhpc/jobs/recipes/{recipe}.yaml", "cost", reason,
+        raise UserError([Problem(reference, "cost", reason,
                                  "pass --yes to submit anyway, or lower --nodes / --hours") for reason in too_much],
                         "job not submitted: over its cost limit")
 
 
 def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: bool, yes: bool, follow: bool,
-                    max_restarts: int | None, resume: str | None) -> None:
+                    max_restarts: int | None, resume: str | None, out_file: Path | None = None) -> None:
     """`submit --managed`: render and validate the controller job and the training template; submit the controller."""
     from amlhpc.jobs.azure import submit as submitter
     from amlhpc.jobs.managed import render
@@ -189,9 +227,9 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
         err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
     code = render.snapshot(mplan)
     render.validate(mplan, code)
-    _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
+    _cost_gate(r.reference, too_much, dry_run=dry_run, yes=yes)
     if dry_run:
-        sys.stdout.write(_code_note() + render.to_yaml(mplan, portable(code)))
+        write_dry_run(lambda code_path: render.to_yaml(mplan, code_path), code, out_file)
         return
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
@@ -200,7 +238,7 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
     if getattr(created, "studio_url", None):
         out.print(f"studio: {created.studio_url}", highlight=False)
-    out.print(f"follow it: python -m amlhpc.jobs status {mplan.run} --stack {stack_outputs.stack}", highlight=False)
+    out.print(f"follow it: {invocation.command('jobs', f'status {mplan.run} --stack {stack_outputs.stack}')}", highlight=False)
     if follow:
         submitter.stream(client, created.name, stack_outputs.workspace)
 
@@ -319,7 +357,7 @@ def quota(
     def body() -> None:
         from amlhpc.jobs.azure import submit as submitter
 
-        refuse_offline(offline, "quota", "the quota the plan needs is in `python -m amlhpc.infra plan --stack S` (offline)")
+        refuse_offline(offline, "quota", f"the quota the plan needs is in `{invocation.command('infra', 'plan --stack S')}` (offline)")
         if recipe:
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
@@ -370,6 +408,7 @@ def scale(
     max_nodes: Annotated[int | None, typer.Option("--max-nodes", help="Largest run (default: the cluster's maxNodes).")] = None,
     sets: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every job of the study as YAML documents; submit nothing.")] = False,
+    out_file: DryRunOut = None,
     yes: Annotated[bool, typer.Option("--yes", help="Submit even when the study's total estimate exceeds the stack's budget.")] = False,
     allow_tcp: AllowTcp = False,
     offline: Offline = False,
@@ -384,6 +423,7 @@ def scale(
         from amlhpc.jobs.plan import build, cost
         from amlhpc.jobs.plan import scale as scaling
 
+        _check_out(out_file, dry_run)
         r = recipes.load(recipe, recipes.parse_overrides(sets or []))
         stack_outputs = load_outputs(stack, offline, outputs_file)
         cluster_name = build.pick_cluster(r, stack_outputs, cluster)
@@ -398,8 +438,8 @@ def scale(
         if dry_run:
             import yaml
 
-            sys.stdout.write(_code_note() + yaml.safe_dump_all([build.to_job_dict(p, portable(code)) for p in plans],
-                                                               sort_keys=False, width=120))
+            write_dry_run(lambda code_path: yaml.safe_dump_all([build.to_job_dict(p, code_path) for p in plans],
+                                                               sort_keys=False, width=120), code, out_file)
             return
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
         too_much = cost.over_limits(total, None, budget)
@@ -409,7 +449,7 @@ def scale(
         client = submitter.connect(stack_outputs)
         for p in plans:
             submitter.submit(client, p, code, echo=out.print)
-        out.print(f"report when they finish: python -m amlhpc.jobs scale-report {study} --stack {stack}", highlight=False)
+        out.print(f"report when they finish: {invocation.command('jobs', f'scale-report {study} --stack {stack}')}", highlight=False)
 
     guard(debug, body)
 
@@ -431,7 +471,7 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
                                            (metrics or {}).get("throughput_unit", "samples/s")))
         if not rows:
             raise UserError([Problem(f"workspace {o.workspace}", study, "no jobs carry this study tag",
-                                     "use the id printed by `python -m amlhpc.jobs scale`")], "unknown study")
+                                     f"use the id printed by `{invocation.command('jobs', 'scale')}`")], "unknown study")
         if as_json:
             print_json([{"nodes": row.nodes, "job": row.job, "status": row.status, "throughput": row.throughput,
                           "unit": row.unit, "speedup": row.speedup, "efficiency": row.efficiency}

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 
 LIST_SCAN = 300
@@ -75,7 +76,7 @@ def local_folder(rehearsals: Path, run: str) -> Path:
         near = difflib.get_close_matches(run, known, n=1)
         raise UserError([Problem(str(rehearsals), run, "no rehearsal of that name in this project",
                                  (f"did you mean {near[0]}? " if near else "")
-                                 + f"rehearsals here: {', '.join(known) or 'none'} (python -m amlhpc.jobs list --local)")],
+                                 + f"rehearsals here: {', '.join(known) or 'none'} ({invocation.command('jobs', 'list --local')})")],
                         "unknown run")
     return folder
 

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from amlhpc.core import invocation
 from amlhpc.core.cli_help import JsonOption
 from amlhpc.core.console import row_table, table
 from amlhpc.core.errors import Problem, UserError
@@ -118,7 +119,7 @@ def show(run: RunName, stack: OptionalStack = None, local: LocalRuns = False, of
             out.print(attempts)
             if r.cost_basis:
                 out.print(f"cost: {r.cost_basis}", highlight=False, soft_wrap=True)
-        out.print(f"report: python -m amlhpc.jobs report {run} --local", highlight=False)
+        out.print(f"report: {invocation.command('jobs', f'report {run} --local')}", highlight=False)
 
     guard(debug, body)
 
@@ -164,7 +165,7 @@ def logs(
             if node is not None:
                 raise UserError([Problem("command line", "--node", "Azure ML streams the first process of a running "
                                          "job only", f"follow without --node, or read node {node} once it ran: "
-                                         f"python -m amlhpc.jobs logs {run} --stack {o.stack} --node {node}")], "invalid flags")
+                                         f"{invocation.command('jobs', f'logs {run} --stack {o.stack} --node {node}')}")], "invalid flags")
             submitter.stream(client, job, o.workspace)
             return
         detail = submitter.status(client, job, o.workspace) if job != run else info
@@ -174,7 +175,7 @@ def logs(
             paths = runs.downloaded_logs(Path(tmp), runs.log_names(per_node, node))
             if not paths:
                 raise UserError([Problem(f"job {job}", "user_logs", "holds no process logs (yet)",
-                                         f"follow it while it runs: python -m amlhpc.jobs logs {run} --stack {o.stack} --follow")],
+                                         f"follow it while it runs: {invocation.command('jobs', f'logs {run} --stack {o.stack} --follow')}")],
                                 "no logs")
             for line in runs.iter_lines(paths):
                 emit(line)

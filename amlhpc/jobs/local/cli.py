@@ -80,7 +80,7 @@ def local_blob():
         server = azurite.start(folder)
     except (azurite.AzuriteNotInstalled, RuntimeError, TimeoutError) as exc:
         raise UserError([Problem("Azurite (the local Blob service)", "", f"did not start: {exc}",
-                                 f"see {folder / 'azurite.log'}; `make bootstrap` reinstalls it")],
+                                 f"see {folder / 'azurite.log'}; {azurite.install_hint()}")],
                         "no local Blob") from None
     with server:
         yield server.blob_endpoint, server.connection_string
@@ -123,7 +123,7 @@ def upload_inputs(plan, data: dict[str, Path], connection_string: str, echo) -> 
 
 
 def run(
-    recipe: Annotated[str, typer.Argument(help="Recipe name (amlhpc/jobs/recipes/NAME.yaml) or path.")],
+    recipe: Annotated[str, typer.Argument(help="Recipe name (the project's recipes/NAME.yaml, else the built-in one) or path.")],
     local: Annotated[bool, typer.Option("--local", help="Accepted, not needed: rehearsing on this machine is `run`'s only mode (Azure runs use `submit`).")] = False,
     stack: Annotated[str, typer.Option("--stack", help="Stack whose outputs the job is planned against.")] = "dev",
     outputs_file: Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file instead of the offline plan.")] = None,

@@ -21,7 +21,6 @@ from amlhpc.core import project
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.local import processes
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DATA_ROOT = project.scratch() / "local-data"
 _DONE = ".complete"
 """Suffix of the marker written beside the folder once the generator succeeded: a folder
@@ -51,10 +50,10 @@ def generate(recipe, name: str, echo: Callable[[str], None], root: Path = DATA_R
     if argv and argv[0] == "python":
         argv[0] = sys.executable  # the job's `python` is this interpreter, as in the rehearsal
     echo(f"generating the local dataset for input {name!r}: {command}")
-    code = processes.run_step(argv, cwd=REPO_ROOT, env=None)
+    code = processes.run_step(argv, cwd=project.root(), env=None)  # a team's command names the project's files
     if code != 0:
         shutil.rmtree(folder, ignore_errors=True)
-        raise UserError([Problem(f"amlhpc/jobs/recipes/{recipe.name}.yaml", f"local.data.{name}", f"the command exited with {code}",
+        raise UserError([Problem(recipe.reference, f"local.data.{name}", f"the command exited with {code}",
                                  f"run it by hand to see why: {command}")], "cannot make the local dataset")
     done.write_text(command + "\n")
     return folder

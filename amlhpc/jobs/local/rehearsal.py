@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.local import processes
 from amlhpc.jobs.local.azurite import free_port
@@ -125,16 +126,35 @@ def rank_env(distribution: str, *, node: int, local_rank: int, nodes: int, procs
     return env
 
 
+CODE_ENTRIES = ".code-entries"
+"""In each node's folder: the snapshot's top-level names copied there last time (removed before
+the next copy, so a file the team deleted does not linger beside the job's outputs)."""
+
+
 def prepare_nodes(snapshot: Path, workdir: Path, nodes: int) -> list[Path]:
     """One working folder per node holding its own copy of the job's code (as Azure ML
-    gives each node), plus its scratch. Earlier outputs are kept: a rerun resumes."""
+    gives each node: the whole snapshot, aml-hpc's runtime and the team's code beside it),
+    plus its scratch. Earlier outputs are kept: a rerun resumes."""
+    entries = sorted(p.name for p in snapshot.iterdir())
     folders = []
     for node in range(nodes):
         folder = workdir / f"node{node}"
-        code = folder / "amlhpc"
-        if code.exists():
-            shutil.rmtree(code)
-        shutil.copytree(snapshot / "amlhpc", code)
+        listed = folder / CODE_ENTRIES
+        previous = listed.read_text().split("\n") if listed.is_file() else ["amlhpc"]
+        for name in dict.fromkeys([*previous, *entries]):
+            old = folder / name
+            if name and (old.is_dir() and not old.is_symlink()):
+                shutil.rmtree(old)
+            elif name and (old.is_file() or old.is_symlink()):
+                old.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in entries:
+            source = snapshot / name
+            if source.is_dir():
+                shutil.copytree(source, folder / name)
+            else:
+                shutil.copy2(source, folder / name)
+        listed.write_text("\n".join(entries))
         (folder / "scratch").mkdir(parents=True, exist_ok=True)
         folders.append(folder)
     return folders
@@ -310,9 +330,9 @@ def check_dataset(plan: Any, connection_string: str) -> None:
         prefix = spec.get("prefix", "").rstrip("/") + "/"
         if not client.exists() or next(iter(client.list_blobs(name_starts_with=prefix)), None) is None:
             problems.append(Problem(
-                f"amlhpc/jobs/recipes/{plan.recipe}.yaml", f"inputs.{spec['name']}",
+                plan.recipe_file or plan.recipe, f"inputs.{spec['name']}",
                 f"no blobs under {spec['container']}/{prefix} in the local Blob (Azurite)",
-                f"upload them first: python -m amlhpc.jobs data upload DIR --stack {plan.stack} --prefix {prefix.rstrip('/')} "
+                f"upload them first: {invocation.command('jobs', f'data upload DIR --stack {plan.stack}')} --prefix {prefix.rstrip('/')} "
                 f"--connection-string-env {contract.BLOB_CONNECTION_STRING} (or pass --data {spec['name']}=DIR)"))
     if problems:
         raise UserError(problems, "rehearsal cannot start: its dataset is missing")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.outputs import StackOutputs
 from amlhpc.jobs.managed import causes, shrink
@@ -95,7 +96,7 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
                  resume: str | None = None, secret: str | None = None, allow_tcp: bool = False) -> ManagedPlan:
     """The controller's plan for a planned training job; UserError names what is missing.
     `secret`: the run's evidence secret when resuming (the earlier controller's), else new."""
-    reference = f"amlhpc/jobs/recipes/{recipe.name}.yaml"
+    reference = recipe.reference
     problems = []
     if contract.CHECKPOINT_JSON not in training.environment_variables:
         problems.append(Problem(reference, "checkpoint.enabled", "a managed run resumes from checkpoints, and the "
@@ -118,7 +119,7 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
         problems.append(Problem(f"stack {outputs.stack!r} outputs", f"registry.environments.{CONTROLLER_ENVIRONMENT}",
                                 "the stack registers no controller image (Azure ML must not build the controller's "
                                 "environment: prod reaches no package index)",
-                                f"build it (`python -m amlhpc.images build --stack {outputs.stack}`), then deploy the stack"))
+                                f"build it (`{invocation.command('images', 'build --stack ' + outputs.stack)}`), then deploy the stack"))
     unknown = [c for c in recipe.managed.fallback_clusters if c not in outputs.clusters]
     if unknown:
         problems.append(Problem(reference, "managed.fallback_clusters", f"{', '.join(unknown)}: not a cluster of stack "

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from amlhpc.core import project
+from amlhpc.core import invocation, project
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.outputs import REQUIRED_CONTAINERS, REQUIRED_DATASTORES, StackOutputs
 
@@ -55,7 +55,7 @@ def load(stack: str, *, outputs_file: str | Path | None = None, offline: bool = 
     elif offline:
         reference = f"offline plan of Pulumi.{stack}.yaml"
         document, source = _from_offline(stack, root), "offline"
-        refresh = f"check Pulumi.{stack}.yaml with `python -m amlhpc.infra plan --stack {stack}`"
+        refresh = f"check Pulumi.{stack}.yaml with `{invocation.command('infra', 'plan --stack ' + stack)}`"
     else:
         reference = f"pulumi stack output --json --stack {stack}"
         document, source = _from_pulumi(stack, runner), "deployed"

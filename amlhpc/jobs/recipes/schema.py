@@ -11,10 +11,12 @@ chosen for InfiniBand GPU clusters (see each field's docstring for why).
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from amlhpc.core.values import Hours, Usd, checked
 from amlhpc.jobs.managed import causes
@@ -32,6 +34,23 @@ _MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$")
 # container runtime and its credentials (a `-v /var/run/docker.sock:...` is root on the node).
 _SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run",
                 "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var")
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+"""The folder holding `amlhpc/` (a clone, or site-packages)."""
+
+
+def display_path(path: Path) -> str:
+    """A file as messages name it: inside aml-hpc's package by its package path
+    (amlhpc/jobs/recipes/cosmoflow.yaml), else relative to the current folder when below it
+    (./train.yaml, recipes/train.yaml), else absolute."""
+    path = path.resolve()
+    if (PACKAGE_ROOT / "amlhpc") in path.parents:
+        return path.relative_to(PACKAGE_ROOT).as_posix()
+    relative = os.path.relpath(path)
+    if relative.startswith(".."):
+        return str(path)
+    return relative if os.sep in relative else f".{os.sep}{relative}"
+
 
 Distribution = Literal["pytorch", "mpi", "tensorflow", "deepspeed"]
 Framework = Literal["pytorch", "tensorflow"]
@@ -323,7 +342,10 @@ class Recipe(_Model):
     name: str
     description: str = ""
     code: list[str] = Field(default_factory=lambda: ["amlhpc/jobs/runtime", "amlhpc/jobs/workloads"])
-    """Repository folders copied into the job's code snapshot (see docs/jobs.md)."""
+    """Folders copied into the job's code snapshot: the team's own (relative to the recipe
+    file's folder, else to the project; or absolute), whose contents become the job's working
+    folder as Azure ML's `code:` does, and aml-hpc's (`amlhpc/jobs/workloads`), kept at their
+    package path. aml-hpc's runtime always travels too (see docs/jobs.md)."""
     command: str
     """The training command; it runs under `python -m amlhpc.jobs.runtime.launch -- <command>`.
     May reference `${{inputs.<name>}}` for download/ro_mount inputs."""
@@ -366,6 +388,19 @@ class Recipe(_Model):
     plugin in the image and a SHARP-enabled fabric, so it is off unless asked for."""
     local: LocalProfile = LocalProfile()
     """The rehearsal profile (`python -m amlhpc.jobs run NAME --local`); ignored by submit."""
+    _source: Path | None = PrivateAttr(default=None)
+    """The file the recipe was read from (set by amlhpc.jobs.recipes.load)."""
+
+    @property
+    def source(self) -> Path | None:
+        """The recipe's file (absolute), or None for a recipe built in code."""
+        return self._source
+
+    @property
+    def reference(self) -> str:
+        """The recipe's file as error messages name it: aml-hpc's own by its package path, a
+        team's relative to the current folder (./train.yaml, recipes/train.yaml), else absolute."""
+        return display_path(self._source) if self._source is not None else f"recipe {self.name!r}"
 
     @field_validator("name")
     @classmethod

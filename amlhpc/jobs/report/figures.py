@@ -30,20 +30,20 @@ class Plot:
     """What was drawn, by series id: the points of each line (tests compare them with the records)."""
 
 
-REPORT_EXTRA_FIX = ("install the report extra: `uv tool install 'aml-hpc[report]'` (or `pip install "
-                    "'aml-hpc[report]'`); from a clone, `make bootstrap` installs it")
-
-
 def require_matplotlib() -> None:
     """The report draws with matplotlib, an optional dependency (`aml-hpc[report]`): a UserError
     naming the extra when it is not installed, before any record is read."""
     import importlib.util
 
+    from amlhpc.core import invocation
     from amlhpc.core.errors import Problem, UserError
 
     if importlib.util.find_spec("matplotlib") is None:
+        fix = invocation.either("run `make bootstrap`: it installs the report extra",
+                                "install the report extra: `uv tool install 'aml-hpc[report]'` (or `pip install "
+                                "'aml-hpc[report]'` in the tool's environment)")
         raise UserError([Problem("jobs report", "", "the run report draws its plots with matplotlib, which is not "
-                                 "installed", REPORT_EXTRA_FIX)], "matplotlib missing")
+                                 "installed", fix)], "matplotlib missing")
 
 
 def _pyplot():
