@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 # training code) or keeps going until `total` steps.
 TRAIN = r"""
 import sys, time
-from amlhpc.jobs.runtime import progress
+from amlhpc.jobs.runtime.base import progress
 stop_after, total = int(sys.argv[1]), int(sys.argv[2])
 progress.report(0)
 for step in range(1, total + 1):
