@@ -32,19 +32,39 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from amlhpc.jobs.runtime.base import clock, faultpoints
 from amlhpc.jobs.runtime.blob.writes import delete_many
+from amlhpc.jobs.runtime.checkpoint.pending import Pending
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 
-if TYPE_CHECKING:  # the store calls prune(): types, not a second import at run time
-    from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, Pending
+
+class Stream(Protocol):
+    """What retention needs of a stream (store.CheckpointStore, which calls prune())."""
+
+    container: Any
+    stream: str
+    stale_pending_s: float
+
+    def data_prefix(self, version: str | None = None) -> str: ...
+
+    def pendings(self) -> dict[str, dict[int, Pending]]: ...
+
+    def is_stale(self, pending: Pending) -> bool: ...
+
+    def pending_name(self, version: str, node: int | None = None) -> str: ...
+
+    def pointer(self) -> tuple[dict[str, Any] | None, str | None]: ...
+
+    def manifest(self, version: str) -> Any: ...
+
+    def manifest_name(self, version: str) -> str: ...
 
 log = logging.getLogger("amlhpc.checkpoint")
 
 
-def _manifests(store: CheckpointStore) -> dict[str, datetime | None]:
+def _manifests(store: Stream) -> dict[str, datetime | None]:
     """Versions that have a manifest -> when it was written (service time), oldest first."""
     prefix = f"{store.stream}/manifests/"
     found = {b.name[len(prefix):-len(".json")]: b.last_modified
@@ -52,11 +72,11 @@ def _manifests(store: CheckpointStore) -> dict[str, datetime | None]:
     return {v: found[v] for v in sorted(found, key=lambda v: (sequence_of(v), v))}
 
 
-def _young(store: CheckpointStore, written: datetime | None) -> bool:
+def _young(store: Stream, written: datetime | None) -> bool:
     return written is None or clock.time() - written.timestamp() <= store.stale_pending_s
 
 
-def prune(store: CheckpointStore, keep: int) -> tuple[list[str], int]:
+def prune(store: Stream, keep: int) -> tuple[list[str], int]:
     """Returns (deleted versions, deleted data blobs)."""
     keep = max(keep, 1)
     data = [b.name for b in store.container.list_blobs(name_starts_with=store.data_prefix())]

@@ -73,6 +73,7 @@ from amlhpc.jobs.runtime.checkpoint.errors import (
     UnsafeCheckpoint,
     UploadCancelled,
 )
+from amlhpc.jobs.runtime.checkpoint.pending import LEASE_ALL, LEASES_MAX_CHARS, Pending
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.snapshot import TMP_SUFFIX, LocalFile, scan, signature
 
@@ -146,39 +147,6 @@ class UploadResult:
     @property
     def mbits_per_s(self) -> float:
         return self.uploaded_bytes * 8 / 1e6 / self.seconds if self.seconds else 0.0
-
-
-LEASE_ALL = "*"
-"""A pending record whose leases did not fit its metadata leases every data blob of the stream."""
-LEASES_MAX_CHARS = 4000
-"""Blob metadata holds 8 KiB in all; a longer list of leased folders is written as LEASE_ALL."""
-
-
-@dataclass(frozen=True)
-class Pending:
-    """One node's pending record of a version, as one listing (with metadata) shows it."""
-
-    version: str
-    node: int
-    metadata: dict[str, str]
-    last_modified: datetime | None
-
-    @property
-    def staged(self) -> bool:
-        return self.metadata.get("amlhpc_state") == "staged"
-
-    @property
-    def leases(self) -> set[str]:
-        """The data folders (`<stream>/data/<version>/`) whose blobs the upload writes or reuses;
-        {LEASE_ALL} for a record without the list (written by an older uploader, or too long)."""
-        text = self.metadata.get("amlhpc_leases")
-        if not text or text == LEASE_ALL:
-            return {LEASE_ALL}
-        return {f for f in text.split(",") if f}
-
-    def leases_blob(self, name: str) -> bool:
-        leases = self.leases
-        return LEASE_ALL in leases or any(name.startswith(folder) for folder in leases)
 
 
 class CheckpointStore:
