@@ -160,3 +160,27 @@ class TestVersionedStream:
         self.round(uploaders, 6)
         assert uploaders[0].committed == [tier.blob_version(2, "t0"), tier.blob_version(6, "t0")]
         assert uploaders[0].store.pointer()[0]["version"] == tier.blob_version(6, "t0")
+
+
+class TestManagedRecord:
+    """The managed run's record (amlhpc/jobs/managed/record.py) is created create-only and saved
+    ETag-conditional under a lease: a lost reply's retry answers 409/412, which was taken for
+    another writer (the controller gave up its run)."""
+
+    def test_create_and_save_survive_a_lost_reply(self, azurite, container):
+        from amlhpc.jobs.managed.record import Record, RecordStore
+
+        with FaultProxy(azurite.port, lose=lose_first("PUT", r"/supervision/run-1/supervision\.json$")) as proxy:
+            store = RecordStore(proxied(azurite, proxy, container), "supervision/run-1")
+            record = Record(run="run-1", recipe="cosmoflow", policy={})
+            etag = store.create(record)
+            assert proxy.counts["lost"] == 1
+            assert store.load()[1] == etag
+        with FaultProxy(azurite.port, lose=lose_first("PUT", r"/supervision/run-1/supervision\.json$")) as proxy:
+            store = RecordStore(proxied(azurite, proxy, container), "supervision/run-1")
+            assert store.acquire()
+            etag = store.save(record, etag)
+            assert proxy.counts["lost"] == 1
+            assert store.load()[1] == etag
+            etag = store.save(record, etag)  # and the next save goes on from it
+            store.release()

@@ -80,6 +80,9 @@ POINTS: dict[str, str] = {
     "controller.backoff": "between attempts, while the next one waits for its backoff",
     "controller.cancel": "a cancel request was seen, before the running attempt's job is canceled",
     "controller.record.write": "before every write of the run's record (a second writer, a lapsed lease)",
+    # the revival check (amlhpc.jobs.managed.revive): between its look and its lease
+    "revive.listed": "the check saw no live controller, before it takes the lease to start one (a second "
+                     "check overlaps here)",
     # `python -m amlhpc.jobs cancel` (amlhpc.jobs.managed.client.cancel_run)
     "cancel.requested": "the cancel request is durable, before the run's controllers are stopped",
     "cancel.stopped": "the controllers were stopped, before the attempts are swept",
