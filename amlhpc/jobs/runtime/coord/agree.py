@@ -24,13 +24,21 @@ Standard library only: ships into every training image.
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.coord import pacing
-from amlhpc.jobs.runtime.coord.kvstore import Store, StoreTimeout, decode, encode, guarded
+from amlhpc.jobs.runtime.coord.kvstore import (
+    Store,
+    StoreLost,
+    StoreTimeout,
+    decode,
+    encode,
+    guarded,
+)
 from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout
 
 BASE_POLL_S = 0.2
@@ -43,11 +51,29 @@ class Channel:
     """One node's typed view of the job's store (see the module docstring)."""
 
     def __init__(self, store: Store, *, node: int, nodes: int, namespace: str = "", base_poll_s: float = BASE_POLL_S,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, _lost: list[str] | None = None):
         self.store, self.node, self.nodes = store, node, nodes
         self.namespace = namespace.strip("/")
         self.base_poll_s = base_poll_s
         self.rng = rng or random.Random()
+        self._lost = _lost if _lost is not None else []
+        """Why the store was lost, once it was (shared by every scope of this channel): later
+        calls fail at once instead of each asking a store that is gone."""
+
+    @property
+    def lost(self) -> str | None:
+        return self._lost[0] if self._lost else None
+
+    @contextlib.contextmanager
+    def _calling(self, what: str) -> Iterator[None]:
+        if self._lost:
+            raise StoreLost(self._lost[0])
+        try:
+            with guarded(what):
+                yield
+        except StoreLost as exc:
+            self._lost.append(str(exc))
+            raise
 
     def key(self, *parts: object) -> str:
         return "/".join(str(p).strip("/") for p in (self.namespace, *parts) if str(p).strip("/"))
@@ -55,7 +81,7 @@ class Channel:
     def scoped(self, *parts: object) -> Channel:
         """The same store under a longer namespace."""
         return Channel(self.store, node=self.node, nodes=self.nodes, namespace=self.key(*parts),
-                       base_poll_s=self.base_poll_s, rng=self.rng)
+                       base_poll_s=self.base_poll_s, rng=self.rng, _lost=self._lost)
 
     @property
     def poll_s(self) -> float:
@@ -69,21 +95,21 @@ class Channel:
     def decide(self, key: str, proposal: Any) -> tuple[Any, bool]:
         """(the document stored under `key`, whether it is `proposal`): the first proposal wins."""
         mine = encode(proposal)
-        with guarded(f"deciding {key}"):
+        with self._calling(f"deciding {key}"):
             stored = bytes(self.store.compare_set(key, b"", mine))
         return decode(stored), stored == mine
 
     def publish(self, key: str, document: Any) -> None:
-        with guarded(f"publishing {key}"):
+        with self._calling(f"publishing {key}"):
             self.store.set(key, encode(document))
 
     def has(self, key: str) -> bool:
-        with guarded(f"checking {key}"):
+        with self._calling(f"checking {key}"):
             return bool(self.store.check([key]))
 
     def read(self, key: str) -> Any | None:
         """The document under `key`, or None when there is none (two calls when present)."""
-        with guarded(f"reading {key}"):
+        with self._calling(f"reading {key}"):
             if not self.store.check([key]):
                 return None
             return decode(self.store.get(key))
@@ -92,15 +118,15 @@ class Channel:
         """Documents under keys known to exist (one call)."""
         if not keys:
             return []
-        with guarded(f"reading {len(keys)} key(s) under {self.namespace or 'the store'}"):
+        with self._calling(f"reading {len(keys)} key(s) under {self.namespace or 'the store'}"):
             return [decode(raw) for raw in self.store.multi_get(list(keys))]
 
     def count(self, key: str, amount: int = 1) -> int:
-        with guarded(f"counting {key}"):
+        with self._calling(f"counting {key}"):
             return int(self.store.add(key, amount))
 
     def delete(self, key: str) -> bool:
-        with guarded(f"deleting {key}"):
+        with self._calling(f"deleting {key}"):
             return bool(self.store.delete_key(key))
 
     def await_key(self, key: str, timeout_s: float, *, interrupt: Callable[[], BaseException | None] | None = None,
