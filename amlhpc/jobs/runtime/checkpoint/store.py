@@ -392,7 +392,7 @@ class CheckpointStore:
         session = secrets.token_hex(8)
         planned = sorted({e["blob"] for e in reused} | {blob_of(f.path) for f in files})
         record = {"schema": SCHEMA, "version": version, "node": self.node, "session": session, "state": "uploading",
-                  "blobs": planned, "written": time.time()}
+                  "blobs": planned, "written": clock.time()}
         self._check_cancel()
         self._write_pending(version, record)
         entries: list[dict[str, Any]] = [dict(e) for e in reused]
@@ -414,7 +414,7 @@ class CheckpointStore:
                     raise
             self._check_cancel()
             self._write_pending(version, {**record, "state": "staged", "parts": sorted(entries, key=lambda e: e["path"]),
-                                          "written": time.time()})
+                                          "written": clock.time()})
             faultpoints.reach("checkpoint.parts-recorded")
         except BaseException:
             try:

@@ -41,11 +41,11 @@ import os
 import secrets
 import socket
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from amlhpc.jobs.runtime.base import clock as clock_seam
 from amlhpc.jobs.runtime.base import faultpoints
 
 POLL_S = 0.2
@@ -115,13 +115,13 @@ class NodeBarrier:
     """Local rank 0 stages; the node's other ranks wait here (see the module docstring)."""
 
     def __init__(self, directory: Path, timeout_s: float, run_id: str = "default", stale_after_s: float = 600.0,
-                 clock: Callable[[], float] = time.time, fallback: Path | None = None, generation: str | None = None):
+                 clock: Callable[[], float] | None = None, fallback: Path | None = None, generation: str | None = None):
         self.directory = Path(directory)
         self.timeout_s = timeout_s
         self.run_id = run_id
         self.generation = generation
         self.stale_after_s = stale_after_s
-        self._clock = clock
+        self._clock = clock or clock_seam.time
         if fallback is None:
             tag = hashlib.sha256(str(self.directory.resolve()).encode()).hexdigest()[:16]
             fallback = fallback_root() / f"{self.directory.name[:80]}-{tag}"
@@ -209,10 +209,11 @@ class NodeBarrier:
                 return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable"
         return None
 
-    def wait(self, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    def wait(self, sleep: Callable[[float], None] | None = None) -> dict[str, Any]:
         """Block until local rank 0 finishes; return its result or raise its failure."""
+        sleep = sleep or clock_seam.sleep
         arrived = self._clock()
-        deadline = time.monotonic() + self.timeout_s
+        deadline = clock_seam.monotonic() + self.timeout_s
         problem = self._unusable()
         if problem:
             raise BarrierFailed(f"the node barrier cannot work: {problem}", "usage")
@@ -235,7 +236,7 @@ class NodeBarrier:
                             "staging; see its log for the error, then re-run the job (finished files are kept)"
                         )
                     continue
-            if time.monotonic() > deadline:
+            if clock_seam.monotonic() > deadline:
                 raise BarrierTimeout(
                     f"waited {self.timeout_s:.0f}s for local rank 0 to finish staging (markers in {self.directory}); "
                     "raise the timeout (AMLHPC_STAGE_TIMEOUT_S / --timeout-s) for large datasets, or check rank 0's log"

@@ -76,7 +76,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amlhpc.jobs.runtime.base import contract, launchid
+from amlhpc.jobs.runtime.base import clock, contract, launchid
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import jobstore
@@ -498,10 +498,10 @@ class Launcher:
         try:
             self.channel.count(self.channel.key("launch", "bye"))
             if self.jobstore.serving and self.ranks.node_count > 1:
-                deadline = time.monotonic() + BYE_WAIT_S
-                while time.monotonic() < deadline and self.channel.count(self.channel.key("launch", "bye"), 0) \
+                deadline = clock.monotonic() + BYE_WAIT_S
+                while clock.monotonic() < deadline and self.channel.count(self.channel.key("launch", "bye"), 0) \
                         < self.ranks.node_count:
-                    time.sleep(0.2)
+                    self.channel.pause()
         except StoreLost:
             pass
         finally:
@@ -933,12 +933,12 @@ class Launcher:
         if self.ranks.local_size == 1:
             return
         folder = self._dir("exited")
-        deadline = time.monotonic() + self.options.final_wait_s
-        while time.monotonic() < deadline:
+        deadline = clock.monotonic() + self.options.final_wait_s
+        while clock.monotonic() < deadline:
             missing = [r for r in range(self.ranks.local_size) if not (folder / f"rank-{r}.json").exists()]
             if not missing:
                 return
-            time.sleep(0.2)
+            clock.sleep(0.2)
         log.warning("local rank(s) %s still running after %.0fs: uploading what is there", missing, self.options.final_wait_s)
 
     def _final_upload(self, status: int) -> int:

@@ -91,7 +91,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.base import contract, faultpoints, jobid, launchid
+from amlhpc.jobs.runtime.base import clock, contract, faultpoints, jobid, launchid
 from amlhpc.jobs.runtime.base import ranks as ranks_module
 from amlhpc.jobs.runtime.base.errors import RuntimeProblem
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
@@ -827,9 +827,9 @@ def close_opened(node_count: int) -> None:
         channel = Channel(opened.store, node=0, nodes=node_count)
         try:
             channel.count("staging/bye")
-            deadline = time.monotonic() + BYE_WAIT_S
-            while opened.serving and channel.count("staging/bye", 0) < node_count and time.monotonic() < deadline:
-                time.sleep(0.05)
+            deadline = clock.monotonic() + BYE_WAIT_S
+            while opened.serving and channel.count("staging/bye", 0) < node_count and clock.monotonic() < deadline:
+                clock.sleep(0.05)
         except StoreLost:
             pass
         opened.close()
