@@ -226,3 +226,24 @@ def test_blob_requests_per_heartbeat_look_do_not_grow_with_n(nodes, tmp_path, ca
               f"(all nodes: {nodes / guard.look_s:.0f} listings/s)")
     assert container.calls == Counter({"upload_blob": 1, "list_blobs": 1})
     assert nodes / guard.look_s <= 250 / 0.8  # the jitter may shorten one interval by 20 %
+
+
+@pytest.mark.azurite
+def test_the_end_records_are_read_in_one_listing(container):
+    """The supervision reads every node's end record from one listing with metadata (each
+    record is in its blob's metadata too), never a listing and a read per node."""
+    from amlhpc.jobs.runtime.coord import nodestatus
+
+    for node in range(5):
+        nodestatus.write_end(container, "p", "run", node, {"node": node, "exit_code": 0, "error": None}, key="ab" * 16)
+    reads = Counter()
+
+    class Watched:
+        def __getattr__(self, name):
+            reads[name] += 1
+            return getattr(container, name)
+
+    ends = nodestatus.read_ends(Watched(), "p", "run")
+    assert sorted(ends) == list(range(5)) and all(nodestatus.check_end("ab" * 16, "run", k, r) is None
+                                                   for k, r in ends.items())
+    assert reads == Counter({"list_blobs": 1})
