@@ -107,3 +107,22 @@ def test_the_rehearsal_ends_with_node_0s_loss_named(world):  # noqa: F811 - the 
     text = "\n".join(lines)
     assert result.exit_codes[1 * PROCS] == ExitCode.NODE_LOST, text[-4000:]
     assert "n1: [launch rank 1] the job ends: node 0 is gone" in text, text[-4000:]
+
+
+def test_node_0_whose_store_port_is_taken_stops_at_once_with_exit_2(tmp_path):
+    """The port is bound as node 0's first act: one in use is named with the variable that moves
+    it, before staging or anything else ran (never an EADDRINUSE in the middle of the job)."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AMLHPC_", "RANK", "LOCAL_", "WORLD", "MASTER"))}
+        env.update({"AMLHPC_RUN_ID": "taken", "AMLHPC_SCRATCH": str(tmp_path), "AMLHPC_REPORT_DIR": str(tmp_path),
+                    "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "PYTHONPATH": str(REPO),
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "AMLHPC_COORD_PORT": str(port),
+                    "AMLHPC_STAGE_JSON": '[{"name": "d", "container": "c", "prefix": "p", "mode": "local"}]'})
+        done = subprocess.run([sys.executable, "-m", "amlhpc.jobs.runtime.launch", "--", "true"], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == ExitCode.USAGE, done.stderr
+    assert f"port {port} on node 0 is in use" in done.stderr and "AMLHPC_COORD_PORT" in done.stderr
+    assert "staging" not in done.stderr.lower() and "Traceback" not in done.stderr

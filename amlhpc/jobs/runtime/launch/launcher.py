@@ -476,7 +476,10 @@ class Launcher:
 
     # 1a. the job's coordination store: node 0 binds its port before anything else opens a connection
     def open_coordination(self) -> None:
+        """Across nodes always; on one node only for the health gate's process group."""
         if not self.ranks.is_node_leader:
+            return
+        if self.ranks.node_count <= 1 and (self.options.health == "off" or self.ranks.world_size <= 1):
             return
         try:
             self.jobstore = jobstore.open_for_node(self.environ, self.ranks.node_index, self.ranks.node_count,
