@@ -209,7 +209,7 @@ class TestEndpoint:
 
 
 class TestPorts:
-    """Issue: the health gate's port was probed at the start and bound after staging; an
+    """The defect: the health gate's port was probed at the start and bound after staging; an
     outgoing connection of staging took it in between (EADDRINUSE). Ports are now bound once."""
 
     def test_a_reserved_port_is_never_given_to_an_outgoing_connection(self):

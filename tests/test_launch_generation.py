@@ -1,4 +1,4 @@
-"""A launch never inherits an earlier launch's node-local records (issue 31): the restart records
+"""A launch never inherits an earlier launch's node-local records: the restart records
 (stop.json, the exit records) and the restore and restart-outcome barriers carry the launch
 generation (amlhpc/jobs/runtime/base/launchid.py), so a next launch with the same run id on the same
 node is not SIGKILLed by the earlier one's stop request, nor released with its answers."""

@@ -3,7 +3,7 @@ its answer never came, the SDK's retry got 409/412/404 about its own first try
 (tests/faultproxy.py `lose`). Afterwards the newest version restores and the uploader keeps
 moving; nothing the pointer names is deleted.
 
-The two defects this guards (issue 31): on the `latest` pointer, `commit` took the retry's 412
+The two defects this guards: on the `latest` pointer, `commit` took the retry's 412
 for another writer and deleted the manifest the pointer then named (restore failed until the
 next commit, and a folder uploader never recovered); on a manifest, the retry's 409 raised
 PointerConflict, which the version uploader did not catch: that version was retried first

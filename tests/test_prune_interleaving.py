@@ -1,4 +1,4 @@
-"""Prune against a commit that lands between its reads (issue 31): prune read `latest`, then
+"""Prune against a commit that lands between its reads: prune read `latest`, then
 listed the manifests; a commit in between looked like the leftover of a dead committer, and
 prune deleted the manifest `latest` then named. Now it lists the manifests first, keeps a
 manifest newer than `latest` while it is young, and reads the pointer again before it deletes."""

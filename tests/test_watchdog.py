@@ -117,7 +117,7 @@ def beat(node, written, age_s=1.0, state="training"):
 
 class TestClockSteps:
     def test_a_wall_clock_stepped_back_does_not_blind_the_watchdog(self, tmp_path, monkeypatch):
-        """Issue 31: reports were filtered by file mtime against the wall clock at the start; the
+        """The defect: reports were filtered by file mtime against the wall clock at the start; the
         wall clock stepped back 5 s after the start, so every report looked older than the
         command and was ignored (startup_s then judged a reporting node hung). Ages come from
         the monotonic clock, and the folder is the launch's own."""

@@ -92,7 +92,7 @@ def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
 def training_port(rng=None) -> int:
     """A port for the training's own rendezvous (MASTER_PORT), free now and outside the
     ephemeral range, so no outgoing connection (staging's, the checkpoints') can be given it
-    before the training's rank 0 binds it (issue: a port probed from the ephemeral range was
+    before the training's rank 0 binds it (the defect: a port probed from the ephemeral range was
     taken in between, 40 of 40 draws). The coordination store's port is stricter still:
     bound once by the rehearsal and handed to node 0 (`coordination_listener`)."""
     import random

@@ -100,7 +100,7 @@ def revive(store: RecordStore, launcher: ControllerLauncher, run: str, echo: Cal
 
     The controllers are listed again once the lease is held: two overlapping checks both saw
     none alive, the first took the lease, started one and let the lease go; the second, taking
-    the lease after it, must see that one (issue: it started a second controller, which held a
+    the lease after it, must see that one (the defect: it started a second controller, which held a
     controller-cluster node for the whole run)."""
     record, _ = store.load()
     if record is None or record.done:

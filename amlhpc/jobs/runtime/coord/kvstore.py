@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -111,6 +111,3 @@ def decode(raw: bytes | str | None) -> Any:
 def as_bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
-
-def keys_of(keys: Sequence[str]) -> list[str]:
-    return [str(k) for k in keys]

@@ -568,7 +568,7 @@ class Launcher:
     def health_env(self) -> dict[str, str]:
         """The checks form their process group through the job's coordination store (on node 0,
         its port bound before staging): the gate needs no port of its own, so none can be taken
-        from under it (issue: a port probed at the start and bound after staging collided with
+        from under it (the defect: a port probed at the start and bound after staging collided with
         staging's own outgoing connections)."""
         env = {k: v for k, v in self.environ.items() if k not in SECRET_VARIABLES + (contract.COORD_LISTEN_FD,)}
         if self.coord_endpoint is not None:

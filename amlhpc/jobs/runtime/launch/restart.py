@@ -38,7 +38,7 @@ coordinator proposes an end in a `finally`, so no failure leaves the others wait
 `agree_s`.
 
 The job's store (amlhpc.jobs.runtime.coord.jobstore, on node 0) is the channel between nodes: a constant
-number of operations per node per poll at any node count (issue: Blob polling made every node
+number of operations per node per poll at any node count (where Blob polling made every node
 list and read every node's report, O(N^2) requests per poll). Without a store (no rendezvous
 host) only a single-node job restarts in-job.
 
