@@ -25,7 +25,7 @@ from tests.test_launch import REPO, base_env, checkpoint_env, finish, start
 TRAIN = r"""
 import os, signal, sys
 from pathlib import Path
-from amlhpc.jobs.runtime import progress
+from amlhpc.jobs.runtime.base import progress
 how, checkpoint_named = sys.argv[1], sys.argv[2]
 folder = Path(os.environ.get("AMLHPC_CHECKPOINT_DIR") or sys.argv[3])
 for step in range(1, 4):
