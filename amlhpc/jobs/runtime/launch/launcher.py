@@ -47,7 +47,8 @@ signal after it reported a completed training (amlhpc.jobs.runtime.launch.comple
     7   the hang watchdog stopped the command: no progress for watchdog.hang_s
     8   NCCL would use TCP sockets between the nodes of an InfiniBand size
     9   the node's managed identity cannot reach the job's storage with the role it needs
-    10  an in-job restart could not happen: a node did not answer (lost)
+    10  a node was lost: node 0 (its coordination store stopped answering), or a node that did not
+        answer an in-job restart
     11  the training failed again after `local_restarts` in-job restarts
     126 the command is not executable, 127 it was not found
 
@@ -698,6 +699,8 @@ class Launcher:
             manifest, resume = self.node_checkpoints.restore_at_start()
         except CheckpointError as exc:
             raise LaunchFailed(ExitCode.RESTORE, f"restore failed: {exc}") from None
+        except StoreLost as exc:
+            raise LaunchFailed(ExitCode.NODE_LOST, f"restore: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - storage errors: say which and stop
             hint = ""
             if type(exc).__name__ == "ClientAuthenticationError" or getattr(exc, "status_code", None) == 403:
