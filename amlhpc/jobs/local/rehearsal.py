@@ -37,7 +37,6 @@ from typing import Any
 from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.local import processes
-from amlhpc.jobs.local.azurite import free_port
 from amlhpc.jobs.runtime.base import contract
 
 # Variables that only make sense on an Azure node (identity) or would point the rehearsal
@@ -77,17 +76,50 @@ class RehearsalResult:
         return all(code == 0 for code in self.exit_codes.values())
 
 
-def _free_port_pair() -> int:
-    """A port P with P+1 also free: the health gate rendezvouses on MASTER_PORT + 1."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+RESERVED_LOW = 20000
+"""Where the rehearsal's training port is drawn from, below Linux's ephemeral range."""
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (Linux's default 32768-60999)."""
+    try:
+        low, high = (int(p) for p in path.read_text().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def training_port(rng=None) -> int:
+    """A port for the training's own rendezvous (MASTER_PORT), free now and outside the
+    ephemeral range, so no outgoing connection (staging's, the checkpoints') can be given it
+    before the training's rank 0 binds it (the defect: a port probed from the ephemeral range was
+    taken in between, 40 of 40 draws). The coordination store's port is stricter still:
+    bound once by the rehearsal and handed to node 0 (`coordination_listener`)."""
+    import random
+
+    rng = rng or random.Random()
+    low, _ = ephemeral_range()
+    top = max(RESERVED_LOW + 1000, min(low, 32768)) - 1
+    for _ in range(200):
+        port = rng.randint(RESERVED_LOW, top)
+        with socket.socket() as probe:
             try:
-                s.bind(("127.0.0.1", port + 1))
+                probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
         return port
-    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
+    raise RuntimeError(f"no free port in {RESERVED_LOW}-{top} on 127.0.0.1 for the training's rendezvous")
+
+
+def coordination_listener() -> socket.socket:
+    """The job's coordination store's port, bound here before any rank starts and inherited by
+    node 0's local rank 0 (AMLHPC_COORD_LISTEN_FD): reserved, never probed."""
+    from amlhpc.jobs.runtime.coord.jobstore import reserve
+
+    listener = reserve(0, "127.0.0.1")
+    listener.set_inheritable(True)
+    return listener
 
 
 def redirect_blob(env: dict[str, str], blob_endpoint: str, connection_string: str) -> dict[str, str]:
@@ -202,7 +234,8 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
     error, Ctrl-C, SIGTERM (amlhpc/jobs/local/processes.py) - every process it started is stopped
     before it returns."""
     nodes = len(folders)
-    port = _free_port_pair()
+    port = training_port()
+    listener = coordination_listener()
     procs: list[NodeProcess] = []
     codes: dict[int, int] = {}
     try:
@@ -212,11 +245,17 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
                        **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
                                   procs_per_node=procs_per_node, master_port=port)}
                 env[contract.SCRATCH] = str(folder / "scratch")
+                env[contract.COORD_PORT] = str(listener.getsockname()[1])
+                inherit: tuple[int, ...] = ()
+                if node == 0 and local_rank == 0:
+                    env[contract.COORD_LISTEN_FD] = str(listener.fileno())
+                    inherit = (listener.fileno(),)
                 process = subprocess.Popen(
                     ["bash", "-c", (node_command or {}).get(node, plan.command)], cwd=folder, env=env, text=True, bufsize=1,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **processes.popen_kwargs(),
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=inherit, **processes.popen_kwargs(),
                 )
                 procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
+        listener.close()  # node 0 holds it now
         pumps = [threading.Thread(target=_pump, args=(p, sink, log_path(folders[p.node], p.rank)), daemon=True)
                  for p in procs]
         for t in pumps:
@@ -228,6 +267,7 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
         for t in pumps:
             t.join(timeout=max(0.0, drained - time.monotonic()))
     finally:
+        listener.close()
         _stop(procs, codes)
     return codes
 

@@ -24,32 +24,21 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from amlhpc.jobs.runtime.base.contract import COORD_PORT
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
 from amlhpc.jobs.runtime.base.ranks import Ranks
+from amlhpc.jobs.runtime.coord.jobstore import DEFAULT_MASTER_PORT, endpoint, rendezvous_address
 from amlhpc.jobs.runtime.health.grading import FAIL, INFO, bus_bandwidth, grade_band, grade_minimum
 from amlhpc.jobs.runtime.health.results import CheckResult, fmt
 from amlhpc.jobs.runtime.node.skufacts import SkuFacts
 
-DEFAULT_PORT = 6105
-"""Azure ML's MASTER_PORT, used when only a master host is known."""
+DEFAULT_PORT = DEFAULT_MASTER_PORT
+HEALTH_PREFIX = "amlhpc-health"
+"""The gate's keys in the job's coordination store."""
 
 
 class CollectiveError(RuntimeError):
     """The ranks could not form a group (no address, rendezvous timed out)."""
-
-
-def rendezvous_address(environ: Mapping[str, str]) -> tuple[str, int] | None:
-    """Where rank 0 listens: MASTER_ADDR/MASTER_PORT (torch.distributed, Azure ML pytorch
-    jobs), else Azure ML's MPI variables AZ_BATCH_MASTER_NODE ("host:port") or
-    AZ_BATCHAI_MPI_MASTER_NODE ("host")."""
-    if environ.get("MASTER_ADDR"):
-        return environ["MASTER_ADDR"], int(environ.get("MASTER_PORT") or DEFAULT_PORT)
-    node = environ.get("AZ_BATCH_MASTER_NODE", "")
-    if node:
-        host, _, port = node.partition(":")
-        return host, int(port or DEFAULT_PORT)
-    if environ.get("AZ_BATCHAI_MPI_MASTER_NODE"):
-        return environ["AZ_BATCHAI_MPI_MASTER_NODE"], DEFAULT_PORT
-    return None
 
 
 @dataclass(frozen=True)
@@ -88,8 +77,21 @@ class Collective:
             torch.cuda.set_device(device)
         host, port = address
         try:
-            dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=ranks.rank,
-                                    world_size=ranks.world_size, timeout=timedelta(seconds=timeout_s))
+            where = endpoint(environ) if environ.get(COORD_PORT) else None
+        except RuntimeInputError as exc:
+            raise CollectiveError(str(exc)) from None
+        try:
+            if where is not None:
+                # The launcher's way: the job's coordination store on node 0, its port bound before
+                # staging; the gate has no port of its own to lose to an outgoing connection.
+                host, port = where.host, where.port
+                store = dist.PrefixStore(HEALTH_PREFIX, dist.TCPStore(host, port, None, False,
+                                                                      timeout=timedelta(seconds=timeout_s)))
+                dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world_size,
+                                        timeout=timedelta(seconds=timeout_s))
+            else:
+                dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=ranks.rank,
+                                        world_size=ranks.world_size, timeout=timedelta(seconds=timeout_s))
         except Exception as exc:  # noqa: BLE001 - rendezvous errors come in many types
             raise CollectiveError(f"rendezvous at {host}:{port} failed: {type(exc).__name__}: {exc}") from exc
         return cls(torch, dist, ranks, backend, device)
