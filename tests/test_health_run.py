@@ -152,10 +152,11 @@ def _other_node(node: int, status: str = PASS) -> dict:
 class TestNcclPassMarks:
     """Grading of the all-reduce figures with the size's published marks (fake collective)."""
 
-    def _run(self, tmp_path, node_busbw, job_busbw, sku="Standard_ND96isr_H100_v5", others=None, local=8, world=16):
+    def _run(self, tmp_path, node_busbw, job_busbw, sku="Standard_ND96isr_H100_v5", others=None, local=8, world=16,
+             env_extra=None):
         fake = FakeCollective(node_busbw, job_busbw, others if others is not None else [_other_node(1)], world)
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local),
-               "AMLHPC_SKU_JSON": sku_json(sku)}
+               "AMLHPC_SKU_JSON": sku_json(sku), **(env_extra or {})}
         import amlhpc.jobs.runtime.health.runner as runner
 
         original = runner.message_bytes
@@ -168,8 +169,11 @@ class TestNcclPassMarks:
         assert fake.closed
         return out
 
+    SHARP = {"NCCL_COLLNET_ENABLE": "1"}
+    """ND H100 v5's job-wide baseline is measured with SHARP: graded where the job turns it on."""
+
     def test_h100_node_and_job_pass(self, tmp_path):
-        out = self._run(tmp_path, node_busbw=480.0, job_busbw=455.0)
+        out = self._run(tmp_path, node_busbw=480.0, job_busbw=455.0, env_extra=self.SHARP)
         mine = out.reports[0]
         node = next(c for c in mine.checks if c.check == "allreduce_node")
         job = next(c for c in mine.checks if c.check == "allreduce_job")
@@ -178,12 +182,12 @@ class TestNcclPassMarks:
         assert out.exit_code == 0
 
     def test_h100_job_below_warn_line_warns(self, tmp_path):
-        out = self._run(tmp_path, node_busbw=480.0, job_busbw=380.0)
+        out = self._run(tmp_path, node_busbw=480.0, job_busbw=380.0, env_extra=self.SHARP)
         job = next(c for c in out.reports[0].checks if c.check == "allreduce_job")
         assert job.status == WARN and out.exit_code == 0
 
     def test_h100_job_below_fail_line_stops_the_job(self, tmp_path, capsys):
-        out = self._run(tmp_path, node_busbw=480.0, job_busbw=250.0)
+        out = self._run(tmp_path, node_busbw=480.0, job_busbw=250.0, env_extra=self.SHARP)
         assert out.exit_code == 3
         assert "allreduce_job job" in capsys.readouterr().err
 
