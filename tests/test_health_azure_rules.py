@@ -1,4 +1,4 @@
-"""The node-tool checks held against the way Azure's own checks run (issue 34): the reference
+"""The node-tool checks held against the way Azure's own checks run: the reference
 copies of Azure/azurehpc-health-checks customTests (tests/reference/azurehpc-health-checks) are
 read here, so a command line or a rule that drifts from Azure's fails a test.
 

@@ -204,7 +204,7 @@ class TestNcclPassMarks:
         assert out.exit_code == 3 and [r.node for r in out.failing] == [1]
         assert "node 1 (host1): gemm gpu0" in capsys.readouterr().err
 
-    # --- issue 34: the job-wide band chosen by what the all-reduce crosses, and SHARP -------------
+    # --- the job-wide band chosen by what the all-reduce crosses, and SHARP -------------
 
     GB300 = "Standard_ND128isr_GB300_v6"
 

@@ -146,7 +146,7 @@ def _amd_supported_user_space(driver: str) -> list[str]:
 
 
 class TestRocmWithinTheHostDriversWindow:
-    """Issue 34: ROCm 7.2.4 user space on Azure's 6.4.4 host driver was outside AMD's window."""
+    """ROCm 7.2.4 user space on Azure's 6.4.4 host driver was outside AMD's window: no more."""
 
     def test_host_driver_is_azures_mi300x_host_image(self):
         """Azure/azhpc-images versions.json (reference copy): the Ubuntu 24.04 image's amdgpu driver."""

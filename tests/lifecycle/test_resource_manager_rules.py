@@ -1,4 +1,4 @@
-"""The emulator refuses what Resource Manager refuses and answers GETs as Azure does (issue 34):
+"""The emulator refuses what Resource Manager refuses and answers GETs as Azure does:
 role-assignment uniqueness and immutability, required properties, the resource envelope of
 every answer, secrets never echoed, server-filled fields of the Key, the Vault and the VM held
 to Azure's recorded examples, an identity turned on by an update, forceNew for every declared
