@@ -133,6 +133,9 @@ def _check_cluster_regions(found: ProblemCollector, raw: _RawConfig, location: s
         problem = availability.problem(size, location, today)
         if problem and not (cluster.allow_unlisted_region and not availability.retired(size, today)):
             found.add(f"{NAMESPACE}clusters[{i}].sku", *problem)
+        low_priority = availability.low_priority_problem(size) if cluster.priority == "LowPriority" else None
+        if low_priority:
+            found.add(f"{NAMESPACE}clusters[{i}].priority", *low_priority)
 
 
 def _check_managed_ssh(found: ProblemCollector, raw: _RawConfig) -> None:

@@ -5,8 +5,10 @@ Every rank of the job takes part (NCCL on GPUs, gloo on a CPU-only machine). Two
 - per node: an all-reduce among the node's own ranks (NVLink inside the node), compared
   with the size's single-node pass mark (`nccl_allreduce_busbw_gbytes_per_s_min`, e.g.
   228 GB/s at 8 GiB on ND96asr_v4) when the node runs one rank per GPU;
-- per job: an all-reduce across every rank (the InfiniBand fabric), compared with
-  `nccl_multinode_busbw_gbytes_per_s` (expected / warn / fail) where the size has one.
+- per job: an all-reduce across every rank, compared with the size's baseline for what the
+  all-reduce crosses (one multi-node NVLink domain or InfiniBand) and for SHARP on or off
+  (`health.multinode` bands, chosen by amlhpc/jobs/runtime/node/multinode.py), once every node's
+  report is in: the NVLink domains come from the nodes' fabric checks.
 
 Each is timed over several back-to-back all-reduces of one large buffer after warm-up; the
 figure is the slowest rank's time (what a training step waits for). busbw = algbw x
@@ -30,6 +32,7 @@ from amlhpc.jobs.runtime.base.ranks import Ranks
 from amlhpc.jobs.runtime.coord.jobstore import DEFAULT_MASTER_PORT, endpoint, rendezvous_address
 from amlhpc.jobs.runtime.health.grading import FAIL, INFO, bus_bandwidth, grade_band, grade_minimum
 from amlhpc.jobs.runtime.health.results import CheckResult, fmt
+from amlhpc.jobs.runtime.node.multinode import Topology, choose_band
 from amlhpc.jobs.runtime.node.skufacts import SkuFacts
 
 DEFAULT_PORT = DEFAULT_MASTER_PORT
@@ -172,13 +175,16 @@ def grade_node_allreduce(figure: AllReduceFigure, sku: SkuFacts | None, size_not
     return _graded("allreduce_node", "node", figure, grade_minimum(figure.busbw, minimum) if minimum else INFO, minimum, note)
 
 
-def grade_job_allreduce(figure: AllReduceFigure, sku: SkuFacts | None, nodes: int, size_note: str) -> CheckResult:
-    band = sku.health.nccl_multinode_busbw_gbytes_per_s if sku else None
+def grade_job_allreduce(figure: AllReduceFigure, sku: SkuFacts | None, nodes: int, size_note: str,
+                        topology: Topology, sharp: bool) -> CheckResult:
+    """The job-wide figure against the size's band for the job's topology and SHARP setting."""
     note = f"{nodes} nodes x {figure.ranks // max(nodes, 1)} ranks, {size_note}, algbw {fmt(figure.algbw)} GB/s"
+    band, why = choose_band(sku.health.multinode if sku else (), topology, sharp)
+    note += f"; {why}"
     if band is None or figure.backend != "nccl":
-        return _graded("allreduce_job", "job", figure, INFO, None, note + ("" if band else "; no published multi-node pass mark"))
-    expected, warn_below, fail_below = band
-    note += f", expected ~{expected:g}, warn below {warn_below:g}"
+        return _graded("allreduce_job", "job", figure, INFO, None, note)
+    expected, warn_below, fail_below = band.busbw_gbytes_per_s
+    note += f"; expected ~{expected:g}, warn below {warn_below:g}"
     return _graded("allreduce_job", "job", figure, grade_band(figure.busbw, warn_below, fail_below), fail_below, note)
 
 
