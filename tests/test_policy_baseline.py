@@ -85,6 +85,15 @@ class TestNetwork:
         [v] = mandatory(prod_with(tmp_path, network=network))["no-internet-outbound"]
         assert "any host on the internet" in v.message and "AllowOnlyApprovedOutbound" in v.fix
 
+    def test_prod_on_a_private_network_is_refused(self, tmp_path):
+        """isolation: private passed every rule, and its jobs reached the internet through the NAT gateway."""
+        network = {"isolation": "private", "addressSpace": "10.40.0.0/16", "endpointSubnet": "10.40.128.0/18",
+                   "wayIn": PROD["aml-hpc:network"]["wayIn"]}
+        found = mandatory(prod_with(tmp_path, network=network))
+        assert set(found) == {"egress-controlled"}, found
+        [v] = found["egress-controlled"]
+        assert "NAT gateway" in v.message and "AllowOnlyApprovedOutbound" in v.fix
+
     def test_a_host_not_on_the_allow_list_is_refused(self, tmp_path):
         network = {**PROD["aml-hpc:network"], "fqdnRules": ["pypi.org", "github.com"]}
         [v] = mandatory(prod_with(tmp_path, network=network))["outbound-fqdn-allow-listed"]

@@ -108,6 +108,27 @@ def no_internet_outbound(r: ResourceView, stack: StackView, limits: Limits) -> I
                       "hosts jobs need in fqdnRules (Azure allows that switch once, and never back)")
 
 
+def egress_controlled(resources: Sequence[ResourceView], stack: StackView, limits: Limits) -> Iterable[Finding]:
+    """Outside dev, what jobs send out is controlled under every isolation mode: only a managed
+    network with AllowOnlyApprovedOutbound does that here. Under `private` isolation the nodes
+    sit in our subnet and leave through the NAT gateway to any host on the internet (no
+    firewall on that path is declared), so it is refused like `public`."""
+    if stack.kind != "environment" or environment_of(stack) == DEV:
+        return
+    workspaces = [r for r in resources if r.type == WORKSPACE]
+    if not workspaces:
+        return
+    for r in workspaces:
+        mode = get_path(r.inputs, "managedNetwork", "isolationMode")
+        if mode != "AllowOnlyApprovedOutbound":
+            shown = mode or "no managed network"
+            yield Finding(f"workspace {r.inputs.get('workspaceName') or r.name!r} in environment {environment_of(stack)!r}: "
+                          f"jobs reach any host on the internet ({shown}; a private network's NAT gateway lets "
+                          "everything out)",
+                          f"set aml-hpc:network.isolation: managed with outbound: AllowOnlyApprovedOutbound in "
+                          f"Pulumi.{_short(stack)}.yaml (docs/isolation.md)", urn=r.urn, name=r.name)
+
+
 def outbound_allow_listed(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
     if r.type != WORKSPACE or not _outside_dev(r, stack):
         return

@@ -773,6 +773,10 @@ RULES: tuple[Rule, ...] = (
          check_resource=baseline.no_shared_key),
     Rule("no-internet-outbound", "mandatory", "Outside dev, a managed network never allows all internet outbound.",
          check_resource=baseline.no_internet_outbound),
+    Rule("egress-controlled", "mandatory",
+         "Outside dev, jobs' egress is controlled under every isolation mode: a managed network that allows only "
+         "approved outbound (private isolation's NAT gateway lets everything out).",
+         check_stack=baseline.egress_controlled),
     Rule("outbound-fqdn-allow-listed", "mandatory",
          "Outside dev, a managed network's FQDN rules name exact hosts of amlhpc/infra/policy/outbound.toml, no wildcard.",
          check_resource=baseline.outbound_allow_listed),
