@@ -76,8 +76,11 @@ def cluster_props(plan, name: str = "cluster-nd-h100-compute") -> dict:
 
 # What the security baseline refuses in these non-dev environments, and nothing else: `hard`
 # keeps public network access (its point is the key, diagnostics and HBI), `mnet` lets jobs
-# reach the whole internet. Every other mode passes every mandatory rule.
-BASELINE_REFUSES = {"hard": {"no-public-network-access", "no-public-ips"}, "mnet": {"no-internet-outbound"}}
+# reach the whole internet, and so does `priv` through its NAT gateway (egress is controlled
+# only by a managed network that allows approved outbound). Every other mode passes every
+# mandatory rule.
+BASELINE_REFUSES = {"hard": {"no-public-network-access", "no-public-ips", "egress-controlled"},
+                    "mnet": {"no-internet-outbound", "egress-controlled"}, "priv": {"egress-controlled"}}
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))

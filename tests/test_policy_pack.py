@@ -223,3 +223,15 @@ def test_pack_runs_with_the_interpreter_the_deploy_script_gives_pulumi():
     assert project["runtime"] == {"name": "python", "options": {"toolchain": "pip"}}
     script = (REPO_ROOT / "scripts" / "pulumi-stack.sh").read_text()
     assert "export PULUMI_PYTHON_CMD" in script and "PYTHON=${AMLHPC_PYTHON:-.venv/bin/python}" in script
+
+
+def test_the_pack_reads_the_stack_not_the_environment_tag(servers, dev_plan):
+    """A prod preview whose resources say environment: dev still gets prod's baseline (the
+    adapter once built its view from tags the stack file writes)."""
+    item = copy.deepcopy(resource(dev_plan, "data-account"))
+    item["inputs"]["allowSharedKeyAccess"] = True
+    assert item["inputs"]["tags"]["environment"] == "dev" and item["inputs"]["publicNetworkAccess"] != "Disabled"
+    on_prod = {d.policyName for d in servers("prod").analyze(item).diagnostics}
+    assert {"no-shared-key-storage", "no-public-network-access", "environment-tag-is-the-stacks"} <= on_prod
+    on_dev = {d.policyName for d in servers("dev").analyze(item).diagnostics}
+    assert "no-public-network-access" not in on_dev and "environment-tag-is-the-stacks" not in on_dev

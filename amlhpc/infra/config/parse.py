@@ -122,7 +122,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
                                    if not any(t == p.path or t.startswith((p.path + ".", p.path + "[")) for t in typed)]
     found.raise_if_any()
 
-    environment = raw.environment or (stack if kind == "environment" else "")
+    environment = stack if kind == "environment" else (raw.environment or "")
     return StackConfig(
         stack=stack,
         source=reference,
@@ -195,8 +195,16 @@ def _check_kind(found: ProblemCollector, stack: str, kind: StackKind, ours: dict
         if not raw.clusters:
             found.add(f"{NAMESPACE}clusters", "an experiment stack must declare at least one cluster",
                       "add a cluster: name, sku, maxNodes (see Pulumi.dev.yaml)")
-    elif raw.environment_stack:
-        found.add(f"{NAMESPACE}environmentStack", "is only for experiment stacks (exp-*)", f"remove it from Pulumi.{stack}.yaml")
+    else:
+        if raw.environment_stack:
+            found.add(f"{NAMESPACE}environmentStack", "is only for experiment stacks (exp-*)",
+                      f"remove it from Pulumi.{stack}.yaml")
+        if raw.environment is not None and raw.environment != stack:
+            # The environment of an environment stack is its name everywhere: its GitHub
+            # environment, identity, state and the policy's "outside dev" all follow the name.
+            found.add(f"{NAMESPACE}environment", f"{raw.environment!r} is not this stack: an environment stack belongs "
+                      f"to the environment it is named after ({stack!r}), whatever this key says",
+                      f"remove aml-hpc:environment from Pulumi.{stack}.yaml")
     if kind == "experiment":
         _check_environment_stack(found, stack, raw)
 

@@ -60,8 +60,12 @@ def views_from_plan(plan: Mapping[str, Any]) -> tuple[list[ResourceView], StackV
         ))
     stack_name = str(plan["stack"])
     kind = plan.get("kind") or StackView.kind_of(stack_name)
-    tags = (plan.get("outputs") or {}).get("tags") or {}
-    return resources, StackView(stack_name, kind, dict(tags))
+    outputs = plan.get("outputs") or {}
+    tags = outputs.get("tags") or {}
+    # An experiment's environment is its parsed aml-hpc:environment (the plan's outputs carry it);
+    # an environment stack's is its name, whatever its file says (baseline.environment_of).
+    environment = str(outputs.get("environment") or "") or None if kind == "experiment" else None
+    return resources, StackView(stack_name, kind, dict(tags), environment)
 
 
 def run_rules(resources: Sequence[ResourceView], stack: StackView, limits: Limits = DEFAULT_LIMITS,
