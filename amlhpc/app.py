@@ -95,9 +95,13 @@ def main() -> None:
     run(build(), "aml-hpc", argv)
 
 
+APP_MODULES = {"infra": "amlhpc.infra.cli", "jobs": "amlhpc.jobs.cli.main", "images": "amlhpc.images.cli"}
+"""The module holding each part's typer app (what `aml-hpc-<part>` runs)."""
+
+
 def _one(module: str, prog_name: str) -> None:
     argv = enter_project(sys.argv[1:])
-    app = __import__(f"{module}.cli", fromlist=["app"]).app
+    app = __import__(APP_MODULES[module], fromlist=["app"]).app
     run(app, prog_name, argv)
 
 

@@ -34,6 +34,7 @@ from amlhpc.jobs.cli.options import (
     err,
     guard,
     load_outputs,
+    number,
     out,
 )
 
@@ -238,9 +239,9 @@ def estimate(
     hours: HoursOpt = None,
     sets: SetOpt = None,
     allow_tcp: AllowTcp = False,
-    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", min=0, help="Goodput: low-priority preemptions per node-hour you assume; wins over the recipe's cost.preemptions_per_node_hour.")] = None,
-    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", min=0, help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
-    failure_rate: Annotated[float | None, typer.Option("--failure-rate", min=0, help="Goodput: unexpected interruptions per GPU-hour (default: Llama 3's, amlhpc/jobs/plan/goodput.py).")] = None,
+    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", callback=number("per_node_hour"), help="Goodput: low-priority preemptions per node-hour you assume (0 to below 1); wins over the recipe's cost.preemptions_per_node_hour.")] = None,
+    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", callback=number("checkpoint_gb"), help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
+    failure_rate: Annotated[float | None, typer.Option("--failure-rate", callback=number("per_gpu_hour"), help="Goodput: unexpected interruptions per GPU-hour (0 to below 1; default: Llama 3's, amlhpc/jobs/plan/goodput.py).")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
     as_json: JsonOption = False,
@@ -252,7 +253,8 @@ def estimate(
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
         est = plan.estimate
         if as_json:
-            print_json(_estimate_document(r, stack_outputs, plan))
+            print_json(_estimate_document(r, stack_outputs, plan, preemption_rate=preemption_rate,
+                                          checkpoint_size_gb=checkpoint_gb, failure_rate=failure_rate))
             return
         rows = table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
         rows.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
@@ -288,8 +290,8 @@ def estimate(
     guard(debug, body)
 
 
-def _estimate_document(r, stack_outputs, plan) -> dict:
-    from amlhpc.jobs.plan import cost
+def _estimate_document(r, stack_outputs, plan, **goodput_inputs) -> dict:
+    from amlhpc.jobs.plan import cost, goodput
 
     est = plan.estimate
     budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
@@ -298,7 +300,8 @@ def _estimate_document(r, stack_outputs, plan) -> dict:
             "usd": round(est.usd, 2), "priceSource": est.price_source, "notes": list(est.notes(stack_outputs.location)),
             "ceilingUsd": r.cost.ceiling_usd, "monthlyBudgetUsd": budget,
             "over": cost.over_limits(est.usd, r.cost.ceiling_usd, budget), "warnings": list(plan.warnings),
-            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None}
+            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None,
+            "goodput": goodput.document(plan, r, stack_outputs, **goodput_inputs)}
 
 
 @app.command()

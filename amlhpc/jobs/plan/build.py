@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from amlhpc.core import project, skus
+from amlhpc.core import atomic, project, skus
 from amlhpc.core.errors import Problem, ProblemCollector, UserError
 from amlhpc.core.outputs import StackOutputs
 from amlhpc.core.values import NumberError, check_number, check_run_name
@@ -526,15 +526,11 @@ def snapshot(code_dirs: tuple[str, ...] | list[str], root: Path = REPO_ROOT, des
         digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
     dest = dest_root / digest.hexdigest()[:16]
     if not dest.is_dir():
-        tmp = dest_root / f".tmp-{secrets.token_hex(4)}"
-        for rel, path in files:
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-        try:
-            tmp.rename(dest)
-        except OSError:  # a concurrent build made the same snapshot first
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic.new_folder(dest) as tmp:  # a failed copy (a full disk) leaves no .tmp-* behind
+            for rel, path in files:
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
     return dest
 
 

@@ -220,7 +220,7 @@ class Cost(_Model):
     """Wall-clock estimate used by `estimate` and by submit's ceiling check."""
     ceiling_usd: Usd | None = None
     """Submit refuses (unless --yes) when the estimate exceeds it."""
-    preemptions_per_node_hour: float | None = Field(None, ge=0)
+    preemptions_per_node_hour: Annotated[float | None, checked("per_node_hour")] = None
     """For goodput planning on a LowPriority cluster: the preemptions per node-hour you assume
     (Azure publishes none; `estimate --preemption-rate` wins)."""
 
