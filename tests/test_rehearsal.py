@@ -53,7 +53,7 @@ class TestSeams:
 
     def test_each_node_gets_its_own_code_copy_and_scratch(self, tmp_path):
         snapshot = tmp_path / "snap"
-        (snapshot / "amlhpc" / "jobs" / "runtime").mkdir(parents=True)
+        (snapshot / "amlhpc" / "jobs" / "runtime" / "launch").mkdir(parents=True)
         (snapshot / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").write_text("# launcher\n")
         folders = rehearsal.prepare_nodes(snapshot, tmp_path / "work", 3)
         assert [f.name for f in folders] == ["node0", "node1", "node2"]

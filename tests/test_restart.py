@@ -66,7 +66,7 @@ class TestDecide:
 TRAIN = r"""
 import json, os, sys, time
 from pathlib import Path
-from amlhpc.jobs.runtime import progress
+from amlhpc.jobs.runtime.base import progress
 from amlhpc.jobs.runtime.checkpoint import tier
 from amlhpc.jobs.workloads import resume as resume_api
 shared, total = Path(sys.argv[1]), int(sys.argv[2])

@@ -15,8 +15,15 @@ from typing import Annotated
 
 import typer
 
-from amlhpc.core.cli_help import JsonOption, VersionOption, new_app
-from amlhpc.core.console import table
+from amlhpc.core.cli_help import (
+    JsonOption,
+    OutputFormat,
+    OutputOption,
+    VersionOption,
+    new_app,
+    output_format,
+)
+from amlhpc.core.console import table, tsv
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.cli import job as job_commands
 from amlhpc.jobs.cli.job import on_job, print_json, refuse_offline
@@ -75,18 +82,24 @@ def _summary(plan, recipe, stack_outputs) -> None:
 
 
 @app.command("recipes")
-def list_recipes(as_json: JsonOption = False) -> None:
+def list_recipes(output: OutputOption = None, as_json: JsonOption = False, debug: Debug = False) -> None:
     """List the shipped recipes."""
     from amlhpc.jobs import recipes
 
+    fmt = guard(debug, lambda: output_format(output, as_json))
     loaded = [recipes.load(name) for name in recipes.available()]
-    if as_json:
+    if fmt is OutputFormat.json:
         print_json([{"recipe": r.name, "distribution": r.distribution, "nodes": r.nodes, "description": r.description}
                      for r in loaded])
         return
-    rows = table("recipe", "distribution", "nodes", "description")
-    for r in loaded:
-        rows.add_row(r.name, r.distribution, str(r.nodes), r.description)
+    headers = ("recipe", "distribution", "nodes", "description")
+    cells = [(r.name, r.distribution, str(r.nodes), r.description) for r in loaded]
+    if fmt is OutputFormat.tsv:
+        sys.stdout.write(tsv(headers, cells))
+        return
+    rows = table(*headers)
+    for row in cells:
+        rows.add_row(*row)
     out.print(rows)
 
 
@@ -107,6 +120,7 @@ def submit(
     max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first; wins over the recipe's managed.max_restarts.")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (the submitted job's name, status and Studio URL; with --dry-run the job itself); everything else goes to stderr.")] = False,
     debug: Debug = False,
 ) -> None:
     """Build a job from RECIPE and the stack's outputs; submit it (or print it with --dry-run)."""
@@ -130,17 +144,32 @@ def submit(
         too_much = cost.over_limits(plan.estimate.usd, r.cost.ceiling_usd, budget)
         if managed:
             _submit_managed(r, stack_outputs, plan, too_much, dry_run=dry_run, yes=yes, follow=follow,
-                            max_restarts=max_restarts, resume=resume)
+                            max_restarts=max_restarts, resume=resume, as_json=as_json)
             return
         code = build.snapshot(plan.code_dirs)
         _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
+            if as_json:
+                print_json({"dryRun": True, "job": build.to_job_dict(plan, portable(code)),
+                            "estimateUsd": round(plan.estimate.usd, 2), "over": too_much})
+                return
             sys.stdout.write(_code_note() + build.to_yaml(plan, portable(code)))
             return
         client = submitter.connect(stack_outputs)
-        submitter.submit(client, plan, code, follow=follow, echo=out.print)
+        created = submitter.submit(client, plan, code, follow=follow and not as_json,
+                                   echo=(lambda line: err.print(line, highlight=False)) if as_json else out.print)
+        if as_json:
+            print_json(_submitted(created, plan, stack_outputs.stack))
 
     guard(debug, body)
+
+
+def _submitted(created, plan, stack: str, **more) -> dict:
+    """`submit --json`: what was created, as Azure ML answered."""
+    status = getattr(created, "status", None)
+    return {"job": created.name, "status": str(getattr(status, "value", status) or ""), "stack": stack,
+            "experiment": plan.experiment, "cluster": plan.cluster, "nodes": plan.instance_count, "sku": plan.sku,
+            "estimateUsd": round(plan.estimate.usd, 2), "studioUrl": getattr(created, "studio_url", None), **more}
 
 
 def portable(code: Path) -> str:
@@ -166,7 +195,7 @@ def _cost_gate(recipe: str, too_much: list[str], *, dry_run: bool, yes: bool) ->
 
 
 def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: bool, yes: bool, follow: bool,
-                    max_restarts: int | None, resume: str | None) -> None:
+                    max_restarts: int | None, resume: str | None, as_json: bool = False) -> None:
     """`submit --managed`: render and validate the controller job and the training template; submit the controller."""
     from amlhpc.jobs.azure import submit as submitter
     from amlhpc.jobs.managed import render
@@ -192,12 +221,20 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     render.validate(mplan, code)
     _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
     if dry_run:
+        if as_json:
+            print_json({"dryRun": True, "run": mplan.run, "controller": render.controller_document(mplan, portable(code)),
+                        "templates": [render.training_template(mplan, p) for p in mplan.templates.values()],
+                        "over": too_much})
+            return
         sys.stdout.write(_code_note() + render.to_yaml(mplan, portable(code)))
         return
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
         created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
     _register_controller(stack_outputs, mplan, created.name)
+    if as_json:
+        print_json(_submitted(created, plan, stack_outputs.stack, run=mplan.run, managed=True, record=mplan.record_blob))
+        return
     out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
     if getattr(created, "studio_url", None):
         out.print(f"studio: {created.studio_url}", highlight=False)
@@ -327,7 +364,7 @@ def quota(
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
         else:
-            stack_outputs = load_outputs(stack, offline, outputs_file)
+            stack_outputs = load_outputs(stack, offline, outputs_file, offline_allowed=False)
             requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
         client = submitter.connect(stack_outputs)
         lines = submitter.quota(client, stack_outputs, requests)

@@ -464,6 +464,8 @@ def _services(recipe: Recipe) -> dict[str, dict[str, str]]:
     services: dict[str, dict[str, str]] = {}
     if recipe.services.tensorboard:
         services["tensorboard"] = {"type": "tensor_board", "log_dir": recipe.services.tensorboard.log_dir, "nodes": "all"}
+    if recipe.services.ssh:
+        services["ssh"] = {"type": "ssh", "ssh_public_keys": recipe.services.ssh.public_keys, "nodes": "all"}
     if recipe.services.jupyter_lab:
         services["jupyter_lab"] = {"type": "jupyter_lab", "nodes": "all"}
     if recipe.services.vs_code:
@@ -555,6 +557,7 @@ def to_command_job(plan: JobPlan, code_path: str | Path):
         JobResourceConfiguration,
         JupyterLabJobService,
         ManagedIdentityConfiguration,
+        SshJobService,
         TensorBoardJobService,
         VsCodeJobService,
     )
@@ -566,7 +569,8 @@ def to_command_job(plan: JobPlan, code_path: str | Path):
     else:
         distribution = PyTorchDistribution(process_count_per_instance=plan.processes_per_node)
     environment = Environment(image=plan.environment["image"]) if "image" in plan.environment else plan.environment["reference"]
-    service_types = {"tensor_board": TensorBoardJobService, "jupyter_lab": JupyterLabJobService, "vs_code": VsCodeJobService}
+    service_types = {"tensor_board": TensorBoardJobService, "jupyter_lab": JupyterLabJobService, "vs_code": VsCodeJobService,
+                     "ssh": SshJobService}
     services = {}
     for key, spec in plan.services.items():
         kwargs = {k: v for k, v in spec.items() if k != "type"}

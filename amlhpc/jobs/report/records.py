@@ -321,7 +321,9 @@ def _attempts(records: RunRecords) -> None:
         hours = (ended - started).total_seconds() / 3600 if ended else 0.0
         usd = nodes * hours * price if isinstance(price, int | float) else None
         codes = [int(c) for c in (line.get("exit_codes") or {}).values()]
-        outcome = "succeeded" if codes and all(c == 0 for c in codes) else \
+        canceled = line.get("canceled") if isinstance(line.get("canceled"), dict) else None
+        outcome = f"canceled (by {canceled.get('by') or 'a user'})" if canceled else \
+            "succeeded" if codes and all(c == 0 for c in codes) else \
             f"failed (status {next(c for c in codes if c != 0)})" if codes else "?"
         records.attempts.append(Attempt(i, str(line.get("run_id", f"attempt {i}")), started, ended, nodes, usd, outcome))
         if isinstance(price, int | float):

@@ -52,6 +52,8 @@ class NodeCheckpoints:
         self.versions = CheckpointStore(container, settings.versions_stream, throttle=throttle, node=node)
         self.folder_uploader: FolderUploader | None = None
         self.version_uploader: VersionUploader | None = None
+        self._versions_protect: set[str] | None = None
+        """What the last start_uploads protected; set once the versioned uploads ever ran."""
         self.uploaded: list[str] = []
 
     @property
@@ -101,10 +103,13 @@ class NodeCheckpoints:
                                                   self.settings.keep)
             self.folder_uploader.mark_current()
             self.folder_uploader.start()
-        self.version_uploader = VersionUploader(self.versions, self.checkpoint_dir, self.ranks, self.node, self.nodes,
-                                                self.settings.interval_s, self.settings.keep, self.settings.local_keep,
-                                                protect=protect)
+        self.version_uploader = self._version_uploader(protect)
         self.version_uploader.start()
+
+    def _version_uploader(self, protect: set[str] | None) -> VersionUploader:
+        self._versions_protect = set(protect or ())
+        return VersionUploader(self.versions, self.checkpoint_dir, self.ranks, self.node, self.nodes,
+                               self.settings.interval_s, self.settings.keep, self.settings.local_keep, protect=protect)
 
     def cancel_version_uploads(self) -> None:
         if self.version_uploader is not None:
@@ -124,6 +129,12 @@ class NodeCheckpoints:
             except CheckpointError as exc:
                 errors.append(str(exc))
             self.uploaded += [r.version for r in self.folder_uploader.results if r.version]
+        if self.version_uploader is None and self._versions_protect is not None:
+            # An in-job restart was weighed (its report stops the versioned uploads) and the job ends
+            # instead - a node preempted or lost: the newest version every node holds whole is what the
+            # next job resumes from, so it is committed as at any other end.
+            self.version_uploader = self._version_uploader(self._versions_protect)
+            self.version_uploader.store.take_over()
         if self.version_uploader is not None:
             try:
                 committed = self.version_uploader.finish(final_wait_s)
