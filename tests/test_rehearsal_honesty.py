@@ -79,10 +79,12 @@ def test_data_stages_exactly_the_folder_and_a_rerun_is_a_new_run(azurite, tmp_pa
     assert record["key"] != name and json.loads((kept[0] / "run.json").read_text())["key"] == name
 
     # --resume of the finished run: it says so and trains nothing
-    resumed = run(azurite, *common, "--resume")
+    resumed = run(azurite, *common, "--resume", "--json")
     assert resumed.exit_code == 0, resumed.output[-4000:]
-    assert f"rehearsal {name} had already finished: it resumed at step 6 and trained nothing (0 steps)" in resumed.output
+    assert f"rehearsal {name} had already finished: it resumed at step 6 and trained nothing (0 steps)" in resumed.stderr
     assert "rehearsal succeeded" not in resumed.output
+    result = json.loads(resumed.stdout)
+    assert (result["outcome"], result["resumedFrom"], result["lastStep"]) == ("already finished", 6, 6)
     assert len((workdir / "attempts.jsonl").read_text().splitlines()) == 2, "the continued run has two attempts"
 
 
@@ -107,6 +109,7 @@ def readme_managed_example() -> list[str]:
     return shlex.split(line)
 
 
+@pytest.mark.timeout(600)  # torch on two simulated nodes, twice: two minutes on a quiet 2-core machine
 def test_the_readmes_managed_example_resumes_from_a_checkpoint(azurite, tmp_path):
     """README.md's `run cosmoflow --local --managed --preempt-at-step 6 --preempt-node 1`, as written
     (plus where to put it): the preempted attempt's checkpoint reaches Blob and the next attempt
@@ -133,6 +136,9 @@ def test_the_readmes_managed_example_resumes_from_a_checkpoint(azurite, tmp_path
     step = int(argv[argv.index("--preempt-at-step") + 1])
     assert preempted.cause == "preempted" and preempted.last_step >= step
     assert finished.resumed_version is not None, "the second attempt resumed from a checkpoint, not from the start"
-    assert 0 < finished.first_step <= step
     assert f"resuming from checkpoint {finished.resumed_version}" in result.stdout
+    import re
+
+    resumed_at = int(re.search(r"resumed from step-(\d+) \(step \d+\)", result.stdout).group(1))
+    assert 0 < resumed_at <= step, "a checkpoint written before the preemption"
     assert "resuming from the start (no checkpoint yet)" in result.stdout.split("attempt 2")[0], "attempt 1 had none"

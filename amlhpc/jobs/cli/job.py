@@ -6,7 +6,6 @@ workspace, refusing --offline, a managed run's record. main.py mounts them.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -27,17 +26,13 @@ from amlhpc.jobs.cli.options import (
     load_outputs,
     need_stack,
     out,
+    print_json,
 )
 
 
 def mount(app: typer.Typer) -> None:
     for command in (status, stream, cancel, download, connect):
         app.command()(command)
-
-
-def print_json(document) -> None:
-    """Data for scripts, on stdout, nothing else there."""
-    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
 def on_job(stack: str, offline: bool, outputs_file: Path | None, debug: bool, action) -> None:

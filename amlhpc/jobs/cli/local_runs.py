@@ -13,7 +13,7 @@ from typing import Any
 
 from amlhpc.core.console import row_table, table
 from amlhpc.core.errors import Problem, UserError
-from amlhpc.jobs.cli.options import err, out
+from amlhpc.jobs.cli.options import err, out, print_json
 
 
 def rehearsals() -> Path:
@@ -44,7 +44,6 @@ def document(run: str, folder: Path) -> dict[str, Any]:
 
 def show(run: str, as_json: bool) -> None:
     """One rehearsal: its state, attempts, cost and summary."""
-    from amlhpc.jobs.cli.job import print_json
 
     folder = folder_of(run)
     doc = document(run, folder)
@@ -72,7 +71,6 @@ def show(run: str, as_json: bool) -> None:
 
 def cancel(run: str, wait_s: float, as_json: bool) -> None:
     """Ask the running rehearsal to stop; wait until it did; say what its record says."""
-    from amlhpc.jobs.cli.job import print_json
     from amlhpc.jobs.local import control
 
     folder = folder_of(run)
@@ -114,7 +112,6 @@ def stream(run: str) -> None:
 def download(run: str, path: Path | None, everything: bool, as_json: bool) -> None:
     """The rehearsal's outputs (each node's outputs/ folder) and, with --all, its logs and
     records, laid out as `jobs download` lays out a job's: <path>/node<K>/outputs/..."""
-    from amlhpc.jobs.cli.job import print_json
     from amlhpc.jobs.local import rehearsal
 
     folder = folder_of(run)

@@ -72,6 +72,14 @@ RunName = Annotated[str, typer.Argument(help="A job or managed run as submit pri
 T = TypeVar("T")
 
 
+def print_json(document: Any) -> None:
+    """Data for scripts, on stdout, nothing else there."""
+    import json
+    import sys
+
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+
+
 def guard(debug: bool, body: Callable[[], T]) -> T:
     """Run a command's body: bad input prints one error block and exits 2 (traceback with --debug)."""
     with exit_on_bad_input(debug):

@@ -174,6 +174,7 @@ def report(
                                                   "report.html in the run's folder).")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """Write RUN's report: one HTML page with its plots (loss, throughput, MFU, step time, GPUs,
@@ -181,10 +182,15 @@ def report(
     from amlhpc.jobs import report as run_report
     from amlhpc.jobs.cli import run_index as runs
 
+    def written(path: Path) -> None:
+        if as_json:
+            print_json({"run": run, "report": str(path)})
+            return
+        out.print(f"run report: {path}", highlight=False, soft_wrap=True)
+
     if local or (stack is None and (_rehearsals() / run).is_dir()):
         def local_body() -> None:
-            path = run_report.write(runs.local_folder(_rehearsals(), run), out_file, run)
-            out.print(f"run report: {path}", highlight=False, soft_wrap=True)
+            written(run_report.write(runs.local_folder(_rehearsals(), run), out_file, run))
 
         guard(debug, local_body)
         return
@@ -203,8 +209,7 @@ def report(
         for name in jobs_to_read:
             err.print(f"downloading the outputs and logs of {name}", highlight=False)
             submitter.download(client, name, o.workspace, folder / name, everything=True)
-        path = run_report.write(folder, out_file, run)
-        out.print(f"run report: {path}", highlight=False, soft_wrap=True)
+        written(run_report.write(folder, out_file, run))
 
     on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
 

@@ -57,7 +57,8 @@ AZURITE_DIR_VARIABLE = "AMLHPC_AZURITE_DIR"
 """Where the rehearsal's own Azurite keeps its data (default .azurite/)."""
 DEFAULT_NODES = 2
 DEFAULT_PROCS_PER_NODE = 2
-out = Console(highlight=False)
+STDOUT = Console(highlight=False)
+out = STDOUT
 
 
 def _blob_endpoint(connection_string: str) -> str:
@@ -176,9 +177,13 @@ def run(
     slow_node: Annotated[int | None, typer.Option("--slow-node", help="With --managed: the simulated node whose own work per step is --slow-factor times longer (a straggler).")] = None,
     slow_factor: Annotated[float | None, typer.Option("--slow-factor", help="How much slower --slow-node is (e.g. 3).")] = None,
     kill_controller_at: Annotated[str | None, typer.Option("--kill-controller-at", help="With --managed: the controller dies at this phase (claim, claimed, submitted, watch, ended, backoff, record-write); the revival check must replace it.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (outcome, exit statuses, checkpoint, steps trained; of a managed run its record); the processes' lines go to stderr.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Run RECIPE on this machine as Azure ML would: N simulated nodes, real launcher, Azurite as Blob."""
+    global out
+    if as_json:  # stdout holds the result alone
+        out = Console(highlight=False, stderr=True)
 
     def body() -> None:
         if (procs_per_node is not None and procs_per_node < 1) or (nodes is not None and nodes < 1):
@@ -212,7 +217,7 @@ def run(
                  procs_per_node=procs_per_node or r.local.processes_per_node or DEFAULT_PROCS_PER_NODE,
                  name=name, uploads=uploads, workdir=workdir, timeout=timeout, quiet=quiet,
                  managed=Managed(faults, max_restarts, kill_controller_at, resume) if managed else None,
-                 resume=resume)
+                 resume=resume, as_json=as_json)
 
     try:
         with processes.supervised():
@@ -222,6 +227,8 @@ def run(
         out.print(f"[yellow]rehearsal interrupted ({stop}):[/] every process it started was stopped; continue it "
                   f"from its last checkpoint: {again}", soft_wrap=True, highlight=False)
         raise typer.Exit(stop.exit_code) from None
+    finally:
+        out = STDOUT
 
 
 @dataclass(frozen=True)
@@ -256,7 +263,7 @@ def _earlier_run(folder: Path, run_name: str, recipe: str, resume: bool):
 
 def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_node: int, name: str | None,
              uploads: dict[str, Path], workdir: Path | None, timeout: float, quiet: bool,
-             managed: Managed | None = None, resume: bool = False) -> None:
+             managed: Managed | None = None, resume: bool = False, as_json: bool = False) -> None:
     """Plan the job, start Blob, provide its data, run the simulated nodes (supervised when
     `managed`), print the summary."""
     from amlhpc.jobs.local import control, datasets, folders, rehearsal, reruns
@@ -319,6 +326,9 @@ def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_
                 raise UserError([Problem("--name", run_name, f"{exc}: a run name in use is not started again",
                                          "add --resume to continue it, or pick another --name")],
                                 "run name in use") from None
+            if as_json:
+                _print_json({"run": run_name, "kind": "managed rehearsal", "folder": str(folder),
+                             "state": done.record.state, "faultsMissing": done.missing, "record": done.record.to_json()})
             if done.missing:
                 out.print(f"[red]rehearsal failed:[/] requested fault(s) did not happen: {'; '.join(done.missing)}",
                           highlight=False)
@@ -327,15 +337,32 @@ def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_
         result = rehearsal.rehearse(plan, snapshot=snapshot, workdir=folder, procs_per_node=procs_per_node,
                                     blob_endpoint=endpoint, connection_string=connection, containers=containers,
                                     sink=sink, timeout_s=timeout, stop_when=control.watcher(folder))
+    trained = reruns.trained_steps(folder, result.run_id)
+    if as_json:
+        failed = {str(rank): code for rank, code in result.exit_codes.items() if code != 0}
+        outcome = ("canceled" if result.canceled else "failed" if failed else
+                   "already finished" if continued is not None and trained is not None and trained.steps == 0 else "succeeded")
+        _print_json({"run": run_name, "kind": "rehearsal", "outcome": outcome, "folder": str(folder),
+                     "seconds": round(result.seconds, 3), "exitCodes": {str(k): v for k, v in result.exit_codes.items()},
+                     "canceled": result.canceled, "checkpoint": result.checkpoint, "resumed": continued is not None,
+                     "resumedFrom": trained.resumed_from if trained else None,
+                     "lastStep": trained.last_step if trained else None})
     if result.canceled:
         out.print(f"[yellow]rehearsal {result.plan.name} canceled[/] by {result.canceled.get('by', 'a user')}: every process "
                   f"stopped after {result.seconds:.1f} s; its record says canceled ({folder})", highlight=False,
                   soft_wrap=True)
         raise typer.Exit(EXIT_FAILURE)
-    summarize(result, reruns.trained_steps(folder, result.run_id) if continued is not None else None)
+    summarize(result, trained if continued is not None else None)
     if not result.ok:
         first = next(code for _, code in sorted(result.exit_codes.items()) if code != 0)
         raise typer.Exit(first)
+
+
+def _print_json(document: dict) -> None:
+    import json
+    import sys
+
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
 def summarize(result, resumed=None) -> None:
