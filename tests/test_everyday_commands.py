@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -93,7 +94,8 @@ class TestLocalRuns:
     ])
     def test_bad_list_flags_say_what_is_allowed(self, project, args, says):
         result = run("list", "--local", *args)
-        assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+        words = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())  # typer's error panel, unwrapped
+        assert result.exit_code == 2 and says in words, result.output
 
 
 @pytest.mark.slow
@@ -198,6 +200,12 @@ class TestAzureCommands:
         dry = json.loads(run("submit", "cosmoflow", "--stack", "dev", "--outputs", str(outputs_file("dev")), "--dry-run",
                              "--json").stdout)
         assert dry["dryRun"] is True and dry["job"]["compute"] and dry["job"]["resources"]["instance_count"] == 2
+
+    def test_a_scaling_study_dry_run_as_json(self):
+        result = run("scale", "cosmoflow", "--stack", "dev", "--outputs", str(outputs_file("dev")), "--dry-run", "--json")
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.stdout)
+        assert document["dryRun"] is True and [j["resources"]["instance_count"] for j in document["jobs"]] == [1, 2]
 
     def test_without_pulumi_azure_commands_never_suggest_offline(self, mocker):
         mocker.patch("shutil.which", return_value=None)

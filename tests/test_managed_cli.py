@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from amlhpc.images.catalog import CONTROLLER, release
 from amlhpc.jobs.cli import main as cli
 from amlhpc.jobs.managed import render
-from amlhpc.jobs.managed.controller import MANAGED_JSON
 from amlhpc.jobs.managed.policy import Policy
 from amlhpc.jobs.managed.record import Attempt, Record, RecordStore
+from amlhpc.jobs.managed.settings import MANAGED_JSON
 from amlhpc.jobs.runtime.base import contract
 from tests.jobs_helpers import outputs_doc, outputs_file
 
@@ -192,7 +192,7 @@ def test_the_controller_imports_only_what_its_image_has():
     (["--managed", "--slow-node", "1", "--slow-factor", "0.5"], "--slow-factor: 0.5"),
     (["--managed", "--kill-controller-at", "lunch"], "'lunch' is not a phase"),
     (["--managed", "--no-replacement"], "--no-replacement: says what follows a lost host"),
-    (["--resume"], "--resume: continues a managed rehearsal by its name"),
+    (["--managed", "--resume"], "--resume: continues a managed rehearsal by its name"),
 ])
 def test_rehearsal_fault_flags(flags, message):
     result = run_jobs("run", "cosmoflow", "--local", "--nodes", "2", *flags)

@@ -243,6 +243,11 @@ class TestGpuRun:
         # one launcher run outside a rehearsal: no attempts record, every other plot drawn
         assert [k for k, p in gpu_plots.items() if p.svg is None] == ["attempts"]
 
+    def test_captions_say_what_this_run_drew(self, gpu_plots):
+        """llm-pretrain logs no epoch loss: its caption mentions no circles (it used to)."""
+        assert "circle" not in gpu_plots["loss"].note and "a line per step" in gpu_plots["loss"].note
+        assert "one peak for the whole run" in gpu_plots["mfu"].note and "H200" in gpu_plots["mfu"].note
+
 
 class TestOtherRecords:
     def test_telemetry_mfu_and_step_times_in_the_documented_format(self, tmp_path):

@@ -74,6 +74,10 @@ class FittedTable(Table):
 
 
 def _table_cap() -> int | None:
+    """The width a table keeps to: set by wide_when_piped, and only while COLUMNS is its own
+    (COLUMNS given by the user or a caller wins)."""
+    if os.environ.get("COLUMNS") not in (None, str(PIPED_WIDTH)):
+        return None
     try:
         return max(20, int(os.environ[TABLE_WIDTH_VARIABLE]))
     except (KeyError, ValueError):

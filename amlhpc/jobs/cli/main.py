@@ -414,6 +414,7 @@ def scale(
     allow_tcp: AllowTcp = False,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """Scaling study: RECIPE on 1, 2, 4 ... nodes up to the cluster's maximum, tagged as one study."""
@@ -438,6 +439,10 @@ def scale(
         if dry_run:
             import yaml
 
+            if as_json:
+                print_json({"dryRun": True, "study": study, "estimateUsd": round(total, 2),
+                            "jobs": [build.to_job_dict(p, portable(code)) for p in plans]})
+                return
             sys.stdout.write(_code_note() + yaml.safe_dump_all([build.to_job_dict(p, portable(code)) for p in plans],
                                                                sort_keys=False, width=120))
             return
@@ -447,8 +452,12 @@ def scale(
             raise UserError([Problem(f"study {study}", "cost", reason, "pass --yes, or --max-nodes fewer") for reason in too_much],
                             "study not submitted: over budget")
         client = submitter.connect(stack_outputs)
-        for p in plans:
-            submitter.submit(client, p, code, echo=out.print)
+        echo = (lambda line: err.print(line, highlight=False)) if as_json else out.print
+        created = [submitter.submit(client, p, code, echo=echo) for p in plans]
+        if as_json:
+            print_json({"study": study, "estimateUsd": round(total, 2),
+                        "jobs": [_submitted(c, p, stack) for c, p in zip(created, plans, strict=True)]})
+            return
         out.print(f"report when they finish: python -m amlhpc.jobs scale-report {study} --stack {stack}", highlight=False)
 
     guard(debug, body)
