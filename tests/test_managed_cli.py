@@ -192,7 +192,7 @@ def test_the_controller_imports_only_what_its_image_has():
     (["--managed", "--slow-node", "1", "--slow-factor", "0.5"], "--slow-factor: 0.5"),
     (["--managed", "--kill-controller-at", "lunch"], "'lunch' is not a phase"),
     (["--managed", "--no-replacement"], "--no-replacement: says what follows a lost host"),
-    (["--resume"], "--resume: continues a managed rehearsal by its name"),
+    (["--managed", "--resume"], "--resume: continues a managed rehearsal by its name"),
 ])
 def test_rehearsal_fault_flags(flags, message):
     result = run_jobs("run", "cosmoflow", "--local", "--nodes", "2", *flags)

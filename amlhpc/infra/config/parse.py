@@ -68,13 +68,27 @@ def _our_keys(found: ProblemCollector, stack: str, flat: dict[str, Any]) -> dict
     return ours
 
 
-def _check_location(found: ProblemCollector, stack: str, location: Any) -> None:
+def _check_location(found: ProblemCollector, stack: str, location: Any, ours: dict[str, Any]) -> None:
+    """The region must be one of Azure's (amlhpc/core/regions.py), whether or not a cluster is
+    declared: a misspelled region would otherwise reach Azure Resource Manager at `up`."""
     if not location:
         found.add(LOCATION_KEY, "is required (the Azure region)", fix_command(stack, LOCATION_KEY, "swedencentral"))
         return
     region_problem = regions.check(str(location))
     if region_problem:
         found.add(LOCATION_KEY, region_problem, "use the programmatic name, e.g. eastus, swedencentral")
+        return
+    unlisted = regions.unlisted(str(location))
+    given = ours.get("clusters")
+    clusters = given if isinstance(given, list) else []
+    opted_in = ours.get("allowUnlistedRegion") is True or any(
+        isinstance(c, dict) and c.get("allowUnlistedRegion") is True for c in clusters)  # a cluster's opt-in says the same
+    if unlisted and not opted_in:
+        near = difflib.get_close_matches(str(location), sorted(regions.KNOWN), n=1, cutoff=0.85)  # a typo's distance
+        found.add(LOCATION_KEY, unlisted,
+                  (f"did you mean {near[0]}? {fix_command(stack, LOCATION_KEY, near[0])}; " if near else
+                   "use one of Azure's regions (az account list-locations -o table); ")
+                  + f"for a region opened after the list was read: {fix_command(stack, NAMESPACE + 'allowUnlistedRegion', 'true')}")
 
 
 def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None = None,
@@ -88,7 +102,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
 
     ours = _our_keys(found, stack, flat)
     location = flat.get(LOCATION_KEY)
-    _check_location(found, stack, location)
+    _check_location(found, stack, location, ours)
 
     # Type errors and rule errors are reported together: the keys (or list items) with a
     # type error are set aside and the rules check everything else.
@@ -114,7 +128,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     _check_principals(found, raw.submitters, f"{NAMESPACE}submitters")
     _check_name_suffix(found, stack, kind, raw, deploying)
     _check_seat(found, stack, raw, deploying)
-    _check_budget(found, stack, raw)
+    _check_budget(found, stack, raw, cluster_index)
     _check_prices(found, raw)
     _check_controller(found, stack, raw)
     # a key set aside for its type error is not also reported as missing by the rules

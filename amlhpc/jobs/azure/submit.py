@@ -127,6 +127,13 @@ def stream(ml_client, name: str, workspace: str) -> None:
         ml_client.jobs.stream(name)
 
 
+def services(ml_client, name: str, workspace: str, node_index: int = 0) -> dict[str, Any]:
+    """The job services node `node_index` of a running job exposes (azure-ai-ml's
+    JobOperations.show_services: name -> ServiceInstance with type, status, endpoint, port, error)."""
+    with azure_errors(f"job {name}", workspace):
+        return dict(ml_client.jobs.show_services(name, node_index=node_index) or {})
+
+
 def cancel(ml_client, name: str, workspace: str) -> None:
     with azure_errors(f"job {name}", workspace):
         poller = ml_client.jobs.begin_cancel(name)

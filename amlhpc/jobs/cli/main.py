@@ -16,8 +16,15 @@ from typing import Annotated
 import typer
 
 from amlhpc.core import invocation
-from amlhpc.core.cli_help import JsonOption, VersionOption, new_app
-from amlhpc.core.console import table
+from amlhpc.core.cli_help import (
+    JsonOption,
+    OutputFormat,
+    OutputOption,
+    VersionOption,
+    new_app,
+    output_format,
+)
+from amlhpc.core.console import table, tsv
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.cli import job as job_commands
 from amlhpc.jobs.cli.job import on_job, print_json, refuse_offline
@@ -35,6 +42,7 @@ from amlhpc.jobs.cli.options import (
     err,
     guard,
     load_outputs,
+    number,
     out,
 )
 
@@ -80,11 +88,12 @@ def _summary(plan, recipe, stack_outputs) -> None:
 
 
 @app.command("recipes")
-def list_recipes(as_json: JsonOption = False) -> None:
+def list_recipes(output: OutputOption = None, as_json: JsonOption = False, debug: Debug = False) -> None:
     """List the recipes: the project's own (recipes/*.yaml) and the built-in ones. A project
     recipe named like a built-in one is the one used."""
     from amlhpc.jobs import recipes
 
+    fmt = guard(debug, lambda: output_format(output, as_json))
     own, builtin = set(recipes.from_project()), set(recipes.builtin())
     loaded = [recipes.load(name) for name in recipes.available()]
 
@@ -93,13 +102,18 @@ def list_recipes(as_json: JsonOption = False) -> None:
             return "project, shadows the built-in" if name in builtin else "project"
         return "built in"
 
-    if as_json:
+    if fmt is OutputFormat.json:
         print_json([{"recipe": r.name, "source": source(r.name), "file": str(r.source), "distribution": r.distribution,
                      "nodes": r.nodes, "description": r.description} for r in loaded])
         return
-    rows = table("recipe", "source", "distribution", "nodes", "description")
-    for r in loaded:
-        rows.add_row(r.name, source(r.name), r.distribution, str(r.nodes), r.description)
+    headers = ("recipe", "source", "distribution", "nodes", "description")
+    cells = [(r.name, source(r.name), r.distribution, str(r.nodes), r.description) for r in loaded]
+    if fmt is OutputFormat.tsv:
+        sys.stdout.write(tsv(headers, cells))
+        return
+    rows = table(*headers)
+    for row in cells:
+        rows.add_row(*row)
     out.print(rows)
 
 
@@ -121,6 +135,7 @@ def submit(
     max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first; wins over the recipe's managed.max_restarts.")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (the submitted job's name, status and Studio URL; with --dry-run the job itself); everything else goes to stderr.")] = False,
     debug: Debug = False,
 ) -> None:
     """Build a job from RECIPE and the stack's outputs; submit it (or print it with --dry-run)."""
@@ -145,17 +160,32 @@ def submit(
         too_much = cost.over_limits(plan.estimate.usd, r.cost.ceiling_usd, budget)
         if managed:
             _submit_managed(r, stack_outputs, plan, too_much, dry_run=dry_run, yes=yes, follow=follow,
-                            max_restarts=max_restarts, resume=resume, out_file=out_file)
+                            max_restarts=max_restarts, resume=resume, out_file=out_file, as_json=as_json)
             return
         code = build.snapshot(plan.code_dirs)
         _cost_gate(r.reference, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
+            if as_json:
+                print_json({"dryRun": True, "job": build.to_job_dict(plan, portable(code)),
+                            "estimateUsd": round(plan.estimate.usd, 2), "over": too_much})
+                return
             write_dry_run(lambda code_path: build.to_yaml(plan, code_path), code, out_file)
             return
         client = submitter.connect(stack_outputs)
-        submitter.submit(client, plan, code, follow=follow, echo=out.print)
+        created = submitter.submit(client, plan, code, follow=follow and not as_json,
+                                   echo=(lambda line: err.print(line, highlight=False)) if as_json else out.print)
+        if as_json:
+            print_json(_submitted(created, plan, stack_outputs.stack))
 
     guard(debug, body)
+
+
+def _submitted(created, plan, stack: str, **more) -> dict:
+    """`submit --json`: what was created, as Azure ML answered."""
+    status = getattr(created, "status", None)
+    return {"job": created.name, "status": str(getattr(status, "value", status) or ""), "stack": stack,
+            "experiment": plan.experiment, "cluster": plan.cluster, "nodes": plan.instance_count, "sku": plan.sku,
+            "estimateUsd": round(plan.estimate.usd, 2), "studioUrl": getattr(created, "studio_url", None), **more}
 
 
 def portable(code: Path, base: Path | None = None) -> str:
@@ -203,7 +233,8 @@ def _cost_gate(reference: str, too_much: list[str], *, dry_run: bool, yes: bool)
 
 
 def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: bool, yes: bool, follow: bool,
-                    max_restarts: int | None, resume: str | None, out_file: Path | None = None) -> None:
+                    max_restarts: int | None, resume: str | None, out_file: Path | None = None,
+                    as_json: bool = False) -> None:
     """`submit --managed`: render and validate the controller job and the training template; submit the controller."""
     from amlhpc.jobs.azure import submit as submitter
     from amlhpc.jobs.managed import render
@@ -229,12 +260,20 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     render.validate(mplan, code)
     _cost_gate(r.reference, too_much, dry_run=dry_run, yes=yes)
     if dry_run:
+        if as_json:
+            print_json({"dryRun": True, "run": mplan.run, "controller": render.controller_document(mplan, portable(code)),
+                        "templates": [render.training_template(mplan, p) for p in mplan.templates.values()],
+                        "over": too_much})
+            return
         write_dry_run(lambda code_path: render.to_yaml(mplan, code_path), code, out_file)
         return
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
         created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
     _register_controller(stack_outputs, mplan, created.name)
+    if as_json:
+        print_json(_submitted(created, plan, stack_outputs.stack, run=mplan.run, managed=True, record=mplan.record_blob))
+        return
     out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
     if getattr(created, "studio_url", None):
         out.print(f"studio: {created.studio_url}", highlight=False)
@@ -276,9 +315,9 @@ def estimate(
     hours: HoursOpt = None,
     sets: SetOpt = None,
     allow_tcp: AllowTcp = False,
-    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", min=0, help="Goodput: low-priority preemptions per node-hour you assume; wins over the recipe's cost.preemptions_per_node_hour.")] = None,
-    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", min=0, help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
-    failure_rate: Annotated[float | None, typer.Option("--failure-rate", min=0, help="Goodput: unexpected interruptions per GPU-hour (default: Llama 3's, amlhpc/jobs/plan/goodput.py).")] = None,
+    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", callback=number("per_node_hour"), help="Goodput: low-priority preemptions per node-hour you assume (0 to below 1); wins over the recipe's cost.preemptions_per_node_hour.")] = None,
+    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", callback=number("checkpoint_gb"), help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
+    failure_rate: Annotated[float | None, typer.Option("--failure-rate", callback=number("per_gpu_hour"), help="Goodput: unexpected interruptions per GPU-hour (0 to below 1; default: Llama 3's, amlhpc/jobs/plan/goodput.py).")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
     as_json: JsonOption = False,
@@ -290,7 +329,8 @@ def estimate(
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
         est = plan.estimate
         if as_json:
-            print_json(_estimate_document(r, stack_outputs, plan))
+            print_json(_estimate_document(r, stack_outputs, plan, preemption_rate=preemption_rate,
+                                          checkpoint_size_gb=checkpoint_gb, failure_rate=failure_rate))
             return
         rows = table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
         rows.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
@@ -326,8 +366,8 @@ def estimate(
     guard(debug, body)
 
 
-def _estimate_document(r, stack_outputs, plan) -> dict:
-    from amlhpc.jobs.plan import cost
+def _estimate_document(r, stack_outputs, plan, **goodput_inputs) -> dict:
+    from amlhpc.jobs.plan import cost, goodput
 
     est = plan.estimate
     budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
@@ -336,7 +376,8 @@ def _estimate_document(r, stack_outputs, plan) -> dict:
             "usd": round(est.usd, 2), "priceSource": est.price_source, "notes": list(est.notes(stack_outputs.location)),
             "ceilingUsd": r.cost.ceiling_usd, "monthlyBudgetUsd": budget,
             "over": cost.over_limits(est.usd, r.cost.ceiling_usd, budget), "warnings": list(plan.warnings),
-            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None}
+            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None,
+            "goodput": goodput.document(plan, r, stack_outputs, **goodput_inputs)}
 
 
 @app.command()
@@ -362,7 +403,7 @@ def quota(
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
         else:
-            stack_outputs = load_outputs(stack, offline, outputs_file)
+            stack_outputs = load_outputs(stack, offline, outputs_file, offline_allowed=False)
             requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
         client = submitter.connect(stack_outputs)
         lines = submitter.quota(client, stack_outputs, requests)
@@ -413,6 +454,7 @@ def scale(
     allow_tcp: AllowTcp = False,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """Scaling study: RECIPE on 1, 2, 4 ... nodes up to the cluster's maximum, tagged as one study."""
@@ -438,6 +480,10 @@ def scale(
         if dry_run:
             import yaml
 
+            if as_json:
+                print_json({"dryRun": True, "study": study, "estimateUsd": round(total, 2),
+                            "jobs": [build.to_job_dict(p, portable(code)) for p in plans]})
+                return
             write_dry_run(lambda code_path: yaml.safe_dump_all([build.to_job_dict(p, code_path) for p in plans],
                                                                sort_keys=False, width=120), code, out_file)
             return
@@ -447,8 +493,12 @@ def scale(
             raise UserError([Problem(f"study {study}", "cost", reason, "pass --yes, or --max-nodes fewer") for reason in too_much],
                             "study not submitted: over budget")
         client = submitter.connect(stack_outputs)
-        for p in plans:
-            submitter.submit(client, p, code, echo=out.print)
+        echo = (lambda line: err.print(line, highlight=False)) if as_json else out.print
+        created = [submitter.submit(client, p, code, echo=echo) for p in plans]
+        if as_json:
+            print_json({"study": study, "estimateUsd": round(total, 2),
+                        "jobs": [_submitted(c, p, stack) for c, p in zip(created, plans, strict=True)]})
+            return
         out.print(f"report when they finish: {invocation.command('jobs', f'scale-report {study} --stack {stack}')}", highlight=False)
 
     guard(debug, body)

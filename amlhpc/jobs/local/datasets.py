@@ -27,6 +27,26 @@ _DONE = ".complete"
 without it is regenerated (the marker is not inside, so it is not uploaded)."""
 
 
+GIVEN_ROOT = "rehearsal-data"
+"""Where `--data INPUT=DIR` uploads, in the datasets container: never the recipe's own input
+path, whose blobs (an earlier upload, the profile's dataset) would be staged with DIR's."""
+
+
+def given_prefix(input_name: str, folder: Path) -> str:
+    """The Blob prefix of `--data INPUT=DIR`: `rehearsal-data/<input>/<fingerprint>`, where the
+    fingerprint is of DIR's file list (relative path, size, modification time). The same
+    folder maps to the same prefix (a rerun uploads nothing); any added, removed or changed
+    file to a new one, so the prefix holds exactly the folder's files."""
+    import hashlib
+
+    from amlhpc.jobs.data.walk import scan
+
+    digest = hashlib.sha256()
+    for f in scan(folder).files:
+        digest.update(f"{f.rel}\0{f.size}\0{f.mtime_ns}\n".encode())
+    return f"{GIVEN_ROOT}/{input_name}/{digest.hexdigest()[:16]}"
+
+
 def has_blobs(spec: dict[str, Any], connection_string: str) -> bool:
     from amlhpc.jobs.runtime.blob import blobio
 

@@ -70,6 +70,10 @@ class RehearsalResult:
     """File name -> per-node JSON report (staging, launch, health) from every node."""
     checkpoint: dict[str, Any] | None
     """Where checkpoints went: container, prefix and the committed version, if any."""
+    run_id: str = ""
+    """This attempt's run id (AZUREML_RUN_ID): its launchers' progress files carry it."""
+    canceled: dict[str, Any] | None = None
+    """The cancel request that stopped it (`jobs cancel RUN --local`, amlhpc/jobs/local/control.py)."""
 
     @property
     def ok(self) -> bool:
@@ -204,6 +208,26 @@ def log_path(folder: Path, rank: int) -> Path:
     return folder / LOG_DIR / f"std_log_process_{rank}.txt"
 
 
+ATTEMPT_MARK = "aml_hpc_attempt"
+"""The key of the line a rehearsal writes into every process log when an attempt starts:
+`{"aml_hpc_attempt": RUN_ID, "started_at": ISO}`. In Azure each attempt is a job with logs
+of its own; here the attempts of a run append to one file per rank, and the line says where
+each begins (the report draws every attempt apart, amlhpc/jobs/report/records.py)."""
+
+
+def mark_attempt_start(folders: list[Path], procs_per_node: int, run_id: str, started: float) -> None:
+    from datetime import UTC, datetime
+
+    line = json.dumps({ATTEMPT_MARK: run_id, "started_at": datetime.fromtimestamp(started, UTC).isoformat()}) + "\n"
+    for node, folder in enumerate(folders):
+        for local_rank in range(procs_per_node):
+            path = log_path(folder, node * procs_per_node + local_rank)
+            with contextlib.suppress(OSError):  # the record of a rehearsal must not fail it
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with path.open("a") as log:
+                    log.write(line)
+
+
 def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None], log: Path | None = None) -> None:
     assert proc.process.stdout is not None
     with contextlib.ExitStack() as stack:
@@ -225,12 +249,14 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
                   sink: Callable[[NodeProcess, str], None], timeout_s: float,
                   started: Callable[[list[NodeProcess]], None] | None = None,
                   stop_grace_s: float | None = None, node_env: dict[int, dict[str, str]] | None = None,
-                  node_command: dict[int, str] | None = None) -> dict[int, int]:
+                  node_command: dict[int, str] | None = None,
+                  stop_when: Callable[[], Any] | None = None) -> dict[int, int]:
     """Start every process of every simulated node; stop the rest `stop_grace_s` (default
     FAILURE_GRACE_S) after one fails (as Azure ML does); return global rank -> exit status.
     `started` sees the processes once they run, `node_env` adds variables to one node's
     processes and `node_command` replaces its command (the managed rehearsal injects faults
-    through them). However this ends - an
+    through them); `stop_when` is polled, and when it returns something (a cancel request)
+    every process is stopped. However this ends - an
     error, Ctrl-C, SIGTERM (amlhpc/jobs/local/processes.py) - every process it started is stopped
     before it returns."""
     nodes = len(folders)
@@ -262,7 +288,7 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
             t.start()
         if started is not None:
             started(procs)
-        _wait_all(procs, codes, sink, timeout_s, FAILURE_GRACE_S if stop_grace_s is None else stop_grace_s)
+        _wait_all(procs, codes, sink, timeout_s, FAILURE_GRACE_S if stop_grace_s is None else stop_grace_s, stop_when)
         drained = time.monotonic() + 5  # a leftover grandchild may hold a pipe open: do not wait on it
         for t in pumps:
             t.join(timeout=max(0.0, drained - time.monotonic()))
@@ -272,10 +298,16 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
     return codes
 
 
-def _wait_all(procs: list[NodeProcess], codes: dict[int, int], sink, timeout_s: float, stop_grace_s: float) -> None:
+def _wait_all(procs: list[NodeProcess], codes: dict[int, int], sink, timeout_s: float, stop_grace_s: float,
+              stop_when: Callable[[], Any] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     while len(codes) < len(procs):
+        request = stop_when() if stop_when is not None else None
+        if request:
+            sink(procs[0], f"rehearsal canceled by {request.get('by', 'a user')}: stopping every process")
+            _stop(procs, codes)
+            break
         for p in procs:
             if p.rank in codes:
                 continue
@@ -347,6 +379,19 @@ def checkpoint_state(env: dict[str, str], connection_string: str) -> dict[str, A
     return state
 
 
+def checkpoints_stored(env: dict[str, str], connection_string: str) -> bool:
+    """Whether any blob is stored under the job's checkpoint prefix (a run of that name checkpointed)."""
+    if contract.CHECKPOINT_JSON not in env:
+        return False
+    from amlhpc.jobs.runtime.blob import blobio
+
+    ckpt = json.loads(env[contract.CHECKPOINT_JSON])
+    client = blobio.container_client(ckpt["container"], connection_string=connection_string)
+    if not client.exists():
+        return False
+    return next(iter(client.list_blobs(name_starts_with=ckpt["prefix"].rstrip("/") + "/")), None) is not None
+
+
 def ensure_containers(containers: list[str], connection_string: str) -> None:
     """The stack declares its containers; in Azurite the rehearsal creates them."""
     from azure.core.exceptions import ResourceExistsError
@@ -408,12 +453,24 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     # (a rehearsal inside an Azure ML job) must not make every attempt share it.
     base["AZUREML_RUN_ID"] = base[contract.RUN_ID]
     started, started_at = time.monotonic(), time.time()
+    canceled: dict[str, Any] = {}
+    asked = process_hooks.pop("stop_when", None)
+
+    def stop_when() -> Any:
+        request = asked() if asked is not None else None
+        if request:
+            canceled.update(request)
+        return request
+
+    mark_attempt_start(folders, procs_per_node, base[contract.RUN_ID], started_at)
     codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s,
-                          **process_hooks)
-    note_attempt(workdir, plan, base[contract.RUN_ID], started_at, time.time(), procs_per_node, codes)
+                          stop_when=stop_when, **process_hooks)
+    note_attempt(workdir, plan, base[contract.RUN_ID], started_at, time.time(), procs_per_node, codes,
+                 canceled=canceled or None)
     report_dir = env.get(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR)
+    keep_attempt_reports(workdir, folders, report_dir, started_at)
     return RehearsalResult(plan, workdir, codes, time.monotonic() - started, collect_reports(folders, report_dir),
-                           checkpoint_state(env, connection_string))
+                           checkpoint_state(env, connection_string), base[contract.RUN_ID], canceled or None)
 
 
 ATTEMPTS_FILE = "attempts.jsonl"
@@ -422,19 +479,47 @@ when it ran, its size, its price per node-hour at the planned size, how its proc
 ended. `jobs report` reads it."""
 
 
+ATTEMPT_REPORTS = "attempts"
+"""`attempts/<n>/node<K>/`: the launcher's and staging's reports of attempt n, kept when it
+ends (the next attempt writes the nodes' own copies anew), so the report shows every
+attempt's staging and timeline, as a managed run's jobs each keep theirs in Azure."""
+KEPT_REPORTS = ("launch-node*.json", "staging-node*.json")
+
+
+def keep_attempt_reports(workdir: Path, folders: list[Path], report_dir: str, started: float) -> None:
+    """Copy what this attempt's launchers wrote (a report older than the attempt, left by an
+    earlier one on a node that wrote none this time, is not this attempt's)."""
+    try:
+        number = len((workdir / ATTEMPTS_FILE).read_text().splitlines())
+    except OSError:
+        return
+    for folder in folders:
+        for pattern in KEPT_REPORTS:
+            for path in (folder / report_dir).glob(pattern):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < started:
+                        continue
+                target = workdir / ATTEMPT_REPORTS / str(number) / folder.name / path.name
+                with contextlib.suppress(OSError):  # the record of a rehearsal must not fail it
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, target)
+
+
 def note_attempt(workdir: Path, plan: Any, run_id: str, started: float, ended: float, procs_per_node: int,
-                 codes: dict[int, int]) -> None:
+                 codes: dict[int, int], canceled: dict[str, Any] | None = None) -> None:
     from datetime import UTC, datetime
 
     def iso(t: float) -> str:
         return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     estimate = getattr(plan, "estimate", None)
-    line = {"run_id": run_id, "started_at": iso(started), "ended_at": iso(ended), "seconds": round(ended - started, 3),
+    line: dict[str, Any] = {"run_id": run_id, "started_at": iso(started), "ended_at": iso(ended), "seconds": round(ended - started, 3),
             "nodes": plan.instance_count, "processes_per_node": procs_per_node, "sku": plan.sku,
             "usd_per_node_hour": getattr(estimate, "usd_per_node_hour", None),
             "price_source": getattr(estimate, "price_source", None),
             "exit_codes": {str(rank): code for rank, code in sorted(codes.items())}}
+    if canceled:
+        line["canceled"] = {"by": canceled.get("by"), "at": iso(float(canceled.get("at") or ended))}
     with contextlib.suppress(OSError):  # the record of a rehearsal must not fail it
         with (workdir / ATTEMPTS_FILE).open("a") as out:
             out.write(json.dumps(line) + "\n")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from amlhpc.core import invocation
+from amlhpc.core import atomic, invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.outputs import StackOutputs
 from amlhpc.jobs.managed import causes, shrink
@@ -299,15 +299,11 @@ def snapshot(mplan: ManagedPlan, root: Path = build.REPO_ROOT, dest_root: Path =
     digest = hashlib.sha256(base.name.encode() + b"\0" + json.dumps(templates, sort_keys=True).encode()).hexdigest()[:16]
     dest = dest_root / f"managed-{digest}"
     if not dest.is_dir():
-        tmp = dest_root / f".tmp-{secrets.token_hex(4)}"
-        shutil.copytree(base, tmp)
-        for path, text in templates.items():
-            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / path).write_text(text)
-        try:
-            tmp.rename(dest)
-        except OSError:  # made concurrently by another submit
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic.new_folder(dest) as tmp:  # a failed copy leaves no .tmp-* behind
+            shutil.copytree(base, tmp, dirs_exist_ok=True)
+            for path, text in templates.items():
+                (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / path).write_text(text)
     return dest
 
 

@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from amlhpc.core import invocation, project, skus
+from amlhpc.core import atomic, invocation, project, skus
 from amlhpc.core.errors import Problem, ProblemCollector, UserError
 from amlhpc.core.outputs import StackOutputs
 from amlhpc.core.values import NumberError, check_number, check_run_name
@@ -531,6 +531,8 @@ def _services(recipe: Recipe) -> dict[str, dict[str, str]]:
     services: dict[str, dict[str, str]] = {}
     if recipe.services.tensorboard:
         services["tensorboard"] = {"type": "tensor_board", "log_dir": recipe.services.tensorboard.log_dir, "nodes": "all"}
+    if recipe.services.ssh:
+        services["ssh"] = {"type": "ssh", "ssh_public_keys": recipe.services.ssh.public_keys, "nodes": "all"}
     if recipe.services.jupyter_lab:
         services["jupyter_lab"] = {"type": "jupyter_lab", "nodes": "all"}
     if recipe.services.vs_code:
@@ -599,15 +601,11 @@ def snapshot(code_dirs: tuple[str, ...] | list[str], root: Path = REPO_ROOT, des
         digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
     dest = dest_root / digest.hexdigest()[:16]
     if not dest.is_dir():
-        tmp = dest_root / f".tmp-{secrets.token_hex(4)}"
-        for rel, path in files:
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-        try:
-            tmp.rename(dest)
-        except OSError:  # a concurrent build made the same snapshot first
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic.new_folder(dest) as tmp:  # a failed copy (a full disk) leaves no .tmp-* behind
+            for rel, path in files:
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
     return dest
 
 
@@ -632,6 +630,7 @@ def to_command_job(plan: JobPlan, code_path: str | Path):
         JobResourceConfiguration,
         JupyterLabJobService,
         ManagedIdentityConfiguration,
+        SshJobService,
         TensorBoardJobService,
         VsCodeJobService,
     )
@@ -643,7 +642,8 @@ def to_command_job(plan: JobPlan, code_path: str | Path):
     else:
         distribution = PyTorchDistribution(process_count_per_instance=plan.processes_per_node)
     environment = Environment(image=plan.environment["image"]) if "image" in plan.environment else plan.environment["reference"]
-    service_types = {"tensor_board": TensorBoardJobService, "jupyter_lab": JupyterLabJobService, "vs_code": VsCodeJobService}
+    service_types = {"tensor_board": TensorBoardJobService, "jupyter_lab": JupyterLabJobService, "vs_code": VsCodeJobService,
+                     "ssh": SshJobService}
     services = {}
     for key, spec in plan.services.items():
         kwargs = {k: v for k, v in spec.items() if k != "type"}

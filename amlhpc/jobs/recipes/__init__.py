@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from amlhpc.core import project
+from amlhpc.core import project, yamlfile
 from amlhpc.core.errors import Problem, ProblemCollector, UserError
 from amlhpc.jobs.recipes.schema import Recipe, display_path
 
@@ -120,12 +120,9 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None, *, local: b
     path = resolve(name_or_path)
     reference = display_path(path)
     try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        raise UserError([Problem(reference, where, f"not valid YAML: {getattr(exc, 'problem', exc)}",
-                                 "fix the YAML syntax at that line")], "invalid recipe") from None
+        document = yamlfile.load(path.read_text()) or {}
+    except yaml.YAMLError as exc:  # bad syntax, or a key written twice (both lines named)
+        raise UserError([yamlfile.problem(exc, reference, "fix the YAML syntax at that line")], "invalid recipe") from None
     if not isinstance(document, dict):
         raise UserError([Problem(reference, "", "a recipe must be a YAML mapping", "see amlhpc/jobs/recipes/cosmoflow.yaml")], "invalid recipe")
     overrides = overrides or {}

@@ -135,10 +135,31 @@ class TensorBoardService(_Model):
     log_dir: str = "outputs/tensorboard"
 
 
+SSH_KEY_LINE = re.compile(r"^(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{20,}( .*)?$")
+
+
+class SshService(_Model):
+    """SSH into the job's containers (Azure ML's SshJobService): `jobs connect RUN` prints the
+    `az ml job connect-ssh` command that reaches a node through the workspace (no public IP)."""
+
+    public_keys: str
+    """OpenSSH public key line(s), one per line: who may connect (never a private key)."""
+
+    @field_validator("public_keys")
+    @classmethod
+    def _public_key_lines(cls, value: str) -> str:
+        lines = [line.strip() for line in value.splitlines() if line.strip()]
+        if not lines or "PRIVATE KEY" in value or not all(SSH_KEY_LINE.match(line) for line in lines):
+            raise ValueError("must be OpenSSH public key line(s) (the .pub file: ssh-ed25519 AAAA...), never a private key")
+        return "\n".join(lines)
+
+
 class Services(_Model):
-    """Interactive job services (Azure's large-scale training guide): each runs on every node when enabled."""
+    """Interactive job services (Azure's large-scale training guide): each runs on every node when enabled.
+    `jobs connect RUN` prints their endpoints while the job runs."""
 
     tensorboard: TensorBoardService | None = None
+    ssh: SshService | None = None
     jupyter_lab: bool = False
     vs_code: bool = False
 
@@ -239,7 +260,7 @@ class Cost(_Model):
     """Wall-clock estimate used by `estimate` and by submit's ceiling check."""
     ceiling_usd: Usd | None = None
     """Submit refuses (unless --yes) when the estimate exceeds it."""
-    preemptions_per_node_hour: float | None = Field(None, ge=0)
+    preemptions_per_node_hour: Annotated[float | None, checked("per_node_hour")] = None
     """For goodput planning on a LowPriority cluster: the preemptions per node-hour you assume
     (Azure publishes none; `estimate --preemption-rate` wins)."""
 

@@ -56,6 +56,8 @@ class NodeCheckpoints:
         self.versions = CheckpointStore(container, settings.versions_stream, throttle=throttle, node=node)
         self.folder_uploader: FolderUploader | None = None
         self.version_uploader: VersionUploader | None = None
+        self._versions_protect: set[str] | None = None
+        """What the last start_uploads protected; set once the versioned uploads ever ran."""
         self.uploaded: list[str] = []
         self.channel = channel
         """The job's coordination store (None: one node, or none could be opened)."""
@@ -133,17 +135,23 @@ class NodeCheckpoints:
                                                   self.settings.keep)
             self.folder_uploader.mark_current()
             self.folder_uploader.start()
+        self.version_uploader = self._version_uploader(protect)
+        if self.version_uploader is not None:
+            self.version_uploader.start()
+
+    def _version_uploader(self, protect: set[str] | None) -> VersionUploader | None:
+        """The versioned uploads of one session (each keeps its own books on the job's store), or
+        None when several nodes have no store to keep them on."""
+        self._versions_protect = set(protect or ())
         session, self._sessions = self._sessions, self._sessions + 1
         if self.nodes > 1 and self.channel is None:
             log.warning("versioned checkpoints are not uploaded: the %d nodes keep the books of a commit on the job's "
                         "coordination store, and none is open (no MASTER_ADDR)", self.nodes)
-            self.version_uploader = None
-            return
+            return None
         channel = self.channel.scoped("ckpt", f"u{session}") if self.channel is not None else None
-        self.version_uploader = VersionUploader(self.versions, self.checkpoint_dir, self.ranks, self.node, self.nodes,
-                                                self.settings.interval_s, self.settings.keep, self.settings.local_keep,
-                                                protect=protect, channel=channel)
-        self.version_uploader.start()
+        return VersionUploader(self.versions, self.checkpoint_dir, self.ranks, self.node, self.nodes,
+                               self.settings.interval_s, self.settings.keep, self.settings.local_keep,
+                               protect=protect, channel=channel)
 
     def cancel_version_uploads(self) -> None:
         if self.version_uploader is not None:
@@ -163,6 +171,13 @@ class NodeCheckpoints:
             except CheckpointError as exc:
                 errors.append(str(exc))
             self.uploaded += [r.version for r in self.folder_uploader.results if r.version]
+        if self.version_uploader is None and self._versions_protect is not None:
+            # An in-job restart was weighed (its report stops the versioned uploads) and the job ends
+            # instead - a node preempted or lost: the newest version every node holds whole is what the
+            # next job resumes from, so it is committed as at any other end.
+            self.version_uploader = self._version_uploader(self._versions_protect)
+            if self.version_uploader is not None:
+                self.version_uploader.store.take_over()
         if self.version_uploader is not None:
             try:
                 committed = self.version_uploader.finish(final_wait_s)
