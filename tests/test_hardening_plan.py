@@ -35,7 +35,7 @@ STACKS = {
     "exp-onmngd": {"azure-native:location": "eastus", "aml-hpc:owner": "team@example.com",
                    "aml-hpc:environment": "mngd", "aml-hpc:expiresAt": "2030-01-01T00:00:00Z",
                    "aml-hpc:clusters": [{"name": "sweep", "sku": "Standard_ND96isr_H100_v5", "maxNodes": 2}],
-                   "aml-hpc:budget": {"monthlyAmountUsd": 100, "alertEmails": ["team@example.com"]}},
+                   "aml-hpc:budget": {"monthlyAmountUsd": 1000, "alertEmails": ["team@example.com"]}},
 }
 
 KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER = "e147488a-f6f5-4113-8e2d-b22465e65bf6"  # Azure built-in roles, security

@@ -9,8 +9,7 @@ from typing import Any
 
 import yaml
 
-from amlhpc.core import invocation
-from amlhpc.core import yamlfile
+from amlhpc.core import invocation, yamlfile
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.infra.config.models import (
     _TEXT_KEYS,

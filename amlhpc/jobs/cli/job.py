@@ -251,7 +251,7 @@ def connect(
             _, _, record = managed_run_record(submitter, client, o, info)
             if record.current is None:
                 raise UserError([Problem(f"managed run {job}", "attempts", f"no attempt runs now ({record.state})",
-                                         f"see it: python -m amlhpc.jobs status {job} --stack {o.stack}")], "nothing to connect to")
+                                         f"see it: {invocation.command('jobs', f'status {job} --stack {o.stack}')}")], "nothing to connect to")
             target = record.current.job
             info = submitter.status(client, target, o.workspace)
         found = submitter.services(client, target, o.workspace, node)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.console import row_table, table
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.cli.options import err, out, print_json
@@ -66,7 +67,7 @@ def show(run: str, as_json: bool) -> None:
         out.print(rows)
         if doc["costBasis"]:
             out.print(f"cost: {doc['costBasis']}", highlight=False, soft_wrap=True)
-    out.print(f"report: python -m amlhpc.jobs report {run} --local", highlight=False)
+    out.print(f"report: {invocation.command('jobs', f'report {run} --local')}", highlight=False)
 
 
 def cancel(run: str, wait_s: float, as_json: bool) -> None:
@@ -78,7 +79,7 @@ def cancel(run: str, wait_s: float, as_json: bool) -> None:
     if live is None:
         state = document(run, folder)["state"]
         raise UserError([Problem(str(folder), run, f"is not running (state: {state}): there is nothing to cancel",
-                                 f"see it: python -m amlhpc.jobs show {run} --local")], "nothing to cancel")
+                                 f"see it: {invocation.command('jobs', f'show {run} --local')}")], "nothing to cancel")
     request = control.request_cancel(folder)
     err.print(f"asked rehearsal {run} (pid {live.pid}) to stop; waiting for it", highlight=False)
     stopped = control.wait_until_stopped(folder, live, wait_s, echo=lambda line: err.print(line, highlight=False))

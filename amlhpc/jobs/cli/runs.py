@@ -16,7 +16,7 @@ import typer
 
 from amlhpc.core import invocation
 from amlhpc.core.cli_help import JsonOption, OutputFormat, OutputOption, output_format
-from amlhpc.core.console import row_table, table, tsv
+from amlhpc.core.console import table, tsv
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.cli.job import managed_run_record, on_job, print_json
 from amlhpc.jobs.cli.job import status as job_status

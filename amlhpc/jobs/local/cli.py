@@ -46,7 +46,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from amlhpc.core import project
+from amlhpc.core import invocation, project
 from amlhpc.core.errors import EXIT_FAILURE, Problem, UserError
 from amlhpc.jobs.cli.options import guard
 from amlhpc.jobs.local import processes
@@ -223,7 +223,7 @@ def run(
         with processes.supervised():
             guard(debug, body)
     except processes.Interrupted as stop:
-        again = f"python -m amlhpc.jobs run {recipe} --local" + (f" --name {name}" if name else "") + " --resume"
+        again = invocation.command("jobs", f"run {recipe} --local" + (f" --name {name}" if name else "") + " --resume")
         out.print(f"[yellow]rehearsal interrupted ({stop}):[/] every process it started was stopped; continue it "
                   f"from its last checkpoint: {again}", soft_wrap=True, highlight=False)
         raise typer.Exit(stop.exit_code) from None
@@ -249,7 +249,7 @@ def _earlier_run(folder: Path, run_name: str, recipe: str, resume: bool):
     if resume:
         if before is None:
             raise UserError([Problem("--resume", run_name, f"no earlier rehearsal of that name in {folder}",
-                                     "drop --resume to start it, or name an earlier run: python -m amlhpc.jobs list --local")],
+                                     "drop --resume to start it, or name an earlier run: " + invocation.command("jobs", "list --local"))],
                             "nothing to resume")
         return before
     if before is not None:
