@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
+from amlhpc.jobs.runtime.base import progress
 from tests.jobs_helpers import outputs_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +117,7 @@ def test_a_rehearsal_cancelled_from_another_shell_stops_and_says_canceled(azurit
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        while not list(folder.glob("node0/scratch/.amlhpc-launch/*/progress/rank-0.json")):
+        while not progress.files(folder / "node0" / "scratch", name="rank-0.json"):
             assert rehearsal.poll() is None, rehearsal.stdout.read()[-3000:] if rehearsal.stdout else ""
             assert time.monotonic() < deadline, "the rehearsal did not start training"
             time.sleep(0.2)

@@ -178,7 +178,9 @@ class TestFollowingARehearsal:
         import subprocess
         import sys
 
-        progress = tmp_path / "node0" / "scratch" / ".amlhpc-launch" / "run-node0" / "progress"
+        from amlhpc.jobs.runtime.base.progress import launch_state_dir
+
+        progress = launch_state_dir(tmp_path / "node0" / "scratch", "run", 0, "20261128T000000-1a2b", "progress")
         progress.mkdir(parents=True)
         (progress / "rank-0.json").write_text(json.dumps({"step": 3, "pid": os.getpid()}))
         assert runs.rehearsal_running(tmp_path)

@@ -21,6 +21,7 @@ from typing import Any
 
 from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
+from amlhpc.jobs.runtime.base import progress
 
 LIST_SCAN = 300
 """Jobs read from the workspace for `jobs list` (the newest; the service lists newest first)."""
@@ -176,7 +177,7 @@ def rehearsal_running(folder: Path) -> bool:
     import json
     import os
 
-    for path in folder.glob("node*/scratch/.amlhpc-launch/*/progress/*.json"):
+    for path in (p for scratch in folder.glob("node*/scratch") for p in progress.files(scratch, name="*.json")):
         try:
             pid = int(json.loads(path.read_text()).get("pid", 0))
         except (OSError, ValueError, TypeError):

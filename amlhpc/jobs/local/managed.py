@@ -62,7 +62,7 @@ from amlhpc.jobs.managed.observation import Observation
 from amlhpc.jobs.managed.policy import Target
 from amlhpc.jobs.managed.record import Record, RecordStore, iso, now_utc
 from amlhpc.jobs.managed.supervisor import Resume, Supervisor
-from amlhpc.jobs.runtime.base import exit_codes, faultpoints
+from amlhpc.jobs.runtime.base import exit_codes, faultpoints, progress
 
 PREEMPTION = ("UserError", "AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted "
                            "(rehearsal: node {node} was preempted)")
@@ -298,12 +298,10 @@ class LocalJobService:
                 threading.Thread(target=self._inject, args=(job, fault), name="fault", daemon=True).start()
 
     def _progress_files(self, job: LocalJob) -> list[Path]:
-        return list(self.workdir.glob(f"node*/scratch/.amlhpc-launch/{job.name}-node*/progress/rank-*.json"))
+        return [path for scratch in self.workdir.glob("node*/scratch") for path in progress.files(scratch, job.name)]
 
     def _watch_first_step(self, job: LocalJob) -> None:
         """When the attempt's training completed its first step (after restoring): for the benchmark."""
-        from amlhpc.jobs.runtime.base import progress
-
         first: dict[Path, int] = {}
         while not job.finished.wait(0.05):
             for path in self._progress_files(job):
@@ -319,7 +317,8 @@ class LocalJobService:
         from datetime import UTC
 
         times = []
-        for path in self.workdir.glob(f"node*/scratch/.amlhpc-launch/{job.name}-node*/progress/verdict.json"):
+        verdicts = [p for scratch in self.workdir.glob("node*/scratch") for p in progress.files(scratch, job.name, name="verdict.json")]
+        for path in verdicts:
             try:
                 times.append(float(json.loads(path.read_text())["written"]))
             except (OSError, ValueError, KeyError, TypeError):

@@ -26,6 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from amlhpc.jobs.runtime.base import progress
+
 RUN_FILE = "run.json"
 """The run's identity in its folder: name, recipe, checkpoint key and prefix, when it began."""
 ATTEMPTS_FILE = "attempts.jsonl"
@@ -135,7 +137,7 @@ class Trained:
 
 def trained_steps(workdir: Path, run_id: str) -> Trained | None:
     """Rank 0's progress in the attempt `run_id` (None when the launcher left no progress file)."""
-    for path in sorted(workdir.glob(f"node0/scratch/.amlhpc-launch/{run_id}-node*/progress/rank-0.json")):
+    for path in progress.files(workdir / "node0" / "scratch", run_id, name="rank-0.json"):
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):

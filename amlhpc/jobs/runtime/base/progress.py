@@ -169,3 +169,27 @@ def read(path: Path) -> Progress | None:
                         str(checkpoint) if checkpoint else None)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+LAUNCH_STATE = ".amlhpc-launch"
+"""The launcher's node-local state folder under a node's scratch (or temp) directory:
+`<run>-node<k>/<launch generation>/<what>` (amlhpc.jobs.runtime.launch.launcher)."""
+
+
+def launch_state_dir(base: Path, run_id: str, node_index: int | str, launch: str, what: str) -> Path:
+    """One launch's state folder `what` (progress, exits, ...) on one node."""
+    return base / LAUNCH_STATE / f"{run_id}-node{node_index}" / (launch or "any") / what
+
+
+def files(scratch: Path, run_id: str = "*", node: str = "*", name: str = "rank-*.json") -> list[Path]:
+    """The progress files (or the watchdog's `verdict.json`) under one node's scratch folder
+    (a glob in run_id and node too: `node*/scratch` for every simulated node), newest first:
+    the readers outside the launcher (rehearsals, `jobs status`) find them here."""
+    found = list(scratch.glob(f"{LAUNCH_STATE}/{run_id}-node{node}/*/progress/{name}"))
+    stamped = []
+    for path in found:
+        try:
+            stamped.append((path.stat().st_mtime, str(path), path))
+        except OSError:
+            continue
+    return [path for _, _, path in sorted(stamped, reverse=True)]

@@ -77,7 +77,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amlhpc.jobs.runtime.base import clock, contract, launchid
+from amlhpc.jobs.runtime.base import clock, contract, launchid, progress
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import jobstore
@@ -234,7 +234,7 @@ def _node_dir(ranks, environ: Mapping[str, str], what: str, launch: str = "") ->
     generation (amlhpc.jobs.runtime.base.launchid): a next launch with the same run id on the same node
     never reads this one's records (stop requests, exit records, barriers, progress)."""
     base = Path(environ.get(contract.SCRATCH) or tempfile.gettempdir())
-    return base / ".amlhpc-launch" / f"{ranks.run_id}-node{ranks.node_index}" / (launch or "any") / what
+    return progress.launch_state_dir(base, ranks.run_id, ranks.node_index, launch, what)
 
 
 def _checkpoint_base(environ: Mapping[str, str], staged_scratch: str | None) -> Path:
@@ -909,7 +909,6 @@ class Launcher:
 
     def _judge_exit(self, returncode: int, status: int) -> int:
         """A command that crashed after it reported a completed training did its work: 0."""
-        from amlhpc.jobs.runtime.base import progress
         from amlhpc.jobs.runtime.launch import completion
 
         reading = progress.read(Path(self.child_env[contract.PROGRESS_FILE]))
