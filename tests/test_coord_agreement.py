@@ -247,3 +247,38 @@ def test_the_end_records_are_read_in_one_listing(container):
     assert sorted(ends) == list(range(5)) and all(nodestatus.check_end("ab" * 16, "run", k, r) is None
                                                    for k, r in ends.items())
     assert reads == Counter({"list_blobs": 1})
+
+
+class TestTheSameNodeAgain:
+    """A node that hangs (or misses its first step) again in the next generation ends the job, on
+    every node alike, with the hang's status: the managed run resubmits without it."""
+
+    def run_generation_1(self, tmp_path, before: dict, now: dict) -> dict:
+        store = MemoryStore()
+        nodes = 2
+        restart.JobAgreement(Channel(store, node=before["node"], nodes=nodes, base_poll_s=0.01), 0).publish_failure(before)
+        restart.JobAgreement(Channel(store, node=now["node"], nodes=nodes, base_poll_s=0.01), 1).publish_failure(now)
+        coordinators = []
+        for node in range(nodes):
+            channel = Channel(store, node=node, nodes=nodes, base_poll_s=0.01)
+            hooks = restart.Hooks(report=lambda: {"versions": [version(4)]}, apply=lambda decision: decision)
+            c = restart.Coordinator(generation=1, node=node, nodes=nodes, local_size=1,
+                                    records=restart.NodeRecords(tmp_path / f"node{node}", 1),
+                                    shared=restart.JobAgreement(channel, 1), limit=3, agree_s=30.0, hooks=hooks)
+            c.failure = now
+            coordinators.append(c)
+        return outcomes(coordinators)
+
+    def test_the_same_node_stopping_again_ends_the_job_for_a_new_attempt(self, tmp_path):
+        found = self.run_generation_1(tmp_path, {"node": 1, "cause": "hang", "status": 143, "message": "no progress"},
+                                      {"node": 1, "cause": "first-step", "status": 143, "message": "no first step"})
+        assert {k: (d.result, d.exit_code) for k, d in found.items()} == {0: ("end", ExitCode.HANG), 1: ("end", ExitCode.HANG)}
+        assert "node 1 stopped again in in-job restart 1 (first-step" in found[1].reason
+
+    def test_another_node_or_another_cause_restarts(self, tmp_path):
+        other = self.run_generation_1(tmp_path / "a", {"node": 0, "cause": "hang", "status": 143},
+                                      {"node": 1, "cause": "hang", "status": 143})
+        assert {d.result for d in other.values()} == {"restart"}
+        crash = self.run_generation_1(tmp_path / "b", {"node": 1, "cause": "exit", "status": 1},
+                                      {"node": 1, "cause": "hang", "status": 143})
+        assert {d.result for d in crash.values()} == {"restart"}

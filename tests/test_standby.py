@@ -55,3 +55,46 @@ def test_a_discarded_standby_exits_without_running_the_command(tmp_path):
     standby = Standby(command, {**os.environ, "PYTHONPATH": str(REPO)})
     standby.discard()
     assert not marker.exists() and not standby.alive
+
+
+def test_a_stopped_standby_is_noticed_and_the_command_starts_cold(tmp_path):
+    """A standby that does not take the run (stopped, as every process of a frozen host is) is
+    killed, the launcher's standbys say why, and the restart starts the command cold."""
+    import signal
+
+    from amlhpc.jobs.runtime.launch import launcher
+
+    ran = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(ran)!r}, 'w').close()\n")
+    ready = tmp_path / "standby" / "rank-0-g1.ready"
+    standbys = launcher._Standbys([sys.executable, str(script)])
+    standbys._standby = Standby(standby_command(standbys.argv, ready), {**os.environ, "PYTHONPATH": str(REPO)},
+                                ready_file=ready)
+    while not ready.exists():
+        assert standbys._standby.alive, "the standby died before it was ready"
+    pid = standbys._standby.process.pid
+    os.killpg(pid, signal.SIGSTOP)
+    standbys.start_s = 0.5
+    child = standbys.take({**os.environ, "PYTHONPATH": str(REPO)})
+    assert child is None, "a cold start follows"
+    assert f"the warm standby (pid {pid}) did not take the run" in (standbys.note or "")
+    assert not ran.exists(), "the stopped standby never ran the command"
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive, "the stopped standby is killed, not left behind"
+
+
+def test_a_live_standby_takes_the_run_and_says_so(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    ready = tmp_path / "ready"
+    standby = Standby(standby_command([sys.executable, str(script)], ready), {**os.environ, "PYTHONPATH": str(REPO)},
+                      ready_file=ready)
+    while not ready.exists():
+        assert standby.alive
+    child = standby.activate({**os.environ, "PYTHONPATH": str(REPO)})
+    assert child is not None and standby.took_it(within_s=30) and child.wait(timeout=60) == 0

@@ -87,12 +87,47 @@ class TestSettings:
 class TestNodeWatch:
     settings = watchdog.WatchdogSettings(hang_s=10)
 
-    def test_unwatched_until_the_first_report(self):
+    def test_the_first_run_has_a_deadline_to_its_first_report(self):
         watch = watchdog.NodeWatch(self.settings, node=0, local_size=2, started=0.0)
-        assert watch.verdict(1000.0) is None
+        assert watch.verdict(299.0) is None, "3x hang_s, at least 5 minutes: a large model's first step takes minutes"
+        assert "no rank on node 0 reported a first step within 300s of the start of the training" in watch.verdict(301.0)
         startup = watchdog.NodeWatch(watchdog.WatchdogSettings(hang_s=10, startup_s=30), 0, 2, 0.0)
         assert startup.verdict(29.0) is None
-        assert "within 30s of the training's start" in startup.verdict(31.0)
+        assert "within 30s of the start of the training (watchdog.startup_s)" in startup.verdict(31.0)
+        long = watchdog.NodeWatch(watchdog.WatchdogSettings(hang_s=1200), 0, 2, 0.0)
+        assert long.verdict(3599.0) is None and long.verdict(3601.0) is not None
+
+    def test_a_restart_that_never_reports_a_first_step_is_judged_within_its_deadline(self):
+        deadline = watchdog.first_step_deadline(self.settings, generation=1, first_run_s=12.0)
+        assert deadline.seconds == 36.0 and "3x the first run's 12s to its first step" in deadline.reason
+        watch = watchdog.NodeWatch(self.settings, node=1, local_size=1, started=100.0, deadline=deadline, generation=1)
+        assert watch.verdict(135.0) is None
+        assert "reported a first step within 36s of the start of in-job restart 1" in watch.verdict(137.0)
+        # floors: a fast first run gives no hair trigger; the recipe's startup_s wins over both
+        assert watchdog.first_step_deadline(self.settings, 1, 2.0).seconds == watchdog.RESTART_FLOOR_S
+        assert watchdog.first_step_deadline(watchdog.WatchdogSettings(hang_s=600), 1, 2.0).seconds == 600
+        assert watchdog.first_step_deadline(watchdog.WatchdogSettings(hang_s=10, startup_s=5), 3, 60.0).seconds == 5
+        # a first run that never got there gives a restart the first run's deadline
+        assert watchdog.first_step_deadline(self.settings, 2, None).seconds == watchdog.FIRST_RUN_FLOOR_S
+
+    def test_the_time_to_the_first_report_is_measured_and_the_deadline_ends_with_it(self):
+        watch = watchdog.NodeWatch(self.settings, node=0, local_size=2, started=50.0,
+                                   deadline=watchdog.FirstStepDeadline(30.0, "test"))
+        watch.observe(1, progress.Progress(7, 1, first_step=7, resumed_from=6), 58.0)
+        watch.observe(0, progress.Progress(7, 1, first_step=7, resumed_from=6), 59.0)
+        assert watch.to_first_step_s == 8.0 and not watch.before_first_step
+        assert watch.verdict(66.0) is None, "past its first step the run is judged by hang_s alone"
+
+    def test_a_verdict_before_the_first_step_has_its_own_kind(self, tmp_path):
+        guard = watchdog.Guard(settings=self.settings, node=0, local_rank=0, local_size=1, folder=tmp_path,
+                               child_pid=0, term_grace_s=1.0, clock=lambda: 1000.0)
+        guard.watch.started, guard.watch.deadline = 0.0, watchdog.FirstStepDeadline(30.0, "test")
+        assert guard.check() == {"culprit": 0, "kind": watchdog.FIRST_STEP,
+                                 "message": "no rank on node 0 reported a first step within 30s of the start of the "
+                                            "training (test)"}
+        watchdog.progress_path(tmp_path, 0).write_text(json.dumps({"step": 3, "beats": 1, "pid": os.getpid()}))
+        guard.watch.started = 999.0
+        assert guard.check() is None
 
     def test_no_rank_progressed(self):
         watch = watchdog.NodeWatch(self.settings, node=1, local_size=2, started=0.0)

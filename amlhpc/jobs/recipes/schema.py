@@ -204,8 +204,9 @@ class Watchdog(_Model):
     least 10 minutes - a hang then costs at most about two intervals of node time, and a
     slow first step or a validation pass is not taken for one."""
     startup_s: int | None = Field(None, ge=10)
-    """Optional: a limit from the training's start to its first reported step (default:
-    the watchdog starts watching at the first report)."""
+    """Optional: a limit from each run's start (the first, and each in-job restart) to its first
+    reported step. Default: 3x hang_s and at least 5 minutes for the first run; for a restart,
+    3x the first run's time to its first step, at least hang_s and 30 s."""
 
     def hang_seconds(self, checkpoint_interval_s: int) -> int:
         return self.hang_s or max(600, 2 * checkpoint_interval_s)

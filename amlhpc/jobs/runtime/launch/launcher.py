@@ -83,6 +83,7 @@ from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import jobstore
 from amlhpc.jobs.runtime.coord.agree import Channel
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
+from amlhpc.jobs.runtime.launch.standby import STANDBY_START_S
 
 log = logging.getLogger("amlhpc.launch")
 
@@ -366,6 +367,9 @@ class _Standbys:
         self._closed = False
         self._requests: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
+        self.note: str | None = None
+        """What became of the last standby handed a run, when it did not take it."""
+        self.start_s = STANDBY_START_S
 
     def prepare_after_first_step(self, child: subprocess.Popen, progress_file: Path, env: dict[str, str],
                                  ready_file: Path) -> None:
@@ -388,7 +392,7 @@ class _Standbys:
                 if self._closed or self._standby is not None or child.poll() is not None:
                     continue
                 try:
-                    self._standby = Standby(standby_command(self.argv, ready_file), env, _die_with_parent)
+                    self._standby = Standby(standby_command(self.argv, ready_file), env, _die_with_parent, ready_file)
                     log.info("warm standby (pid %d) started for the next in-job restart", self._standby.process.pid)
                 except OSError as exc:
                     log.warning("no warm standby for the next restart: %s", exc)
@@ -400,8 +404,19 @@ class _Standbys:
             return None
         child = standby.activate(env)
         if child is None:
-            log.warning("the warm standby is gone (exit %s): a cold start", standby.process.returncode)
+            self.note = f"the warm standby was gone (exit {standby.process.returncode}): a cold start"
+            log.warning("%s", self.note)
             standby.discard()
+        elif not standby.took_it(self.start_s):
+            self.note = (f"the warm standby (pid {child.pid}) did not take the run within {self.start_s:g}s "
+                         "(stopped or wedged): killed, and the command started cold")
+            log.warning("%s", self.note)
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # its own session: the group is the standby's
+            except ProcessLookupError:
+                pass
+            standby.discard()
+            return None
         return child
 
     def close(self) -> None:
@@ -471,6 +486,8 @@ class Launcher:
         self.node_checkpoints = None
         self._forwarder: SignalForwarder | None = None
         self._standbys = _Standbys(self.options.command if self._standby_wanted() else [])
+        self._first_run_s: float | None = None
+        """The first run's time to its first step on this node (a restart's deadline derives from it)."""
 
     def _dir(self, what: str) -> Path:
         return _node_dir(self.ranks, self.environ, what, self.launch)
@@ -791,7 +808,7 @@ class Launcher:
                                                     ready_file)
         forwarder = self._forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
         forwarder.install()
-        self.guard = watchdog.attach(self, child.pid, progress_dir)
+        self.guard = watchdog.attach(self, child.pid, progress_dir, generation=generation, first_run_s=self._first_run_s)
         stopper = _RestartStopper(records, child.pid) if coordinated else None
         try:
             returncode = child.wait()
@@ -803,7 +820,11 @@ class Launcher:
         status = self.report.command_status = exit_status(returncode)
         log.info("training command exited with %d after %.1fs", status, time.monotonic() - started)
         status = self._judge_exit(returncode, status)
-        if self.guard.fired:
+        if generation == 0:
+            self._first_run_s = self.guard.watch.to_first_step_s
+        if self.guard.fired and self.guard.fired.get("kind") == watchdog.FIRST_STEP:
+            cause, message = watchdog.FIRST_STEP, f"no first step: {self.guard.fired.get('message')}"
+        elif self.guard.fired:
             cause, message = "hang", f"hang: {self.guard.fired.get('message')}"
         elif forwarder.stopped:
             cause, message = "stopped", f"stopped by {forwarder.stopped}"
@@ -812,17 +833,17 @@ class Launcher:
         else:
             cause, message = "exit", f"exit {status}"
         if not coordinated:
-            if cause == "hang":
+            if cause in restart.HANG_CAUSES:
                 status, self.report.error = ExitCode.HANG, message
             return status, None
         records.record_exit(self.ranks.local_rank, status, cause, message,
-                            peer_silent=bool(cause == "hang" and self.guard.fired.get("peer_silent")))
+                            peer_silent=bool(cause == "hang" and self.guard.fired and self.guard.fired.get("peer_silent")))
         decision = self._outcome(outcome_barrier)
         if decision.result == "restart":
             return status, decision
         if decision.exit_code is not None:
             status = decision.exit_code
-        elif cause == "hang" or (cause == "restart" and (decision.failure or {}).get("cause") == "hang"):
+        elif cause in restart.HANG_CAUSES or (cause == "restart" and (decision.failure or {}).get("cause") in restart.HANG_CAUSES):
             status = ExitCode.HANG
         elif cause == "restart":
             status = int((decision.failure or {}).get("status") or status)
@@ -845,7 +866,10 @@ class Launcher:
 
     def _spawn(self) -> subprocess.Popen:
         """The training command: the warm standby made it (after an in-job restart), or a cold start."""
+        self._standbys.note = None
         child = self._standbys.take(self.command_env())
+        if self._standbys.note and self.report.restarts:
+            self.report.restarts[-1]["standby"] = self._standbys.note
         if child is not None:
             log.info("the warm standby (pid %d) runs the command: its interpreter and torch are loaded", child.pid)
             return child

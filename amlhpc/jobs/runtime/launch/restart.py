@@ -31,7 +31,10 @@ A node that ends instead proposes an end as the decision (the first proposal win
 node ends with it): the launcher itself was told to stop (SIGTERM: preemption, a cancel); the
 training writes checkpoint files outside the versioned tier (nodes cannot agree on those: a
 rank-0 file exists on one node only); `local_restarts` restarts were spent (exit 11, for the
-managed run to resubmit); its commands all ended well (done: nothing to restart here). A node
+managed run to resubmit); its commands all ended well (done: nothing to restart here). Node 0
+ends the generation with the hang's status (exit 7) when the node that hung, or missed its
+first step, is the one that did so in the generation before: a restart on the same nodes
+would meet it again, and the managed run's next attempt goes without it. A node
 that cannot follow an adopted restart (its restore failed, its coordinator failed) publishes
 a failure and an end for the next generation, so the others stop and end too; its
 coordinator proposes an end in a `finally`, so no failure leaves the others waiting out
@@ -60,8 +63,13 @@ from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import pacing
 from amlhpc.jobs.runtime.coord.agree import Channel
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
+from amlhpc.jobs.runtime.launch.watchdog import FIRST_STEP
 
 log = logging.getLogger("amlhpc.restart")
+
+HANG_CAUSES = ("hang", FIRST_STEP)
+"""The causes a node's watchdog gives (no progress; no first step within the run's deadline,
+amlhpc.jobs.runtime.launch.watchdog.FIRST_STEP)."""
 
 POLL_S = 0.1
 """How often the leader looks at its own node's exit records (files)."""
@@ -272,6 +280,7 @@ class Coordinator:
         """The decision this node took part in through the store (None: none yet)."""
         self.lost: str | None = None
         """Why the job's store is gone, once it is (node 0 lost)."""
+        self._again: tuple[Decision | None] | None = None
 
     @property
     def store_poll_s(self) -> float:
@@ -429,9 +438,30 @@ class Coordinator:
                 return adopted
             clock.sleep(self.store_poll_s)
 
+    def _same_node_again(self) -> Decision | None:
+        """Node 0: an end when the node that hung (or missed its first step) in this generation
+        also did in the one before: a restart on the same nodes would meet it again, so the job
+        ends with the hang's status and the managed run resubmits without that node (its end
+        record names it). Read from the store, so every node adopts the same decision."""
+        assert self.shared is not None
+        if self.generation == 0:
+            return None
+        now, before = self.shared.failure(), JobAgreement(self.shared.base, self.generation - 1).failure()
+        if not now or not before or now.get("cause") not in HANG_CAUSES or before.get("cause") not in HANG_CAUSES:
+            return None
+        if now.get("node") != before.get("node"):
+            return None
+        return Decision("end", f"node {now.get('node')} stopped again in in-job restart {self.generation} "
+                               f"({now.get('cause')}: {now.get('message', '')}): restarting on the same nodes would meet "
+                               "it again; the job ends for a new attempt without that node", exit_code=ExitCode.HANG)
+
     def _decide(self, deadline: float) -> Decision | None:
         """Node 0: the decision once every node reported or the deadline passed, stored."""
         assert self.shared is not None
+        if self._again is None:
+            self._again = (self._same_node_again(),)  # two store reads once per generation, not per poll
+        if self._again[0] is not None:
+            return self.shared.propose(self._again[0])
         if self.shared.reported() >= self.nodes:
             found = decide(self.generation, self.limit, self.nodes, self.shared.reports(self.nodes), {}, False)
         elif self.clock() > deadline:

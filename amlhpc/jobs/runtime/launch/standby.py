@@ -12,7 +12,11 @@ training itself does when it starts (its process group, data, model, the checkpo
     python -m amlhpc.jobs.runtime.launch.standby [--preload torch,numpy] [--ready-file PATH] -- [-u] SCRIPT ARGS...
 
 `--ready-file` is written once the preloads are done (the launcher names it to the running
-training as AMLHPC_STANDBY_READY, so a test can fail it after the standby is ready).
+training as AMLHPC_STANDBY_READY, so a test can fail it after the standby is ready), and
+`started_file(ready_file)` the moment the standby has read the run's environment and turns into
+the command: a launcher that hands the run over and sees no such file within
+STANDBY_START_S (the standby is stopped, as every process of a frozen host is, or wedged)
+kills it and starts the command cold, and the restart's record says so.
 
 Only commands of that shape get a standby (`standby_command` says which); any other command
 is started cold, as before. The standby has its own session, dies with the launcher, and is
@@ -30,6 +34,7 @@ import os
 import runpy
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,6 +45,21 @@ PRELOAD = ("torch", "torch.nn", "torch.optim", "torch._dynamo", "torch.utils.dat
 training resuming from a torch.distributed.checkpoint imports (5 s here), and torch._dynamo, which
 the first optimizer imports (3 s here)."""
 _PYTHON_FLAGS = ("-u", "-B", "-O", "-OO")
+STANDBY_START_S = 10.0
+"""How long a launcher waits for a live standby to say it took the run (it answers in
+milliseconds: it only reads a line and writes a file), before it starts the command cold."""
+
+
+def started_file(ready_file: Path) -> Path:
+    """Written by the standby when it has taken the run (see the module docstring)."""
+    return ready_file.with_name(f"{ready_file.name}.started")
+
+
+def _write_pid(path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(str(os.getpid()))
+    os.replace(tmp, path)
 
 
 def _is_python(executable: str) -> bool:
@@ -64,7 +84,9 @@ def standby_command(command: Sequence[str], ready_file: Path | None = None) -> l
 class Standby:
     """One standby process (see the module docstring)."""
 
-    def __init__(self, command: list[str], env: dict[str, str], preexec_fn: Callable[[], None] | None = None):
+    def __init__(self, command: list[str], env: dict[str, str], preexec_fn: Callable[[], None] | None = None,
+                 ready_file: Path | None = None):
+        self.ready_file = ready_file
         self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, start_new_session=True,
                                         preexec_fn=preexec_fn)
 
@@ -85,6 +107,21 @@ class Standby:
         except (BrokenPipeError, OSError):
             return None
         return self.process
+
+    def took_it(self, within_s: float = STANDBY_START_S) -> bool:
+        """After `activate`: whether the standby took the run within `within_s` (True without a
+        ready file to tell by)."""
+        if self.ready_file is None:
+            return True
+        marker = started_file(self.ready_file)
+        deadline = time.monotonic() + within_s
+        while not marker.exists():
+            if time.monotonic() > deadline:
+                return False
+            if not self.alive:
+                return marker.exists()
+            time.sleep(0.02)
+        return True
 
     def discard(self) -> None:
         if self.alive:
@@ -116,14 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ImportError:
                 pass  # an optional part this torch lacks: the command imports what it needs itself
     if ready_file is not None:
-        tmp = ready_file.with_name(f".{ready_file.name}.tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(str(os.getpid()))
-        os.replace(tmp, ready_file)
+        _write_pid(ready_file)
     line = sys.stdin.readline()
     if not line:
         return 0  # discarded before it was needed
     env = json.loads(line)
+    if ready_file is not None:
+        _write_pid(started_file(ready_file))
     os.environ.clear()
     os.environ.update(env)
     sys.stdin = open(os.devnull)  # noqa: SIM115 - the command's stdin, as a cold start's would be

@@ -5,6 +5,7 @@ the recipe's `watchdog` block:
 
     {"hang_s": 1200,       # no progress for this long is a hang
      "startup_s": null,    # optional: limit from the command's start to its first report
+                           #   (default: first_step_deadline below)
      "check_s": null}      # optional: how often to look (default hang_s / 6, 1..60 s)
 
 How it decides, on every node (the launcher's local rank 0 looks, every local rank acts):
@@ -12,8 +13,12 @@ How it decides, on every node (the launcher's local rank 0 looks, every local ra
 - each training process reports its step (amlhpc.jobs.runtime.base.progress); a rank's progress is a
   change in its report;
 - the node hangs when no rank on it progressed for `hang_s`, or when one rank stopped for
-  `hang_s` while the node's other ranks go on. A rank is watched from its first report
-  (a command that never reports is never judged, unless `startup_s` bounds the wait);
+  `hang_s` while the node's other ranks go on. Every run of the command (the first and each
+  in-job restart) has a deadline to its first report (`first_step_deadline`): `startup_s`
+  when the recipe sets it; else, for an in-job restart, 3x the first run's time to its first
+  step on this node, at least `hang_s` and 30 s; for the first run, 3x `hang_s`, at least
+  5 minutes. Missing it is a hang of its own kind (`"kind": "first-step"`): a restart stuck at
+  rendezvous, in a standby that never ran the command, or in a GPU that fell off the bus;
 - across nodes, with checkpoints configured, every node's rank 0 writes a heartbeat to
   Blob (amlhpc.jobs.runtime.coord.nodestatus) and reads the others': a node whose heartbeat says it made
   no progress for `hang_s`, or that stopped writing heartbeats for `hang_s` (its launcher is
@@ -70,6 +75,17 @@ POLL_VERDICT_S = 0.5
 STEP_WINDOW = 5
 """Latest steps per rank whose own-work time make the node's step time (a median: one slow step is not a straggler)."""
 _FIX = "the job builder sets it from the recipe's `watchdog` block; resubmit, or correct the JSON by hand"
+FIRST_STEP_FACTOR = 3.0
+"""A run's deadline to its first step, in multiples of what it is derived from (the first run's
+time to its first step; the first run's own: hang_s): a restart also restores a checkpoint and
+may start cold, and a loaded node is slower than the first start showed."""
+FIRST_RUN_FLOOR_S = 300.0
+"""The first run's deadline at least: a large model's first step (load, compile, warm-up) takes minutes."""
+RESTART_FLOOR_S = 30.0
+"""A restart's deadline at least: a first run that reached its first step in seconds says little
+about a cold restart's interpreter, imports and rendezvous on a busy node."""
+FIRST_STEP = "first-step"
+"""The verdict's `kind` when a run missed its deadline to its first step (else "hang")."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,28 @@ class WatchdogSettings:
     @property
     def interval_s(self) -> float:
         return self.check_s or min(60.0, max(1.0, self.hang_s / 6))
+
+
+@dataclass(frozen=True)
+class FirstStepDeadline:
+    """How long a run of the command may take to its first progress report, and why that long."""
+
+    seconds: float
+    reason: str
+
+
+def first_step_deadline(settings: WatchdogSettings, generation: int, first_run_s: float | None) -> FirstStepDeadline:
+    """The deadline of run `generation` (0: the first; n: in-job restart n) to its first step;
+    `first_run_s`: the first run's time to its first step on this node (None: it never got there)."""
+    if settings.startup_s is not None:
+        return FirstStepDeadline(settings.startup_s, "watchdog.startup_s")
+    if generation == 0 or first_run_s is None:
+        seconds = max(FIRST_RUN_FLOOR_S, FIRST_STEP_FACTOR * settings.hang_s)
+        return FirstStepDeadline(seconds, f"{FIRST_STEP_FACTOR:g}x watchdog.hang_s, at least {FIRST_RUN_FLOOR_S:.0f}s; "
+                                          "set watchdog.startup_s to choose")
+    seconds = max(settings.hang_s, RESTART_FLOOR_S, FIRST_STEP_FACTOR * first_run_s)
+    return FirstStepDeadline(seconds, f"{FIRST_STEP_FACTOR:g}x the first run's {first_run_s:.0f}s to its first step, at "
+                                      f"least watchdog.hang_s and {RESTART_FLOOR_S:.0f}s; set watchdog.startup_s to choose")
 
 
 def parse_settings(text: str, reference: str = WATCHDOG_JSON) -> WatchdogSettings:
@@ -129,6 +167,9 @@ class NodeWatch:
     local_size: int
     started: float
     """Monotonic time the training command started."""
+    deadline: FirstStepDeadline | None = None
+    """The run's deadline to its first report (None: not judged before one)."""
+    generation: int = 0
     changed: dict[int, float] = field(default_factory=dict)
     """Local rank -> monotonic time of its last progress."""
     steps: dict[int, int] = field(default_factory=dict)
@@ -138,11 +179,15 @@ class NodeWatch:
     """Local rank -> whether it waits for its peers (ranks that report it)."""
     busy: dict[int, deque] = field(default_factory=dict)
     """Local rank -> (step, own-work seconds) of its latest steps."""
+    first_report_at: float | None = None
+    """Monotonic time of the node's first progress report."""
 
     def observe(self, local_rank: int, report: progress.Progress | None, now: float) -> None:
         if report is None or self.markers.get(local_rank) == report.marker:
             return
         self.markers[local_rank] = report.marker
+        if not self.changed:
+            self.first_report_at = now
         self.changed[local_rank] = now
         self.steps[local_rank] = report.step
         if self.first_step is None:
@@ -154,6 +199,15 @@ class NodeWatch:
             window = self.busy.setdefault(local_rank, deque(maxlen=STEP_WINDOW))
             if not window or window[-1][0] != step:
                 window.append((step, report.busy_s))
+
+    @property
+    def to_first_step_s(self) -> float | None:
+        """Seconds from the command's start to the node's first progress report."""
+        return None if self.first_report_at is None else self.first_report_at - self.started
+
+    @property
+    def before_first_step(self) -> bool:
+        return not self.changed
 
     @property
     def step(self) -> int | None:
@@ -181,10 +235,11 @@ class NodeWatch:
             return None
         limit = self.settings.hang_s
         if not self.changed:
-            startup = self.settings.startup_s
-            if startup is not None and now - self.started > startup:
-                return (f"no rank on node {self.node} reported progress within {startup:.0f}s of the training's start "
-                        f"(watchdog.startup_s)")
+            deadline = self.deadline or first_step_deadline(self.settings, self.generation, None)
+            if now - self.started > deadline.seconds:
+                run = f"in-job restart {self.generation}" if self.generation else "the training"
+                return (f"no rank on node {self.node} reported a first step within {deadline.seconds:.0f}s of the start "
+                        f"of {run} ({deadline.reason})")
             return None
         age = self.age(now)
         assert age is not None
@@ -318,8 +373,9 @@ class Guard:
         self._read_local()
         now = self.clock()
         mine = self.watch.verdict(now)
+        kind = FIRST_STEP if self.watch.before_first_step else "hang"
         if self.shared is None:
-            return {"culprit": self.node, "message": mine} if mine else None
+            return {"culprit": self.node, "message": mine, "kind": kind} if mine else None
         container, prefix, run_id = self.shared
         try:
             written = nodestatus.write_heartbeat(container, prefix, run_id, self.node, step=self.watch.step,
@@ -329,9 +385,17 @@ class Guard:
             peers = nodestatus.read_heartbeats(container, prefix, run_id, verify=self.key) if written else {}
         except Exception as exc:  # noqa: BLE001 - storage trouble must not stop training: judge locally
             log.warning("watchdog heartbeat failed (judging this node alone): %s: %s", type(exc).__name__, exc)
-            return {"culprit": self.node, "message": mine} if mine else None
+            return {"culprit": self.node, "message": mine, "kind": kind} if mine else None
         self.first_beat = self.first_beat or written
         stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat) if written else None
+        if mine and kind == FIRST_STEP:
+            # Every node judges its own start; peers stuck before theirs too (waiting for this
+            # one at rendezvous, or stuck themselves) cannot tell whose start failed.
+            going = sorted(n for n, b in peers.items() if n != self.node and b.state != "ended" and b.step is not None
+                           and b.written >= (self.first_beat or written)
+                           and (b.age_at(written) or 0) <= self.settings.hang_s)
+            went = f", while node(s) {', '.join(map(str, going))} reached theirs" if going else ""
+            return {"culprit": self.node, "message": mine + went, "kind": kind}
         if mine:
             others = {n: b.age_at(written) for n, b in peers.items() if n != self.node and b.state != "ended"}
             going = sorted(n for n, age in others.items() if (age or 0) <= self.settings.hang_s)
@@ -370,6 +434,7 @@ class Guard:
                 log.exception("watchdog check failed")
                 continue
             if verdict:
+                verdict.setdefault("kind", "hang")
                 verdict.update({"node": self.node, "host": self.host, "step": self.watch.step, "written": clock_seam.time()})
                 log.error("hang: %s; stopping the training on node %d", verdict["message"], self.node)
                 _write_json(self.verdict_path, verdict)
@@ -409,15 +474,18 @@ class Guard:
         fields: dict[str, Any] = {"first_step": self.watch.first_step, "last_step": self.watch.step,
                                   "busy_s": self.watch.busy_s}
         if self.fired:
-            fields["hang"] = {"culprit": self.fired.get("culprit"), "message": self.fired.get("message")}
+            fields["hang"] = {"culprit": self.fired.get("culprit"), "message": self.fired.get("message"),
+                              "kind": self.fired.get("kind", "hang")}
         return fields
 
 
 # --- the launcher's two calls ----------------------------------------------------------
 
 
-def attach(launcher, child_pid: int, folder: Path) -> Guard:
-    """Start the guard for a launcher's training command (`folder`: the node's progress folder)."""
+def attach(launcher, child_pid: int, folder: Path, *, generation: int = 0, first_run_s: float | None = None) -> Guard:
+    """Start the guard for a launcher's training command (`folder`: the node's progress folder;
+    `generation`: 0, or the in-job restart it runs; `first_run_s`: the first run's time to its
+    first step on this node, from which a restart's deadline to its own is derived)."""
     shared = None
     if launcher.ranks.is_node_leader and launcher.checkpoint is not None and launcher.store is not None:
         shared = (launcher.store.container, launcher.checkpoint.prefix, launcher.ranks.run_id)
@@ -425,6 +493,9 @@ def attach(launcher, child_pid: int, folder: Path) -> Guard:
                   local_size=launcher.ranks.local_size, folder=folder, child_pid=child_pid,
                   term_grace_s=launcher.options.term_grace_s, shared=shared, nodes=launcher.ranks.node_count)
     guard.key = launcher.environ.get(EVIDENCE_KEY) or None
+    guard.watch.generation = generation
+    if launcher.watchdog is not None:
+        guard.watch.deadline = first_step_deadline(launcher.watchdog, generation, first_run_s)
     return guard.start()
 
 
