@@ -23,9 +23,9 @@ import json
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 
+from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.checkpoint import tier
 from amlhpc.jobs.runtime.checkpoint.errors import (
     CheckpointError,
@@ -76,7 +76,7 @@ class FolderUploader:
         if not files or signature(files) == self._last:
             return None
         if settle_s:
-            time.sleep(settle_s)
+            clock.sleep(settle_s)
             if signature(self._scan()) != signature(files):
                 log.info("checkpoint folder still changing: upload deferred to the next round")
                 return None
@@ -116,7 +116,7 @@ class FolderUploader:
             if result is not None:
                 return result
             if len(self.errors) == before:
-                time.sleep(1.0)  # abandoned because a file changed: let the writer finish
+                clock.sleep(1.0)  # abandoned because a file changed: let the writer finish
         raise CheckpointError(f"the final checkpoint of {self.folder} could not be uploaded: "
                               + (self.errors[-1] if self.errors else "files kept changing"))
 
@@ -212,7 +212,7 @@ class VersionUploader:
             current = json.loads(path.read_text()).get("step", -1) if path.exists() else -1
             if step > current:
                 tmp = path.with_name(f".{path.name}.tmp")
-                tmp.write_text(json.dumps({"version": blob, "step": step, "written": time.time()}))
+                tmp.write_text(json.dumps({"version": blob, "step": step, "written": clock.time()}))
                 os.replace(tmp, path)
         except (OSError, ValueError) as exc:
             log.warning("could not note the committed checkpoint: %s", exc)
@@ -260,11 +260,11 @@ class VersionUploader:
             log.warning("local checkpoint retention failed: %s", exc)
 
     def _loop(self) -> None:
-        next_lead = time.monotonic() + self.interval_s
+        next_lead = clock.monotonic() + self.interval_s
         while not self._stop.wait(self.poll_s):
-            due = time.monotonic() >= next_lead
+            due = clock.monotonic() >= next_lead
             if due:
-                next_lead = time.monotonic() + self.interval_s
+                next_lead = clock.monotonic() + self.interval_s
             self._step(due)
 
     def start(self) -> None:
@@ -296,13 +296,13 @@ class VersionUploader:
         if not held:
             return None
         target = self.blob_id(held[-1])
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
+        deadline = clock.monotonic() + deadline_s
+        while clock.monotonic() < deadline:
             pointer, _ = self.store.pointer()
             if pointer is not None and sequence_of(pointer["version"]) >= held[-1].step:
                 return pointer["version"]
             self._step(lead_due=self.node == 0 and target not in self._staged)
-            time.sleep(self.poll_s)
+            clock.sleep(self.poll_s)
         raise CheckpointError(f"the final versioned checkpoint {target} was not committed within {deadline_s:.0f}s"
                               + (f": {self.errors[-1]}" if self.errors else " (a node did not stage its parts)"))
 

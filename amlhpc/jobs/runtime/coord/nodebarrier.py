@@ -51,11 +51,11 @@ import secrets
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from amlhpc.jobs.runtime.base import clock as clocks
 from amlhpc.jobs.runtime.base import faultpoints
 
 POLL_S = 0.2
@@ -125,7 +125,7 @@ class NodeBarrier:
     """Local rank 0 stages; the node's other ranks wait here (see the module docstring)."""
 
     def __init__(self, directory: Path, timeout_s: float, run_id: str = "default", stale_after_s: float = 600.0,
-                 clock: Callable[[], float] = time.time, fallback: Path | None = None, generation: str | None = None):
+                 clock: Callable[[], float] = clocks.time, fallback: Path | None = None, generation: str | None = None):
         self.directory = Path(directory)
         self.timeout_s = timeout_s
         self.run_id = run_id
@@ -219,10 +219,10 @@ class NodeBarrier:
                 return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable"
         return None
 
-    def wait(self, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    def wait(self, sleep: Callable[[float], None] = clocks.sleep) -> dict[str, Any]:
         """Block until local rank 0 finishes; return its result or raise its failure."""
         arrived = self._clock()
-        deadline = time.monotonic() + self.timeout_s
+        deadline = clocks.monotonic() + self.timeout_s
         problem = self._unusable()
         if problem:
             raise BarrierFailed(f"the node barrier cannot work: {problem}", "usage")
@@ -245,7 +245,7 @@ class NodeBarrier:
                             "staging; see its log for the error, then re-run the job (finished files are kept)"
                         )
                     continue
-            if time.monotonic() > deadline:
+            if clocks.monotonic() > deadline:
                 raise BarrierTimeout(
                     f"waited {self.timeout_s:.0f}s for local rank 0 to finish staging (markers in {self.directory}); "
                     "raise the timeout (AMLHPC_STAGE_TIMEOUT_S / --timeout-s) for large datasets, or check rank 0's log"
@@ -261,8 +261,8 @@ class SharedMarkers:
     then `wait_all()`, and `close()` at the end (node 0 stops its heartbeat there)."""
 
     def __init__(self, directory: Path, node_count: int, timeout_s: float, node_index: int, listing: str = "",
-                 heartbeat_s: float = 1.0, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep):
+                 heartbeat_s: float = 1.0, clock: Callable[[], float] = clocks.time,
+                 sleep: Callable[[float], None] = clocks.sleep):
         self.directory = Path(directory)
         self.node_count = node_count
         self.timeout_s = timeout_s
@@ -317,7 +317,7 @@ class SharedMarkers:
 
     def _adopt_quietly(self) -> None:
         try:
-            self._adopt(time.monotonic() + self.timeout_s)
+            self._adopt(clocks.monotonic() + self.timeout_s)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever needs the generation
             self._adopt_error = exc
 
@@ -336,7 +336,7 @@ class SharedMarkers:
                         "re-run the job")
                 self.generation = str(now["generation"])
                 return
-            if time.monotonic() > deadline:
+            if clocks.monotonic() > deadline:
                 raise BarrierTimeout(
                     f"waited {self.timeout_s:.0f}s for node 0 to publish this launch's generation "
                     f"({self.launch_file} did not change); check node 0's log")
@@ -368,7 +368,7 @@ class SharedMarkers:
 
     def wait_all(self, deadline_s: float | None = None) -> list[dict[str, Any]]:
         """Block until every node of this launch is done; raise on the first failure or at the timeout."""
-        deadline = time.monotonic() + (self.timeout_s if deadline_s is None else deadline_s)
+        deadline = clocks.monotonic() + (self.timeout_s if deadline_s is None else deadline_s)
         self._own_generation()
         while True:
             summaries: list[dict[str, Any]] = []
@@ -384,7 +384,7 @@ class SharedMarkers:
                     summaries.append(done)
             if not missing:
                 return summaries
-            if time.monotonic() > deadline:
+            if clocks.monotonic() > deadline:
                 raise BarrierTimeout(
                     f"waited {self.timeout_s:.0f}s for node(s) {', '.join(map(str, missing))} to finish their share "
                     f"of the shared directory (markers in {self.directory}); check those nodes' logs"

@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from amlhpc.jobs.runtime.base import clock as clocks
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import nodestatus
 
@@ -87,7 +87,7 @@ class NodeRecords:
         """`peer_silent`: the watchdog stopped the command because another node's launcher went
         silent (frozen or gone): that node cannot restart, so the job ends."""
         _write_json(self.exit_path(local_rank), {"status": status, "cause": cause, "message": message,
-                                                 "peer_silent": peer_silent, "written": time.time()})
+                                                 "peer_silent": peer_silent, "written": clocks.time()})
 
     def exits(self, local_size: int) -> dict[int, dict[str, Any]]:
         found = {r: _read_json(self.exit_path(r)) for r in range(local_size)}
@@ -239,7 +239,7 @@ class Coordinator:
     """Local rank 0's side of one generation (see the module docstring)."""
 
     def __init__(self, *, generation: int, node: int, nodes: int, local_size: int, records: NodeRecords,
-                 shared: JobRecords | None, limit: int, agree_s: float, hooks: Hooks, clock=time.monotonic):
+                 shared: JobRecords | None, limit: int, agree_s: float, hooks: Hooks, clock=clocks.monotonic):
         self.generation, self.node, self.nodes, self.local_size = generation, node, nodes, local_size
         self.records, self.shared, self.limit, self.agree_s, self.hooks, self.clock = (
             records, shared, limit, agree_s, hooks, clock)
@@ -287,7 +287,7 @@ class Coordinator:
                     self._fail(remote)
             if len(exits) == self.local_size:
                 return self._outcome(exits)
-            time.sleep(POLL_S)
+            clocks.sleep(POLL_S)
 
     def _end(self, decision: Decision) -> Decision:
         if self.shared is not None:
@@ -325,10 +325,10 @@ class Coordinator:
         if self.shared is None:
             found = decide(self.generation, self.limit, 1, {0: report}, {}, False)
         else:
-            self.shared.report(self.node, {**report, "written": time.time()})
+            self.shared.report(self.node, {**report, "written": clocks.time()})
             deadline = self.clock() + self.agree_s
             while (found := self._answered(deadline)) is None:
-                time.sleep(BLOB_POLL_S)
+                clocks.sleep(BLOB_POLL_S)
         assert found is not None, "one node's own report always decides"
         decision = found
         if decision.result == "restart":

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amlhpc.jobs.runtime.base import clock as clocks
 from amlhpc.jobs.runtime.base import progress
 from amlhpc.jobs.runtime.base.contract import EVIDENCE_KEY, WATCHDOG_JSON
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem, load_json_object
@@ -271,7 +272,7 @@ class Guard:
 
     def __init__(self, *, settings: WatchdogSettings | None, node: int, local_rank: int, local_size: int,
                  folder: Path, child_pid: int, term_grace_s: float, shared: tuple[Any, str, str] | None = None,
-                 clock=time.monotonic):
+                 clock=clocks.monotonic):
         self.settings, self.node, self.local_rank, self.local_size = settings, node, local_rank, local_size
         self.folder, self.child_pid, self.term_grace_s, self.shared, self.clock = (
             folder, child_pid, term_grace_s, shared, clock)
@@ -279,7 +280,7 @@ class Guard:
         """The managed run's evidence key: heartbeats are signed, and peers' verified."""
         self.verdict_path = folder / VERDICT_FILE
         self.watch = NodeWatch(settings, node, local_size, clock())
-        self.started_wall = time.time()
+        self.started_wall = clocks.time()
         self.fired: dict | None = None
         self.first_beat = None
         self._stop = threading.Event()
@@ -363,7 +364,7 @@ class Guard:
                 log.exception("watchdog check failed")
                 continue
             if verdict:
-                verdict.update({"node": self.node, "host": self.host, "step": self.watch.step, "written": time.time()})
+                verdict.update({"node": self.node, "host": self.host, "step": self.watch.step, "written": clocks.time()})
                 log.error("hang: %s; stopping the training on node %d", verdict["message"], self.node)
                 _write_json(self.verdict_path, verdict)
                 return
