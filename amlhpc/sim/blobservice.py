@@ -133,6 +133,16 @@ class Container:
             del self.names[i]
 
 
+def request_target(op: str, container: str, blob: str, kwargs: dict[str, Any]) -> str:
+    """What a request is counted against and matched by: `container/blob`, or for a listing
+    `container?list=prefix` (a listing loads the container's partition, not one blob)."""
+    if blob:
+        return f"{container}/{blob}"
+    if op == "list_blobs":
+        return f"{container}?list={kwargs.get('prefix') or ''}"
+    return f"{container}?{op}"
+
+
 class Peak:
     """Requests per virtual second of one target: the running second and the highest seen."""
 
@@ -245,7 +255,7 @@ class BlobService:
         if acct is None:
             return Reply(404, "ResourceNotFound", "The specified resource does not exist.")
         now = self.now
-        target = f"{container}/{blob}" if blob else f"{container}?{op}"
+        target = request_target(op, container, blob, kwargs)
         cost = 1 + subrequests
         self.accounting.count(now, account, target, principal, op, cost)
         busy = self._throttle(acct, container, blob, cost, size_in, now)

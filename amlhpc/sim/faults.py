@@ -7,8 +7,8 @@ that matches its filter - a node, an operation, a blob name pattern, a principal
   a connection reset (`reset_s` later) or waits out its read timeout, and its retry policy
   sends the request again (what a write then meets: 409 or 412);
 - `lost-request`: dropped on the way, never applied; the client times out the same way;
-- `busy`: answered 503 ServerBusy (with Retry-After) without being applied - a storm
-  when `times` is large;
+- `busy`: answered 503 ServerBusy (with Retry-After) without being applied: `times`
+  matching requests, or every matching request for `duration_s` from the first (a storm);
 - `delay`: arrives `delay_s` late (a slow path, a congested switch);
 - `partition`: from this request on, the node reaches no storage for `duration_s`.
 
@@ -37,7 +37,7 @@ class RequestFault:
     op: str | None = None
     """Operation name (put_blob, get_blob, list_blobs, put_block_list, ...; None: any)."""
     blob: str | None = None
-    """fnmatch pattern on `container/blob` (None: any)."""
+    """fnmatch pattern on `container/blob`, or `container?list=prefix` for a listing (None: any)."""
     node: str | None = None
     """Node name (None: any)."""
     nth: int = 1
@@ -50,12 +50,14 @@ class RequestFault:
     step_s: float = 0.0
     seen: int = 0
     fired: int = 0
+    started: float | None = None
+    """When a storm (busy with duration_s) began."""
 
     def __post_init__(self) -> None:
         if self.kind not in REQUEST_KINDS:
             raise ValueError(f"request fault {self.kind!r}: one of {', '.join(REQUEST_KINDS)}")
 
-    def hits(self, op: str, target: str, node: str | None) -> bool:
+    def hits(self, op: str, target: str, node: str | None, now: float = 0.0) -> bool:
         if self.op is not None and self.op != op:
             return False
         if self.blob is not None and not fnmatch.fnmatchcase(target, self.blob):
@@ -63,6 +65,13 @@ class RequestFault:
         if self.node is not None and self.node != node:
             return False
         self.seen += 1
+        if self.kind == "busy" and self.duration_s > 0:
+            if self.seen < self.nth or (self.started is not None and now >= self.started + self.duration_s):
+                return False
+            if self.started is None:
+                self.started = now
+            self.fired += 1
+            return True
         if self.seen < self.nth or self.seen >= self.nth + self.times:
             return False
         self.fired += 1
@@ -70,9 +79,11 @@ class RequestFault:
 
     def describe(self) -> str:
         where = ", ".join(f"{k}={v}" for k, v in (("op", self.op), ("blob", self.blob), ("node", self.node)) if v)
-        extra = {"delay": f" +{self.delay_s:g}s", "partition": f" for {self.duration_s:g}s",
+        extra = {"delay": f" +{self.delay_s:.3g}s", "partition": f" for {self.duration_s:.3g}s",
+                 "busy": f" for {self.duration_s:.3g}s" if self.duration_s else "",
                  "clock-step": f" {self.step_s:+g}s"}.get(self.kind, "")
-        return f"{self.kind}{extra} at request #{self.nth}{f' x{self.times}' if self.times > 1 else ''} ({where or 'any'})"
+        times = f" x{self.times}" if self.times > 1 and not (self.kind == "busy" and self.duration_s) else ""
+        return f"{self.kind}{extra} from request #{self.nth}{times} ({where or 'any'})"
 
 
 @dataclass

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from amlhpc.jobs.runtime.blob.blobio import RetrySettings, parse_retry_after
-from amlhpc.sim.blobservice import BlobService, Reply
+from amlhpc.sim.blobservice import BlobService, Reply, request_target
 from amlhpc.sim.faults import FaultPlan, RequestFault
 from amlhpc.sim.scheduler import Node, Simulation
 
@@ -74,7 +74,7 @@ class Network:
         node = self._node()
         who = node.name if node is not None else "world"
         principal = node.principal if node is not None else "world"
-        target = f"{container}/{blob}" if blob else f"{container}?{op}"
+        target = request_target(op, container, blob, kwargs)
         fault = self._fault(op, target, node)
         if node is not None and (node.partitioned or self.partitions.get(node.name, -1.0) > sim.now):
             sim.sleep(retry.connection_timeout_s)
@@ -105,7 +105,7 @@ class Network:
         name = node.name if node is not None else None
         chosen = None
         for fault in self.faults.requests:
-            if fault.hits(op, target, name) and chosen is None:
+            if fault.hits(op, target, name, self.sim.now) and chosen is None:
                 chosen = fault
         if chosen is not None and chosen.kind == "partition" and node is not None:
             self.partitions[node.name] = self.sim.now + chosen.duration_s

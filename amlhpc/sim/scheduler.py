@@ -16,7 +16,7 @@ its seed alone:
   offset a fault steps back or forward; `monotonic()` never goes back. Each task runs under
   its node's clock (`clock.use`) and with the simulation's executor (`workers.use`: the
   calls a node hands to a pool run in its own thread, one after another), so neither time
-  nor threads escape the scheduler;
+  nor threads escape the scheduler; the world adds its client factory the same way;
 - a node can be frozen (its tasks are not resumed until it thaws, its clock runs on) or
   killed (never resumed: a power cut, not an orderly stop); `close()` unwinds every task
   still waiting, against a world that no longer answers.
@@ -28,6 +28,7 @@ loops that would start such threads (docs/simulation.md lists which).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import math
@@ -35,7 +36,7 @@ import random
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,8 +127,11 @@ class Task:
             if sim.closed or (self.node is not None and self.node.dead):
                 raise Killed()
             self.state = "running"
-            with clock.use(self.node.clock if self.node is not None else sim.service_clock), \
-                    workers.use(workers.inline):
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(clock.use(self.node.clock if self.node is not None else sim.service_clock))
+                stack.enter_context(workers.use(workers.inline))
+                for context in sim.task_contexts:
+                    stack.enter_context(context(self))
                 self.result = self.fn()
             self.state = "done"
         except Killed:
@@ -187,6 +191,8 @@ class Simulation:
         self._main.acquire()
         self._joiners: dict[Task, list[Task]] = {}
         self.switches = 0
+        self.task_contexts: list[Callable[[Task], AbstractContextManager[Any]]] = []
+        """Entered by every task around its function (the world's client factory, for one)."""
 
     # --- building the world -------------------------------------------------------------
     def node(self, name: str, *, principal: str = "node", offset_s: float = 0.0) -> Node:

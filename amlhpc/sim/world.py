@@ -12,18 +12,23 @@ seed, and every request's latency, every tie between events and every retry's ji
 from the scheduler's: a seed replays the same run, names included. One world is open at
 a time in a process (the patch and the fault points are process-wide).
 
+The product's log lines (the `amlhpc` loggers) go into the trace, not to stderr, while the
+world is open.
+
 Point faults (amlhpc.sim.faults.PointFault) are armed on the runtime's named fault points
 (amlhpc.jobs.runtime.base.faultpoints) for the world's life and act only in its tasks.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import secrets
 from collections.abc import Callable
 from typing import Any
 
 from amlhpc.jobs.runtime.base import faultpoints
+from amlhpc.jobs.runtime.blob import blobio
 from amlhpc.jobs.runtime.blob.blobhttp import Reader
 from amlhpc.jobs.runtime.blob.blobio import RetrySettings
 from amlhpc.sim.arm import ArmService
@@ -40,10 +45,23 @@ ACCOUNT = "simaccount"
 _open: list[World] = []
 
 
+class _TraceHandler(logging.Handler):
+    """The product's log lines, into the world's trace under the task that logged them."""
+
+    def __init__(self, sim: Simulation):
+        super().__init__()
+        self.sim = sim
+
+    def emit(self, record: logging.LogRecord) -> None:
+        task = self.sim.current()
+        self.sim.note(task if task is not None and task.sim is self.sim else "world", "log",
+                      f"{record.levelname.lower()} {record.getMessage()}")
+
+
 class World:
     def __init__(self, seed: int, *, limits: BlobLimits | None = None, arm_limits: ArmLimits | None = None,
                  faults: FaultPlan | None = None, latency_s: tuple[float, float] = (0.004, 0.012),
-                 trace_limit: int = 200_000, trace_requests: bool = True):
+                 trace_limit: int = 200_000, trace_requests: bool = True, log_level: int = logging.INFO):
         self.seed = seed
         self.sim = Simulation(seed, trace_limit)
         self.faults = faults or FaultPlan()
@@ -51,10 +69,14 @@ class World:
         self.network = Network(self.sim, self.blob, self.faults, latency_s)
         self.arm = ArmService(self.sim, arm_limits or ArmLimits())
         self.blob.account(ACCOUNT)
+        self.sim.task_contexts.append(lambda task: blobio.use(self._client_for))
         self.trace_requests = trace_requests
         if not trace_requests:
             self.sim.trace.enabled = False
         self._names = random.Random(seed * 7919 + 1)
+        self.log_level = log_level
+        self._logger_state: tuple[int, bool] | None = None
+        self._handler = _TraceHandler(self.sim)
         self._patched: dict[str, Any] = {}
         self._armed: list[str] = []
         self.closed = False
@@ -77,6 +99,11 @@ class World:
         secrets.token_hex = lambda n=32: names.randbytes(n if n is not None else 32).hex()  # type: ignore[assignment]
         secrets.token_bytes = lambda n=32: names.randbytes(n if n is not None else 32)  # type: ignore[assignment]
         secrets.token_urlsafe = lambda n=32: names.randbytes(n if n is not None else 32).hex()  # type: ignore[assignment]
+        logger = logging.getLogger("amlhpc")
+        self._logger_state = (logger.level, logger.propagate)
+        logger.setLevel(self.log_level)
+        logger.propagate = False
+        logger.addHandler(self._handler)
         for name in sorted({f.point for f in self.faults.points}):
             faultpoints.arm(name, self._point_action(name), times=0)
             self._armed.append(name)
@@ -90,6 +117,11 @@ class World:
         finally:
             for name in self._armed:
                 faultpoints.disarm(name)
+            logger = logging.getLogger("amlhpc")
+            logger.removeHandler(self._handler)
+            if self._logger_state is not None:
+                logger.setLevel(self._logger_state[0])
+                logger.propagate = self._logger_state[1]
             for attr, original in self._patched.items():
                 setattr(secrets, attr, original)
             if self in _open:
@@ -105,6 +137,15 @@ class World:
         if create and name not in self.blob.accounts[account].containers:
             self.blob.create_container(account, name)
         return ContainerClient(self.network, account, name, retry)
+
+    def _client_for(self, container: str, account_url: str | None) -> ContainerClient:
+        """What blobio.container_client gives the code under test in a task: the simulated account's
+        container (an account URL names its account; none is the world's)."""
+        account = ACCOUNT
+        if account_url:
+            host = account_url.split("//", 1)[-1].split(".", 1)[0]
+            account = host or ACCOUNT
+        return self.container(container, account=account)
 
     def reader(self, container: str, *, account: str = ACCOUNT, retry: RetrySettings | None = None) -> Reader:
         """Staging's stdlib Blob reader (amlhpc.jobs.runtime.blob.blobhttp.Reader) on the simulated account."""

@@ -1,0 +1,146 @@
+"""Seeded exploration, in the manner of FoundationDB's simulation testing and TigerBeetle's VOPR.
+
+A scenario (amlhpc/sim/scenarios) runs the real code of several simulated nodes in a World.
+A seed draws everything that varies: the scenario's size and timings and its fault plan
+(from `random.Random(f"{scenario}:{seed}")`), and the interleaving (the World's scheduler is
+seeded with it too). After the run the scenario's invariants are checked; a run that breaks
+one is a `Violation`, named by the invariant (`kind`) and saying what happened.
+
+    outcome = run("checkpoint-commit", seed=17)     # one run: violations, the fault plan, the trace
+    outcomes = sweep("checkpoint-commit", range(200))
+
+A failing seed replays exactly (`python -m amlhpc.sim explore SCENARIO --seed N` prints
+its fault plan, its violations and its trace), because nothing in a run depends on the wall
+clock, on thread timing or on unseeded randomness (amlhpc.sim.world says how).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amlhpc.sim.faults import FaultPlan
+from amlhpc.sim.world import World
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    """The invariant broken (e.g. split-decision, pointer-orphan)."""
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    seed: int
+    violations: list[Violation]
+    faults: list[str]
+    settings: dict[str, Any]
+    virtual_s: float
+    wall_s: float
+    requests: int
+    trace: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def kinds(self) -> set[str]:
+        return {v.kind for v in self.violations}
+
+    def report(self, trace: bool = True) -> str:
+        lines = [f"scenario {self.scenario}, seed {self.seed}: "
+                 f"{'ok' if self.ok else f'{len(self.violations)} violation(s)'} "
+                 f"({self.virtual_s:.1f} virtual s, {self.requests} requests, {self.wall_s:.2f} s wall)",
+                 "settings: " + ", ".join(f"{k}={v}" for k, v in self.settings.items()),
+                 "faults: " + ("; ".join(self.faults) if self.faults else "none")]
+        lines += [f"VIOLATION {v}" for v in self.violations]
+        if self.metrics:
+            lines.append("metrics: " + ", ".join(f"{k}={v}" for k, v in self.metrics.items()))
+        if trace and self.trace:
+            lines.append("trace:")
+            lines += [f"  {line}" for line in self.trace]
+        return "\n".join(lines)
+
+
+class Scenario:
+    """One kind of run (subclasses in amlhpc/sim/scenarios)."""
+
+    name = ""
+    summary = ""
+    duration_s = 300.0
+    trace_limit = 20_000
+
+    def __init__(self) -> None:
+        self.settings: dict[str, Any] = {}
+        self.metrics: dict[str, Any] = {}
+
+    def plan(self, rng: random.Random, size: int | None) -> FaultPlan:
+        """Draw the settings (into self.settings) and the fault plan."""
+        return FaultPlan()
+
+    def world(self, seed: int, faults: FaultPlan, keep_trace: bool = True) -> World:
+        return World(seed, faults=faults, trace_limit=self.trace_limit if keep_trace else 1,
+                     log_level=logging.INFO if keep_trace else logging.ERROR)
+
+    def start(self, world: World, root: Path) -> None:
+        """Spawn the tasks (`root`: a folder for the nodes' local disks)."""
+        raise NotImplementedError
+
+    def finish(self, world: World) -> None:
+        """Run the world to the end (default: for `duration_s` virtual seconds)."""
+        world.run(self.duration_s)
+
+    def check(self, world: World) -> list[Violation]:
+        raise NotImplementedError
+
+
+def scenarios() -> dict[str, type[Scenario]]:
+    from amlhpc.sim.scenarios import SCENARIOS
+
+    return SCENARIOS
+
+
+def run(name: str, seed: int, *, size: int | None = None, faults: FaultPlan | None = None,
+        settings: dict[str, Any] | None = None, keep_trace: bool = True) -> Outcome:
+    """One run of scenario `name` under `seed` (see the module docstring); `faults` replaces the
+    drawn plan and `settings` the drawn values it names (a defect's fixed schedule)."""
+    known = scenarios()
+    if name not in known:
+        raise KeyError(f"no scenario {name!r}; the scenarios are: {', '.join(sorted(known))}")
+    scenario = known[name]()
+    rng = random.Random(f"{name}:{seed}")
+    plan = scenario.plan(rng, size)
+    if faults is not None:
+        plan = faults
+    unknown = set(settings or {}) - set(scenario.settings)
+    if unknown:
+        raise KeyError(f"scenario {name} has no setting(s) {', '.join(sorted(unknown))}; it has: "
+                       f"{', '.join(sorted(scenario.settings))}")
+    scenario.settings.update(settings or {})
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="amlhpc-sim-") as tmp, scenario.world(seed, plan, keep_trace) as world:
+        scenario.start(world, Path(tmp))
+        scenario.finish(world)
+        violations = scenario.check(world)
+        virtual = world.now
+        requests = world.blob.accounting.total()
+        trace = list(world.sim.trace.lines()) if keep_trace else []
+    return Outcome(name, seed, violations, plan.describe(), dict(scenario.settings), virtual,
+                   time.perf_counter() - started, requests, trace, dict(scenario.metrics))
+
+
+def sweep(name: str, seeds: Iterable[int], *, size: int | None = None) -> list[Outcome]:
+    """`run` for every seed, without traces (replay a failing one to see its trace)."""
+    return [run(name, seed, size=size, keep_trace=False) for seed in seeds]
