@@ -107,6 +107,8 @@ class Blob:
     last_put_block: float = 0.0
     block_id_length: int | None = None
     lease: Lease = field(default_factory=Lease)
+    writes: list[tuple[float, str, str | None, str | None]] = field(default_factory=list)
+    """The last writes that replaced its content: (time, new ETag, If-Match, If-None-Match) - for oracles."""
 
     @property
     def size(self) -> int:
@@ -374,10 +376,12 @@ class BlobService:
             return Reply(412, "LeaseNotPresentWithBlobOperation", "There is currently no lease on the blob.")
         return None
 
-    def _commit(self, blob: Blob, data: bytes, metadata: dict[str, str] | None, content: dict[str, Any] | None) -> None:
+    def _commit(self, blob: Blob, data: bytes, metadata: dict[str, str] | None, content: dict[str, Any] | None,
+                if_match: str | None = None, if_none_match: str | None = None) -> None:
         now = self.now
         blob.data = data
         blob.etag = self._etag()
+        blob.writes = [*blob.writes[-3:], (now, blob.etag, if_match, if_none_match)]
         if not blob.committed:
             blob.created = now
         blob.committed = True
@@ -418,7 +422,7 @@ class BlobService:
         blob.block_id_length = None
         content = dict(content or {})
         content.setdefault("content_md5", hashlib.md5(data).digest())  # Put Blob: the service computes it
-        self._commit(blob, bytes(data), metadata, content)
+        self._commit(blob, bytes(data), metadata, content, if_match, if_none_match)
         cont._index(blob)
         return Reply(201, value=self.properties(container, blob))
 
@@ -542,7 +546,7 @@ class BlobService:
             chosen.append((block_id, found))
         if blob is None:
             blob = cont.blobs[name] = Blob(name)
-        self._commit(blob, b"".join(data for _, data in chosen), metadata, content)
+        self._commit(blob, b"".join(data for _, data in chosen), metadata, content, if_match, if_none_match)
         blob.blocks = [(block_id, len(data)) for block_id, data in chosen]
         blob.block_data = dict(chosen)
         blob.uncommitted.clear()

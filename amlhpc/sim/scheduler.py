@@ -187,6 +187,7 @@ class Simulation:
         self._heap: list[tuple[float, float, int, Task, int]] = []
         self._counter = itertools.count()
         self._until = math.inf
+        self._stop: Callable[[], bool] | None = None
         self._main = threading.Lock()
         self._main.acquire()
         self._joiners: dict[Task, list[Task]] = {}
@@ -276,6 +277,8 @@ class Simulation:
 
     def _next(self) -> Task | None:
         heap = self._heap
+        if self._stop is not None and self._stop():
+            return None
         while heap:
             when, _, _, task, epoch = heap[0]
             if when > self._until:
@@ -313,27 +316,27 @@ class Simulation:
                 raise Killed()
 
     # --- from the main thread -------------------------------------------------------------
-    def run(self, until: float = math.inf) -> None:
-        """Run tasks until none is due before `until` (virtual seconds); then time is `until`."""
+    def run(self, until: float = math.inf, stop: Callable[[], bool] | None = None) -> None:
+        """Run tasks until none is due before `until` (virtual seconds; time is then `until`), or
+        until `stop()` holds between two tasks' turns (time is then where it stopped)."""
         if self.current() is not None:
             raise SimulationError("Simulation.run is called from the main thread, not from a task")
-        self._until = until
-        nxt = self._next()
-        if nxt is not None:
-            nxt.state = "running"
-            nxt.go.release()
-            self._main.acquire()
-        if until != math.inf and until > self.now:
+        self._until, self._stop = until, stop
+        try:
+            nxt = self._next()
+            if nxt is not None:
+                nxt.state = "running"
+                nxt.go.release()
+                self._main.acquire()
+        finally:
+            self._stop = None
+        if until != math.inf and until > self.now and not (stop is not None and stop()):
             self.now = until
 
-    def run_until(self, condition: Callable[[], bool], *, step_s: float = 1.0, limit_s: float = 3600.0) -> bool:
-        """Run in steps of `step_s` until `condition()` holds or `limit_s` of virtual time passed."""
-        end = self.now + limit_s
-        while not condition():
-            if self.now >= end or (not self._heap and self.idle()):
-                return condition()
-            self.run(min(end, self.now + step_s))
-        return True
+    def run_until(self, condition: Callable[[], bool], *, limit_s: float = 3600.0) -> bool:
+        """Run until `condition()` holds (checked between tasks' turns) or `limit_s` of virtual time passed."""
+        self.run(self.now + limit_s, stop=condition)
+        return condition()
 
     def idle(self) -> bool:
         """Nothing is due: every task finished, or waits for something that will not come."""

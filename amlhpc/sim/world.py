@@ -167,7 +167,7 @@ class World:
     def call(self, fn: Callable[[], Any], *, node: Node | None = None, limit_s: float = 3600.0) -> Any:
         """Run `fn` as a task to its end (other tasks run meanwhile); its result, or its error raised."""
         task = self.spawn(getattr(fn, "__name__", "call"), fn, node=node)
-        self.sim.run_until(lambda: task.finished, step_s=limit_s, limit_s=limit_s)
+        self.sim.run_until(lambda: task.finished, limit_s=limit_s)
         if task.error is not None:
             raise task.error
         if not task.finished:

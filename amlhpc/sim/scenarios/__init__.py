@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from amlhpc.sim.explore import Scenario
 from amlhpc.sim.scenarios.checkpoints import CheckpointCommit, FolderUpload, PruneRace
+from amlhpc.sim.scenarios.data import Staging, UploadSessions
+from amlhpc.sim.scenarios.managed import Revival
 from amlhpc.sim.scenarios.restart import LaunchRecords, RestartAgreement
 from amlhpc.sim.scenarios.watchdog import Heartbeats, WatchdogClock
 
 SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (CheckpointCommit, FolderUpload, PruneRace,
                                                              RestartAgreement, LaunchRecords, WatchdogClock,
-                                                             Heartbeats)}
+                                                             Heartbeats, Revival, Staging, UploadSessions)}

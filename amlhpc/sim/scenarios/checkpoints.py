@@ -204,9 +204,9 @@ class CheckpointCommit(Scenario):
         return loop
 
     def finish(self, world: World) -> None:
-        world.sim.run_until(lambda: all(t.finished for t in self.trainers), step_s=5.0, limit_s=2 * self.duration_s)
+        world.sim.run_until(lambda: all(t.finished for t in self.trainers), limit_s=2 * self.duration_s)
         last = max(self.held, default=-1)
-        world.sim.run_until(lambda: self.oracle.pointer_step() >= last, step_s=5.0, limit_s=SETTLE_S)
+        world.sim.run_until(lambda: self.oracle.pointer_step() >= last, limit_s=SETTLE_S)
 
     def check(self, world: World) -> list[Violation]:
         self.oracle.look()
@@ -272,9 +272,9 @@ class FolderUpload(Scenario):
         return -1
 
     def finish(self, world: World) -> None:
-        world.sim.run_until(lambda: self.trainer.finished, step_s=5.0, limit_s=2 * self.duration_s)
+        world.sim.run_until(lambda: self.trainer.finished, limit_s=2 * self.duration_s)
         last = self.saved[-1][1] if self.saved else -1
-        world.sim.run_until(lambda: self._uploaded_step() >= last, step_s=5.0, limit_s=SETTLE_S)
+        world.sim.run_until(lambda: self._uploaded_step() >= last, limit_s=SETTLE_S)
 
     def check(self, world: World) -> list[Violation]:
         self.oracle.look()

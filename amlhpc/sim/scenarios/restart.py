@@ -147,7 +147,7 @@ class RestartAgreement(Scenario):
         return run
 
     def finish(self, world: World) -> None:
-        world.sim.run_until(lambda: all(o.decided_at is not None for o in self.outcomes.values()), step_s=10.0,
+        world.sim.run_until(lambda: all(o.decided_at is not None for o in self.outcomes.values()),
                             limit_s=self.duration_s)
 
     def check(self, world: World) -> list[Violation]:
