@@ -129,29 +129,63 @@ class LeaseState:
 
 
 class BlobProperties:
-    """The fields of azure.storage.blob.BlobProperties the code reads (attributes and item access)."""
+    """The fields of azure.storage.blob.BlobProperties the code reads (attributes and item access),
+    read from the service's answer when first asked for (a listing of 1,000 blobs makes 1,000)."""
 
-    __slots__ = ("name", "container", "size", "etag", "last_modified", "creation_time", "metadata", "_content",
-                 "lease", "blob_type", "deleted", "snapshot", "version_id")
+    __slots__ = ("_p", "_with_metadata", "_metadata", "_etag")
 
-    def __init__(self, props: dict[str, Any]):
-        self.name = props["name"]
-        self.container = props["container"]
-        self.size = props["size"]
-        self.etag = props["etag"]
-        self.last_modified: datetime = props["last_modified"]
-        self.creation_time: datetime = props["creation_time"]
-        self.metadata = props["metadata"] if props["metadata"] is not None else {}
-        self._content = props["content"]
-        self.lease = LeaseState(props["lease"])
-        self.blob_type = "BlockBlob"
-        self.deleted = False
-        self.snapshot = None
-        self.version_id = None
+    def __init__(self, props: dict[str, Any], with_metadata: bool = True):
+        self._p = props
+        self._with_metadata = with_metadata
+        self._metadata: dict[str, str] | None = None
+        self._etag: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self._p["name"]
+
+    @property
+    def container(self) -> str:
+        return self._p["container"]
+
+    @property
+    def size(self) -> int:
+        return self._p["size"]
+
+    @property
+    def etag(self) -> str:
+        return self._etag if self._etag is not None else self._p["etag"]
+
+    @etag.setter
+    def etag(self, value: str) -> None:
+        self._etag = value
+
+    @property
+    def last_modified(self) -> datetime:
+        return self._p["last_modified"]
+
+    @property
+    def creation_time(self) -> datetime:
+        return self._p["creation_time"]
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        if self._metadata is None:
+            self._metadata = dict(self._p["metadata"]) if self._with_metadata else {}
+        return self._metadata
+
+    @property
+    def lease(self) -> LeaseState:
+        return LeaseState(self._p["lease"])
+
+    blob_type = "BlockBlob"
+    deleted = False
+    snapshot = None
+    version_id = None
 
     @property
     def content_settings(self) -> ContentSettings:
-        content = dict(self._content)
+        content = dict(self._p["content"])
         md5 = content.get("content_md5")
         if md5 is not None:
             content["content_md5"] = bytearray(md5)
@@ -474,11 +508,12 @@ class ContainerClient:
         while True:
             reply = self._endpoint.checked("list_blobs", prefix=prefix or "", marker=marker, max_results=results_per_page,
                                            delimiter=delimiter, metadata=metadata)
+            listed_metadata = reply.value["metadata"]
             for item in reply.value["items"]:
                 if "prefix" in item:
                     yield BlobPrefix(item["prefix"], self.container_name)
                 else:
-                    props = BlobProperties(item)
+                    props = BlobProperties(item, listed_metadata)
                     props.etag = props.etag.strip('"')  # List Blobs gives ETags unquoted, unlike the headers
                     yield props
             marker = reply.value["next_marker"]

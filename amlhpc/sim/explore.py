@@ -17,6 +17,7 @@ clock, on thread timing or on unseeded randomness (amlhpc.sim.world says how).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import tempfile
 import time
@@ -106,6 +107,13 @@ class Scenario:
         raise NotImplementedError
 
 
+def local_disk_root() -> str | None:
+    """Where the simulated nodes' local disks go: memory (/dev/shm) when the host has it, as the
+    nodes' files are small and many (a run makes and removes hundreds), else the temp dir."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
 def scenarios() -> dict[str, type[Scenario]]:
     from amlhpc.sim.scenarios import SCENARIOS
 
@@ -130,7 +138,8 @@ def run(name: str, seed: int, *, size: int | None = None, faults: FaultPlan | No
                        f"{', '.join(sorted(scenario.settings))}")
     scenario.settings.update(settings or {})
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="amlhpc-sim-") as tmp, scenario.world(seed, plan, keep_trace) as world:
+    with tempfile.TemporaryDirectory(prefix="amlhpc-sim-", dir=local_disk_root()) as tmp, \
+            scenario.world(seed, plan, keep_trace) as world:
         scenario.start(world, Path(tmp))
         scenario.finish(world)
         violations = scenario.check(world)

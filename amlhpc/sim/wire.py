@@ -174,7 +174,7 @@ class Connection:
             if "prefix" in item:
                 parts.append(f"<BlobPrefix><Name>{html.escape(item['prefix'])}</Name></BlobPrefix>")
                 continue
-            parts.append(_blob_xml(item))
+            parts.append(_blob_xml(item, page["metadata"]))
         parts.append("</Blobs>")
         parts.append(f"<NextMarker>{html.escape(page['next_marker'])}</NextMarker>" if page["next_marker"]
                      else "<NextMarker />")
@@ -183,7 +183,7 @@ class Connection:
         return Response(200, {"Content-Type": "application/xml", "Content-Length": str(len(body))}, body)
 
 
-def _blob_xml(item: dict[str, Any]) -> str:
+def _blob_xml(item: dict[str, Any], with_metadata: bool) -> str:
     content = item["content"]
     md5 = content.get("content_md5")
 
@@ -208,7 +208,7 @@ def _blob_xml(item: dict[str, Any]) -> str:
         f"<LeaseDuration>{lease['duration']}</LeaseDuration>" if lease["duration"] else "",
         "<ServerEncrypted>true</ServerEncrypted></Properties>",
     ]
-    if item["metadata"] is not None:
+    if with_metadata:
         meta = "".join(f"<{k}>{html.escape(v)}</{k}>" for k, v in item["metadata"].items())
         fields.append(f"<Metadata>{meta}</Metadata>" if meta else "<Metadata />")
     fields.append("<OrMetadata /></Blob>")

@@ -2,7 +2,7 @@
 
 - `checkpoint-commit`: every node of a job saves versioned checkpoints into its node-local
   tier (amlhpc.jobs.runtime.checkpoint.tier, markers and all) in step, each a little late or
-  early; each node's VersionUploader (node 0 leads, the others follow) runs its rounds on
+  early (a synchronous training: no step completes while a node is frozen); each node's VersionUploader (node 0 leads, the others follow) runs its rounds on
   virtual time, as its `_loop` would. Faults drawn from the seed: lost replies and lost
   requests on every write of the commit path (pending records, parts, the manifest, the
   `latest` pointer), 503 storms on the pointer, slow requests, a node partitioned from
@@ -17,7 +17,7 @@ Invariants (an oracle reads the service's state every virtual second, never thro
 - `part-missing`: a part of the version `latest` names is gone, or not what its manifest says;
 - `committed-deleted`: a manifest among the newest `keep` committed ones was deleted;
 - `commits-stuck`: the training stops saving after `train_s`; the run goes on until `latest`
-  names the last version every node saved, for at most `SETTLE_S` more (long enough for every
+  names the last version every node saved, for at most `settle_s` more (long enough for every
   retry budget and backoff the faults can cause): if it does not by then, the uploaders stopped moving.
 """
 
@@ -149,7 +149,7 @@ class CheckpointCommit(Scenario):
     def plan(self, rng: random.Random, size: int | None) -> FaultPlan:
         nodes = size or rng.randint(2, 4)
         self.settings = {"nodes": nodes, "save_s": rng.choice([6.0, 8.0, 10.0]), "interval_s": rng.choice([3.0, 5.0]),
-                         "keep": rng.choice([1, 2, 3]), "skew_s": rng.uniform(0.0, 4.0)}
+                         "keep": rng.choice([1, 2, 3]), "skew_s": rng.uniform(0.0, 4.0), "settle_s": SETTLE_S}
         return _commit_faults(rng, [f"node-{k}" for k in range(nodes)])
 
     def start(self, world: World, root: Path) -> None:
@@ -182,6 +182,8 @@ class CheckpointCommit(Scenario):
             step = 0
             while world.now + s["save_s"] < self.duration_s:
                 world.sim.sleep(s["save_s"] + rng.uniform(0.0, s["skew_s"]))
+                if any(peer.frozen or peer.dead for peer in world.sim.nodes):
+                    continue  # a synchronous training: no step completes while a node is frozen or gone
                 step += 100
                 save_version(checkpoint_dir, rank, step, nodes, tag)
                 done = self._holders.setdefault(step, set())
@@ -206,7 +208,7 @@ class CheckpointCommit(Scenario):
     def finish(self, world: World) -> None:
         world.sim.run_until(lambda: all(t.finished for t in self.trainers), limit_s=2 * self.duration_s)
         last = max(self.held, default=-1)
-        world.sim.run_until(lambda: self.oracle.pointer_step() >= last, limit_s=SETTLE_S)
+        world.sim.run_until(lambda: self.oracle.pointer_step() >= last, limit_s=self.settings["settle_s"])
 
     def check(self, world: World) -> list[Violation]:
         self.oracle.look()
@@ -218,7 +220,7 @@ class CheckpointCommit(Scenario):
                         "committed": len(self.oracle.committed), "settled_at": round(world.now, 1)}
         if last >= 0 and not killed and latest < last:
             errors = [e for u in self.uploaders for e in u.errors]
-            found.append(Violation("commits-stuck", f"`latest` is at step {latest} {SETTLE_S:.0f}s after every node "
+            found.append(Violation("commits-stuck", f"`latest` is at step {latest} {self.settings['settle_s']:.0f}s after every node "
                                                     f"held step {last} (at {self.held[last]:.0f}s); the uploaders' "
                                                     f"last error: {errors[-1] if errors else 'none'}"))
         return found
@@ -232,7 +234,7 @@ class FolderUpload(Scenario):
 
     def plan(self, rng: random.Random, size: int | None) -> FaultPlan:
         self.settings = {"save_s": rng.choice([4.0, 6.0]), "interval_s": rng.choice([3.0, 5.0]),
-                         "keep": rng.choice([1, 2, 3])}
+                         "keep": rng.choice([1, 2, 3]), "settle_s": SETTLE_S}
         return _commit_faults(rng, ["node-0"])
 
     def start(self, world: World, root: Path) -> None:
@@ -274,7 +276,7 @@ class FolderUpload(Scenario):
     def finish(self, world: World) -> None:
         world.sim.run_until(lambda: self.trainer.finished, limit_s=2 * self.duration_s)
         last = self.saved[-1][1] if self.saved else -1
-        world.sim.run_until(lambda: self._uploaded_step() >= last, limit_s=SETTLE_S)
+        world.sim.run_until(lambda: self._uploaded_step() >= last, limit_s=self.settings["settle_s"])
 
     def check(self, world: World) -> list[Violation]:
         self.oracle.look()
@@ -287,7 +289,7 @@ class FolderUpload(Scenario):
         if last >= 0 and not frozen and uploaded < last:
             error = self.uploader.errors[-1] if self.uploader.errors else "none"
             found.append(Violation("commits-stuck", f"the newest committed folder holds step {uploaded} "
-                                                    f"{SETTLE_S:.0f}s after step {last} was saved; the uploader's "
+                                                    f"{self.settings['settle_s']:.0f}s after step {last} was saved; the uploader's "
                                                     f"last error: {error}"))
         return found
 

@@ -16,7 +16,9 @@ modification time is the node's wall clock, as the kernel stamps it.
 Invariants:
 - `hang-missed`: a node gave no verdict within hang_s + 3 x check_s of the hang (or of the
   freeze, for the nodes that still run);
-- `false-hang`: a verdict came while the training progressed, or named a node that progressed.
+- `false-hang`: a verdict came while the training progressed, or named a node that progressed;
+- `heartbeat-missing` (`heartbeats` with `looks` set: N nodes look that many times, nothing
+  frozen - the run the tests make at 1,000 nodes): a node's heartbeat is not in Blob with its progress.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amlhpc.jobs.runtime.coord import nodestatus
 from amlhpc.jobs.runtime.launch import watchdog
 from amlhpc.sim.explore import Scenario, Violation
 from amlhpc.sim.faults import FaultPlan
 from amlhpc.sim.scheduler import Node
-from amlhpc.sim.world import World
+from amlhpc.sim.world import ACCOUNT, World
 
 CONTAINER = "checkpoints"
 PREFIX = "exp/run"
@@ -165,15 +168,18 @@ class Heartbeats(Scenario):
     def plan(self, rng: random.Random, size: int | None) -> FaultPlan:
         nodes = size or rng.choice([4, 8, 16])
         self.settings = {"nodes": nodes, "hang_s": rng.choice([20.0, 30.0]), "step_s": rng.choice([2.0, 5.0]),
-                         "frozen": rng.randrange(nodes), "freeze_at_s": rng.uniform(5.0, 20.0)}
+                         "frozen": rng.randrange(nodes), "freeze_at_s": rng.uniform(5.0, 20.0), "looks": None,
+                         "check_s": None}
         return FaultPlan()
 
     def start(self, world: World, root: Path) -> None:
         s = self.settings
-        settings = watchdog.WatchdogSettings(hang_s=s["hang_s"], check_s=s["hang_s"] / 4)
+        settings = watchdog.WatchdogSettings(hang_s=s["hang_s"], check_s=s["check_s"] or s["hang_s"] / 4)
         self.interval = settings.interval_s
         self.verdicts = Verdicts()
         self.until = s["freeze_at_s"] + s["hang_s"] + 4 * self.interval + 10.0
+        if s["looks"]:  # a few looks of every node, nothing frozen: no verdict, every heartbeat in Blob
+            self.until = s["looks"] * self.interval + 1.0
         world.container(CONTAINER)
         for k in range(s["nodes"]):
             node = world.node(f"node-{k}")
@@ -182,6 +188,8 @@ class Heartbeats(Scenario):
             make = lambda node=node, k=k, folder=folder: _guard(world, node, k, folder, 1, settings, shared=True)  # noqa: E731
             world.spawn(f"train-{k}", _train(world, node, folder, 1, s["step_s"], self.until), node=node)
             world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until), node=node)
+        if s["looks"]:
+            return
         frozen = world.sim.nodes[s["frozen"]]
 
         def freeze() -> None:
@@ -192,8 +200,25 @@ class Heartbeats(Scenario):
     def finish(self, world: World) -> None:
         world.run(self.until + 1.0)
 
+    def _all_beat(self, world: World) -> list[Violation]:
+        """No verdict while every node trains, and every node's heartbeat is in Blob, signed with its progress."""
+        blobs = world.blob.accounts[ACCOUNT].containers[CONTAINER].blobs
+        missing = [k for k in range(self.settings["nodes"])
+                   if (blob := blobs.get(nodestatus.heartbeat_name(PREFIX, RUN_ID, k))) is None
+                   or blob.metadata.get("state") != "training" or not blob.metadata.get("step")]
+        self.metrics = {"verdicts": len(self.verdicts.found), "heartbeats": self.settings["nodes"] - len(missing),
+                        "peak_account_rps": world.blob.accounting.accounts[ACCOUNT].peak}
+        found = [Violation("false-hang", f"{node} judged a hang while every node trained: {verdict.get('message')}")
+                 for node, (_, verdict) in list(self.verdicts.found.items())[:1]]
+        if missing:
+            found.append(Violation("heartbeat-missing", f"{len(missing)} node(s) have no heartbeat with progress in "
+                                                        f"Blob, e.g. node {missing[0]}"))
+        return found
+
     def check(self, world: World) -> list[Violation]:
         s = self.settings
+        if s["looks"]:
+            return self._all_beat(world)
         frozen = f"node-{s['frozen']}"
         late = s["freeze_at_s"] + s["hang_s"] + 3 * self.interval + 10.0
         found = []
