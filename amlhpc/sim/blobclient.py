@@ -171,7 +171,7 @@ class BlobProperties:
     @property
     def metadata(self) -> dict[str, str]:
         if self._metadata is None:
-            self._metadata = dict(self._p["metadata"]) if self._with_metadata else {}
+            self._metadata = self._p["metadata"].copy() if self._with_metadata else {}
         return self._metadata
 
     @property

@@ -43,11 +43,11 @@ def test_every_violation_a_sweep_finds_is_a_known_defect(scenario):
 
 def test_1000_nodes_look_at_each_others_heartbeats_through_blob():
     outcome = run("heartbeats", 1, size=1000, keep_trace=False,
-                  settings={"hang_s": 600.0, "check_s": 10.0, "step_s": 5.0, "looks": 2})
+                  settings={"hang_s": 600.0, "check_s": 10.0, "looks": 1})
     assert outcome.ok, outcome.report(trace=False)
     assert outcome.metrics["heartbeats"] == 1000
-    assert outcome.requests == 4000  # two looks of 1,000 nodes: a heartbeat and one listing each
-    assert outcome.metrics["peak_account_rps"] >= 1000  # each look's 2,000 requests land within a second
+    assert outcome.requests == 2000  # one look of 1,000 nodes: a heartbeat and one listing each
+    assert outcome.metrics["peak_account_rps"] >= 1000  # the look's 2,000 requests land within a second
 
 
 def test_a_seed_replays_exactly_with_its_trace():

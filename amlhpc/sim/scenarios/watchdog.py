@@ -64,12 +64,18 @@ def _guard(world: World, node: Node, index: int, folder: Path, local_size: int, 
                           shared=(world.container(CONTAINER), PREFIX, RUN_ID) if shared else None)
 
 
-def _watch(world: World, node: Node, make: Any, verdicts: Verdicts, until: float):
+def _watch(world: World, node: Node, make: Any, verdicts: Verdicts, until: float, progress: Path | None = None):
+    """The watchdog's looks; with `progress`, the node's one rank reports a step before each look
+    (the training and its watchdog in one task: a run of many nodes with half the threads)."""
     def loop() -> None:
         guard: watchdog.Guard = make()  # made in the node's task: it reads the node's clocks
         assert guard.settings is not None
+        step = 0
         while world.now < until:
             world.sim.sleep(guard.settings.interval_s)
+            if progress is not None:
+                step += 1
+                write_progress(progress, step, step, 1, node.clock.time())
             verdict = guard.check()
             if verdict:
                 verdicts.found[node.name] = (world.now, verdict)
@@ -186,6 +192,10 @@ class Heartbeats(Scenario):
             folder = root / node.name
             folder.mkdir(parents=True)
             make = lambda node=node, k=k, folder=folder: _guard(world, node, k, folder, 1, settings, shared=True)  # noqa: E731
+            if s["looks"]:
+                world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until,
+                                                    watchdog.progress_path(folder, 0)), node=node)
+                continue
             world.spawn(f"train-{k}", _train(world, node, folder, 1, s["step_s"], self.until), node=node)
             world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until), node=node)
         if s["looks"]:
