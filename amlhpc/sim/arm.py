@@ -182,13 +182,13 @@ class _Client:
     def error(reply: Reply) -> HttpResponseError:
         response = _Response(reply, "https://management.azure.com/", content_type="application/json")
         kind = ResourceNotFoundError if reply.status == 404 else HttpResponseError
-        return kind(message=reply.message, response=response)  # type: ignore[arg-type]
+        return kind(message=reply.message, response=response)
 
 
 def _not_found(what: str) -> ResourceNotFoundError:
     reply = Reply(404, "ResourceNotFound", f"{what} was not found.")
     return ResourceNotFoundError(message=reply.message,
-                                 response=_Response(reply, "https://management.azure.com/",  # type: ignore[arg-type]
+                                 response=_Response(reply, "https://management.azure.com/",
                                                     content_type="application/json"))
 
 

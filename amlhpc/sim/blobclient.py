@@ -87,7 +87,7 @@ def storage_error(reply: Reply, url: str) -> HttpResponseError:
                                                                                                          HttpResponseError)
     if reply.status in (304, 412) and reply.code == "ConditionNotMet":
         kind = ResourceModifiedError  # the SDK's process_storage_error: a condition not met, 304 included
-    error = kind(message=f"{reply.message}\nErrorCode:{reply.code}", response=response)  # type: ignore[arg-type]
+    error = kind(message=f"{reply.message}\nErrorCode:{reply.code}", response=response)
     try:
         error.error_code = StorageErrorCode(reply.code)  # type: ignore[attr-defined]
     except ValueError:
@@ -249,7 +249,8 @@ class StorageStreamDownloader:
         first = MAX_SINGLE_GET if length is None else min(length, MAX_SINGLE_GET)
         reply = endpoint.checked("get_blob", blob, offset=offset, length=first, if_match=if_match,
                                  if_none_match=if_none_match, lease_id=lease_id)
-        self.properties = BlobProperties(reply.headers["properties"])  # type: ignore[arg-type]
+        assert reply.props is not None
+        self.properties = BlobProperties(reply.props)
         self._first = reply.value
         total = self.properties.size
         self.size = (total - offset) if length is None else min(length, total - offset)
@@ -268,19 +269,6 @@ class StorageStreamDownloader:
 
     def readall(self) -> bytes:
         return b"".join(self.chunks())
-
-    def content_as_bytes(self, max_concurrency: int = 1) -> bytes:
-        return self.readall()
-
-    def content_as_text(self, max_concurrency: int = 1, encoding: str = "UTF-8") -> str:
-        return self.readall().decode(encoding)
-
-    def readinto(self, stream: Any) -> int:
-        count = 0
-        for chunk in self.chunks():
-            stream.write(chunk)
-            count += len(chunk)
-        return count
 
 
 class BlobLeaseClient:
@@ -341,7 +329,7 @@ class BlobClient:
         if isinstance(data, str):
             data = data.encode(_options.get("encoding", "UTF-8"))
         elif not isinstance(data, bytes | bytearray | memoryview):
-            data = b"".join(data)  # type: ignore[arg-type]
+            data = b"".join(data)
         if_match, if_none_match = conditions(etag, match_condition)
         if not overwrite and if_match is None and if_none_match is None:
             if_none_match = ANY

@@ -70,6 +70,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     value: Any = None
     """What the operation returns (properties, bytes, a listing page, sub-replies)."""
+    props: dict[str, Any] | None = None
+    """Get Blob: the blob's properties, beside its bytes in `value`."""
 
     @property
     def ok(self) -> bool:
@@ -333,10 +335,6 @@ class BlobService:
             blob.uncommitted.clear()
             blob.block_id_length = None if not blob.blocks else blob.block_id_length
 
-    def _gone(self, cont: Container, blob: Blob) -> None:
-        if not blob.committed and not blob.uncommitted:
-            cont.blobs.pop(blob.name, None)
-
     @staticmethod
     def _not_found() -> Reply:
         return Reply(404, "BlobNotFound", "The specified blob does not exist.")
@@ -454,9 +452,7 @@ class BlobService:
             return Reply(416, "InvalidRange", "The range specified is invalid for the current size of the resource.")
         end = blob.size if length is None else min(blob.size, offset + length)
         partial = offset > 0 or length is not None
-        reply = Reply(206 if partial else 200, value=blob.data[offset:end])
-        reply.headers["properties"] = self.properties(container, blob)  # type: ignore[assignment]
-        return reply
+        return Reply(206 if partial else 200, value=blob.data[offset:end], props=self.properties(container, blob))
 
     def get_properties(self, acct: Account, container: str, name: str, *, if_match: str | None = None,
                        if_none_match: str | None = None) -> Reply:

@@ -115,8 +115,11 @@ class FaultPlan:
         (self.requests if isinstance(fault, RequestFault) else self.points).append(fault)  # type: ignore[arg-type]
         return self
 
+    def all(self) -> list[RequestFault | PointFault]:
+        return [*self.requests, *self.points]
+
     def describe(self) -> list[str]:
-        return [f.describe() for f in (*self.requests, *self.points)]
+        return [f.describe() for f in self.all()]
 
     def fired(self) -> int:
-        return sum(f.fired for f in (*self.requests, *self.points))
+        return sum(f.fired for f in self.all())

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from amlhpc.sim.explore import Outcome
 from amlhpc.sim.faults import FaultPlan, RequestFault
+from amlhpc.sim.scenario import Outcome
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class StoreServer:
         if wait > 0:
             sim.sleep(wait)
         if self.down:
-            raise _errors()[1](f"Connection reset by peer (the store's host {self.host.name} is gone)")  # type: ignore[union-attr]
+            raise _errors()[1](f"Connection reset by peer (the store's host {self.host.name} is gone)")
 
     def _reply(self) -> None:
         self.sim.sleep(self.sim.rng.uniform(*self.latency_s) / 2)

@@ -144,10 +144,10 @@ class Connection:
         if not reply.ok:
             return self._error(reply) if not head else Response(reply.status, {"x-ms-error-code": reply.code,
                                                                                 **reply.headers}, b"")
-        props = reply.value if head else reply.headers["properties"]
-        content = props["content"]  # type: ignore[index]
-        headers = {"ETag": props["etag"], "Last-Modified": format_datetime(props["last_modified"], usegmt=True),  # type: ignore[index]
-                   "Content-Length": str(props["size"] if head else len(body)), "x-ms-blob-type": "BlockBlob",  # type: ignore[index]
+        props: dict[str, Any] = reply.value if head else (reply.props or {})
+        content = props["content"]
+        headers = {"ETag": props["etag"], "Last-Modified": format_datetime(props["last_modified"], usegmt=True),
+                   "Content-Length": str(props["size"] if head else len(body)), "x-ms-blob-type": "BlockBlob",
                    "Content-Type": content.get("content_type") or "application/octet-stream"}
         if content.get("content_encoding"):
             headers["Content-Encoding"] = content["content_encoding"]
@@ -155,7 +155,7 @@ class Connection:
             headers["Content-MD5"] = base64.b64encode(bytes(content["content_md5"])).decode()
         if md5 and reply.status == 206:
             headers["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
-        for key, value in (props["metadata"] or {}).items():  # type: ignore[index]
+        for key, value in (props["metadata"] or {}).items():
             headers[f"x-ms-meta-{key}"] = value
         return Response(reply.status, headers, b"" if head else body)
 

@@ -21,11 +21,12 @@ Point faults (amlhpc.sim.faults.PointFault) are armed on the runtime's named fau
 
 from __future__ import annotations
 
+import http.client
 import logging
 import random
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from amlhpc.jobs.runtime.base import faultpoints
 from amlhpc.jobs.runtime.blob import blobio
@@ -152,7 +153,7 @@ class World:
         retry = retry or RetrySettings()
         self.container(container, account=account)
         return Reader(f"https://{account}.blob.core.windows.net/{container}", Anonymous(), retry,
-                      connect=lambda: Connection(self.network, account, retry))
+                      connect=lambda: cast(http.client.HTTPConnection, Connection(self.network, account, retry)))
 
     def spawn(self, name: str, fn: Callable[[], Any], *, node: Node | None = None, delay_s: float = 0.0) -> Task:
         return self.sim.spawn(name, fn, node=node, delay_s=delay_s)

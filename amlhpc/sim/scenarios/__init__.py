@@ -3,7 +3,7 @@ part of the platform on simulated nodes, with the invariants that part must keep
 
 from __future__ import annotations
 
-from amlhpc.sim.explore import Scenario
+from amlhpc.sim.scenario import Scenario
 from amlhpc.sim.scenarios.checkpoints import CheckpointCommit, FolderUpload, PruneRace
 from amlhpc.sim.scenarios.data import Staging, UploadSessions
 from amlhpc.sim.scenarios.managed import Revival

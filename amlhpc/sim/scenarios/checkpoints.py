@@ -32,8 +32,8 @@ from amlhpc.jobs.runtime.checkpoint import tier
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore
 from amlhpc.jobs.runtime.checkpoint.uploader import FolderUploader, VersionUploader
-from amlhpc.sim.explore import Scenario, Violation
 from amlhpc.sim.faults import FaultPlan, PointFault, RequestFault
+from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.world import ACCOUNT, World
 
 CONTAINER = "checkpoints"
@@ -75,7 +75,7 @@ class StreamOracle:
         pointer = self._json(f"{self.stream}/latest")
         if pointer is None:
             return
-        version = pointer.get("version")
+        version = str(pointer.get("version"))
         if not self.committed or self.committed[-1] != version:
             self.committed.append(version)
         manifest = self._json(f"{self.stream}/manifests/{version}.json")

@@ -35,8 +35,8 @@ from amlhpc.jobs.runtime.base.ranks import Ranks
 from amlhpc.jobs.runtime.blob.blobio import RetrySettings
 from amlhpc.jobs.runtime.staging.stager import StageOptions, stage_inputs
 from amlhpc.jobs.runtime.staging.stagespec import StageSpec
-from amlhpc.sim.explore import Scenario, Violation
 from amlhpc.sim.faults import FaultPlan, RequestFault
+from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.world import ACCOUNT, World
 
 DATASETS = "datasets"

@@ -21,8 +21,8 @@ from types import SimpleNamespace
 from amlhpc.jobs.managed.record import Record, RecordStore
 from amlhpc.jobs.managed.revive import AzureControllerLauncher, revive
 from amlhpc.sim.arm import MLClient, SimJob
-from amlhpc.sim.explore import Scenario, Violation
 from amlhpc.sim.faults import FaultPlan, RequestFault
+from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.world import World
 
 SUPERVISION = "supervision"

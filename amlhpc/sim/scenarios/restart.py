@@ -31,8 +31,8 @@ from typing import Any
 
 from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout, NodeBarrier
 from amlhpc.jobs.runtime.launch import restart
-from amlhpc.sim.explore import Scenario, Violation
 from amlhpc.sim.faults import FaultPlan, RequestFault
+from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.scheduler import Node
 from amlhpc.sim.world import World
 
@@ -85,7 +85,6 @@ class RestartAgreement(Scenario):
         s = self.settings
         world.container(CONTAINER)
         self.outcomes: dict[int, NodeOutcome] = {}
-        self.coordinators = []
         for k in range(s["nodes"]):
             node = world.node(f"node-{k}")
             records = restart.NodeRecords(root / node.name / "restart", 0)
@@ -171,13 +170,12 @@ class RestartAgreement(Scenario):
                                for k, v in said.items())
             found.append(Violation("split-decision", f"generation 0 decided differently: {detail}"))
         for k, outcome in self.outcomes.items():
-            d = outcome.decision
-            if d is None or d.result != "restart" or d.source != "local":
+            chosen = outcome.decision
+            if chosen is None or chosen.result != "restart" or chosen.source != "local":
                 continue
-            lacking = [j for j, other in self.outcomes.items()
-                       if not any(v["name"] == d.version for v in self._held(j))]
+            lacking = [j for j in self.outcomes if not any(v["name"] == chosen.version for v in self._held(j))]
             if lacking:
-                found.append(Violation("restored-missing", f"node {k} resumes from {d.version}, which node(s) "
+                found.append(Violation("restored-missing", f"node {k} resumes from {chosen.version}, which node(s) "
                                                            f"{lacking} do not hold"))
                 break
         return found

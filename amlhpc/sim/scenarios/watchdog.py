@@ -32,8 +32,8 @@ from typing import Any
 
 from amlhpc.jobs.runtime.coord import nodestatus
 from amlhpc.jobs.runtime.launch import watchdog
-from amlhpc.sim.explore import Scenario, Violation
 from amlhpc.sim.faults import FaultPlan
+from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.scheduler import Node
 from amlhpc.sim.world import ACCOUNT, World
 
