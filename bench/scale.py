@@ -54,7 +54,7 @@ FLEET_JOBS, FLEET_NODES = 50, 64
 BACKGROUND_RPS = 12_800.0
 """Other jobs' traffic beside a restart: 50 jobs of 64 nodes, ~4 requests/s a node (the steady figure)."""
 COMMIT_HORIZON_S = 60.0
-RESTART_HORIZON_S = 900.0
+RESTART_HORIZON_S = 400.0
 
 
 def _world(seed: int, background: float = 0.0):

@@ -6,7 +6,7 @@
   virtual time, as its `_loop` would. Faults drawn from the seed: lost replies and lost
   requests on every write of the commit path (pending records, parts, the manifest, the
   `latest` pointer), 503 storms on the pointer, slow requests, a node partitioned from
-  storage or frozen at a checkpoint fault point.
+  storage, frozen or killed at a checkpoint fault point (then only the safety invariants apply).
 - `folder-upload`: one node's FolderUploader uploads its checkpoint folder as versions
   (store.upload: commit, then prune) while the training rewrites it; the same faults.
 - `prune-race`: a folder uploader and `python -m amlhpc.jobs.runtime.checkpoint prune` by
@@ -118,7 +118,7 @@ def save_version(checkpoint_dir: Path, rank: int, step: int, world_size: int, ta
 def _commit_faults(rng: random.Random, nodes: list[str]) -> FaultPlan:
     plan = FaultPlan()
     for _ in range(rng.choice([0, 1, 1, 2, 2, 3])):
-        kind = rng.choice(["lost-reply", "lost-reply", "lost-request", "busy", "delay", "partition", "freeze"])
+        kind = rng.choice(["lost-reply", "lost-reply", "lost-request", "busy", "delay", "partition", "freeze", "kill"])
         target = rng.choice(["latest", "manifests/*", "pending/*", "data/*"])
         op = "put_block_list" if target == "data/*" else "put_blob"
         if kind == "busy":
@@ -130,6 +130,12 @@ def _commit_faults(rng: random.Random, nodes: list[str]) -> FaultPlan:
         elif kind == "partition":
             plan.add(RequestFault("partition", node=rng.choice(nodes), nth=rng.randint(5, 60),
                                   duration_s=rng.uniform(5.0, 30.0)))
+        elif kind == "kill":
+            plan.add(PointFault("kill", rng.choice(["checkpoint.pending-written", "checkpoint.block-staged",
+                                                    "checkpoint.part-committed", "checkpoint.verified",
+                                                    "checkpoint.manifest-written", "checkpoint.pointer-written",
+                                                    "checkpoint.prune-decided"]),
+                                node=rng.choice(nodes), nth=rng.randint(1, 3)))
         elif kind == "freeze":
             plan.add(PointFault("freeze", rng.choice(["checkpoint.pending-written", "checkpoint.verified",
                                                       "checkpoint.manifest-written", "checkpoint.parts-recorded"]),
