@@ -1,7 +1,7 @@
 """Scale benchmark: the project's coordination at 8 to 1,000 nodes, in the simulated Azure.
 
-    python -m bench.scale [--nodes 8,64,512,1000] [--seeds 5] [--big-seeds 1] [--sweep 10000]
-                          [--out bench/out] [--update-results]
+    python -m bench.scale [--nodes 8,64,512,1000] [--seeds 5] [--big-seeds 1] [--sweep 1000]
+                          [--sweep-from OLD/scale.json] [--out bench/out] [--update-results]
 
 Every figure comes from the real code running in amlhpc.sim (one process, virtual time, Azure's
 published targets: 20,000 requests/s per account, 500/s per blob, Resource Manager's token
@@ -415,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="seeds per node count up to 64")
     parser.add_argument("--big-seeds", type=int, default=1, help="seeds per node count above 64")
     parser.add_argument("--sweep", type=int, default=0, help="exploration seeds per scenario (0: none)")
+    parser.add_argument("--sweep-from", type=Path, help="take the sweep from an earlier run's scale.json instead")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="protocols to measure")
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--update-results", action="store_true", help="also write the table into bench/RESULTS.md")
@@ -426,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.protocols.split(",")) - set(PROTOCOLS))
     if unknown or any(n < 2 for n in counts):
         parser.error(f"--protocols: choose from {', '.join(PROTOCOLS)}; --nodes: at least 2 each")
+    if args.sweep_from is not None and not args.sweep_from.is_file():
+        parser.error(f"--sweep-from {args.sweep_from}: no such file (an earlier run's scale.json)")
     machine = describe_machine()
     results: dict[str, Any] = {"command": "python -m bench.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
                                "date": time.strftime("%Y-%m-%d %H:%M %Z"), "load_before": loadavg(),
@@ -442,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         results["controllers"] = blob_polling_controllers(0)
         if args.sweep:
             results["sweep"] = sweep(args.sweep)
+        elif args.sweep_from is not None:
+            earlier = json.loads(args.sweep_from.read_text())
+            results["sweep"] = earlier.get("sweep")
+            results["command"] += f" (the sweep from {earlier.get('command')}, {earlier.get('date')})"
     results["load_after"] = loadavg()
     print(write(results, args.out, args.update_results))
     return 0
