@@ -55,7 +55,7 @@ typecheck: bootstrap ## mypy: strict on the fully typed modules, the baseline fo
 UV = $(shell command -v uv 2>/dev/null || echo .bootstrap/bin/uv)
 build: bootstrap ## the release in dist/: wheel, sdist and constraints.txt (the locked versions, for pip)
 	$(UV) build --out-dir dist
-	$(UV) export --frozen --no-dev --no-emit-project --no-hashes --no-header -q -o dist/constraints.txt
+	$(UV) export --frozen --no-dev --all-extras --no-emit-project --no-hashes --no-header -q -o dist/constraints.txt
 
 doctor: env ## check what the first deploy and submit of STACK need (Azure sign-in, Pulumi, providers, roles, quota)
 	$(PY) -m amlhpc doctor --stack $(STACK)

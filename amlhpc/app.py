@@ -1,6 +1,7 @@
 """The console commands the wheel installs.
 
     aml-hpc [--project DIR] infra|jobs|images|doctor ...
+    aml-hpc init [DIR]                                    (a new team project: amlhpc/scaffold/)
     aml-hpc-infra | aml-hpc-jobs | aml-hpc-images ...     (the same apps, one each)
 
 `--project DIR` names the project (the folder with Pulumi.yaml and the stack files);
@@ -70,6 +71,7 @@ def build() -> typer.Typer:
     from amlhpc.images.cli import app as images_app
     from amlhpc.infra.cli import app as infra_app
     from amlhpc.jobs.cli.main import app as jobs_app
+    from amlhpc.scaffold import init_command
 
     app = new_app("aml-hpc: platform-as-code for distributed GPU training on Azure Machine Learning.")
 
@@ -81,12 +83,14 @@ def build() -> typer.Typer:
             help="The project folder (its Pulumi.yaml and Pulumi.<stack>.yaml); default: found from the current "
                  "folder upwards.")] = None,
     ) -> None:
-        """aml-hpc: plan and deploy the platform (infra), run training on it (jobs), build its images (images)."""
+        """aml-hpc: start a team project (init), plan and deploy the platform (infra), run training on it (jobs),
+        build its images (images)."""
 
-    app.add_typer(infra_app, name="infra", help="Plan stacks offline, manage experiment stacks (python -m amlhpc.infra).")
-    app.add_typer(jobs_app, name="jobs", help="Recipes, submission, runs, logs and reports (python -m amlhpc.jobs).")
-    app.add_typer(images_app, name="images", help="Training images: build, list, check (python -m amlhpc.images).")
+    app.add_typer(infra_app, name="infra", help="Plan, preview, deploy and tear down stacks; experiment stacks.")
+    app.add_typer(jobs_app, name="jobs", help="Recipes, submission, rehearsals, runs, logs and reports.")
+    app.add_typer(images_app, name="images", help="Training images: build, list, check.")
     app.command("doctor")(doctor)
+    app.command("init")(init_command)
     return app
 
 
@@ -95,19 +99,29 @@ def main() -> None:
     run(build(), "aml-hpc", argv)
 
 
-def _one(module: str, prog_name: str) -> None:
+ONE_APP = {"aml-hpc-infra": "amlhpc.infra.cli", "aml-hpc-jobs": "amlhpc.jobs.cli.main",
+           "aml-hpc-images": "amlhpc.images.cli"}
+"""The one-app commands and the module whose `app` each runs."""
+
+
+def one_app(prog_name: str) -> typer.Typer:
+    """The typer app behind aml-hpc-infra, aml-hpc-jobs or aml-hpc-images."""
+    app: typer.Typer = __import__(ONE_APP[prog_name], fromlist=["app"]).app
+    return app
+
+
+def _one(prog_name: str) -> None:
     argv = enter_project(sys.argv[1:])
-    app = __import__(f"{module}.cli", fromlist=["app"]).app
-    run(app, prog_name, argv)
+    run(one_app(prog_name), prog_name, argv)
 
 
 def infra_main() -> None:
-    _one("infra", "aml-hpc-infra")
+    _one("aml-hpc-infra")
 
 
 def jobs_main() -> None:
-    _one("jobs", "aml-hpc-jobs")
+    _one("aml-hpc-jobs")
 
 
 def images_main() -> None:
-    _one("images", "aml-hpc-images")
+    _one("aml-hpc-images")

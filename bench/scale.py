@@ -85,14 +85,25 @@ def _hold(root: Path, node: int, nodes: int, step: int) -> Path:
     return folder
 
 
-# --- today's protocol: coordination through Blob polling ------------------------------------------
+# --- the protocol: coordination on the job's own store, Blob for what outlives the job -----------
 
 
-def _watch_failures(world, node, k: int, nodes: int, root: Path, agree_s: float = 300.0, outcome=None,
-                    fail_at: float | None = None, command: bool = True):
-    """The node leader's restart coordinator, and (with `command`) its local rank's training command,
-    which fails at `fail_at` or is stopped when the leader writes the node's stop record (the
-    launcher's stopper polls for it every 0.1 s; here the record's writer wakes it, at the same instant)."""
+def _channel(world, server, k: int, nodes: int):
+    import random
+
+    from amlhpc.jobs.runtime.coord.agree import Channel
+
+    return Channel(server.client(), node=k, nodes=nodes, rng=random.Random(f"{world.seed}:{k}"))
+
+
+def _coordinate(world, server, node, k: int, nodes: int, root: Path, agree_s: float = 300.0, outcome=None,
+                fail_at: float | None = None, command: bool = True):
+    """The node leader's restart coordinator (its generation's keys on the job's store), and (with
+    `command`) its local rank's training command, which fails at `fail_at` or is stopped when the
+    leader writes the node's stop record (the launcher's stopper polls for it every 0.1 s; here the
+    record's writer wakes it, at the same instant)."""
+    import random
+
     from amlhpc.jobs.runtime.launch import restart
 
     waiting: list = []
@@ -114,13 +125,14 @@ def _watch_failures(world, node, k: int, nodes: int, root: Path, agree_s: float 
             records.record_exit(0, 1, "exit", "exit 1")
 
     def coordinate() -> None:
-        shared = restart.JobRecords(world.container(CONTAINER), PREFIX, "job", 0)
+        shared = restart.JobAgreement(_channel(world, server, k, nodes), 0)
         hooks = restart.Hooks(report=lambda: {"versions": [{"name": "step-000000100", "step": 100, "tag": "t"}],
                                               "folder_files": False}, apply=lambda decision: decision)
         coordinator = restart.Coordinator(generation=0, node=k, nodes=nodes, local_size=1, records=records,
-                                          shared=shared, limit=3, agree_s=agree_s, hooks=hooks)
+                                          shared=shared, limit=3, agree_s=agree_s, hooks=hooks,
+                                          rng=random.Random(f"{world.seed}:c{k}"))
         try:
-            decision = coordinator.watch()
+            decision = coordinator.run()
             said = (decision.result, decision.version)
         except Exception as exc:  # noqa: BLE001 - the node then ends without a decision
             said = ("error", type(exc).__name__)
@@ -131,14 +143,17 @@ def _watch_failures(world, node, k: int, nodes: int, root: Path, agree_s: float 
     world.spawn(f"coordinator-{k}", coordinate, node=node)
 
 
-def _uploader(world, node, k: int, nodes: int, folder: Path, lead_at: float | None = None):
+def _uploader(world, server, node, k: int, nodes: int, folder: Path, lead_at: float | None = None):
     from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore
     from amlhpc.jobs.runtime.checkpoint.uploader import VersionUploader
 
     store = CheckpointStore(world.container(CONTAINER), f"{PREFIX}/versions", node=k, workers=2, blocks_in_flight=2)
-    uploader = VersionUploader(store, folder, [k], k, nodes, 600.0, 3, 2)
+    uploader = VersionUploader(store, folder, [k], k, nodes, 600.0, 3, 2,
+                               channel=_channel(world, server, k, nodes).scoped("ckpt", "u0"))
 
     def loop() -> None:
+        if k == 0:
+            uploader._announce(lead=None, committed=None)
         led = False
         while True:
             world.sim.sleep(uploader.poll_s)
@@ -148,71 +163,90 @@ def _uploader(world, node, k: int, nodes: int, folder: Path, lead_at: float | No
     world.spawn(f"upload-{k}", loop, node=node)
 
 
-def _heartbeats(world, node, k: int, folder: Path, check_s: float = 60.0):
+def _heartbeats(world, node, k: int, nodes: int, folder: Path, check_s: float = 60.0):
+    """The node's watchdog as its launcher runs it: a heartbeat and one listing of the peers' per look,
+    looks paced with the node count (Guard.look_s)."""
     from amlhpc.jobs.runtime.launch import watchdog
     from amlhpc.sim.scenarios.watchdog import write_progress
 
     def loop() -> None:
+        folder.mkdir(parents=True, exist_ok=True)
         write_progress(watchdog.progress_path(folder, 0), 1, 1, 1, node.clock.time())
         guard = watchdog.Guard(settings=watchdog.WatchdogSettings(hang_s=1200.0, check_s=check_s), node=k,
                                local_rank=0, local_size=1, folder=folder, child_pid=-1, term_grace_s=5.0,
-                               shared=(world.container(CONTAINER), PREFIX, "job"))
-        world.sim.sleep(world.sim.rng.uniform(0.0, check_s))
+                               shared=(world.container(CONTAINER), PREFIX, "job"), nodes=nodes)
+        world.sim.sleep(world.sim.rng.uniform(0.0, guard.look_s))
         while True:
             guard.check()
-            world.sim.sleep(check_s)
+            world.sim.sleep(guard.look_s)
     world.spawn(f"watchdog-{k}", loop, node=node)
 
 
-def blob_polling_steady(n: int, seed: int, root: Path) -> dict[str, Any]:
+def _store_rates(server, window_s: float, nodes: int, before: int = 0) -> dict[str, Any]:
+    """The store's busiest second, and its operations per node per second over the window
+    (`before`: the operations served before the window)."""
+    return {"store_ops_peak_per_s": server.served.peak,
+            "store_ops_per_node_s": round((server.served.total - before) / window_s / nodes, 3)}
+
+
+def job_store_steady(n: int, seed: int, root: Path, window_s: float = 8.0, check_s: float = 5.0) -> dict[str, Any]:
+    """A job training with nothing happening: every node's restart coordinator, version uploader
+    and watchdog poll as they do; `window_s` virtual seconds after a warm-up of 2."""
     with _world(seed) as world:
         world.container(CONTAINER)
-        for k in range(n):
-            node = world.node(f"node-{k}")
+        nodes = [world.node(f"node-{k}") for k in range(n)]
+        server = world.jobstore(nodes[0])
+        for k, node in enumerate(nodes):
             folder = _hold(root, k, n, 100)
-            _watch_failures(world, node, k, n, root, command=False)
-            _uploader(world, node, k, n, folder)
-            _heartbeats(world, node, k, folder / "progress")
-        world.run(6.0)
-        return _peaks(world, start_s=2.0)
+            _coordinate(world, server, node, k, n, root, command=False)
+            _uploader(world, server, node, k, n, folder)
+            _heartbeats(world, node, k, n, folder / "progress", check_s)
+        world.run(2.0)
+        ops_before, requests_before = server.served.total, world.blob.accounting.total()
+        world.run(2.0 + window_s)
+        return {**_peaks(world, start_s=2.0), **_store_rates(server, window_s, n, ops_before),
+                "blob_requests_per_node_s": round((world.blob.accounting.total() - requests_before) / window_s / n, 3)}
 
 
-def blob_polling_commit(n: int, seed: int, root: Path) -> dict[str, Any]:
+def job_store_commit(n: int, seed: int, root: Path) -> dict[str, Any]:
     from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
     from amlhpc.sim.world import ACCOUNT
 
     with _world(seed) as world:
         world.container(CONTAINER)
         blobs = world.blob.accounts[ACCOUNT].containers[CONTAINER].blobs
-        for k in range(n):
-            node = world.node(f"node-{k}")
-            _uploader(world, node, k, n, _hold(root, k, n, 100), lead_at=1.0)
+        nodes = [world.node(f"node-{k}") for k in range(n)]
+        server = world.jobstore(nodes[0])
+        for k, node in enumerate(nodes):
+            _uploader(world, server, node, k, n, _hold(root, k, n, 100), lead_at=1.0)
 
         def committed() -> bool:
             blob = blobs.get(f"{PREFIX}/versions/latest")
             return blob is not None and sequence_of(json.loads(blob.data)["version"]) == 100
         world.sim.run_until(committed, limit_s=COMMIT_HORIZON_S)
         done = committed()
-        return {**_peaks(world), "commit_s": round(world.now - 1.0, 1) if done else None,
-                "horizon_s": COMMIT_HORIZON_S}
+        return {**_peaks(world), **_store_rates(server, max(world.now, 1.0), n),
+                "commit_s": round(world.now - 1.0, 1) if done else None, "horizon_s": COMMIT_HORIZON_S}
 
 
-def blob_polling_restart(n: int, seed: int, root: Path, background: float = 0.0) -> dict[str, Any]:
+def job_store_restart(n: int, seed: int, root: Path, background: float = 0.0) -> dict[str, Any]:
     with _world(seed, background) as world:
         world.container(CONTAINER)
         outcome: dict[int, tuple[tuple[str, Any], float]] = {}
         fail_at = 1.0
-        for k in range(n):
-            node = world.node(f"node-{k}")
-            _watch_failures(world, node, k, n, root, outcome=outcome, fail_at=fail_at if k == n // 2 else None)
+        nodes = [world.node(f"node-{k}") for k in range(n)]
+        server = world.jobstore(nodes[0])
+        for k, node in enumerate(nodes):
+            _coordinate(world, server, node, k, n, root, outcome=outcome, fail_at=fail_at if k == n // 2 else None)
         world.sim.run_until(lambda: len(outcome) == n, limit_s=RESTART_HORIZON_S)
         said = Counter(str(v[0]) for v in outcome.values())
         decided = len(outcome) == n
-        return {**_peaks(world), "agree_s": round(max(t for _, t in outcome.values()) - fail_at, 1) if decided else None,
+        return {**_peaks(world), **_store_rates(server, max(world.now, 1.0), n),
+                "agree_s": round(max(t for _, t in outcome.values()) - fail_at, 1) if decided else None,
                 "decisions": dict(said), "split": len(said) > 1, "horizon_s": RESTART_HORIZON_S}
 
 
-def blob_polling_listing(n: int, seed: int, root: Path, files: int = 20_000) -> dict[str, Any]:
+def job_store_listing(n: int, seed: int, root: Path, files: int = 20_000) -> dict[str, Any]:
     from amlhpc.jobs.runtime.staging.stager import list_entries
     from amlhpc.jobs.runtime.staging.stagespec import StageSpec
     from amlhpc.sim.world import ACCOUNT
@@ -229,7 +263,7 @@ def blob_polling_listing(n: int, seed: int, root: Path, files: int = 20_000) -> 
     return {"files": len(entries), "pages_per_node": pages, "pages_per_job": pages * n}
 
 
-def blob_polling_controllers(seed: int, jobs: int = FLEET_JOBS, minutes: float = 10.0) -> dict[str, Any]:
+def controllers(seed: int, jobs: int = FLEET_JOBS, minutes: float = 10.0) -> dict[str, Any]:
     from amlhpc.jobs.managed.azureml import AzureJobService
     from amlhpc.jobs.managed.policy import Policy
     from amlhpc.sim.arm import MLClient
@@ -258,8 +292,8 @@ def blob_polling_controllers(seed: int, jobs: int = FLEET_JOBS, minutes: float =
 
 
 PROTOCOLS: dict[str, dict[str, Callable[..., dict[str, Any]]]] = {
-    "blob-polling": {"steady": blob_polling_steady, "commit": blob_polling_commit, "restart": blob_polling_restart,
-                     "listing": blob_polling_listing},
+    "job-store": {"steady": job_store_steady, "commit": job_store_commit, "restart": job_store_restart,
+                  "listing": job_store_listing},
 }
 """Coordination protocols under test: one function per measurement (a new protocol adds its own)."""
 
@@ -442,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         if fleet_row is not None:
             per_job = fleet_row["summary"]["steady_account_rps"]["median"]
             results["fleet"] = {"per_job": per_job, "account_rps": per_job * FLEET_JOBS}
-        results["controllers"] = blob_polling_controllers(0)
+        results["controllers"] = controllers(0)
         if args.sweep:
             results["sweep"] = sweep(args.sweep)
         elif args.sweep_from is not None:

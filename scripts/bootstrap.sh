@@ -57,7 +57,7 @@ stamp=.venv/.aml-hpc-synced-$profile
 if [[ ! -f $stamp || uv.lock -nt $stamp || pyproject.toml -nt $stamp ]]; then
   if [[ $profile == test ]]; then groups=(--all-groups); else groups=(--no-default-groups); fi
   log "syncing .venv from uv.lock (${profile}: ${groups[*]}; a first install downloads ~1 GB)"
-  "$UV" sync --frozen --inexact "${groups[@]}"
+  "$UV" sync --frozen --inexact --extra report "${groups[@]}"
   took
   touch "$stamp"
   [[ $profile == test ]] && touch .venv/.aml-hpc-synced-demo  # the test environment holds the demo's

@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# Preview, deploy or tear down one stack with the Pulumi CLI (behind `make preview|up|down`).
+# Preview, deploy or tear down one stack with the Pulumi CLI (behind `make preview|up|down` in a
+# clone and `aml-hpc infra preview|up|down STACK` when installed: the wheel carries this file).
 #
 #   scripts/pulumi-stack.sh preview|up|down STACK [-- extra pulumi arguments]
+#
+# - Where: the project folder (its Pulumi.yaml and stack files) is AMLHPC_PROJECT, else the
+#   clone this script sits in. The program and the policy pack run with AMLHPC_PYTHON (the
+#   installed tool's interpreter; default the clone's .venv/bin/python), passed to Pulumi as
+#   PULUMI_PYTHON_CMD; the pack is AMLHPC_POLICY_PACK (default amlhpc/infra/policy/pack).
+#   AMLHPC_TOOL (set by the installed command: `aml-hpc infra`) makes the hints name its
+#   commands instead of make targets.
 #
 # - One state container and one passphrase per environment: an experiment's state lives with
 #   its environment's (aml-hpc:environment). State: PULUMI_BACKEND_URL as given; else, with
@@ -44,9 +52,10 @@
 #
 # Exit status: 0 done, 2 bad usage or input, 127 the pulumi CLI is missing, else pulumi's.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "${AMLHPC_PROJECT:-$(dirname "$0")/..}"
 
-POLICY_PACK=amlhpc/infra/policy/pack
+POLICY_PACK=${AMLHPC_POLICY_PACK:-amlhpc/infra/policy/pack}
+PYTHON=${AMLHPC_PYTHON:-.venv/bin/python}
 EXPERIMENT_PREFIX=exp-
 
 die() {  # message [fix] [status]
@@ -55,9 +64,17 @@ die() {  # message [fix] [status]
   exit "${3:-2}"
 }
 
+hint() {  # ACTION STACK [confirm]: the command that runs it, as this user runs aml-hpc
+  if [[ -n ${AMLHPC_TOOL:-} ]]; then
+    printf '%s %s %s%s' "$AMLHPC_TOOL" "$1" "$2" "${3:+ --confirm $2}"
+  else
+    printf 'make %s STACK=%s%s' "$1" "$2" "${3:+ CONFIRM=$2}"
+  fi
+}
+
 usage() {
   die "usage: scripts/pulumi-stack.sh preview|up|down STACK [-- pulumi arguments]" \
-      "e.g. make preview STACK=dev, make up STACK=exp-bert, make down STACK=exp-bert"
+      "e.g. $(hint preview dev), $(hint up exp-bert), $(hint down exp-bert)"
 }
 
 (( $# >= 2 )) || usage
@@ -76,7 +93,8 @@ if [[ ! $stack =~ ^[a-z0-9][a-z0-9-]*$ ]]; then
 fi
 if [[ ! -f Pulumi.$stack.yaml ]]; then
   known=$(find . -maxdepth 1 -name 'Pulumi.*.yaml' | sed 's#^\./Pulumi\.##; s#\.yaml$##' | sort | paste -sd ' ' -)
-  die "no stack file Pulumi.$stack.yaml" "stacks here: ${known:-none}; create an experiment with: make new-experiment NAME=<name> ENV=dev DAYS=7"
+  if [[ -n ${AMLHPC_TOOL:-} ]]; then new="$AMLHPC_TOOL new-experiment <name> --env dev --days 7"; else new="make new-experiment NAME=<name> ENV=dev DAYS=7"; fi
+  die "no stack file Pulumi.$stack.yaml" "stacks here: ${known:-none}; create an experiment with: $new"
 fi
 
 kind=environment
@@ -84,7 +102,7 @@ kind=environment
 
 if [[ $action == down && $kind == environment && ${CONFIRM:-} != "$stack" ]]; then
   die "refusing to destroy environment stack '$stack': it holds the workspace, registry and data access for everyone" \
-      "if you really mean it: make down STACK=$stack CONFIRM=$stack (protected dataset storage is kept either way)"
+      "if you really mean it: $(hint down "$stack" confirm) (protected dataset storage is kept either way)"
 fi
 
 stack_environment() {  # the environment a stack belongs to: itself, or an experiment's aml-hpc:environment
@@ -132,9 +150,15 @@ if [[ -z ${PULUMI_CONFIG_PASSPHRASE+set} && -z ${PULUMI_CONFIG_PASSPHRASE_FILE:-
       "export PULUMI_CONFIG_PASSPHRASE=... (keep it in your password manager; one per environment) or PULUMI_CONFIG_PASSPHRASE_FILE=<path>"
 fi
 
-if [[ ! -x .venv/bin/python ]]; then
+if [[ ! -x $PYTHON ]]; then
+  [[ -z ${AMLHPC_PYTHON:-} ]] || die "AMLHPC_PYTHON=$PYTHON is not a Python interpreter; Pulumi runs the program with it" \
+    "point it at the interpreter aml-hpc is installed in"
   die "the project's virtual environment (.venv) is missing; Pulumi runs the program in it" "make bootstrap"
 fi
+# The interpreter Pulumi runs the program and the policy pack with (neither names a virtualenv
+# Pulumi would look for: a project outside this repository has none).
+export PULUMI_PYTHON_CMD
+PULUMI_PYTHON_CMD=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")
 
 export PULUMI_BACKEND_URL=${PULUMI_BACKEND_URL:-file://$PWD/.pulumi-state}
 export PULUMI_SKIP_UPDATE_CHECK=true
@@ -161,7 +185,7 @@ subscription_id() {
 
 plan_adoption() {  # WORK SUBSCRIPTION: export the state to WORK/state.json, the import plan to WORK/import.json; print its count
   pulumi stack export --stack "$stack" --file "$1/state.json"
-  .venv/bin/python -m amlhpc.infra.adopt import-file --stack "$stack" --state "$1/state.json" \
+  "$PYTHON" -m amlhpc.infra.adopt import-file --stack "$stack" --state "$1/state.json" \
     --subscription "$2" --out "$1/import.json"
 }
 
@@ -211,7 +235,7 @@ select_existing() {  # pulumi stack select without --create; exit 2 when the bac
   if ! err=$(pulumi stack select "$stack" 2>&1); then
     if grep -qi "no stack named" <<<"$err"; then
       die "stack '$stack' is not on the backend ${PULUMI_BACKEND_URL%%\?*}, and STACK_MUST_EXIST=1 forbids creating it here" \
-          "create it once from a clone: make preview STACK=$stack, then commit what it writes into Pulumi.$stack.yaml (encryptionsalt; nameSuffix for an environment)"
+          "create it once from a working copy: $(hint preview "$stack"), then commit what it writes into Pulumi.$stack.yaml (encryptionsalt; nameSuffix for an environment)"
     fi
     printf '%s\n' "$err" >&2
     exit 1
@@ -227,7 +251,7 @@ up_with_rbac_retries() {  # pulumi up, again after a wait when a fresh grant was
     status=${PIPESTATUS[0]}
     set -e
     (( status == 0 )) && break
-    if (( attempt >= attempts )) || ! code=$(.venv/bin/python -m amlhpc.infra.adopt propagation --log "$log"); then
+    if (( attempt >= attempts )) || ! code=$("$PYTHON" -m amlhpc.infra.adopt propagation --log "$log"); then
       rm -f "$log"
       exit "$status"
     fi
@@ -245,7 +269,7 @@ case $action in
       select_existing  # and no suffix written: `pulumi up` refuses a stack file without one
     else
       if [[ $kind == environment ]]; then
-        .venv/bin/python -m amlhpc.infra.adopt suffix --stack "$stack" >/dev/null
+        "$PYTHON" -m amlhpc.infra.adopt suffix --stack "$stack" >/dev/null
       fi
       pulumi stack select --create --secrets-provider passphrase "$stack"
     fi
@@ -279,7 +303,7 @@ case $action in
       # stack; retained ones (data, workspace, Key Vault, registries) stay in Azure and are
       # adopted again by the next `up`.
       pulumi destroy --stack "$stack" --refresh --yes --non-interactive --exclude-protected "$@"
-      printf 'pulumi-stack: destroyed %s except protected and retained resources; the stack stays on the backend; make up STACK=%s adopts them again\n' "$stack" "$stack" >&2
+      printf 'pulumi-stack: destroyed %s except protected and retained resources; the stack stays on the backend; %s adopts them again\n' "$stack" "$(hint up "$stack")" >&2
     fi
     ;;
 esac

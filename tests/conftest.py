@@ -34,3 +34,19 @@ def container(blob_service, request):
     client = blob_service.create_container(name)
     yield client
     client.delete_container()
+
+
+UNPRICED_SIZE = "Standard_ND96isr_H200_v5"
+"""A size the unpriced-size tests strip of its catalog price: every size AmlCompute runs is
+priced in the catalog, and a region or a newer size without a reference price still happens."""
+
+
+@pytest.fixture
+def unpriced_size(monkeypatch) -> str:
+    """The catalog as it would read without a reference price for UNPRICED_SIZE."""
+    import dataclasses
+
+    from amlhpc.core import skus
+
+    monkeypatch.setitem(skus._catalog, UNPRICED_SIZE, dataclasses.replace(skus.get(UNPRICED_SIZE), price=None))
+    return UNPRICED_SIZE

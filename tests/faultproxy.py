@@ -8,7 +8,11 @@ For each request it may, at random (seeded):
 - forward the request and flip one byte of the body (`corrupt`), as a faulty NIC or
   proxy would, to show that verification catches it;
 - forward the request and drip the body (`drip`): all headers, then one byte every
-  `drip_interval_s`, forever, as a stuck server does; only a deadline ends it.
+  `drip_interval_s`, forever, as a stuck server does; only a deadline ends it;
+- forward the request, let the service apply it, and drop the reply (`lost`): the write
+  happened, the client saw a reset and retries, and the retry's answer (409, 412, 404) is
+  about its own first try. At random (`lost`) or for the requests a rule picks (`lose`:
+  `lose(method, path) -> bool`, e.g. "the PUT of the `latest` pointer"), once per request.
 
 Busy answers carry `Retry-After: <busy_retry_after>` when that is set, and `events`
 records (time, method, path, choice) for every request, so a test can check when the
@@ -33,6 +37,7 @@ import socketserver
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _BUSY_BODY = (b'<?xml version="1.0" encoding="utf-8"?><Error><Code>ServerBusy</Code>'
@@ -47,6 +52,9 @@ class FaultPlan:
     truncate: float = 0.0
     corrupt: float = 0.0
     drip: float = 0.0
+    lost: float = 0.0
+    lose: Callable[[str, str], bool] | None = None
+    """Picks requests whose reply is lost after the service applied them (each once)."""
     drip_interval_s: float = 0.5
     busy_retry_after: int | None = None
     max_faults: int = 1000
@@ -62,7 +70,7 @@ class FaultPlan:
         self._rng = random.Random(self.seed)
 
     def choose(self, method: str, path: str, headers: dict[str, str]) -> str:
-        """'drop', 'busy', 'truncate', 'corrupt', 'drip' or 'pass' for this request."""
+        """'drop', 'busy', 'truncate', 'corrupt', 'drip', 'lost' or 'pass' for this request."""
         choice = self._choose(method, path, headers)
         with self._lock:
             self.events.append((time.monotonic(), method, path.split("?", 1)[0], choice))
@@ -70,18 +78,24 @@ class FaultPlan:
 
     def _choose(self, method: str, path: str, headers: dict[str, str]) -> str:
         key = (method, path, headers.get("x-ms-range") or headers.get("range") or "")
-        kinds = ("drop", "busy", "truncate", "corrupt", "drip")
+        kinds = ("drop", "busy", "truncate", "corrupt", "drip", "lost")
         with self._lock:
             self.counts["requests"] += 1
             if sum(self.counts[k] for k in kinds) >= self.max_faults:
                 return "pass"
             if self._per_request[key] >= self.max_per_request:
                 return "pass"
+            if self.lose is not None and self.lose(method, path) and not self._per_request[("lost", *key)]:
+                self._per_request[("lost", *key)] += 1
+                self._per_request[key] += 1
+                self.counts["lost"] += 1
+                return "lost"
             roll = self._rng.random()
             blob_read = method == "GET" and "comp=" not in path and "restype=" not in path
             choice = "pass"
             edge = 0.0
-            for kind, chance in zip(kinds, (self.drop, self.busy, self.truncate, self.corrupt, self.drip), strict=True):
+            chances = (self.drop, self.busy, self.truncate, self.corrupt, self.drip, self.lost)
+            for kind, chance in zip(kinds, chances, strict=True):
                 edge += chance
                 if roll < edge:
                     if kind in ("truncate", "corrupt", "drip") and not blob_read and self.truncate_only_blob_reads:
@@ -163,12 +177,17 @@ class _Handler(socketserver.StreamRequestHandler):
                 upstream.request(method, target, body=body or None, headers=headers)
                 response = upstream.getresponse()
                 payload = response.read()
+                if choice == "lost":  # applied upstream; the client never hears of it
+                    self._abort()
+                    return
                 head = [f"HTTP/1.1 {response.status} {response.reason}"]
                 for name, value in response.getheaders():
-                    if name.lower() in ("transfer-encoding", "content-length", "connection"):
-                        continue
+                    if name.lower() in ("transfer-encoding", "connection") or (
+                            name.lower() == "content-length" and method != "HEAD"):
+                        continue  # a HEAD's Content-Length is the blob's size: passed on as it is
                     head.append(f"{name}: {value}")
-                head.append(f"Content-Length: {len(payload)}")
+                if method != "HEAD":
+                    head.append(f"Content-Length: {len(payload)}")
                 if choice == "corrupt" and payload:
                     flipped = bytearray(payload)
                     flipped[self.server.plan.cut(len(payload))] ^= 0x10

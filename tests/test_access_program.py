@@ -110,11 +110,12 @@ class TestCustomRoles:
     def test_definitions_are_the_models_and_assignable_in_the_environments_only(self, access):
         resources, _ = access
         definitions = {r.name.removeprefix("role-"): r.inputs for r in of_type(resources, "azure-native:authorization:RoleDefinition")}
-        assert set(definitions) == {role.key for role in MODEL.custom_roles()} == {"controller", "teardown", "lock-writer"}
+        assert set(definitions) == {role.key for role in MODEL.custom_roles()} == {"controller", "teardown", "lock-writer", "submitter"}
         for key, inputs in definitions.items():
             role = MODEL.role(key)
             assert inputs["roleDefinitionId"] == role.guid_in(FAKE_SUBSCRIPTION)
-            assert inputs["permissions"] == [{"actions": list(role.actions), "dataActions": [], "notActions": []}]
+            assert inputs["permissions"] == [{"actions": list(role.actions), "dataActions": list(role.data_actions),
+                                              "notActions": list(role.not_actions)}]
             assert sorted(s.rsplit("/", 1)[-1] for s in inputs["assignableScopes"]) == ["rg-amlhpc-dev", "rg-amlhpc-prod"]
             assert FAKE_SUBSCRIPTION in inputs["roleName"]  # one per subscription: names are unique per tenant
 

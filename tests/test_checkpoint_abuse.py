@@ -174,3 +174,114 @@ class TestPicklePayloads:
         assert trainer["step"] == 7 and trainer["same_world"]
         assert torch.equal(target["model"]["weight"], model.state_dict()["weight"])
         assert target["note"] == {"lr": 0.1, "tags": ["a"]}
+
+
+def _text(value: str) -> bytes:
+    """SHORT_BINUNICODE: a string on the pickle stack."""
+    data = value.encode()
+    return b"\x8c" + bytes([len(data)]) + data
+
+
+def _global(module: str, name: str) -> bytes:
+    return _text(module) + _text(name) + b"\x93"  # STACK_GLOBAL
+
+
+def _set_attribute(target: bytes, attribute: str, value: bytes) -> bytes:
+    """Protocol 4: `target`, then BUILD with (None, {attribute: value}): pickle's BUILD calls
+    setattr(target, attribute, value) for the second half of such a state."""
+    return b"\x80\x04" + target + b"N}" + _text(attribute) + value + b"s\x86b."
+
+
+_META = "torch.distributed.checkpoint.metadata"
+FORGED_METADATA = {
+    # the four a red team had accepted by the find_class-only unpickler, each patching the process
+    "PosixPath.__fspath__": _set_attribute(_global("pathlib", "PosixPath"), "__fspath__",
+                                           _global("torch.serialization", "_get_layout")),
+    "Metadata.version": _set_attribute(_global(_META, "Metadata"), "version", _text("forged")),
+    "_get_layout.cache": _set_attribute(_global("torch.serialization", "_get_layout"), "cache",
+                                        b"}" + _text("torch.strided") + _text("forged") + b"s"),
+    "PurePosixPath.__truediv__": _set_attribute(_global("pathlib", "PurePosixPath"), "__truediv__",
+                                                _global("pathlib", "PosixPath")),
+    # a fresh record with an attribute no DCP record has
+    "Metadata.__class__": b"\x80\x04" + _global(_META, "Metadata") + b")\x81}" + _text("__class__")
+                          + _global("pathlib", "PosixPath") + b"sb.",
+    # an allow-listed class called with arguments, an instance of a class that is no record
+    "Metadata(...)": b"\x80\x04" + _global(_META, "Metadata") + _text("x") + b"\x85R.",
+    "PosixPath.__new__": b"\x80\x04" + _global("pathlib", "PosixPath") + b")\x81.",
+    "os.system": b"\x80\x04" + _global("os", "system") + _text("true") + b"\x85R.",
+}
+
+
+def _fingerprint():
+    """What a forged file could patch: the allow-listed classes and functions and layout cache."""
+    import pathlib
+
+    import torch.serialization
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    targets = [pathlib.PosixPath, pathlib.PurePosixPath, pathlib.PurePath, pathlib.Path, torch.Size,
+               torch.serialization._get_layout, filesystem._StorageInfo, metadata._MEM_FORMAT_ENCODING,
+               *(getattr(metadata, n) for n in ("Metadata", "TensorStorageMetadata", "ChunkStorageMetadata",
+                                                 "BytesStorageMetadata", "TensorProperties", "MetadataIndex",
+                                                 "StorageMeta"))]
+    return {t: dict(vars(t)) for t in targets}, dict(torch.serialization._get_layout.cache)
+
+
+def _same(a, b) -> bool:
+    """Two fingerprints hold the very same objects (identity, not equality)."""
+    return (a[1] == b[1] and a[0].keys() == b[0].keys()
+            and all({k: id(v) for k, v in a[0][t].items()} == {k: id(v) for k, v in b[0][t].items()} for t in a[0]))
+
+
+class TestForgedMetadataBuild:
+    """BUILD as pickle defines it sets attributes on whatever the stack holds; DCP metadata is read by
+    an unpickler that fills only records it just made, with their own fields."""
+
+    @pytest.mark.parametrize("name", sorted(FORGED_METADATA))
+    def test_forged_metadata_is_refused_and_leaves_no_trace(self, tmp_path, name):
+        pytest.importorskip("torch")
+        from amlhpc.jobs.runtime.checkpoint import safeload
+
+        path = tmp_path / ".metadata"
+        path.write_bytes(FORGED_METADATA[name])
+        before = _fingerprint()
+        try:
+            with pytest.raises(UnsafeCheckpoint) as info:
+                safeload.read_metadata(path)
+            assert "nothing in it was run or changed" in str(info.value)
+            assert _same(_fingerprint(), before), f"{name}: the forged file changed the process"
+        finally:
+            _undo(before)
+
+    def test_each_opcode_outside_metadata_is_named(self, tmp_path):
+        pytest.importorskip("torch")
+        from amlhpc.jobs.runtime.checkpoint import safeload
+
+        path = tmp_path / ".metadata"
+        path.write_bytes(b"\x80\x04" + _global("os", "getcwd") + b")R.")
+        with pytest.raises(UnsafeCheckpoint, match="refers to os.getcwd"):
+            safeload.read_metadata(path)
+        path.write_bytes(b"\x80\x04" + b"\x82\x01.")  # EXT1: the copyreg extension registry
+        with pytest.raises(UnsafeCheckpoint, match="uses the pickle opcode EXT1"):
+            safeload.read_metadata(path)
+
+
+def _undo(before) -> None:
+    """Put back whatever a regression let a forged file patch, so later tests run in a sound process."""
+    import torch.serialization
+
+    state, cache = before
+    for target, saved in state.items():
+        for key in set(vars(target)) - set(saved):
+            try:
+                delattr(target, key)
+            except (AttributeError, TypeError):
+                pass
+        for key, value in saved.items():
+            if vars(target).get(key) is not value:
+                try:
+                    setattr(target, key, value)
+                except (AttributeError, TypeError):
+                    pass
+    torch.serialization._get_layout.cache.clear()
+    torch.serialization._get_layout.cache.update(cache)

@@ -73,25 +73,59 @@ class TestBackgroundWriter:
         assert torch.equal(target["w"], torch.arange(1_000_000, dtype=torch.float32))
         assert stall >= 0 and writer.saved == [1]
 
-    def test_the_next_save_reuses_the_buffers_and_keeps_each_state(self, tmp_path):
-        """The second save copies into the first one's CPU buffers (no new allocation) only after
-        the first write is done: both versions hold their own step's values."""
+    def test_the_next_save_reuses_the_buffers_and_keeps_each_state(self, tmp_path, monkeypatch):
+        """torch's stager copies the second save into the first one's CPU buffers (no new
+        allocation) only after the first write is done: both versions hold their own values."""
         torch = pytest.importorskip("torch")
+        from amlhpc.jobs.runtime.checkpoint import versioned
         from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
 
+        written = []
+        real_write = versioned.Checkpointer._write
+
+        def spy(self, version_dir, step, state, trainer):
+            written.append(state["w"].data_ptr())
+            real_write(self, version_dir, step, state, trainer)
+
+        monkeypatch.setattr(versioned.Checkpointer, "_write", spy)
         weight = torch.ones(100_000)
-        writer = Checkpointer(tmp_path, 0, 1, "t0")
+        writer = Checkpointer(tmp_path, 0, 1, "t0", writers=2)
         writer.save(1, {"w": weight}, {"step": 1})
-        buffer = writer._buffers[("w",)]
         weight.add_(1)
         writer.save(2, {"w": weight}, {"step": 2})
-        assert writer._buffers[("w",)] is buffer, "the buffer of the first save is reused"
         weight.add_(1)
-        writer.wait()
+        writer.close()
+        assert len(written) == 2 and written[0] == written[1] != weight.data_ptr(), "one staging buffer, reused"
         for step, value in ((1, 1.0), (2, 2.0)):
             target = {"w": torch.zeros(100_000)}
             load_version(tier.versions_dir(tmp_path) / tier.version_name(step), target, 0)
             assert torch.equal(target["w"], torch.full((100_000,), value)), step
+
+    def test_writer_threads_come_from_the_environment_and_bad_values_are_refused(self):
+        from amlhpc.jobs.runtime.checkpoint import CheckpointError
+        from amlhpc.jobs.runtime.checkpoint.versioned import WRITERS_VARIABLE, default_writers
+
+        assert default_writers({WRITERS_VARIABLE: "3"}) == 3
+        assert 1 <= default_writers({"LOCAL_WORLD_SIZE": "8"}) <= 8
+        for bad in ("0", "-1", "four"):
+            with pytest.raises(CheckpointError, match=f"{WRITERS_VARIABLE}=.*positive integer"):
+                default_writers({WRITERS_VARIABLE: bad})
+
+    def test_a_corrupt_file_is_found_by_the_parallel_check(self, tmp_path):
+        """Every file is hashed (in parallel); one flipped byte in any of them is named."""
+        torch = pytest.importorskip("torch")
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
+
+        Checkpointer(tmp_path, 0, 1, "t0", background=False, writers=4).save(
+            1, {f"w{i}": torch.ones(50_000) * i for i in range(8)}, {"step": 1})
+        version = tier.read_version(tier.versions_dir(tmp_path) / "step-000000001")
+        files = [f["path"] for f in version.markers[0]["files"]]
+        assert len(files) > 2 and version.verify([0], workers=4) is None
+        victim = version.path / files[len(files) // 2]
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+        assert version.verify([0], workers=4) == f"step-000000001: {files[len(files) // 2]} does not match its marker (corrupt)"
 
     def test_a_failed_write_is_reported_by_the_next_save(self, tmp_path):
         torch = pytest.importorskip("torch")

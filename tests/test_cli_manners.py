@@ -136,13 +136,18 @@ class TestWholeCommands:
 
 class TestTablesOffATerminal:
     def test_a_pipe_gets_every_value_in_full(self):
-        """Piped (as in CI logs), no cell is cut to fit 80 columns."""
+        """Piped (as in CI logs), no cell is cut: a table wraps its cells within 80 columns, every
+        word of every value there, and `-o tsv` has each value whole on its line."""
         from amlhpc.jobs import recipes
 
         result = jobs("recipes")
         assert result.returncode == 0 and "…" not in result.stdout
+        words = set(" ".join(line.replace("│", " ") for line in result.stdout.splitlines()).split())
         for name in recipes.available():
-            assert recipes.load(name).description in result.stdout, name
+            assert set(recipes.load(name).description.split()) <= words, name
+        whole = jobs("recipes", "-o", "tsv")
+        for name in recipes.available():
+            assert recipes.load(name).description in whole.stdout, name
         estimate = jobs("estimate", "cosmoflow", "--stack", "dev", "--outputs", str(DEV_OUTPUTS))
         assert estimate.returncode == 0 and "…" not in estimate.stdout
 

@@ -257,4 +257,23 @@ def test_a_region_newer_than_the_list_is_accepted():
     assert parsed.location == "saudiarabiacentral"
     with pytest.raises(UserError) as refused:
         parse("dev", {**GOOD_ENV, "azure-native:location": "saudiarabiacentral"}, "Pulumi.dev.yaml")
-    assert [p.path for p in refused.value.problems] == ["aml-hpc:clusters[0].sku"], "the size, not the region"
+    assert [p.path for p in refused.value.problems] == ["azure-native:location", "aml-hpc:clusters[0].sku"]
+    assert "allowUnlistedRegion" in refused.value.problems[0].hint
+
+
+class TestRegionsAgainstAzuresList:
+    """A location must be one of Azure's regions (amlhpc/core/regions.py) with or without clusters."""
+
+    def test_a_misspelled_region_without_clusters_is_refused_with_the_near_match(self):
+        flat = {k: v for k, v in GOOD_ENV.items() if k != "aml-hpc:clusters"}
+        with pytest.raises(UserError) as refused:
+            parse("dev", {**flat, "azure-native:location": "swedencentrl"}, "Pulumi.dev.yaml")
+        (problem,) = refused.value.problems
+        assert problem.path == "azure-native:location" and "'swedencentrl' is not one of Azure's public regions" in problem.message
+        assert "did you mean swedencentral?" in problem.hint and "'azure-native:location' swedencentral" in problem.hint
+
+    def test_a_region_opened_after_the_list_is_an_opt_in(self):
+        flat = {k: v for k, v in GOOD_ENV.items() if k != "aml-hpc:clusters"}
+        parsed = parse("dev", {**flat, "azure-native:location": "saudiarabiacentral", "aml-hpc:allowUnlistedRegion": True},
+                       "Pulumi.dev.yaml")
+        assert parsed.location == "saudiarabiacentral"

@@ -31,10 +31,17 @@ def test_catalog_price_is_cited():
 
 
 def test_unpriced_size_needs_override():
-    assert skus.get("Standard_ND96isr_H200_v5").price is None
+    assert skus.get("Standard_ND128isr_GB300_v6").price is None
     with pytest.raises(UserError) as info:
-        cost.estimate("Standard_ND96isr_H200_v5", 1, 1)
-    assert "aml-hpc:prices.Standard_ND96isr_H200_v5" in info.value.render()
+        cost.estimate("Standard_ND128isr_GB300_v6", 1, 1)
+    assert "aml-hpc:prices.Standard_ND128isr_GB300_v6" in info.value.render()
+
+
+def test_h200_is_estimated_from_its_public_price():
+    """ND H200 v5's public price (Retail Prices API, eastus2, 2026-08-20) makes estimates and
+    cost warnings work for the flagship size."""
+    est = cost.estimate("Standard_ND96isr_H200_v5", 2, 1)
+    assert est.usd_per_node_hour == 84.8
 
 
 def test_notes_for_low_priority_and_region():

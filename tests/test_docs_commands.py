@@ -41,7 +41,7 @@ DATA = {"text", "json", "jsonc", "yaml", "toml", "xml", "python", "dockerfile", 
 CLASSES = {"offline", "azure", "long"}
 _FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*commands:\s*(\S+)\s*-->\s*$")
-_OUR_CLI = re.compile(r"^(?:\S*/)?python3?\s+-m\s+(jobs|infra|images)(\s|$)")
+_OUR_CLI = re.compile(r"^(?:\S*/)?python3?\s+-m\s+amlhpc\.(jobs|infra|images)(\s|$)")
 
 
 @dataclass
@@ -138,7 +138,7 @@ def _check_parses(argv: list[str], where: str) -> None:
     """Resolve `python -m X sub ... --opts` with the real typer app without running it."""
     import typer
 
-    module = argv[2]
+    module = argv[2].removeprefix("amlhpc.")
     app = {"jobs": lambda: __import__("amlhpc.jobs.cli.main", fromlist=["app"]).app,
            "infra": lambda: __import__("amlhpc.infra.cli", fromlist=["app"]).app,
            "images": lambda: __import__("amlhpc.images.cli", fromlist=["app"]).app}[module]()

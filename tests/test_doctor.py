@@ -153,10 +153,18 @@ class TestFailures:
 
     def test_a_submitter_without_the_role_yet_is_told_the_next_up_grants_it(self):
         found = diagnose(azure(group_role="acdd72a7-3385-48ef-bd42-f606fba81ae7", user_role=checks.USER_ACCESS_ADMINISTRATOR))
-        assert found["roles to submit"].status == "warn" and "the next `make up` grants" in found["roles to submit"].found
+        assert found["roles to submit"].status == "warn" and "the next `make up STACK=dev` grants" in found["roles to submit"].found
         not_listed = diagnose(azure(group_role="acdd72a7-3385-48ef-bd42-f606fba81ae7",
                                     user_role=checks.USER_ACCESS_ADMINISTRATOR), target(submitters=[GROUP]))
         assert not_listed["roles to submit"].status == "fail" and f"principalId {USER}" in not_listed["roles to submit"].fix
+
+    def test_an_installed_tool_names_its_own_deploy_command(self, monkeypatch):
+        from amlhpc.core import invocation
+
+        monkeypatch.setattr(invocation, "from_clone", lambda: False)
+        found = diagnose(azure(group_role="acdd72a7-3385-48ef-bd42-f606fba81ae7", user_role=checks.USER_ACCESS_ADMINISTRATOR))
+        check = found["roles to submit"]
+        assert "the next `aml-hpc infra up dev` grants" in check.found and check.fix == "aml-hpc infra up dev"
 
     def test_short_quota_fails_with_the_request_to_make(self):
         found = diagnose(azure(quota={"lowpri_used": "300", "lowpri_limit": "400"}))

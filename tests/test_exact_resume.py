@@ -69,6 +69,15 @@ class TestCosmoFlow:
         resumed = losses(again.stdout)
         assert sorted(resumed) == [4, 5, 6, 7, 8], "the step count goes on from the checkpoint"
         assert resumed == {k: expected[k] for k in resumed}, "bit-identical to the uninterrupted run"
+        # one MFU denominator per run: the resumed attempt keeps the peak the checkpoint recorded
+        before, after = header(cut.stdout), header(again.stdout)
+        assert after["peak_tflops"] == before["peak_tflops"] and after["peak_source"].endswith(
+            "kept for every attempt (the checkpoint carries it)")
+
+
+def header(stdout: str) -> dict:
+    """The CosmoFlow workload's first line: its FLOPs per sample and the peak MFU is measured against."""
+    return next(json.loads(line) for line in stdout.splitlines() if line.startswith('{"flops_per_sample"'))
 
 
 class TestBert:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from amlhpc.jobs.managed import causes
 from amlhpc.jobs.managed.classify import classify
 from amlhpc.jobs.managed.observation import Observation
-from amlhpc.jobs.recipes import causes
 from amlhpc.jobs.runtime.base.progress import Progress
 from amlhpc.jobs.runtime.coord import nodestatus
 from amlhpc.jobs.runtime.launch import completion
@@ -25,7 +25,7 @@ from tests.test_launch import REPO, base_env, checkpoint_env, finish, start
 TRAIN = r"""
 import os, signal, sys
 from pathlib import Path
-from amlhpc.jobs.runtime import progress
+from amlhpc.jobs.runtime.base import progress
 how, checkpoint_named = sys.argv[1], sys.argv[2]
 folder = Path(os.environ.get("AMLHPC_CHECKPOINT_DIR") or sys.argv[3])
 for step in range(1, 4):

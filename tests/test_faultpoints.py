@@ -56,7 +56,7 @@ def test_a_gate_holds_a_child_process_at_its_step(tmp_path):
     """A child reporting steps 1..5 stops at step 3 until the gate is released."""
     gate = tmp_path / "gate"
     progress_file = tmp_path / "rank-0.json"
-    script = ("from amlhpc.jobs.runtime import progress\n"
+    script = ("from amlhpc.jobs.runtime.base import progress\n"
               "for step in range(1, 6):\n"
               "    progress.report(step)\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), progress.PROGRESS_FILE: str(progress_file),

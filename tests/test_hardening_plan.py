@@ -35,7 +35,7 @@ STACKS = {
     "exp-onmngd": {"azure-native:location": "eastus", "aml-hpc:owner": "team@example.com",
                    "aml-hpc:environment": "mngd", "aml-hpc:expiresAt": "2030-01-01T00:00:00Z",
                    "aml-hpc:clusters": [{"name": "sweep", "sku": "Standard_ND96isr_H100_v5", "maxNodes": 2}],
-                   "aml-hpc:budget": {"monthlyAmountUsd": 100, "alertEmails": ["team@example.com"]}},
+                   "aml-hpc:budget": {"monthlyAmountUsd": 1000, "alertEmails": ["team@example.com"]}},
 }
 
 KEY_VAULT_CRYPTO_SERVICE_ENCRYPTION_USER = "e147488a-f6f5-4113-8e2d-b22465e65bf6"  # Azure built-in roles, security
@@ -76,8 +76,11 @@ def cluster_props(plan, name: str = "cluster-nd-h100-compute") -> dict:
 
 # What the security baseline refuses in these non-dev environments, and nothing else: `hard`
 # keeps public network access (its point is the key, diagnostics and HBI), `mnet` lets jobs
-# reach the whole internet. Every other mode passes every mandatory rule.
-BASELINE_REFUSES = {"hard": {"no-public-network-access", "no-public-ips"}, "mnet": {"no-internet-outbound"}}
+# reach the whole internet, and so does `priv` through its NAT gateway (egress is controlled
+# only by a managed network that allows approved outbound). Every other mode passes every
+# mandatory rule.
+BASELINE_REFUSES = {"hard": {"no-public-network-access", "no-public-ips", "egress-controlled"},
+                    "mnet": {"no-internet-outbound", "egress-controlled"}, "priv": {"egress-controlled"}}
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))

@@ -118,8 +118,13 @@ class TestManagedNetwork:
         assert findings("managed-network-clusters", [managed_workspace(mode="Disabled"), bad]) == []
 
     def test_internet_outbound_is_reported(self):
-        [v] = findings("managed-network-outbound", [managed_workspace("AllowInternetOutbound")])
+        """In dev (the stack's name decides, not a tag) it is advice; outside dev no-internet-outbound refuses it."""
+        dev = StackView("dev", "environment", {"owner": "me@example.com", "environment": "dev"})
+        [v] = [v for v in run_rules([managed_workspace("AllowInternetOutbound")], dev, DEFAULT_LIMITS)
+               if v.rule == "managed-network-outbound"]
         assert v.level == "advisory" and "any host on the internet" in v.message
+        assert findings("managed-network-outbound", [managed_workspace("AllowInternetOutbound")]) == []
+        assert findings("no-internet-outbound", [managed_workspace("AllowInternetOutbound")])
 
     @pytest.mark.parametrize("sku", ["Standard", "Basic"])
     def test_fqdn_rules_report_their_firewalls_price(self, sku):

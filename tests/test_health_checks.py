@@ -251,9 +251,12 @@ class TestGemmMethod:
         assert "torch.matmul mark ~681.3" in results[0].detail
         slow = by(gpu_checks(self.H200, FakeMeasurer(gemm=lambda i: 630.0 if i == 2 else 681.3), checks.FULL, nd96asr,
                              PCI_ORDER, ubergemm_tools()), "gemm")
-        assert [r.status for r in slow] == [PASS, PASS, FAIL] + [PASS] * 5
+        # the torch mark was measured on one H200 in a 16-vCPU VM: below its fail line only warns
+        assert [r.status for r in slow] == [PASS, PASS, WARN] + [PASS] * 5
+        assert "measured on one H200 SXM (700 W) in a 16-vCPU VM" in slow[2].detail
 
-    @pytest.mark.parametrize(("gflops_figure", "status"), [(760000.0, PASS), (730000.0, WARN), (700000.0, FAIL)])
+    # The ubergemm mark is ND H100 v5's, borrowed: below its fail line only warns.
+    @pytest.mark.parametrize(("gflops_figure", "status"), [(760000.0, PASS), (730000.0, WARN), (700000.0, WARN)])
     def test_with_ubergemm_the_h200_is_graded_against_ubergemms_mark(self, nd96asr, gflops_figure, status):
         calls = []
         measurer = FakeMeasurer(gemm=681.3)
@@ -411,7 +414,7 @@ class TestNodeChecks:
                               QUICK, tmp_path, PCI_ORDER)
         assert {r.status for r in results} == {SKIP}
         assert [r.check for r in results] == ["gpu_count", "infiniband", "ecc", "xid", "throttle", "nvlink", "ibstat",
-                                              "ib_link_flaps", "nvme_count", "ib_write", "nccl_tests"]
+                                              "ib_link_flaps", "nvme_count", "ib_write", "nccl_tests", "numa_balancing"]
         assert all("not a Standard_ND96asr_v4" in r.detail for r in results[1:])
 
     def test_gpu_node_runs_everything(self, nd96asr):
@@ -459,7 +462,7 @@ class TestNodeChecks:
             pci_device(tmp_path, f"{gpu + 1:04x}:00:00.0", "0x1002", "0x120000", gpu // 4, "0-47" if gpu < 4 else "48-95")
             ib_port(tmp_path, f"mlx5_ib{gpu}", rate="400 Gb/sec (4X NDR)")
         tools = recorded_tools(outputs={"ibstat mlx5_ib": (0, sample("ibstat-mlx5-infiniband-active.txt")),
-                                        "env NCCL_TOPO_FILE=": (0, sample("all_reduce_perf-summary.txt"))})
+                                        "mpirun": (0, sample("all_reduce_perf-summary.txt"))})
         tools.which = lambda name: f"/usr/bin/{name}"
         results = node_checks(mi300x, FakeMeasurer(), NvmlSession(None, "no NVIDIA driver"), QUICK, tmp_path, PCI_ORDER,
                               tools=tools)

@@ -44,7 +44,8 @@ class TestGradeMinimum:
 class TestGradeBand:
     def test_h100_multinode_band(self):
         """H100 v5 multi-node all-reduce: expected 450, warn below 400, fail below 300 GB/s."""
-        _, warn_below, fail_below = skus.get("Standard_ND96isr_H100_v5").health.nccl_multinode_busbw_gbytes_per_s
+        (band,) = skus.get("Standard_ND96isr_H100_v5").health.multinode
+        _, warn_below, fail_below = band.busbw_gbytes_per_s
         assert grade_band(455, warn_below, fail_below) == PASS
         assert grade_band(399, warn_below, fail_below) == WARN
         assert grade_band(299, warn_below, fail_below) == FAIL

@@ -15,7 +15,7 @@ import pytest
 
 from amlhpc.core import skus
 from amlhpc.jobs.local.azurite import free_port
-from amlhpc.jobs.runtime.health import HealthOptions, run_health
+from amlhpc.jobs.runtime.health import HealthOptions, run_health, tools
 from amlhpc.jobs.runtime.health.__main__ import main as health_main
 from amlhpc.jobs.runtime.health.collective import AllReduceFigure, rendezvous_address
 from amlhpc.jobs.runtime.health.grading import FAIL, INFO, PASS, WARN, bus_bandwidth
@@ -152,10 +152,11 @@ def _other_node(node: int, status: str = PASS) -> dict:
 class TestNcclPassMarks:
     """Grading of the all-reduce figures with the size's published marks (fake collective)."""
 
-    def _run(self, tmp_path, node_busbw, job_busbw, sku="Standard_ND96isr_H100_v5", others=None, local=8, world=16):
+    def _run(self, tmp_path, node_busbw, job_busbw, sku="Standard_ND96isr_H100_v5", others=None, local=8, world=16,
+             env_extra=None):
         fake = FakeCollective(node_busbw, job_busbw, others if others is not None else [_other_node(1)], world)
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local),
-               "AMLHPC_SKU_JSON": sku_json(sku)}
+               "AMLHPC_SKU_JSON": sku_json(sku), **(env_extra or {})}
         import amlhpc.jobs.runtime.health.runner as runner
 
         original = runner.message_bytes
@@ -168,8 +169,11 @@ class TestNcclPassMarks:
         assert fake.closed
         return out
 
+    SHARP = {"NCCL_COLLNET_ENABLE": "1"}
+    """ND H100 v5's job-wide baseline is measured with SHARP: graded where the job turns it on."""
+
     def test_h100_node_and_job_pass(self, tmp_path):
-        out = self._run(tmp_path, node_busbw=480.0, job_busbw=455.0)
+        out = self._run(tmp_path, node_busbw=480.0, job_busbw=455.0, env_extra=self.SHARP)
         mine = out.reports[0]
         node = next(c for c in mine.checks if c.check == "allreduce_node")
         job = next(c for c in mine.checks if c.check == "allreduce_job")
@@ -178,12 +182,12 @@ class TestNcclPassMarks:
         assert out.exit_code == 0
 
     def test_h100_job_below_warn_line_warns(self, tmp_path):
-        out = self._run(tmp_path, node_busbw=480.0, job_busbw=380.0)
+        out = self._run(tmp_path, node_busbw=480.0, job_busbw=380.0, env_extra=self.SHARP)
         job = next(c for c in out.reports[0].checks if c.check == "allreduce_job")
         assert job.status == WARN and out.exit_code == 0
 
     def test_h100_job_below_fail_line_stops_the_job(self, tmp_path, capsys):
-        out = self._run(tmp_path, node_busbw=480.0, job_busbw=250.0)
+        out = self._run(tmp_path, node_busbw=480.0, job_busbw=250.0, env_extra=self.SHARP)
         assert out.exit_code == 3
         assert "allreduce_job job" in capsys.readouterr().err
 
@@ -199,6 +203,58 @@ class TestNcclPassMarks:
         out = self._run(tmp_path, 480.0, 455.0, others=[_other_node(1, FAIL)])
         assert out.exit_code == 3 and [r.node for r in out.failing] == [1]
         assert "node 1 (host1): gemm gpu0" in capsys.readouterr().err
+
+    # --- the job-wide band chosen by what the all-reduce crosses, and SHARP -------------
+
+    GB300 = "Standard_ND128isr_GB300_v6"
+
+    @staticmethod
+    def _gb300_node(node: int, domain: str | None) -> dict:
+        checks = [CheckResult("gemm", "gpu0", PASS, 2400.0, "TFLOP/s", 2000.0)]
+        if domain:
+            checks.append(CheckResult("nvlink_fabric", "node", PASS, 4.0, "GPUs", detail=f"{tools.DOMAIN_PREFIX}{domain}"))
+        return NodeReport(f"host{node}", node, TestNcclPassMarks.GB300, "gate", True, "2026-01-01T00:00:00+00:00",
+                          checks=checks).to_json()
+
+    def test_a_healthy_gb300_job_across_two_racks_passes_at_azures_inter_rack_baseline(self, tmp_path):
+        """Azure's inter-rack GB300 baseline is ~200 GB/s (warn below 180, fail below 150): a job on
+        two racks at 190 GB/s is healthy; graded against the one-rack MNNVL band (fail below 600)
+        it failed and gate mode stopped training."""
+        out = self._run(tmp_path, node_busbw=700.0, job_busbw=190.0, sku=self.GB300, local=4, world=8,
+                        others=[self._gb300_node(1, "rack-b")])
+        job = next(c for c in out.reports[0].checks if c.check == "allreduce_job")
+        assert job.status == PASS and job.threshold == 150.0 and "InfiniBand" in job.detail
+        assert out.exit_code == 0
+
+    def test_gb300_across_racks_below_the_inter_rack_fail_line_stops(self, tmp_path):
+        out = self._run(tmp_path, node_busbw=700.0, job_busbw=140.0, sku=self.GB300, local=4, world=8,
+                        others=[self._gb300_node(1, "rack-b")])
+        assert next(c for c in out.reports[0].checks if c.check == "allreduce_job").status == FAIL
+        assert out.exit_code == 3
+
+    def test_gb300_nodes_in_one_rack_are_graded_against_the_mnnvl_band(self):
+        from amlhpc.jobs.runtime.base.ranks import Ranks
+        from amlhpc.jobs.runtime.health import runner
+        from amlhpc.jobs.runtime.node.skufacts import parse_sku_facts
+
+        sku = parse_sku_facts(sku_json(self.GB300))
+        ranks = Ranks(rank=0, local_rank=0, world_size=8, local_size=4, source="torch")
+        reports = [NodeReport.from_json(self._gb300_node(n, "rack-a")) for n in (0, 1)]
+        figure = AllReduceFigure(8, 16 << 30, 1.0, 500.0, 190.0, "nccl", True)
+        one_rack = runner._grade_job(runner.JobAllReduce(figure, "16384 MiB"), sku, ranks, reports, {})
+        assert one_rack.status == FAIL and one_rack.threshold == 600.0 and "NVLink domain rack-a" in one_rack.detail
+        fast = AllReduceFigure(8, 16 << 30, 1.0, 500.0, 900.0, "nccl", True)
+        assert runner._grade_job(runner.JobAllReduce(fast, "16384 MiB"), sku, ranks, reports, {}).status == PASS
+        split = [NodeReport.from_json(self._gb300_node(0, "rack-a")), NodeReport.from_json(self._gb300_node(1, "rack-b"))]
+        assert runner._grade_job(runner.JobAllReduce(figure, "16384 MiB"), sku, ranks, split, {}).status == PASS
+
+    def test_h100_without_sharp_is_reported_not_graded(self, tmp_path):
+        """ND H100 v5's 450 GB/s is Azure's figure with SHARP on; SHARP is opt-in here: a job
+        without it gets the figure as INFO, never a warning against a SHARP baseline."""
+        out = self._run(tmp_path, node_busbw=480.0, job_busbw=380.0)
+        job = next(c for c in out.reports[0].checks if c.check == "allreduce_job")
+        assert job.status == INFO and job.threshold is None and "measured with SHARP" in job.detail
+        assert out.exit_code == 0
 
 
 class TestRendezvous:

@@ -54,7 +54,7 @@ def recorded_tools(*, healthy: bool = True, outputs: dict[str, tuple[int, str]] 
 
 class TestXid:
     def test_application_xids_pass_and_are_named(self):
-        (result,) = tools.check_xid(recorded_tools(healthy=True))
+        (result,) = tools.check_xid(recorded_tools(healthy=True, now=datetime(2024, 8, 1, 0).timestamp()))
         assert result.status == PASS and "43, 31, 94" in result.detail.replace("31, 43", "43, 31")
 
     def test_xid_79_fails(self):
@@ -115,9 +115,11 @@ class TestNvlink:
         results = tools.check_nvlink(recorded_tools(healthy=False), facts("Standard_ND96amsr_A100_v4"))
         assert [(r.subject, r.status) for r in results] == [("gpu6", FAIL)] and "all links inactive" in results[0].detail
 
-    def test_no_nvlink_output_on_an_nvlink_size_fails(self):
+    def test_no_nvlink_output_on_an_nvlink_size_warns(self):
+        """Azure's check passes empty output ("NVLINK is not enabled"); where the catalog says the
+        size has NVLink it is worth a warning, never a failure."""
         results = tools.check_nvlink(recorded_tools(outputs={"nvidia-smi nvlink": (0, "")}), facts("Standard_ND96asr_v4"))
-        assert results[0].status == FAIL
+        assert results[0].status == WARN
         assert tools.check_nvlink(recorded_tools(outputs={"nvidia-smi nvlink": (0, "")}), facts("Standard_NC24ads_A100_v4"))[0].status == SKIP
 
 
@@ -226,12 +228,12 @@ class TestNvmeAndNcclTests:
 
     def test_nccl_tests_run_without_topology_file(self):
         seen = []
-        fake = recorded_tools(outputs={"env NCCL_TOPO_FILE=": (0, sample("all_reduce_perf-summary.txt"))})
+        fake = recorded_tools(outputs={"mpirun": (0, sample("all_reduce_perf-summary.txt"))})
         fake.which = lambda name: f"/usr/bin/{name}"
         original = fake.run
         fake.run = lambda command, timeout: seen.append(command) or original(command, timeout)
         (result,) = tools.check_nccl_tests(fake, facts("Standard_ND96isr_H100_v5"), 8)
-        assert seen[0][:2] == ["env", "NCCL_TOPO_FILE="] and "-g" in seen[0] and str(16 << 30) in seen[0]
+        assert "NCCL_TOPO_FILE=" in seen[0] and str(16 << 30) in seen[0]
         assert result.status == FAIL and result.threshold == 460.0  # 92 GB/s is far below the H100 pass mark
 
 

@@ -137,6 +137,19 @@ class TestHealthToolsScript:
         assert 'apt-cache show "datacenter-gpu-manager-4-cuda${cuda_major}-ubergemm2=${DCGM_VERSION}"' in text
         assert '"$plugins/updated/ubergemm"' in text and 'die "DCGM ${DCGM_VERSION} installed no ubergemm' in text
 
+    def test_rccl_tests_from_the_pinned_repository_with_one_rank_per_gpu(self):
+        """The gate runs all_reduce_perf one rank per GPU under mpirun as Azure's check does, so
+        rccl-tests is built with MPI=1, from the repository and folder pins.toml names (ROCm/rocm-systems
+        projects/rccl-tests, not the legacy ROCm/rccl-tests), and numactl is there for ib_write_bw."""
+        text = self.SCRIPT.read_text()
+        assert "github.com/ROCm/rccl-tests" not in text
+        assert 'clone_at "${RCCL_TESTS_REPO}" "${RCCL_TESTS_COMMIT}" "$work/rocm-systems" "${RCCL_TESTS_PATH}"' in text
+        assert re.search(r'make -C "\$work/rocm-systems/\$\{RCCL_TESTS_PATH\}" [^\n]*MPI=1 MPI_HOME="\$mpi"', text)
+        assert "amd) install_numactl;" in text and "nvidia) install_numactl;" in text
+        args = catalog.build_args(catalog.ROCM, load_pins())
+        assert args["RCCL_TESTS_REPO"] == "https://github.com/ROCm/rocm-systems.git"
+        assert args["RCCL_TESTS_PATH"] == "projects/rccl-tests"
+
 
 class TestInstallScript:
     def test_shell_syntax(self):

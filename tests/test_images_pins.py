@@ -3,6 +3,7 @@ consistent with the project's own dependency ranges, and every bad edit reported
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -129,3 +130,58 @@ class TestBadPins:
     def test_missing_file(self, tmp_path):
         with pytest.raises(UserError, match="file not found"):
             load_pins(tmp_path / "nope.toml")
+
+
+REFERENCE = ROOT / "tests" / "reference"
+
+
+def _amd_supported_user_space(driver: str) -> list[str]:
+    """The row of AMD's support matrix (reference copy) for an amdgpu driver release, as major.minor."""
+    text = (REFERENCE / "rocm-install-on-linux" / "user-kernel-space-compat-matrix.rst").read_text()
+    wanted = ".".join(driver.split(".")[:2]) + ".x"
+    for row in re.findall(r'^\s+"([\d.x]+)", "([^"]+)"$', text, flags=re.M):
+        if row[0] == wanted:
+            return [v.strip().removesuffix(".x") for v in row[1].split(",")]
+    raise AssertionError(f"no row for {wanted} in AMD's matrix")
+
+
+class TestRocmWithinTheHostDriversWindow:
+    """ROCm 7.2.4 user space on Azure's 6.4.4 host driver was outside AMD's window: no more."""
+
+    def test_host_driver_is_azures_mi300x_host_image(self):
+        """Azure/azhpc-images versions.json (reference copy): the Ubuntu 24.04 image's amdgpu driver."""
+        versions = json.loads((REFERENCE / "azhpc-images" / "versions.json").read_text())
+        assert load_pins().rocm.host_driver == versions["rocm"]["ubuntu24.04"]["x86_64"]["version"]
+
+    def test_window_is_amds_row_for_that_driver(self):
+        pins = load_pins()
+        assert pins.rocm.host_driver_supports == _amd_supported_user_space(pins.rocm.host_driver)
+
+    def test_pinned_user_space_is_inside_the_window_and_in_the_tag(self):
+        rocm = load_pins().rocm
+        assert rocm.rocm in _amd_supported_user_space(rocm.host_driver)
+        assert rocm.tag.startswith(f"rocm{rocm.rocm}_") or rocm.tag.startswith(f"rocm{rocm.rocm}.")
+
+    def test_a_tag_outside_the_window_is_refused_with_the_fix(self, tmp_path):
+        rocm = load_pins().rocm
+        text = PINS_TEXT.replace(f'tag = "{rocm.tag}"', 'tag = "rocm7.2.4_ubuntu24.04_py3.12_pytorch_release_2.10.0"')
+        text = text.replace(f'rocm = "{rocm.rocm}"', 'rocm = "7.2"')
+        out = problems_of(tmp_path, text)
+        assert "rocm" in out and "ROCm 7.2 user space is outside" in out and "6.4.4" in out
+
+    def test_a_version_that_does_not_match_the_tag_is_refused(self, tmp_path):
+        out = problems_of(tmp_path, PINS_TEXT.replace(f'rocm = "{load_pins().rocm.rocm}"', 'rocm = "6.4"'))
+        assert "does not match the tag" in out
+
+
+class TestRcclTestsFromTheMaintainedRepository:
+    def test_pinned_from_rocm_systems(self):
+        tools = load_pins().tools
+        assert tools.rccl_tests_repo == "https://github.com/ROCm/rocm-systems.git"
+        assert tools.rccl_tests_path == "projects/rccl-tests"
+
+    @pytest.mark.parametrize("legacy", ["https://github.com/ROCm/rccl-tests.git", "https://github.com/ROCm/rccl-tests"])
+    def test_the_legacy_repository_is_refused(self, tmp_path, legacy):
+        out = problems_of(tmp_path, PINS_TEXT.replace('rccl_tests_repo = "https://github.com/ROCm/rocm-systems.git"',
+                                                      f'rccl_tests_repo = "{legacy}"'))
+        assert "tools.rccl_tests_repo" in out and "legacy repository" in out and "ROCm/rocm-systems" in out

@@ -1,6 +1,5 @@
 """The layers of docs/layout.md hold: every import goes down the table, and no two modules
-import each other, directly or through others. Imports inside functions count; imports under
-`if TYPE_CHECKING:` do not (they never run: a type named for the checker)."""
+import each other, directly or through others. Every import counts, inside functions too."""
 
 from __future__ import annotations
 
@@ -47,21 +46,10 @@ def _module_of(name: str) -> str | None:
     return name or None
 
 
-def _type_only(tree: ast.AST) -> set[int]:
-    """ids of the nodes under `if TYPE_CHECKING:`."""
-    return {id(inner) for node in ast.walk(tree)
-            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-            for stmt in node.body for inner in ast.walk(stmt)}
-
-
 def imported(source: str) -> set[str]:
-    """Every module or `module.name` the source imports at run time (absolute imports)."""
-    tree = ast.parse(source)
-    skip = _type_only(tree)
+    """Every module or `module.name` the source imports (absolute imports)."""
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -178,9 +166,8 @@ def test_the_cycle_finder_finds_cycles(edges, expected):
     assert sorted(cycles(edges)) == expected
 
 
-def test_a_lazy_import_counts_and_a_type_only_one_does_not():
+def test_a_lazy_import_counts():
     """An import inside a function is an edge like any other (they hid the old cycles)."""
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from amlhpc.x import Y\n"
-              "def f():\n    from amlhpc.jobs.runtime.launch import launcher\n")
-    assert imported(source) == {"typing.TYPE_CHECKING", "amlhpc.jobs.runtime.launch.launcher"}
+    source = "def f():\n    from amlhpc.jobs.runtime.launch import launcher\n"
+    assert imported(source) == {"amlhpc.jobs.runtime.launch.launcher"}
     assert row_of("amlhpc.jobs.runtime.launch.launcher") not in reachable("runtime.checkpoint")

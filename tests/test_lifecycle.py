@@ -3,6 +3,7 @@ summary and the two typer commands, on stack files in a temporary directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -189,10 +190,13 @@ class TestNewExperiment:
         assert "unknown VM size 'Standard_ND96asr_v5'" in problems_text(info)
         assert "did you mean" in problems_text(info)
 
-    def test_unpriced_size_needs_a_budget(self, root):
-        """Without a reference price the budget cannot be sized: ask for it."""
-        unpriced = next(n for n in skus.names()
-                        if skus.get(n).price is None and skus.get(n).azureml.amlcompute)
+    def test_unpriced_size_needs_a_budget(self, root, monkeypatch):
+        """Without a reference price the budget cannot be sized: ask for it. Every AmlCompute size
+        of the catalog has a price today (ND H200 v5's came from its public snapshot), so one is
+        made unpriced here."""
+        unpriced = next(n for n in skus.names() if skus.get(n).azureml.amlcompute)
+        real = skus.get
+        monkeypatch.setattr(skus, "get", lambda n: dataclasses.replace(real(n), price=None) if n == unpriced else real(n))
         with pytest.raises(UserError) as info:
             new_experiment("x", "dev", 7, root, NOW, sku=unpriced)
         assert "--budget-usd" in problems_text(info)

@@ -41,6 +41,7 @@ FAKE_PULUMI = r"""#!/usr/bin/env bash
 # Records each call (arguments separated by 0x1f) and the backend it was given.
 (IFS=$'\x1f'; printf '%s\n' "$*") >> "$FAKE_PULUMI_LOG"
 printf '%s\n' "$PULUMI_BACKEND_URL" >> "$FAKE_PULUMI_LOG.backend"
+printf '%s %s\n' "$PULUMI_PYTHON_CMD" "$PWD" >> "$FAKE_PULUMI_LOG.python-cmd"
 if [[ $1 == stack && $2 == select && -n ${FAKE_NO_STACK:-} && " $* " != *" --create "* ]]; then
   echo "error: no stack named '${*: -1}' found" >&2
   exit 255
@@ -255,6 +256,48 @@ class TestPreviewAfterDown:
 def python_calls(repo: Path) -> list[str]:
     log = repo / "pulumi.log.python"
     return log.read_text().splitlines() if log.exists() else []
+
+
+class TestInstalled:
+    """`aml-hpc infra preview|up|down` runs the copy of this script the wheel carries, from
+    site-packages, for a project elsewhere, with the installed interpreter (amlhpc/infra/deploy.py)."""
+
+    @pytest.fixture
+    def installed(self, repo, tmp_path):
+        """The script beside no repository; the project and the interpreter named by variables."""
+        place = tmp_path / "site-packages" / "amlhpc" / "infra" / "scripts"
+        place.mkdir(parents=True)
+        shutil.copy(repo / "scripts" / "pulumi-stack.sh", place / "pulumi-stack.sh")
+        (repo / "scripts" / "pulumi-stack.sh").unlink()
+        (repo / "scripts" / "pulumi-stack.sh").symlink_to(place / "pulumi-stack.sh")  # run() runs this path
+        tool = tmp_path / "tool" / "bin" / "python"
+        tool.parent.mkdir(parents=True)
+        shutil.move(repo / ".venv" / "bin" / "python", tool)
+        shutil.rmtree(repo / ".venv")
+        return {"AMLHPC_PROJECT": str(repo), "AMLHPC_PYTHON": str(tool), "AMLHPC_POLICY_PACK": "/site/amlhpc/infra/policy/pack",
+                "AMLHPC_TOOL": "aml-hpc infra"}
+
+    def test_the_project_the_interpreter_and_the_pack_come_from_the_variables(self, repo, installed):
+        result = run(repo, "up", "dev", **installed)
+        assert result.status == 0, result.stderr
+        assert result.calls[-1][:6] == ["up", "--stack", "dev", "--refresh", "--policy-pack", "/site/amlhpc/infra/policy/pack"]
+        assert python_calls(repo)[0] == "-m amlhpc.infra.adopt suffix --stack dev"  # the tool's python ran it
+        commands = set((repo / "pulumi.log.python-cmd").read_text().splitlines())
+        assert commands == {f"{installed['AMLHPC_PYTHON']} {repo}"}  # Pulumi's interpreter, in the project
+        assert (repo / ".pulumi-state").is_dir()
+
+    def test_the_hints_name_the_installed_commands(self, repo, installed):
+        down = run(repo, "down", "dev", **installed)
+        assert down.status == 2 and "aml-hpc infra down dev --confirm dev" in down.stderr and "make" not in down.stderr
+        missing = run(repo, "up", "exp-nope", **installed)
+        assert "aml-hpc infra new-experiment <name> --env dev --days 7" in missing.stderr and "make" not in missing.stderr
+        confirmed = run(repo, "down", "dev", CONFIRM="dev", **installed)
+        assert confirmed.status == 0 and "aml-hpc infra up dev adopts them again" in confirmed.stderr
+
+    def test_an_interpreter_that_is_not_there_is_named(self, repo, installed):
+        result = run(repo, "preview", "dev", **{**installed, "AMLHPC_PYTHON": "/no/such/python"})
+        assert result.status == 2 and "AMLHPC_PYTHON=/no/such/python is not a Python interpreter" in result.stderr
+        assert result.calls == []
 
 
 class TestDown:

@@ -54,13 +54,61 @@ def test_unreachable_endpoints_are_bounded_by_the_deadline():
     assert all(answers.values()), answers
 
 
-def test_azurite_is_required_unless_a_connection_string_is_given(monkeypatch, tmp_path):
+@pytest.fixture
+def no_azurite(monkeypatch, tmp_path):
+    """A project without node_modules, a clone without Azurite, and a PATH without it."""
     from amlhpc.jobs.local import azurite
 
-    monkeypatch.setattr(azurite, "AZURITE_BIN", requirements.REPO_ROOT / "node_modules" / ".bin" / "no-such-binary")
-    problems = requirements.azurite_problems({"PATH": os.environ.get("PATH", "")})
-    assert problems and "make bootstrap" in problems[0].hint
-    assert requirements.azurite_problems(with_azurite_env()) == []
+    monkeypatch.setattr(azurite, "AZURITE_BIN", tmp_path / "clone" / "node_modules" / ".bin" / "azurite-blob")
+    monkeypatch.setenv("AMLHPC_PROJECT", str(tmp_path / "project"))
+    return {"PATH": str(tmp_path / "bin")}
+
+
+def _executable(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_azurite_is_required_unless_a_connection_string_is_given(no_azurite):
+    problems = requirements.azurite_problems(no_azurite)
+    assert problems and "make bootstrap" in problems[0].hint  # this test runs from a clone
+    assert requirements.azurite_problems({**no_azurite, **with_azurite_env()}) == []
+
+
+def test_an_install_is_told_the_npm_command_that_puts_azurite_on_path(no_azurite, monkeypatch):
+    from amlhpc.core import invocation
+
+    monkeypatch.setattr(invocation, "from_clone", lambda: False)
+    (problem,) = [p for p in requirements.azurite_problems(no_azurite) if p.reference.startswith("Azurite")]
+    assert "npm install --global azurite" in problem.hint and "on PATH" in problem.hint
+    assert "make" not in problem.hint and ".venv" not in problem.hint
+
+
+def test_azurite_is_found_on_path_or_in_the_project(no_azurite, tmp_path):
+    from amlhpc.jobs.local import azurite
+
+    assert azurite.find(no_azurite["PATH"]) is None
+    on_path = _executable(tmp_path / "bin" / "azurite-blob")
+    assert azurite.find(no_azurite["PATH"]) == on_path
+    assert requirements.azurite_problems(no_azurite) == [] or all("Node.js" in p.reference for p in requirements.azurite_problems(no_azurite))
+    in_project = _executable(tmp_path / "project" / "node_modules" / ".bin" / "azurite-blob")
+    assert azurite.find(no_azurite["PATH"]) == in_project  # the project's own wins over PATH
+    pinned = _executable(azurite.AZURITE_BIN)
+    assert azurite.find(no_azurite["PATH"]) == pinned  # and the clone's pinned one over both
+
+
+def test_the_torch_fix_names_the_cpu_build(monkeypatch):
+    from amlhpc.core import invocation
+
+    recipe = recipes.load("cosmoflow", local=True)
+    monkeypatch.setattr(invocation, "from_clone", lambda: False)
+    with pytest.raises(UserError) as info:
+        requirements.check(recipe, env=with_azurite_env(), machine=machine(modules=set()))
+    text = info.value.render()
+    assert "torch numpy --index-url https://download.pytorch.org/whl/cpu" in text and " numpy" in text
+    assert "make " not in text and ".venv/bin/python -m" not in text and "--python .venv" not in text
 
 
 def test_prune_keeps_the_most_recent_and_the_current(tmp_path):

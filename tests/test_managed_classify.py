@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from amlhpc.jobs.managed import causes
 from amlhpc.jobs.managed.classify import classify
 from amlhpc.jobs.managed.observation import Observation
-from amlhpc.jobs.recipes import causes
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from tests.managed_fakes import PREEMPTION, end
 

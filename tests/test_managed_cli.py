@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from amlhpc.images.catalog import CONTROLLER, release
 from amlhpc.jobs.cli import main as cli
 from amlhpc.jobs.managed import render
-from amlhpc.jobs.managed.controller import MANAGED_JSON
 from amlhpc.jobs.managed.policy import Policy
 from amlhpc.jobs.managed.record import Attempt, Record, RecordStore
+from amlhpc.jobs.managed.settings import MANAGED_JSON
 from amlhpc.jobs.runtime.base import contract
 from tests.jobs_helpers import outputs_doc, outputs_file
 
@@ -177,8 +177,8 @@ def test_the_controller_imports_only_what_its_image_has():
     is amlhpc/jobs/managed and amlhpc/jobs/runtime. render.py and client.py run on the laptop only."""
     from tests.test_import_direction import offenders, py_files
 
-    controller_side = [p for p in py_files("jobs", "managed") if p.name not in ("render.py", "client.py")]
-    assert offenders(controller_side, ("core", "infra", "images", "jobs", "pulumi", "pydantic", "yaml", "rich", "typer"),
+    controller_side = [p for p in py_files("amlhpc", "jobs", "managed") if p.name not in ("render.py", "client.py")]
+    assert offenders(controller_side, ("amlhpc.core", "amlhpc.infra", "amlhpc.images", "amlhpc.jobs", "pulumi", "pydantic", "yaml", "rich", "typer"),
                      allowed=("amlhpc.jobs.managed", "amlhpc.jobs.runtime")) == {}
     assert offenders(controller_side, ("amlhpc.jobs.managed.render", "amlhpc.jobs.managed.client")) == {}
 
@@ -192,7 +192,7 @@ def test_the_controller_imports_only_what_its_image_has():
     (["--managed", "--slow-node", "1", "--slow-factor", "0.5"], "--slow-factor: 0.5"),
     (["--managed", "--kill-controller-at", "lunch"], "'lunch' is not a phase"),
     (["--managed", "--no-replacement"], "--no-replacement: says what follows a lost host"),
-    (["--resume"], "--resume: continues a managed rehearsal by its name"),
+    (["--managed", "--resume"], "--resume: continues a managed rehearsal by its name"),
 ])
 def test_rehearsal_fault_flags(flags, message):
     result = run_jobs("run", "cosmoflow", "--local", "--nodes", "2", *flags)

@@ -105,6 +105,22 @@ def test_two_checks_at_once_start_one_controller(container, template, managed_pl
     other.release()
 
 
+def test_two_overlapping_checks_start_one_controller(container, template, managed_plan):
+    """The second check looked (no live controller) before the first started one and let its
+    lease go; taking the lease after it, the second lists again and sees the new controller."""
+    from amlhpc.jobs.runtime.base import faultpoints
+
+    h = started_run(container, template, managed_plan)
+    launcher = Launcher({h.run: "Failed"})
+    first: list[str | None] = []
+    with faultpoints.injected("revive.listed", lambda **_: first.append(revive.revive(h.store(), launcher, h.run)),
+                              when=lambda **_: not first):
+        second = revive.revive(h.store(), launcher, h.run, echo=h.lines.append)
+    assert first == [f"{h.run}-c0001"] and second is None
+    assert launcher.started == [(first[0], h.run)], "one controller, not two"
+    assert any(f"controller {first[0]} is Queued: waiting for it" in line for line in h.lines)
+
+
 def test_the_revived_controller_continues_the_run(container, template, managed_plan):
     h = started_run(container, template, managed_plan)
     launcher = Launcher({h.run: "Failed"})
@@ -120,7 +136,7 @@ def test_the_schedule_is_what_azure_ml_accepts(managed_plan, tmp_path):
     the revival command, the controller's code, environment, cluster, identity, settings)."""
     from azure.ai.ml.entities import CommandJob, ManagedIdentityConfiguration
 
-    from amlhpc.jobs.managed.controller import MANAGED_JSON
+    from amlhpc.jobs.managed.settings import MANAGED_JSON
 
     controller = CommandJob(
         name=managed_plan.run, experiment_name="cosmoflow", command="python -m amlhpc.jobs.managed.controller",

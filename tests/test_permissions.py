@@ -144,6 +144,22 @@ class TestNoEscalationThroughAJob:
                        "Microsoft.MachineLearningServices/workspaces/jobs/delete"):
             assert scientist.allows(action) and not controller.allows(action), action
 
+    @pytest.mark.parametrize("action", [
+        "Microsoft.MachineLearningServices/workspaces/outboundRules/write",
+        "Microsoft.MachineLearningServices/workspaces/managedNetworks/outboundRules/write",
+        "Microsoft.MachineLearningServices/workspaces/managedNetworks/write",
+        "Microsoft.MachineLearningServices/workspaces/provisionManagedNetwork/action",
+        "Microsoft.MachineLearningServices/workspaces/connections/write",
+        "Microsoft.MachineLearningServices/workspaces/datastores/write",
+    ])
+    def test_no_submitter_opens_a_way_out_of_the_workspace(self, action):
+        """AzureML Data Scientist let every submitter add an outbound rule, a connection or a
+        datastore outside Pulumi and the policy pack; the submitter role does not."""
+        assert MODEL.role("azureml-data-scientist").allows(action), action
+        holders = [r.key for r in MODEL.rights if r.role.allows(action) and r.granted_by == "program"]
+        assert holders == [], f"{action}: {holders}"
+        assert MODEL.role("submitter").allows("Microsoft.MachineLearningServices/workspaces/jobs/write")
+
     def test_jobs_cannot_write_what_steers_the_controller(self):
         """The supervision container: the controller and the submitters write it, the GPU
         clusters' identity has no right on it at all."""

@@ -182,7 +182,7 @@ class TestBadConfigRegistersNothing:
 
 
 class TestPrices:
-    def test_unpriced_size_is_reported_and_override_prices_it(self, tmp_path):
+    def test_unpriced_size_is_reported_and_override_prices_it(self, tmp_path, unpriced_size):
         config = yaml.safe_load((REPO_ROOT / "Pulumi.dev.yaml").read_text())["config"]
         config["aml-hpc:clusters"] = [{"name": "h200", "sku": "Standard_ND96isr_H200_v5", "maxNodes": 2}]
         (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": config}))

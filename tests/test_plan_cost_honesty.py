@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import UNPRICED_SIZE as UNPRICED  # stripped of its price by the unpriced_size fixture
 
 from amlhpc.infra.config import REPO_ROOT
 from amlhpc.infra.plan import evaluate
 from amlhpc.infra.plan.diff import diff
 from amlhpc.infra.plan.render import render
 from amlhpc.infra.plan.render_diff import headline, render_markdown, render_text
-
-UNPRICED = "Standard_ND96isr_H200_v5"  # in the catalog without a reference price
 
 
 def config(stack: str) -> dict:
@@ -34,14 +33,14 @@ def prod() -> dict:
 
 
 class TestUnpricedSizes:
-    def switched(self, tmp_path, prod):
+    def switched(self, tmp_path, prod, unpriced_size):
         cfg = config("prod")
         cfg["aml-hpc:clusters"][0]["sku"] = UNPRICED
         cfg["aml-hpc:clusters"][0]["allowUnlistedRegion"] = True
         return diff(prod, plan_of(tmp_path, cfg, "prod"), "base", "head")
 
-    def test_switching_to_an_unpriced_size_is_not_a_negative_delta(self, tmp_path, prod):
-        result = self.switched(tmp_path, prod)
+    def test_switching_to_an_unpriced_size_is_not_a_negative_delta(self, tmp_path, prod, unpriced_size):
+        result = self.switched(tmp_path, prod, unpriced_size)
         text = render_text(result) + render_markdown(result) + headline(result)
         assert "-$" not in text
         assert "unpriced" in text and UNPRICED in text
@@ -49,7 +48,7 @@ class TestUnpricedSizes:
         full = result.cost[0]
         assert full.unpriced and full.change is None  # no number pretends to be the change
 
-    def test_an_unpriced_cluster_is_never_a_zero_cost_line(self, tmp_path):
+    def test_an_unpriced_cluster_is_never_a_zero_cost_line(self, tmp_path, unpriced_size):
         cfg = config("prod")
         cfg["aml-hpc:clusters"][0]["sku"] = UNPRICED
         cfg["aml-hpc:clusters"][0]["allowUnlistedRegion"] = True

@@ -15,9 +15,10 @@ import yaml
 from amlhpc.infra.config import REPO_ROOT
 from amlhpc.infra.plan import evaluate
 from amlhpc.infra.plan.bench import write_stack
+from amlhpc.infra.plan.details import details
 from amlhpc.infra.plan.diff import diff
 from amlhpc.infra.plan.mocks import qualified_name
-from amlhpc.infra.plan.render import details, render, short_type
+from amlhpc.infra.plan.render import render, short_type
 from amlhpc.infra.plan.render_diff import render_markdown, render_text
 from amlhpc.infra.plan.text import WIDTH
 from tests.plan_helpers import SWEEP_EXPERIMENT

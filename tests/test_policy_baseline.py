@@ -85,6 +85,15 @@ class TestNetwork:
         [v] = mandatory(prod_with(tmp_path, network=network))["no-internet-outbound"]
         assert "any host on the internet" in v.message and "AllowOnlyApprovedOutbound" in v.fix
 
+    def test_prod_on_a_private_network_is_refused(self, tmp_path):
+        """isolation: private passed every rule, and its jobs reached the internet through the NAT gateway."""
+        network = {"isolation": "private", "addressSpace": "10.40.0.0/16", "endpointSubnet": "10.40.128.0/18",
+                   "wayIn": PROD["aml-hpc:network"]["wayIn"]}
+        found = mandatory(prod_with(tmp_path, network=network))
+        assert set(found) == {"egress-controlled"}, found
+        [v] = found["egress-controlled"]
+        assert "NAT gateway" in v.message and "AllowOnlyApprovedOutbound" in v.fix
+
     def test_a_host_not_on_the_allow_list_is_refused(self, tmp_path):
         network = {**PROD["aml-hpc:network"], "fqdnRules": ["pypi.org", "github.com"]}
         [v] = mandatory(prod_with(tmp_path, network=network))["outbound-fqdn-allow-listed"]
@@ -148,6 +157,49 @@ class TestRoles:
         network_contributor = "4d97b98b-1d4f-4787-a291-c67834d212e7"  # Azure built-in roles, networking
         [v] = mandatory(with_resource(prod, ROLE, "extra", role_assignment(network_contributor)))["role-in-permission-model"]
         assert network_contributor in v.message and "amlhpc/core/catalog/permissions.toml" in v.fix
+
+
+class TestTheEnvironmentIsTheStack:
+    """One line, `aml-hpc:environment: dev` in Pulumi.prod.yaml, once switched the baseline off: the
+    policy read "outside dev" from a tag the config writes. An environment stack is its name."""
+
+    def test_the_config_refuses_another_environment_on_an_environment_stack(self, tmp_path):
+        with pytest.raises(UserError) as info:
+            prod_with(tmp_path, environment="dev")
+        text = info.value.render()
+        assert "aml-hpc:environment" in text and "'dev' is not this stack" in text
+        assert "remove aml-hpc:environment from Pulumi.prod.yaml" in text
+
+    def test_the_same_name_is_accepted(self, tmp_path):
+        assert mandatory(prod_with(tmp_path, environment="prod")) == {}
+
+    def test_prod_tagged_dev_public_and_with_shared_keys_is_refused(self, tmp_path):
+        """What the red team deployed, past the config: every resource tagged dev, public, keys on."""
+        storage = {**PROD["aml-hpc:storage"], "allowSharedKeyAccess": True}
+        plan = prod_with(tmp_path, network={"isolation": "public"}, storage=storage, workspaceStorageAuth="accessKey")
+        for r in plan["resources"]:
+            if isinstance((r.get("inputs") or {}).get("tags"), dict):
+                r["inputs"]["tags"]["environment"] = "dev"
+        plan["outputs"]["tags"]["environment"] = "dev"
+        plan["outputs"]["environment"] = "dev"
+        found = mandatory(plan)
+        assert {"data-account", "ml-storage"} <= {v.name for v in found["no-public-network-access"]}
+        assert {v.name for v in found["no-shared-key-storage"]} == {"data-account", "ml-storage"}
+        assert "environment-tag-is-the-stacks" in found
+        assert "tagged environment 'dev' in stack 'prod'" in found["environment-tag-is-the-stacks"][0].message
+
+    def test_an_experiment_follows_its_environment(self, prod):
+        from amlhpc.infra.policy import ResourceView, StackView, run_rules
+
+        public = ResourceView("urn:pulumi:exp-x::aml-hpc::azure-native:machinelearningservices:Compute::c",
+                              "azure-native:machinelearningservices:Compute", "c",
+                              {"computeName": "c", "tags": {"environment": "dev"},
+                               "properties": {"computeType": "AmlCompute", "properties": {"vmSize": "Standard_D4s_v3"}}})
+        on = {env: {v.rule for v in run_rules([public], StackView("exp-x", "experiment", environment=env))}
+              for env in ("dev", "prod", None)}
+        assert "no-public-ips" not in on["dev"]
+        assert "no-public-ips" in on["prod"] and "environment-tag-is-the-stacks" in on["prod"]
+        assert "no-public-ips" in on[None], "an experiment whose environment is unknown is outside dev"
 
 
 def test_default_outbound_rules_are_all_allow_listed():

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import grpc
 import pytest
@@ -214,12 +213,25 @@ class TestPreviewRealities:
         assert not any(d.policyName == "gpu-idle-scale-down" for d in server.analyze(item).diagnostics)
 
 
-def test_pack_project_file_points_at_the_repository_venv():
-    """PulumiPolicy.yaml runs the pack in the repository's .venv, where amlhpc.infra.policy imports."""
+def test_pack_runs_with_the_interpreter_the_deploy_script_gives_pulumi():
+    """PulumiPolicy.yaml names no virtualenv (an installed pack has none beside it): Pulumi runs
+    it with PULUMI_PYTHON_CMD, which scripts/pulumi-stack.sh sets to the interpreter aml-hpc
+    runs in (the clone's .venv, or the installed tool's), where amlhpc.infra.policy imports."""
     import yaml
 
     project = yaml.safe_load((PACK_DIR / "PulumiPolicy.yaml").read_text())
-    assert project["runtime"]["name"] == "python"
-    venv = (PACK_DIR / project["runtime"]["options"]["virtualenv"]).resolve()
-    assert venv == (REPO_ROOT / ".venv").resolve()
-    assert Path(venv / "bin" / "python").exists()
+    assert project["runtime"] == {"name": "python", "options": {"toolchain": "pip"}}
+    script = (REPO_ROOT / "scripts" / "pulumi-stack.sh").read_text()
+    assert "export PULUMI_PYTHON_CMD" in script and "PYTHON=${AMLHPC_PYTHON:-.venv/bin/python}" in script
+
+
+def test_the_pack_reads_the_stack_not_the_environment_tag(servers, dev_plan):
+    """A prod preview whose resources say environment: dev still gets prod's baseline (the
+    adapter once built its view from tags the stack file writes)."""
+    item = copy.deepcopy(resource(dev_plan, "data-account"))
+    item["inputs"]["allowSharedKeyAccess"] = True
+    assert item["inputs"]["tags"]["environment"] == "dev" and item["inputs"]["publicNetworkAccess"] != "Disabled"
+    on_prod = {d.policyName for d in servers("prod").analyze(item).diagnostics}
+    assert {"no-shared-key-storage", "no-public-network-access", "environment-tag-is-the-stacks"} <= on_prod
+    on_dev = {d.policyName for d in servers("dev").analyze(item).diagnostics}
+    assert "no-public-network-access" not in on_dev and "environment-tag-is-the-stacks" not in on_dev

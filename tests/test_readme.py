@@ -96,12 +96,11 @@ def _aml_hpc_lines() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("where, segment", _aml_hpc_lines())
 def test_aml_hpc_lines_in_the_docs_name_real_commands(where, segment):
-    from amlhpc.app import build, take_project
+    from amlhpc.app import build, one_app, take_project
 
     argv = shlex.split(segment)
     program, args = argv[0].rsplit("/", 1)[-1], take_project(argv[1:])[0]
-    app = build() if program == "aml-hpc" else \
-        __import__(f"{program.removeprefix('aml-hpc-')}.cli", fromlist=["app"]).app
+    app = build() if program == "aml-hpc" else one_app(program)
     command = typer.main.get_command(app)
     eager = {"--version", "--install-completion", "--show-completion"} & set(args)
     if eager:  # parsing them would act (print, or install completion in this machine's shell)

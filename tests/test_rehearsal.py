@@ -53,14 +53,34 @@ class TestSeams:
 
     def test_each_node_gets_its_own_code_copy_and_scratch(self, tmp_path):
         snapshot = tmp_path / "snap"
-        (snapshot / "amlhpc" / "jobs" / "runtime").mkdir(parents=True)
+        (snapshot / "amlhpc" / "jobs" / "runtime" / "launch").mkdir(parents=True)
+        (snapshot / "amlhpc" / "__init__.py").write_text("")
         (snapshot / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").write_text("# launcher\n")
         folders = rehearsal.prepare_nodes(snapshot, tmp_path / "work", 3)
         assert [f.name for f in folders] == ["node0", "node1", "node2"]
         for f in folders:
             assert (f / "amlhpc" / "jobs" / "runtime" / "launch" / "launcher.py").read_text() == "# launcher\n"
+            assert (f / "amlhpc" / "__init__.py").is_file(), "a regular package: the node's copy wins over the checkout"
             assert (f / "scratch").is_dir()
         assert not (folders[0] / "amlhpc" / "jobs").samefile(folders[1] / "amlhpc" / "jobs")
+
+    def test_the_teams_code_is_copied_beside_the_runtime_and_a_rerun_drops_what_it_deleted(self, tmp_path):
+        """The whole snapshot goes to each node (a team's train.py at the top, as Azure ML gives
+        its working folder); a rerun replaces the code and keeps what the job wrote."""
+        first = tmp_path / "snap1"
+        (first / "amlhpc" / "jobs" / "runtime").mkdir(parents=True)
+        (first / "train.py").write_text("v1")
+        (first / "old_helper.py").write_text("gone next time")
+        (node,) = rehearsal.prepare_nodes(first, tmp_path / "work", 1)
+        assert (node / "train.py").read_text() == "v1" and (node / "old_helper.py").is_file()
+        (node / "outputs").mkdir()
+        (node / "outputs" / "metrics.json").write_text("{}")
+        second = tmp_path / "snap2"
+        (second / "amlhpc" / "jobs" / "runtime").mkdir(parents=True)
+        (second / "train.py").write_text("v2")
+        (node,) = rehearsal.prepare_nodes(second, tmp_path / "work", 1)
+        assert (node / "train.py").read_text() == "v2" and not (node / "old_helper.py").exists()
+        assert (node / "outputs" / "metrics.json").is_file() and (node / "scratch").is_dir()
 
 
 class TestCli:

@@ -87,7 +87,8 @@ def test_runs_here(recipe, tmp_path, blob_env):
     assert "rehearsal succeeded: 2 processes" in log
     work = tmp_path / "work"
     if recipe == "cosmoflow":
-        assert f"uploaded {tmp_path / 'cosmoflow-data'} -> datasets/matrix/" in log
+        assert f"uploaded {tmp_path / 'cosmoflow-data'} -> datasets/rehearsal-data/cosmoflow/" in log
+        assert f"input 'cosmoflow' stages exactly the 32 file(s) of {tmp_path / 'cosmoflow-data'}" in log
         assert "the local dataset for input" not in log, "--data wins over the profile's dataset"
         losses = _loss_lines(result.stdout)
         assert losses and {entry["epoch"] for entry in losses} == {0, 1}, "two epochs, as the profile says"
@@ -96,9 +97,10 @@ def test_runs_here(recipe, tmp_path, blob_env):
         staged = {p.name: p.read_bytes() for p in work.glob("node*/scratch/cosmoflow/**/*.tfrecord")}
         assert staged == {p.name: p.read_bytes() for p in (tmp_path / "cosmoflow-data").rglob("*.tfrecord")}
         assert len(list(work.glob("node*/outputs/aml-hpc/launch-node*.json"))) == 2
-        # the same name again, on one node, one epoch longer: it resumes from the checkpoint
+        # the same name again with --resume, on one node, one epoch longer: it resumes from the checkpoint
         command = recipes.load("cosmoflow", local=True).command + " --epochs 3"
-        again = rehearse(recipe, tmp_path, blob_env, "--name", name, "--nodes", "1", *extra, "--set", f"command={command}")
+        again = rehearse(recipe, tmp_path, blob_env, "--name", name, "--nodes", "1", *extra, "--set", f"command={command}",
+                         "--resume")
         assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
         assert "resumed from" in again.stdout
         assert {entry["epoch"] for entry in _loss_lines(again.stdout)} == {2}, "only the third epoch is left"

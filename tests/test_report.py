@@ -62,18 +62,24 @@ def plots(run) -> dict[str, figures.Plot]:
 
 
 class TestRecordedRun:
-    def test_loss_has_every_step_rank_0_logged(self, run, plots):
+    def test_loss_has_every_step_rank_0_logged_each_attempt_its_own_line(self, run, plots):
         logged = [(line["step"], line["loss"]) for line in metric_lines(RECORDED / "node0/user_logs/std_log_process_0.txt")
                   if "loss" in line]
         assert len(logged) == 12 and logged[0][0] == 1 and logged[-1][0] == 12  # 8 steps, then 4 more after resuming
         plot = plots["loss"]
-        assert plot.series["loss-0-0"] == [(float(s), v) for s, v in logged]
-        assert path_points(plot.svg, "loss-0-0") == 12
+        # two attempts (the launcher's `starting:` line begins each): two lines, none across the gap
+        assert plot.series["loss-0-0"] == [(float(s), v) for s, v in logged[:8]]
+        assert plot.series["loss-0-1"] == [(float(s), v) for s, v in logged[8:]]
+        assert path_points(plot.svg, "loss-0-0") == 8 and path_points(plot.svg, "loss-0-1") == 4
+        assert run.loss.attempts == [1, 2]
         epochs = [(line["step"], line["epoch_loss"]) for line in
                   metric_lines(RECORDED / "node0/user_logs/std_log_process_0.txt") if "epoch_loss" in line]
-        assert plot.series["loss-m0-0"] == [(float(s), v) for s, v in epochs] and len(epochs) == 3
+        assert plot.series["loss-m0-0"] + plot.series["loss-m0-1"] == [(float(s), v) for s, v in epochs]
+        assert len(epochs) == 3
         labels = texts(plot.svg)
         assert "step" in labels and "loss" in labels and "12" in labels and "mean loss per epoch" in labels
+        assert " attempt 2" in labels, "where the second attempt starts is marked"
+        assert "a circle for the mean of each epoch" in plot.note and "2 attempts, each its own line" in plot.note
         top = max(v for _, v in logged)
         assert any(t.replace("\u2212", "-") == f"{top:.1f}" for t in labels) or float(labels[labels.index("loss") - 1]) <= top + 0.1
 
@@ -81,8 +87,15 @@ class TestRecordedRun:
         logged = [(float(line["step"]), line["samples_per_s"]) for line in
                   metric_lines(RECORDED / "node0/user_logs/std_log_process_0.txt") if "samples_per_s" in line]
         plot = plots["throughput"]
-        assert plot.series["throughput-0-0"] == logged and path_points(plot.svg, "throughput-0-0") == 3
+        assert plot.series["throughput-0-0"] + plot.series["throughput-0-1"] == logged
+        assert path_points(plot.svg, "throughput-0-0") == 2 and path_points(plot.svg, "throughput-0-1") == 1
         assert "samples/s" in texts(plot.svg)
+
+    def test_step_axes_have_whole_steps_only(self, plots):
+        for key in ("loss", "throughput", "mfu", "step-time"):
+            svg = plots[key].svg
+            ticks = re.findall(r'<g id="[\w-]*xtick_\d+">.*?<text[^>]*>([^<]*)</text>', svg, re.S)
+            assert ticks and all(t.replace("\u2212", "-").lstrip("-").isdigit() for t in ticks), (key, ticks)
 
     def test_timeline_lays_each_nodes_phases_end_to_end(self, run, plots):
         plot = plots["timeline"]
@@ -110,16 +123,28 @@ class TestRecordedRun:
                      - datetime.fromisoformat(line["started_at"].replace("Z", "+00:00"))).total_seconds() / 3600
             costs.append(line["nodes"] * hours * line["usd_per_node_hour"])
         cumulative = plot.series["attempts-cost"]
-        assert cumulative[-1][1] == pytest.approx(sum(costs)) and cumulative[2][1] == pytest.approx(costs[0])
+        bars = [plot.series["attempts-bar-1"][0], plot.series["attempts-bar-2"][0]]
+        # the total rises through each attempt and stays flat between them: no jump at an attempt's end
+        assert cumulative == [(bars[0][0], 0.0), (bars[0][1], pytest.approx(costs[0])),
+                              (bars[1][0], pytest.approx(costs[0])), (bars[1][1], pytest.approx(sum(costs)))]
         assert "Standard_ND96asr_v4" in plot.note and "$27.197/node-hour" in plot.note
-        assert "cumulative $" in texts(plot.svg) and "minutes since the first attempt started" in texts(plot.svg)
+        labels = texts(plot.svg)
+        assert "cumulative $" in labels and "minutes since the first attempt started" in labels
+        assert "1: succeeded" in labels and "2: succeeded" in labels, "each bar says which attempt and how it ended"
 
     def test_mfu_is_rank_0s_fraction_as_a_percentage(self, plots):
         logged = [(float(line["step"]), line["mfu"] * 100) for line in
                   metric_lines(RECORDED / "node0/user_logs/std_log_process_0.txt") if "mfu" in line]
         assert len(logged) == 12 and all(0 < v < 100 for _, v in logged)
-        assert plots["mfu"].series["mfu-0-0"] == [(s, pytest.approx(v)) for s, v in logged]
+        assert plots["mfu"].series["mfu-0-0"] + plots["mfu"].series["mfu-0-1"] == [(s, pytest.approx(v)) for s, v in logged]
         assert "MFU %" in texts(plots["mfu"].svg)
+
+    def test_a_run_whose_attempts_measured_two_peaks_says_mfu_jumps(self, run, plots):
+        """Recorded before the peak was kept across attempts: each attempt timed its own GEMM."""
+        headers = [json.loads(line) for line in (RECORDED / "node0/user_logs/std_log_process_0.txt").read_text().splitlines()
+                   if line.startswith('{"flops_per_sample"')]
+        assert [(p.attempt, p.tflops) for p in run.peaks] == [(1, headers[0]["peak_tflops"]), (2, headers[1]["peak_tflops"])]
+        assert "Warning: the peak was measured again by a later attempt" in plots["mfu"].note
 
     def test_step_time_has_a_line_per_node_from_that_nodes_own_log(self, plots):
         for node, rank in ((0, 0), (1, 1)):
@@ -138,8 +163,15 @@ class TestRecordedRun:
         assert len(busy) > 10 and all("absent" in s["gpus"] for s in samples)
         util, memory = plots["gpu-util"], plots["gpu-memory"]
         assert util.title == "Host CPU utilisation" and memory.title == "Host memory"
-        assert util.series["gpu-util-1-0"] == [(pytest.approx(t), pytest.approx(v)) for t, v in busy]
-        assert memory.series["gpu-memory-1-0"] == [(pytest.approx(t), pytest.approx(v)) for t, v in used]
+        def whole(plot, prefix):
+            return [p for key, segment in sorted(plot.series.items(), key=lambda kv: int(kv[0].rsplit("-", 1)[1]))
+                    if key.startswith(prefix) for p in segment]
+
+        assert whole(util, "gpu-util-1-") == [(pytest.approx(t), pytest.approx(v)) for t, v in busy]
+        assert whole(memory, "gpu-memory-1-") == [(pytest.approx(t), pytest.approx(v)) for t, v in used]
+        # no line across the 18 s between the attempts: a segment per attempt, each shaded and labelled
+        assert len([k for k in util.series if k.startswith("gpu-util-1-")]) == 2
+        assert " attempt 1" in texts(util.svg) and " attempt 2" in texts(util.svg)
         assert "No GPU was sampled" in util.note and samples[0]["gpus"]["absent"] in util.note
         assert "CPU busy %" in texts(util.svg)
 
@@ -210,6 +242,11 @@ class TestGpuRun:
         assert 25 < min(steady) and max(steady) < 35  # per cent of the dense bf16 peak
         # one launcher run outside a rehearsal: no attempts record, every other plot drawn
         assert [k for k, p in gpu_plots.items() if p.svg is None] == ["attempts"]
+
+    def test_captions_say_what_this_run_drew(self, gpu_plots):
+        """llm-pretrain logs no epoch loss: its caption mentions no circles (it used to)."""
+        assert "circle" not in gpu_plots["loss"].note and "a line per step" in gpu_plots["loss"].note
+        assert "one peak for the whole run" in gpu_plots["mfu"].note and "H200" in gpu_plots["mfu"].note
 
 
 class TestOtherRecords:
@@ -321,3 +358,91 @@ def test_the_page_renders_in_headless_chromium(tmp_path):
     colours = image.getcolors(maxcolors=1 << 20) or []
     blue = sum(n for n, (r, g, b) in colours if b > 200 and r < 80 and 90 < g < 140)  # the plots' #1f6feb lines
     assert image.size == (1280, 3000) and blue > 200, f"no plotted line visible ({blue} blue pixels)"
+
+
+def test_without_matplotlib_the_report_names_the_extra(tmp_path, monkeypatch):
+    """matplotlib is the `report` extra: missing, `jobs report` says how to add it, and reads nothing."""
+    import importlib.util
+
+    from amlhpc.core.errors import UserError
+    from amlhpc.jobs import report as run_report
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(UserError) as raised:
+        run_report.write(tmp_path / "no-such-run")
+    text = str(raised.value.problems[0])
+    assert "matplotlib" in text and not (tmp_path / "no-such-run").exists()
+    from amlhpc.core import invocation
+
+    assert ("make bootstrap" if invocation.from_clone() else "aml-hpc[report]") in text
+
+
+def attempts_kept(tmp_path: Path) -> Path:
+    """The recorded run as a rehearsal now keeps it: each attempt's launcher and staging
+    reports under attempts/<n>/node<K>/ (here attempt 1's made from attempt 2's, slower)."""
+    folder = tmp_path / "cosmoflow-recorded"
+    shutil.copytree(RECORDED, folder)
+    for number, factor in ((1, 2.0), (2, 1.0)):
+        for node in (0, 1):
+            kept = folder / "attempts" / str(number) / f"node{node}"
+            kept.mkdir(parents=True)
+            launch = json.loads((RECORDED / f"node{node}/outputs/aml-hpc/launch-node00{node}.json").read_text())
+            launch["phases"] = {k: v * factor for k, v in launch["phases"].items()}
+            (kept / f"launch-node00{node}.json").write_text(json.dumps(launch))
+            staging = json.loads((RECORDED / f"node{node}/outputs/aml-hpc/staging-node{node}.json").read_text())
+            for item in staging["inputs"]:
+                item["seconds"] = item["seconds"] * factor
+            (kept / f"staging-node{node}.json").write_text(json.dumps(staging))
+    return folder
+
+
+class TestEveryAttempt:
+    def test_staging_and_the_timeline_show_every_attempt(self, tmp_path):
+        r = records.read(attempts_kept(tmp_path))
+        assert [(p.attempt, p.node) for p in r.phases] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+        assert [(s.attempt, s.node) for s in r.staging] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+        first, second = r.phases[0], r.phases[2]
+        assert first.phases["training"] == pytest.approx(2 * second.phases["training"])
+        plot = figures.timeline(r)
+        assert "timeline-a1-n0-training" in plot.series and "timeline-a2-n1-staging" in plot.series
+        assert "attempt 1 · node 0" in texts(plot.svg) and "attempt 2 · node 1" in texts(plot.svg)
+        html = page.render(r, figures.all_plots(r))
+        assert "staged data per node and attempt" in html and "launcher phases, seconds, per attempt" in html
+
+
+CHAR_PX, CELL_PADDING_PX = 7.2, 16
+"""A record table's text (12.5 px system-ui) is about 7 px a character; each cell adds 8 px a side."""
+
+
+def _min_table_width(table_html: str) -> float:
+    """The narrowest a table can be: each column as wide as its longest word (cells wrap at spaces)."""
+    rows = re.findall(r"<tr>(.*?)</tr>", table_html, re.S)
+    cells = [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, re.S) for row in rows]
+    columns = max(len(row) for row in cells)
+    widest = [max((len(word) for row in cells if i < len(row) for word in re.sub("<[^>]+>", "", row[i]).split()),
+                  default=1) for i in range(columns)]
+    return sum(w * CHAR_PX + CELL_PADDING_PX for w in widest)
+
+
+def _card_width(viewport: int) -> float:
+    """A records card's content width: main (1120 px at most, 32 px padding a side; 12 px below 600 px),
+    less the card's 16 px padding and 1 px border a side."""
+    padding = 12 if viewport <= 600 else 32
+    return min(1120, viewport) - 2 * padding - 2 * 16 - 2
+
+
+def test_every_record_table_fits_its_card_at_common_widths(tmp_path):
+    """No Chromium here to lay the page out: each record table's narrowest width (its longest
+    words) against its card's width at desktop widths (1,400 px among them); narrower (a
+    tablet, a phone) a table scrolls inside its card instead of leaving it."""
+    r = records.read(attempts_kept(tmp_path))
+    html = page.render(r, figures.all_plots(r))
+    records_part = html[html.index("<h2>Records</h2>"):]
+    tables = re.findall(r'<div class="scroll"><table>.*?</table></div>', records_part, re.S)
+    assert len(tables) == 4 and records_part.count("<table>") == 4, "every table scrolls inside its card"
+    assert ".scroll{overflow-x:auto" in html and ".records{display:grid;grid-template-columns:minmax(0,1fr)" in html
+    for viewport in (1920, 1400, 1280, 1024):
+        for table_html in tables:
+            assert _min_table_width(table_html) <= _card_width(viewport), (viewport, table_html[:200])
+    assert "section svg{width:100%" in html and "minmax(min(480px,100%),1fr)" in html

@@ -66,7 +66,7 @@ class TestDecide:
 TRAIN = r"""
 import json, os, sys, time
 from pathlib import Path
-from amlhpc.jobs.runtime import progress
+from amlhpc.jobs.runtime.base import progress
 from amlhpc.jobs.runtime.checkpoint import tier
 from amlhpc.jobs.workloads import resume as resume_api
 shared, total = Path(sys.argv[1]), int(sys.argv[2])
@@ -121,21 +121,36 @@ def node_env(tmp_path: Path, node: int, run_id: str, prefix: str, azurite, conta
     return env
 
 
+def coordination(node: int, listener) -> tuple[dict[str, str], tuple[int, ...]]:
+    """The job's coordination store as the rehearsal sets it: the port bound once, node 0 inherits it."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "AMLHPC_COORD_PORT": str(listener.getsockname()[1])}
+    if node != 0:
+        return env, ()
+    return {**env, "AMLHPC_COORD_LISTEN_FD": str(listener.fileno())}, (listener.fileno(),)
+
+
 def run_job(tmp_path: Path, train_script: Path, azurite, container, total: int, settings: dict | None = None,
-            **extra: str) -> tuple[list[int], list[str], list[dict]]:
+            nodes: int = 2, **extra: str) -> tuple[list[int], list[str], list[dict]]:
+    from amlhpc.jobs.runtime.coord.jobstore import reserve
+
     run_id, prefix = f"r-{uuid.uuid4().hex[:6]}", f"restart/{uuid.uuid4().hex[:6]}"
     shared = tmp_path / "shared"
     shared.mkdir()
     procs = []
-    for node in (0, 1):
-        env = node_env(tmp_path, node, run_id, prefix, azurite, container, **extra)
+    listener = reserve(0, "127.0.0.1")
+    for node in range(nodes):
+        env = node_env(tmp_path, node, run_id, prefix, azurite, container, WORLD_SIZE=str(nodes), **extra)
         if settings:
             env["AMLHPC_CHECKPOINT_JSON"] = json.dumps({**json.loads(env["AMLHPC_CHECKPOINT_JSON"]), **settings})
+        store_env, inherit = coordination(node, listener)
         procs.append(subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.runtime.launch", "--term-grace", "2", "--",
                                        sys.executable, str(train_script), str(shared), str(total)],
-                                      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                                      env={**env, **store_env}, cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, pass_fds=inherit))
+    listener.close()
     outs = [p.communicate(timeout=240)[0] for p in procs]
-    reports = [json.loads((tmp_path / f"node{n}" / "reports" / f"launch-node{n:03d}.json").read_text()) for n in (0, 1)]
+    reports = [json.loads((tmp_path / f"node{n}" / "reports" / f"launch-node{n:03d}.json").read_text())
+               for n in range(nodes)]
     return [p.returncode for p in procs], outs, reports
 
 

@@ -26,6 +26,10 @@ def test_every_catalog_size_round_trips(name):
     assert (facts.ib_hcas, facts.ib_gbits_per_s_per_hca, facts.ib_generation) == (sku.ib_hcas, sku.ib_gbits_per_s_per_hca, sku.ib_generation)
     assert facts.storage_nic_gbits_per_s == sku.storage_nic_gbits_per_s
     for field in dataclasses.fields(facts.health):
+        if field.name == "multinode":
+            assert [(b.scope, b.busbw_gbytes_per_s, b.sharp, b.message_bytes) for b in facts.health.multinode] == \
+                [(b.scope, b.busbw_gbytes_per_s, b.sharp, b.message_bytes) for b in sku.health.multinode]
+            continue
         assert getattr(facts.health, field.name) == getattr(sku.health, field.name), field.name
     if sku.numa is None:
         assert facts.numa is None

@@ -56,7 +56,9 @@ class TestCatalogContents:
         assert a100.h2d_gbytes_per_s_min == 21 and a100.ib_write_gbits_per_s_per_hca_min == 180
         h100 = skus.get("Standard_ND96isr_H100_v5").health
         assert h100.nccl_allreduce_busbw_gbytes_per_s_min == 460 and h100.nccl_allreduce_message_bytes == 16 << 30
-        assert h100.h2d_gbytes_per_s_min == 48 and h100.nccl_multinode_busbw_gbytes_per_s == (450, 400, 300)
+        assert h100.h2d_gbytes_per_s_min == 48
+        (band,) = h100.multinode
+        assert (band.scope, band.busbw_gbytes_per_s, band.sharp) == ("infiniband", (450, 400, 300), True)
         assert h100.gemm_tflops == (769, 742, 715) and h100.gemm_source == "azure-sku-baseline"
         assert skus.get("Standard_NC24rs_v3").health.nccl_allreduce_busbw_gbytes_per_s_min is None
 
@@ -104,7 +106,7 @@ class TestCatalogData:
         for source_id in cited:
             source = skus.SOURCES[source_id]
             # the project's own measurements cite the committed result file instead of a web page
-            own = source_id.startswith("aml-hpc-") and (skus.CATALOG_FILE.parents[2] / source.url).is_file()
+            own = source_id.startswith("aml-hpc-") and (skus.CATALOG_FILE.parents[3] / source.url).is_file()
             assert source.title and (source.url.startswith("https://") or own) and source.as_of
 
     def test_unknown_key_is_named(self, tmp_path):
@@ -140,8 +142,9 @@ class TestPassMarksAreAzures:
                 found.setdefault(words[0], words[1:])
         return found
 
-    NO_CONF = {"Standard_ND128isr_NDR_GB200_v6", "Standard_ND128isr_GB300_v6"}
-    """Azure publishes no conf for the GB-family sizes at the reference commit (conf/ lists none)."""
+    NO_CONF = {"Standard_ND128isr_NDR_GB200_v6", "Standard_ND128isr_GB300_v6", "Standard_ND128isrG5_GB300_v6",
+               "Standard_ND96is_MI300X_v5"}
+    """Azure publishes no conf for the GB-family sizes and ND96is_MI300X_v5 at the reference commit."""
 
     @pytest.mark.parametrize("name", sorted(skus.CATALOG))
     def test_equal_to_azures_conf(self, name):
@@ -268,7 +271,8 @@ class TestNewGenerations:
             skus._load(tmp_path / "skus.toml")
 
     def test_a_torch_mark_beside_a_torch_mark_is_refused(self, tmp_path):
-        text = skus.CATALOG_FILE.read_text().replace('gemm_tool = "ubergemm"\n# torch.matmul', "# torch.matmul", 1)
+        text = skus.CATALOG_FILE.read_text().replace('gemm_tool = "ubergemm"\ngemm_measured_on = "Standard_ND96isr_H100_v5"\n# torch.matmul',
+                                                     "# torch.matmul", 1)
         (tmp_path / "skus.toml").write_text(text)
         with pytest.raises(skus.CatalogError, match="Standard_ND96isr_H200_v5.*gemm_torch_tflops is only for an ubergemm mark"):
             skus._load(tmp_path / "skus.toml")

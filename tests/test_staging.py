@@ -81,18 +81,27 @@ def node_env(azurite_or_cs, tmp: Path, node: int, local_rank: int, nodes: int, l
 
 def launch_nodes(azurite_or_cs, tmp: Path, stage_json: str, nodes: int, local_size: int = 1,
                  extra_args: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    from amlhpc.jobs.runtime.coord.jobstore import reserve
+
     run_id = uuid.uuid4().hex[:8]
     shared = '"shared"' in stage_json
     if shared:
         (tmp / "shared").mkdir(exist_ok=True)
     procs = []
+    listener = reserve(0, "127.0.0.1")  # the job's coordination store: bound once, node 0 inherits it
     for node in range(nodes):
         for local_rank in range(local_size):
             env = node_env(azurite_or_cs, tmp, node, local_rank, nodes, local_size, run_id, shared)
+            env.update({"MASTER_ADDR": "127.0.0.1", "AMLHPC_COORD_PORT": str(listener.getsockname()[1])})
+            inherit: tuple[int, ...] = ()
+            if node == 0 and local_rank == 0:
+                env["AMLHPC_COORD_LISTEN_FD"] = str(listener.fileno())
+                inherit = (listener.fileno(),)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "amlhpc.jobs.runtime.staging", "--stage-json", stage_json, "--fast-retries", "--json",
                  "--print-env", "-q", "--timeout-s", "120", *extra_args],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=inherit))
+    listener.close()
     return procs
 
 

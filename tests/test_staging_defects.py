@@ -26,7 +26,9 @@ from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.base.ranks import validated
 from amlhpc.jobs.runtime.blob import blobio
 from amlhpc.jobs.runtime.coord import nodebarrier
-from amlhpc.jobs.runtime.coord.nodebarrier import BarrierTimeout, NodeBarrier, SharedMarkers
+from amlhpc.jobs.runtime.coord.agree import Barrier, Channel
+from amlhpc.jobs.runtime.coord.memstore import MemoryStore
+from amlhpc.jobs.runtime.coord.nodebarrier import BarrierTimeout, NodeBarrier
 from amlhpc.jobs.runtime.staging import stager as staging
 from bench.dataset import generate
 from tests.faultproxy import FaultProxy
@@ -50,10 +52,10 @@ def rank_env(rank: int, local_rank: int, world: int, local_size: int, **extra: s
                      LOCAL_WORLD_SIZE=str(local_size), **extra)
 
 
-def stager(env: dict[str, str], stage_json: str, *args: str) -> subprocess.Popen:
+def stager(env: dict[str, str], stage_json: str, *args: str, inherit: tuple[int, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.runtime.staging", "--stage-json", stage_json, "--fast-retries",
                              "--json", "-q", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, pass_fds=inherit)
 
 
 def small_dataset(container, tmp_path: Path, prefix: str, files: int = 6, file_bytes: int = 16 << 10,
@@ -190,58 +192,48 @@ class TestStaleMarkers:
         with pytest.raises(BarrierTimeout):
             NodeBarrier(tmp_path, 0.5, generation="2" * 16).wait()
 
-    def test_an_earlier_launchs_node_markers_are_ignored(self, tmp_path):
+    def test_an_earlier_launchs_node_markers_are_ignored(self):
         """The review's case: job 1's nodes all finished; job 2's node 0 must not release its ranks while
-        job 2's node 1 has not finished (it had 37 of 50 files)."""
-        earlier = [SharedMarkers(tmp_path, 2, 5, node, heartbeat_s=0.05) for node in (0, 1)]
-        for markers in earlier:
-            markers.start()
-        for markers in earlier:
-            markers.done({"node": markers.node_index})
-        assert len(earlier[0].wait_all()) == 2
-        for markers in earlier:
-            markers.close()
-        now = SharedMarkers(tmp_path, 2, 0.5, 0, heartbeat_s=0.05)
-        now.start()
-        now.done({"node": 0})
-        with pytest.raises(BarrierTimeout, match="node\\(s\\) 1"):
-            now.wait_all()
-        now.close()
+        job 2's node 1 has not finished. The nodes' barrier is on the launch's own store (node 0's):
+        a new launch has a new, empty one, so nothing of job 1 is there to be taken for job 2's."""
+        earlier = MemoryStore()
+        for node in (0, 1):
+            Barrier(Channel(earlier, node=node, nodes=2), "staging/k/cosmo/nodes", 2, 5).arrive()
+        Barrier(Channel(earlier, node=0, nodes=2), "staging/k/cosmo/nodes", 2, 5).wait()
+        now = Barrier(Channel(MemoryStore(), node=0, nodes=2, base_poll_s=0.01), "staging/k/cosmo/nodes", 2, 0.3)
+        now.arrive()
+        with pytest.raises(BarrierTimeout, match="node\\(s\\) 1 did not arrive"):
+            now.wait()
 
-    def test_a_node_never_adopts_an_earlier_launchs_generation(self, tmp_path):
-        """Job 2's node 1 arrives before job 2's node 0: job 1's launch file is there, and never beats."""
-        earlier = SharedMarkers(tmp_path, 2, 5, 0, heartbeat_s=0.05)
-        earlier.start()
-        earlier.close()
-        stale = json.loads(earlier.launch_file.read_text())["generation"]
-        polls, watched = [0], threading.Event()
+    def test_nodes_that_listed_different_blobs_fail(self, monkeypatch, tmp_path):
+        """Node 1 listed after the dataset changed: it fails, and so does node 0 at the barrier."""
+        from types import SimpleNamespace
 
-        def counting_sleep(seconds: float) -> None:
-            polls[0] += 1
-            if polls[0] == 5:
-                watched.set()
-            time.sleep(0.01)
+        from amlhpc.jobs.runtime.blob.blobhttp import Deadline
 
-        late = SharedMarkers(tmp_path, 2, 5, 1, heartbeat_s=0.05, sleep=counting_sleep)
-        late.start()
-        assert watched.wait(10)
-        assert late.generation is None  # five looks at job 1's file: no change, no adoption
-        now = SharedMarkers(tmp_path, 2, 5, 0, heartbeat_s=0.05)
-        now.start()
-        late.done({"node": 1})
-        now.done({"node": 0})
-        assert late.generation == now.generation != stale
-        assert len(now.wait_all()) == len(late.wait_all()) == 2
-        now.close()
+        store = MemoryStore()
+        staged = SimpleNamespace(files_node=1, bytes_out=1)
+        monkeypatch.setattr(staging, "_stage_input", lambda *args, **kwargs: staged)
+        entries = {0: [SimpleNamespace(name="a", size=1, etag="1")], 1: [SimpleNamespace(name="a", size=2, etag="2")]}
+        outcome: dict[int, BaseException | None] = {}
 
-    def test_nodes_that_listed_different_blobs_fail(self, tmp_path):
-        first, second = SharedMarkers(tmp_path, 2, 5, 0, listing="aaa", heartbeat_s=0.05), \
-            SharedMarkers(tmp_path, 2, 5, 1, listing="bbb", heartbeat_s=0.05)
-        first.start()
-        second.start()
-        with pytest.raises(nodebarrier.BarrierFailed, match="another listing of the dataset"):
-            second.done({"node": 1})
-        first.close()
+        def node(k: int) -> None:
+            plan = SimpleNamespace(spec=SimpleNamespace(name="cosmo"), entries=entries[k])
+            try:
+                staging._stage_shared(plan, tmp_path, validated(k, 0, 2, 1), FAST, None, None, "key", Deadline(5),
+                                      Channel(store, node=k, nodes=2, base_poll_s=0.01))
+                outcome[k] = None
+            except staging.StagingError as exc:
+                outcome[k] = exc
+
+        threads = [threading.Thread(target=node, args=(k,)) for k in (0, 1)]
+        threads[0].start()
+        threads[0].join(0.2)
+        threads[1].start()
+        for thread in threads:
+            thread.join(10)
+        assert "node 1 planned from another listing of the dataset than node 0" in str(outcome[1])
+        assert "node 1" in str(outcome[0]) and "another listing" in str(outcome[0])
 
 
 # ------------------------------------------------------------------ 2. exit code 4
@@ -490,18 +482,25 @@ def test_a_rerun_in_shared_mode_never_trusts_the_earlier_jobs_node_markers(azuri
     stage_json = spec_json(container.container_name, "shared", prefix="shared-grow")
     (tmp_path / "shared").mkdir()
 
-    def node(index: int, timeout: str) -> subprocess.Popen:
+    from amlhpc.jobs.runtime.coord.jobstore import reserve
+
+    def node(index: int, timeout: str, listener) -> subprocess.Popen:
         env = rank_env(index, 0, 2, 1, **{contract.BLOB_CONNECTION_STRING: azurite.connection_string,
                                           contract.SHARED_DIR: str(tmp_path / "shared"),
                                           contract.REPORT_DIR: str(tmp_path / "reports"),
-                                          "TORCHELASTIC_RUN_ID": "none"})
-        return stager(env, stage_json, "--timeout-s", timeout)
+                                          "TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "127.0.0.1",
+                                          "AMLHPC_COORD_PORT": str(listener.getsockname()[1])})
+        if index == 0:
+            env["AMLHPC_COORD_LISTEN_FD"] = str(listener.fileno())
+        return stager(env, stage_json, "--timeout-s", timeout, inherit=(listener.fileno(),) if index == 0 else ())
 
-    job1 = [node(0, "120"), node(1, "120")]
+    first = reserve(0, "127.0.0.1")
+    job1 = [node(0, "120", first), node(1, "120", first)]
+    first.close()
     assert [p.communicate(timeout=180) and p.returncode for p in job1] == [0, 0]
     generate(source, files_per_universe=10, file_bytes=8 << 10, seed=8, first_universe=30000)
     upload.upload_directory(container, source, "shared-grow", workers=2)
-    alone = node(0, "10")
+    alone = node(0, "25", reserve(0, "127.0.0.1"))
     out, err = alone.communicate(timeout=120)
     assert alone.returncode == ExitCode.STAGING_TIMEOUT, (out, err)
     assert "node(s) 1" in err

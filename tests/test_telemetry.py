@@ -210,7 +210,7 @@ class TestLauncher:
         """A command under the launcher: its report carries the node's telemetry summary and the
         samples are in the report folder; on this CPU machine GPUs are absent, with the reason."""
         script = tmp_path / "train.py"
-        script.write_text("from amlhpc.jobs.runtime import progress\nprogress.report(1)\nprogress.report(2)\n")
+        script.write_text("from amlhpc.jobs.runtime.base import progress\nprogress.report(1)\nprogress.report(2)\n")
         env = base_env(tmp_path, PYTHONPATH=str(REPO), **{contract.TELEMETRY_INTERVAL_S: "3600"})
         code, out = finish(start(env, "--", sys.executable, str(script)))
         assert code == 0, out

@@ -183,7 +183,7 @@ class TestApply:
         script = (
             "import os, subprocess, sys\n"
             "from pathlib import Path\n"
-            "from amlhpc.jobs.runtime import topology as t\n"
+            "from amlhpc.jobs.runtime.node import topology as t\n"
             "avail = frozenset(os.sched_getaffinity(0))\n"
             f"plan = t.plan_pinning(t.discover(Path({str(root)!r}), None, avail), 1, avail)\n"
             "t.apply_pinning(plan, 0, os.environ)\n"

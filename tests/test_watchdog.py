@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 # training code) or keeps going until `total` steps.
 TRAIN = r"""
 import sys, time
-from amlhpc.jobs.runtime import progress
+from amlhpc.jobs.runtime.base import progress
 stop_after, total = int(sys.argv[1]), int(sys.argv[2])
 progress.report(0)
 for step in range(1, total + 1):
@@ -113,6 +113,27 @@ class TestNodeWatch:
 
 def beat(node, written, age_s=1.0, state="training"):
     return nodestatus.Heartbeat(node, 7, age_s, 0, f"host{node}", state, written)
+
+
+class TestClockSteps:
+    def test_a_wall_clock_stepped_back_does_not_blind_the_watchdog(self, tmp_path, monkeypatch):
+        """The defect: reports were filtered by file mtime against the wall clock at the start; the
+        wall clock stepped back 5 s after the start, so every report looked older than the
+        command and was ignored (startup_s then judged a reporting node hung). Ages come from
+        the monotonic clock, and the folder is the launch's own."""
+        from amlhpc.jobs.runtime.launch.watchdog import Guard, WatchdogSettings
+
+        now = [1000.0]
+        guard = Guard(settings=WatchdogSettings(hang_s=30, startup_s=5), node=0, local_rank=0, local_size=1,
+                      folder=tmp_path, child_pid=1, term_grace_s=1, clock=lambda: now[0])
+        stepped = time.time() - 5  # the wall clock after the step: 5 s behind where it was at the start
+        for step in range(1, 4):
+            now[0] += 4
+            monkeypatch.setenv("AMLHPC_PROGRESS_FILE", str(tmp_path / "rank-0.json"))
+            progress.report(step)
+            os.utime(tmp_path / "rank-0.json", (stepped, stepped))
+            assert guard.check() is None, f"step {step}: a reporting node was judged"
+        assert guard.watch.step == 3
 
 
 class TestPeers:

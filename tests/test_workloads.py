@@ -190,14 +190,22 @@ class TestAllReduce:
         assert report["verdict"] == "fail" and ">= 460.0 (one node)" in report["detail"]
 
     def test_judge(self):
+        from amlhpc.core import skus
+        from amlhpc.jobs.plan import tuning
+        from amlhpc.jobs.runtime.node.skufacts import parse_sku_facts
         from amlhpc.jobs.workloads import allreduce
 
-        h100 = {"health": {"nccl_multinode_busbw_gbytes_per_s": [450.0, 400.0, 300.0], "nccl_allreduce_busbw_gbytes_per_s_min": 460.0}}
-        assert allreduce.judge(455, h100, 2)[0] == "pass"
-        assert allreduce.judge(350, h100, 2)[0] == "warn"
-        assert allreduce.judge(250, h100, 4)[0] == "fail"
+        h100 = parse_sku_facts(tuning.sku_json(skus.get("Standard_ND96isr_H100_v5")))
+        # ND H100 v5's ~450 GB/s is measured with SHARP: graded only where the job turns it on
+        assert allreduce.judge(455, h100, 2, sharp=True)[0] == "pass"
+        assert allreduce.judge(350, h100, 2, sharp=True)[0] == "warn"
+        assert allreduce.judge(250, h100, 4, sharp=True)[0] == "fail"
+        assert allreduce.judge(250, h100, 4)[0] == "unknown" and "measured with SHARP" in allreduce.judge(250, h100, 4)[1]
         assert allreduce.judge(470, h100, 1)[0] == "pass"
         assert allreduce.judge(1, None, 2)[0] == "unknown"
+        gb300 = parse_sku_facts(tuning.sku_json(skus.get("Standard_ND128isr_GB300_v6")))
+        verdict, detail = allreduce.judge(190, gb300, 36)  # two racks: Azure's inter-rack ~200 GB/s band
+        assert verdict == "pass" and "warn < 180.0" in detail
 
 
 class TestBert:

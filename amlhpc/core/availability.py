@@ -22,13 +22,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from amlhpc.core import skus
+from amlhpc.core import invocation, skus
 from amlhpc.core.skus import CatalogError, Source
 
 AVAILABILITY_FILE = Path(__file__).resolve().parent / "catalog" / "availability.toml"
 LIST_SKUS_SOURCE = "az-vm-list-skus"
 REFRESH_COMMAND = ("az vm list-skus --all --resource-type virtualMachines -o json > list-skus.json && "
-                   ".venv/bin/python -m amlhpc.core.availability refresh list-skus.json")
+                   + invocation.module("amlhpc.core.availability", "refresh list-skus.json"))
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,15 @@ class Offering:
     seen_in: tuple[tuple[str, str], ...] = ()
     """(region, source id) pairs: regions another public source shows the size deployed in,
     beyond what `source` lists (included in `regions`; a refresh replaces them)."""
+    complete: bool = True
+    """The list names every region that offers the size (a region list, a Resource SKUs capture).
+    False where the source only shows some (a price snapshot of one region): a region it does not
+    name is unknown, not refused."""
+    low_priority: bool | None = None
+    """Whether Azure sells the size as low priority (Azure ML's lowPriorityCapable, a Retail Prices
+    "Low Priority" meter); None: unknown."""
+    low_priority_source: str = ""
+    """Source id of `low_priority`."""
 
     def offered_in(self, region: str, today: date) -> bool:
         if self.retired is not None and today >= self.retired:
@@ -53,7 +62,8 @@ class Offering:
         return region in self.regions
 
 
-_KEYS = {"name", "regions", "source", "retired", "successor", "seen_in"}
+_KEYS = {"name", "regions", "source", "retired", "successor", "seen_in", "complete", "low_priority",
+         "low_priority_source"}
 
 
 def load(path: Path = AVAILABILITY_FILE) -> tuple[dict[str, Offering], dict[str, Source]]:
@@ -85,9 +95,16 @@ def load(path: Path = AVAILABILITY_FILE) -> tuple[dict[str, Offering], dict[str,
                 raise CatalogError(f"{where}: seen_in.{region}: source {source!r} is not in [sources]")
             if region in entry["regions"]:
                 raise CatalogError(f"{where}: seen_in.{region}: the region is already in regions")
+        low_priority = entry.get("low_priority")
+        low_priority_source = entry.get("low_priority_source", "")
+        if (low_priority is None) != (not low_priority_source):
+            raise CatalogError(f"{where}: low_priority and low_priority_source go together (the fact and where it comes from)")
+        if low_priority_source and low_priority_source not in sources:
+            raise CatalogError(f"{where}: low_priority_source {low_priority_source!r} is not in [sources]")
         offerings[name] = Offering(name=name, regions=frozenset(entry["regions"]) | set(seen), source=entry["source"],
                                    retired=entry.get("retired"), successor=successor,
-                                   seen_in=tuple(sorted(seen.items())))
+                                   seen_in=tuple(sorted(seen.items())), complete=entry.get("complete", True),
+                                   low_priority=low_priority, low_priority_source=low_priority_source)
     return offerings, sources
 
 
@@ -108,6 +125,25 @@ def regions_offering(size: str, today: date) -> list[str]:
     return sorted(found.regions)
 
 
+def partial_note(size: str, region: str) -> str:
+    """"" unless the size's recorded list is partial and does not name `region`: then a sentence
+    saying so, for warnings (the region is not refused)."""
+    found = OFFERINGS.get(size)
+    if found is None or found.complete or region in found.regions:
+        return ""
+    return (f"{size}: only {', '.join(sorted(found.regions)) or 'no region'} is recorded ({SOURCES[found.source].cite()}), "
+            f"a partial list: {region} is not refused; refresh the regions with: {REFRESH_COMMAND}")
+
+
+def low_priority_problem(size: str) -> tuple[str, str] | None:
+    """(message, fix) when the size is recorded as not sold at low priority, else None (unknown passes)."""
+    found = OFFERINGS.get(size)
+    if found is None or found.low_priority is not False:
+        return None
+    return (f"{size} is not sold as low priority ({SOURCES[found.low_priority_source].cite()})",
+            "use priority: Dedicated for this cluster, or a size Azure sells as low priority")
+
+
 def retired(size: str, today: date) -> bool:
     """True when the size's recorded retirement date has come."""
     found = OFFERINGS.get(size)
@@ -121,11 +157,14 @@ OPT_IN = "allowUnlistedRegion"
 def problem(size: str, region: str, today: date) -> tuple[str, str] | None:
     """(message, fix) when `size` is not offered in `region` on `today`, else None.
 
-    A size with no recorded offering, or one recorded with no known region (no public list
-    exists for it yet), passes: the data cannot say no.
+    A size with no recorded offering, one recorded with no known region (no public list exists for
+    it yet) or one whose list is partial (a price snapshot shows some regions, not all) passes:
+    the data cannot say no.
     """
     found = OFFERINGS.get(size)
-    if found is None or found.offered_in(region, today) or (not found.regions and found.retired is None):
+    if found is None or found.offered_in(region, today):
+        return None
+    if found.retired is None and (not found.regions or not found.complete):
         return None
     source = "; ".join([SOURCES[found.source].cite()]
                        + [f"{region}: {SOURCES[sid].cite()}" for region, sid in found.seen_in])
@@ -190,11 +229,16 @@ def render(offerings: Mapping[str, Offering], sources: Mapping[str, Source], hea
         if found.successor:
             lines.append(f'successor = "{found.successor}"')
         lines.append(f'source = "{found.source}"')
+        if not found.complete:
+            lines.append("complete = false")
+        if found.low_priority is not None:
+            lines += [f"low_priority = {str(found.low_priority).lower()}", f'low_priority_source = "{found.low_priority_source}"']
         if seen:
             lines.append("seen_in = { " + ", ".join(f'{region} = "{sid}"' for region, sid in sorted(seen.items())) + " }")
         lines.append("")
     for source in sorted(sources.values(), key=lambda s: s.id):
-        if not any(o.source == source.id or source.id in dict(o.seen_in).values() for o in offerings.values()):
+        if not any(o.source == source.id or source.id in dict(o.seen_in).values() or o.low_priority_source == source.id
+                   for o in offerings.values()):
             continue
         lines += [f"[sources.{source.id}]", f"title = {_quote(source.title)}", f"url = {_quote(source.url)}",
                   f'as_of = "{source.as_of}"', ""]
@@ -231,7 +275,9 @@ def refresh(capture: Sequence[Mapping[str, Any]], captured_on: date, path: Path 
         if old is not None and old.retired is not None:
             continue
         offerings[name] = Offering(name=name, regions=frozenset(regions), source=LIST_SKUS_SOURCE,
-                                   successor=old.successor if old else None)
+                                   successor=old.successor if old else None,
+                                   low_priority=old.low_priority if old else None,
+                                   low_priority_source=old.low_priority_source if old else "")
     path.write_text(render(offerings, sources, _header(path)))
     return sorted(fresh)
 

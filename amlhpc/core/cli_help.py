@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -39,6 +40,8 @@ EXIT_STATUSES: list[tuple[str, str, str]] = [
     ("3-9", "the launcher's status of the first process that failed: 3 health gate, 4 staging, "
             "5 restore, 6 final upload, 7 hang, 8 NCCL over sockets, 9 storage access (docs/runtime.md)",
             "jobs run"),
+    ("other", "the Pulumi CLI's own status, once it ran and failed (a missing CLI, passphrase or subscription is 2)",
+     "infra preview, up, down, destroy"),
     ("130", "interrupted (Ctrl-C); 128+N after signal N: everything it started was stopped", "all"),
 ]
 """(status, meaning, commands) for every exit status the command lines use."""
@@ -86,6 +89,30 @@ def _print_version(value: bool) -> None:
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts) instead of a table.")]
 """`--json` on every command that prints data."""
+
+
+class OutputFormat(StrEnum):
+    """How a list prints (az's `-o`): a table for people, JSON or tab-separated values for scripts."""
+
+    table = "table"
+    json = "json"
+    tsv = "tsv"
+
+
+OutputOption = Annotated[OutputFormat | None, typer.Option("--output", "-o", help="table (default), json (as --json) or "
+                                                             "tsv: one row per line, every column, tab-separated, "
+                                                             "with a header line (for cut, awk, sort).")]
+"""`-o table|json|tsv` on every command that prints a list."""
+
+
+def output_format(output: OutputFormat | None, as_json: bool) -> OutputFormat:
+    """The format asked for: `-o`, else `--json`, else a table (both given must agree)."""
+    if output is not None and as_json and output is not OutputFormat.json:
+        from amlhpc.core.errors import Problem
+
+        raise UserError([Problem("command line", "--json/-o", f"--json and -o {output.value} ask for two formats",
+                                 "give one of them")], "invalid flags")
+    return output or (OutputFormat.json if as_json else OutputFormat.table)
 
 VersionOption = Annotated[bool, typer.Option("--version", help="Print aml-hpc's version and exit.",
                                              callback=_print_version, is_eager=True)]

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NoReturn
+
+from amlhpc.core import invocation
 
 EXIT_FAILURE = 1
 """Exit status when the command ran and what it did or checked failed."""
@@ -102,13 +106,50 @@ def _shown(path: object) -> str:
     return text if relative.startswith("..") else relative
 
 
+_ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\] ([^:']+)")
+
+
+def _first_of_many(exc: shutil.Error) -> tuple[OSError, int] | None:
+    """shutil.copytree's error (a list of (source, destination, why) for every file that
+    failed, which can run to thousands) as the first failure, an OSError, and the count."""
+    failures = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+    for failure in failures:
+        if isinstance(failure, (tuple, list)) and len(failure) == 3:
+            source, destination, why = failure
+            match = _ERRNO_IN_TEXT.search(str(why))
+            if match:
+                code = int(match.group(1))
+                target = source if code in _NOT_ALLOWED and not os.access(source, os.R_OK) else destination
+                return OSError(code, match.group(2).strip(), target), len(failures)
+            return OSError(None, str(why).splitlines()[0][:200], destination), len(failures)
+    return None
+
+
+def _unreadable(path: str) -> bool:
+    """`path` exists and this process may not read it (a folder: list it)."""
+    mode = os.R_OK | (os.X_OK if os.path.isdir(path) else 0)
+    return os.path.lexists(path) and not os.access(path, mode)
+
+
 def os_error_line(exc: OSError) -> str:
     """One line: what the machine refused, on which path or tool, and what fixes it."""
+    if isinstance(exc, shutil.Error):
+        first = _first_of_many(exc)
+        if first is None:
+            return f"copying failed: {str(exc)[:200]}: fix: check the folders' space and permissions, or rerun with --debug"
+        inner, count = first
+        more = f" (and {count - 1:,} more file(s) like it)" if count > 1 else ""
+        line = os_error_line(inner)
+        head, sep, fix = line.partition(": fix: ")
+        return f"{head}{more}{sep}{fix}" if sep else line + more
     path = _shown(exc.filename) if exc.filename is not None else None
     reason = (exc.strerror or str(exc)).rstrip(".").lower()
     if exc.errno in _NO_SPACE:
         return (f"no space left on the device holding {path or 'the output'}: fix: free some space "
-                "(`make clean` removes .rehearsal/, .scratch/ and .azurite/), or pass --workdir on another disk")
+                f"(`{invocation.clean()}` removes .rehearsal/, .scratch/ and .azurite/), or pass --workdir on another disk")
+    if exc.errno in _NOT_ALLOWED and exc.filename is not None and _unreadable(os.fsdecode(exc.filename)):
+        return (f"cannot read {path}: {reason}: fix: make it readable (chmod u+r {path}), or leave it out of the "
+                "folder you pass")
     if exc.errno == errno.EROFS or exc.errno in _NOT_ALLOWED:
         where = path or "a file"
         return (f"cannot write {where}: {reason}: fix: make it writable (chmod -R u+w {where}), or run from a "

@@ -8,6 +8,8 @@ calls `check()` first. Written for any Python 3.6 or newer to run, so it can say
 import importlib.util
 import sys
 
+from amlhpc.core import invocation
+
 SUPPORTED = ((3, 11), (3, 13))
 """The oldest and newest minor version pyproject.toml's requires-python allows."""
 NEEDED = ("typer", "rich", "pydantic", "yaml")
@@ -28,15 +30,21 @@ def problem(version=None, find_spec=importlib.util.find_spec):
     return None
 
 
-FIX = ("fix: run `make bootstrap` and then `.venv/bin/python -m {0} ...` from the repository, "
-       "or install the tool (`uv tool install aml-hpc`, see README) and run `{1} ...`")
+def fix(program):
+    """What to run instead: the clone's environment, or the installed command."""
+    command = "aml-hpc" if program == "amlhpc" else "aml-hpc " + program
+    if invocation.from_clone():
+        module = program if program == "amlhpc" else "amlhpc." + program
+        return (f"fix: run `make bootstrap` and then `.venv/bin/python -m {module} ...` from the repository, "
+                f"or install the tool (`uv tool install aml-hpc`, see README) and run `{command} ...`")
+    (old_major, old_minor), (new_major, new_minor) = SUPPORTED
+    return (f"fix: run `{command} ...`, the command the install put on PATH, or reinstall aml-hpc into a Python "
+            f"{old_major}.{old_minor} to {new_major}.{new_minor} (`uv tool install aml-hpc` or `pip install aml-hpc`)")
 
 
 def check(program):
     """Exit 2 with one line when this interpreter cannot run aml-hpc's `program`."""
     found = problem()
     if found:
-        module = program if program == "amlhpc" else "amlhpc." + program
-        command = "aml-hpc" if program == "amlhpc" else "aml-hpc " + program
-        sys.stderr.write(f"error: {found}: {FIX.format(module, command)}\n")
+        sys.stderr.write(f"error: {found}: {fix(program)}\n")
         raise SystemExit(2)

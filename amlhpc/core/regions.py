@@ -1,10 +1,11 @@
 """Azure regions for `azure-native:location`: which names are valid, and which the catalog knows.
 
-Valid is what Azure Resource Manager accepts as a location: a region's programmatic name
-(lowercase letters and digits, e.g. eastus2, swedencentral, or a region added after this
-list was written). A display name ("East US") is refused with the programmatic name; a
-region missing from `KNOWN` is accepted, and only what the catalog knows about it (prices
-are for the catalog's reference region) is qualified elsewhere.
+`check` says whether a name has the shape Azure Resource Manager accepts as a location: a
+region's programmatic name (lowercase letters and digits, e.g. eastus2, swedencentral). A
+display name ("East US") is refused with the programmatic name. `unlisted` says whether it is
+on Azure's list: a stack's location that is not (`swedencentrl`) is refused as a typo with the
+near match, unless the stack opts in for a region opened after the list was read
+(`aml-hpc:allowUnlistedRegion`, amlhpc/infra/config/parse.py).
 
 KNOWN: Azure's public-cloud physical regions, from Microsoft Learn "Azure regions list"
 (https://learn.microsoft.com/azure/reliability/regions-list) and `az account
@@ -31,6 +32,8 @@ KNOWN: frozenset[str] = frozenset(
     """.split()
 )
 
+LIST_READ = "2026-11"
+"""When KNOWN was read from Microsoft Learn and `az account list-locations`."""
 _PROGRAMMATIC = re.compile(r"^[a-z][a-z0-9]{2,39}$")
 
 
@@ -44,6 +47,14 @@ def suggest(name: str) -> list[str]:
     if squashed in KNOWN:
         return [squashed]
     return difflib.get_close_matches(squashed, sorted(KNOWN), n=2, cutoff=0.6)
+
+
+def unlisted(name: str) -> str | None:
+    """None when `name` is on Azure's list (KNOWN), else why it is refused unless the stack opts
+    in (a typo, or a region newer than the list)."""
+    if name in KNOWN:
+        return None
+    return f"{name!r} is not one of Azure's public regions (the list in amlhpc/core/regions.py, read {LIST_READ})"
 
 
 def check(name: str) -> str | None:

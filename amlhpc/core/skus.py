@@ -27,6 +27,7 @@ GpuVendor = Literal["nvidia", "amd"]
 HostArch = Literal["x86_64", "aarch64"]
 GemmMethod = Literal["sustained", "burst"]
 GemmTool = Literal["torch", "ubergemm"]
+BandScope = Literal["nvlink-domain", "infiniband"]
 PEAK_DTYPES = ("bf16", "fp16", "fp8")
 """The dtypes a size's peak dense tensor rate is recorded for (`peak_tflops_<dtype>`)."""
 
@@ -51,6 +52,38 @@ class NumaDomain:
     node: int
     cpulist: str
     gpu_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MultinodeBand:
+    """A job-wide all-reduce baseline (expected, warn below, fail below, GB/s) for one topology.
+
+    `scope` says what the all-reduce crosses: "nvlink-domain" when every node of the job sits in
+    one multi-node NVLink domain (GB200/GB300: one NVL72 rack of 18 VMs), "infiniband" when it
+    crosses InfiniBand (nodes of sizes without such a domain, or in several racks). `sharp`: the
+    figure was measured with SHARP in-network reduction (NCCL_COLLNET_ENABLE=1), so it applies
+    only to jobs that turn SHARP on; a figure measured without SHARP is a floor either way."""
+
+    scope: BandScope
+    busbw_gbytes_per_s: tuple[float, float, float]
+    source: str
+    sharp: bool = False
+    message_bytes: int = 16 << 30
+    """The message size the figure was published for."""
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Two of Microsoft's sources disagree on a fact: the catalog keeps one (`value`, with its
+    `source`) and records the other here, with why it keeps the one it keeps."""
+
+    fact: str
+    """The Sku key the sources disagree on."""
+    value: Any
+    source: str
+    other: Any
+    other_source: str
+    why: str
 
 
 @dataclass(frozen=True)
@@ -110,16 +143,20 @@ class HealthThresholds:
     (volatile or aggregate) fail the GPU (azure_gpu_ecc.nhc)."""
     ecc_sram_correctable_limit: int | None = None
     """check_gpu_ecc's second argument: more correctable SRAM errors than this fail the GPU."""
-    nccl_multinode_busbw_gbytes_per_s: tuple[float, float, float] | None = None
-    """Multi-node all-reduce (expected, warn below, fail below), GB/s."""
-    nccl_multinode_source: str = ""
-    """Source id of the multi-node figures."""
+    gemm_measured_on: str = ""
+    """Where `gemm_tflops` was measured when not on this size (another size's name, or the
+    machine): the mark is borrowed, so the gate warns below it and never fails a node on it."""
+    gemm_torch_measured_on: str = ""
+    """The same for `gemm_torch_tflops`."""
+    multinode: tuple[MultinodeBand, ...] = ()
+    """Job-wide all-reduce baselines, one per topology (and SHARP or not) Azure publishes."""
     source: str = ""
     """Source id (catalog [sources]) of these pass marks."""
 
     def sources(self) -> list[str]:
         """Every source id these pass marks cite."""
-        return [s for s in (self.source, self.gemm_source, self.gemm_torch_source, self.nccl_multinode_source) if s]
+        return [s for s in (self.source, self.gemm_source, self.gemm_torch_source, *(b.source for b in self.multinode))
+                if s]
 
 
 @dataclass(frozen=True)
@@ -217,11 +254,30 @@ class Sku:
     """ISO date Azure retired the size (no new VMs from then on); None while it is offered."""
     retired_source: str | None = None
     """Source id of the retirement notice."""
+    numa_source: str | None = None
+    """Source id of the NUMA map."""
+    fact_sources: tuple[tuple[str, str], ...] = ()
+    """(key, source id) for the size's figures that come from another source than `facts_source`."""
+    conflicts: tuple[Conflict, ...] = ()
+    """Facts Microsoft's sources disagree on: the catalog's choice and the other figure, both cited."""
     notes: str = ""
 
     @property
     def infiniband(self) -> bool:
         return self.ib_hcas > 0
+
+    def fact_source(self, key: str) -> str:
+        """The source id of one of the size's own figures (`vcpus`, `peak_tflops_bf16`, ...)."""
+        overrides = dict(self.fact_sources)
+        if key in overrides:
+            return overrides[key]
+        if key.startswith("peak_tflops_"):
+            return self.peak_source
+        if key == "retired":
+            return self.retired_source or ""
+        if key == "numa":
+            return self.numa_source or ""
+        return self.facts_source
 
     @property
     def gpu_peak_dense_tflops(self) -> float:
@@ -265,6 +321,14 @@ class Sku:
         return tuple(g for domain in sorted(self.numa, key=lambda d: d.node) for g in domain.gpu_ids)
 
 
+FACT_KEYS = ("series", "quota_family", "vcpus", "memory_gib", "temp_disk_gib", "gpus", "gpu_model", "gpu_memory_gib",
+             "gpu_vendor", "gpu_arch", "host_arch", "gpu_gemm_dtype", "gpu_memory_gbytes_per_s", "ib_hcas",
+             "ib_gbits_per_s_per_hca", "ib_generation", "nvme_devices", "nvme_total_gib", "storage_nic_gbits_per_s",
+             "nvlink", *(f"peak_tflops_{d}" for d in PEAK_DTYPES), "retired", "numa")
+"""The size's own figures: each is cited by `Sku.fact_source` (the `facts_source`, unless the
+size's [sku.fact_sources] names another)."""
+
+
 @dataclass(frozen=True)
 class StorageAccountLimits:
     """Standard general-purpose v2 account throughput limits, Gb/s."""
@@ -291,6 +355,31 @@ def _record(cls: type, data: dict[str, Any], where: str, **nested: Any) -> Any:
         return cls(**values)
     except TypeError as exc:  # a required key is missing
         raise CatalogError(f"{CATALOG_FILE.name}: {where}: {exc}") from None
+
+
+def _band(data: dict[str, Any], where: str) -> MultinodeBand:
+    band: MultinodeBand = _record(MultinodeBand, dict(data), where)
+    if band.scope not in get_args(BandScope):
+        raise CatalogError(f"{CATALOG_FILE.name}: {where}: scope {band.scope!r} is not one of {', '.join(get_args(BandScope))}")
+    figures = band.busbw_gbytes_per_s
+    if len(figures) != 3 or not figures[0] >= figures[1] >= figures[2] > 0:
+        raise CatalogError(f"{CATALOG_FILE.name}: {where}: busbw_gbytes_per_s must be [expected, warn below, fail below] "
+                           f"in falling order, got {list(figures)}")
+    return band
+
+
+def _check_conflict(sku: Sku, conflict: Conflict, where: str) -> None:
+    """A recorded conflict is about a figure of the size, and the catalog holds the value it says it keeps."""
+    if conflict.fact not in FACT_KEYS:
+        raise CatalogError(f"{where}: fact {conflict.fact!r} is not one of the size's figures")
+    if getattr(sku, conflict.fact) != conflict.value:
+        raise CatalogError(f"{where}: the catalog holds {conflict.fact} = {getattr(sku, conflict.fact)!r}, "
+                           f"but the conflict says it keeps {conflict.value!r}")
+    if sku.fact_source(conflict.fact) != conflict.source:
+        raise CatalogError(f"{where}: {conflict.fact} is cited to {sku.fact_source(conflict.fact)!r}, "
+                           f"but the conflict says its value comes from {conflict.source!r}")
+    if conflict.value == conflict.other:
+        raise CatalogError(f"{where}: both sources give {conflict.value!r}: that is no conflict")
 
 
 _GPU_ARCH = re.compile(r"^(sm_[0-9]{2,3}|gfx[0-9a-f]{3,4})$")
@@ -348,7 +437,9 @@ def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccount
     for i, entry in enumerate(document.get("sku", [])):
         entry = dict(entry)
         where = f"sku[{i}] ({entry.get('name', '?')})"
-        health = _record(HealthThresholds, entry.pop("health", {}), f"{where}.health")
+        health_entry = dict(entry.pop("health", {}))
+        bands = tuple(_band(b, f"{where}.health.multinode[{j}]") for j, b in enumerate(health_entry.pop("multinode", [])))
+        health = _record(HealthThresholds, health_entry, f"{where}.health", multinode=bands)
         for source_id in health.sources():
             cited(source_id, f"{where}.health")
         if not health.source:
@@ -367,8 +458,23 @@ def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccount
         if domain is not None:
             domain = _record(NvlinkDomain, domain, f"{where}.nvlink_domain")
             cited(domain.source, f"{where}.nvlink_domain.source")
+        overrides = entry.pop("fact_sources", {})
+        conflicts = tuple(_record(Conflict, c, f"{where}.conflicts[{j}]") for j, c in enumerate(entry.pop("conflicts", [])))
         sku = _record(Sku, entry, where, health=health, price=price, numa=numa_domains, azureml=azureml,
-                      nvlink_domain=domain)
+                      nvlink_domain=domain, fact_sources=tuple(sorted(overrides.items())), conflicts=conflicts)
+        for key, source_id in sku.fact_sources:
+            if key not in FACT_KEYS:
+                raise CatalogError(f"{path.name}: {where}.fact_sources: {key!r} is not one of the size's figures "
+                                   f"({', '.join(FACT_KEYS)})")
+            cited(source_id, f"{where}.fact_sources.{key}")
+        for j, conflict in enumerate(sku.conflicts):
+            _check_conflict(sku, conflict, f"{path.name}: {where}.conflicts[{j}]")
+            cited(conflict.source, f"{where}.conflicts[{j}].source")
+            cited(conflict.other_source, f"{where}.conflicts[{j}].other_source")
+        if sku.numa is not None and not sku.numa_source:
+            raise CatalogError(f"{path.name}: {where}: numa_source is missing (where the NUMA map comes from)")
+        if sku.numa_source:
+            cited(sku.numa_source, f"{where}.numa_source")
         problem = _value_problem(sku)
         if problem:
             raise CatalogError(f"{path.name}: {where}: {problem}")

@@ -18,7 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import UserError
+from amlhpc.core.permissions import MODEL
 from amlhpc.core.version import __version__
 from amlhpc.doctor.arm import MANAGEMENT_SCOPE, Arm, ArmError, token_claims
 
@@ -30,8 +32,10 @@ OWNER = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635"
 CONTRIBUTOR = "b24988ac-6180-42a0-ab88-20f7382dd24c"
 USER_ACCESS_ADMINISTRATOR = "18d7d88d-d35e-4fb5-a5c3-7773c20a72d9"
 AZUREML_DATA_SCIENTIST = "f6c7c914-8db3-469d-8ca1-694a8f32e121"
+SUBMITTER = "submitter"
+"""Stands for the stack's custom submitter role (its GUID is derived per subscription)."""
 ROLE_NAMES = {OWNER: "Owner", CONTRIBUTOR: "Contributor", USER_ACCESS_ADMINISTRATOR: "User Access Administrator",
-              AZUREML_DATA_SCIENTIST: "AzureML Data Scientist"}
+              AZUREML_DATA_SCIENTIST: "AzureML Data Scientist", SUBMITTER: "aml-hpc job submitter"}
 
 PROVIDER_OF_MODULE = {
     "machinelearningservices": "Microsoft.MachineLearningServices", "storage": "Microsoft.Storage",
@@ -173,7 +177,7 @@ def pulumi_backend_check(seams: Seams) -> Check:
     result = seams.run(["pulumi", "whoami", "--verbose"])
     if result.returncode != 0:
         return Check("Pulumi backend", "fail", f"not logged in to a state backend: {result.stderr.strip()[:160]}",
-                     "make targets use file://$PWD/.pulumi-state by default; or: pulumi login azblob://<container>"
+                     "preview, up and down keep the state in the project's .pulumi-state/ by default; or: pulumi login azblob://<container>"
                      "?storage_account=<account> (docs/deploying.md, step 2)")
     backend = next((line.split(":", 1)[1].strip() for line in result.stdout.splitlines()
                     if line.lower().startswith("backend url")), "?")
@@ -218,8 +222,8 @@ def _roles_at(assignments: Sequence[dict[str, Any]], target: str) -> set[str]:
 
 def roles_checks(arm: Arm, subscription_id: str, object_id: str, target: Target) -> list[Check]:
     """Deploy: Owner, or Contributor and User Access Administrator (the program assigns roles),
-    on the resource group or above. Submit: Owner, Contributor or AzureML Data Scientist on
-    the workspace or above."""
+    on the resource group or above. Submit: Owner, Contributor, AzureML Data Scientist or the
+    stack's aml-hpc job submitter role on the workspace or above."""
     if not object_id:
         return [Check("roles to deploy", "skip", "the sign-in names no object id (oid)"),
                 Check("roles to submit", "skip", "the sign-in names no object id (oid)")]
@@ -242,15 +246,19 @@ def roles_checks(arm: Arm, subscription_id: str, object_id: str, target: Target)
                             "Contributor and User Access Administrator (the stack assigns roles)",
                             f"an Owner runs: az role assignment create --assignee {object_id} --role Owner "
                             f"--scope /subscriptions/{subscription_id}"))
-    if at_workspace & {OWNER, CONTRIBUTOR, AZUREML_DATA_SCIENTIST}:
+    submitter = MODEL.role("submitter").guid_in(subscription_id).lower()
+    if submitter in at_workspace:
+        at_workspace = (at_workspace - {submitter}) | {SUBMITTER}
+    if at_workspace & {OWNER, CONTRIBUTOR, AZUREML_DATA_SCIENTIST, SUBMITTER}:
         checks.append(Check("roles to submit", "pass", f"on {o.workspace}: {names(at_workspace)}"))
     elif object_id.lower() in {s.lower() for s in target.submitters}:
         checks.append(Check("roles to submit", "warn", f"none on {o.workspace} yet; aml-hpc:submitters lists you, so "
-                            "the next `make up` grants AzureML Data Scientist", f"make up STACK={target.stack}"))
+                            f"the next `{invocation.deploy('up', target.stack)}` grants {MODEL.role('submitter').name}",
+                            invocation.deploy("up", target.stack)))
     else:
         checks.append(Check("roles to submit", "fail", f"on {o.workspace} you have: {names(at_workspace)}",
                             f"add yourself (or a group you are in) to aml-hpc:submitters in {target.environment_file} "
-                            f"and `make up`: principalId {object_id}"))
+                            f"and `{invocation.deploy('up', target.stack)}`: principalId {object_id}"))
     return checks
 
 
@@ -282,10 +290,11 @@ def submitters_check(target: Target, object_id: str) -> Check:
     listed = [s.lower() for s in target.submitters]
     key = "aml-hpc:submitters"
     if not listed:
-        return Check("submitters", "fail", f"{target.environment_file} lists no {key}: nobody but Owners and "
-                     f"Contributors can submit jobs to {target.stack}",
+        return Check("submitters", "fail", f"{target.environment_file} lists no {key}: nobody can submit jobs to "
+                     f"{target.stack} (the code upload to the keyless workspace storage needs a data role Owners and "
+                     "Contributors do not have; only `workspaceStorageAuth: accessKey` lets them)",
                      f"add to {target.environment_file}: {key}: [{{principalId: <object id>, principalType: Group}}] "
-                     "(yours: az ad signed-in-user show --query id -o tsv), then make up")
+                     f"(yours: az ad signed-in-user show --query id -o tsv), then {invocation.deploy('up', target.stack)}")
     if object_id and object_id.lower() in listed:
         return Check("submitters", "pass", f"{len(listed)} in {key}, you among them")
     return Check("submitters", "warn" if object_id else "pass",

@@ -152,9 +152,10 @@ ROCM = ImageSpec(
     base_pin="rocm",
     pip_args=PYTORCH.pip_args,
     extra_args=MappingProxyType({"PERFTEST_VERSION": "tools.perftest", "PERFTEST_COMMIT": "tools.perftest_commit",
+                                 "RCCL_TESTS_REPO": "tools.rccl_tests_repo", "RCCL_TESTS_PATH": "tools.rccl_tests_path",
                                  "RCCL_TESTS_COMMIT": "tools.rccl_tests_commit"}),
     gpu_vendor="amd", gpu_archs=("gfx90a", "gfx942"),
-    gpu_archs_why="the CDNA 2/3 targets of AMD's ROCm 7.2 PyTorch build (MI200, MI300)",
+    gpu_archs_why="the CDNA 2/3 targets of AMD's ROCm 7.0 PyTorch build (MI200, MI300)",
     ib_userspace="doca",
 )
 TENSORFLOW = ImageSpec(

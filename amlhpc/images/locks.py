@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem
 from amlhpc.images.catalog import IMAGES, ImageSpec, lock_name
 from amlhpc.images.pins import IMAGES_DIR, Pins
@@ -125,7 +126,7 @@ def check_lock(spec: ImageSpec, pins: Pins, root: Path = LOCK_DIR, variant: str 
     """Every problem of one lock (empty: it matches the pins and every line is hashed)."""
     path = lock_path(spec, root, variant)
     ref = f"amlhpc/images/common/requirements/{path.name}"
-    fix = "regenerate it: python -m amlhpc.images lock"
+    fix = f"regenerate it: {invocation.command('images', 'lock')}"
     if not path.is_file():
         return [Problem(ref, "", f"is missing ({spec.name} installs its Python packages from it)", fix)]
     text = path.read_text()

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from amlhpc.core.errors import Problem, ProblemCollector, UserError
 
@@ -74,6 +74,30 @@ class BaseImagePin(_Strict):
     def ref(self) -> str:
         """`image:tag@digest`: Docker resolves by the digest, the tag stays readable."""
         return f"{self.image}:{self.tag}@{self.digest}"
+
+
+class RocmPin(BaseImagePin):
+    """AMD's ROCm PyTorch base, with the ROCm user space it carries and the host's AMD GPU driver
+    it must run on: AMD supports a user space only within a window around the kernel-mode driver
+    (ROCm/rocm-install-on-linux, User and AMD GPU Driver (amdgpu) support matrix)."""
+
+    rocm: str
+    """The image's ROCm user space, major.minor (e.g. 7.0)."""
+    host_driver: str
+    """The ROCm release whose amdgpu driver Azure's MI300X host image installs (Azure/azhpc-images
+    versions.json, rocm.ubuntu24.04)."""
+    host_driver_supports: list[str]
+    """The user-space releases (major.minor) AMD supports on that driver."""
+
+    @model_validator(mode="after")
+    def _within_the_drivers_window(self) -> RocmPin:
+        if f"rocm{self.rocm}" not in self.tag and f"rocm{self.rocm}." not in self.tag:
+            raise ValueError(f"rocm {self.rocm!r} does not match the tag {self.tag!r} (rocm<major.minor> in AMD's tags)")
+        if self.rocm not in self.host_driver_supports:
+            raise ValueError(f"ROCm {self.rocm} user space is outside what AMD supports on the host's ROCm "
+                             f"{self.host_driver} amdgpu driver ({', '.join(self.host_driver_supports)}): pick a "
+                             "rocm/pytorch tag within that window, or state a host driver that supports it")
+        return self
 
 
 class TensorflowPins(BaseImagePin):
@@ -156,6 +180,11 @@ class ToolsPins(_Strict):
     nccl_tests_commit: str
     nvbandwidth: str
     nvbandwidth_commit: str
+    rccl_tests_repo: str
+    """Where rccl-tests is developed: ROCm/rocm-systems (projects/rccl-tests) since January 2026;
+    ROCm/rccl-tests is the legacy repository, no longer maintained."""
+    rccl_tests_path: str
+    """The folder of rccl-tests inside that repository."""
     rccl_tests_commit: str
     dcgm: str
     dcgm_aarch64: str
@@ -171,6 +200,16 @@ class ToolsPins(_Strict):
     def _commit(cls, value: str) -> str:
         if not _COMMIT.match(value):
             raise ValueError("must be a full 40-hex git commit id (the build checks out exactly this commit)")
+        return value
+
+    @field_validator("rccl_tests_repo")
+    @classmethod
+    def _maintained(cls, value: str) -> str:
+        if not value.startswith("https://github.com/"):
+            raise ValueError("must be an https://github.com/ repository")
+        if value.rstrip("/").removesuffix(".git").endswith("ROCm/rccl-tests"):
+            raise ValueError("ROCm/rccl-tests is the legacy repository (rccl-tests moved into ROCm/rocm-systems, "
+                             "projects/rccl-tests): pin a ROCm/rocm-systems commit")
         return value
 
     @field_validator("dcgm", "dcgm_aarch64")
@@ -190,7 +229,7 @@ class Pins(_Strict):
     """Everything in amlhpc/images/pins.toml."""
 
     pytorch: BaseImagePin
-    rocm: BaseImagePin
+    rocm: RocmPin
     tensorflow: TensorflowPins
     python: PythonPins
     infiniband: InfinibandPins

@@ -49,6 +49,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError, exit_on_bad_input
 from amlhpc.infra import naming
 from amlhpc.infra.config import (
@@ -85,7 +86,7 @@ def ensure_suffix(stack: str, root: Path = REPO_ROOT, make: Callable[[], str] = 
         problem = naming.check("nameSuffix", str(existing))
         if problem:
             raise UserError([Problem(f"Pulumi.{stack}.yaml", NAME_SUFFIX_KEY, problem,
-                                     "delete the line; the next `make preview` writes a new one")], "invalid stack file")
+                                     f"delete the line; the next `{invocation.deploy('preview', stack)}` writes a new one")], "invalid stack file")
         return str(existing)
     suffix = make()
     path = stack_file(stack, root)
@@ -270,7 +271,7 @@ def locate_assignment(r: Retained, azure: AzureReader, identities: dict[str, Ide
         raise UserError([Problem(r.urn, "", f"Azure holds this grant (role {_role_guid(role)} for principal "
                                  f"{principal} at {scope}) under the name {assignment.get('name')}, not the "
                                  f"program's {expected}: adopted, the next `up` would replace it",
-                                 f"az role assignment delete --ids {assignment.get('id')}  (the next `make up` "
+                                 f"az role assignment delete --ids {assignment.get('id')}  (the next `up` "
                                  "creates it again under the program's name)")],
                         "cannot adopt a role assignment")
     return str(assignment["id"])

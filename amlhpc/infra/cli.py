@@ -1,9 +1,10 @@
-"""`python -m amlhpc.infra`: the offline side of the Pulumi program.
+"""`python -m amlhpc.infra` (`aml-hpc infra`): the platform's stacks.
 
 plan         show what a stack declares, offline (no Azure, no Pulumi CLI), or what a
              change to it does (--diff FILE, --diff-ref REV)
 expired      experiment stacks past their expiresAt (used by the teardown workflow)
 new-experiment  write Pulumi.exp-NAME.yaml for an experiment on an environment
+preview, up, down (destroy)  Pulumi against Azure with the deploy rules (amlhpc/infra/deploy.py)
 
 Bad input prints one block naming the file, key, value and fix, and exits 2; `--debug`
 shows the traceback.
@@ -32,7 +33,7 @@ EXIT_POLICY = 3
 
 @app.callback()
 def main(version: VersionOption = False) -> None:
-    """aml-hpc infrastructure, offline: plans, experiment lifecycle."""
+    """aml-hpc infrastructure: offline plans, experiment lifecycle, preview/up/down against Azure."""
 
 
 @app.command()
@@ -214,3 +215,16 @@ def _mount_lifecycle() -> None:
 
 
 _mount_lifecycle()
+
+
+def _mount_deploy() -> None:
+    """preview, up, down (and destroy, Pulumi's word for down): amlhpc/infra/deploy.py."""
+    from amlhpc.infra import deploy
+
+    app.command("preview")(deploy.preview_command)
+    app.command("up")(deploy.up_command)
+    app.command("down")(deploy.down_command)
+    app.command("destroy", help="The same as down (Pulumi's word for it).")(deploy.down_command)
+
+
+_mount_deploy()

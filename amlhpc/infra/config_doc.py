@@ -53,8 +53,10 @@ MEANING = {
     "nameSuffix": "random characters every globally unique name ends in; written once by the first preview/up "
                   "(commit it, never copy another team's)",
     "workspaceStorageAuth": "how the workspace reaches its own storage: `identity` (no keys) or `accessKey`",
-    "submitters": "people, groups and CI identities that may submit jobs (AzureML Data Scientist on the workspace "
-                  "and the run records they need): without one only Owners and Contributors can submit",
+    "submitters": "people, groups and CI identities that may submit jobs (the aml-hpc job submitter role on the "
+                  "workspace and the run records they need): without one nobody can submit under the default "
+                  "`workspaceStorageAuth: identity` (the code upload needs a storage data role Owner and Contributor "
+                  "lack); under `accessKey`, the workspace's Owners and Contributors can",
 }
 """What a key means, where amlhpc/infra/config/models.py has no docstring for it."""
 

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 import typer
 import yaml
 
-from amlhpc.core import skus
+from amlhpc.core import invocation, skus
 from amlhpc.core.errors import Problem, UserError, exit_with
 from amlhpc.infra import naming
 from amlhpc.infra.config import (
@@ -284,7 +284,7 @@ def render_experiment(stack: str, flat: dict[str, Any], environment: StackConfig
     """The stack file's text: what it is, then the config."""
     header = [
         f"# Experiment stack: clusters added to the {environment.stack!r} environment's workspace.",
-        f"# Created by `make new-experiment` for {days} day(s). The teardown workflow destroys it",
+        f"# Created by aml-hpc's new-experiment for {days} day(s). The teardown workflow destroys it",
         f"# after aml-hpc:expiresAt ({_iso(expires)}); datasets and checkpoints live in the",
         "# environment stack and stay. Extend it with:",
         f"#   pulumi config set aml-hpc:expiresAt <ISO date> --stack {stack}",
@@ -465,8 +465,8 @@ def new_experiment_command(
         exit_with(exc)
     stack = path.name[len("Pulumi."):-len(".yaml")]
     print(f"created {path.name}\n"
-          f"  offline check:  python -m amlhpc.infra plan --stack {stack} --policy\n"
-          f"  preview:        make preview STACK={stack}\n"
-          f"  deploy:         make up STACK={stack}\n"
-          f"  tear down:      make down STACK={stack}   (or let the teardown workflow do it after expiry)\n"
+          f"  offline check:  {invocation.command('infra', f'plan --stack {stack} --policy')}\n"
+          f"  preview:        {invocation.deploy('preview', stack)}\n"
+          f"  deploy:         {invocation.deploy('up', stack)}\n"
+          f"  tear down:      {invocation.deploy('down', stack)}   (or let the teardown workflow do it after expiry)\n"
           f"Commit {path.name} so teardown can find it.")

@@ -69,7 +69,7 @@ def run(name: str, seed: int, *, size: int | None = None, faults: FaultPlan | No
         requests = world.blob.accounting.total()
         trace = list(world.sim.trace.lines()) if keep_trace else []
     return Outcome(name, seed, violations, plan.describe(), dict(scenario.settings), virtual,
-                   time.perf_counter() - started, requests, trace, dict(scenario.metrics))
+                   time.perf_counter() - started, requests, trace, dict(scenario.metrics), plan.fired())
 
 
 def sweep(name: str, seeds: Iterable[int], *, size: int | None = None) -> list[Outcome]:

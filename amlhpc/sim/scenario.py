@@ -35,6 +35,8 @@ class Outcome:
     requests: int
     trace: list[str] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    faults_fired: int = 0
+    """How many of the plan's faults fired (a fixed run whose fault never fires proves nothing)."""
 
     @property
     def ok(self) -> bool:

@@ -11,7 +11,7 @@ against torch's in-process HashStore):
 
 - values are bytes (a str is stored UTF-8 encoded); `get`, `wait` and `multi_get` block
   until every key exists or the store's timeout passes (`DistStoreError("Wait timeout")`,
-  torch's own class when torch is imported, else a RuntimeError of the same name);
+  torch's own class when torch is imported, else a RuntimeError class of the same name);
 - `add` treats a missing key as 0 and keeps the number as its decimal text (a value that
   is not a number raises ValueError); `compare_set(key, expected, desired)` sets `desired`
   when the key holds `expected`, or is missing and `expected` is empty, and returns
@@ -22,7 +22,8 @@ Costs: each call is one round trip to node 0 (`latency_s`, drawn from the seed) 
 served in arrival order by one server thread that handles `ops_per_s` calls a second (a
 queue, never a refusal: TCPStore does not throttle). Calls are counted per node, per
 operation and per virtual second. When the host is killed every call fails as a lost
-connection does (DistNetworkError, or a RuntimeError of that name without torch).
+connection does (DistNetworkError, or a RuntimeError of that name without torch); `drops`
+makes one node's nth call fail so while the host lives (a connection reset on one node).
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ from amlhpc.sim.scheduler import Node, Simulation, Task
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 
 
-class _LocalStoreError(RuntimeError):
-    pass
+class DistStoreError(RuntimeError):
+    """torch.distributed.DistStoreError's stand-in (the same name: the runtime's kvstore.guarded
+    recognises torch's errors by their class names)."""
 
 
-class _LocalNetworkError(RuntimeError):
-    pass
+class DistNetworkError(RuntimeError):
+    """torch.distributed.DistNetworkError's stand-in (see DistStoreError)."""
 
 
 def _errors() -> tuple[type[RuntimeError], type[RuntimeError]]:
@@ -52,7 +54,7 @@ def _errors() -> tuple[type[RuntimeError], type[RuntimeError]]:
     dist = sys.modules.get("torch.distributed")
     store = getattr(dist, "DistStoreError", None) if dist is not None else None
     network = getattr(dist, "DistNetworkError", None) if dist is not None else None
-    return store or _LocalStoreError, network or _LocalNetworkError
+    return store or DistStoreError, network or DistNetworkError
 
 
 def _bytes(value: str | bytes | bytearray) -> bytes:
@@ -80,6 +82,10 @@ class StoreServer:
     ops: Counter[str] = field(default_factory=Counter)
     per_node: dict[str, Peak] = field(default_factory=dict)
     served: Peak = field(default_factory=Peak)
+    drops: dict[str, int] = field(default_factory=dict)
+    """Node name -> the number of its call whose connection drops (once): a reset between one
+    node and the store while node 0 is alive."""
+    calls: Counter[str] = field(default_factory=Counter)
 
     def client(self, timeout: timedelta = DEFAULT_TIMEOUT) -> Store:
         return Store(self, timeout)
@@ -88,14 +94,21 @@ class StoreServer:
     def down(self) -> bool:
         return self.host is not None and self.host.dead
 
-    def _arrive(self, op: str) -> None:
-        """One round trip and the server's queue, on virtual time."""
+    def _arrive(self, op: str, keys: str = "") -> None:
+        """One round trip and the server's queue, on virtual time (traced as `store`)."""
         sim = self.sim
         task = sim.current()
         who = task.node.name if task is not None and task.node is not None else "world"
+        if sim.trace.enabled:
+            sim.note(task, "store", f"{op} {keys}".rstrip())
         if self.down:
             sim.sleep(sim.rng.uniform(*self.latency_s))
             raise _errors()[1](f"Connection reset by peer (the store's host {self.host.name} is gone)")  # type: ignore[union-attr]
+        self.calls[who] += 1
+        if self.drops.get(who) == self.calls[who]:
+            sim.sleep(sim.rng.uniform(*self.latency_s))
+            sim.note(task if task is not None else "world", "fault", f"the store connection of {who} dropped")
+            raise _errors()[1]("Connection reset by peer")
         half = sim.rng.uniform(*self.latency_s) / 2
         sim.sleep(half)
         start = max(sim.now, self.busy_until)
@@ -162,14 +175,14 @@ class Store:
 
     def set(self, key: str, value: str | bytes) -> None:
         server = self._server
-        server._arrive("set")
+        server._arrive("set", key)
         server.data[key] = _bytes(value)
         server._changed()
         server._reply()
 
     def get(self, key: str) -> bytes:
         server = self._server
-        server._arrive("get")
+        server._arrive("get", key)
         server._wait_for((key,), self._seconds(None))
         value = server.data[key]
         server._reply()
@@ -177,7 +190,7 @@ class Store:
 
     def add(self, key: str, amount: int) -> int:
         server = self._server
-        server._arrive("add")
+        server._arrive("add", key)
         current = server.data.get(key, b"0")
         try:
             total = int(current.decode()) + int(amount)
@@ -190,7 +203,7 @@ class Store:
 
     def compare_set(self, key: str, expected_value: str | bytes, desired_value: str | bytes) -> bytes:
         server = self._server
-        server._arrive("compare_set")
+        server._arrive("compare_set", key)
         expected, desired = _bytes(expected_value), _bytes(desired_value)
         current = server.data.get(key)
         if (current is None and not expected) or (current is not None and current == expected):
@@ -204,20 +217,20 @@ class Store:
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         server = self._server
-        server._arrive("wait")
+        server._arrive("wait", ",".join(keys))
         server._wait_for(tuple(keys), self._seconds(timeout))
         server._reply()
 
     def check(self, keys: list[str]) -> bool:
         server = self._server
-        server._arrive("check")
+        server._arrive("check", ",".join(keys))
         found = all(k in server.data for k in keys)
         server._reply()
         return found
 
     def delete_key(self, key: str) -> bool:
         server = self._server
-        server._arrive("delete_key")
+        server._arrive("delete_key", key)
         found = server.data.pop(key, None) is not None
         server._reply()
         return found
@@ -238,7 +251,7 @@ class Store:
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         server = self._server
-        server._arrive("multi_get")
+        server._arrive("multi_get", ",".join(keys))
         server._wait_for(tuple(keys), self._seconds(None))
         values = [server.data[k] for k in keys]
         server._reply()
@@ -246,7 +259,7 @@ class Store:
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
         server = self._server
-        server._arrive("multi_set")
+        server._arrive("multi_set", ",".join(keys))
         for key, value in zip(keys, values, strict=True):
             server.data[key] = _bytes(value)
         server._changed()
@@ -254,14 +267,14 @@ class Store:
 
     def append(self, key: str, value: str | bytes) -> None:
         server = self._server
-        server._arrive("append")
+        server._arrive("append", key)
         server.data[key] = server.data.get(key, b"") + _bytes(value)
         server._changed()
         server._reply()
 
     def queue_push(self, key: str, value: str | bytes) -> None:
         server = self._server
-        server._arrive("queue_push")
+        server._arrive("queue_push", key)
         server.queues.setdefault(key, deque()).append(_bytes(value))
         server.data[key] = b""  # a waiter on the queue's key is released by a push, as in torch
         server._changed()
@@ -269,7 +282,7 @@ class Store:
 
     def queue_pop(self, key: str, block: bool = True) -> bytes:
         server = self._server
-        server._arrive("queue_pop")
+        server._arrive("queue_pop", key)
         deadline = server.sim.now + self._seconds(None)
         while not server.queues.get(key):
             if not block:
@@ -282,7 +295,7 @@ class Store:
 
     def queue_len(self, key: str) -> int:
         server = self._server
-        server._arrive("queue_len")
+        server._arrive("queue_len", key)
         length = len(server.queues.get(key, ()))
         server._reply()
         return length

@@ -39,6 +39,7 @@ from amlhpc.sim.faults import FaultPlan
 from amlhpc.sim.limits import ArmLimits, BlobLimits
 from amlhpc.sim.network import Network
 from amlhpc.sim.scheduler import EPOCH, Node, Simulation, Task
+from amlhpc.sim.store import StoreServer
 from amlhpc.sim.wire import Anonymous, Connection
 
 ACCOUNT = "simaccount"
@@ -154,6 +155,12 @@ class World:
         self.container(container, account=account)
         return Reader(f"https://{account}.blob.core.windows.net/{container}", Anonymous(), retry,
                       connect=lambda: cast(http.client.HTTPConnection, Connection(self.network, account, retry)))
+
+    def jobstore(self, host: Node | None = None, *, ops_per_s: float = 100_000.0) -> StoreServer:
+        """A job's rendezvous store hosted by `host` (node 0's launcher: the store is lost with it),
+        for the job's nodes to coordinate through (amlhpc.jobs.runtime.coord.agree.Channel over
+        `server.client()`)."""
+        return StoreServer(self.sim, host=host, ops_per_s=ops_per_s)
 
     def spawn(self, name: str, fn: Callable[[], Any], *, node: Node | None = None, delay_s: float = 0.0) -> Task:
         return self.sim.spawn(name, fn, node=node, delay_s=delay_s)

@@ -22,6 +22,25 @@ lifecycle_engine.response_to_inputs). Each rule names the example field it stand
   referenced ids as it stores them, not as sent.
 - System-added items: a managed network reports the rules Azure adds itself (category
   Required, status Active or Inactive, like the example's), which the request never holds.
+- What every answer carries (ARM's resource envelope, as in every example): `id`, `name`
+  and `type` (the resource type of the id), the location in Azure's normalised form
+  (lower case, no spaces: "East US" is answered "eastus") and, for a type whose model has one,
+  provisioningState "Succeeded" where that model puts it (flattened at the top, or inside
+  `properties`).
+- Secrets are never echoed: a VM's osProfile.adminPassword is sent and not returned
+  (`WRITE_ONLY`, held to the password example).
+- Server-filled fields of the Key, the Key Vault and the VM, each what the create example's
+  answer adds to its request (`SERVER_FILLED`): a Key's attributes (enabled true, created,
+  updated, recoveryLevel), keyOps, keySize 2048, keyUri and keyUriWithVersion, and the vault's
+  location; a Vault's vaultUri, provisioningState and tags; a VM's vmId, osProfile.secrets,
+  storageProfile.osDisk.osType and storageProfile.dataDisks.
+- An identity turned on by an update gets its principal then (on_update), as on a create;
+  turned off, it loses it.
+
+Read-back (`writable`) keeps what azure-native's ResponseToSdkInputs keeps: the properties of
+the type's PUT body, walked with the Azure SDK model the conformance suite reads
+(tests/conformance/conformance_rows.py), read-only ones left out at every depth, plus the
+resource path's parameters.
 """
 
 from __future__ import annotations
@@ -34,6 +53,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from amlhpc.infra.plan.mocks import id_inputs
+from tests.conformance import conformance_reference as conformance
+from tests.conformance.conformance_rows import ROWS
+
 REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "azure-rest-api-specs"
 
 UAI = "azure-native:managedidentity:UserAssignedIdentity"
@@ -41,6 +64,9 @@ WORKSPACE = "azure-native:machinelearningservices:Workspace"
 ML_REGISTRY = "azure-native:machinelearningservices:Registry"
 ACCOUNT = "azure-native:storage:StorageAccount"
 ROLE = "azure-native:authorization:RoleAssignment"
+KEY = "azure-native:keyvault:Key"
+VAULT = "azure-native:keyvault:Vault"
+VM = "azure-native:compute:VirtualMachine"
 
 EXAMPLE_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     UAI: ("msi/IdentityGet.json", ("properties.principalId", "properties.clientId", "properties.tenantId")),
@@ -56,6 +82,14 @@ EXAMPLE_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
         "properties.isHnsEnabled", "properties.creationTime", "properties.provisioningState",
         "properties.primaryEndpoints")),
     ROLE: ("authorization/RoleAssignments_ListForScope.json", ("value",)),
+    KEY: ("keyvault/createKey.json", (
+        "location", "properties.attributes.enabled", "properties.attributes.created", "properties.attributes.updated",
+        "properties.attributes.recoveryLevel", "properties.keyOps", "properties.keySize", "properties.keyUri",
+        "properties.keyUriWithVersion")),
+    VAULT: ("keyvault/getVault.json", ("properties.vaultUri", "properties.provisioningState", "tags")),
+    VM: ("compute/VirtualMachine_Create_WithSshAuthentication.json", (
+        "properties.vmId", "properties.osProfile.secrets", "properties.storageProfile.osDisk.osType",
+        "properties.storageProfile.dataDisks", "properties.provisioningState")),
 }
 """type -> (recorded example, the wire paths of it the answers below reproduce)."""
 
@@ -71,6 +105,22 @@ READ_ONLY: dict[str, frozenset[str]] = {
 """Top-level SDK properties Azure sets and a request may not (readOnly in the specification):
 azure-native leaves them out of inputs on import. Nested read-only fields are listed in
 NESTED_READ_ONLY."""
+
+SERVER_FILLED: dict[str, tuple[str, ...]] = {
+    KEY: ("location", "properties.attributes.enabled", "properties.attributes.created", "properties.attributes.updated",
+          "properties.attributes.recoveryLevel", "properties.keyOps", "properties.keySize", "properties.keyUri",
+          "properties.keyUriWithVersion"),
+    VAULT: ("properties.vaultUri", "tags"),
+    VM: ("vmId", "osProfile.secrets", "storageProfile.osDisk.osType", "storageProfile.dataDisks"),
+}
+"""The SDK-shape paths a GET answers that the request did not send, per type: what the create
+example's answer adds to its request (tests hold each to the example)."""
+
+WRITE_ONLY: dict[str, tuple[tuple[str, str], ...]] = {
+    VM: (("osProfile.adminPassword", "compute/VirtualMachine_Create_WithPasswordAuthentication.json"),),
+}
+"""SDK-shape paths sent and never answered (secrets), with the example that shows it: the request
+holds the path, the answer does not."""
 
 NESTED_READ_ONLY: dict[str, tuple[str, ...]] = {
     "identity": ("principalId", "tenantId"),
@@ -110,7 +160,113 @@ def on_create(type_token: str, body: dict[str, Any], tenant: str) -> dict[str, A
         server["workspaceId"] = new_guid()
     if type_token == ML_REGISTRY:
         server["registryGuid"] = new_guid()
+    if type_token == KEY:
+        server["keyVersion"] = uuid.uuid4().hex
+        server["created"] = 1795424400  # 2026-11-23T09:00:00Z, the emulator's clock
+    if type_token == VM:
+        server["vmId"] = new_guid()
     return server
+
+
+def on_update(type_token: str, body: dict[str, Any], server: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """What Azure assigns on an update: a system-assigned identity turned on now gets its
+    principal (Entra creates the service principal then); turned off, it is gone. Everything
+    else assigned at creation stays."""
+    out = copy.deepcopy(server)
+    identity = body.get("identity")
+    system = isinstance(identity, dict) and "SystemAssigned" in str(identity.get("type", ""))
+    if system and "identity" not in out:
+        out["identity"] = {"principalId": new_guid(), "tenantId": tenant}
+    elif not system:
+        out.pop("identity", None)
+    return out
+
+
+def arm_type(arm_id: str) -> str:
+    """The resource type of an ARM id, as the `type` of its answer: the namespace of the last
+    provider segment and each type name after it (Microsoft.KeyVault/vaults/keys)."""
+    parts = arm_id.strip("/").split("/")
+    lowered = [p.lower() for p in parts]
+    if "providers" not in lowered:
+        return "Microsoft.Resources/resourceGroups" if "resourcegroups" in lowered else "Microsoft.Resources/subscriptions"
+    at = len(lowered) - 1 - lowered[::-1].index("providers")
+    rest = parts[at + 1:]
+    return "/".join([rest[0], *rest[1::2]])
+
+
+def normalized_location(value: Any) -> Any:
+    """Azure's form of a location: "East US" -> "eastus"."""
+    return value.replace(" ", "").lower() if isinstance(value, str) else value
+
+
+def _model(type_token: str) -> type | None:
+    row = ROWS.get(type_token)
+    return conformance.resolve(row.model) if row else None
+
+
+def _provisioning_state(type_token: str, out: dict[str, Any]) -> None:
+    """provisioningState "Succeeded" where the type's model has it: flattened at the top, or
+    inside a `properties` object."""
+    model = _model(type_token)
+    if model is None:
+        return
+    fields = conformance.model_spec(model).fields
+    if "provisioningstate" in fields:
+        out["provisioningState"] = "Succeeded"
+        return
+    container = fields.get("properties")
+    if container is not None and container.kind == "model" and isinstance(out.get("properties", {}), dict):
+        inner = container.target
+        if "provisioningstate" in conformance.model_spec(inner).fields or any(
+                "provisioningstate" in conformance.model_spec(sub).fields
+                for sub in conformance.model_spec(inner).subtypes.values()):
+            out.setdefault("properties", {})["provisioningState"] = "Succeeded"
+
+
+def _pop(value: dict[str, Any], dotted: str) -> None:
+    *head, last = dotted.split(".")
+    for part in head:
+        value = value.get(part) if isinstance(value, dict) else None
+        if not isinstance(value, dict):
+            return
+    value.pop(last, None)
+
+
+def _key_answer(out: dict[str, Any], arm_id: str, server: dict[str, Any],
+                lookup: Callable[[str], dict[str, Any] | None]) -> None:
+    """A Key as createKey.json answers a request of {kty: RSA}: attributes, keyOps, keySize,
+    the key's URIs, and the vault's location."""
+    vault_id, _, name = arm_id.partition("/keys/")
+    vault = lookup(vault_id) or {}
+    vault_name = vault_id.rsplit("/", 1)[-1]
+    props = out.setdefault("properties", {})
+    attributes = props.setdefault("attributes", {})
+    attributes.setdefault("enabled", True)
+    attributes["created"] = attributes["updated"] = server.get("created", 0)
+    protected = (vault.get("properties") or {}).get("enablePurgeProtection")
+    attributes["recoveryLevel"] = "Recoverable" if protected else "Recoverable+Purgeable"
+    if str(props.get("kty", "")).startswith("RSA"):
+        props.setdefault("keyOps", ["encrypt", "decrypt", "sign", "verify", "wrapKey", "unwrapKey"])
+        props.setdefault("keySize", 2048)
+    uri = f"https://{vault_name}.vault.azure.net:443/keys/{name}"
+    props["keyUri"] = uri
+    props["keyUriWithVersion"] = f"{uri}/{server.get('keyVersion', '')}"
+    if vault.get("location"):
+        out["location"] = vault["location"]
+
+
+def _vm_answer(out: dict[str, Any], server: dict[str, Any]) -> None:
+    """A VM as VirtualMachine_Create_WithSshAuthentication.json answers its request."""
+    out["vmId"] = server.get("vmId")
+    profile = out.get("osProfile")
+    if isinstance(profile, dict):
+        profile.setdefault("secrets", [])
+    storage = out.setdefault("storageProfile", {})
+    if isinstance(storage, dict):
+        linux = isinstance(profile, dict) and "linuxConfiguration" in profile
+        if isinstance(storage.get("osDisk"), dict):
+            storage["osDisk"].setdefault("osType", "Linux" if linux else "Windows")
+        storage.setdefault("dataDisks", [])
 
 
 def azure_casing(arm_id: str, pattern: str) -> str:
@@ -156,7 +312,7 @@ def answer(type_token: str, arm_id: str, body: dict[str, Any], server: dict[str,
     for key, value in server.items():
         if key == "identity":
             out["identity"] = {**out.get("identity", {}), **value}
-        elif key not in ("registryGuid",):
+        elif key not in ("registryGuid", "keyVersion", "created", "vmId"):
             out[key] = value
     identity = out.get("identity")
     if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
@@ -164,6 +320,21 @@ def answer(type_token: str, arm_id: str, body: dict[str, Any], server: dict[str,
             uid: {k: (lookup(uid) or {}).get(k) for k in ("principalId", "clientId")}
             for uid in identity["userAssignedIdentities"]}
     name = arm_id.rsplit("/", 1)[-1]
+    for path, _ in WRITE_ONLY.get(type_token, ()):
+        _pop(out, path)
+    if type_token == KEY:
+        _key_answer(out, arm_id, server, lookup)
+    if type_token == VAULT:
+        out.setdefault("tags", {})
+        out.setdefault("properties", {})["vaultUri"] = f"https://{name}.vault.azure.net"
+    if type_token == VM:
+        _vm_answer(out, server)
+    out["id"] = arm_id
+    out.setdefault("name", name)
+    out.setdefault("type", arm_type(arm_id))
+    if "location" in out:
+        out["location"] = normalized_location(out["location"])
+    _provisioning_state(type_token, out)
     if type_token == WORKSPACE:
         out.setdefault("hbiWorkspace", False)
         out["discoveryUrl"] = f"https://{out.get('location', 'region')}.api.azureml.ms/discovery"
@@ -213,10 +384,39 @@ def registry_region_details(registry: dict[str, Any], subscription: str, managed
     return out
 
 
+def _project(value: dict[str, Any], model: type, keep: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The part of `value` that is the writable properties of `model`, at every depth
+    (azure-native's ResponseToSdkInputs walks the PUT body's schema the same way)."""
+    spec = conformance.model_spec(model)
+    if spec.discriminator and spec.subtypes:
+        spec = conformance._resolve_polymorphic(spec, value, "", [])  # noqa: SLF001 - the suite's own reader
+    out: dict[str, Any] = {}
+    for key, inner in value.items():
+        if key in keep:
+            out[key] = copy.deepcopy(inner)
+            continue
+        found = spec.fields.get(conformance.norm(key))
+        if found is None or found.readonly:
+            continue
+        nested = found.kind == "model" or found.item_kind == "model"
+        if nested and found.kind == "model" and isinstance(inner, dict):
+            out[key] = _project(inner, found.target)
+        elif nested and found.kind == "list" and isinstance(inner, list):
+            out[key] = [_project(i, found.target) if isinstance(i, dict) else copy.deepcopy(i) for i in inner]
+        elif nested and found.kind == "dict" and isinstance(inner, dict):
+            out[key] = {k: _project(v, found.target) if isinstance(v, dict) else copy.deepcopy(v) for k, v in inner.items()}
+        else:
+            out[key] = copy.deepcopy(inner)
+    return out
+
+
 def writable(type_token: str, response: dict[str, Any]) -> dict[str, Any]:
     """The response without what Azure sets and a request may not (read-only properties),
     as azure-native's ResponseToSdkInputs keeps only the PUT body's properties."""
     out = {k: copy.deepcopy(v) for k, v in response.items() if k not in READ_ONLY.get(type_token, ()) and k != "id"}
+    model = _model(type_token)
+    if model is not None:
+        out = _project(out, model, frozenset(id_inputs(type_token)) | frozenset(ROWS[type_token].fixed_inputs))
     for key, nested in NESTED_READ_ONLY.items():
         if isinstance(out.get(key), dict):
             out[key] = {k: v for k, v in out[key].items() if k not in nested}

@@ -17,7 +17,19 @@ Each rule is Azure's, with its source:
 - A deleted Log Analytics workspace is kept 14 days; creating it again with the same name
   in the same resource group recovers it: REST API, Log Analytics "Workspaces - Delete".
 - A role assignment for the same principal, role and scope exists at most once
-  (RoleAssignmentExists).
+  (RoleAssignmentExists), compared as Resource Manager compares them: GUIDs without case and
+  the role by its definition's GUID, so the tenant form
+  (/providers/Microsoft.Authorization/roleDefinitions/<guid>) and the subscription form name
+  the same role (Microsoft Learn, "Troubleshoot Azure RBAC": "The role assignment already
+  exists"; ids are case-insensitive, "Azure Resource Manager resource names").
+- An existing role assignment keeps its principal and scope: a PUT that changes them is refused
+  with 400 RoleAssignmentUpdateNotPermitted, "Tenant ID, application ID, principal ID, and scope
+  are not allowed to be updated." (Microsoft Learn, "Troubleshoot Azure RBAC", symptom "ARM
+  template role assignment returns BadRequest status"; Azure/Azure-Landing-Zones#833).
+- A PUT lacks no property the API requires: each body is held against the Azure SDK model the
+  conformance suite reads (tests/conformance/conformance_rows.py) and a missing required
+  property is refused as Resource Manager refuses it (LocationRequired for `location`,
+  InvalidRequestContent "Required property ... not found" otherwise).
 - A blob service (storageAccounts/blobServices/default) exists as long as its account.
 - A management lock (CanNotDelete or ReadOnly) on a scope blocks deleting that scope and
   everything under it - child resources (containers) and extension resources (role
@@ -55,6 +67,9 @@ from typing import Any
 
 from amlhpc.core.permissions import MODEL
 from amlhpc.infra import quirks
+from amlhpc.infra.plan.mocks import id_inputs
+from tests.conformance import conformance_reference as conformance
+from tests.conformance.conformance_rows import ROWS
 from tests.lifecycle import lifecycle_answers as answers
 
 GLOBAL_NAME_TYPES = {
@@ -113,6 +128,13 @@ def _resource_group_id(arm_id: str) -> str | None:
     return "/".join(parts[:5]) if len(parts) > 5 and parts[3].lower() == "resourcegroups" else None
 
 
+def extension_scope(arm_id: str) -> str:
+    """The scope of an extension resource (a role assignment, a lock): the id before its last
+    /providers/Microsoft.Authorization/, found without regard to case as ARM reads ids."""
+    at = arm_id.lower().rfind("/providers/microsoft.authorization/")
+    return arm_id[:at] if at >= 0 else arm_id
+
+
 def _top_level_id(arm_id: str) -> str:
     """/subscriptions/s/resourceGroups/g/providers/NS/type/name of a nested id."""
     parts = arm_id.split("/")
@@ -169,7 +191,7 @@ class FakeAzure:
         `role` (a role definition id or its GUID) and `principal`; None matches any."""
         out = []
         for o in self.of_type(ROLE):
-            at = o.id.split("/providers/Microsoft.Authorization/")[0]
+            at = extension_scope(o.id)
             definition = str(o.body.get("roleDefinitionId", ""))
             if scope is not None and at.lower() != scope.lower():
                 continue
@@ -187,6 +209,9 @@ class FakeAzure:
         existing = self.objects.get(key)
         if type_token != LOCK:
             self._check_not_read_only(arm_id)
+        self._check_required(type_token, body)
+        if existing is not None and type_token == ROLE:
+            self._check_role_update(existing, body)
         if existing is None:
             self._check_parent(type_token, arm_id)
             self._check_global_name(type_token, arm_id, name)
@@ -198,7 +223,8 @@ class FakeAzure:
             if type_token == PRIVATE_ENDPOINT:
                 self._check_link_target(arm_id, body)
         self.operations += 1
-        server = existing.server if existing else answers.on_create(type_token, body, self.tenant)
+        server = (answers.on_update(type_token, body, existing.server, self.tenant) if existing
+                  else answers.on_create(type_token, body, self.tenant))
         obj = AzureObject(arm_id, type_token, name, copy.deepcopy(body), existing.blobs if existing else {},
                           server, existing.created_at if existing else self.operations)
         self.objects[key] = obj
@@ -304,7 +330,7 @@ class FakeAzure:
         if top != arm_id and _key(top) not in self.objects:
             raise AzureError(f"ParentResourceNotFound: {top} does not exist")
         if type_token == ROLE:
-            scope = arm_id.split("/providers/Microsoft.Authorization/")[0]
+            scope = extension_scope(arm_id)
             if _key(scope) not in self.objects and _key(_top_level_id(scope)) not in self.objects:
                 raise AzureError(f"the scope {scope} of the role assignment does not exist")
 
@@ -361,9 +387,37 @@ class FakeAzure:
                                  f"'{arm_id.rsplit('/', 1)[-1]}' does not exist")
 
     def _check_role_unique(self, arm_id: str, body: dict[str, Any]) -> None:
-        scope = arm_id.split("/providers/Microsoft.Authorization/")[0].lower()
-        for o in self.of_type(ROLE):
-            other = o.id.split("/providers/Microsoft.Authorization/")[0].lower()
-            if (other == scope and o.body.get("principalId") == body.get("principalId")
-                    and o.body.get("roleDefinitionId") == body.get("roleDefinitionId")):
-                raise AzureError("RoleAssignmentExists: the role assignment already exists")
+        scope = extension_scope(arm_id)
+        for o in self.role_assignments(scope, str(body.get("roleDefinitionId", "")), str(body.get("principalId", ""))):
+            if _key(o.id) != _key(arm_id):
+                raise AzureError(f"RoleAssignmentExists: The role assignment already exists. (the assignment {o.id} "
+                                 "gives this principal this role at this scope)")
+
+    @staticmethod
+    def _check_role_update(existing: AzureObject, body: dict[str, Any]) -> None:
+        """RoleAssignmentUpdateNotPermitted: the principal (and scope, in the id) are fixed."""
+        before, after = str(existing.body.get("principalId", "")), str(body.get("principalId", ""))
+        if before.lower() != after.lower():
+            raise AzureError("RoleAssignmentUpdateNotPermitted: Tenant ID, application ID, principal ID, and scope are "
+                             f"not allowed to be updated. (principal {before} -> {after} on {existing.id})")
+
+    @staticmethod
+    def _check_required(type_token: str, body: dict[str, Any]) -> None:
+        """The request body has every property the API requires (the SDK model of the type's
+        conformance row; path parameters are the URL's, not the body's)."""
+        row = ROWS.get(type_token)
+        if row is None:
+            return
+        path = {conformance.norm(k) for k in id_inputs(type_token)} | {conformance.norm(k) for k in row.fixed_inputs}
+        found: list[conformance.Finding] = []
+        request = conformance.arm_shape({k: v for k, v in body.items() if conformance.norm(k) not in path})
+        conformance.check_model(request, conformance.resolve(row.model), "", row.not_covered, found, exclude=path)
+        # azure-native sends an empty `properties` container the schema requires (its
+        # requiredContainers, provider/pkg/gen/properties.go): only real properties can be missing.
+        missing = [f.path for f in found if "but not set" in f.message and f.path != "properties"]
+        if "location" in missing:
+            raise AzureError("LocationRequired: The location property is required for this definition.")
+        if missing:
+            raise AzureError(f"InvalidRequestContent: The request content was invalid and could not be deserialized: "
+                             f"'Required property '{missing[0]}' not found in JSON.' ({type_token}: "
+                             f"{', '.join(missing)} missing)")

@@ -36,7 +36,8 @@ What it reproduces, with the source of each behaviour:
   (`applyDiff`), so what Azure changed since the last update shows as a diff.
 - Diff (provider/pkg/provider/diff.go `calculateDetailedDiff` and the `Diff` method): old
   inputs against the program's; a change of a path parameter, or of a property azure-native
-  marks forceNew (its forceNewMap, provider/pkg/gen/forceNew.go, and `location`, which the
+  marks forceNew (its forceNewMap, provider/pkg/gen/replacement.go, for every type the program
+  declares (`FORCE_NEW`), and `location`, which the
   ARM guidelines make create-only, compared without case and spaces as
   `normalizedLocation` does), replaces; adding a forceNew property whose old output already
   has that value does not (the ADD_REPLACE exception). The engine applies ignoreChanges
@@ -429,14 +430,52 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+FORCE_NEW_MAP = "pulumi-azure-native provider/pkg/gen/replacement.go forceNewMap at 1b7112af33c62b247daed1028686bf279f4d5e69"
+TRACKED_LOCATION = ("`location`: x-ms-mutability [read, create] on ARM's TrackedResource (common-types), forceNew in the "
+                    "provider's schema; compared as normalizedLocation (replace_reasons)")
 FORCE_NEW: dict[str, frozenset[str]] = {
-    # pulumi-azure-native provider/pkg/gen/forceNew.go (forceNewMap), for the types here.
+    # Every type the program declares (test_resource_manager_rules holds this to the conformance
+    # rows, which test_conformance holds to the stacks): the properties azure-native's schema
+    # marks forceNew beyond the path parameters (id_inputs) and `location` (TRACKED_LOCATION),
+    # each from FORCE_NEW_MAP. A type the map lists with no property ("no force-news", or
+    # "covered by x-ms-mutability") and a type it does not list get only those two.
     "azure-native:authorization:RoleAssignment": frozenset({"principalId", "scope"}),
     "azure-native:resources:ResourceGroup": frozenset({"location"}),
     "azure-native:storage:StorageAccount": frozenset({"isHnsEnabled", "location"}),
+    "azure-native:storage:BlobContainer": frozenset(),
+    "azure-native:storage:BlobServiceProperties": frozenset(),
     "azure-native:network:PublicIPAddress": frozenset({"location", "publicIPAddressVersion", "publicIPPrefix", "sku"}),
     "azure-native:network:VirtualNetwork": frozenset({"location"}),
+    "azure-native:network:Subnet": frozenset(),
+    "azure-native:network:PrivateEndpoint": frozenset({"subnet"}),  # pulumi-azure-native#3883
+    "azure-native:network:NetworkSecurityGroup": frozenset(),
+    "azure-native:network:NatGateway": frozenset(),
+    "azure-native:network:NetworkInterface": frozenset(),
+    "azure-native:network:BastionHost": frozenset(),
+    "azure-native:network:PrivateDnsZoneGroup": frozenset(),
+    "azure-native:privatedns:PrivateZone": frozenset(),
+    "azure-native:privatedns:VirtualNetworkLink": frozenset(),
+    "azure-native:applicationinsights:Component": frozenset(),  # the map: "covered by x-ms-mutability"
+    "azure-native:operationalinsights:Workspace": frozenset(),
+    "azure-native:containerregistry:Registry": frozenset(),
+    "azure-native:keyvault:Vault": frozenset(),
+    "azure-native:keyvault:Key": frozenset(),
+    "azure-native:managedidentity:UserAssignedIdentity": frozenset(),
+    "azure-native:monitor:DiagnosticSetting": frozenset(),
+    "azure-native:authorization:ManagementLockByScope": frozenset(),
+    "azure-native:consumption:Budget": frozenset(),
+    "azure-native:compute:VirtualMachine": frozenset(),
+    "azure-native:compute:VirtualMachineExtension": frozenset(),
+    "azure-native:machinelearningservices:Workspace": frozenset(),
+    "azure-native:machinelearningservices:Compute": frozenset(),
+    "azure-native:machinelearningservices:Datastore": frozenset(),
+    "azure-native:machinelearningservices:EnvironmentContainer": frozenset(),
+    "azure-native:machinelearningservices:EnvironmentVersion": frozenset(),
+    "azure-native:machinelearningservices:Registry": frozenset(),
 }
+"""Per type, what forces a replacement besides the path parameters and `location`. The
+x-ms-mutability flags of nested and flattened properties other than `location` are not read
+here: the provider's generated metadata is not available offline."""
 
 
 def _normalized_location(value: Any) -> Any:

@@ -182,10 +182,13 @@ class TestLocks:
     SETTING = f"{ACCOUNT}/blobServices/default/providers/Microsoft.Insights/diagnosticSettings/to-log-analytics"
     ENDPOINT = f"{RG}/providers/Microsoft.Network/privateEndpoints/pe-datasets"
     LOCK = f"{ACCOUNT}/providers/Microsoft.Authorization/locks/do-not-delete"
+    GROUP_BODY = {"location": "eastus"}
+    ACCOUNT_BODY = {"location": "eastus", "kind": "StorageV2", "sku": {"name": "Standard_LRS"}}
+    """The least Resource Manager accepts (location; an account's kind and sku): FakeAzure refuses less."""
 
     def locked(self, azure: FakeAzure, level: str = "CanNotDelete") -> FakeAzure:
-        azure.put("azure-native:resources:ResourceGroup", self.RG, "rg", {})
-        azure.put("azure-native:storage:StorageAccount", self.ACCOUNT, "lockedacct", {})
+        azure.put("azure-native:resources:ResourceGroup", self.RG, "rg", self.GROUP_BODY)
+        azure.put("azure-native:storage:StorageAccount", self.ACCOUNT, "lockedacct", self.ACCOUNT_BODY)
         azure.put("azure-native:storage:BlobContainer", self.CONTAINER, "datasets", {})
         azure.put("azure-native:authorization:RoleAssignment", self.ROLE, "ra",
                   {"principalId": "p", "roleDefinitionId": "r", "scope": self.CONTAINER})
@@ -213,7 +216,7 @@ class TestLocks:
     def test_unrelated_resources_and_writes_are_not_blocked(self, azure):
         self.locked(azure)
         other = f"{self.RG}/providers/Microsoft.Storage/storageAccounts/otheracct"
-        azure.put("azure-native:storage:StorageAccount", other, "otheracct", {})
+        azure.put("azure-native:storage:StorageAccount", other, "otheracct", self.ACCOUNT_BODY)
         azure.delete(other)  # a sibling in the same group
         azure.put("azure-native:storage:BlobContainer", f"{self.ACCOUNT}/blobServices/default/containers/new", "new", {})
         azure.reset_to_defaults(f"{self.ACCOUNT}/blobServices/default")  # a PUT, not a delete
@@ -366,7 +369,7 @@ class TestAzureAnswers:
 
     def test_role_assignments_are_listed_by_scope_role_and_principal(self, azure, engine):
         scope = f"/subscriptions/{SUB}/resourceGroups/rg"
-        azure.put("azure-native:resources:ResourceGroup", scope, "rg", {})
+        azure.put("azure-native:resources:ResourceGroup", scope, "rg", {"location": "eastus"})
         for guid, principal in (("a" * 8 + "-0000-4000-8000-000000000001", "p1"),
                                 ("b" * 8 + "-0000-4000-8000-000000000002", "p2")):
             azure.put("azure-native:authorization:RoleAssignment",

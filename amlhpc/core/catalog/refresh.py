@@ -1,6 +1,7 @@
 """Refresh the catalog's prices and size facts from Azure, and say what changed.
 
     python -m amlhpc.core.catalog refresh [--subscription ID] [--region R ...] [--size NAME ...] [--check]
+    python -m amlhpc.core.catalog facts [--size NAME] [--json]      (amlhpc/core/catalog/facts.py)
 
 Read through azure-core's pipeline (its retry policy handles throttling; the ARM calls carry
 the bearer-token policy of `azure.mgmt.core.ARMPipelineClient`):
@@ -9,8 +10,12 @@ the bearer-token policy of `azure.mgmt.core.ARMPipelineClient`):
   cost-management/retail-prices/azure-retail-prices): `GET https://prices.azure.com/api/
   retail/prices?api-version=2023-01-01-preview&$filter=serviceName eq 'Virtual Machines' and
   armSkuName eq '<size>' and priceType eq 'Consumption'`, following `NextPageLink`. The
-  Linux pay-as-you-go meter is the one whose productName does not say Windows and whose
-  skuName does not say Spot or Low Priority, per "1 Hour", in USD.
+  Linux pay-as-you-go meter is the one whose productName does not say Windows (nor "Win", as
+  some series write it) and whose skuName does not say Spot or Low Priority, per "1 Hour", in
+  USD. A size is priced in the catalog's region for it, else in a region given with --region,
+  else in eastus; a size Azure prices only elsewhere is reported with the regions that have a
+  price and left for the person to pick one (--region), never priced in an arbitrary region.
+  A price equal to the catalog's (figure and region) is confirmed, not a difference.
 - size facts and regions: Resource SKUs, per subscription (Azure/azure-rest-api-specs
   specification/compute/resource-manager/Microsoft.Compute/Skus/stable/2021-07-01/skus.json):
   `GET /subscriptions/{id}/providers/Microsoft.Compute/skus?api-version=2021-07-01`, following
@@ -49,6 +54,7 @@ from typing import Annotated, Any
 import typer
 
 from amlhpc.core import availability, skus
+from amlhpc.core.catalog import facts as catalog_facts
 from amlhpc.core.cli_help import VersionOption, new_app
 from amlhpc.core.errors import Problem, UserError, exit_on_bad_input
 
@@ -124,7 +130,7 @@ def linux_on_demand(items: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     for item in items:
         text = f"{item.get('productName', '')} {item.get('skuName', '')} {item.get('meterName', '')}"
         if (item.get("type") != "Consumption" or item.get("currencyCode", "USD") != "USD"
-                or item.get("unitOfMeasure") != "1 Hour" or re.search(r"Windows|Spot|Low Priority", text)):
+                or item.get("unitOfMeasure") != "1 Hour" or re.search(r"Windows|\bWin\b|Spot|Low Priority", text)):
             continue
         price = float(item.get("retailPrice", 0) or 0)
         region = str(item.get("armRegionName", ""))
@@ -194,6 +200,8 @@ class Findings:
     prices: dict[str, tuple[float, str]] = field(default_factory=dict)
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     capture: list[dict] = field(default_factory=list)
+    confirmed: list[str] = field(default_factory=list)
+    """Sizes whose catalog price Azure's answer confirms (same figure, same region)."""
 
     def written(self) -> list[Change]:
         return [c for c in self.changes if c.written]
@@ -201,11 +209,12 @@ class Findings:
 
 def choose_region(size: skus.Sku, priced: Mapping[str, float], regions: list[str]) -> str | None:
     """The catalog's price region if Azure prices the size there, else the first of the
-    asked regions, else eastus, else the first region in name order."""
+    asked regions that has a price, else eastus; None when Azure prices it only in other
+    regions (which one a price should stand for is the person's choice: --region)."""
     for region in ([size.price.region] if size.price else []) + regions + [PREFERRED_REGION]:
         if region in priced:
             return region
-    return min(priced) if priced else None
+    return None
 
 
 def compare(catalog: Mapping[str, skus.Sku], prices: Mapping[str, dict[str, float]], capture: list[dict],
@@ -217,13 +226,19 @@ def compare(catalog: Mapping[str, skus.Sku], prices: Mapping[str, dict[str, floa
         priced = prices.get(name)
         if priced is not None:
             region = choose_region(sku, priced, regions)
-            if region is None:
-                found.notes.append(f"{name}: the Retail Prices API lists no Linux pay-as-you-go price; the catalog keeps "
-                                   + (f"{sku.price.usd_per_hour} ({sku.price.region}, {sku.price.as_of})" if sku.price else "none"))
+            keeps = (f"{sku.price.usd_per_hour} ({sku.price.region}, {sku.price.as_of})" if sku.price else "none")
+            if region is None and priced:
+                found.notes.append(f"{name}: Azure prices it only in {', '.join(sorted(priced))}, not in "
+                                   f"{sku.price.region if sku.price else PREFERRED_REGION}; the catalog keeps {keeps} "
+                                   f"(refresh --size {name} --region <one of them> prices it there)")
+            elif region is None:
+                found.notes.append(f"{name}: the Retail Prices API lists no Linux pay-as-you-go price; the catalog keeps {keeps}")
             else:
                 new = priced[region]
                 old = sku.price.usd_per_hour if sku.price else None
-                if sku.price is None or (old, sku.price.region, sku.price.source) != (new, region, RETAIL_SOURCE):
+                if sku.price is not None and (old, sku.price.region) == (new, region):
+                    found.confirmed.append(name)
+                elif sku.price is None or (old, sku.price.region) != (new, region):
                     where = f"{sku.price.region}, {sku.price.source} {sku.price.as_of}" if sku.price else "no price"
                     found.changes.append(Change(name, "price usd_per_hour", old, new,
                                                 note=f"was {where}; now {region}, {RETAIL_SOURCE} {today.isoformat()}"))
@@ -415,6 +430,8 @@ def refresh(*, sizes: list[str], regions: list[str], subscription: str | None, r
                 echo(change.line())
     for note in findings.notes:
         echo(f"note: {note}")
+    if findings.confirmed:
+        echo(f"confirmed: the catalog's price of {len(findings.confirmed)} size(s) is Azure's: {', '.join(findings.confirmed)}")
     if not subscription:
         echo("note: prices only; size facts, regions and Azure ML support need --subscription (Resource SKUs and "
              "Azure ML's size list are per subscription)")
@@ -462,3 +479,20 @@ def refresh_command(
                            retail=retail_client(), arm=arm, today=date.today(), check=check, echo=typer.echo)
     if check and findings.changes:
         raise typer.Exit(1)
+
+
+@app.command("facts")
+def facts_command(
+    size: Annotated[str | None, typer.Option("--size", help="Only this catalog size.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of one line per fact.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """List every fact of the catalog (skus, availability, NCCL settings) with its source and date."""
+    with exit_on_bad_input(debug):
+        if size is not None:
+            try:
+                size = skus.get(size).name
+            except skus.UnknownSkuError as exc:
+                raise UserError([Problem("--size", "", str(exc), f"one of: {', '.join(skus.names())}")],
+                                "bad arguments") from None
+        typer.echo(catalog_facts.render(catalog_facts.catalog_facts(size), as_json))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import date
 
-from amlhpc.core import availability, skus
+from amlhpc.core import availability, pricing, skus
 from amlhpc.core.errors import ProblemCollector
 from amlhpc.infra import naming
 from amlhpc.infra.config.models import (
@@ -85,9 +86,47 @@ def _check_ssh(found: ProblemCollector, stack: str, path: str, ssh: SshConfig) -
                   "use a lowercase Linux user name other than root/admin, e.g. azureuser")
 
 
-def _check_budget(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
+FULL_SCALE_HOURS_PER_BUDGET = 1.0
+"""A cluster is refused when it spends the stack's whole monthly budget in less than this many
+hours at maxNodes (on-demand price). A budget is the stack's statement of what a month may
+cost; a cluster that would use it up within an hour of running at full scale is three orders
+of magnitude past it (a month has 730 hours): a typo in maxNodes or in the budget, not a plan.
+Legitimate large clusters stay well inside it (64 x ND96isr_H100_v5 at $98/h needs a monthly
+budget of $6,300 or more)."""
+
+
+def _check_full_scale_cost(found: ProblemCollector, stack: str, raw: _RawConfig, index: list[int] | None) -> None:
+    """A cluster whose full-scale hour costs more than the monthly budget (FULL_SCALE_HOURS_PER_BUDGET)."""
     if raw.budget is None:
         return
+    budget = raw.budget.monthly_amount_usd
+    for i, cluster in zip(index if index is not None else range(len(raw.clusters)), raw.clusters, strict=True):
+        try:
+            price = pricing.node_hour_price(cluster.sku, raw.prices)
+        except skus.UnknownSkuError:
+            continue  # reported by _check_clusters
+        if price is None:
+            continue
+        per_hour = cluster.max_nodes * price.usd_per_hour
+        if per_hour * FULL_SCALE_HOURS_PER_BUDGET <= budget:
+            continue
+        fits = int(budget / FULL_SCALE_HOURS_PER_BUDGET // price.usd_per_hour)
+        minutes = budget / per_hour * 60
+        found.add(f"{NAMESPACE}clusters[{i}].maxNodes",
+                  f"{cluster.max_nodes:,} x {cluster.sku} at ${price.usd_per_hour:,.2f}/node-hour ({pricing.describe(price)}) "
+                  f"is ${per_hour:,.0f} an hour at full scale: the stack's monthly budget of ${budget:,.0f} "
+                  f"(aml-hpc:budget.monthlyAmountUsd) would be gone in {minutes:,.1f} minutes; a cluster that spends "
+                  f"the month's budget within {FULL_SCALE_HOURS_PER_BUDGET:g} hour at full scale is refused as a typo",
+                  (f"lower maxNodes to {fits:,} or fewer: {fix_command(stack, f'{NAMESPACE}clusters[{i}].maxNodes', str(fits))}; "
+                   if fits >= 1 else "")
+                  + f"or raise the budget to at least ${per_hour * FULL_SCALE_HOURS_PER_BUDGET:,.0f}: "
+                  + fix_command(stack, f"{NAMESPACE}budget.monthlyAmountUsd", f"{math.ceil(per_hour * FULL_SCALE_HOURS_PER_BUDGET)}"))
+
+
+def _check_budget(found: ProblemCollector, stack: str, raw: _RawConfig, index: list[int] | None = None) -> None:
+    if raw.budget is None:
+        return
+    _check_full_scale_cost(found, stack, raw, index)
     path = f"{NAMESPACE}budget"
     if not raw.budget.alert_emails:
         found.add(f"{path}.alertEmails", "a budget needs at least one email to alert",
@@ -133,6 +172,9 @@ def _check_cluster_regions(found: ProblemCollector, raw: _RawConfig, location: s
         problem = availability.problem(size, location, today)
         if problem and not (cluster.allow_unlisted_region and not availability.retired(size, today)):
             found.add(f"{NAMESPACE}clusters[{i}].sku", *problem)
+        low_priority = availability.low_priority_problem(size) if cluster.priority == "LowPriority" else None
+        if low_priority:
+            found.add(f"{NAMESPACE}clusters[{i}].priority", *low_priority)
 
 
 def _check_managed_ssh(found: ProblemCollector, raw: _RawConfig) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from amlhpc.core import invocation, yamlfile
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.infra.config.models import (
     _TEXT_KEYS,
@@ -41,16 +42,13 @@ def read_stack_file(stack: str, root: Path = REPO_ROOT) -> dict[str, Any]:
             [Problem(reference, "", f"stack file not found for stack {stack!r}",
                      (f"did you mean {' or '.join(near)}? " if near else "")
                      + f"stacks here: {', '.join(stacks) or 'none'}; create an experiment with "
-                     "`make new-experiment NAME=... ENV=dev`")],
+                     f"`{invocation.new_experiment('NAME', 'dev')}`")],
             "unknown stack",
         )
     try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError([Problem(reference, where, f"not valid YAML: {getattr(exc, 'problem', exc)}",
-                                 "fix the YAML syntax (indentation, quotes) at that line")], "invalid stack file") from None
+        document = yamlfile.load(path.read_text()) or {}
+    except yaml.YAMLError as exc:  # bad syntax, or a key written twice (both lines named)
+        raise UserError([yamlfile.problem(exc, reference)], "invalid stack file") from None
     if not isinstance(document, dict) or not isinstance(document.get("config", {}), dict):
         raise UserError([Problem(reference, "config", "must be a mapping of `namespace:key: value`",
                                  "see Pulumi.dev.yaml for the layout")], "invalid stack file")

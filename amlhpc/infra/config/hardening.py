@@ -7,7 +7,7 @@ from typing import Any
 
 from amlhpc.core.errors import ProblemCollector
 from amlhpc.infra.config.clusters import _check_cluster_regions, _check_managed_ssh
-from amlhpc.infra.config.models import GUID_FORMAT, NAMESPACE, _RawConfig
+from amlhpc.infra.config.models import EXPERIMENT_PREFIX, GUID_FORMAT, NAMESPACE, _RawConfig
 from amlhpc.infra.config.network import _check_managed_network, _check_way_in
 from amlhpc.infra.config.problems import fix_command
 
@@ -19,7 +19,8 @@ def _check_hardening(found: ProblemCollector, stack: str, raw: _RawConfig, locat
     _check_cluster_regions(found, raw, location, (now or datetime.now(UTC)).date())
     _check_managed_ssh(found, raw)
     _check_encryption(found, stack, raw)
-    protect = raw.protect_data if raw.protect_data is not None else (raw.environment or stack) != "dev"
+    environment = raw.environment if stack.startswith(EXPERIMENT_PREFIX) else stack  # an environment stack is its name
+    protect = raw.protect_data if raw.protect_data is not None else (environment or stack) != "dev"
     lock = raw.locks.dataset_storage if raw.locks.dataset_storage is not None else protect
     return {
         "encryption": raw.encryption,

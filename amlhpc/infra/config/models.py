@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from amlhpc.core import pricing, project, skus
-from amlhpc.core.values import Gbps, Usd, UsdPerHour
+from amlhpc.core.values import Gbps, Nodes, Usd, UsdPerHour
 from amlhpc.infra import naming
 
 PROJECT = "aml-hpc"
@@ -54,7 +54,8 @@ class ClusterConfig(_Model):
     """Azure VM size, one of amlhpc.core.skus.CATALOG. Changing it replaces the cluster."""
     min_nodes: int = Field(0, ge=0)
     """Nodes kept even when idle. Anything above 0 bills around the clock: needs allowIdleNodes."""
-    max_nodes: int = Field(ge=1)
+    max_nodes: Nodes
+    """1 to 10,000 (amlhpc/core/values.py RANGES['nodes'])."""
     idle_minutes: int = Field(10, ge=2, le=10080)
     """Idle time before a node is released."""
     priority: Literal["Dedicated", "LowPriority"] = "Dedicated"
@@ -302,6 +303,9 @@ class _RawConfig(_Model):
     name_suffix: str | None = None
     workspace_storage_auth: Literal["identity", "accessKey"] | None = None
     submitters: list[PrincipalConfig] = Field(default_factory=list)
+    allow_unlisted_region: bool = False
+    """Opt-in for an azure-native:location that Azure's list of public regions in amlhpc/core/regions.py
+    does not hold (a region opened after the list was read); without it such a location is refused as a typo."""
 
 
 _TOP_LEVEL_KEYS = {field.alias or name for name, field in _RawConfig.model_fields.items()}

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from amlhpc.core import regions, skus
+from amlhpc.core import invocation, regions, skus
 from amlhpc.core.errors import ProblemCollector
 from amlhpc.infra import naming
 from amlhpc.infra.config.clusters import (
@@ -68,13 +68,27 @@ def _our_keys(found: ProblemCollector, stack: str, flat: dict[str, Any]) -> dict
     return ours
 
 
-def _check_location(found: ProblemCollector, stack: str, location: Any) -> None:
+def _check_location(found: ProblemCollector, stack: str, location: Any, ours: dict[str, Any]) -> None:
+    """The region must be one of Azure's (amlhpc/core/regions.py), whether or not a cluster is
+    declared: a misspelled region would otherwise reach Azure Resource Manager at `up`."""
     if not location:
         found.add(LOCATION_KEY, "is required (the Azure region)", fix_command(stack, LOCATION_KEY, "swedencentral"))
         return
     region_problem = regions.check(str(location))
     if region_problem:
         found.add(LOCATION_KEY, region_problem, "use the programmatic name, e.g. eastus, swedencentral")
+        return
+    unlisted = regions.unlisted(str(location))
+    given = ours.get("clusters")
+    clusters = given if isinstance(given, list) else []
+    opted_in = ours.get("allowUnlistedRegion") is True or any(
+        isinstance(c, dict) and c.get("allowUnlistedRegion") is True for c in clusters)  # a cluster's opt-in says the same
+    if unlisted and not opted_in:
+        near = difflib.get_close_matches(str(location), sorted(regions.KNOWN), n=1, cutoff=0.85)  # a typo's distance
+        found.add(LOCATION_KEY, unlisted,
+                  (f"did you mean {near[0]}? {fix_command(stack, LOCATION_KEY, near[0])}; " if near else
+                   "use one of Azure's regions (az account list-locations -o table); ")
+                  + f"for a region opened after the list was read: {fix_command(stack, NAMESPACE + 'allowUnlistedRegion', 'true')}")
 
 
 def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None = None,
@@ -88,7 +102,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
 
     ours = _our_keys(found, stack, flat)
     location = flat.get(LOCATION_KEY)
-    _check_location(found, stack, location)
+    _check_location(found, stack, location, ours)
 
     # Type errors and rule errors are reported together: the keys (or list items) with a
     # type error are set aside and the rules check everything else.
@@ -114,7 +128,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     _check_principals(found, raw.submitters, f"{NAMESPACE}submitters")
     _check_name_suffix(found, stack, kind, raw, deploying)
     _check_seat(found, stack, raw, deploying)
-    _check_budget(found, stack, raw)
+    _check_budget(found, stack, raw, cluster_index)
     _check_prices(found, raw)
     _check_controller(found, stack, raw)
     # a key set aside for its type error is not also reported as missing by the rules
@@ -122,7 +136,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
                                    if not any(t == p.path or t.startswith((p.path + ".", p.path + "[")) for t in typed)]
     found.raise_if_any()
 
-    environment = raw.environment or (stack if kind == "environment" else "")
+    environment = stack if kind == "environment" else (raw.environment or "")
     return StackConfig(
         stack=stack,
         source=reference,
@@ -195,8 +209,16 @@ def _check_kind(found: ProblemCollector, stack: str, kind: StackKind, ours: dict
         if not raw.clusters:
             found.add(f"{NAMESPACE}clusters", "an experiment stack must declare at least one cluster",
                       "add a cluster: name, sku, maxNodes (see Pulumi.dev.yaml)")
-    elif raw.environment_stack:
-        found.add(f"{NAMESPACE}environmentStack", "is only for experiment stacks (exp-*)", f"remove it from Pulumi.{stack}.yaml")
+    else:
+        if raw.environment_stack:
+            found.add(f"{NAMESPACE}environmentStack", "is only for experiment stacks (exp-*)",
+                      f"remove it from Pulumi.{stack}.yaml")
+        if raw.environment is not None and raw.environment != stack:
+            # The environment of an environment stack is its name everywhere: its GitHub
+            # environment, identity, state and the policy's "outside dev" all follow the name.
+            found.add(f"{NAMESPACE}environment", f"{raw.environment!r} is not this stack: an environment stack belongs "
+                      f"to the environment it is named after ({stack!r}), whatever this key says",
+                      f"remove aml-hpc:environment from Pulumi.{stack}.yaml")
     if kind == "experiment":
         _check_environment_stack(found, stack, raw)
 
@@ -278,11 +300,12 @@ def _check_name_suffix(found: ProblemCollector, stack: str, kind: StackKind, raw
         problem = naming.check("nameSuffix", raw.name_suffix)
         if problem:
             found.add(NAME_SUFFIX_KEY, problem,
-                      f"remove it and let the tooling make one: python -m amlhpc.infra.adopt suffix --stack {stack}")
+                      f"remove it and let the tooling make one: {invocation.module('amlhpc.infra.adopt', 'suffix --stack ' + stack)}")
     elif deploying and kind == "environment":
         found.add(NAME_SUFFIX_KEY, "is not set: without it every copy of this repository asks Azure for the same "
                   "globally unique storage, Key Vault and registry names",
-                  f"run `make preview STACK={stack}` once (it writes one), or python -m amlhpc.infra.adopt suffix --stack {stack}; "
+                  f"run `{invocation.deploy('preview', stack)}` once (it writes one), or "
+                  f"{invocation.module('amlhpc.infra.adopt', 'suffix --stack ' + stack)}; "
                   "commit the stack file")
 
 

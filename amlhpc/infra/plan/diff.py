@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.infra.plan import component_names
 from amlhpc.infra.plan.mocks import RecordedResource, id_inputs, qualified_name
@@ -331,7 +332,7 @@ def diff(base: dict[str, Any], head: dict[str, Any], base_label: str, head_label
 
 def read_plan(path: Path) -> dict[str, Any]:
     """A saved `plan --json` document, or a UserError naming the file and the fix."""
-    fix = "write one with `python -m amlhpc.infra plan --stack STACK --json > FILE`"
+    fix = f"write one with `{invocation.command('infra', 'plan --stack STACK --json > FILE')}`"
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

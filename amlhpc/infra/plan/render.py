@@ -8,123 +8,15 @@ its marks (protected, retained, replace-on-change fields...).
 
 from __future__ import annotations
 
-from typing import Any
-
-from amlhpc.core.permissions import MODEL
 from amlhpc.infra.plan import STACK_REFERENCE, Plan
+from amlhpc.infra.plan.details import details
 from amlhpc.infra.plan.mocks import RecordedResource, qualified_name
 from amlhpc.infra.plan.render_reachability import reachability_lines
 from amlhpc.infra.plan.text import DETAIL, INDENT, money, pair, price_fix, wrap
 
 
-def role_name(role_definition_id: str) -> str:
-    """A role assignment's role by name (the permission model's), else its GUID."""
-    parts = str(role_definition_id or "").split("/")
-    subscription = parts[2] if len(parts) > 2 and parts[1].lower() == "subscriptions" else ""
-    role = MODEL.role_by_guid(parts[-1], subscription)
-    return role.name if role else parts[-1]
-
-
 def short_type(type_token: str) -> str:
     return type_token.removeprefix("azure-native:")
-
-
-def _short_scope(scope: str) -> str:
-    parts = str(scope).split("/")
-    return "/".join(parts[-2:]) if len(parts) > 2 else str(scope)
-
-
-def _last(resource_id: Any) -> str:
-    return str(resource_id or "").rstrip("/").rsplit("/", 1)[-1]
-
-
-def _on(flag: Any) -> str:
-    return "on" if flag else "off"
-
-
-def details(r: RecordedResource) -> str:
-    """The few properties that matter for review, per resource type ("" when the type and
-    name say it all)."""
-    i: dict[str, Any] = r.inputs
-    t = r.type
-    if t == "azure-native:storage:StorageAccount":
-        bits = [i.get("kind"), (i.get("sku") or {}).get("name"), i.get("minimumTlsVersion"),
-                "https only" if i.get("enableHttpsTrafficOnly") else "HTTP ALLOWED",
-                "no public blobs" if i.get("allowBlobPublicAccess") is False else "PUBLIC BLOBS",
-                "shared key off" if i.get("allowSharedKeyAccess") is False else "shared key on",
-                f"network {i.get('publicNetworkAccess')}"]
-        return ", ".join(str(b) for b in bits if b)
-    if t == "azure-native:machinelearningservices:Compute":
-        props = (i.get("properties") or {}).get("properties") or {}
-        scale = props.get("scaleSettings") or {}
-        ssh = "SSH key" if props.get("userAccountCredentials") else "SSH off"
-        ip = "public IP" if props.get("enableNodePublicIp") else "no public IP"
-        nodes = f"{scale.get('minNodeCount') or 0}-{scale.get('maxNodeCount') or 0}"
-        return (f"{props.get('vmSize')} x{nodes} {props.get('vmPriority')}, idle "
-                f"{scale.get('nodeIdleTimeBeforeScaleDown')}, {ssh}, {ip}"
-                + (", in subnet" if props.get("subnet") else ""))
-    if t == "azure-native:keyvault:Vault":
-        p = i.get("properties") or {}
-        return (f"RBAC {_on(p.get('enableRbacAuthorization'))}, purge protection "
-                f"{_on(p.get('enablePurgeProtection'))}, network {p.get('publicNetworkAccess')}")
-    if t == "azure-native:containerregistry:Registry":
-        return (f"{(i.get('sku') or {}).get('name')}, admin user "
-                f"{'ON' if i.get('adminUserEnabled') else 'off'}, network {i.get('publicNetworkAccess')}")
-    if t == "azure-native:machinelearningservices:Workspace":
-        return f"network {i.get('publicNetworkAccess')}, identity {(i.get('identity') or {}).get('type')}"
-    if t == "azure-native:machinelearningservices:Registry":
-        regions = ", ".join(str(d.get("location")) for d in i.get("regionDetails") or [])
-        return f"regions {regions}, network {i.get('publicNetworkAccess')}"
-    if t == "azure-native:authorization:RoleAssignment":
-        condition = ", with a condition" if i.get("condition") else ""
-        return (f"{role_name(str(i.get('roleDefinitionId') or ''))} on {_short_scope(i.get('scope', ''))} "
-                f"({i.get('principalType')}{condition})")
-    if t == "azure-native:consumption:Budget":
-        notes = i.get("notifications") or {}
-        return f"${i.get('amount') or 0:,.0f}/month, alerts at {', '.join(sorted(notes))}"
-    if t == "azure-native:machinelearningservices:Datastore":
-        p = i.get("properties") or {}
-        return (f"{p.get('accountName')}/{p.get('containerName')}, credentials "
-                f"{(p.get('credentials') or {}).get('credentialsType')}")
-    if t == "azure-native:machinelearningservices:EnvironmentVersion":
-        return str((i.get("properties") or {}).get("image", ""))
-    if t == "azure-native:storage:BlobContainer":
-        return f"public access {i.get('publicAccess')}"
-    if t == "azure-native:storage:BlobServiceProperties":
-        blobs = i.get("deleteRetentionPolicy") or {}
-        containers = i.get("containerDeleteRetentionPolicy") or {}
-        return (f"soft delete: blobs {blobs.get('days') if blobs.get('enabled') else 'off'} days, "
-                f"containers {containers.get('days') if containers.get('enabled') else 'off'} days")
-    if t == "azure-native:network:VirtualNetwork":
-        return ", ".join((i.get("addressSpace") or {}).get("addressPrefixes") or [])
-    if t == "azure-native:network:Subnet":
-        nsg = _last((i.get("networkSecurityGroup") or {}).get("id"))
-        nat = _last((i.get("natGateway") or {}).get("id"))
-        return ", ".join(b for b in (str(i.get("addressPrefix")), nsg and f"NSG {nsg}", nat and f"NAT {nat}") if b)
-    if t == "azure-native:network:NetworkSecurityGroup":
-        rules = i.get("securityRules") or []
-        return "rules: " + ", ".join(f"{x.get('name')} ({x.get('access')} {x.get('direction')})" for x in rules)
-    if t == "azure-native:network:PublicIPAddress":
-        return f"{(i.get('sku') or {}).get('name')}, {i.get('publicIPAllocationMethod')}"
-    if t == "azure-native:network:NatGateway":
-        return f"{(i.get('sku') or {}).get('name')}, {len(i.get('publicIpAddresses') or [])} public IP"
-    if t == "azure-native:network:PrivateEndpoint":
-        conns = i.get("privateLinkServiceConnections") or [{}]
-        target = _last(conns[0].get("privateLinkServiceId"))
-        return f"{','.join(conns[0].get('groupIds') or [])} of {target}"
-    if t == "azure-native:network:PrivateDnsZoneGroup":
-        return "zones: " + ", ".join(_last(z.get("privateDnsZoneId")) for z in i.get("privateDnsZoneConfigs") or [])
-    if t == "azure-native:privatedns:VirtualNetworkLink":
-        return (f"to {_last((i.get('virtualNetwork') or {}).get('id'))}, auto-registration "
-                f"{_on(i.get('registrationEnabled'))}")
-    if t == "azure-native:operationalinsights:Workspace":
-        return f"{(i.get('sku') or {}).get('name')}, retention {i.get('retentionInDays')} days"
-    if t == "azure-native:applicationinsights:Component":
-        return (f"{i.get('kind')}, ingestion {i.get('ingestionMode')}, public ingestion "
-                f"{i.get('publicNetworkAccessForIngestion')}, query {i.get('publicNetworkAccessForQuery')}")
-    if t == "azure-native:resources:ResourceGroup":
-        return str(i.get("location"))
-    return ""
 
 
 def marks(r: RecordedResource) -> list[str]:

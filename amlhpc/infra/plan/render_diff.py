@@ -8,8 +8,9 @@ never re-wrapped), marked when they force the replacement and why.
 
 from __future__ import annotations
 
+from amlhpc.infra.plan.details import details
 from amlhpc.infra.plan.diff import ABSENT, Change, Delta, PlanDiff, ResourceDiff
-from amlhpc.infra.plan.render import details, short_type
+from amlhpc.infra.plan.render import short_type
 from amlhpc.infra.plan.text import (
     DETAIL,
     INDENT,

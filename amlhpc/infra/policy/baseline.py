@@ -1,6 +1,7 @@
 """The security baseline: checks amlhpc/infra/policy/rules.py registers as mandatory rules.
 
-Outside dev (the `environment` tag every resource carries): no public network access on
+Outside dev (the stack's environment: an environment stack's name, an experiment's
+`aml-hpc:environment`; never a tag, which the stack file writes): no public network access on
 data or control-plane resources, no shared keys on storage, no internet outbound from a
 managed network and only allow-listed exact hosts in its FQDN rules, no public IP but
 Bastion's and a NAT gateway's (outbound only). Everywhere: no Owner, no User Access
@@ -42,16 +43,33 @@ DEV = "dev"
 _CONSTRAINED = "@Request[Microsoft.Authorization/roleAssignments:RoleDefinitionId] ForAnyOfAnyValues:GuidEquals"
 
 
-def environment_of(r: ResourceView, stack: StackView) -> str:
-    """The environment a resource belongs to: its tag, else the stack's, else the stack's name."""
-    for tags in (r.tags or {}, stack.tags or {}):
-        if str(tags.get("environment") or "").strip():
-            return str(tags["environment"])
-    return stack.name.rsplit("/", 1)[-1]
+UNKNOWN = "(unknown)"
+
+
+def environment_of(stack: StackView) -> str:
+    """The environment a stack's resources belong to, decided by the stack, never by a tag: an
+    environment stack is its own name (one line `aml-hpc:environment: dev` in Pulumi.prod.yaml
+    must not switch the baseline off), an experiment is its `aml-hpc:environment` as the adapter
+    read it; UNKNOWN (outside dev: the baseline applies) when the adapter could not tell."""
+    if stack.kind == "environment":
+        return stack.short_name
+    return stack.environment or UNKNOWN
 
 
 def _outside_dev(r: ResourceView, stack: StackView) -> bool:
-    return environment_of(r, stack) != DEV
+    return environment_of(stack) != DEV
+
+
+def environment_tag_is_the_stacks(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    """A resource's `environment` tag says what the stack decides: a tag that claims another
+    environment (dev on a prod resource) is how a stack file once switched the baseline off."""
+    tagged = str((r.tags or {}).get("environment") or "").strip()
+    decided = environment_of(stack)
+    if tagged and decided != UNKNOWN and tagged != decided:
+        yield Finding(f"{r.type.rsplit(':', 1)[-1]} {r.name!r} is tagged environment {tagged!r} in stack {stack.name!r}, "
+                      f"which belongs to environment {decided!r}",
+                      f"remove aml-hpc:environment from Pulumi.{_short(stack)}.yaml (an environment stack's environment "
+                      "is its name; an experiment's is the environment it deploys into)")
 
 
 def _short(stack: StackView) -> str:
@@ -74,7 +92,7 @@ def public_network_access(r: ResourceView, stack: StackView, limits: Limits) -> 
     value = _public_access(r)
     if value != "Disabled":
         shown = value if value is not None else "unset, which Azure reads as Enabled"
-        yield Finding(f"{r.type.rsplit(':', 1)[-1]} {r.name!r} in environment {environment_of(r, stack)!r} takes "
+        yield Finding(f"{r.type.rsplit(':', 1)[-1]} {r.name!r} in environment {environment_of(stack)!r} takes "
                       f"connections from the internet (publicNetworkAccess {shown})",
                       f"set aml-hpc:network.isolation: managed (or private) in Pulumi.{_short(stack)}.yaml: people and "
                       "CI then reach it through private endpoints (docs/isolation.md)")
@@ -88,6 +106,27 @@ def no_internet_outbound(r: ResourceView, stack: StackView, limits: Limits) -> I
                       "internet (managed network AllowInternetOutbound)",
                       f"set aml-hpc:network.outbound: AllowOnlyApprovedOutbound in Pulumi.{_short(stack)}.yaml with the "
                       "hosts jobs need in fqdnRules (Azure allows that switch once, and never back)")
+
+
+def egress_controlled(resources: Sequence[ResourceView], stack: StackView, limits: Limits) -> Iterable[Finding]:
+    """Outside dev, what jobs send out is controlled under every isolation mode: only a managed
+    network with AllowOnlyApprovedOutbound does that here. Under `private` isolation the nodes
+    sit in our subnet and leave through the NAT gateway to any host on the internet (no
+    firewall on that path is declared), so it is refused like `public`."""
+    if stack.kind != "environment" or environment_of(stack) == DEV:
+        return
+    workspaces = [r for r in resources if r.type == WORKSPACE]
+    if not workspaces:
+        return
+    for r in workspaces:
+        mode = get_path(r.inputs, "managedNetwork", "isolationMode")
+        if mode != "AllowOnlyApprovedOutbound":
+            shown = mode or "no managed network"
+            yield Finding(f"workspace {r.inputs.get('workspaceName') or r.name!r} in environment {environment_of(stack)!r}: "
+                          f"jobs reach any host on the internet ({shown}; a private network's NAT gateway lets "
+                          "everything out)",
+                          f"set aml-hpc:network.isolation: managed with outbound: AllowOnlyApprovedOutbound in "
+                          f"Pulumi.{_short(stack)}.yaml (docs/isolation.md)", urn=r.urn, name=r.name)
 
 
 def outbound_allow_listed(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:

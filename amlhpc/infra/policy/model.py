@@ -82,6 +82,15 @@ class StackView:
     kind: StackKind
     tags: Mapping[str, str] = field(default_factory=dict)
     """The tags the stack's config asks for (empty when the adapter does not know them)."""
+    environment: str | None = None
+    """The environment the stack belongs to, as the stack decides it: an environment stack's own
+    name, an experiment's `aml-hpc:environment` (the fact its deploy job and state follow); None
+    when the adapter cannot tell (the baseline then treats the stack as outside dev). Never a
+    resource's tag: the config writes tags."""
+
+    @property
+    def short_name(self) -> str:
+        return self.name.rsplit("/", 1)[-1]
 
     @staticmethod
     def kind_of(stack_name: str) -> StackKind:

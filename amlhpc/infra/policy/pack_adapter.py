@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
 from pulumi_policy import (
@@ -49,11 +50,26 @@ def _limits(config: Mapping[str, Any] | None) -> Limits:
 
 def _stack(view: ResourceView | None = None) -> StackView:
     """The stack being previewed: the engine tells the analyzer in PULUMI_STACK; a
-    resource's own `stack` tag is the fallback (older engines)."""
+    resource's own `stack` tag is the fallback (older engines). Its environment is decided by
+    the stack, never by the resources' `environment` tag, which the stack file writes: an
+    environment stack's name, an experiment's `aml-hpc:environment` read from its stack file
+    (unknown, so outside dev, when that file cannot be read)."""
     name = os.environ.get("PULUMI_STACK", "")
     if not name and view is not None and view.tags:
         name = str(view.tags.get("stack") or "")
-    return StackView(name or "unknown", StackView.kind_of(name))
+    kind = StackView.kind_of(name)
+    return StackView(name or "unknown", kind, environment=_experiment_environment(name) if kind == "experiment" else None)
+
+
+@cache
+def _experiment_environment(name: str) -> str | None:
+    from amlhpc.core.errors import UserError
+    from amlhpc.infra.config import REPO_ROOT, load_stack_config
+
+    try:
+        return load_stack_config(name.rsplit("/", 1)[-1], REPO_ROOT).environment or None
+    except (UserError, OSError):
+        return None
 
 
 def view_of(resource_type: str, props: Mapping[str, Any], urn: str, name: str, opts) -> ResourceView:

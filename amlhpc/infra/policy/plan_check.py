@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.infra.policy.model import (
     DEFAULT_LIMITS,
@@ -35,14 +36,14 @@ def views_from_plan(plan: Mapping[str, Any]) -> tuple[list[ResourceView], StackV
     for key in ("stack", "resources"):
         if key not in plan:
             problems.append(Problem("plan JSON", key, "is missing",
-                                    "pass the document `python -m amlhpc.infra plan --stack NAME --json` prints"))
+                                    f"pass the document `{invocation.command('infra', 'plan --stack NAME --json')}` prints"))
     if problems:
         raise UserError(problems, "not an offline plan")
     resources = []
     for i, item in enumerate(plan["resources"]):
         if not isinstance(item, Mapping) or "type" not in item or "urn" not in item:
             raise UserError([Problem("plan JSON", f"resources[{i}]", "is not a resource (needs urn and type)",
-                                     "pass the document `python -m amlhpc.infra plan --stack NAME --json` prints")],
+                                     f"pass the document `{invocation.command('infra', 'plan --stack NAME --json')}` prints")],
                             "not an offline plan")
         if item.get("custom") is False:
             continue  # components carry no inputs of their own
@@ -59,8 +60,12 @@ def views_from_plan(plan: Mapping[str, Any]) -> tuple[list[ResourceView], StackV
         ))
     stack_name = str(plan["stack"])
     kind = plan.get("kind") or StackView.kind_of(stack_name)
-    tags = (plan.get("outputs") or {}).get("tags") or {}
-    return resources, StackView(stack_name, kind, dict(tags))
+    outputs = plan.get("outputs") or {}
+    tags = outputs.get("tags") or {}
+    # An experiment's environment is its parsed aml-hpc:environment (the plan's outputs carry it);
+    # an environment stack's is its name, whatever its file says (baseline.environment_of).
+    environment = str(outputs.get("environment") or "") or None if kind == "experiment" else None
+    return resources, StackView(stack_name, kind, dict(tags), environment)
 
 
 def run_rules(resources: Sequence[ResourceView], stack: StackView, limits: Limits = DEFAULT_LIMITS,

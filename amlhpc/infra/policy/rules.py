@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from amlhpc.core import availability, skus
+from amlhpc.core import availability, invocation, skus
 from amlhpc.infra import quirks
 from amlhpc.infra.policy import baseline
 from amlhpc.infra.policy.model import (
@@ -391,7 +391,7 @@ def _dataset_retained(r: ResourceView, stack: StackView, limits: Limits) -> Iter
     if not _is_dataset_resource(r) or r.protect:
         return
     if r.retain_on_delete is None:
-        raise NotVisible("retainOnDelete is not sent to policy packs; `python -m amlhpc.infra plan --stack S --policy` checks it")
+        raise NotVisible(f"retainOnDelete is not sent to policy packs; `{invocation.command('infra', 'plan --stack S --policy')}` checks it")
     if not r.retain_on_delete:
         yield Finding(
             f"dataset storage {r.name!r} would be deleted by `pulumi destroy` or a replacement",
@@ -412,7 +412,7 @@ def _dataset_group_retained(resources: Sequence[ResourceView], stack: StackView,
         if group.protect:
             continue
         if group.retain_on_delete is None:
-            raise NotVisible("retainOnDelete is not sent to policy packs; `python -m amlhpc.infra plan --stack S --policy` checks it")
+            raise NotVisible(f"retainOnDelete is not sent to policy packs; `{invocation.command('infra', 'plan --stack S --policy')}` checks it")
         if not group.retain_on_delete:
             names = ", ".join(sorted(r.name for r in exposed))
             yield Finding(
@@ -587,7 +587,7 @@ def _locked_scope_protected(resources: Sequence[ResourceView], stack: StackView,
             if held:
                 yield Finding(
                     f"{r.type.rsplit(':', 1)[-1]} {r.name!r} sits under the delete lock on {held.rsplit('/', 1)[-1]!r}: "
-                    "Azure refuses to delete it (ScopeLocked), so `make down` would fail on it",
+                    "Azure refuses to delete it (ScopeLocked), so tearing the stack down (`down`) would fail on it",
                     "declare it with protect=True while the lock stands (amlhpc/infra/components/access.py, diagnostics.py, "
                     "private_endpoints.py take protect)",
                     urn=r.urn, name=r.name,
@@ -629,7 +629,7 @@ def _managed_network_outbound(r: ResourceView, stack: StackView, limits: Limits)
     mode = network.get("isolationMode")
     name = r.inputs.get("workspaceName") or r.name
     if mode == "AllowInternetOutbound":
-        if baseline.environment_of(r, stack) == baseline.DEV:  # outside dev, no-internet-outbound refuses it
+        if baseline.environment_of(stack) == baseline.DEV:  # outside dev, no-internet-outbound refuses it
             yield Finding(f"workspace {name!r}: jobs may send data to any host on the internet (AllowInternetOutbound)",
                           "use outbound: AllowOnlyApprovedOutbound with FQDN rules for the hosts jobs need; Azure "
                           "allows that switch once, and never back")
@@ -763,6 +763,9 @@ RULES: tuple[Rule, ...] = (
     Rule("no-public-ip-on-nics", "mandatory", "Network interfaces have no public IP (reach VMs through Bastion).",
          check_resource=_no_public_ip_nic),
     # The security baseline (amlhpc/infra/policy/baseline.py): outside dev, and for roles everywhere.
+    Rule("environment-tag-is-the-stacks", "mandatory",
+         "A resource's environment tag names the stack's environment (an environment stack's name, an experiment's "
+         "aml-hpc:environment).", check_resource=baseline.environment_tag_is_the_stacks),
     Rule("no-public-network-access", "mandatory",
          "Outside dev, storage, Key Vaults, registries, workspaces and ML registries take no connections from the "
          "internet.", check_resource=baseline.public_network_access),
@@ -770,6 +773,10 @@ RULES: tuple[Rule, ...] = (
          check_resource=baseline.no_shared_key),
     Rule("no-internet-outbound", "mandatory", "Outside dev, a managed network never allows all internet outbound.",
          check_resource=baseline.no_internet_outbound),
+    Rule("egress-controlled", "mandatory",
+         "Outside dev, jobs' egress is controlled under every isolation mode: a managed network that allows only "
+         "approved outbound (private isolation's NAT gateway lets everything out).",
+         check_stack=baseline.egress_controlled),
     Rule("outbound-fqdn-allow-listed", "mandatory",
          "Outside dev, a managed network's FQDN rules name exact hosts of amlhpc/infra/policy/outbound.toml, no wildcard.",
          check_resource=baseline.outbound_allow_listed),

@@ -41,7 +41,7 @@ PROBE_READ_TIMEOUT_S = 15
 SIGN_IN_FIX = ("run `az login` (and `az account set --subscription ...`); on an Azure VM, compute instance or CI runner, "
                "give it a managed identity (AZURE_CLIENT_ID for a user-assigned one) or a workload identity")
 BLOB_DATA_ROLE = "Storage Blob Data Contributor"
-WORKSPACE_ROLE = "AzureML Data Scientist"
+WORKSPACE_ROLE = "aml-hpc job submitter (the stack grants it to aml-hpc:submitters)"
 _CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
 _SPECIAL_CONTAINERS = {"$root", "$web", "$logs"}
 

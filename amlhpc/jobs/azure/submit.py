@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from amlhpc.core import skus
+from amlhpc.core import invocation, skus
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.outputs import StackOutputs
 from amlhpc.jobs.plan import quota as quota_mod
@@ -36,7 +36,7 @@ def connect(outputs: StackOutputs):
     return MLClient(signed_in, outputs.subscription_id, outputs.resource_group, outputs.workspace)
 
 
-NOT_FOUND_JOB = "check the job name (`python -m amlhpc.jobs status` needs the exact name printed by submit) and --stack"
+NOT_FOUND_JOB = f"check the job name (`{invocation.command('jobs', 'status')}` needs the exact name printed by submit) and --stack"
 NOT_FOUND_SUBMIT = ("something the job names does not exist in the workspace (the cluster, the environment or a "
                     "datastore): check the name in the message against the stack's outputs, deploy the stack "
                     "(`pulumi up`), or pick another --cluster")
@@ -125,6 +125,13 @@ def status(ml_client, name: str, workspace: str) -> dict[str, Any]:
 def stream(ml_client, name: str, workspace: str) -> None:
     with azure_errors(f"job {name}", workspace):
         ml_client.jobs.stream(name)
+
+
+def services(ml_client, name: str, workspace: str, node_index: int = 0) -> dict[str, Any]:
+    """The job services node `node_index` of a running job exposes (azure-ai-ml's
+    JobOperations.show_services: name -> ServiceInstance with type, status, endpoint, port, error)."""
+    with azure_errors(f"job {name}", workspace):
+        return dict(ml_client.jobs.show_services(name, node_index=node_index) or {})
 
 
 def cancel(ml_client, name: str, workspace: str) -> None:

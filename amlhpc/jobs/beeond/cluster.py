@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.beeond import scripts
 from amlhpc.jobs.beeond.ssh import SshResult, SshRunner, SshTarget
@@ -221,9 +222,9 @@ def _fail_on_errors(step: str, targets: Sequence[SshTarget], results: Sequence[S
 
 
 def _recovery(facts: ClusterFacts) -> str:
-    return (f"recover with `python -m amlhpc.jobs beeond stop --stack {facts.stack} --cluster {facts.name}` (unmounts "
-            f"everywhere, deletes BeeOND's data), then `python -m amlhpc.jobs beeond start --stack {facts.stack} "
-            f"--cluster {facts.name}`")
+    where = f"--stack {facts.stack} --cluster {facts.name}"
+    return (f"recover with `{invocation.command('jobs', 'beeond stop ' + where)}` (unmounts "
+            f"everywhere, deletes BeeOND's data), then `{invocation.command('jobs', 'beeond start ' + where)}`")
 
 
 def status(ml_client, runner: SshRunner, facts: ClusterFacts, layout: scripts.Layout,

@@ -15,8 +15,16 @@ from typing import Annotated
 
 import typer
 
-from amlhpc.core.cli_help import JsonOption, VersionOption, new_app
-from amlhpc.core.console import table
+from amlhpc.core import invocation
+from amlhpc.core.cli_help import (
+    JsonOption,
+    OutputFormat,
+    OutputOption,
+    VersionOption,
+    new_app,
+    output_format,
+)
+from amlhpc.core.console import table, tsv
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.cli import job as job_commands
 from amlhpc.jobs.cli.job import on_job, print_json, refuse_offline
@@ -34,10 +42,16 @@ from amlhpc.jobs.cli.options import (
     err,
     guard,
     load_outputs,
+    number,
     out,
 )
 
 app = new_app("Submit and manage aml-hpc training jobs on Azure ML.")
+
+DryRunOut = Annotated[Path | None, typer.Option(
+    "--out", metavar="FILE", dir_okay=False,
+    help="With --dry-run: write the YAML to FILE, its code: path relative to FILE's folder (where "
+         "`az ml job create -f FILE` and azure-ai-ml's load_job look for it), instead of printing it.")]
 
 
 @app.callback()
@@ -74,29 +88,44 @@ def _summary(plan, recipe, stack_outputs) -> None:
 
 
 @app.command("recipes")
-def list_recipes(as_json: JsonOption = False) -> None:
-    """List the shipped recipes."""
+def list_recipes(output: OutputOption = None, as_json: JsonOption = False, debug: Debug = False) -> None:
+    """List the recipes: the project's own (recipes/*.yaml) and the built-in ones. A project
+    recipe named like a built-in one is the one used."""
     from amlhpc.jobs import recipes
 
+    fmt = guard(debug, lambda: output_format(output, as_json))
+    own, builtin = set(recipes.from_project()), set(recipes.builtin())
     loaded = [recipes.load(name) for name in recipes.available()]
-    if as_json:
-        print_json([{"recipe": r.name, "distribution": r.distribution, "nodes": r.nodes, "description": r.description}
-                     for r in loaded])
+
+    def source(name: str) -> str:
+        if name in own:
+            return "project, shadows the built-in" if name in builtin else "project"
+        return "built in"
+
+    if fmt is OutputFormat.json:
+        print_json([{"recipe": r.name, "source": source(r.name), "file": str(r.source), "distribution": r.distribution,
+                     "nodes": r.nodes, "description": r.description} for r in loaded])
         return
-    rows = table("recipe", "distribution", "nodes", "description")
-    for r in loaded:
-        rows.add_row(r.name, r.distribution, str(r.nodes), r.description)
+    headers = ("recipe", "source", "distribution", "nodes", "description")
+    cells = [(r.name, source(r.name), r.distribution, str(r.nodes), r.description) for r in loaded]
+    if fmt is OutputFormat.tsv:
+        sys.stdout.write(tsv(headers, cells))
+        return
+    rows = table(*headers)
+    for row in cells:
+        rows.add_row(*row)
     out.print(rows)
 
 
 @app.command()
 def submit(
-    recipe: Annotated[str, typer.Argument(help="Recipe name (amlhpc/jobs/recipes/NAME.yaml) or a path to a recipe file.")],
+    recipe: Annotated[str, typer.Argument(help="Recipe name (the project's recipes/NAME.yaml, else the built-in one) or a path to a recipe file.")],
     stack: Stack,
     cluster: ClusterOpt = None,
     nodes: NodesOpt = None,
     sets: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the job as Azure ML YAML (load_job / az ml job create -f) and submit nothing.")] = False,
+    out_file: DryRunOut = None,
     yes: Annotated[bool, typer.Option("--yes", help="Submit even when the estimate exceeds the recipe's ceiling or the stack's budget.")] = False,
     follow: Annotated[bool, typer.Option("--stream/--no-stream", help="Follow the job's logs after submitting.")] = False,
     resume: ResumeOpt = None,
@@ -106,6 +135,7 @@ def submit(
     max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first; wins over the recipe's managed.max_restarts.")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (the submitted job's name, status and Studio URL; with --dry-run the job itself); everything else goes to stderr.")] = False,
     debug: Debug = False,
 ) -> None:
     """Build a job from RECIPE and the stack's outputs; submit it (or print it with --dry-run)."""
@@ -123,49 +153,88 @@ def submit(
         if max_restarts is not None and not managed:
             raise UserError([Problem("command line", "--max-restarts", "only applies to a managed run", "add --managed")],
                             "invalid flags")
+        _check_out(out_file, dry_run)
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours, resume=resume)
         _summary(plan, r, stack_outputs)
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
         too_much = cost.over_limits(plan.estimate.usd, r.cost.ceiling_usd, budget)
         if managed:
             _submit_managed(r, stack_outputs, plan, too_much, dry_run=dry_run, yes=yes, follow=follow,
-                            max_restarts=max_restarts, resume=resume)
+                            max_restarts=max_restarts, resume=resume, out_file=out_file, as_json=as_json)
             return
         code = build.snapshot(plan.code_dirs)
-        _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
+        _cost_gate(r.reference, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
-            sys.stdout.write(_code_note() + build.to_yaml(plan, portable(code)))
+            if as_json:
+                print_json({"dryRun": True, "job": build.to_job_dict(plan, portable(code)),
+                            "estimateUsd": round(plan.estimate.usd, 2), "over": too_much})
+                return
+            write_dry_run(lambda code_path: build.to_yaml(plan, code_path), code, out_file)
             return
         client = submitter.connect(stack_outputs)
-        submitter.submit(client, plan, code, follow=follow, echo=out.print)
+        created = submitter.submit(client, plan, code, follow=follow and not as_json,
+                                   echo=(lambda line: err.print(line, highlight=False)) if as_json else out.print)
+        if as_json:
+            print_json(_submitted(created, plan, stack_outputs.stack))
 
     guard(debug, body)
 
 
-def portable(code: Path) -> str:
-    """The code snapshot as a dry run prints it: relative to the current folder, so the YAML
-    names no absolute path of this machine (`az ml job create -f` resolves `code:` from the
-    folder the file is in: save it here)."""
-    return Path(os.path.relpath(code)).as_posix()
+def _submitted(created, plan, stack: str, **more) -> dict:
+    """`submit --json`: what was created, as Azure ML answered."""
+    status = getattr(created, "status", None)
+    return {"job": created.name, "status": str(getattr(status, "value", status) or ""), "stack": stack,
+            "experiment": plan.experiment, "cluster": plan.cluster, "nodes": plan.instance_count, "sku": plan.sku,
+            "estimateUsd": round(plan.estimate.usd, 2), "studioUrl": getattr(created, "studio_url", None), **more}
 
 
-def _code_note() -> str:
-    return "# code: is relative to the folder this was printed in; save the file there for `az ml job create -f`\n"
+def portable(code: Path, base: Path | None = None) -> str:
+    """The code snapshot as a dry run names it: relative to `base` (default: the current
+    folder), so the YAML names no absolute path of this machine. Azure ML resolves `code:`
+    from the folder of the file that holds it."""
+    return Path(os.path.relpath(code, base)).as_posix()
 
 
-def _cost_gate(recipe: str, too_much: list[str], *, dry_run: bool, yes: bool) -> None:
+def _check_out(out_file: Path | None, dry_run: bool) -> None:
+    if out_file is not None and not dry_run:
+        raise UserError([Problem("command line", "--out", "writes the dry run's YAML", "add --dry-run")], "invalid flags")
+
+
+def write_dry_run(render, code: Path, out_file: Path | None) -> None:
+    """A dry run's YAML (render(code path) -> text): printed with code: relative to the current
+    folder, or written to FILE (atomically: a failure leaves no half file) with code: relative
+    to FILE's folder."""
+    if out_file is None:
+        sys.stdout.write("# code: is relative to the folder this was printed in; save the file there for "
+                         "`az ml job create -f`, or write it with --out FILE\n" + render(portable(code)))
+        return
+    target = Path(os.path.abspath(out_file.expanduser()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = "# code: is relative to this file's folder\n" + render(portable(code, target.parent))
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        partial.write_text(text)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    shown = os.path.relpath(target) if not os.path.relpath(target).startswith("..") else str(target)
+    err.print(f"wrote {shown}: az ml job create -f {shown} -g RESOURCE_GROUP -w WORKSPACE", highlight=False, soft_wrap=True)
+
+
+def _cost_gate(reference: str, too_much: list[str], *, dry_run: bool, yes: bool) -> None:
     """Over the recipe's ceiling or the stack's budget: a dry run warns, a submission needs --yes."""
     if dry_run:
         for reason in too_much:
             err.print(f"[yellow]warning:[/] {reason}; submit would need --yes", highlight=False)
     elif too_much and not yes:
-        raise UserError([Problem(f"amlhpc/jobs/recipes/{recipe}.yaml", "cost", reason,
+        raise UserError([Problem(reference, "cost", reason,
                                  "pass --yes to submit anyway, or lower --nodes / --hours") for reason in too_much],
                         "job not submitted: over its cost limit")
 
 
 def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: bool, yes: bool, follow: bool,
-                    max_restarts: int | None, resume: str | None) -> None:
+                    max_restarts: int | None, resume: str | None, out_file: Path | None = None,
+                    as_json: bool = False) -> None:
     """`submit --managed`: render and validate the controller job and the training template; submit the controller."""
     from amlhpc.jobs.azure import submit as submitter
     from amlhpc.jobs.managed import render
@@ -189,18 +258,26 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
         err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
     code = render.snapshot(mplan)
     render.validate(mplan, code)
-    _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
+    _cost_gate(r.reference, too_much, dry_run=dry_run, yes=yes)
     if dry_run:
-        sys.stdout.write(_code_note() + render.to_yaml(mplan, portable(code)))
+        if as_json:
+            print_json({"dryRun": True, "run": mplan.run, "controller": render.controller_document(mplan, portable(code)),
+                        "templates": [render.training_template(mplan, p) for p in mplan.templates.values()],
+                        "over": too_much})
+            return
+        write_dry_run(lambda code_path: render.to_yaml(mplan, code_path), code, out_file)
         return
     client = submitter.connect(stack_outputs)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
         created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
     _register_controller(stack_outputs, mplan, created.name)
+    if as_json:
+        print_json(_submitted(created, plan, stack_outputs.stack, run=mplan.run, managed=True, record=mplan.record_blob))
+        return
     out.print(f"submitted managed run {mplan.run} (controller job {created.name})", highlight=False)
     if getattr(created, "studio_url", None):
         out.print(f"studio: {created.studio_url}", highlight=False)
-    out.print(f"follow it: python -m amlhpc.jobs status {mplan.run} --stack {stack_outputs.stack}", highlight=False)
+    out.print(f"follow it: {invocation.command('jobs', f'status {mplan.run} --stack {stack_outputs.stack}')}", highlight=False)
     if follow:
         submitter.stream(client, created.name, stack_outputs.workspace)
 
@@ -238,9 +315,9 @@ def estimate(
     hours: HoursOpt = None,
     sets: SetOpt = None,
     allow_tcp: AllowTcp = False,
-    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", min=0, help="Goodput: low-priority preemptions per node-hour you assume; wins over the recipe's cost.preemptions_per_node_hour.")] = None,
-    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", min=0, help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
-    failure_rate: Annotated[float | None, typer.Option("--failure-rate", min=0, help="Goodput: unexpected interruptions per GPU-hour (default: Llama 3's, amlhpc/jobs/plan/goodput.py).")] = None,
+    preemption_rate: Annotated[float | None, typer.Option("--preemption-rate", callback=number("per_node_hour"), help="Goodput: low-priority preemptions per node-hour you assume (0 to below 1); wins over the recipe's cost.preemptions_per_node_hour.")] = None,
+    checkpoint_gb: Annotated[float | None, typer.Option("--checkpoint-gb", callback=number("checkpoint_gb"), help="Goodput: the checkpoint's size (default: from the model's parameters, else 1 GB).")] = None,
+    failure_rate: Annotated[float | None, typer.Option("--failure-rate", callback=number("per_gpu_hour"), help="Goodput: unexpected interruptions per GPU-hour (0 to below 1; default: Llama 3's, amlhpc/jobs/plan/goodput.py).")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
     as_json: JsonOption = False,
@@ -252,7 +329,8 @@ def estimate(
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
         est = plan.estimate
         if as_json:
-            print_json(_estimate_document(r, stack_outputs, plan))
+            print_json(_estimate_document(r, stack_outputs, plan, preemption_rate=preemption_rate,
+                                          checkpoint_size_gb=checkpoint_gb, failure_rate=failure_rate))
             return
         rows = table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
         rows.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
@@ -288,8 +366,8 @@ def estimate(
     guard(debug, body)
 
 
-def _estimate_document(r, stack_outputs, plan) -> dict:
-    from amlhpc.jobs.plan import cost
+def _estimate_document(r, stack_outputs, plan, **goodput_inputs) -> dict:
+    from amlhpc.jobs.plan import cost, goodput
 
     est = plan.estimate
     budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
@@ -298,7 +376,8 @@ def _estimate_document(r, stack_outputs, plan) -> dict:
             "usd": round(est.usd, 2), "priceSource": est.price_source, "notes": list(est.notes(stack_outputs.location)),
             "ceilingUsd": r.cost.ceiling_usd, "monthlyBudgetUsd": budget,
             "over": cost.over_limits(est.usd, r.cost.ceiling_usd, budget), "warnings": list(plan.warnings),
-            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None}
+            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None,
+            "goodput": goodput.document(plan, r, stack_outputs, **goodput_inputs)}
 
 
 @app.command()
@@ -319,12 +398,12 @@ def quota(
     def body() -> None:
         from amlhpc.jobs.azure import submit as submitter
 
-        refuse_offline(offline, "quota", "the quota the plan needs is in `python -m amlhpc.infra plan --stack S` (offline)")
+        refuse_offline(offline, "quota", f"the quota the plan needs is in `{invocation.command('infra', 'plan --stack S')}` (offline)")
         if recipe:
             _, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp)
             requests = [(plan.cluster, plan.sku, plan.priority, plan.instance_count)]
         else:
-            stack_outputs = load_outputs(stack, offline, outputs_file)
+            stack_outputs = load_outputs(stack, offline, outputs_file, offline_allowed=False)
             requests = [(name, c.sku, c.priority, c.max_nodes) for name, c in stack_outputs.clusters.items()]
         client = submitter.connect(stack_outputs)
         lines = submitter.quota(client, stack_outputs, requests)
@@ -370,10 +449,12 @@ def scale(
     max_nodes: Annotated[int | None, typer.Option("--max-nodes", help="Largest run (default: the cluster's maxNodes).")] = None,
     sets: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every job of the study as YAML documents; submit nothing.")] = False,
+    out_file: DryRunOut = None,
     yes: Annotated[bool, typer.Option("--yes", help="Submit even when the study's total estimate exceeds the stack's budget.")] = False,
     allow_tcp: AllowTcp = False,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """Scaling study: RECIPE on 1, 2, 4 ... nodes up to the cluster's maximum, tagged as one study."""
@@ -384,6 +465,7 @@ def scale(
         from amlhpc.jobs.plan import build, cost
         from amlhpc.jobs.plan import scale as scaling
 
+        _check_out(out_file, dry_run)
         r = recipes.load(recipe, recipes.parse_overrides(sets or []))
         stack_outputs = load_outputs(stack, offline, outputs_file)
         cluster_name = build.pick_cluster(r, stack_outputs, cluster)
@@ -398,8 +480,12 @@ def scale(
         if dry_run:
             import yaml
 
-            sys.stdout.write(_code_note() + yaml.safe_dump_all([build.to_job_dict(p, portable(code)) for p in plans],
-                                                               sort_keys=False, width=120))
+            if as_json:
+                print_json({"dryRun": True, "study": study, "estimateUsd": round(total, 2),
+                            "jobs": [build.to_job_dict(p, portable(code)) for p in plans]})
+                return
+            write_dry_run(lambda code_path: yaml.safe_dump_all([build.to_job_dict(p, code_path) for p in plans],
+                                                               sort_keys=False, width=120), code, out_file)
             return
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
         too_much = cost.over_limits(total, None, budget)
@@ -407,9 +493,13 @@ def scale(
             raise UserError([Problem(f"study {study}", "cost", reason, "pass --yes, or --max-nodes fewer") for reason in too_much],
                             "study not submitted: over budget")
         client = submitter.connect(stack_outputs)
-        for p in plans:
-            submitter.submit(client, p, code, echo=out.print)
-        out.print(f"report when they finish: python -m amlhpc.jobs scale-report {study} --stack {stack}", highlight=False)
+        echo = (lambda line: err.print(line, highlight=False)) if as_json else out.print
+        created = [submitter.submit(client, p, code, echo=echo) for p in plans]
+        if as_json:
+            print_json({"study": study, "estimateUsd": round(total, 2),
+                        "jobs": [_submitted(c, p, stack) for c, p in zip(created, plans, strict=True)]})
+            return
+        out.print(f"report when they finish: {invocation.command('jobs', f'scale-report {study} --stack {stack}')}", highlight=False)
 
     guard(debug, body)
 
@@ -431,7 +521,7 @@ def scale_report(study: Annotated[str, typer.Argument(help="Study id printed by 
                                            (metrics or {}).get("throughput_unit", "samples/s")))
         if not rows:
             raise UserError([Problem(f"workspace {o.workspace}", study, "no jobs carry this study tag",
-                                     "use the id printed by `python -m amlhpc.jobs scale`")], "unknown study")
+                                     f"use the id printed by `{invocation.command('jobs', 'scale')}`")], "unknown study")
         if as_json:
             print_json([{"nodes": row.nodes, "job": row.job, "status": row.status, "throughput": row.throughput,
                           "unit": row.unit, "speedup": row.speedup, "efficiency": row.efficiency}

@@ -62,7 +62,22 @@ HoursOpt = Annotated[float | None, typer.Option("--hours", callback=number("hour
 ResumeOpt = Annotated[str | None, typer.Option("--resume", callback=_run_name,
                                                 help="Resume from the checkpoints of this earlier job (its name, as submit printed it).")]
 
+OptionalStack = Annotated[str | None, typer.Option("--stack", help="Stack whose Azure ML workspace holds the run (not "
+                                                   "needed with --local).")]
+LocalRuns = Annotated[bool, typer.Option("--local", help="This project's rehearsals (.rehearsal/) instead of the "
+                                         "stack's Azure ML workspace.")]
+RunName = Annotated[str, typer.Argument(help="A job or managed run as submit printed it, or a rehearsal's --name "
+                                        "(with --local).")]
+
 T = TypeVar("T")
+
+
+def print_json(document: Any) -> None:
+    """Data for scripts, on stdout, nothing else there."""
+    import json
+    import sys
+
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
 def guard(debug: bool, body: Callable[[], T]) -> T:
@@ -71,8 +86,20 @@ def guard(debug: bool, body: Callable[[], T]) -> T:
         return body()
 
 
-def load_outputs(stack: str, offline: bool, outputs_file: Path | None) -> Any:
-    """The stack's validated outputs (amlhpc.core.outputs.StackOutputs) from the chosen source."""
+def need_stack(stack: str | None, local: bool) -> str:
+    """--stack, required unless --local (this project's rehearsals) is given."""
+    from amlhpc.core.errors import Problem, UserError
+
+    if stack is None and not local:
+        raise UserError([Problem("command line", "--stack", "names the workspace to ask",
+                                 "add --stack S for the stack's Azure ML runs, or --local for this project's rehearsals")],
+                        "missing option")
+    return stack or ""
+
+
+def load_outputs(stack: str, offline: bool, outputs_file: Path | None, offline_allowed: bool = True) -> Any:
+    """The stack's validated outputs (amlhpc.core.outputs.StackOutputs) from the chosen source
+    (`offline_allowed` False: a command that asks Azure ML, whose fixes never suggest --offline)."""
     from amlhpc.jobs.plan import outputs
 
-    return outputs.load(stack, outputs_file=outputs_file, offline=offline).outputs
+    return outputs.load(stack, outputs_file=outputs_file, offline=offline, offline_allowed=offline_allowed).outputs

@@ -11,12 +11,15 @@ rehearsal's time at the planned size's price.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 
 LIST_SCAN = 300
@@ -35,12 +38,67 @@ class RunRow:
     created: str
     recipe: str
     detail: str = ""
+    user: str = ""
+    """Who submitted it (Azure ML's creation context) or started the rehearsal."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def cells(self) -> list[str]:
+        return [self.run, self.kind, self.state, str(self.attempts), self.cost, self.created, self.recipe, self.user]
 
-COLUMNS = ("run", "kind", "state", "attempts", "cost", "created", "recipe")
+
+COLUMNS = ("run", "kind", "state", "attempts", "cost", "created", "recipe", "user")
+CREATED_FORMAT = "%Y-%m-%d %H:%M"
+"""`created` of a row (UTC)."""
+
+
+@dataclass(frozen=True)
+class Filter:
+    """`jobs list --state --recipe --user --since`: every given one must match (case-insensitive;
+    state matches its start, so `failed` finds `failed (status 3)` and `Failed`)."""
+
+    state: str | None = None
+    recipe: str | None = None
+    user: str | None = None
+    since: datetime | None = None
+
+    def __call__(self, row: RunRow) -> bool:
+        if self.state and not row.state.lower().startswith(self.state.lower()):
+            return False
+        if self.recipe and row.recipe.lower() != self.recipe.lower():
+            return False
+        if self.user and row.user.lower() != self.user.lower():
+            return False
+        if self.since is not None:
+            try:
+                created = datetime.strptime(row.created, CREATED_FORMAT).replace(tzinfo=UTC)
+            except ValueError:
+                return False
+            if created < self.since:
+                return False
+        return True
+
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([mhdw])$")
+_UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(text: str | None, now: datetime | None = None) -> datetime | None:
+    """`--since`: an age (30m, 12h, 7d, 2w) or a date or time (2026-11-25, 2026-11-25T08:00, UTC)."""
+    if text is None:
+        return None
+    now = now or datetime.now(UTC)
+    match = _AGO.match(text.strip().lower())
+    if match:
+        return now - timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UserError([Problem("--since", text, "is neither an age nor a date",
+                                 "e.g. --since 12h, --since 7d, --since 2026-11-25 or --since 2026-11-25T08:00 (UTC)")],
+                        "invalid --since") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 # --------------------------------------------------------------------------------------
@@ -49,6 +107,7 @@ COLUMNS = ("run", "kind", "state", "attempts", "cost", "created", "recipe")
 
 def local_runs(rehearsals: Path) -> list[RunRow]:
     """Every rehearsal folder, newest first."""
+    from amlhpc.jobs.local import control
     from amlhpc.jobs.report import records
 
     if not rehearsals.is_dir():
@@ -61,9 +120,25 @@ def local_runs(rehearsals: Path) -> list[RunRow]:
         created = r.attempts[0].started.strftime("%Y-%m-%d %H:%M") if r.attempts else \
             time.strftime("%Y-%m-%d %H:%M", time.gmtime(folder.stat().st_mtime))
         kind = "managed rehearsal" if (folder / "supervision.json").is_file() else "rehearsal"
-        rows.append(RunRow(folder.name, kind, r.outcome or "unknown", len(r.attempts), cost, created,
-                           str(r.summary.get("workload", "")), str(folder)))
+        identity = _run_file(folder)
+        state = "running" if control.running(folder) else (r.outcome or "unknown")
+        rows.append(RunRow(folder.name, kind, state, len(r.attempts), cost, created,
+                           str(identity.get("recipe") or r.summary.get("workload", "")), str(folder),
+                           str(identity.get("user") or "")))
     return rows
+
+
+def _run_file(folder: Path) -> dict[str, Any]:
+    """The rehearsal's run.json (amlhpc/jobs/local/reruns.py), or nothing."""
+    import json
+
+    from amlhpc.jobs.local import reruns
+
+    try:
+        document = json.loads((folder / reruns.RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return document if isinstance(document, dict) else {}
 
 
 def local_folder(rehearsals: Path, run: str) -> Path:
@@ -75,7 +150,7 @@ def local_folder(rehearsals: Path, run: str) -> Path:
         near = difflib.get_close_matches(run, known, n=1)
         raise UserError([Problem(str(rehearsals), run, "no rehearsal of that name in this project",
                                  (f"did you mean {near[0]}? " if near else "")
-                                 + f"rehearsals here: {', '.join(known) or 'none'} (python -m amlhpc.jobs list --local)")],
+                                 + f"rehearsals here: {', '.join(known) or 'none'} ({invocation.command('jobs', 'list --local')})")],
                         "unknown run")
     return folder
 
@@ -155,7 +230,13 @@ def _status(job: Any) -> str:
 def _created(job: Any) -> str:
     ctx = getattr(job, "creation_context", None)
     when: Any = getattr(ctx, "created_at", None)
-    return when.strftime("%Y-%m-%d %H:%M") if hasattr(when, "strftime") else str(when or "")
+    if hasattr(when, "astimezone") and getattr(when, "tzinfo", None) is not None:
+        when = when.astimezone(UTC)
+    return when.strftime(CREATED_FORMAT) if hasattr(when, "strftime") else str(when or "")
+
+
+def _user(job: Any) -> str:
+    return str(getattr(getattr(job, "creation_context", None), "created_by", None) or "")
 
 
 def recent_jobs(ml_client: Any, workspace: str, scan: int = LIST_SCAN) -> list[Any]:
@@ -165,9 +246,10 @@ def recent_jobs(ml_client: Any, workspace: str, scan: int = LIST_SCAN) -> list[A
         return list(itertools.islice(ml_client.jobs.list(), scan))
 
 
-def azure_runs(jobs: list[Any], read_record: Callable[[dict[str, str]], Any], limit: int) -> list[RunRow]:
-    """Rows for the newest `limit` runs of `jobs`: a managed run once (from its controller and
-    its record), every other job as itself."""
+def azure_runs(jobs: list[Any], read_record: Callable[[dict[str, str]], Any], limit: int,
+               keep: Callable[[RunRow], bool] = lambda row: True) -> list[RunRow]:
+    """Rows for the newest `limit` runs of `jobs` that `keep` keeps: a managed run once (from its
+    controller and its record), every other job as itself."""
     rows: list[RunRow] = []
     seen: set[str] = set()
     members: dict[str, list[Any]] = {}
@@ -182,11 +264,13 @@ def azure_runs(jobs: list[Any], read_record: Callable[[dict[str, str]], Any], li
             if run in seen:
                 continue
             seen.add(run)
-            rows.append(_managed_row(run, members[run], read_record))
+            row = _managed_row(run, members[run], read_record)
         else:
             estimate = tags.get("estimated_usd")
-            rows.append(RunRow(job.name, "plain", _status(job), 1,
-                               f"est. ${float(estimate):,.2f}" if estimate else "?", _created(job), tags.get("recipe", "")))
+            row = RunRow(job.name, "plain", _status(job), 1, f"est. ${float(estimate):,.2f}" if estimate else "?",
+                         _created(job), tags.get("recipe", ""), user=_user(job))
+        if keep(row):
+            rows.append(row)
         if len(rows) >= limit:
             break
     return rows
@@ -203,12 +287,13 @@ def _managed_row(run: str, jobs: list[Any], read_record: Callable[[dict[str, str
         record, detail = None, exc.problems[0].message
     else:
         detail = ""
+    user = next((_user(j) for j in jobs if _user(j)), "")
     if record is None:
         state = _status(controller) if controller is not None else "?"
         return RunRow(run, "managed", state, len(attempts), "?", created, recipe,
-                      detail or "its record could not be read")
+                      detail or "its record could not be read", user)
     return RunRow(run, "managed", record.state, len(record.attempts), f"${record.total_usd(record.rules().controller_usd_per_hour):,.2f} (record)", created,
-                  recipe or record.recipe)
+                  recipe or record.recipe, user=user)
 
 
 def log_names(processes_per_node: int, node: int | None) -> list[str]:

@@ -14,19 +14,24 @@ from typing import Annotated
 
 import typer
 
-from amlhpc.core.cli_help import JsonOption
-from amlhpc.core.console import row_table, table
+from amlhpc.core import invocation
+from amlhpc.core.cli_help import JsonOption, OutputFormat, OutputOption, output_format
+from amlhpc.core.console import table, tsv
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.cli.job import managed_run_record, on_job, print_json
 from amlhpc.jobs.cli.job import status as job_status
-from amlhpc.jobs.cli.options import Debug, Offline, OutputsFile, err, guard, out
-
-OptionalStack = Annotated[str | None, typer.Option("--stack", help="Stack whose Azure ML workspace holds the run (not "
-                                                   "needed with --local).")]
-LocalRuns = Annotated[bool, typer.Option("--local", help="This project's rehearsals (.rehearsal/) instead of the "
-                                         "stack's Azure ML workspace.")]
-RunName = Annotated[str, typer.Argument(help="A job or managed run as submit printed it, or a rehearsal's --name "
-                                        "(with --local).")]
+from amlhpc.jobs.cli.options import (
+    Debug,
+    LocalRuns,
+    Offline,
+    OptionalStack,
+    OutputsFile,
+    RunName,
+    err,
+    guard,
+    out,
+)
+from amlhpc.jobs.cli.options import need_stack as _need_stack
 
 
 def _rehearsals() -> Path:
@@ -35,40 +40,47 @@ def _rehearsals() -> Path:
     return folders.REHEARSALS
 
 
-def _need_stack(stack: str | None, local: bool) -> str:
-    if stack is None and not local:
-        raise UserError([Problem("command line", "--stack", "names the workspace to ask",
-                                 "add --stack S for the stack's Azure ML runs, or --local for this project's rehearsals")],
-                        "missing option")
-    return stack or ""
-
-
 def list_runs(
     stack: OptionalStack = None,
     local: LocalRuns = False,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Newest runs to show.")] = 20,
+    state: Annotated[str | None, typer.Option("--state", help="Only runs in this state (its start: failed, running, "
+                                              "succeeded, canceled; case-insensitive).")] = None,
+    recipe: Annotated[str | None, typer.Option("--recipe", help="Only runs of this recipe.")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="Only runs this user submitted (Azure ML's created-by) or "
+                                             "started (a rehearsal).")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only runs created since: an age (12h, 7d, 2w) or a UTC "
+                                              "date or time (2026-11-25, 2026-11-25T08:00).")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    output: OutputOption = None,
     as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
-    """Recent runs, managed or not, with state, attempts and cost (--local: this project's rehearsals)."""
+    """Recent runs, managed or not, with state, attempts, cost and who started them (--local: this
+    project's rehearsals); filters combine."""
     from amlhpc.jobs.cli import run_index as runs
 
+    fmt = guard(debug, lambda: output_format(output, as_json))
+    keep = guard(debug, lambda: runs.Filter(state, recipe, user, runs.parse_since(since)))
+
     def show_rows(rows) -> None:
-        if as_json:
+        if fmt is OutputFormat.json:
             print_json([r.to_json() for r in rows])
+            return
+        if fmt is OutputFormat.tsv:
+            sys.stdout.write(tsv(runs.COLUMNS, (r.cells() for r in rows)))
             return
         grid = table(*runs.COLUMNS, title="rehearsals in this project" if local else f"runs in stack {stack}")
         for r in rows:
-            grid.add_row(r.run, r.kind, r.state, str(r.attempts), r.cost, r.created, r.recipe)
+            grid.add_row(*r.cells())
         out.print(grid)
         for r in rows:
             if r.detail and r.kind == "managed":
                 err.print(f"[yellow]note:[/] {r.run}: {r.detail}", highlight=False)
 
     if local:
-        guard(debug, lambda: show_rows(runs.local_runs(_rehearsals())[:limit]))
+        guard(debug, lambda: show_rows([r for r in runs.local_runs(_rehearsals()) if keep(r)][:limit]))
         return
 
     def in_azure(submitter, client, o) -> None:
@@ -78,7 +90,7 @@ def list_runs(
             place = managed.place_from_tags(tags)
             return managed.read(o, place) if place else None
 
-        show_rows(runs.azure_runs(runs.recent_jobs(client, o.workspace), record_of, limit))
+        show_rows(runs.azure_runs(runs.recent_jobs(client, o.workspace), record_of, limit, keep))
 
     on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
 
@@ -91,36 +103,9 @@ def show(run: RunName, stack: OptionalStack = None, local: LocalRuns = False, of
                outputs_file=outputs_file, as_json=as_json, debug=debug)
         return
 
-    def body() -> None:
-        from amlhpc.jobs.cli import run_index as runs
-        from amlhpc.jobs.report import REPORT_FILE, records
+    from amlhpc.jobs.cli import local_runs
 
-        folder = runs.local_folder(_rehearsals(), run)
-        r = records.read(folder)
-        if as_json:
-            print_json({"run": r.run, "folder": str(folder), "outcome": r.outcome, "costBasis": r.cost_basis,
-                         "attempts": [vars(a) for a in r.attempts], "summary": r.summary,
-                         "staging": [vars(x) for x in r.staging], "phases": [vars(p) for p in r.phases],
-                         "report": str(folder / REPORT_FILE) if (folder / REPORT_FILE).is_file() else None})
-            return
-        grid = row_table(title=f"rehearsal {run}")
-        grid.add_row("outcome", r.outcome or "unknown")
-        grid.add_row("folder", str(folder))
-        for key, value in sorted(r.summary.items()):
-            grid.add_row(key, f"{value:,.6g}" if isinstance(value, float) else str(value))
-        out.print(grid)
-        if r.attempts:
-            attempts = table("attempt", "run id", "started (UTC)", "ended (UTC)", "nodes", "outcome", "cost $")
-            for a in r.attempts:
-                attempts.add_row(str(a.number), a.name, a.started.strftime("%Y-%m-%d %H:%M:%S"),
-                                 a.ended.strftime("%Y-%m-%d %H:%M:%S") if a.ended else "running", str(a.nodes),
-                                 a.outcome, f"{a.usd:,.2f}" if a.usd is not None else "-")
-            out.print(attempts)
-            if r.cost_basis:
-                out.print(f"cost: {r.cost_basis}", highlight=False, soft_wrap=True)
-        out.print(f"report: python -m amlhpc.jobs report {run} --local", highlight=False)
-
-    guard(debug, body)
+    guard(debug, lambda: local_runs.show(run, as_json))
 
 
 def logs(
@@ -164,7 +149,7 @@ def logs(
             if node is not None:
                 raise UserError([Problem("command line", "--node", "Azure ML streams the first process of a running "
                                          "job only", f"follow without --node, or read node {node} once it ran: "
-                                         f"python -m amlhpc.jobs logs {run} --stack {o.stack} --node {node}")], "invalid flags")
+                                         f"{invocation.command('jobs', f'logs {run} --stack {o.stack} --node {node}')}")], "invalid flags")
             submitter.stream(client, job, o.workspace)
             return
         detail = submitter.status(client, job, o.workspace) if job != run else info
@@ -174,7 +159,7 @@ def logs(
             paths = runs.downloaded_logs(Path(tmp), runs.log_names(per_node, node))
             if not paths:
                 raise UserError([Problem(f"job {job}", "user_logs", "holds no process logs (yet)",
-                                         f"follow it while it runs: python -m amlhpc.jobs logs {run} --stack {o.stack} --follow")],
+                                         f"follow it while it runs: {invocation.command('jobs', f'logs {run} --stack {o.stack} --follow')}")],
                                 "no logs")
             for line in runs.iter_lines(paths):
                 emit(line)
@@ -190,6 +175,7 @@ def report(
                                                   "report.html in the run's folder).")] = None,
     offline: Offline = False,
     outputs_file: OutputsFile = None,
+    as_json: JsonOption = False,
     debug: Debug = False,
 ) -> None:
     """Write RUN's report: one HTML page with its plots (loss, throughput, MFU, step time, GPUs,
@@ -197,10 +183,15 @@ def report(
     from amlhpc.jobs import report as run_report
     from amlhpc.jobs.cli import run_index as runs
 
+    def written(path: Path) -> None:
+        if as_json:
+            print_json({"run": run, "report": str(path)})
+            return
+        out.print(f"run report: {path}", highlight=False, soft_wrap=True)
+
     if local or (stack is None and (_rehearsals() / run).is_dir()):
         def local_body() -> None:
-            path = run_report.write(runs.local_folder(_rehearsals(), run), out_file, run)
-            out.print(f"run report: {path}", highlight=False, soft_wrap=True)
+            written(run_report.write(runs.local_folder(_rehearsals(), run), out_file, run))
 
         guard(debug, local_body)
         return
@@ -219,8 +210,7 @@ def report(
         for name in jobs_to_read:
             err.print(f"downloading the outputs and logs of {name}", highlight=False)
             submitter.download(client, name, o.workspace, folder / name, everything=True)
-        path = run_report.write(folder, out_file, run)
-        out.print(f"run report: {path}", highlight=False, soft_wrap=True)
+        written(run_report.write(folder, out_file, run))
 
     on_job(guard(debug, lambda: _need_stack(stack, local)), offline, outputs_file, debug, in_azure)
 

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from amlhpc.core import invocation
 from amlhpc.jobs.data import remote
 from amlhpc.jobs.runtime.base import faultpoints
 
@@ -95,8 +96,8 @@ def seal_prefix(container, prefix: str, *, reseal: Iterable[str] = (), workers: 
             again.discard(props.name)
             if item.metadata.get(remote.META_UPLOAD_ID):
                 report.failures.append(f"{props.name}: written by `jobs data upload`, which records its own checksums; "
-                                       "re-upload it instead: python -m amlhpc.jobs data upload LOCAL_DIR --stack STACK "
-                                       f"--prefix {start} --verify-stored")
+                                       "re-upload it instead: "
+                                       + invocation.command("jobs", f"data upload LOCAL_DIR --stack STACK --prefix {start} --verify-stored"))
                 continue
             todo.append(props)
         elif item.stored_checksum is None:

@@ -26,14 +26,35 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from amlhpc.core import invocation, project
 from amlhpc.jobs.local import processes
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-AZURITE_BIN = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
+AZURITE_COMMAND = "azurite-blob"
+"""Azurite's Blob-only server (the npm package `azurite` installs it beside `azurite`)."""
+AZURITE_BIN = REPO_ROOT / "node_modules" / ".bin" / AZURITE_COMMAND
+"""A clone's own Azurite, at the version package.json pins (`make bootstrap` installs it)."""
 
 
 class AzuriteNotInstalled(RuntimeError):
     pass
+
+
+def find(path: str | None = None) -> Path | None:
+    """Azurite's blob server: the clone's pinned one (node_modules/.bin), the project's own
+    (`npm install azurite` in the project), or the first `azurite-blob` on PATH (`npm install
+    --global azurite`); None when there is none."""
+    for candidate in (AZURITE_BIN, project.root() / "node_modules" / ".bin" / AZURITE_COMMAND):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which(AZURITE_COMMAND, path=path)
+    return Path(found) if found else None
+
+
+def install_hint() -> str:
+    """How to get Azurite here (it runs on Node.js 20 or newer)."""
+    return (f"install Azurite, Microsoft's Blob emulator, from npm (it needs Node.js 20 or newer): {invocation.azurite()}"
+            + ("" if invocation.from_clone() else f", which puts {AZURITE_COMMAND} on PATH"))
 
 
 def free_port() -> int:
@@ -88,10 +109,9 @@ class Azurite:
 
 def start(workdir: Path | None = None, port: int | None = None, account: str = "amlhpcdev", timeout_s: float = 30.0) -> Azurite:
     """Start Azurite's blob service on 127.0.0.1 and wait until it answers."""
-    if not AZURITE_BIN.exists():
-        raise AzuriteNotInstalled(
-            f"{AZURITE_BIN} not found: run `scripts/bootstrap.sh` (or `make test`), which installs it from npm"
-        )
+    binary = find()
+    if binary is None:
+        raise AzuriteNotInstalled(f"{AZURITE_COMMAND} is neither in {AZURITE_BIN.parent} nor on PATH: {install_hint()}")
     owns = workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="azurite-")) if workdir is None else workdir
     workdir.mkdir(parents=True, exist_ok=True)
@@ -100,7 +120,7 @@ def start(workdir: Path | None = None, port: int | None = None, account: str = "
     env = {**os.environ, "AZURITE_ACCOUNTS": f"{account}:{key}"}
     log = open(workdir / "azurite.log", "ab")  # noqa: SIM115 - lives as long as the process
     process = subprocess.Popen(
-        [str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(workdir),
+        [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(workdir),
          "--skipApiVersionCheck", "--loose", "--silent"],
         stdout=log, stderr=subprocess.STDOUT, env=env, **processes.popen_kwargs(),
     )

@@ -21,11 +21,30 @@ from amlhpc.core import project
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.local import processes
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DATA_ROOT = project.scratch() / "local-data"
 _DONE = ".complete"
 """Suffix of the marker written beside the folder once the generator succeeded: a folder
 without it is regenerated (the marker is not inside, so it is not uploaded)."""
+
+
+GIVEN_ROOT = "rehearsal-data"
+"""Where `--data INPUT=DIR` uploads, in the datasets container: never the recipe's own input
+path, whose blobs (an earlier upload, the profile's dataset) would be staged with DIR's."""
+
+
+def given_prefix(input_name: str, folder: Path) -> str:
+    """The Blob prefix of `--data INPUT=DIR`: `rehearsal-data/<input>/<fingerprint>`, where the
+    fingerprint is of DIR's file list (relative path, size, modification time). The same
+    folder maps to the same prefix (a rerun uploads nothing); any added, removed or changed
+    file to a new one, so the prefix holds exactly the folder's files."""
+    import hashlib
+
+    from amlhpc.jobs.data.walk import scan
+
+    digest = hashlib.sha256()
+    for f in scan(folder).files:
+        digest.update(f"{f.rel}\0{f.size}\0{f.mtime_ns}\n".encode())
+    return f"{GIVEN_ROOT}/{input_name}/{digest.hexdigest()[:16]}"
 
 
 def has_blobs(spec: dict[str, Any], connection_string: str) -> bool:
@@ -51,10 +70,10 @@ def generate(recipe, name: str, echo: Callable[[str], None], root: Path = DATA_R
     if argv and argv[0] == "python":
         argv[0] = sys.executable  # the job's `python` is this interpreter, as in the rehearsal
     echo(f"generating the local dataset for input {name!r}: {command}")
-    code = processes.run_step(argv, cwd=REPO_ROOT, env=None)
+    code = processes.run_step(argv, cwd=project.root(), env=None)  # a team's command names the project's files
     if code != 0:
         shutil.rmtree(folder, ignore_errors=True)
-        raise UserError([Problem(f"amlhpc/jobs/recipes/{recipe.name}.yaml", f"local.data.{name}", f"the command exited with {code}",
+        raise UserError([Problem(recipe.reference, f"local.data.{name}", f"the command exited with {code}",
                                  f"run it by hand to see why: {command}")], "cannot make the local dataset")
     done.write_text(command + "\n")
     return folder

@@ -10,7 +10,7 @@
    amlhpc/jobs/recipes/cosmoflow.yaml): staging, health gate, pinning, DDP training over gloo,
    checkpoints to Blob - the staging report, the loss per step and the checkpoint location
    are printed;
-7. the same run name again, one epoch longer: it resumes from the checkpoint;
+7. the same run name again with --resume, one epoch longer: it resumes from the checkpoint;
 8. `jobs report`: the run's HTML report (loss, throughput, MFU, each node's step time, each
    node's CPU and memory (no GPU here), the staging and launch timeline, both attempts and
    what they would cost at the planned size), from what the run recorded;
@@ -111,8 +111,8 @@ def main() -> None:
                     "--procs-per-node", "2", "--name", RUN_NAME, "--quiet"]
         step(6, "rehearse cosmoflow with its local profile: 2 simulated nodes x 2 ranks (staging, health gate, "
                 "DDP, checkpoints)", rehearse, env)
-        step(7, "the same run again, one epoch longer: it resumes from the checkpoint in Blob",
-             [*rehearse, "--set", f"command={train} --epochs 3"], env)
+        step(7, "the same run again with --resume, one epoch longer: it resumes from the checkpoint in Blob",
+             [*rehearse, "--resume", "--set", f"command={train} --epochs 3"], env)
         step(8, "the run's report: its plots and records on one HTML page",
              [py, "-m", "amlhpc.jobs", "report", RUN_NAME, "--local"], env)
 

@@ -68,6 +68,12 @@ PREEMPTION = ("UserError", "AzureMLCompute job failed. PreemptionError: Nodes of
                            "(rehearsal: node {node} was preempted)")
 """How Azure ML words a preempted job's error (see amlhpc/jobs/managed/classify.py); the rehearsal says the same."""
 STOP_OTHERS_AFTER_S = 3.0
+PREEMPT_GRACE_S = 30.0
+"""Seconds between a preempted node's SIGTERM and its SIGKILL: the notice Azure gives a Spot or
+low-priority VM before evicting it (Scheduled Events, event type Preempt, minimum notice 30
+seconds: https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events, read
+2026-11). Within it the launcher uploads the node's part of the newest checkpoint, so the
+next attempt resumes from it."""
 POLL_S, BACKOFF_S, BACKOFF_MAX_S, LEASE_S, REVIVE_EVERY_S = 1.0, 1.0, 4.0, 15, 1.0
 STEP_FAULTS = ("preempt", "host_loss", "hang")
 FAULT_KINDS = (*STEP_FAULTS, "nccl", "slow", "throttle")
@@ -84,7 +90,7 @@ class Fault:
     node: int = 0
     at_step: int | None = None
     """The training step it fires at (STEP_FAULTS)."""
-    grace_s: float = 5.0
+    grace_s: float = PREEMPT_GRACE_S
     factor: float = 1.0
     attempt: int = 1
     launcher_args: tuple[str, ...] = ()
@@ -455,9 +461,11 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
                      connection_string: str, containers: list[str], sink: Callable, echo: Callable[[str], None],
                      faults: list[Fault], timeout_s: float = 1800, kill_controller_at: str | None = None,
                      resume: bool = False, blob_override: dict[int, tuple[str, str]] | None = None,
-                     policy_changes: dict[str, Any] | None = None) -> ManagedRehearsal:
+                     policy_changes: dict[str, Any] | None = None,
+                     cancel_when: Callable[[], dict[str, Any] | None] | None = None) -> ManagedRehearsal:
     """Supervise `mplan` (amlhpc.jobs.managed.render.ManagedPlan) on simulated nodes until it is done.
-    RunNameInUse when its record exists and `resume` is not set."""
+    RunNameInUse when its record exists and `resume` is not set. `cancel_when` is polled: a
+    request it returns (`jobs cancel RUN --local`) goes to the supervision as a user's cancel."""
     from amlhpc.jobs.runtime.blob import blobio
 
     rehearsal.ensure_containers(sorted(containers), connection_string)
@@ -501,8 +509,14 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
     reviver = threading.Thread(target=revive_loop, name="revival", daemon=True)
     reviver.start()
     record = None
+    asked = False
     try:
         while time.monotonic() - started < timeout_s:
+            request = cancel_when() if cancel_when is not None and not asked else None
+            if request:
+                asked = True
+                store.request_cancel(str(request.get("by") or "a user"))
+                echo(f"cancel requested by {request.get('by', 'a user')}: the supervision stops the run")
             record, _ = store.load()
             if record is not None and record.done and not any(t.is_alive() for t in controllers.threads.values()):
                 break
@@ -530,7 +544,7 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
     return ManagedRehearsal(record, service, time.monotonic() - started, controllers, requested, missing, kill_at)
 
 
-def faults_from_flags(nodes: int, *, preempt_at_step: int | None, preempt_node: int, preempt_grace: float,
+def faults_from_flags(nodes: int, *, preempt_at_step: int | None, preempt_node: int, preempt_grace: float | None,
                       hang_at_step: int | None, hang_node: int, kill_host_at_step: int | None, kill_host_node: int,
                       no_replacement: bool = False,
                       slow_node: int | None, slow_factor: float | None, kill_controller_at: str | None,
@@ -557,6 +571,9 @@ def faults_from_flags(nodes: int, *, preempt_at_step: int | None, preempt_node: 
         if node is not None and not 0 <= node < nodes:
             problems.append(Problem("command line", flag, f"node {node} does not exist ({nodes} simulated node(s))",
                                     f"pick 0..{nodes - 1}"))
+    if preempt_grace is not None and not 0 <= preempt_grace <= 3600:
+        problems.append(Problem("command line", "--preempt-grace", f"{preempt_grace:g} s",
+                                "seconds from 0 to 3600 (Azure gives an evicted VM 30)"))
     if no_replacement and kill_host_at_step is None:
         problems.append(Problem("command line", "--no-replacement", "says what follows a lost host",
                                 "add --kill-host-at-step N (and --kill-host-node K)"))
@@ -572,7 +589,8 @@ def faults_from_flags(nodes: int, *, preempt_at_step: int | None, preempt_node: 
         raise UserError(problems, "invalid rehearsal flags")
     faults = []
     if preempt_at_step is not None:
-        faults.append(Fault("preempt", preempt_node, preempt_at_step, preempt_grace))
+        faults.append(Fault("preempt", preempt_node, preempt_at_step,
+                            PREEMPT_GRACE_S if preempt_grace is None else preempt_grace))
     if hang_at_step is not None:
         faults.append(Fault("hang", hang_node, hang_at_step))
     if kill_host_at_step is not None:

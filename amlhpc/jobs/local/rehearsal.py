@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.local import processes
-from amlhpc.jobs.local.azurite import free_port
 from amlhpc.jobs.runtime.base import contract
 
 # Variables that only make sense on an Azure node (identity) or would point the rehearsal
@@ -70,23 +70,60 @@ class RehearsalResult:
     """File name -> per-node JSON report (staging, launch, health) from every node."""
     checkpoint: dict[str, Any] | None
     """Where checkpoints went: container, prefix and the committed version, if any."""
+    run_id: str = ""
+    """This attempt's run id (AZUREML_RUN_ID): its launchers' progress files carry it."""
+    canceled: dict[str, Any] | None = None
+    """The cancel request that stopped it (`jobs cancel RUN --local`, amlhpc/jobs/local/control.py)."""
 
     @property
     def ok(self) -> bool:
         return all(code == 0 for code in self.exit_codes.values())
 
 
-def _free_port_pair() -> int:
-    """A port P with P+1 also free: the health gate rendezvouses on MASTER_PORT + 1."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+RESERVED_LOW = 20000
+"""Where the rehearsal's training port is drawn from, below Linux's ephemeral range."""
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (Linux's default 32768-60999)."""
+    try:
+        low, high = (int(p) for p in path.read_text().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def training_port(rng=None) -> int:
+    """A port for the training's own rendezvous (MASTER_PORT), free now and outside the
+    ephemeral range, so no outgoing connection (staging's, the checkpoints') can be given it
+    before the training's rank 0 binds it (the defect: a port probed from the ephemeral range was
+    taken in between, 40 of 40 draws). The coordination store's port is stricter still:
+    bound once by the rehearsal and handed to node 0 (`coordination_listener`)."""
+    import random
+
+    rng = rng or random.Random()
+    low, _ = ephemeral_range()
+    top = max(RESERVED_LOW + 1000, min(low, 32768)) - 1
+    for _ in range(200):
+        port = rng.randint(RESERVED_LOW, top)
+        with socket.socket() as probe:
             try:
-                s.bind(("127.0.0.1", port + 1))
+                probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
         return port
-    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
+    raise RuntimeError(f"no free port in {RESERVED_LOW}-{top} on 127.0.0.1 for the training's rendezvous")
+
+
+def coordination_listener() -> socket.socket:
+    """The job's coordination store's port, bound here before any rank starts and inherited by
+    node 0's local rank 0 (AMLHPC_COORD_LISTEN_FD): reserved, never probed."""
+    from amlhpc.jobs.runtime.coord.jobstore import reserve
+
+    listener = reserve(0, "127.0.0.1")
+    listener.set_inheritable(True)
+    return listener
 
 
 def redirect_blob(env: dict[str, str], blob_endpoint: str, connection_string: str) -> dict[str, str]:
@@ -125,16 +162,35 @@ def rank_env(distribution: str, *, node: int, local_rank: int, nodes: int, procs
     return env
 
 
+CODE_ENTRIES = ".code-entries"
+"""In each node's folder: the snapshot's top-level names copied there last time (removed before
+the next copy, so a file the team deleted does not linger beside the job's outputs)."""
+
+
 def prepare_nodes(snapshot: Path, workdir: Path, nodes: int) -> list[Path]:
     """One working folder per node holding its own copy of the job's code (as Azure ML
-    gives each node), plus its scratch. Earlier outputs are kept: a rerun resumes."""
+    gives each node: the whole snapshot, aml-hpc's runtime and the team's code beside it),
+    plus its scratch. Earlier outputs are kept: a rerun resumes."""
+    entries = sorted(p.name for p in snapshot.iterdir())
     folders = []
     for node in range(nodes):
         folder = workdir / f"node{node}"
-        code = folder / "amlhpc" / "jobs"
-        if code.exists():
-            shutil.rmtree(code)
-        shutil.copytree(snapshot / "amlhpc" / "jobs", code)
+        listed = folder / CODE_ENTRIES
+        previous = listed.read_text().split("\n") if listed.is_file() else ["amlhpc"]
+        for name in dict.fromkeys([*previous, *entries]):
+            old = folder / name
+            if name and (old.is_dir() and not old.is_symlink()):
+                shutil.rmtree(old)
+            elif name and (old.is_file() or old.is_symlink()):
+                old.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in entries:
+            source = snapshot / name
+            if source.is_dir():
+                shutil.copytree(source, folder / name)
+            else:
+                shutil.copy2(source, folder / name)
+        listed.write_text("\n".join(entries))
         (folder / "scratch").mkdir(parents=True, exist_ok=True)
         folders.append(folder)
     return folders
@@ -150,6 +206,26 @@ LOG_DIR = "user_logs"
 
 def log_path(folder: Path, rank: int) -> Path:
     return folder / LOG_DIR / f"std_log_process_{rank}.txt"
+
+
+ATTEMPT_MARK = "aml_hpc_attempt"
+"""The key of the line a rehearsal writes into every process log when an attempt starts:
+`{"aml_hpc_attempt": RUN_ID, "started_at": ISO}`. In Azure each attempt is a job with logs
+of its own; here the attempts of a run append to one file per rank, and the line says where
+each begins (the report draws every attempt apart, amlhpc/jobs/report/records.py)."""
+
+
+def mark_attempt_start(folders: list[Path], procs_per_node: int, run_id: str, started: float) -> None:
+    from datetime import UTC, datetime
+
+    line = json.dumps({ATTEMPT_MARK: run_id, "started_at": datetime.fromtimestamp(started, UTC).isoformat()}) + "\n"
+    for node, folder in enumerate(folders):
+        for local_rank in range(procs_per_node):
+            path = log_path(folder, node * procs_per_node + local_rank)
+            with contextlib.suppress(OSError):  # the record of a rehearsal must not fail it
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with path.open("a") as log:
+                    log.write(line)
 
 
 def _pump(proc: NodeProcess, sink: Callable[[NodeProcess, str], None], log: Path | None = None) -> None:
@@ -173,16 +249,19 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
                   sink: Callable[[NodeProcess, str], None], timeout_s: float,
                   started: Callable[[list[NodeProcess]], None] | None = None,
                   stop_grace_s: float | None = None, node_env: dict[int, dict[str, str]] | None = None,
-                  node_command: dict[int, str] | None = None) -> dict[int, int]:
+                  node_command: dict[int, str] | None = None,
+                  stop_when: Callable[[], Any] | None = None) -> dict[int, int]:
     """Start every process of every simulated node; stop the rest `stop_grace_s` (default
     FAILURE_GRACE_S) after one fails (as Azure ML does); return global rank -> exit status.
     `started` sees the processes once they run, `node_env` adds variables to one node's
     processes and `node_command` replaces its command (the managed rehearsal injects faults
-    through them). However this ends - an
+    through them); `stop_when` is polled, and when it returns something (a cancel request)
+    every process is stopped. However this ends - an
     error, Ctrl-C, SIGTERM (amlhpc/jobs/local/processes.py) - every process it started is stopped
     before it returns."""
     nodes = len(folders)
-    port = _free_port_pair()
+    port = training_port()
+    listener = coordination_listener()
     procs: list[NodeProcess] = []
     codes: dict[int, int] = {}
     try:
@@ -192,30 +271,43 @@ def run_processes(plan: Any, folders: list[Path], base_env: dict[str, str], *, p
                        **rank_env(plan.distribution, node=node, local_rank=local_rank, nodes=nodes,
                                   procs_per_node=procs_per_node, master_port=port)}
                 env[contract.SCRATCH] = str(folder / "scratch")
+                env[contract.COORD_PORT] = str(listener.getsockname()[1])
+                inherit: tuple[int, ...] = ()
+                if node == 0 and local_rank == 0:
+                    env[contract.COORD_LISTEN_FD] = str(listener.fileno())
+                    inherit = (listener.fileno(),)
                 process = subprocess.Popen(
                     ["bash", "-c", (node_command or {}).get(node, plan.command)], cwd=folder, env=env, text=True, bufsize=1,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **processes.popen_kwargs(),
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=inherit, **processes.popen_kwargs(),
                 )
                 procs.append(NodeProcess(node, local_rank, node * procs_per_node + local_rank, process))
+        listener.close()  # node 0 holds it now
         pumps = [threading.Thread(target=_pump, args=(p, sink, log_path(folders[p.node], p.rank)), daemon=True)
                  for p in procs]
         for t in pumps:
             t.start()
         if started is not None:
             started(procs)
-        _wait_all(procs, codes, sink, timeout_s, FAILURE_GRACE_S if stop_grace_s is None else stop_grace_s)
+        _wait_all(procs, codes, sink, timeout_s, FAILURE_GRACE_S if stop_grace_s is None else stop_grace_s, stop_when)
         drained = time.monotonic() + 5  # a leftover grandchild may hold a pipe open: do not wait on it
         for t in pumps:
             t.join(timeout=max(0.0, drained - time.monotonic()))
     finally:
+        listener.close()
         _stop(procs, codes)
     return codes
 
 
-def _wait_all(procs: list[NodeProcess], codes: dict[int, int], sink, timeout_s: float, stop_grace_s: float) -> None:
+def _wait_all(procs: list[NodeProcess], codes: dict[int, int], sink, timeout_s: float, stop_grace_s: float,
+              stop_when: Callable[[], Any] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     while len(codes) < len(procs):
+        request = stop_when() if stop_when is not None else None
+        if request:
+            sink(procs[0], f"rehearsal canceled by {request.get('by', 'a user')}: stopping every process")
+            _stop(procs, codes)
+            break
         for p in procs:
             if p.rank in codes:
                 continue
@@ -287,6 +379,19 @@ def checkpoint_state(env: dict[str, str], connection_string: str) -> dict[str, A
     return state
 
 
+def checkpoints_stored(env: dict[str, str], connection_string: str) -> bool:
+    """Whether any blob is stored under the job's checkpoint prefix (a run of that name checkpointed)."""
+    if contract.CHECKPOINT_JSON not in env:
+        return False
+    from amlhpc.jobs.runtime.blob import blobio
+
+    ckpt = json.loads(env[contract.CHECKPOINT_JSON])
+    client = blobio.container_client(ckpt["container"], connection_string=connection_string)
+    if not client.exists():
+        return False
+    return next(iter(client.list_blobs(name_starts_with=ckpt["prefix"].rstrip("/") + "/")), None) is not None
+
+
 def ensure_containers(containers: list[str], connection_string: str) -> None:
     """The stack declares its containers; in Azurite the rehearsal creates them."""
     from azure.core.exceptions import ResourceExistsError
@@ -310,9 +415,9 @@ def check_dataset(plan: Any, connection_string: str) -> None:
         prefix = spec.get("prefix", "").rstrip("/") + "/"
         if not client.exists() or next(iter(client.list_blobs(name_starts_with=prefix)), None) is None:
             problems.append(Problem(
-                f"amlhpc/jobs/recipes/{plan.recipe}.yaml", f"inputs.{spec['name']}",
+                plan.recipe_file or plan.recipe, f"inputs.{spec['name']}",
                 f"no blobs under {spec['container']}/{prefix} in the local Blob (Azurite)",
-                f"upload them first: python -m amlhpc.jobs data upload DIR --stack {plan.stack} --prefix {prefix.rstrip('/')} "
+                f"upload them first: {invocation.command('jobs', f'data upload DIR --stack {plan.stack}')} --prefix {prefix.rstrip('/')} "
                 f"--connection-string-env {contract.BLOB_CONNECTION_STRING} (or pass --data {spec['name']}=DIR)"))
     if problems:
         raise UserError(problems, "rehearsal cannot start: its dataset is missing")
@@ -348,12 +453,24 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     # (a rehearsal inside an Azure ML job) must not make every attempt share it.
     base["AZUREML_RUN_ID"] = base[contract.RUN_ID]
     started, started_at = time.monotonic(), time.time()
+    canceled: dict[str, Any] = {}
+    asked = process_hooks.pop("stop_when", None)
+
+    def stop_when() -> Any:
+        request = asked() if asked is not None else None
+        if request:
+            canceled.update(request)
+        return request
+
+    mark_attempt_start(folders, procs_per_node, base[contract.RUN_ID], started_at)
     codes = run_processes(plan, folders, base, procs_per_node=procs_per_node, sink=sink, timeout_s=timeout_s,
-                          **process_hooks)
-    note_attempt(workdir, plan, base[contract.RUN_ID], started_at, time.time(), procs_per_node, codes)
+                          stop_when=stop_when, **process_hooks)
+    note_attempt(workdir, plan, base[contract.RUN_ID], started_at, time.time(), procs_per_node, codes,
+                 canceled=canceled or None)
     report_dir = env.get(contract.REPORT_DIR, contract.DEFAULT_REPORT_DIR)
+    keep_attempt_reports(workdir, folders, report_dir, started_at)
     return RehearsalResult(plan, workdir, codes, time.monotonic() - started, collect_reports(folders, report_dir),
-                           checkpoint_state(env, connection_string))
+                           checkpoint_state(env, connection_string), base[contract.RUN_ID], canceled or None)
 
 
 ATTEMPTS_FILE = "attempts.jsonl"
@@ -362,19 +479,47 @@ when it ran, its size, its price per node-hour at the planned size, how its proc
 ended. `jobs report` reads it."""
 
 
+ATTEMPT_REPORTS = "attempts"
+"""`attempts/<n>/node<K>/`: the launcher's and staging's reports of attempt n, kept when it
+ends (the next attempt writes the nodes' own copies anew), so the report shows every
+attempt's staging and timeline, as a managed run's jobs each keep theirs in Azure."""
+KEPT_REPORTS = ("launch-node*.json", "staging-node*.json")
+
+
+def keep_attempt_reports(workdir: Path, folders: list[Path], report_dir: str, started: float) -> None:
+    """Copy what this attempt's launchers wrote (a report older than the attempt, left by an
+    earlier one on a node that wrote none this time, is not this attempt's)."""
+    try:
+        number = len((workdir / ATTEMPTS_FILE).read_text().splitlines())
+    except OSError:
+        return
+    for folder in folders:
+        for pattern in KEPT_REPORTS:
+            for path in (folder / report_dir).glob(pattern):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < started:
+                        continue
+                target = workdir / ATTEMPT_REPORTS / str(number) / folder.name / path.name
+                with contextlib.suppress(OSError):  # the record of a rehearsal must not fail it
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, target)
+
+
 def note_attempt(workdir: Path, plan: Any, run_id: str, started: float, ended: float, procs_per_node: int,
-                 codes: dict[int, int]) -> None:
+                 codes: dict[int, int], canceled: dict[str, Any] | None = None) -> None:
     from datetime import UTC, datetime
 
     def iso(t: float) -> str:
         return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     estimate = getattr(plan, "estimate", None)
-    line = {"run_id": run_id, "started_at": iso(started), "ended_at": iso(ended), "seconds": round(ended - started, 3),
+    line: dict[str, Any] = {"run_id": run_id, "started_at": iso(started), "ended_at": iso(ended), "seconds": round(ended - started, 3),
             "nodes": plan.instance_count, "processes_per_node": procs_per_node, "sku": plan.sku,
             "usd_per_node_hour": getattr(estimate, "usd_per_node_hour", None),
             "price_source": getattr(estimate, "price_source", None),
             "exit_codes": {str(rank): code for rank, code in sorted(codes.items())}}
+    if canceled:
+        line["canceled"] = {"by": canceled.get("by"), "at": iso(float(canceled.get("at") or ended))}
     with contextlib.suppress(OSError):  # the record of a rehearsal must not fail it
         with (workdir / ATTEMPTS_FILE).open("a") as out:
             out.write(json.dumps(line) + "\n")

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.runtime.base import contract
 
@@ -85,17 +86,28 @@ def azurite_problems(env: Mapping[str, str]) -> list[Problem]:
     """Azurite (npm) and Node.js, unless the caller brings its own Blob connection string."""
     if env.get(contract.BLOB_CONNECTION_STRING):
         return []
-    from amlhpc.jobs.local.azurite import AZURITE_BIN
+    from amlhpc.jobs.local import azurite
 
     problems = []
-    if not AZURITE_BIN.exists():
-        problems.append(Problem("Azurite (the local Blob service)", "", f"{AZURITE_BIN.relative_to(REPO_ROOT)} is missing",
-                                "run `make bootstrap` (installs it from npm), or set "
-                                f"{contract.BLOB_CONNECTION_STRING} to a running Azurite's connection string"))
+    if azurite.find(env.get("PATH")) is None:
+        problems.append(Problem("Azurite (the local Blob service)", "", f"{azurite.AZURITE_COMMAND} is not installed "
+                                "(neither in this project's node_modules nor on PATH)",
+                                f"{azurite.install_hint()}; or set {contract.BLOB_CONNECTION_STRING} to a running "
+                                "Azurite's connection string"))
     if shutil.which("node", path=env.get("PATH")) is None:
         problems.append(Problem("Node.js", "", "`node` is not on PATH (Azurite runs on it)",
                                 "install Node.js 20 or newer (https://nodejs.org)"))
     return problems
+
+
+def _install_hint(missing: list[str]) -> str:
+    """The commands that install `missing` here; PyTorch as its CPU build (enough for a
+    rehearsal, without the gigabytes of CUDA libraries pip's default build brings on Linux)."""
+    others = [m for m in missing if m not in ("torch", "numpy") or "torch" not in missing]
+    commands = [invocation.torch_cpu()] if "torch" in missing else []
+    if others:
+        commands.append(invocation.python_modules(" ".join(others)))
+    return " and ".join(commands)
 
 
 def check(recipe, env: Mapping[str, str] | None = None, machine: Machine | None = None) -> None:
@@ -106,7 +118,7 @@ def check(recipe, env: Mapping[str, str] | None = None, machine: Machine | None 
     gpu = machine.has_gpu or has_nvidia_gpu
     probe = machine.reachable or reachable
     needs = recipe.local.requires
-    where = f"amlhpc/jobs/recipes/{recipe.name}.yaml"
+    where = recipe.reference
     problems: list[Problem] = []
 
     # the network probes run while the rest is checked
@@ -118,12 +130,15 @@ def check(recipe, env: Mapping[str, str] | None = None, machine: Machine | None 
     if needs.gpu and not gpu():
         problems.append(Problem(where, "local.requires.gpu", "needs an NVIDIA GPU; this machine has none "
                                 f"(no {' or '.join(NVIDIA_DEVICE_PATHS)})", "run it on a GPU machine or submit it to a GPU cluster"))
-    missing = [m for m in needs.modules if not available(m)]
+    # torch's object collectives (the health gate's exchange) need NumPy, which a CPU build of
+    # torch does not bring with it
+    modules = [*needs.modules, *(["numpy"] if "torch" in needs.modules and "numpy" not in needs.modules else [])]
+    missing = [m for m in modules if not available(m)]
     if missing:
         problems.append(Problem(where, "local.requires.modules", f"needs Python module{'s' if len(missing) > 1 else ''} "
                                 f"{', '.join(missing)}, not installed in this environment",
-                                "install them into .venv (`uv pip install --python .venv/bin/python ...`), or use the "
-                                "recipe's image on Azure"))
+                                f"install {'it' if len(missing) == 1 else 'them'} into this environment: "
+                                + _install_hint(missing) + ", or use the recipe's image on Azure"))
     for name, spec in recipe.inputs.items():
         if spec.mode != "stage":
             problems.append(Problem(where, f"inputs.{name}.mode", f"is {spec.mode}: Azure ML itself provides such inputs, "
@@ -141,5 +156,5 @@ def check(recipe, env: Mapping[str, str] | None = None, machine: Machine | None 
     if problems:
         if needs.hint:  # the recipe's own advice replaces the generic one for the first reason
             first = problems[0]
-            problems[0] = Problem(first.reference, first.path, first.message, needs.hint)
+            problems[0] = Problem(first.reference, first.path, first.message, invocation.spoken(needs.hint))
         raise UserError(problems, f"cannot rehearse {recipe.name} on this machine")

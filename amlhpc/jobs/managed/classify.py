@@ -35,12 +35,13 @@ only reports them (docs/managed-jobs.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from amlhpc.jobs.managed import causes
+from amlhpc.jobs.managed.causes import Why
 from amlhpc.jobs.managed.observation import SERVICE_ERROR_CODES, Observation
-from amlhpc.jobs.recipes import causes
 from amlhpc.jobs.runtime.launch.completion import crash_signal
 
 PREEMPTION_CODES = frozenset({"PreemptionError"})
@@ -50,7 +51,7 @@ _PREEMPTION = re.compile(r"preemption|pre-?empted", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Verdict:
-    cause: str
+    cause: Why
     detail: str
     exit_code: int | None = None
     bad_nodes: tuple[dict[str, Any], ...] = field(default_factory=tuple)
@@ -61,12 +62,12 @@ class Verdict:
     def retryable(self, retry_on: Collection[str | int]) -> bool:
         if self.cause in causes.NEVER_RETRIED:
             return False
-        if self.cause == "training_error" and self.exit_code is not None and self.exit_code in retry_on:
+        if self.cause == Why.TRAINING_ERROR and self.exit_code is not None and self.exit_code in retry_on:
             return True
         return self.cause in retry_on
 
 
-def _node_cause(record: Mapping[str, Any]) -> str | None:
+def _node_cause(record: Mapping[str, Any]) -> Why | None:
     code = record.get("exit_code")
     if not isinstance(code, int) or code == 0 or _completed_then_crashed(record):
         return None
@@ -88,72 +89,154 @@ def _where(node: int, record: Mapping[str, Any] | None) -> dict[str, Any]:
     return found
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One cause the evidence shows, with what says so."""
+
+    cause: Why
+    detail: str
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What an attempt left: Azure ML's view and the nodes' end records (see the module docstring)."""
+
+    observation: Observation
+    ends: Mapping[int, Mapping[str, Any]]
+    nodes: int
+    node_events: Collection[str] = ()
+    tampered: Collection[int] = ()
+
+    @property
+    def steps(self) -> tuple[int | None, int | None]:
+        return _steps(self.ends)
+
+    @property
+    def error(self) -> str:
+        return " ".join(filter(None, (self.observation.error_code, self.observation.error_message)))
+
+    @property
+    def preempted_seen(self) -> bool:
+        return "preempted" in self.node_events or "preempted" in self.observation.node_states
+
+    def verdict(self, cause: Why, detail: str, exit_code: int | None = None,
+                bad_nodes: tuple[dict[str, Any], ...] = ()) -> Verdict:
+        first, last = self.steps
+        return Verdict(cause, detail, exit_code, bad_nodes, first, last)
+
+
+Rule = Callable[[Evidence], "Verdict | None"]
+
+
+def _completed(e: Evidence) -> Verdict | None:
+    if e.observation.status == "Completed":
+        return e.verdict(Why.COMPLETED, "the job completed", 0)
+    return None
+
+
+def _canceled(e: Evidence) -> Verdict | None:
+    if e.observation.status != "Canceled":
+        return None
+    if e.preempted_seen:
+        return e.verdict(Why.PREEMPTED, "Azure ML canceled the job after its nodes were preempted")
+    return e.verdict(Why.CANCELED, f"the job was canceled{': ' + e.error if e.error else ''}")
+
+
+def _preempted(e: Evidence) -> Verdict | None:
+    by_code = PREEMPTION_CODES.intersection(e.observation.error_codes)
+    if not (e.preempted_seen or by_code or (not e.observation.error_codes and _PREEMPTION.search(e.error))):
+        return None
+    why = ("a node of the job was preempted" if e.preempted_seen else
+           f"Azure ML error code {sorted(by_code)[0]}: {e.error[:300]}" if by_code else f"Azure ML: {e.error[:300]}")
+    return e.verdict(Why.PREEMPTED, why)
+
+
+def _node_findings(e: Evidence) -> tuple[dict[Why, Finding], list[dict[str, Any]]]:
+    """Each cause the nodes' records (and Azure ML's node states) show, first node first, and
+    the nodes to distrust."""
+    found: dict[Why, Finding] = {}
+    bad: list[dict[str, Any]] = []
+    for node, record in sorted(e.ends.items()):
+        cause = _node_cause(record)
+        if cause is None:
+            continue
+        message = str(record.get("error") or f"exit {record.get('exit_code')}")
+        if cause == Why.HANG and isinstance(record.get("hang"), Mapping):
+            message = str(record["hang"].get("message") or message)
+        elif cause == Why.HEALTH_GATE:
+            bad.append({**_where(node, record), "why": "health gate"})
+        found.setdefault(cause, Finding(cause, f"node {node}: {message}", record.get("exit_code")))
+    if Why.HANG in found:
+        culprits = _hang_culprits(e.ends)
+        bad.extend({**_where(n, e.ends.get(n)), "why": "hang"} for n in culprits)
+        if culprits:
+            found[Why.HANG] = Finding(Why.HANG, _hang_detail(culprits, e.ends), found[Why.HANG].exit_code)
+    vanished = [n for n in range(e.nodes) if n not in e.ends and n not in e.tampered]
+    if vanished and e.ends:
+        bad.extend({"node": n, "why": "left no end record"} for n in vanished)
+        found.setdefault(Why.NODE_FAILURE, Finding(Why.NODE_FAILURE, f"node(s) {', '.join(map(str, vanished))} left "
+                                                   "no end record: the host crashed or was taken away"))
+    if "unusable" in e.node_events or "unusable" in e.observation.node_states:
+        found.setdefault(Why.NODE_FAILURE, Finding(Why.NODE_FAILURE, "a node of the job became unusable"))
+    return found, bad
+
+
+def _failed_nodes(e: Evidence) -> Verdict | None:
+    """The cause that explains the others (causes.PRECEDENCE) among what the nodes show."""
+    found, bad = _node_findings(e)
+    for cause in causes.PRECEDENCE:
+        if cause in found:
+            return e.verdict(cause, found[cause].detail, found[cause].exit_code, _dedupe(bad))
+    return None
+
+
+def _tampered(e: Evidence) -> Verdict | None:
+    if not e.tampered:
+        return None
+    return e.verdict(Why.UNKNOWN, f"the end record(s) of node(s) {', '.join(map(str, sorted(e.tampered)))} failed "
+                                  "verification (written by someone without the attempt's key): not evidence",
+                     bad_nodes=_dedupe(_node_findings(e)[1]))
+
+
+def _completed_then_crashed_everywhere(e: Evidence) -> Verdict | None:
+    crashed = [n for n, record in sorted(e.ends.items()) if _completed_then_crashed(record)]
+    if not (crashed and len(e.ends) == e.nodes and all(isinstance(r.get("completed"), Mapping) for r in e.ends.values())):
+        return None
+    return e.verdict(Why.COMPLETED, f"every node completed its training; node(s) {', '.join(map(str, crashed))} then "
+                     "crashed at exit (" + ", ".join(f"exit {e.ends[n].get('exit_code')}" for n in crashed) + ")", 0)
+
+
+def _azure_said_why(e: Evidence) -> Verdict | None:
+    """No node said anything: the job's RootError code."""
+    if e.ends:
+        return None
+    if e.observation.error_code in SERVICE_ERROR_CODES:
+        return e.verdict(Why.SERVICE_ERROR, f"Azure ML: {e.error[:300]}")
+    if e.observation.error_code in ("UserError", "ValidationError"):
+        return e.verdict(Why.BAD_INPUT, f"Azure ML could not run the job: {e.error[:300]}")
+    return None
+
+
+RULES: tuple[Rule, ...] = (_completed, _canceled, _preempted, _failed_nodes, _tampered,
+                           _completed_then_crashed_everywhere, _azure_said_why)
+"""Strongest evidence first (the module docstring); the first rule with a verdict decides."""
+
+
 def classify(observation: Observation, ends: Mapping[int, Mapping[str, Any]], nodes: int,
              node_events: Collection[str] = (), tampered: Collection[int] = ()) -> Verdict:
     """The verdict for a job that ended (observation.terminal). `tampered`: nodes whose end
     record exists but failed verification (amlhpc.jobs.managed.evidence): their absence is not
     taken for a vanished host, and a verdict that would rest on it is `unknown`."""
-    steps = _steps(ends)
-    if observation.status == "Completed":
-        return Verdict("completed", "the job completed", 0, first_step=steps[0], last_step=steps[1])
-    preempted_seen = "preempted" in node_events or "preempted" in observation.node_states
-    error = " ".join(filter(None, (observation.error_code, observation.error_message)))
-    if observation.status == "Canceled":
-        if preempted_seen:
-            return Verdict("preempted", "Azure ML canceled the job after its nodes were preempted", *_rest(steps))
-        return Verdict("canceled", f"the job was canceled{': ' + error if error else ''}", *_rest(steps))
-    by_code = PREEMPTION_CODES.intersection(observation.error_codes)
-    if preempted_seen or by_code or (not observation.error_codes and _PREEMPTION.search(error)):
-        why = ("a node of the job was preempted" if preempted_seen else
-               f"Azure ML error code {sorted(by_code)[0]}: {error[:300]}" if by_code else f"Azure ML: {error[:300]}")
-        return Verdict("preempted", why, *_rest(steps))
-
-    found: dict[str, tuple[str, int | None, dict[str, Any], str]] = {}
-    bad: list[dict[str, Any]] = []
-    for node, record in sorted(ends.items()):
-        cause = _node_cause(record)
-        if cause is None:
-            continue
-        message = str(record.get("error") or f"exit {record.get('exit_code')}")
-        if cause == "hang" and isinstance(record.get("hang"), Mapping):
-            message = str(record["hang"].get("message") or message)
-        elif cause == "health_gate":
-            bad.append({**_where(node, record), "why": "health gate"})
-        found.setdefault(cause, (cause, record.get("exit_code"), record, f"node {node}: {message}"))
-    if "hang" in found:
-        culprits = _hang_culprits(ends)
-        bad.extend({**_where(n, ends.get(n)), "why": "hang"} for n in culprits)
-        if culprits:
-            found["hang"] = (*found["hang"][:3], _hang_detail(culprits, ends))
-    vanished = [n for n in range(nodes) if n not in ends and n not in tampered]
-    if vanished and ends:
-        bad.extend({"node": n, "why": "left no end record"} for n in vanished)
-        found.setdefault("node_failure", ("node_failure", None, {},
-                                          f"node(s) {', '.join(map(str, vanished))} left no end record: the host "
-                                          "crashed or was taken away"))
-    if "unusable" in node_events or "unusable" in observation.node_states:
-        found.setdefault("node_failure", ("node_failure", None, {}, "a node of the job became unusable"))
-    for cause in causes.PRECEDENCE:
-        if cause in found:
-            _, code, _, detail = found[cause]
-            return Verdict(cause, detail, code, _dedupe(bad), *steps)
-    if tampered:
-        return Verdict("unknown", f"the end record(s) of node(s) {', '.join(map(str, sorted(tampered)))} failed "
-                                  "verification (written by someone without the attempt's key): not evidence", None,
-                       _dedupe(bad), *steps)
-    crashed = [n for n, record in sorted(ends.items()) if _completed_then_crashed(record)]
-    if crashed and len(ends) == nodes and all(isinstance(r.get("completed"), Mapping) for r in ends.values()):
-        return Verdict("completed", f"every node completed its training; node(s) {', '.join(map(str, crashed))} then "
-                       "crashed at exit (" + ", ".join(f"exit {ends[n].get('exit_code')}" for n in crashed) + ")",
-                       0, (), *steps)
-    if not ends:
-        if observation.error_code in SERVICE_ERROR_CODES:
-            return Verdict("service_error", f"Azure ML: {error[:300]}", None, (), *steps)
-        if observation.error_code in ("UserError", "ValidationError"):
-            return Verdict("bad_input", f"Azure ML could not run the job: {error[:300]}", None, (), *steps)
-    return Verdict("unknown", f"Azure ML says {observation.status}" + (f": {error[:300]}" if error else
-                                                                        " and no node recorded a failure"),
-                   None, _dedupe(bad), *steps)
+    evidence = Evidence(observation, ends, nodes, node_events, tampered)
+    for rule in RULES:
+        verdict = rule(evidence)
+        if verdict is not None:
+            return verdict
+    error = evidence.error
+    return evidence.verdict(Why.UNKNOWN, f"Azure ML says {observation.status}" + (
+        f": {error[:300]}" if error else " and no node recorded a failure"),
+        bad_nodes=_dedupe(_node_findings(evidence)[1]))
 
 
 def _hang_culprits(ends: Mapping[int, Mapping[str, Any]]) -> list[int]:
@@ -195,10 +278,6 @@ def _steps(ends: Mapping[int, Mapping[str, Any]]) -> tuple[int | None, int | Non
         if first is not None or last is not None:
             return first, last
     return None, None
-
-
-def _rest(steps: tuple[int | None, int | None]) -> tuple:
-    return None, (), steps[0], steps[1]
 
 
 def _dedupe(bad: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:

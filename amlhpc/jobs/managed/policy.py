@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from amlhpc.jobs.recipes import causes
+from amlhpc.jobs.managed import causes
 
 MIN_REMAINING_SHARE = 0.1
 """An attempt after a restart is budgeted at least this share of the expected hours (it

@@ -39,6 +39,7 @@ from typing import Any
 
 from amlhpc.jobs.managed.policy import Policy
 from amlhpc.jobs.runtime.base import clock
+from amlhpc.jobs.runtime.blob.writes import holds
 
 SCHEMA = 2
 RECORD_BLOB = "supervision.json"
@@ -250,9 +251,13 @@ class RecordStore:
         from azure.core.exceptions import ResourceExistsError
 
         record.created_at = record.updated_at = iso(now_utc())
+        payload = json.dumps(record.to_json(), indent=1).encode()
         try:
-            return self.blob.upload_blob(json.dumps(record.to_json(), indent=1).encode(), overwrite=False)["etag"]
+            return self.blob.upload_blob(payload, overwrite=False)["etag"]
         except ResourceExistsError:
+            etag = holds(self.container, record_name(self.prefix), payload)  # our own write, its reply lost
+            if etag is not None:
+                return etag
             raise RecordConflict(f"{record_name(self.prefix)} exists already") from None
 
     def save(self, record: Record, etag: str) -> str:
@@ -261,15 +266,20 @@ class RecordStore:
         from azure.core.exceptions import HttpResponseError, ResourceModifiedError
 
         record.updated_at = iso(now_utc())
+        payload = json.dumps(record.to_json(), indent=1).encode()
         try:
-            return self.blob.upload_blob(json.dumps(record.to_json(), indent=1).encode(), overwrite=True, etag=etag,
+            return self.blob.upload_blob(payload, overwrite=True, etag=etag,
                                          match_condition=MatchConditions.IfNotModified, lease=self.lease)["etag"]
-        except ResourceModifiedError:
-            raise RecordConflict(f"{record_name(self.prefix)} was changed by another writer") from None
         except HttpResponseError as exc:
-            if exc.status_code in (409, 412):  # lease missing, lost or held by another
-                raise RecordConflict(f"{record_name(self.prefix)}: {exc.error_code or exc.reason}") from None
-            raise
+            if not isinstance(exc, ResourceModifiedError) and exc.status_code not in (409, 412):
+                raise
+            # A 412 after a reply that never came is our own write: the record holds exactly it.
+            written = holds(self.container, record_name(self.prefix), payload)
+            if written is not None:
+                return written
+            if isinstance(exc, ResourceModifiedError):
+                raise RecordConflict(f"{record_name(self.prefix)} was changed by another writer") from None
+            raise RecordConflict(f"{record_name(self.prefix)}: {exc.error_code or exc.reason}") from None  # the lease
 
     # the lease: one acting controller at a time, and the sign that one is alive
     def acquire(self, duration_s: int | None = None) -> bool:

@@ -27,14 +27,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core import atomic, invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.outputs import StackOutputs
-from amlhpc.jobs.managed import shrink
+from amlhpc.jobs.managed import causes, shrink
 from amlhpc.jobs.managed.policy import DEFAULT_TEMPLATE, Policy, Target
 from amlhpc.jobs.managed.record import iso, now_utc, record_name
 from amlhpc.jobs.managed.settings import MANAGED_JSON
 from amlhpc.jobs.plan import build
-from amlhpc.jobs.recipes import causes
 from amlhpc.jobs.recipes.schema import Recipe
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.workloads import env as workload_env
@@ -96,7 +96,7 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
                  resume: str | None = None, secret: str | None = None, allow_tcp: bool = False) -> ManagedPlan:
     """The controller's plan for a planned training job; UserError names what is missing.
     `secret`: the run's evidence secret when resuming (the earlier controller's), else new."""
-    reference = f"amlhpc/jobs/recipes/{recipe.name}.yaml"
+    reference = recipe.reference
     problems = []
     if contract.CHECKPOINT_JSON not in training.environment_variables:
         problems.append(Problem(reference, "checkpoint.enabled", "a managed run resumes from checkpoints, and the "
@@ -119,7 +119,7 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
         problems.append(Problem(f"stack {outputs.stack!r} outputs", f"registry.environments.{CONTROLLER_ENVIRONMENT}",
                                 "the stack registers no controller image (Azure ML must not build the controller's "
                                 "environment: prod reaches no package index)",
-                                f"build it (`python -m amlhpc.images build --stack {outputs.stack}`), then deploy the stack"))
+                                f"build it (`{invocation.command('images', 'build --stack ' + outputs.stack)}`), then deploy the stack"))
     unknown = [c for c in recipe.managed.fallback_clusters if c not in outputs.clusters]
     if unknown:
         problems.append(Problem(reference, "managed.fallback_clusters", f"{', '.join(unknown)}: not a cluster of stack "
@@ -299,15 +299,11 @@ def snapshot(mplan: ManagedPlan, root: Path = build.REPO_ROOT, dest_root: Path =
     digest = hashlib.sha256(base.name.encode() + b"\0" + json.dumps(templates, sort_keys=True).encode()).hexdigest()[:16]
     dest = dest_root / f"managed-{digest}"
     if not dest.is_dir():
-        tmp = dest_root / f".tmp-{secrets.token_hex(4)}"
-        shutil.copytree(base, tmp)
-        for path, text in templates.items():
-            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / path).write_text(text)
-        try:
-            tmp.rename(dest)
-        except OSError:  # made concurrently by another submit
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic.new_folder(dest) as tmp:  # a failed copy leaves no .tmp-* behind
+            shutil.copytree(base, tmp, dirs_exist_ok=True)
+            for path, text in templates.items():
+                (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / path).write_text(text)
     return dest
 
 

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from amlhpc.jobs.managed.observation import QUEUED, TERMINAL
 from amlhpc.jobs.managed.record import RecordStore, now_utc, parse_time
+from amlhpc.jobs.runtime.base import faultpoints
 
 REVIVE_EVERY_MIN = 10
 """Minutes between the schedule's firings (each takes a controller-cluster node for about a minute)."""
@@ -67,33 +68,54 @@ def controller_name(run: str) -> str:
     return f"{run}-c{secrets.token_hex(2)}"
 
 
-def revive(store: RecordStore, launcher: ControllerLauncher, run: str, echo: Callable[[str], None] = log.info,
-           now: Callable[[], datetime] = now_utc) -> str | None:
-    """One look at one run; the name of the controller started, or None."""
+def _alive(store: RecordStore, launcher: ControllerLauncher, run: str, echo: Callable[[str], None],
+           now: Callable[[], datetime], act: bool) -> bool:
+    """Whether a controller job of the run is starting or running (from a fresh listing of the
+    registered controllers). With `act`, one that hangs is canceled."""
     record, _ = store.load()
-    if record is None or record.done:
-        return None
-    if store.lease_held():
-        return None
     names = store.controller_jobs() or [run]
     seen: dict[str, datetime | None] = dict(store.controllers_registered())
-    seen.update({str(c.get("job")): parse_time(c.get("seen_at")) for c in record.controllers})
+    seen.update({str(c.get("job")): parse_time(c.get("seen_at")) for c in (record.controllers if record else [])})
     for name in names:
         status = launcher.status(name)
         if status is None or status in TERMINAL:
             continue
         if status in QUEUED or status in ("Preparing", "CancelRequested"):
             echo(f"run {run}: controller {name} is {status}: waiting for it")
-            return None
+            return True
         last = seen.get(name)
         if last is not None and (now() - last).total_seconds() < HUNG_AFTER_LEASES * store.lease_s:
-            return None  # between two renewals
+            return True  # between two renewals
+        if not act:
+            return True
         echo(f"run {run}: controller {name} is {status} but holds no lease and wrote nothing for "
              f"{HUNG_AFTER_LEASES} lease periods: canceling it")
         launcher.cancel(name)
+    return False
+
+
+def revive(store: RecordStore, launcher: ControllerLauncher, run: str, echo: Callable[[str], None] = log.info,
+           now: Callable[[], datetime] = now_utc) -> str | None:
+    """One look at one run; the name of the controller started, or None.
+
+    The controllers are listed again once the lease is held: two overlapping checks both saw
+    none alive, the first took the lease, started one and let the lease go; the second, taking
+    the lease after it, must see that one (the defect: it started a second controller, which held a
+    controller-cluster node for the whole run)."""
+    record, _ = store.load()
+    if record is None or record.done:
+        return None
+    if store.lease_held():
+        return None
+    if _alive(store, launcher, run, echo, now, act=True):
+        return None
+    faultpoints.reach("revive.listed", run=run)
     if not store.acquire(15):
         return None  # another firing, or a controller that just started, was faster
     try:
+        if _alive(store, launcher, run, echo, now, act=False):
+            return None  # another check started one between our look and our lease
+        names = store.controller_jobs() or [run]
         new = launcher.start(run, names[-1])
         store.add_controller(new, f"revived: no controller held the lease (after {names[-1]})")
         echo(f"run {run}: no controller holds its record's lease: started {new}")

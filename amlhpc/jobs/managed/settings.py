@@ -21,7 +21,7 @@ def settings_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     """The controller's settings; ValueError names what is missing or wrong."""
     text = environ.get(MANAGED_JSON, "").strip()
     if not text:
-        raise ValueError(f"{MANAGED_JSON} is not set: submit the run with `python -m amlhpc.jobs submit RECIPE --managed`")
+        raise ValueError(f"{MANAGED_JSON} is not set: submit the run with `jobs submit RECIPE --managed`")
     try:
         settings = json.loads(text)
     except json.JSONDecodeError as exc:

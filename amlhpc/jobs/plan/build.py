@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 import shlex
@@ -39,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from amlhpc.core import project, skus
+from amlhpc.core import atomic, invocation, project, skus
 from amlhpc.core.errors import Problem, ProblemCollector, UserError
 from amlhpc.core.outputs import StackOutputs
 from amlhpc.core.values import NumberError, check_number, check_run_name
@@ -53,7 +54,7 @@ from amlhpc.jobs.workloads import env as workload_env
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SNAPSHOT_ROOT = project.scratch() / "code-snapshots"
-TOPOLOGY_SOURCE = Path("amlhpc") / "amlhpc" / "images" / "common" / "nccl-topo"
+TOPOLOGY_SOURCE = Path("amlhpc") / "images" / "common" / "nccl-topo"
 """The topology files the images install; the snapshot carries the same files."""
 CHECKPOINT_INGRESS_SHARE = 0.9
 """Checkpoint writers together stay under 90 % of the account's ingress (the NDv4 performance article: 8 x 2300
@@ -99,12 +100,16 @@ class JobPlan:
     shm_size: str
     docker_args: str | None
     code_dirs: tuple[str, ...]
+    """What the snapshot holds: aml-hpc's folders by their package path (amlhpc/jobs/runtime),
+    kept at that path; the team's by their absolute path, whose contents go to the top."""
     tags: dict[str, str]
     timeout_s: int
     identity_client_id: str
     estimate: cost_mod.Estimate
     deepspeed: ds_mod.MemoryPlan | None = None
     warnings: list[str] = field(default_factory=list)
+    recipe_file: str = ""
+    """The recipe's file as messages name it (Recipe.reference)."""
 
     @property
     def world_size(self) -> int:
@@ -124,7 +129,7 @@ def pick_cluster(recipe: Recipe, outputs: StackOutputs, requested: str | None) -
     if wanted is not None:
         if wanted in outputs.clusters:
             return wanted
-        source = "--cluster" if requested else f"amlhpc/jobs/recipes/{recipe.name}.yaml: cluster"
+        source = "--cluster" if requested else f"{recipe.reference}: cluster"
         import difflib
 
         near = difflib.get_close_matches(wanted, names, n=1)
@@ -166,7 +171,7 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
              name: str | None = None, resume: str | None = None, extra_tags: dict[str, str] | None = None,
              now: datetime | None = None, root: Path = REPO_ROOT) -> JobPlan:
     """Plan the job; every bad input is collected and raised as one UserError."""
-    reference = f"amlhpc/jobs/recipes/{recipe.name}.yaml"
+    reference = recipe.reference
     found = ProblemCollector(reference, f"cannot build job {recipe.name!r} for stack {outputs.stack!r}")
     _check_caller_values(found, hours, resume)
     shape = _shape(recipe, outputs, cluster, nodes, processes_per_node, found)
@@ -206,6 +211,7 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
         shm_size=recipe.shm_size, docker_args=" ".join(f"-v {d}:{d}" for d in shared_dirs) or None,
         code_dirs=tuple(code_dirs), tags=tags, timeout_s=int(timeout_h * 3600),
         identity_client_id=outputs.identity.client_id, estimate=est, deepspeed=memory, warnings=warnings,
+        recipe_file=reference,
     )
 
 
@@ -350,7 +356,7 @@ def _environment(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector)
         found.add("environment.registered",
                   f"environment {ref.registered!r} is not registered in stack {outputs.stack!r} "
                   f"(registry.environments has: {', '.join(registered) or 'none'})",
-                  f"build and register the images (`make images STACK={outputs.stack}`, then `pulumi up`), "
+                  f"build and register the images (`{invocation.command('images', 'build --stack ' + outputs.stack)}`, then `{invocation.deploy('up', outputs.stack)}`), "
                   "or name an image directly: --set environment.registered=null --set environment.image=REGISTRY/REPO:TAG")
         return {}
     if ref.registered in outputs.registry.environment_ids:
@@ -405,15 +411,76 @@ def _check_image_fits(recipe: Recipe, sku: skus.Sku, found: ProblemCollector) ->
     return ""
 
 
+JOB_FOLDERS = ("outputs", "logs", "user_logs", "system_logs", "scratch")
+"""What a job writes into its working folder (Azure ML's outputs/ and logs, the rehearsal's
+scratch): code of the same name at the snapshot's top would mix with them."""
+_SKIPPED = {"__pycache__", ".git"}
+"""Never copied into a snapshot: bytecode and a repository's history."""
+RUNTIME_CODE = "amlhpc/jobs/runtime"
+"""The launcher every job runs (`python -m amlhpc.jobs.runtime.launch`): in every snapshot."""
+
+
 def _code_dirs(recipe: Recipe, root: Path, found: ProblemCollector) -> list[str]:
-    dirs = []
-    for i, rel in enumerate(recipe.code):
-        path = (root / rel).resolve()
-        if not path.is_dir() or root.resolve() not in (path, *path.parents):
-            found.add(f"code[{i}]", f"{rel!r} is not a folder of this repository", "list folders relative to the repository root")
+    """The recipe's `code:` folders, each found in the recipe file's folder, then the project,
+    then aml-hpc's package (`root`); absolute paths as given. aml-hpc's runtime is added when
+    the recipe does not list it: the job cannot start without it."""
+    recipe_dir = recipe.source.parent if recipe.source is not None else None
+    places = [p for p in (recipe_dir, project.root(), root) if p is not None]
+    package = (root / "amlhpc").resolve()
+    dirs: list[str] = []
+    for i, given in enumerate(recipe.code):
+        path = _find_folder(given, places)
+        if path is None:
+            looked = "it is not a folder" if Path(given).expanduser().is_absolute() else \
+                "looked in " + ", ".join(dict.fromkeys(_shown_folder(p) for p in places[:2])) + " and aml-hpc's package"
+            found.add(f"code[{i}]", f"{given!r} is not a folder ({looked})",
+                      "give a folder relative to the recipe file or the project (e.g. src), an absolute path, "
+                      "or one of aml-hpc's (amlhpc/jobs/workloads)")
             continue
-        dirs.append(rel.rstrip("/"))
+        entry = path.relative_to(root.resolve()).as_posix() if package in (path, *path.parents) else str(path)
+        if entry not in dirs:
+            dirs.append(entry)
+    if RUNTIME_CODE not in dirs:
+        dirs.insert(0, RUNTIME_CODE)
+    _check_code_layout(dirs, found)
     return dirs
+
+
+def _shown_folder(folder: Path) -> str:
+    """A folder as a message names it: relative to the current one when near, else absolute."""
+    relative = os.path.relpath(folder)
+    if relative == ".":
+        return "./"
+    return (relative if relative.split(os.sep).count("..") <= 2 else str(folder.resolve())) + "/"
+
+
+def _find_folder(given: str, places: list[Path]) -> Path | None:
+    path = Path(given).expanduser()
+    if path.is_absolute():
+        return path.resolve() if path.is_dir() else None
+    for place in places:
+        candidate = (place / path).resolve()
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def _check_code_layout(dirs: list[str], found: ProblemCollector) -> None:
+    """The team's folders share the snapshot's top level with each other and with `amlhpc/`
+    (and the NCCL topology folder): two files of the same name would silently overwrite."""
+    owners: dict[str, str] = {"amlhpc": "aml-hpc's runtime", SNAPSHOT_TOPO_DIR: "aml-hpc's NCCL topology files",
+                              **{name: "what the job writes there" for name in JOB_FOLDERS}}
+    for entry in dirs:
+        if not Path(entry).is_absolute():
+            continue
+        for child in sorted(Path(entry).iterdir()):
+            if child.name == "__pycache__":
+                continue
+            if child.name in owners:
+                found.add("code", f"{child} would land where {owners[child.name]} is in the job's code snapshot "
+                          f"(both are {child.name!r} at its top)", "rename one of them, or move it into a subfolder")
+            else:
+                owners[child.name] = str(child)
 
 
 def _inputs(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector):
@@ -425,7 +492,7 @@ def _inputs(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector):
     for name, spec in recipe.inputs.items():
         if not spec.path:
             found.add(f"inputs.{name}.path", f"input {name!r} has no path in the datasets container",
-                      f"pass --set inputs.{name}.path=FOLDER (upload it first: python -m amlhpc.jobs data upload DIR --stack {outputs.stack} --prefix FOLDER)")
+                      f"pass --set inputs.{name}.path=FOLDER (upload it first: {invocation.command('jobs', f'data upload DIR --stack {outputs.stack} --prefix FOLDER')})")
             continue
         prefix = spec.path.strip("/")
         if spec.mode == "stage":
@@ -464,6 +531,8 @@ def _services(recipe: Recipe) -> dict[str, dict[str, str]]:
     services: dict[str, dict[str, str]] = {}
     if recipe.services.tensorboard:
         services["tensorboard"] = {"type": "tensor_board", "log_dir": recipe.services.tensorboard.log_dir, "nodes": "all"}
+    if recipe.services.ssh:
+        services["ssh"] = {"type": "ssh", "ssh_public_keys": recipe.services.ssh.public_keys, "nodes": "all"}
     if recipe.services.jupyter_lab:
         services["jupyter_lab"] = {"type": "jupyter_lab", "nodes": "all"}
     if recipe.services.vs_code:
@@ -509,7 +578,9 @@ def _with_prepare(prepare: str, launch: str, timeout_s: int = PREPARE_TIMEOUT_S)
 
 def snapshot(code_dirs: tuple[str, ...] | list[str], root: Path = REPO_ROOT, dest_root: Path = SNAPSHOT_ROOT) -> Path:
     """Copy the code folders, the __init__.py of amlhpc and amlhpc/jobs, and the NCCL topology files into a
-    content-addressed folder; reuse it if present."""
+    content-addressed folder; reuse it if present. A folder of aml-hpc's (relative, under
+    `root`) keeps its package path; a team's (absolute) gives its contents to the top, as
+    Azure ML's `code:` makes a folder's contents the job's working folder."""
     files: list[tuple[str, Path]] = []
     for package in ("amlhpc", "amlhpc/jobs"):
         init = root / package / "__init__.py"
@@ -517,24 +588,24 @@ def snapshot(code_dirs: tuple[str, ...] | list[str], root: Path = REPO_ROOT, des
             files.append((f"{package}/__init__.py", init))
     for path in sorted((root / TOPOLOGY_SOURCE).glob("*.xml")):
         files.append((f"{SNAPSHOT_TOPO_DIR}/{path.name}", path))
-    for rel in code_dirs:
-        for path in sorted((root / rel).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and not path.name.endswith((".pyc", ".pyo")):
-                files.append((path.relative_to(root).as_posix(), path))
+    for entry in code_dirs:
+        team = Path(entry).is_absolute()
+        source = Path(entry) if team else root / entry
+        base = source if team else root
+        for path in sorted(source.rglob("*")):
+            if path.is_file() and not _SKIPPED.intersection(path.relative_to(base).parts) \
+                    and not path.name.endswith((".pyc", ".pyo")):
+                files.append((path.relative_to(base).as_posix(), path))
     digest = hashlib.sha256()
     for rel, path in sorted(files):
         digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
     dest = dest_root / digest.hexdigest()[:16]
     if not dest.is_dir():
-        tmp = dest_root / f".tmp-{secrets.token_hex(4)}"
-        for rel, path in files:
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-        try:
-            tmp.rename(dest)
-        except OSError:  # a concurrent build made the same snapshot first
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic.new_folder(dest) as tmp:  # a failed copy (a full disk) leaves no .tmp-* behind
+            for rel, path in files:
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
     return dest
 
 
@@ -559,6 +630,7 @@ def to_command_job(plan: JobPlan, code_path: str | Path):
         JobResourceConfiguration,
         JupyterLabJobService,
         ManagedIdentityConfiguration,
+        SshJobService,
         TensorBoardJobService,
         VsCodeJobService,
     )
@@ -570,7 +642,8 @@ def to_command_job(plan: JobPlan, code_path: str | Path):
     else:
         distribution = PyTorchDistribution(process_count_per_instance=plan.processes_per_node)
     environment = Environment(image=plan.environment["image"]) if "image" in plan.environment else plan.environment["reference"]
-    service_types = {"tensor_board": TensorBoardJobService, "jupyter_lab": JupyterLabJobService, "vs_code": VsCodeJobService}
+    service_types = {"tensor_board": TensorBoardJobService, "jupyter_lab": JupyterLabJobService, "vs_code": VsCodeJobService,
+                     "ssh": SshJobService}
     services = {}
     for key, spec in plan.services.items():
         kwargs = {k: v for k, v in spec.items() if k != "type"}

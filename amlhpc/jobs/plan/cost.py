@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from amlhpc.core import pricing, skus
+from amlhpc.core import invocation, pricing, skus
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.skus import Price
 
@@ -58,7 +58,7 @@ def price(sku_name: str, stack_prices: Mapping[str, Price] | None = None) -> Pri
         raise UserError([Problem("amlhpc/core/catalog/skus.toml", sku_name, "has no reference price",
                                  f"set one in the stack: pulumi config set --path 'aml-hpc:prices.{sku_name}' <usd-per-hour>, "
                                  "then deploy (or plan --offline) so the outputs carry it; or record Azure's list price "
-                                 f"in the catalog: python -m amlhpc.core.catalog refresh --size {sku_name}")],
+                                 f"in the catalog: {invocation.module('amlhpc.core.catalog', 'refresh --size ' + sku_name)}")],
                         "cannot estimate cost")
     return found
 

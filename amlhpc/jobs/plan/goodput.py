@@ -149,24 +149,55 @@ def upload_gbps(checkpoint: dict, nodes: int, processes_per_node: int) -> float:
     return min(rate, ingress)
 
 
+def finite(value: float) -> float | None:
+    """A figure as JSON carries it: None where it is infinite (no interruption, or no useful work)."""
+    return value if math.isfinite(value) else None
+
+
+def to_json(p: Plan, *, size_source: str) -> dict:
+    """`estimate --json`'s goodput: every figure finite or null (null: never, or unbounded)."""
+    i = p.inputs
+    return {"interruptionsPerHour": round(1 / p.mtbi_h, 9) if math.isfinite(p.mtbi_h) and p.mtbi_h > 0 else 0.0,
+            "meanHoursBetweenInterruptions": finite(p.mtbi_h),
+            "preemptionsPerNodeHour": i.preemptions_per_node_hour, "failuresPerGpuHour": i.failures_per_gpu_hour,
+            "checkpointGb": i.checkpoint_gb, "checkpointSizeSource": size_source, "checkpointWriteS": p.checkpoint_s,
+            "recoveryS": p.recovery_s, "intervalS": i.interval_s, "optimalIntervalS": finite(p.daly_s),
+            "youngIntervalS": finite(p.young_s), "goodput": p.goodput, "optimalGoodput": p.optimal_goodput,
+            "usefulHours": i.hours, "wallHours": finite(p.wall_hours), "expectedInterruptions": finite(p.interruptions),
+            "usdPerUsefulHour": finite(p.usd_per_useful_hour), "finishes": p.goodput > 0,
+            "farFromOptimum": p.far_from_optimum if math.isfinite(p.daly_s) else False}
+
+
+def _every(mtbi_h: float) -> str:
+    return f"1 every {mtbi_h:,.1f} h" if math.isfinite(mtbi_h) else "none expected"
+
+
 def describe(p: Plan, *, size_source: str, priority: str) -> list[str]:
-    """What `estimate` and `submit --managed --dry-run` print."""
+    """What `estimate` and `submit --managed --dry-run` print: every figure finite (a job that
+    does no useful work says so instead of printing infinities)."""
     i = p.inputs
     lines = [
-        f"interruptions: 1 every {p.mtbi_h:,.1f} h on {i.nodes} x {i.gpus_per_node} GPUs "
+        f"interruptions: {_every(p.mtbi_h)} on {i.nodes} x {i.gpus_per_node} GPUs "
         f"({i.failures_per_gpu_hour:.2e} per GPU-hour: {FAILURE_SOURCE})"
         + (f" + low-priority preemption {i.preemptions_per_node_hour:g} per node-hour (assumed)"
            if i.preemptions_per_node_hour else (" (no preemption: Dedicated)" if priority == "Dedicated" else
                                                 " (low-priority preemption rate not given: --preemption-rate)")),
         f"checkpoint: {i.checkpoint_gb:,.2f} GB ({size_source}); write {p.checkpoint_s:,.1f} s at {i.write_gbps:,.1f} Gb/s, "
         f"recovery {p.recovery_s:,.0f} s (restart {i.restart_s:,.0f} s assumed + restore at {i.restore_gbps:,.1f} Gb/s)",
-        f"checkpoint interval: recipe {i.interval_s:,.0f} s; least loss at {p.daly_s:,.0f} s (Daly; Young "
-        f"{p.young_s:,.0f} s)",
-        f"expected: {p.interruptions:,.2f} interruption(s) over {p.wall_hours:,.1f} h of wall time for {i.hours:g} useful "
-        f"hours; goodput {p.goodput:.1%} (at the optimum {p.optimal_goodput:.1%}); ${p.usd_per_useful_hour:,.2f} per "
-        "useful hour",
+        (f"checkpoint interval: recipe {i.interval_s:,.0f} s; least loss at {p.daly_s:,.0f} s (Daly; Young "
+         f"{p.young_s:,.0f} s)" if math.isfinite(p.daly_s) else
+         f"checkpoint interval: recipe {i.interval_s:,.0f} s; with no interruption expected, any interval loses nothing"),
     ]
-    if p.far_from_optimum:
+    if p.goodput <= 0:
+        lines.append(f"expected: no useful work - an interruption every {p.mtbi_h * 60:,.1f} min costs {p.recovery_s:,.0f} s "
+                     f"of recovery plus half of the {i.interval_s:,.0f} s interval, so the job never finishes its "
+                     f"{i.hours:g} useful hours (goodput 0%; at the optimum interval {p.optimal_goodput:.1%}); fix: "
+                     "check --preemption-rate/--failure-rate (per node-hour and per GPU-hour), use fewer nodes or Dedicated")
+        return lines
+    lines.append(f"expected: {p.interruptions:,.2f} interruption(s) over {p.wall_hours:,.1f} h of wall time for {i.hours:g} "
+                 f"useful hours; goodput {p.goodput:.1%} (at the optimum {p.optimal_goodput:.1%}); "
+                 f"${p.usd_per_useful_hour:,.2f} per useful hour")
+    if math.isfinite(p.daly_s) and p.far_from_optimum:
         lines.append(f"warning: the recipe's checkpoint interval ({i.interval_s:,.0f} s) is far from the optimum "
                      f"({p.daly_s:,.0f} s): set checkpoint.interval_s near it")
     return lines
@@ -196,3 +227,9 @@ def report(plan, recipe, outputs, **given) -> list[str]:
     """The goodput lines for a planned job."""
     inputs, source = inputs_for(plan, recipe, outputs, **given)
     return describe(make(inputs), size_source=source, priority=plan.priority)
+
+
+def document(plan, recipe, outputs, **given) -> dict:
+    """The goodput of a planned job as `estimate --json` gives it."""
+    inputs, source = inputs_for(plan, recipe, outputs, **given)
+    return to_json(make(inputs), size_source=source)

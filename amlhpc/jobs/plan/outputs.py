@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from amlhpc.core import project
+from amlhpc.core import invocation, project
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.outputs import REQUIRED_CONTAINERS, REQUIRED_DATASTORES, StackOutputs
 
@@ -41,25 +41,33 @@ class LoadedOutputs:
     """Where it came from, for messages: a file path or the command that produced it."""
 
 
+OFFLINE_HINT = "or use --offline (plan locally)"
+AZURE_ONLY_HINT = "or, for this project's rehearsals, add --local instead of --stack"
+
+
 def load(stack: str, *, outputs_file: str | Path | None = None, offline: bool = False,
-         root: Path = REPO_ROOT, runner=subprocess.run) -> LoadedOutputs:
-    """The validated outputs of `stack` from exactly one source (default: the deployed stack)."""
+         root: Path = REPO_ROOT, runner=subprocess.run, offline_allowed: bool = True) -> LoadedOutputs:
+    """The validated outputs of `stack` from exactly one source (default: the deployed stack).
+    `offline_allowed` False: the command asks Azure ML about the deployed stack (status, list,
+    logs...), so no fix suggests --offline, which it refuses."""
+    other = OFFLINE_HINT if offline_allowed else AZURE_ONLY_HINT
     if outputs_file is not None and offline:
         raise UserError([Problem("command line", "--outputs/--offline", "give at most one of --outputs FILE and --offline",
                                  "--offline plans the stack locally; --outputs reads a saved `pulumi stack output --json`")],
                         "conflicting options")
     if outputs_file is not None:
         reference = str(outputs_file)
-        document, source = _from_file(Path(outputs_file)), "file"
+        document, source = _from_file(Path(outputs_file), other), "file"
         refresh = f"regenerate it: pulumi stack output --json --stack {stack} > {outputs_file}"
     elif offline:
         reference = f"offline plan of Pulumi.{stack}.yaml"
         document, source = _from_offline(stack, root), "offline"
-        refresh = f"check Pulumi.{stack}.yaml with `python -m amlhpc.infra plan --stack {stack}`"
+        refresh = f"check Pulumi.{stack}.yaml with `{invocation.command('infra', 'plan --stack ' + stack)}`"
     else:
         reference = f"pulumi stack output --json --stack {stack}"
-        document, source = _from_pulumi(stack, runner), "deployed"
-        refresh = f"run `pulumi up --stack {stack}` so the stack exports it (or use --offline to plan without Azure)"
+        document, source = _from_pulumi(stack, runner, other), "deployed"
+        refresh = (f"run `pulumi up --stack {stack}` so the stack exports it"
+                   + (" (or use --offline to plan without Azure)" if offline_allowed else ""))
     outputs = validate(document, reference, refresh)
     if outputs.stack != stack:
         raise UserError([Problem(reference, "stack", f"these outputs are for stack {outputs.stack!r}, not {stack!r}",
@@ -96,10 +104,10 @@ def validate(document: Any, reference: str, refresh: str) -> StackOutputs:
     return outputs
 
 
-def _from_file(path: Path) -> Any:
+def _from_file(path: Path, other: str = OFFLINE_HINT) -> Any:
     if not path.is_file():
         raise UserError([Problem(str(path), "", "outputs file not found",
-                                 "save one with `pulumi stack output --json --stack S > FILE`, or use --offline")], "missing outputs file")
+                                 f"save one with `pulumi stack output --json --stack S > FILE`, {other}")], "missing outputs file")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -118,19 +126,19 @@ def _from_offline(stack: str, root: Path) -> Any:
         return offline_outputs(stack, root=root)
 
 
-def _from_pulumi(stack: str, runner) -> Any:
+def _from_pulumi(stack: str, runner, other: str = OFFLINE_HINT) -> Any:
     command = ["pulumi", "stack", "output", "--json", "--stack", stack]
     if shutil.which("pulumi") is None:
         raise UserError([Problem("pulumi CLI", "", "the pulumi command is not installed or not on PATH",
-                                 "install it (https://www.pulumi.com/docs/install/), or use --offline (plan locally) "
-                                 "or --outputs FILE (a saved `pulumi stack output --json`)")], "cannot read stack outputs")
+                                 "install it (https://www.pulumi.com/docs/install/), pass --outputs FILE (a saved "
+                                 f"`pulumi stack output --json`), {other}")], "cannot read stack outputs")
     result = runner(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         # stderr of `pulumi stack output` names the stack/backend problem; it holds no secrets
         detail = (result.stderr or result.stdout or "").strip().splitlines()
         raise UserError([Problem(" ".join(command), "", f"failed (exit {result.returncode}): {detail[-1] if detail else 'no output'}",
                                  "log in to the state backend (`pulumi login`), check the stack name (`pulumi stack ls`), "
-                                 "or use --offline")], "cannot read stack outputs")
+                                 f"{other}")], "cannot read stack outputs")
     try:
         return json.loads(result.stdout)
     except json.JSONDecodeError:

@@ -1,4 +1,9 @@
-"""Recipes: YAML files in this folder, loaded, overridden (`--set key=value`) and validated.
+"""Recipes: YAML files, loaded, overridden (`--set key=value`) and validated.
+
+A recipe is named or given by path. A name is looked up in the project's `recipes/` folder
+first (a team's own recipes, and its edited copies of aml-hpc's), then among the built-in
+recipes of this folder: a project recipe of the same name shadows the built-in one, and
+`jobs recipes` says so. A path (anything ending in .yaml or .yml) is read as given.
 
 `load(name_or_path, overrides)` returns a `Recipe` or raises one `UserError` listing every
 problem with the file, the dotted key, the bad value and the fix. Overrides are applied to
@@ -17,32 +22,56 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from amlhpc.core import project, yamlfile
 from amlhpc.core.errors import Problem, ProblemCollector, UserError
-from amlhpc.jobs.recipes.schema import Recipe
+from amlhpc.jobs.recipes.schema import Recipe, display_path
 
 RECIPES_DIR = Path(__file__).resolve().parent
+"""The built-in recipes."""
+PROJECT_RECIPES = "recipes"
+"""The folder of a project that holds its own recipes (`aml-hpc init` makes it)."""
 _STRING_MAPS = {"env", "tags"}
 _YAML11_WORDS = {"on", "off", "yes", "no", "y", "n"}
 
 
-def available() -> list[str]:
-    """Names of the shipped recipes."""
+def project_dir(root: Path | None = None) -> Path:
+    """The project's recipes folder (it may not exist)."""
+    return (project.root() if root is None else root) / PROJECT_RECIPES
+
+
+def builtin() -> list[str]:
+    """Names of the recipes that ship with aml-hpc."""
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
-def resolve(name_or_path: str) -> Path:
-    """The recipe file for a shipped name or a path to a YAML file."""
-    candidate = Path(name_or_path)
+def from_project(root: Path | None = None) -> list[str]:
+    """Names of the project's own recipes (recipes/*.yaml)."""
+    folder = project_dir(root)
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def available(root: Path | None = None) -> list[str]:
+    """Every recipe name a command accepts here: the project's and the built-in ones."""
+    return sorted(set(builtin()) | set(from_project(root)))
+
+
+def resolve(name_or_path: str, root: Path | None = None) -> Path:
+    """The recipe file for a name (the project's recipes/NAME.yaml, else the built-in one) or
+    a path to a YAML file."""
+    candidate = Path(name_or_path).expanduser()
     if candidate.suffix in (".yaml", ".yml"):
         if candidate.is_file():
             return candidate
         raise UserError([Problem(str(candidate), "", "recipe file not found",
-                                 f"check the path, or use a shipped recipe: {', '.join(available())}")], "unknown recipe")
-    path = RECIPES_DIR / f"{name_or_path}.yaml"
-    if path.is_file():
-        return path
-    near = difflib.get_close_matches(name_or_path, available(), n=2)
-    hint = (f"did you mean {' or '.join(near)}? " if near else "") + f"shipped recipes: {', '.join(available())}; or pass a path to a .yaml file"
+                                 f"check the path, or use a recipe by name: {', '.join(available(root))}")], "unknown recipe")
+    for folder in (project_dir(root), RECIPES_DIR):
+        path = folder / f"{name_or_path}.yaml"
+        if path.is_file():
+            return path
+    names = available(root)
+    near = difflib.get_close_matches(name_or_path, names, n=2)
+    hint = ((f"did you mean {' or '.join(near)}? " if near else "") + f"recipes here: {', '.join(names)} "
+            f"(the project's own in {display_path(project_dir(root))}/, then aml-hpc's); or pass a path to a .yaml file")
     raise UserError([Problem("recipe", name_or_path, f"unknown recipe {name_or_path!r}", hint)], "unknown recipe")
 
 
@@ -89,14 +118,11 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None, *, local: b
 
     local: apply the recipe's local profile (`local.overrides`) under the overrides."""
     path = resolve(name_or_path)
-    reference = _display(path)
+    reference = display_path(path)
     try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        raise UserError([Problem(reference, where, f"not valid YAML: {getattr(exc, 'problem', exc)}",
-                                 "fix the YAML syntax at that line")], "invalid recipe") from None
+        document = yamlfile.load(path.read_text()) or {}
+    except yaml.YAMLError as exc:  # bad syntax, or a key written twice (both lines named)
+        raise UserError([yamlfile.problem(exc, reference, "fix the YAML syntax at that line")], "invalid recipe") from None
     if not isinstance(document, dict):
         raise UserError([Problem(reference, "", "a recipe must be a YAML mapping", "see amlhpc/jobs/recipes/cosmoflow.yaml")], "invalid recipe")
     overrides = overrides or {}
@@ -111,6 +137,7 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None, *, local: b
         raise UserError(unknown_names + _problems(reference, exc, overrides, profile), f"invalid recipe {path.stem!r}") from None
     if unknown_names:
         raise UserError(unknown_names, f"invalid recipe {path.stem!r}")
+    recipe._source = path.resolve()
     return recipe
 
 
@@ -204,13 +231,6 @@ def _allowed_keys(parent: list[str]) -> list[str]:
             return []
         model = nested
     return sorted(model.model_fields)
-
-
-def _display(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(RECIPES_DIR.parents[2]))
-    except ValueError:
-        return str(path)
 
 
 def _deep_copy(value: Any) -> Any:

@@ -11,13 +11,15 @@ chosen for InfiniBand GPU clusters (see each field's docstring for why).
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from amlhpc.core.values import Hours, Usd, checked
-from amlhpc.jobs.recipes import causes
+from amlhpc.jobs.managed import causes
 
 SHM_SIZE_DEFAULT = "3100m"
 """Docker's /dev/shm for the job. Azure ML's default (2 GB) starves PyTorch data loader
@@ -32,6 +34,23 @@ _MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9_][A-Za-z0-9._-]*)+$")
 # container runtime and its credentials (a `-v /var/run/docker.sock:...` is root on the node).
 _SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run",
                 "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var")
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+"""The folder holding `amlhpc/` (a clone, or site-packages)."""
+
+
+def display_path(path: Path) -> str:
+    """A file as messages name it: inside aml-hpc's package by its package path
+    (amlhpc/jobs/recipes/cosmoflow.yaml), else relative to the current folder when below it
+    (./train.yaml, recipes/train.yaml), else absolute."""
+    path = path.resolve()
+    if (PACKAGE_ROOT / "amlhpc") in path.parents:
+        return path.relative_to(PACKAGE_ROOT).as_posix()
+    relative = os.path.relpath(path)
+    if relative.startswith(".."):
+        return str(path)
+    return relative if os.sep in relative else f".{os.sep}{relative}"
+
 
 Distribution = Literal["pytorch", "mpi", "tensorflow", "deepspeed"]
 Framework = Literal["pytorch", "tensorflow"]
@@ -116,10 +135,31 @@ class TensorBoardService(_Model):
     log_dir: str = "outputs/tensorboard"
 
 
+SSH_KEY_LINE = re.compile(r"^(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{20,}( .*)?$")
+
+
+class SshService(_Model):
+    """SSH into the job's containers (Azure ML's SshJobService): `jobs connect RUN` prints the
+    `az ml job connect-ssh` command that reaches a node through the workspace (no public IP)."""
+
+    public_keys: str
+    """OpenSSH public key line(s), one per line: who may connect (never a private key)."""
+
+    @field_validator("public_keys")
+    @classmethod
+    def _public_key_lines(cls, value: str) -> str:
+        lines = [line.strip() for line in value.splitlines() if line.strip()]
+        if not lines or "PRIVATE KEY" in value or not all(SSH_KEY_LINE.match(line) for line in lines):
+            raise ValueError("must be OpenSSH public key line(s) (the .pub file: ssh-ed25519 AAAA...), never a private key")
+        return "\n".join(lines)
+
+
 class Services(_Model):
-    """Interactive job services (Azure's large-scale training guide): each runs on every node when enabled."""
+    """Interactive job services (Azure's large-scale training guide): each runs on every node when enabled.
+    `jobs connect RUN` prints their endpoints while the job runs."""
 
     tensorboard: TensorBoardService | None = None
+    ssh: SshService | None = None
     jupyter_lab: bool = False
     vs_code: bool = False
 
@@ -177,7 +217,7 @@ class Managed(_Model):
     max_restarts: int = Field(3, ge=0, le=100)
     """Attempts after the first; --max-restarts wins."""
     retry_on: list[str | int] = Field(default_factory=lambda: list(causes.DEFAULT_RETRY_ON))
-    """Causes that are retried (see amlhpc/jobs/recipes/causes.py), and exit statuses of the training's own
+    """Causes that are retried (see amlhpc/jobs/managed/causes.py), and exit statuses of the training's own
     that mean "try again" (e.g. 75). Default: preempted, node_failure, service_error, health_gate,
     staging, hang, nccl_fallback."""
     backoff_s: int = Field(60, ge=0)
@@ -220,7 +260,7 @@ class Cost(_Model):
     """Wall-clock estimate used by `estimate` and by submit's ceiling check."""
     ceiling_usd: Usd | None = None
     """Submit refuses (unless --yes) when the estimate exceeds it."""
-    preemptions_per_node_hour: float | None = Field(None, ge=0)
+    preemptions_per_node_hour: Annotated[float | None, checked("per_node_hour")] = None
     """For goodput planning on a LowPriority cluster: the preemptions per node-hour you assume
     (Azure publishes none; `estimate --preemption-rate` wins)."""
 
@@ -323,7 +363,10 @@ class Recipe(_Model):
     name: str
     description: str = ""
     code: list[str] = Field(default_factory=lambda: ["amlhpc/jobs/runtime", "amlhpc/jobs/workloads"])
-    """Repository folders copied into the job's code snapshot (see docs/jobs.md)."""
+    """Folders copied into the job's code snapshot: the team's own (relative to the recipe
+    file's folder, else to the project; or absolute), whose contents become the job's working
+    folder as Azure ML's `code:` does, and aml-hpc's (`amlhpc/jobs/workloads`), kept at their
+    package path. aml-hpc's runtime always travels too (see docs/jobs.md)."""
     command: str
     """The training command; it runs under `python -m amlhpc.jobs.runtime.launch -- <command>`.
     May reference `${{inputs.<name>}}` for download/ro_mount inputs."""
@@ -366,6 +409,19 @@ class Recipe(_Model):
     plugin in the image and a SHARP-enabled fabric, so it is off unless asked for."""
     local: LocalProfile = LocalProfile()
     """The rehearsal profile (`python -m amlhpc.jobs run NAME --local`); ignored by submit."""
+    _source: Path | None = PrivateAttr(default=None)
+    """The file the recipe was read from (set by amlhpc.jobs.recipes.load)."""
+
+    @property
+    def source(self) -> Path | None:
+        """The recipe's file (absolute), or None for a recipe built in code."""
+        return self._source
+
+    @property
+    def reference(self) -> str:
+        """The recipe's file as error messages name it: aml-hpc's own by its package path, a
+        team's relative to the current folder (./train.yaml, recipes/train.yaml), else absolute."""
+        return display_path(self._source) if self._source is not None else f"recipe {self.name!r}"
 
     @field_validator("name")
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
+from amlhpc.core import atomic
 from amlhpc.jobs.report import figures, page, records
 
 REPORT_FILE = "report.html"
@@ -17,10 +18,8 @@ REPORT_FILE = "report.html"
 
 def write(folder: Path, out: Path | None = None, run: str | None = None, now: datetime | None = None) -> Path:
     """Read the run in `folder`, write its page (default `<folder>/report.html`), return its path."""
+    figures.require_matplotlib()
     found = records.read(folder, run)
     target = out or folder / REPORT_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(page.render(found, figures.all_plots(found), now))
-    tmp.replace(target)
-    return target
+    return atomic.write_text(target, page.render(found, figures.all_plots(found), now))

@@ -30,6 +30,22 @@ class Plot:
     """What was drawn, by series id: the points of each line (tests compare them with the records)."""
 
 
+def require_matplotlib() -> None:
+    """The report draws with matplotlib, an optional dependency (`aml-hpc[report]`): a UserError
+    naming the extra when it is not installed, before any record is read."""
+    import importlib.util
+
+    from amlhpc.core import invocation
+    from amlhpc.core.errors import Problem, UserError
+
+    if importlib.util.find_spec("matplotlib") is None:
+        fix = invocation.either("run `make bootstrap`: it installs the report extra",
+                                "install the report extra: `uv tool install 'aml-hpc[report]'` (or `pip install "
+                                "'aml-hpc[report]'` in the tool's environment)")
+        raise UserError([Problem("jobs report", "", "the run report draws its plots with matplotlib, which is not "
+                                 "installed", fix)], "matplotlib missing")
+
+
 def _pyplot():
     import matplotlib
 
@@ -67,20 +83,63 @@ def _own_ids(svg: str, key: str) -> str:
     return pattern.sub(lambda m: f"{m.group(1)}{key}-{m.group(2)}", svg)
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+"""A series keeps its colour in every attempt; each later attempt is drawn in the next style."""
+SPAN_COLOURS = ("#eaeef2", "#fff8c5")
+"""Attempts shaded on a time axis, alternating."""
+
+
+def _attempt_spans(r: RunRecords) -> list[tuple[int, float, float]]:
+    """(attempt, start, end) on the time axes (seconds from the first telemetry sample)."""
+    if r.time_origin is None:
+        return []
+    return [(a.number, a.started.timestamp() - r.time_origin, (a.ended or a.started).timestamp() - r.time_origin)
+            for a in r.attempts]
+
+
+def _mark_spans(ax, spans: list[tuple[int, float, float]]) -> None:
+    """Shade each attempt on a time axis and label it at the top."""
+    if len(spans) < 2:
+        return
+    for k, (number, start, end) in enumerate(spans):
+        ax.axvspan(start, end, color=SPAN_COLOURS[k % 2], alpha=0.7, zorder=0, linewidth=0)
+        ax.text(start, 1.0, f" attempt {number}", transform=ax.get_xaxis_transform(), va="bottom", ha="left",
+                fontsize=8, color="#57606a")
+
+
+def _mark_starts(ax, series: Sequence[Series]) -> None:
+    """A dashed line where each later attempt's steps begin on a step axis, labelled."""
+    seen: dict[int, float] = {}
+    for s in series:
+        for attempt, segment in zip(s.attempts, s.segments, strict=True):
+            if attempt is not None and segment and attempt > 1:
+                seen[attempt] = min(seen.get(attempt, segment[0][0]), segment[0][0])
+    for attempt, x in sorted(seen.items()):
+        ax.axvline(x, color="#8c959f", linestyle="--", linewidth=0.9, zorder=0)
+        ax.text(x, 1.0, f" attempt {attempt}", transform=ax.get_xaxis_transform(), va="bottom", ha="left",
+                fontsize=8, color="#57606a")
+
+
 def _lines(key: str, title: str, series: Sequence[Series], x_label: str, y_label: str, note: str = "",
-           markers: Sequence[Series] = ()) -> Plot:
+           markers: Sequence[Series] = (), spans: list[tuple[int, float, float]] | None = None) -> Plot:
+    """Lines of `series` (a gap between segments, never a line across it), `markers` as
+    circles; on a step axis (`spans` None) integer ticks and each attempt's first step
+    marked, on a time axis each attempt shaded."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
     drawn: dict[str, list[tuple[float, float]]] = {}
+    several = any(len({a for a in s.attempts if a is not None}) > 1 for s in (*series, *markers))
     for i, s in enumerate(series):
+        colour = PALETTE[i % len(PALETTE)]
         for j, segment in enumerate(s.segments):
             xs, ys = zip(*segment, strict=True) if segment else ((), ())
             gid = f"{key}-{i}-{j}"
-            # one colour per series; a series that starts again (a new attempt) in the next colours
-            colour = PALETTE[(i + j * len(series)) % len(PALETTE)]
-            label = s.label if len(s.segments) == 1 else f"{s.label}, attempt {j + 1}"
-            (line,) = ax.plot(xs, ys, color=colour, linewidth=1.6, marker="." if len(segment) < 40 else None,
-                              label=label)
+            attempt = s.attempts[j] if j < len(s.attempts) else None
+            style = LINESTYLES[((attempt or 1) - 1) % len(LINESTYLES)] if several else "-"
+            (line,) = ax.plot(xs, ys, color=colour, linewidth=1.6, linestyle=style,
+                              marker="." if len(segment) < 40 else None, label=s.label if j == 0 else None)
             line.set_gid(gid)
             drawn[gid] = list(segment)
     for i, s in enumerate(markers):
@@ -91,9 +150,14 @@ def _lines(key: str, title: str, series: Sequence[Series], x_label: str, y_label
                               label=s.label if j == 0 else None)
             line.set_gid(gid)
             drawn[gid] = list(segment)
+    if spans is None:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+        _mark_starts(ax, [*series, *markers])
+    else:
+        _mark_spans(ax, spans)
     ax.set_xlabel(x_label)
     ax.set_ylabel(y_label)
-    if len(series) + len(markers) > 1 or any(len(s.segments) > 1 for s in series):
+    if len(series) + len(markers) > 1:
         ax.legend(loc="best", frameon=False)
     return Plot(key, title, _svg(fig, key), note, drawn)
 
@@ -103,17 +167,32 @@ def _missing(key: str, title: str, why: str) -> Plot:
 
 
 def _restarts(series: Series | None) -> str:
+    """What the segments of a step series say about the run's attempts."""
     if series is None or len(series.segments) < 2:
         return ""
-    return (f" The steps go back {len(series.segments) - 1} time(s): each later segment is an attempt that started "
-            "again, from a checkpoint or from the beginning.")
+    attempts = sorted({a for a in series.attempts if a is not None})
+    back = sum(1 for a, b in zip(series.segments, series.segments[1:], strict=False) if a and b and b[0][0] <= a[-1][0])
+    text = ""
+    if len(attempts) > 1:
+        text += (f" {len(attempts)} attempts, each its own line (a dashed rule where each later one starts; no line "
+                 "joins them).")
+    if back:
+        text += (f" The steps go back {back} time(s): each later segment is an attempt that started again, from a "
+                 "checkpoint or from the beginning.")
+    return text
 
 
 def loss(r: RunRecords) -> Plot:
     if r.loss is None and r.epoch_loss is None:
         return _missing("loss", "Loss", "not recorded: no `loss` in rank 0's metric lines (std_log_process_0.txt)")
+    drawn = []
+    if r.loss is not None:
+        dotted = any(len(segment) < 40 for segment in r.loss.segments)
+        drawn.append("a line per step" + (" with a dot at each" if dotted else ""))
+    if r.epoch_loss is not None:
+        drawn.append("a circle for the mean of each epoch")
     return _lines("loss", "Loss", [r.loss] if r.loss else [], "step", "loss",
-                  "Rank 0's metric lines; dots per step, circles the mean of each epoch." + _restarts(r.loss),
+                  f"Rank 0's metric lines: {' and '.join(drawn)}." + _restarts(r.loss or r.epoch_loss),
                   markers=[r.epoch_loss] if r.epoch_loss else [])
 
 
@@ -122,14 +201,29 @@ def throughput(r: RunRecords) -> Plot:
         return _missing("throughput", "Throughput", "not recorded: no tokens_per_s, samples_per_s or throughput in the "
                         "metric lines")
     return _lines("throughput", "Throughput", [r.throughput], "step", r.throughput_unit,
-                  f"`{r.throughput.label}` from rank 0's metric lines (all ranks together).")
+                  f"`{r.throughput.label}` from rank 0's metric lines (all ranks together)." + _restarts(r.throughput))
 
 
 def mfu(r: RunRecords) -> Plot:
     if r.mfu is None:
         return _missing("mfu", "Model FLOPs utilisation", "not recorded: the training logs no `mfu` (a recipe that counts "
                         "its FLOPs against the catalog's peak logs it per step)")
-    return _lines("mfu", "Model FLOPs utilisation", [r.mfu], "step", "MFU %", "`mfu` from rank 0's metric lines.")
+    return _lines("mfu", "Model FLOPs utilisation", [r.mfu], "step", "MFU %",
+                  "`mfu` from rank 0's metric lines" + _denominator(r) + _restarts(r.mfu))
+
+
+def _denominator(r: RunRecords) -> str:
+    """What MFU is a fraction of: one peak for the run, or - in a run recorded before the peak
+    was kept across attempts - each attempt's own, which makes their MFU incomparable."""
+    peaks = {(round(p.tflops, 9), p.source) for p in r.peaks}
+    if not peaks:
+        return "."
+    if len({t for t, _ in peaks}) == 1:
+        tflops, source = next(iter(peaks))
+        return f", against one peak for the whole run: {tflops:,.4g} TFLOP/s ({source})."
+    shown = "; ".join(f"attempt {p.attempt}: {p.tflops:,.4g} TFLOP/s" for p in r.peaks)
+    return (f". Warning: the peak was measured again by a later attempt ({shown}), so MFU jumps where the attempts "
+            "meet without the training changing; compare step times instead (later runs keep one peak per run).")
 
 
 def step_time(r: RunRecords) -> Plot:
@@ -138,7 +232,7 @@ def step_time(r: RunRecords) -> Plot:
                         "rank")
     series = [r.step_times[node] for node in sorted(r.step_times)]
     return _lines("step-time", "Step time per node", series, "step", "seconds per step",
-                  "A node slower than the others holds every step back (a straggler).")
+                  "A node slower than the others holds every step back (a straggler)." + _restarts(series[0]))
 
 
 def _no_gpu(r: RunRecords) -> str:
@@ -149,10 +243,13 @@ def _no_gpu(r: RunRecords) -> str:
 def _device_plot(r: RunRecords, key: str, gpu: dict[str, Series], host: dict[str, Series], titles: tuple[str, str],
                  units: tuple[str, str], missing: str) -> Plot:
     """The GPUs' series where telemetry sampled any, else each node's host's, titled so."""
+    spans = _attempt_spans(r)
+    note = " Each attempt is shaded; a line stops where sampling stopped (between attempts)." if len(spans) > 1 else ""
     if gpu:
-        return _lines(key, titles[0], [gpu[k] for k in sorted(gpu)], "seconds", units[0])
+        return _lines(key, titles[0], [gpu[k] for k in sorted(gpu)], "seconds", units[0], note.strip(), spans=spans)
     if host:
-        return _lines(key, titles[1], [host[k] for k in sorted(host)], "seconds", units[1], _no_gpu(r))
+        return _lines(key, titles[1], [host[k] for k in sorted(host)], "seconds", units[1], _no_gpu(r) + note,
+                      spans=spans)
     return _missing(key, titles[0], f"not recorded: no node telemetry (telemetry*.jsonl) with {missing}")
 
 
@@ -167,30 +264,35 @@ def gpu_memory(r: RunRecords) -> Plot:
 
 
 def timeline(r: RunRecords) -> Plot:
-    """Each node's launcher phases, end to end, as horizontal bars."""
+    """Each node's launcher phases, end to end, as horizontal bars: a row per node of each attempt."""
     if not r.phases:
         return _missing("timeline", "Staging and launch timeline", "not recorded: no launcher report (launch-node*.json)")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.2, 0.6 + 0.45 * len(r.phases)))
     drawn: dict[str, list[tuple[float, float]]] = {}
     seen = set()
+    attempts = {p.attempt for p in r.phases}
+    several = len(attempts) > 1
     for row, node in enumerate(r.phases):
         start = 0.0
+        prefix = f"timeline-a{node.attempt}-n{node.node}" if several else f"timeline-n{node.node}"
         for phase, seconds in node.phases.items():
             colour = PHASE_COLOURS.get(phase, "#57606a")
             bars = ax.barh(row, seconds, left=start, height=0.6, color=colour,
                            label=phase if phase not in seen else None)
-            bars.patches[0].set_gid(f"timeline-n{node.node}-{phase}")
-            drawn[f"timeline-n{node.node}-{phase}"] = [(start, start + seconds)]
+            bars.patches[0].set_gid(f"{prefix}-{phase}")
+            drawn[f"{prefix}-{phase}"] = [(start, start + seconds)]
             seen.add(phase)
             start += seconds
-    ax.set_yticks(range(len(r.phases)), [f"node {p.node}" for p in r.phases])
+    labels = [f"attempt {p.attempt} · node {p.node}" if several else f"node {p.node}" for p in r.phases]
+    ax.set_yticks(range(len(r.phases)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("seconds from launch")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(r.phases) < 3 else -0.15), ncol=6, frameon=False)
+    every = f" A row per node of each of the {len(attempts)} attempts." if several else ""
     return Plot("timeline", "Staging and launch timeline", _svg(fig, "timeline"),
                 "Seconds per launcher phase from each node's report, laid end to end in the order the launcher runs "
-                "them (the report keeps durations, not start times).", drawn)
+                "them (the report keeps durations, not start times)." + every, drawn)
 
 
 def attempts(r: RunRecords) -> Plot:
@@ -204,7 +306,7 @@ def attempts(r: RunRecords) -> Plot:
     span_h = max(((a.ended or a.started) - origin).total_seconds() for a in r.attempts) / 3600
     unit, per_hour = ("hours", 1.0) if span_h >= 2 else ("minutes", 60.0)
     drawn: dict[str, list[tuple[float, float]]] = {}
-    total, steps = 0.0, [(0.0, 0.0)]
+    total, points = 0.0, []
     for a in r.attempts:
         start = (a.started - origin).total_seconds() / 3600 * per_hour
         end = ((a.ended or a.started) - origin).total_seconds() / 3600 * per_hour
@@ -212,19 +314,25 @@ def attempts(r: RunRecords) -> Plot:
         patch = bars.barh(0, max(end - start, 1e-6), left=start, height=0.6, color=colour).patches[0]
         patch.set_gid(f"attempts-bar-{a.number}")
         drawn[f"attempts-bar-{a.number}"] = [(start, end)]
+        bars.text(start, 0.42, f"{a.number}: {a.outcome}", va="bottom", ha="left", fontsize=8, color="#1f2328",
+                  clip_on=False)
         if a.usd is not None:
-            steps += [(end, total), (end, total + a.usd)]
+            # an attempt costs as it runs: the total rises through it and stays flat between attempts
+            points += [(start, total), (end, total + a.usd)]
             total += a.usd
     bars.set_yticks([])
+    bars.set_ylim(-0.5, 1.3)
     bars.set_ylabel("attempts")
-    if len(steps) > 1:
-        xs, ys = zip(*steps, strict=True)
+    if points:
+        xs, ys = zip(*points, strict=True)
         (line,) = cost.plot(xs, ys, color="#1f6feb", linewidth=1.8, drawstyle="default")
         line.set_gid("attempts-cost")
-        drawn["attempts-cost"] = steps
+        drawn["attempts-cost"] = points
     cost.set_ylabel("cumulative $")
     cost.set_xlabel(f"{unit} since the first attempt started")
-    note = f"Cost from {r.cost_basis}." if r.cost_basis else "No cost recorded for these attempts."
+    note = (f"Each attempt's bar, labelled with its number and outcome (green: succeeded); the cost below rises "
+            f"through each attempt and stays flat between them. Cost from {r.cost_basis}." if r.cost_basis else
+            "Each attempt's bar, labelled with its number and outcome. No cost recorded for these attempts.")
     return Plot("attempts", "Attempts and cost", _svg(fig, "attempts"), note, drawn)
 
 

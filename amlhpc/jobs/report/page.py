@@ -16,8 +16,11 @@ header{background:#0d1117;color:#f0f6fc;padding:20px 32px}
 header h1{margin:0 0 4px;font-size:22px}
 header p{margin:0;color:#9198a1}
 main{max-width:1120px;margin:0 auto;padding:24px 32px}
-.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:18px}
-section{background:#fff;border:1px solid #d1d9e0;border-radius:8px;padding:14px 16px}
+@media (max-width:600px){main{padding:16px 12px}header{padding:16px 12px}}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(480px,100%),1fr));gap:18px}
+.records{display:grid;grid-template-columns:minmax(0,1fr);gap:18px}
+section{background:#fff;border:1px solid #d1d9e0;border-radius:8px;padding:14px 16px;min-width:0}
+.scroll{overflow-x:auto;max-width:100%}
 section h2{font-size:15px;margin:0 0 8px}
 section svg{width:100%;height:auto}
 .note{color:#59636e;font-size:12.5px;margin:6px 0 0}
@@ -38,7 +41,7 @@ def _table(headers: list[str], rows: list[list[str]], numeric: set[int] | None =
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td{' class=n' if i in numeric else ''}>{escape(c)}</td>"
                                     for i, c in enumerate(row)) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
 
 
 def _section(plot: Plot) -> str:
@@ -69,18 +72,24 @@ def render(r: RunRecords, plots: list[Plot], now: datetime | None = None) -> str
               a.ended.strftime("%Y-%m-%d %H:%M:%S") if a.ended else "running", str(a.nodes), a.outcome,
               f"{a.usd:,.2f}" if a.usd is not None else "-"] for a in r.attempts], {0, 4, 6})))
     if r.staging:
-        facts.append(("staged data per node", _table(
-            ["node", "input", "files", "MB in", "MB out", "seconds", "MB/s out"],
-            [[str(s.node), s.input, str(s.files), f"{s.bytes_in / 1e6:,.1f}", f"{s.bytes_out / 1e6:,.1f}",
-              f"{s.seconds:,.2f}", f"{s.bytes_out / 1e6 / s.seconds:,.1f}" if s.seconds > 0 else "-"]
-             for s in r.staging], {0, 2, 3, 4, 5, 6})))
+        several = len({s.attempt for s in r.staging}) > 1
+        lead = ["attempt"] if several else []
+        facts.append(("staged data per node" + (" and attempt" if several else ""), _table(
+            [*lead, "node", "input", "files", "MB in", "MB out", "seconds", "MB/s out"],
+            [[*([str(s.attempt)] if several else []), str(s.node), s.input, str(s.files), f"{s.bytes_in / 1e6:,.1f}",
+              f"{s.bytes_out / 1e6:,.1f}", f"{s.seconds:,.2f}",
+              f"{s.bytes_out / 1e6 / s.seconds:,.1f}" if s.seconds > 0 else "-"]
+             for s in r.staging], {i + len(lead) for i in (0, 2, 3, 4, 5, 6)} | ({0} if several else set()))))
     if r.phases:
+        several = len({p.attempt for p in r.phases}) > 1
+        lead = ["attempt"] if several else []
         phases = list(dict.fromkeys(k for p in r.phases for k in p.phases))
-        facts.append(("launcher phases, seconds", _table(
-            ["node", "host", *phases, "exit"],
-            [[str(p.node), p.host, *(f"{p.phases[k]:,.2f}" if k in p.phases else "-" for k in phases),
+        facts.append(("launcher phases, seconds" + (", per attempt" if several else ""), _table(
+            [*lead, "node", "host", *(k.replace("_", " ") for k in phases), "exit"],
+            [[*([str(p.attempt)] if several else []), str(p.node), p.host,
+              *(f"{p.phases[k]:,.2f}" if k in p.phases else "-" for k in phases),
               str(p.exit_code) if p.exit_code is not None else "-"] for p in r.phases],
-            {0, *range(2, len(phases) + 3)})))
+            {i + len(lead) for i in (0, *range(2, len(phases) + 3))} | ({0} if several else set()))))
     recorded = sum(1 for p in plots if p.svg is not None)
     tables = "".join(f"<section><h2>{escape(title)}</h2>{html}</section>" for title, html in facts)
     problems = "".join(f"<li>{escape(p)}</li>" for p in r.problems)
@@ -92,7 +101,7 @@ def render(r: RunRecords, plots: list[Plot], now: datetime | None = None) -> str
 <p>aml-hpc run report: {recorded} of {len(plots)} plots recorded; written {now.strftime("%Y-%m-%d %H:%M UTC")}
 from {escape(str(r.folder))}</p></header>
 <main><div class="grid">{"".join(_section(p) for p in plots)}</div>
-<h2>Records</h2><div class="grid">{tables}</div>
+<h2>Records</h2><div class="records">{tables}</div>
 {f"<h2>Records that could not be read</h2><ul>{problems}</ul>" if problems else ""}
 </main><footer>Read from: {sources}. Plots show what the run recorded and nothing else. aml-hpc {__version__}.</footer>
 </body></html>

@@ -9,14 +9,19 @@ outputs and logs (`jobs report RUN --stack S`). Files are found by name anywhere
   lines `{"step": N, ...}` as amlhpc/jobs/workloads/common.py prints them on rank 0: `loss`,
   `epoch_loss`, throughput as `tokens_per_s`, `samples_per_s` or `throughput`, `mfu` (a
   fraction) or `mfu_percent`, and `step_time_s` (with `node`, or on any rank: per-node step
-  time). Lines where the step goes back start a new segment (an attempt resumed from a
-  checkpoint).
+  time); the workload's header line with `peak_tflops` and `peak_source` (MFU's
+  denominator). Each attempt of the run is a segment of its own: a rehearsal marks where an
+  attempt starts (`{"aml_hpc_attempt": ...}`, amlhpc/jobs/local/rehearsal.py), older logs by
+  the launcher's `starting:` line, a download of a managed run by the attempt's job folder;
+  a step that goes back starts a segment too.
 - `telemetry*.jsonl`: node samples `{"time": <unix s or ISO 8601>, "node": K, "gpus":
   [{"index": i, "util_percent": u, "memory_used_mib": m}], "host": {"cpu_busy_pct": c,
   "memory_used_gib": g}}` (utilisation and memory per GPU, and of the node's host; a node
   without GPUs has `"gpus": {"absent": why}`).
 - `launch-node<K>.json` (the launcher's report): seconds per phase; `staging-node<K>.json`:
-  files and bytes staged per input; `metrics.json`: the training's summary.
+  files and bytes staged per input; `metrics.json`: the training's summary. A rehearsal
+  keeps each attempt's under `attempts/<n>/node<K>/`; where those exist, they are read
+  instead of the nodes' own copies (the last attempt's).
 - `attempts.jsonl` (one line per rehearsal attempt) and `supervision.json` (a managed run's
   record): the attempts, their times and cost.
 """
@@ -40,14 +45,20 @@ _NODE_DIR = re.compile(r"^node(\d+)$")
 
 @dataclass
 class Series:
-    """One line of a plot: (x, y) points in segments (a new segment after a restart)."""
+    """One line of a plot: (x, y) points in segments - a new segment for each attempt, after
+    a step that goes back (a restart), or across a gap in time - each with its attempt."""
 
     label: str
     segments: list[list[tuple[float, float]]] = field(default_factory=list)
+    attempts: list[int | None] = field(default_factory=list)
+    """The attempt (1, 2, ...) of each segment; None where the records do not say."""
 
-    def add(self, x: float, y: float) -> None:
-        if not self.segments or (self.segments[-1] and x <= self.segments[-1][-1][0]):
+    def add(self, x: float, y: float, attempt: int | None = None, gap: float | None = None) -> None:
+        last = self.segments[-1][-1][0] if self.segments and self.segments[-1] else None
+        if (last is None or x <= last or (self.attempts and attempt != self.attempts[-1])
+                or (gap is not None and x - last > gap)):
             self.segments.append([])
+            self.attempts.append(attempt)
         self.segments[-1].append((float(x), float(y)))
 
     @property
@@ -63,6 +74,7 @@ class NodePhases:
     """Seconds per launcher phase, in LAUNCH_PHASES order."""
     exit_code: int | None
     source: str
+    attempt: int | None = None
 
 
 @dataclass
@@ -73,6 +85,16 @@ class Staged:
     bytes_in: int
     bytes_out: int
     seconds: float
+    attempt: int | None = None
+
+
+@dataclass(frozen=True)
+class Peak:
+    """MFU's denominator as an attempt's header line gave it."""
+
+    attempt: int | None
+    tflops: float
+    source: str
 
 
 @dataclass
@@ -103,6 +125,9 @@ class RunRecords:
     """Each node's host: CPU busy % and memory used (GiB), from the same samples."""
     gpus_absent: str = ""
     """Why a node's samples hold no GPU (the sampler's own words), when none does."""
+    time_origin: float | None = None
+    """Unix time of the first telemetry sample: 0 on the time axes."""
+    peaks: list[Peak] = field(default_factory=list)
     phases: list[NodePhases] = field(default_factory=list)
     staging: list[Staged] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
@@ -117,14 +142,39 @@ class RunRecords:
     def source(self, path: Path) -> None:
         self.sources.append(path.relative_to(self.folder).as_posix())
 
+    def attempt_at(self, when: float) -> int | None:
+        """The attempt running at unix time `when` (None: between attempts, or none recorded)."""
+        for a in self.attempts:
+            end = (a.ended or a.started).timestamp()
+            if a.started.timestamp() - 1 <= when <= end + 1:
+                return a.number
+        return None
+
+    def attempt_of(self, path: Path) -> int | None:
+        """The attempt a downloaded file belongs to: a folder named as an attempt's job
+        (`jobs report RUN --stack S` downloads each attempt into one), or `attempts/<n>/`."""
+        parts = path.relative_to(self.folder).parts
+        if len(parts) > 2 and parts[0] == ATTEMPT_REPORTS and parts[1].isdigit():
+            return int(parts[1])
+        names = {a.name: a.number for a in self.attempts}
+        return next((names[p] for p in parts if p in names), None)
+
+
+ATTEMPT_REPORTS = "attempts"
+"""The rehearsal's per-attempt copies of the launcher and staging reports (amlhpc/jobs/local/rehearsal.py)."""
+ATTEMPT_MARK = "aml_hpc_attempt"
+"""The line a rehearsal writes into each process log where an attempt starts (amlhpc/jobs/local/rehearsal.py)."""
+_LAUNCH_STARTING = re.compile(r"^\[launch rank \d+\] starting: ")
+"""The launcher's line as the attempt's training starts (an in-job restart says `starting (in-job restart N)`)."""
+
 
 def read(folder: Path, run: str | None = None) -> RunRecords:
     """Everything the folder records about the run."""
     records = RunRecords(run or folder.name, folder)
+    _attempts(records)
     _metrics(records)
     _telemetry(records)
     _launch_reports(records)
-    _attempts(records)
     summary = _first(folder, "metrics.json")
     if summary is not None:
         records.summary = _json(records, summary) or {}
@@ -153,60 +203,73 @@ def _node_of(path: Path, folder: Path) -> int | None:
     return None
 
 
-def _metric_lines(path: Path):
+def _log_lines(path: Path, attempt_of_file: int | None):
+    """(attempt, JSON object) of every JSON line of a process log; the attempt counts the
+    rehearsal's attempt marks, else the launcher's `starting:` lines, else is the file's own."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return
-    for line in text.splitlines():
+    lines = text.splitlines()
+    marked = any(ATTEMPT_MARK in line for line in lines)
+    attempt = attempt_of_file
+    counted = 0
+    for line in lines:
         line = line.strip()
+        if attempt_of_file is None and (ATTEMPT_MARK in line if marked else _LAUNCH_STARTING.match(line)):
+            counted += 1
+            attempt = counted
         if not (line.startswith("{") and line.endswith("}")):
             continue
         try:
             value = json.loads(line)
         except ValueError:
             continue
-        if isinstance(value, dict) and isinstance(value.get("step"), int):
-            yield value
+        if isinstance(value, dict):
+            yield (attempt if attempt is not None or attempt_of_file is not None else 1), value
 
 
 def _metrics(records: RunRecords) -> None:
-    logs = sorted((int(m.group(1)), p) for p in records.folder.rglob("std_log_process_*.txt")
-                  if (m := _LOG.search(p.name)))
-    for rank, path in logs:
+    logs = sorted(((int(m.group(1)), records.attempt_of(p) or 0, p) for p in records.folder.rglob("std_log_process_*.txt")
+                   if (m := _LOG.search(p.name))), key=lambda item: (item[0], item[1], item[2]))
+    for rank, attempt_of_file, path in logs:
         read_any = False
-        for line in _metric_lines(path):
+        for attempt, line in _log_lines(path, attempt_of_file or None):
+            if rank == 0 and isinstance(line.get("peak_tflops"), int | float) and "step" not in line:
+                records.peaks.append(Peak(attempt, float(line["peak_tflops"]), str(line.get("peak_source") or "")))
+            if not isinstance(line.get("step"), int):
+                continue
             read_any = True
             step = line["step"]
             if rank == 0:
-                _rank0_line(records, step, line)
+                _rank0_line(records, step, line, attempt)
             step_time = line.get("step_time_s")
             if isinstance(step_time, int | float):
                 node = line.get("node", _node_of(path, records.folder) if rank else 0)
                 node = int(node) if isinstance(node, int) else rank
-                records.step_times.setdefault(node, Series(f"node {node}")).add(step, step_time)
+                records.step_times.setdefault(node, Series(f"node {node}")).add(step, step_time, attempt)
         if read_any:
             records.source(path)
 
 
-def _rank0_line(records: RunRecords, step: int, line: dict[str, Any]) -> None:
+def _rank0_line(records: RunRecords, step: int, line: dict[str, Any], attempt: int | None) -> None:
     if isinstance(line.get("loss"), int | float):
         records.loss = records.loss or Series("loss per step")
-        records.loss.add(step, line["loss"])
+        records.loss.add(step, line["loss"], attempt)
     if isinstance(line.get("epoch_loss"), int | float):
         records.epoch_loss = records.epoch_loss or Series("mean loss per epoch")
-        records.epoch_loss.add(step, line["epoch_loss"])
+        records.epoch_loss.add(step, line["epoch_loss"], attempt)
     for key, unit in THROUGHPUT_KEYS:
         if isinstance(line.get(key), int | float):
             records.throughput = records.throughput or Series(key)
             records.throughput_unit = records.throughput_unit or unit
             if records.throughput.label == key:
-                records.throughput.add(step, line[key])
+                records.throughput.add(step, line[key], attempt)
             break
     mfu = line.get("mfu_percent", line["mfu"] * 100 if isinstance(line.get("mfu"), int | float) else None)
     if isinstance(mfu, int | float):
         records.mfu = records.mfu or Series("MFU %")
-        records.mfu.add(step, mfu)
+        records.mfu.add(step, mfu, attempt)
 
 
 def _when(value: Any) -> float | None:
@@ -248,34 +311,55 @@ def _telemetry(records: RunRecords) -> None:
             records.source(path)
     if samples or hosts:
         start = min(s[0] for s in samples + hosts)
-        _gpu_series(records, samples, start)
-        _host_series(records, hosts, start)
+        records.time_origin = start
+        gap = _gap([s[0] for s in samples + hosts])
+        _gpu_series(records, samples, start, gap)
+        _host_series(records, hosts, start, gap)
 
 
-def _gpu_series(records: RunRecords, samples: list, start: float) -> None:
+def _gap(times: list[float]) -> float:
+    """Seconds between samples beyond which a line stops: the sampling interval, several times
+    over (a run between attempts, a sampler that stopped), at least 10 s."""
+    ordered = sorted(set(times))
+    steps = sorted(b - a for a, b in zip(ordered, ordered[1:], strict=False))
+    typical = steps[len(steps) // 2] if steps else 0.0
+    return max(10.0, 5 * typical)
+
+
+def _gpu_series(records: RunRecords, samples: list, start: float, gap: float) -> None:
     for when, node, gpu in sorted(samples, key=lambda s: s[0]):
         label = f"node {node} gpu {gpu.get('index', '?')}"
         util = gpu.get("util_percent", gpu.get("utilization_percent"))
         memory = gpu.get("memory_used_mib")
         if memory is None and isinstance(gpu.get("memory_used_bytes"), int | float):
             memory = gpu["memory_used_bytes"] / 2**20
+        attempt = records.attempt_at(when)
         if isinstance(util, int | float):
-            records.gpu_util.setdefault(label, Series(label)).add(when - start, util)
+            records.gpu_util.setdefault(label, Series(label)).add(when - start, util, attempt, gap)
         if isinstance(memory, int | float):
-            records.gpu_memory.setdefault(label, Series(label)).add(when - start, memory / 1024)
+            records.gpu_memory.setdefault(label, Series(label)).add(when - start, memory / 1024, attempt, gap)
 
 
-def _host_series(records: RunRecords, hosts: list, start: float) -> None:
+def _host_series(records: RunRecords, hosts: list, start: float, gap: float) -> None:
     for when, node, host in sorted(hosts, key=lambda s: s[0]):
         label = f"node {node}"
+        attempt = records.attempt_at(when)
         if isinstance(host.get("cpu_busy_pct"), int | float):  # absent from a node's first sample
-            records.host_cpu.setdefault(label, Series(label)).add(when - start, host["cpu_busy_pct"])
+            records.host_cpu.setdefault(label, Series(label)).add(when - start, host["cpu_busy_pct"], attempt, gap)
         if isinstance(host.get("memory_used_gib"), int | float):
-            records.host_memory.setdefault(label, Series(label)).add(when - start, host["memory_used_gib"])
+            records.host_memory.setdefault(label, Series(label)).add(when - start, host["memory_used_gib"], attempt, gap)
+
+
+def _reports(records: RunRecords, pattern: str) -> list[Path]:
+    """The reports named `pattern`: each attempt's kept copies where a rehearsal kept them
+    (the nodes' own copies are the last attempt's again), else every one."""
+    found = sorted(records.folder.rglob(pattern))
+    kept = [p for p in found if p.relative_to(records.folder).parts[0] == ATTEMPT_REPORTS]
+    return kept or found
 
 
 def _launch_reports(records: RunRecords) -> None:
-    for path in sorted(records.folder.rglob("launch-node*.json")):
+    for path in _reports(records, "launch-node*.json"):
         doc = _json(records, path)
         if not isinstance(doc, dict):
             continue
@@ -284,8 +368,8 @@ def _launch_reports(records: RunRecords) -> None:
         ordered |= {k: float(v) for k, v in phases.items() if k not in ordered and isinstance(v, int | float)}
         records.phases.append(NodePhases(int(doc.get("node", _node_of(path, records.folder) or 0)),
                                          str(doc.get("host", "")), ordered, doc.get("exit_code"),
-                                         path.relative_to(records.folder).as_posix()))
-    for path in sorted(records.folder.rglob("staging-node*.json")):
+                                         path.relative_to(records.folder).as_posix(), records.attempt_of(path)))
+    for path in _reports(records, "staging-node*.json"):
         doc = _json(records, path)
         if not isinstance(doc, dict):
             continue
@@ -293,9 +377,9 @@ def _launch_reports(records: RunRecords) -> None:
         for item in doc.get("inputs") or []:
             records.staging.append(Staged(node, str(item.get("name", "?")), int(item.get("files_node") or 0),
                                           int(item.get("bytes_in") or 0), int(item.get("bytes_out") or 0),
-                                          float(item.get("seconds") or 0.0)))
-    records.phases.sort(key=lambda p: p.node)
-    records.staging.sort(key=lambda s: (s.node, s.input))
+                                          float(item.get("seconds") or 0.0), records.attempt_of(path)))
+    records.phases.sort(key=lambda p: (p.attempt or 0, p.node))
+    records.staging.sort(key=lambda s: (s.attempt or 0, s.node, s.input))
 
 
 def _time(text: Any) -> datetime | None:
@@ -321,7 +405,9 @@ def _attempts(records: RunRecords) -> None:
         hours = (ended - started).total_seconds() / 3600 if ended else 0.0
         usd = nodes * hours * price if isinstance(price, int | float) else None
         codes = [int(c) for c in (line.get("exit_codes") or {}).values()]
-        outcome = "succeeded" if codes and all(c == 0 for c in codes) else \
+        canceled = line.get("canceled") if isinstance(line.get("canceled"), dict) else None
+        outcome = f"canceled (by {canceled.get('by') or 'a user'})" if canceled else \
+            "succeeded" if codes and all(c == 0 for c in codes) else \
             f"failed (status {next(c for c in codes if c != 0)})" if codes else "?"
         records.attempts.append(Attempt(i, str(line.get("run_id", f"attempt {i}")), started, ended, nodes, usd, outcome))
         if isinstance(price, int | float):

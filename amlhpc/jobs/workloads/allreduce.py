@@ -4,9 +4,12 @@ measurement, the NDv4 performance article, in torch.distributed): NCCL on GPUs, 
     python -m amlhpc.jobs.workloads.allreduce --min-bytes 8 --max-bytes 8G --factor 2 --report FILE
 
 For each size: algbw = bytes / time, busbw = algbw x 2(n-1)/n (NVIDIA nccl-tests' bus bandwidth). The largest
-size's bus bandwidth is judged against the SKU's marks from AMLHPC_SKU_JSON (multi-node
-expected / warn / fail, or the single-node minimum), unless --no-judge (the recipe's local
-rehearsal on CPU, where a GPU's marks mean nothing). Exit 0 pass, warn or not judged, 1 fail.
+size's bus bandwidth is judged against the SKU's marks from AMLHPC_SKU_JSON (the multi-node
+band for what the all-reduce crosses and for SHARP on or off, amlhpc/jobs/runtime/node/multinode.py,
+or the single-node minimum), unless --no-judge (the recipe's local rehearsal on CPU, where a
+GPU's marks mean nothing). This sweep does not read the nodes' NVLink domains: on a size with
+a multi-node NVLink domain it judges against the band across InfiniBand, the lower one. Exit 0
+pass, warn or not judged, 1 fail.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import time
 from pathlib import Path
 
 from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.node.multinode import choose_band, job_topology, sharp_on
+from amlhpc.jobs.runtime.node.skufacts import SkuFacts, parse_sku_facts
 from amlhpc.jobs.workloads import common
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -44,15 +49,16 @@ def bus_bandwidth(algbw: float, world: int) -> float:
     return algbw * 2 * (world - 1) / world if world > 1 else 0.0
 
 
-def judge(busbw_gbytes: float, sku: dict | None, nodes: int) -> tuple[str, str]:
+def judge(busbw_gbytes: float, sku: SkuFacts | None, nodes: int, sharp: bool = False) -> tuple[str, str]:
     """pass / warn / fail / unknown against the catalog's published figures."""
-    health = (sku or {}).get("health") or {}
-    multi = health.get("nccl_multinode_busbw_gbytes_per_s")
-    if nodes > 1 and multi:
-        expected, warn, fail = multi
+    if sku is not None and nodes > 1:
+        band, why = choose_band(sku.health.multinode, job_topology(sku, [None] * nodes, nodes), sharp)
+        if band is None:
+            return "unknown", f"{busbw_gbytes:.1f} GB/s ({why})"
+        expected, warn, fail = band.busbw_gbytes_per_s
         verdict = "fail" if busbw_gbytes < fail else "warn" if busbw_gbytes < warn else "pass"
-        return verdict, f"{busbw_gbytes:.1f} GB/s vs expected {expected}, warn < {warn}, fail < {fail}"
-    single = health.get("nccl_allreduce_busbw_gbytes_per_s_min")
+        return verdict, f"{busbw_gbytes:.1f} GB/s vs expected {expected}, warn < {warn}, fail < {fail} ({why})"
+    single = sku.health.nccl_allreduce_busbw_gbytes_per_s_min if sku else None
     if nodes == 1 and single:
         return ("pass" if busbw_gbytes >= single else "fail"), f"{busbw_gbytes:.1f} GB/s vs >= {single} (one node)"
     return "unknown", f"{busbw_gbytes:.1f} GB/s (no published mark for this size and node count)"
@@ -96,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         if d.is_main:
             print(f"{rows[-1]['bytes']:>12} B {rows[-1]['time_us']:>12.1f} us  algbw {algbw:8.2f} GB/s  "
                   f"busbw {rows[-1]['busbw_gbytes_per_s']:8.2f} GB/s", flush=True)
-    sku = json.loads(os.environ[contract.SKU_JSON]) if os.environ.get(contract.SKU_JSON) else None
+    sku = parse_sku_facts(os.environ[contract.SKU_JSON]) if os.environ.get(contract.SKU_JSON) else None
     if args.judge:
-        verdict, detail = judge(rows[-1]["busbw_gbytes_per_s"], sku, nodes)
+        verdict, detail = judge(rows[-1]["busbw_gbytes_per_s"], sku, nodes, sharp_on(os.environ))
     else:
         verdict, detail = "not judged", f"{rows[-1]['busbw_gbytes_per_s']:.2f} GB/s (--no-judge: the SKU's marks are not applied)"
     if d.is_main:

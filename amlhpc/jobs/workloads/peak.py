@@ -8,7 +8,11 @@ activation recomputation does not count). The peak comes from:
   (dense tensor-core TFLOP/s per GPU, without sparsity; amlhpc/core/catalog/skus.toml with its
   source); where the catalog has no figure for that dtype, MFU is not reported;
 - a measurement, on a CPU rehearsal: the best of a few fp32 GEMMs on this process's threads,
-  so the figure says "of what a GEMM reaches here", and says so (`Peak.source`).
+  so the figure says "of what a GEMM reaches here", and says so (`Peak.source`). It is
+  measured once per run: the checkpoint carries it (`to_extra`), and an attempt that resumes
+  uses the recorded figure (`kept`), so every attempt's MFU has the same denominator - a
+  GEMM timed again on a busier machine would make MFU jump at each resume while the step
+  time says nothing changed.
 
 A model's FLOPs are counted by PyTorch's own counter (torch.utils.flop_counter) over one
 forward and backward on the meta device: shapes only, nothing is computed or allocated.
@@ -53,6 +57,22 @@ def measured_cpu_peak(size: int = 384, repeats: int = 12) -> Peak:
         best = min(best, time.perf_counter() - started)
     return Peak(2.0 * size**3 / best / 1e12,
                 f"measured: best fp32 {size}^3 GEMM on {torch.get_num_threads()} CPU thread(s) of this process")
+
+
+KEPT = "; measured when the run started, kept for every attempt (the checkpoint carries it)"
+
+
+def to_extra(peak: Peak | None) -> dict:
+    """The peak as a checkpoint's `extra` carries it (resume.TrainState.extra)."""
+    return {"peak": {"tflops": peak.tflops, "source": peak.source.removesuffix(KEPT)}} if peak is not None else {}
+
+
+def kept(measure, resumed_extra: dict) -> Peak:
+    """The run's measured peak: the one the checkpoint recorded when resuming, else `measure()`."""
+    recorded = resumed_extra.get("peak") if isinstance(resumed_extra, dict) else None
+    if isinstance(recorded, dict) and isinstance(recorded.get("tflops"), int | float) and recorded["tflops"] > 0:
+        return Peak(float(recorded["tflops"]), str(recorded.get("source") or "measured") + KEPT)
+    return measure()
 
 
 def train_flops(model: torch.nn.Module, example: torch.Tensor) -> float:

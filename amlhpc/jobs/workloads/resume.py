@@ -291,7 +291,7 @@ def _record(writer, step: int) -> None:
 def finish_checkpoints() -> None:
     """Wait until the last checkpoint is written (call before a normal exit)."""
     if _checkpointer is not None:
-        _checkpointer.wait()
+        _checkpointer.close()
 
 
 def resume_version() -> Path | None:

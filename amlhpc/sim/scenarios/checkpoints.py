@@ -2,8 +2,9 @@
 
 - `checkpoint-commit`: every node of a job saves versioned checkpoints into its node-local
   tier (amlhpc.jobs.runtime.checkpoint.tier, markers and all) in step, each a little late or
-  early (a synchronous training: no step completes while a node is frozen); each node's VersionUploader (node 0 leads, the others follow) runs its rounds on
-  virtual time, as its `_loop` would. Faults drawn from the seed: lost replies and lost
+  early (a synchronous training: no step completes while a node is frozen); each node's
+  VersionUploader (node 0 leads, the others follow, the books of a commit on the job's store
+  that node 0 hosts, amlhpc.sim.store) runs its rounds on virtual time, as its `_loop` would. Faults drawn from the seed: lost replies and lost
   requests on every write of the commit path (pending records, parts, the manifest, the
   `latest` pointer), 503 storms on the pointer, slow requests, a node partitioned from
   storage, frozen or killed at a checkpoint fault point (then only the safety invariants apply).
@@ -32,6 +33,8 @@ from amlhpc.jobs.runtime.checkpoint import tier
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore
 from amlhpc.jobs.runtime.checkpoint.uploader import FolderUploader, VersionUploader
+from amlhpc.jobs.runtime.coord.agree import Channel
+from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 from amlhpc.sim.faults import FaultPlan, PointFault, RequestFault
 from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.world import ACCOUNT, World
@@ -170,11 +173,14 @@ class CheckpointCommit(Scenario):
         self._holders: dict[int, set[int]] = {}
         self.uploaders: list[VersionUploader] = []
         self.trainers: list = []
-        for k in range(nodes):
-            node = world.node(f"node-{k}")
+        hosts = [world.node(f"node-{k}") for k in range(nodes)]
+        self.jobstore = world.jobstore(hosts[0])
+        for k, node in enumerate(hosts):
             checkpoint_dir = root / node.name
             store = CheckpointStore(world.container(CONTAINER), stream, node=k, workers=2, blocks_in_flight=2)
-            uploader = VersionUploader(store, checkpoint_dir, [k], k, nodes, s["interval_s"], s["keep"], local_keep=2)
+            channel = Channel(self.jobstore.client(), node=k, nodes=nodes, rng=random.Random(f"{world.seed}:{k}"))
+            uploader = VersionUploader(store, checkpoint_dir, [k], k, nodes, s["interval_s"], s["keep"], local_keep=2,
+                                       channel=channel.scoped("ckpt", "u0"))
             self.uploaders.append(uploader)
             self.trainers.append(world.spawn(f"train-{k}", self._trainer(world, checkpoint_dir, k, nodes), node=node))
             world.spawn(f"upload-{k}", self._uploader(world, uploader), node=node)
@@ -201,14 +207,20 @@ class CheckpointCommit(Scenario):
     @staticmethod
     def _uploader(world: World, uploader: VersionUploader):
         def loop() -> None:
+            # VersionUploader.start and _loop, with the loop's wait on virtual time.
             uploader.store.take_over()
-            next_lead = world.now + uploader.interval_s
-            while True:
-                world.sim.sleep(uploader.poll_s)
-                due = world.now >= next_lead
-                if due:
-                    next_lead = world.now + uploader.interval_s
-                uploader._step(due)
+            try:
+                if uploader.node == 0:
+                    uploader._announce(lead=None, committed=None)
+                next_lead = world.now + uploader.interval_s
+                while True:
+                    world.sim.sleep(uploader.poll_s)
+                    due = world.now >= next_lead
+                    if due:
+                        next_lead = world.now + uploader.interval_s
+                    uploader._step(due)
+            except StoreLost as exc:
+                uploader.errors.append(str(exc))
         return loop
 
     def finish(self, world: World) -> None:

@@ -7,7 +7,9 @@
 #   NVIDIA  perftest with CUDA (ib_write_bw --use_cuda: GPUDirect RDMA; the distributions'
 #           perftest lacks it), nccl-tests (all_reduce_perf, MPI=1 on the base's HPC-X),
 #           nvbandwidth, DCGM (dcgmi, and ubergemm for the GEMM check) from NVIDIA's CUDA repository
-#   AMD     perftest with ROCm (--use_rocm), rccl-tests (all_reduce_perf for RCCL)
+#   AMD     perftest with ROCm (--use_rocm), rccl-tests (all_reduce_perf for RCCL, MPI=1) from
+#           ROCm/rocm-systems projects/rccl-tests (AMD moved it there from ROCm/rccl-tests in 2026)
+#   both    numactl (the InfiniBand test binds to the HCA's NUMA node, as Azure's check does)
 #
 # Every input is a build arg from amlhpc/images/pins.toml. Sources are cloned at the pinned commit and
 # the build stops unless HEAD is exactly that commit; the CUDA repository's key is trusted only
@@ -23,11 +25,31 @@ trap 'rm -rf "$work"' EXIT
 log() { printf '[aml-hpc tools] %s\n' "$*"; }
 die() { printf '[aml-hpc tools] error: %s\n' "$*" >&2; exit 1; }
 
-# clone_at URL COMMIT DIR: the repository at exactly COMMIT, or stop.
+# clone_at URL COMMIT DIR [SUBDIR]: the repository at exactly COMMIT, or stop; with SUBDIR only that
+# folder is checked out (a sparse checkout of a monorepo such as ROCm/rocm-systems).
 clone_at() {
-  git clone --quiet --filter=blob:none "$1" "$3"
+  if [[ -n "${4:-}" ]]; then
+    git clone --quiet --filter=blob:none --no-checkout "$1" "$3"
+    git -C "$3" sparse-checkout set "$4"
+  else
+    git clone --quiet --filter=blob:none "$1" "$3"
+  fi
   git -C "$3" -c advice.detachedHead=false checkout --quiet "$2"
   [[ "$(git -C "$3" rev-parse HEAD)" == "$2" ]] || die "$1 is not at the pinned commit $2"
+}
+
+# find_mpi: the MPI installation to build the all-reduce tests against (MPI_HOME, else the first
+# Open MPI found), with mpirun linked onto PATH for the health gate.
+find_mpi() {
+  local home="${MPI_HOME:-}" candidate
+  if [[ -z "$home" ]]; then
+    for candidate in /opt/hpcx/ompi /opt/ompi /usr/mpi/gcc/openmpi-* /usr/lib/x86_64-linux-gnu/openmpi /usr; do
+      if [[ -x "$candidate/bin/mpicc" && -x "$candidate/bin/mpirun" ]]; then home="$candidate"; break; fi
+    done
+  fi
+  [[ -n "$home" && -x "$home/bin/mpirun" ]] || die "no MPI installation (mpicc, mpirun) found: set MPI_HOME"
+  command -v mpirun >/dev/null || ln -sf "$home/bin/mpirun" /usr/local/bin/mpirun
+  echo "$home"
 }
 
 build_perftest() {
@@ -56,11 +78,21 @@ build_nccl_tests() {
 }
 
 build_rccl_tests() {
-  : "${RCCL_TESTS_COMMIT:?}"
-  log "rccl-tests (${RCCL_TESTS_COMMIT})"
-  clone_at https://github.com/ROCm/rccl-tests.git "${RCCL_TESTS_COMMIT}" "$work/rccl-tests"
-  make -C "$work/rccl-tests" -j"$(nproc)" HIP_HOME=/opt/rocm NCCL_HOME=/opt/rocm >/dev/null
-  install -m 0755 "$work"/rccl-tests/build/*_perf "$prefix/bin/"
+  : "${RCCL_TESTS_REPO:?}" "${RCCL_TESTS_PATH:?}" "${RCCL_TESTS_COMMIT:?}"
+  local mpi
+  mpi="$(find_mpi)"
+  log "rccl-tests (${RCCL_TESTS_REPO} ${RCCL_TESTS_PATH} at ${RCCL_TESTS_COMMIT}), MPI=1 on ${mpi}"
+  clone_at "${RCCL_TESTS_REPO}" "${RCCL_TESTS_COMMIT}" "$work/rocm-systems" "${RCCL_TESTS_PATH}"
+  make -C "$work/rocm-systems/${RCCL_TESTS_PATH}" -j"$(nproc)" MPI=1 MPI_HOME="$mpi" HIP_HOME=/opt/rocm \
+    NCCL_HOME=/opt/rocm >/dev/null
+  install -m 0755 "$work/rocm-systems/${RCCL_TESTS_PATH}"/build/*_perf "$prefix/bin/"
+}
+
+install_numactl() {
+  command -v numactl >/dev/null && return
+  log "numactl (Ubuntu package)"
+  apt-get update >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends numactl >/dev/null
 }
 
 build_nvbandwidth() {
@@ -107,8 +139,8 @@ install_dcgm() {
 
 install -d -m 0755 "$prefix/bin"
 case "$vendor" in
-  nvidia) build_perftest; build_nccl_tests; build_nvbandwidth; install_dcgm ;;
-  amd) build_perftest; build_rccl_tests ;;
+  nvidia) install_numactl; build_perftest; build_nccl_tests; build_nvbandwidth; install_dcgm ;;
+  amd) install_numactl; build_perftest; build_rccl_tests ;;
   *) die "GPU_VENDOR=${vendor} is not nvidia or amd" ;;
 esac
 for tool in "$prefix"/bin/*; do

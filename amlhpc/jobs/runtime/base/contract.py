@@ -26,6 +26,17 @@ and heartbeats (amlhpc/jobs/runtime/coord/nodestatus.py)."""
 # Set by whatever starts a node's ranks (a launcher, a wrapper script), fresh for each launch.
 LAUNCH_ID = "AMLHPC_LAUNCH_ID"
 
+# The job's coordination store (amlhpc/jobs/runtime/coord/jobstore.py), hosted by node 0's launcher.
+COORD_PORT = "AMLHPC_COORD_PORT"
+"""The port node 0's launcher serves the store on, at the rendezvous host (MASTER_ADDR);
+default MASTER_PORT + 1."""
+COORD_LISTEN_FD = "AMLHPC_COORD_LISTEN_FD"
+"""Optional, node 0's local rank 0 only: a listening socket already bound to COORD_PORT and
+inherited from whatever started the ranks (the local rehearsal), served instead of binding."""
+COORD_STORE = "AMLHPC_COORD_STORE"
+"""torch | stdlib | auto (default): torch's TCPStore, this project's server and client speaking
+its protocol, or torch's where it can be imported."""
+
 # Set by amlhpc.jobs.runtime.launch.launcher for the training command.
 DATA_DIR_PREFIX = "AMLHPC_DATA_DIR_"
 FILE_LIST_PREFIX = "AMLHPC_FILE_LIST_"

@@ -1,5 +1,5 @@
 """Every exit status of the in-job runtime, in one enum: the launcher's, the staging command's
-and the health gate's. Managed runs (amlhpc/jobs/recipes/causes.py) decide from these which
+and the health gate's. Managed runs (amlhpc/jobs/managed/causes.py) decide from these which
 ends to retry; docs/runtime.md lists them with what to do about each.
 
 A process ended by signal N exits 128+N (the shell's convention); those are not listed here.
@@ -35,9 +35,10 @@ class ExitCode(IntEnum):
     read the inputs (Storage Blob Data Reader) or write the checkpoints (Storage Blob Data
     Contributor): stopped before staging, with the account, container and role named."""
     NODE_LOST = 10
-    """An in-job restart could not happen: a node did not answer within checkpoint.agree_s (its
-    host is gone, or its launcher is frozen). The job ends so the managed run can resubmit it
-    (amlhpc/jobs/runtime/launch/restart.py)."""
+    """A node is lost: node 0, whose launcher hosts the job's coordination store (it stopped
+    answering: every other node ends at once), or a node that did not answer an in-job restart
+    within checkpoint.agree_s (its host is gone, or its launcher is frozen). The job ends so the
+    managed run can resubmit it (amlhpc/jobs/runtime/launch/restart.py, amlhpc/jobs/runtime/coord/jobstore.py)."""
     RESTARTS_EXHAUSTED = 11
     """The training failed again after checkpoint.local_restarts in-job restarts: the job ends so
     the managed run can resubmit it on other nodes (amlhpc/jobs/runtime/launch/restart.py)."""

@@ -67,9 +67,9 @@ POINTS: dict[str, str] = {
     # amlhpc.jobs.runtime.coord.nodebarrier: local rank 0 and its node's other ranks
     "barrier.after-lead": "local rank 0 recorded itself as leader; staging has not started",
     "barrier.before-result": "staging finished; its result is not written for the waiting ranks yet",
-    # amlhpc.jobs.runtime.coord.nodebarrier: the nodes of a shared-mode input
-    "shared.after-publish": "node 0 published this launch's generation; no node is done yet",
-    "shared.after-done": "this node wrote its done marker; it has not waited for the others",
+    # amlhpc.jobs.runtime.staging.stager: the nodes of a shared-mode input, on the job's store
+    "shared.listed": "the nodes agreed on the listing they plan from; this node has not staged its share",
+    "shared.after-done": "this node arrived at the barrier; it has not waited for the others",
     # the managed run's controller loop (amlhpc.jobs.managed.supervisor): one per step of its state machine
     "controller.claim": "an attempt is due, before its claim is written (a crash leaves nothing claimed)",
     "controller.claimed": "the claim is durable, before the job is created (a crash leaves a claim without a job)",
@@ -80,6 +80,9 @@ POINTS: dict[str, str] = {
     "controller.backoff": "between attempts, while the next one waits for its backoff",
     "controller.cancel": "a cancel request was seen, before the running attempt's job is canceled",
     "controller.record.write": "before every write of the run's record (a second writer, a lapsed lease)",
+    # the revival check (amlhpc.jobs.managed.revive): between its look and its lease
+    "revive.listed": "the check saw no live controller, before it takes the lease to start one (a second "
+                     "check overlaps here)",
     # `python -m amlhpc.jobs cancel` (amlhpc.jobs.managed.client.cancel_run)
     "cancel.requested": "the cancel request is durable, before the run's controllers are stopped",
     "cancel.stopped": "the controllers were stopped, before the attempts are swept",

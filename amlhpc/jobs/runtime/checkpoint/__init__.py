@@ -8,11 +8,12 @@
 - uploader.py: the launcher's background uploads (the folder; versioned checkpoints, node 0 commits)
 - safepath.py: a restore writes only inside its folder
 - safeload.py: torch.distributed.checkpoint files read without running pickled code (training side)
+- metapickle.py: the pure-Python unpickler safeload reads DCP `.metadata` with (records only)
 - (its named steps, where tests inject a second writer, a kill or a cancel, are in
   amlhpc/jobs/runtime/base/faultpoints.py with every other state machine's)
 - cli.py: `python -m amlhpc.jobs.runtime.checkpoint upload|restore|list|prune`
 
-Standard library plus azure-storage-blob (torch only in safeload.py, for the training process):
+Standard library plus azure-storage-blob (torch only in safeload.py and metapickle.py, for the training process):
 ships in the image.
 """
 

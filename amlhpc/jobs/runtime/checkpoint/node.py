@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +33,19 @@ from amlhpc.jobs.runtime.checkpoint.settings import CheckpointSettings, containe
 from amlhpc.jobs.runtime.checkpoint.snapshot import scan
 from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, Manifest
 from amlhpc.jobs.runtime.checkpoint.uploader import FOLDER_EXCLUDE, FolderUploader, VersionUploader
+from amlhpc.jobs.runtime.coord.agree import Channel
 
 log = logging.getLogger("amlhpc.checkpoint")
+
+SHARED_READ_WAIT_S = 3 * 3600.0
+"""How long a node waits for node 0 to read a manifest every node needs (node 0 may still be staging)."""
 
 
 class NodeCheckpoints:
     """One node's checkpoints as its launcher's local rank 0 handles them."""
 
     def __init__(self, settings: CheckpointSettings, *, node: int, nodes: int, local_size: int, world: int,
-                 checkpoint_dir: Path, environ: Mapping[str, str]):
+                 checkpoint_dir: Path, environ: Mapping[str, str], channel: Channel | None = None):
         from amlhpc.jobs.runtime.base.throttle import Throttle
 
         self.settings, self.node, self.nodes, self.local_size, self.world = settings, node, nodes, local_size, world
@@ -52,7 +56,13 @@ class NodeCheckpoints:
         self.versions = CheckpointStore(container, settings.versions_stream, throttle=throttle, node=node)
         self.folder_uploader: FolderUploader | None = None
         self.version_uploader: VersionUploader | None = None
+        self._versions_protect: set[str] | None = None
+        """What the last start_uploads protected; set once the versioned uploads ever ran."""
         self.uploaded: list[str] = []
+        self.channel = channel
+        """The job's coordination store (None: one node, or none could be opened)."""
+        self._sessions = 0
+        """Upload sessions started (the same count on every node: once, then once per in-job restart)."""
 
     @property
     def ranks(self) -> list[int]:
@@ -63,11 +73,35 @@ class NodeCheckpoints:
         return any(path == f"rank-{r}.json" or path.startswith(f"rank-{r}/") for r in self.ranks)
 
     # --- at the start ---------------------------------------------------------------------
+    def _shared(self, key: str, read: Callable[[], Manifest | None], stream: CheckpointStore) -> Manifest | None:
+        """A manifest every node needs: node 0 reads it from Blob and tells the others through
+        the job's store (one blob read per job, not one per node: a blob's target is 500 reads/s)."""
+        if self.channel is None or self.nodes <= 1:
+            return read()
+        key = self.channel.key("restore", stream.stream, key)
+        if self.node == 0:
+            try:
+                manifest = read()
+            except Exception as exc:
+                self.channel.publish(key, {"error": f"node 0 could not read it: {type(exc).__name__}: {exc}"})
+                raise
+            self.channel.publish(key, {"manifest": manifest.to_json() if manifest else None})
+            return manifest
+        document = self.channel.await_key(key, SHARED_READ_WAIT_S) or {}
+        if document.get("error"):
+            raise CheckpointError(f"{stream.stream}: {document['error']}")
+        data = document.get("manifest")
+        return Manifest.from_json(data, f"node 0's copy of {stream.pointer_name}", stream.data_prefix()) if data else None
+
     def restore_at_start(self) -> tuple[Manifest | None, Path | None]:
         """(the folder version restored, the versioned checkpoint to resume from), either None."""
-        folder = self.store.restore(self.checkpoint_dir)
+        if self.settings.stream(0) == self.store.stream:  # one folder stream for every node
+            latest = self._shared("latest", self.store.latest, self.store)
+            folder = self.store.restore(self.checkpoint_dir, latest) if latest is not None else None
+        else:
+            folder = self.store.restore(self.checkpoint_dir)
         tier.discard_after(self.checkpoint_dir, None)  # nothing in this run's tier yet can be this run's
-        return folder, self.restore_blob_version()
+        return folder, self.restore_blob_version(self._shared("latest", self.versions.latest, self.versions))
 
     def restore_blob_version(self, manifest: Manifest | None = None) -> Path | None:
         """The committed version (default: the latest) into the tier; its folder, None when there is none."""
@@ -101,10 +135,23 @@ class NodeCheckpoints:
                                                   self.settings.keep)
             self.folder_uploader.mark_current()
             self.folder_uploader.start()
-        self.version_uploader = VersionUploader(self.versions, self.checkpoint_dir, self.ranks, self.node, self.nodes,
-                                                self.settings.interval_s, self.settings.keep, self.settings.local_keep,
-                                                protect=protect)
-        self.version_uploader.start()
+        self.version_uploader = self._version_uploader(protect)
+        if self.version_uploader is not None:
+            self.version_uploader.start()
+
+    def _version_uploader(self, protect: set[str] | None) -> VersionUploader | None:
+        """The versioned uploads of one session (each keeps its own books on the job's store), or
+        None when several nodes have no store to keep them on."""
+        self._versions_protect = set(protect or ())
+        session, self._sessions = self._sessions, self._sessions + 1
+        if self.nodes > 1 and self.channel is None:
+            log.warning("versioned checkpoints are not uploaded: the %d nodes keep the books of a commit on the job's "
+                        "coordination store, and none is open (no MASTER_ADDR)", self.nodes)
+            return None
+        channel = self.channel.scoped("ckpt", f"u{session}") if self.channel is not None else None
+        return VersionUploader(self.versions, self.checkpoint_dir, self.ranks, self.node, self.nodes,
+                               self.settings.interval_s, self.settings.keep, self.settings.local_keep,
+                               protect=protect, channel=channel)
 
     def cancel_version_uploads(self) -> None:
         if self.version_uploader is not None:
@@ -124,6 +171,13 @@ class NodeCheckpoints:
             except CheckpointError as exc:
                 errors.append(str(exc))
             self.uploaded += [r.version for r in self.folder_uploader.results if r.version]
+        if self.version_uploader is None and self._versions_protect is not None:
+            # An in-job restart was weighed (its report stops the versioned uploads) and the job ends
+            # instead - a node preempted or lost: the newest version every node holds whole is what the
+            # next job resumes from, so it is committed as at any other end.
+            self.version_uploader = self._version_uploader(self._versions_protect)
+            if self.version_uploader is not None:
+                self.version_uploader.store.take_over()
         if self.version_uploader is not None:
             try:
                 committed = self.version_uploader.finish(final_wait_s)
@@ -164,7 +218,8 @@ class NodeCheckpoints:
         if decision.source == "none":
             return dataclasses.replace(decision, resume=None)
         try:
-            manifest = self.versions.manifest(decision.blob_version)
+            manifest = self._shared(f"version-{decision.blob_version}",
+                                    lambda: self.versions.manifest(decision.blob_version), self.versions)
             if manifest is None:
                 raise CheckpointError(f"checkpoint {decision.blob_version} is no longer in Blob")
             resume = self.restore_blob_version(manifest)

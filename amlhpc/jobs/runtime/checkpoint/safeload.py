@@ -6,9 +6,11 @@ torch/distributed/checkpoint/filesystem.py `read_metadata` and default_planner.p
 either runs whatever a forged file asks for. Checkpoints live where every job of the workspace
 can write, so here:
 
-- `.metadata` goes through `MetadataUnpickler`, which builds only the plain records DCP's
-  metadata consists of (its dataclasses, torch.Size, dtypes, layouts, paths) and refuses any
-  other global with UnsafeCheckpoint naming it: a `__reduce__` payload never runs;
+- `.metadata` goes through metapickle.py, a pure-Python unpickler that builds only the plain
+  records DCP's metadata consists of (its dataclasses, torch.Size, dtypes, layouts, paths),
+  fills only records it just made with their own fields, and refuses any other global, call,
+  attribute or opcode with UnsafeCheckpoint naming it: a `__reduce__` payload never runs, and
+  a forged file cannot set an attribute on a class or function of the process;
 - non-tensor values are read with `torch.load(weights_only=True)` (SafeLoadPlanner), as DCP
   already reads tensors;
 - the file names the metadata points at must be plain names inside the rank's folder.
@@ -27,31 +29,15 @@ Imports torch: used by the training process, never by the launcher.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import io
 import math
 import pickle
 import re
 from pathlib import Path
 
-from amlhpc.jobs.runtime.checkpoint import safepath
+from amlhpc.jobs.runtime.checkpoint import metapickle, safepath
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError, UnsafeCheckpoint
 
 METADATA_FILE = ".metadata"
-_ALLOWED = {
-    ("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict"),
-}
-"""Every global a DCP `.metadata` refers to (torch 2.13: Metadata and its records, tensor sizes,
-dtypes, layouts and memory formats, the checkpoint path)."""
 
 
 def refusal(exc: BaseException) -> str:
@@ -61,38 +47,15 @@ def refusal(exc: BaseException) -> str:
     return f"it refers to {found.group(1)}" if found and found.groups() else (found.group(0) if found else "not plain data")
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP metadata: allow-listed records only (see the module docstring)."""
-
-    def __init__(self, stream, where: str):
-        super().__init__(stream)
-        self.where = where
-
-    def find_class(self, module: str, name: str):
-        import torch
-
-        if (module, name) in _ALLOWED:
-            return getattr(importlib.import_module(module), name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise UnsafeCheckpoint(f"{self.where} refers to {module}.{name}, which checkpoint metadata never holds: refused, "
-                               f"nothing in it was run. {safepath.FIX}")
-
-    def persistent_load(self, pid):
-        raise UnsafeCheckpoint(f"{self.where} holds a persistent reference: refused. {safepath.FIX}")
-
-
 def read_metadata(path: Path):
     """One rank's `.metadata`, unpickled safely and checked."""
     from torch.distributed.checkpoint.metadata import Metadata
 
     try:
-        with open(path, "rb") as handle:
-            metadata = MetadataUnpickler(io.BytesIO(handle.read()), str(path)).load()
-    except UnsafeCheckpoint:
-        raise
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not checkpoint metadata: {exc}") from None
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path} cannot be read: {exc}") from None
+    metadata = metapickle.loads(data, str(path))
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpoint(f"{path} is a {type(metadata).__name__}, not checkpoint metadata: refused. {safepath.FIX}")
     for info in (metadata.storage_data or {}).values():

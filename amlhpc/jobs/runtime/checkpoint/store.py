@@ -4,7 +4,8 @@ Layout of a stream (`<prefix>`, `<prefix>/node-<k>` or `<prefix>/versions`, see 
 
     <stream>/data/<version>/<path>             parts: file contents (block blobs, metadata amlhpc_sha256/amlhpc_size)
     <stream>/pending/<version>/node-<k>.json   node k's lease while it uploads its parts of a version: every blob it
-                                               writes or reuses; then (state "staged") each part's size, SHA-256, ETag
+                                               writes or reuses; then (state "staged") each part's size, SHA-256,
+                                               ETag; its metadata names its state and the data folders it leases
     <stream>/manifests/<version>.json          every file of a committed version: path, blob, size, sha256, mtimeNs, etag
     <stream>/latest                            {"version", "manifest"}: THE commit point
 
@@ -12,9 +13,16 @@ A version moves through these steps (each arrow is a named fault point, amlhpc/j
 
     stage (every node with parts): pending record "uploading" -> parts (blocks under ids unique to the upload
         session, so two writers of one blob never mix blocks) -> pending record "staged"
-    commit (one committer): every expected node staged -> every part checked in Blob (it exists, its size and
-        SHA-256 metadata are what the node uploaded, its ETag is the one the upload got) -> manifest (create-only)
-        -> `latest` (ETag-conditional: a second writer fails loudly) -> pending records deleted
+    commit (one committer, given every node's parts: through the job's store, or its own): every part checked
+        in Blob from one listing per data folder (it exists, its size and SHA-256 metadata are what the node
+        uploaded, its ETag is the one the upload got) -> manifest (create-only) -> `latest` (ETag-conditional:
+        a second writer fails loudly) -> pending records deleted (256 per request)
+
+Every write survives a lost reply (the service applied it, the answer never came, the SDK's
+retry got 409/412/404): after a 409 on the manifest it is read back and adopted when it names
+this version and these files; after a 409/412 on the pointer it is read back, and naming this
+version the commit is done; a manifest is withdrawn only while the pointer names another
+version (amlhpc.jobs.runtime.blob.writes). A commit of a version `latest` already names returns it.
 
 So a version is committed only when every part it names exists as uploaded, and a part is never
 without a record that references it: the pending record is written before the part and removed
@@ -53,6 +61,7 @@ from typing import Any
 
 from amlhpc.jobs.runtime.base import clock, faultpoints, workers
 from amlhpc.jobs.runtime.base.throttle import UNLIMITED, Throttle
+from amlhpc.jobs.runtime.blob.writes import delete_many, read_back
 from amlhpc.jobs.runtime.checkpoint import safepath
 from amlhpc.jobs.runtime.checkpoint.errors import (
     CheckpointError,
@@ -63,6 +72,7 @@ from amlhpc.jobs.runtime.checkpoint.errors import (
     UnsafeCheckpoint,
     UploadCancelled,
 )
+from amlhpc.jobs.runtime.checkpoint.pending import LEASE_ALL, LEASES_MAX_CHARS, Pending
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.snapshot import TMP_SUFFIX, LocalFile, scan, signature
 
@@ -136,26 +146,6 @@ class UploadResult:
     @property
     def mbits_per_s(self) -> float:
         return self.uploaded_bytes * 8 / 1e6 / self.seconds if self.seconds else 0.0
-
-
-@dataclass(frozen=True)
-class Pending:
-    """One node's pending record of a version, as read from Blob."""
-
-    version: str
-    node: int
-    document: dict[str, Any]
-    last_modified: datetime | None
-
-    @property
-    def staged(self) -> bool:
-        return self.document.get("state") == "staged"
-
-    @property
-    def blobs(self) -> set[str]:
-        names = {b for b in self.document.get("blobs", []) if isinstance(b, str)}
-        names.update(p["blob"] for p in self.document.get("parts", []) if isinstance(p, dict) and isinstance(p.get("blob"), str))
-        return names
 
 
 class CheckpointStore:
@@ -250,19 +240,34 @@ class CheckpointStore:
         return sorted(names, key=lambda v: (sequence_of(v), v))
 
     def pendings(self) -> dict[str, dict[int, Pending]]:
-        """Every pending record: version -> node -> record (unreadable ones are skipped)."""
+        """Every pending record: version -> node -> record, from one listing with metadata."""
         found: dict[str, dict[int, Pending]] = {}
         prefix = self.pending_prefix()
-        for blob in self.container.list_blobs(name_starts_with=prefix):
+        for blob in self.container.list_blobs(name_starts_with=prefix, include=["metadata"]):
             version, _, leaf = blob.name[len(prefix):].partition("/")
             node_text = leaf.removeprefix("node-").removesuffix(".json")
             if not node_text.isdigit():
                 continue
-            read = self._read_json(blob.name)
-            if read is None or not isinstance(read[0], dict):
-                continue
-            found.setdefault(version, {})[int(node_text)] = Pending(version, int(node_text), read[0], blob.last_modified)
+            found.setdefault(version, {})[int(node_text)] = Pending(version, int(node_text), dict(blob.metadata or {}),
+                                                                    blob.last_modified)
         return found
+
+    def staged_parts(self, version: str, nodes: Collection[int]) -> dict[int, list[dict[str, Any]]]:
+        """The parts each of `nodes` staged for `version`, read from their pending records in Blob
+        (one read per node: for one node, or by hand; a job's nodes pass theirs through the job's
+        store instead). NotReady names the nodes that have not staged."""
+        parts: dict[int, list[dict[str, Any]]] = {}
+        waiting = []
+        for node in sorted(nodes):
+            read = self._read_json(self.pending_name(version, node))
+            document = read[0] if read is not None and isinstance(read[0], dict) else None
+            if document is None or document.get("state") != "staged":
+                waiting.append(node)
+                continue
+            parts[node] = [p for p in document.get("parts", []) if isinstance(p, dict)]
+        if waiting:
+            raise NotReady(f"version {version}: node(s) {', '.join(map(str, waiting))} have not staged their parts")
+        return parts
 
     def is_stale(self, pending: Pending) -> bool:
         if pending.last_modified is None:
@@ -276,7 +281,15 @@ class CheckpointStore:
         return f"{sequence:06d}-{stamp}-{secrets.token_hex(2)}", sequence
 
     def _write_pending(self, version: str, document: dict[str, Any]) -> None:
-        self.container.upload_blob(self.pending_name(version), json.dumps(document).encode(), overwrite=True)
+        """The node's lease: the document (its parts, once staged), and in metadata its state and
+        the data folders it leases, so prune reads every lease from one listing."""
+        folders = sorted({b[:b.index("/", len(self.data_prefix())) + 1] for b in document.get("blobs", [])
+                          if b.startswith(self.data_prefix()) and "/" in b[len(self.data_prefix()):]})
+        leases = ",".join(folders)
+        if len(leases) > LEASES_MAX_CHARS or any(not b.startswith(self.data_prefix()) for b in document.get("blobs", [])):
+            leases = LEASE_ALL
+        self.container.upload_blob(self.pending_name(version), json.dumps(document).encode(), overwrite=True,
+                                   metadata={"amlhpc_state": str(document.get("state")), "amlhpc_leases": leases})
 
     def _delete_quietly(self, name: str) -> None:
         from azure.core.exceptions import ResourceNotFoundError
@@ -289,6 +302,10 @@ class CheckpointStore:
     def abandon(self, version: str, node: int | None = None) -> None:
         """Withdraw a node's pending record (its parts become orphans that prune may delete)."""
         self._delete_quietly(self.pending_name(version, node))
+
+    def abandon_all(self, version: str, nodes: Collection[int]) -> int:
+        """Withdraw the pending records of `nodes` for `version`, 256 per request."""
+        return delete_many(self.container, [self.pending_name(version, n) for n in nodes])
 
     def take_over(self, keep: Collection[str] = frozenset()) -> list[str]:
         """Withdraw this node's pending records of earlier upload sessions (an uploader that was
@@ -407,74 +424,138 @@ class CheckpointStore:
         return entries
 
     # --- committing -----------------------------------------------------------------------
-    def _verify(self, entry: dict[str, Any]) -> None:
-        from azure.core.exceptions import ResourceNotFoundError
+    def _listed(self, entries: Collection[dict[str, Any]]) -> dict[str, Any]:
+        """The parts' blobs as the service lists them (size, ETag, metadata): one listing per data
+        folder the parts lie in (pages of 5,000), never a request per part."""
+        folders: set[str] = set()
+        data = self.data_prefix()
+        for entry in entries:
+            name = entry["blob"]
+            rest = name[len(data):] if name.startswith(data) else ""
+            folders.add(data + rest.split("/", 1)[0] + "/" if "/" in rest else name)
+        found: dict[str, Any] = {}
+        for folder in sorted(folders):
+            for blob in self.container.list_blobs(name_starts_with=folder, include=["metadata"]):
+                found[blob.name] = blob
+        return found
 
-        try:
-            props = self.container.get_blob_client(entry["blob"]).get_blob_properties()
-        except ResourceNotFoundError:
+    @staticmethod
+    def _verify(entry: dict[str, Any], listed: Mapping[str, Any]) -> None:
+        props = listed.get(entry["blob"])
+        if props is None:
             raise PartMissing(f"part {entry['blob']} of the version is not in Blob (deleted or never finished): not "
-                              "committed") from None
+                              "committed")
         if props.size != entry["size"] or (props.metadata or {}).get("amlhpc_sha256") != entry["sha256"]:
             raise PartMissing(f"part {entry['blob']} is not what was uploaded ({props.size} bytes, expected "
                               f"{entry['size']}): not committed")
-        if entry.get("etag") and props.etag != entry["etag"]:
+        if entry.get("etag") and _bare(props.etag) != _bare(entry["etag"]):  # listings drop the quotes
             raise PartMissing(f"part {entry['blob']} was overwritten after its upload (ETag {props.etag}, uploaded as "
                               f"{entry['etag']}): another writer uses this prefix; not committed")
 
-    def commit(self, version: str, sequence: int, nodes: list[int], meta: dict[str, Any],
-               expected_etag: str | None | bool = False) -> Manifest:
-        """Commit `version` from the staged parts of `nodes`. NotReady when a node has not staged;
-        PartMissing when a part is not in Blob as uploaded; PointerConflict when another writer
-        moved `latest` (compared with `expected_etag`; False: the pointer as read now)."""
+    def _write_manifest(self, manifest: Manifest) -> Manifest:
+        """Create the version's manifest. A 409 is ours when the manifest there names the same
+        version and files (our own write whose reply was lost, or an earlier try of this commit
+        that stopped before the pointer): that one is adopted. Otherwise PointerConflict."""
+        from azure.core.exceptions import ResourceExistsError
+
+        name = self.manifest_name(manifest.version)
+        try:
+            self.container.upload_blob(name, json.dumps(manifest.to_json()).encode(), overwrite=False)
+            return manifest
+        except ResourceExistsError:
+            pass
+        found = read_back(self.container, name)
+        if found is not None:
+            try:
+                there = Manifest.from_json(json.loads(found[0]), name, self.data_prefix())
+            except (ValueError, CheckpointError):
+                there = None
+            if there is not None and (there.version, there.files, there.meta) == (manifest.version, manifest.files,
+                                                                                  manifest.meta):
+                log.info("checkpoint %s: the manifest is already there, as this commit wrote it (a lost reply or "
+                         "an earlier try): kept", manifest.version)
+                return there
+        raise PointerConflict(f"{name} already exists: another writer committed this version name; give each job "
+                              "its own prefix")
+
+    def _move_pointer(self, version: str, payload: bytes, expected_etag: str | None) -> None:
+        """Point `latest` at `version`. After a 409/412 the pointer is read back: naming this
+        version, it is our write (its first reply was lost). Otherwise PointerConflict, and the
+        manifest is withdrawn only while the pointer names another version."""
         from azure.core import MatchConditions
         from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
 
+        try:
+            if expected_etag is None:
+                self.container.upload_blob(self.pointer_name, payload, overwrite=False)
+            else:
+                self.container.upload_blob(self.pointer_name, payload, overwrite=True, etag=expected_etag,
+                                           match_condition=MatchConditions.IfNotModified)
+            return
+        except (ResourceExistsError, ResourceModifiedError):
+            pass
+        found = read_back(self.container, self.pointer_name)
+        named = None
+        if found is not None:
+            try:
+                named = json.loads(found[0]).get("version")
+            except (ValueError, AttributeError):
+                named = None
+        if named == version:
+            log.info("checkpoint %s: `latest` already names it (the reply to the pointer's write was lost)", version)
+            return
+        if named is not None:  # never withdraw a manifest the pointer names
+            self._delete_quietly(self.manifest_name(version))  # never committed: no manifest may claim it was
+        raise PointerConflict(f"{self.pointer_name} was moved by another writer (to {named}) while {version} uploaded: "
+                              "two jobs are writing checkpoints under one prefix; give each its own prefix")
+
+    def commit(self, version: str, sequence: int, nodes: list[int], meta: dict[str, Any],
+               expected_etag: str | None | bool = False,
+               parts: Mapping[int, Sequence[dict[str, Any]]] | None = None) -> Manifest:
+        """Commit `version` from the parts `nodes` staged: `parts` (node -> manifest entries, what
+        the nodes told the committer through the job's store), else their pending records in Blob.
+        NotReady when a node has not staged; PartMissing when a part is not in Blob as uploaded;
+        PointerConflict when another writer moved `latest` (compared with `expected_etag`;
+        False: the pointer as read now). Every write survives a lost reply (see _write_manifest,
+        _move_pointer)."""
         head, head_etag = self.pointer()
         if expected_etag is False:
             expected_etag = head_etag
+        if head is not None and head["version"] == version:
+            log.info("checkpoint %s: already committed (`latest` names it)", version)
+            manifest = self.manifest(version)
+            if manifest is not None:
+                return manifest
         if head is not None and sequence_of(head["version"]) >= sequence:
             # `latest` never moves back: a writer that committed this far is another one, or this version is stale.
             raise PointerConflict(f"{self.pointer_name} names {head['version']}, not older than {version}: two jobs are "
                                   "writing checkpoints under one prefix (give each its own prefix), or the version is "
                                   "stale; not committed")
-        records = self.pendings().get(version, {})
-        waiting = [n for n in nodes if n not in records or not records[n].staged]
+        if parts is None:
+            parts = self.staged_parts(version, nodes)
+        waiting = [n for n in nodes if n not in parts]
         if waiting:
             raise NotReady(f"version {version}: node(s) {', '.join(map(str, waiting))} have not staged their parts")
         entries: dict[str, dict[str, Any]] = {}
         for node in nodes:
-            for part in records[node].document.get("parts", []):
+            for part in parts[node]:
                 if part.get("path") in entries and entries[part["path"]]["blob"] != part.get("blob"):
                     raise CheckpointError(f"version {version}: two nodes staged {part['path']}; not committed")
-                entries[part["path"]] = part
+                entries[part["path"]] = dict(part)
         manifest = Manifest(version, sequence, datetime.fromtimestamp(clock.time(), UTC).isoformat(timespec="seconds"),
                             sorted(entries.values(), key=lambda f: f["path"]), meta)
         Manifest.from_json(manifest.to_json(), f"pending records of {version}", self.data_prefix())  # same checks as restore
-        with workers.pool(self.workers * 2, "ckpt-verify") as pool:
-            list(pool.map(self._verify, manifest.files))
+        listed = self._listed(manifest.files)
+        for entry in manifest.files:
+            self._verify(entry, listed)
         faultpoints.reach("checkpoint.verified")
-        try:
-            self.container.upload_blob(self.manifest_name(version), json.dumps(manifest.to_json()).encode(), overwrite=False)
-        except ResourceExistsError:
-            raise PointerConflict(f"{self.manifest_name(version)} already exists: another writer committed this version "
-                                  "name; give each job its own prefix") from None
+        manifest = self._write_manifest(manifest)
         faultpoints.reach("checkpoint.manifest-written")
         pointer = json.dumps({"schema": SCHEMA, "version": version, "manifest": self.manifest_name(version),
                               "createdAt": manifest.created_at}).encode()
-        try:
-            if expected_etag is None:
-                self.container.upload_blob(self.pointer_name, pointer, overwrite=False)
-            else:
-                self.container.upload_blob(self.pointer_name, pointer, overwrite=True, etag=expected_etag,
-                                           match_condition=MatchConditions.IfNotModified)
-        except (ResourceExistsError, ResourceModifiedError):
-            self._delete_quietly(self.manifest_name(version))  # never committed: no manifest may claim it was
-            raise PointerConflict(f"{self.pointer_name} was moved by another writer while {version} uploaded: two jobs "
-                                  "are writing checkpoints under one prefix; give each its own prefix") from None
+        self._move_pointer(version, pointer, expected_etag)  # type: ignore[arg-type]
         faultpoints.reach("checkpoint.pointer-written")
-        for node in records:
-            self.abandon(version, node)
+        self.abandon_all(version, set(nodes) | set(parts))
         log.info("checkpoint %s committed: %d file(s), %d bytes", version, len(manifest.files), manifest.bytes)
         return manifest
 
@@ -509,14 +590,10 @@ class CheckpointStore:
                 reused.append(old)
             else:
                 to_upload.append(entry)
-        self.stage(folder, to_upload, version, reused)
+        entries = self.stage(folder, to_upload, version, reused)
         result = UploadResult(version, reused_files=len(reused), uploaded_files=len(to_upload),
                               uploaded_bytes=sum(e.size for e in to_upload))
-        try:
-            self.commit(version, sequence, [self.node], {"layout": "folder"}, expected_etag=etag)
-        except NotReady:
-            raise PointerConflict(f"the lease of {version} was withdrawn by another uploader of node {self.node}: two "
-                                  "jobs are writing checkpoints under one prefix; give each its own prefix") from None
+        self.commit(version, sequence, [self.node], {"layout": "folder"}, expected_etag=etag, parts={self.node: entries})
         result.seconds = clock.monotonic() - started
         log.info("checkpoint %s committed: %d file(s) uploaded (%d bytes, %.0f Mb/s), %d unchanged",
                  version, result.uploaded_files, result.uploaded_bytes, result.mbits_per_s, result.reused_files)
@@ -582,6 +659,10 @@ class CheckpointStore:
         log.info("checkpoint %s restored into %s: %d file(s), %d bytes, %d already present, %.1fs", manifest.version,
                  folder, downloaded, sum(e["size"] for e in wanted), len(wanted) - downloaded, clock.monotonic() - started)
         return manifest
+
+
+def _bare(etag: str | None) -> str:
+    return (etag or "").strip('"')
 
 
 def sha256_of(path: Path) -> str:

@@ -28,6 +28,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,14 +81,30 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_marker(version_dir: Path, rank: int, *, step: int, world: int, tag: str, extra: dict[str, Any] | None = None) -> Path:
+def hash_workers() -> int:
+    """Threads that hash a version's files at once: hashlib releases the GIL on large buffers,
+    so one thread per CPU (at most 16) reads at the disk's or the memory's speed."""
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def sha256_many(paths: list[Path], workers: int | None = None) -> list[str]:
+    """SHA-256 of each file, in parallel, in `paths`' order."""
+    workers = min(workers or hash_workers(), max(1, len(paths)))
+    if workers == 1:
+        return [file_sha256(p) for p in paths]
+    with ThreadPoolExecutor(workers, thread_name_prefix="checkpoint-hash") as pool:
+        return list(pool.map(file_sha256, paths))
+
+
+def write_marker(version_dir: Path, rank: int, *, step: int, world: int, tag: str, extra: dict[str, Any] | None = None,
+                 workers: int | None = None) -> Path:
     """Record rank `rank`'s part of the version as complete: every file under its rank folder
-    with size and SHA-256, written through a temporary name (the last thing a save does)."""
+    with size and SHA-256 (hashed in parallel, right after the write, while the page cache still
+    holds the bytes), written through a temporary name (the last thing a save does)."""
     folder = rank_dir(version_dir, rank)
-    files = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
-        files.append({"path": path.relative_to(version_dir).as_posix(), "size": path.stat().st_size,
-                      "sha256": file_sha256(path)})
+    paths = sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    files = [{"path": path.relative_to(version_dir).as_posix(), "size": path.stat().st_size, "sha256": digest}
+             for path, digest in zip(paths, sha256_many(paths, workers), strict=True)]
     document = {"schema": SCHEMA, "version": Path(version_dir).name, "step": step, "rank": rank, "world": world,
                 "tag": tag, "files": files, "written": time.time(), **(extra or {})}
     target = marker_path(version_dir, rank)
@@ -146,19 +163,29 @@ class LocalVersion:
                 out.append(LocalFile(rel, st.st_size, st.st_mtime_ns))
         return out
 
-    def verify(self, ranks: Iterable[int]) -> str | None:
-        """None when every file of `ranks` matches its marker, else what does not."""
+    def verify(self, ranks: Iterable[int], workers: int | None = None) -> str | None:
+        """None when every file of `ranks` matches its marker, else what does not. Sizes first
+        (no read), then the SHA-256 of every file, `workers` files at a time (an in-job restart
+        waits for this on every node: one thread hashed ~1.5 GB/s, 90 s for 70 GB)."""
+        entries = []
         for rank in sorted(ranks):
             marker = self.markers.get(rank)
             if marker is None:
                 return f"{self.name}: rank {rank} has no marker"
-            for entry in marker["files"]:
-                path = self.path / entry["path"]
-                try:
-                    if path.stat().st_size != entry["size"] or file_sha256(path) != entry["sha256"]:
-                        return f"{self.name}: {entry['path']} does not match its marker (corrupt)"
-                except OSError as exc:
-                    return f"{self.name}: {entry['path']}: {exc.strerror or exc}"
+            entries += marker["files"]
+        for entry in entries:
+            try:
+                if (self.path / entry["path"]).stat().st_size != entry["size"]:
+                    return f"{self.name}: {entry['path']} does not match its marker (corrupt)"
+            except OSError as exc:
+                return f"{self.name}: {entry['path']}: {exc.strerror or exc}"
+        try:
+            digests = sha256_many([self.path / e["path"] for e in entries], workers)
+        except OSError as exc:
+            return f"{self.name}: {exc.filename}: {exc.strerror or exc}"
+        for entry, digest in zip(entries, digests, strict=True):
+            if digest != entry["sha256"]:
+                return f"{self.name}: {entry['path']} does not match its marker (corrupt)"
         return None
 
 

@@ -7,12 +7,22 @@ changing (two scans `settle_s` apart differ). Upload errors are logged and retri
 a storage hiccup must not kill the training.
 
 `VersionUploader` (versioned checkpoints, tier.py): every node stages its own parts of a version
-into one stream; node 0 leads. Every `interval_s` node 0 picks the newest version it holds whole
-and has not committed, stages its parts; the other nodes see node 0's pending record and stage
-their parts of the same version (when they hold it); node 0 commits when every node has staged
-(store.commit verifies every part first). In between, each node keeps `local_keep` versions on
-its NVMe (never one being uploaded). `cancel()` stops everything at once (an in-job restart):
-an upload in flight withdraws its pending record and commits nothing.
+into one stream; node 0 leads, and the nodes keep the books of a commit on the job's
+coordination store (amlhpc.jobs.runtime.coord.agree), not in Blob. Every `interval_s` node 0 picks the
+newest version it holds whole and has not committed, announces it (`lead`, and a counter
+`changes` the others poll: one store call per node per poll at any node count) and stages its
+parts; each other node that holds that version stages its parts too and tells node 0 (its
+parts under `<version>/node-<k>`, a counter `<version>/staged`); once every node has, node 0
+reads their parts in one call and commits (store.commit verifies every part from one listing
+per data folder first), then announces `committed`. A version that cannot be committed (a
+part missing, another writer's pointer) is dropped, never retried before the newer ones. In
+between, each node keeps `local_keep` versions on its NVMe (never one being uploaded).
+`cancel()` stops everything at once (an in-job restart): an upload in flight withdraws its
+pending record and commits nothing. The store's keys are scoped per upload session
+(NodeCheckpoints counts them alike on every node), so a restarted training never reads the
+announcements of the one before.
+
+The Blob pending records stay: they are the leases prune honours (store.py).
 
 Standard library plus azure-storage-blob: ships in the image.
 """
@@ -30,13 +40,16 @@ from amlhpc.jobs.runtime.checkpoint import tier
 from amlhpc.jobs.runtime.checkpoint.errors import (
     CheckpointError,
     FileChanged,
-    NotReady,
     PartMissing,
+    PointerConflict,
     UploadCancelled,
 )
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.snapshot import scan, signature
 from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, UploadResult
+from amlhpc.jobs.runtime.coord import pacing
+from amlhpc.jobs.runtime.coord.agree import Channel
+from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 
 log = logging.getLogger("amlhpc.checkpoint")
 
@@ -129,16 +142,31 @@ class VersionUploader:
     """One node's side of the versioned stream (see the module docstring)."""
 
     def __init__(self, store: CheckpointStore, checkpoint_dir: Path, ranks: list[int], node: int, nodes: int,
-                 interval_s: float, keep: int, local_keep: int, poll_s: float = 1.0, protect: set[str] | None = None):
+                 interval_s: float, keep: int, local_keep: int, poll_s: float = 1.0, protect: set[str] | None = None,
+                 channel: Channel | None = None):
         self.store, self.checkpoint_dir, self.ranks, self.node, self.nodes = store, Path(checkpoint_dir), ranks, node, nodes
-        self.interval_s, self.keep, self.local_keep, self.poll_s = interval_s, keep, local_keep, poll_s
+        self.interval_s, self.keep, self.local_keep = interval_s, keep, local_keep
+        self.poll_s = pacing.store_poll_s(poll_s, nodes)
         self.protect = set(protect or ())
         """Local version folders never pruned (the one training resumed from)."""
+        if nodes > 1 and channel is None:
+            raise CheckpointError(f"versioned checkpoints of a {nodes}-node job need the job's coordination store "
+                                  "(node 0's, at MASTER_ADDR): none is open")
+        self.channel = channel
+        """The job's store, scoped to this stream and upload session (None for one node)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._staged: dict[str, tier.LocalVersion] = {}
         """Blob version -> local version this node staged and that is not committed yet."""
+        self._parts: dict[str, list[dict]] = {}
+        """Node 0: its own parts of each version it staged."""
         self._uploading: str | None = None
+        self._head = -1
+        """The step `latest` names (node 0 reads Blob; the others hear it through the store)."""
+        self._head_version: str | None = None
+        self._seen = 0
+        """Followers: the count of node 0's announcements last read."""
+        self._lead: dict | None = None
         self.committed: list[str] = []
         self.errors: list[str] = []
 
@@ -155,53 +183,91 @@ class VersionUploader:
                 "local": version.name, "nodes": self.nodes}
 
     # one node's parts of one version
-    def _stage(self, version: tier.LocalVersion) -> None:
+    def _stage(self, version: tier.LocalVersion) -> list[dict]:
         blob = self.blob_id(version)
         self._uploading = version.name
         try:
             files = version.files(self.ranks)
-            self.store.stage(version.path, files, blob)
+            entries = self.store.stage(version.path, files, blob)
             self._staged[blob] = version
             log.info("checkpoint %s: node %d staged %d file(s) (%d bytes)", blob, self.node, len(files),
                      sum(f.size for f in files))
+            return entries
         finally:
             self._uploading = None
 
-    def _head_step(self) -> int:
+    # node 0
+    def _announce(self, **documents: dict | None) -> None:
+        """Node 0: tell the other nodes what it leads or committed (one counter they poll)."""
+        if self.channel is None:
+            return
+        for name, document in documents.items():
+            self.channel.publish(self.channel.key(name), document)
+        self.channel.count(self.channel.key("changes"))
+
+    def _read_head(self) -> int:
         pointer, _ = self.store.pointer()
-        return sequence_of(pointer["version"]) if pointer else -1
+        self._head = sequence_of(pointer["version"]) if pointer else -1
+        self._head_version = pointer["version"] if pointer else None
+        return self._head
+
+    def _drop(self, blob: str) -> None:
+        """Node 0: withdraw every node's lease of a version that will not be committed."""
+        self.store.abandon_all(blob, range(self.nodes))
+        self._staged.pop(blob, None)
+        self._parts.pop(blob, None)
+
+    def _ready_parts(self, blob: str) -> dict[int, list[dict]] | None:
+        """Every node's parts of `blob` once every node staged it (two store calls), else None."""
+        parts = {self.node: self._parts[blob]}
+        if self.channel is None:
+            return parts
+        if self.channel.count(self.channel.key(blob, "staged"), 0) < self.nodes - 1:
+            return None
+        others = self.channel.gather([self.channel.key(blob, f"node-{k}") for k in range(1, self.nodes)])
+        for k, document in enumerate(others, start=1):
+            if not isinstance(document, list):
+                return None
+            parts[k] = document
+        return parts
 
     def _try_commit(self) -> None:
-        head = self._head_step()
+        head = self._head
         for blob, version in sorted(self._staged.items(), key=lambda item: item[1].step):
             if version.step <= head:  # a newer one is committed already
-                self.store.abandon(blob)
-                del self._staged[blob]
+                self._drop(blob)
+                continue
+            parts = self._ready_parts(blob)
+            if parts is None:
                 continue
             try:
-                self.store.commit(blob, version.step, list(range(self.nodes)), self._meta(version))
-            except NotReady:
-                continue
-            except PartMissing as exc:
+                self.store.commit(blob, version.step, list(range(self.nodes)), self._meta(version), parts=parts)
+            except (PartMissing, PointerConflict) as exc:
+                # Never retried: a version that cannot commit must not stand before the newer ones.
                 log.warning("checkpoint %s not committed: %s", blob, exc)
-                self.store.abandon(blob)
-                del self._staged[blob]
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                self._drop(blob)
                 continue
-            del self._staged[blob]
+            self._staged.pop(blob, None)
+            self._parts.pop(blob, None)
             self.committed.append(blob)
+            self._head, self._head_version = version.step, blob
+            head = version.step
             self._note_committed(blob, version.step)
+            self._announce(committed={"version": blob, "step": version.step})
             # Older staged versions will never be newer than this one: withdraw them.
             for older in [b for b, v in self._staged.items() if v.step <= version.step]:
-                self.store.abandon(older)
-                del self._staged[older]
+                self._drop(older)
             self.store.prune(self.keep)
 
     def lead_round(self) -> None:
         """Node 0: stage the newest version held whole and not in Blob yet, then try to commit."""
-        known, head = set(self.store.versions()) | set(self._staged), self._head_step()
+        known, head = set(self.store.versions()) | set(self._staged), self._read_head()
         fresh = [v for v in self._held() if v.step > head and self.blob_id(v) not in known]
         if fresh:
-            self._stage(fresh[-1])
+            blob = self.blob_id(fresh[-1])
+            self._announce(lead={"version": blob, "step": fresh[-1].step})
+            self._parts[blob] = self._stage(fresh[-1])
         self._try_commit()
 
     def _note_committed(self, blob: str, step: int) -> None:
@@ -217,23 +283,36 @@ class VersionUploader:
         except (OSError, ValueError) as exc:
             log.warning("could not note the committed checkpoint: %s", exc)
 
-    def follow_round(self) -> None:
-        """Other nodes: stage the parts of what node 0 is uploading, when this node holds it."""
-        pointer, _ = self.store.pointer()
-        if pointer is not None:
+    # the other nodes
+    def _hear(self) -> None:
+        """Followers: node 0's announcements, one store call per poll (two when something changed)."""
+        assert self.channel is not None
+        changes = self.channel.count(self.channel.key("changes"), 0)
+        if changes == self._seen:
+            return
+        self._seen = changes
+        lead, committed = self.channel.gather([self.channel.key("lead"), self.channel.key("committed")])
+        self._lead = lead if isinstance(lead, dict) else None
+        if isinstance(committed, dict) and isinstance(committed.get("step"), int) and committed["step"] > self._head:
+            self._head, self._head_version = committed["step"], committed.get("version")
             mine = {self.blob_id(v): v for v in self._held()}
-            if pointer["version"] in mine:
-                self._note_committed(pointer["version"], mine[pointer["version"]].step)
-        pendings = self.store.pendings()
-        led = {v for v, nodes in pendings.items() if 0 in nodes}
-        for blob in [b for b in self._staged if b not in led]:  # node 0 committed or dropped it
-            if self.node in pendings.get(blob, {}):
-                self.store.abandon(blob)
+            if committed.get("version") in mine:
+                self._note_committed(committed["version"], committed["step"])
+
+    def follow_round(self) -> None:
+        """Other nodes: stage this node's parts of what node 0 leads, when this node holds it."""
+        self._hear()
+        lead = (self._lead or {}).get("version")
+        for blob in [b for b in self._staged if b != lead]:  # node 0 committed, dropped or moved past it
             del self._staged[blob]
+        if not lead or lead in self._staged or int((self._lead or {}).get("step", -1)) <= self._head:
+            return
         mine = {self.blob_id(v): v for v in self._held()}
-        wanted = sorted((b for b in led & set(mine) if b not in self._staged), key=lambda b: mine[b].step)
-        if wanted:
-            self._stage(mine[wanted[-1]])
+        if lead in mine:
+            assert self.channel is not None
+            entries = self._stage(mine[lead])
+            self.channel.publish(self.channel.key(lead, f"node-{self.node}"), entries)
+            self.channel.count(self.channel.key(lead, "staged"))
 
     def prune_local(self) -> list[str]:
         protect = self.protect | {v.name for v in self._staged.values()} | ({self._uploading} if self._uploading else set())
@@ -251,6 +330,8 @@ class VersionUploader:
                 self.follow_round()
         except (FileChanged, UploadCancelled) as exc:
             log.info("checkpoint upload abandoned, nothing committed: %s", exc)
+        except StoreLost:
+            raise
         except Exception as exc:  # noqa: BLE001 - keep training; report and retry next round
             self.errors.append(f"{type(exc).__name__}: {exc}")
             log.warning("checkpoint upload failed, will retry: %s: %s", type(exc).__name__, exc)
@@ -261,14 +342,20 @@ class VersionUploader:
 
     def _loop(self) -> None:
         next_lead = clock.monotonic() + self.interval_s
-        while not self._stop.wait(self.poll_s):
-            due = clock.monotonic() >= next_lead
-            if due:
-                next_lead = clock.monotonic() + self.interval_s
-            self._step(due)
+        try:
+            while not self._stop.wait(self.poll_s):
+                due = clock.monotonic() >= next_lead
+                if due:
+                    next_lead = clock.monotonic() + self.interval_s
+                self._step(due)
+        except StoreLost as exc:
+            self.errors.append(str(exc))
+            log.error("checkpoint uploads stopped: %s", exc)
 
     def start(self) -> None:
         self.store.take_over()
+        if self.node == 0 and self.channel is not None:
+            self._announce(lead=None, committed=None)
         self._thread = threading.Thread(target=self._loop, name="checkpoint-versions", daemon=True)
         self._thread.start()
 
@@ -280,11 +367,22 @@ class VersionUploader:
             self._thread.join()
         for blob in list(self._staged):
             try:
-                self.store.abandon(blob)
+                if self.node == 0:
+                    self._drop(blob)
+                else:
+                    self.store.abandon(blob)
             except Exception:  # noqa: BLE001 - a stale record is taken over by the next session
                 pass
         self._staged.clear()
+        self._parts.clear()
         self.store.cancel.clear()
+
+    def _committed_step(self) -> int:
+        """The step `latest` names: Blob's pointer on node 0, node 0's word to the others."""
+        if self.node == 0 or self.channel is None:
+            return self._read_head()
+        self._hear()
+        return self._head
 
     def finish(self, deadline_s: float) -> str | None:
         """At the end of the job: commit the newest version (node 0), or stage this node's parts of
@@ -297,12 +395,13 @@ class VersionUploader:
             return None
         target = self.blob_id(held[-1])
         deadline = clock.monotonic() + deadline_s
-        while clock.monotonic() < deadline:
-            pointer, _ = self.store.pointer()
-            if pointer is not None and sequence_of(pointer["version"]) >= held[-1].step:
-                return pointer["version"]
-            self._step(lead_due=self.node == 0 and target not in self._staged)
-            clock.sleep(self.poll_s)
+        try:
+            while clock.monotonic() < deadline:
+                if self._committed_step() >= held[-1].step:
+                    return self._head_version
+                self._step(lead_due=self.node == 0 and target not in self._staged)
+                clock.sleep(self.poll_s)
+        except StoreLost as exc:
+            raise CheckpointError(f"the final versioned checkpoint {target} was not committed: {exc}") from None
         raise CheckpointError(f"the final versioned checkpoint {target} was not committed within {deadline_s:.0f}s"
                               + (f": {self.errors[-1]}" if self.errors else " (a node did not stage its parts)"))
-

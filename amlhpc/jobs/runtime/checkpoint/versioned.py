@@ -1,14 +1,24 @@
 """Versioned checkpoints from the training process: torch.distributed.checkpoint (DCP) per rank,
 written in the background into the node-local tier, loaded safely into any world size.
 
-Saving (`Checkpointer.save`): the training waits only while the state is copied to CPU memory
-(into the buffers of the previous save when the shapes match);
-a writer thread then runs DCP's FileSystemWriter into `versions/step-N/rank-<r>/` (tier.py) with
-`no_dist=True` - no collective in the background thread, where it could interleave with the
-training's own - writes the rank's trainer state (JSON: step, sampler, RNG) beside it, and last
-the rank's marker, with the size and SHA-256 of every file. One save is in flight per rank: the
-next one first waits for it (bounded memory; a rank is never more than one version behind,
-which is why two versions kept locally always leave one that every node holds whole).
+Saving (`Checkpointer.save`): the training waits only while the state is staged, copied into
+CPU memory by torch's own stager (`DefaultStager`: page-locked buffers on a GPU node, allocated
+at the first save and reused by every later one, with non-blocking copies); a writer thread
+then runs DCP's FileSystemWriter into `versions/step-N/rank-<r>/` (tier.py) with `no_dist=True`
+(no collective in the background thread, where it could interleave with the training's own)
+and `AMLHPC_CHECKPOINT_WRITERS` file-writing threads, writes the rank's trainer state (JSON:
+step, sampler, RNG) beside it, and last the rank's marker, with the size and SHA-256 of every
+file (hashed in parallel while the files are still in the page cache). One save is in flight
+per rank: the next one first waits for it (bounded memory; a rank is never more than one
+version behind, which is why two versions kept locally always leave one that every node holds
+whole).
+
+Why this thread and not `dcp.async_save`: async_save runs the same `dcp.save` in a one-worker
+thread pool, but refuses a job whose default process group has no CPU backend (NCCL alone, as
+our GPU workloads start) even with `no_dist=True` (torch 2.13,
+torch/distributed/checkpoint/state_dict_saver.py); a CPU backend beside NCCL would mean a gloo
+full mesh across every rank of the job, which does not scale to thousands of ranks. Its stager
+and writer are used as they are.
 
 Loading (`load_version`): the metadata of the rank folders present is merged (safeload.py,
 no pickled code), and DCP reads into the given state dict: the same world size reads only the
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -33,70 +44,71 @@ from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
 
 log = logging.getLogger("amlhpc.checkpoint")
 TRAINER_FILE = "trainer.json"
+WRITERS_VARIABLE = "AMLHPC_CHECKPOINT_WRITERS"
+"""File-writing threads per rank (DCP FileSystemWriter's thread_count); default `default_writers()`."""
 # Each rank saves and loads its part on its own (no_dist) on purpose; DCP warns about it each time.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
-def to_cpu(state: Any, buffers: dict | None = None) -> Any:
-    """A copy of `state` whose tensors live in CPU memory and no longer change with training.
-    `buffers` (kept between saves) holds the CPU tensors of the last copy: a tensor of the same
-    shape and dtype is copied into its buffer instead of a new allocation, whose page faults
-    cost as much as the copy itself (the caller must know the last write is done with them)."""
+def default_writers(environ: dict[str, str] | None = None) -> int:
+    """The node's CPUs shared by its local ranks, at least 1 and at most 8 (past that the disk,
+    not the threads, is the bound); `AMLHPC_CHECKPOINT_WRITERS` when set (a positive integer)."""
+    environ = dict(os.environ) if environ is None else environ
+    given = environ.get(WRITERS_VARIABLE, "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise CheckpointError(f"{WRITERS_VARIABLE}={given!r} is not a positive integer: set it to the number "
+                                  "of threads each rank writes its checkpoint files with, or unset it")
+        return int(given)
+    local = max(1, int(environ.get("LOCAL_WORLD_SIZE") or 1))
+    return max(1, min(8, (os.cpu_count() or 1) // local))
+
+
+def new_stager():
+    """torch's stager for this process: page-locked, reused buffers and non-blocking copies where
+    an accelerator is, plain reused CPU buffers elsewhere; staging in the caller's thread (the
+    training must not change its tensors before the copy is done)."""
     import torch
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    buffers = {} if buffers is None else buffers
-
-    def to_host(path: tuple, tensor):
-        tensor = tensor.detach()
-        held = buffers.get(path)
-        if held is not None and held.shape == tensor.shape and held.dtype == tensor.dtype:
-            return held.copy_(tensor)
-        buffers[path] = tensor.to("cpu", copy=True)
-        return buffers[path]
-
-    def copy(path: tuple, value):
-        if isinstance(value, DTensor):
-            local = to_host(path, value.to_local())
-            return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,
-                                      shape=value.shape, stride=value.stride())
-        if isinstance(value, torch.Tensor):
-            return to_host(path, value)
-        if isinstance(value, dict):
-            return {k: copy((*path, k), v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return type(value)(copy((*path, i), v) for i, v in enumerate(value))
-        return value
-
-    return copy((), state)
+    accelerator = torch.accelerator.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
+                                        use_async_staging=False, use_non_blocking_copy=accelerator))
 
 
 class Checkpointer:
     """This rank's saves into the node's tier (see the module docstring)."""
 
-    def __init__(self, checkpoint_dir: Path, rank: int, world: int, tag: str, background: bool = True):
+    def __init__(self, checkpoint_dir: Path, rank: int, world: int, tag: str, background: bool = True,
+                 writers: int | None = None):
         self.checkpoint_dir, self.rank, self.world, self.tag, self.background = (
             Path(checkpoint_dir), rank, world, tag, background)
+        self.writers = writers or default_writers()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._buffers: dict = {}
-        """CPU copies of the last save's tensors, reused by the next (background saves)."""
+        self._stager: Any = None
+        """torch's DefaultStager, made at the first background save and kept: its CPU buffers are
+        the next save's (the caller must know the last write is done with them: `wait`)."""
         self.saved: list[int] = []
         """Steps whose part this rank finished writing."""
+        self.last_write_s: float | None = None
+        """Seconds the last finished write took (DCP files, trainer state, marker)."""
 
     def save(self, step: int, state: dict[str, Any], trainer: dict[str, Any]) -> float:
         """Save `state` (tensors, DTensors, plain values) and `trainer` (JSON) as version step-N.
         Returns the seconds the caller was held (waiting for the previous save, and the copy)."""
         started = time.perf_counter()
         self.wait()
-        staged = to_cpu(state, self._buffers) if self.background else state
         version_dir = tier.versions_dir(self.checkpoint_dir) / tier.version_name(step)
-        if self.background:
-            self._thread = threading.Thread(target=self._write_guarded, args=(version_dir, step, staged, trainer),
-                                            name=f"checkpoint-rank{self.rank}", daemon=True)
-            self._thread.start()
-        else:
-            self._write(version_dir, step, staged, trainer)
+        if not self.background:
+            self._write(version_dir, step, state, trainer)
+            return time.perf_counter() - started
+        if self._stager is None:
+            self._stager = new_stager()
+        staged = self._stager.stage(state)
+        self._thread = threading.Thread(target=self._write_guarded, args=(version_dir, step, staged, trainer),
+                                        name=f"checkpoint-rank{self.rank}", daemon=True)
+        self._thread.start()
         return time.perf_counter() - started
 
     def wait(self) -> None:
@@ -107,6 +119,15 @@ class Checkpointer:
         if self._error is not None:
             error, self._error = self._error, None
             raise CheckpointError(f"rank {self.rank}: writing a checkpoint failed: {error}") from error
+
+    def close(self) -> None:
+        """Wait for the last save and free the stager's buffers (page-locked memory on a GPU node)."""
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
 
     def _write_guarded(self, *args) -> None:
         try:
@@ -123,11 +144,14 @@ class Checkpointer:
         if folder.exists():
             shutil.rmtree(folder)  # an interrupted save, or an abandoned timeline's part
         folder.mkdir(parents=True)
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True), no_dist=True)
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True, thread_count=self.writers),
+                 no_dist=True)
         (folder / TRAINER_FILE).write_text(json.dumps(trainer))
-        tier.write_marker(version_dir, self.rank, step=step, world=self.world, tag=self.tag)
+        tier.write_marker(version_dir, self.rank, step=step, world=self.world, tag=self.tag, workers=self.writers)
         self.saved.append(step)
-        log.info("rank %d: checkpoint %s written in %.2fs", self.rank, version_dir.name, time.perf_counter() - started)
+        self.last_write_s = time.perf_counter() - started
+        log.info("rank %d: checkpoint %s written in %.2fs (%d writer threads)", self.rank, version_dir.name,
+                 self.last_write_s, self.writers)
 
 
 def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int | None = None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""File-based barriers: local ranks wait for their node's stager; nodes wait for each other.
+"""File-based barriers on one node: local ranks wait for their node's stager (or restore, or
+restart decision).
 
 `NodeBarrier` (one node, all its local ranks): local rank 0 calls `lead()` before it
 starts, then `succeed(result)` or `fail(message, kind)`; the other local ranks call
@@ -26,18 +27,8 @@ directory), it records the failure in a fallback directory (/dev/shm, memory-bac
 the temp dir) that waiters also watch, so they fail within a poll instead of waiting out
 the timeout; a waiter whose own directory is unusable fails at once as well.
 
-`SharedMarkers` (all nodes, a shared mount): in `shared` staging mode every node fills
-part of one directory, so each node's stager records `node-<k>.done` (or `.failed`) on
-the shared mount and waits until every node has finished before releasing its own
-local ranks. No value is shared by the nodes of one launch and no earlier one (torchrun's
-`none`, an Azure ML job requeued under its id onto a persistent mount), so node 0 makes
-one: it publishes a fresh random generation in `launch.json` and rewrites that file every
-`heartbeat_s` while the nodes stage. Another node adopts a generation only once it has
-seen the file change (the heartbeat of a live node 0: an earlier launch's file never
-changes again), and every done or failed marker carries the generation; a node counts
-only markers of its own. node 0 also publishes a digest of the listing it planned from,
-and a node that listed something else fails instead of staging a share of another
-split (the dataset changed while the nodes listed it).
+Barriers across nodes are not files: they run on the job's coordination store
+(amlhpc.jobs.runtime.coord.agree), which lives as long as this launch and nothing earlier.
 
 Standard library only: this module ships into the training image.
 """
@@ -50,12 +41,11 @@ import os
 import secrets
 import socket
 import tempfile
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.base import clock as clocks
+from amlhpc.jobs.runtime.base import clock as clock_seam
 from amlhpc.jobs.runtime.base import faultpoints
 
 POLL_S = 0.2
@@ -125,13 +115,13 @@ class NodeBarrier:
     """Local rank 0 stages; the node's other ranks wait here (see the module docstring)."""
 
     def __init__(self, directory: Path, timeout_s: float, run_id: str = "default", stale_after_s: float = 600.0,
-                 clock: Callable[[], float] = clocks.time, fallback: Path | None = None, generation: str | None = None):
+                 clock: Callable[[], float] | None = None, fallback: Path | None = None, generation: str | None = None):
         self.directory = Path(directory)
         self.timeout_s = timeout_s
         self.run_id = run_id
         self.generation = generation
         self.stale_after_s = stale_after_s
-        self._clock = clock
+        self._clock = clock or clock_seam.time
         if fallback is None:
             tag = hashlib.sha256(str(self.directory.resolve()).encode()).hexdigest()[:16]
             fallback = fallback_root() / f"{self.directory.name[:80]}-{tag}"
@@ -219,10 +209,11 @@ class NodeBarrier:
                 return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable"
         return None
 
-    def wait(self, sleep: Callable[[float], None] = clocks.sleep) -> dict[str, Any]:
+    def wait(self, sleep: Callable[[float], None] | None = None) -> dict[str, Any]:
         """Block until local rank 0 finishes; return its result or raise its failure."""
+        sleep = sleep or clock_seam.sleep
         arrived = self._clock()
-        deadline = clocks.monotonic() + self.timeout_s
+        deadline = clock_seam.monotonic() + self.timeout_s
         problem = self._unusable()
         if problem:
             raise BarrierFailed(f"the node barrier cannot work: {problem}", "usage")
@@ -245,153 +236,9 @@ class NodeBarrier:
                             "staging; see its log for the error, then re-run the job (finished files are kept)"
                         )
                     continue
-            if clocks.monotonic() > deadline:
+            if clock_seam.monotonic() > deadline:
                 raise BarrierTimeout(
                     f"waited {self.timeout_s:.0f}s for local rank 0 to finish staging (markers in {self.directory}); "
                     "raise the timeout (AMLHPC_STAGE_TIMEOUT_S / --timeout-s) for large datasets, or check rank 0's log"
                 )
             sleep(POLL_S)
-
-
-class SharedMarkers:
-    """Per-node completion markers on a shared mount (shared staging mode), under one generation
-    node 0 publishes for this launch (see the module docstring).
-
-    Every node: `start()` before staging its share, then `done(summary)` or `failed(message)`,
-    then `wait_all()`, and `close()` at the end (node 0 stops its heartbeat there)."""
-
-    def __init__(self, directory: Path, node_count: int, timeout_s: float, node_index: int, listing: str = "",
-                 heartbeat_s: float = 1.0, clock: Callable[[], float] = clocks.time,
-                 sleep: Callable[[float], None] = clocks.sleep):
-        self.directory = Path(directory)
-        self.node_count = node_count
-        self.timeout_s = timeout_s
-        self.node_index = node_index
-        self.listing = listing
-        self.heartbeat_s = heartbeat_s
-        self._clock = clock
-        self._sleep = sleep
-        self.generation: str | None = None
-        self._stop = threading.Event()
-        self._beating: threading.Thread | None = None
-        self._adopting: threading.Thread | None = None
-        self._adopt_error: BaseException | None = None
-
-    @property
-    def launch_file(self) -> Path:
-        return self.directory / "launch.json"
-
-    def _path(self, node: int, state: str) -> Path:
-        return self.directory / f"node-{node}.{state}"
-
-    def start(self) -> None:
-        """Clear this node's markers; node 0 publishes a fresh generation and starts beating,
-        the others start watching for it."""
-        for state in ("done", "failed"):
-            try:
-                self._path(self.node_index, state).unlink()
-            except FileNotFoundError:
-                pass
-        if self.node_index == 0:
-            self.generation = secrets.token_hex(8)
-            self._beat(0)
-            self._beating = threading.Thread(target=self._heartbeat, name="shared-markers-heartbeat", daemon=True)
-            self._beating.start()
-            faultpoints.reach("shared.after-publish", directory=str(self.directory))
-        else:
-            self._adopting = threading.Thread(target=self._adopt_quietly, name="shared-markers-adopt", daemon=True)
-            self._adopting.start()
-
-    def _beat(self, count: int) -> None:
-        write_json_atomic(self.launch_file, {"generation": self.generation, "beat": count, "listing": self.listing,
-                                             "node_count": self.node_count, "written": self._clock()})
-
-    def _heartbeat(self) -> None:
-        count = 0
-        while not self._stop.wait(self.heartbeat_s):
-            count += 1
-            try:
-                self._beat(count)
-            except OSError:
-                pass  # a hiccup of the mount: the next beat tries again
-
-    def _adopt_quietly(self) -> None:
-        try:
-            self._adopt(clocks.monotonic() + self.timeout_s)
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever needs the generation
-            self._adopt_error = exc
-
-    def _adopt(self, deadline: float) -> None:
-        """Take node 0's generation once its file changes while watched: proof that the node 0 of
-        this launch is alive now (an earlier launch's file never changes again)."""
-        seen = _read_json(self.launch_file)
-        while not self._stop.is_set():
-            self._sleep(POLL_S)
-            now = _read_json(self.launch_file)
-            if now is not None and now.get("generation") and now != seen:
-                if now.get("listing") != self.listing:
-                    raise BarrierFailed(
-                        f"node 0 planned from another listing of the dataset than node {self.node_index} (digest "
-                        f"{now.get('listing')} vs {self.listing}): the blobs changed while the nodes listed them; "
-                        "re-run the job")
-                self.generation = str(now["generation"])
-                return
-            if clocks.monotonic() > deadline:
-                raise BarrierTimeout(
-                    f"waited {self.timeout_s:.0f}s for node 0 to publish this launch's generation "
-                    f"({self.launch_file} did not change); check node 0's log")
-
-    def _own_generation(self, wait_s: float | None = None) -> str | None:
-        if self._adopting is not None:
-            self._adopting.join(wait_s)
-            if self._adopt_error is not None and not self._adopting.is_alive():
-                raise self._adopt_error
-        return self.generation
-
-    def done(self, summary: dict[str, Any]) -> None:
-        generation = self._own_generation()
-        write_json_atomic(self._path(self.node_index, "done"),
-                          {**summary, "generation": generation, "written": self._clock()})
-        faultpoints.reach("shared.after-done", node=self.node_index)
-
-    def failed(self, message: str) -> None:
-        """Record this node's failure (under this launch's generation when known within a few heartbeats)."""
-        try:
-            generation = self._own_generation(wait_s=5 * self.heartbeat_s)
-        except (BarrierFailed, BarrierTimeout):
-            generation = None
-        write_json_atomic(self._path(self.node_index, "failed"),
-                          {"message": message, "generation": generation, "written": self._clock()})
-
-    def _current(self, document: dict[str, Any] | None) -> dict[str, Any] | None:
-        return document if document is not None and document.get("generation") == self.generation else None
-
-    def wait_all(self, deadline_s: float | None = None) -> list[dict[str, Any]]:
-        """Block until every node of this launch is done; raise on the first failure or at the timeout."""
-        deadline = clocks.monotonic() + (self.timeout_s if deadline_s is None else deadline_s)
-        self._own_generation()
-        while True:
-            summaries: list[dict[str, Any]] = []
-            missing: list[int] = []
-            for node in range(self.node_count):
-                failed = self._current(_read_json(self._path(node, "failed")))
-                if failed is not None:
-                    raise BarrierFailed(f"node {node} failed staging its share: {failed.get('message', '?')}")
-                done = self._current(_read_json(self._path(node, "done")))
-                if done is None:
-                    missing.append(node)
-                else:
-                    summaries.append(done)
-            if not missing:
-                return summaries
-            if clocks.monotonic() > deadline:
-                raise BarrierTimeout(
-                    f"waited {self.timeout_s:.0f}s for node(s) {', '.join(map(str, missing))} to finish their share "
-                    f"of the shared directory (markers in {self.directory}); check those nodes' logs"
-                )
-            self._sleep(POLL_S)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._beating is not None:
-            self._beating.join()

@@ -167,26 +167,38 @@ def read_heartbeats(container, prefix: str, run_id: str, verify: str | None = No
     return found
 
 
+END_METADATA = "amlhpc_record"
+"""The end record again, as blob metadata, when it fits: one listing reads every node's."""
+END_METADATA_MAX = 7000
+"""Blob metadata holds 8 KiB in all; a longer record is read from the blob itself."""
+
+
 def write_end(container, prefix: str, run_id: str, node: int, record: dict[str, Any], key: str | None = None) -> None:
-    """Write the node's end record, signed with `key` when given."""
+    """Write the node's end record, signed with `key` when given (overwrite: a retry after a
+    lost reply writes the same record again)."""
     record = {k: v for k, v in record.items() if k not in (MAC, STORED_AT, ETAG)}
     if key:
         record[MAC] = _mac(key, "end", run_id, node, _canonical(record))
-    container.upload_blob(end_name(prefix, run_id, node), json.dumps(record, sort_keys=True).encode(), overwrite=True)
+    text = json.dumps(record, sort_keys=True)
+    compact = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    metadata = {END_METADATA: compact} if len(compact) <= END_METADATA_MAX else {}
+    container.upload_blob(end_name(prefix, run_id, node), text.encode(), overwrite=True, metadata=metadata)
 
 
 def read_ends(container, prefix: str, run_id: str) -> dict[int, dict[str, Any]]:
     """Every end record under the run, by node index, each with the service's time of its
     write under `_stored_at` and its ETag under `_etag` (unreadable ones are skipped with a
-    warning). Unverified: amlhpc.jobs.managed.evidence checks signatures and epochs."""
+    warning): one listing with metadata, a read only for a record too long for its metadata.
+    Unverified: amlhpc.jobs.managed.evidence checks signatures and epochs."""
     folder = run_folder(prefix, run_id)
     found: dict[int, dict[str, Any]] = {}
-    for blob in container.list_blobs(name_starts_with=folder + "end-node-"):
+    for blob in container.list_blobs(name_starts_with=folder + "end-node-", include=["metadata"]):
         node = _int(blob.name[len(folder) + len("end-node-"):].removesuffix(".json"))
         if node is None:
             continue
         try:
-            record = json.loads(container.get_blob_client(blob.name).download_blob().readall())
+            inline = (blob.metadata or {}).get(END_METADATA)
+            record = json.loads(inline if inline else container.get_blob_client(blob.name).download_blob().readall())
         except (ValueError, OSError) as exc:
             log.warning("end record %s is unreadable: %s", blob.name, exc)
             continue

@@ -38,6 +38,7 @@ from amlhpc.jobs.runtime.health.grading import (
     SKIP,
     grade_band,
     grade_minimum,
+    warn_only,
 )
 from amlhpc.jobs.runtime.health.infiniband import check_infiniband
 from amlhpc.jobs.runtime.health.measure import MIB, GpuMeasurer
@@ -169,6 +170,14 @@ def torch_mark(sku: SkuFacts | None) -> tuple[float, float, float] | None:
     return health.gemm_torch_tflops if health.gemm_tool == "ubergemm" else health.gemm_tflops
 
 
+def torch_mark_measured_on(sku: SkuFacts | None) -> str:
+    """Where the torch mark was measured when not on this size ("" when on it, or no mark)."""
+    health = sku.health if sku else None
+    if not health:
+        return ""
+    return health.gemm_torch_measured_on if health.gemm_tool == "ubergemm" else health.gemm_measured_on
+
+
 def gemm_plan(sku: SkuFacts | None, sizes: Sizes) -> tuple[tuple[int, int, int], int, tuple[float, float, float] | None, str]:
     """(shape, iterations, band or None, detail) of the torch GEMM check for this size. The band
     is None where torch has no mark, or where the mark is sustained and `sizes` cannot run it."""
@@ -195,6 +204,8 @@ def gemm_plan(sku: SkuFacts | None, sizes: Sizes) -> tuple[tuple[int, int, int],
                    f"the size's ubergemm mark (~{mark[0]:g}) is graded where the image has DCGM's ubergemm")
     elif band:
         detail += f", measured baseline ~{band[0]:g} TFLOP/s (warn below {band[1]:g}, fail below {band[2]:g})"
+    if band and torch_mark_measured_on(sku):
+        detail += f"; the mark was measured on {torch_mark_measured_on(sku)}: below it warns, never fails"
     elif ubergemm:
         detail += (f"; the size's mark (~{mark[0]:g} TFLOP/s) is DCGM ubergemm's, which this image lacks: "
                    f"{UBERGEMM_VS_TORCH}; compared with the fleet")
@@ -213,11 +224,14 @@ def _gemm_results(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, cou
     if seconds and sizes.sustained and health and health.gemm_tool == "ubergemm" and health.gemm_tflops:
         binary = find_ubergemm(tools)
         if binary:
-            return ubergemm_results(tools, binary, health.gemm_tflops, seconds, subjects, environ)
+            return ubergemm_results(tools, binary, health.gemm_tflops, seconds, subjects, environ,
+                                    health.gemm_measured_on)
     shape, iters, band, detail = gemm_plan(sku, sizes)
+    borrowed = torch_mark_measured_on(sku)
     if not (seconds and sizes.sustained):
-        return [_measure("gemm", subjects[i], "TFLOP/s", None, detail,
-                         lambda i=i: measurer.gemm_tflops(i, dtype, shape, iters), band) for i in range(count)]
+        return [_warn_only(_measure("gemm", subjects[i], "TFLOP/s", None, detail,
+                                    lambda i=i: measurer.gemm_tflops(i, dtype, shape, iters), band), borrowed)
+                for i in range(count)]
     try:
         rates = measurer.gemm_sustained_tflops(list(range(count)), dtype, shape, seconds, sizes.settle_seconds)
     except Exception as exc:  # noqa: BLE001 - any error from the GPUs is the finding
@@ -232,8 +246,17 @@ def _gemm_results(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, cou
         elif band is None:
             results.append(CheckResult("gemm", subjects[i], INFO, rate, "TFLOP/s", None, detail))
         else:
-            results.append(CheckResult("gemm", subjects[i], grade_band(rate, band[1], band[2]), rate, "TFLOP/s", band[2], detail))
+            status = warn_only(grade_band(rate, band[1], band[2]), borrowed)
+            results.append(CheckResult("gemm", subjects[i], status, rate, "TFLOP/s", band[2], detail))
     return results
+
+
+def _warn_only(result: CheckResult, borrowed: str) -> CheckResult:
+    """A measured figure below a borrowed mark warns (a failed measurement still fails)."""
+    if borrowed and result.status == FAIL and result.value is not None:
+        return CheckResult(result.check, result.subject, warn_only(result.status, borrowed), result.value, result.unit,
+                           result.threshold, result.detail)
+    return result
 
 
 def gpu_checks(sku: SkuFacts | None, measurer: GpuMeasurer, sizes: Sizes, sysfs: Path,

@@ -5,8 +5,10 @@ Every rank of the job takes part (NCCL on GPUs, gloo on a CPU-only machine). Two
 - per node: an all-reduce among the node's own ranks (NVLink inside the node), compared
   with the size's single-node pass mark (`nccl_allreduce_busbw_gbytes_per_s_min`, e.g.
   228 GB/s at 8 GiB on ND96asr_v4) when the node runs one rank per GPU;
-- per job: an all-reduce across every rank (the InfiniBand fabric), compared with
-  `nccl_multinode_busbw_gbytes_per_s` (expected / warn / fail) where the size has one.
+- per job: an all-reduce across every rank, compared with the size's baseline for what the
+  all-reduce crosses (one multi-node NVLink domain or InfiniBand) and for SHARP on or off
+  (`health.multinode` bands, chosen by amlhpc/jobs/runtime/node/multinode.py), once every node's
+  report is in: the NVLink domains come from the nodes' fabric checks.
 
 Each is timed over several back-to-back all-reduces of one large buffer after warm-up; the
 figure is the slowest rank's time (what a training step waits for). busbw = algbw x
@@ -24,32 +26,22 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from amlhpc.jobs.runtime.base.contract import COORD_PORT
+from amlhpc.jobs.runtime.base.errors import RuntimeInputError
 from amlhpc.jobs.runtime.base.ranks import Ranks
+from amlhpc.jobs.runtime.coord.jobstore import DEFAULT_MASTER_PORT, endpoint, rendezvous_address
 from amlhpc.jobs.runtime.health.grading import FAIL, INFO, bus_bandwidth, grade_band, grade_minimum
 from amlhpc.jobs.runtime.health.results import CheckResult, fmt
+from amlhpc.jobs.runtime.node.multinode import Topology, choose_band
 from amlhpc.jobs.runtime.node.skufacts import SkuFacts
 
-DEFAULT_PORT = 6105
-"""Azure ML's MASTER_PORT, used when only a master host is known."""
+DEFAULT_PORT = DEFAULT_MASTER_PORT
+HEALTH_PREFIX = "amlhpc-health"
+"""The gate's keys in the job's coordination store."""
 
 
 class CollectiveError(RuntimeError):
     """The ranks could not form a group (no address, rendezvous timed out)."""
-
-
-def rendezvous_address(environ: Mapping[str, str]) -> tuple[str, int] | None:
-    """Where rank 0 listens: MASTER_ADDR/MASTER_PORT (torch.distributed, Azure ML pytorch
-    jobs), else Azure ML's MPI variables AZ_BATCH_MASTER_NODE ("host:port") or
-    AZ_BATCHAI_MPI_MASTER_NODE ("host")."""
-    if environ.get("MASTER_ADDR"):
-        return environ["MASTER_ADDR"], int(environ.get("MASTER_PORT") or DEFAULT_PORT)
-    node = environ.get("AZ_BATCH_MASTER_NODE", "")
-    if node:
-        host, _, port = node.partition(":")
-        return host, int(port or DEFAULT_PORT)
-    if environ.get("AZ_BATCHAI_MPI_MASTER_NODE"):
-        return environ["AZ_BATCHAI_MPI_MASTER_NODE"], DEFAULT_PORT
-    return None
 
 
 @dataclass(frozen=True)
@@ -88,8 +80,21 @@ class Collective:
             torch.cuda.set_device(device)
         host, port = address
         try:
-            dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=ranks.rank,
-                                    world_size=ranks.world_size, timeout=timedelta(seconds=timeout_s))
+            where = endpoint(environ) if environ.get(COORD_PORT) else None
+        except RuntimeInputError as exc:
+            raise CollectiveError(str(exc)) from None
+        try:
+            if where is not None:
+                # The launcher's way: the job's coordination store on node 0, its port bound before
+                # staging; the gate has no port of its own to lose to an outgoing connection.
+                host, port = where.host, where.port
+                store = dist.PrefixStore(HEALTH_PREFIX, dist.TCPStore(host, port, None, False,
+                                                                      timeout=timedelta(seconds=timeout_s)))
+                dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world_size,
+                                        timeout=timedelta(seconds=timeout_s))
+            else:
+                dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=ranks.rank,
+                                        world_size=ranks.world_size, timeout=timedelta(seconds=timeout_s))
         except Exception as exc:  # noqa: BLE001 - rendezvous errors come in many types
             raise CollectiveError(f"rendezvous at {host}:{port} failed: {type(exc).__name__}: {exc}") from exc
         return cls(torch, dist, ranks, backend, device)
@@ -170,13 +175,16 @@ def grade_node_allreduce(figure: AllReduceFigure, sku: SkuFacts | None, size_not
     return _graded("allreduce_node", "node", figure, grade_minimum(figure.busbw, minimum) if minimum else INFO, minimum, note)
 
 
-def grade_job_allreduce(figure: AllReduceFigure, sku: SkuFacts | None, nodes: int, size_note: str) -> CheckResult:
-    band = sku.health.nccl_multinode_busbw_gbytes_per_s if sku else None
+def grade_job_allreduce(figure: AllReduceFigure, sku: SkuFacts | None, nodes: int, size_note: str,
+                        topology: Topology, sharp: bool) -> CheckResult:
+    """The job-wide figure against the size's band for the job's topology and SHARP setting."""
     note = f"{nodes} nodes x {figure.ranks // max(nodes, 1)} ranks, {size_note}, algbw {fmt(figure.algbw)} GB/s"
+    band, why = choose_band(sku.health.multinode if sku else (), topology, sharp)
+    note += f"; {why}"
     if band is None or figure.backend != "nccl":
-        return _graded("allreduce_job", "job", figure, INFO, None, note + ("" if band else "; no published multi-node pass mark"))
-    expected, warn_below, fail_below = band
-    note += f", expected ~{expected:g}, warn below {warn_below:g}"
+        return _graded("allreduce_job", "job", figure, INFO, None, note)
+    expected, warn_below, fail_below = band.busbw_gbytes_per_s
+    note += f"; expected ~{expected:g}, warn below {warn_below:g}"
     return _graded("allreduce_job", "job", figure, grade_band(figure.busbw, warn_below, fail_below), fail_below, note)
 
 

@@ -43,6 +43,12 @@ def grade_band(value: float, warn_below: float, fail_below: float) -> str:
     return PASS
 
 
+def warn_only(status: str, borrowed_from: str) -> str:
+    """A fail against a mark measured elsewhere (another size, one GPU outside a node of the size)
+    is a warning: the mark is a guide until it is measured on the size itself."""
+    return WARN if borrowed_from and status == FAIL else status
+
+
 def worst(statuses) -> str:
     """The most severe status (fail and not-checked > warn > pass, fail first of the two); pass
     when nothing was graded."""

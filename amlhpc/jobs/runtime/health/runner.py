@@ -6,8 +6,10 @@ Order on each process:
 3. local rank 0 checks its node (GPUs one after another, InfiniBand, ECC) while the
    node's other ranks wait in the next step;
 4. every rank takes part in the per-node and the job-wide all-reduce;
-5. the node reports are exchanged, each metric is compared with the fleet, and every
-   rank reaches the same verdict;
+5. the node reports are exchanged; the job-wide figure is graded against the size's band for
+   what the all-reduce crossed (the nodes' NVLink domains, from their reports) and for SHARP on
+   or off, and the result joins every node's report; each metric is compared with the fleet,
+   and every rank reaches the same verdict;
 6. local rank 0 writes its node's JSON report, rank 0 the summary and the table.
 
 Exit status: 0 healthy (or `warn`/`report` mode); 2 bad input; 3 a node failed in `gate`
@@ -37,17 +39,19 @@ from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.base.ranks import Ranks, from_env
 from amlhpc.jobs.runtime.health.checks import FULL, QUICK, node_checks
 from amlhpc.jobs.runtime.health.collective import (
+    AllReduceFigure,
     Collective,
     CollectiveError,
     grade_job_allreduce,
     grade_node_allreduce,
     message_bytes,
 )
-from amlhpc.jobs.runtime.health.fleet import apply_fleet
+from amlhpc.jobs.runtime.health.fleet import apply_fleet, nvlink_domains
 from amlhpc.jobs.runtime.health.grading import FAIL, SKIP
 from amlhpc.jobs.runtime.health.measure import TorchGpuMeasurer
 from amlhpc.jobs.runtime.health.results import CheckResult, NodeReport
 from amlhpc.jobs.runtime.health.summary import render, write_summary
+from amlhpc.jobs.runtime.node.multinode import job_topology, sharp_on
 from amlhpc.jobs.runtime.node.nccl_transport import parse_init_log, verdict
 from amlhpc.jobs.runtime.node.nvml import open_nvml
 
@@ -119,9 +123,16 @@ def transport_check(report_dir: Path, sku, node_count: int, environ: Mapping[str
     return CheckResult("nccl_transport", "node", status, detail=detail)
 
 
-def _collectives(collective: Collective, ranks: Ranks, sku, sizes, report: NodeReport) -> list[CheckResult]:
-    """Per-node then job-wide all-reduce; returns the job-wide results."""
-    job: list[CheckResult] = []
+@dataclass(frozen=True)
+class JobAllReduce:
+    """The job-wide all-reduce, measured; graded once the nodes' reports are in."""
+
+    figure: AllReduceFigure
+    note: str
+
+
+def _collectives(collective: Collective, ranks: Ranks, sku, sizes, report: NodeReport) -> JobAllReduce | None:
+    """Per-node then job-wide all-reduce; returns the job-wide figure (None on one node)."""
     nbytes, note = message_bytes(collective, sku, sizes.cpu_allreduce_bytes)
     if ranks.local_size > 1:
         with _without_topology_file():
@@ -132,8 +143,17 @@ def _collectives(collective: Collective, ranks: Ranks, sku, sizes, report: NodeR
     if ranks.node_count > 1:
         figure = collective.allreduce(None, ranks.rank, ranks.world_size, nbytes, sizes.allreduce_iters,
                                       sizes.allreduce_warmup)
-        job.append(grade_job_allreduce(figure, sku, ranks.node_count, note))
-    return job
+        return JobAllReduce(figure, note)
+    return None
+
+
+def _grade_job(measured: JobAllReduce, sku, ranks: Ranks, reports: list[NodeReport],
+               environ: Mapping[str, str]) -> CheckResult:
+    """The job-wide figure against the band for the topology the nodes' reports show."""
+    hosts = {host: uuid for uuid, names in nvlink_domains(reports).items() for host in names}
+    domains = [hosts.get(r.host) for r in reports] + [None] * max(ranks.node_count - len(reports), 0)
+    topology = job_topology(sku, domains, ranks.node_count)
+    return grade_job_allreduce(measured.figure, sku, ranks.node_count, measured.note, topology, sharp_on(environ))
 
 
 def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None, *,
@@ -155,6 +175,7 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
     report = NodeReport(socket.gethostname(), ranks.node_index, sku.name if sku else None, options.mode, options.quick,
                         datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
     job_checks: list[CheckResult] = []
+    job_allreduce: JobAllReduce | None = None
     collective = None
     if ranks.world_size > 1:
         options.report_dir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +195,7 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
         reports = [report] if ranks.is_node_leader else []
         if collective is not None:
             try:
-                job_checks.extend(_collectives(collective, ranks, sku, sizes, report))
+                job_allreduce = _collectives(collective, ranks, sku, sizes, report)
             except Exception as exc:  # noqa: BLE001 - a broken collective is the finding
                 job_checks.append(CheckResult("allreduce_job", "job", FAIL,
                                               detail=f"all-reduce failed: {type(exc).__name__}: {exc}"[:400]))
@@ -191,6 +212,11 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
                 except Exception as exc:  # noqa: BLE001
                     job_checks.append(CheckResult("exchange", "job", FAIL,
                                                   detail=f"reports could not be exchanged: {type(exc).__name__}: {exc}"[:400]))
+        if job_allreduce is not None:
+            graded = _grade_job(job_allreduce, sku, ranks, reports if exchanged else [report], environ)
+            job_checks.append(graded)
+            for each in reports if exchanged else []:
+                each.checks.append(graded)
         if not exchanged:
             for check in job_checks:
                 if check not in report.checks:

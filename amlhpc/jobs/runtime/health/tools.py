@@ -2,10 +2,16 @@
 2026-11-23) run with the node's own tools, each parsing the tool's real output:
 
 - GPU XID errors in the kernel log (azure_gpu_xid.nhc): a critical XID (the codes below) in
-  `dmesg` or the syslog fails the node;
+  `dmesg` or the syslog fails the node when it is recent by Azure's rule: the whole hours since
+  it, (now - then) // 3600, at most 2 (XID_WINDOW_HOURS, the check's default time_threshold), so
+  an old XID no longer fails a node until its next reboot. dmesg's seconds since boot are dated
+  with /proc/uptime; a line with no readable time counts as recent;
 - clock throttle reasons (azure_gpu_clock_throttling.nhc): `nvidia-smi -q -d PERFORMANCE`;
   hardware slowdown, thermal or power-brake throttling warns, as Azure's check only warns;
-- NVLink status (azure_gpu_nvlink.nhc): `nvidia-smi nvlink --status`; an inactive link fails;
+- NVLink status (azure_gpu_nvlink.nhc): `nvidia-smi nvlink --status`; only an inactive link (or
+  a GPU whose links are all inactive) fails, as Azure's check: empty output passes ("NVLINK is
+  not enabled", NC40ads_H100_v5 has none), and so does a GPU that lists no link (a warning where
+  the catalog says the size has NVLink: the peer-bandwidth check then grades the links);
 - the multi-node NVLink fabric on GB200/GB300 (Azure/azhpc-images tests/test-definitions.sh
   verify_nvlink_setup, 2026-07-29): each GPU's `nvidia-smi -q` Fabric block must say State
   Completed, Status Success, a non-zero CliqueId and a non-zero ClusterUUID (the NVL72 rack's
@@ -17,8 +23,11 @@
 - NVMe device count (azure_nvme_count.nhc: nvme<N>n1 namespaces, from sysfs here);
 - InfiniBand write bandwidth per HCA (azure_ib_write_bw_gdr.nhc / _non_gdr.nhc: perftest's
   `ib_write_bw` loopback, with --use_cuda or --use_rocm for GPUDirect RDMA);
-- NCCL all-reduce with nccl-tests' `all_reduce_perf` (azure_nccl_allreduce.nhc, run
-  without the topology file), RCCL's with rccl-tests' on AMD sizes (azure_rccl_allreduce.nhc).
+- InfiniBand write bandwidth runs with Azure's flags, bound to the HCA's NUMA node with numactl;
+- NCCL all-reduce with nccl-tests' `all_reduce_perf`, one rank per GPU under mpirun as Azure's
+  check runs it (azure_nccl_allreduce.nhc, without the topology file), RCCL's with rccl-tests'
+  on AMD sizes (azure_rccl_allreduce.nhc);
+- kernel.numa_balancing: on warns on AMD sizes (AMD's MI300X workload optimization guide).
 
 Every check takes a `Tools` (runs a command, reads a file) so tests feed recorded outputs.
 A tool the size's checks need that is missing or cannot run (not installed, "command not
@@ -34,6 +43,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,10 +62,9 @@ from amlhpc.jobs.runtime.health.grading import (
 from amlhpc.jobs.runtime.health.results import CheckResult
 from amlhpc.jobs.runtime.node.rdma import state_name
 from amlhpc.jobs.runtime.node.skufacts import SkuFacts
-from amlhpc.jobs.runtime.node.xids import CRITICAL_XIDS
+from amlhpc.jobs.runtime.node.xids import CRITICAL_XIDS, XID_WINDOW_HOURS
 
-XID_WINDOW_S = 2 * 3600
-"""Azure's window for syslog XIDs: the last 2 hours (dmesg covers the boot, kept in full)."""
+UPTIME = Path("/proc/uptime")
 FLAP_WINDOW_S = 24 * 3600
 FLAP_THRESHOLD = 5
 """Azure's link-flap rule: 5 "lost carrier" events of one device within 24 hours."""
@@ -66,7 +75,8 @@ TOOLS_DIR = Path("/opt/aml-hpc/tools/bin")
 """Where the images install the health tools (amlhpc/images/common/bin/install_health_tools.sh)."""
 PACKAGES = {"nvidia-smi": "the NVIDIA driver's utilities (NVIDIA container runtime, capability 'utility')",
             "ibstat": "infiniband-diags", "ib_write_bw": "perftest built with GPU memory support",
-            "all_reduce_perf": "nccl-tests (rccl-tests on AMD)"}
+            "all_reduce_perf": "nccl-tests (rccl-tests on AMD), built with MPI=1",
+            "mpirun": "Open MPI (the NGC images' HPC-X; the ROCm image's Open MPI)"}
 _MISSING = re.compile(r"command not found|: not found|executable file not found|No such file or directory|"
                       r"cannot open shared object file")
 
@@ -131,6 +141,7 @@ def _read(path: Path) -> str | None:
 _XID = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+),")
 _SYSLOG_TIME = re.compile(r"^(?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d) ")
 _DMESG_T_TIME = re.compile(r"^\[(?P<stamp>[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d \d{4})\]")
+_DMESG_BOOT_TIME = re.compile(r"^\[\s*(?P<seconds>\d+\.\d+)\]")
 
 
 @dataclass(frozen=True)
@@ -160,38 +171,62 @@ def _syslog_time(line: str, now: float) -> float | None:
     return None
 
 
-def parse_xids(text: str, now: float) -> list[XidEvent]:
-    """Every `NVRM: Xid (PCI:...): N,` line (syslog, journalctl -k, dmesg or dmesg -T format)."""
+def parse_xids(text: str, now: float, booted: float | None = None) -> list[XidEvent]:
+    """Every `NVRM: Xid (PCI:...): N,` line (syslog, journalctl -k, dmesg or dmesg -T format);
+    dmesg's `[seconds since boot]` is dated when the boot time (epoch seconds) is known."""
     events = []
     for line in text.splitlines():
         match = _XID.search(line)
         if match:
-            events.append(XidEvent(int(match["xid"]), match["pci"], line.strip(), _syslog_time(line, now)))
+            when = _syslog_time(line, now)
+            since_boot = _DMESG_BOOT_TIME.match(line)
+            if when is None and since_boot and booted is not None:
+                when = booted + float(since_boot["seconds"])
+            events.append(XidEvent(int(match["xid"]), match["pci"], line.strip(), when))
     return events
+
+
+def xid_is_recent(event: XidEvent, now: float) -> bool:
+    """Azure's rule: the whole hours since the XID, (now - then) // 3600, at most XID_WINDOW_HOURS;
+    an XID with no readable time counts."""
+    return event.when is None or (now - event.when) // 3600 <= XID_WINDOW_HOURS
+
+
+def _boot_time(tools: Tools, now: float) -> float | None:
+    uptime = tools.read(UPTIME)
+    try:
+        return now - float((uptime or "").split()[0])
+    except (IndexError, ValueError):
+        return None
 
 
 def check_xid(tools: Tools) -> list[CheckResult]:
     code, text = tools.run(["dmesg", "--kernel"], 30)
-    source, window = "dmesg (since boot)", None
+    source = "dmesg"
     if code != 0 or not text.strip():
         for path in KERNEL_LOGS:
             content = tools.read(path)
             if content is not None:
-                source, text, window = str(path), content, XID_WINDOW_S
+                source, text = str(path), content
                 break
         else:
             return [CheckResult("xid", "node", SKIP, detail="the kernel log is not readable in this container "
                                 "(dmesg not permitted, no /var/log/syslog): XID errors not checked")]
     now = tools.now()
-    events = parse_xids(text, now)
-    recent = [e for e in events if window is None or e.when is None or now - e.when <= window]
+    events = parse_xids(text, now, _boot_time(tools, now))
+    recent = [e for e in events if xid_is_recent(e, now)]
+    older = sorted({e.xid for e in events if e not in recent and e.xid in CRITICAL_XIDS})
     critical = [e for e in recent if e.xid in CRITICAL_XIDS]
+    window = f"within Azure's {XID_WINDOW_HOURS}-hour window"
     if critical:
         listed = "; ".join(f"Xid {e.xid} on {e.pci}" for e in critical[:8])
         return [CheckResult("xid", "node", FAIL, float(len(critical)), "events", 0.0,
-                            f"critical GPU XID errors in {source}: {listed} (the GPU needs a reset or replacement)")]
+                            f"critical GPU XID errors in {source} {window}: {listed} (the GPU needs a reset or replacement)")]
     others = sorted({e.xid for e in recent})
-    detail = f"no critical XID in {source}" + (f" (other XIDs seen: {', '.join(map(str, others))}: application-level)" if others else "")
+    detail = f"no critical XID in {source} {window}" + (
+        f" (other XIDs seen: {', '.join(map(str, others))}: application-level)" if others else "")
+    if older:
+        detail += f"; older critical XID(s) {', '.join(map(str, older))} outside the window, not counted"
     return [CheckResult("xid", "node", PASS, float(len(critical)), "events", 0.0, detail)]
 
 
@@ -274,6 +309,7 @@ def parse_nvlink_status(text: str) -> dict[int, dict]:
 
 def check_nvlink(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
     expected = bool(sku and (sku.nvlink or sku.health.nvlink_check))
+    has_nvlink = bool(sku and sku.nvlink)
     if not tools.which("nvidia-smi"):
         return [not_checked("nvlink", "nvidia-smi")]
     code, text = tools.run(["nvidia-smi", "nvlink", "--status"], 60)
@@ -284,9 +320,15 @@ def check_nvlink(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
         return [CheckResult("nvlink", "node", FAIL if expected else SKIP, detail=f"nvidia-smi nvlink --status failed (exit {code})")]
     gpus = parse_nvlink_status(text)
     if not gpus or not any(g["links"] or g["all_inactive"] for g in gpus.values()):
-        if expected:
-            return [CheckResult("nvlink", "node", FAIL, detail=f"no NVLink reported, but {sku.name} has NVLink")]
-        return [CheckResult("nvlink", "node", SKIP, detail="no NVLink on this size")]
+        # Azure's check: empty output is "NVLINK is not enabled" and passes; only inactive links fail.
+        if has_nvlink:
+            return [CheckResult("nvlink", "node", WARN, 0.0, "links", detail=f"nvidia-smi reports no NVLink, though {sku.name} "
+                                "has NVLink: Azure's check passes this (only inactive links fail); the peer-read check "
+                                "grades the GPU-to-GPU bandwidth")]
+        if not expected:
+            return [CheckResult("nvlink", "node", SKIP, detail="no NVLink on this size")]
+        return [CheckResult("nvlink", "node", PASS, 0.0, "links", detail=f"no NVLink on {sku.name} (empty nvidia-smi "
+                            "nvlink --status passes, as Azure's check_nvlink_status)")]
     results = []
     for index, gpu in sorted(gpus.items()):
         inactive = [n for n, state in gpu["links"].items() if "inactive" in state.lower()]
@@ -294,6 +336,10 @@ def check_nvlink(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
             what = "all links inactive" if gpu["all_inactive"] else f"link(s) {', '.join(map(str, inactive))} inactive"
             results.append(CheckResult("nvlink", f"gpu{index}", FAIL, float(len(gpu["links"]) - len(inactive)), "links",
                                        detail=f"{what} ({gpu['name'][:60]})"))
+        elif not gpu["links"]:
+            status = WARN if has_nvlink else PASS
+            results.append(CheckResult("nvlink", f"gpu{index}", status, 0.0, "links",
+                                       detail="no link listed (no inactive link: Azure's check passes it)"))
         else:
             results.append(CheckResult("nvlink", f"gpu{index}", PASS, float(len(gpu["links"])), "links", detail="all links active"))
     return results
@@ -562,42 +608,139 @@ def parse_ib_write_bw(text: str) -> tuple[float, str] | None:
     return None
 
 
+IB_WRITE_GDR_ARGS = ("-s", "8388608", "-x", "0", "-F", "--report_gbits", "--perform_warm_up")
+"""azure_ib_write_bw_gdr.nhc: 8 MiB messages (plus -p <port> and --use_cuda=<GPU> -d <HCA>)."""
+IB_WRITE_NON_GDR_DURATION_S = 10
+IB_WRITE_PORTS = 18510
+"""Azure's GDR check gives HCA i the port 18510 + i, all HCAs at once."""
+
+
+@dataclass(frozen=True)
+class IbWriteRun:
+    """One HCA's loopback: the server and the client command lines, as Azure's check builds them."""
+
+    device: str
+    subject: str
+    server: list[str]
+    client: list[str]
+    binding: str
+    """How the pair is bound to the HCA's NUMA node ("" when it could not be)."""
+
+
+def _numa_node(sysfs: Path, device: str) -> int | None:
+    try:
+        node = int((sysfs / "class" / "infiniband" / device / "device" / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def _first_cpu(sysfs: Path, node: int) -> int | None:
+    try:
+        text = (sysfs / "devices" / "system" / "node" / f"node{node}" / "cpulist").read_text().strip()
+        return int(re.split(r"[-,]", text)[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ib_write_runs(tools: Tools, sku: SkuFacts, sysfs: Path) -> list[IbWriteRun]:
+    """The ib_write_bw loopback per active InfiniBand port, with Azure's flags and NUMA binding:
+    GPUDirect (azure_ib_write_bw_gdr.nhc) `numactl -N n -m n ib_write_bw -p 18510+i -s 8388608 -x 0
+    -F --report_gbits --perform_warm_up --use_cuda=i -d <hca>`, every HCA at once; from host
+    memory (azure_ib_write_bw_non_gdr.nhc) `numactl --membind=n -C <cpu> ib_write_bw -s <size> -D 10
+    -x 0 -F --report_gbits --perform_warm_up -d <hca> -q 2`, server on the NUMA node's first CPU and
+    client on the next, one HCA after another. n is the HCA's NUMA node (sysfs)."""
+    from amlhpc.jobs.runtime.node.rdma import infiniband_ports
+
+    health = sku.health
+    numactl = tools.which("numactl")
+    runs = []
+    for index, port in enumerate(infiniband_ports(sysfs, active_only=True)):
+        node = _numa_node(sysfs, port.device)
+        if health.ib_write_gpudirect:
+            memory = "rocm" if sku.gpu_vendor == "amd" else "cuda"
+            args = ["ib_write_bw", "-p", str(IB_WRITE_PORTS + index), *IB_WRITE_GDR_ARGS,
+                    f"--use_{memory}={index % max(sku.gpus, 1)}", "-d", port.device]
+            bind = ["numactl", "-N", str(node), "-m", str(node)] if numactl and node is not None else []
+            server, client = bind + args, bind + args + ["localhost"]
+            binding = f"numactl -N {node} -m {node}" if bind else ""
+        else:
+            args = ["ib_write_bw", "-s", str(health.ib_write_message_bytes), "-D", str(IB_WRITE_NON_GDR_DURATION_S), "-x", "0",
+                    "-F", "--report_gbits", "--perform_warm_up", "-d", port.device, "-q", "2"]
+            cpu = _first_cpu(sysfs, node) if node is not None else None
+            if numactl and node is not None and cpu is not None:
+                server = ["numactl", f"--membind={node}", "-C", str(cpu), *args]
+                client = ["numactl", f"--membind={node}", "-C", str(cpu + 1), *args, "localhost"]
+                binding = f"numactl --membind={node} -C {cpu}/{cpu + 1}"
+            else:
+                server, client, binding = args, [*args, "localhost"], ""
+        runs.append(IbWriteRun(port.device, port.name, server, client, binding))
+    return runs
+
+
+def _run_pairs(tools: Tools, runs: list[IbWriteRun], together: bool) -> list[tuple[int, str]]:
+    """Each loopback: its server started (on a real node), then its client; all pairs at once
+    (Azure's GDR check) or one after another (the host-memory check)."""
+    answers: list[tuple[int, str]] = [(1, "not run")] * len(runs)
+
+    def one(i: int) -> None:
+        answers[i] = tools.run(runs[i].client, 120)
+
+    servers = []
+    for i, run in enumerate(runs):
+        if not together:
+            servers.append(_start_server(tools, run.server))
+            time.sleep(2 if servers[-1] else 0)
+            one(i)
+            _stop(servers.pop())
+    if together:
+        servers = [_start_server(tools, run.server) for run in runs]
+        time.sleep(2 if any(servers) else 0)
+        threads = [threading.Thread(target=one, args=(i,), name=f"ib_write_bw-{runs[i].device}") for i in range(len(runs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for server in servers:
+            _stop(server)
+    return answers
+
+
+def _start_server(tools: Tools, command: list[str]) -> subprocess.Popen | None:
+    if tools.run is not _run:
+        return None  # recorded answers in tests: no server process
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(server: subprocess.Popen | None) -> None:
+    if server is not None:
+        server.kill()
+        server.wait()
+
+
 def check_ib_write(tools: Tools, sku: SkuFacts | None, sysfs: Path) -> list[CheckResult]:
     """perftest loopback per HCA (GPUDirect where the size's check uses it), graded per HCA."""
     if not sku or not sku.infiniband:
         return []
     if not tools.which("ib_write_bw"):
         return [not_checked("ib_write", "ib_write_bw")]
-    from amlhpc.jobs.runtime.node.rdma import infiniband_ports
-
     health = sku.health
+    runs = ib_write_runs(tools, sku, sysfs)
     results = []
-    for index, port in enumerate(p for p in infiniband_ports(sysfs, active_only=True)):
-        args = ["-p", str(18510 + index), "-s", str(health.ib_write_message_bytes), "-x", "0", "-F", "--report_gbits",
-                "--perform_warm_up", "-d", port.device]
-        if health.ib_write_gpudirect:
-            memory = "rocm" if sku.gpu_vendor == "amd" else "cuda"
-            args.append(f"--use_{memory}={index % max(sku.gpus, 1)}")
-        server = subprocess.Popen(["ib_write_bw", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) \
-            if tools.run is _run else None
-        time.sleep(2 if server else 0)
-        code, text = tools.run(["ib_write_bw", *args, "localhost"], 120)
-        if server is not None:
-            server.kill()
-            server.wait()
+    for run, (code, text) in zip(runs, _run_pairs(tools, runs, together=health.ib_write_gpudirect), strict=True):
         problem = tool_problem("ib_write_bw", code, text)
         if problem:
             return [not_checked("ib_write", "ib_write_bw", problem)]
         parsed = parse_ib_write_bw(text)
-        subject = port.name
         if parsed is None:
-            results.append(CheckResult("ib_write", subject, FAIL, detail=f"ib_write_bw gave no result (exit {code}): {text.strip()[-200:]}"))
+            results.append(CheckResult("ib_write", run.subject, FAIL, detail=f"ib_write_bw gave no result (exit {code}): {text.strip()[-200:]}"))
             continue
         gbits, line = parsed
         minimum = health.ib_write_gbits_per_s_per_hca_min
-        how = "GPUDirect RDMA" if health.ib_write_gpudirect else "host memory"
-        results.append(CheckResult("ib_write", subject, grade_minimum(gbits, minimum), gbits, "Gb/s", minimum,
-                                   f"loopback write from {how}: {line}"))
+        how = "GPUDirect RDMA, every HCA at once" if health.ib_write_gpudirect else "host memory"
+        bound = f", {run.binding}" if run.binding else ", not NUMA-bound (numactl or the HCA's NUMA node missing)"
+        results.append(CheckResult("ib_write", run.subject, grade_minimum(gbits, minimum), gbits, "Gb/s", minimum,
+                                   f"loopback write from {how}{bound}: {line}"))
     return results
 
 
@@ -612,10 +755,37 @@ def parse_nccl_tests(text: str) -> tuple[float | None, bool]:
     return (float(busbw.group(1)) if busbw else None), not (wrong and wrong.group(2) == "FAILED") and "FAILED" not in text
 
 
+_RANK_LINE = re.compile(r"^(?:\[[^\]]*\]<stdout>:)?#\s+Rank\s+(\d+)\s", re.MULTILINE)
+
+NCCL_TEST_ENV = (("NCCL_IB_PCI_RELAXED_ORDERING", "1"), ("UCX_IB_PCI_RELAXED_ORDERING", "on"), ("UCX_TLS", "tcp"),
+                 ("UCX_NET_DEVICES", "eth0"), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"), ("NCCL_SOCKET_IFNAME", "eth0"))
+"""The environment Azure's single-node all-reduce checks pass to every rank (mpirun -x),
+azure_nccl_allreduce.nhc and azure_rccl_allreduce.nhc alike."""
+RCCL_TEST_ENV = (("HSA_NO_SCRATCH_RECLAIM", "1"),)
+"""RCCL only: the ROCm runtime keeps kernels' scratch memory. Azure's azure_rccl_allreduce.nhc writes
+`-x HSA_NO_SCRATCH_RECLAIM=1` among the test binary's own arguments, where rccl-tests reads -x as
+--cta_policy: the variable never reaches the ranks there. Here it goes to them as mpirun's -x."""
+
+
+def nccl_test_command(binary: str, sku: SkuFacts | None, gpus: int) -> list[str]:
+    """Azure's single-node all-reduce check: one rank per GPU under mpirun (-np <gpus>, --map-by
+    ppr:<gpus>:node, --bind-to numa, hcoll off), `all_reduce_perf -b S -f 2 -g 1 -e S -c 1`, NCCL
+    without the topology file (azure_nccl_allreduce.nhc since 2025-06-26: it gave false failures
+    on H100/H200); RCCL's with HSA_NO_SCRATCH_RECLAIM=1 (azure_rccl_allreduce.nhc)."""
+    size = str(sku.health.nccl_allreduce_message_bytes if sku else 1 << 30)
+    amd = bool(sku and sku.gpu_vendor == "amd")
+    env = [*NCCL_TEST_ENV, *(RCCL_TEST_ENV if amd else (("NCCL_TOPO_FILE", ""),))]
+    exported = [word for name, value in env for word in ("-x", f"{name}={value}")]
+    return ["mpirun", "-np", str(gpus), "--map-by", f"ppr:{gpus}:node", "--bind-to", "numa", "-mca", "coll_hcoll_enable", "0",
+            "--allow-run-as-root", "-x", "LD_LIBRARY_PATH", *exported,
+            binary, "-b", size, "-f", "2", "-g", "1", "-e", size, "-c", "1"]
+
+
 def check_nccl_tests(tools: Tools, sku: SkuFacts | None, gpus: int) -> list[CheckResult]:
-    """nccl-tests' all_reduce_perf over this node's GPUs in one process, without the topology
-    file (Azure's check since 2025-06: the file gave false failures on H100/H200); rccl-tests'
-    binary of the same name on AMD sizes (azure_rccl_allreduce.nhc)."""
+    """nccl-tests' all_reduce_perf over this node's GPUs, one rank per GPU as Azure's check runs it
+    (nccl_test_command); rccl-tests' binary of the same name on AMD sizes (azure_rccl_allreduce.nhc).
+    The report's "# Rank" lines must show one rank per GPU: a binary built without MPI run under
+    mpirun is N separate one-GPU tests, not an all-reduce."""
     library = "RCCL" if sku and sku.gpu_vendor == "amd" else "NCCL"
     binary = tools.which("all_reduce_perf") or next(
         (str(p) for p in (TOOLS_DIR / "all_reduce_perf", Path("/opt/nccl-tests/build/all_reduce_perf")) if p.is_file()), None)
@@ -623,20 +793,49 @@ def check_nccl_tests(tools: Tools, sku: SkuFacts | None, gpus: int) -> list[Chec
         return [not_checked("nccl_tests", "all_reduce_perf")]
     if gpus < 2:
         return [CheckResult("nccl_tests", "node", SKIP, detail="one GPU: nothing to all-reduce")]
+    if not tools.which("mpirun"):
+        return [not_checked("nccl_tests", "mpirun", "mpirun is not on PATH (one rank per GPU, as Azure's check runs "
+                            "all_reduce_perf, needs it)")]
     size = sku.health.nccl_allreduce_message_bytes if sku else 1 << 30
-    code, text = tools.run(["env", "NCCL_TOPO_FILE=", binary, "-b", str(size), "-e", str(size), "-f", "2", "-g", str(gpus),
-                            "-c", "1"], 600)
-    problem = tool_problem("all_reduce_perf", code, text)
+    code, text = tools.run(nccl_test_command(binary, sku, gpus), 600)
+    problem = tool_problem("all_reduce_perf", code, text) or tool_problem("mpirun", code, text)
     if problem:
         return [not_checked("nccl_tests", "all_reduce_perf", problem)]
+    ranks = {int(r) for r in _RANK_LINE.findall(text)}
+    if ranks and len(ranks) != gpus:
+        return [CheckResult("nccl_tests", "node", NOT_CHECKED, float(len(ranks)), "ranks", float(gpus),
+                            f"all_reduce_perf reports {len(ranks)} rank(s) for {gpus} processes: the binary was built "
+                            "without MPI (build nccl-tests/rccl-tests with MPI=1, as the aml-hpc images do)")]
     busbw, correct = parse_nccl_tests(text)
     minimum = sku.health.nccl_allreduce_busbw_gbytes_per_s_min if sku else None
     if busbw is None:
         return [CheckResult("nccl_tests", "node", FAIL, detail=f"all_reduce_perf gave no result (exit {code}): {text.strip()[-200:]}")]
     if not correct:
         return [CheckResult("nccl_tests", "node", FAIL, busbw, "GB/s", minimum, "all_reduce_perf found wrong values")]
+    topology = "" if library == "RCCL" else ", no topology file"
     return [CheckResult("nccl_tests", "node", grade_minimum(busbw, minimum), busbw, "GB/s", minimum,
-                        f"{library} all_reduce_perf -g {gpus} at {size >> 20} MiB, no topology file")]
+                        f"{library} all_reduce_perf, {gpus} ranks (one per GPU, mpirun --bind-to numa) at {size >> 20} MiB{topology}")]
+
+
+NUMA_BALANCING = Path("/proc/sys/kernel/numa_balancing")
+
+
+def check_numa_balancing(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
+    """Linux's automatic NUMA balancing moves pages under running kernels; AMD's MI300X guidance
+    (ROCm docs, AMD Instinct MI300X workload optimization: "Disable NUMA auto-balancing") is to
+    turn it off for RCCL. On: a warning on AMD sizes, reported elsewhere."""
+    text = tools.read(NUMA_BALANCING)
+    if text is None:
+        return [CheckResult("numa_balancing", "node", SKIP, detail=f"{NUMA_BALANCING} is not readable here")]
+    value = text.strip()
+    if value in ("", "0"):
+        return [CheckResult("numa_balancing", "node", PASS, 0.0, detail="NUMA auto-balancing is off (kernel.numa_balancing=0)")]
+    amd = bool(sku and sku.gpu_vendor == "amd")
+    why = ("AMD's MI300X guidance is 0 (variable RCCL and training performance otherwise)" if amd
+           else "it can move memory under running GPU kernels")
+    return [CheckResult("numa_balancing", "node", WARN if amd else INFO, float(value) if value.isdigit() else None,
+                        detail=f"NUMA auto-balancing is on (kernel.numa_balancing={value}): {why}; on the host: "
+                               "sudo sysctl kernel.numa_balancing=0")]
 
 
 NVIDIA_ONLY = ("xid", "throttle", "nvlink")
@@ -654,11 +853,12 @@ def tool_checks(sku: SkuFacts | None, sysfs: Path, gpus: int, tools: Tools | Non
     else:
         results = check_xid(tools) + check_throttle(tools) + check_nvlink(tools, sku) + check_nvlink_fabric(tools, sku)
     results += check_ibstat(tools, sku, sysfs) + check_link_flaps(tools, sku, sysfs) + check_nvme(sysfs, sku)
-    results += check_ib_write(tools, sku, sysfs) + check_nccl_tests(tools, sku, gpus)
+    results += check_ib_write(tools, sku, sysfs) + check_nccl_tests(tools, sku, gpus) + check_numa_balancing(tools, sku)
     return results
 
 
 def skipped_on_cpu(reason: str) -> list[CheckResult]:
     """The same checks on a machine that is not the size's hardware: each skipped, with the reason."""
     return [CheckResult(check, "node", SKIP, detail=reason)
-            for check in ("xid", "throttle", "nvlink", "ibstat", "ib_link_flaps", "nvme_count", "ib_write", "nccl_tests")]
+            for check in ("xid", "throttle", "nvlink", "ibstat", "ib_link_flaps", "nvme_count", "ib_write", "nccl_tests",
+                          "numa_balancing")]

@@ -47,7 +47,8 @@ signal after it reported a completed training (amlhpc.jobs.runtime.launch.comple
     7   the hang watchdog stopped the command: no progress for watchdog.hang_s
     8   NCCL would use TCP sockets between the nodes of an InfiniBand size
     9   the node's managed identity cannot reach the job's storage with the role it needs
-    10  an in-job restart could not happen: a node did not answer (lost)
+    10  a node was lost: node 0 (its coordination store stopped answering), or a node that did not
+        answer an in-job restart
     11  the training failed again after `local_restarts` in-job restarts
     126 the command is not executable, 127 it was not found
 
@@ -76,13 +77,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.base import clock, contract, launchid
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
+from amlhpc.jobs.runtime.coord import jobstore
+from amlhpc.jobs.runtime.coord.agree import Channel
+from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 
 log = logging.getLogger("amlhpc.launch")
 
 
+BYE_WAIT_S = 120.0
+"""How long node 0 keeps the store up at its end for the other nodes to finish with it."""
 RESTORE_WAIT_S = 3 * 3600.0
 """How long a node's other ranks wait for local rank 0's restore (it notices a dead leader sooner)."""
 HEALTH_MODES = ("gate", "warn", "off")
@@ -90,6 +96,7 @@ PIN_MODES = ("auto", "off")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SECRET_VARIABLES = (contract.BLOB_CONNECTION_STRING,)
+"""Never passed to the training command; nor is AMLHPC_COORD_LISTEN_FD (a socket only the launcher holds)."""
 STANDBY_READY = "AMLHPC_STANDBY_READY"
 """For the training: the file the warm standby for the next restart writes once it is ready."""
 STANDBY = "AMLHPC_STANDBY"
@@ -221,11 +228,13 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchOpti
 # --- node-local coordination -------------------------------------------------------------
 
 
-def _node_dir(ranks, environ: Mapping[str, str], what: str) -> Path:
-    """Node-local marker folder for this job and node (the forced scratch when set, as
-    simulated nodes on one machine differ there; else the temp dir)."""
+def _node_dir(ranks, environ: Mapping[str, str], what: str, launch: str = "") -> Path:
+    """Node-local marker folder for this job, node and launch (the forced scratch when set, as
+    simulated nodes on one machine differ there; else the temp dir). `launch` is the launch's
+    generation (amlhpc.jobs.runtime.base.launchid): a next launch with the same run id on the same node
+    never reads this one's records (stop requests, exit records, barriers, progress)."""
     base = Path(environ.get(contract.SCRATCH) or tempfile.gettempdir())
-    return base / ".amlhpc-launch" / f"{ranks.run_id}-node{ranks.node_index}" / what
+    return base / ".amlhpc-launch" / f"{ranks.run_id}-node{ranks.node_index}" / (launch or "any") / what
 
 
 def _checkpoint_base(environ: Mapping[str, str], staged_scratch: str | None) -> Path:
@@ -438,8 +447,22 @@ class Launcher:
                 setattr(self, target, load())
             except RuntimeInputError as exc:
                 problems.extend(exc.problems)
+        self.coord_endpoint: jobstore.Endpoint | None = None
+        try:
+            self.coord_endpoint = jobstore.endpoint(self.environ)
+        except RuntimeInputError as exc:
+            problems.extend(exc.problems)
         if problems:
             raise RuntimeInputError(problems, title="the job's runtime settings are not usable")
+        generation = launchid.node_generation(self.environ, self.ranks.local_size)
+        if generation is None:
+            raise RuntimeInputError.single("launch identity", "", launchid.refusal(self.ranks.local_size),
+                                           launchid.REFUSAL_HINT)
+        self.launch = generation.value
+        """This launch's generation on this node: every node-local record and barrier carries it."""
+        self.jobstore: jobstore.JobStore | None = None
+        self.channel: Channel | None = None
+        """The job's coordination store, on local rank 0 (amlhpc.jobs.runtime.coord.jobstore)."""
         self.child_env: dict[str, str] = {}
         self.report = LaunchReport(socket.gethostname(), self.ranks.rank, self.ranks.node_index)
         self.staged_scratch: str | None = None
@@ -448,6 +471,46 @@ class Launcher:
         self.node_checkpoints = None
         self._forwarder: SignalForwarder | None = None
         self._standbys = _Standbys(self.options.command if self._standby_wanted() else [])
+
+    def _dir(self, what: str) -> Path:
+        return _node_dir(self.ranks, self.environ, what, self.launch)
+
+    # 1a. the job's coordination store: node 0 binds its port before anything else opens a connection
+    def open_coordination(self) -> None:
+        """Across nodes always; on one node only for the health gate's process group."""
+        if not self.ranks.is_node_leader:
+            return
+        if self.ranks.node_count <= 1 and (self.options.health == "off" or self.ranks.world_size <= 1):
+            return
+        try:
+            self.jobstore = jobstore.open_for_node(self.environ, self.ranks.node_index, self.ranks.node_count,
+                                                   self.ranks.world_size)
+        except jobstore.CoordinationUnavailable as exc:
+            raise LaunchFailed(ExitCode.USAGE, f"coordination store: {exc}") from None
+        except StoreLost as exc:
+            raise LaunchFailed(ExitCode.NODE_LOST, f"coordination store: {exc}") from None
+        if self.jobstore is not None:
+            self.channel = Channel(self.jobstore.store, node=self.ranks.node_index, nodes=self.ranks.node_count)
+            log.info("coordination store: %s %s at %s", "serving" if self.jobstore.serving else "connected to",
+                     self.jobstore.backend, self.jobstore.where)
+
+    def close_coordination(self) -> None:
+        """Local rank 0 says goodbye; node 0 keeps serving until every node has (bounded), so no
+        node loses the store while it still reads its last answers (the final commit)."""
+        if self.jobstore is None or self.channel is None:
+            return
+        try:
+            self.channel.count(self.channel.key("launch", "bye"))
+            if self.jobstore.serving and self.ranks.node_count > 1:
+                deadline = clock.monotonic() + BYE_WAIT_S
+                while clock.monotonic() < deadline and self.channel.count(self.channel.key("launch", "bye"), 0) \
+                        < self.ranks.node_count:
+                    self.channel.pause()
+        except StoreLost:
+            pass
+        finally:
+            self.jobstore.close()
+            self.jobstore = None
 
     # 1b. NCCL settings for this node; stop before anything runs when NCCL would fall back to TCP
     def nccl_preflight(self) -> None:
@@ -489,9 +552,12 @@ class Launcher:
         started = time.monotonic()
         try:
             result = staging.stage_inputs(self.specs, self.ranks, env=self.environ,
-                                          options=staging.StageOptions(report_dir=self.options.report_dir))
+                                          options=staging.StageOptions(report_dir=self.options.report_dir),
+                                          channel=self.channel)
         except (staging.StageConfigError, scratch.ScratchError) as exc:
             raise LaunchFailed(ExitCode.USAGE, f"staging input: {exc}") from None
+        except StoreLost as exc:
+            raise LaunchFailed(ExitCode.NODE_LOST, f"staging: {exc}") from None
         except (staging.StagingError, BarrierTimeout, OSError) as exc:
             raise LaunchFailed(ExitCode.STAGING, f"staging failed: {exc}") from None
         self.child_env.update(result.env_for(self.ranks.rank))
@@ -501,14 +567,14 @@ class Launcher:
 
     # 4. health
     def health_env(self) -> dict[str, str]:
-        """The gate's own rendezvous port (the command's + 1), so the training's port is
-        never one the checks just closed."""
-        from amlhpc.jobs.runtime.health.collective import rendezvous_address
-
-        env = {k: v for k, v in self.environ.items() if k not in SECRET_VARIABLES}
-        address = rendezvous_address(self.environ)
-        if address is not None:
-            env["MASTER_ADDR"], env["MASTER_PORT"] = address[0], str(address[1] + 1)
+        """The checks form their process group through the job's coordination store (on node 0,
+        its port bound before staging): the gate needs no port of its own, so none can be taken
+        from under it (the defect: a port probed at the start and bound after staging collided with
+        staging's own outgoing connections)."""
+        env = {k: v for k, v in self.environ.items() if k not in SECRET_VARIABLES + (contract.COORD_LISTEN_FD,)}
+        if self.coord_endpoint is not None:
+            env[contract.COORD_PORT] = str(self.jobstore.endpoint.port if self.jobstore is not None
+                                           else self.coord_endpoint.port)
         return env
 
     def health_gate(self) -> None:
@@ -581,7 +647,7 @@ class Launcher:
         from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout, NodeBarrier
 
         started = time.monotonic()
-        barrier = NodeBarrier(_node_dir(self.ranks, self.environ, "restore"), RESTORE_WAIT_S, self.ranks.run_id)
+        barrier = NodeBarrier(self._dir("restore"), RESTORE_WAIT_S, self.ranks.run_id, generation=self.launch)
         if self.ranks.is_node_leader:
             barrier.lead()
             try:
@@ -624,7 +690,8 @@ class Launcher:
         try:
             self.node_checkpoints = NodeCheckpoints(settings, node=self.ranks.node_index, nodes=self.ranks.node_count,
                                                     local_size=self.ranks.local_size, world=self.ranks.world_size,
-                                                    checkpoint_dir=self.checkpoint_dir, environ=self.environ)
+                                                    checkpoint_dir=self.checkpoint_dir, environ=self.environ,
+                                                    channel=self.channel)
         except ValueError as exc:  # blobio.BlobConfigError: never holds a secret
             raise LaunchFailed(ExitCode.USAGE, f"checkpoint storage: {exc}") from None
         self.store = self.node_checkpoints.store
@@ -632,6 +699,8 @@ class Launcher:
             manifest, resume = self.node_checkpoints.restore_at_start()
         except CheckpointError as exc:
             raise LaunchFailed(ExitCode.RESTORE, f"restore failed: {exc}") from None
+        except StoreLost as exc:
+            raise LaunchFailed(ExitCode.NODE_LOST, f"restore: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - storage errors: say which and stop
             hint = ""
             if type(exc).__name__ == "ClientAuthenticationError" or getattr(exc, "status_code", None) == 403:
@@ -652,7 +721,7 @@ class Launcher:
 
     # 7. training
     def command_env(self) -> dict[str, str]:
-        env = {k: v for k, v in self.environ.items() if k not in SECRET_VARIABLES}
+        env = {k: v for k, v in self.environ.items() if k not in SECRET_VARIABLES + (contract.COORD_LISTEN_FD,)}
         env.update(self.child_env)
         return env
 
@@ -706,14 +775,15 @@ class Launcher:
         """One run of the training command; returns (status, the node's decision or None)."""
         from amlhpc.jobs.runtime.launch import restart, watchdog
 
-        progress_dir = _node_dir(self.ranks, self.environ, "progress" if generation == 0 else f"progress-g{generation}")
+        progress_dir = self._dir("progress" if generation == 0 else f"progress-g{generation}")
         self.child_env[contract.PROGRESS_FILE] = str(watchdog.progress_path(progress_dir, self.ranks.local_rank))
-        records = restart.NodeRecords(_node_dir(self.ranks, self.environ, "restart"), generation)
-        coordinated = self.restarts_allowed > 0
+        records = restart.NodeRecords(self._dir("restart"), generation)
+        # With restarts, or across nodes with a store: a failure (or node 0 lost) stops every node at once.
+        coordinated = self.restarts_allowed > 0 or (self.ranks.node_count > 1 and self._nodes_share_a_store())
         outcome_barrier = self._coordinator(generation, records) if coordinated else None
         started = time.monotonic()
         log.info("starting%s: %s", f" (in-job restart {generation})" if generation else "", " ".join(self.options.command))
-        ready_file = _node_dir(self.ranks, self.environ, "standby") / f"rank-{self.ranks.local_rank}-g{generation + 1}.ready"
+        ready_file = self._dir("standby") / f"rank-{self.ranks.local_rank}-g{generation + 1}.ready"
         self.child_env[STANDBY_READY] = str(ready_file)
         child = self._spawn()
         if coordinated and generation < self.restarts_allowed:
@@ -761,6 +831,11 @@ class Launcher:
             log.error("the job ends: %s", decision.reason)
         return status, decision
 
+    def _nodes_share_a_store(self) -> bool:
+        """Whether the nodes coordinate through a store (every local rank must answer alike:
+        only local rank 0 holds it, the others know from the job's variables)."""
+        return self.coord_endpoint is not None
+
     def _standby_wanted(self) -> bool:
         mode = self.environ.get(STANDBY, "").strip() or "auto"
         if mode not in STANDBY_MODES:
@@ -787,23 +862,20 @@ class Launcher:
         from amlhpc.jobs.runtime.coord.nodebarrier import NodeBarrier
         from amlhpc.jobs.runtime.launch import restart
 
-        barrier = NodeBarrier(records.outcome_dir, RESTORE_WAIT_S, self.ranks.run_id)
+        barrier = NodeBarrier(records.outcome_dir, RESTORE_WAIT_S, self.ranks.run_id, generation=self.launch)
         if not self.ranks.is_node_leader:
             return barrier
-        shared = None
-        if self.node_checkpoints is not None:
-            shared = restart.JobRecords(self.node_checkpoints.store.container, self.checkpoint.prefix,
-                                        self.ranks.run_id, generation)
+        shared = restart.JobAgreement(self.channel, generation) if self.channel is not None else None
         hooks = restart.Hooks(report=self._restart_report, apply=self._apply_restart)
         coordinator = restart.Coordinator(generation=generation, node=self.ranks.node_index,
                                           nodes=self.ranks.node_count, local_size=self.ranks.local_size,
                                           records=records, shared=shared, limit=self.restarts_allowed,
-                                          agree_s=self.checkpoint.agree_s, hooks=hooks)
+                                          agree_s=self.checkpoint.agree_s if self.checkpoint else 300.0, hooks=hooks)
         barrier.lead()
 
         def run() -> None:
             try:
-                decision = coordinator.watch()
+                decision = coordinator.run()
                 barrier.succeed({**decision.to_json(), "failure": coordinator.failure})
             except BaseException as exc:  # noqa: BLE001 - the node's ranks must hear of it, then end
                 log.exception("the restart coordinator failed")
@@ -821,7 +893,7 @@ class Launcher:
             result = barrier.wait()
         except (BarrierFailed, BarrierTimeout) as exc:
             return restart.Decision("end", f"no restart decision on this node: {exc}")
-        return restart.Decision(**{k: result.get(k) for k in restart.Decision.__dataclass_fields__})
+        return restart.Decision.from_json(result)
 
     def _restart_report(self) -> dict:
         report = self.node_checkpoints.restart_report() if self.node_checkpoints is not None else {"versions": []}
@@ -859,20 +931,20 @@ class Launcher:
             return
         from amlhpc.jobs.runtime.coord.nodebarrier import write_json_atomic
 
-        write_json_atomic(_node_dir(self.ranks, self.environ, "exited") / f"rank-{self.ranks.local_rank}.json",
+        write_json_atomic(self._dir("exited") / f"rank-{self.ranks.local_rank}.json",
                           {"pid": os.getpid(), "status": status, "written": time.time()})
 
     def _wait_for_local_ranks(self) -> None:
         """Every local rank's command must be done writing its part before the last upload."""
         if self.ranks.local_size == 1:
             return
-        folder = _node_dir(self.ranks, self.environ, "exited")
-        deadline = time.monotonic() + self.options.final_wait_s
-        while time.monotonic() < deadline:
+        folder = self._dir("exited")
+        deadline = clock.monotonic() + self.options.final_wait_s
+        while clock.monotonic() < deadline:
             missing = [r for r in range(self.ranks.local_size) if not (folder / f"rank-{r}.json").exists()]
             if not missing:
                 return
-            time.sleep(0.2)
+            clock.sleep(0.2)
         log.warning("local rank(s) %s still running after %.0fs: uploading what is there", missing, self.options.final_wait_s)
 
     def _final_upload(self, status: int) -> int:
@@ -910,6 +982,7 @@ class Launcher:
 
         with ExitStack() as stack:
             try:
+                self.open_coordination()
                 self.nccl_preflight()
                 self.storage_preflight()
                 self.stage()
@@ -933,6 +1006,7 @@ class Launcher:
         from amlhpc.jobs.runtime.launch.watchdog import record_end
 
         record_end(self, code)
+        self.close_coordination()
         return code
 
 

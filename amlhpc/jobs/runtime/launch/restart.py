@@ -6,51 +6,69 @@ managed run resubmits it). A process that crashes, an NCCL error, a hang the wat
 none of those needs a new job. So, per training run ("generation" g = 0, 1, ...):
 
 1. every launcher runs its command; when it ends, the launcher records how (node-local
-   `restart/g<g>/rank-<lr>.exit.json`): its status and cause (exit, hang, stopped by a signal);
-2. the node's leader (local rank 0) watches those records, and the job's failure record in
-   Blob (`<prefix>/runs/<run id>/restart/g<g>-failed.json`, create-only: the first failure of
-   the generation anywhere). A failure, here or on another node, makes it write `stop.json`:
-   every launcher of the node kills its command at once;
+   `restart/<launch>/g<g>/rank-<lr>.exit.json`, under this launch's generation,
+   amlhpc.jobs.runtime.base.launchid, so a later launch on the node never reads them): its status and
+   cause (exit, hang, stopped by a signal);
+2. the node's leader (local rank 0) watches those records, and the generation's failure key in
+   the job's store (`restart/g<g>/failed`, create-only: the first failure anywhere; one `check`
+   per poll). A failure, here or on another node, makes it write `stop.json`: every launcher of
+   the node kills its command at once. A store that stops answering is node 0 lost: a failure
+   too, and the job ends (exit 10) with that cause;
 3. once its commands have all ended, the leader cancels the node's uploads, verifies what the
-   node holds (tier.py: markers and SHA-256 of every file) and reports it to Blob
-   (`g<g>-node-<k>.json`; node 0 adds the committed latest version in Blob);
-4. when every node has reported, each leader decides the same thing from the same reports
-   (`decide`): the newest version every node holds intact, or the committed one in Blob if that
-   is newer (restored into the tier first), or none; versions newer than it are deleted (they
-   belong to the abandoned timeline). Its local ranks start their commands again with
-   AMLHPC_RESUME_VERSION, AMLHPC_RESTART_GENERATION g+1 and a new timeline tag.
+   node holds (tier.py: markers and SHA-256 of every file) and reports it to the store
+   (`restart/g<g>/report/node-<k>`, and a counter; node 0 adds the committed latest version in
+   Blob);
+4. node 0 decides once every node has reported (`decide`: the newest version every node holds
+   intact, or the committed one in Blob if that is newer, restored into the tier first, or
+   none) or once `agree_s` has passed (the nodes that did not report are lost: end), and
+   stores it as THE decision of the generation (`restart/g<g>/decision`, create-only,
+   `compare_set`); every node adopts what the store holds, never a decision of its own.
+   Versions newer than the decision's are deleted (the abandoned timeline). Its local ranks
+   start their commands again with AMLHPC_RESUME_VERSION, AMLHPC_RESTART_GENERATION g+1 and a
+   new timeline tag.
 
-The job ends instead (the node's outcome "end", the launcher's exit status saying why) when:
-the launcher itself was told to stop (SIGTERM: preemption, a cancel); the training writes
-checkpoint files outside the versioned tier (nodes cannot agree on those: a rank-0 file exists
-on one node only); `local_restarts` restarts were spent (exit 11, for the managed run to
-resubmit); a node did not report within `agree_s` (exit 10: a lost node); another node ended.
-A node that ends publishes `g<g>-ended-node-<k>.json`, so the others do not wait for it.
+A node that ends instead proposes an end as the decision (the first proposal wins, so every
+node ends with it): the launcher itself was told to stop (SIGTERM: preemption, a cancel); the
+training writes checkpoint files outside the versioned tier (nodes cannot agree on those: a
+rank-0 file exists on one node only); `local_restarts` restarts were spent (exit 11, for the
+managed run to resubmit); its commands all ended well (done: nothing to restart here). A node
+that cannot follow an adopted restart (its restore failed, its coordinator failed) publishes
+a failure and an end for the next generation, so the others stop and end too; its
+coordinator proposes an end in a `finally`, so no failure leaves the others waiting out
+`agree_s`.
 
-Blob (the checkpoints container) is the channel between nodes, as for the watchdog's
-heartbeats: it needs no port, works when the collectives are what failed, and leaves a record.
-Without checkpoint settings only a single-node job restarts in-job.
+The job's store (amlhpc.jobs.runtime.coord.jobstore, on node 0) is the channel between nodes: a constant
+number of operations per node per poll at any node count (where Blob polling made every node
+list and read every node's report, O(N^2) requests per poll). Without a store (no rendezvous
+host) only a single-node job restarts in-job.
 
-Standard library plus azure-storage-blob: ships in the image.
+Standard library only: ships in the image.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.base import clock as clocks
+from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
-from amlhpc.jobs.runtime.coord import nodestatus
+from amlhpc.jobs.runtime.coord import pacing
+from amlhpc.jobs.runtime.coord.agree import Channel
+from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 
 log = logging.getLogger("amlhpc.restart")
 
 POLL_S = 0.1
-BLOB_POLL_S = 0.5
+"""How often the leader looks at its own node's exit records (files)."""
+STORE_POLL_S = 0.5
+"""How often it looks at the job's store (scaled with the node count: pacing.store_poll_s)."""
+DECIDE_GRACE_S = 60.0
+"""How long past agree_s a node waits for node 0's decision before it proposes an end itself."""
 
 
 # --- records ----------------------------------------------------------------------------
@@ -74,7 +92,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 class NodeRecords:
-    """The node-local records of one generation (every launcher of the node reads and writes them)."""
+    """The node-local records of one generation (every launcher of the node reads and writes
+    them); `folder` is already this launch's (the launcher keys it by the launch generation)."""
 
     def __init__(self, folder: Path, generation: int):
         self.folder = Path(folder) / f"g{generation}"
@@ -87,7 +106,7 @@ class NodeRecords:
         """`peer_silent`: the watchdog stopped the command because another node's launcher went
         silent (frozen or gone): that node cannot restart, so the job ends."""
         _write_json(self.exit_path(local_rank), {"status": status, "cause": cause, "message": message,
-                                                 "peer_silent": peer_silent, "written": clocks.time()})
+                                                 "peer_silent": peer_silent, "written": clock.time()})
 
     def exits(self, local_size: int) -> dict[int, dict[str, Any]]:
         found = {r: _read_json(self.exit_path(r)) for r in range(local_size)}
@@ -109,57 +128,50 @@ class NodeRecords:
         return self.folder / "outcome"
 
 
-class JobRecords:
-    """The records nodes exchange through Blob, beside the node status (nodestatus.run_folder)."""
+class JobAgreement:
+    """One generation's keys in the job's store (see the module docstring)."""
 
-    def __init__(self, container, prefix: str, run_id: str, generation: int):
-        self.container = container
-        self.base = f"{nodestatus.run_folder(prefix, run_id)}restart/g{generation}-"
-
-    def _put(self, name: str, document: dict[str, Any], create_only: bool = False) -> bool:
-        from azure.core.exceptions import ResourceExistsError
-
-        try:
-            self.container.upload_blob(self.base + name, json.dumps(document).encode(), overwrite=not create_only)
-            return True
-        except ResourceExistsError:
-            return False
-
-    def _get(self, name: str) -> dict[str, Any] | None:
-        from azure.core.exceptions import ResourceNotFoundError
-
-        try:
-            document = json.loads(self.container.get_blob_client(self.base + name).download_blob().readall())
-        except (ResourceNotFoundError, ValueError):
-            return None
-        return document if isinstance(document, dict) else None
+    def __init__(self, channel: Channel, generation: int):
+        self.base = channel
+        self.channel = channel.scoped("restart", f"g{generation}")
+        self.generation = generation
 
     def publish_failure(self, failure: dict[str, Any]) -> bool:
         """The generation's first failure anywhere; False when another node's was first."""
-        return self._put("failed.json", failure, create_only=True)
+        return self.channel.decide(self.channel.key("failed"), failure)[1]
 
     def failure(self) -> dict[str, Any] | None:
-        return self._get("failed.json")
+        """One `check` while there is none."""
+        found = self.channel.read(self.channel.key("failed"))
+        return found if isinstance(found, dict) else None
 
     def report(self, node: int, document: dict[str, Any]) -> None:
-        self._put(f"node-{node}.json", document)
+        self.channel.publish(self.channel.key("report", f"node-{node}"), document)
+        self.channel.count(self.channel.key("reports"))
 
-    def ended(self, node: int, document: dict[str, Any]) -> None:
-        self._put(f"ended-node-{node}.json", document)
+    def reported(self) -> int:
+        return self.channel.count(self.channel.key("reports"), 0)
 
-    def answers(self) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
-        """(reports, ended records) of every node so far, by node index."""
-        reports: dict[int, dict[str, Any]] = {}
-        ended: dict[int, dict[str, Any]] = {}
-        for blob in self.container.list_blobs(name_starts_with=self.base):
-            leaf = blob.name[len(self.base):]
-            for prefix, target in (("node-", reports), ("ended-node-", ended)):
-                number = leaf.removeprefix(prefix).removesuffix(".json")
-                if leaf.startswith(prefix) and number.isdigit():
-                    document = self._get(leaf)
-                    if document is not None:
-                        target[int(number)] = document
-        return reports, ended
+    def reports(self, nodes: int) -> dict[int, dict[str, Any]]:
+        """Every node's report (call once `reported()` says all are in: one call)."""
+        found = self.channel.gather([self.channel.key("report", f"node-{k}") for k in range(nodes)])
+        return {k: d for k, d in enumerate(found) if isinstance(d, dict)}
+
+    def reports_so_far(self, nodes: int) -> dict[int, dict[str, Any]]:
+        """The reports there are, when some never came (once, at the deadline: a check per node)."""
+        present = [k for k in range(nodes) if self.channel.has(self.channel.key("report", f"node-{k}"))]
+        found = self.channel.gather([self.channel.key("report", f"node-{k}") for k in present])
+        return {k: d for k, d in zip(present, found, strict=True) if isinstance(d, dict)}
+
+    def propose(self, decision: Decision) -> Decision:
+        """Store `decision` unless one is there; the decision every node adopts."""
+        stored, _ = self.channel.decide(self.channel.key("decision"), decision.to_json())
+        return Decision.from_json(stored)
+
+    def decision(self) -> Decision | None:
+        """One `check` while there is none."""
+        found = self.channel.read(self.channel.key("decision"))
+        return Decision.from_json(found) if isinstance(found, dict) else None
 
 
 # --- the decision -----------------------------------------------------------------------
@@ -185,6 +197,14 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, document: Any) -> Decision:
+        document = document if isinstance(document, dict) else {}
+        fields = {k: document.get(k) for k in cls.__dataclass_fields__}
+        fields["result"] = str(fields.get("result") or "end")
+        fields["reason"] = str(fields.get("reason") or "the decision record is unreadable")
+        return cls(**fields)
 
 
 def _key(version: dict[str, Any]) -> tuple[int, str, str]:
@@ -239,13 +259,23 @@ class Coordinator:
     """Local rank 0's side of one generation (see the module docstring)."""
 
     def __init__(self, *, generation: int, node: int, nodes: int, local_size: int, records: NodeRecords,
-                 shared: JobRecords | None, limit: int, agree_s: float, hooks: Hooks, clock=clocks.monotonic):
+                 shared: JobAgreement | None, limit: int, agree_s: float, hooks: Hooks,
+                 clock_fn: Callable[[], float] | None = None, rng: random.Random | None = None):
         self.generation, self.node, self.nodes, self.local_size = generation, node, nodes, local_size
-        self.records, self.shared, self.limit, self.agree_s, self.hooks, self.clock = (
-            records, shared, limit, agree_s, hooks, clock)
+        self.records, self.shared, self.limit, self.agree_s, self.hooks = records, shared, limit, agree_s, hooks
+        self.clock = clock_fn or clock.monotonic
+        self.rng = rng or random.Random()
         self.failure: dict[str, Any] | None = None
         self.failed_at: float | None = None
         """Monotonic time the node learnt of the failure (for the report's recovery figures)."""
+        self.adopted: Decision | None = None
+        """The decision this node took part in through the store (None: none yet)."""
+        self.lost: str | None = None
+        """Why the job's store is gone, once it is (node 0 lost)."""
+
+    @property
+    def store_poll_s(self) -> float:
+        return pacing.jittered(pacing.store_poll_s(STORE_POLL_S, self.nodes), self.rng)
 
     def _local_failure(self, exits: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
         for rank, record in sorted(exits.items()):
@@ -263,9 +293,44 @@ class Coordinator:
                         failure.get("status"))
         self.records.request_stop(failure)
 
+    def _store_lost(self, exc: StoreLost) -> None:
+        self.lost = str(exc)
+        log.error("%s", exc)
+        self._fail({"node": 0, "cause": "lost", "status": int(ExitCode.NODE_LOST), "message": str(exc)})
+
+    def run(self) -> Decision:
+        """`watch`, and whatever happens, a decision in the store before this node leaves: a
+        coordinator that fails proposes an end (or, past an adopted restart it cannot follow,
+        a failure and an end of the next generation), so no node waits out agree_s for it."""
+        decision: Decision | None = None
+        try:
+            decision = self.watch()
+            return decision
+        finally:
+            if decision is None:
+                self._leave(f"the restart coordinator of node {self.node} failed")
+
+    def _leave(self, reason: str) -> None:
+        if self.shared is None or self.lost is not None:
+            return
+        try:
+            if self.adopted is not None and self.adopted.result == "restart":
+                self._defect(reason)
+            elif self.adopted is None:
+                self.adopted = self.shared.propose(Decision("end", f"node {self.node} ended the job ({reason})"))
+        except Exception as exc:  # noqa: BLE001 - nothing more to do: the others end at agree_s
+            log.warning("could not tell the other nodes that this node ends: %s", exc)
+
+    def _defect(self, reason: str) -> None:
+        """This node cannot follow the adopted restart: the next generation fails and ends at once."""
+        assert self.shared is not None
+        following = JobAgreement(self.shared.base, self.generation + 1)
+        following.publish_failure({"node": self.node, "cause": "ended", "status": None, "message": reason})
+        following.propose(Decision("end", f"node {self.node} ended the job ({reason})"))
+
     def watch(self) -> Decision:
         """Until every local command has ended: spread a failure. Then the generation's outcome."""
-        next_blob = 0.0
+        next_look = 0.0
         while True:
             exits = self.records.exits(self.local_size)
             local = self._local_failure(exits)
@@ -274,38 +339,45 @@ class Coordinator:
                 if self.shared is not None and local["cause"] != "stopped":
                     try:
                         self.shared.publish_failure(local)
-                    except Exception as exc:  # noqa: BLE001 - the other nodes' own failures still reach them
-                        log.warning("could not publish the failure to the other nodes: %s", exc)
-            if self.failure is None and self.shared is not None and self.clock() >= next_blob:
-                next_blob = self.clock() + BLOB_POLL_S
+                    except StoreLost as exc:
+                        self._store_lost(exc)
+            if self.failure is None and self.shared is not None and self.clock() >= next_look:
+                next_look = self.clock() + self.store_poll_s
                 try:
                     remote = self.shared.failure()
-                except Exception as exc:  # noqa: BLE001 - judge locally until Blob answers again
-                    log.warning("could not read the job's failure record: %s", exc)
+                except StoreLost as exc:
+                    self._store_lost(exc)
                     remote = None
                 if remote is not None:
                     self._fail(remote)
             if len(exits) == self.local_size:
                 return self._outcome(exits)
-            clocks.sleep(POLL_S)
+            clock.sleep(POLL_S)
 
     def _end(self, decision: Decision) -> Decision:
-        if self.shared is not None:
+        """This node ends: its end is proposed as the generation's decision (the first proposal wins)."""
+        if self.shared is not None and self.lost is None and self.adopted is None:
             try:
-                self.shared.ended(self.node, {"reason": decision.reason, "cause": (self.failure or {}).get("cause", "done")})
-            except Exception as exc:  # noqa: BLE001 - the others then wait out agree_s
-                log.warning("could not tell the other nodes that this node ends: %s", exc)
+                self.adopted = self.shared.propose(Decision("end", f"node {self.node} ended the job ({decision.reason})",
+                                                            exit_code=decision.exit_code))
+            except StoreLost as exc:
+                self.lost = str(exc)
         return decision
-
-    def _answered(self, deadline: float) -> Decision | None:
-        assert self.shared is not None
-        reports, ended = self.shared.answers()
-        ended.pop(self.node, None)
-        return decide(self.generation, self.limit, self.nodes, reports, ended, self.clock() > deadline)
 
     def _outcome(self, exits: dict[int, dict[str, Any]]) -> Decision:
         if self.failure is None:
             return self._end(Decision("done", "every command of the node ended well"))
+        if self.lost is not None:
+            return Decision("end", f"node 0 is gone: {self.lost}", exit_code=ExitCode.NODE_LOST)
+        if self.shared is not None:
+            try:
+                ended = self.shared.decision()  # another node ended the generation already
+            except StoreLost as exc:
+                self.lost = str(exc)
+                return Decision("end", f"node 0 is gone: {exc}", exit_code=ExitCode.NODE_LOST)
+            if ended is not None and ended.result != "restart":
+                self.adopted = ended
+                return ended
         if self.failure.get("cause") == "stopped" and self.failure.get("node") == self.node:
             return self._end(Decision("end", "the launcher was told to stop (preemption or a cancel)"))
         if self.limit <= 0:
@@ -314,7 +386,7 @@ class Coordinator:
             return self._end(Decision("end", f"{self.failure.get('message', 'a node went silent')}: a node whose "
                                              "launcher is frozen or gone cannot restart"))
         if self.nodes > 1 and self.shared is None:
-            return self._end(Decision("end", f"{self.nodes} nodes and no checkpoint storage to agree through"))
+            return self._end(Decision("end", f"{self.nodes} nodes and no coordination store to agree through"))
         if self.generation >= self.limit:
             return self._end(spent(self.limit))
         report = self.hooks.report()
@@ -324,13 +396,47 @@ class Coordinator:
                                              "restores them from Blob"))
         if self.shared is None:
             found = decide(self.generation, self.limit, 1, {0: report}, {}, False)
+            assert found is not None, "one node's own report always decides"
+            decision = found
         else:
-            self.shared.report(self.node, {**report, "written": clocks.time()})
-            deadline = self.clock() + self.agree_s
-            while (found := self._answered(deadline)) is None:
-                clocks.sleep(BLOB_POLL_S)
-        assert found is not None, "one node's own report always decides"
-        decision = found
+            try:
+                decision = self._agree(report)
+            except StoreLost as exc:
+                self.lost = str(exc)
+                return Decision("end", f"node 0 is gone: {exc}", exit_code=ExitCode.NODE_LOST)
         if decision.result == "restart":
-            decision = self.hooks.apply(decision)
-        return decision if decision.result == "restart" else self._end(decision)
+            applied = self.hooks.apply(decision)
+            if applied.result != "restart":
+                self._leave(applied.reason)
+            decision = applied
+        return decision
+
+    def _agree(self, report: dict[str, Any]) -> Decision:
+        """Report, then adopt the generation's decision (node 0 makes it; see the module docstring)."""
+        assert self.shared is not None
+        self.shared.report(self.node, {**report, "written": clock.time()})
+        deadline = self.clock() + self.agree_s
+        while True:
+            adopted = self.shared.decision()
+            if adopted is None and self.node == 0:
+                adopted = self._decide(deadline)
+            if adopted is None and self.node != 0 and self.clock() > deadline + DECIDE_GRACE_S:
+                adopted = self.shared.propose(Decision(
+                    "end", f"node 0 made no restart decision within {self.agree_s:.0f}s (checkpoint.agree_s)",
+                    exit_code=ExitCode.NODE_LOST))
+            if adopted is not None:
+                self.adopted = adopted
+                return adopted
+            clock.sleep(self.store_poll_s)
+
+    def _decide(self, deadline: float) -> Decision | None:
+        """Node 0: the decision once every node reported or the deadline passed, stored."""
+        assert self.shared is not None
+        if self.shared.reported() >= self.nodes:
+            found = decide(self.generation, self.limit, self.nodes, self.shared.reports(self.nodes), {}, False)
+        elif self.clock() > deadline:
+            found = decide(self.generation, self.limit, self.nodes, self.shared.reports_so_far(self.nodes), {}, True)
+        else:
+            return None
+        return self.shared.propose(found) if found is not None else None
+

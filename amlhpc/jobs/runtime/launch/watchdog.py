@@ -50,18 +50,17 @@ import signal
 import socket
 import statistics
 import threading
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.base import clock as clocks
+from amlhpc.jobs.runtime.base import clock as clock_seam
 from amlhpc.jobs.runtime.base import progress
 from amlhpc.jobs.runtime.base.contract import EVIDENCE_KEY, WATCHDOG_JSON
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem, load_json_object
-from amlhpc.jobs.runtime.coord import nodestatus
+from amlhpc.jobs.runtime.coord import nodestatus, pacing
 
 log = logging.getLogger("amlhpc.watchdog")
 
@@ -272,15 +271,15 @@ class Guard:
 
     def __init__(self, *, settings: WatchdogSettings | None, node: int, local_rank: int, local_size: int,
                  folder: Path, child_pid: int, term_grace_s: float, shared: tuple[Any, str, str] | None = None,
-                 clock=clocks.monotonic):
+                 clock=None, nodes: int = 1):
         self.settings, self.node, self.local_rank, self.local_size = settings, node, local_rank, local_size
-        self.folder, self.child_pid, self.term_grace_s, self.shared, self.clock = (
-            folder, child_pid, term_grace_s, shared, clock)
+        self.folder, self.child_pid, self.term_grace_s, self.shared = folder, child_pid, term_grace_s, shared
+        self.clock = clock or clock_seam.monotonic
+        self.nodes = nodes
         self.key: str | None = None
         """The managed run's evidence key: heartbeats are signed, and peers' verified."""
         self.verdict_path = folder / VERDICT_FILE
-        self.watch = NodeWatch(settings, node, local_size, clock())
-        self.started_wall = clocks.time()
+        self.watch = NodeWatch(settings, node, local_size, self.clock())
         self.fired: dict | None = None
         self.first_beat = None
         self._stop = threading.Event()
@@ -304,15 +303,13 @@ class Guard:
 
     # rank 0: look
     def _read_local(self) -> None:
+        # The folder is this launch's and this training run's alone (the launcher keys it by the
+        # launch generation and the restart generation): whatever is in it is this command's
+        # progress, and its age is measured on the monotonic clock when the report changes, never
+        # from file times against the wall clock (a clock stepped back 5 s hid every report).
         now = self.clock()
         for rank in range(self.local_size):
-            path = progress_path(self.folder, rank)
-            try:
-                if path.stat().st_mtime < self.started_wall - 1:
-                    continue  # left by an earlier run on this node: not this command's progress
-            except FileNotFoundError:
-                continue
-            self.watch.observe(rank, progress.read(path), now)
+            self.watch.observe(rank, progress.read(progress_path(self.folder, rank)), now)
 
     def check(self) -> dict | None:
         """One look: the verdict document, or None while the node and its peers progress."""
@@ -356,15 +353,23 @@ class Guard:
             return {"culprit": stalled[0], "message": stalled[1], "peer_silent": silent}
         return None
 
+    @property
+    def look_s(self) -> float:
+        """Seconds to the next look: the setting, longer on a job large enough that every node's
+        listing of the heartbeats would pass half Azure's per-blob target (pacing.blob_poll_s),
+        jittered so the nodes do not look in lock step."""
+        assert self.settings is not None
+        return pacing.jittered(pacing.blob_poll_s(self.settings.interval_s, self.nodes if self.shared else 1))
+
     def _watch_loop(self) -> None:
-        while not self._stop.wait(self.settings.interval_s):
+        while not self._stop.wait(self.look_s):
             try:
                 verdict = self.check()
             except Exception:  # noqa: BLE001 - a watchdog bug must not take the training down
                 log.exception("watchdog check failed")
                 continue
             if verdict:
-                verdict.update({"node": self.node, "host": self.host, "step": self.watch.step, "written": clocks.time()})
+                verdict.update({"node": self.node, "host": self.host, "step": self.watch.step, "written": clock_seam.time()})
                 log.error("hang: %s; stopping the training on node %d", verdict["message"], self.node)
                 _write_json(self.verdict_path, verdict)
                 return
@@ -372,8 +377,8 @@ class Guard:
     # every rank: act
     def _verdict_loop(self) -> None:
         while not self._stop.wait(POLL_VERDICT_S):
-            verdict = _read_json(self.verdict_path)
-            if verdict and verdict.get("written", 0) >= self.started_wall - 1:
+            verdict = _read_json(self.verdict_path)  # the folder is this run's: any verdict in it is
+            if verdict:
                 self.fired = verdict
                 self._stop_command()
                 return
@@ -384,13 +389,13 @@ class Guard:
                 os.killpg(self.child_pid, signum)
             except ProcessLookupError:
                 return
-        deadline = time.monotonic() + self.term_grace_s
-        while time.monotonic() < deadline and not self._stop.is_set():
+        deadline = clock_seam.monotonic() + self.term_grace_s
+        while clock_seam.monotonic() < deadline and not self._stop.is_set():
             try:
                 os.killpg(self.child_pid, 0)
             except ProcessLookupError:
                 return
-            time.sleep(0.2)
+            clock_seam.sleep(0.2)
         try:
             os.killpg(self.child_pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -417,7 +422,7 @@ def attach(launcher, child_pid: int, folder: Path) -> Guard:
         shared = (launcher.store.container, launcher.checkpoint.prefix, launcher.ranks.run_id)
     guard = Guard(settings=launcher.watchdog, node=launcher.ranks.node_index, local_rank=launcher.ranks.local_rank,
                   local_size=launcher.ranks.local_size, folder=folder, child_pid=child_pid,
-                  term_grace_s=launcher.options.term_grace_s, shared=shared)
+                  term_grace_s=launcher.options.term_grace_s, shared=shared, nodes=launcher.ranks.node_count)
     guard.key = launcher.environ.get(EVIDENCE_KEY) or None
     return guard.start()
 
@@ -433,7 +438,7 @@ def record_end(launcher, code: int) -> None:
               "exit_code": code, "command_status": report.command_status, "error": report.error,
               "signals": list(report.signals), "restored_version": report.restored_version, "health": report.health,
               "restarts": list(getattr(report, "restarts", [])),
-              "phases": {k: round(v, 3) for k, v in report.phases.items()}, "written": time.time(),
+              "phases": {k: round(v, 3) for k, v in report.phases.items()}, "written": clock_seam.time(),
               "completed": report.completed, "exit_after_completion": report.exit_after_completion,
               **(guard.end_fields() if guard else {})}
     try:

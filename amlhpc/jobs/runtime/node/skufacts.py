@@ -29,12 +29,17 @@ catalog can grow without breaking running images):
                 "gemm_tool": "torch" | "ubergemm",               what measured gemm_tflops
                 "gemm_torch_tflops": [681.3, 657.5, 633.6] | null, torch's mark beside ubergemm's
                 "ecc_dram_limit": 20000000 | null, "ecc_sram_correctable_limit": 10000 | null,
-                "nccl_multinode_busbw_gbytes_per_s": [450.0, 400.0, 300.0] | null},
+                "gemm_measured_on": "" | "Standard_ND96isr_H100_v5",   where a borrowed mark was measured
+                "gemm_torch_measured_on": "" | "...",
+                "multinode": [{"scope": "nvlink-domain" | "infiniband",
+                               "busbw_gbytes_per_s": [937.0, 800.0, 600.0], expected, warn below, fail below
+                               "sharp": false, "message_bytes": 17179869184, "source": "..."}, ...]},
      "nvlink": true,
      "nvlink_domain": {"gpus": 72, "vms": 18, "imex": true} | null}
 
 A missing optional key means "unknown" (no threshold, no catalog map); a present key with
-the wrong type is an error naming the key.
+the wrong type is an error naming the key. A job built before the bands existed carries
+"nccl_multinode_busbw_gbytes_per_s": [e, w, f]: read as one band for any topology, without SHARP.
 """
 
 from __future__ import annotations
@@ -55,6 +60,24 @@ class NumaFacts:
     node: int
     cpulist: str
     gpu_ids: tuple[int, ...]
+
+
+BAND_SCOPES = ("nvlink-domain", "infiniband")
+"""What a job-wide all-reduce crosses: one multi-node NVLink domain, or InfiniBand."""
+ANY_SCOPE = "any"
+"""The scope of a band read from a job built before bands had one: it applies to every topology."""
+
+
+@dataclass(frozen=True)
+class MultinodeBand:
+    """A job-wide all-reduce baseline for one topology (see amlhpc/core/skus.py MultinodeBand)."""
+
+    scope: str
+    busbw_gbytes_per_s: tuple[float, float, float]
+    """(expected, warn below, fail below), GB/s."""
+    sharp: bool = False
+    """Measured with SHARP (NCCL_COLLNET_ENABLE=1): applies only to jobs that turn it on."""
+    message_bytes: int = 16 << 30
 
 
 @dataclass(frozen=True)
@@ -85,8 +108,12 @@ class HealthFacts:
     """More corrected or uncorrected DRAM ECC errors than this fail the GPU (azure_gpu_ecc.nhc)."""
     ecc_sram_correctable_limit: int | None = None
     """More correctable SRAM errors than this fail the GPU."""
-    nccl_multinode_busbw_gbytes_per_s: tuple[float, float, float] | None = None
-    """(expected, warn below, fail below), GB/s."""
+    gemm_measured_on: str = ""
+    """Where `gemm_tflops` was measured when not on this size: the gate then only warns below it."""
+    gemm_torch_measured_on: str = ""
+    """The same for `gemm_torch_tflops`."""
+    multinode: tuple[MultinodeBand, ...] = ()
+    """Job-wide all-reduce baselines, one per topology (and SHARP or not)."""
 
 
 @dataclass(frozen=True)
@@ -191,17 +218,19 @@ def _parse_numa(reader: _Reader, raw: Any) -> tuple[NumaFacts, ...] | None:
     return tuple(domains)
 
 
-def _triple(reader: _Reader, raw: Mapping, key: str, what: str, integer: bool = False, falling: bool = True):
+def _triple(reader: _Reader, raw: Mapping, key: str, what: str, integer: bool = False, falling: bool = True,
+            path: str = ""):
     value = raw.get(key)
+    path = path or f"health.{key}"
     if value is None:
         return None
     ok = isinstance(value, list) and len(value) == 3 and all(
         (isinstance(v, int) and not isinstance(v, bool)) if integer else _is_number(v) for v in value)
     if not ok:
-        reader.bad(f"health.{key}", f"must be {what} (3 {'integers' if integer else 'numbers'}) or null, got {value!r}")
+        reader.bad(path, f"must be {what} (3 {'integers' if integer else 'numbers'}) or null, got {value!r}")
         return None
     if falling and not value[0] >= value[1] >= value[2]:
-        reader.bad(f"health.{key}", f"must be {what} in falling order, got {value!r}")
+        reader.bad(path, f"must be {what} in falling order, got {value!r}")
         return None
     return tuple(int(v) if integer else float(v) for v in value)
 
@@ -248,9 +277,38 @@ def _parse_health(reader: _Reader, raw: Any) -> HealthFacts:
     values["gemm_tflops"] = _triple(reader, raw, "gemm_tflops", "[expected, warn below, fail below]")
     values["gemm_torch_tflops"] = _triple(reader, raw, "gemm_torch_tflops", "[expected, warn below, fail below]")
     values["gemm_shape"] = _triple(reader, raw, "gemm_shape", "[M, N, K]", integer=True, falling=False)
-    values["nccl_multinode_busbw_gbytes_per_s"] = _triple(reader, raw, "nccl_multinode_busbw_gbytes_per_s",
-                                                          "[expected, warn below, fail below]")
+    for key in ("gemm_measured_on", "gemm_torch_measured_on"):
+        values[key] = reader.text(raw, key, f"health.{key}", default="") if raw.get(key) else ""
+    values["multinode"] = _bands(reader, raw)
     return HealthFacts(**values)
+
+
+def _bands(reader: _Reader, raw: Mapping) -> tuple[MultinodeBand, ...]:
+    legacy = _triple(reader, raw, "nccl_multinode_busbw_gbytes_per_s", "[expected, warn below, fail below]")
+    if "multinode" not in raw:
+        return (MultinodeBand(ANY_SCOPE, legacy),) if legacy else ()
+    items = raw["multinode"]
+    if not isinstance(items, list):
+        reader.bad("health.multinode", f"must be a list of bands, got {type(items).__name__}")
+        return ()
+    bands = []
+    for i, item in enumerate(items):
+        path = f"health.multinode[{i}]"
+        if not isinstance(item, Mapping):
+            reader.bad(path, f"must be an object, got {item!r}")
+            continue
+        scope = reader.text(item, "scope", f"{path}.scope", allowed=BAND_SCOPES)
+        figures = _triple(reader, item, "busbw_gbytes_per_s", "[expected, warn below, fail below]", path=f"{path}.busbw_gbytes_per_s")
+        sharp = item.get("sharp", False)
+        if not isinstance(sharp, bool):
+            reader.bad(f"{path}.sharp", f"must be true or false, got {sharp!r}")
+            continue
+        size = reader.number(item, "message_bytes", f"{path}.message_bytes", default=16 << 30, integer=True, minimum=1)
+        if scope and figures:
+            bands.append(MultinodeBand(scope, figures, sharp, size))
+        elif not scope and "scope" not in item:
+            reader.bad(f"{path}.scope", "is missing (nvlink-domain or infiniband)")
+    return tuple(bands)
 
 
 def parse_sku_facts(text: str, reference: str = SKU_JSON) -> SkuFacts:

@@ -5,7 +5,7 @@ A list is a JSON array of paths relative to the data directory, in order, e.g.
 blob name may hold any character, newlines included, and a line-per-path text file
 breaks on those; every language the training code is written in reads JSON.
 
-    from amlhpc.jobs.runtime import filelist
+    from amlhpc.jobs.runtime.staging import filelist
     paths = filelist.read(os.environ["AMLHPC_FILE_LIST_COSMO"])
 
 Standard library only: ships into the training image (the workloads import it).

@@ -73,6 +73,7 @@ imports nothing from this repository outside amlhpc.jobs.runtime.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -104,11 +105,14 @@ from amlhpc.jobs.runtime.blob.fetch import (
     FetchResult,
     IntegrityError,
 )
+from amlhpc.jobs.runtime.coord import jobstore
+from amlhpc.jobs.runtime.coord.agree import Barrier, Channel
+from amlhpc.jobs.runtime.coord.kvstore import StoreLost
+from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.coord.nodebarrier import (
     BarrierFailed,
     BarrierTimeout,
     NodeBarrier,
-    SharedMarkers,
     write_json_atomic,
 )
 from amlhpc.jobs.runtime.node import scratch as scratch_module
@@ -755,7 +759,8 @@ def _pick_scratch(plans: list[_Plan], scratch: Path | None, env: Mapping[str, st
 
 def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path | None, shared_dir: Path | None,
           options: StageOptions, env: Mapping[str, str], reader_factory: Callable[[StageSpec], Any],
-          job: jobid.JobIdentity, key: str, deadline: Deadline, generation: launchid.Generation) -> StageResult:
+          job: jobid.JobIdentity, key: str, deadline: Deadline, generation: launchid.Generation,
+          channel: Channel | None = None) -> StageResult:
     started = clock.monotonic()
     warnings: list[str] = []
     _check_shared(specs, shared_dir, ranks)
@@ -778,7 +783,8 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
     try:
         for plan in plans:
             if plan.spec.mode == "shared":
-                inputs.append(_stage_shared(plan, Path(shared_dir), ranks, options, throttle, job, key, deadline))  # type: ignore[arg-type]
+                inputs.append(_stage_shared(plan, Path(shared_dir), ranks, options, throttle, job, key, deadline,  # type: ignore[arg-type]
+                                            _shared_channel(channel, ranks, env)))
             else:
                 inputs.append(_stage_input(plan, Path(scratch), ranks, options, throttle, job, deadline))  # type: ignore[arg-type]
     finally:
@@ -788,29 +794,78 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
                        clock.monotonic() - started, scratch_info, warnings)
 
 
-def _stage_shared(plan: _Plan, shared_dir: Path, ranks: ranks_module.Ranks, options: StageOptions, throttle: Throttle,
-                  job: jobid.JobIdentity, key: str, deadline: Deadline) -> InputResult:
-    markers = SharedMarkers(shared_dir / STAGING_DIR / plan.spec.name / "nodes" / key, ranks.node_count,
-                            options.timeout_s, ranks.node_index, listing=_listing_digest(plan.entries))
-    markers.start()
+def _shared_channel(channel: Channel | None, ranks: ranks_module.Ranks, env: Mapping[str, str]) -> Channel:
+    """The job's store for the shared-mode barrier: the launcher's, or one this process opens
+    (the staging command on its own), or, for one node, one in memory."""
+    if channel is not None:
+        return channel
+    if ranks.node_count <= 1:
+        return Channel(MemoryStore(), node=0, nodes=1)
     try:
+        opened = jobstore.open_for_node(env, ranks.node_index, ranks.node_count, ranks.world_size)
+    except jobstore.CoordinationUnavailable as exc:
+        raise StagingError(f"shared staging: {exc}") from None
+    if opened is None:
+        raise StageConfigError.single(
+            contract.SHARED_DIR, "", f"shared staging across {ranks.node_count} nodes needs the job's coordination store, "
+            "and no rendezvous host is known", "set MASTER_ADDR (Azure ML sets it for distribution: pytorch and mpi)")
+    _opened.append(opened)
+    return Channel(opened.store, node=ranks.node_index, nodes=ranks.node_count)
+
+
+_opened: list[jobstore.JobStore] = []
+"""Stores the staging command opened for itself (closed when it ends)."""
+BYE_WAIT_S = 60.0
+
+
+def close_opened(node_count: int) -> None:
+    """Close the stores this process opened; node 0 first waits (bounded) until every node has
+    said goodbye, so none loses the store before it read the barrier's outcome."""
+    while _opened:
+        opened = _opened.pop()
+        channel = Channel(opened.store, node=0, nodes=node_count)
         try:
-            result = _stage_input(plan, shared_dir, ranks, options, throttle, job, deadline,
-                                  clean_all=ranks.node_index == 0)
-        except Exception as exc:
-            markers.failed(str(exc))
-            raise
-        try:
-            markers.done({"node": ranks.node_index, "files": result.files_node, "bytes_out": result.bytes_out})
-            log.info("input %s: node %d finished its share; waiting for the other %d node(s)", plan.spec.name,
-                     ranks.node_index, ranks.node_count - 1)
-            markers.wait_all(deadline_s=max(deadline.remaining() or options.timeout_s, 0.0))
-        except BarrierFailed as exc:
-            raise StagingError(f"input {plan.spec.name!r}: {exc}") from None
-        except BarrierTimeout as exc:
-            raise StagingTimedOut(f"input {plan.spec.name!r}: {exc}") from None
-    finally:
-        markers.close()
+            channel.count("staging/bye")
+            deadline = clock.monotonic() + BYE_WAIT_S
+            while opened.serving and channel.count("staging/bye", 0) < node_count and clock.monotonic() < deadline:
+                clock.sleep(0.05)
+        except StoreLost:
+            pass
+        opened.close()
+
+
+def _stage_shared(plan: _Plan, shared_dir: Path, ranks: ranks_module.Ranks, options: StageOptions, throttle: Throttle,
+                  job: jobid.JobIdentity, key: str, deadline: Deadline, channel: Channel) -> InputResult:
+    """This node's share of the shared directory, then a barrier of every node on the job's store
+    (one poll is one `check`, whatever the node count: the markers on the shared mount it
+    replaces cost every node 2N file opens per poll). The nodes first agree that they planned
+    from the same listing (the first node's digest is the one every node must match)."""
+    barrier = Barrier(channel.scoped("staging", key, plan.spec.name), "nodes", ranks.node_count,
+                      max(deadline.remaining() or options.timeout_s, 0.0))
+    digest = _listing_digest(plan.entries)
+    agreed, _ = barrier.channel.decide(barrier.channel.key("listing"), {"digest": digest, "node": ranks.node_index})
+    if agreed.get("digest") != digest:
+        message = (f"node {ranks.node_index} planned from another listing of the dataset than node {agreed.get('node')}: "
+                   "the dataset changed while the nodes listed it; re-run the job")
+        barrier.fail(message)
+        raise StagingError(f"input {plan.spec.name!r}: {message}")
+    faultpoints.reach("shared.listed", node=ranks.node_index)
+    try:
+        result = _stage_input(plan, shared_dir, ranks, options, throttle, job, deadline, clean_all=ranks.node_index == 0)
+    except Exception as exc:
+        with contextlib.suppress(StoreLost):
+            barrier.fail(f"node {ranks.node_index} failed staging its share: {exc}")
+        raise
+    try:
+        barrier.arrive({"files": result.files_node, "bytes_out": result.bytes_out})
+        faultpoints.reach("shared.after-done", node=ranks.node_index)
+        log.info("input %s: node %d finished its share; waiting for the other %d node(s)", plan.spec.name,
+                 ranks.node_index, ranks.node_count - 1)
+        barrier.wait()
+    except BarrierFailed as exc:
+        raise StagingError(f"input {plan.spec.name!r}: {exc}") from None
+    except BarrierTimeout as exc:
+        raise StagingTimedOut(f"input {plan.spec.name!r}: {exc}") from None
     return result
 
 
@@ -857,8 +912,10 @@ def _failure_kind(exc: BaseException) -> str:
 def stage_inputs(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path | None = None, *,
                  shared_dir: Path | None = None, options: StageOptions | None = None,
                  env: Mapping[str, str] | None = None,
-                 reader_factory: Callable[[StageSpec], Any] | None = None) -> StageResult:
-    """Stage `specs` for this node; call it on every process (see the module docstring)."""
+                 reader_factory: Callable[[StageSpec], Any] | None = None, channel: Channel | None = None) -> StageResult:
+    """Stage `specs` for this node; call it on every process (see the module docstring).
+    `channel`: the job's coordination store (the launcher's); shared-mode inputs wait for every
+    node there (the staging command opens its own)."""
     env = os.environ if env is None else env
     options = (options or StageOptions()).resolved()
     options = replace(options, timeout_s=timeout_from_env(env, options.timeout_s))
@@ -883,7 +940,7 @@ def stage_inputs(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch:
                            f"{exc.strerror or exc}") from None
     try:
         result = _lead(specs, ranks, scratch, shared_dir, options, env,
-                       reader_factory or _default_reader_factory(options, env), job, key, deadline, generation)
+                       reader_factory or _default_reader_factory(options, env), job, key, deadline, generation, channel)
     except DeadlineExceeded as exc:
         barrier.fail(str(exc), "timeout")
         raise StagingTimedOut(str(exc)) from None
@@ -984,9 +1041,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except (StagingTimedOut, BarrierTimeout) as exc:  # before OSError: BarrierTimeout is a TimeoutError
         print(f"error: timed out: {exc}", file=sys.stderr)
         return ExitCode.STAGING_TIMEOUT
-    except (StagingError, OSError) as exc:
+    except (StagingError, StoreLost, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.STAGING
+    finally:
+        close_opened(ranks.node_count)
     if args.json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     if args.print_env:

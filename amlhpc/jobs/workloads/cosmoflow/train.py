@@ -68,12 +68,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _peak(d, use_amp: bool, amp_dtype) -> tuple[peak.Peak | None, str]:
+def _peak(d, use_amp: bool, amp_dtype, resumed: dict | None = None) -> tuple[peak.Peak | None, str]:
     """What MFU is measured against: the catalog's peak for the dtype the convolutions run
     in on a GPU (none for fp32/TF32: the catalog keeps tensor-core peaks), a measured GEMM on
-    a CPU."""
+    a CPU (measured once per run: a resumed attempt keeps the checkpoint's)."""
     if d.device.type != "cuda":
-        return peak.measured_cpu_peak(), ""
+        return peak.kept(peak.measured_cpu_peak, resumed or {}), ""
     if not use_amp:
         return None, "fp32 steps (no --amp): the catalog has no TF32 peak to measure them against"
     return peak.catalog_peak(skufacts.load_sku_facts(), "bf16" if amp_dtype == torch.bfloat16 else "fp16")
@@ -113,12 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     amp_dtype = torch.bfloat16 if (d.device.type == "cuda" and torch.cuda.is_bf16_supported()) else torch.float16
     use_amp = args.amp and d.device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
-    device_peak, no_peak = _peak(d, use_amp, amp_dtype)
+    device_peak: peak.Peak | None = None
+    no_peak = ""
     flops_per_step = peak.train_flops(model, x0.unsqueeze(0)) * args.batch_size * accumulation  # per rank
-    if d.is_main:
-        print(json.dumps({"flops_per_sample": flops_per_step / (args.batch_size * accumulation),
-                          "peak_tflops": device_peak.tflops if device_peak else None,
-                          "peak_source": device_peak.source if device_peak else f"none: {no_peak}"}), flush=True)
 
     sampler = common.ShardSampler(len(dataset), args.batch_size * accumulation, args.seed + d.rank)
     steps_per_epoch = common.all_reduce_min(d, sampler.steps_per_epoch)  # DDP needs equal step counts on every rank
@@ -128,10 +125,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {d.rank}: fewer samples than --batch-size {args.batch_size}", file=sys.stderr)
         return 2
     sampler.limit = steps_per_epoch
-    state = common.TrainState(model, optimizer, sampler=sampler, extra=lambda: {"scaler": scaler.state_dict()})
+    state = common.TrainState(model, optimizer, sampler=sampler,
+                              extra=lambda: {"scaler": scaler.state_dict(), **peak.to_extra(device_peak)})
     step = common.load_state(state)
     if state.resumed_extra.get("scaler"):
         scaler.load_state_dict(state.resumed_extra["scaler"])
+    # after the restore: a resumed run keeps the peak its first attempt measured (one MFU denominator per run)
+    device_peak, no_peak = _peak(d, use_amp, amp_dtype, state.resumed_extra)
+    if d.is_main:
+        print(json.dumps({"flops_per_sample": flops_per_step / (args.batch_size * accumulation),
+                          "peak_tflops": device_peak.tflops if device_peak else None,
+                          "peak_source": device_peak.source if device_peak else f"none: {no_peak}"}), flush=True)
     workers = 0 if args.from_memory else args.workers
     # The loader draws its workers' base seed from its own generator, not the global one the
     # dropout masks come from: a resumed run creates its loader at another point of that stream.

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amlhpc.jobs.workloads.peak import Peak, catalog_peak, measured_cpu_peak
+from amlhpc.jobs.workloads.peak import Peak, catalog_peak, kept, measured_cpu_peak, to_extra
 
-__all__ = ["Peak", "StepRate", "catalog_peak", "measured_cpu_peak", "step_rate"]
+__all__ = ["Peak", "StepRate", "catalog_peak", "kept", "measured_cpu_peak", "step_rate", "to_extra"]
 
 
 @dataclass(frozen=True)

@@ -148,16 +148,18 @@ def main(argv=None) -> int:
         print(f"llm-pretrain: {exc}", file=sys.stderr)
         return 2
     model, dtype = build(cfg, d, args)
-    peak, no_peak = (throughput.catalog_peak(facts, dtype) if d.device.type == "cuda"
-                     else (throughput.measured_cpu_peak(), ""))
+    peak: throughput.Peak | None = None
     optimizer = optimizer_for(model, d, args)
     position = position_for(cfg, d, args)
-    state = common.TrainState(model, optimizer, sampler=position)
+    state = common.TrainState(model, optimizer, sampler=position, extra=lambda: throughput.to_extra(peak))
     try:
         start = common.load_state(state)
     except CheckpointError as exc:
         print(f"llm-pretrain: cannot resume: {exc}", file=sys.stderr)
         return 2
+    # after the restore: a resumed run keeps the peak its first attempt measured (one MFU denominator per run)
+    peak, no_peak = (throughput.catalog_peak(facts, dtype) if d.device.type == "cuda"
+                     else (throughput.kept(throughput.measured_cpu_peak, state.resumed_extra), ""))
     flops_per_token = cfg.flops_per_token(args.seq_len)
     tokens_per_step = d.world * args.grad_accum * args.micro_batch * args.seq_len
     metrics = common.Metrics(d, args.output_dir)

@@ -1,0 +1,190 @@
+"""What the nodes of a job agree on through its store: barriers, decisions made once, counters.
+
+`Channel` is one node's typed view of the job's store (any object with torch's Store API,
+kvstore.Store: the job's TCPStore, torch's HashStore, MemoryStore, a simulation's fake):
+
+- `decide(key, proposal)`: a create-only record (`compare_set(key, "", proposal)`): the first
+  proposal stored wins and every node, proposer or not, adopts what the store answers. One
+  decision per key, the same on every node, whatever order the proposals arrive in;
+- `publish` / `read` / `has` / `gather`: JSON documents under keys (`read` checks first,
+  as torch's `get` of a missing key waits out the store's timeout);
+- `count(key, n)`: a counter every node adds to (`add`), read with `count(key, 0)`;
+- `await_key(key, timeout_s)`: poll until a key exists, one `check` per poll.
+
+`Barrier` of N parties: each arrives once (a counter); the party that completes it, or the
+first that fails, decides the barrier's outcome (`decide`), which every waiter reads. A
+waiter's poll is one `check`, whatever N is.
+
+Polls are `pacing.store_poll_s(base, nodes)` apart, jittered; time comes from
+amlhpc.jobs.runtime.base.clock (a simulation runs it on virtual time). Every operation is guarded: a store
+that stops answering raises kvstore.StoreLost.
+
+Standard library only: ships into every training image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from amlhpc.jobs.runtime.base import clock
+from amlhpc.jobs.runtime.coord import pacing
+from amlhpc.jobs.runtime.coord.kvstore import (
+    Store,
+    StoreLost,
+    StoreTimeout,
+    decode,
+    encode,
+    guarded,
+)
+from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout
+
+BASE_POLL_S = 0.2
+NAMED_MISSING_MAX = 64
+"""A barrier that times out names the missing nodes when it has at most this many parties
+(one `check` each); beyond, it counts them."""
+
+
+class Channel:
+    """One node's typed view of the job's store (see the module docstring)."""
+
+    def __init__(self, store: Store, *, node: int, nodes: int, namespace: str = "", base_poll_s: float = BASE_POLL_S,
+                 rng: random.Random | None = None, _lost: list[str] | None = None):
+        self.store, self.node, self.nodes = store, node, nodes
+        self.namespace = namespace.strip("/")
+        self.base_poll_s = base_poll_s
+        self.rng = rng or random.Random()
+        self._lost = _lost if _lost is not None else []
+        """Why the store was lost, once it was (shared by every scope of this channel): later
+        calls fail at once instead of each asking a store that is gone."""
+
+    @property
+    def lost(self) -> str | None:
+        return self._lost[0] if self._lost else None
+
+    @contextlib.contextmanager
+    def _calling(self, what: str) -> Iterator[None]:
+        if self._lost:
+            raise StoreLost(self._lost[0])
+        try:
+            with guarded(what):
+                yield
+        except StoreLost as exc:
+            self._lost.append(str(exc))
+            raise
+
+    def key(self, *parts: object) -> str:
+        return "/".join(str(p).strip("/") for p in (self.namespace, *parts) if str(p).strip("/"))
+
+    def scoped(self, *parts: object) -> Channel:
+        """The same store under a longer namespace."""
+        return Channel(self.store, node=self.node, nodes=self.nodes, namespace=self.key(*parts),
+                       base_poll_s=self.base_poll_s, rng=self.rng, _lost=self._lost)
+
+    @property
+    def poll_s(self) -> float:
+        return pacing.store_poll_s(self.base_poll_s, self.nodes)
+
+    def pause(self, seconds: float | None = None) -> None:
+        """Sleep one poll interval (jittered), on the runtime's clock."""
+        clock.sleep(pacing.jittered(self.poll_s if seconds is None else seconds, self.rng))
+
+    # --- operations (one store call each, unless said) -----------------------------------
+    def decide(self, key: str, proposal: Any) -> tuple[Any, bool]:
+        """(the document stored under `key`, whether it is `proposal`): the first proposal wins."""
+        mine = encode(proposal)
+        with self._calling(f"deciding {key}"):
+            stored = bytes(self.store.compare_set(key, b"", mine))
+        return decode(stored), stored == mine
+
+    def publish(self, key: str, document: Any) -> None:
+        with self._calling(f"publishing {key}"):
+            self.store.set(key, encode(document))
+
+    def has(self, key: str) -> bool:
+        with self._calling(f"checking {key}"):
+            return bool(self.store.check([key]))
+
+    def read(self, key: str) -> Any | None:
+        """The document under `key`, or None when there is none (two calls when present)."""
+        with self._calling(f"reading {key}"):
+            if not self.store.check([key]):
+                return None
+            return decode(self.store.get(key))
+
+    def gather(self, keys: Sequence[str]) -> list[Any]:
+        """Documents under keys known to exist (one call)."""
+        if not keys:
+            return []
+        with self._calling(f"reading {len(keys)} key(s) under {self.namespace or 'the store'}"):
+            return [decode(raw) for raw in self.store.multi_get(list(keys))]
+
+    def count(self, key: str, amount: int = 1) -> int:
+        with self._calling(f"counting {key}"):
+            return int(self.store.add(key, amount))
+
+    def delete(self, key: str) -> bool:
+        with self._calling(f"deleting {key}"):
+            return bool(self.store.delete_key(key))
+
+    def await_key(self, key: str, timeout_s: float, *, interrupt: Callable[[], BaseException | None] | None = None,
+                  poll_s: float | None = None) -> Any:
+        """Poll (one `check` per poll) until `key` exists; its document. StoreTimeout after
+        `timeout_s`; `interrupt()` returning an exception raises it (the caller's own reason to stop)."""
+        deadline = clock.monotonic() + timeout_s
+        while True:
+            if self.has(key):
+                return self.read(key)
+            if interrupt is not None:
+                stop = interrupt()
+                if stop is not None:
+                    raise stop
+            if clock.monotonic() >= deadline:
+                raise StoreTimeout(f"waited {timeout_s:.0f}s for {key}")
+            self.pause(poll_s)
+
+
+class Barrier:
+    """N parties on the job's store (see the module docstring). Names are per use: a barrier is
+    passed once; a second use needs another name."""
+
+    def __init__(self, channel: Channel, name: str, parties: int, timeout_s: float):
+        self.channel, self.name, self.parties, self.timeout_s = channel, name, parties, timeout_s
+
+    def _key(self, leaf: str) -> str:
+        return self.channel.key(self.name, leaf)
+
+    def arrive(self, document: Any = None) -> int:
+        """This node is here (with an optional document); how many parties have arrived."""
+        channel = self.channel
+        channel.publish(self._key(f"node-{channel.node}"), {"node": channel.node, **({"document": document} if document
+                                                                                   is not None else {})})
+        arrived = channel.count(self._key("arrived"))
+        if arrived >= self.parties:
+            channel.decide(self._key("outcome"), {"ok": True})
+        return arrived
+
+    def fail(self, message: str, kind: str = "failed") -> None:
+        """This node cannot go on: the barrier fails for every party (unless it passed already)."""
+        self.channel.decide(self._key("outcome"), {"ok": False, "node": self.channel.node, "message": message,
+                                                   "kind": kind})
+
+    def wait(self, interrupt: Callable[[], BaseException | None] | None = None) -> None:
+        """Return once every party arrived; BarrierFailed with the first failure; BarrierTimeout."""
+        try:
+            outcome = self.channel.await_key(self._key("outcome"), self.timeout_s, interrupt=interrupt)
+        except StoreTimeout:
+            raise BarrierTimeout(f"waited {self.timeout_s:.0f}s at {self.name}: {self._missing()}") from None
+        if not isinstance(outcome, dict) or not outcome.get("ok"):
+            outcome = outcome if isinstance(outcome, dict) else {}
+            raise BarrierFailed(f"node {outcome.get('node', '?')}: {outcome.get('message', 'failed')}",
+                                str(outcome.get("kind") or "failed"))
+
+    def _missing(self) -> str:
+        arrived = self.channel.count(self._key("arrived"), 0)
+        if self.parties > NAMED_MISSING_MAX:
+            return f"{arrived} of {self.parties} nodes arrived"
+        missing = [k for k in range(self.parties) if not self.channel.has(self._key(f"node-{k}"))]
+        return f"node(s) {', '.join(map(str, missing)) or '?'} did not arrive"

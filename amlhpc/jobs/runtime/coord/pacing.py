@@ -1,0 +1,42 @@
+"""How often the nodes of a job may look at something they all read: intervals that grow with
+the node count, with jitter, so a job's polling stays under the service's limits at any size.
+
+- A blob every node reads (a pointer, a listing): Azure's target for one blob is 500
+  requests/s (Microsoft Learn, "Scalability and performance targets for Blob storage",
+  read 2026-11-28); `blob_poll_s` keeps a job at half of it, `max(base, N / 250)` seconds
+  between one node's reads, so N nodes make at most 250 reads/s of that blob.
+- The job's coordination store (node 0's TCPStore): `store_poll_s` keeps the whole job's
+  polling near STORE_POLLS_PER_S operations/s, far below what torch's libuv server answers
+  (its tutorial "Introduction to Libuv TCPStore Backend" benchmarks thousands of ranks
+  connecting at once).
+
+`jittered` spreads the nodes' looks over the interval (+-20 %), so a fleet that started
+together does not poll in lock step.
+
+Standard library only: ships into every training image.
+"""
+
+from __future__ import annotations
+
+import random
+
+BLOB_READS_PER_S = 250.0
+"""Reads per second of one blob by a whole job: half Azure's 500/s per-blob target."""
+STORE_POLLS_PER_S = 2000.0
+"""Polls per second of the job's coordination store by all its nodes together."""
+JITTER = 0.2
+
+
+def blob_poll_s(base_s: float, nodes: int) -> float:
+    """Seconds between one node's reads of a blob that every node of the job reads."""
+    return max(base_s, max(nodes, 1) / BLOB_READS_PER_S)
+
+
+def store_poll_s(base_s: float, nodes: int) -> float:
+    """Seconds between one node's polls of a key in the job's store."""
+    return max(base_s, max(nodes, 1) / STORE_POLLS_PER_S)
+
+
+def jittered(seconds: float, rng: random.Random | None = None, fraction: float = JITTER) -> float:
+    """`seconds` scaled by a random factor in [1 - fraction, 1 + fraction]."""
+    return seconds * (rng or random).uniform(1 - fraction, 1 + fraction)
