@@ -189,9 +189,10 @@ def _store_rates(server, window_s: float, nodes: int, before: int = 0) -> dict[s
             "store_ops_per_node_s": round((server.served.total - before) / window_s / nodes, 3)}
 
 
-def job_store_steady(n: int, seed: int, root: Path, window_s: float = 8.0, check_s: float = 5.0) -> dict[str, Any]:
+def job_store_steady(n: int, seed: int, root: Path, window_s: float = 8.0, check_s: float = 5.0,
+                     warmup_s: float = 2.0) -> dict[str, Any]:
     """A job training with nothing happening: every node's restart coordinator, version uploader
-    and watchdog poll as they do; `window_s` virtual seconds after a warm-up of 2."""
+    and watchdog poll as they do; `window_s` virtual seconds after a warm-up."""
     with _world(seed) as world:
         world.container(CONTAINER)
         nodes = [world.node(f"node-{k}") for k in range(n)]
@@ -201,10 +202,10 @@ def job_store_steady(n: int, seed: int, root: Path, window_s: float = 8.0, check
             _coordinate(world, server, node, k, n, root, command=False)
             _uploader(world, server, node, k, n, folder)
             _heartbeats(world, node, k, n, folder / "progress", check_s)
-        world.run(2.0)
+        world.run(warmup_s)
         ops_before, requests_before = server.served.total, world.blob.accounting.total()
-        world.run(2.0 + window_s)
-        return {**_peaks(world, start_s=2.0), **_store_rates(server, window_s, n, ops_before),
+        world.run(warmup_s + window_s)
+        return {**_peaks(world, start_s=warmup_s), **_store_rates(server, window_s, n, ops_before),
                 "blob_requests_per_node_s": round((world.blob.accounting.total() - requests_before) / window_s / n, 3)}
 
 
