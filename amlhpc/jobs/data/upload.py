@@ -69,10 +69,9 @@ import mimetypes
 import os
 import secrets
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +91,8 @@ from amlhpc.jobs.data.remote import (  # re-exported: the CLI and tests use the 
 )
 from amlhpc.jobs.data.walk import LocalFile, Skipped, Walk
 from amlhpc.jobs.data.walk import scan as walk_scan
-from amlhpc.jobs.runtime.base import faultpoints
+from amlhpc.jobs.runtime.base import clock, faultpoints
+from amlhpc.jobs.runtime.base import workers as pools
 from amlhpc.jobs.runtime.base.throttle import UNLIMITED, Throttle
 from amlhpc.jobs.runtime.blob import gzmembers
 
@@ -256,7 +256,7 @@ class Seen:
 
 
 class _FileUploader:
-    def __init__(self, container, level: int, http: ThreadPoolExecutor, throttle: Throttle, progress: Progress,
+    def __init__(self, container, level: int, http: Executor, throttle: Throttle, progress: Progress,
                  session: str, block_bytes: int = BLOCK_BYTES, member_bytes: int = gzmembers.DEFAULT_MEMBER_BYTES):
         self.container = container
         self.level = level
@@ -421,7 +421,7 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
     """Upload `local_dir` under `prefix` (see the module docstring); raises UploadError listing failures.
     `files`/`skipped`: a walk already made (the CLI's); `session`: this upload's id (default: random)."""
     progress = progress or Progress()
-    started = time.monotonic()
+    started = clock.monotonic()
     if files is None:
         walked = walk_scan(local_dir)
         local_files, skipped = walked.files, walked.skipped
@@ -475,8 +475,8 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
         count(uploaded=1, bytes_in=read, bytes_stored=stored, repaired=repaired)
         return "uploaded"
 
-    with ThreadPoolExecutor(max(4, workers * BLOCKS_IN_FLIGHT), thread_name_prefix="put-block") as http, \
-            ThreadPoolExecutor(workers, thread_name_prefix="gzip") as pool:
+    with pools.pool(max(4, workers * BLOCKS_IN_FLIGHT), "put-block") as http, \
+            pools.pool(workers, "gzip") as pool:
         uploader = _FileUploader(container, level, http, throttle, progress, session, block_bytes, member_bytes)
         queue = iter(sorted(work, key=lambda f: -f.size))  # big files first: a shorter tail
         futures: dict[Future, LocalFile] = {}
@@ -506,7 +506,7 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
             for future in futures:
                 future.cancel()
             raise
-    report.seconds = time.monotonic() - started
+    report.seconds = clock.monotonic() - started
     if report.failures:
         shown = "\n  - ".join(report.failures[:10])
         more = f"\n  ... and {len(report.failures) - 10} more" if len(report.failures) > 10 else ""

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from amlhpc.jobs.managed.policy import Policy
+from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.blob.writes import holds
 
 SCHEMA = 2
@@ -49,7 +50,7 @@ DONE_STATES = ("succeeded", "failed", "canceled")
 
 
 def now_utc() -> datetime:
-    return datetime.now(UTC)
+    return datetime.fromtimestamp(clock.time(), UTC)
 
 
 def iso(when: datetime | None) -> str | None:

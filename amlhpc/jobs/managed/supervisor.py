@@ -38,7 +38,6 @@ rehearsal (amlhpc.jobs.local.managed); both speak observation.py's vocabulary.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -58,6 +57,7 @@ from amlhpc.jobs.managed.record import (
     now_utc,
     parse_time,
 )
+from amlhpc.jobs.runtime.base import clock as clocks
 from amlhpc.jobs.runtime.base import contract, faultpoints
 
 
@@ -142,7 +142,7 @@ class Supervisor:
     resume: Resume | None = None
     echo: Callable[[str], None] = print
     clock: Callable[[], datetime] = now_utc
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], None] = clocks.sleep
     said: set[str] = field(default_factory=set)
     renewed: float = 0.0
 
@@ -210,13 +210,13 @@ class Supervisor:
             chunk = min(remaining, step)
             self.sleep(chunk)
             remaining -= chunk
-            if remaining <= 0 or time.monotonic() - self.renewed >= step:
+            if remaining <= 0 or clocks.monotonic() - self.renewed >= step:
                 self._renew()
             if remaining <= 0:
                 return
 
     def _renew(self) -> None:
-        self.renewed = time.monotonic()
+        self.renewed = clocks.monotonic()
         try:
             self.store.renew()
         except RecordConflict:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from email.utils import formatdate
 from urllib.parse import quote, urlencode, urlsplit
 
+from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.blob import blobio
 
 API_VERSION = "2025-11-05"
@@ -68,17 +69,17 @@ class DeadlineExceeded(Exception):
 
 
 class Deadline:
-    """A point in time.monotonic(); None-safe helpers for code that may have no deadline."""
+    """A point in clock.monotonic() (amlhpc.jobs.runtime.base.clock); None-safe helpers for code that may have no deadline."""
 
     def __init__(self, seconds: float | None):
-        self.at = time.monotonic() + seconds if seconds is not None else None
+        self.at = clock.monotonic() + seconds if seconds is not None else None
         self.seconds = seconds
 
     def remaining(self) -> float | None:
-        return None if self.at is None else self.at - time.monotonic()
+        return None if self.at is None else self.at - clock.monotonic()
 
     def passed(self) -> bool:
-        return self.at is not None and time.monotonic() >= self.at
+        return self.at is not None and clock.monotonic() >= self.at
 
     def check(self, what: str) -> None:
         if self.passed():
@@ -168,7 +169,10 @@ class Reader:
     """Reads one container (see the module docstring). Thread-safe."""
 
     def __init__(self, container_url: str, auth, retry: blobio.RetrySettings | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = clock.sleep,
+                 connect: Callable[[], http.client.HTTPConnection] | None = None):
+        """`connect`: makes this thread's connection (None: http.client to the URL's host; a
+        simulation passes its own, amlhpc.sim.wire)."""
         split = urlsplit(container_url)
         self.container_url = container_url.rstrip("/")
         self.shown_url = blobio.safe_endpoint(container_url)
@@ -182,6 +186,7 @@ class Reader:
         self.auth = auth
         self.retry = retry or blobio.RetrySettings()
         self._sleep = sleep
+        self._connect = connect
         self._local = threading.local()
         self._all: set[http.client.HTTPConnection] = set()
         self._all_lock = threading.Lock()
@@ -191,7 +196,9 @@ class Reader:
     def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            if self._https:
+            if self._connect is not None:
+                conn = self._connect()
+            elif self._https:
                 conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.retry.connection_timeout_s,
                                                    context=self._ssl)
             else:

@@ -30,9 +30,11 @@ Standard library plus azure-storage-blob / azure-core / azure-identity: ships in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -202,13 +204,32 @@ def credential_from_env(env: Mapping[str, str] | None = None):
     return DefaultAzureCredential(managed_identity_client_id=client_id, exclude_interactive_browser_credential=True)
 
 
+_made_here = threading.local()
+
+
+@contextlib.contextmanager
+def use(factory: Callable[[str, str | None], object]) -> Iterator[None]:
+    """Make this thread's container clients with `factory(container, account_url)` instead (a
+    simulation's clients, amlhpc/sim): the one seam through which every client is made."""
+    previous = getattr(_made_here, "factory", None)
+    _made_here.factory = factory
+    try:
+        yield
+    finally:
+        _made_here.factory = previous
+
+
 def container_client(container: str, *, account_url: str | None = None, connection_string: str | None = None,
                      credential=None, retry: RetrySettings | None = None, max_connections: int = 32):
     """A ContainerClient for `container`.
 
     With `connection_string` (Azurite) it wins over `account_url`; otherwise `account_url`
-    is required and `credential` defaults to `credential_from_env()`.
+    is required and `credential` defaults to `credential_from_env()`. A thread under `use`
+    gets its factory's client.
     """
+    factory = getattr(_made_here, "factory", None)
+    if factory is not None:
+        return factory(container, account_url)
     from azure.storage.blob import ContainerClient
 
     retry = retry or RetrySettings()
@@ -244,6 +265,8 @@ def container_client_from_env(container: str, account_url: str | None = None, en
     """Azurite when `connection_string_variable` is set in `env`, else Azure with DefaultAzureCredential."""
     env = os.environ if env is None else env
     connection_string = env.get(connection_string_variable) or None
+    if getattr(_made_here, "factory", None) is not None:
+        return container_client(container, account_url=account_url)
     credential = None if connection_string else kwargs.pop("credential", None) or credential_from_env(env)
     return container_client(container, account_url=account_url, connection_string=connection_string,
                             credential=credential, **kwargs)

@@ -48,13 +48,14 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, wait
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 from xml.sax.saxutils import escape as xml_escape
 
+from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.base.throttle import UNLIMITED, Throttle
 from amlhpc.jobs.runtime.blob import gzmembers
 from amlhpc.jobs.runtime.blob.blobhttp import (
@@ -384,7 +385,7 @@ class Fetcher:
     progress, called from worker threads.
     """
 
-    def __init__(self, reader, http_pool: ThreadPoolExecutor, inflate_pool: ThreadPoolExecutor | None = None, *,
+    def __init__(self, reader, http_pool: Executor, inflate_pool: Executor | None = None, *,
                  range_bytes: int = 8 << 20, window: int = 4, throttle: Throttle = UNLIMITED,
                  attempts_transient: int = 4, attempts_integrity: int = 2, retry_pause_s: float = 1.0,
                  verify_sha256: bool = False, deadline: Deadline = NO_DEADLINE,
@@ -439,7 +440,7 @@ class Fetcher:
             remaining = self.deadline.remaining()
             if remaining is not None:
                 pause = min(pause, max(remaining, 0.0))
-            time.sleep(pause)
+            clock.sleep(pause)
             self.deadline.check(f"fetching blob {entry.name!r}")
 
     def _attempt(self, entry: BlobEntry, final_path: Path, partial_path: Path, got: list[int]) -> tuple[int, int, str]:

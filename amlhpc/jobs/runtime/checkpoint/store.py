@@ -51,16 +51,15 @@ import os
 import re
 import secrets
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.base import clock, faultpoints
+from amlhpc.jobs.runtime.base import clock, faultpoints, workers
 from amlhpc.jobs.runtime.base.throttle import UNLIMITED, Throttle
 from amlhpc.jobs.runtime.blob.writes import delete_many, read_back
 from amlhpc.jobs.runtime.checkpoint import safepath
@@ -278,7 +277,7 @@ class CheckpointStore:
     # --- staging parts --------------------------------------------------------------------
     def new_version(self, previous: Manifest | None) -> tuple[str, int]:
         sequence = max([previous.sequence if previous else 0, *(sequence_of(v) for v in self.versions())]) + 1
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        stamp = datetime.fromtimestamp(clock.time(), UTC).strftime("%Y%m%dT%H%M%SZ")
         return f"{sequence:06d}-{stamp}-{secrets.token_hex(2)}", sequence
 
     def _write_pending(self, version: str, document: dict[str, Any]) -> None:
@@ -323,7 +322,7 @@ class CheckpointStore:
         if self.cancel.is_set():
             raise UploadCancelled("the checkpoint upload was cancelled; nothing committed")
 
-    def _upload_file(self, folder: Path, entry: LocalFile, blob_name: str, blocks: ThreadPoolExecutor,
+    def _upload_file(self, folder: Path, entry: LocalFile, blob_name: str, blocks: Executor,
                      session: str) -> tuple[str, str]:
         """Stage the file's blocks (capped, several in flight), commit; returns (SHA-256, ETag).
 
@@ -398,8 +397,8 @@ class CheckpointStore:
         entries: list[dict[str, Any]] = [dict(e) for e in reused]
         try:
             faultpoints.reach("checkpoint.pending-written")
-            with ThreadPoolExecutor(self.workers, thread_name_prefix="ckpt-file") as file_pool, \
-                    ThreadPoolExecutor(self.workers * self.blocks_in_flight, thread_name_prefix="ckpt-block") as block_pool:
+            with workers.pool(self.workers, "ckpt-file") as file_pool, \
+                    workers.pool(self.workers * self.blocks_in_flight, "ckpt-block") as block_pool:
                 futures = {file_pool.submit(self._upload_file, folder, e, blob_of(e.path), block_pool, session): e
                            for e in sorted(files, key=lambda e: e.path)}
                 try:
@@ -543,7 +542,7 @@ class CheckpointStore:
                 if part.get("path") in entries and entries[part["path"]]["blob"] != part.get("blob"):
                     raise CheckpointError(f"version {version}: two nodes staged {part['path']}; not committed")
                 entries[part["path"]] = dict(part)
-        manifest = Manifest(version, sequence, datetime.now(UTC).isoformat(timespec="seconds"),
+        manifest = Manifest(version, sequence, datetime.fromtimestamp(clock.time(), UTC).isoformat(timespec="seconds"),
                             sorted(entries.values(), key=lambda f: f["path"]), meta)
         Manifest.from_json(manifest.to_json(), f"pending records of {version}", self.data_prefix())  # same checks as restore
         listed = self._listed(manifest.files)
@@ -573,7 +572,7 @@ class CheckpointStore:
             return self._upload(folder, keep, files, exclude)
 
     def _upload(self, folder: Path, keep: int, files: Mapping[str, LocalFile] | None, exclude: frozenset[str]) -> UploadResult:
-        started = time.monotonic()
+        started = clock.monotonic()
         files = scan(folder, exclude) if files is None else files
         pointer, etag = self.pointer()
         previous = self._manifest_of(pointer)
@@ -595,7 +594,7 @@ class CheckpointStore:
         result = UploadResult(version, reused_files=len(reused), uploaded_files=len(to_upload),
                               uploaded_bytes=sum(e.size for e in to_upload))
         self.commit(version, sequence, [self.node], {"layout": "folder"}, expected_etag=etag, parts={self.node: entries})
-        result.seconds = time.monotonic() - started
+        result.seconds = clock.monotonic() - started
         log.info("checkpoint %s committed: %d file(s) uploaded (%d bytes, %.0f Mb/s), %d unchanged",
                  version, result.uploaded_files, result.uploaded_bytes, result.mbits_per_s, result.reused_files)
         result.pruned_versions, result.deleted_blobs = self.prune(keep)
@@ -654,11 +653,11 @@ class CheckpointStore:
         for entry in wanted:  # every path is checked before anything is written
             safepath.target_in(folder, entry["path"], where)
         folder.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="ckpt-restore") as pool:
+        started = clock.monotonic()
+        with workers.pool(self.workers, "ckpt-restore") as pool:
             downloaded = sum(pool.map(lambda e: self._restore_file(folder, e, where), wanted))
         log.info("checkpoint %s restored into %s: %d file(s), %d bytes, %d already present, %.1fs", manifest.version,
-                 folder, downloaded, sum(e["size"] for e in wanted), len(wanted) - downloaded, time.monotonic() - started)
+                 folder, downloaded, sum(e["size"] for e in wanted), len(wanted) - downloaded, clock.monotonic() - started)
         return manifest
 
 

@@ -55,7 +55,6 @@ import signal
 import socket
 import statistics
 import threading
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -455,13 +454,13 @@ class Guard:
                 os.killpg(self.child_pid, signum)
             except ProcessLookupError:
                 return
-        deadline = time.monotonic() + self.term_grace_s
-        while time.monotonic() < deadline and not self._stop.is_set():
+        deadline = clock_seam.monotonic() + self.term_grace_s
+        while clock_seam.monotonic() < deadline and not self._stop.is_set():
             try:
                 os.killpg(self.child_pid, 0)
             except ProcessLookupError:
                 return
-            time.sleep(0.2)
+            clock_seam.sleep(0.2)
         try:
             os.killpg(self.child_pid, signal.SIGKILL)
         except ProcessLookupError:

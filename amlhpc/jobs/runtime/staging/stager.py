@@ -83,15 +83,14 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field, replace
 from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.base import clock, contract, faultpoints, jobid, launchid
+from amlhpc.jobs.runtime.base import clock, contract, faultpoints, jobid, launchid, workers
 from amlhpc.jobs.runtime.base import ranks as ranks_module
 from amlhpc.jobs.runtime.base.errors import RuntimeProblem
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
@@ -435,7 +434,7 @@ class _Progress:
         self.done = 0
         self.bytes_in = 0
         self.bytes_out = 0
-        self.started = time.monotonic()
+        self.started = clock.monotonic()
         self._last = self.started
         self._lock = threading.Lock()
 
@@ -445,7 +444,7 @@ class _Progress:
             self.bytes_out += out
 
     def maybe_log(self, force: bool = False) -> None:
-        now = time.monotonic()
+        now = clock.monotonic()
         if not force and now - self._last < self.interval_s:
             return
         self._last = now
@@ -570,7 +569,7 @@ def _check_present(plan: _Plan, indices: list[int], data_dir: Path, present: dic
             return "fetch"  # checkable only by fetching it again: a verified download replaces it
         return "unverifiable" if k in recorded else "fetch"
 
-    with ThreadPoolExecutor(min(16, len(indices)), thread_name_prefix="blob-check") as pool:
+    with workers.pool(min(16, len(indices)), "blob-check") as pool:
         return list(pool.map(one, indices))
 
 
@@ -585,9 +584,9 @@ def _fetch_all(plan: _Plan, todo: list[int], dirs: _Dirs, manifest: Manifest, ra
     failures: list[str] = []
     data, partial = str(dirs.data), str(dirs.partial)
     tag = f"node{ranks.node_index}-"
-    with ThreadPoolExecutor(options.concurrency, thread_name_prefix="blob-get") as http, \
-            ThreadPoolExecutor(options.inflate_workers, thread_name_prefix="inflate") as inflate, \
-            ThreadPoolExecutor(options.file_workers, thread_name_prefix="blob-file") as files:
+    with workers.pool(options.concurrency, "blob-get") as http, \
+            workers.pool(options.inflate_workers, "inflate") as inflate, \
+            workers.pool(options.file_workers, "blob-file") as files:
         fetcher = Fetcher(plan.reader, http, inflate, range_bytes=options.range_bytes, window=options.window,
                           throttle=throttle, attempts_transient=options.blob_attempts,
                           retry_pause_s=options.retry.initial_backoff_s, verify_sha256=options.verify_sha256,
@@ -656,7 +655,7 @@ def _stage_input(plan: _Plan, root: Path, ranks: ranks_module.Ranks, options: St
     """Stage this node's share of one input into `root` (see the module docstring)."""
     spec = plan.spec
     dirs = _Dirs.make(root, spec.name)
-    started = time.monotonic()
+    started = clock.monotonic()
     renamed, example = _renamed(plan)
     result = InputResult(spec.name, spec.mode, str(dirs.data), str(dirs.staging), len(plan.entries),
                          len(plan.node_idx), balance=plan.balance(), renamed=renamed)
@@ -676,7 +675,7 @@ def _stage_input(plan: _Plan, root: Path, ranks: ranks_module.Ranks, options: St
                 failures = _fetch_all(plan, todo, dirs, manifest, ranks, options, throttle, deadline, result, corrupt)
             finally:
                 manifest.close()
-            result.seconds = time.monotonic() - started
+            result.seconds = clock.monotonic() - started
             if failures:
                 shown = "\n  - ".join(failures[:10])
                 more = f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""
@@ -762,7 +761,7 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
           options: StageOptions, env: Mapping[str, str], reader_factory: Callable[[StageSpec], Any],
           job: jobid.JobIdentity, key: str, deadline: Deadline, generation: launchid.Generation,
           channel: Channel | None = None) -> StageResult:
-    started = time.monotonic()
+    started = clock.monotonic()
     warnings: list[str] = []
     _check_shared(specs, shared_dir, ranks)
     if env.get(contract.SCRATCH) and scratch is None:  # bad input before anything is listed
@@ -792,7 +791,7 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
         for plan in plans:
             plan.reader.close()
     return StageResult(ranks.node_index, ranks.node_count, socket.gethostname(), job.job_id, inputs,
-                       time.monotonic() - started, scratch_info, warnings)
+                       clock.monotonic() - started, scratch_info, warnings)
 
 
 def _shared_channel(channel: Channel | None, ranks: ranks_module.Ranks, env: Mapping[str, str]) -> Channel:

@@ -1,0 +1,110 @@
+"""The coordination defects exploration finds in the code as it is, each named, with one run
+that shows it and the rule that recognises it in a sweep; and the defects it found before
+that the code no longer has, each with the run that showed it.
+
+`CASES`: a remaining defect's fixed run (a scenario, a seed, and the settings or faults that
+make the defect happen there): its invariant fails while the defect is in the code. The
+tests hold each as a strict expected failure (tests/sim/test_sim_defects.py); a fix turns one
+into an unexpected pass, and the case then moves to `FIXED`.
+
+`FIXED`: the runs that showed the defects since fixed. The tests run each as a plain test:
+its invariant must hold, and its fault must fire (a run whose fault never fires proves
+nothing).
+
+`cause(outcome)`: which remaining defect a sweep's violation is, or None for one nobody has
+named (a new finding, or a fixed defect come back: replay its seed). A sweep passes when
+every violation it finds has a cause here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from amlhpc.sim.faults import FaultPlan, RequestFault
+from amlhpc.sim.scenario import Outcome
+
+
+@dataclass(frozen=True)
+class Case:
+    defect: str
+    """Its name, as the sweeps report it."""
+    what: str
+    scenario: str
+    seed: int
+    kind: str
+    """The invariant it breaks (or broke)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    faults: Callable[[], FaultPlan] | None = None
+
+
+def _lost_reply(blob: str, nth: int, op: str = "put_blob") -> Callable[[], FaultPlan]:
+    return lambda: FaultPlan([RequestFault("lost-reply", op=op, blob=blob, nth=nth, reset_s=0.05)])
+
+
+# --- remaining -------------------------------------------------------------------------
+STORE_DROP = "a node whose store connection drops once takes node 0 for lost and ends alone"
+MIXED_LISTING = "nodes list a dataset apart and stage shares of two versions"
+
+CASES: list[Case] = [
+    Case(STORE_DROP, "one node's connection to the job's store resets once while node 0 lives: kvstore.guarded "
+         "takes any transport error for node 0 gone (StoreLost), the node ends with exit 10 without a word to the "
+         "store, and the others adopt node 0's restart", "restart-agreement", 19, "split-decision"),
+    Case(MIXED_LISTING, "a dataset is re-uploaded while a job stages it: nodes list it at different moments, each "
+         "stages its share of its own listing, and together they hold parts of both versions with files missing",
+         "staging", 14, "mixed-dataset"),
+]
+
+# --- fixed -----------------------------------------------------------------------------
+LATEST_LOST_REPLY = "lost reply on the latest pointer deletes the manifest it names"
+MANIFEST_LOST_REPLY = "lost reply on a manifest blocks newer commits"
+PRUNE_READ_ORDER = "prune deletes the version latest names when a commit lands between its reads"
+RESTART_SPLIT = "restart decisions diverge"
+NO_GENERATION = "restart records and barriers carry no launch generation"
+OVERLAPPING_REVIVALS = "two overlapping revivals start two controllers"
+WALL_CLOCK_WATCHDOG = "a wall-clock step back blinds the watchdog"
+
+FIXED: list[Case] = [
+    Case(LATEST_LOST_REPLY, "the pointer write applied, its reply lost: the retry's 412 was taken for another "
+         "writer and the committed version's manifest deleted; now the writer reads the pointer back "
+         "(blob/writes.py)", "checkpoint-commit", 1, "pointer-orphan",
+         {"nodes": 2}, _lost_reply("checkpoints/exp/run/versions/latest", 2)),
+    Case(LATEST_LOST_REPLY, "the same on a folder stream: every later upload failed reading the manifest `latest` "
+         "named", "folder-upload", 1, "commits-stuck", {"settle_s": 120.0},
+         _lost_reply("checkpoints/exp/run/latest", 2)),
+    Case(MANIFEST_LOST_REPLY, "the manifest written, its reply lost: the retry's 409 raised PointerConflict and the "
+         "version uploader retried that version first for ever; now the manifest is read back", "checkpoint-commit",
+         1, "commits-stuck", {"nodes": 2, "settle_s": 120.0}, _lost_reply("checkpoints/exp/run/versions/manifests/*", 1)),
+    Case(PRUNE_READ_ORDER, "a prune by hand read `latest`, an upload committed, the prune listed the new manifest as "
+         "a dead committer's leftover and deleted it; now prune lists first", "prune-race", 11, "pointer-orphan"),
+    Case(RESTART_SPLIT, "a node's report later than another node's deadline: each node decided on its own deadline "
+         "from the reports it had read; now node 0 stores one decision that every node adopts", "restart-agreement",
+         139, "split-decision", {"nodes": 3, "agree_s": 20.0, "slow_node": 2, "slow_s": 25.0, "lacks_newest": []}),
+    Case(RESTART_SPLIT, "an error escaping one node's coordinator left the others to restart without it; now the "
+         "coordinator proposes an end in a `finally`", "restart-agreement", 50, "split-decision",
+         {"report_fails": 2}),
+    Case(NO_GENERATION, "an earlier launch's stop record (same run id, same node) stopped this launch's training; "
+         "now a launch's records are keyed by its generation", "launch-records", 0, "stale-record",
+         {"first_fails": True}),
+    Case(NO_GENERATION, "a local rank that arrived before its leader was released with the earlier launch's "
+         "restart answer", "launch-records", 0, "stale-record", {"first_fails": False, "leader_late_s": 2.0}),
+    Case(OVERLAPPING_REVIVALS, "two revival checks both listed no live controller and each started one; now a "
+         "revival lists again after taking the lease", "revival", 8, "two-controllers"),
+    Case(WALL_CLOCK_WATCHDOG, "the wall clock stepped back 5 s after the watchdog started; progress filtered by "
+         "file times hid a hang right after; now ages are monotonic", "watchdog-clock", 1, "hang-missed",
+         {"nodes": 1, "hang_s": 30.0, "step_s": 1.0, "hang_at_s": 3.5, "clock_node": 0, "clock_step_s": -5.0,
+          "clock_at_s": 0.3}),
+]
+
+
+def cause(outcome: Outcome) -> str | None:
+    """The remaining defect behind an outcome's violations, or None (see the module docstring)."""
+    kinds, name = outcome.kinds(), outcome.scenario
+    if not kinds:
+        return None
+    if name == "restart-agreement" and kinds <= {"split-decision"} and outcome.settings.get("drop_node") is not None:
+        return STORE_DROP
+    if name == "staging" and kinds <= {"mixed-dataset"}:
+        return MIXED_LISTING
+    return None

@@ -1,0 +1,250 @@
+"""The hang watchdog and the heartbeats nodes exchange through Blob.
+
+Each node's launcher watchdog (amlhpc.jobs.runtime.launch.watchdog.Guard) looks every
+`check_s` as its watch thread would: it reads its local ranks' progress files, writes the
+node's heartbeat and reads every node's (one listing with metadata,
+amlhpc.jobs.runtime.coord.nodestatus). The training is played by tasks that rewrite each
+rank's progress file every step, as amlhpc.jobs.runtime.base.progress does; the file's
+modification time is the node's wall clock, as the kernel stamps it.
+
+- `watchdog-clock`: a few nodes train in step, then the training hangs at a seeded moment;
+  one node's wall clock steps (back or forward, seeded) at a seeded moment;
+- `heartbeats`: N nodes train; one node freezes (its launcher and training stop, its clock
+  runs on) at a seeded moment, and the others' steps wait for it; every other node must
+  judge the hang (the metrics say how many named the frozen node).
+
+Invariants:
+- `hang-missed`: a node gave no verdict within hang_s + 3 x check_s of the hang (or of the
+  freeze, for the nodes that still run);
+- `false-hang`: a verdict came while the training progressed, or named a node that progressed;
+- `heartbeat-missing` (`heartbeats` with `looks` set: N nodes look that many times, nothing
+  frozen - the run the tests make at 1,000 nodes): a node's heartbeat is not in Blob with its progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amlhpc.jobs.runtime.coord import nodestatus
+from amlhpc.jobs.runtime.launch import watchdog
+from amlhpc.sim.faults import FaultPlan
+from amlhpc.sim.scenario import Scenario, Violation
+from amlhpc.sim.scheduler import Node
+from amlhpc.sim.world import ACCOUNT, World
+
+CONTAINER = "checkpoints"
+PREFIX = "exp/run"
+RUN_ID = "job-w1"
+
+
+def write_progress(path: Path, step: int, beats: int, first_step: int, wall: float) -> None:
+    """A progress report as amlhpc.jobs.runtime.base.progress writes it, stamped with the node's wall clock."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"step": step, "beats": beats, "first_step": first_step, "resumed_from": None,
+                               "waiting": None, "busy_s": None, "pid": 1}))
+    os.replace(tmp, path)
+    os.utime(path, (wall, wall))
+
+
+@dataclass
+class Verdicts:
+    found: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    """node -> (when, verdict)."""
+
+
+def _guard(world: World, node: Node, index: int, folder: Path, local_size: int, settings: watchdog.WatchdogSettings,
+           shared: bool) -> watchdog.Guard:
+    return watchdog.Guard(settings=settings, node=index, local_rank=0, local_size=local_size, folder=folder,
+                          child_pid=-1, term_grace_s=5.0,
+                          shared=(world.container(CONTAINER), PREFIX, RUN_ID) if shared else None)
+
+
+def _watch(world: World, node: Node, make: Any, verdicts: Verdicts, until: float, progress: Path | None = None):
+    """The watchdog's looks; with `progress`, the node's one rank reports a step before each look
+    (the training and its watchdog in one task: a run of many nodes with half the threads)."""
+    def loop() -> None:
+        guard: watchdog.Guard = make()  # made in the node's task: it reads the node's clocks
+        assert guard.settings is not None
+        step = 0
+        while world.now < until:
+            world.sim.sleep(guard.settings.interval_s)
+            if progress is not None:
+                step += 1
+                write_progress(progress, step, step, 1, node.clock.time())
+            verdict = guard.check()
+            if verdict:
+                verdicts.found[node.name] = (world.now, verdict)
+                world.sim.note(world.sim.current(), "verdict", f"{verdict.get('culprit')}: {verdict.get('message')}")
+                return
+    return loop
+
+
+def _train(world: World, node: Node, folder: Path, local_size: int, step_s: float, stop_at: float):
+    """A synchronous training: no step completes while a peer is frozen or gone (its collectives wait)."""
+    def loop() -> None:
+        step, beats = 0, 0
+        while world.now < stop_at:
+            world.sim.sleep(step_s)
+            if world.now >= stop_at:
+                return
+            if any(peer.frozen or peer.dead for peer in world.sim.nodes):
+                continue
+            step += 1
+            for rank in range(local_size):
+                beats += 1
+                write_progress(watchdog.progress_path(folder, rank), step, beats, 1, node.clock.time())
+    return loop
+
+
+class WatchdogClock(Scenario):
+    name = "watchdog-clock"
+    summary = "a training hangs while one node's wall clock steps; every node's watchdog must judge the hang"
+    duration_s = 400.0
+
+    def plan(self, rng: random.Random, size: int | None) -> FaultPlan:
+        nodes = size or rng.randint(1, 3)
+        hang = rng.choice([20.0, 30.0, 60.0])
+        hang_at = rng.choice([rng.uniform(1.0, 8.0), rng.uniform(8.0, 90.0)])
+        self.settings = {"nodes": nodes, "hang_s": hang, "step_s": rng.choice([0.5, 1.0, 2.0]), "hang_at_s": hang_at,
+                         "clock_node": rng.randrange(nodes),
+                         "clock_step_s": rng.choice([0.0, rng.uniform(-10.0, -1.0), rng.uniform(-300.0, -10.0),
+                                                     rng.uniform(1.0, 300.0)]),
+                         "clock_at_s": rng.choice([rng.uniform(0.0, 3.0), rng.uniform(0.0, hang_at + hang)])}
+        return FaultPlan()
+
+    def start(self, world: World, root: Path) -> None:
+        s = self.settings
+        settings = watchdog.WatchdogSettings(hang_s=s["hang_s"])
+        self.verdicts = Verdicts()
+        self.until = s["hang_at_s"] + s["hang_s"] + 4 * settings.interval_s + 10.0
+        world.container(CONTAINER)
+        for k in range(s["nodes"]):
+            node = world.node(f"node-{k}")
+            folder = root / node.name / "progress"
+            folder.mkdir(parents=True)
+            make = lambda node=node, k=k, folder=folder: _guard(  # noqa: E731
+                world, node, k, folder, 2, settings, shared=s["nodes"] > 1)
+            world.spawn(f"train-{k}", _train(world, node, folder, 2, s["step_s"], s["hang_at_s"]), node=node)
+            world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until), node=node)
+            if k == s["clock_node"] and s["clock_step_s"]:
+                world.spawn(f"clock-{k}", self._step_clock(world, node), node=node)
+        self.interval = settings.interval_s
+
+    def _step_clock(self, world: World, node: Node):
+        def step() -> None:
+            world.sim.sleep(self.settings["clock_at_s"])
+            node.clock.step(self.settings["clock_step_s"])
+            world.sim.note(node.name, "fault", f"wall clock stepped {self.settings['clock_step_s']:+.1f}s")
+        return step
+
+    def finish(self, world: World) -> None:
+        world.run(self.until + 1.0)
+
+    def check(self, world: World) -> list[Violation]:
+        s = self.settings
+        found = []
+        late = s["hang_at_s"] + s["hang_s"] + 3 * self.interval + 5.0
+        self.metrics = {"verdicts": {n: round(t, 1) for n, (t, _) in self.verdicts.found.items()}}
+        for node in world.sim.nodes:
+            seen = self.verdicts.found.get(node.name)
+            if seen is None:
+                found.append(Violation("hang-missed", f"{node.name} judged nothing by {world.now:.0f}s although the "
+                                                      f"training stopped at {s['hang_at_s']:.0f}s (hang_s "
+                                                      f"{s['hang_s']:.0f}, clock step {s['clock_step_s']:+.1f}s on "
+                                                      f"node-{s['clock_node']} at {s['clock_at_s']:.0f}s)"))
+            elif seen[0] < s["hang_at_s"] + s["hang_s"] - 1.0:
+                found.append(Violation("false-hang", f"{node.name} judged a hang at {seen[0]:.0f}s while the training "
+                                                     f"progressed until {s['hang_at_s']:.0f}s: {seen[1].get('message')}"))
+            elif seen[0] > late:
+                found.append(Violation("hang-missed", f"{node.name} judged the hang only at {seen[0]:.0f}s (due by "
+                                                      f"{late:.0f}s)"))
+        return found[:2]
+
+
+class Heartbeats(Scenario):
+    name = "heartbeats"
+    summary = "N nodes watch each other through Blob heartbeats; one node freezes and every other must name it"
+    duration_s = 200.0
+
+    def plan(self, rng: random.Random, size: int | None) -> FaultPlan:
+        nodes = size or rng.choice([4, 8, 16])
+        self.settings = {"nodes": nodes, "hang_s": rng.choice([20.0, 30.0]), "step_s": rng.choice([2.0, 5.0]),
+                         "frozen": rng.randrange(nodes), "freeze_at_s": rng.uniform(5.0, 20.0), "looks": None,
+                         "check_s": None}
+        return FaultPlan()
+
+    def start(self, world: World, root: Path) -> None:
+        s = self.settings
+        settings = watchdog.WatchdogSettings(hang_s=s["hang_s"], check_s=s["check_s"] or s["hang_s"] / 4)
+        self.interval = settings.interval_s
+        self.verdicts = Verdicts()
+        self.until = s["freeze_at_s"] + s["hang_s"] + 4 * self.interval + 10.0
+        if s["looks"]:  # a few looks of every node, nothing frozen: no verdict, every heartbeat in Blob
+            self.until = s["looks"] * self.interval + 1.0
+        world.container(CONTAINER)
+        for k in range(s["nodes"]):
+            node = world.node(f"node-{k}")
+            folder = root / node.name
+            folder.mkdir(parents=True)
+            make = lambda node=node, k=k, folder=folder: _guard(world, node, k, folder, 1, settings, shared=True)  # noqa: E731
+            if s["looks"]:
+                world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until,
+                                                    watchdog.progress_path(folder, 0)), node=node)
+                continue
+            world.spawn(f"train-{k}", _train(world, node, folder, 1, s["step_s"], self.until), node=node)
+            world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until), node=node)
+        if s["looks"]:
+            return
+        frozen = world.sim.nodes[s["frozen"]]
+
+        def freeze() -> None:
+            world.sim.sleep(s["freeze_at_s"])
+            world.sim.freeze(frozen)
+        world.spawn("freeze", freeze)
+
+    def finish(self, world: World) -> None:
+        world.run(self.until + 1.0)
+
+    def _all_beat(self, world: World) -> list[Violation]:
+        """No verdict while every node trains, and every node's heartbeat is in Blob, signed with its progress."""
+        blobs = world.blob.accounts[ACCOUNT].containers[CONTAINER].blobs
+        missing = [k for k in range(self.settings["nodes"])
+                   if (blob := blobs.get(nodestatus.heartbeat_name(PREFIX, RUN_ID, k))) is None
+                   or blob.metadata.get("state") != "training" or not blob.metadata.get("step")]
+        self.metrics = {"verdicts": len(self.verdicts.found), "heartbeats": self.settings["nodes"] - len(missing),
+                        "peak_account_rps": world.blob.accounting.accounts[ACCOUNT].peak}
+        found = [Violation("false-hang", f"{node} judged a hang while every node trained: {verdict.get('message')}")
+                 for node, (_, verdict) in list(self.verdicts.found.items())[:1]]
+        if missing:
+            found.append(Violation("heartbeat-missing", f"{len(missing)} node(s) have no heartbeat with progress in "
+                                                        f"Blob, e.g. node {missing[0]}"))
+        return found
+
+    def check(self, world: World) -> list[Violation]:
+        s = self.settings
+        if s["looks"]:
+            return self._all_beat(world)
+        frozen = f"node-{s['frozen']}"
+        late = s["freeze_at_s"] + s["hang_s"] + 3 * self.interval + 10.0
+        found = []
+        named = 0
+        for node in world.sim.nodes:
+            if node.name == frozen:
+                continue
+            seen = self.verdicts.found.get(node.name)
+            if seen is None or seen[0] > late:
+                found.append(Violation("hang-missed", f"{node.name} judged nothing by {late:.0f}s after {frozen} "
+                                                      f"froze at {s['freeze_at_s']:.0f}s"))
+            elif seen[0] < s["freeze_at_s"]:
+                found.append(Violation("false-hang", f"{node.name} judged a hang at {seen[0]:.0f}s, before anything "
+                                                     f"stopped: {seen[1].get('message')}"))
+            elif seen[1].get("culprit") == s["frozen"]:
+                named += 1
+        self.metrics = {"named": named, "of": s["nodes"] - 1,
+                        "latest_verdict_s": round(max((t for t, _ in self.verdicts.found.values()), default=0.0), 1)}
+        return found[:3]

@@ -1,0 +1,47 @@
+"""The coordination defects, each shown by one fixed run (amlhpc.sim.known).
+
+Remaining defects (`known.CASES`): expected failures, strict, so that the fix of a defect
+turns its test into an unexpected pass; then its case moves to `known.FIXED`.
+Fixed defects (`known.FIXED`): the run that showed each must now keep its invariant, with
+its fault fired."""
+
+from __future__ import annotations
+
+import pytest
+
+from amlhpc.sim import known
+from amlhpc.sim.explore import run
+
+
+def _run(case: known.Case):
+    return run(case.scenario, case.seed, settings=case.settings, faults=case.faults() if case.faults else None,
+               keep_trace=False)
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, id=f"{case.scenario}-{case.seed}-{case.kind}",
+                                               marks=pytest.mark.xfail(strict=True, reason=case.defect))
+                                  for case in known.CASES])
+def test_the_invariant_holds_despite_a_remaining_defect(case):
+    outcome = _run(case)
+    assert case.kind not in outcome.kinds(), outcome.report(trace=False)
+    assert outcome.ok, outcome.report(trace=False)
+
+
+@pytest.mark.parametrize("case", known.CASES, ids=lambda case: f"{case.scenario}-{case.seed}")
+def test_each_remaining_case_shows_its_defect_and_the_sweep_rule_names_it(case):
+    outcome = _run(case)
+    assert case.kind in outcome.kinds(), outcome.report(trace=False)
+    assert known.cause(outcome) == case.defect
+
+
+@pytest.mark.parametrize("case", known.FIXED, ids=lambda case: f"{case.scenario}-{case.seed}-{case.kind}")
+def test_a_fixed_defect_keeps_its_invariant(case):
+    outcome = _run(case)
+    assert outcome.ok, outcome.report(trace=False)
+    if case.faults is not None:
+        assert outcome.faults_fired >= 1, f"the fault of {case.defect!r} never fired: the run proves nothing"
+
+
+def test_the_sweep_rules_name_no_fixed_defect():
+    remaining = {case.defect for case in known.CASES}
+    assert not {case.defect for case in known.FIXED} & remaining

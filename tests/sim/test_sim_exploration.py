@@ -1,0 +1,73 @@
+"""Seeded exploration over every scenario: 224 seeds in all, each run's invariants checked. A
+violation passes only when amlhpc.sim.known names its defect (the defects the code has
+today, each with its own expected-failure test in test_sim_defects.py); one it cannot name
+is a new finding and fails here with the seed that replays it. Then one run at 1,000 nodes,
+and the replay itself: a seed's run, trace included, is the same every time."""
+
+from __future__ import annotations
+
+import pytest
+
+from amlhpc.sim import known
+from amlhpc.sim.__main__ import main
+from amlhpc.sim.explore import run, scenarios
+
+SEEDS = {  # scenario: (seeds, nodes); small worlds, so that the sweep stays within seconds
+    "checkpoint-commit": (16, 2), "folder-upload": (24, None), "prune-race": (20, None),
+    "restart-agreement": (40, None), "launch-records": (20, None), "watchdog-clock": (30, None),
+    "heartbeats": (16, 4), "revival": (30, None), "staging": (8, 2), "upload-sessions": (20, None),
+}
+
+
+def test_the_sweep_covers_every_scenario_with_200_seeds_or_more():
+    assert set(SEEDS) == set(scenarios())
+    assert sum(seeds for seeds, _ in SEEDS.values()) >= 200
+
+
+@pytest.mark.parametrize("scenario", sorted(SEEDS))
+def test_every_violation_a_sweep_finds_is_a_known_defect(scenario):
+    seeds, nodes = SEEDS[scenario]
+    unknown, found = [], set()
+    for seed in range(seeds):
+        outcome = run(scenario, seed, size=nodes, keep_trace=False)
+        if outcome.ok:
+            continue
+        defect = known.cause(outcome)
+        if defect is None:
+            unknown.append(f"seed {seed}: " + "; ".join(str(v) for v in outcome.violations))
+        else:
+            found.add(defect)
+    assert not unknown, (f"new finding(s) in {scenario}; replay with `python -m amlhpc.sim explore {scenario} "
+                         f"--seed N{f' --nodes {nodes}' if nodes else ''}`:\n" + "\n".join(unknown))
+
+
+def test_1000_nodes_look_at_each_others_heartbeats_through_blob():
+    outcome = run("heartbeats", 1, size=1000, keep_trace=False,
+                  settings={"hang_s": 600.0, "check_s": 10.0, "looks": 1})
+    assert outcome.ok, outcome.report(trace=False)
+    assert outcome.metrics["heartbeats"] == 1000
+    assert outcome.requests == 2000  # one look of 1,000 nodes: a heartbeat and one listing each
+    assert outcome.metrics["peak_account_rps"] >= 1000  # the look's 2,000 requests land within a second
+
+
+def test_a_seed_replays_exactly_with_its_trace():
+    first, second = (run("restart-agreement", 19) for _ in range(2))
+    assert first.trace == second.trace and len(first.trace) > 20
+    assert first.violations == second.violations
+    assert run("restart-agreement", 20).trace != first.trace
+
+
+def test_the_command_replays_a_seed_and_sweeps_a_range(capsys):
+    assert main(["explore", "restart-agreement", "--seed", "19"]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATION split-decision" in out and "trace:" in out and "decision" in out
+    assert main(["explore", "upload-sessions", "--seeds", "0-2"]) == 0
+    assert "3 seed(s), 0 broke an invariant" in capsys.readouterr().out
+    assert main(["list"]) == 0 and "checkpoint-commit" in capsys.readouterr().out
+
+
+def test_the_command_refuses_bad_input_with_one_clear_line(capsys):
+    assert main(["explore", "nosuch", "--seed", "1"]) == 2
+    assert "no scenario 'nosuch'" in capsys.readouterr().err
+    assert main(["explore", "revival", "--seeds", "9-3"]) == 2
+    assert main(["explore", "revival", "--seed", "1", "--nodes", "0"]) == 2

@@ -1,0 +1,41 @@
+"""The job's coordination at scale, measured by bench.scale on the real code in the simulated
+Azure: what each node asks per second must not grow with the node count, and a 1,000-node job
+stays within the issue's budget on Azure's published targets (Microsoft Learn, "Scalability and
+performance targets for Blob storage": 500 requests/s per blob; "... for standard storage
+accounts": 20,000 requests/s per account): at most 250 requests/s on any blob (half the
+target) and 2,000 requests/s on the account (a tenth), with the polls of the job's store,
+not of Blob, carrying the coordination."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import scale
+
+BLOB_BUDGET_RPS = 250
+ACCOUNT_BUDGET_RPS = 2_000
+
+
+@pytest.fixture(scope="module")
+def steady(tmp_path_factory) -> dict[int, dict]:
+    root = Path(tmp_path_factory.mktemp("scale"))
+    return {n: scale.job_store_steady(n, 0, root / str(n), window_s=4.0, check_s=2.0, warmup_s=1.0)
+            for n in (8, 64, 1000)}
+
+
+def test_what_each_node_asks_per_second_does_not_grow_with_the_node_count(steady):
+    small = steady[8]
+    for n in (64, 1000):
+        assert steady[n]["store_ops_per_node_s"] <= 1.1 * small["store_ops_per_node_s"], (n, steady[n], small)
+        assert steady[n]["blob_requests_per_node_s"] <= 1.1 * small["blob_requests_per_node_s"], (n, steady[n], small)
+    assert small["store_ops_per_node_s"] > 0 and small["blob_requests_per_node_s"] > 0  # the nodes do poll
+
+
+def test_a_1000_node_job_stays_within_its_share_of_azures_targets(steady):
+    big = steady[1000]
+    assert big["hot_blob_rps"] <= BLOB_BUDGET_RPS, big
+    assert big["account_rps"] <= ACCOUNT_BUDGET_RPS, big
+    assert big["throttled"] == 0, big
+    assert big["hot_blob_rps"] >= 100, big  # the heartbeat listing is measured, not absent
