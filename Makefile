@@ -1,7 +1,7 @@
 # aml-hpc. On a fresh clone `make demo` and `make test` install everything they need.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help bootstrap env env-demo demo test typecheck build doctor bench bench-bootstrap plan preview up down images new-experiment expired lint clean distclean
+.PHONY: help bootstrap env env-demo demo test check typecheck build doctor bench bench-bootstrap plan preview up down images new-experiment expired lint clean distclean
 
 STACK ?= dev
 ENV ?= dev
@@ -48,6 +48,11 @@ demo: env-demo ## the main job, offline: dev plan, cosmoflow rendered, data uplo
 
 test: bootstrap typecheck ## the whole test suite (with the type check and the installed wheel's test)
 	$(PY) -m pytest
+
+check: bootstrap ## the edit loop: ruff, mypy and the tests of what changed since main (scripts/changed_tests.py)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(PY) -m pytest -q -x $$($(PY) scripts/changed_tests.py)
 
 typecheck: bootstrap ## mypy: strict on the fully typed modules, the baseline for the rest (pyproject.toml)
 	$(PY) -m mypy

@@ -8,7 +8,8 @@ rendered for it with `--project` from elsewhere. The two slow commands run side 
 
 Then a team's project as a new user makes one, in a new folder: `aml-hpc init`, its recipe
 with the team's own src/, the offline dry run written with --out and loaded by azure-ai-ml's
-load_job, a local rehearsal of it, list/show/logs/report of that rehearsal, and `aml-hpc
+load_job, a local rehearsal of it, list/show/logs/report of that rehearsal, a long rehearsal
+canceled from another shell, and `aml-hpc
 infra preview` going as far as it can without the Pulumi CLI. The rehearsal needs what a user
 installs beside the tool: PyTorch (here the shared environment's CPU build, linked into the
 clean one as `pip install torch --index-url .../cpu` would put it) and Azurite (found on PATH,
@@ -22,8 +23,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -226,3 +229,28 @@ def test_a_team_project_from_init_to_preview(installed: Path, tmp_path: Path):
     report = run("jobs", "report", "train-local", "--local", cwd=team)
     assert report.returncode == 0, report.stderr
     assert (team / ".rehearsal" / "train-local" / "report.html").is_file()
+
+    # a long rehearsal, canceled from another shell with the installed tool
+    long = subprocess.Popen([aml_hpc, "jobs", "run", "train", "--local", "--name", "long", "--set", "health=off",
+                             "--set", "command=python -m amlhpc.jobs.workloads.synthetic --steps 100000 --step-s 0.1"],
+                            cwd=team, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        from amlhpc.jobs.runtime.base import progress
+
+        deadline = time.monotonic() + 300
+        while not progress.files(team / ".rehearsal" / "long" / "node0" / "scratch", name="rank-0.json"):
+            assert long.poll() is None, long.stdout.read()[-3000:] if long.stdout else ""
+            assert time.monotonic() < deadline, "the long rehearsal did not start training"
+            time.sleep(0.2)
+        canceled = run("jobs", "cancel", "long", "--local", cwd=team)
+        assert canceled.returncode == 0, canceled.stderr
+        code = long.wait(timeout=120)
+    finally:
+        if long.poll() is None:
+            os.killpg(long.pid, signal.SIGKILL)
+            long.wait()
+    said = long.stdout.read() if long.stdout else ""
+    assert code == 1 and "rehearsal long canceled" in said, said[-3000:]
+    shown = run("jobs", "show", "long", "--local", cwd=team)
+    assert shown.returncode == 0 and "canceled" in shown.stdout, shown.stdout + shown.stderr
