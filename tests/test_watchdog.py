@@ -283,6 +283,18 @@ class TestAcrossNodes:
                     proc.kill()
                     proc.communicate(timeout=30)
 
+    def test_a_node_killed_during_its_final_upload_leaves_its_end_record(self, tmp_path, script, azurite, container):
+        """Azure ML stops a job's other processes once one node failed; a node stopped while its
+        final upload waits (for a lost node's parts) must not read as a vanished host."""
+        run_id = f"k-{uuid.uuid4().hex[:6]}"
+        env = env_for(tmp_path, 0, 1, run_id, **self.checkpoint_env(azurite, container, "wd/killed"),
+                      AMLHPC_WATCHDOG_JSON='{"hang_s": 5}', AMLHPC_FAULTPOINTS="launch.final-upload=kill")
+        proc = start(env, script, stop_after=100, total=3)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, out
+        end = nodestatus.read_ends(container, "wd/killed", run_id)[0]
+        assert (end["exit_code"], end["final_upload"], end["last_step"]) == (0, "pending", 3)
+
     def test_end_record_of_a_clean_run(self, tmp_path, script, azurite, container):
         run_id = f"c-{uuid.uuid4().hex[:6]}"
         env = env_for(tmp_path, 0, 1, run_id, **self.checkpoint_env(azurite, container, "wd/clean"),
@@ -292,4 +304,5 @@ class TestAcrossNodes:
         assert proc.returncode == 0, out
         end = nodestatus.read_ends(container, "wd/clean", run_id)[0]
         assert (end["exit_code"], end["first_step"], end["last_step"], end["signals"]) == (0, 0, 3, [])
+        assert end["final_upload"] == "done", "the record after the upload replaces the one before it"
         assert nodestatus.read_heartbeats(container, "wd/clean", run_id)[0].state == "ended"

@@ -98,6 +98,8 @@ POINTS: dict[str, str] = {
     "checkpoint.prune-decided": "prune decided which versions and blobs go; nothing deleted yet",
     "checkpoint.restore-file-written": "one file of a restore is in its temporary name, not yet renamed",
     # the training of a rehearsed attempt (amlhpc.jobs.runtime.base.progress)
+    "launch.final-upload": "the training ended and the node's end record (final upload pending) is written; the "
+                           "final upload has not started",
     "training.step": "a training process reported a completed step (context: step)",
     "training.compute": "a training process finished its own work on a step, before waiting for its peers "
                         "(context: step, busy_s)",

@@ -77,7 +77,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amlhpc.jobs.runtime.base import clock, contract, launchid, progress
+from amlhpc.jobs.runtime.base import clock, contract, faultpoints, launchid, progress
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import jobstore
@@ -758,6 +758,12 @@ class Launcher:
         self._standbys.close()
         self._mark_exited(status)
         if self.ranks.is_node_leader and self.node_checkpoints is not None:
+            from amlhpc.jobs.runtime.launch.watchdog import record_end
+
+            # The evidence first: a final upload that waits for a lost node's parts may be cut
+            # short by the job's end, and a node without an end record reads as a vanished host.
+            record_end(self, status, final_upload="pending")
+            faultpoints.reach("launch.final-upload")
             status = self._final_upload(status)
         if self._forwarder is not None:
             self._forwarder.restore()

@@ -498,9 +498,12 @@ def attach(launcher, child_pid: int, folder: Path, *, generation: int = 0, first
     return guard.start()
 
 
-def record_end(launcher, code: int) -> None:
+def record_end(launcher, code: int, *, final_upload: str = "done") -> None:
     """Local rank 0: the node's end record beside the checkpoints, for the supervision.
-    Never raises: a storage error here must not change the job's exit status."""
+    `final_upload` "pending": written before the final upload too, so a node stopped during it
+    (Azure ML kills the job's other processes once one node's failed) still leaves its
+    evidence; the record after the upload overwrites it. Never raises: a storage error here
+    must not change the job's exit status."""
     if not launcher.ranks.is_node_leader or launcher.checkpoint is None:
         return
     guard: Guard | None = getattr(launcher, "guard", None)
@@ -511,7 +514,7 @@ def record_end(launcher, code: int) -> None:
               "restarts": list(getattr(report, "restarts", [])),
               "phases": {k: round(v, 3) for k, v in report.phases.items()}, "written": clock_seam.time(),
               "completed": report.completed, "exit_after_completion": report.exit_after_completion,
-              **(guard.end_fields() if guard else {})}
+              "final_upload": final_upload, **(guard.end_fields() if guard else {})}
     try:
         container = launcher.store.container if launcher.store is not None else None
         if container is None:
