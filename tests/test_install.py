@@ -232,7 +232,7 @@ def test_a_team_project_from_init_to_preview(installed: Path, tmp_path: Path):
 
     # a long rehearsal, canceled from another shell with the installed tool
     long = subprocess.Popen([aml_hpc, "jobs", "run", "train", "--local", "--name", "long", "--set", "health=off",
-                             "--set", "command=python -m amlhpc.jobs.workloads.synthetic --steps 100000 --step-s 0.1"],
+                             "--set", "command=python train.py --steps 1000000 --checkpoint-every 1000000"],
                             cwd=team, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
