@@ -55,6 +55,7 @@ LIMIT_USD = 30.0
 KILL_PHASES = ("claim", "claimed", "submitted", "watch", "ended", "backoff", "record-write")
 SCENARIOS = ("baseline", "preempt", "host-loss", "host-loss-writer", "hang", "nccl", "throttle", *(f"kill-{p}" for p in KILL_PHASES),
              "straggler", "budget")
+PARTS = (*SCENARIOS, "restart")
 
 
 def _seconds(start: datetime | str | None, end: datetime | str | None) -> float | None:
@@ -356,9 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--update-results", action="store_true", help="also write the table into bench/RESULTS.md")
-    parser.add_argument("--only", help=f"comma-separated scenarios (default all: {', '.join(SCENARIOS)})")
+    parser.add_argument("--only", help=f"comma-separated scenarios (default all: {', '.join(PARTS)})")
+    parser.add_argument("--repeats", type=int, default=MIN_RUNS, help=f"runs of each scenario (at least {MIN_RUNS} to publish)")
     args = parser.parse_args(argv)
-    unknown = sorted(set((args.only or "").split(",")) - set(SCENARIOS) - {""})
+    unknown = sorted(set((args.only or "").split(",")) - set(PARTS) - {""})
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
     results = run(args)

@@ -131,6 +131,7 @@ def submit(
             _submit_managed(r, stack_outputs, plan, too_much, dry_run=dry_run, yes=yes, follow=follow,
                             max_restarts=max_restarts, resume=resume)
             return
+        _goodput(plan, r, stack_outputs, managed=False)
         code = build.snapshot(plan.code_dirs)
         _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
@@ -183,10 +184,7 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     if policy.limit_usd is not None:
         err.print(f"  limit: ${policy.limit_usd:,.2f} ({policy.limit_source}) on all attempts together", highlight=False)
     err.print(f"  record: {mplan.record_blob}", highlight=False)
-    from amlhpc.jobs.plan import goodput
-
-    for line in goodput.report(plan, r, stack_outputs):
-        err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
+    _goodput(plan, r, stack_outputs, managed=True)
     code = render.snapshot(mplan)
     render.validate(mplan, code)
     _cost_gate(r.name, too_much, dry_run=dry_run, yes=yes)
@@ -203,6 +201,14 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     out.print(f"follow it: python -m amlhpc.jobs status {mplan.run} --stack {stack_outputs.stack}", highlight=False)
     if follow:
         submitter.stream(client, created.name, stack_outputs.workspace)
+
+
+def _goodput(plan, r, stack_outputs, *, managed: bool) -> None:
+    """The goodput plan of what is submitted (amlhpc/jobs/plan/goodput.py), on stderr."""
+    from amlhpc.jobs.plan import goodput
+
+    for line in goodput.report(plan, r, stack_outputs, managed=managed):
+        err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
 
 
 def _register_controller(stack_outputs, mplan, job: str) -> None:
@@ -252,7 +258,8 @@ def estimate(
         r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours)
         est = plan.estimate
         if as_json:
-            print_json(_estimate_document(r, stack_outputs, plan))
+            print_json(_estimate_document(r, stack_outputs, plan, preemption_rate=preemption_rate,
+                                          checkpoint_size_gb=checkpoint_gb, failure_rate=failure_rate))
             return
         rows = table("recipe", "cluster", "sku", "priority", "nodes", "hours", "$/node-hour", "total $")
         rows.add_row(r.name, plan.cluster, plan.sku, plan.priority, str(est.nodes), f"{est.hours:g}",
@@ -288,8 +295,8 @@ def estimate(
     guard(debug, body)
 
 
-def _estimate_document(r, stack_outputs, plan) -> dict:
-    from amlhpc.jobs.plan import cost
+def _estimate_document(r, stack_outputs, plan, **given) -> dict:
+    from amlhpc.jobs.plan import cost, goodput
 
     est = plan.estimate
     budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
@@ -298,7 +305,8 @@ def _estimate_document(r, stack_outputs, plan) -> dict:
             "usd": round(est.usd, 2), "priceSource": est.price_source, "notes": list(est.notes(stack_outputs.location)),
             "ceilingUsd": r.cost.ceiling_usd, "monthlyBudgetUsd": budget,
             "over": cost.over_limits(est.usd, r.cost.ceiling_usd, budget), "warnings": list(plan.warnings),
-            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None}
+            "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None,
+            "goodput": goodput.report_document(plan, r, stack_outputs, **given)}
 
 
 @app.command()

@@ -1,138 +1,43 @@
-"""Goodput planning: how much of a run's time is useful work, given how often it is
-interrupted, what a checkpoint costs and how long a recovery takes - and the checkpoint
-interval that loses least.
+"""Goodput planning for a planned job: the model of amlhpc/core/goodput.py (the system as built:
+two checkpoint tiers, failure classes from Meta's Llama 3 report, the measured stall and
+recovery figures) fed with what the recipe and the stack say, and the lines `jobs submit`
+(plain and --managed), `jobs estimate` and its --json show.
 
-Figures and formulas, with their sources:
+Where each input comes from:
 
-- Unexpected interruptions: Meta's Llama 3 report (arXiv 2407.21783, "The Llama 3 Herd of
-  Models", 2024-07, section 3.3.4) counts 419 unexpected interruptions in 54 days of
-  pre-training on 16,384 H100 GPUs: 419 / (16,384 x 54 x 24) = 1.97e-5 per GPU-hour
-  (about 78 % of them hardware). Azure publishes no failure rate per size; the same rate
-  per GPU is assumed for every size (`--failure-rate` to use yours).
-- Low-priority preemption: Azure publishes no eviction rate for AmlCompute low-priority
-  nodes; the rate is an assumption (`--preemption-rate`, per node-hour; 0 on Dedicated).
-- Checkpoint write time: the checkpoint's size at the job's upload rate (writers x the
-  per-writer cap the job builder sets, at most the account's ingress; amlhpc/jobs/plan/build.py);
-  restore: the size at the account's egress; plus a restart overhead (detection, a new
-  job's queue and start-up, staging), measured by `python -m bench.recovery` on the
-  rehearsal and assumed at RESTART_S in Azure.
-- The interval that loses least: Young's first-order optimum sqrt(2 x delta x M)
-  (J. W. Young, "A first order approximation to the optimum checkpoint interval", CACM
-  17(9), 1974) and Daly's higher-order one for delta < 2M (J. T. Daly, "A higher order
-  estimate of the optimum checkpoint interval for restart dumps", FGCS 22(3), 2006),
-  where delta is the checkpoint's cost and M the mean time between interruptions.
-- Expected goodput, first order: 1 - delta/tau - (R + tau/2)/M for an interval tau and
-  a recovery R: each checkpoint costs delta, each interruption loses the recovery and half
-  an interval of work on average.
+- the state's size: the model's parameters x BYTES_PER_PARAMETER (DeepSpeed's plan, or
+  llm-pretrain's `--model NAME`, or the shape `--model auto` picks for the job's GPUs), else
+  `--checkpoint-gb`, else DEFAULT_CHECKPOINT_GB (said);
+- the upload rate: writers x the per-writer cap the job builder sets, at most the account's
+  ingress (amlhpc/jobs/plan/build.py); the restore rate: the account's egress;
+- the Blob interval: checkpoint.interval_s; the watchdog's hang_s; the controller's backoff;
+  checkpoint.local_restarts and local_keep;
+- failure rates: core's Llama 3 breakdown per GPU-hour (`--failure-rate` scales it), and the
+  recipe's or `--preemption-rate`'s low-priority preemptions per node-hour.
 
-Pure: no I/O, no Azure SDK.
+Pure apart from reading the plan: no Azure SDK.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+import re
+from typing import Any
 
-LLAMA3_INTERRUPTIONS = 419
-LLAMA3_GPUS = 16_384
-LLAMA3_DAYS = 54
-FAILURES_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_GPUS * LLAMA3_DAYS * 24)
-FAILURE_SOURCE = ("Meta, The Llama 3 Herd of Models (arXiv 2407.21783, 2024): 419 unexpected interruptions in "
-                  "54 days on 16,384 H100 GPUs")
-RESTART_S = 600.0
-"""Assumed recovery in Azure: detection (a poll), backoff, a new job's queue, node start,
-image pull and staging. Measure yours; the rehearsal's is in bench/RESULTS.md."""
-FAR_FROM_OPTIMUM = 2.0
-"""Warn when the recipe's interval is this many times longer or shorter than the optimum."""
+from amlhpc.core import goodput as model
+from amlhpc.core.goodput import FAILURES_PER_GPU_HOUR, LLAMA3_SOURCE
+
 DEFAULT_CHECKPOINT_GB = 1.0
 BYTES_PER_PARAMETER = 16
 """Mixed-precision Adam state per parameter: fp16/bf16 weights and gradients, fp32 master
 weights, momentum and variance (ZeRO, arXiv 1910.02054, 2019: 2 + 2 + 12 bytes)."""
-
-
-@dataclass(frozen=True)
-class Inputs:
-    nodes: int
-    gpus_per_node: int
-    hours: float
-    """Useful hours of training (the recipe's expected hours)."""
-    usd_per_node_hour: float
-    interval_s: float
-    """The recipe's checkpoint interval."""
-    checkpoint_gb: float
-    write_gbps: float
-    restore_gbps: float
-    preemptions_per_node_hour: float = 0.0
-    failures_per_gpu_hour: float = FAILURES_PER_GPU_HOUR
-    restart_s: float = RESTART_S
-
-
-@dataclass(frozen=True)
-class Plan:
-    inputs: Inputs
-    mtbi_h: float
-    """Mean time between interruptions of the job, hours."""
-    checkpoint_s: float
-    """delta: writing one checkpoint."""
-    recovery_s: float
-    """R: restart overhead plus restoring the checkpoint."""
-    young_s: float
-    daly_s: float
-    goodput: float
-    """At the recipe's interval."""
-    optimal_goodput: float
-    """At Daly's interval."""
-    wall_hours: float
-    interruptions: float
-    usd_per_useful_hour: float
-
-    @property
-    def far_from_optimum(self) -> bool:
-        ratio = self.inputs.interval_s / self.daly_s if self.daly_s > 0 else 1.0
-        return ratio > FAR_FROM_OPTIMUM or ratio < 1 / FAR_FROM_OPTIMUM
-
-
-def young(delta_s: float, mtbi_s: float) -> float:
-    return math.sqrt(2 * delta_s * mtbi_s)
-
-
-def daly(delta_s: float, mtbi_s: float) -> float:
-    """Daly's higher-order optimum (for delta < 2M; else the mean time between interruptions)."""
-    if delta_s >= 2 * mtbi_s:
-        return mtbi_s
-    x = math.sqrt(delta_s / (2 * mtbi_s))
-    return math.sqrt(2 * delta_s * mtbi_s) * (1 + x / 3 + x * x / 9) - delta_s
-
-
-def goodput(interval_s: float, delta_s: float, recovery_s: float, mtbi_s: float) -> float:
-    """Useful share of the wall time, first order (never below 0)."""
-    if interval_s <= 0:
-        return 0.0
-    return max(0.0, 1 - delta_s / interval_s - (recovery_s + interval_s / 2) / mtbi_s)
-
-
-def loss_per_interruption_s(interval_s: float, recovery_s: float) -> float:
-    """Expected wall time one interruption costs: the recovery and half an interval of work."""
-    return recovery_s + interval_s / 2
-
-
-def make(i: Inputs) -> Plan:
-    rate_h = i.failures_per_gpu_hour * i.nodes * i.gpus_per_node + i.preemptions_per_node_hour * i.nodes
-    mtbi_h = 1 / rate_h if rate_h > 0 else math.inf
-    delta = i.checkpoint_gb * 8 / i.write_gbps if i.write_gbps > 0 else 0.0
-    recovery = i.restart_s + (i.checkpoint_gb * 8 / i.restore_gbps if i.restore_gbps > 0 else 0.0)
-    mtbi_s = mtbi_h * 3600
-    best_young = young(delta, mtbi_s) if math.isfinite(mtbi_s) else math.inf
-    best_daly = daly(delta, mtbi_s) if math.isfinite(mtbi_s) else math.inf
-    useful = goodput(i.interval_s, delta, recovery, mtbi_s)
-    best = goodput(best_daly, delta, recovery, mtbi_s) if math.isfinite(best_daly) else 1.0
-    wall = i.hours / useful if useful > 0 else math.inf
-    return Plan(i, mtbi_h, delta, recovery, best_young, best_daly, useful, best, wall, wall * rate_h,
-                i.nodes * i.usd_per_node_hour / useful if useful > 0 else math.inf)
+MATERIAL_POINTS = 0.01
+"""Warn when the recipe's Blob interval costs at least this much goodput against the advised one."""
 
 
 def checkpoint_gb(parameters: int | None, given: float | None) -> tuple[float, str]:
-    """The checkpoint's size and where it comes from."""
+    """The state's size and where it comes from."""
     if given is not None:
         return given, "--checkpoint-gb"
     if parameters:
@@ -149,50 +54,123 @@ def upload_gbps(checkpoint: dict, nodes: int, processes_per_node: int) -> float:
     return min(rate, ingress)
 
 
-def describe(p: Plan, *, size_source: str, priority: str) -> list[str]:
-    """What `estimate` and `submit --managed --dry-run` print."""
-    i = p.inputs
-    lines = [
-        f"interruptions: 1 every {p.mtbi_h:,.1f} h on {i.nodes} x {i.gpus_per_node} GPUs "
-        f"({i.failures_per_gpu_hour:.2e} per GPU-hour: {FAILURE_SOURCE})"
-        + (f" + low-priority preemption {i.preemptions_per_node_hour:g} per node-hour (assumed)"
-           if i.preemptions_per_node_hour else (" (no preemption: Dedicated)" if priority == "Dedicated" else
-                                                " (low-priority preemption rate not given: --preemption-rate)")),
-        f"checkpoint: {i.checkpoint_gb:,.2f} GB ({size_source}); write {p.checkpoint_s:,.1f} s at {i.write_gbps:,.1f} Gb/s, "
-        f"recovery {p.recovery_s:,.0f} s (restart {i.restart_s:,.0f} s assumed + restore at {i.restore_gbps:,.1f} Gb/s)",
-        f"checkpoint interval: recipe {i.interval_s:,.0f} s; least loss at {p.daly_s:,.0f} s (Daly; Young "
-        f"{p.young_s:,.0f} s)",
-        f"expected: {p.interruptions:,.2f} interruption(s) over {p.wall_hours:,.1f} h of wall time for {i.hours:g} useful "
-        f"hours; goodput {p.goodput:.1%} (at the optimum {p.optimal_goodput:.1%}); ${p.usd_per_useful_hour:,.2f} per "
-        "useful hour",
-    ]
-    if p.far_from_optimum:
-        lines.append(f"warning: the recipe's checkpoint interval ({i.interval_s:,.0f} s) is far from the optimum "
-                     f"({p.daly_s:,.0f} s): set checkpoint.interval_s near it")
-    return lines
+def llm_parameters(command: str, gpu_memory_gib: float, world: int) -> int | None:
+    """The parameters of llm-pretrain's model: `--model NAME` (a preset), or the shape `--model
+    auto` picks for `world` GPUs of `gpu_memory_gib`; None for another command."""
+    if "amlhpc.jobs.workloads.llm.train" not in command:
+        return None
+    from amlhpc.jobs.workloads.llm import sizing
+
+    def arg(name: str, default: str) -> str:
+        found = re.search(rf"--{name}[= ](\S+)", command)
+        return found.group(1) if found else default
+
+    name = arg("model", "auto")
+    if name in sizing.PRESETS:
+        return sizing.PRESETS[name].param_count()
+    if name != "auto" or gpu_memory_gib <= 0:
+        return None
+    try:
+        chosen, _ = sizing.choose(gpu_memory_gib=gpu_memory_gib, world=world, micro_batch=int(arg("micro-batch", "1")),
+                                  seq_len=int(arg("seq-len", "4096")))
+    except ValueError:
+        return None
+    return chosen.param_count()
 
 
 def inputs_for(plan, recipe, outputs, *, preemption_rate: float | None = None, checkpoint_size_gb: float | None = None,
-               failure_rate: float | None = None) -> tuple[Inputs, str]:
-    """The planning inputs of a planned job (amlhpc.jobs.plan.build.JobPlan) and where its checkpoint size comes from."""
-    import json
-
+               failure_rate: float | None = None, managed: bool = True) -> tuple[model.Inputs, str]:
+    """The model's inputs for a planned job (amlhpc.jobs.plan.build.JobPlan) and where the state's size comes from."""
     from amlhpc.core import skus
     from amlhpc.jobs.runtime.base import contract
 
+    sku = skus.get(plan.sku)
+    gpus_per_node = max(1, sku.gpus)
     checkpoint = json.loads(plan.environment_variables.get(contract.CHECKPOINT_JSON, "{}") or "{}")
-    size, source = checkpoint_gb(plan.deepspeed.params if plan.deepspeed else None, checkpoint_size_gb)
+    parameters = plan.deepspeed.params if plan.deepspeed else llm_parameters(
+        plan.training_command, float(getattr(sku, "gpu_memory_gib", 0) or 0), plan.instance_count * plan.processes_per_node)
+    size, source = checkpoint_gb(parameters, checkpoint_size_gb)
     rate = preemption_rate if preemption_rate is not None else recipe.cost.preemptions_per_node_hour
-    return Inputs(
-        nodes=plan.instance_count, gpus_per_node=max(1, skus.get(plan.sku).gpus), hours=plan.estimate.hours,
-        usd_per_node_hour=plan.estimate.usd_per_node_hour, interval_s=float(recipe.checkpoint.interval_s),
-        checkpoint_gb=size, write_gbps=upload_gbps(checkpoint, plan.instance_count, plan.processes_per_node),
-        restore_gbps=outputs.storage.egress_gbps,
+    interval = float(recipe.checkpoint.interval_s)
+    figures = model.Figures(verified_versions=recipe.checkpoint.local_keep)
+    return model.Inputs(
+        nodes=plan.instance_count, gpus_per_node=gpus_per_node, state_gb=size,
+        upload_gbps=upload_gbps(checkpoint, plan.instance_count, plan.processes_per_node),
+        restore_gbps=outputs.storage.egress_gbps, blob_interval_s=interval,
+        writers=str(checkpoint.get("writers") or "rank0"),
+        hang_s=float(recipe.watchdog.hang_seconds(recipe.checkpoint.interval_s)),
+        backoff_s=float(recipe.managed.backoff_s), local_restarts=recipe.checkpoint.local_restarts, managed=managed,
         preemptions_per_node_hour=(rate or 0.0) if plan.priority == "LowPriority" else 0.0,
-        failures_per_gpu_hour=FAILURES_PER_GPU_HOUR if failure_rate is None else failure_rate), source
+        failures_per_gpu_hour=FAILURES_PER_GPU_HOUR if failure_rate is None else failure_rate, figures=figures), source
+
+
+def _h(hours: float) -> str:
+    return "never" if not math.isfinite(hours) else f"{hours:,.0f} h" if hours >= 100 else f"{hours:,.1f} h"
+
+
+def describe(p: model.Plan, *, size_source: str, priority: str, hours: float | None = None,
+             usd_per_node_hour: float | None = None) -> list[str]:
+    """What `estimate` and `submit` print."""
+    i, f = p.inputs, p.inputs.figures
+    scaled = "" if i.failures_per_gpu_hour == FAILURES_PER_GPU_HOUR else f" (scaled to {i.failures_per_gpu_hour:.2e} per GPU-hour)"
+    lines = [
+        f"failures on {i.nodes} x {i.gpus_per_node} GPUs: 1 every {_h(p.mtbi_h)}: process faults 1 every "
+        f"{_h(p.of(model.PROCESS).mtbf_h)}, GPU faults {_h(p.of(model.DEVICE).mtbf_h)}, host losses "
+        f"{_h(p.of(model.HOST).mtbf_h)}{scaled} ({model.FAILURES_PER_GPU_HOUR:.2e} per GPU-hour, by cause: {LLAMA3_SOURCE})"
+        + (f"; low-priority preemption {i.preemptions_per_node_hour:g} per node-hour (assumed)"
+           if i.preemptions_per_node_hour else (" (no preemption: Dedicated)" if priority == "Dedicated" else
+                                                "; low-priority preemption rate not given: --preemption-rate")),
+        f"state: {i.state_gb:,.1f} GB ({size_source}); a node-tier save holds the training {p.stall_s:,.2f} s "
+        f"({i.state_gb / max(i.gpus, 1):,.2f} GB per GPU at the measured {f.stall_gbps_per_gpu:,.2f} GB/s) and writes "
+        f"for {p.write_s:,.0f} s behind it; a Blob upload takes {p.upload_s:,.0f} s at {i.upload_gbps:,.1f} Gb/s and "
+        "holds no training",
+        f"recovery: a process fault {p.of(model.PROCESS).recovery_s:,.0f} s (in-job restart from the node tier); a GPU "
+        f"fault {p.of(model.DEVICE).recovery_s:,.0f} s ({i.local_restarts} in-job restarts on the bad GPU, then a new "
+        f"job and a Blob restore); a host loss {p.of(model.HOST).recovery_s:,.0f} s (found after hang_s "
+        f"{i.hang_s:,.0f} s, then a new job: {f.new_job_s:,.0f} s assumed, and a Blob restore at "
+        f"{i.restore_gbps:,.1f} Gb/s)",
+        f"checkpoint intervals of least loss: node tier every {p.node_interval_s:,.0f} s (Daly {p.node_daly_s:,.0f} s, "
+        f"Young {p.node_young_s:,.0f} s, at least the write's {p.write_s:,.0f} s: set the training's "
+        f"--checkpoint-every to about that many seconds of steps); Blob every {p.blob_interval_s:,.0f} s (an upload "
+        f"stalls nothing: as often as one completes; recipe checkpoint.interval_s {i.blob_interval_s:,.0f} s)",
+    ]
+    useful = f"goodput {p.goodput:.1%} at these intervals, {p.goodput_recipe:.1%} at the recipe's Blob interval"
+    if hours and usd_per_node_hour is not None and p.goodput_recipe > 0:
+        wall = hours / p.goodput_recipe
+        useful += (f"; {hours:g} useful hours take {wall:,.1f} h of wall time, "
+                   f"${i.nodes * usd_per_node_hour / p.goodput_recipe:,.2f} per useful hour")
+    lines.append(useful)
+    if p.goodput - p.goodput_recipe >= MATERIAL_POINTS:
+        lines.append(f"warning: checkpoint.interval_s {i.blob_interval_s:,.0f} s costs "
+                     f"{(p.goodput - p.goodput_recipe) * 100:.1f} points of goodput: set it near "
+                     f"{p.blob_interval_s:,.0f} s")
+    if not i.managed:
+        ends = p.of(model.DEVICE).per_hour + p.of(model.HOST).per_hour + p.of("preemption").per_hour
+        expected = f" (about {ends * hours:,.2f} over the run)" if hours else ""
+        lines.append(f"not managed: a GPU fault or a host loss ends this job, 1 every {_h(1 / ends if ends else math.inf)}"
+                     f"{expected}, and nothing resubmits it; the figures above assume a resubmission as a managed run's "
+                     "(submit --managed)")
+    return lines
+
+
+def document(p: model.Plan, *, size_source: str) -> dict[str, Any]:
+    """The plan as data (`estimate --json`'s goodput)."""
+    return {**p.to_json(), "sizeSource": size_source, "failureSource": LLAMA3_SOURCE,
+            "figureSources": dict(model.FIGURE_SOURCES)}
+
+
+def plan_for(plan, recipe, outputs, **given) -> tuple[model.Plan, str]:
+    inputs, source = inputs_for(plan, recipe, outputs, **given)
+    return model.make(inputs), source
 
 
 def report(plan, recipe, outputs, **given) -> list[str]:
     """The goodput lines for a planned job."""
-    inputs, source = inputs_for(plan, recipe, outputs, **given)
-    return describe(make(inputs), size_source=source, priority=plan.priority)
+    p, source = plan_for(plan, recipe, outputs, **given)
+    return describe(p, size_source=source, priority=plan.priority, hours=plan.estimate.hours,
+                    usd_per_node_hour=plan.estimate.usd_per_node_hour)
+
+
+def report_document(plan, recipe, outputs, **given) -> dict[str, Any]:
+    p, source = plan_for(plan, recipe, outputs, **given)
+    return document(p, size_source=source)
