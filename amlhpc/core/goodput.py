@@ -30,10 +30,14 @@ The system modelled (docs/managed-jobs.md, "Goodput"):
   lags behind the node tier (half a Blob interval plus one upload); the others' parts reach
   Blob on the way out, so then only the upload's time is added.
 
-Expected goodput, first order (each checkpoint costs its stall; each failure costs its
-recovery and the work lost):
+Expected goodput, by renewal (failures end periods of training, each followed by a recovery;
+a failure during a recovery starts it over):
 
-    G = 1 - stall/I_n - blob_stall/I_b - sum over classes of rate_c x (R_c + lost_c(I_n, I_b))
+    G = (1 - stall/I_n - blob_stall/I_b - sum_c rate_c x lost_c(I_n, I_b)) / (1 + sum_c rate_c x R'_c)
+
+with lost_c the training a failure undoes and R'_c its recovery's expected wall time
+((e^(rate x R_c) - 1) / rate). The intervals enter only the numerator, whose first-order
+optimum is Young's and Daly's.
 
 The interval of least loss per tier is Young's sqrt(2 x delta x M) (J. W. Young, "A first
 order approximation to the optimum checkpoint interval", CACM 17(9), 1974), refined by Daly
@@ -278,21 +282,45 @@ def classes(i: Inputs) -> tuple[ClassPlan, ...]:
     )
 
 
-def lost_s(c: ClassPlan, node_interval_s: float, blob_interval_s: float, upload_s: float) -> float:
-    """Expected wall time one failure of class `c` costs: its recovery and the work lost."""
+def lost_work_s(c: ClassPlan, node_interval_s: float, blob_interval_s: float, upload_s: float) -> float:
+    """Expected training one failure of class `c` undoes: half a node-tier interval, and when
+    the version must come from Blob's periodic upload, what Blob lags behind (an upload and half
+    a Blob interval)."""
     if c.kind == PROCESS:
-        return c.recovery_s + node_interval_s / 2
-    return c.recovery_s + node_interval_s / 2 + upload_s + c.needs_blob * blob_interval_s / 2
+        return node_interval_s / 2
+    return node_interval_s / 2 + c.needs_blob * (upload_s + blob_interval_s / 2)
+
+
+def recovery_wall_s(c: ClassPlan, upload_s: float, per_second: float) -> float:
+    """Expected wall time from a failure of class `c` to training again: its recovery (plus, when
+    the nodes that remain upload the newest version on the way out, that upload), started over
+    by any failure during it (at `per_second`, every class together): (e^(rate R) - 1) / rate."""
+    recovery = c.recovery_s + (0.0 if c.kind == PROCESS else (1 - c.needs_blob) * upload_s)
+    if per_second <= 0:
+        return recovery
+    return math.expm1(per_second * recovery) / per_second
+
+
+def lost_s(c: ClassPlan, node_interval_s: float, blob_interval_s: float, upload_s: float, per_second: float = 0.0) -> float:
+    """Expected wall time one failure of class `c` costs: its recovery and the work it undoes."""
+    return recovery_wall_s(c, upload_s, per_second) + lost_work_s(c, node_interval_s, blob_interval_s, upload_s)
 
 
 def goodput(i: Inputs, cls: tuple[ClassPlan, ...], stall_s: float, node_interval_s: float, blob_interval_s: float,
             upload_s: float) -> float:
-    """Useful share of the wall time, first order (never below 0)."""
+    """Useful share of the wall time (never below 0), by renewal: failures end periods of
+    training (mean 1/rate) in which the stalls and the undone work are lost, each followed by a
+    recovery:
+
+        G = (1 - stall/I_n - blob_stall/I_b - sum rate_c x lost_work_c) / (1 + sum rate_c x recovery_wall_c)
+    """
     if node_interval_s <= 0 or blob_interval_s <= 0:
         return 0.0
-    loss = stall_s / node_interval_s + i.figures.blob_stall_s / blob_interval_s
-    loss += sum(c.per_hour / 3600 * lost_s(c, node_interval_s, blob_interval_s, upload_s) for c in cls)
-    return max(0.0, 1 - loss)
+    per_second = sum(c.per_hour for c in cls) / 3600
+    training = 1 - stall_s / node_interval_s - i.figures.blob_stall_s / blob_interval_s
+    training -= sum(c.per_hour / 3600 * lost_work_s(c, node_interval_s, blob_interval_s, upload_s) for c in cls)
+    waiting = sum(c.per_hour / 3600 * recovery_wall_s(c, upload_s, per_second) for c in cls)
+    return max(0.0, training / (1 + waiting))
 
 
 def make(i: Inputs) -> Plan:
