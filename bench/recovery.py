@@ -24,7 +24,7 @@ For each: time to detect (the fault to the controller's seeing the end; the cont
 death to its replacement's first look; the slowing to the straggler's naming), time from
 the end of the attempt to the next attempt's first step, steps lost, and the cost of the
 time lost at the recipe's Azure price - next to what the same failure costs without
-supervision. The goodput model (amlhpc/jobs/plan/goodput.py) is checked against the measured losses.
+supervision. The goodput model (amlhpc/core/goodput.py) is checked against the measured losses.
 Results: `--out` (recovery.md, recovery.json); `--update-results` also writes them as the
 last section of bench/RESULTS.md.
 """
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import azurite_version, describe_machine, loadavg
+from bench.spread import MIN_RUNS
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "# Recovery benchmark"
@@ -55,6 +56,7 @@ LIMIT_USD = 30.0
 KILL_PHASES = ("claim", "claimed", "submitted", "watch", "ended", "backoff", "record-write")
 SCENARIOS = ("baseline", "preempt", "host-loss", "host-loss-writer", "hang", "nccl", "throttle", *(f"kill-{p}" for p in KILL_PHASES),
              "straggler", "budget")
+PARTS = (*SCENARIOS, "restart")
 
 
 def _seconds(start: datetime | str | None, end: datetime | str | None) -> float | None:
@@ -205,8 +207,10 @@ def scenario(name: str, bench: Bench):
 
 def validate_model(rows: list[dict]) -> dict[str, Any]:
     """The goodput model's loss per interruption (recovery + half an interval) against the
-    measured loss of the failure scenarios, with the recovery the benchmark measured."""
-    from amlhpc.jobs.plan import goodput
+    measured loss of the failure scenarios, with the recovery the benchmark measured: a
+    host-class failure whose lost node's part reaches Blob on the way out, restored from the
+    upload interval's version (amlhpc/core/goodput.py lost_s)."""
+    from amlhpc.core import goodput
 
     failures = [r for r in rows if r["scenario"] in ("preempt", "host-loss", "host-loss-writer", "hang")
                 and r.get("restart_s") is not None]
@@ -214,7 +218,8 @@ def validate_model(rows: list[dict]) -> dict[str, Any]:
         return {}
     recovery = statistics.mean((r.get("detect_s") or 0) + r["restart_s"] for r in failures)
     interval = UPLOAD_INTERVAL_S
-    predicted = goodput.loss_per_interruption_s(interval, recovery)
+    failure = goodput.ClassPlan(goodput.HOST, per_hour=0.0, detect_s=0.0, recovery_s=recovery, needs_blob=0.0)
+    predicted = goodput.lost_s(failure, interval, interval, upload_s=0.0)
     measured = statistics.mean(r["lost_s"] for r in failures)
     return {"recovery_s": round(recovery, 2), "interval_s": interval, "predicted_loss_s": round(predicted, 2),
             "measured_loss_s": round(measured, 2), "ratio": round(measured / predicted, 2) if predicted else None,
@@ -253,7 +258,7 @@ def render(results: dict) -> str:
     lines += [f"- {text}: **{'met' if ok else 'MISSED'}**" for text, ok in checks]
     model = results.get("model") or {}
     if model:
-        lines += ["", f"Goodput model (amlhpc/jobs/plan/goodput.py) against these losses: recovery {model['recovery_s']} s "
+        lines += ["", f"Goodput model (amlhpc/core/goodput.py) against these losses: recovery {model['recovery_s']} s "
                       f"(detection + restart, mean of preempt, host-loss, host-loss-writer and hang), checkpoint interval "
                       f"{model['interval_s']} s: predicted loss per interruption {model['predicted_loss_s']} s "
                       f"(recovery + half an interval), measured {model['measured_loss_s']} s (ratio {model['ratio']}; "
@@ -356,9 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--update-results", action="store_true", help="also write the table into bench/RESULTS.md")
-    parser.add_argument("--only", help=f"comma-separated scenarios (default all: {', '.join(SCENARIOS)})")
+    parser.add_argument("--only", help=f"comma-separated scenarios (default all: {', '.join(PARTS)})")
+    parser.add_argument("--repeats", type=int, default=MIN_RUNS, help=f"runs of each scenario (at least {MIN_RUNS} to publish)")
     args = parser.parse_args(argv)
-    unknown = sorted(set((args.only or "").split(",")) - set(SCENARIOS) - {""})
+    unknown = sorted(set((args.only or "").split(",")) - set(PARTS) - {""})
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
     results = run(args)

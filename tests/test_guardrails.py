@@ -17,6 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from amlhpc.core import atomic
+from amlhpc.core import goodput as model
 from amlhpc.core.errors import UserError, os_error_line
 from amlhpc.infra.config import parse, read_stack_file
 from amlhpc.jobs.plan import goodput
@@ -112,29 +113,48 @@ class TestGoodputRates:
     def test_json_has_the_goodput_and_every_number_is_finite(self):
         result = estimate("--preemption-rate", "0.05", "--json")  # dev's nd-a100 is LowPriority
         assert result.exit_code == 0, result.output
-        document = json.loads(result.stdout)
+        document = json.loads(result.stdout, parse_constant=refuse_constant)  # no Infinity, -Infinity or NaN
         good = document["goodput"]
-        assert good["preemptionsPerNodeHour"] == 0.05 and 0 < good["goodput"] < 1 and good["finishes"] is True
-        assert good["wallHours"] > good["usefulHours"] == document["hours"]
+        assert good["inputs"]["preemptionsPerNodeHour"] == 0.05 and 0 < good["goodput"] < 1 and good["finishes"] is True
+        assert good["wallHours"] > good["usefulHours"] == document["hours"] and good["usdPerUsefulHour"] > 0
         assert "inf" not in result.stdout.lower() and "nan" not in result.stdout.lower()
 
     def test_a_job_that_never_finishes_says_so_in_finite_words(self):
-        inputs = goodput.Inputs(nodes=64, gpus_per_node=8, hours=12, usd_per_node_hour=27.2, interval_s=600,
-                                checkpoint_gb=1, write_gbps=10, restore_gbps=50, preemptions_per_node_hour=0.9)
-        plan = goodput.make(inputs)
-        lines = goodput.describe(plan, size_source="given", priority="LowPriority")
+        inputs = model.Inputs(nodes=64, gpus_per_node=8, state_gb=1, upload_gbps=10, restore_gbps=50, blob_interval_s=600,
+                              preemptions_per_node_hour=0.9)
+        plan = model.make(inputs)
+        lines = goodput.describe(plan, size_source="given", priority="LowPriority", hours=12, usd_per_node_hour=27.2)
         text = "\n".join(lines)
-        assert plan.goodput == 0 and "no useful work" in text and "never finishes" in text and "inf" not in text
-        document = goodput.to_json(plan, size_source="given")
+        assert plan.goodput_recipe < goodput.NO_USEFUL_WORK and "no useful work" in text and "never finishes" in text
+        assert "inf" not in text and "nan" not in text and "per useful hour" not in text
+        document = goodput.document(plan, size_source="given", hours=12, usd_per_node_hour=27.2)
         assert document["finishes"] is False and document["wallHours"] is None and document["usdPerUsefulHour"] is None
         json.dumps(document, allow_nan=False)
 
+    def test_failures_faster_than_any_recovery_are_zero_goodput_not_an_overflow(self):
+        inputs = model.Inputs(nodes=1000, gpus_per_node=8, state_gb=1000, upload_gbps=10, restore_gbps=50,
+                              blob_interval_s=600, failures_per_gpu_hour=0.9)  # e^(2 per s x 1,000 s) overflows a float
+        plan = model.make(inputs)
+        assert plan.goodput == 0 and plan.goodput_recipe == 0
+        text = "\n".join(goodput.describe(plan, size_source="given", priority="Dedicated", hours=5, usd_per_node_hour=1))
+        assert "never finishes" in text and "inf" not in text and "nan" not in text
+        json.dumps(goodput.document(plan, size_source="given", hours=5, usd_per_node_hour=1), allow_nan=False)
+
     def test_no_interruption_is_none_expected_not_infinity(self):
-        inputs = goodput.Inputs(nodes=1, gpus_per_node=8, hours=1, usd_per_node_hour=1, interval_s=600, checkpoint_gb=1,
-                                write_gbps=10, restore_gbps=50, failures_per_gpu_hour=0)
-        text = "\n".join(goodput.describe(goodput.make(inputs), size_source="given", priority="Dedicated"))
-        assert "interruptions: none expected" in text and "inf" not in text
-        json.dumps(goodput.to_json(goodput.make(inputs), size_source="given"), allow_nan=False)
+        inputs = model.Inputs(nodes=1, gpus_per_node=8, state_gb=1, upload_gbps=10, restore_gbps=50, blob_interval_s=600,
+                              failures_per_gpu_hour=0)
+        plan = model.make(inputs)
+        text = "\n".join(goodput.describe(plan, size_source="given", priority="Dedicated", hours=1, usd_per_node_hour=1))
+        assert "failures on 1 x 8 GPUs: none expected" in text and "inf" not in text and "nan" not in text
+        assert plan.goodput == plan.goodput_recipe == 1.0
+        document = goodput.document(plan, size_source="given", hours=1, usd_per_node_hour=1)
+        assert document["mtbiHours"] is None and document["nodeIntervalS"] is None and document["finishes"] is True
+        assert document["wallHours"] == 1 and document["expectedFailures"] == 0
+        json.dumps(document, allow_nan=False)
+
+
+def refuse_constant(name: str):
+    raise AssertionError(f"{name} in JSON: every number must be finite")
 
 
 class TestOsErrors:

@@ -8,6 +8,8 @@ its marks (protected, retained, replace-on-change fields...).
 
 from __future__ import annotations
 
+import math
+
 from amlhpc.infra.plan import STACK_REFERENCE, Plan
 from amlhpc.infra.plan.details import details
 from amlhpc.infra.plan.mocks import RecordedResource, qualified_name
@@ -71,7 +73,7 @@ def render(plan: Plan) -> str:
         lines.append(component_heading(name, head))
         for r in members:
             lines += resource_lines(r)
-    lines += [""] + cost_lines(plan) + [""] + quota_lines(plan) + [""] + outputs_lines(plan)
+    lines += [""] + cost_lines(plan) + [""] + failure_lines(plan) + [""] + quota_lines(plan) + [""] + outputs_lines(plan)
     lines += [""] + reachability_lines(plan)
     return "\n".join(lines) + "\n"
 
@@ -99,6 +101,32 @@ def cost_lines(plan: Plan) -> list[str]:
         lines += wrap(f"Prices: {' and '.join(cost.priced_elsewhere)} prices, not {cost.location}: the catalog "
                       f"holds one region's rows and Azure's prices differ by region; set aml-hpc:prices.<size> "
                       f"for {cost.location}'s figures")
+    return lines
+
+
+def failure_lines(plan: Plan) -> list[str]:
+    """How often a job on each GPU cluster at full scale fails, by class (amlhpc/core/goodput.py)."""
+    from amlhpc.core import goodput, invocation, skus
+
+    lines = ["Failures of a job at full scale (Meta's Llama 3 rates per GPU-hour, by cause)"]
+    shown = 0
+    for c in plan.cost.clusters:
+        gpus = skus.CATALOG[c.sku].gpus if c.sku in skus.CATALOG else 0
+        if not gpus:
+            continue
+        shown += 1
+        every = goodput.at_scale(c.max_nodes, gpus)
+        if not all(math.isfinite(h) for h in every.values()):  # maxNodes 0: nothing to fail
+            lines += pair(c.name, f"{c.max_nodes} x {gpus} GPUs: no failures expected")
+            continue
+        total = 1 / sum(1 / h for h in every.values())
+        lines += pair(c.name, f"{c.max_nodes} x {gpus} GPUs: a failure every {total:,.1f} h")
+        lines += wrap(f"process faults every {every[goodput.PROCESS]:,.0f} h (an in-job restart), GPU faults every "
+                      f"{every[goodput.DEVICE]:,.0f} h and host losses every {every[goodput.HOST]:,.0f} h (a new job, "
+                      f"restored from Blob); a recipe's checkpoint intervals: `{invocation.command('jobs', 'estimate RECIPE --stack STACK')}`",
+                      DETAIL)
+    if not shown:
+        lines.append(f"{INDENT}no GPU clusters")
     return lines
 
 

@@ -162,6 +162,7 @@ def submit(
             _submit_managed(r, stack_outputs, plan, too_much, dry_run=dry_run, yes=yes, follow=follow,
                             max_restarts=max_restarts, resume=resume, out_file=out_file, as_json=as_json)
             return
+        _goodput(plan, r, stack_outputs, managed=False)
         code = build.snapshot(plan.code_dirs)
         _cost_gate(r.reference, too_much, dry_run=dry_run, yes=yes)
         if dry_run:
@@ -252,10 +253,7 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     if policy.limit_usd is not None:
         err.print(f"  limit: ${policy.limit_usd:,.2f} ({policy.limit_source}) on all attempts together", highlight=False)
     err.print(f"  record: {mplan.record_blob}", highlight=False)
-    from amlhpc.jobs.plan import goodput
-
-    for line in goodput.report(plan, r, stack_outputs):
-        err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
+    _goodput(plan, r, stack_outputs, managed=True)
     code = render.snapshot(mplan)
     render.validate(mplan, code)
     _cost_gate(r.reference, too_much, dry_run=dry_run, yes=yes)
@@ -280,6 +278,14 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     out.print(f"follow it: {invocation.command('jobs', f'status {mplan.run} --stack {stack_outputs.stack}')}", highlight=False)
     if follow:
         submitter.stream(client, created.name, stack_outputs.workspace)
+
+
+def _goodput(plan, r, stack_outputs, *, managed: bool) -> None:
+    """The goodput plan of what is submitted (amlhpc/jobs/plan/goodput.py), on stderr."""
+    from amlhpc.jobs.plan import goodput
+
+    for line in goodput.report(plan, r, stack_outputs, managed=managed):
+        err.print(f"  goodput: {line}", highlight=False, soft_wrap=True)
 
 
 def _register_controller(stack_outputs, mplan, job: str) -> None:
@@ -366,7 +372,7 @@ def estimate(
     guard(debug, body)
 
 
-def _estimate_document(r, stack_outputs, plan, **goodput_inputs) -> dict:
+def _estimate_document(r, stack_outputs, plan, **given) -> dict:
     from amlhpc.jobs.plan import cost, goodput
 
     est = plan.estimate
@@ -377,7 +383,7 @@ def _estimate_document(r, stack_outputs, plan, **goodput_inputs) -> dict:
             "ceilingUsd": r.cost.ceiling_usd, "monthlyBudgetUsd": budget,
             "over": cost.over_limits(est.usd, r.cost.ceiling_usd, budget), "warnings": list(plan.warnings),
             "deepspeed": plan.deepspeed.to_json() if plan.deepspeed is not None else None,
-            "goodput": goodput.document(plan, r, stack_outputs, **goodput_inputs)}
+            "goodput": goodput.report_document(plan, r, stack_outputs, **given)}
 
 
 @app.command()

@@ -1,138 +1,48 @@
-"""Goodput planning: how much of a run's time is useful work, given how often it is
-interrupted, what a checkpoint costs and how long a recovery takes - and the checkpoint
-interval that loses least.
+"""Goodput planning for a planned job: the model of amlhpc/core/goodput.py (the system as built:
+two checkpoint tiers, failure classes from Meta's Llama 3 report, the measured stall and
+recovery figures) fed with what the recipe and the stack say, and the lines `jobs submit`
+(plain and --managed), `jobs estimate` and its --json show.
 
-Figures and formulas, with their sources:
+Where each input comes from:
 
-- Unexpected interruptions: Meta's Llama 3 report (arXiv 2407.21783, "The Llama 3 Herd of
-  Models", 2024-07, section 3.3.4) counts 419 unexpected interruptions in 54 days of
-  pre-training on 16,384 H100 GPUs: 419 / (16,384 x 54 x 24) = 1.97e-5 per GPU-hour
-  (about 78 % of them hardware). Azure publishes no failure rate per size; the same rate
-  per GPU is assumed for every size (`--failure-rate` to use yours).
-- Low-priority preemption: Azure publishes no eviction rate for AmlCompute low-priority
-  nodes; the rate is an assumption (`--preemption-rate`, per node-hour; 0 on Dedicated).
-- Checkpoint write time: the checkpoint's size at the job's upload rate (writers x the
-  per-writer cap the job builder sets, at most the account's ingress; amlhpc/jobs/plan/build.py);
-  restore: the size at the account's egress; plus a restart overhead (detection, a new
-  job's queue and start-up, staging), measured by `python -m bench.recovery` on the
-  rehearsal and assumed at RESTART_S in Azure.
-- The interval that loses least: Young's first-order optimum sqrt(2 x delta x M)
-  (J. W. Young, "A first order approximation to the optimum checkpoint interval", CACM
-  17(9), 1974) and Daly's higher-order one for delta < 2M (J. T. Daly, "A higher order
-  estimate of the optimum checkpoint interval for restart dumps", FGCS 22(3), 2006),
-  where delta is the checkpoint's cost and M the mean time between interruptions.
-- Expected goodput, first order: 1 - delta/tau - (R + tau/2)/M for an interval tau and
-  a recovery R: each checkpoint costs delta, each interruption loses the recovery and half
-  an interval of work on average.
+- the state's size: the model's parameters x BYTES_PER_PARAMETER (DeepSpeed's plan, or
+  llm-pretrain's `--model NAME`, or the shape `--model auto` picks for the job's GPUs), else
+  `--checkpoint-gb`, else DEFAULT_CHECKPOINT_GB (said);
+- the upload rate: writers x the per-writer cap the job builder sets, at most the account's
+  ingress (amlhpc/jobs/plan/build.py); the restore rate: the account's egress;
+- the Blob interval: checkpoint.interval_s; the watchdog's hang_s; the controller's backoff;
+  checkpoint.local_restarts and local_keep;
+- failure rates: core's Llama 3 breakdown per GPU-hour (`--failure-rate` scales it), and the
+  recipe's or `--preemption-rate`'s low-priority preemptions per node-hour.
 
-Pure: no I/O, no Azure SDK.
+Pure apart from reading the plan: no Azure SDK.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
+from typing import Any
 
-LLAMA3_INTERRUPTIONS = 419
-LLAMA3_GPUS = 16_384
-LLAMA3_DAYS = 54
-FAILURES_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_GPUS * LLAMA3_DAYS * 24)
-FAILURE_SOURCE = ("Meta, The Llama 3 Herd of Models (arXiv 2407.21783, 2024): 419 unexpected interruptions in "
-                  "54 days on 16,384 H100 GPUs")
-RESTART_S = 600.0
-"""Assumed recovery in Azure: detection (a poll), backoff, a new job's queue, node start,
-image pull and staging. Measure yours; the rehearsal's is in bench/RESULTS.md."""
-FAR_FROM_OPTIMUM = 2.0
-"""Warn when the recipe's interval is this many times longer or shorter than the optimum."""
+from amlhpc.core import goodput as model
+from amlhpc.core.goodput import FAILURES_PER_GPU_HOUR, LLAMA3_SOURCE
+
 DEFAULT_CHECKPOINT_GB = 1.0
 BYTES_PER_PARAMETER = 16
 """Mixed-precision Adam state per parameter: fp16/bf16 weights and gradients, fp32 master
 weights, momentum and variance (ZeRO, arXiv 1910.02054, 2019: 2 + 2 + 12 bytes)."""
-
-
-@dataclass(frozen=True)
-class Inputs:
-    nodes: int
-    gpus_per_node: int
-    hours: float
-    """Useful hours of training (the recipe's expected hours)."""
-    usd_per_node_hour: float
-    interval_s: float
-    """The recipe's checkpoint interval."""
-    checkpoint_gb: float
-    write_gbps: float
-    restore_gbps: float
-    preemptions_per_node_hour: float = 0.0
-    failures_per_gpu_hour: float = FAILURES_PER_GPU_HOUR
-    restart_s: float = RESTART_S
-
-
-@dataclass(frozen=True)
-class Plan:
-    inputs: Inputs
-    mtbi_h: float
-    """Mean time between interruptions of the job, hours."""
-    checkpoint_s: float
-    """delta: writing one checkpoint."""
-    recovery_s: float
-    """R: restart overhead plus restoring the checkpoint."""
-    young_s: float
-    daly_s: float
-    goodput: float
-    """At the recipe's interval."""
-    optimal_goodput: float
-    """At Daly's interval."""
-    wall_hours: float
-    interruptions: float
-    usd_per_useful_hour: float
-
-    @property
-    def far_from_optimum(self) -> bool:
-        ratio = self.inputs.interval_s / self.daly_s if self.daly_s > 0 else 1.0
-        return ratio > FAR_FROM_OPTIMUM or ratio < 1 / FAR_FROM_OPTIMUM
-
-
-def young(delta_s: float, mtbi_s: float) -> float:
-    return math.sqrt(2 * delta_s * mtbi_s)
-
-
-def daly(delta_s: float, mtbi_s: float) -> float:
-    """Daly's higher-order optimum (for delta < 2M; else the mean time between interruptions)."""
-    if delta_s >= 2 * mtbi_s:
-        return mtbi_s
-    x = math.sqrt(delta_s / (2 * mtbi_s))
-    return math.sqrt(2 * delta_s * mtbi_s) * (1 + x / 3 + x * x / 9) - delta_s
-
-
-def goodput(interval_s: float, delta_s: float, recovery_s: float, mtbi_s: float) -> float:
-    """Useful share of the wall time, first order (never below 0)."""
-    if interval_s <= 0:
-        return 0.0
-    return max(0.0, 1 - delta_s / interval_s - (recovery_s + interval_s / 2) / mtbi_s)
-
-
-def loss_per_interruption_s(interval_s: float, recovery_s: float) -> float:
-    """Expected wall time one interruption costs: the recovery and half an interval of work."""
-    return recovery_s + interval_s / 2
-
-
-def make(i: Inputs) -> Plan:
-    rate_h = i.failures_per_gpu_hour * i.nodes * i.gpus_per_node + i.preemptions_per_node_hour * i.nodes
-    mtbi_h = 1 / rate_h if rate_h > 0 else math.inf
-    delta = i.checkpoint_gb * 8 / i.write_gbps if i.write_gbps > 0 else 0.0
-    recovery = i.restart_s + (i.checkpoint_gb * 8 / i.restore_gbps if i.restore_gbps > 0 else 0.0)
-    mtbi_s = mtbi_h * 3600
-    best_young = young(delta, mtbi_s) if math.isfinite(mtbi_s) else math.inf
-    best_daly = daly(delta, mtbi_s) if math.isfinite(mtbi_s) else math.inf
-    useful = goodput(i.interval_s, delta, recovery, mtbi_s)
-    best = goodput(best_daly, delta, recovery, mtbi_s) if math.isfinite(best_daly) else 1.0
-    wall = i.hours / useful if useful > 0 else math.inf
-    return Plan(i, mtbi_h, delta, recovery, best_young, best_daly, useful, best, wall, wall * rate_h,
-                i.nodes * i.usd_per_node_hour / useful if useful > 0 else math.inf)
+MATERIAL_POINTS = 0.01
+"""Warn when the recipe's Blob interval costs at least this much goodput against the advised one."""
+NO_USEFUL_WORK = 0.01
+"""Below this goodput (wall time over 100x the useful hours) a run does no useful work to speak of:
+it is said never to finish, with no wall time or cost per useful hour (the renewal model's goodput
+reaches 0 only in the limit)."""
 
 
 def checkpoint_gb(parameters: int | None, given: float | None) -> tuple[float, str]:
-    """The checkpoint's size and where it comes from."""
+    """The state's size and where it comes from."""
     if given is not None:
         return given, "--checkpoint-gb"
     if parameters:
@@ -149,87 +59,185 @@ def upload_gbps(checkpoint: dict, nodes: int, processes_per_node: int) -> float:
     return min(rate, ingress)
 
 
-def finite(value: float) -> float | None:
-    """A figure as JSON carries it: None where it is infinite (no interruption, or no useful work)."""
-    return value if math.isfinite(value) else None
+def llm_parameters(command: str, gpu_memory_gib: float, world: int) -> int | None:
+    """The parameters of llm-pretrain's model: `--model NAME` (a preset), or the shape `--model
+    auto` picks for `world` GPUs of `gpu_memory_gib`; None for another command."""
+    if "amlhpc.jobs.workloads.llm.train" not in command:
+        return None
+    from amlhpc.jobs.workloads.llm import sizing
 
+    def arg(name: str, default: str) -> str:
+        found = re.search(rf"--{name}[= ](\S+)", command)
+        return found.group(1) if found else default
 
-def to_json(p: Plan, *, size_source: str) -> dict:
-    """`estimate --json`'s goodput: every figure finite or null (null: never, or unbounded)."""
-    i = p.inputs
-    return {"interruptionsPerHour": round(1 / p.mtbi_h, 9) if math.isfinite(p.mtbi_h) and p.mtbi_h > 0 else 0.0,
-            "meanHoursBetweenInterruptions": finite(p.mtbi_h),
-            "preemptionsPerNodeHour": i.preemptions_per_node_hour, "failuresPerGpuHour": i.failures_per_gpu_hour,
-            "checkpointGb": i.checkpoint_gb, "checkpointSizeSource": size_source, "checkpointWriteS": p.checkpoint_s,
-            "recoveryS": p.recovery_s, "intervalS": i.interval_s, "optimalIntervalS": finite(p.daly_s),
-            "youngIntervalS": finite(p.young_s), "goodput": p.goodput, "optimalGoodput": p.optimal_goodput,
-            "usefulHours": i.hours, "wallHours": finite(p.wall_hours), "expectedInterruptions": finite(p.interruptions),
-            "usdPerUsefulHour": finite(p.usd_per_useful_hour), "finishes": p.goodput > 0,
-            "farFromOptimum": p.far_from_optimum if math.isfinite(p.daly_s) else False}
-
-
-def _every(mtbi_h: float) -> str:
-    return f"1 every {mtbi_h:,.1f} h" if math.isfinite(mtbi_h) else "none expected"
-
-
-def describe(p: Plan, *, size_source: str, priority: str) -> list[str]:
-    """What `estimate` and `submit --managed --dry-run` print: every figure finite (a job that
-    does no useful work says so instead of printing infinities)."""
-    i = p.inputs
-    lines = [
-        f"interruptions: {_every(p.mtbi_h)} on {i.nodes} x {i.gpus_per_node} GPUs "
-        f"({i.failures_per_gpu_hour:.2e} per GPU-hour: {FAILURE_SOURCE})"
-        + (f" + low-priority preemption {i.preemptions_per_node_hour:g} per node-hour (assumed)"
-           if i.preemptions_per_node_hour else (" (no preemption: Dedicated)" if priority == "Dedicated" else
-                                                " (low-priority preemption rate not given: --preemption-rate)")),
-        f"checkpoint: {i.checkpoint_gb:,.2f} GB ({size_source}); write {p.checkpoint_s:,.1f} s at {i.write_gbps:,.1f} Gb/s, "
-        f"recovery {p.recovery_s:,.0f} s (restart {i.restart_s:,.0f} s assumed + restore at {i.restore_gbps:,.1f} Gb/s)",
-        (f"checkpoint interval: recipe {i.interval_s:,.0f} s; least loss at {p.daly_s:,.0f} s (Daly; Young "
-         f"{p.young_s:,.0f} s)" if math.isfinite(p.daly_s) else
-         f"checkpoint interval: recipe {i.interval_s:,.0f} s; with no interruption expected, any interval loses nothing"),
-    ]
-    if p.goodput <= 0:
-        lines.append(f"expected: no useful work - an interruption every {p.mtbi_h * 60:,.1f} min costs {p.recovery_s:,.0f} s "
-                     f"of recovery plus half of the {i.interval_s:,.0f} s interval, so the job never finishes its "
-                     f"{i.hours:g} useful hours (goodput 0%; at the optimum interval {p.optimal_goodput:.1%}); fix: "
-                     "check --preemption-rate/--failure-rate (per node-hour and per GPU-hour), use fewer nodes or Dedicated")
-        return lines
-    lines.append(f"expected: {p.interruptions:,.2f} interruption(s) over {p.wall_hours:,.1f} h of wall time for {i.hours:g} "
-                 f"useful hours; goodput {p.goodput:.1%} (at the optimum {p.optimal_goodput:.1%}); "
-                 f"${p.usd_per_useful_hour:,.2f} per useful hour")
-    if math.isfinite(p.daly_s) and p.far_from_optimum:
-        lines.append(f"warning: the recipe's checkpoint interval ({i.interval_s:,.0f} s) is far from the optimum "
-                     f"({p.daly_s:,.0f} s): set checkpoint.interval_s near it")
-    return lines
+    name = arg("model", "auto")
+    if name in sizing.PRESETS:
+        return sizing.PRESETS[name].param_count()
+    if name != "auto" or gpu_memory_gib <= 0:
+        return None
+    try:
+        chosen, _ = sizing.choose(gpu_memory_gib=gpu_memory_gib, world=world, micro_batch=int(arg("micro-batch", "1")),
+                                  seq_len=int(arg("seq-len", "4096")))
+    except ValueError:
+        return None
+    return chosen.param_count()
 
 
 def inputs_for(plan, recipe, outputs, *, preemption_rate: float | None = None, checkpoint_size_gb: float | None = None,
-               failure_rate: float | None = None) -> tuple[Inputs, str]:
-    """The planning inputs of a planned job (amlhpc.jobs.plan.build.JobPlan) and where its checkpoint size comes from."""
-    import json
-
+               failure_rate: float | None = None, managed: bool = True) -> tuple[model.Inputs, str]:
+    """The model's inputs for a planned job (amlhpc.jobs.plan.build.JobPlan) and where the state's size comes from."""
     from amlhpc.core import skus
     from amlhpc.jobs.runtime.base import contract
 
+    sku = skus.get(plan.sku)
+    gpus_per_node = max(1, sku.gpus)
     checkpoint = json.loads(plan.environment_variables.get(contract.CHECKPOINT_JSON, "{}") or "{}")
-    size, source = checkpoint_gb(plan.deepspeed.params if plan.deepspeed else None, checkpoint_size_gb)
+    parameters = plan.deepspeed.params if plan.deepspeed else llm_parameters(
+        plan.training_command, float(getattr(sku, "gpu_memory_gib", 0) or 0), plan.instance_count * plan.processes_per_node)
+    size, source = checkpoint_gb(parameters, checkpoint_size_gb)
     rate = preemption_rate if preemption_rate is not None else recipe.cost.preemptions_per_node_hour
-    return Inputs(
-        nodes=plan.instance_count, gpus_per_node=max(1, skus.get(plan.sku).gpus), hours=plan.estimate.hours,
-        usd_per_node_hour=plan.estimate.usd_per_node_hour, interval_s=float(recipe.checkpoint.interval_s),
-        checkpoint_gb=size, write_gbps=upload_gbps(checkpoint, plan.instance_count, plan.processes_per_node),
-        restore_gbps=outputs.storage.egress_gbps,
+    interval = float(recipe.checkpoint.interval_s)
+    figures = model.Figures(verified_versions=recipe.checkpoint.local_keep)
+    return model.Inputs(
+        nodes=plan.instance_count, gpus_per_node=gpus_per_node, state_gb=size,
+        upload_gbps=upload_gbps(checkpoint, plan.instance_count, plan.processes_per_node),
+        restore_gbps=outputs.storage.egress_gbps, blob_interval_s=interval,
+        writers=str(checkpoint.get("writers") or "rank0"),
+        hang_s=float(recipe.watchdog.hang_seconds(recipe.checkpoint.interval_s)),
+        backoff_s=float(recipe.managed.backoff_s), local_restarts=recipe.checkpoint.local_restarts, managed=managed,
         preemptions_per_node_hour=(rate or 0.0) if plan.priority == "LowPriority" else 0.0,
-        failures_per_gpu_hour=FAILURES_PER_GPU_HOUR if failure_rate is None else failure_rate), source
+        failures_per_gpu_hour=FAILURES_PER_GPU_HOUR if failure_rate is None else failure_rate, figures=figures), source
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What the plan means for a run of `useful_hours`: whether it finishes, and in how long. At
+    goodput below NO_USEFUL_WORK the run does no useful work to speak of: it never finishes in
+    practice and its wall time and cost per useful hour are unbounded (None)."""
+
+    useful_hours: float | None
+    finishes: bool
+    wall_hours: float | None
+    failures: float | None
+    """Expected failures over the wall time."""
+    usd_per_useful_hour: float | None
+
+
+def outlook(p: model.Plan, hours: float | None, usd_per_node_hour: float | None) -> Outlook:
+    """At the advised node-tier interval and the recipe's Blob interval (what the job runs at)."""
+    useful = p.goodput_recipe
+    if useful < NO_USEFUL_WORK:
+        return Outlook(hours, False, None, None, None)
+    wall = hours / useful if hours else None
+    return Outlook(hours, True, wall, wall * p.per_hour if wall is not None else None,
+                   p.inputs.nodes * usd_per_node_hour / useful if usd_per_node_hour is not None else None)
+
+
+def _every(hours: float) -> str:
+    """`1 every 3.1 h`; `none expected` where nothing fails (no infinity in words)."""
+    if not math.isfinite(hours):
+        return "none expected"
+    return f"1 every {hours:,.0f} h" if hours >= 100 else f"1 every {hours:,.1f} h"
+
+
+def _at(gbps: float) -> str:
+    return f"at {gbps:,.1f} Gb/s" if math.isfinite(gbps) else "at a rate the stack does not limit (not modelled)"
+
+
+def describe(p: model.Plan, *, size_source: str, priority: str, hours: float | None = None,
+             usd_per_node_hour: float | None = None) -> list[str]:
+    """What `estimate` and `submit` print: every figure finite (nothing expected to fail reads
+    `none expected`; a run that does no useful work says so instead of printing infinities)."""
+    i, f = p.inputs, p.inputs.figures
+    scaled = "" if i.failures_per_gpu_hour == FAILURES_PER_GPU_HOUR else f" (scaled to {i.failures_per_gpu_hour:.2e} per GPU-hour)"
+    by_class = (f": process faults {_every(p.of(model.PROCESS).mtbf_h)}, GPU faults {_every(p.of(model.DEVICE).mtbf_h)}, "
+                f"host losses {_every(p.of(model.HOST).mtbf_h)}" if i.failures_per_gpu_hour > 0 else "")
+    lines = [
+        f"failures on {i.nodes} x {i.gpus_per_node} GPUs: {_every(p.mtbi_h)}{by_class}{scaled} "
+        f"({model.FAILURES_PER_GPU_HOUR:.2e} per GPU-hour, by cause: {LLAMA3_SOURCE})"
+        + (f"; low-priority preemption {i.preemptions_per_node_hour:g} per node-hour (assumed)"
+           if i.preemptions_per_node_hour else (" (no preemption: Dedicated)" if priority == "Dedicated" else
+                                                "; low-priority preemption rate not given: --preemption-rate")),
+        f"state: {i.state_gb:,.1f} GB ({size_source}); a node-tier save holds the training {p.stall_s:,.2f} s "
+        f"({i.state_gb / max(i.gpus, 1):,.2f} GB per GPU at the measured {f.stall_gbps_per_gpu:,.2f} GB/s) and writes "
+        f"for {p.write_s:,.0f} s behind it; a Blob upload takes {p.upload_s:,.0f} s {_at(i.upload_gbps)} and "
+        "holds no training",
+        f"recovery: a process fault {p.of(model.PROCESS).recovery_s:,.0f} s (in-job restart from the node tier); a GPU "
+        f"fault {p.of(model.DEVICE).recovery_s:,.0f} s ({i.local_restarts} in-job restarts on the bad GPU, then a new "
+        f"job and a Blob restore); a host loss {p.of(model.HOST).recovery_s:,.0f} s (found after hang_s "
+        f"{i.hang_s:,.0f} s, then a new job: {f.new_job_s:,.0f} s assumed, and a Blob restore "
+        f"{_at(i.restore_gbps)})",
+        _intervals(p),
+    ]
+    ahead = outlook(p, hours, usd_per_node_hour)
+    if not ahead.finishes:
+        lines.append(f"expected: no useful work - a failure {_every(p.mtbi_h)} against recoveries of up to "
+                     f"{max(c.recovery_s for c in p.classes):,.0f} s and the work since the last checkpoint, so the job "
+                     f"never finishes{f' its {hours:g} useful hours' if hours else ''} (goodput "
+                     f"{p.goodput_recipe:.1%} at the recipe's Blob interval, {p.goodput:.1%} at the advised ones); fix: "
+                     "check --preemption-rate/--failure-rate (per node-hour and per GPU-hour), use fewer nodes or "
+                     "Dedicated")
+    else:
+        useful = f"goodput {p.goodput:.1%} at these intervals, {p.goodput_recipe:.1%} at the recipe's Blob interval"
+        if ahead.wall_hours is not None and ahead.failures is not None:
+            useful += (f"; {hours:g} useful hours take {ahead.wall_hours:,.1f} h of wall time with "
+                       f"{ahead.failures:,.2f} failure(s) expected")
+        if ahead.usd_per_useful_hour is not None:
+            useful += f", ${ahead.usd_per_useful_hour:,.2f} per useful hour"
+        lines.append(useful)
+    if p.goodput - p.goodput_recipe >= MATERIAL_POINTS:
+        lines.append(f"warning: checkpoint.interval_s {i.blob_interval_s:,.0f} s costs "
+                     f"{(p.goodput - p.goodput_recipe) * 100:.1f} points of goodput: set it near "
+                     f"{p.blob_interval_s:,.0f} s")
+    if not i.managed:
+        ends = p.of(model.DEVICE).per_hour + p.of(model.HOST).per_hour + p.of("preemption").per_hour
+        expected = f" (about {ends * hours:,.2f} over the run)" if hours and ends else ""
+        lines.append(f"not managed: a GPU fault or a host loss ends this job ({_every(1 / ends if ends else math.inf)}"
+                     f"{expected}) and nothing resubmits it; the figures above assume a resubmission as a managed "
+                     "run's (submit --managed)")
+    return lines
+
+
+def _intervals(p: model.Plan) -> str:
+    i = p.inputs
+    recipe = f"recipe checkpoint.interval_s {i.blob_interval_s:,.0f} s"
+    if not math.isfinite(p.node_interval_s):
+        return (f"checkpoint intervals: with no failure expected any interval loses only its stall: save to the node "
+                f"tier as seldom as you like (at least the write's {p.write_s:,.0f} s apart); {recipe}")
+    node = (f"checkpoint intervals of least loss: node tier every {p.node_interval_s:,.0f} s (Daly "
+            f"{p.node_daly_s:,.0f} s, Young {p.node_young_s:,.0f} s, at least the write's {p.write_s:,.0f} s: set the "
+            "training's --checkpoint-every to about that many seconds of steps)")
+    if not math.isfinite(p.blob_interval_s):
+        return f"{node}; Blob: no failure expected needs its periodic version, any interval loses nothing ({recipe})"
+    return (f"{node}; Blob every {p.blob_interval_s:,.0f} s (an upload stalls nothing: as often as one completes; "
+            f"{recipe})")
+
+
+def document(p: model.Plan, *, size_source: str, hours: float | None = None,
+             usd_per_node_hour: float | None = None) -> dict[str, Any]:
+    """The plan as data (`estimate --json`'s goodput): every number finite, null where it is
+    unbounded (nothing fails, or the run never finishes); `finishes` says which."""
+    ahead = outlook(p, hours, usd_per_node_hour)
+    return {**p.to_json(), "finishes": ahead.finishes, "usefulHours": ahead.useful_hours,
+            "wallHours": model.finite(ahead.wall_hours), "expectedFailures": model.finite(ahead.failures),
+            "usdPerUsefulHour": model.finite(ahead.usd_per_useful_hour), "noUsefulWorkBelow": NO_USEFUL_WORK,
+            "sizeSource": size_source, "failureSource": LLAMA3_SOURCE,
+            "figureSources": {model.camel(k): v for k, v in model.FIGURE_SOURCES.items()}}
+
+
+def plan_for(plan, recipe, outputs, **given) -> tuple[model.Plan, str]:
+    inputs, source = inputs_for(plan, recipe, outputs, **given)
+    return model.make(inputs), source
 
 
 def report(plan, recipe, outputs, **given) -> list[str]:
     """The goodput lines for a planned job."""
-    inputs, source = inputs_for(plan, recipe, outputs, **given)
-    return describe(make(inputs), size_source=source, priority=plan.priority)
+    p, source = plan_for(plan, recipe, outputs, **given)
+    return describe(p, size_source=source, priority=plan.priority, hours=plan.estimate.hours,
+                    usd_per_node_hour=plan.estimate.usd_per_node_hour)
 
 
-def document(plan, recipe, outputs, **given) -> dict:
+def report_document(plan, recipe, outputs, **given) -> dict[str, Any]:
     """The goodput of a planned job as `estimate --json` gives it."""
-    inputs, source = inputs_for(plan, recipe, outputs, **given)
-    return to_json(make(inputs), size_source=source)
+    p, source = plan_for(plan, recipe, outputs, **given)
+    return document(p, size_source=source, hours=plan.estimate.hours, usd_per_node_hour=plan.estimate.usd_per_node_hour)

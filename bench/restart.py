@@ -1,0 +1,175 @@
+"""In-job restart against a resubmitted attempt, and what the warm standby buys, measured on the
+rehearsal: part of `python -m bench.recovery` (`--only restart`).
+
+The rehearsed cosmoflow job, 2 simulated nodes x 2 ranks over gloo, rank 3 failing at step 5;
+seconds from the fault to the first step logged after it. Each repeat runs every path once, in
+an order rotated from repeat to repeat (a machine whose load drifts does not favour one path):
+
+- in-job, warm: the launchers restart the training from their node-local copies, the command
+  run by its warm standby (interpreter and torch loaded), the fault held until every rank's
+  standby is ready: the standby's best case;
+- in-job, as it comes: the standby on, the fault at step 5 without waiting for it (a standby
+  still importing torch is waited for or passed over, as in a job);
+- in-job, cold: no standby (AMLHPC_STANDBY=off): every restart starts its interpreter and
+  imports torch;
+- resubmitted: the same job with in-job restarts off ends (fault -> its last process gone),
+  then a fresh rehearsal of it starts (launcher, staging, restore from Blob, process group,
+  first step); the two are added. Azure ML's own part of a resubmission (queueing, node
+  allocation, image pull: minutes) is not rehearsed, so its ratio to an in-job restart is a
+  lower bound.
+
+A hang (rank 3 stops reporting at step 5, watchdog.hang_s 10) is measured in-job (warm) and
+resubmitted, with the watchdog's detection apart (the same on both paths).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.spread import Series
+
+TRAIN = ("python -m amlhpc.jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 1 --conv-size 4 --n-conv-layers 3 "
+         "--fc1 16 --fc2 8 --workers 0 --log-every 1 --epochs 2 --checkpoint-every 2 --optimizer adam")
+FAULT_STEP, FAULT_RANK, HANG_S = 5, 3, 10
+CRASH_PATHS = ("in_job_warm", "in_job_as_it_comes", "in_job_cold", "resubmitted")
+HANG_PATHS = ("in_job_warm", "resubmitted")
+LABELS = {"in_job_warm": "in-job, warm standby ready", "in_job_as_it_comes": "in-job, standby on, fault as it comes",
+          "in_job_cold": "in-job, no standby (cold)", "resubmitted": "resubmitted (job end + new attempt)",
+          "job_end": "  of which the job's end", "new_attempt": "  of which the new attempt",
+          "detection": "  of which the watchdog's detection"}
+
+
+class Rehearsals:
+    """The cosmoflow job rehearsed on 2 nodes x 2 ranks, every line of every rank timestamped."""
+
+    def __init__(self, workdir: Path, server):
+        from amlhpc.jobs.data import upload
+        from amlhpc.jobs.local import rehearsal
+        from amlhpc.jobs.plan import build
+        from amlhpc.jobs.plan import outputs as outputs_mod
+        from amlhpc.jobs.runtime.blob import blobio
+        from amlhpc.jobs.workloads.cosmoflow import generate
+
+        self.rehearsal, self.build, self.server, self.workdir = rehearsal, build, server, workdir
+        self.outputs = outputs_mod.load("dev", offline=True).outputs  # the dev stack's offline plan
+        self.containers = list(self.outputs.storage.containers.values())
+        rehearsal.ensure_containers(self.containers, server.connection_string)
+        data = workdir / "cosmoflow"
+        generate.generate(data, universes=1, volume=16, subvolumes=16, validation_universes=1, seed=3)
+        self.data_prefix = f"bench/{uuid.uuid4().hex[:8]}"
+        upload.upload_directory(blobio.container_client(self.outputs.storage.containers["datasets"],
+                                                        connection_string=server.connection_string), data,
+                                self.data_prefix)
+        self.snapshot = build.snapshot(self.plan("snapshot").code_dirs)
+
+    def plan(self, name: str, *sets: str):
+        from amlhpc.jobs import recipes
+
+        recipe = recipes.load("cosmoflow", recipes.parse_overrides([
+            f"command={TRAIN}", "health=off", f"inputs.cosmoflow.path={self.data_prefix}", *sets]))
+        return self.build.plan_job(recipe, self.outputs, nodes=2, processes_per_node=2, name=name)
+
+    def run(self, name: str, *sets: str) -> tuple[Any, list[tuple[float, int, str]], float, float]:
+        """(result, [(time, rank, line)], start time, end time)."""
+        lines: list[tuple[float, int, str]] = []
+        lock = threading.Lock()
+
+        def sink(proc, line: str) -> None:
+            with lock:
+                lines.append((time.monotonic(), proc.rank, line))
+
+        started = time.monotonic()
+        result = self.rehearsal.rehearse(self.plan(name, *sets), snapshot=self.snapshot, workdir=self.workdir / name,
+                                         procs_per_node=2, blob_endpoint=self.server.blob_endpoint,
+                                         connection_string=self.server.connection_string, containers=self.containers,
+                                         sink=sink, timeout_s=900)
+        return result, lines, started, time.monotonic()
+
+
+def _first(lines, predicate, after: float = 0.0) -> float:
+    found = next((t for t, rank, line in lines if t >= after and predicate(rank, line)), None)
+    if found is None:
+        tail = "\n".join(f"r{rank} {line[:200]}" for _, rank, line in lines[-60:])
+        raise AssertionError(f"an expected line is missing from the rehearsal's output; its end:\n{tail}")
+    return found
+
+
+def _is_step(rank: int, line: str) -> bool:
+    return rank == 0 and line.startswith('{"step"') and '"loss"' in line
+
+
+def _is_verdict(rank: int, line: str) -> bool:
+    return "hang: " in line and "stopping the training on node" in line
+
+
+def _marker(kind: str) -> str:
+    return f"injected fault: {kind} on rank {FAULT_RANK} at step {FAULT_STEP}"
+
+
+def in_job(rehearsals: Rehearsals, kind: str, path: str) -> tuple[float, float | None]:
+    """Seconds from the fault to the first step of the restarted training inside one job, and
+    from the fault to the watchdog's verdict (a hang)."""
+    fault = f"env.AMLHPC_INJECT_FAULT={kind}@{FAULT_STEP}:rank={FAULT_RANK}"
+    sets = {"in_job_warm": (fault + ":after_standby=1", "env.AMLHPC_STANDBY=on"),
+            "in_job_as_it_comes": (fault, "env.AMLHPC_STANDBY=on"),
+            "in_job_cold": (fault, "env.AMLHPC_STANDBY=off")}[path]
+    watch = (f"watchdog.hang_s={HANG_S}",) if kind == "hang" else ()
+    result, lines, _, _ = rehearsals.run(f"{kind}-{path}-{uuid.uuid4().hex[:6]}".replace("_", "-"), *sets, *watch)
+    assert result.ok, f"the in-job restart of the {kind} ({path}) failed: {result.exit_codes}"
+    at = _first(lines, lambda rank, line: _marker(kind) in line)
+    resumed = _first(lines, lambda rank, line: rank == 0 and line.startswith("resumed from"), at)
+    detected = _first(lines, _is_verdict, at) - at if kind == "hang" else None
+    return _first(lines, _is_step, resumed) - at, detected
+
+
+def resubmitted(rehearsals: Rehearsals, kind: str) -> dict[str, float]:
+    """The job ending with in-job restarts off, then a new attempt of it from launcher start to its first step."""
+    fault = f"env.AMLHPC_INJECT_FAULT={kind}@{FAULT_STEP}:rank={FAULT_RANK}"
+    watch = (f"watchdog.hang_s={HANG_S}",) if kind == "hang" else ()
+    name = f"{kind}-resubmit-{uuid.uuid4().hex[:6]}"
+    ended, lines_ended, _, end = rehearsals.run(name, fault, "checkpoint.local_restarts=0", *watch)
+    assert not ended.ok, "with in-job restarts off the fault ends the job"
+    at = _first(lines_ended, lambda rank, line: _marker(kind) in line)
+    again, lines, start, _ = rehearsals.run(name, *watch)  # the new attempt: same name, same checkpoint prefix
+    assert again.ok, f"the resubmitted attempt failed: {again.exit_codes}"
+    resumed = _first(lines, lambda rank, line: rank == 0 and line.startswith("resumed from"))
+    first_step = _first(lines, _is_step, resumed)
+    row = {"job_end": end - at, "new_attempt": first_step - start}
+    row["resubmitted"] = row["job_end"] + row["new_attempt"]
+    if kind == "hang":
+        row["detection"] = _first(lines_ended, _is_verdict, at) - at
+    return row
+
+
+def measure(workdir: Path, server, repeats: int, kinds: tuple[str, ...] = ("crash", "hang"),
+            say=print) -> dict[str, dict[str, Series]]:
+    """kind -> path -> its series (seconds), `repeats` runs each, interleaved."""
+    from bench.machine import loadavg
+
+    rehearsals = Rehearsals(workdir, server)
+    found: dict[str, dict[str, Series]] = {}
+    for kind in kinds:
+        paths = CRASH_PATHS if kind == "crash" else HANG_PATHS
+        series = {name: Series(name) for name in (*paths, "job_end", "new_attempt",
+                                                  *(("detection", "in_job_detection") if kind == "hang" else ()))}
+        for repeat in range(repeats):
+            order = paths[repeat % len(paths):] + paths[:repeat % len(paths)]
+            for path in order:
+                load = loadavg()
+                if path == "resubmitted":
+                    row = resubmitted(rehearsals, kind)
+                    for key, value in row.items():
+                        series[key].add(value, load)
+                else:
+                    seconds, detected = in_job(rehearsals, kind, path)
+                    series[path].add(seconds, load)
+                    if detected is not None:
+                        series["in_job_detection"].add(detected, load)
+                say(f"restart: {kind} repeat {repeat + 1}/{repeats} {path}: {series[path].runs[-1]:.2f} s "
+                    f"(load {load})")
+        found[kind] = series
+    return found
