@@ -47,7 +47,7 @@ from typing import Any
 
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError
-from amlhpc.jobs.runtime.coord.kvstore import Store, is_store_failure, guarded
+from amlhpc.jobs.runtime.coord.kvstore import Store, guarded, is_store_failure
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.coord.storewire import StoreClient, StoreServer
 
