@@ -104,8 +104,18 @@ class Channel:
         return decode(stored), stored == mine
 
     def publish(self, key: str, document: Any) -> None:
+        """Write `document` under `key`, confirmed: the TCPStore protocol does not answer a `set`, so
+        one written into a connection that was just reset is lost without an error. The `check`
+        behind it, on the same connection, answers only after the server took the `set`; a
+        `check` that fails, or finds no key (the connection was replaced between the two), has
+        the pair tried again (two calls)."""
         value = encode(document)
-        self._call(f"publishing {key}", lambda: self.store.set(key, value))
+
+        def publish() -> None:
+            self.store.set(key, value)
+            if not self.store.check([key]):
+                raise ConnectionResetError(f"the store did not keep {key}: the connection was replaced")
+        self._call(f"publishing {key}", publish)
 
     def has(self, key: str) -> bool:
         return bool(self._call(f"checking {key}", lambda: self.store.check([key])))
