@@ -44,13 +44,9 @@ def _lost_reply(blob: str, nth: int, op: str = "put_blob") -> Callable[[], Fault
 
 
 # --- remaining -------------------------------------------------------------------------
-STORE_DROP = "a node whose store connection drops once takes node 0 for lost and ends alone"
 MIXED_LISTING = "nodes list a dataset apart and stage shares of two versions"
 
 CASES: list[Case] = [
-    Case(STORE_DROP, "one node's connection to the job's store resets once while node 0 lives: kvstore.guarded "
-         "takes any transport error for node 0 gone (StoreLost), the node ends with exit 10 without a word to the "
-         "store, and the others adopt node 0's restart", "restart-agreement", 19, "split-decision"),
     Case(MIXED_LISTING, "a dataset is re-uploaded while a job stages it: nodes list it at different moments, each "
          "stages its share of its own listing, and together they hold parts of both versions with files missing",
          "staging", 14, "mixed-dataset"),
@@ -64,6 +60,7 @@ RESTART_SPLIT = "restart decisions diverge"
 NO_GENERATION = "restart records and barriers carry no launch generation"
 OVERLAPPING_REVIVALS = "two overlapping revivals start two controllers"
 WALL_CLOCK_WATCHDOG = "a wall-clock step back blinds the watchdog"
+STORE_DROP = "a node whose store connection drops once takes node 0 for lost and ends alone"
 
 FIXED: list[Case] = [
     Case(LATEST_LOST_REPLY, "the pointer write applied, its reply lost: the retry's 412 was taken for another "
@@ -95,6 +92,12 @@ FIXED: list[Case] = [
          "file times hid a hang right after; now ages are monotonic", "watchdog-clock", 1, "hang-missed",
          {"nodes": 1, "hang_s": 30.0, "step_s": 1.0, "hang_at_s": 3.5, "clock_node": 0, "clock_step_s": -5.0,
           "clock_at_s": 0.3}),
+    Case(STORE_DROP, "one node's connection to the job's store reset once while node 0 lived: any transport error "
+         "was taken for node 0 gone, the node ended with exit 10 alone and the others adopted node 0's restart; now "
+         "a call is tried again (and the connection opened again) for kvstore.RECONNECT_GRACE_S first",
+         "restart-agreement", 19, "split-decision", {"drop_lost": "request"}),
+    Case(STORE_DROP, "the same reset after the store applied the call (its reply lost)", "restart-agreement", 19,
+         "split-decision", {"drop_lost": "reply"}),
 ]
 
 
@@ -103,8 +106,6 @@ def cause(outcome: Outcome) -> str | None:
     kinds, name = outcome.kinds(), outcome.scenario
     if not kinds:
         return None
-    if name == "restart-agreement" and kinds <= {"split-decision"} and outcome.settings.get("drop_node") is not None:
-        return STORE_DROP
     if name == "staging" and kinds <= {"mixed-dataset"}:
         return MIXED_LISTING
     return None

@@ -22,8 +22,11 @@ Costs: each call is one round trip to node 0 (`latency_s`, drawn from the seed) 
 served in arrival order by one server thread that handles `ops_per_s` calls a second (a
 queue, never a refusal: TCPStore does not throttle). Calls are counted per node, per
 operation and per virtual second. When the host is killed every call fails as a lost
-connection does (DistNetworkError, or a RuntimeError of that name without torch); `drops`
-makes one node's nth call fail so while the host lives (a connection reset on one node).
+connection does (DistNetworkError, or a RuntimeError of that name without torch). `drops`
+makes one node's nth call fail so while the host lives (a connection reset on one node),
+either before the store applied it (`Drop(n, "request")`: the request was lost) or after
+(`Drop(n, "reply")`: applied, its answer lost, as a reset after the server wrote), which is
+what makes a retried `add` count twice.
 """
 
 from __future__ import annotations
@@ -61,6 +64,20 @@ def _bytes(value: str | bytes | bytearray) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
+@dataclass(frozen=True)
+class Drop:
+    """One node's call whose connection drops (see the module docstring)."""
+
+    call: int
+    """The node's nth store call (from 1)."""
+    lost: str = "request"
+    """request: lost before the store applied it; reply: applied, the answer lost."""
+
+    def __post_init__(self) -> None:
+        if self.lost not in ("request", "reply"):
+            raise ValueError(f"Drop.lost must be request or reply, got {self.lost!r}")
+
+
 @dataclass
 class _Waiter:
     task: Task
@@ -82,10 +99,14 @@ class StoreServer:
     ops: Counter[str] = field(default_factory=Counter)
     per_node: dict[str, Peak] = field(default_factory=dict)
     served: Peak = field(default_factory=Peak)
-    drops: dict[str, int] = field(default_factory=dict)
-    """Node name -> the number of its call whose connection drops (once): a reset between one
-    node and the store while node 0 is alive."""
+    drops: dict[str, Drop] = field(default_factory=dict)
+    """Node name -> its call whose connection drops (once): a reset between one node and the
+    store while node 0 is alive, before or after the store applied the call."""
     calls: Counter[str] = field(default_factory=Counter)
+    dropped: list[str] = field(default_factory=list)
+    """The drops that fired ("node-1 call 7: reply lost")."""
+    _losing: set[int] = field(default_factory=set)
+    """The tasks whose current call's reply is to be lost."""
 
     def client(self, timeout: timedelta = DEFAULT_TIMEOUT) -> Store:
         return Store(self, timeout)
@@ -105,10 +126,17 @@ class StoreServer:
             sim.sleep(sim.rng.uniform(*self.latency_s))
             raise _errors()[1](f"Connection reset by peer (the store's host {self.host.name} is gone)")  # type: ignore[union-attr]
         self.calls[who] += 1
-        if self.drops.get(who) == self.calls[who]:
-            sim.sleep(sim.rng.uniform(*self.latency_s))
-            sim.note(task if task is not None else "world", "fault", f"the store connection of {who} dropped")
-            raise _errors()[1]("Connection reset by peer")
+        self._losing.discard(id(task))  # a call that raised before its reply takes no drop along
+        drop = self.drops.get(who)
+        if drop is not None and drop.call == self.calls[who]:
+            self.dropped.append(f"{who} call {drop.call} ({op}): {drop.lost} lost")
+            if drop.lost == "reply":
+                self._losing.add(id(task))
+            else:
+                sim.sleep(sim.rng.uniform(*self.latency_s))
+                sim.note(task if task is not None else "world", "fault",
+                         f"the store connection of {who} dropped before {op} {keys} reached the store")
+                raise _errors()[1]("Connection reset by peer")
         half = sim.rng.uniform(*self.latency_s) / 2
         sim.sleep(half)
         start = max(sim.now, self.busy_until)
@@ -123,7 +151,14 @@ class StoreServer:
             raise _errors()[1](f"Connection reset by peer (the store's host {self.host.name} is gone)")
 
     def _reply(self) -> None:
-        self.sim.sleep(self.sim.rng.uniform(*self.latency_s) / 2)
+        sim = self.sim
+        sim.sleep(sim.rng.uniform(*self.latency_s) / 2)
+        task = sim.current()
+        if id(task) in self._losing:
+            self._losing.discard(id(task))
+            sim.note(task if task is not None else "world", "fault",
+                     "the store connection dropped after the store applied the call: its reply is lost")
+            raise _errors()[1]("Connection reset by peer")
 
     def _changed(self) -> None:
         ready = [w for w in self.waiters if all(k in self.data for k in w.keys)]

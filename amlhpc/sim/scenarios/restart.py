@@ -8,7 +8,8 @@
   is stopped, as the launcher's stopper would, when the node's stop record appears. Each node
   reports the versions it holds (seeded: some nodes lack the newest); a node's report may be
   slow (a long tier verification, seeded up to 1.5 x agree_s). Faults: a node killed (node 0
-  too: the store goes with it), a node's store connection dropped once, a node whose
+  too: the store goes with it), a node's store connection dropped once (the call lost before
+  the store applied it, or applied and its reply lost), a node whose
   verification fails (its coordinator raises) or that cannot follow the adopted restart (its
   restore fails), a slow store.
 - `launch-records`: a node runs one launch of a job that fails (its stop record, its exit
@@ -46,6 +47,7 @@ from amlhpc.jobs.runtime.launch.launcher import _node_dir
 from amlhpc.sim.faults import FaultPlan
 from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.scheduler import Node
+from amlhpc.sim.store import Drop
 from amlhpc.sim.world import World
 
 RUN_ID = "job-a1"
@@ -74,7 +76,7 @@ class RestartAgreement(Scenario):
                          "slow_s": rng.uniform(0.0, 1.5 * agree) if slow is not None else 0.0,
                          "lacks_newest": sorted(rng.sample(range(nodes), rng.randint(0, nodes - 1))),
                          "limit": rng.choice([1, 3]), "store_ops_per_s": rng.choice([100_000.0, 2_000.0, 200.0]),
-                         "kill_node": None, "kill_at_s": 0.0, "drop_node": None, "drop_call": 0,
+                         "kill_node": None, "kill_at_s": 0.0, "drop_node": None, "drop_call": 0, "drop_lost": "request",
                          "report_fails": None, "apply_fails": None}
         for _ in range(rng.choice([0, 0, 1, 1, 2])):
             kind = rng.choice(["kill", "drop", "report-fails", "apply-fails"])
@@ -86,6 +88,8 @@ class RestartAgreement(Scenario):
                 self.settings["report_fails"] = rng.randrange(nodes)
             else:
                 self.settings["apply_fails"] = rng.randrange(nodes)
+        if self.settings["drop_node"] is not None:  # drawn last: the draws above stay what they were
+            self.settings["drop_lost"] = rng.choice(["request", "reply"])
         return FaultPlan()
 
     def start(self, world: World, root: Path) -> None:
@@ -94,7 +98,7 @@ class RestartAgreement(Scenario):
         self.nodes = [world.node(f"node-{k}") for k in range(s["nodes"])]
         self.server = world.jobstore(self.nodes[0], ops_per_s=s["store_ops_per_s"])
         if s["drop_node"] is not None:
-            self.server.drops[f"node-{s['drop_node']}"] = s["drop_call"]
+            self.server.drops[f"node-{s['drop_node']}"] = Drop(s["drop_call"], s["drop_lost"])
         for k, node in enumerate(self.nodes):
             records = restart.NodeRecords(root / node.name / "restart", 0)
             outcome = self.outcomes[k] = NodeOutcome()
@@ -200,7 +204,7 @@ class RestartAgreement(Scenario):
         self.metrics = {"decisions": {k: " ".join(str(p) for p in self._said(self.outcomes[k].decision) if p)
                                       for k in live},
                         "agreed_in_s": round(max(decided) - min(decided), 2) if decided else None,
-                        "store_ops": sum(self.server.ops.values())}
+                        "store_ops": sum(self.server.ops.values()), "store_drops": list(self.server.dropped)}
         adopted = {k: self._said(self.outcomes[k].adopted) for k in live if self.outcomes[k].adopted is not None}
         details = ", ".join(f"node {k}: {' '.join(str(p) for p in v if p is not None)}" for k, v in adopted.items())
         if len(set(adopted.values())) > 1:

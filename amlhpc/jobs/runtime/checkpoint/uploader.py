@@ -203,6 +203,7 @@ class VersionUploader:
             return
         for name, document in documents.items():
             self.channel.publish(self.channel.key(name), document)
+        # An over-count (a retried add) only makes the followers read the announcements once more.
         self.channel.count(self.channel.key("changes"))
 
     def _read_head(self) -> int:
@@ -222,9 +223,12 @@ class VersionUploader:
         parts = {self.node: self._parts[blob]}
         if self.channel is None:
             return parts
-        if self.channel.count(self.channel.key(blob, "staged"), 0) < self.nodes - 1:
+        # The counter is a hint (a follower's add retried after a lost reply counts twice); the
+        # followers' own keys confirm it, so `gather` never waits on a part not yet published.
+        keys = [self.channel.key(blob, f"node-{k}") for k in range(1, self.nodes)]
+        if self.channel.count(self.channel.key(blob, "staged"), 0) < self.nodes - 1 or not self.channel.all_present(keys):
             return None
-        others = self.channel.gather([self.channel.key(blob, f"node-{k}") for k in range(1, self.nodes)])
+        others = self.channel.gather(keys)
         for k, document in enumerate(others, start=1):
             if not isinstance(document, list):
                 return None

@@ -8,26 +8,31 @@ kvstore.Store: the job's TCPStore, torch's HashStore, MemoryStore, a simulation'
   decision per key, the same on every node, whatever order the proposals arrive in;
 - `publish` / `read` / `has` / `gather`: JSON documents under keys (`read` checks first,
   as torch's `get` of a missing key waits out the store's timeout);
-- `count(key, n)`: a counter every node adds to (`add`), read with `count(key, 0)`;
+- `count(key, n)`: a counter every node adds to (`add`), read with `count(key, 0)`. A hint,
+  never a proof: a retried add can count twice (kvstore's docstring), so a count that
+  reached its target is confirmed with `all_present` of the parties' own keys;
+- `all_present(keys)`: whether every key exists (one `check`);
 - `await_key(key, timeout_s)`: poll until a key exists, one `check` per poll.
 
 `Barrier` of N parties: each arrives once (a counter); the party that completes it, or the
 first that fails, decides the barrier's outcome (`decide`), which every waiter reads. A
-waiter's poll is one `check`, whatever N is.
+waiter's poll is one `check`, whatever N is. `farewell`: a barrier at the end, for the node
+that hosts the store to keep it up until every node is done with it (bounded).
 
 Polls are `pacing.store_poll_s(base, nodes)` apart, jittered; time comes from
-amlhpc.jobs.runtime.base.clock (a simulation runs it on virtual time). Every operation is guarded: a store
-that stops answering raises kvstore.StoreLost.
+amlhpc.jobs.runtime.base.clock (a simulation runs it on virtual time). Every operation goes through kvstore.call:
+a transport error is tried again (each operation here is idempotent under a lost reply, or
+its caller tolerates the over-count) and only a store unreachable for
+kvstore.RECONNECT_GRACE_S raises kvstore.StoreLost.
 
 Standard library only: ships into every training image.
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.coord import pacing
@@ -35,13 +40,14 @@ from amlhpc.jobs.runtime.coord.kvstore import (
     Store,
     StoreLost,
     StoreTimeout,
+    call,
     decode,
     encode,
-    guarded,
 )
 from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout
 
 BASE_POLL_S = 0.2
+T = TypeVar("T")
 NAMED_MISSING_MAX = 64
 """A barrier that times out names the missing nodes when it has at most this many parties
 (one `check` each); beyond, it counts them."""
@@ -64,13 +70,11 @@ class Channel:
     def lost(self) -> str | None:
         return self._lost[0] if self._lost else None
 
-    @contextlib.contextmanager
-    def _calling(self, what: str) -> Iterator[None]:
+    def _call(self, what: str, operation: Callable[[], T]) -> T:
         if self._lost:
             raise StoreLost(self._lost[0])
         try:
-            with guarded(what):
-                yield
+            return call(what, operation, rng=self.rng)
         except StoreLost as exc:
             self._lost.append(str(exc))
             raise
@@ -95,39 +99,55 @@ class Channel:
     def decide(self, key: str, proposal: Any) -> tuple[Any, bool]:
         """(the document stored under `key`, whether it is `proposal`): the first proposal wins."""
         mine = encode(proposal)
-        with self._calling(f"deciding {key}"):
-            stored = bytes(self.store.compare_set(key, b"", mine))
+        # Idempotent: a retry after a lost reply answers what the first try stored.
+        stored = bytes(self._call(f"deciding {key}", lambda: self.store.compare_set(key, b"", mine)))
         return decode(stored), stored == mine
 
     def publish(self, key: str, document: Any) -> None:
-        with self._calling(f"publishing {key}"):
-            self.store.set(key, encode(document))
+        """Write `document` under `key`, confirmed: the TCPStore protocol does not answer a `set`, so
+        one written into a connection that was just reset is lost without an error. The `check`
+        behind it, on the same connection, answers only after the server took the `set`; a
+        `check` that fails, or finds no key (the connection was replaced between the two), has
+        the pair tried again (two calls)."""
+        value = encode(document)
+
+        def publish() -> None:
+            self.store.set(key, value)
+            if not self.store.check([key]):
+                raise ConnectionResetError(f"the store did not keep {key}: the connection was replaced")
+        self._call(f"publishing {key}", publish)
 
     def has(self, key: str) -> bool:
-        with self._calling(f"checking {key}"):
-            return bool(self.store.check([key]))
+        return bool(self._call(f"checking {key}", lambda: self.store.check([key])))
+
+    def all_present(self, keys: Sequence[str]) -> bool:
+        """Whether every one of `keys` exists (one `check`, whatever their number)."""
+        listed = list(keys)
+        return bool(self._call(f"checking {len(listed)} key(s) under {self.namespace or 'the store'}",
+                               lambda: self.store.check(listed)))
 
     def read(self, key: str) -> Any | None:
         """The document under `key`, or None when there is none (two calls when present)."""
-        with self._calling(f"reading {key}"):
-            if not self.store.check([key]):
-                return None
-            return decode(self.store.get(key))
+        def read() -> Any | None:
+            return decode(self.store.get(key)) if self.store.check([key]) else None
+        return self._call(f"reading {key}", read)
 
     def gather(self, keys: Sequence[str]) -> list[Any]:
         """Documents under keys known to exist (one call)."""
         if not keys:
             return []
-        with self._calling(f"reading {len(keys)} key(s) under {self.namespace or 'the store'}"):
-            return [decode(raw) for raw in self.store.multi_get(list(keys))]
+        listed = list(keys)
+        return [decode(raw) for raw in self._call(f"reading {len(listed)} key(s) under {self.namespace or 'the store'}",
+                                                  lambda: self.store.multi_get(listed))]
 
     def count(self, key: str, amount: int = 1) -> int:
-        with self._calling(f"counting {key}"):
-            return int(self.store.add(key, amount))
+        """Add `amount` (0: read the counter). With `amount` != 0 a retry after a lost reply
+        counts twice: the caller treats the answer as a hint (see the module docstring)."""
+        return int(self._call(f"counting {key}", lambda: self.store.add(key, amount)))
 
     def delete(self, key: str) -> bool:
-        with self._calling(f"deleting {key}"):
-            return bool(self.store.delete_key(key))
+        """Whether the key was there (False also after a retry whose first try deleted it)."""
+        return bool(self._call(f"deleting {key}", lambda: self.store.delete_key(key)))
 
     def await_key(self, key: str, timeout_s: float, *, interrupt: Callable[[], BaseException | None] | None = None,
                   poll_s: float | None = None) -> Any:
@@ -162,9 +182,14 @@ class Barrier:
         channel.publish(self._key(f"node-{channel.node}"), {"node": channel.node, **({"document": document} if document
                                                                                    is not None else {})})
         arrived = channel.count(self._key("arrived"))
-        if arrived >= self.parties:
+        # The count may be over (a retried add); every party's own key confirms it. The last
+        # party to arrive always sees a count at the target, and every key, its own included.
+        if arrived >= self.parties and channel.all_present(self._party_keys()):
             channel.decide(self._key("outcome"), {"ok": True})
         return arrived
+
+    def _party_keys(self) -> list[str]:
+        return [self._key(f"node-{k}") for k in range(self.parties)]
 
     def fail(self, message: str, kind: str = "failed") -> None:
         """This node cannot go on: the barrier fails for every party (unless it passed already)."""
@@ -185,6 +210,20 @@ class Barrier:
     def _missing(self) -> str:
         arrived = self.channel.count(self._key("arrived"), 0)
         if self.parties > NAMED_MISSING_MAX:
-            return f"{arrived} of {self.parties} nodes arrived"
+            return f"about {min(arrived, self.parties - 1)} of {self.parties} nodes arrived"
         missing = [k for k in range(self.parties) if not self.channel.has(self._key(f"node-{k}"))]
         return f"node(s) {', '.join(map(str, missing)) or '?'} did not arrive"
+
+
+def farewell(channel: Channel, name: str, *, hosting: bool, wait_s: float) -> None:
+    """This node is done with the store (a barrier of every node, `name`); the node that hosts
+    it (`hosting`) then waits, at most `wait_s`, until every node is, so that none loses the
+    store while it still reads its last answers. A node that never says goodbye keeps the host
+    waiting `wait_s`, no longer."""
+    bye = Barrier(channel, name, channel.nodes, wait_s)
+    bye.arrive()
+    if hosting and channel.nodes > 1:
+        try:
+            bye.wait()
+        except BarrierTimeout:
+            pass

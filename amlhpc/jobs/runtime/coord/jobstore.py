@@ -23,8 +23,11 @@ ephemeral range 32768-60999, so no outgoing connection is ever given it). The he
 forms its process group through this store too, so it needs no port of its own.
 
 The store lives exactly as long as node 0's launcher: a new launch has a new, empty store, so
-nothing in it can be taken for an earlier launch's. A store that stops answering means node
-0 is gone; the callers end the job (kvstore.StoreLost), as losing any host does on Azure ML.
+nothing in it can be taken for an earlier launch's. The other nodes' handle (`Reconnecting`)
+opens a new connection after one failed: a reset on one node's connection is survived while
+node 0 lives (kvstore.call tries again, for kvstore.RECONNECT_GRACE_S). A store unreachable
+past that grace means node 0 is gone; the callers end the job (kvstore.StoreLost), as losing
+any host does on Azure ML.
 
 Standard library (torch where it is installed): ships into every training image.
 """
@@ -36,14 +39,15 @@ import errno
 import logging
 import os
 import socket
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError
-from amlhpc.jobs.runtime.coord.kvstore import Store, guarded
+from amlhpc.jobs.runtime.coord.kvstore import Store, guarded, is_store_failure
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.coord.storewire import StoreClient, StoreServer
 
@@ -218,18 +222,96 @@ class _Holder:
         self.server = None
 
 
-def connect(where: Endpoint, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> JobStore:
-    """Reach node 0's store, waiting up to `connect_timeout_s` for it to come up."""
-    with guarded(f"connecting to node 0's coordination store at {where.host}:{where.port}"):
-        if _use_torch(where.backend):
-            import torch.distributed as dist
+RECONNECT_TIMEOUT_S = 5.0
+"""How long one reconnection try waits for node 0's store (kvstore.call tries again within its grace)."""
 
-            client = dist.TCPStore(where.host, where.port, None, False, timeout=timedelta(seconds=connect_timeout_s))
-            client.set_timeout(timedelta(seconds=OPERATION_TIMEOUT_S))
-            return JobStore(client, where, False, "torch")
-        ours = StoreClient(where.host, where.port, timeout=timedelta(seconds=OPERATION_TIMEOUT_S),
-                           connect_timeout=timedelta(seconds=connect_timeout_s))
-        return JobStore(ours, where, False, "stdlib", [ours])
+
+def _client(where: Endpoint, connect_timeout_s: float) -> Any:
+    """One connection to node 0's store (torch's TCPStore client, or ours)."""
+    if _use_torch(where.backend):
+        import torch.distributed as dist
+
+        client = dist.TCPStore(where.host, where.port, None, False, timeout=timedelta(seconds=connect_timeout_s))
+        client.set_timeout(timedelta(seconds=OPERATION_TIMEOUT_S))
+        return client
+    return StoreClient(where.host, where.port, timeout=timedelta(seconds=OPERATION_TIMEOUT_S),
+                       connect_timeout=timedelta(seconds=connect_timeout_s))
+
+
+class Reconnecting:
+    """A Store (kvstore.Store) on a connection that is replaced once it failed: an operation
+    whose connection broke raises (kvstore.call tries it again), and the next one opens a new
+    connection first (`open`, bounded by RECONNECT_TIMEOUT_S). Thread-safe: the launcher's
+    threads share it; a connection is replaced once, whichever thread saw it break."""
+
+    def __init__(self, first: Any, open_client: Callable[[], Any]):
+        self._current: Any | None = first
+        self._open = open_client
+        self._lock = threading.Lock()
+        self.reconnects = 0
+
+    def _client(self) -> Any:
+        with self._lock:
+            if self._current is None:
+                self._current = self._open()
+                self.reconnects += 1
+                log.info("coordination store: connected again")
+            return self._current
+
+    def _broken(self, client: Any) -> None:
+        with self._lock:
+            if self._current is client:
+                self._current = None
+                with contextlib.suppress(Exception):
+                    (getattr(client, "close", None) or (lambda: None))()
+
+    def _do(self, name: str, *args: Any) -> Any:
+        client = self._client()
+        try:
+            return getattr(client, name)(*args)
+        except Exception as exc:
+            if is_store_failure(exc):
+                self._broken(client)
+            raise
+
+    def set(self, key: str, value: bytes | str) -> None:
+        self._do("set", key, value)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._do("get", key))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._do("add", key, amount))
+
+    def compare_set(self, key: str, expected_value: bytes | str, desired_value: bytes | str) -> bytes:
+        return bytes(self._do("compare_set", key, expected_value, desired_value))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._do("wait", keys, *([timeout] if timeout is not None else []))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._do("check", keys))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._do("delete_key", key))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [bytes(v) for v in self._do("multi_get", keys)]
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._current = self._current, None
+        with contextlib.suppress(Exception):
+            (getattr(client, "close", None) or (lambda: None))()
+
+
+def connect(where: Endpoint, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> JobStore:
+    """Reach node 0's store, waiting up to `connect_timeout_s` for it to come up; the handle
+    connects again after a broken connection (`Reconnecting`)."""
+    with guarded(f"connecting to node 0's coordination store at {where.host}:{where.port}"):
+        first = _client(where, connect_timeout_s)
+    store = Reconnecting(first, lambda: _client(where, RECONNECT_TIMEOUT_S))
+    return JobStore(store, where, False, "torch" if not isinstance(first, StoreClient) else "stdlib", [store])
 
 
 def open_for_node(environ: Mapping[str, str], node_index: int, node_count: int, world_size: int) -> JobStore | None:

@@ -81,7 +81,7 @@ from amlhpc.jobs.runtime.base import clock, contract, faultpoints, launchid, pro
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import jobstore
-from amlhpc.jobs.runtime.coord.agree import Channel
+from amlhpc.jobs.runtime.coord.agree import Channel, farewell
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 from amlhpc.jobs.runtime.launch.standby import STANDBY_START_S
 
@@ -517,12 +517,7 @@ class Launcher:
         if self.jobstore is None or self.channel is None:
             return
         try:
-            self.channel.count(self.channel.key("launch", "bye"))
-            if self.jobstore.serving and self.ranks.node_count > 1:
-                deadline = clock.monotonic() + BYE_WAIT_S
-                while clock.monotonic() < deadline and self.channel.count(self.channel.key("launch", "bye"), 0) \
-                        < self.ranks.node_count:
-                    self.channel.pause()
+            farewell(self.channel, "launch/bye", hosting=self.jobstore.serving, wait_s=BYE_WAIT_S)
         except StoreLost:
             pass
         finally:

@@ -158,7 +158,15 @@ class JobAgreement:
         self.channel.count(self.channel.key("reports"))
 
     def reported(self) -> int:
+        """How many reports were counted: a hint (a retried add counts twice), see `all_reported`."""
         return self.channel.count(self.channel.key("reports"), 0)
+
+    def all_reported(self, nodes: int) -> bool:
+        """Every node's report is in: the counter says so (one `add(key, 0)` per poll) and every
+        node's own key confirms it (one `check`, only then), so an over-count never makes node 0
+        decide without a report (nor `reports` wait on a key that is missing)."""
+        return self.reported() >= nodes and self.channel.all_present(
+            [self.channel.key("report", f"node-{k}") for k in range(nodes)])
 
     def reports(self, nodes: int) -> dict[int, dict[str, Any]]:
         """Every node's report (call once `reported()` says all are in: one call)."""
@@ -462,7 +470,7 @@ class Coordinator:
             self._again = (self._same_node_again(),)  # two store reads once per generation, not per poll
         if self._again[0] is not None:
             return self.shared.propose(self._again[0])
-        if self.shared.reported() >= self.nodes:
+        if self.shared.all_reported(self.nodes):
             found = decide(self.generation, self.limit, self.nodes, self.shared.reports(self.nodes), {}, False)
         elif self.clock() > deadline:
             found = decide(self.generation, self.limit, self.nodes, self.shared.reports_so_far(self.nodes), {}, True)

@@ -106,7 +106,7 @@ from amlhpc.jobs.runtime.blob.fetch import (
     IntegrityError,
 )
 from amlhpc.jobs.runtime.coord import jobstore
-from amlhpc.jobs.runtime.coord.agree import Barrier, Channel
+from amlhpc.jobs.runtime.coord.agree import Barrier, Channel, farewell
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.coord.nodebarrier import (
@@ -818,17 +818,14 @@ _opened: list[jobstore.JobStore] = []
 BYE_WAIT_S = 60.0
 
 
-def close_opened(node_count: int) -> None:
+def close_opened(node_index: int, node_count: int) -> None:
     """Close the stores this process opened; node 0 first waits (bounded) until every node has
     said goodbye, so none loses the store before it read the barrier's outcome."""
     while _opened:
         opened = _opened.pop()
-        channel = Channel(opened.store, node=0, nodes=node_count)
+        channel = Channel(opened.store, node=node_index, nodes=node_count)
         try:
-            channel.count("staging/bye")
-            deadline = clock.monotonic() + BYE_WAIT_S
-            while opened.serving and channel.count("staging/bye", 0) < node_count and clock.monotonic() < deadline:
-                clock.sleep(0.05)
+            farewell(channel, "staging/bye", hosting=opened.serving, wait_s=BYE_WAIT_S)
         except StoreLost:
             pass
         opened.close()
@@ -1045,7 +1042,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.STAGING
     finally:
-        close_opened(ranks.node_count)
+        close_opened(ranks.node_index, ranks.node_count)
     if args.json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     if args.print_env:
