@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.checkpoint import tier
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
@@ -34,6 +35,7 @@ from amlhpc.jobs.runtime.checkpoint.snapshot import scan
 from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, Manifest
 from amlhpc.jobs.runtime.checkpoint.uploader import FOLDER_EXCLUDE, FolderUploader, VersionUploader
 from amlhpc.jobs.runtime.coord.agree import Channel
+from amlhpc.jobs.runtime.coord.kvstore import StoreLost, StoreTimeout
 
 log = logging.getLogger("amlhpc.checkpoint")
 
@@ -63,6 +65,8 @@ class NodeCheckpoints:
         """The job's coordination store (None: one node, or none could be opened)."""
         self._sessions = 0
         """Upload sessions started (the same count on every node: once, then once per in-job restart)."""
+        self._session: str | None = None
+        """The session of the current version uploader (its scope on the job's store)."""
 
     @property
     def ranks(self) -> list[int]:
@@ -139,16 +143,19 @@ class NodeCheckpoints:
         if self.version_uploader is not None:
             self.version_uploader.start()
 
-    def _version_uploader(self, protect: set[str] | None) -> VersionUploader | None:
+    def _version_uploader(self, protect: set[str] | None, session: str | None = None) -> VersionUploader | None:
         """The versioned uploads of one session (each keeps its own books on the job's store), or
-        None when several nodes have no store to keep them on."""
+        None when several nodes have no store to keep them on. `session`: one node 0 named (the
+        final upload's); default the node's next."""
         self._versions_protect = set(protect or ())
-        session, self._sessions = self._sessions, self._sessions + 1
+        if session is None:
+            session, self._sessions = f"u{self._sessions}", self._sessions + 1
+        self._session = session
         if self.nodes > 1 and self.channel is None:
             log.warning("versioned checkpoints are not uploaded: the %d nodes keep the books of a commit on the job's "
                         "coordination store, and none is open (no MASTER_ADDR)", self.nodes)
             return None
-        channel = self.channel.scoped("ckpt", f"u{session}") if self.channel is not None else None
+        channel = self.channel.scoped("ckpt", session) if self.channel is not None else None
         return VersionUploader(self.versions, self.checkpoint_dir, self.ranks, self.node, self.nodes,
                                self.settings.interval_s, self.settings.keep, self.settings.local_keep,
                                protect=protect, channel=channel)
@@ -159,8 +166,10 @@ class NodeCheckpoints:
             self.uploaded += self.version_uploader.committed
             self.version_uploader = None
 
-    def finish(self, final_wait_s: float) -> list[str]:
-        """The final uploads; returns the errors (empty when everything is committed)."""
+    def finish(self, final_wait_s: float, generation_failed: Callable[[], bool] | None = None) -> list[str]:
+        """The final uploads; returns the errors (empty when everything is committed).
+        `generation_failed` (node 0 of several): whether the job's last training run failed
+        anywhere, read from the job's store (see `_final_session`)."""
         errors = []
         if self.folder_uploader is not None:
             try:
@@ -171,16 +180,15 @@ class NodeCheckpoints:
             except CheckpointError as exc:
                 errors.append(str(exc))
             self.uploaded += [r.version for r in self.folder_uploader.results if r.version]
-        if self.version_uploader is None and self._versions_protect is not None:
-            # An in-job restart was weighed (its report stops the versioned uploads) and the job ends
-            # instead - a node preempted or lost: the newest version every node holds whole is what the
-            # next job resumes from, so it is committed as at any other end.
-            self.version_uploader = self._version_uploader(self._versions_protect)
-            if self.version_uploader is not None:
-                self.version_uploader.store.take_over()
+        started = clock.monotonic()
+        try:
+            self._final_session(final_wait_s, generation_failed)
+        except CheckpointError as exc:
+            errors.append(str(exc))
+            self.cancel_version_uploads()
         if self.version_uploader is not None:
             try:
-                committed = self.version_uploader.finish(final_wait_s)
+                committed = self.version_uploader.finish(max(0.0, final_wait_s - (clock.monotonic() - started)))
                 if committed:
                     log.info("versioned checkpoint %s is the latest in %s/%s", committed, self.settings.container,
                              self.versions.stream)
@@ -188,6 +196,51 @@ class NodeCheckpoints:
                 errors.append(str(exc))
             self.uploaded += self.version_uploader.committed
         return errors
+
+    def _final_session(self, wait_s: float, generation_failed: Callable[[], bool] | None) -> None:
+        """Every node commits the final version in the same upload session.
+
+        An in-job restart that is weighed stops a node's versioned uploads (its report), and the
+        job may end instead (a node preempted or lost, the same node hanging again): the newest
+        version every node holds whole is what the next job resumes from, so it is committed as
+        at any other end, in a new session. But a node that finds the generation's end already
+        decided adopts it without reporting, so its uploads of the old session still run: whether
+        a node stopped its uploads differs between nodes, and a node listening in the old session
+        never hears node 0 lead the final commit in the new one (it waited out the final wait
+        with nothing staged). So node 0 names the session and the others join it: a new one when
+        its own uploads stopped or the last run failed anywhere (a node that reported published
+        or read that failure before it looked for the decision, so node 0, which reaches this
+        point only once the decision is stored, always sees it), else the one that runs."""
+        if self._versions_protect is None:  # the versioned uploads never ran
+            return
+        if self.nodes <= 1 or self.channel is None:
+            if self.version_uploader is None:
+                self._open_final_session(None)
+            return
+        word = self.channel.key("ckpt", "final")
+        if self.node == 0:
+            if self.version_uploader is None or (generation_failed is not None and generation_failed()):
+                self.cancel_version_uploads()
+                self._open_final_session(None)
+            self.channel.publish(word, {"session": self._session})
+            return
+        try:
+            document = self.channel.await_key(word, wait_s)
+        except (StoreTimeout, StoreLost) as exc:
+            raise CheckpointError(f"node 0 named no upload session for the final versioned checkpoint: {exc}") from None
+        session = document.get("session") if isinstance(document, dict) else None
+        if not isinstance(session, str):
+            raise CheckpointError(f"node 0's word on the final upload session is unreadable: {document!r}")
+        if self.version_uploader is not None and session == self._session:
+            return
+        self.cancel_version_uploads()
+        self._open_final_session(session)
+
+    def _open_final_session(self, session: str | None) -> None:
+        """A new uploader for the final commit; this node's records of earlier sessions are withdrawn."""
+        self.version_uploader = self._version_uploader(self._versions_protect, session)
+        if self.version_uploader is not None:
+            self.version_uploader.open()
 
     # --- in-job restart -----------------------------------------------------------------
     def restart_report(self) -> dict[str, Any]:

@@ -356,10 +356,15 @@ class VersionUploader:
             self.errors.append(str(exc))
             log.error("checkpoint uploads stopped: %s", exc)
 
-    def start(self) -> None:
+    def open(self) -> None:
+        """Begin the session: this node's records of earlier sessions are withdrawn; node 0 writes
+        the keys the others read (they read `lead` and `committed` together, so both must exist)."""
         self.store.take_over()
         if self.node == 0 and self.channel is not None:
             self._announce(lead=None, committed=None)
+
+    def start(self) -> None:
+        self.open()
         self._thread = threading.Thread(target=self._loop, name="checkpoint-versions", daemon=True)
         self._thread.start()
 
@@ -402,6 +407,10 @@ class VersionUploader:
         try:
             while clock.monotonic() < deadline:
                 if self._committed_step() >= held[-1].step:
+                    if self.node == 0 and self.channel is not None:
+                        # The others may be in a session that never heard of it (the final
+                        # upload's, opened after an in-job restart was weighed): tell them.
+                        self._announce(committed={"version": self._head_version, "step": self._head})
                     return self._head_version
                 self._step(lead_due=self.node == 0 and target not in self._staged)
                 clock.sleep(self.poll_s)

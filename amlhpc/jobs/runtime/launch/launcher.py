@@ -488,6 +488,8 @@ class Launcher:
         self._standbys = _Standbys(self.options.command if self._standby_wanted() else [])
         self._first_run_s: float | None = None
         """The first run's time to its first step on this node (a restart's deadline derives from it)."""
+        self._generation = 0
+        """The training run under way, or the last one (0, then 1 after an in-job restart, ...)."""
 
     def _dir(self, what: str) -> Path:
         return _node_dir(self.ranks, self.environ, what, self.launch)
@@ -770,6 +772,7 @@ class Launcher:
 
         generation = 0
         while True:
+            self._generation = generation
             self.child_env[contract.RESTART_GENERATION] = str(generation)
             self.child_env[contract.CHECKPOINT_TAG] = tier.timeline_tag(self.ranks.run_id, generation)
             status, decision = self._run_generation(generation)
@@ -971,11 +974,18 @@ class Launcher:
             clock.sleep(0.2)
         log.warning("local rank(s) %s still running after %.0fs: uploading what is there", missing, self.options.final_wait_s)
 
+    def _last_run_failed(self) -> bool:
+        """Node 0's question at the final upload: did the last training run fail on any node (so a
+        node may have stopped its uploads for an in-job restart that did not come)?"""
+        from amlhpc.jobs.runtime.launch import restart
+
+        return self.channel is not None and restart.generation_failed(self.channel, self._generation)
+
     def _final_upload(self, status: int) -> int:
         started = time.monotonic()
         self._wait_for_local_ranks()
         try:
-            errors = self.node_checkpoints.finish(self.options.final_wait_s)
+            errors = self.node_checkpoints.finish(self.options.final_wait_s, generation_failed=self._last_run_failed)
         finally:
             self.report.uploaded_versions = list(self.node_checkpoints.uploaded)
             self.report.phases["final_upload"] = time.monotonic() - started

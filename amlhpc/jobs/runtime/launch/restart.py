@@ -190,6 +190,17 @@ class JobAgreement:
         return Decision.from_json(found) if isinstance(found, dict) else None
 
 
+def generation_failed(channel: Channel, generation: int) -> bool:
+    """Whether the job's store holds a failure of `generation`. Every node that stops its uploads
+    to report for a restart published or read that failure before it looked for the decision,
+    so once the decision is stored this read sees it (the final upload relies on that:
+    amlhpc.jobs.runtime.checkpoint.node). A store that is gone answers False."""
+    try:
+        return JobAgreement(channel, generation).failure() is not None
+    except StoreLost:
+        return False
+
+
 # --- the decision -----------------------------------------------------------------------
 
 
