@@ -167,8 +167,6 @@ class VersionUploader:
         self._seen = 0
         """Followers: the count of node 0's announcements last read."""
         self._lead: dict | None = None
-        self._stage_due: dict[str, float] = {}
-        """Version -> when this follower stages its parts of it (its slot in the commit burst)."""
         self.committed: list[str] = []
         self.errors: list[str] = []
 
@@ -311,19 +309,15 @@ class VersionUploader:
         lead = (self._lead or {}).get("version")
         for blob in [b for b in self._staged if b != lead]:  # node 0 committed, dropped or moved past it
             del self._staged[blob]
-        self._stage_due = {blob: due for blob, due in self._stage_due.items() if blob == lead}
         if not lead or lead in self._staged or int((self._lead or {}).get("step", -1)) <= self._head:
             return
         mine = {self.blob_id(v): v for v in self._held()}
         if lead in mine:
             assert self.channel is not None
-            # Its slot in the job's burst: the pending record and its update, and a block and a
-            # block list per file (more blocks for a large file: the slot is a floor, not a cap).
-            requests = 2 * len(mine[lead].files(self.ranks)) + 2
-            due = self._stage_due.setdefault(lead, clock.monotonic() + pacing.stage_offset_s(self.node, requests))
-            if clock.monotonic() < due:
-                return
-            self._stage_due.pop(lead, None)
+            # Its slot in the job's burst (the pending record and its update, a block and a block
+            # list per file; more blocks for a large file: the slot is a floor, not a cap), waited
+            # here rather than across polls, which would put every follower a poll behind the lead.
+            clock.sleep(pacing.stage_offset_s(self.node, 2 * len(mine[lead].files(self.ranks)) + 2))
             entries = self._stage(mine[lead])
             self.channel.publish(self.channel.key(lead, f"node-{self.node}"), entries)
             self.channel.count(self.channel.key(lead, "staged"))
