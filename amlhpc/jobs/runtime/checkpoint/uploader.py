@@ -315,8 +315,8 @@ class VersionUploader:
         if lead in mine:
             assert self.channel is not None
             # Its slot in the job's burst (the pending record and its update, a block and a block
-            # list per file; more blocks for a large file: the slot is a floor, not a cap), waited
-            # here rather than across polls, which would put every follower a poll behind the lead.
+            # list per file; more blocks for a large file: the slot is a floor, not a cap). Waited
+            # here: a slot left to the next poll puts every follower a poll behind node 0's lead.
             clock.sleep(pacing.stage_offset_s(self.node, 2 * len(mine[lead].files(self.ranks)) + 2))
             entries = self._stage(mine[lead])
             self.channel.publish(self.channel.key(lead, f"node-{self.node}"), entries)
