@@ -24,16 +24,12 @@ resubmitted, with the watchdog's detection apart (the same on both paths).
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from pathlib import Path
-from typing import Any
 
+from bench.checkpoint import Rehearsals, _first, _is_step, _is_verdict
 from bench.spread import Series
 
-TRAIN = ("python -m amlhpc.jobs.workloads.cosmoflow.train --input cosmoflow --batch-size 1 --conv-size 4 --n-conv-layers 3 "
-         "--fc1 16 --fc2 8 --workers 0 --log-every 1 --epochs 2 --checkpoint-every 2 --optimizer adam")
 FAULT_STEP, FAULT_RANK, HANG_S = 5, 3, 10
 CRASH_PATHS = ("in_job_warm", "in_job_as_it_comes", "in_job_cold", "resubmitted")
 HANG_PATHS = ("in_job_warm", "resubmitted")
@@ -41,69 +37,6 @@ LABELS = {"in_job_warm": "in-job, warm standby ready", "in_job_as_it_comes": "in
           "in_job_cold": "in-job, no standby (cold)", "resubmitted": "resubmitted (job end + new attempt)",
           "job_end": "  of which the job's end", "new_attempt": "  of which the new attempt",
           "detection": "  of which the watchdog's detection"}
-
-
-class Rehearsals:
-    """The cosmoflow job rehearsed on 2 nodes x 2 ranks, every line of every rank timestamped."""
-
-    def __init__(self, workdir: Path, server):
-        from amlhpc.jobs.data import upload
-        from amlhpc.jobs.local import rehearsal
-        from amlhpc.jobs.plan import build
-        from amlhpc.jobs.plan import outputs as outputs_mod
-        from amlhpc.jobs.runtime.blob import blobio
-        from amlhpc.jobs.workloads.cosmoflow import generate
-
-        self.rehearsal, self.build, self.server, self.workdir = rehearsal, build, server, workdir
-        self.outputs = outputs_mod.load("dev", offline=True).outputs  # the dev stack's offline plan
-        self.containers = list(self.outputs.storage.containers.values())
-        rehearsal.ensure_containers(self.containers, server.connection_string)
-        data = workdir / "cosmoflow"
-        generate.generate(data, universes=1, volume=16, subvolumes=16, validation_universes=1, seed=3)
-        self.data_prefix = f"bench/{uuid.uuid4().hex[:8]}"
-        upload.upload_directory(blobio.container_client(self.outputs.storage.containers["datasets"],
-                                                        connection_string=server.connection_string), data,
-                                self.data_prefix)
-        self.snapshot = build.snapshot(self.plan("snapshot").code_dirs)
-
-    def plan(self, name: str, *sets: str):
-        from amlhpc.jobs import recipes
-
-        recipe = recipes.load("cosmoflow", recipes.parse_overrides([
-            f"command={TRAIN}", "health=off", f"inputs.cosmoflow.path={self.data_prefix}", *sets]))
-        return self.build.plan_job(recipe, self.outputs, nodes=2, processes_per_node=2, name=name)
-
-    def run(self, name: str, *sets: str) -> tuple[Any, list[tuple[float, int, str]], float, float]:
-        """(result, [(time, rank, line)], start time, end time)."""
-        lines: list[tuple[float, int, str]] = []
-        lock = threading.Lock()
-
-        def sink(proc, line: str) -> None:
-            with lock:
-                lines.append((time.monotonic(), proc.rank, line))
-
-        started = time.monotonic()
-        result = self.rehearsal.rehearse(self.plan(name, *sets), snapshot=self.snapshot, workdir=self.workdir / name,
-                                         procs_per_node=2, blob_endpoint=self.server.blob_endpoint,
-                                         connection_string=self.server.connection_string, containers=self.containers,
-                                         sink=sink, timeout_s=900)
-        return result, lines, started, time.monotonic()
-
-
-def _first(lines, predicate, after: float = 0.0) -> float:
-    found = next((t for t, rank, line in lines if t >= after and predicate(rank, line)), None)
-    if found is None:
-        tail = "\n".join(f"r{rank} {line[:200]}" for _, rank, line in lines[-60:])
-        raise AssertionError(f"an expected line is missing from the rehearsal's output; its end:\n{tail}")
-    return found
-
-
-def _is_step(rank: int, line: str) -> bool:
-    return rank == 0 and line.startswith('{"step"') and '"loss"' in line
-
-
-def _is_verdict(rank: int, line: str) -> bool:
-    return "hang: " in line and "stopping the training on node" in line
 
 
 def _marker(kind: str) -> str:
