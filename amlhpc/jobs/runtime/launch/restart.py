@@ -63,6 +63,7 @@ from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import pacing
 from amlhpc.jobs.runtime.coord.agree import Channel
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
+from amlhpc.jobs.runtime.coord.nodebarrier import write_json_atomic
 from amlhpc.jobs.runtime.launch.watchdog import FIRST_STEP
 
 log = logging.getLogger("amlhpc.restart")
@@ -80,15 +81,6 @@ DECIDE_GRACE_S = 60.0
 
 
 # --- records ----------------------------------------------------------------------------
-
-
-def _write_json(path: Path, document: dict[str, Any]) -> None:
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document))
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -113,8 +105,8 @@ class NodeRecords:
     def record_exit(self, local_rank: int, status: int, cause: str, message: str = "", peer_silent: bool = False) -> None:
         """`peer_silent`: the watchdog stopped the command because another node's launcher went
         silent (frozen or gone): that node cannot restart, so the job ends."""
-        _write_json(self.exit_path(local_rank), {"status": status, "cause": cause, "message": message,
-                                                 "peer_silent": peer_silent, "written": clock.time()})
+        write_json_atomic(self.exit_path(local_rank), {"status": status, "cause": cause, "message": message,
+                                                       "peer_silent": peer_silent, "written": clock.time()})
 
     def exits(self, local_size: int) -> dict[int, dict[str, Any]]:
         found = {r: _read_json(self.exit_path(r)) for r in range(local_size)}
@@ -126,7 +118,7 @@ class NodeRecords:
 
     def request_stop(self, failure: dict[str, Any]) -> None:
         if not self.stop_path.exists():
-            _write_json(self.stop_path, failure)
+            write_json_atomic(self.stop_path, failure)
 
     def stop_requested(self) -> dict[str, Any] | None:
         return _read_json(self.stop_path)

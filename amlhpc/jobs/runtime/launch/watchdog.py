@@ -66,6 +66,7 @@ from amlhpc.jobs.runtime.base import progress
 from amlhpc.jobs.runtime.base.contract import EVIDENCE_KEY, WATCHDOG_JSON
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem, load_json_object
 from amlhpc.jobs.runtime.coord import nodestatus, pacing
+from amlhpc.jobs.runtime.coord.nodebarrier import write_json_atomic
 
 log = logging.getLogger("amlhpc.watchdog")
 
@@ -306,13 +307,6 @@ def _stopped_in_own_work(me: int, mine_waiting: bool | None, beats: Mapping[int,
 # --- threads in the launcher ----------------------------------------------------------
 
 
-def _write_json(path: Path, document: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document))
-    os.replace(tmp, path)
-
-
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -436,7 +430,7 @@ class Guard:
                 verdict.setdefault("kind", "hang")
                 verdict.update({"node": self.node, "host": self.host, "step": self.watch.step, "written": clock_seam.time()})
                 log.error("hang: %s; stopping the training on node %d", verdict["message"], self.node)
-                _write_json(self.verdict_path, verdict)
+                write_json_atomic(self.verdict_path, verdict)
                 return
 
     # every rank: act
