@@ -77,7 +77,14 @@ class Plan:
             "cost": self.cost.to_json(),
             "quota": [q.to_json() for q in self.quota],
             "reachability": self.reachability().to_json(),
+            "limits": [c.to_json() for c in self.limits()],
         }
+
+    def limits(self):
+        """Azure ML's and the registry's limits against the stack's clusters (amlhpc/infra/plan/limits.py)."""
+        from amlhpc.infra.plan.limits import checks
+
+        return checks(self.config)
 
     def reachability(self):
         """Who can reach what, from where (amlhpc/infra/plan/reachability.py)."""

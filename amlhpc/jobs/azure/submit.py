@@ -200,6 +200,19 @@ def cluster_nodes(ml_client, cluster: str) -> list[Any]:
     return list(ml_client.compute.list_nodes(cluster))
 
 
+BUSY_NODE_STATES = ("running", "preparing")
+"""AmlCompute node states of a node that holds a job (idle and leaving nodes hold none)."""
+
+
+def controller_load(ml_client, cluster: str, workspace: str) -> tuple[int, int | None]:
+    """(nodes of the controller cluster holding a managed run's controller, the cluster's maxNodes or None)."""
+    with azure_errors(f"cluster {cluster}", workspace):
+        nodes = cluster_nodes(ml_client, cluster)
+        compute = ml_client.compute.get(cluster)
+    busy = sum(1 for node in nodes if str(getattr(node, "node_state", "")).lower() in BUSY_NODE_STATES)
+    return busy, getattr(compute, "max_instances", None)
+
+
 def study_jobs(ml_client, study: str, workspace: str) -> list[Any]:
     """Jobs tagged with this scaling study (the service cannot filter by tag: filter here)."""
     with azure_errors(f"study {study}", workspace):

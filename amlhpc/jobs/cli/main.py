@@ -266,6 +266,7 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
         write_dry_run(lambda code_path: render.to_yaml(mplan, code_path), code, out_file)
         return
     client = submitter.connect(stack_outputs)
+    _check_controller_capacity(submitter, client, stack_outputs, mplan.cluster)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
         created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
     _register_controller(stack_outputs, mplan, created.name)
@@ -278,6 +279,17 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     out.print(f"follow it: {invocation.command('jobs', f'status {mplan.run} --stack {stack_outputs.stack}')}", highlight=False)
     if follow:
         submitter.stream(client, created.name, stack_outputs.workspace)
+
+
+def _check_controller_capacity(submitter, client, stack_outputs, cluster: str) -> None:
+    """One controller node per managed run: refuse a run whose controller would only queue."""
+    from amlhpc.jobs.plan import limits
+
+    busy, max_nodes = submitter.controller_load(client, cluster, stack_outputs.workspace)
+    problem = None if max_nodes is None else limits.controller_problem(busy, max_nodes, cluster,
+                                                                       f"Pulumi.{stack_outputs.environment}.yaml")
+    if problem is not None:
+        raise UserError([problem], "managed run not submitted: no controller node free")
 
 
 def _goodput(plan, r, stack_outputs, *, managed: bool) -> None:

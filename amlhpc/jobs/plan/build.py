@@ -46,6 +46,7 @@ from amlhpc.core.outputs import StackOutputs
 from amlhpc.core.values import NumberError, check_number, check_run_name
 from amlhpc.jobs.plan import cost as cost_mod
 from amlhpc.jobs.plan import deepspeed as ds_mod
+from amlhpc.jobs.plan import limits as limits_mod
 from amlhpc.jobs.plan import tuning
 from amlhpc.jobs.recipes.schema import Recipe
 from amlhpc.jobs.runtime.base import contract
@@ -199,6 +200,8 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     est = cost_mod.estimate(shape.sku.name, shape.nodes, hours or recipe.cost.expected_hours, outputs.stack_prices(),
                             shape.priority)
     timeout_h = recipe.timeout_hours or max(1.0, 2 * (hours or recipe.cost.expected_hours))
+    warnings += [w for w in (limits_mod.rdma_nodes_warning(shape.cluster, shape.sku, shape.nodes, outputs.location),
+                             limits_mod.telemetry_warning(int(timeout_h * 3600), env.env)) if w]
     tags = _tags(recipe, outputs, shape, est, run_key, extra_tags)
     return JobPlan(
         name=run_name, recipe=recipe.name, stack=outputs.stack, experiment=recipe.experiment or recipe.name,
