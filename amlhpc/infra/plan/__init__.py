@@ -80,7 +80,7 @@ class Plan:
             "limits": [c.to_json() for c in self.limits()],
         }
 
-    def limits(self):
+    def limits(self) -> list[Any]:
         """Azure ML's and the registry's limits against the stack's clusters (amlhpc/infra/plan/limits.py)."""
         from amlhpc.infra.plan.limits import checks
 
