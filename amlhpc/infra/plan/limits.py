@@ -112,3 +112,14 @@ def checks(cfg: StackConfig, reads_per_pull: int | None = None) -> list[LimitChe
                               allowed.value, f"reads/min at start ({gpu_nodes} nodes x at least {reads} reads per pull)",
                               skus.cite(allowed.source), fix))
     return out
+
+
+def storage_load(cfg: StackConfig):
+    """The stack's clusters at full scale on its storage account, against Azure's targets
+    (amlhpc/core/storage_load.py). One account holds every role today: datasets, checkpoints and
+    the coordination and supervision records."""
+    from amlhpc.core.storage_load import ClusterDemand, account_load
+
+    clusters = [ClusterDemand(c.name, c.max_nodes, skus.get(c.sku).storage_nic_gbits_per_s) for c in cfg.clusters]
+    return [account_load("datasets account", ("datasets", "checkpoints", "coordination"), clusters,
+                         cfg.storage.ingress_gbps, cfg.storage.egress_gbps)]

@@ -151,6 +151,15 @@ def limit_lines(plan: Plan) -> list[str]:
         lines += wrap(f"limit {c.limit}: {c.source}" + ("" if c.ok else f"; fix: {c.fix}"), DETAIL)
     if not checks:
         lines.append(f"{INDENT}none to check (no clusters)")
+    for load in plan.storage_load():
+        over = load.over()
+        lines += wrap(f"{load.account} ({', '.join(load.roles)}): ingress {load.ingress_gbps:,.1f} of "
+                      f"{load.target_ingress_gbps:g} Gb/s, egress {load.egress_gbps:,.1f} of {load.target_egress_gbps:g} Gb/s, "
+                      f"{load.requests_per_s:,.0f} of {load.target_requests_per_s:,.0f} requests/s; checkpoint caps "
+                      f"{load.checkpoint_caps_gbps:,.1f} Gb/s together ({'OVER' if over else 'ok'})", INDENT, DETAIL)
+        for what, fix in over:
+            lines += wrap(f"{what}: {fix}", DETAIL)
+        lines += wrap(f"targets: {load.source}; stack file aml-hpc:storage.ingressGbps/egressGbps", DETAIL)
     return lines
 
 

@@ -213,6 +213,28 @@ def controller_load(ml_client, cluster: str, workspace: str) -> tuple[int, int |
     return busy, getattr(compute, "max_instances", None)
 
 
+ACTIVE_JOB_STATES = ("NotStarted", "Queued", "Preparing", "Provisioning", "Starting", "Running", "Finalizing")
+"""Azure ML job statuses of a job that has not ended."""
+
+
+def active_checkpoint_caps(ml_client, account_url: str, workspace: str) -> list[tuple[str, float]]:
+    """(job name, Gb/s) of every active job that checkpoints to `account_url`, from the caps its
+    environment carries (amlhpc.jobs.plan.build puts them in AMLHPC_CHECKPOINT_JSON)."""
+    from amlhpc.jobs.plan.limits import job_checkpoint_gbps
+
+    found = []
+    with azure_errors("active jobs", workspace):
+        for job in ml_client.jobs.list():
+            if getattr(job, "status", None) not in ACTIVE_JOB_STATES:
+                continue
+            resources = getattr(job, "resources", None)
+            nodes = int(getattr(resources, "instance_count", None) or 1)
+            cap = job_checkpoint_gbps(getattr(job, "environment_variables", None) or {}, nodes)
+            if cap is not None and cap[0] == account_url:
+                found.append((str(job.name), cap[1]))
+    return found
+
+
 def study_jobs(ml_client, study: str, workspace: str) -> list[Any]:
     """Jobs tagged with this scaling study (the service cannot filter by tag: filter here)."""
     with azure_errors(f"study {study}", workspace):

@@ -7,6 +7,9 @@
 - Telemetry's metrics over the job's whole timeout against the metrics a run may keep: the
   count does not grow with the node count (amlhpc.jobs.runtime.node.telemetry.logged_values),
   but a short AMLHPC_TELEMETRY_INTERVAL_S over a long timeout can pass it.
+- The fleet's checkpoint budget: this job's checkpoint cap plus the caps of the jobs already
+  active on the same account must stay within the account's ingress (amlhpc/core/storage_load.py);
+  each job alone caps at 90 % of it, so two at once would claim 1.8x.
 - The managed runs' controller cluster: one node per managed run; a run submitted while every
   node supervises another waits in the queue with nobody watching its training.
 
@@ -15,12 +18,14 @@ Pure: the Azure calls that count active runs live in amlhpc.jobs.azure.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 
 from amlhpc.core import skus
 from amlhpc.core.errors import Problem
 from amlhpc.core.quota import rdma_cluster_request
+from amlhpc.core.storage_load import CHECKPOINT_INGRESS_SHARE
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.runtime.node import telemetry
 
@@ -58,3 +63,34 @@ def controller_problem(active_runs: int, max_nodes: int, cluster: str, stack_fil
                    "run: this run's controller would wait in the queue while its training runs unwatched",
                    f"raise aml-hpc:controller.maxNodes in {stack_file} (at least {active_runs + 1}) and deploy, or "
                    "wait for a managed run to end")
+
+
+def job_checkpoint_gbps(environment: Mapping[str, str], nodes: int) -> tuple[str, float] | None:
+    """(account URL, Gb/s) a job's checkpoint upload may use together, from its environment, or None."""
+    raw = environment.get(contract.CHECKPOINT_JSON)
+    if not raw:
+        return None
+    try:
+        spec = json.loads(raw)
+        return str(spec["account_url"]), float(spec["cap_mbps"]) * nodes / 1000
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def checkpoint_budget_problem(job: str, nodes: int, job_gbps: float, active: list[tuple[str, float]],
+                              ingress_gbps: float, account: str) -> Problem | None:
+    """A Problem when this job's checkpoint cap and the active jobs' caps on the same account
+    together pass its ingress, else None."""
+    taken = sum(gbps for _, gbps in active)
+    if job_gbps + taken <= ingress_gbps:
+        return None
+    free = ingress_gbps * CHECKPOINT_INGRESS_SHARE - taken
+    lower = (f"--set checkpoint.cap_mbps={int(free * 1000 / nodes)} (what the active jobs leave, per node)"
+             if free * 1000 / nodes >= 1 else "nothing: the active jobs take the whole share")
+    names = ", ".join(f"{name} ({gbps:,.1f} Gb/s)" for name, gbps in active)
+    return Problem(f"storage account {account}", "checkpoint.cap_mbps",
+                   f"job {job}'s checkpoints may upload at {job_gbps:,.1f} Gb/s and the jobs already active on the "
+                   f"account at {taken:,.1f} Gb/s ({names}): {job_gbps + taken:,.1f} Gb/s together is over the "
+                   f"account's ingress of {ingress_gbps:g} Gb/s ({skus.cite(skus.STORAGE_ACCOUNT.source)})",
+                   f"lower this job's cap: {lower}; or give the experiment a checkpoint account of its own; "
+                   "or wait for an active job to end")
