@@ -210,7 +210,8 @@ def controller_load(ml_client, cluster: str, workspace: str) -> tuple[int, int |
         nodes = cluster_nodes(ml_client, cluster)
         compute = ml_client.compute.get(cluster)
     busy = sum(1 for node in nodes if str(getattr(node, "node_state", "")).lower() in BUSY_NODE_STATES)
-    return busy, getattr(compute, "max_instances", None)
+    max_nodes = getattr(compute, "max_instances", None)
+    return busy, max_nodes if isinstance(max_nodes, int) else None
 
 
 ACTIVE_JOB_STATES = ("NotStarted", "Queued", "Preparing", "Provisioning", "Starting", "Running", "Finalizing")
