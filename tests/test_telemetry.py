@@ -137,10 +137,30 @@ class TestSample:
         assert (summary.samples, summary.gpus, summary.ib_ports, summary.max_temperature_c) == (2, 8, 2, 81)
         assert summary.throttle_reasons_seen == ["HW Slowdown"] and summary.ib_errors == {"mlx5_ib1:1 symbol_error": 5}
         step, metrics = Mlflow.calls[1]
-        assert step == 2 and metrics["telemetry/node0/gpu0/temperature_c"] == 81.0
-        assert metrics["telemetry/node0/gpu6/throttled"] == 1.0 and metrics["telemetry/node0/gpu1/throttled"] == 0.0
-        assert metrics["telemetry/node0/xid_events"] == 1.0
-        assert metrics["telemetry/node0/ib/mlx5_ib1_1/errors_grown"] == 5.0
+        assert step == 2 and set(metrics) <= set(telemetry.RUN_METRICS)
+        assert metrics["telemetry/gpu_temperature_max_c"] == 81.0 and metrics["telemetry/gpus_throttled"] == 1.0
+        assert metrics["telemetry/gpu_util_mean_pct"] == 97.0 and metrics["telemetry/gpu_sm_clock_min_mhz"] == 1410.0
+        assert metrics["telemetry/xid_events"] == 1.0 and metrics["telemetry/ib_errors_grown"] == 5.0
+        written = json.loads((tmp_path / "reports" / "telemetry-node000.summary.json").read_text())
+        assert written["samples"] == 2 and written["max_temperature_c"] == 81
+        assert written["ib_errors"] == {"mlx5_ib1:1 symbol_error": 5}
+
+    def test_only_the_first_node_logs_metrics(self, node, tmp_path):
+        """Other nodes write their files and log nothing: the run's metric count does not grow with N."""
+        sampler, lib, sysfs, proc, clock = node
+
+        class Mlflow:
+            calls: list = []
+
+            def log_metrics(self, metrics, step):
+                self.calls.append(metrics)
+
+        other = telemetry.Sampler(7, tmp_path / "reports", 10.0, sysfs=sysfs, proc=proc, nvml_module=lib, clock=clock,
+                                  mlflow=Mlflow())
+        other.sample()
+        assert Mlflow.calls == [] and (tmp_path / "reports" / "telemetry-node007.summary.json").is_file()
+        assert telemetry.logged_values(24, 30.0) == len(telemetry.RUN_METRICS) * (2880 + 2)
+        assert telemetry.logged_values(24, 0) == 0
 
     def test_the_report_reads_the_record_file(self, node, tmp_path):
         """`jobs report` (amlhpc/jobs/report/records.py) finds every GPU's utilisation and memory in it."""

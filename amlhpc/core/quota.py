@@ -105,3 +105,14 @@ def need_key(need: Need) -> str:
     if need.quota_name in (LOW_PRIORITY_QUOTA, DEDICATED_TOTAL_QUOTA):
         return need.quota_name
     return f"{_words(need.quota_name)}:dedicated"
+
+
+def rdma_cluster_request(cluster: str, sku: skus.Sku, nodes: int, location: str) -> str:
+    """The support request that raises Azure ML's node limit for a communication-enabled cluster on an
+    RDMA-enabled family (skus.toml [[limit]] azureml.rdma_cluster_nodes), in words a person can file:
+    `infra plan` and `jobs submit` say the same."""
+    found = skus.limit("azureml", "rdma_cluster_nodes")
+    return (f"open a technical support request to the Azure Machine Learning product team (Azure portal > Help + "
+            f"support > Create a support request; Issue type: Technical; Service: Machine Learning) asking for "
+            f"{nodes} nodes in one communication-enabled cluster ({cluster!r}, {sku.name}, family {sku.quota_family}, "
+            f"{location}); until it is granted keep maxNodes at {found.value}")

@@ -337,7 +337,21 @@ class StorageAccountLimits:
     egress_gbits_per_s_large_region: float
     ingress_gbits_per_s_default: float
     ingress_gbits_per_s_large_region: float
+    requests_per_s: float
     source: str
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A service limit the plan and `jobs submit` check (skus.toml [[limit]])."""
+
+    subject: str
+    """What it limits: azureml, container_registry."""
+    key: str
+    value: int
+    source: str
+    what: str
+    """What the source counts, in its words, and how the limit is raised where it can be."""
 
 
 class CatalogError(ValueError):
@@ -423,7 +437,7 @@ def _gemm_tool_problem(health: HealthThresholds) -> str:
     return ""
 
 
-def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccountLimits]:
+def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccountLimits, dict[tuple[str, str], Limit]]:
     document = tomllib.loads(path.read_text())
     sources = {key: _record(Source, {"id": key, **value}, f"sources.{key}")
                for key, value in document.get("sources", {}).items()}
@@ -489,10 +503,25 @@ def _load(path: Path) -> tuple[dict[str, Sku], dict[str, Source], StorageAccount
         catalog[sku.name] = sku
     storage = _record(StorageAccountLimits, document.get("storage_account", {}), "storage_account")
     cited(storage.source, "storage_account.source")
-    return catalog, sources, storage
+    limits: dict[tuple[str, str], Limit] = {}
+    for i, entry in enumerate(document.get("limit", [])):
+        found = _record(Limit, dict(entry), f"limit[{i}]")
+        cited(found.source, f"limit[{i}].source")
+        if (found.subject, found.key) in limits:
+            raise CatalogError(f"{path.name}: limit[{i}]: duplicate {found.subject}.{found.key}")
+        limits[(found.subject, found.key)] = found
+    return catalog, sources, storage, limits
 
 
-_catalog, _sources, STORAGE_ACCOUNT = _load(CATALOG_FILE)
+_catalog, _sources, STORAGE_ACCOUNT, _limits = _load(CATALOG_FILE)
+
+LIMITS: MappingProxyType[tuple[str, str], Limit] = MappingProxyType(_limits)
+"""Service limits by (subject, key)."""
+
+
+def limit(subject: str, key: str) -> Limit:
+    """A service limit of the catalog (KeyError names it when the catalog lacks it)."""
+    return LIMITS[(subject, key)]
 
 CATALOG: MappingProxyType[str, Sku] = MappingProxyType(_catalog)
 """Every supported size by its exact Azure name."""

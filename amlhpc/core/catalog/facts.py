@@ -25,7 +25,7 @@ class Fact:
     file: str
     """The catalog file that holds it (skus.toml, availability.toml, nccl.toml)."""
     subject: str
-    """The VM size (or storage_account)."""
+    """The VM size (or storage_account, azureml, container_registry: the service limits)."""
     key: str
     value: Any
     source: str
@@ -89,6 +89,8 @@ def catalog_facts(size: str | None = None) -> list[Fact]:
         for field in fields(skus.StorageAccountLimits):
             if field.name != "source":
                 add("skus.toml", "storage_account", field.name, getattr(limits, field.name), limits.source, skus.SOURCES)
+        for found in skus.LIMITS.values():
+            add("skus.toml", found.subject, found.key, found.value, found.source, skus.SOURCES)
     for name, offering in availability.OFFERINGS.items():
         if size not in (None, name):
             continue

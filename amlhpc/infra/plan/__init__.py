@@ -77,7 +77,21 @@ class Plan:
             "cost": self.cost.to_json(),
             "quota": [q.to_json() for q in self.quota],
             "reachability": self.reachability().to_json(),
+            "limits": [c.to_json() for c in self.limits()],
+            "storageLoad": [a.to_json() for a in self.storage_load()],
         }
+
+    def storage_load(self) -> list[Any]:
+        """Each storage account's expected load at full scale against Azure's targets (amlhpc/core/storage_load.py)."""
+        from amlhpc.infra.plan.limits import storage_load
+
+        return storage_load(self.config)
+
+    def limits(self) -> list[Any]:
+        """Azure ML's and the registry's limits against the stack's clusters (amlhpc/infra/plan/limits.py)."""
+        from amlhpc.infra.plan.limits import checks
+
+        return checks(self.config)
 
     def reachability(self):
         """Who can reach what, from where (amlhpc/infra/plan/reachability.py)."""

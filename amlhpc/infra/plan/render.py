@@ -73,7 +73,8 @@ def render(plan: Plan) -> str:
         lines.append(component_heading(name, head))
         for r in members:
             lines += resource_lines(r)
-    lines += [""] + cost_lines(plan) + [""] + failure_lines(plan) + [""] + quota_lines(plan) + [""] + outputs_lines(plan)
+    lines += [""] + cost_lines(plan) + [""] + failure_lines(plan) + [""] + quota_lines(plan) + [""] + limit_lines(plan)
+    lines += [""] + outputs_lines(plan)
     lines += [""] + reachability_lines(plan)
     return "\n".join(lines) + "\n"
 
@@ -137,6 +138,28 @@ def quota_lines(plan: Plan) -> list[str]:
         lines += wrap(f"families {', '.join(q.families)}; clusters {', '.join(q.clusters)}", DETAIL)
     if not plan.quota:
         lines.append(f"{INDENT}none")
+    return lines
+
+
+def limit_lines(plan: Plan) -> list[str]:
+    """Azure ML's and the registry's limits: each check, and the fix for what is over."""
+    lines = ["Azure limits at full scale"]
+    checks = plan.limits()
+    for c in checks:
+        verdict = "ok" if c.ok else "OVER"
+        lines += wrap(f"{c.subject}: {c.needed:,g} of {c.allowed:,g} {c.unit} ({verdict})", INDENT, DETAIL)
+        lines += wrap(f"limit {c.limit}: {c.source}" + ("" if c.ok else f"; fix: {c.fix}"), DETAIL)
+    if not checks:
+        lines.append(f"{INDENT}none to check (no clusters)")
+    for load in plan.storage_load():
+        over = load.over()
+        lines += wrap(f"{load.account} ({', '.join(load.roles)}): ingress {load.ingress_gbps:,.1f} of "
+                      f"{load.target_ingress_gbps:g} Gb/s, egress {load.egress_gbps:,.1f} of {load.target_egress_gbps:g} Gb/s, "
+                      f"{load.requests_per_s:,.0f} of {load.target_requests_per_s:,.0f} requests/s; checkpoint caps "
+                      f"{load.checkpoint_caps_gbps:,.1f} Gb/s together ({'OVER' if over else 'ok'})", INDENT, DETAIL)
+        for what, fix in over:
+            lines += wrap(f"{what}: {fix}", DETAIL)
+        lines += wrap(f"targets: {load.source}; stack file aml-hpc:storage.ingressGbps/egressGbps", DETAIL)
     return lines
 
 

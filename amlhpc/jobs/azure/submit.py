@@ -200,6 +200,42 @@ def cluster_nodes(ml_client, cluster: str) -> list[Any]:
     return list(ml_client.compute.list_nodes(cluster))
 
 
+BUSY_NODE_STATES = ("running", "preparing")
+"""AmlCompute node states of a node that holds a job (idle and leaving nodes hold none)."""
+
+
+def controller_load(ml_client, cluster: str, workspace: str) -> tuple[int, int | None]:
+    """(nodes of the controller cluster holding a managed run's controller, the cluster's maxNodes or None)."""
+    with azure_errors(f"cluster {cluster}", workspace):
+        nodes = cluster_nodes(ml_client, cluster)
+        compute = ml_client.compute.get(cluster)
+    busy = sum(1 for node in nodes if str(getattr(node, "node_state", "")).lower() in BUSY_NODE_STATES)
+    max_nodes = getattr(compute, "max_instances", None)
+    return busy, max_nodes if isinstance(max_nodes, int) else None
+
+
+ACTIVE_JOB_STATES = ("NotStarted", "Queued", "Preparing", "Provisioning", "Starting", "Running", "Finalizing")
+"""Azure ML job statuses of a job that has not ended."""
+
+
+def active_checkpoint_caps(ml_client, account_url: str, workspace: str) -> list[tuple[str, float]]:
+    """(job name, Gb/s) of every active job that checkpoints to `account_url`, from the caps its
+    environment carries (amlhpc.jobs.plan.build puts them in AMLHPC_CHECKPOINT_JSON)."""
+    from amlhpc.jobs.plan.limits import job_checkpoint_gbps
+
+    found = []
+    with azure_errors("active jobs", workspace):
+        for job in ml_client.jobs.list():
+            if getattr(job, "status", None) not in ACTIVE_JOB_STATES:
+                continue
+            resources = getattr(job, "resources", None)
+            nodes = int(getattr(resources, "instance_count", None) or 1)
+            cap = job_checkpoint_gbps(getattr(job, "environment_variables", None) or {}, nodes)
+            if cap is not None and cap[0] == account_url:
+                found.append((str(job.name), cap[1]))
+    return found
+
+
 def study_jobs(ml_client, study: str, workspace: str) -> list[Any]:
     """Jobs tagged with this scaling study (the service cannot filter by tag: filter here)."""
     with azure_errors(f"study {study}", workspace):

@@ -173,6 +173,7 @@ def submit(
             write_dry_run(lambda code_path: build.to_yaml(plan, code_path), code, out_file)
             return
         client = submitter.connect(stack_outputs)
+        _check_checkpoint_budget(submitter, client, stack_outputs, plan)
         created = submitter.submit(client, plan, code, follow=follow and not as_json,
                                    echo=(lambda line: err.print(line, highlight=False)) if as_json else out.print)
         if as_json:
@@ -266,6 +267,8 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
         write_dry_run(lambda code_path: render.to_yaml(mplan, code_path), code, out_file)
         return
     client = submitter.connect(stack_outputs)
+    _check_controller_capacity(submitter, client, stack_outputs, mplan.cluster)
+    _check_checkpoint_budget(submitter, client, stack_outputs, plan)
     with submitter.azure_errors(f"job {mplan.controller_job}", stack_outputs.workspace):
         created = client.jobs.create_or_update(render.controller_job(mplan, code), experiment_name=plan.experiment)
     _register_controller(stack_outputs, mplan, created.name)
@@ -278,6 +281,32 @@ def _submit_managed(r, stack_outputs, plan, too_much: list[str], *, dry_run: boo
     out.print(f"follow it: {invocation.command('jobs', f'status {mplan.run} --stack {stack_outputs.stack}')}", highlight=False)
     if follow:
         submitter.stream(client, created.name, stack_outputs.workspace)
+
+
+def _check_controller_capacity(submitter, client, stack_outputs, cluster: str) -> None:
+    """One controller node per managed run: refuse a run whose controller would only queue."""
+    from amlhpc.jobs.plan import limits
+
+    busy, max_nodes = submitter.controller_load(client, cluster, stack_outputs.workspace)
+    problem = None if max_nodes is None else limits.controller_problem(busy, max_nodes, cluster,
+                                                                       f"Pulumi.{stack_outputs.environment}.yaml")
+    if problem is not None:
+        raise UserError([problem], "managed run not submitted: no controller node free")
+
+
+def _check_checkpoint_budget(submitter, client, stack_outputs, plan) -> None:
+    """The fleet budget: this job's checkpoint cap and the active jobs' on the same account within its ingress."""
+    from amlhpc.jobs.plan import limits
+
+    mine = limits.job_checkpoint_gbps(plan.environment_variables, plan.instance_count)
+    if mine is None:
+        return
+    active = [(name, gbps) for name, gbps in submitter.active_checkpoint_caps(client, mine[0], stack_outputs.workspace)
+              if name != plan.name]
+    problem = limits.checkpoint_budget_problem(plan.name, plan.instance_count, mine[1], active,
+                                               stack_outputs.storage.ingress_gbps, stack_outputs.storage.account)
+    if problem is not None:
+        raise UserError([problem], "job not submitted: over the account's checkpoint budget")
 
 
 def _goodput(plan, r, stack_outputs, *, managed: bool) -> None:

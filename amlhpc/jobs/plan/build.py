@@ -43,9 +43,11 @@ from typing import Any
 from amlhpc.core import atomic, invocation, project, skus
 from amlhpc.core.errors import Problem, ProblemCollector, UserError
 from amlhpc.core.outputs import StackOutputs
+from amlhpc.core.storage_load import CHECKPOINT_INGRESS_SHARE
 from amlhpc.core.values import NumberError, check_number, check_run_name
 from amlhpc.jobs.plan import cost as cost_mod
 from amlhpc.jobs.plan import deepspeed as ds_mod
+from amlhpc.jobs.plan import limits as limits_mod
 from amlhpc.jobs.plan import tuning
 from amlhpc.jobs.recipes.schema import Recipe
 from amlhpc.jobs.runtime.base import contract
@@ -56,9 +58,6 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 SNAPSHOT_ROOT = project.scratch() / "code-snapshots"
 TOPOLOGY_SOURCE = Path("amlhpc") / "images" / "common" / "nccl-topo"
 """The topology files the images install; the snapshot carries the same files."""
-CHECKPOINT_INGRESS_SHARE = 0.9
-"""Checkpoint writers together stay under 90 % of the account's ingress (the NDv4 performance article: 8 x 2300
-Mb/s = 18.4 of 20 Gb/s)."""
 PREPARE_TIMEOUT_S = 3600
 _INPUT_REF = re.compile(r"\$\{\{\s*inputs\.([A-Za-z0-9_]+)\s*\}\}")
 AML_DISTRIBUTION = {"pytorch": "pytorch", "deepspeed": "pytorch", "mpi": "mpi", "tensorflow": "tensorflow"}
@@ -199,6 +198,8 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     est = cost_mod.estimate(shape.sku.name, shape.nodes, hours or recipe.cost.expected_hours, outputs.stack_prices(),
                             shape.priority)
     timeout_h = recipe.timeout_hours or max(1.0, 2 * (hours or recipe.cost.expected_hours))
+    warnings += [w for w in (limits_mod.rdma_nodes_warning(shape.cluster, shape.sku, shape.nodes, outputs.location),
+                             limits_mod.telemetry_warning(int(timeout_h * 3600), env.env)) if w]
     tags = _tags(recipe, outputs, shape, est, run_key, extra_tags)
     return JobPlan(
         name=run_name, recipe=recipe.name, stack=outputs.stack, experiment=recipe.experiment or recipe.name,

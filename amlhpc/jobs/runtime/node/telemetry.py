@@ -20,10 +20,18 @@ stops it when the command exits. Every `interval_s` (AMLHPC_TELEMETRY_INTERVAL_S
 Where a source is missing (no NVIDIA driver, no NVML bindings, no RDMA device) the sample
 says so (`"gpus": {"absent": "<why>"}`) and records nothing in its place: a CPU rehearsal
 has host figures only. Samples go, as JSON lines, to `<report dir>/telemetry-node<k>.jsonl`
-(the run's record: uploaded with outputs/), and as MLflow metrics named
-`telemetry/node<k>/gpu<i>/<figure>`, `.../ib/<port>/<figure>` and `.../host/<figure>` when
-mlflow is installed and MLFLOW_TRACKING_URI is set (Azure ML sets it in every job). The
-summary (samples, peaks, XIDs, throttle reasons seen) goes into the launch report.
+(the run's record: uploaded with outputs/), and the node's summary (samples, peaks, XIDs,
+throttle reasons seen, IB error growth) to `<report dir>/telemetry-node<k>.summary.json`,
+rewritten after every sample, so a node that dies mid-run still leaves its summary; the
+summary also goes into the launch report.
+
+MLflow gets only a few run-wide metrics (`RUN_METRICS`), from the first node alone, when mlflow
+is installed and MLFLOW_TRACKING_URI is set (Azure ML sets it in every job): Azure ML keeps at
+most 50 metric names per run and 1 million values per run (Microsoft Learn, "Service limits in
+Azure Machine Learning" and "Manage and increase quotas and limits for resources with Azure
+Machine Learning", 2026-01), and ~110 figures per node every 30 s would be 13 M values per
+run-hour at 1,000 nodes. `logged_values()` says what a run logs: it does not grow with the
+node count (tests/test_telemetry.py holds it under the limit at 1,000 nodes for 24 h).
 
 Standard library (mlflow and the NVML bindings when the image has them): ships in the image.
 """
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,6 +56,13 @@ log = logging.getLogger("amlhpc.telemetry")
 
 DEFAULT_INTERVAL_S = 30.0
 FILE_PATTERN = "telemetry-node{node:03d}.jsonl"
+SUMMARY_PATTERN = "telemetry-node{node:03d}.summary.json"
+METRICS_NODE = 0
+"""The node whose sampler logs `RUN_METRICS`; the others write their files only."""
+RUN_METRICS = ("telemetry/gpu_util_mean_pct", "telemetry/gpu_temperature_max_c", "telemetry/gpu_sm_clock_min_mhz",
+               "telemetry/gpus_throttled", "telemetry/xid_events", "telemetry/ib_xmit_gbits_per_s",
+               "telemetry/ib_rcv_gbits_per_s", "telemetry/ib_errors_grown", "telemetry/cpu_busy_pct", "telemetry/step")
+"""Every metric name telemetry logs to the run (the first node's figures, one value each per sample)."""
 EVENT_REASONS = (  # nvml.h clocks event reason bits, named as nvidia-smi -q -d PERFORMANCE prints them
     (0x1, "Idle"), (0x2, "Applications Clocks Setting"), (0x4, "SW Power Cap"), (0x8, "HW Slowdown"),
     (0x10, "Sync Boost"), (0x20, "SW Thermal Slowdown"), (0x40, "HW Thermal Slowdown"),
@@ -275,8 +291,9 @@ class Sampler:
         self.node, self.interval_s, self.sysfs, self.proc = node, interval_s, sysfs, proc
         self.progress_file, self.clock = progress_file, clock
         self.path = Path(report_dir) / FILE_PATTERN.format(node=node)
+        self.summary_path = Path(report_dir) / SUMMARY_PATTERN.format(node=node)
         self.gpus = GpuReader(nvml_module)
-        self.mlflow = mlflow
+        self.mlflow = mlflow if node == METRICS_NODE else None  # the run's metric count must not grow with N
         self.summary = Summary(file=str(self.path), gpus=len(self.gpus.handles),
                                gpu_absent=None if self.gpus.present else self.gpus.reason,
                                xids_watched=self.gpus.events is not None)
@@ -349,6 +366,10 @@ class Sampler:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as f:
                 f.write(json.dumps(record, sort_keys=True) + "\n")
+            # through a temporary name: a reader (or the upload of outputs/) never sees half a summary
+            tmp = self.summary_path.with_name(f".{self.summary_path.name}.tmp")
+            tmp.write_text(json.dumps(self.summary.__dict__, indent=1, sort_keys=True))
+            os.replace(tmp, self.summary_path)
         except OSError as exc:
             log.warning("telemetry: could not write %s: %s", self.path, exc)
         if self.mlflow is not None:
@@ -412,26 +433,41 @@ def _extreme(pick, current, value):
 
 
 def metrics_of(record: Mapping[str, Any]) -> dict[str, float]:
-    """A sample as flat MLflow metrics (numbers only; names carry node, GPU and port)."""
-    base = f"telemetry/node{record['node']}"
+    """A sample as the run's few metrics (`RUN_METRICS`): means, extremes and sums over the node's
+    GPUs and ports, so the names never carry a node, GPU or port (the files keep those)."""
     out: dict[str, float] = {}
-    for gpu in record["gpus"] if isinstance(record["gpus"], list) else []:
-        for key, value in gpu.items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and key != "index":
-                out[f"{base}/gpu{gpu['index']}/{key}"] = float(value)
-        out[f"{base}/gpu{gpu['index']}/throttled"] = float(bool(set(gpu.get("throttle_reasons", [])) - {"Idle"}))
-    if isinstance(record["gpus"], list):
-        out[f"{base}/xid_events"] = float(len(record.get("xid_events", [])))
-    for name, port in record["ib"].items():
+    gpus = record["gpus"] if isinstance(record["gpus"], list) else []
+    utils = [g["util_percent"] for g in gpus if isinstance(g.get("util_percent"), int | float)]
+    temps = [g["temperature_c"] for g in gpus if isinstance(g.get("temperature_c"), int | float)]
+    clocks = [g["sm_clock_mhz"] for g in gpus if isinstance(g.get("sm_clock_mhz"), int | float)]
+    if utils:
+        out["telemetry/gpu_util_mean_pct"] = float(sum(utils) / len(utils))
+    if temps:
+        out["telemetry/gpu_temperature_max_c"] = float(max(temps))
+    if clocks:
+        out["telemetry/gpu_sm_clock_min_mhz"] = float(min(clocks))
+    if gpus:
+        out["telemetry/gpus_throttled"] = float(sum(bool(set(g.get("throttle_reasons", [])) - {"Idle"}) for g in gpus))
+        out["telemetry/xid_events"] = float(len(record.get("xid_events", [])))
+    ports = record["ib"].values()
+    if ports:
         for key in ("xmit_gbits_per_s", "rcv_gbits_per_s"):
-            if key in port:
-                out[f"{base}/ib/{name.replace(':', '_')}/{key}"] = float(port[key])
-        out[f"{base}/ib/{name.replace(':', '_')}/errors_grown"] = float(sum(port.get("errors_grown", {}).values()))
-    for key, value in record["host"].items():
-        out[f"{base}/host/{key}"] = float(value)
+            if any(key in port for port in ports):
+                out[f"telemetry/ib_{key}"] = float(sum(port.get(key, 0.0) for port in ports))
+        out["telemetry/ib_errors_grown"] = float(sum(sum(p.get("errors_grown", {}).values()) for p in ports))
+    if "cpu_busy_pct" in record["host"]:
+        out["telemetry/cpu_busy_pct"] = float(record["host"]["cpu_busy_pct"])
     if record.get("step") is not None:
-        out[f"{base}/step"] = float(record["step"])
+        out["telemetry/step"] = float(record["step"])
     return out
+
+
+def logged_values(hours: float, interval_s: float = DEFAULT_INTERVAL_S) -> int:
+    """At most how many metric values telemetry logs to a run of `hours`, whatever its node count:
+    every `RUN_METRICS` name once per sample, one sample per interval plus the first and last."""
+    if interval_s <= 0:
+        return 0
+    return len(RUN_METRICS) * (int(hours * 3600 / interval_s) + 2)
 
 
 def _mlflow(environ: Mapping[str, str]) -> Any | None:
