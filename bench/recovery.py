@@ -1,6 +1,6 @@
 """Recovery benchmark: what each failure costs a managed run, measured on the rehearsal.
 
-    python -m bench.recovery [--out bench/out] [--update-results] [--only preempt,hang,...]
+    python -m bench.recovery [--out bench/out] [--update-results] [--only preempt,hang,restart,...] [--repeats N]
 
 Every scenario is a managed rehearsal (amlhpc.jobs.local.managed) of the synthetic lockstep
 training (amlhpc.jobs.workloads.synthetic: 2 simulated nodes, one rank each) under the real
@@ -25,8 +25,15 @@ death to its replacement's first look; the slowing to the straggler's naming), t
 the end of the attempt to the next attempt's first step, steps lost, and the cost of the
 time lost at the recipe's Azure price - next to what the same failure costs without
 supervision. The goodput model (amlhpc/core/goodput.py) is checked against the measured losses.
+`restart` (bench/restart.py): an in-job restart - warm standby ready, standby as it comes, no
+standby (cold) - against a resubmitted attempt, each path apart.
+
+Every scenario runs `--repeats` times (at least MIN_RUNS, 5, to publish), the scenarios
+interleaved (repeat 1 of each, then repeat 2, ...: a drifting load does not favour one); each
+figure is the median of its runs with their spread (lowest-highest), each run with the load
+average when it started, and the git commit is recorded. The checks must hold on every run.
 Results: `--out` (recovery.md, recovery.json); `--update-results` also writes them as the
-last section of bench/RESULTS.md.
+last section of bench/RESULTS.md. Run it on a quiet machine: the figures follow the load.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import azurite_version, describe_machine, loadavg
-from bench.spread import MIN_RUNS
+from bench.spread import MIN_RUNS, Series, commit, text
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "# Recovery benchmark"
@@ -56,6 +63,8 @@ LIMIT_USD = 30.0
 KILL_PHASES = ("claim", "claimed", "submitted", "watch", "ended", "backoff", "record-write")
 SCENARIOS = ("baseline", "preempt", "host-loss", "host-loss-writer", "hang", "nccl", "throttle", *(f"kill-{p}" for p in KILL_PHASES),
              "straggler", "budget")
+FIGURES = ("detect_s", "restart_s", "steps_lost", "lost_s", "cost_lost_usd", "seconds")
+"""A run's figures that become a series over the repeats (median and spread)."""
 PARTS = (*SCENARIOS, "restart")
 
 
@@ -230,65 +239,122 @@ def _f(value: Any, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def summarize(runs: list[dict]) -> list[dict]:
+    """One row per scenario from its runs: each figure the median of the runs that have it, with
+    its series (runs, spread, load per run); what the runs said otherwise, from every run."""
+    rows = []
+    for name in SCENARIOS:
+        mine = [r for r in runs if r["scenario"] == name]
+        if not mine:
+            continue
+        row = dict(mine[-1])
+        row["series"] = {}
+        for key in FIGURES:
+            series = Series(key)
+            for r in mine:
+                if r.get(key) is not None:
+                    series.add(r[key], r.get("load"))
+            row["series"][key] = series.to_json()
+            row[key] = None if series.median is None else round(series.median, 4)
+        row["runs"] = len(mine)
+        row["states"] = sorted({r["state"] for r in mine})
+        row["missing"] = sorted({m for r in mine for m in r["missing"]})
+        row["max_running"] = max(r["max_running"] for r in mine)
+        if any("named" in r for r in mine):
+            row["named_runs"] = [r.get("named") for r in mine]
+        rows.append(row)
+    return rows
+
+
+def _spread(row: dict, key: str, digits: int = 1) -> str:
+    data = (row.get("series") or {}).get(key)
+    if not data:
+        return _f(row.get(key), digits)
+    return text(Series.from_json(data), digits)
+
+
 def render(results: dict) -> str:
     rows = results["rows"]
     lines = [SECTION, "",
-             f"Command: `{results['command']}` (`make bench`), {results['date']}. Written by bench/recovery.py. "
-             f"Each row is one managed rehearsal: {NODES} simulated nodes x 1 rank of `{TRAIN}`, checkpoints "
+             f"Command: `{results['command']}` (`make bench`), {results['date']}, commit {results.get('commit', 'unknown')}. "
+             f"Written by bench/recovery.py. "
+             f"Each run is one managed rehearsal: {NODES} simulated nodes x 1 rank of `{TRAIN}`, checkpoints "
              f"uploaded every {UPLOAD_INTERVAL_S} s and on every exit, watchdog.hang_s {HANG_S}, the supervision "
              "polling every second with a 15 s lease and the revival check every second; faults at step "
              f"{FAULT_STEP} on node 1 (node 0 for host-loss-writer). Costs at the recipe's Azure price (${results['price']:,.3f} per node-hour, "
-             f"{NODES} nodes) for the seconds measured here.",
+             f"{NODES} nodes) for the seconds measured here. Each figure: the median of "
+             f"{results.get('repeats', 1)} run(s) (lowest-highest, n); the scenarios interleaved; the load "
+             "average (1, 5, 15 min) at each run in recovery.json.",
              "", f"Machine: {results['machine']}. Load average before/after: {results['load_before']} / "
-             f"{results['load_after']}.", "",
-             "| scenario | outcome | attempts (causes) | detect s | end -> next first step s | steps lost | "
-             "lost s | cost lost $ | without supervision |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+             f"{results['load_after']}.", ""]
+    if results.get("repeats", MIN_RUNS) < MIN_RUNS:
+        lines += [f"**Fewer than {MIN_RUNS} runs per figure: a smoke run, not for publishing.**", ""]
+    lines += ["| scenario | outcome | attempts (causes) | detect s | end -> next first step s | steps lost | "
+              "lost s | cost lost $ | without supervision |",
+              "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        outcome = r["state"] + ("" if not r["missing"] else f"; FAULT MISSING: {'; '.join(r['missing'])}")
+        states = r.get("states") or [r["state"]]
+        outcome = ", ".join(states) + ("" if not r["missing"] else f"; FAULT MISSING: {'; '.join(r['missing'])}")
         if r.get("named") is not None:
-            outcome += f"; named node(s) {r['named'] or 'none'}"
+            named = r.get("named_runs") or [r["named"]]
+            outcome += f"; named node(s) {', '.join(str(n or 'none') for n in named)}"
         if r.get("throttled"):
             outcome += f"; {sum(r['throttled'].values())} busy answers"
         lines.append(f"| {r['scenario']} | {outcome} | {r['attempts']} ({', '.join(map(str, r['causes']))}) | "
-                     f"{_f(r.get('detect_s'))} | {_f(r.get('restart_s'))} | {_f(r.get('steps_lost'))} | "
-                     f"{_f(r.get('lost_s'))} | {_f(r.get('cost_lost_usd'), 4)} | {r['unsupervised']} |")
+                     f"{_spread(r, 'detect_s')} | {_spread(r, 'restart_s')} | {_spread(r, 'steps_lost', 0)} | "
+                     f"{_spread(r, 'lost_s')} | {_spread(r, 'cost_lost_usd', 4)} | {r['unsupervised']} |")
     checks = results["checks"]
-    lines += ["", "Checks (the done-when of the supervision):", ""]
+    lines += ["", "Checks (the done-when of the supervision), on every run:", ""]
     lines += [f"- {text}: **{'met' if ok else 'MISSED'}**" for text, ok in checks]
     model = results.get("model") or {}
     if model:
         lines += ["", f"Goodput model (amlhpc/core/goodput.py) against these losses: recovery {model['recovery_s']} s "
-                      f"(detection + restart, mean of preempt, host-loss, host-loss-writer and hang), checkpoint interval "
+                      f"(detection + restart, mean of the medians of preempt, host-loss, host-loss-writer and hang), "
+                      f"checkpoint interval "
                       f"{model['interval_s']} s: predicted loss per interruption {model['predicted_loss_s']} s "
                       f"(recovery + half an interval), measured {model['measured_loss_s']} s (ratio {model['ratio']}; "
                       f"steps lost {model['lost_steps']}: a preempted or hung node uploads its last checkpoint on "
                       "the way out, and so does the writer when another node is lost: only a lost writer loses the "
                       "work since its last periodic upload)."]
+    restart = results.get("restart")
+    if restart:
+        lines += ["", "## In-job restart against a resubmitted attempt (bench/restart.py)", "",
+                  "Seconds from the fault to the first step after it, each path apart: median (lowest-highest, n).", "",
+                  "| fault | path | seconds |", "|---|---|---:|"]
+        from bench.restart import LABELS
+
+        for kind, paths in restart.items():
+            for path, data in paths.items():
+                if data.get("runs"):
+                    lines.append(f"| {kind} | {LABELS.get(path, path)} | {text(Series.from_json(data), 2)} |")
     return "\n".join(lines) + "\n"
 
 
-def checks(rows: list[dict]) -> list[tuple[str, bool]]:
-    by = {r["scenario"]: r for r in rows}
+def checks(runs: list[dict]) -> list[tuple[str, bool]]:
+    """The supervision's done-when, each on every run of its scenario."""
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["scenario"], []).append(r)
     out = []
     if "hang" in by:
-        found = by["hang"].get("verdict_s")
+        found = [r.get("verdict_s") for r in by["hang"]]
         out.append((f"a hang is found within hang_s + two watchdog intervals ({HANG_S} + 2 x {HANG_S / 6:.2f} s) of the "
-                    f"freeze: {_f(found)} s (the job's end, the controller's look and the restart follow: detect s)",
-                    found is not None and found <= HANG_S + 2 * HANG_S / 6))
-    kills = [r for r in rows if r["scenario"].startswith("kill-")]
+                    f"freeze: {', '.join(_f(v) for v in found)} s (the job's end, the controller's look and the restart "
+                    "follow: detect s)",
+                    all(v is not None and v <= HANG_S + 2 * HANG_S / 6 for v in found)))
+    kills = [r for r in runs if r["scenario"].startswith("kill-")]
     if kills:
         out.append(("a controller killed at any phase is replaced and the run completes",
                     all(r["state"] == "succeeded" and len(r["controllers"]) > 1 for r in kills)))
-    out.append(("never two attempts at once", all(r["max_running"] <= 1 for r in rows)))
-    out.append(("every requested fault happened", all(not r["missing"] for r in rows)))
+    out.append(("never two attempts at once", all(r["max_running"] <= 1 for r in runs)))
+    out.append(("every requested fault happened", all(not r["missing"] for r in runs)))
     if "budget" in by:
-        b = by["budget"]
-        out.append((f"spend within the limit plus one poll's cost: ${b.get('total_usd', 0):,.2f} of ${LIMIT_USD:,.2f} "
-                    f"(+ ${b.get('one_poll_usd', 0):,.2f})", b.get("total_usd", 1e9) <= LIMIT_USD + b.get("one_poll_usd", 0)))
+        spent = [(r.get("total_usd", 1e9), r.get("one_poll_usd", 0)) for r in by["budget"]]
+        out.append((f"spend within the limit plus one poll's cost: {', '.join(f'${t:,.2f}' for t, _ in spent)} of "
+                    f"${LIMIT_USD:,.2f} (+ ${spent[0][1]:,.2f})", all(t <= LIMIT_USD + poll for t, poll in spent)))
     if "straggler" in by:
-        out.append(("the slowed node is named, and only it", by["straggler"].get("named") == [1]))
-    undisturbed = [r for r in rows if r["scenario"] in ("baseline", "throttle", "nccl") or r["scenario"].startswith("kill-")]
+        out.append(("the slowed node is named, and only it", all(r.get("named") == [1] for r in by["straggler"])))
+    undisturbed = [r for r in runs if r["scenario"] in ("baseline", "throttle", "nccl") or r["scenario"].startswith("kill-")]
     out.append(("no straggler named on the runs without a slowed node",
                 all(not r.get("stragglers") for r in undisturbed)))
     return out
@@ -297,51 +363,68 @@ def checks(rows: list[dict]) -> list[tuple[str, bool]]:
 def run(args: argparse.Namespace) -> dict:
     from amlhpc.jobs.local import azurite
 
-    chosen = [s for s in SCENARIOS if not args.only or s in args.only.split(",")]
+    parts = [p for p in PARTS if not args.only or p in args.only.split(",")]
+    chosen = [s for s in SCENARIOS if s in parts]
     root = Path(tempfile.mkdtemp(prefix="amlhpc-recovery-"))
     results: dict[str, Any] = {"command": "python -m bench.recovery " + " ".join(sys.argv[1:]),
-                               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "load_before": loadavg()}
-    rows: list[dict] = []
+                               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "load_before": loadavg(),
+                               "commit": commit(), "repeats": args.repeats}
+    runs: list[dict] = []
     with azurite.start(root / "azurite") as server:
         bench = Bench(server, root)
         results["price"] = bench.price
-        baseline_s = None
-        for name in chosen:
-            print(f"recovery: {name} ...", flush=True)
-            done, lines = scenario(name, bench)
-            row = measure(name, done, bench, baseline_s)
-            row["stragglers"] = [s for a in done.record.attempts for s in a.stragglers]
-            if getattr(done, "throttled", None) is not None:
-                row["throttled"] = done.throttled
-            if name == "budget":
-                row["total_usd"] = round(done.record.total_usd(0.0), 2)
-                row["one_poll_usd"] = NODES * 3600.0 / 3600
-            if name == "baseline":
-                baseline_s = done.seconds
-            rows.append(row)
-            print(f"recovery: {name}: {json.dumps({k: v for k, v in row.items() if k != 'unsupervised'})}", flush=True)
-            (root / f"{name}.log").write_text("\n".join(lines))
+        baseline: list[float] = []
+        for repeat in range(args.repeats):
+            for name in chosen:
+                print(f"recovery: {name} (run {repeat + 1}/{args.repeats}) ...", flush=True)
+                load = loadavg()
+                done, lines = scenario(name, bench)
+                row = measure(name, done, bench, statistics.median(baseline) if baseline else None)
+                row.update(repeat=repeat + 1, load=load)
+                row["stragglers"] = [s for a in done.record.attempts for s in a.stragglers]
+                if getattr(done, "throttled", None) is not None:
+                    row["throttled"] = done.throttled
+                if name == "budget":
+                    row["total_usd"] = round(done.record.total_usd(0.0), 2)
+                    row["one_poll_usd"] = NODES * 3600.0 / 3600
+                if name == "baseline":
+                    baseline.append(done.seconds)
+                runs.append(row)
+                print(f"recovery: {name}: {json.dumps({k: v for k, v in row.items() if k != 'unsupervised'})}", flush=True)
+                (root / f"{name}-{repeat + 1}.log").write_text("\n".join(lines))
+        if "restart" in parts:
+            from bench import restart
+
+            found = restart.measure(root / "restart", server, args.repeats,
+                                    say=lambda line: print(f"recovery: {line}", flush=True))
+            results["restart"] = {kind: {path: series.to_json() for path, series in paths.items()}
+                                  for kind, paths in found.items()}
     machine = describe_machine()
-    results.update(rows=rows, checks=checks(rows), model=validate_model(rows), load_after=loadavg(), logs=str(root),
+    rows = summarize(runs)
+    results.update(runs=runs, rows=rows, checks=checks(runs), model=validate_model(rows), load_after=loadavg(),
+                   logs=str(root),
                    machine=f"{machine['cpu']}, {machine['cpus']} CPUs, {machine['mem_gib']} GiB, Python "
                            f"{machine['python']}; Azurite {azurite_version()} on the same machine")
     return results
 
 
 def merge(results: dict, out: Path) -> dict:
-    """With --only: the other scenarios' rows from the previous run at `out` (said in the table)."""
+    """With --only: the other scenarios' runs (and restart figures) from the previous run at `out` (said in the table)."""
     previous = out / "recovery.json"
     if not previous.is_file():
         return results
     old = json.loads(previous.read_text())
-    rerun = {r["scenario"] for r in results["rows"]}
-    kept = [r for r in old.get("rows", []) if r["scenario"] not in rerun]
-    if kept:
-        rows = {r["scenario"]: r for r in (*kept, *results["rows"])}
-        results["rows"] = [rows[name] for name in SCENARIOS if name in rows]
-        results["command"] = (f"{old.get('command')}, {old.get('date')}; rows {', '.join(sorted(rerun))} again with "
-                              f"{results['command']}")
-        results["checks"], results["model"] = checks(results["rows"]), validate_model(results["rows"])
+    rerun = {r["scenario"] for r in results["runs"]}
+    kept = [r for r in old.get("runs", []) if r["scenario"] not in rerun]
+    again = sorted(rerun | ({"restart"} if "restart" in results else set()))
+    if "restart" not in results and old.get("restart"):
+        results["restart"] = old["restart"]
+    if kept or old.get("restart"):
+        results["runs"] = kept + results["runs"]
+        results["rows"] = summarize(results["runs"])
+        results["command"] = (f"{old.get('command')}, {old.get('date')} at {old.get('commit', 'unknown')}; "
+                              f"{', '.join(again)} again with {results['command']}")
+        results["checks"], results["model"] = checks(results["runs"]), validate_model(results["rows"])
     return results
 
 
@@ -366,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     unknown = sorted(set((args.only or "").split(",")) - set(PARTS) - {""})
     if unknown:
-        parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: at least 1 (at least {MIN_RUNS} to publish)")
     results = run(args)
     if args.only:
         results = merge(results, args.out)

@@ -43,3 +43,61 @@ def test_the_section_replaces_only_itself(tmp_path, monkeypatch):
     assert written.startswith("# Staging benchmark\n\nkept\n\n# Recovery benchmark") and "old table" not in written
     assert "| preempt | succeeded | 2 (preempted, completed) | 1.5 | 7.0 | 0 |" in text
     assert "- never two attempts at once: **met**" in text
+
+
+def test_each_figure_is_the_median_of_its_runs_with_the_spread():
+    runs = [row("preempt", detect_s=d, restart_s=r, lost_s=d + r, repeat=i, load=f"{i}.00 0 0")
+            for i, (d, r) in enumerate(((2.0, 8.0), (3.0, 9.0), (10.0, 7.0)), 1)]
+    (summary,) = recovery.summarize(runs)
+    assert (summary["detect_s"], summary["restart_s"], summary["runs"]) == (3.0, 8.0, 3)
+    detect = summary["series"]["detect_s"]
+    assert (detect["low"], detect["high"], detect["loads"]) == (2.0, 10.0, ["1.00 0 0", "2.00 0 0", "3.00 0 0"])
+    results = {"command": "c", "date": "d", "price": 1.0, "machine": "m", "load_before": "1", "load_after": "2",
+               "rows": [summary], "checks": [], "model": {}, "repeats": 3, "commit": "abc123"}
+    table = recovery.render(results)
+    assert "| 3.0 (2.0-10.0, n=3) | 8.0 (7.0-9.0, n=3) |" in table and "commit abc123" in table
+    assert "a smoke run, not for publishing" in table, "fewer than 5 runs is said"
+
+
+def test_a_check_holds_only_when_it_holds_on_every_run():
+    runs = [row("straggler", named=[1]), row("straggler", named=[]), row("straggler", named=[1])]
+    assert dict(recovery.checks(runs))["the slowed node is named, and only it"] is False
+
+
+def test_repeats_and_restart_are_run(monkeypatch, tmp_path):
+    """`--repeats N` runs each scenario N times, interleaved; `--only restart` runs bench/restart.py."""
+    import argparse
+    import contextlib
+    from types import SimpleNamespace
+
+    from amlhpc.jobs.local import azurite
+    from bench import restart
+    from bench.spread import Series
+
+    order: list[str] = []
+    record = SimpleNamespace(attempts=[], total_usd=lambda _: 0.0)
+    monkeypatch.setattr(azurite, "start", lambda _: contextlib.nullcontext(SimpleNamespace()))
+    monkeypatch.setattr(recovery, "Bench", lambda server, root: SimpleNamespace(price=1.0))
+    monkeypatch.setattr(recovery, "scenario", lambda name, bench: (order.append(name) or
+                                                                   (SimpleNamespace(record=record, seconds=1.0), [])))
+    monkeypatch.setattr(recovery, "measure", lambda name, done, bench, base: row(name, detect_s=float(len(order))))
+    asked = {}
+
+    def fake_restart(workdir, server, repeats, say=print):
+        asked["repeats"] = repeats
+        return {"crash": {"in_job_warm": Series("in_job_warm", [3.0, 4.0, 5.0])}}
+
+    monkeypatch.setattr(restart, "measure", fake_restart)
+    results = recovery.run(argparse.Namespace(only="baseline,preempt,restart", repeats=3))
+    assert order == ["baseline", "preempt"] * 3 and asked == {"repeats": 3}
+    assert [r["runs"] for r in results["rows"]] == [3, 3] and results["rows"][1]["detect_s"] == 4.0
+    assert results["restart"]["crash"]["in_job_warm"]["median"] == 4.0 and results["commit"]
+    assert "| crash | in-job, warm standby ready | 4.00 (3.00-5.00, n=3) |" in recovery.render(results)
+
+
+def test_repeats_must_be_positive(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_:
+        recovery.main(["--repeats", "0"])
+    assert exit_.value.code == 2 and "--repeats 0" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from amlhpc.jobs.managed.record import iso, now_utc
 from amlhpc.jobs.managed.report import summary_lines
 from amlhpc.jobs.managed.supervisor import Resume
 from amlhpc.jobs.runtime.base import exit_codes
+from amlhpc.jobs.runtime.base.progress import OWN_WORK_WINDOW
 from tests.aml_fakes import service_error
 from tests.managed_fakes import PREEMPTION, Step, end
 from tests.managed_harness import (
@@ -265,7 +266,9 @@ class TestQueueTimeoutAndFallback:
 
 class TestStragglers:
     @staticmethod
-    def beats(busy1: float, step: int) -> dict[int, dict]:
+    def beats(busy1: float, look: int) -> dict[int, dict]:
+        """Look `look`'s heartbeats, a window of steps after the last: each one new evidence."""
+        step = look * OWN_WORK_WINDOW
         return {0: {"busy_s": 0.10, "step": step}, 1: {"busy_s": busy1, "step": step}}
 
     def test_a_persistently_slow_node_is_named(self, container, template, managed_plan):
@@ -283,6 +286,15 @@ class TestStragglers:
         scripts = {1: [running(beats=self.beats(0.10 + 0.02 * (s % 2), s)) for s in range(1, 8)] + [completed()]}
         record = Harness(container, template, managed_plan, scripts).supervisor.run()
         assert record.attempts[0].stragglers == []
+
+    def test_heartbeats_a_step_apart_are_one_window_not_three(self, container, template, managed_plan):
+        """Five looks a step apart show the same window of steps (its median mostly of the
+        same steps): one piece of evidence, not five."""
+        beats = [{0: {"busy_s": 0.10, "step": s}, 1: {"busy_s": 0.31, "step": s}} for s in range(1, 6)]
+        scripts = {1: [running(beats=b) for b in beats] + [completed()]}
+        record = Harness(container, template, managed_plan, scripts).supervisor.run()
+        assert record.attempts[0].stragglers == []
+        assert record.attempts[0].slow_looks["1"] == [1, 1]
 
     def test_one_slow_look_then_normal_is_not_a_straggler(self, container, template, managed_plan):
         scripts = {1: [running(beats=self.beats(b, s)) for s, b in enumerate((0.3, 0.3, 0.1, 0.3, 0.1), 1)] + [completed()]}

@@ -85,8 +85,10 @@ class Policy:
     checkpoint_interval_s: float | None = None
     """The training's checkpoint interval (recipe checkpoint.interval_s), for the budget stop."""
     straggler_factor: float | None = 1.5
-    """A node whose step time (its own work, before waiting for peers) is this many times its
-    peers' median, at `straggler_looks` consecutive fresh heartbeats, is named a straggler."""
+    """The slowdown to name: a node whose own work per step (before waiting for peers, timed on
+    the device) stays this many times its peers' median is named a straggler after
+    `straggler_looks` windows in a row; the rule is robust to per-step noise
+    (amlhpc.jobs.managed.stragglers)."""
     straggler_looks: int = 3
     stall_s: float = 900.0
     """An attempt Azure ML reports Paused, Unknown or NotResponding this long is canceled and retried."""

@@ -232,8 +232,9 @@ class Managed(_Model):
     fallback_after_preemptions: int = Field(2, ge=1)
     """Preemptions on one cluster after which the next attempt goes to the next cluster."""
     straggler_factor: float | None = Field(1.5, gt=1)
-    """A node whose step time in its own work is this many times its peers' median, at
-    `straggler_looks` consecutive heartbeats, is named a straggler (null: off)."""
+    """The slowdown to name: a node whose own work per step stays this many times its peers'
+    median is named a straggler after `straggler_looks` windows of steps in a row, by a
+    noise-robust rule (docs/managed-jobs.md, "Nodes to distrust, stragglers"; null: off)."""
     straggler_looks: int = Field(3, ge=1)
     stall_s: int = Field(900, ge=60)
     """An attempt Azure ML reports Paused, Unknown or NotResponding this long is canceled and retried."""

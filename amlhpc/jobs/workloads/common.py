@@ -11,7 +11,9 @@
   tier under AMLHPC_CHECKPOINT_DIR, written in the background, resumed from the version the
   launcher names (AMLHPC_RESUME_VERSION); `latest_checkpoint` for whole-file checkpoints.
 - progress: every rank reports its step to the launcher's hang watchdog
-  (amlhpc.jobs.runtime.base.progress) each time it logs, and the step it resumed from.
+  (amlhpc.jobs.runtime.base.progress) each time it logs, and the step it resumed from;
+  `OwnWork` times each step's own work (before its collective) on the device, from which
+  the managed run's controller names a straggler.
 - `profiler()`: torch.profiler writing TensorBoard traces when AMLHPC_PROFILE_DIR is set.
 """
 
@@ -319,7 +321,7 @@ from amlhpc.jobs.workloads.resume import (  # noqa: E402 - grouped with the help
     save_state,
 )
 
-__all__ = ["Dist", "GlobalBatchSampler", "Metrics", "ShardSampler", "Timer", "TrainState", "all_reduce_mean",
+__all__ = ["Dist", "GlobalBatchSampler", "Metrics", "OwnWork", "ShardSampler", "Timer", "TrainState", "all_reduce_mean",
            "all_reduce_min", "barrier", "checkpoint_dir", "data_parallel", "finish_checkpoints", "init_distributed",
            "inject_fault",
            "latest_checkpoint", "load_state", "profiler", "record_checkpoint", "save_state"]
@@ -340,6 +342,60 @@ def profiler(d: Dist, enabled_dir: str | None = None):
                  on_trace_ready=tensorboard_trace_handler(str(Path(folder) / f"rank{d.rank}")),
                  record_shapes=True, profile_memory=True) as prof:
         yield prof
+
+
+class OwnWork:
+    """A step's own work (its compute before it waits for its peers), timed on the device.
+
+    Every recipe here calls `start()` when a step begins, `done(step)` right before the
+    step's collective (the last backward, whose gradient all-reduce waits for the peers) and
+    `settle()` after the step's natural sync point (a loss read back, a synchronize). On a
+    GPU, two CUDA events on the current stream bracket the work and their `elapsed_time` is
+    read in `settle()`, once the end event completed: the GPU's time, not the host's enqueue
+    time, and no extra synchronisation. Work on the device that waits for a collective on
+    another stream inside the bracket (FSDP's parameter gathers, prefetched for the next
+    layer) counts as the time it held the stream. On CPU the step's wall time is the device's.
+    NVIDIA's Resiliency Extension times sections with CUDA events the same way
+    (https://nvidia.github.io/nvidia-resiliency-ext/, straggler detection, read 2026-11)."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.cuda = getattr(device, "type", None) == "cuda"
+        self._started: Any = None
+        self._pending: tuple[int, Any, Any] | None = None
+
+    def start(self) -> None:
+        if self.cuda:
+            import torch
+
+            self._started = torch.cuda.Event(enable_timing=True)
+            self._started.record()
+        else:
+            self._started = time.perf_counter()
+
+    def done(self, step: int) -> None:
+        """The step's own work is enqueued (GPU) or done (CPU); its collective comes next."""
+        if self._started is None:
+            self.start()  # a step without start(): time from here (no own work is counted twice)
+        if not self.cuda:
+            progress.compute_done(step, busy_s=time.perf_counter() - self._started)
+            self._started = None
+            return
+        import torch
+
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._pending, self._started = (step, self._started, end), None
+        progress.compute_done(step, device_time_follows=True)
+
+    def settle(self) -> None:
+        """After the step's sync point: pass the device's time on (nothing to do on CPU)."""
+        if self._pending is None:
+            return
+        step, started, end = self._pending
+        if not end.query():
+            return  # not reached on the device yet: read at the next settle, never waited for
+        self._pending = None
+        progress.own_work(step, started.elapsed_time(end) / 1000.0)
 
 
 class Timer:

@@ -29,7 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-from amlhpc.jobs.runtime.base import progress
 from amlhpc.jobs.workloads import common
 
 CONNECT_S = 120.0
@@ -126,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     metrics = common.Metrics(d, args.output_dir)
     try:
         lockstep = Lockstep(rank, world)
+        own = common.OwnWork()  # no device: the step's wall time is its own work
         while step < args.steps:
+            own.start()
             time.sleep(args.step_s)
-            progress.compute_done(step + 1)  # its own work is done: now it waits for its peers
+            own.done(step + 1)  # its own work is done: now it waits for its peers
             lockstep.step(step + 1)
             step += 1
             metrics.log(step, loss=1.0 / step)

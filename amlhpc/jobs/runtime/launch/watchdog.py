@@ -72,7 +72,7 @@ log = logging.getLogger("amlhpc.watchdog")
 
 VERDICT_FILE = "verdict.json"
 POLL_VERDICT_S = 0.5
-STEP_WINDOW = 5
+STEP_WINDOW = progress.OWN_WORK_WINDOW
 """Latest steps per rank whose own-work time make the node's step time (a median: one slow step is not a straggler)."""
 _FIX = "the job builder sets it from the recipe's `watchdog` block; resubmit, or correct the JSON by hand"
 FIRST_STEP_FACTOR = 3.0
@@ -195,7 +195,8 @@ class NodeWatch:
         if report.waiting is not None or report.busy_s is not None:
             self.waiting[local_rank] = report.waiting is not None
         if report.busy_s is not None:  # the own-work time of the step it waits on, or of the one it just finished
-            step = report.waiting if report.waiting is not None else report.step
+            step = report.busy_step if report.busy_step is not None else \
+                report.waiting if report.waiting is not None else report.step
             window = self.busy.setdefault(local_rank, deque(maxlen=STEP_WINDOW))
             if not window or window[-1][0] != step:
                 window.append((step, report.busy_s))

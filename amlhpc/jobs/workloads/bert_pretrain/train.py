@@ -140,16 +140,20 @@ def run_steps(d, args, config, ds_config, steps, metrics, use_ds, seq_len, use_o
     state = common.TrainState(model, optimizer, sampler=sampler) if save and not use_ds else None
     start_step = common.load_state(state) if state is not None else 0
     timer, loss_value = common.Timer(), float("nan")
+    own = common.OwnWork(device)  # each step's own work on the device: where a straggler shows
     for step in range(start_step + 1, steps + 1):
         if sampler.step_in_epoch >= sampler.steps_per_epoch:
             sampler.set_epoch(sampler.epoch + 1)
         total = torch.zeros((), dtype=torch.float64)
+        own.start()
         micro_batches = sampler.indices_of_step(sampler.step_in_epoch)
         for pass_index, indices in enumerate(micro_batches):
             ids, labels = batch(indices, seq_len, config.vocab_size, args.seed)
             last = pass_index == len(micro_batches) - 1
             with (contextlib.nullcontext() if use_ds or last or engine is model else engine.no_sync()):
                 out = engine(input_ids=ids.to(device), labels=labels.to(device))
+                if last:  # its backward reduces the gradients over the ranks
+                    own.done(step)
                 if use_ds:
                     engine.backward(out.loss)
                     engine.step()
@@ -162,6 +166,7 @@ def run_steps(d, args, config, ds_config, steps, metrics, use_ds, seq_len, use_o
             optimizer.zero_grad(set_to_none=True)
         sampler.step_done()
         loss_value = common.all_reduce_mean(d, float(total) / gas)
+        own.settle()  # the loss was read back: the step's work is done on the device
         if metrics and (step % args.log_every == 0 or step == start_step + 1):
             metrics.log(step, loss=loss_value)
         if state is not None and args.checkpoint_every and step % args.checkpoint_every == 0:

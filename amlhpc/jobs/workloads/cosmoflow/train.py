@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from amlhpc.jobs.runtime.base import progress
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError
 from amlhpc.jobs.runtime.node import skufacts
 from amlhpc.jobs.workloads import common, peak
@@ -148,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     val_loader = (DataLoader(data.CosmoFlowFiles(val_files), batch_size=args.batch_size,
                              generator=torch.Generator().manual_seed(args.seed)) if val_files else None)
     metrics = common.Metrics(d, args.output_dir)
+    own = common.OwnWork(d.device)  # each step's own work on the device: where a straggler shows
     samples, seconds, loss_value, val_mae, step_loss = 0, 0.0, math.nan, None, math.nan
 
     with common.profiler(d, args.profile_dir) as prof:
@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             done = sampler.position // sampler.batch
             for i in range(done, steps_per_epoch):
                 step_started = time.perf_counter()
+                own.start()
                 optimizer.zero_grad(set_to_none=True)
                 step_loss = 0.0
                 for micro in range(accumulation):
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                         with torch.autocast(d.device.type, dtype=amp_dtype, enabled=use_amp):
                             loss = F.mse_loss(ddp(x).float(), y) / accumulation
                         if syncing:  # the last forward ends this rank's own work; its backward all-reduces
-                            progress.compute_done(step + 1)
+                            own.done(step + 1)
                         scaler.scale(loss).backward()
                     step_loss += float(loss.detach())
                 sync_gradients()
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 sampler.step_done()
                 step += 1
                 step_s = time.perf_counter() - step_started  # the loss's float() above waited for the device
+                own.settle()
                 if prof is not None:
                     prof.step()
                 if step % args.log_every == 0 or i == done:

@@ -171,10 +171,12 @@ def main(argv=None) -> int:
 
     rates, loss_value = [], float("nan")
     stalls: list[float] = []  # seconds the training was held by each checkpoint
+    own = common.OwnWork(d.device)  # each step's own work on the device: where a straggler shows
     for step in range(start + 1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
         timer = common.Timer()
+        own.start()
         step_loss = torch.zeros((), device=d.device)  # the mean over the step's micro-batches
         for micro in range(args.grad_accum):
             if d.world > 1:
@@ -182,6 +184,8 @@ def main(argv=None) -> int:
             inputs, targets = position.batch(micro)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=d.device.type == "cuda" and d.world == 1):
                 loss = model(inputs.to(d.device), targets.to(d.device)) / args.grad_accum
+            if micro == args.grad_accum - 1:  # the last backward reduces the gradients over the ranks
+                own.done(step)
             loss.backward()
             step_loss += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -190,6 +194,7 @@ def main(argv=None) -> int:
         position.step_done()
         if d.device.type == "cuda":
             torch.cuda.synchronize()
+        own.settle()
         seconds = timer.elapsed()
         rate = throughput.step_rate(tokens_per_step, seconds, d.world, flops_per_token, peak)
         rates.append(rate)
