@@ -103,6 +103,11 @@ POINTS: dict[str, str] = {
     # the training of a rehearsed attempt (amlhpc.jobs.runtime.base.progress)
     "launch.final-upload": "the training ended and the node's end record (final upload pending) is written; the "
                            "final upload has not started",
+    # the in-job restart (amlhpc.jobs.runtime.launch.restart, amlhpc.jobs.runtime.health.quick)
+    "restart.health-check": "a node's training ended for an in-job restart; its quick health check has not run (an "
+                            "armed error fails the check: context node)",
+    "launch.reaped": "the launcher reaped its command after a SIGKILL (an armed error: it never exits, as a process "
+                     "in uninterruptible sleep; context pid)",
     "training.step": "a training process reported a completed step (context: step)",
     "training.compute": "a training process finished its own work on a step, before waiting for its peers "
                         "(context: step, busy_s)",
