@@ -47,9 +47,10 @@ signal after it reported a completed training (amlhpc.jobs.runtime.launch.comple
     7   the hang watchdog stopped the command: no progress for watchdog.hang_s
     8   NCCL would use TCP sockets between the nodes of an InfiniBand size
     9   the node's managed identity cannot reach the job's storage with the role it needs
-    10  a node was lost: node 0 (its coordination store stopped answering), or a node that did not
-        answer an in-job restart
+    10  a node was lost: node 0 (its coordination store stopped answering), a node that did not
+        answer an in-job restart, or a command not reaped --kill-wait seconds after its SIGKILL
     11  the training failed again after `local_restarts` in-job restarts
+    13  a node failed the quick health check before an in-job restart (amlhpc.jobs.runtime.health.quick)
     126 the command is not executable, 127 it was not found
 
 The connection string AMLHPC_BLOB_CONNECTION_STRING (Azurite) is removed from the
@@ -178,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Stage inputs, gate on node health, pin, restore the latest checkpoint, run COMMAND with "
                     "background checkpoint uploads. Exit: COMMAND's status, or 2 bad input, 3 health gate, "
                     "4 staging, 5 restore, 6 final upload, 7 hang, 8 NCCL on TCP on an InfiniBand size, 9 storage access, "
+                    "10 a node lost, 11 in-job restarts spent, 13 a node failed its pre-restart health check, "
                     "126/127 COMMAND not executable/not found.")
     p.add_argument("--health", choices=HEALTH_MODES, default=None,
                    help=f"health gate before training; the flag wins over ${contract.HEALTH} (default: it, else off)")
