@@ -761,7 +761,10 @@ class Launcher:
         if self.ranks.is_node_leader and self.restarts_allowed > 0:
             from amlhpc.jobs.runtime.health import quick
 
-            self._baseline = quick.baseline(self.options.sysfs)
+            try:
+                self._baseline = quick.baseline(self.options.sysfs)
+            except Exception as exc:  # noqa: BLE001 - the training goes on; restarts go unchecked
+                log.warning("no baseline for the pre-restart health check (%s: %s)", type(exc).__name__, exc)
         sampler = telemetry.start_for(self)  # local rank 0: node telemetry while the training runs, restarts included
         try:
             status = self._generations()
@@ -974,7 +977,12 @@ class Launcher:
 
         if self._baseline is None:
             return None
-        failed = quick.before_restart(self._baseline, self.options.sysfs, node=self.ranks.node_index)
+        try:
+            failed = quick.before_restart(self._baseline, self.options.sysfs, node=self.ranks.node_index)
+        except Exception as exc:  # noqa: BLE001 - a fault of the check itself is no fault of the node
+            log.warning("the pre-restart health check could not run (%s: %s): restarting without it",
+                        type(exc).__name__, exc)
+            return None
         if not failed:
             return None
         return {"host": self.report.host, "azure_node_id": self.environ.get("AZ_BATCH_NODE_ID"),
