@@ -49,10 +49,14 @@ class Cause:
 CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause(Why.COMPLETED, False, "the training finished"),
     Cause(Why.PREEMPTED, True, "low-priority nodes were preempted (Azure ML: PreemptionError, node state 'preempted')"),
-    Cause(Why.NODE_FAILURE, True, "a node failed or vanished (node state 'unusable', or a node left no end record)"),
+    Cause(Why.NODE_FAILURE, True, "a node failed or vanished (node state 'unusable', a node left no end record, a "
+                                f"launcher reported a node lost (exit {ExitCode.NODE_LOST}): node 0's store gone, or a "
+                                "training process not reaped after SIGKILL), or a node's heartbeat stopped while Azure "
+                                "ML said Running (managed.silent_node_s)"),
     Cause(Why.SERVICE_ERROR, True, "Azure ML reported a service-side error (ServiceError, TransientError, AzureStorageError, "
                                  "RequestThrottled) before the training could say anything"),
-    Cause(Why.HEALTH_GATE, True, f"the health gate failed on a node (launcher exit {ExitCode.HEALTH})"),
+    Cause(Why.HEALTH_GATE, True, f"the health gate failed on a node (launcher exit {ExitCode.HEALTH}), or its health "
+                               f"check before an in-job restart (exit {ExitCode.RESTART_HEALTH})"),
     Cause(Why.STAGING, True, f"staging the inputs failed or timed out (launcher exit {ExitCode.STAGING})"),
     Cause(Why.HANG, True, f"the watchdog stopped a training that made no progress (launcher exit {ExitCode.HANG})"),
     Cause(Why.NCCL_FALLBACK, True, "NCCL fell back to TCP instead of InfiniBand "
@@ -84,6 +88,8 @@ EXIT_CAUSES: dict[int, Why] = {
     ExitCode.NCCL_SOCKETS: Why.NCCL_FALLBACK,
     ExitCode.STORAGE_ACCESS: Why.STORAGE_ACCESS,
     ExitCode.HANG: Why.HANG,
+    ExitCode.NODE_LOST: Why.NODE_FAILURE,
+    ExitCode.RESTART_HEALTH: Why.HEALTH_GATE,
     ExitCode.NOT_EXECUTABLE: Why.BAD_INPUT,
     ExitCode.NOT_FOUND: Why.BAD_INPUT,
 }

@@ -42,6 +42,7 @@ from typing import Any
 from amlhpc.jobs.managed import causes
 from amlhpc.jobs.managed.causes import Why
 from amlhpc.jobs.managed.observation import SERVICE_ERROR_CODES, Observation
+from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.launch.completion import crash_signal
 
 PREEMPTION_CODES = frozenset({"PreemptionError"})
@@ -158,14 +159,22 @@ def _node_findings(e: Evidence) -> tuple[dict[Why, Finding], list[dict[str, Any]
     found: dict[Why, Finding] = {}
     bad: list[dict[str, Any]] = []
     for node, record in sorted(e.ends.items()):
-        cause = _node_cause(record)
+        cause, code = _node_cause(record), record.get("exit_code")
         if cause is None:
             continue
         message = str(record.get("error") or f"exit {record.get('exit_code')}")
         if cause == Why.HANG and isinstance(record.get("hang"), Mapping):
             message = str(record["hang"].get("message") or message)
-        elif cause == Why.HEALTH_GATE:
+        elif cause == Why.HEALTH_GATE and isinstance(record.get("unhealthy"), Mapping):
+            sick = record["unhealthy"]
+            message = str(record.get("error") or message)
+            if isinstance(sick.get("node"), int):
+                bad.append({**_where(sick["node"], e.ends.get(sick["node"]) or sick),
+                            "why": f"pre-restart health check ({sick.get('check')})"})
+        elif cause == Why.HEALTH_GATE and code == ExitCode.HEALTH:
             bad.append({**_where(node, record), "why": "health gate"})
+        elif cause == Why.NODE_FAILURE and isinstance(record.get("lost"), Mapping):
+            bad.append({**_where(node, record), "why": "process not reaped after SIGKILL"})
         found.setdefault(cause, Finding(cause, f"node {node}: {message}", record.get("exit_code")))
     if Why.HANG in found:
         culprits = _hang_culprits(e.ends)

@@ -92,6 +92,10 @@ class Policy:
     straggler_looks: int = 3
     stall_s: float = 900.0
     """An attempt Azure ML reports Paused, Unknown or NotResponding this long is canceled and retried."""
+    silent_node_s: float | None = 1800.0
+    """An attempt Azure ML reports Running while a node's heartbeat has not changed this long
+    (the controller's own clock; a node that never wrote one: from the first heartbeat of any
+    node) is canceled and retried, the silent node named; None: off."""
     lease_s: int = 60
     """The record's lease (Blob: 15..60 s); a controller silent this long is replaced."""
     outage_backoff_max_s: float = 300.0

@@ -130,6 +130,15 @@ class Attempt:
     """node -> [consecutive slow looks, the step last counted]: the straggler's evidence so far."""
     ignored_evidence: list[str] = field(default_factory=list)
     """Node records the controller refused (unsigned, forged, another epoch's), with why."""
+    stopping: dict[str, Any] | None = None
+    """The controller's own verdict on a running attempt it stops (cause, detail, bad_nodes),
+    written before the job is canceled: a controller that dies between the cancel and its
+    record write leaves a Canceled job whose end is still its stop, never the user's cancel."""
+    beats_seen: dict[str, list[str]] = field(default_factory=dict)
+    """node -> [its heartbeat's service time, when this controller first saw that heartbeat]:
+    how long a node's heartbeat has not changed, on the controller's own clock."""
+    beats_since: str | None = None
+    """When this controller first saw any heartbeat of the attempt (a node without one is judged from then)."""
 
     def hours(self, until: datetime | None = None) -> float:
         """Hours on its nodes: from the start to the end (or `until` while it runs)."""

@@ -152,7 +152,8 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
                     targets=targets, queue_timeout_s=m.queue_timeout_s,
                     fallback_after_preemptions=m.fallback_after_preemptions,
                     checkpoint_interval_s=recipe.checkpoint.interval_s, straggler_factor=m.straggler_factor,
-                    straggler_looks=m.straggler_looks, stall_s=m.stall_s, shrink_nodes=shrink_nodes)
+                    straggler_looks=m.straggler_looks, stall_s=m.stall_s,
+                    silent_node_s=m.silent_node_s, shrink_nodes=shrink_nodes)
     backoffs = sum(policy.backoff(n) for n in range(1, policy.max_restarts + 1))
     longest = max(plan.timeout_s for plan in (training, *fallbacks))
     return ManagedPlan(

@@ -44,6 +44,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from amlhpc.jobs.managed import stragglers
+from amlhpc.jobs.managed.causes import Why
 from amlhpc.jobs.managed.classify import Verdict, classify
 from amlhpc.jobs.managed.evidence import Evidence
 from amlhpc.jobs.managed.observation import Observation
@@ -272,7 +273,7 @@ class Supervisor:
         elif current.state == "submitting":
             self._submit(record, current, now)
         else:
-            self._watch(record, current, now)
+            return self._watch(record, current, etag, now)
         return etag
 
     # --- cancel ---------------------------------------------------------------------
@@ -340,11 +341,11 @@ class Supervisor:
         attempt.state, attempt.submitted_at = "running", iso(now)
         attempt.queued_since = attempt.submitted_at
 
-    def _watch(self, record: Record, attempt: Attempt, now: datetime) -> None:
+    def _watch(self, record: Record, attempt: Attempt, etag: str, now: datetime) -> str:
         observation = self.service.observe(attempt.job)
         if observation is None:
             self._end(record, attempt, Verdict("unknown", f"job {attempt.job} no longer exists"), now, "Missing")
-            return
+            return etag
         self._follow_status(attempt, observation, now)
         if observation.capacity is not None:
             attempt.capacity = observation.capacity
@@ -358,9 +359,12 @@ class Supervisor:
             ends = self.evidence.ends(attempt.job, attempt.nodes, attempt.stale_ends)
             self._note_ignored(attempt, ends.refused)
             verdict = classify(observation, ends.records, attempt.nodes, attempt.epoch_events, ends.tampered)
-            faultpoints.reach("controller.ended", attempt=attempt.number, cause=verdict.cause)
+            if attempt.stopping is not None and observation.status == "Canceled":
+                verdict = _stopped(attempt.stopping)  # the controller's own cancel, its record write lost
             self._end(record, attempt, verdict, observation.ended_at or now, observation.status)
-            return
+            return etag
+        if attempt.stopping is not None:  # stopped by a controller that died before the cancel went out
+            return self._stop(record, attempt, _stopped(attempt.stopping), etag, now)
         self._note_commit(attempt, now)
         beats, refused = self.evidence.heartbeats(attempt.job)
         self._note_ignored(attempt, refused)
@@ -368,11 +372,66 @@ class Supervisor:
         attempt.last_step = step if step is not None else attempt.last_step
         for named in stragglers.look(attempt, beats, self.policy.straggler_factor, self.policy.straggler_looks, now):
             self.echo(f"attempt {attempt.number}: {stragglers.describe(named)}")
-        stop = self._must_stop(record, attempt, observation, now)
+        stop = self._must_stop(record, attempt, observation, now) or self._silent_nodes(attempt, observation, beats, now)
         faultpoints.reach("controller.watch", attempt=attempt.number, status=observation.status)
         if stop is not None:
-            self.service.cancel(attempt.job)
-            self._end(record, attempt, stop, now, "Canceled")
+            return self._stop(record, attempt, stop, etag, now)
+        return etag
+
+    def _stop(self, record: Record, attempt: Attempt, verdict: Verdict, etag: str, now: datetime) -> str:
+        """The controller ends a running attempt itself (budget, queue timeout, stall, a silent
+        node): its verdict is in the record before the job is canceled, so a controller that
+        dies anywhere after leaves an attempt the next one ends with the same cause (a cancel
+        again, idempotent; or a Canceled job taken for this stop, not for the user's cancel)."""
+        if attempt.stopping is None:
+            attempt.stopping = {"cause": str(verdict.cause), "detail": verdict.detail,
+                                "bad_nodes": [dict(b) for b in verdict.bad_nodes]}
+            etag = self._save(record, etag)
+            faultpoints.reach("controller.stopping", attempt=attempt.number, cause=verdict.cause)
+        self.service.cancel(attempt.job)
+        self._end(record, attempt, verdict, now, "Canceled")
+        return etag
+
+    def _silent_nodes(self, attempt: Attempt, observation: Observation, beats: dict[int, Any],
+                      now: datetime) -> Verdict | None:
+        """Azure ML says Running, but a node's heartbeat has not changed for policy.silent_node_s
+        (or, once any node wrote one, a node never wrote one for that long): its launcher is
+        frozen or its host gone, and no peer's watchdog ended the job. Measured on this
+        controller's clock between its own looks (a heartbeat's time is the storage service's,
+        never compared with this clock); the nodes are named to distrust."""
+        limit = self.policy.silent_node_s
+        if not limit or observation.status != "Running":
+            if not observation.running:
+                attempt.beats_seen, attempt.beats_since = {}, None  # requeued or not started: judged afresh
+            return None
+        for node, beat in beats.items():
+            seen = attempt.beats_seen.get(str(node))
+            mark = f"{iso(beat.written)} {beat.step} {beat.age_s}"  # a new write changes one of them
+            if beat.state == "ended":
+                attempt.beats_seen[str(node)] = [mark, ""]
+            elif seen is None or seen[0] != mark:
+                attempt.beats_seen[str(node)] = [mark, iso(now) or ""]
+        if not beats:
+            return None
+        attempt.beats_since = attempt.beats_since or iso(now)
+        silent: list[tuple[int, float]] = []
+        for node in range(attempt.nodes):
+            seen = attempt.beats_seen.get(str(node))
+            if seen is not None and not seen[1]:
+                continue  # its launcher ended: the job's end is near
+            since = parse_time(seen[1] if seen is not None else attempt.beats_since)
+            age = (now - since).total_seconds() if since else 0.0
+            if age > limit:
+                silent.append((node, age))
+        if not silent:
+            return None
+        named = ", ".join(f"node {n} ({beats[n].host if n in beats else 'no heartbeat yet'}) for {age:.0f}s"
+                          for n, age in silent)
+        bad = tuple({"node": n, **({"host": beats[n].host} if n in beats and beats[n].host else {}),
+                     "why": "heartbeat stopped"} for n, _ in silent)
+        return Verdict(Why.NODE_FAILURE, f"Azure ML reports {observation.status} but no new heartbeat came from {named} "
+                                         f"(managed.silent_node_s {limit:g}): its launcher is frozen or its host gone",
+                       bad_nodes=bad)
 
     def _follow_status(self, attempt: Attempt, observation: Observation, now: datetime) -> None:
         previous = attempt.status
@@ -459,6 +518,10 @@ class Supervisor:
         return max(0.0, interval - (now - since).total_seconds())
 
     def _end(self, record: Record, attempt: Attempt, verdict: Verdict, ended: datetime, status: str) -> None:
+        """Every end of an attempt comes here: seen ended and classified, stopped by this
+        controller (budget, queue timeout, stall, a silent node), canceled by the user, refused
+        by Azure ML, or gone; the `controller.ended` fault point sits before the record write."""
+        faultpoints.reach("controller.ended", attempt=attempt.number, cause=verdict.cause)
         policy = self.policy
         attempt.state, attempt.status, attempt.ended_at = "ended", status, iso(ended)
         attempt.cause, attempt.detail, attempt.exit_code = verdict.cause, verdict.detail, verdict.exit_code
@@ -592,6 +655,12 @@ def _node_lost(attempt: Attempt) -> str | None:
     if attempt.requeued_at and gone:
         return f"attempt {attempt.number} lost a node (a node was {' and '.join(gone)}, then Azure ML requeued the job)"
     return None
+
+
+def _stopped(stopping: dict[str, Any]) -> Verdict:
+    """The verdict a controller recorded before it canceled the attempt (Attempt.stopping)."""
+    return Verdict(Why(stopping.get("cause") or Why.UNKNOWN), str(stopping.get("detail") or ""),
+                   bad_nodes=tuple(stopping.get("bad_nodes") or ()))
 
 
 def _node_text(bad: dict) -> str:

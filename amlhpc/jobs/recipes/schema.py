@@ -238,6 +238,11 @@ class Managed(_Model):
     straggler_looks: int = Field(3, ge=1)
     stall_s: int = Field(900, ge=60)
     """An attempt Azure ML reports Paused, Unknown or NotResponding this long is canceled and retried."""
+    silent_node_s: int | None = Field(1800, ge=120)
+    """An attempt Azure ML reports Running while one of its nodes wrote no new heartbeat for
+    this long (its launcher is frozen or its host gone, and no peer's watchdog ended the job) is
+    canceled and resubmitted, the node named to distrust (null: off). Keep it above
+    watchdog.hang_s plus checkpoint.agree_s: an in-job restart writes no heartbeat."""
     min_nodes: int | None = Field(None, ge=1)
     """Shrink-and-continue: when a node is lost and the cluster has no capacity for the full
     count, a restart may run on as few as this many nodes (default: the recipe's `nodes`, no

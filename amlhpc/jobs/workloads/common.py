@@ -311,6 +311,8 @@ def data_parallel(model, d: Dist, deterministic: bool = False):
 # save_state / load_state / finish_checkpoints: the checkpoint API of every workload here.
 from amlhpc.jobs.workloads.resume import (  # noqa: E402 - grouped with the helpers they belong to
     GlobalBatchSampler,
+    LoaderSeeds,
+    SeededSamples,
     ShardSampler,
     TrainState,
     finish_checkpoints,
@@ -321,7 +323,8 @@ from amlhpc.jobs.workloads.resume import (  # noqa: E402 - grouped with the help
     save_state,
 )
 
-__all__ = ["Dist", "GlobalBatchSampler", "Metrics", "OwnWork", "ShardSampler", "Timer", "TrainState", "all_reduce_mean",
+__all__ = ["Dist", "GlobalBatchSampler", "LoaderSeeds", "Metrics", "OwnWork", "SeededSamples", "ShardSampler", "Timer", "TrainState",
+           "all_reduce_mean",
            "all_reduce_min", "barrier", "checkpoint_dir", "data_parallel", "finish_checkpoints", "init_distributed",
            "inject_fault",
            "latest_checkpoint", "load_state", "profiler", "record_checkpoint", "save_state"]

@@ -20,7 +20,8 @@ and gradient-accumulation passes, so the same samples make each step at any worl
 keep their position in samples of completed steps; a resumed loader starts exactly there.
 
 RNG: Python's `random`, NumPy's global generator, torch's CPU generator, every CUDA device's,
-and any named torch.Generator the workload uses. With the same world size and deterministic
+any named torch.Generator the workload uses, and the seeding of its DataLoader's workers
+(`LoaderSeeds`, with `SeededSamples` for random draws inside the workers). With the same world size and deterministic
 kernels (torch.use_deterministic_algorithms) a resumed run's per-step losses are bit-identical to
 an uninterrupted one's on CPU. On another world size (shrink-and-continue) the weights reshard,
 the global sampler goes on where it was, and per-rank RNG starts afresh from the seed.
@@ -169,6 +170,99 @@ class GlobalBatchSampler:
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
 
 
+# --- DataLoader workers ------------------------------------------------------------------
+
+
+def _mix(*parts: int) -> int:
+    """A 63-bit seed from integers (a resumed run computes the same one)."""
+    value = 0
+    for part in parts:
+        value = (value * 1_000_003 + int(part)) % (1 << 63)
+    return value
+
+
+class LoaderSeeds:
+    """The seeding of a DataLoader's workers, a function of (seed, epoch) and kept in the checkpoint.
+
+    A DataLoader draws its workers' base seed from its `generator` each time it starts an
+    iterator (each epoch; once, with persistent workers), and each worker seeds `random`, torch
+    and NumPy from it plus its id (PyTorch's documentation, "Randomness in multi-process data
+    loading", pytorch.org/docs/stable/data.html, read 2026-11-28). A resumed run's loader is new:
+    its first draw was the uninterrupted run's first, not the current epoch's. Here the
+    generator is set from (seed, epoch) before every iterator starts, and the epoch whose seed
+    persistent workers got is saved (`state_dict`, in save_state), so a resumed run's workers
+    get the seeds an uninterrupted run's had:
+
+        seeds = LoaderSeeds(args.seed + rank)
+        loader = DataLoader(SeededSamples(dataset, seeds), sampler=sampler, generator=seeds.generator, ...)
+        state = TrainState(model, optimizer, sampler=sampler, loader_seeds=seeds)
+        for epoch in ...:
+            batches = seeds.iterate(loader, epoch)
+
+    Random draws inside the workers (augmentation) are exact at any resumed step only when each
+    sample's draws derive from the sample itself: `SeededSamples` seeds every RNG from (the
+    epoch's seed, the sample's index) before each sample (a worker's own stream depends on which
+    batches it was dealt, which a resume in mid-epoch changes)."""
+
+    def __init__(self, seed: int):
+        import torch
+
+        self.seed = int(seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.seeded_epoch: int | None = None
+        """The epoch whose seed the loader's current workers got (None: no iterator yet)."""
+        self.epoch_seed = self.seed
+        """That epoch's seed (SeededSamples in the main process, without workers)."""
+        self._persistent_from: int | None = None
+        """A resumed run with persistent workers: the epoch whose seed they got in the saved run."""
+
+    def iterate(self, loader, epoch: int):
+        """iter(loader) for `epoch`, its workers seeded from (seed, epoch)."""
+        persistent = bool(getattr(loader, "persistent_workers", False))
+        if persistent and isinstance(getattr(loader, "dataset", None), SeededSamples):
+            raise ValueError("SeededSamples needs each epoch's seed in the workers: persistent workers never get it; "
+                             "create the DataLoader with persistent_workers=False")
+        if not persistent or self.seeded_epoch is None:
+            seeded = self._persistent_from if persistent and self._persistent_from is not None else epoch
+            self.seeded_epoch, self.epoch_seed = seeded, _mix(self.seed, seeded)
+            self.generator.manual_seed(self.epoch_seed)
+        return iter(loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "seeded_epoch": self.seeded_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seeded_epoch") is not None:
+            self._persistent_from = int(state["seeded_epoch"])
+
+
+class SeededSamples:
+    """A map-style dataset whose every sample is drawn with `random`, torch and NumPy seeded from
+    (the epoch's loader seed, the sample's index): the same draws for the same sample in any run,
+    resumed or not, whichever worker loads it (see LoaderSeeds)."""
+
+    def __init__(self, dataset, seeds: LoaderSeeds):
+        self.dataset, self.seeds = dataset, seeds
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        import torch
+        from torch.utils.data import get_worker_info
+
+        worker = get_worker_info()
+        base = worker.seed - worker.id if worker is not None else self.seeds.epoch_seed
+        seed = _mix(base, index)
+        random.seed(seed)
+        torch.manual_seed(seed)
+        if "numpy" in sys.modules:
+            import numpy as np
+
+            np.random.seed(seed % (1 << 32))
+        return self.dataset[index]
+
+
 # --- RNG --------------------------------------------------------------------------------
 
 
@@ -230,6 +324,8 @@ class TrainState:
     sampler: Any = None
     generators: dict[str, Any] = field(default_factory=dict)
     extra: Callable[[], dict[str, Any]] = dict
+    loader_seeds: LoaderSeeds | None = None
+    """The DataLoader's worker seeding (saved and restored with the rank's RNG)."""
     resumed_extra: dict[str, Any] = field(default_factory=dict)
     """After load_state: the `extra` the checkpoint held."""
     resumed_from: str | None = None
@@ -272,7 +368,8 @@ def save_state(state: TrainState, step: int, background: bool = True) -> float:
     training was held; the write goes on in the background unless `background` is False."""
     model_sd, optim_sd = _model_and_optim(state)
     trainer = {"step": step, "sampler": state.sampler.state_dict() if state.sampler is not None else None,
-               "rng": rng_state(state.generators), "extra": state.extra(), "written": time.time()}
+               "rng": rng_state(state.generators), "extra": state.extra(), "written": time.time(),
+               "loader": state.loader_seeds.state_dict() if state.loader_seeds is not None else None}
     writer = checkpointer(background)
     stall = writer.save(step, {"model": model_sd, "optim": optim_sd}, trainer)
     _record(writer, step)
@@ -319,6 +416,8 @@ def load_state(state: TrainState, version: Path | None = None) -> int:
         state.sampler.load_state_dict(trainer["sampler"], same_world=trainer["same_world"])
     if trainer["same_world"]:
         set_rng_state(trainer["rng"], state.generators)
+        if state.loader_seeds is not None and trainer.get("loader"):
+            state.loader_seeds.load_state_dict(trainer["loader"])
     state.resumed_extra = trainer.get("extra") or {}
     state.resumed_from = Path(version).name
     step = int(trainer["step"])

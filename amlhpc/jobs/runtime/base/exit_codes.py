@@ -37,14 +37,21 @@ class ExitCode(IntEnum):
     NODE_LOST = 10
     """A node is lost: node 0, whose launcher hosts the job's coordination store (it stopped
     answering: every other node ends at once), or a node that did not answer an in-job restart
-    within checkpoint.agree_s (its host is gone, or its launcher is frozen). The job ends so the
-    managed run can resubmit it (amlhpc/jobs/runtime/launch/restart.py, amlhpc/jobs/runtime/coord/jobstore.py)."""
+    within checkpoint.agree_s (its host is gone, or its launcher is frozen), or a node whose training
+    process was not reaped within --kill-wait seconds of its SIGKILL (uninterruptible sleep: a GPU
+    off the bus, a wedged driver or file system). The job ends so the managed run can resubmit it
+    (amlhpc/jobs/runtime/launch/restart.py, amlhpc/jobs/runtime/coord/jobstore.py,
+    amlhpc/jobs/runtime/launch/reap.py)."""
     RESTARTS_EXHAUSTED = 11
     """The training failed again after checkpoint.local_restarts in-job restarts: the job ends so
     the managed run can resubmit it on other nodes (amlhpc/jobs/runtime/launch/restart.py)."""
     STAGING_TIMEOUT = 12
     """Staging did not finish within its timeout (the staging command on its own; the launcher
     reports a timed-out staging as STAGING)."""
+    RESTART_HEALTH = 13
+    """A node failed the quick health check before an in-job restart (a GPU gone or erroring, a new
+    critical XID, a fabric port down: amlhpc/jobs/runtime/health/quick.py): no node restarts, the
+    job ends so the managed run resubmits it; every node's end record names the node and the check."""
     NOT_EXECUTABLE = 126
     """The training command is not executable."""
     NOT_FOUND = 127

@@ -76,7 +76,10 @@ POINTS: dict[str, str] = {
     "controller.submitted": "the job was created, before the record says so (a crash leaves a job the record calls "
                             "submitting)",
     "controller.watch": "a running attempt was observed, before the record write (a controller lost mid-attempt)",
-    "controller.ended": "an attempt was seen ended and classified, before the record write",
+    "controller.ended": "an attempt's end was decided (seen ended and classified, or ended by the controller: a queue "
+                        "timeout, the budget, a stall, a silent node, a cancel, a refused or missing job), before the "
+                        "record write",
+    "controller.stopping": "the controller's own stop of a running attempt is in the record; the job is not canceled yet",
     "controller.backoff": "between attempts, while the next one waits for its backoff",
     "controller.cancel": "a cancel request was seen, before the running attempt's job is canceled",
     "controller.record.write": "before every write of the run's record (a second writer, a lapsed lease)",
@@ -100,6 +103,11 @@ POINTS: dict[str, str] = {
     # the training of a rehearsed attempt (amlhpc.jobs.runtime.base.progress)
     "launch.final-upload": "the training ended and the node's end record (final upload pending) is written; the "
                            "final upload has not started",
+    # the in-job restart (amlhpc.jobs.runtime.launch.restart, amlhpc.jobs.runtime.health.quick)
+    "restart.health-check": "a node's training ended for an in-job restart; its quick health check has not run (an "
+                            "armed error fails the check: context node)",
+    "launch.reaped": "the launcher reaped its command after a SIGKILL (an armed error: it never exits, as a process "
+                     "in uninterruptible sleep; context pid)",
     "training.step": "a training process reported a completed step (context: step)",
     "training.compute": "a training process finished its own work on a step, before waiting for its peers "
                         "(context: step, busy_s)",

@@ -47,9 +47,10 @@ signal after it reported a completed training (amlhpc.jobs.runtime.launch.comple
     7   the hang watchdog stopped the command: no progress for watchdog.hang_s
     8   NCCL would use TCP sockets between the nodes of an InfiniBand size
     9   the node's managed identity cannot reach the job's storage with the role it needs
-    10  a node was lost: node 0 (its coordination store stopped answering), or a node that did not
-        answer an in-job restart
+    10  a node was lost: node 0 (its coordination store stopped answering), a node that did not
+        answer an in-job restart, or a command not reaped --kill-wait seconds after its SIGKILL
     11  the training failed again after `local_restarts` in-job restarts
+    13  a node failed the quick health check before an in-job restart (amlhpc.jobs.runtime.health.quick)
     126 the command is not executable, 127 it was not found
 
 The connection string AMLHPC_BLOB_CONNECTION_STRING (Azurite) is removed from the
@@ -83,6 +84,7 @@ from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import jobstore
 from amlhpc.jobs.runtime.coord.agree import Channel, farewell
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
+from amlhpc.jobs.runtime.launch.reap import KILL_WAIT_S, Kills
 from amlhpc.jobs.runtime.launch.standby import STANDBY_START_S
 
 log = logging.getLogger("amlhpc.launch")
@@ -128,6 +130,8 @@ class LaunchOptions:
     final_wait_s: float = 600.0
     report_dir: Path = Path(contract.DEFAULT_REPORT_DIR)
     sysfs: Path = Path("/sys")
+    kill_wait_s: float = KILL_WAIT_S
+    """After a SIGKILL, how long to wait for the command before the node is reported lost (reap.py)."""
 
 
 @dataclass
@@ -157,6 +161,12 @@ class LaunchReport:
     exit_after_completion: dict | None = None
     """Set when the command died by a crash signal after it completed (amlhpc.jobs.runtime.launch.completion):
     {"status", "signal", "step", "checkpoint"}; the launcher then exits 0."""
+    lost: dict | None = None
+    """Set when the command was not reaped after its SIGKILL (amlhpc.jobs.runtime.launch.reap): the node
+    is lost: {"node", "pid", "waited_s", "after"}."""
+    unhealthy: dict | None = None
+    """The node that failed its health check before an in-job restart (this one or another):
+    {"node", "host", "check", "message"} (amlhpc.jobs.runtime.health.quick)."""
 
 
 # --- options ---------------------------------------------------------------------------
@@ -169,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Stage inputs, gate on node health, pin, restore the latest checkpoint, run COMMAND with "
                     "background checkpoint uploads. Exit: COMMAND's status, or 2 bad input, 3 health gate, "
                     "4 staging, 5 restore, 6 final upload, 7 hang, 8 NCCL on TCP on an InfiniBand size, 9 storage access, "
+                    "10 a node lost, 11 in-job restarts spent, 13 a node failed its pre-restart health check, "
                     "126/127 COMMAND not executable/not found.")
     p.add_argument("--health", choices=HEALTH_MODES, default=None,
                    help=f"health gate before training; the flag wins over ${contract.HEALTH} (default: it, else off)")
@@ -183,6 +194,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="local checkpoint folder (default: <scratch>/amlhpc-checkpoints/<run id>)")
     p.add_argument("--term-grace", type=float, default=30.0, metavar="S",
                    help="after forwarding SIGTERM/SIGINT/SIGHUP, SIGKILL the command this many seconds later (default 30)")
+    p.add_argument("--kill-wait", type=float, default=KILL_WAIT_S, metavar="S",
+                   help="after a SIGKILL of the command, report the node lost (exit 10) if it has not exited this many "
+                        f"seconds later: a process in uninterruptible sleep is never reaped (default {KILL_WAIT_S:g})")
     p.add_argument("--final-wait", type=float, default=600.0, metavar="S",
                    help="with sharded checkpoints, how long local rank 0 waits for the node's other ranks to exit "
                         "before the final upload (default 600)")
@@ -216,14 +230,15 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchOpti
         problems.append(RuntimeProblem(contract.PIN, "", f"must be one of {', '.join(PIN_MODES)}, got {pin!r}",
                                        "set it in the recipe's `pin` field, or pass --pin"))
     for name, value in (("--health-timeout", args.health_timeout), ("--term-grace", args.term_grace),
-                        ("--final-wait", args.final_wait)):
+                        ("--final-wait", args.final_wait), ("--kill-wait", args.kill_wait)):
         if value <= 0:
             problems.append(RuntimeProblem("command line", name, f"must be a positive number of seconds, got {value:g}"))
     if problems:
         raise RuntimeInputError(problems, title="the launcher's settings are not usable")
     report_dir = args.report_dir or Path(environ.get(contract.REPORT_DIR) or contract.DEFAULT_REPORT_DIR)
     return LaunchOptions(command, health, args.health_full, args.health_timeout, pin, args.max_clocks,
-                         args.checkpoint_dir, args.term_grace, args.final_wait, report_dir, args.sysfs)
+                         args.checkpoint_dir, args.term_grace, args.final_wait, report_dir, args.sysfs,
+                         kill_wait_s=args.kill_wait)
 
 
 # --- node-local coordination -------------------------------------------------------------
@@ -271,8 +286,9 @@ def _die_with_parent() -> None:
 class SignalForwarder:
     """Forwards signals to the command's process group; kills it `grace_s` after a stop signal."""
 
-    def __init__(self, child: subprocess.Popen, grace_s: float, report: LaunchReport):
+    def __init__(self, child: subprocess.Popen, grace_s: float, report: LaunchReport, kills: Kills | None = None):
         self.child, self.grace_s, self.report = child, grace_s, report
+        self.kills = kills or Kills()
         self._previous: dict[int, object] = {}
         self._timer: threading.Timer | None = None
         self.done = False
@@ -304,10 +320,7 @@ class SignalForwarder:
     def _kill(self) -> None:
         if self.child.poll() is None:
             log.warning("the training command did not exit %gs after the stop signal: SIGKILL", self.grace_s)
-            try:
-                os.killpg(self.child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self.kills.kill_group(self.child.pid, f"{self.grace_s:g}s after {self.stopped or 'a stop signal'}")
 
     def finish(self) -> None:
         """The command has exited: stop the kill timer, keep catching signals (upload goes on)."""
@@ -324,8 +337,9 @@ class _RestartStopper:
     """Kills the command's process group at once when the node's leader asks for it: the training
     failed somewhere in the job and every node restarts it (amlhpc/jobs/runtime/launch/restart.py)."""
 
-    def __init__(self, records, pid: int):
+    def __init__(self, records, pid: int, kills: Kills | None = None):
         self.records, self.pid = records, pid
+        self.kills = kills or Kills()
         self.killed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="restart-stopper", daemon=True)
@@ -337,10 +351,7 @@ class _RestartStopper:
         while not self._stop.wait(POLL_S):
             if self.records.stop_requested() is not None:
                 self.killed = True
-                try:
-                    os.killpg(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                self.kills.kill_group(self.pid, "stopped for an in-job restart")
                 return
 
     def stop(self) -> None:
@@ -490,6 +501,8 @@ class Launcher:
         """The first run's time to its first step on this node (a restart's deadline derives from it)."""
         self._generation = 0
         """The training run under way, or the last one (0, then 1 after an in-job restart, ...)."""
+        self._baseline = None
+        """The node as its training started, for the pre-restart health check (local rank 0, with restarts)."""
 
     def _dir(self, what: str) -> Path:
         return _node_dir(self.ranks, self.environ, what, self.launch)
@@ -745,6 +758,13 @@ class Launcher:
         started = time.monotonic()
         if self.node_checkpoints is not None:
             self.node_checkpoints.start_uploads()
+        if self.ranks.is_node_leader and self.restarts_allowed > 0:
+            from amlhpc.jobs.runtime.health import quick
+
+            try:
+                self._baseline = quick.baseline(self.options.sysfs)
+            except Exception as exc:  # noqa: BLE001 - the training goes on; restarts go unchecked
+                log.warning("no baseline for the pre-restart health check (%s: %s)", type(exc).__name__, exc)
         sampler = telemetry.start_for(self)  # local rank 0: node telemetry while the training runs, restarts included
         try:
             status = self._generations()
@@ -794,7 +814,7 @@ class Launcher:
 
     def _run_generation(self, generation: int):
         """One run of the training command; returns (status, the node's decision or None)."""
-        from amlhpc.jobs.runtime.launch import restart, watchdog
+        from amlhpc.jobs.runtime.launch import reap, restart, watchdog
 
         progress_dir = self._dir("progress" if generation == 0 else f"progress-g{generation}")
         self.child_env[contract.PROGRESS_FILE] = str(watchdog.progress_path(progress_dir, self.ranks.local_rank))
@@ -807,20 +827,27 @@ class Launcher:
         ready_file = self._dir("standby") / f"rank-{self.ranks.local_rank}-g{generation + 1}.ready"
         self.child_env[STANDBY_READY] = str(ready_file)
         child = self._spawn()
+        kills = Kills()
         if coordinated and generation < self.restarts_allowed:
             self._standbys.prepare_after_first_step(child, Path(self.child_env[contract.PROGRESS_FILE]), self.command_env(),
                                                     ready_file)
-        forwarder = self._forwarder = SignalForwarder(child, self.options.term_grace_s, self.report)
+        forwarder = self._forwarder = SignalForwarder(child, self.options.term_grace_s, self.report, kills)
         forwarder.install()
-        self.guard = watchdog.attach(self, child.pid, progress_dir, generation=generation, first_run_s=self._first_run_s)
-        stopper = _RestartStopper(records, child.pid) if coordinated else None
+        self.guard = watchdog.attach(self, child.pid, progress_dir, generation=generation, first_run_s=self._first_run_s,
+                                     kills=kills)
+        stopper = _RestartStopper(records, child.pid, kills) if coordinated else None
+        unreaped: reap.Unreaped | None = None
         try:
-            returncode = child.wait()
+            returncode = reap.wait(child, kills, self.options.kill_wait_s)
+        except reap.Unreaped as exc:
+            unreaped, returncode = exc, -signal.SIGKILL
         finally:
             forwarder.finish()  # signals stay caught until the next run or the end of the final upload
             self.guard.stop()
             if stopper is not None:
                 stopper.stop()
+        if unreaped is not None:
+            return self._lost(unreaped, records if coordinated else None, outcome_barrier)
         status = self.report.command_status = exit_status(returncode)
         log.info("training command exited with %d after %.1fs", status, time.monotonic() - started)
         status = self._judge_exit(returncode, status)
@@ -853,7 +880,27 @@ class Launcher:
             status = int((decision.failure or {}).get("status") or status)
         if decision.result == "end":
             self.report.error = f"{decision.reason}" + (f" (after {message})" if cause != "exit" else "")
+            self.report.unhealthy = decision.unhealthy
             log.error("the job ends: %s", decision.reason)
+        return status, decision
+
+    def _lost(self, unreaped, records, outcome_barrier):
+        """The command outlived its SIGKILL by --kill-wait: the node is lost (reap.py). With in-job
+        restarts its exit record says so, and its node's coordinator ends the job instead of
+        restarting on a GPU the process still holds."""
+        from amlhpc.jobs.runtime.launch import restart
+
+        log.error("%s", unreaped)
+        self.report.error = str(unreaped)
+        self.report.lost = {"node": self.ranks.node_index, "pid": unreaped.pid, "waited_s": round(unreaped.waited_s, 1),
+                            "after": unreaped.why}
+        status = ExitCode.NODE_LOST
+        if records is None:
+            return status, None
+        records.record_exit(self.ranks.local_rank, status, restart.UNREAPED, str(unreaped))
+        decision = self._outcome(outcome_barrier)
+        if decision.result == "restart":  # another local rank's coordinator cannot have seen this: never
+            decision = restart.Decision("end", str(unreaped), exit_code=ExitCode.NODE_LOST)
         return status, decision
 
     def _nodes_share_a_store(self) -> bool:
@@ -894,7 +941,7 @@ class Launcher:
         if not self.ranks.is_node_leader:
             return barrier
         shared = restart.JobAgreement(self.channel, generation) if self.channel is not None else None
-        hooks = restart.Hooks(report=self._restart_report, apply=self._apply_restart)
+        hooks = restart.Hooks(report=self._restart_report, apply=self._apply_restart, check=self._restart_check)
         coordinator = restart.Coordinator(generation=generation, node=self.ranks.node_index,
                                           nodes=self.ranks.node_count, local_size=self.ranks.local_size,
                                           records=records, shared=shared, limit=self.restarts_allowed,
@@ -922,6 +969,24 @@ class Launcher:
         except (BarrierFailed, BarrierTimeout) as exc:
             return restart.Decision("end", f"no restart decision on this node: {exc}")
         return restart.Decision.from_json(result)
+
+    def _restart_check(self) -> dict | None:
+        """The node's quick health check before it takes part in an in-job restart: what changed
+        since its training started (amlhpc.jobs.runtime.health.quick); None when healthy."""
+        from amlhpc.jobs.runtime.health import quick
+
+        if self._baseline is None:
+            return None
+        try:
+            failed = quick.before_restart(self._baseline, self.options.sysfs, node=self.ranks.node_index)
+        except Exception as exc:  # noqa: BLE001 - a fault of the check itself is no fault of the node
+            log.warning("the pre-restart health check could not run (%s: %s): restarting without it",
+                        type(exc).__name__, exc)
+            return None
+        if not failed:
+            return None
+        return {"host": self.report.host, "azure_node_id": self.environ.get("AZ_BATCH_NODE_ID"),
+                "check": failed[0].check, "message": "; ".join(r.line() for r in failed)}
 
     def _restart_report(self) -> dict:
         report = self.node_checkpoints.restart_report() if self.node_checkpoints is not None else {"versions": []}

@@ -68,6 +68,9 @@ from amlhpc.jobs.runtime.launch.watchdog import FIRST_STEP
 
 log = logging.getLogger("amlhpc.restart")
 
+UNREAPED = "unreaped"
+"""The exit record's cause when the command did not die within --kill-wait of its SIGKILL
+(amlhpc.jobs.runtime.launch.reap): the node is lost, it restarts nothing."""
 HANG_CAUSES = ("hang", FIRST_STEP)
 """The causes a node's watchdog gives (no progress; no first step within the run's deadline,
 amlhpc.jobs.runtime.launch.watchdog.FIRST_STEP)."""
@@ -213,6 +216,8 @@ class Decision:
     """This node's version folder to resume from (filled in by the node, after `apply`)."""
     failure: dict[str, Any] | None = None
     """The generation's first failure (who, cause, status)."""
+    unhealthy: dict[str, Any] | None = None
+    """The node that failed its pre-restart health check: node, host, check, message."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -234,6 +239,14 @@ def spent(limit: int) -> Decision:
     return Decision("end", f"{limit} in-job restart(s) spent (checkpoint.local_restarts)", exit_code=ExitCode.RESTARTS_EXHAUSTED)
 
 
+def unhealthy_end(who: dict[str, Any]) -> Decision:
+    """The end every node adopts when `who` failed its pre-restart health check."""
+    return Decision("end", f"node {who.get('node')} ({who.get('host') or 'unknown host'}) failed the health check "
+                           f"before the in-job restart ({who.get('check')}: {who.get('message')}): no node restarts on it; "
+                           "the job ends for a new attempt without that node", exit_code=ExitCode.RESTART_HEALTH,
+                    unhealthy=dict(who))
+
+
 def decide(generation: int, limit: int, nodes: int, reports: dict[int, dict[str, Any]],
            ended: dict[int, dict[str, Any]], deadline_passed: bool) -> Decision | None:
     """What every node does after failed generation `generation`; None while answers are missing.
@@ -241,6 +254,9 @@ def decide(generation: int, limit: int, nodes: int, reports: dict[int, dict[str,
     if ended:
         node, record = min(ended.items())
         return Decision("end", f"node {node} ended the job ({record.get('reason', record.get('cause', '?'))})")
+    sick = sorted(k for k, report in reports.items() if report.get("unhealthy"))
+    if sick:
+        return unhealthy_end(reports[sick[0]]["unhealthy"])
     missing = [k for k in range(nodes) if k not in reports]
     if missing:
         if not deadline_passed:
@@ -272,6 +288,9 @@ class Hooks:
     """Cancel the node's uploads; verify the tier; the node's report (versions, folder_files, blob_latest)."""
     apply: Callable[[Decision], Decision]
     """Prepare the node for the decision (restore from Blob, drop newer versions); may turn it into an end."""
+    check: Callable[[], dict[str, Any] | None] = lambda: None
+    """The node's quick health check before it takes part in a restart (amlhpc.jobs.runtime.health.quick):
+    None when healthy, else {"host", "check", "message"} of the first failed check."""
 
 
 class Coordinator:
@@ -398,6 +417,10 @@ class Coordinator:
             if ended is not None and ended.result != "restart":
                 self.adopted = ended
                 return ended
+        unreaped = next((r for _, r in sorted(exits.items()) if r.get("cause") == UNREAPED), None)
+        if unreaped is not None:
+            return self._end(Decision("end", f"node {self.node} is lost: {unreaped.get('message')}",
+                                      exit_code=ExitCode.NODE_LOST))
         if self.failure.get("cause") == "stopped" and self.failure.get("node") == self.node:
             return self._end(Decision("end", "the launcher was told to stop (preemption or a cancel)"))
         if self.limit <= 0:
@@ -409,6 +432,9 @@ class Coordinator:
             return self._end(Decision("end", f"{self.nodes} nodes and no coordination store to agree through"))
         if self.generation >= self.limit:
             return self._end(spent(self.limit))
+        problem = self.hooks.check()
+        if problem is not None:
+            return self._unhealthy(problem)
         report = self.hooks.report()
         if report.get("folder_files"):
             return self._end(Decision("end", "the training keeps checkpoint files outside the versioned tier "
@@ -429,6 +455,20 @@ class Coordinator:
             if applied.result != "restart":
                 self._leave(applied.reason)
             decision = applied
+        return decision
+
+    def _unhealthy(self, problem: dict[str, Any]) -> Decision:
+        """This node failed its pre-restart check: it proposes the end before any report of its
+        own, so node 0 can decide no restart without it (a decision needs every node's report,
+        and the first proposal wins); its report then says why, for the others' records."""
+        decision = unhealthy_end({"node": self.node, **problem})
+        log.error("%s", decision.reason)
+        if self.shared is not None and self.lost is None:
+            try:
+                self.adopted = self.shared.propose(decision)
+                self.shared.report(self.node, {"versions": [], "unhealthy": decision.unhealthy, "written": clock.time()})
+            except StoreLost as exc:
+                self.lost = str(exc)
         return decision
 
     def _agree(self, report: dict[str, Any]) -> Decision:

@@ -335,6 +335,8 @@ class Guard:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.host = socket.gethostname()
+        self.kills: Any = None
+        """The launcher's record of its SIGKILLs (amlhpc.jobs.runtime.launch.reap.Kills), when it keeps one."""
 
     def start(self) -> Guard:
         if self.settings is None:
@@ -456,6 +458,9 @@ class Guard:
             except ProcessLookupError:
                 return
             clock_seam.sleep(0.2)
+        if self.kills is not None:
+            self.kills.kill_group(self.child_pid, "stopped by the hang watchdog")
+            return
         try:
             os.killpg(self.child_pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -476,7 +481,8 @@ class Guard:
 # --- the launcher's two calls ----------------------------------------------------------
 
 
-def attach(launcher, child_pid: int, folder: Path, *, generation: int = 0, first_run_s: float | None = None) -> Guard:
+def attach(launcher, child_pid: int, folder: Path, *, generation: int = 0, first_run_s: float | None = None,
+           kills: Any = None) -> Guard:
     """Start the guard for a launcher's training command (`folder`: the node's progress folder;
     `generation`: 0, or the in-job restart it runs; `first_run_s`: the first run's time to its
     first step on this node, from which a restart's deadline to its own is derived)."""
@@ -487,6 +493,7 @@ def attach(launcher, child_pid: int, folder: Path, *, generation: int = 0, first
                   local_size=launcher.ranks.local_size, folder=folder, child_pid=child_pid,
                   term_grace_s=launcher.options.term_grace_s, shared=shared, nodes=launcher.ranks.node_count)
     guard.key = launcher.environ.get(EVIDENCE_KEY) or None
+    guard.kills = kills
     guard.watch.generation = generation
     if launcher.watchdog is not None:
         guard.watch.deadline = first_step_deadline(launcher.watchdog, generation, first_run_s)
@@ -509,7 +516,8 @@ def record_end(launcher, code: int, *, final_upload: str = "done") -> None:
               "restarts": list(getattr(report, "restarts", [])),
               "phases": {k: round(v, 3) for k, v in report.phases.items()}, "written": clock_seam.time(),
               "completed": report.completed, "exit_after_completion": report.exit_after_completion,
-              "final_upload": final_upload, **(guard.end_fields() if guard else {})}
+              "final_upload": final_upload, "lost": getattr(report, "lost", None),
+              "unhealthy": getattr(report, "unhealthy", None), **(guard.end_fields() if guard else {})}
     try:
         container = launcher.store.container if launcher.store is not None else None
         if container is None:

@@ -124,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {d.rank}: fewer samples than --batch-size {args.batch_size}", file=sys.stderr)
         return 2
     sampler.limit = steps_per_epoch
-    state = common.TrainState(model, optimizer, sampler=sampler,
+    # The workers' seeds are a function of (seed, epoch), saved with the rank's RNG: a resumed
+    # run's workers are seeded as an uninterrupted run's were (common.LoaderSeeds).
+    seeds = common.LoaderSeeds(args.seed + d.rank)
+    state = common.TrainState(model, optimizer, sampler=sampler, loader_seeds=seeds,
                               extra=lambda: {"scaler": scaler.state_dict(), **peak.to_extra(device_peak)})
     step = common.load_state(state)
     if state.resumed_extra.get("scaler"):
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     # The loader draws its workers' base seed from its own generator, not the global one the
     # dropout masks come from: a resumed run creates its loader at another point of that stream.
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, num_workers=workers,
-                        generator=torch.Generator().manual_seed(args.seed + d.rank),
+                        generator=seeds.generator,
                         pin_memory=d.device.type == "cuda", persistent_workers=workers > 0)
     start_epoch = sampler.epoch + (1 if sampler.position >= steps_per_epoch * sampler.batch else 0)
     # Validation draws nothing from the global RNG either: a run resumed after an epoch's last
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                     group["lr"] = lr * (epoch + 1) / args.warmup_epochs
             model.train()
             timer = common.Timer()
-            batches = iter(loader)
+            batches = seeds.iterate(loader, epoch)
             done = sampler.position // sampler.batch
             for i in range(done, steps_per_epoch):
                 step_started = time.perf_counter()
