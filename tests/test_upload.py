@@ -188,16 +188,18 @@ class TestCommandLine:
         assert report["uploaded"] == 14
         assert azurite.key not in result.output
         assert "AccountKey" not in result.output
+        assert report["version"] == 1 and report["manifest"] == "cosmo/_versions/1.json"
         again = invoke(dataset, "--stack", "dev", "--prefix", "cosmo", "--connection-string-env", "AZ_CS",
                        "--container", "cli-upload", "--json", env={"AZ_CS": azurite.connection_string})
-        assert json.loads(again.stdout[again.stdout.index("{"):])["unchanged"] == 14
+        second = json.loads(again.stdout[again.stdout.index("{"):])
+        assert second["unchanged"] == 14 and second["version"] == 1 and second["version_unchanged"]
 
     def test_container_from_the_outputs_file(self, azurite, dataset, blob_service):
         result = invoke(dataset, "--stack", "dev", "--prefix", "from-outputs", "--connection-string-env", "AZ_CS",
                         "--outputs", FIXTURES / "dev.json", env={"AZ_CS": azurite.connection_string})
         assert result.exit_code == 0, result.output
         assert blob_service.get_container_client("datasets").get_blob_client(
-            "from-outputs/univ_ics_2019-03_a10000_000.tfrecord.gz").exists()
+            "from-outputs/v1/univ_ics_2019-03_a10000_000.tfrecord.gz").exists()
 
     def test_azure_target_comes_from_the_stack_outputs(self, dataset, mocker):
         made = mocker.patch.object(data_cli.blobio, "container_client", side_effect=RuntimeError("stop here"))
