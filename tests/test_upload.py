@@ -50,6 +50,8 @@ class TestUploadDirectory:
             stored = blob_bytes(container, name)
             assert props.metadata == {"amlhpc_size": str(len(raw)), "amlhpc_sha256": hashlib.sha256(raw).hexdigest(),
                                       "amlhpc_mtime": str(path.stat().st_mtime_ns),
+                                      "amlhpc_ctime": str(path.stat().st_ctime_ns),
+                                      "amlhpc_inode": f"{path.stat().st_dev}:{path.stat().st_ino}",
                                       "amlhpc_stored_sha256": hashlib.sha256(stored).hexdigest(),
                                       "amlhpc_upload_id": report.session, "amlhpc_uploaded_by": upload.remote.who()}
             assert bytes(props.content_settings.content_md5) == hashlib.md5(stored).digest()

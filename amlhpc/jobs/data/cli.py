@@ -2,7 +2,7 @@
 
     python -m amlhpc.jobs data upload LOCAL_DIR --stack dev --prefix NAME
         [--outputs FILE | --offline] [--connection-string-env VAR] [--container NAME]
-        [--workers N] [--level N] [--member-mib N] [--resume K] [--register-asset]
+        [--workers N] [--level N] [--member-mib N] [--resume K] [--checksum] [--register-asset]
         [--allow-skips] [--cap-mbps N] [--json]
     python -m amlhpc.jobs data versions --stack dev --prefix NAME [target options] [--json]
     python -m amlhpc.jobs data seal --stack dev --prefix NAME [--reseal BLOB ...] [target options] [--json]
@@ -204,6 +204,7 @@ def upload_command(
     member_mib: Annotated[float, typer.Option("--member-mib", help="MiB of input per gzip member; larger files are staged on several cores.")] = uploader.gzmembers.DEFAULT_MEMBER_BYTES / (1 << 20),
     resume: Annotated[int | None, typer.Option("--resume", help="Finish version K of the dataset (after a failed or interrupted upload of the same folder) instead of starting a new one.")] = None,
     register_asset: Annotated[bool, typer.Option("--register-asset", help="Register the version as an Azure ML data asset (name, version) in the stack's workspace; with Azurite or --offline, print the entity instead.")] = False,
+    checksum: Annotated[bool, typer.Option("--checksum", help="Hash every file to decide whether it changed, whatever its size, times and inode say.")] = False,
     rewrite: Annotated[bool, typer.Option("--rewrite", help="With --resume: upload every file of the version again.")] = False,
     verify_stored: Annotated[bool, typer.Option("--verify-stored", help="With --resume: read every blob's stored bytes and upload again those that differ from their recorded checksums.")] = False,
     allow_skips: Annotated[bool, typer.Option("--allow-skips", help="Exit 0 even when some entries (link loops, dangling links, FIFOs, unreadable files) could not be uploaded; they are still listed.")] = False,
@@ -241,8 +242,12 @@ def upload_command(
                                             level=level, throttle=Throttle.from_mbits_per_s(cap_mbps),
                                             progress=progress, files=files, member_bytes=int(member_mib * (1 << 20)),
                                             rewrite=rewrite, verify_stored=verify_stored, skipped=walked.skipped,
-                                            allow_skips=allow_skips)
+                                            allow_skips=allow_skips, checksum=checksum)
         report = committed.upload
+    except uploader.NameLimitError as exc:
+        progress.stop()
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
     except uploader.UploadError as exc:
         progress.stop()
         err.print(f"[red]error:[/] {exc}", highlight=False)

@@ -37,8 +37,10 @@ from amlhpc.jobs.data.upload import (
     UploadError,
     UploadReport,
     blob_name,
+    check_names,
     decide,
     new_session,
+    sha256_file,
     upload_directory,
 )
 from amlhpc.jobs.data.walk import scan as walk_scan
@@ -121,8 +123,17 @@ def _same_as_latest(container, local_dir: Path, dataset: str, upload_options: di
     prefix = dataversion.data_prefix(dataset, latest)
     blobs = remote.list_remote(container, prefix)
     names = {blob_name(prefix, f.rel): f for f in local_files}
-    if set(names) != set(blobs) or any(decide(f, blobs[name]) != "skip" for name, f in names.items()):
+    if set(names) != set(blobs):
         return None
+    checksum = bool(upload_options.get("checksum"))
+    for name, local in names.items():
+        action = decide(local, blobs[name], checksum=checksum)
+        # A committed version's blobs are never touched (a metadata write would change the etags its
+        # manifest holds): a file whose times differ is hashed and compared, not refreshed.
+        if action == "check" and sha256_file(local.path) == blobs[name].metadata.get(remote.META_SHA256):
+            continue
+        if action != "skip":
+            return None
     manifest = dataversion.manifest_name(dataset, latest)
     data = container.download_blob(manifest).readall()
     digest = json.loads(data).get("digest", "")
@@ -140,6 +151,13 @@ def upload_version(container, local_dir: Path, dataset: str, *, resume: int | No
     False, entries the walk could not upload leave the version uncommitted."""
     dataset = remote.normalize_prefix(dataset)
     session = session or new_session()
+    files = upload_options.get("files")
+    if files is None:
+        walked = walk_scan(local_dir)
+        upload_options = {**upload_options, "files": walked.files,
+                          "skipped": upload_options.get("skipped") or walked.skipped}
+    check_names(dataversion.data_prefix(dataset, resume or list_versions(container, dataset).next),
+                upload_options["files"])
     if resume is None:
         same = _same_as_latest(container, local_dir, dataset, upload_options)
         if same is not None:
