@@ -836,8 +836,8 @@ def _agree(plan: _Plan, ranks: ranks_module.Ranks, channel: Channel, key: str, d
     plans again from the agreed one (a version never changes once committed); a node that cannot
     (a named version, or a listing: an un-versioned prefix changed between the nodes' listings)
     refuses, as does one whose copy of the agreed manifest differs."""
-    source = plan.source
-    assert source is not None
+    source = getattr(plan, "source", None) or _Source(plan.spec, plan.entries, None, _listing_digest(plan.entries),
+                                                      dataversion.Versions())
     scope = channel.scoped("staging", key, plan.spec.name)
     mine = {"version": source.version, "digest": source.digest, "node": ranks.node_index}
     agreed, _ = scope.decide(scope.key("plan"), mine)
