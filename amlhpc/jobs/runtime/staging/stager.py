@@ -901,6 +901,9 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
                         f"markers are keyed by the inputs and trust only this launch's ({generation.source})")
         log.warning("%s", warnings[-1])
     plans = _plans(specs, ranks, reader_factory, deadline)
+    if ranks.node_count > 1:  # shared inputs agree inside _stage_shared, where a refusal also fails the barrier
+        plans = [p if p.spec.mode == "shared" else _agree(p, ranks, _job_channel(channel, ranks, env), key, deadline)
+                 for p in plans]
     node_gbits = options.node_gbits_per_s if options.node_gbits_per_s is not None else node_gbits_from_env(env)
     planned = budget.derive([budget.InputLoad(p.spec.name, p.spec.mode, p.spec.egress_gbps, max(p.bytes_per_node))
                              for p in plans], ranks.node_count, node_gbits=node_gbits, cap_mbps=options.cap_mbps,
@@ -926,8 +929,6 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
                 inputs.append(_stage_shared(plan, Path(shared_dir), ranks, options, throttle, job, key, deadline,  # type: ignore[arg-type]
                                             _job_channel(channel, ranks, env)))
             else:
-                if ranks.node_count > 1 and plan.source is not None:
-                    plan = _agree(plan, ranks, _job_channel(channel, ranks, env), key, deadline)
                 inputs.append(_stage_input(plan, Path(scratch), ranks, options, throttle, job, deadline))  # type: ignore[arg-type]
             inputs[-1].version = plan.source.version if plan.source else None
             inputs[-1].manifest_digest = plan.source.digest if plan.source else ""
