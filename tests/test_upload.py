@@ -153,9 +153,9 @@ class TestUploadDirectory:
 
 class TestDecide:
     def test_actions(self):
-        local = upload.LocalFile("a", Path("a"), 10, 5)
+        local = upload.LocalFile("a", Path("a"), 10, 5, 7, "1:2")
         meta = {"amlhpc_size": "10", "amlhpc_sha256": "ab", "amlhpc_mtime": "5", "amlhpc_stored_sha256": "cd",
-                "amlhpc_upload_id": "0123456789abcdef"}
+                "amlhpc_ctime": "7", "amlhpc_inode": "1:2", "amlhpc_upload_id": "0123456789abcdef"}
 
         def blob(encoding="gzip", md5=None, **changes):
             merged = {k: v for k, v in {**meta, **changes}.items() if v is not None}
