@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.base.ranks import validated
 from amlhpc.jobs.runtime.blob import blobio
 from amlhpc.jobs.runtime.blob.fetch import BlobEntry, Gunzip, IntegrityError
+from amlhpc.jobs.runtime.coord.agree import Channel
+from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout, NodeBarrier
 from amlhpc.jobs.runtime.staging import datadir, filelist
 from amlhpc.jobs.runtime.staging import stager as staging
@@ -379,12 +382,14 @@ class TestResume:
         assert victim.read_bytes() == (uploaded / victim.name).read_bytes()
 
     def test_report_warns_when_nodes_outpull_the_account(self, azurite, container, uploaded, tmp_path):
-        """Node 0 of 3 on an A100 size (24 Gb/s each) against a 50 Gb/s account: warned, with the shard count."""
+        """Node 0 of 3 on an A100 size (24 Gb/s each) against a 50 Gb/s account, capped by hand above its share:
+        warned, with the shard count."""
         env = {contract.BLOB_CONNECTION_STRING: azurite.connection_string, contract.SCRATCH: str(tmp_path / "s"),
                contract.REPORT_DIR: str(tmp_path / "reports"), "AMLHPC_RUN_ID": "egress",
                contract.SKU_JSON: json.dumps({"name": "Standard_ND96asr_v4", "storage_nic_gbits_per_s": 24.0})}
         specs = staging.specs_from_json(spec_json(container.container_name, "local", egress_gbps=50))
-        result = staging.stage_inputs(specs, validated(0, 0, 3, 1), options=FAST, env=env)
+        result = staging.stage_inputs(specs, validated(0, 0, 3, 1), options=replace(FAST, cap_mbps=30_000), env=env,
+                                      channel=Channel(MemoryStore(), node=0, nodes=3))
         assert any("3 nodes x 24 Gb/s = 72 Gb/s exceeds" in w and "2 storage accounts" in w for w in result.warnings)
         report = json.loads((tmp_path / "reports" / "staging-node0.json").read_text())
         assert report["warnings"] == result.warnings

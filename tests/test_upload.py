@@ -50,6 +50,8 @@ class TestUploadDirectory:
             stored = blob_bytes(container, name)
             assert props.metadata == {"amlhpc_size": str(len(raw)), "amlhpc_sha256": hashlib.sha256(raw).hexdigest(),
                                       "amlhpc_mtime": str(path.stat().st_mtime_ns),
+                                      "amlhpc_ctime": str(path.stat().st_ctime_ns),
+                                      "amlhpc_inode": f"{path.stat().st_dev}:{path.stat().st_ino}",
                                       "amlhpc_stored_sha256": hashlib.sha256(stored).hexdigest(),
                                       "amlhpc_upload_id": report.session, "amlhpc_uploaded_by": upload.remote.who()}
             assert bytes(props.content_settings.content_md5) == hashlib.md5(stored).digest()
@@ -151,9 +153,9 @@ class TestUploadDirectory:
 
 class TestDecide:
     def test_actions(self):
-        local = upload.LocalFile("a", Path("a"), 10, 5)
+        local = upload.LocalFile("a", Path("a"), 10, 5, 7, "1:2")
         meta = {"amlhpc_size": "10", "amlhpc_sha256": "ab", "amlhpc_mtime": "5", "amlhpc_stored_sha256": "cd",
-                "amlhpc_upload_id": "0123456789abcdef"}
+                "amlhpc_ctime": "7", "amlhpc_inode": "1:2", "amlhpc_upload_id": "0123456789abcdef"}
 
         def blob(encoding="gzip", md5=None, **changes):
             merged = {k: v for k, v in {**meta, **changes}.items() if v is not None}
@@ -188,16 +190,18 @@ class TestCommandLine:
         assert report["uploaded"] == 14
         assert azurite.key not in result.output
         assert "AccountKey" not in result.output
+        assert report["version"] == 1 and report["manifest"] == "cosmo/_versions/1.json"
         again = invoke(dataset, "--stack", "dev", "--prefix", "cosmo", "--connection-string-env", "AZ_CS",
                        "--container", "cli-upload", "--json", env={"AZ_CS": azurite.connection_string})
-        assert json.loads(again.stdout[again.stdout.index("{"):])["unchanged"] == 14
+        second = json.loads(again.stdout[again.stdout.index("{"):])
+        assert second["unchanged"] == 14 and second["version"] == 1 and second["version_unchanged"]
 
     def test_container_from_the_outputs_file(self, azurite, dataset, blob_service):
         result = invoke(dataset, "--stack", "dev", "--prefix", "from-outputs", "--connection-string-env", "AZ_CS",
                         "--outputs", FIXTURES / "dev.json", env={"AZ_CS": azurite.connection_string})
         assert result.exit_code == 0, result.output
         assert blob_service.get_container_client("datasets").get_blob_client(
-            "from-outputs/univ_ics_2019-03_a10000_000.tfrecord.gz").exists()
+            "from-outputs/v1/univ_ics_2019-03_a10000_000.tfrecord.gz").exists()
 
     def test_azure_target_comes_from_the_stack_outputs(self, dataset, mocker):
         made = mocker.patch.object(data_cli.blobio, "container_client", side_effect=RuntimeError("stop here"))

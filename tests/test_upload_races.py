@@ -207,13 +207,17 @@ def test_sigkill_before_the_commit_then_the_command_again(azurite, container, tm
     killed = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert killed.returncode == -9, killed.stderr
     assert faultpoints.fired_in_log(log) == ["upload.before-commit"]
-    blob = container.get_blob_client("p/x.bin.gz")
+    blob = container.get_blob_client("p/v1/x.bin.gz")
     assert not blob.exists()
     assert len(blob.get_block_list("uncommitted")[1]) == 2  # staged, never committed: invisible to readers
+    assert container.get_blob_client("p/_versions/1.uploading").exists()
+    assert not container.get_blob_client("p/_versions/1.json").exists()  # the version is not committed
     env.pop(faultpoints.ENV_POINTS)
-    again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    again = subprocess.run([*args, "--resume", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert again.returncode == 0, again.stderr
-    assert_consistent(container, "p/x.bin.gz", source)
+    assert_consistent(container, "p/v1/x.bin.gz", source)
+    assert container.get_blob_client("p/_versions/1.json").exists()
+    assert not container.get_blob_client("p/_versions/1.uploading").exists()
 
 
 # ------------------------------------------------------------------ blobs of the earlier uploader

@@ -67,7 +67,7 @@ class TestCommand:
         report = json.loads(result.stdout[result.stdout.index("{"):])
         assert report["uploaded"] == 7 and len(report["skipped"]) == 3
         names = {b.name for b in blob_service.get_container_client("walk-test").list_blobs(name_starts_with="w/")}
-        assert {f"w/linked/part-{i}.bin.gz" for i in range(5)} <= names  # what the link points at went up
+        assert {f"w/v1/linked/part-{i}.bin.gz" for i in range(5)} <= names  # what the link points at went up
 
     def test_allow_skips_accepts_them_and_still_lists_them(self, azurite, tree):
         result = self.upload(azurite, tree, "--allow-skips")

@@ -44,13 +44,9 @@ def _lost_reply(blob: str, nth: int, op: str = "put_blob") -> Callable[[], Fault
 
 
 # --- remaining -------------------------------------------------------------------------
-MIXED_LISTING = "nodes list a dataset apart and stage shares of two versions"
 MISSED_LEADS = "a follower that missed node 0's leads never stages the versions every node holds"
 
 CASES: list[Case] = [
-    Case(MIXED_LISTING, "a dataset is re-uploaded while a job stages it: nodes list it at different moments, each "
-         "stages its share of its own listing, and together they hold parts of both versions with files missing",
-         "staging", 14, "mixed-dataset"),
     Case(MISSED_LEADS, "a follower's pending-record write loses its reply and its retry takes a minute while node 0 "
          "leads version after version; followers stage only the version led now, which that follower does not hold "
          "yet, so every older version they all hold stays pending and `latest` stops moving, with no error "
@@ -67,6 +63,7 @@ NO_GENERATION = "restart records and barriers carry no launch generation"
 OVERLAPPING_REVIVALS = "two overlapping revivals start two controllers"
 WALL_CLOCK_WATCHDOG = "a wall-clock step back blinds the watchdog"
 STORE_DROP = "a node whose store connection drops once takes node 0 for lost and ends alone"
+MIXED_LISTING = "nodes list a dataset apart and stage shares of two versions"
 
 FIXED: list[Case] = [
     Case(LATEST_LOST_REPLY, "the pointer write applied, its reply lost: the retry's 412 was taken for another "
@@ -104,6 +101,10 @@ FIXED: list[Case] = [
          "restart-agreement", 19, "split-decision", {"drop_lost": "request"}),
     Case(STORE_DROP, "the same reset after the store applied the call (its reply lost)", "restart-agreement", 19,
          "split-decision", {"drop_lost": "reply"}),
+    Case(MIXED_LISTING, "a dataset re-uploaded while a job staged it: nodes listed it at different moments, each "
+         "staged its share of its own listing, and together they held parts of both versions with files missing; now "
+         "an upload writes a new version and commits its manifest last, and the nodes agree on one manifest through "
+         "the job's store", "staging", 14, "mixed-dataset"),
 ]
 
 
@@ -112,8 +113,6 @@ def cause(outcome: Outcome) -> str | None:
     kinds, name = outcome.kinds(), outcome.scenario
     if not kinds:
         return None
-    if name == "staging" and kinds <= {"mixed-dataset"}:
-        return MIXED_LISTING
     if name == "checkpoint-commit" and kinds <= {"commits-stuck"} and not outcome.metrics.get("errors"):
         return MISSED_LEADS
     return None

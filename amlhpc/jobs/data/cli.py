@@ -2,8 +2,9 @@
 
     python -m amlhpc.jobs data upload LOCAL_DIR --stack dev --prefix NAME
         [--outputs FILE | --offline] [--connection-string-env VAR] [--container NAME]
-        [--workers N] [--level N] [--member-mib N] [--rewrite] [--verify-stored]
+        [--workers N] [--level N] [--member-mib N] [--resume K] [--checksum] [--register-asset]
         [--allow-skips] [--cap-mbps N] [--json]
+    python -m amlhpc.jobs data versions --stack dev --prefix NAME [target options] [--json]
     python -m amlhpc.jobs data seal --stack dev --prefix NAME [--reseal BLOB ...] [target options] [--json]
 
 Where the data goes:
@@ -15,6 +16,13 @@ Where the data goes:
   connection string (the string itself is never printed). The container comes from
   `--container`, else from the outputs when `--outputs`/`--offline` is given, else
   `datasets`; it is created when missing.
+
+`upload` writes a new version of dataset NAME (`NAME/v<k>/`, its manifest committed last:
+amlhpc/jobs/data/versions.py) and prints its number; jobs stage the latest committed version
+unless their input names one. `--resume K` finishes version K after a failed or interrupted
+upload. `--register-asset` registers the version as an Azure ML data asset (name, version)
+in the stack's workspace; with Azurite or `--offline` it prints the entity it would create.
+`versions` lists a dataset's committed versions and those being written.
 
 `upload` follows symbolic links; entries it cannot upload (a link loop, a dangling link,
 a FIFO, an unreadable file) are listed with their reason and make it exit 1 once the rest
@@ -52,6 +60,7 @@ from amlhpc.core.errors import Problem, ProblemCollector, UserError, exit_with
 from amlhpc.jobs.azure import credentials
 from amlhpc.jobs.data import seal as sealer
 from amlhpc.jobs.data import upload as uploader
+from amlhpc.jobs.data import versions
 from amlhpc.jobs.runtime.base.throttle import Throttle
 from amlhpc.jobs.runtime.blob import blobio
 
@@ -193,16 +202,23 @@ def upload_command(
     workers: Annotated[int | None, typer.Option("--workers", help="Files compressed and uploaded at once (default: one per CPU).")] = None,
     level: Annotated[int, typer.Option("--level", help="Compression level: 0-3 isal (fast), 4-9 zlib (smaller, slower).")] = uploader.DEFAULT_LEVEL,
     member_mib: Annotated[float, typer.Option("--member-mib", help="MiB of input per gzip member; larger files are staged on several cores.")] = uploader.gzmembers.DEFAULT_MEMBER_BYTES / (1 << 20),
-    rewrite: Annotated[bool, typer.Option("--rewrite", help="Upload every file again, even unchanged ones (e.g. to add members and stored digests to blobs of an older upload).")] = False,
-    verify_stored: Annotated[bool, typer.Option("--verify-stored", help="Read every blob's stored bytes and upload again those that differ from their recorded checksums (what staging refuses with 'mismatch').")] = False,
+    resume: Annotated[int | None, typer.Option("--resume", help="Finish version K of the dataset (after a failed or interrupted upload of the same folder) instead of starting a new one.")] = None,
+    register_asset: Annotated[bool, typer.Option("--register-asset", help="Register the version as an Azure ML data asset (name, version) in the stack's workspace; with Azurite or --offline, print the entity instead.")] = False,
+    checksum: Annotated[bool, typer.Option("--checksum", help="Hash every file to decide whether it changed, whatever its size, times and inode say.")] = False,
+    rewrite: Annotated[bool, typer.Option("--rewrite", help="With --resume: upload every file of the version again.")] = False,
+    verify_stored: Annotated[bool, typer.Option("--verify-stored", help="With --resume: read every blob's stored bytes and upload again those that differ from their recorded checksums.")] = False,
     allow_skips: Annotated[bool, typer.Option("--allow-skips", help="Exit 0 even when some entries (link loops, dangling links, FIFOs, unreadable files) could not be uploaded; they are still listed.")] = False,
     cap_mbps: Annotated[float | None, typer.Option("--cap-mbps", help="Cap the upload bandwidth, megabits per second.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of the short error block.")] = False,
 ) -> None:
-    """Compress LOCAL_DIR's files with gzip and upload them under PREFIX; re-runs upload only what changed."""
+    """Compress LOCAL_DIR's files with gzip and upload them as a new version of dataset PREFIX (PREFIX/v<k>/, its manifest committed last)."""
     try:
         _check_inputs(local_dir, prefix, workers, level, cap_mbps, member_mib)
+        if resume is not None and resume < 1:
+            raise UserError([Problem("--resume", str(resume), "is not a version number",
+                                     f"the version the failed upload printed; list them: {_versions_hint(stack, prefix)}")],
+                            "invalid options")
         target = resolve_target(stack, outputs_file=outputs_file, offline=offline,
                                 connection_string_env=connection_string_env, container=container,
                                 max_connections=max(16, 4 * (workers or os.cpu_count() or 2)))
@@ -216,19 +232,28 @@ def upload_command(
 
     clean = uploader.normalize_prefix(prefix)
     skipping = f", skipping {len(walked.skipped)} entries (listed at the end)" if walked.skipped else ""
-    err.print(f"uploading {len(files)} files ({sum(f.size for f in files) / 1e6:,.1f} MB) from {local_dir} to "
+    which = f"version {resume} of" if resume is not None else "a new version of"
+    err.print(f"uploading {len(files)} files ({sum(f.size for f in files) / 1e6:,.1f} MB) from {local_dir} as {which} "
               f"{target.description}/{clean}/ ({target.auth}) with {uploader.compressor_name(level)}{skipping}",
               highlight=False)
     progress = RichProgress(err)
     try:
-        report = uploader.upload_directory(target.container, local_dir, clean, workers=workers, level=level,
-                                           throttle=Throttle.from_mbits_per_s(cap_mbps), progress=progress, files=files,
-                                           member_bytes=int(member_mib * (1 << 20)), rewrite=rewrite,
-                                           verify_stored=verify_stored, skipped=walked.skipped)
+        committed = versions.upload_version(target.container, local_dir, clean, resume=resume, workers=workers,
+                                            level=level, throttle=Throttle.from_mbits_per_s(cap_mbps),
+                                            progress=progress, files=files, member_bytes=int(member_mib * (1 << 20)),
+                                            rewrite=rewrite, verify_stored=verify_stored, skipped=walked.skipped,
+                                            allow_skips=allow_skips, checksum=checksum)
+        report = committed.upload
+    except uploader.NameLimitError as exc:
+        progress.stop()
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
     except uploader.UploadError as exc:
         progress.stop()
         err.print(f"[red]error:[/] {exc}", highlight=False)
         _print_skipped(walked.skipped, allow_skips)
+        if json_out and exc.report is not None:
+            print(json.dumps(exc.report.to_json(), indent=2))
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         progress.stop()
@@ -242,12 +267,88 @@ def upload_command(
         err.print(f"[red]error:[/] {known.render() if known else uploader.describe_azure_error(exc)}", highlight=False)
         raise typer.Exit(1) from None
     progress.stop()
-    _print_report(report, clean)
+    _print_report(report, f"{clean}/v{committed.version}")
+    if committed.unchanged:
+        err.print(f"{local_dir} holds version {committed.version} of {clean} unchanged: no new version", highlight=False)
+    else:
+        err.print(f"committed version {committed.version} of {clean}: {committed.files} files, "
+                  f"{committed.bytes / 1e6:,.1f} MB stored, manifest {committed.manifest} (digest {committed.digest}); "
+                  f"jobs stage it as the latest, or by number (\"version\": {committed.version})", highlight=False)
+    if register_asset:
+        _register(committed, stack, target, outputs_file, offline, debug)
     _print_skipped(report.skipped, allow_skips)
     if json_out:
-        print(json.dumps(report.to_json(), indent=2))
+        print(json.dumps(committed.to_json(), indent=2))
     if report.skipped and not allow_skips:
         raise typer.Exit(1)
+
+
+def _versions_hint(stack: str, prefix: str) -> str:
+    return f"python -m amlhpc.jobs data versions --stack {stack} --prefix {prefix}"
+
+
+def _register(committed: versions.VersionReport, stack: str, target: Target, outputs_file: Path | None, offline: bool,
+              debug: bool) -> None:
+    """Register the version as an Azure ML data asset, or show the entity when there is no workspace to register in."""
+    datastore = "workspaceblobstore"
+    outs = None
+    if outputs_file is not None or offline or target.auth == "DefaultAzureCredential":
+        try:
+            outs = _outputs(stack, outputs_file, offline)
+            datastore = outs.datastores.get("datasets", datastore)
+        except UserError as exc:
+            exit_with(exc, debug)
+    entity = versions.asset(committed.dataset, committed.version, datastore)
+    if outs is None or offline or target.auth != "DefaultAzureCredential":
+        err.print("data asset (not registered: no workspace with --offline or Azurite):\n"
+                  + json.dumps(entity._to_dict(), indent=1, default=str), highlight=False)
+        return
+    from amlhpc.jobs.azure.submit import connect
+
+    try:
+        created = connect(outs).data.create_or_update(entity)
+    except Exception as exc:
+        if debug:
+            raise
+        err.print(f"[red]error:[/] the version is committed, but registering the data asset failed: "
+                  f"{uploader.describe_azure_error(exc)}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(f"registered data asset {created.name}:{created.version} ({created.path})", highlight=False)
+
+
+@app.command("versions")
+def versions_command(
+    stack: Stack,
+    prefix: Annotated[str, typer.Option("--prefix", help="The dataset's name (its blob prefix), e.g. cosmoflow/2019-03.")],
+    outputs_file: Annotated[Path | None, typer.Option("--outputs", help="Stack outputs from a JSON file; wins over the deployed stack.")] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Container name from the offline plan (with --connection-string-env only).")] = False,
+    connection_string_env: Annotated[str | None, typer.Option("--connection-string-env", help="Use the account in this variable's connection string (Azurite); wins over the stack's account.")] = None,
+    container: Annotated[str | None, typer.Option("--container", help="Container; wins over the stack's storage.containers.datasets.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the versions as JSON on stdout.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of the short error block.")] = False,
+) -> None:
+    """List a dataset's committed versions (the latest is what jobs stage by default) and those being written."""
+    try:
+        clean = uploader.normalize_prefix(prefix)
+        if not clean:
+            raise UserError([Problem("--prefix", repr(prefix), "is empty", "name the dataset, e.g. --prefix cosmoflow")],
+                            "invalid options")
+        target = resolve_target(stack, outputs_file=outputs_file, offline=offline,
+                                connection_string_env=connection_string_env, container=container)
+    except UserError as exc:
+        exit_with(exc, debug)
+    try:
+        found = versions.list_versions(target.container, clean)
+    except Exception as exc:
+        if debug:
+            raise
+        err.print(f"[red]error:[/] {uploader.describe_azure_error(exc)}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(f"{clean}: {found.describe()}; latest: {found.latest if found.latest is not None else 'none'}",
+              highlight=False)
+    if json_out:
+        print(json.dumps({"dataset": clean, "committed": sorted(found.committed), "writing": sorted(found.writing),
+                          "latest": found.latest}, indent=2))
 
 
 def _print_skipped(skipped: list, allowed: bool) -> None:

@@ -15,6 +15,9 @@
   storageservices/put-block-list, read 2026-11-25).
 
 The metadata keys the uploader and seal write beside docs/contracts.md section 5's:
+    amlhpc_ctime         the source file's change time (ns) at upload: a write that restores the
+                         mtime (rsync -a, tar -x) still moves it
+    amlhpc_inode         `<device>:<inode>` of the source file at upload
     amlhpc_upload_id     the upload session that committed the blob (16 hex digits), or
                          `verified-<session>` when an upload read an older blob's stored
                          bytes and found them equal to its recorded checksum
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 
 META_SIZE, META_SHA256, META_MTIME = "amlhpc_size", "amlhpc_sha256", "amlhpc_mtime"
 META_STORED_SHA256 = "amlhpc_stored_sha256"
+META_CTIME, META_INODE = "amlhpc_ctime", "amlhpc_inode"
 META_UPLOAD_ID = "amlhpc_upload_id"
 META_UPLOADED_BY = "amlhpc_uploaded_by"
 META_SEALED = "amlhpc_sealed"

@@ -40,11 +40,14 @@ that changes the blob; the steps before it (amlhpc.jobs.runtime.base.faultpoints
 nothing a reader sees.
 
 Resume: blobs already under the prefix are listed with their metadata first. A file is
-skipped when its blob has the same `amlhpc_size` and `amlhpc_mtime` and was committed by
-an upload that could not interleave (`amlhpc_upload_id`); when only the mtime differs (a
-fresh checkout, a copy) the file is hashed and, if `amlhpc_sha256` matches, only the
-blob's metadata is refreshed (conditional on its etag too); anything else is uploaded
-again. A blob of an earlier uploader version (no `amlhpc_upload_id`: its fixed block ids
+skipped when its blob has the same `amlhpc_size`, `amlhpc_mtime`, `amlhpc_ctime` and
+`amlhpc_inode` and was committed by an upload that could not interleave
+(`amlhpc_upload_id`): a file rewritten with its size and mtime restored (rsync -a, tar -x,
+a file system with coarse mtimes) has a new change time. When any of the three differs (a
+fresh checkout, a copy, a blob of an upload that recorded no change time) the file is
+hashed and, if `amlhpc_sha256` matches, only the blob's metadata is refreshed (conditional
+on its etag too); anything else is uploaded again. `checksum` (`--checksum`) hashes every
+file whatever its times say. A blob of an earlier uploader version (no `amlhpc_upload_id`: its fixed block ids
 let two uploads mix their blocks) has its stored bytes read and compared with the
 checksums it records: equal, it is marked verified and treated as above; different, it is
 uploaded again. So a re-run repairs what a lost or failed upload left, without
@@ -79,6 +82,8 @@ from typing import Literal
 
 from amlhpc.jobs.data import remote
 from amlhpc.jobs.data.remote import (  # re-exported: the CLI and tests use the uploader's names
+    META_CTIME,
+    META_INODE,
     META_MTIME,
     META_SHA256,
     META_SIZE,
@@ -91,6 +96,7 @@ from amlhpc.jobs.data.remote import (  # re-exported: the CLI and tests use the 
 )
 from amlhpc.jobs.data.walk import LocalFile, Skipped, Walk
 from amlhpc.jobs.data.walk import scan as walk_scan
+from amlhpc.jobs.data.walk import shown as walk_shown
 from amlhpc.jobs.runtime.base import clock, faultpoints
 from amlhpc.jobs.runtime.base import workers as pools
 from amlhpc.jobs.runtime.base.throttle import UNLIMITED, Throttle
@@ -154,10 +160,23 @@ def blob_name(prefix: str, rel: str) -> str:
     return f"{prefix}/{rel}.gz" if prefix else f"{rel}.gz"
 
 
-def decide(local: LocalFile, remote_blob: RemoteBlob | None, verify_stored: bool = False) -> Action:
-    """upload (missing, changed or unverifiable), skip (same size and mtime, written by an
-    upload that cannot interleave), check (same size, other mtime: hash the file), verify
-    (read the stored bytes first: an older uploader's blob, or `verify_stored`)."""
+def same_stat(local: LocalFile, remote_blob: RemoteBlob) -> bool:
+    """Whether the blob records the file's mtime, change time and inode (see the module docstring)."""
+    meta = remote_blob.metadata
+    return (meta.get(META_MTIME) == str(local.mtime_ns) and meta.get(META_CTIME) == str(local.ctime_ns)
+            and meta.get(META_INODE) == local.inode)
+
+
+def stat_metadata(local: LocalFile) -> dict[str, str]:
+    return {META_MTIME: str(local.mtime_ns), META_CTIME: str(local.ctime_ns), META_INODE: local.inode}
+
+
+def decide(local: LocalFile, remote_blob: RemoteBlob | None, verify_stored: bool = False,
+           checksum: bool = False) -> Action:
+    """upload (missing, changed or unverifiable), skip (same size, mtime, change time and inode,
+    written by an upload that cannot interleave), check (same size, any of those differs, or
+    `checksum`: hash the file), verify (read the stored bytes first: an older uploader's blob,
+    or `verify_stored`)."""
     if remote_blob is None or not remote_blob.gzip:
         return "upload"
     meta = remote_blob.metadata
@@ -165,7 +184,7 @@ def decide(local: LocalFile, remote_blob: RemoteBlob | None, verify_stored: bool
         return "upload"
     if verify_stored or not meta.get(META_UPLOAD_ID):
         return "verify"
-    return "skip" if meta.get(META_MTIME) == str(local.mtime_ns) else "check"
+    return "skip" if same_stat(local, remote_blob) and not checksum else "check"
 
 
 def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
@@ -270,7 +289,12 @@ class _FileUploader:
 
     def _stage(self, blob, block: str, data: bytes) -> int:
         self.throttle.acquire(len(data))
-        blob.stage_block(block, data, length=len(data), validate_content=True)
+        try:
+            blob.stage_block(block, data, length=len(data), validate_content=True)
+        except Exception as exc:
+            if getattr(exc, "status_code", None) == 400 and str(getattr(exc, "error_code", "")) in FOREIGN_BLOCKS:
+                raise UploadError(foreign_blocks_message(blob.blob_name)) from None
+            raise
         faultpoints.reach("upload.after-stage-block", blob=blob.blob_name, session=self.session, block=block)
         return len(data)
 
@@ -290,10 +314,11 @@ class _FileUploader:
                     stream.add(digests.stored(writer.feed(chunk)), len(chunk))
                 stream.add(digests.stored(writer.finish()), 0)
                 after = os.fstat(f.fileno())
-            if digests.read != local.size or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+            if digests.read != local.size or (before.st_size, before.st_mtime_ns, before.st_ctime_ns) != (
+                    after.st_size, after.st_mtime_ns, after.st_ctime_ns):
                 raise UploadError(f"{local.rel}: changed while it was being uploaded; re-run the upload when it is stable")
             metadata = {META_SIZE: str(digests.read), META_SHA256: digests.sha256.hexdigest(),
-                        META_MTIME: str(local.mtime_ns), META_STORED_SHA256: digests.stored_sha256.hexdigest(),
+                        **stat_metadata(local), META_STORED_SHA256: digests.stored_sha256.hexdigest(),
                         META_UPLOAD_ID: self.session, META_UPLOADED_BY: self.uploaded_by}
             if len(writer.sizes) > 1:
                 metadata[gzmembers.META_MEMBER_BYTES] = str(writer.member_bytes)
@@ -304,6 +329,21 @@ class _FileUploader:
         finally:
             stream.cancel()
         return digests.read, stream.stored
+
+
+FOREIGN_BLOCKS = ("InvalidBlobOrBlock", "InvalidBlockId", "BlobErrorCode.INVALID_BLOB_OR_BLOCK")
+
+
+def foreign_blocks_message(name: str) -> str:
+    """What a Put Block refused for leftover blocks means, and what to do (Put Block: every block id
+    of one blob has one length; uncommitted blocks expire after 7 days; learn.microsoft.com/rest/
+    api/storageservices/put-block and put-block-list, read 2026-11-28)."""
+    return (f"blob {name!r} holds uncommitted blocks whose ids have another length than this uploader's, left by "
+            "another tool or an older uploader that stopped before its commit; Azure refuses new blocks of another "
+            "id length (400 InvalidBlobOrBlock) until those are discarded, which it does when the blob is next "
+            "committed or deleted, or 7 days after they were staged. Upload the dataset as a new version (new blob "
+            "names, drop --resume), or discard them by committing the blob (e.g. `az storage blob upload --overwrite` "
+            "of any file to that name, then `az storage blob delete`) and re-run")
 
 
 class _Digests:
@@ -412,12 +452,48 @@ def _set_metadata(container, blob: RemoteBlob, changes: dict[str, str], rel: str
                       blob.content_md5)
 
 
+NAME_MAX_CHARS = 1024
+NAME_MAX_SEGMENTS = 254
+"""Azure's blob name limits (learn.microsoft.com/rest/api/storageservices/naming-and-referencing-containers--
+blobs--and-metadata, read 2026-11-28): at most 1,024 characters and 254 path segments, and no
+control characters (0x00-0x1F, U+0081, ...). Azurite accepts such names; Azure refuses them
+with 400 only at the write, so they are checked before any byte moves."""
+
+
+class NameLimitError(UploadError):
+    """Blob names Azure would refuse; nothing was uploaded (bad input, exit 2)."""
+
+
+def name_problem(name: str) -> str | None:
+    """Why Azure refuses the blob name `name`, or None."""
+    if len(name) > NAME_MAX_CHARS:
+        return f"its blob name is {len(name):,} characters, over Azure's {NAME_MAX_CHARS:,}"
+    segments = name.count("/") + 1
+    if segments > NAME_MAX_SEGMENTS:
+        return f"its blob name has {segments} path segments, over Azure's {NAME_MAX_SEGMENTS}"
+    bad = next((c for c in name if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F), None)
+    if bad is not None:
+        return f"its name holds the control character U+{ord(bad):04X}, which Azure refuses in blob names"
+    return None
+
+
+def check_names(prefix: str, files: Iterable[LocalFile]) -> None:
+    """NameLimitError naming every file whose blob name under `prefix` Azure would refuse."""
+    problems = [f"{walk_shown(f.rel)}: {problem}" for f in files
+                if (problem := name_problem(blob_name(prefix, f.rel))) is not None]
+    if problems:
+        shown = "\n  - ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise NameLimitError(f"{len(problems)} file(s) would get blob names Azure refuses (nothing was uploaded); "
+                             f"rename them or shorten the prefix:\n  - {shown}{more}")
+
+
 def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | None = None, level: int = DEFAULT_LEVEL,
                      throttle: Throttle = UNLIMITED, progress: Progress | None = None,
                      block_bytes: int = BLOCK_BYTES, files: Iterable[LocalFile] | None = None,
                      member_bytes: int = gzmembers.DEFAULT_MEMBER_BYTES, rewrite: bool = False,
                      verify_stored: bool = False, skipped: Iterable[Skipped] | None = None,
-                     session: str | None = None) -> UploadReport:
+                     session: str | None = None, checksum: bool = False) -> UploadReport:
     """Upload `local_dir` under `prefix` (see the module docstring); raises UploadError listing failures.
     `files`/`skipped`: a walk already made (the CLI's); `session`: this upload's id (default: random)."""
     progress = progress or Progress()
@@ -428,11 +504,12 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
     else:
         local_files = list(files)
     session = session or new_session()
+    check_names(prefix, local_files)
     remote_blobs = list_remote(container, prefix)
     report = UploadReport(files=len(local_files), skipped=list(skipped or ()), session=session)
     names = {f.rel: blob_name(prefix, f.rel) for f in local_files}
     report.remote_only = sorted(set(remote_blobs) - set(names.values()))
-    actions = {f.rel: "upload" if rewrite else decide(f, remote_blobs.get(names[f.rel]), verify_stored)
+    actions = {f.rel: "upload" if rewrite else decide(f, remote_blobs.get(names[f.rel]), verify_stored, checksum)
                for f in local_files}
     work = [f for f in local_files if actions[f.rel] != "skip"]
     report.unchanged = len(local_files) - len(work)
@@ -457,7 +534,7 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
                 count(verified=1)
                 if not known.metadata.get(META_UPLOAD_ID):  # an older upload's blob: mark it read and found whole
                     known = _set_metadata(container, known, {META_UPLOAD_ID: remote.VERIFIED_PREFIX + session}, local.rel)
-                action = "skip" if known.metadata.get(META_MTIME) == str(local.mtime_ns) else "check"
+                action = "skip" if same_stat(local, known) and not checksum else "check"
                 if action == "skip":
                     return "verified"
             else:
@@ -466,9 +543,12 @@ def upload_directory(container, local_dir: Path, prefix: str, *, workers: int | 
             assert known is not None
             sha = sha256_file(local.path, lambda n: progress.advance(n, 0))
             if sha == known.metadata.get(META_SHA256):
-                # Same bytes: record the new mtime so the next run skips without hashing.
+                # Same bytes: record the new times so the next run skips without hashing.
                 faultpoints.reach("upload.before-refresh", blob=name, session=session)
-                _set_metadata(container, known, {META_MTIME: str(local.mtime_ns)}, local.rel)
+                if same_stat(local, known):  # --checksum on a file whose times say unchanged: it is
+                    count(unchanged=1)
+                    return "unchanged"
+                _set_metadata(container, known, stat_metadata(local), local.rel)
                 count(refreshed=1)
                 return "refreshed"
         read, stored = uploader.upload(local, name, Seen(known.etag if known else None))

@@ -9,7 +9,9 @@ without a word: each entry that is not sent is a `Skipped` with its path and the
   would never end); the link's path and target are named;
 - `dangling symlink`: the link's target does not exist;
 - `not a regular file`: a FIFO, socket or device (reading one could block forever);
-- `unreadable`: a directory or file this user may not read (permission denied).
+- `unreadable`: a directory or file this user may not read (permission denied);
+- `name not UTF-8`: a file or directory whose name is not valid UTF-8 (a blob name is
+  Unicode; the path is shown with its bad bytes as `\\xNN`).
 
 A directory reached twice through different links (not a loop) is walked under both
 paths: that is what following links means, and it is what a reader of the dataset sees.
@@ -33,6 +35,10 @@ class LocalFile:
     path: Path
     size: int
     mtime_ns: int
+    ctime_ns: int = 0
+    """The inode's change time: every write moves it, even one that restores the mtime (rsync -a, tar -x)."""
+    inode: str = ""
+    """`<device>:<inode>`: a file replaced by another (a copy renamed over it) has another."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,11 @@ def _walk_dir(path: Path, rel_dir: str, ancestors: tuple[tuple[int, int], ...], 
     for entry in entries:
         rel = rel_dir + entry.name
         try:
+            entry.name.encode("utf-8")
+        except UnicodeEncodeError:
+            walk.skipped.append(Skipped(shown(rel), "name not UTF-8 (a blob name must be Unicode): rename it"))
+            continue
+        try:
             st = entry.stat(follow_symlinks=True)
         except FileNotFoundError:
             walk.skipped.append(Skipped(rel, f"dangling symlink (-> {_target(entry.path)})"))
@@ -94,9 +105,15 @@ def _walk_dir(path: Path, rel_dir: str, ancestors: tuple[tuple[int, int], ...], 
             if not os.access(entry.path, os.R_OK):
                 walk.skipped.append(Skipped(rel, "unreadable (permission denied)"))
                 continue
-            walk.files.append(LocalFile(rel, Path(entry.path), st.st_size, st.st_mtime_ns))
+            walk.files.append(LocalFile(rel, Path(entry.path), st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                        f"{st.st_dev}:{st.st_ino}"))
         else:
             walk.skipped.append(Skipped(rel, "not a regular file (FIFO, socket or device)"))
+
+
+def shown(rel: str) -> str:
+    """A path as printable text: bytes that are not UTF-8 (surrogate-escaped by os) as `\\xNN`."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _target(path: str) -> str:

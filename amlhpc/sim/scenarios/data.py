@@ -1,11 +1,11 @@
 """Datasets: staging's listing, assignment and fetches, and `jobs data upload` sessions.
 
-- `staging`: a dataset is uploaded (amlhpc.jobs.data.upload.upload_directory: gzip members,
-  checksums, conditional commits); the nodes of a job stage it in `local` mode
-  (amlhpc.jobs.runtime.staging.stager.stage_inputs on staging's stdlib reader, each node its
-  share by the byte-balanced assignment, every ranged GET under the listing's ETag) while a
-  new version of the dataset is uploaded over it at a seeded moment (every file changed,
-  one added, one dropped from the new upload). Faults: slow requests, 503 storms, lost
+- `staging`: a dataset is uploaded as a version (amlhpc.jobs.data.versions.upload_version:
+  gzip members, checksums, conditional commits, the manifest last); the nodes of a job stage
+  its latest committed version in `local` mode (amlhpc.jobs.runtime.staging.stager.stage_inputs
+  on staging's stdlib reader, each node its share by the byte-balanced assignment, agreeing on
+  the manifest through the job's store) while a new version is uploaded at a seeded moment
+  (every file changed, one added, one dropped). Faults: slow requests, 503 storms, lost
   replies on the readers' GETs.
 - `upload-sessions`: two uploads of different local folders to one prefix overlap (two
   people, two machines), with lost replies and lost requests on their commits.
@@ -31,8 +31,10 @@ import random
 from pathlib import Path
 
 from amlhpc.jobs.data.upload import UploadError, upload_directory
+from amlhpc.jobs.data.versions import upload_version
 from amlhpc.jobs.runtime.base.ranks import Ranks
 from amlhpc.jobs.runtime.blob.blobio import RetrySettings
+from amlhpc.jobs.runtime.coord.agree import Channel
 from amlhpc.jobs.runtime.staging.stager import StageOptions, stage_inputs
 from amlhpc.jobs.runtime.staging.stagespec import StageSpec
 from amlhpc.sim.faults import FaultPlan, RequestFault
@@ -96,23 +98,26 @@ class Staging(Scenario):
         _write_folder(first, self.first)
         _write_folder(second, self.second)
         uploader = world.node("uploader", principal="data-contributor")
-        world.call(lambda: upload_directory(container, first, PREFIX, workers=2), node=uploader)
+        world.call(lambda: upload_version(container, first, PREFIX, workers=2), node=uploader)
         self.results: dict[int, object] = {}
         spec = StageSpec(name="cosmo", container=DATASETS, prefix=PREFIX)
         options = StageOptions(concurrency=4, file_workers=2, inflate_workers=1, timeout_s=3600.0,
                                retry=RetrySettings(), report_dir=root / "reports")
-        for k in range(s["nodes"]):
-            node = world.node(f"node-{k}")
+        nodes = [world.node(f"node-{k}") for k in range(s["nodes"])]
+        jobstore = world.jobstore(nodes[0])
+        for k, node in enumerate(nodes):
+            channel = Channel(jobstore.client(), node=k, nodes=s["nodes"], rng=random.Random(f"{world.seed}:{k}"))
             ranks = Ranks(rank=k, local_rank=0, world_size=s["nodes"], local_size=1, source="torch", run_id="sim")
             env = {"AMLHPC_LAUNCH_ID": f"launch-{k}", "AZUREML_RUN_ID": "sim-staging"}
             scratch = root / node.name / "scratch"
             scratch.mkdir(parents=True)
 
-            def stage(k: int = k, ranks: Ranks = ranks, env: dict = env, scratch: Path = scratch) -> None:
+            def stage(k: int = k, ranks: Ranks = ranks, env: dict = env, scratch: Path = scratch,
+                      channel: Channel = channel) -> None:
                 world.sim.sleep(s["node_start_s"][k])
                 try:
                     self.results[k] = stage_inputs([spec], ranks, scratch, env=env, options=options,
-                                                   reader_factory=lambda _spec: world.reader(DATASETS))
+                                                   reader_factory=lambda _spec: world.reader(DATASETS), channel=channel)
                 except Exception as exc:  # noqa: BLE001 - a node that fails staging ends the job: judged below
                     self.results[k] = exc
             world.spawn(f"stage-{k}", stage, node=node)
@@ -120,7 +125,7 @@ class Staging(Scenario):
             def update() -> None:
                 world.sim.sleep(s["update_at_s"])
                 try:
-                    upload_directory(world.container(DATASETS), second, PREFIX, workers=2)
+                    upload_version(world.container(DATASETS), second, PREFIX, workers=2)
                 except UploadError:
                     pass
             world.spawn("update", update, node=uploader)
@@ -132,7 +137,9 @@ class Staging(Scenario):
     def check(self, world: World) -> list[Violation]:
         failed = {k: r for k, r in self.results.items() if isinstance(r, BaseException)}
         self.metrics = {"failed_nodes": len(failed), "first_error": str(next(iter(failed.values())))[:160]
-                        if failed else None}
+                        if failed else None,
+                        "versions": sorted({item.version for r in self.results.values() if not isinstance(r, BaseException)
+                                            for item in r.inputs})}  # type: ignore[attr-defined]
         if failed or len(self.results) < self.settings["nodes"]:
             return []  # the job does not start: no result to judge
         staged: dict[str, bytes] = {}

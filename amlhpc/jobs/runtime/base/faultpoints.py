@@ -64,6 +64,11 @@ POINTS: dict[str, str] = {
     "seal.between-writes": "Content-MD5 is written; the project's metadata (stored SHA-256) is not",
     # amlhpc.jobs.runtime.staging.stager: one node's stager of one input
     "staging.after-lock": "the node's stager holds the input's lock; nothing of the input is touched yet",
+    "staging.agreed": "the nodes' manifest (version and digest) is decided on the job's store; nothing staged yet",
+    # amlhpc.jobs.data.versions: one versioned upload of a dataset
+    "dataset.marker-written": "the version's in-progress marker is in; none of its files is uploaded",
+    "dataset.files-uploaded": "every file of the version is committed; its manifest is not written",
+    "dataset.manifest-written": "the manifest is in (the version is committed); the marker is not deleted yet",
     # amlhpc.jobs.runtime.coord.nodebarrier: local rank 0 and its node's other ranks
     "barrier.after-lead": "local rank 0 recorded itself as leader; staging has not started",
     "barrier.before-result": "staging finished; its result is not written for the waiting ranks yet",

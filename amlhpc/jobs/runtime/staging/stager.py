@@ -116,7 +116,7 @@ from amlhpc.jobs.runtime.coord.nodebarrier import (
     write_json_atomic,
 )
 from amlhpc.jobs.runtime.node import scratch as scratch_module
-from amlhpc.jobs.runtime.staging import assign, datadir, filelist, repair
+from amlhpc.jobs.runtime.staging import assign, budget, datadir, dataversion, filelist, repair
 from amlhpc.jobs.runtime.staging.manifest import Manifest, adoptable
 from amlhpc.jobs.runtime.staging.stagelock import InputLock, StagingLocked
 from amlhpc.jobs.runtime.staging.stagespec import (  # re-exported: launch and tests use staging's names
@@ -135,6 +135,8 @@ log = logging.getLogger("amlhpc.staging")
 STAGING_DIR = ".amlhpc-staging"
 TIMEOUT_VARIABLE = contract.STAGE_TIMEOUT_S
 DEFAULT_TIMEOUT_S = 3 * 3600.0
+WAIT_FOR_DERIVED_S = 7 * 24 * 3600.0
+"""How long local ranks wait for local rank 0 when its timeout is derived from the bytes (budget)."""
 
 __all__ = ["StageSpec", "StageOptions", "StageResult", "InputResult", "StageConfigError", "StagingError",
            "StagingTimedOut", "BarrierTimeout", "stage_inputs", "specs_from_env", "specs_from_json", "egress_warning",
@@ -172,6 +174,9 @@ class StageOptions:
     """What one node pulls from Blob (SKU storage_nic_gbits_per_s), for the egress warning."""
     timeout_s: float = DEFAULT_TIMEOUT_S
     """The node's staging deadline, and how long local ranks (and nodes, in shared mode) wait."""
+    timeout_given: bool = False
+    """Whether timeout_s was given (AMLHPC_STAGE_TIMEOUT_S, --timeout-s); if not, it is a floor the stager
+    raises to what the bytes need at the account's egress (amlhpc.jobs.runtime.staging.budget)."""
     verify_existing: bool = False
     """Re-hash files the manifest says are finished (against amlhpc_sha256) instead of trusting size + record."""
     verify_sha256: bool = False
@@ -257,6 +262,10 @@ class InputResult:
     """How downloaded files were checked (fetch.Checks.label) -> files."""
     file_lists: dict[str, str] = field(default_factory=dict)
     """Global rank (as a string, JSON keys) -> file list path, local mode only."""
+    version: int | None = None
+    """The dataset version staged (None: an un-versioned prefix's listing)."""
+    manifest_digest: str = ""
+    """The digest of the manifest (or listing) every node planned from."""
 
     @property
     def mb_per_s(self) -> float:
@@ -281,6 +290,8 @@ class StageResult:
     scratch: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     report_path: str | None = None
+    budget: dict[str, Any] = field(default_factory=dict)
+    """What staging derived from the bytes and the egress: cap_mbps, timeout_s, expected_s (budget)."""
 
     def env_for(self, rank: int) -> dict[str, str]:
         """AMLHPC_DATA_DIR_<NAME> (and AMLHPC_FILE_LIST_<NAME> in local mode) for global `rank`."""
@@ -306,7 +317,7 @@ class StageResult:
             "files": sum(i.files_downloaded + i.files_skipped for i in self.inputs),
             "mb_per_s": round(self.bytes_out / 1e6 / self.seconds, 2) if self.seconds > 0 else 0.0,
             "inputs": [i.to_json() for i in self.inputs], "scratch": self.scratch, "warnings": self.warnings,
-            "report_path": self.report_path,
+            "report_path": self.report_path, "budget": self.budget,
         }
 
     @classmethod
@@ -315,19 +326,30 @@ class StageResult:
         inputs = [InputResult(**{k: v for k, v in i.items() if k in fields}) for i in doc.get("inputs", [])]
         return cls(node_index=doc["node_index"], node_count=doc["node_count"], host=doc["host"], run_id=doc["run_id"],
                    inputs=inputs, seconds=doc.get("seconds", 0.0), scratch=doc.get("scratch"),
-                   warnings=list(doc.get("warnings", [])), report_path=doc.get("report_path"))
+                   warnings=list(doc.get("warnings", [])), report_path=doc.get("report_path"),
+                   budget=dict(doc.get("budget") or {}))
 
 
 # ------------------------------------------------------------------ listing and the plan
 
 
 def list_entries(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADLINE) -> list[BlobEntry]:
-    """Blobs under the spec's prefix, sorted by name (folder markers skipped)."""
+    """Blobs under the spec's prefix, sorted by name (folder markers skipped): an un-versioned dataset's listing."""
+    shown = reader.shown_url
+    entries = _list(reader, spec, spec.normalized_prefix, deadline)
+    if not entries:
+        raise StageConfigError.single(
+            f"input {spec.name!r}", "prefix", f"no blobs under {shown}/{spec.normalized_prefix}",
+            f"upload the dataset first: python -m amlhpc.jobs data upload LOCAL_DIR --stack <stack> --prefix "
+            f"{spec.prefix.strip('/') or '<name>'}")
+    return _usable(spec, entries)
+
+
+def _list(reader, spec: StageSpec, prefix: str, deadline: Deadline) -> list[BlobEntry]:
     shown = reader.shown_url
     account_url = shown.rsplit("/", 1)[0]
     try:
-        entries = listing.list_all(lambda marker: reader.list_page(spec.normalized_prefix, marker, deadline=deadline),
-                                   with_metadata=False)
+        return listing.list_all(lambda marker: reader.list_page(prefix, marker, deadline=deadline), with_metadata=False)
     except BlobReadError as exc:
         if exc.status == 404:
             raise StageConfigError.single(
@@ -339,11 +361,10 @@ def list_entries(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADL
         raise StagingError(f"input {spec.name!r}: listing {shown} failed after retries: {exc}") from None
     except listing.ListingError as exc:
         raise StagingError(f"input {spec.name!r}: listing {shown} returned something unexpected: {exc}") from None
-    if not entries:
-        raise StageConfigError.single(
-            f"input {spec.name!r}", "prefix", f"no blobs under {shown}/{spec.normalized_prefix}",
-            f"upload the dataset first: python -m amlhpc.jobs data upload LOCAL_DIR --stack <stack> --prefix "
-            f"{spec.prefix.strip('/') or '<name>'}")
+
+
+def _usable(spec: StageSpec, entries: list[BlobEntry]) -> list[BlobEntry]:
+    """Sorted by name, gz-names applied, folder markers left out."""
     names = [e.name for e in entries]
     if any(a > b for a, b in zip(names, names[1:], strict=False)):
         entries.sort(key=lambda e: e.name)
@@ -351,6 +372,72 @@ def list_entries(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADL
     if spec.inflate == "gz-names":  # the user says every *.gz blob is gzip, whatever its Content-Encoding
         entries = [e._replace(content_encoding="gzip") if e.name.endswith(".gz") and not e.gzip else e for e in entries]
     return _drop_folder_markers(spec, entries, names)
+
+
+@dataclass
+class _Source:
+    """What a node plans from: a committed version's manifest, or an un-versioned prefix's listing."""
+
+    spec: StageSpec
+    """The spec to stage, its prefix the version's (`<name>/v<k>`)."""
+    entries: list[BlobEntry]
+    version: int | None
+    """None: an un-versioned prefix (listed)."""
+    digest: str
+    versions: dataversion.Versions
+
+
+def _versions(reader, spec: StageSpec, deadline: Deadline) -> dataversion.Versions:
+    found = _list(reader, spec, dataversion.versions_prefix(spec.prefix), deadline)
+    return dataversion.parse_listing(spec.prefix, [(e.name, e.size, e.etag) for e in found])
+
+
+def _manifest_source(reader, spec: StageSpec, versions: dataversion.Versions, version: int,
+                     deadline: Deadline) -> _Source:
+    def get(blob: str, size: int, etag: str | None) -> bytes:
+        try:
+            return reader.get(blob, 0, size, etag=etag, deadline=deadline)[0]
+        except BlobReadError as exc:
+            raise StagingError(f"input {spec.name!r}: reading version {version}'s manifest {blob} failed: {exc}") from None
+    try:
+        manifest = dataversion.read_manifest(get, versions, version)
+    except dataversion.VersionError as exc:
+        raise StagingError(f"input {spec.name!r}: {exc}") from None
+    versioned = replace(spec, prefix=dataversion.data_prefix(spec.prefix, version))
+    if not manifest.entries:
+        raise StageConfigError.single(f"input {spec.name!r}", "version", f"version {version} holds no files",
+                                      "upload the dataset again as a new version")
+    log.info("input %s: version %d of %s (manifest %s: %d files, %.1f MB stored; one GET, no listing)", spec.name,
+             version, spec.prefix.strip("/"), manifest.digest, len(manifest.entries), manifest.bytes / 1e6)
+    return _Source(versioned, _usable(versioned, manifest.entries), version, manifest.digest, versions)
+
+
+def resolve_source(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADLINE) -> _Source:
+    """The version to stage (the spec's, or the newest committed) and its files from its manifest;
+    an un-versioned prefix's listing when the prefix holds no versions and none is named."""
+    versions = _versions(reader, spec, deadline)
+    dataset = spec.prefix.strip("/")
+    upload = f"python -m amlhpc.jobs data upload LOCAL_DIR --stack <stack> --prefix {dataset}"
+    if versions.empty:
+        if spec.version is not None:
+            raise StageConfigError.single(
+                f"input {spec.name!r}", "version", f"{spec.version}: {dataset} holds no versions (an un-versioned "
+                "upload, or none)", f"upload it as a version ({upload}), then name the version it prints")
+        entries = list_entries(reader, spec, deadline)
+        log.warning("input %s: %s is not versioned: staging its listing, which an upload in progress can change under "
+                    "the job; upload it as a version (%s)", spec.name, dataset, upload)
+        return _Source(spec, entries, None, _listing_digest(entries), versions)
+    wanted = spec.version if spec.version is not None else versions.latest
+    if wanted is None or wanted not in versions.committed:
+        if wanted is not None and wanted in versions.writing:
+            raise StagingError(
+                f"input {spec.name!r}: version {wanted} of {dataset} is still being written (its upload has not "
+                f"committed its manifest; {versions.describe()}); wait for the upload to finish (or re-run it to "
+                "finish it), or name a committed version")
+        raise StageConfigError.single(
+            f"input {spec.name!r}", "version", f"{wanted if wanted is not None else 'latest'}: no such committed version "
+            f"of {dataset} ({versions.describe()})", f"name a committed version, or upload one ({upload})")
+    return _manifest_source(reader, spec, versions, wanted, deadline)
 
 
 def _drop_folder_markers(spec: StageSpec, entries: list[BlobEntry], names: list[str]) -> list[BlobEntry]:
@@ -380,6 +467,8 @@ class _Plan:
     """Global rank -> indices of its files (local mode)."""
     bytes_per_node: list[int]
     files_per_node: list[int]
+    source: _Source | None = None
+    """The version (or listing) planned from; None only for plans made by hand."""
 
     def balance(self) -> dict[str, Any]:
         mean = sum(self.bytes_per_node) / len(self.bytes_per_node)
@@ -734,8 +823,49 @@ def _plans(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, reader_factory
             raise StageConfigError.single(f"input {spec.name!r}", "account_url", str(exc),
                                           "set account_url in AMLHPC_STAGE_JSON (the stack's storage.blobEndpoint) or "
                                           f"{contract.BLOB_CONNECTION_STRING} for Azurite") from None
-        plans.append(make_plan(spec, reader, list_entries(reader, spec, deadline), ranks))
+        source = resolve_source(reader, spec, deadline)
+        plan = make_plan(source.spec, reader, source.entries, ranks)
+        plan.source = source
+        plans.append(plan)
     return plans
+
+
+def _agree(plan: _Plan, ranks: ranks_module.Ranks, channel: Channel, key: str, deadline: Deadline) -> _Plan:
+    """All nodes stage from one manifest: the first node's (version, digest) is stored on the job's
+    store and every node adopts it. A node that resolved `latest` to another committed version
+    plans again from the agreed one (a version never changes once committed); a node that cannot
+    (a named version, or a listing: an un-versioned prefix changed between the nodes' listings)
+    refuses, as does one whose copy of the agreed manifest differs."""
+    source = getattr(plan, "source", None) or _Source(plan.spec, plan.entries, None, _listing_digest(plan.entries),
+                                                      dataversion.Versions())
+    scope = channel.scoped("staging", key, plan.spec.name)
+    mine = {"version": source.version, "digest": source.digest, "node": ranks.node_index}
+    agreed, _ = scope.decide(scope.key("plan"), mine)
+    faultpoints.reach("staging.agreed", input=plan.spec.name, node=ranks.node_index)
+    if agreed.get("digest") == source.digest:
+        return plan
+    requested = replace(plan.spec, prefix=plan.spec.prefix.rpartition("/")[0]) if source.version is not None else plan.spec
+    other = agreed.get("version")
+    if source.version is not None and requested.version is None and isinstance(other, int):
+        versions = source.versions
+        if other not in versions.committed:
+            versions = _versions(plan.reader, requested, deadline)
+        if other in versions.committed:
+            log.info("input %s: node %s planned from version %s, this node found version %s as the latest: staging "
+                     "version %s", plan.spec.name, agreed.get("node"), other, source.version, other)
+            adopted = _manifest_source(plan.reader, requested, versions, other, deadline)
+            if adopted.digest == agreed.get("digest"):
+                again = make_plan(adopted.spec, plan.reader, adopted.entries, ranks)
+                again.source = adopted
+                return again
+    theirs = f"version {other}" if other is not None else "a listing"
+    ours = f"version {source.version}" if source.version is not None else "a listing"
+    raise StagingError(
+        f"input {plan.spec.name!r}: node {ranks.node_index} planned from {ours} (manifest {source.digest}), node "
+        f"{agreed.get('node')} from {theirs} ({agreed.get('digest')}): the nodes would stage different data. "
+        + ("The dataset changed while the nodes listed it: upload it as a version (python -m amlhpc.jobs data upload "
+           f"LOCAL_DIR --stack <stack> --prefix {requested.prefix.strip('/')}) and re-run the job"
+           if source.version is None or other is None else "Re-run the job"))
 
 
 def _pick_scratch(plans: list[_Plan], scratch: Path | None, env: Mapping[str, str],
@@ -771,32 +901,50 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
                         f"markers are keyed by the inputs and trust only this launch's ({generation.source})")
         log.warning("%s", warnings[-1])
     plans = _plans(specs, ranks, reader_factory, deadline)
+    if ranks.node_count > 1:  # shared inputs agree inside _stage_shared, where a refusal also fails the barrier
+        plans = [p if p.spec.mode == "shared" else _agree(p, ranks, _job_channel(channel, ranks, env), key, deadline)
+                 for p in plans]
     node_gbits = options.node_gbits_per_s if options.node_gbits_per_s is not None else node_gbits_from_env(env)
+    planned = budget.derive([budget.InputLoad(p.spec.name, p.spec.mode, p.spec.egress_gbps, max(p.bytes_per_node))
+                             for p in plans], ranks.node_count, node_gbits=node_gbits, cap_mbps=options.cap_mbps,
+                            timeout_s=options.timeout_s, timeout_given=options.timeout_given)
+    if planned.refusals:
+        raise StageConfigError(planned.refusals, "staging cannot finish in time")
+    for line in planned.lines:
+        log.info("staging budget: %s", line)
+    if planned.timeout_s > options.timeout_s:
+        deadline = Deadline(planned.timeout_s - (clock.monotonic() - started))
+        options = replace(options, timeout_s=planned.timeout_s)
     for spec in specs:
-        warning = egress_warning(spec, ranks.node_count, node_gbits, options.cap_mbps)
+        warning = egress_warning(spec, ranks.node_count, node_gbits, planned.cap_mbps)
         if warning:
             warnings.append(warning)
             log.warning("%s", warning)
     scratch, scratch_info = _pick_scratch(plans, scratch, env, warnings)
-    throttle = Throttle.from_mbits_per_s(options.cap_mbps)
+    throttle = Throttle.from_mbits_per_s(planned.cap_mbps)
     inputs: list[InputResult] = []
     try:
         for plan in plans:
             if plan.spec.mode == "shared":
                 inputs.append(_stage_shared(plan, Path(shared_dir), ranks, options, throttle, job, key, deadline,  # type: ignore[arg-type]
-                                            _shared_channel(channel, ranks, env)))
+                                            _job_channel(channel, ranks, env)))
             else:
                 inputs.append(_stage_input(plan, Path(scratch), ranks, options, throttle, job, deadline))  # type: ignore[arg-type]
+            inputs[-1].version = plan.source.version if plan.source else None
+            inputs[-1].manifest_digest = plan.source.digest if plan.source else ""
     finally:
         for plan in plans:
             plan.reader.close()
     return StageResult(ranks.node_index, ranks.node_count, socket.gethostname(), job.job_id, inputs,
-                       clock.monotonic() - started, scratch_info, warnings)
+                       clock.monotonic() - started, scratch_info, warnings,
+                       budget={"cap_mbps": planned.cap_mbps, "timeout_s": options.timeout_s,
+                               "expected_s": planned.expected_s, "lines": planned.lines})
 
 
-def _shared_channel(channel: Channel | None, ranks: ranks_module.Ranks, env: Mapping[str, str]) -> Channel:
-    """The job's store for the shared-mode barrier: the launcher's, or one this process opens
-    (the staging command on its own), or, for one node, one in memory."""
+def _job_channel(channel: Channel | None, ranks: ranks_module.Ranks, env: Mapping[str, str]) -> Channel:
+    """The job's store for the nodes' agreement on the manifest and the shared-mode barrier: the
+    launcher's, or one this process opens (the staging command on its own), or, for one node,
+    one in memory."""
     if channel is not None:
         return channel
     if ranks.node_count <= 1:
@@ -804,10 +952,11 @@ def _shared_channel(channel: Channel | None, ranks: ranks_module.Ranks, env: Map
     try:
         opened = jobstore.open_for_node(env, ranks.node_index, ranks.node_count, ranks.world_size)
     except jobstore.CoordinationUnavailable as exc:
-        raise StagingError(f"shared staging: {exc}") from None
+        raise StagingError(f"staging: {exc}") from None
     if opened is None:
         raise StageConfigError.single(
-            contract.SHARED_DIR, "", f"shared staging across {ranks.node_count} nodes needs the job's coordination store, "
+            "MASTER_ADDR", "", f"staging across {ranks.node_count} nodes needs the job's coordination store (the "
+            "nodes agree on the dataset version there), "
             "and no rendezvous host is known", "set MASTER_ADDR (Azure ML sets it for distribution: pytorch and mpi)")
     _opened.append(opened)
     return Channel(opened.store, node=ranks.node_index, nodes=ranks.node_count)
@@ -835,17 +984,16 @@ def _stage_shared(plan: _Plan, shared_dir: Path, ranks: ranks_module.Ranks, opti
                   job: jobid.JobIdentity, key: str, deadline: Deadline, channel: Channel) -> InputResult:
     """This node's share of the shared directory, then a barrier of every node on the job's store
     (one poll is one `check`, whatever the node count: the markers on the shared mount it
-    replaces cost every node 2N file opens per poll). The nodes first agree that they planned
-    from the same listing (the first node's digest is the one every node must match)."""
+    replaces cost every node 2N file opens per poll). The nodes first agree on the manifest
+    they plan from (`_agree`)."""
     barrier = Barrier(channel.scoped("staging", key, plan.spec.name), "nodes", ranks.node_count,
                       max(deadline.remaining() or options.timeout_s, 0.0))
-    digest = _listing_digest(plan.entries)
-    agreed, _ = barrier.channel.decide(barrier.channel.key("listing"), {"digest": digest, "node": ranks.node_index})
-    if agreed.get("digest") != digest:
-        message = (f"node {ranks.node_index} planned from another listing of the dataset than node {agreed.get('node')}: "
-                   "the dataset changed while the nodes listed it; re-run the job")
-        barrier.fail(message)
-        raise StagingError(f"input {plan.spec.name!r}: {message}")
+    try:
+        plan = _agree(plan, ranks, channel, key, deadline)
+    except StagingError as exc:
+        with contextlib.suppress(StoreLost):
+            barrier.fail(str(exc))
+        raise
     faultpoints.reach("shared.listed", node=ranks.node_index)
     try:
         result = _stage_input(plan, shared_dir, ranks, options, throttle, job, deadline, clean_all=ranks.node_index == 0)
@@ -915,7 +1063,8 @@ def stage_inputs(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch:
     node there (the staging command opens its own)."""
     env = os.environ if env is None else env
     options = (options or StageOptions()).resolved()
-    options = replace(options, timeout_s=timeout_from_env(env, options.timeout_s))
+    if (env.get(TIMEOUT_VARIABLE) or "").strip():
+        options = replace(options, timeout_s=timeout_from_env(env, options.timeout_s), timeout_given=True)
     options.validate()
     if shared_dir is None and env.get(contract.SHARED_DIR):
         shared_dir = Path(env[contract.SHARED_DIR])
@@ -926,7 +1075,10 @@ def stage_inputs(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch:
     generation = launchid.node_generation(env, ranks.local_size)
     if generation is None:
         raise StageConfigError.single("launch identity", "", launchid.refusal(ranks.local_size), launchid.REFUSAL_HINT)
-    barrier = NodeBarrier(_barrier_dir(key, ranks), options.timeout_s, job.job_id, generation=generation.value)
+    # Local ranks wait as long as local rank 0's deadline, which it may raise from the bytes it lists
+    # (budget); a leader that dies or fails releases them at once, so a long wait costs nothing.
+    wait_s = options.timeout_s if options.timeout_given else max(options.timeout_s, WAIT_FOR_DERIVED_S)
+    barrier = NodeBarrier(_barrier_dir(key, ranks), wait_s, job.job_id, generation=generation.value)
     if not ranks.is_node_leader:
         return _wait_for_leader(barrier, ranks, len(specs))
     deadline = Deadline(options.timeout_s)
@@ -1009,7 +1161,8 @@ def _options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Stag
     options = StageOptions(
         concurrency=args.concurrency, file_workers=args.file_workers, inflate_workers=args.inflate_workers,
         range_bytes=int(args.range_mib * (1 << 20)), cap_mbps=args.cap_mbps, node_gbits_per_s=args.node_gbps,
-        timeout_s=timeout, verify_existing=args.verify_existing, verify_sha256=args.sha256,
+        timeout_s=timeout, timeout_given=args.timeout_s is not None or bool((env.get(TIMEOUT_VARIABLE) or "").strip()),
+        verify_existing=args.verify_existing, verify_sha256=args.sha256,
         retry=blobio.RetrySettings.fast() if args.fast_retries else blobio.RetrySettings(), report_dir=args.report_dir)
     options.validate()
     return options

@@ -1,6 +1,8 @@
 """What to stage: the inputs of AMLHPC_STAGE_JSON (docs/contracts.md section 4), parsed and checked.
 
-Each entry: {"name", "container", "account_url", "prefix", "mode", "egress_gbps", "inflate"};
+Each entry: {"name", "container", "account_url", "prefix", "mode", "egress_gbps", "inflate", "version"};
+`version` names the dataset version to stage (an integer, or "latest", the default: the
+newest committed version when the job stages; amlhpc.jobs.runtime.staging.dataversion);
 `mode` is `local`, `shared` or `replica` (see amlhpc/jobs/runtime/staging/stager.py); `inflate` says which
 blobs are gzip to inflate: `encoded` (the default: those whose Content-Encoding is gzip, as
 `jobs data upload` writes them) or `gz-names` (also every blob whose name ends in `.gz`,
@@ -57,6 +59,8 @@ class StageSpec:
     """The account's egress limit, Gb/s (stack output storage.egressGbps)."""
     inflate: str = "encoded"
     """Which blobs are inflated: `encoded` (Content-Encoding gzip) or `gz-names` (also names ending in .gz)."""
+    version: int | None = None
+    """The dataset version to stage; None: the latest committed one (dataversion)."""
 
     @property
     def normalized_prefix(self) -> str:
@@ -65,7 +69,7 @@ class StageSpec:
         return f"{p}/" if p else ""
 
 
-_SPEC_KEYS = {"name", "account_url", "container", "prefix", "mode", "egress_gbps", "inflate"}
+_SPEC_KEYS = {"name", "account_url", "container", "prefix", "mode", "egress_gbps", "inflate", "version"}
 
 
 def specs_from_json(text: str, source: str = contract.STAGE_JSON) -> list[StageSpec]:
@@ -126,10 +130,18 @@ def specs_from_json(text: str, source: str = contract.STAGE_JSON) -> list[StageS
         if inflate not in INFLATE:
             bad("inflate", f"{inflate!r} is not an inflate rule",
                 "use 'encoded' (blobs with Content-Encoding: gzip, the default) or 'gz-names' (also names ending in .gz)")
+        version = entry.get("version", "latest")
+        if version == "latest" or version is None:
+            version = None
+        elif isinstance(version, str) and version.isdigit():
+            version = int(version)
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
+            bad("version", f"{version!r} is not a dataset version",
+                "a version number `jobs data upload` printed (e.g. 3), or \"latest\" for the newest committed one")
         if len(problems) == before:
             specs.append(StageSpec(name=name, container=container, account_url=account_url, prefix=prefix,
                                    mode=mode, egress_gbps=float(egress) if egress is not None else None,
-                                   inflate=inflate))
+                                   inflate=inflate, version=version))
     if problems:
         raise StageConfigError(problems, "invalid staging inputs")
     return specs
