@@ -9,6 +9,7 @@ offline plan's access view and the abuse-case tests all read the same `MODEL`.
         print(right.role.name, right.scope, right.why)
     MODEL.assignable_role_guids()            # what a deploy identity may assign
     MODEL.constrain_roles_condition()        # the ABAC condition that says so
+    job_writes_condition()                   # where a job identity may write the workspace storage
     MODEL.role("controller").guid_in(subscription_id)
 
 Action strings match as Azure matches them: case-insensitive, `*` standing for any run of
@@ -37,7 +38,7 @@ WHEN: tuple[str, ...] = ("identity-storage", "closed-network", "customer-managed
 FIXED_SCOPES = ("subscription", "resource-group", "workspace", "workspace-storage", "dataset-account", "registry",
                 "cmk-key", "state-container", "jump-box", "jump-box-nic", "bastion")
 SCOPE_PREFIXES = ("container:", "endpoint:")
-CONDITIONS = ("constrain-roles",)
+CONDITIONS = ("constrain-roles", "job-writes-only")
 ENVIRONMENT_PLACEHOLDER = "{environment}"
 
 CUSTOM_ROLE_NAMESPACE = uuid.UUID("0b6f6c2e-5a7d-4e59-9d41-7f3c2a8e61d4")
@@ -191,7 +192,47 @@ class PermissionModel:
             return None
         if name == "constrain-roles":
             return self.constrain_roles_condition(subscription_id)
+        if name == "job-writes-only":
+            return job_writes_condition()
         raise KeyError(f"unknown condition {name!r}")
+
+
+JOB_WRITE_PATHS: tuple[tuple[str, str], ...] = (
+    ("azureml", "ExperimentRun/*"),
+    ("azureml-blobstore-*", "azureml/*"),
+)
+"""Where Azure ML writes a job's own files in the workspace storage, as (container, blob path)
+patterns: run history's logs and artifacts (`azureml` container, `ExperimentRun/dcid.<run>/`)
+and the default outputs of a job (the workspaceblobstore datastore's container,
+`azureml/<job>/<output>/`). Code snapshots (`LocalUpload/<hash>/` in the same container) and
+everything else stay read-only to a job identity."""
+
+JOB_WRITE_ACTIONS: tuple[str, ...] = (
+    "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write",
+    "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action",
+    "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete",
+    "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/move/action",
+)
+"""Every data action of Storage Blob Data Contributor that changes a blob."""
+
+_CONTAINER_NAME = "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers:name]"
+_BLOB_PATH = "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:path]"
+
+
+def job_writes_condition() -> str:
+    """The condition on a job identity's Storage Blob Data Contributor on the workspace
+    storage: reads anywhere, writes, deletes and renames only in `JOB_WRITE_PATHS`, so no job
+    can overwrite another job's code snapshot or the controller's code asset. Format and
+    operators: Microsoft Learn, "Example Azure role assignment conditions for Blob Storage"
+    (examples "Read or write blobs in named container with a path", 2024-04-01) and "Azure role
+    assignment condition format and syntax" (StringLike: `*` matches any run of characters);
+    attributes `containers:name` and `blobs:path` in "Actions and attributes for Azure role
+    assignment conditions for Azure Blob Storage"."""
+    actions = " AND ".join(f"!(ActionMatches{{'{a}'}})" for a in JOB_WRITE_ACTIONS)
+    places = " OR ".join(
+        f"({_CONTAINER_NAME} {'StringLike' if '*' in c else 'StringEquals'} '{c}' AND {_BLOB_PATH} StringLike '{p}')"
+        for c, p in JOB_WRITE_PATHS)
+    return f"(({actions}) OR ({places}))"
 
 
 CONDITION_VERSION = "2.0"

@@ -149,7 +149,7 @@ class TestDevIdentity:
         dev = cloud.ci("dev", "deploy")
         for role in (OWNER, CONTRIBUTOR):
             refused(cloud.rbac.check(dev, ROLE_WRITE, cloud.group(cloud.dev), requested_role=role),
-                    "its condition allows Microsoft.Authorization/roleAssignments/write only for the roles")
+                    "its condition does not allow Microsoft.Authorization/roleAssignments/write for the role")
         reader = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
         assert cloud.rbac.check(dev, ROLE_WRITE, cloud.group(cloud.dev), requested_role=reader).allowed
 
@@ -253,3 +253,44 @@ class TestSubmittersJobOnTheControllerCluster:
                           if o.name.startswith("amlhpcdevws"))
         assert cloud.rbac.check(cloud.dev["controller"]["identity"]["principalId"], BLOB_WRITE,
                                 f"{ws_storage.id}/blobServices/default/containers/azureml/ExperimentRun/x", data=True).allowed
+
+
+class TestJobsCannotWriteCode:
+    """Every job runs as the GPU clusters' identity, and the workspace storage holds every job's
+    code snapshot and the controller's code asset: a job that could overwrite them would run its
+    code in the next job, or as the controller on its next attempt or revival. The identity's
+    write on the workspace storage is conditioned to run history and default outputs."""
+
+    SNAPSHOT = "azureml-blobstore-0f3c2a9e-1b7d-4c8e-a6f0-2b7d9e4c1a35/LocalUpload/9d1e0c/cosmoflow/controller.py"
+
+    def ws_blob(self, cloud, blob: str) -> str:
+        account = next(o for o in cloud.azure.of_type("azure-native:storage:StorageAccount")
+                       if o.name.startswith("amlhpcdevws"))
+        return f"{account.id}/blobServices/default/containers/{blob}"
+
+    @pytest.mark.parametrize("who", ["compute", "controller"])
+    @pytest.mark.parametrize("action", [BLOB_WRITE, "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete",
+                                        "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action"])
+    def test_a_job_overwriting_a_code_snapshot_is_refused(self, cloud, who, action):
+        principal = (cloud.dev["identity"] if who == "compute" else cloud.dev["controller"]["identity"])["principalId"]
+        refused(cloud.rbac.check(principal, action, self.ws_blob(cloud, self.SNAPSHOT), data=True),
+                f"its condition does not allow {action} on azureml-blobstore-", "/LocalUpload/")
+
+    @pytest.mark.parametrize("who", ["compute", "controller"])
+    @pytest.mark.parametrize("blob", ["azureml/ExperimentRun/dcid.run-1/user_logs/std_log.txt",
+                                      "azureml-blobstore-0f3c2a9e-1b7d-4c8e-a6f0-2b7d9e4c1a35/azureml/run-1/outputs/m.json"])
+    def test_a_job_still_writes_its_logs_and_outputs_and_reads_its_code(self, cloud, who, blob):
+        principal = (cloud.dev["identity"] if who == "compute" else cloud.dev["controller"]["identity"])["principalId"]
+        assert cloud.rbac.check(principal, BLOB_WRITE, self.ws_blob(cloud, blob), data=True).allowed
+        assert cloud.rbac.check(principal, BLOB_READ, self.ws_blob(cloud, self.SNAPSHOT), data=True).allowed
+
+    def test_the_submitter_still_uploads_code(self, cloud):
+        assert cloud.rbac.check(SUBMITTERS, BLOB_WRITE, self.ws_blob(cloud, self.SNAPSHOT), data=True).allowed
+
+    def test_a_path_that_only_looks_like_an_output_is_refused(self, cloud):
+        """`azureml` only as the container of run history, `azureml/` only as a path prefix."""
+        principal = cloud.dev["identity"]["principalId"]
+        for blob in ("azureml/LocalUpload/x.py", "azureml-blobstore-0f3c/LocalUpload/azureml/x.py",
+                     "snapshots/ExperimentRun/x.py"):
+            refused(cloud.rbac.check(principal, BLOB_WRITE, self.ws_blob(cloud, blob), data=True),
+                    "its condition does not allow")
