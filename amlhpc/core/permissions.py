@@ -38,7 +38,7 @@ WHEN: tuple[str, ...] = ("identity-storage", "closed-network", "customer-managed
 FIXED_SCOPES = ("subscription", "resource-group", "workspace", "workspace-storage", "dataset-account", "registry",
                 "cmk-key", "state-container", "jump-box", "jump-box-nic", "bastion")
 SCOPE_PREFIXES = ("container:", "endpoint:")
-CONDITIONS = ("constrain-roles", "job-writes-only")
+CONDITIONS = ("constrain-roles", "job-writes-only", "experiment-state-only")
 ENVIRONMENT_PLACEHOLDER = "{environment}"
 
 CUSTOM_ROLE_NAMESPACE = uuid.UUID("0b6f6c2e-5a7d-4e59-9d41-7f3c2a8e61d4")
@@ -194,6 +194,8 @@ class PermissionModel:
             return self.constrain_roles_condition(subscription_id)
         if name == "job-writes-only":
             return job_writes_condition()
+        if name == "experiment-state-only":
+            return experiment_state_condition()
         raise KeyError(f"unknown condition {name!r}")
 
 
@@ -339,3 +341,31 @@ def load(path: Path = PERMISSIONS_FILE) -> PermissionModel:
 
 
 MODEL = load()
+
+
+PULUMI_PROJECT = "aml-hpc"
+"""The Pulumi project (Pulumi.yaml `name`): the state backend keeps each stack's files under it."""
+
+EXPERIMENT_STATE_PATHS: tuple[str, ...] = (f".pulumi/*/{PULUMI_PROJECT}/exp-*",)
+"""An experiment stack's files in a DIY state backend: `.pulumi/stacks/<project>/<stack>.json`,
+and its `history/`, `backups/` and `locks/` under `<project>/<stack>/` (Pulumi docs, "State
+and backends", project-scoped stacks). Environment stacks' files never match."""
+
+STATE_META = ".pulumi/meta.yaml"
+"""The backend's version file, read by every `pulumi login` to the backend."""
+
+
+def experiment_state_condition() -> str:
+    """The condition on a teardown identity's Storage Blob Data Contributor on its state
+    container: it reads (listing aside), writes and deletes only experiment stacks' files, so
+    it can neither read nor rewrite the environment stack's state (prod's included). Listing
+    (`pulumi stack ls`, suboperation Blob.List) stays open: it reveals names, not state.
+    Syntax: Microsoft Learn, "Example Azure role assignment conditions for Blob Storage"
+    ("Read or write blobs in named container with a path", the `AND NOT
+    SubOperationMatches{'Blob.List'}` form, 2024-04-01)."""
+    read = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read"
+    places = " OR ".join(f"{_BLOB_PATH} StringLike '{p}'" for p in EXPERIMENT_STATE_PATHS)
+    writes = " AND ".join(f"!(ActionMatches{{'{a}'}})" for a in JOB_WRITE_ACTIONS)
+    return (f"((!(ActionMatches{{'{read}'}} AND NOT SubOperationMatches{{'Blob.List'}})) OR "
+            f"({places} OR {_BLOB_PATH} StringEquals '{STATE_META}')) AND "
+            f"(({writes}) OR ({places}))")

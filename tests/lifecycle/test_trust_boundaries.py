@@ -33,6 +33,7 @@ BLOB_READ = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/rea
 ROLE_WRITE = "Microsoft.Authorization/roleAssignments/write"
 OWNER = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635"
 CONTRIBUTOR = "b24988ac-6180-42a0-ab88-20f7382dd24c"
+EXPERIMENT_STATE = ".pulumi/stacks/aml-hpc/exp-sweep-7.json"
 
 
 class Cloud:
@@ -121,15 +122,20 @@ class TestPullRequest:
     def test_state_is_written_only_by_its_environments_identities(self, cloud):
         for environment in ("dev", "prod"):
             writers = [pid for pid in (cloud.ci(e, p) for e in ("dev", "prod") for p in ("deploy", "teardown"))
-                       if cloud.rbac.check(pid, BLOB_WRITE, f"{cloud.state(environment)}/x", data=True).allowed]
+                       if cloud.rbac.check(pid, BLOB_WRITE, f"{cloud.state(environment)}/{EXPERIMENT_STATE}",
+                                           data=True).allowed]
             assert writers == [cloud.ci(environment, "deploy"), cloud.ci(environment, "teardown")]
+            writers = [pid for pid in (cloud.ci(e, p) for e in ("dev", "prod") for p in ("deploy", "teardown"))
+                       if cloud.rbac.check(pid, BLOB_WRITE, f"{cloud.state(environment)}/.pulumi/stacks/aml-hpc/"
+                                           f"{environment}.json", data=True).allowed]
+            assert writers == [cloud.ci(environment, "deploy")]
 
 
 class TestDevIdentity:
     def test_dev_deploys_dev(self, cloud):
         dev = cloud.ci("dev", "deploy")
         assert cloud.rbac.check(dev, f"{ML}/computes/write", f"{cloud.workspace(cloud.dev)}/computes/x").allowed
-        assert cloud.rbac.check(dev, BLOB_WRITE, f"{cloud.state('dev')}/.pulumi/stacks/dev.json", data=True).allowed
+        assert cloud.rbac.check(dev, BLOB_WRITE, f"{cloud.state('dev')}/.pulumi/stacks/aml-hpc/dev.json", data=True).allowed
 
     def test_dev_cannot_touch_prods_resources(self, cloud):
         dev = cloud.ci("dev", "deploy")
@@ -141,7 +147,7 @@ class TestDevIdentity:
     def test_dev_cannot_read_or_write_prods_state(self, cloud):
         dev = cloud.ci("dev", "deploy")
         for action in (BLOB_READ, BLOB_WRITE):
-            refused(cloud.rbac.check(dev, action, f"{cloud.state('prod')}/.pulumi/stacks/prod.json", data=True),
+            refused(cloud.rbac.check(dev, action, f"{cloud.state('prod')}/.pulumi/stacks/aml-hpc/prod.json", data=True),
                     "state-dev does not cover")
 
     def test_dev_cannot_make_itself_owner(self, cloud):
@@ -176,6 +182,29 @@ class TestTeardown:
                  "vault": f"{cloud.group(cloud.dev)}/providers/Microsoft.KeyVault/vaults/kv",
                  "container": cloud.container(cloud.dev, "checkpoints")}[what]
         refused(cloud.rbac.check(teardown, action, scope), f"does not allow {action}")
+
+    @pytest.mark.parametrize("blob", [".pulumi/stacks/aml-hpc/prod.json", ".pulumi/stacks/aml-hpc/prod.json.bak",
+                                      ".pulumi/history/aml-hpc/prod/prod-1.history.json",
+                                      ".pulumi/locks/aml-hpc/prod/forged.json", ".pulumi/meta.yaml"])
+    @pytest.mark.parametrize("action", [BLOB_WRITE, "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete"])
+    def test_prods_teardown_cannot_rewrite_prods_environment_state(self, cloud, blob, action):
+        """teardown-prod has no reviewers: were it to write the prod stack's state, the next
+        reviewed `up` would act on what it wrote. It may write exp-* stacks' files only."""
+        refused(cloud.rbac.check(cloud.ci("prod", "teardown"), action, f"{cloud.state('prod')}/{blob}", data=True),
+                f"its condition does not allow {action} on state-prod/{blob}")
+
+    def test_prods_teardown_cannot_read_prods_environment_state(self, cloud):
+        refused(cloud.rbac.check(cloud.ci("prod", "teardown"), BLOB_READ,
+                                 f"{cloud.state('prod')}/.pulumi/stacks/aml-hpc/prod.json", data=True),
+                "its condition does not allow")
+
+    @pytest.mark.parametrize("blob", [EXPERIMENT_STATE, ".pulumi/locks/aml-hpc/exp-sweep-7/lock.json",
+                                      ".pulumi/history/aml-hpc/exp-sweep-7/h.json"])
+    def test_prods_teardown_still_destroys_experiments(self, cloud, blob):
+        teardown = cloud.ci("prod", "teardown")
+        for action in (BLOB_READ, BLOB_WRITE, "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete"):
+            assert cloud.rbac.check(teardown, action, f"{cloud.state('prod')}/{blob}", data=True).allowed, action
+        assert cloud.rbac.check(teardown, BLOB_READ, f"{cloud.state('prod')}/.pulumi/meta.yaml", data=True).allowed
 
     def test_dev_teardown_cannot_reach_prod(self, cloud):
         refused(cloud.rbac.check(cloud.ci("dev", "teardown"), f"{ML}/computes/delete",
