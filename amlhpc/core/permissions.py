@@ -175,17 +175,43 @@ class PermissionModel:
         keys = {r.role.key for r in self.rights if r.granted_by in ("program", "azure-ml")}
         return sorted(self.roles[k].guid_in(subscription_id) for k in keys)
 
+    def assignable_principal_types(self) -> dict[tuple[str, ...], list[str]]:
+        """The principal types each assignable role may be given to, grouped: a role the model
+        gives only to identities (workloads, Azure's, CI) goes to ServicePrincipal only; one it
+        gives people (submitters, uploaders, jump-box logins, who may be groups or CI
+        identities) to User, Group or ServicePrincipal. Sorted, for a stable condition."""
+        people = {r.role.key for r in self.rights if r.granted_by in ("program", "azure-ml")
+                  and self.principals[r.principal].kind == "person"}
+        keys = {r.role.key for r in self.rights if r.granted_by in ("program", "azure-ml")}
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for key in sorted(keys):
+            types = PERSON_PRINCIPAL_TYPES if key in people else IDENTITY_PRINCIPAL_TYPES
+            groups.setdefault(types, []).append(key)
+        return groups
+
     def constrain_roles_condition(self, subscription_id: str) -> str:
-        """Azure's "constrain roles" condition for Role Based Access Control Administrator:
-        role assignments may be written and deleted only for the listed roles (Microsoft Learn,
-        "Delegate Azure role assignment management to others with conditions", example
-        "Constrain roles"; attribute syntax in conditions-authorization-actions-attributes)."""
-        guids = ", ".join(self.assignable_role_guids(subscription_id))
+        """Azure's "constrain roles and principal types" condition for Role Based Access
+        Control Administrator: role assignments may be written and deleted only for the listed
+        roles, each to the principal types the model gives it to (Microsoft Learn, "Delegate
+        Azure role assignment management to others with conditions", examples "Constrain roles"
+        and "Constrain roles and principal types"; attribute syntax in
+        conditions-authorization-actions-attributes)."""
+        def allowed(source: str) -> str:
+            parts = []
+            for types, keys in self.assignable_principal_types().items():
+                guids = ", ".join(sorted(self.roles[k].guid_in(subscription_id) for k in keys))
+                names = ", ".join(f"'{t}'" for t in types)
+                parts.append(f"(@{source}[Microsoft.Authorization/roleAssignments:RoleDefinitionId] "
+                             f"ForAnyOfAnyValues:GuidEquals {{{guids}}} AND "
+                             f"@{source}[Microsoft.Authorization/roleAssignments:PrincipalType] "
+                             f"ForAnyOfAnyValues:StringEqualsIgnoreCase {{{names}}})")
+            return " OR ".join(parts)
+
         return ("((!(ActionMatches{'Microsoft.Authorization/roleAssignments/write'})) OR "
-                f"(@Request[Microsoft.Authorization/roleAssignments:RoleDefinitionId] ForAnyOfAnyValues:GuidEquals {{{guids}}}))"
+                f"({allowed('Request')}))"
                 " AND "
                 "((!(ActionMatches{'Microsoft.Authorization/roleAssignments/delete'})) OR "
-                f"(@Resource[Microsoft.Authorization/roleAssignments:RoleDefinitionId] ForAnyOfAnyValues:GuidEquals {{{guids}}}))")
+                f"({allowed('Resource')}))")
 
     def condition_text(self, name: str | None, subscription_id: str) -> str | None:
         if name is None:
@@ -236,6 +262,11 @@ def job_writes_condition() -> str:
         for c, p in JOB_WRITE_PATHS)
     return f"(({actions}) OR ({places}))"
 
+
+IDENTITY_PRINCIPAL_TYPES: tuple[str, ...] = ("ServicePrincipal",)
+"""Managed identities and applications (Azure's principalType for a managed identity)."""
+PERSON_PRINCIPAL_TYPES: tuple[str, ...] = ("Group", "ServicePrincipal", "User")
+"""What aml-hpc:submitters and the other people lists may name."""
 
 CONDITION_VERSION = "2.0"
 """The only version Azure accepts for role assignment conditions (RoleAssignment.conditionVersion)."""

@@ -157,7 +157,20 @@ class TestDevIdentity:
             refused(cloud.rbac.check(dev, ROLE_WRITE, cloud.group(cloud.dev), requested_role=role),
                     "its condition does not allow Microsoft.Authorization/roleAssignments/write for the role")
         reader = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
-        assert cloud.rbac.check(dev, ROLE_WRITE, cloud.group(cloud.dev), requested_role=reader).allowed
+        assert cloud.rbac.check(dev, ROLE_WRITE, cloud.group(cloud.dev), requested_role=reader, principal_type="User").allowed
+
+    @pytest.mark.parametrize("role, principal_type, allowed", [
+        ("7f951dda-4ed3-4680-a7ca-43fe172d538d", "ServicePrincipal", True),   # AcrPull to an identity
+        ("7f951dda-4ed3-4680-a7ca-43fe172d538d", "User", False),              # ...to a person: no right says so
+        ("b78c5d69-af96-48a3-bf8d-a8b4d589de94", "Group", False),             # Azure AI Administrator to a group
+        ("ba92f5b4-2d11-453d-a403-e96b0029c9fe", "ForeignGroup", False),      # data to another tenant's group
+        ("ba92f5b4-2d11-453d-a403-e96b0029c9fe", "Group", True),              # a submitter group's data role
+    ])
+    def test_dev_assigns_each_role_only_to_the_principal_types_the_model_gives_it(self, cloud, role, principal_type,
+                                                                                    allowed):
+        decision = cloud.rbac.check(cloud.ci("dev", "deploy"), ROLE_WRITE, cloud.group(cloud.dev), requested_role=role,
+                                    principal_type=principal_type)
+        assert decision.allowed == allowed, decision.reason
 
 
 class TestTeardown:
