@@ -242,3 +242,21 @@ def test_default_outbound_rules_are_all_allow_listed():
 
     assert set(DEFAULT_FQDN_RULES) <= set(allowed_hosts())
     assert "github.com" not in allowed_hosts()
+
+
+class TestDatasetsKeptOutsideDev:
+    """`protectData: false` with the dataset lock off passed every rule in prod: nothing kept the
+    datasets from `pulumi destroy`, the portal or the CLI."""
+
+    def test_neither_protected_nor_locked_is_refused_in_prod(self, tmp_path):
+        plan = prod_with(tmp_path, protectData=False, locks={"datasetStorage": False})
+        [v] = mandatory(plan)["dataset-storage-kept"]
+        assert "neither protected nor locked outside dev" in v.message and "aml-hpc:protectData: false" in v.fix
+
+    @pytest.mark.parametrize("changes", [{"protectData": False, "locks": {"datasetStorage": True}},
+                                         {"locks": {"datasetStorage": False}}])
+    def test_either_one_is_enough(self, tmp_path, changes):
+        assert "dataset-storage-kept" not in mandatory(prod_with(tmp_path, **changes))
+
+    def test_dev_may_keep_neither(self):
+        assert "dataset-storage-kept" not in mandatory(evaluate("dev").to_json())
