@@ -7,7 +7,7 @@ offline plan's access view and the abuse-case tests all read the same `MODEL`.
     from amlhpc.core.permissions import MODEL
     for right in MODEL.rights_of("controller"):
         print(right.role.name, right.scope, right.why)
-    MODEL.assignable_role_guids()            # what a deploy identity may assign
+    MODEL.assignable_principal_types()       # what a deploy identity may assign, and to whom
     MODEL.constrain_roles_condition()        # the ABAC condition that says so
     job_writes_condition()                   # where a job identity may write the workspace storage
     MODEL.role("controller").guid_in(subscription_id)
@@ -169,12 +169,6 @@ class PermissionModel:
         return next((g for g in self.github_environments.values() if g.principal == principal), None)
 
     # -- derived facts
-    def assignable_role_guids(self, subscription_id: str) -> list[str]:
-        """The roles a deploy identity may assign: what the program grants and what Azure ML
-        assigns on its behalf when it creates a workspace. Sorted, for a stable condition."""
-        keys = {r.role.key for r in self.rights if r.granted_by in ("program", "azure-ml")}
-        return sorted(self.roles[k].guid_in(subscription_id) for k in keys)
-
     def assignable_principal_types(self) -> dict[tuple[str, ...], list[str]]:
         """The principal types each assignable role may be given to, grouped: a role the model
         gives only to identities (workloads, Azure's, CI) goes to ServicePrincipal only; one it
