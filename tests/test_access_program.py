@@ -234,3 +234,59 @@ class TestScript:
         assert log.read_text().splitlines() == [
             f"-C amlhpc/infra/access stack select --create --secrets-provider passphrase access|file://{tmp_path}/state",
             f"-C amlhpc/infra/access up --stack access --yes|file://{tmp_path}/state"]
+
+
+class TestBranchProtection:
+    """Without protection on main, anyone who can push to it runs main's workflows in every
+    environment (prod's reviewers approve a deployment, not the code it runs)."""
+
+    def test_main_is_protected_first_admins_included(self, access):
+        import json
+
+        _, outputs = access
+        lines = commands(outputs["github"], "my-org/aml-hpc", ["team:ml-platform"])
+        assert lines[0].startswith("gh api -X PUT repos/my-org/aml-hpc/branches/main/protection --input - <<< ")
+        body = json.loads(lines[0].split("<<< ", 1)[1].strip("'"))
+        assert body["enforce_admins"] is True and body["allow_force_pushes"] is False and body["allow_deletions"] is False
+        reviews = body["required_pull_request_reviews"]
+        assert reviews["required_approving_review_count"] >= 1 and reviews["require_last_push_approval"] is True
+
+    def test_reviewed_environments_prevent_self_review(self, access):
+        _, outputs = access
+        lines = commands(outputs["github"], "my-org/aml-hpc", ["team:ml-platform"])
+        for name in ("dev", "prod", "teardown-dev", "teardown-prod"):
+            put = next(line for line in lines if line.startswith(f"gh api -X PUT repos/my-org/aml-hpc/environments/{name} "))
+            assert ("prevent_self_review=true" in put) == (name == "prod")
+
+    @pytest.mark.parametrize("answer, holds", [
+        ({"enforce_admins": {"enabled": True}, "allow_force_pushes": {"enabled": False},
+          "allow_deletions": {"enabled": False}, "required_pull_request_reviews": {"required_approving_review_count": 1}}, True),
+        ({"enforce_admins": {"enabled": False}, "allow_force_pushes": {"enabled": False},
+          "allow_deletions": {"enabled": False}, "required_pull_request_reviews": {"required_approving_review_count": 1}}, False),
+        ({"enforce_admins": {"enabled": True}, "allow_force_pushes": {"enabled": True},
+          "allow_deletions": {"enabled": False}, "required_pull_request_reviews": {"required_approving_review_count": 1}}, False),
+        ({"enforce_admins": {"enabled": True}, "allow_force_pushes": {"enabled": False},
+          "allow_deletions": {"enabled": False}}, False),
+    ])
+    def test_the_check_fails_unless_main_is_protected(self, access, tmp_path, answer, holds):
+        """The check lines run against a fake gh that answers what GitHub would, through jq."""
+        import json
+        import shutil
+        import subprocess
+
+        if shutil.which("jq") is None:
+            pytest.skip("needs jq (the gh CLI's --jq filter is jq's language)")
+        _, outputs = access
+        lines = commands(outputs["github"], "my-org/aml-hpc", ["team:ml-platform"])
+        (check,) = [line for line in lines if "branches/main/protection --jq" in line]
+        env_answer = {"protection_rules": [{"type": "required_reviewers", "prevent_self_review": True}]}
+        fake = tmp_path / "gh"
+        fake.write_text("#!/usr/bin/env bash\n"
+                        f"case $2 in *branches*) a={json.dumps(json.dumps(answer))} ;; *) a={json.dumps(json.dumps(env_answer))} ;; esac\n"
+                        'printf "%s" "$a" | jq -c "$4"\n')
+        fake.chmod(0o755)
+        result = subprocess.run(["bash", "-c", check], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True,
+                                text=True, timeout=30)
+        assert (result.returncode == 0) == holds, result.stderr
+        if not holds:
+            assert "main is not protected as required" in result.stderr

@@ -98,16 +98,31 @@ class TestMatching:
 class TestConstrainRolesCondition:
     def test_has_azures_documented_shape(self):
         """Microsoft Learn, "Delegate Azure role assignment management to others with conditions",
-        example "Constrain roles": writes checked on the request, deletes on the resource."""
+        example "Constrain roles and principal types": writes checked on the request, deletes on
+        the resource, each role with the principal types it may be given to."""
         condition = MODEL.constrain_roles_condition("sub")
         guid = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
         guids = rf"\{{{guid}(, {guid})*\}}"
+        types = r"\{'[A-Za-z]+'(, '[A-Za-z]+')*\}"
+
+        def allowed(source: str) -> str:
+            one = (rf"\(@{source}\[Microsoft\.Authorization/roleAssignments:RoleDefinitionId\] ForAnyOfAnyValues:GuidEquals {guids}"
+                   rf" AND @{source}\[Microsoft\.Authorization/roleAssignments:PrincipalType\] "
+                   rf"ForAnyOfAnyValues:StringEqualsIgnoreCase {types}\)")
+            return rf"\({one}( OR {one})*\)"
+
         shape = (r"\(\(!\(ActionMatches\{'Microsoft\.Authorization/roleAssignments/write'\}\)\) OR "
-                 rf"\(@Request\[Microsoft\.Authorization/roleAssignments:RoleDefinitionId\] ForAnyOfAnyValues:GuidEquals {guids}\)\)"
+                 rf"{allowed('Request')}\)"
                  r" AND "
                  r"\(\(!\(ActionMatches\{'Microsoft\.Authorization/roleAssignments/delete'\}\)\) OR "
-                 rf"\(@Resource\[Microsoft\.Authorization/roleAssignments:RoleDefinitionId\] ForAnyOfAnyValues:GuidEquals {guids}\)\)")
+                 rf"{allowed('Resource')}\)")
         assert re.fullmatch(shape, condition), condition
+
+    def test_roles_only_identities_hold_go_to_service_principals_only(self):
+        groups = MODEL.assignable_principal_types()
+        assert groups[("ServicePrincipal",)] == ["acr-pull", "azure-ai-administrator", "controller",
+                                                 "key-vault-crypto-service-encryption-user"]
+        assert "submitter" in groups[("Group", "ServicePrincipal", "User")]
 
     def test_lists_exactly_what_the_program_and_azure_ml_assign(self):
         listed = set(re.findall(r"[0-9a-f]{8}-[0-9a-f-]{27}", MODEL.constrain_roles_condition("sub")))

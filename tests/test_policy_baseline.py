@@ -149,9 +149,44 @@ class TestRoles:
 
         loose = "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers:ContainerName] StringEquals 'x'"
         [v] = mandatory(with_resource(prod, ROLE, "loose", role_assignment(RBAC_ADMIN, loose)))["no-privileged-roles"]
-        assert "does not constrain the roles" in v.message
+        assert "is not the model's constrain-roles condition" in v.message
         tight = role_assignment(RBAC_ADMIN, MODEL.constrain_roles_condition("s"))
         assert "no-privileged-roles" not in mandatory(with_resource(prod, ROLE, "tight", tight))
+
+    def test_a_condition_that_also_allows_owner_is_refused(self, prod):
+        """It holds the model's clauses (a substring test passed it), with Owner added to the list."""
+        from amlhpc.core.permissions import MODEL
+
+        exact = MODEL.constrain_roles_condition("s")
+        with_owner = exact.replace("GuidEquals {", "GuidEquals {" + OWNER + ", ")
+        assert with_owner != exact
+        [v] = mandatory(with_resource(prod, ROLE, "deploy-role-assignments",
+                                      role_assignment(RBAC_ADMIN, with_owner)))["no-privileged-roles"]
+        assert "not the model's constrain-roles condition" in v.message and "word for word" in v.fix
+
+    @pytest.mark.parametrize("name", ["access-gpu-contributor", "access-checkpoints-write"])
+    def test_contributor_on_the_gpu_identity_is_refused(self, prod, name):
+        """Contributor is a role some right names (the deploy identity's): that alone let it
+        through. Named after no right, or after the GPU identity's checkpoint right: refused."""
+        contributor = "b24988ac-6180-42a0-ab88-20f7382dd24c"
+        plan = with_resource(prod, ROLE, name, {**role_assignment(contributor), "principalType": "ServicePrincipal"})
+        [v] = mandatory(plan)["role-in-permission-model"]
+        assert repr(name) in v.message and ("no right's key" in v.message or "not Storage Blob Data Contributor" in v.message)
+
+    def test_the_gpu_identitys_workspace_storage_right_without_its_condition_is_refused(self, prod):
+        """The job-writes-only condition keeps jobs off every code snapshot: dropped, it is refused."""
+        plan = copy.deepcopy(prod)
+        (grant,) = [r for r in plan["resources"] if r["name"] == "access-compute-ws-storage"]
+        del grant["inputs"]["condition"], grant["inputs"]["conditionVersion"]
+        [v] = mandatory(plan)["role-in-permission-model"]
+        assert "no condition, not the model's job-writes-only" in v.message
+
+    def test_a_right_at_the_wrong_scope_is_refused(self, prod):
+        plan = copy.deepcopy(prod)
+        (grant,) = [r for r in plan["resources"] if r["name"] == "access-datasets-read"]
+        grant["inputs"]["scope"] = grant["inputs"]["scope"].replace("/containers/datasets", "/containers/supervision")
+        [v] = mandatory(plan)["role-in-permission-model"]
+        assert "not the model's container:datasets" in v.message
 
     def test_a_role_outside_the_model_is_refused(self, prod):
         network_contributor = "4d97b98b-1d4f-4787-a291-c67834d212e7"  # Azure built-in roles, networking
@@ -207,3 +242,21 @@ def test_default_outbound_rules_are_all_allow_listed():
 
     assert set(DEFAULT_FQDN_RULES) <= set(allowed_hosts())
     assert "github.com" not in allowed_hosts()
+
+
+class TestDatasetsKeptOutsideDev:
+    """`protectData: false` with the dataset lock off passed every rule in prod: nothing kept the
+    datasets from `pulumi destroy`, the portal or the CLI."""
+
+    def test_neither_protected_nor_locked_is_refused_in_prod(self, tmp_path):
+        plan = prod_with(tmp_path, protectData=False, locks={"datasetStorage": False})
+        [v] = mandatory(plan)["dataset-storage-kept"]
+        assert "neither protected nor locked outside dev" in v.message and "aml-hpc:protectData: false" in v.fix
+
+    @pytest.mark.parametrize("changes", [{"protectData": False, "locks": {"datasetStorage": True}},
+                                         {"locks": {"datasetStorage": False}}])
+    def test_either_one_is_enough(self, tmp_path, changes):
+        assert "dataset-storage-kept" not in mandatory(prod_with(tmp_path, **changes))
+
+    def test_dev_may_keep_neither(self):
+        assert "dataset-storage-kept" not in mandatory(evaluate("dev").to_json())

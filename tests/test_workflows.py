@@ -434,3 +434,19 @@ esac
         assert "| exp-gone | dev | 2026-11-01T00:00:00Z | destroyed and removed from the backend |" in summary
         assert "datasets and checkpoints of `dev`" in summary
         assert "| exp-fail | destroy FAILED" in summary and "| exp-live | expires 2026-12-01T00:00:00Z |" in summary
+
+
+@pytest.mark.parametrize("name", ["deploy.yml", "teardown.yml"])
+def test_the_passphrase_reaches_only_the_steps_that_run_pulumi(name):
+    """Job-level env is seen by every step (setup actions, uv sync's build hooks...): the
+    passphrase is set on the one step that runs pulumi, never on a job or the workflow."""
+    doc = load(name)
+    assert "PULUMI_CONFIG_PASSPHRASE" not in (doc.get("env") or {})
+    holders = []
+    for job_name, job in doc["jobs"].items():
+        assert "PULUMI_CONFIG_PASSPHRASE" not in (job.get("env") or {}), job_name
+        for step in job.get("steps", []):
+            if "PULUMI_CONFIG_PASSPHRASE" in (step.get("env") or {}):
+                assert "uses" not in step and ("pulumi" in step["run"]), (job_name, step.get("name"))
+                holders.append(job_name)
+    assert sorted(holders) == (["dev", "experiments", "prod"] if name == "deploy.yml" else ["teardown"])

@@ -1,4 +1,4 @@
-"""Output that reads well on a terminal and in a log: the consoles, tables and progress
+r"""Output that reads well on a terminal and in a log: the consoles, tables and progress
 lines every command line of the project uses.
 
 - On a terminal, output takes the terminal's width, and a table too narrow for its values
@@ -11,11 +11,17 @@ lines every command line of the project uses.
   line (`-o tsv`, `--json`, or COLUMNS=N). COLUMNS set by the user wins for both.
 - `working(message)` says what a step that takes more than a few seconds is doing: a
   spinner on a terminal, one line otherwise (stderr, so stdout stays data).
+- Text a job wrote (names, tags, error messages, log lines) may carry terminal control
+  sequences: `printable()` shows every C0 and C1 control character but tab and line feed as
+  `\xNN`, so `\x1b[2J` cannot clear the screen, an OSC sequence cannot set the clipboard or
+  a link, and a carriage return cannot overwrite what was printed. Every table cell goes
+  through it (`table()`, `row_table()`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -57,9 +63,22 @@ FOLDED = ("wrapped to {cap} columns: -o tsv (lists) or --json prints every value
           "COLUMNS=N widens the table")
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 controls but tab and line feed, DEL, and C1 controls (ESC, CSI, OSC... start sequences)."""
+
+
+def printable(text: Any) -> str:
+    """`text` with every control character that could drive a terminal shown as `\\xNN`."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
 class FittedTable(Table):
     """A table that keeps to TABLE_WIDTH_VARIABLE's columns when one is set (off a terminal),
-    wrapping its cells, and then says so and how to get every value whole."""
+    wrapping its cells, and then says so and how to get every value whole. String cells are
+    made `printable()`: they often hold what a job wrote."""
+
+    def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+        super().add_row(*(printable(r) if isinstance(r, str) else r for r in renderables), **kwargs)
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         cap = _table_cap()

@@ -7,8 +7,9 @@ offline plan's access view and the abuse-case tests all read the same `MODEL`.
     from amlhpc.core.permissions import MODEL
     for right in MODEL.rights_of("controller"):
         print(right.role.name, right.scope, right.why)
-    MODEL.assignable_role_guids()            # what a deploy identity may assign
+    MODEL.assignable_principal_types()       # what a deploy identity may assign, and to whom
     MODEL.constrain_roles_condition()        # the ABAC condition that says so
+    job_writes_condition()                   # where a job identity may write the workspace storage
     MODEL.role("controller").guid_in(subscription_id)
 
 Action strings match as Azure matches them: case-insensitive, `*` standing for any run of
@@ -37,7 +38,7 @@ WHEN: tuple[str, ...] = ("identity-storage", "closed-network", "customer-managed
 FIXED_SCOPES = ("subscription", "resource-group", "workspace", "workspace-storage", "dataset-account", "registry",
                 "cmk-key", "state-container", "jump-box", "jump-box-nic", "bastion")
 SCOPE_PREFIXES = ("container:", "endpoint:")
-CONDITIONS = ("constrain-roles",)
+CONDITIONS = ("constrain-roles", "job-writes-only", "experiment-state-only")
 ENVIRONMENT_PLACEHOLDER = "{environment}"
 
 CUSTOM_ROLE_NAMESPACE = uuid.UUID("0b6f6c2e-5a7d-4e59-9d41-7f3c2a8e61d4")
@@ -168,31 +169,98 @@ class PermissionModel:
         return next((g for g in self.github_environments.values() if g.principal == principal), None)
 
     # -- derived facts
-    def assignable_role_guids(self, subscription_id: str) -> list[str]:
-        """The roles a deploy identity may assign: what the program grants and what Azure ML
-        assigns on its behalf when it creates a workspace. Sorted, for a stable condition."""
+    def assignable_principal_types(self) -> dict[tuple[str, ...], list[str]]:
+        """The principal types each assignable role may be given to, grouped: a role the model
+        gives only to identities (workloads, Azure's, CI) goes to ServicePrincipal only; one it
+        gives people (submitters, uploaders, jump-box logins, who may be groups or CI
+        identities) to User, Group or ServicePrincipal. Sorted, for a stable condition."""
+        people = {r.role.key for r in self.rights if r.granted_by in ("program", "azure-ml")
+                  and self.principals[r.principal].kind == "person"}
         keys = {r.role.key for r in self.rights if r.granted_by in ("program", "azure-ml")}
-        return sorted(self.roles[k].guid_in(subscription_id) for k in keys)
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for key in sorted(keys):
+            types = PERSON_PRINCIPAL_TYPES if key in people else IDENTITY_PRINCIPAL_TYPES
+            groups.setdefault(types, []).append(key)
+        return groups
 
     def constrain_roles_condition(self, subscription_id: str) -> str:
-        """Azure's "constrain roles" condition for Role Based Access Control Administrator:
-        role assignments may be written and deleted only for the listed roles (Microsoft Learn,
-        "Delegate Azure role assignment management to others with conditions", example
-        "Constrain roles"; attribute syntax in conditions-authorization-actions-attributes)."""
-        guids = ", ".join(self.assignable_role_guids(subscription_id))
+        """Azure's "constrain roles and principal types" condition for Role Based Access
+        Control Administrator: role assignments may be written and deleted only for the listed
+        roles, each to the principal types the model gives it to (Microsoft Learn, "Delegate
+        Azure role assignment management to others with conditions", examples "Constrain roles"
+        and "Constrain roles and principal types"; attribute syntax in
+        conditions-authorization-actions-attributes)."""
+        def allowed(source: str) -> str:
+            parts = []
+            for types, keys in self.assignable_principal_types().items():
+                guids = ", ".join(sorted(self.roles[k].guid_in(subscription_id) for k in keys))
+                names = ", ".join(f"'{t}'" for t in types)
+                parts.append(f"(@{source}[Microsoft.Authorization/roleAssignments:RoleDefinitionId] "
+                             f"ForAnyOfAnyValues:GuidEquals {{{guids}}} AND "
+                             f"@{source}[Microsoft.Authorization/roleAssignments:PrincipalType] "
+                             f"ForAnyOfAnyValues:StringEqualsIgnoreCase {{{names}}})")
+            return " OR ".join(parts)
+
         return ("((!(ActionMatches{'Microsoft.Authorization/roleAssignments/write'})) OR "
-                f"(@Request[Microsoft.Authorization/roleAssignments:RoleDefinitionId] ForAnyOfAnyValues:GuidEquals {{{guids}}}))"
+                f"({allowed('Request')}))"
                 " AND "
                 "((!(ActionMatches{'Microsoft.Authorization/roleAssignments/delete'})) OR "
-                f"(@Resource[Microsoft.Authorization/roleAssignments:RoleDefinitionId] ForAnyOfAnyValues:GuidEquals {{{guids}}}))")
+                f"({allowed('Resource')}))")
 
     def condition_text(self, name: str | None, subscription_id: str) -> str | None:
         if name is None:
             return None
         if name == "constrain-roles":
             return self.constrain_roles_condition(subscription_id)
+        if name == "job-writes-only":
+            return job_writes_condition()
+        if name == "experiment-state-only":
+            return experiment_state_condition()
         raise KeyError(f"unknown condition {name!r}")
 
+
+JOB_WRITE_PATHS: tuple[tuple[str, str], ...] = (
+    ("azureml", "ExperimentRun/*"),
+    ("azureml-blobstore-*", "azureml/*"),
+)
+"""Where Azure ML writes a job's own files in the workspace storage, as (container, blob path)
+patterns: run history's logs and artifacts (`azureml` container, `ExperimentRun/dcid.<run>/`)
+and the default outputs of a job (the workspaceblobstore datastore's container,
+`azureml/<job>/<output>/`). Code snapshots (`LocalUpload/<hash>/` in the same container) and
+everything else stay read-only to a job identity."""
+
+JOB_WRITE_ACTIONS: tuple[str, ...] = (
+    "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write",
+    "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action",
+    "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete",
+    "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/move/action",
+)
+"""Every data action of Storage Blob Data Contributor that changes a blob."""
+
+_CONTAINER_NAME = "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers:name]"
+_BLOB_PATH = "@Resource[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:path]"
+
+
+def job_writes_condition() -> str:
+    """The condition on a job identity's Storage Blob Data Contributor on the workspace
+    storage: reads anywhere, writes, deletes and renames only in `JOB_WRITE_PATHS`, so no job
+    can overwrite another job's code snapshot or the controller's code asset. Format and
+    operators: Microsoft Learn, "Example Azure role assignment conditions for Blob Storage"
+    (examples "Read or write blobs in named container with a path", 2024-04-01) and "Azure role
+    assignment condition format and syntax" (StringLike: `*` matches any run of characters);
+    attributes `containers:name` and `blobs:path` in "Actions and attributes for Azure role
+    assignment conditions for Azure Blob Storage"."""
+    actions = " AND ".join(f"!(ActionMatches{{'{a}'}})" for a in JOB_WRITE_ACTIONS)
+    places = " OR ".join(
+        f"({_CONTAINER_NAME} {'StringLike' if '*' in c else 'StringEquals'} '{c}' AND {_BLOB_PATH} StringLike '{p}')"
+        for c, p in JOB_WRITE_PATHS)
+    return f"(({actions}) OR ({places}))"
+
+
+IDENTITY_PRINCIPAL_TYPES: tuple[str, ...] = ("ServicePrincipal",)
+"""Managed identities and applications (Azure's principalType for a managed identity)."""
+PERSON_PRINCIPAL_TYPES: tuple[str, ...] = ("Group", "ServicePrincipal", "User")
+"""What aml-hpc:submitters and the other people lists may name."""
 
 CONDITION_VERSION = "2.0"
 """The only version Azure accepts for role assignment conditions (RoleAssignment.conditionVersion)."""
@@ -298,3 +366,31 @@ def load(path: Path = PERMISSIONS_FILE) -> PermissionModel:
 
 
 MODEL = load()
+
+
+PULUMI_PROJECT = "aml-hpc"
+"""The Pulumi project (Pulumi.yaml `name`): the state backend keeps each stack's files under it."""
+
+EXPERIMENT_STATE_PATHS: tuple[str, ...] = (f".pulumi/*/{PULUMI_PROJECT}/exp-*",)
+"""An experiment stack's files in a DIY state backend: `.pulumi/stacks/<project>/<stack>.json`,
+and its `history/`, `backups/` and `locks/` under `<project>/<stack>/` (Pulumi docs, "State
+and backends", project-scoped stacks). Environment stacks' files never match."""
+
+STATE_META = ".pulumi/meta.yaml"
+"""The backend's version file, read by every `pulumi login` to the backend."""
+
+
+def experiment_state_condition() -> str:
+    """The condition on a teardown identity's Storage Blob Data Contributor on its state
+    container: it reads (listing aside), writes and deletes only experiment stacks' files, so
+    it can neither read nor rewrite the environment stack's state (prod's included). Listing
+    (`pulumi stack ls`, suboperation Blob.List) stays open: it reveals names, not state.
+    Syntax: Microsoft Learn, "Example Azure role assignment conditions for Blob Storage"
+    ("Read or write blobs in named container with a path", the `AND NOT
+    SubOperationMatches{'Blob.List'}` form, 2024-04-01)."""
+    read = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read"
+    places = " OR ".join(f"{_BLOB_PATH} StringLike '{p}'" for p in EXPERIMENT_STATE_PATHS)
+    writes = " AND ".join(f"!(ActionMatches{{'{a}'}})" for a in JOB_WRITE_ACTIONS)
+    return (f"((!(ActionMatches{{'{read}'}} AND NOT SubOperationMatches{{'Blob.List'}})) OR "
+            f"({places} OR {_BLOB_PATH} StringEquals '{STATE_META}')) AND "
+            f"(({writes}) OR ({places}))")

@@ -33,6 +33,7 @@ BLOB_READ = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/rea
 ROLE_WRITE = "Microsoft.Authorization/roleAssignments/write"
 OWNER = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635"
 CONTRIBUTOR = "b24988ac-6180-42a0-ab88-20f7382dd24c"
+EXPERIMENT_STATE = ".pulumi/stacks/aml-hpc/exp-sweep-7.json"
 
 
 class Cloud:
@@ -121,15 +122,20 @@ class TestPullRequest:
     def test_state_is_written_only_by_its_environments_identities(self, cloud):
         for environment in ("dev", "prod"):
             writers = [pid for pid in (cloud.ci(e, p) for e in ("dev", "prod") for p in ("deploy", "teardown"))
-                       if cloud.rbac.check(pid, BLOB_WRITE, f"{cloud.state(environment)}/x", data=True).allowed]
+                       if cloud.rbac.check(pid, BLOB_WRITE, f"{cloud.state(environment)}/{EXPERIMENT_STATE}",
+                                           data=True).allowed]
             assert writers == [cloud.ci(environment, "deploy"), cloud.ci(environment, "teardown")]
+            writers = [pid for pid in (cloud.ci(e, p) for e in ("dev", "prod") for p in ("deploy", "teardown"))
+                       if cloud.rbac.check(pid, BLOB_WRITE, f"{cloud.state(environment)}/.pulumi/stacks/aml-hpc/"
+                                           f"{environment}.json", data=True).allowed]
+            assert writers == [cloud.ci(environment, "deploy")]
 
 
 class TestDevIdentity:
     def test_dev_deploys_dev(self, cloud):
         dev = cloud.ci("dev", "deploy")
         assert cloud.rbac.check(dev, f"{ML}/computes/write", f"{cloud.workspace(cloud.dev)}/computes/x").allowed
-        assert cloud.rbac.check(dev, BLOB_WRITE, f"{cloud.state('dev')}/.pulumi/stacks/dev.json", data=True).allowed
+        assert cloud.rbac.check(dev, BLOB_WRITE, f"{cloud.state('dev')}/.pulumi/stacks/aml-hpc/dev.json", data=True).allowed
 
     def test_dev_cannot_touch_prods_resources(self, cloud):
         dev = cloud.ci("dev", "deploy")
@@ -141,7 +147,7 @@ class TestDevIdentity:
     def test_dev_cannot_read_or_write_prods_state(self, cloud):
         dev = cloud.ci("dev", "deploy")
         for action in (BLOB_READ, BLOB_WRITE):
-            refused(cloud.rbac.check(dev, action, f"{cloud.state('prod')}/.pulumi/stacks/prod.json", data=True),
+            refused(cloud.rbac.check(dev, action, f"{cloud.state('prod')}/.pulumi/stacks/aml-hpc/prod.json", data=True),
                     "state-dev does not cover")
 
     def test_dev_cannot_make_itself_owner(self, cloud):
@@ -149,9 +155,22 @@ class TestDevIdentity:
         dev = cloud.ci("dev", "deploy")
         for role in (OWNER, CONTRIBUTOR):
             refused(cloud.rbac.check(dev, ROLE_WRITE, cloud.group(cloud.dev), requested_role=role),
-                    "its condition allows Microsoft.Authorization/roleAssignments/write only for the roles")
+                    "its condition does not allow Microsoft.Authorization/roleAssignments/write for the role")
         reader = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
-        assert cloud.rbac.check(dev, ROLE_WRITE, cloud.group(cloud.dev), requested_role=reader).allowed
+        assert cloud.rbac.check(dev, ROLE_WRITE, cloud.group(cloud.dev), requested_role=reader, principal_type="User").allowed
+
+    @pytest.mark.parametrize("role, principal_type, allowed", [
+        ("7f951dda-4ed3-4680-a7ca-43fe172d538d", "ServicePrincipal", True),   # AcrPull to an identity
+        ("7f951dda-4ed3-4680-a7ca-43fe172d538d", "User", False),              # ...to a person: no right says so
+        ("b78c5d69-af96-48a3-bf8d-a8b4d589de94", "Group", False),             # Azure AI Administrator to a group
+        ("ba92f5b4-2d11-453d-a403-e96b0029c9fe", "ForeignGroup", False),      # data to another tenant's group
+        ("ba92f5b4-2d11-453d-a403-e96b0029c9fe", "Group", True),              # a submitter group's data role
+    ])
+    def test_dev_assigns_each_role_only_to_the_principal_types_the_model_gives_it(self, cloud, role, principal_type,
+                                                                                    allowed):
+        decision = cloud.rbac.check(cloud.ci("dev", "deploy"), ROLE_WRITE, cloud.group(cloud.dev), requested_role=role,
+                                    principal_type=principal_type)
+        assert decision.allowed == allowed, decision.reason
 
 
 class TestTeardown:
@@ -176,6 +195,29 @@ class TestTeardown:
                  "vault": f"{cloud.group(cloud.dev)}/providers/Microsoft.KeyVault/vaults/kv",
                  "container": cloud.container(cloud.dev, "checkpoints")}[what]
         refused(cloud.rbac.check(teardown, action, scope), f"does not allow {action}")
+
+    @pytest.mark.parametrize("blob", [".pulumi/stacks/aml-hpc/prod.json", ".pulumi/stacks/aml-hpc/prod.json.bak",
+                                      ".pulumi/history/aml-hpc/prod/prod-1.history.json",
+                                      ".pulumi/locks/aml-hpc/prod/forged.json", ".pulumi/meta.yaml"])
+    @pytest.mark.parametrize("action", [BLOB_WRITE, "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete"])
+    def test_prods_teardown_cannot_rewrite_prods_environment_state(self, cloud, blob, action):
+        """teardown-prod has no reviewers: were it to write the prod stack's state, the next
+        reviewed `up` would act on what it wrote. It may write exp-* stacks' files only."""
+        refused(cloud.rbac.check(cloud.ci("prod", "teardown"), action, f"{cloud.state('prod')}/{blob}", data=True),
+                f"its condition does not allow {action} on state-prod/{blob}")
+
+    def test_prods_teardown_cannot_read_prods_environment_state(self, cloud):
+        refused(cloud.rbac.check(cloud.ci("prod", "teardown"), BLOB_READ,
+                                 f"{cloud.state('prod')}/.pulumi/stacks/aml-hpc/prod.json", data=True),
+                "its condition does not allow")
+
+    @pytest.mark.parametrize("blob", [EXPERIMENT_STATE, ".pulumi/locks/aml-hpc/exp-sweep-7/lock.json",
+                                      ".pulumi/history/aml-hpc/exp-sweep-7/h.json"])
+    def test_prods_teardown_still_destroys_experiments(self, cloud, blob):
+        teardown = cloud.ci("prod", "teardown")
+        for action in (BLOB_READ, BLOB_WRITE, "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete"):
+            assert cloud.rbac.check(teardown, action, f"{cloud.state('prod')}/{blob}", data=True).allowed, action
+        assert cloud.rbac.check(teardown, BLOB_READ, f"{cloud.state('prod')}/.pulumi/meta.yaml", data=True).allowed
 
     def test_dev_teardown_cannot_reach_prod(self, cloud):
         refused(cloud.rbac.check(cloud.ci("dev", "teardown"), f"{ML}/computes/delete",
@@ -253,3 +295,44 @@ class TestSubmittersJobOnTheControllerCluster:
                           if o.name.startswith("amlhpcdevws"))
         assert cloud.rbac.check(cloud.dev["controller"]["identity"]["principalId"], BLOB_WRITE,
                                 f"{ws_storage.id}/blobServices/default/containers/azureml/ExperimentRun/x", data=True).allowed
+
+
+class TestJobsCannotWriteCode:
+    """Every job runs as the GPU clusters' identity, and the workspace storage holds every job's
+    code snapshot and the controller's code asset: a job that could overwrite them would run its
+    code in the next job, or as the controller on its next attempt or revival. The identity's
+    write on the workspace storage is conditioned to run history and default outputs."""
+
+    SNAPSHOT = "azureml-blobstore-0f3c2a9e-1b7d-4c8e-a6f0-2b7d9e4c1a35/LocalUpload/9d1e0c/cosmoflow/controller.py"
+
+    def ws_blob(self, cloud, blob: str) -> str:
+        account = next(o for o in cloud.azure.of_type("azure-native:storage:StorageAccount")
+                       if o.name.startswith("amlhpcdevws"))
+        return f"{account.id}/blobServices/default/containers/{blob}"
+
+    @pytest.mark.parametrize("who", ["compute", "controller"])
+    @pytest.mark.parametrize("action", [BLOB_WRITE, "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete",
+                                        "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action"])
+    def test_a_job_overwriting_a_code_snapshot_is_refused(self, cloud, who, action):
+        principal = (cloud.dev["identity"] if who == "compute" else cloud.dev["controller"]["identity"])["principalId"]
+        refused(cloud.rbac.check(principal, action, self.ws_blob(cloud, self.SNAPSHOT), data=True),
+                f"its condition does not allow {action} on azureml-blobstore-", "/LocalUpload/")
+
+    @pytest.mark.parametrize("who", ["compute", "controller"])
+    @pytest.mark.parametrize("blob", ["azureml/ExperimentRun/dcid.run-1/user_logs/std_log.txt",
+                                      "azureml-blobstore-0f3c2a9e-1b7d-4c8e-a6f0-2b7d9e4c1a35/azureml/run-1/outputs/m.json"])
+    def test_a_job_still_writes_its_logs_and_outputs_and_reads_its_code(self, cloud, who, blob):
+        principal = (cloud.dev["identity"] if who == "compute" else cloud.dev["controller"]["identity"])["principalId"]
+        assert cloud.rbac.check(principal, BLOB_WRITE, self.ws_blob(cloud, blob), data=True).allowed
+        assert cloud.rbac.check(principal, BLOB_READ, self.ws_blob(cloud, self.SNAPSHOT), data=True).allowed
+
+    def test_the_submitter_still_uploads_code(self, cloud):
+        assert cloud.rbac.check(SUBMITTERS, BLOB_WRITE, self.ws_blob(cloud, self.SNAPSHOT), data=True).allowed
+
+    def test_a_path_that_only_looks_like_an_output_is_refused(self, cloud):
+        """`azureml` only as the container of run history, `azureml/` only as a path prefix."""
+        principal = cloud.dev["identity"]["principalId"]
+        for blob in ("azureml/LocalUpload/x.py", "azureml-blobstore-0f3c/LocalUpload/azureml/x.py",
+                     "snapshots/ExperimentRun/x.py"):
+            refused(cloud.rbac.check(principal, BLOB_WRITE, self.ws_blob(cloud, blob), data=True),
+                    "its condition does not allow")

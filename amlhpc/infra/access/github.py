@@ -11,6 +11,14 @@ the model says so (prod's deploy), and the variables the workflows read - as *en
 variables, never repository ones, so a job that runs in no environment (a pull request's)
 sees none. The passphrase is a secret per environment (`gh secret set ... --env`), which
 nobody but its holder types: the commands read it from a file only when given one.
+
+Environments with reviewers also get `prevent_self_review` (whoever pushed cannot approve
+their own deployment). `main` gets branch protection: a pull request with an approving
+review (stale approvals dismissed, the last push approved by someone else), no force push, no
+deletion, and `enforce_admins` so administrators cannot bypass it either - without it anyone
+who can push to main runs main's workflows in every environment. The last commands read both
+back and fail, naming what is missing, unless they hold (GitHub REST API, "Update branch
+protection" and "Create or update an environment", API version 2022-11-28).
 """
 
 from __future__ import annotations
@@ -34,11 +42,50 @@ def _reviewer(spec: str) -> tuple[str, str]:
     return kind, name
 
 
+BRANCH_PROTECTION = {
+    "required_status_checks": None,
+    "enforce_admins": True,
+    "required_pull_request_reviews": {"required_approving_review_count": 1, "dismiss_stale_reviews": True,
+                                      "require_last_push_approval": True},
+    "restrictions": None,
+    "allow_force_pushes": False,
+    "allow_deletions": False,
+}
+"""main's protection: review required, admins included, no force push, no deletion."""
+
+PROTECTED_BRANCH = "main"
+
+_PROTECTION_HOLDS = ("[.enforce_admins.enabled == true, (.allow_force_pushes.enabled // false) == false, "
+                     "(.allow_deletions.enabled // false) == false, "
+                     "(.required_pull_request_reviews.required_approving_review_count // 0) >= 1] | all")
+_SELF_REVIEW_PREVENTED = '[.protection_rules[]? | select(.type == "required_reviewers") | .prevent_self_review] | any'
+
+
+def protection_commands(repository: str) -> list[str]:
+    """Protect main (BRANCH_PROTECTION)."""
+    body = json.dumps(BRANCH_PROTECTION, separators=(",", ":"))
+    return [f"gh api -X PUT repos/{repository}/branches/{PROTECTED_BRANCH}/protection --input - <<< {shlex.quote(body)}"]
+
+
+def check_commands(outputs: dict, repository: str) -> list[str]:
+    """Read main's protection and each reviewed environment back; fail naming what does not hold."""
+    q = shlex.quote
+    branch = f"repos/{repository}/branches/{PROTECTED_BRANCH}/protection"
+    out = [f"test \"$(gh api {branch} --jq {q(_PROTECTION_HOLDS)})\" = true || "
+           f"{{ echo {q(f'{PROTECTED_BRANCH} is not protected as required: review, enforce_admins, no force push, no deletion')} >&2; exit 1; }}"]
+    for name in sorted(outputs):
+        if outputs[name]["reviewers"]:
+            out.append(f"test \"$(gh api repos/{repository}/environments/{name} --jq {q(_SELF_REVIEW_PREVENTED)})\" = true || "
+                       f"{{ echo {q(f'environment {name} lets a deployment be approved by whoever started it (prevent_self_review)')} >&2; exit 1; }}")
+    return out
+
+
 def commands(outputs: dict, repository: str, reviewers: list[str], passphrases: Path | None = None) -> list[str]:
-    """One shell command per line, in order: create, protect, then fill each environment."""
+    """One shell command per line, in order: protect main; create, protect, then fill each
+    environment; check what was set."""
     owner = repository.split("/", 1)[0]
     parsed = [_reviewer(r) for r in reviewers]
-    out: list[str] = []
+    out: list[str] = protection_commands(repository)
     q = shlex.quote
     for name in sorted(outputs):
         entry = outputs[name]
@@ -55,6 +102,7 @@ def commands(outputs: dict, repository: str, reviewers: list[str], passphrases: 
                 lookup = f"orgs/{owner}/teams/{login}" if kind == "team" else f"users/{login}"
                 fields += [f"-F 'reviewers[][type]={'Team' if kind == 'team' else 'User'}'",
                            f'-F "reviewers[][id]=$(gh api {lookup} --jq .id)"']
+            fields.append("-F prevent_self_review=true")
         out.append(f"gh api -X PUT {base} {' '.join(fields)}")
         for branch in entry["branches"]:
             out.append(f"gh api -X POST {base}/deployment-branch-policies -f name={q(branch)} -f type=branch")
@@ -64,7 +112,7 @@ def commands(outputs: dict, repository: str, reviewers: list[str], passphrases: 
         if passphrases is not None:
             out.append(f"gh secret set PULUMI_CONFIG_PASSPHRASE --repo {q(repository)} --env {q(name)} "
                        f"< {q(str(passphrases / f'{environment}.txt'))}")
-    return out
+    return out + check_commands(outputs, repository)
 
 
 app = typer.Typer(add_completion=False, help="gh commands for the GitHub environments of the access outputs.")

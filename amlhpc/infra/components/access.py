@@ -51,6 +51,8 @@ class Grant:
     protect: bool = False
     """The scope is under an Azure delete lock: Azure refuses to delete the assignment, so
     Pulumi protects it (revoking it means lifting the lock first: docs/isolation.md)."""
+    condition: str | None = None
+    """The model's ABAC condition for the right (`job-writes-only`...), None for none."""
 
 
 @dataclass
@@ -78,9 +80,17 @@ class Access(pulumi.ComponentResource):
                 principal_id=grant.principal_id,
                 principal_type=grant.principal_type,
                 role_definition_id=role_definition_id(args.subscription_id, grant.role),
+                condition=_condition(args.subscription_id, grant.condition),
                 opts=pulumi.ResourceOptions(parent=self, protect=True if grant.protect else None),
             ))
         self.register_outputs({})
+
+
+def _condition(subscription_id: pulumi.Input[str], name: str | None) -> pulumi.Output[str] | None:
+    """The model's condition text for a grant, in the subscription (None: unconditioned)."""
+    if name is None:
+        return None
+    return pulumi.Output.from_input(subscription_id).apply(lambda sub: MODEL.condition_text(name, sub) or "")
 
 
 def role_definition_id(subscription_id: pulumi.Input[str], role: str) -> pulumi.Output[str]:
@@ -105,7 +115,7 @@ def grants_for(principal: str, scopes: Mapping[str, pulumi.Input[str]], principa
         if right.scope not in scopes:
             raise KeyError(f"no resource id for scope {right.scope!r} of {principal}'s right {right.key!r}")
         grants.append(Grant(right.resource_key(index), right.role.key, scopes[right.scope], principal_id, principal_type,
-                            protect=locked and right.scope in DATASET_SCOPES))
+                            protect=locked and right.scope in DATASET_SCOPES, condition=right.condition))
     return grants
 
 

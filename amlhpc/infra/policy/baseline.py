@@ -15,9 +15,10 @@ Pure functions over the neutral view (amlhpc/infra/policy/model.py); no Pulumi i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
-from amlhpc.core.permissions import MODEL
+from amlhpc.core.permissions import MODEL, Right
 from amlhpc.infra.policy.model import (
     Finding,
     Limits,
@@ -40,7 +41,6 @@ BASTION = "azure-native:network:BastionHost"
 NAT_GATEWAY = "azure-native:network:NatGateway"
 
 DEV = "dev"
-_CONSTRAINED = "@Request[Microsoft.Authorization/roleAssignments:RoleDefinitionId] ForAnyOfAnyValues:GuidEquals"
 
 
 UNKNOWN = "(unknown)"
@@ -207,25 +207,94 @@ def _role_guid(r: ResourceView) -> tuple[str, str]:
 def no_privileged_roles(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
     if r.type != ROLE_ASSIGNMENT:
         return
-    guid, _ = _role_guid(r)
+    guid, subscription = _role_guid(r)
     role = MODEL.role_by_guid(guid)
     if role is None or not role.privileged:
         return
     condition = str(r.inputs.get("condition") or "")
-    if role.key == "rbac-administrator" and _CONSTRAINED in condition:
+    # Exactly the model's text: a condition that merely contains its clauses (or lists one
+    # more role, Owner say) would pass a substring test and let its holder assign that role.
+    if role.key == "rbac-administrator" and condition == MODEL.constrain_roles_condition(subscription):
         return
-    why = "with no condition" if not condition else "with a condition that does not constrain the roles it assigns"
+    why = ("with no condition" if not condition else
+           "with a condition that is not the model's constrain-roles condition (it may allow other roles)")
     yield Finding(f"role assignment {r.name!r} gives {role.name} {why}: its holder can give anyone any role, "
                   "Owner included", "grant the narrow roles amlhpc/core/catalog/permissions.toml lists; Role Based Access "
-                  "Control Administrator only with the constrain-roles condition (amlhpc.core.permissions)")
+                  "Control Administrator only with the constrain-roles condition (amlhpc.core.permissions), word for word")
+
+
+_SCOPE_SHAPES = {
+    "subscription": r"^/subscriptions/[^/]+$", "resource-group": r"/resourcegroups/[^/]+$",
+    "workspace": r"/providers/microsoft\.machinelearningservices/workspaces/[^/]+$",
+    "workspace-storage": r"/providers/microsoft\.storage/storageaccounts/[^/]+$",
+    "dataset-account": r"/providers/microsoft\.storage/storageaccounts/[^/]+$",
+    "registry": r"/providers/microsoft\.containerregistry/registries/[^/]+$", "cmk-key": r"/keys/[^/]+$",
+    "jump-box": r"/virtualmachines/[^/]+$", "jump-box-nic": r"/networkinterfaces/[^/]+$",
+    "bastion": r"/bastionhosts/[^/]+$", "state-container": r"/containers/state-[^/]+$",
+}
+"""What the resource id at each symbolic scope of the model looks like (lower case)."""
+
+_SERVICE_PRINCIPALS = ("workload", "azure", "ci")
+"""Model principal kinds that are managed identities or applications: always ServicePrincipal."""
+
+
+def _scope_fits(symbolic: str, scope: str) -> bool:
+    if symbolic.startswith("container:"):
+        return scope.endswith(f"/blobservices/default/containers/{symbolic.split(':', 1)[1]}")
+    if symbolic.startswith("endpoint:"):
+        return "/privateendpoints/" in scope and scope.endswith(symbolic.split(":", 1)[1])
+    return re.search(_SCOPE_SHAPES[symbolic], scope) is not None
+
+
+def _named_rights(name: str) -> list[Right]:
+    """The model rights an assignment's resource name claims: it ends in the right's key."""
+    found = []
+    for right in MODEL.rights:
+        key = re.escape(right.key).replace(re.escape("{i}"), r"\d+")
+        if re.search(rf"(^|-){key}$", name):
+            found.append(right)
+    return found
+
+
+def _mismatch(right: Right, r: ResourceView, guid: str, subscription: str) -> str | None:
+    """Why the assignment is not the right's (principal type, role, scope, condition), or None."""
+    if right.role.guid_in(subscription).lower() != guid:
+        return f"role {guid}, not {right.role.name}"
+    kind = MODEL.principals[right.principal].kind
+    if kind in _SERVICE_PRINCIPALS and r.inputs.get("principalType") not in (None, "ServicePrincipal"):
+        return f"principal type {r.inputs.get('principalType')}, not a {right.principal} identity (ServicePrincipal)"
+    scope = r.inputs.get("scope")
+    if isinstance(scope, str) and scope.startswith("/") and not _scope_fits(right.scope, scope.lower().rstrip("/")):
+        return f"scope {scope}, not the model's {right.scope}"
+    expected = MODEL.condition_text(right.condition, subscription)
+    if (r.inputs.get("condition") or None) != expected:
+        return ("no condition" if not r.inputs.get("condition") else "another condition") + \
+            (f", not the model's {right.condition}" if right.condition else ", and the model gives it none")
+    return None
 
 
 def role_in_model(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    """Every assignment is one right of the model: the right its name ends in (its key), with
+    that right's role, principal type, scope and condition - not merely a role some right names
+    (Contributor on the GPU identity would pass that)."""
     if r.type != ROLE_ASSIGNMENT:
         return
     guid, subscription = _role_guid(r)
     role = MODEL.role_by_guid(guid, subscription)
+    fix = ("add the right (principal, role, scope, why) to amlhpc/core/catalog/permissions.toml and derive the "
+           "assignment from it (amlhpc/infra/components/access.py grants_for)")
     if role is None or not any(right.role.key == role.key for right in MODEL.rights):
-        yield Finding(f"role assignment {r.name!r} gives role {guid}, which no right of the permission model names",
-                      "add the right (principal, role, scope, why) to amlhpc/core/catalog/permissions.toml and derive the "
-                      "assignment from it (amlhpc/infra/components/access.py grants_for)")
+        yield Finding(f"role assignment {r.name!r} gives role {guid}, which no right of the permission model names", fix)
+        return
+    if role.privileged:
+        return  # no-privileged-roles decides these
+    claimed = _named_rights(r.name)
+    if not claimed:
+        yield Finding(f"role assignment {r.name!r} ({role.name}) is no right of the permission model: its name ends in "
+                      "no right's key", fix)
+        return
+    problems = [f"{right.principal}/{right.key}: {why}" for right in claimed
+                if (why := _mismatch(right, r, guid, subscription)) is not None]
+    if len(problems) == len(claimed):
+        yield Finding(f"role assignment {r.name!r} is not the right of the permission model it is named after "
+                      f"({'; '.join(problems)})", fix)

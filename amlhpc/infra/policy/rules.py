@@ -548,6 +548,26 @@ def _dataset_locked(resources: Sequence[ResourceView], stack: StackView, limits:
         )
 
 
+def _dataset_storage_kept(resources: Sequence[ResourceView], stack: StackView, limits: Limits) -> Iterable[Finding]:
+    # Outside dev the datasets must survive a mistaken `pulumi destroy` and a delete outside
+    # Pulumi: protectData: false with the lock off left neither, and passed every rule.
+    if baseline.environment_of(stack) == baseline.DEV:
+        return
+    scopes = _locked_scopes(resources)
+    for r in resources:
+        if r.type != STORAGE_ACCOUNT or not r.within(DATASET_COMPONENT) or r.protect:
+            continue
+        account = str(r.inputs.get("accountName") or r.name)
+        if any(s.endswith(f"/microsoft.storage/storageaccounts/{account.lower()}") for s in scopes):
+            continue
+        yield Finding(
+            f"dataset storage {account!r} is neither protected nor locked outside dev: `pulumi destroy`, the portal "
+            "or the CLI deletes every dataset in it",
+            f"remove aml-hpc:protectData: false from Pulumi.{_short(stack)}.yaml (or keep aml-hpc:locks.datasetStorage on)",
+            urn=r.urn, name=r.name,
+        )
+
+
 def _dataset_unlocked_opted_in(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
     if r.type == STORAGE_ACCOUNT and r.within(DATASET_COMPONENT) and r.protect and _opted_in(r, TAG_ALLOW_UNLOCKED):
         yield Finding(
@@ -742,6 +762,9 @@ RULES: tuple[Rule, ...] = (
     Rule("dataset-storage-locked", "mandatory",
          "Protected dataset storage also carries an Azure CanNotDelete lock (deletion outside Pulumi).",
          check_stack=_dataset_locked),
+    Rule("dataset-storage-kept", "mandatory",
+         "Outside dev, the dataset storage is protected in Pulumi or locked in Azure, or both.",
+         check_stack=_dataset_storage_kept),
     Rule("dataset-storage-unlocked-opted-in", "advisory", "Protected dataset storage left unlocked by choice.",
          check_resource=_dataset_unlocked_opted_in),
     Rule("locked-scope-protected", "mandatory",

@@ -13,7 +13,7 @@ import typer
 
 from amlhpc.core import invocation
 from amlhpc.core.cli_help import JsonOption
-from amlhpc.core.console import row_table, table
+from amlhpc.core.console import printable, row_table, table
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.cli.options import (
     Debug,
@@ -132,7 +132,7 @@ def _managed_history(submitter, client, o, info) -> None:
         grid.add_row(*row)
     out.print(grid)
     for line in report.summary_lines(record)[len(record.attempts) + 1:]:
-        out.print(line, highlight=False, soft_wrap=True)
+        out.print(printable(line), highlight=False, soft_wrap=True)
 
 
 def stream(job: RunName, stack: OptionalStack = None, local: LocalRuns = False, offline: Offline = False,
@@ -187,7 +187,7 @@ def _cancel_managed(submitter, client, o, run: str, tags: dict[str, str], as_jso
                                  f"cancel its jobs one by one: {invocation.command('jobs', 'cancel JOB --stack ' + o.stack)}")],
                         "not a managed run")
     canceled = managed.cancel_run(client.jobs, managed.store_for(o, place), run, getpass.getuser(),
-                                  echo=lambda line: (err if as_json else out).print(line, highlight=False))
+                                  echo=lambda line: (err if as_json else out).print(printable(line), highlight=False))
     if as_json:
         print_json({"run": run, "canceled": True, "jobs": canceled})
         return

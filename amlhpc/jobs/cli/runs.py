@@ -16,7 +16,7 @@ import typer
 
 from amlhpc.core import invocation
 from amlhpc.core.cli_help import JsonOption, OutputFormat, OutputOption, output_format
-from amlhpc.core.console import table, tsv
+from amlhpc.core.console import printable, table, tsv
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.cli.job import managed_run_record, on_job, print_json
 from amlhpc.jobs.cli.job import status as job_status
@@ -77,7 +77,7 @@ def list_runs(
         out.print(grid)
         for r in rows:
             if r.detail and r.kind == "managed":
-                err.print(f"[yellow]note:[/] {r.run}: {r.detail}", highlight=False)
+                err.print(f"[yellow]note:[/] {printable(r.run)}: {printable(r.detail)}", highlight=False)
 
     if local:
         guard(debug, lambda: show_rows([r for r in runs.local_runs(_rehearsals()) if keep(r)][:limit]))
@@ -122,8 +122,11 @@ def logs(
     """A run's output, as its processes wrote it (of a managed run: its latest attempt)."""
     from amlhpc.jobs.cli import run_index as runs
 
+    terminal = sys.stdout.isatty()
+
     def emit(line: str) -> None:
-        sys.stdout.write(line + "\n")
+        # On a terminal, a line a job wrote cannot drive it (printable); piped, the bytes stay as written.
+        sys.stdout.write((printable(line) if terminal else line) + "\n")
 
     if local:
         def local_body() -> None:

@@ -6,8 +6,13 @@ Every job can write the checkpoints container, so what is read here is evidence 
 checked before it is believed: an end record or heartbeat counts only when it verifies
 with the attempt's own key (the attempt's job name under the run's secret, which the
 controller holds in its job definition), belongs to a node the attempt has, and - after
-Azure ML requeued the job - was written in the current epoch (its ETag differs from the
-one it had when the controller saw the requeue: no clock is compared). Everything refused is
+Azure ML requeued the job - is not one an earlier epoch left. At each requeue the controller
+marks the signature (MAC) of every end record the job has, adding to the marks of earlier
+requeues; a record whose signature is marked is an earlier epoch's, however it came back. An
+ETag alone would not do: re-uploading the same bytes (any job can write the container) gives
+the blob a new ETag, and the earlier epoch's record would be believed. No clock is
+compared. A genuine new record identical to an earlier epoch's, field for field, is set aside
+too: the controller then goes by Azure ML's status alone. Everything refused is
 returned with why, for the record. Azure ML's own status comes first anyway
 (amlhpc.jobs.managed.classify): a record cannot turn a completed job into a failure, and no
 record changes the restart count, the cost limit or the retry rules, which come from the
@@ -45,8 +50,8 @@ class Evidence:
         return nodestatus.attempt_key(self.secret, job) if self.secret else None
 
     def ends(self, job: str, nodes: int, stale: Mapping[str, str] | None = None) -> Ends:
-        """The attempt's end records, checked; `stale`: node -> ETag of the records an
-        earlier epoch left (stale_marks)."""
+        """The attempt's end records, checked; `stale`: the marks of the records earlier
+        epochs left (stale_marks; a record's signature, or its ETag when unsigned -> its node)."""
         key = self.key(job)
         found: dict[int, dict[str, Any]] = {}
         refused: list[str] = []
@@ -57,7 +62,7 @@ class Evidence:
                 why = f"node {node} does not exist in a {nodes}-node attempt"
             elif key and (problem := nodestatus.check_end(key, job, node, record)):
                 why = problem
-            elif stale and stale.get(str(node)) == str(record.get(nodestatus.ETAG)):
+            elif stale and (_mark(record) in stale or stale.get(str(node)) == str(record.get(nodestatus.ETAG))):
                 why = "written before Azure ML requeued the job (an earlier epoch's)"
             if why:
                 refused.append(f"end record of node {node} ignored: {why}")
@@ -67,10 +72,12 @@ class Evidence:
                 found[node] = record
         return Ends(found, refused, frozenset(tampered))
 
-    def stale_marks(self, job: str) -> dict[str, str]:
-        """node -> the ETag of each end record the job has now (taken at a requeue)."""
-        return {str(node): str(r.get(nodestatus.ETAG)) for node, r in
-                nodestatus.read_ends(self.container, self.prefix, job).items()}
+    def stale_marks(self, job: str, earlier: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The marks of every end record the job has now (taken at a requeue), added to
+        `earlier` (the marks of earlier requeues): mark -> node."""
+        marks = {k: v for k, v in (earlier or {}).items() if not k.isdigit()}  # node -> ETag: an older record's form
+        marks.update({_mark(r): str(node) for node, r in nodestatus.read_ends(self.container, self.prefix, job).items()})
+        return marks
 
     def heartbeats(self, job: str) -> tuple[dict[int, nodestatus.Heartbeat], list[str]]:
         refused: dict[int, str] = {}
@@ -92,3 +99,9 @@ class Evidence:
                 return pointer.get("version")
         return None
 
+
+
+def _mark(record: Mapping[str, Any]) -> str:
+    """What identifies an end record across re-uploads: its signature; an unsigned one's ETag."""
+    mac = record.get(nodestatus.MAC)
+    return f"mac:{mac}" if isinstance(mac, str) else f"etag:{record.get(nodestatus.ETAG)}"

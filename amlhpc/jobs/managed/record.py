@@ -117,8 +117,9 @@ class Attempt:
     requeued_at: list[str] = field(default_factory=list)
     """When the controller saw Azure ML put the job back in its queue (each starts an epoch)."""
     stale_ends: dict[str, str] = field(default_factory=dict)
-    """node -> the ETag of its end record when the latest epoch began: a record still
-    carrying it is the earlier epoch's."""
+    """The marks (signature, or ETag when unsigned) of every end record the job had when each
+    requeue began an epoch -> its node: a record carrying one is an earlier epoch's, re-uploaded
+    or not (amlhpc.jobs.managed.evidence)."""
     commit_seen: list[str] = field(default_factory=list)
     """[checkpoint version, when this controller first saw it committed]: the checkpoint rhythm."""
     queued_since: str | None = None

@@ -440,7 +440,7 @@ class Supervisor:
             if previous in REQUEUED_FROM and (observation.queued or observation.status == "Preparing"):
                 attempt.requeued_at.append(iso(now))
                 attempt.epoch_events = []
-                attempt.stale_ends = self.evidence.stale_marks(attempt.job)
+                attempt.stale_ends = self.evidence.stale_marks(attempt.job, attempt.stale_ends)
                 attempt.queued_since = iso(now)
                 self.echo(f"attempt {attempt.number}: Azure ML requeued {attempt.job} (epoch {len(attempt.requeued_at) + 1}): "
                           "its end is classified from what happens from now on")
