@@ -130,7 +130,19 @@ class TestInputs:
         staged = json.loads(job.environment_variables[contract.STAGE_JSON])
         assert staged == [{"name": "cosmoflow", "account_url": "https://amlhpcdevds4abd2.blob.core.windows.net/",
                            "container": "datasets", "prefix": "cosmoflow/cosmoUniverse_2019_05_4parE_tf/",
-                           "mode": "local", "egress_gbps": 50.0}]
+                           "mode": "local", "egress_gbps": 50.0, "version": "latest"}]
+
+    def test_a_staged_input_names_its_dataset_version(self, tmp_path):
+        _, job = _render(tmp_path, "cosmoflow", "dev", overrides={"inputs.cosmoflow.version": "3"})
+        assert json.loads(job.environment_variables[contract.STAGE_JSON])[0]["version"] == 3
+
+    def test_a_mounted_input_reads_one_version_folder(self, tmp_path):
+        """Azure ML mounts a folder: a named version is its v<k>/ folder, and a whole folder is warned about."""
+        plan, job = _render(tmp_path, "maskrcnn", "dev", overrides={"inputs.coco.version": "2"})
+        assert job.inputs["coco"].path == "azureml://datastores/datasets/paths/coco2017/v2/"
+        assert not any("reads the folder" in w for w in plan.warnings)
+        plan, _ = _render(tmp_path, "maskrcnn", "dev")
+        assert any("reads the folder coco2017/ whole" in w and "inputs.coco.version=K" in w for w in plan.warnings)
 
     def test_download_input_on_datasets_datastore(self, tmp_path):
         _, job = _render(tmp_path, "maskrcnn", "dev")

@@ -179,7 +179,8 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     environment = _environment(recipe, outputs, found)
     image_warning = _check_image_fits(recipe, shape.sku, found)
     code_dirs = _code_dirs(recipe, root, found)
-    aml_inputs, staged, input_env, shared_dirs = _inputs(recipe, outputs, found)
+    input_warnings: list[str] = []
+    aml_inputs, staged, input_env, shared_dirs = _inputs(recipe, outputs, found, input_warnings)
     outs = _outputs(recipe, outputs, found)
     found.raise_if_any()
 
@@ -187,7 +188,7 @@ def plan_job(recipe: Recipe, outputs: StackOutputs, *, cluster: str | None = Non
     run_key = resume or run_name
     tuned = tuning.tune(shape.sku, shape.nodes, recipe.distribution, recipe.env, recipe.pin,
                         opt_ins={"sharp"} if recipe.sharp else set())
-    warnings = list(tuned.warnings) + ([image_warning] if image_warning else [])
+    warnings = list(tuned.warnings) + ([image_warning] if image_warning else []) + input_warnings
     if shape.sku.retired:
         warnings.append(f"{shape.sku.retirement}; move cluster {shape.cluster!r} to a current size")
     env = _EnvBuilder(tuned.env, tuned.reasons)
@@ -484,7 +485,7 @@ def _check_code_layout(dirs: list[str], found: ProblemCollector) -> None:
                 owners[child.name] = str(child)
 
 
-def _inputs(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector):
+def _inputs(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector, warnings: list[str]):
     aml: dict[str, dict[str, str]] = {}
     staged: list[dict[str, Any]] = []
     env: dict[str, str] = {}
@@ -499,11 +500,18 @@ def _inputs(recipe: Recipe, outputs: StackOutputs, found: ProblemCollector):
         if spec.mode == "stage":
             staged.append({"name": name, "account_url": outputs.storage.blob_endpoint,
                            "container": outputs.storage.containers["datasets"], "prefix": prefix + "/",
-                           "mode": spec.placement, "egress_gbps": outputs.storage.egress_gbps})
+                           "mode": spec.placement, "egress_gbps": outputs.storage.egress_gbps,
+                           "version": spec.version if spec.version is not None else "latest"})
             if spec.placement == "shared" and spec.shared_dir not in shared:
                 shared.append(spec.shared_dir)
         else:
-            aml[name] = {"type": "uri_folder", "path": f"azureml://datastores/{datastore}/paths/{prefix}/", "mode": spec.mode}
+            # Azure ML mounts a folder, not a manifest: one version is its own folder.
+            folder = f"{prefix}/v{spec.version}" if spec.version is not None else prefix
+            if spec.version is None:
+                warnings.append(f"input {name!r} ({spec.mode}) reads the folder {prefix}/ whole; a dataset uploaded "
+                                f"with `jobs data upload` keeps each version under {prefix}/v<k>/: set "
+                                f"inputs.{name}.version=K to read one (`jobs data versions` lists them)")
+            aml[name] = {"type": "uri_folder", "path": f"azureml://datastores/{datastore}/paths/{folder}/", "mode": spec.mode}
             env[contract.data_dir_var(name)] = "${{inputs." + name + "}}"
     for ref in sorted(set(_INPUT_REF.findall(recipe.command))):
         if ref not in recipe.inputs:
