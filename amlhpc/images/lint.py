@@ -118,9 +118,9 @@ def check_dockerfile(spec: ImageSpec, pins: Pins, path: Path) -> list[Problem]:
     for name in NOT_HASHED_ARGS:
         if name not in declared:
             add(0, f"does not declare ARG {name} (label-only build arg)", f"add `ARG {name}=unknown`")
-    for name, (default, line) in sorted(declared.items()):
+    for name, (default, declared_at) in sorted(declared.items()):
         if name in expected and default is not None:
-            add(line, f"ARG {name} has a default ({default!r}); versions come only from amlhpc/images/pins.toml",
+            add(declared_at, f"ARG {name} has a default ({default!r}); versions come only from amlhpc/images/pins.toml",
                 f"write `ARG {name}` without a value")
 
     for step in steps:

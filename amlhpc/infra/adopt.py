@@ -350,13 +350,14 @@ class ArmReader:
 
     def __init__(self, credential: Any = None):
         from azure.core.pipeline.policies import BearerTokenCredentialPolicy
+        from azure.core.pipeline.transport import HttpRequest, HttpResponse
         from azure.mgmt.core import ARMPipelineClient
 
         if credential is None:
             from azure.identity import DefaultAzureCredential
 
             credential = DefaultAzureCredential()
-        self.client = ARMPipelineClient(base_url=ARM_ENDPOINT, policies=None, per_call_policies=[
+        self.client: ARMPipelineClient[HttpRequest, HttpResponse] = ARMPipelineClient(base_url=ARM_ENDPOINT, policies=None, per_call_policies=[
             BearerTokenCredentialPolicy(credential, f"{ARM_ENDPOINT}/.default")])
 
     def _get(self, url: str, params: dict[str, str] | None, what: str) -> dict[str, Any] | None:

@@ -264,7 +264,7 @@ def _dataset_storage(cfg: StackConfig, group: ResourceGroup, closed: bool, tags:
 def _environment_outputs(cfg: StackConfig, tags: dict[str, str], subscription_id: Any, group: ResourceGroup,
                          ws: Workspace, stores: Datastores, data: DatasetStorage,
                          environments: TrainingEnvironments, ml_registry: MlRegistry | None,
-                         compute_subnet_id: Any, controller: dict[str, Any]) -> dict[str, Any]:
+                         compute_subnet_id: Any, controller: dict[str, Any] | None) -> dict[str, Any]:
     """The environment's stack outputs (amlhpc/core/outputs.py's StackOutputs, checked on export)."""
     return {
         **_own_entries(cfg, tags),

@@ -65,7 +65,7 @@ class TrainingEnvironments(pulumi.ComponentResource):
         ids: dict[str, str] = {}
         for image in args.images:
             spec = image.spec
-            ref = pulumi.Output.from_input(args.login_server).apply(lambda server, i=image: i.ref(server))
+            ref = pulumi.Output.from_input(args.login_server).apply(image.ref)
             asset_tags = {**args.tags, "image-repository": spec.repository, "image-tag": image.tag,
                           "base-image": image.build_args["BASE_NAME"], "ib-userspace": image.build_args.get("IB_USERSPACE", "none")}
             container = ml.EnvironmentContainer(

@@ -30,7 +30,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -216,7 +216,7 @@ def wait(process: subprocess.Popen, timeout_s: float) -> int | None:
     return process.poll()
 
 
-def run_step(argv: list[str], *, cwd: Path, env: dict[str, str], grace_s: float = DEFAULT_GRACE_S, **kwargs) -> int:
+def run_step(argv: list[str], *, cwd: Path, env: Mapping[str, str] | None, grace_s: float = DEFAULT_GRACE_S, **kwargs) -> int:
     """Run a command in its own session and wait; on a stop signal pass it on once, give
     the command `grace_s` to clean up after itself, then stop what is left."""
     process = subprocess.Popen(argv, cwd=cwd, env=env, **popen_kwargs(), **kwargs)

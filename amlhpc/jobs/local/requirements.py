@@ -16,7 +16,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +34,11 @@ NVIDIA_DEVICE_PATHS = ("/dev/nvidia0", "/proc/driver/nvidia/gpus")
 class Machine:
     """What the checks look at; tests pass their own."""
 
-    module_available: object = None
+    module_available: Callable[[str], bool] | None = None
     """callable(name) -> bool; default: importlib.util.find_spec in this interpreter."""
-    has_gpu: object = None
+    has_gpu: Callable[[], bool] | None = None
     """callable() -> bool; default: an NVIDIA device node or driver entry exists."""
-    reachable: object = None
+    reachable: Callable[[list[str], float], dict[str, str | None]] | None = None
     """callable(list of host:port, deadline_s) -> {host:port: error or None}."""
 
 

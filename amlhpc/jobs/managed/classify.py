@@ -254,7 +254,8 @@ def _hang_culprits(ends: Mapping[int, Mapping[str, Any]]) -> list[int]:
     that named itself when every node that named anyone agrees. Otherwise the node that got
     least far, when one did. When every node stopped at the same step and each named only
     itself, progress cannot tell, and no node is blamed."""
-    named, self_named = set(), set()
+    named: set[int] = set()
+    self_named: set[int] = set()
     for node, record in ends.items():
         hang = record.get("hang")
         if isinstance(hang, Mapping) and isinstance(hang.get("culprit"), int):

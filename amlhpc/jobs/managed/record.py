@@ -35,7 +35,7 @@ import json
 import secrets
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from amlhpc.jobs.managed.policy import Policy
 from amlhpc.jobs.runtime.base import clock
@@ -53,6 +53,10 @@ def now_utc() -> datetime:
     return datetime.fromtimestamp(clock.time(), UTC)
 
 
+@overload
+def iso(when: datetime) -> str: ...
+@overload
+def iso(when: datetime | None) -> str | None: ...
 def iso(when: datetime | None) -> str | None:
     return when.astimezone(UTC).isoformat(timespec="milliseconds") if when else None
 
@@ -289,7 +293,9 @@ class RecordStore:
                 return written
             if isinstance(exc, ResourceModifiedError):
                 raise RecordConflict(f"{record_name(self.prefix)} was changed by another writer") from None
-            raise RecordConflict(f"{record_name(self.prefix)}: {exc.error_code or exc.reason}") from None  # the lease
+            # The storage SDK sets error_code on every error it raises; azure-core's class does not declare it.
+            code = getattr(exc, "error_code", None)
+            raise RecordConflict(f"{record_name(self.prefix)}: {code or exc.reason}") from None  # the lease
 
     # the lease: one acting controller at a time, and the sign that one is alive
     def acquire(self, duration_s: int | None = None) -> bool:
@@ -333,9 +339,10 @@ class RecordStore:
     # the user's cancel request
     def request_cancel(self, by: str) -> str:
         """Leave a cancel request; returns its id."""
-        request = {"id": secrets.token_hex(8), "by": by, "at": iso(now_utc())}
+        request_id = secrets.token_hex(8)
+        request = {"id": request_id, "by": by, "at": iso(now_utc())}
         self.container.upload_blob(cancel_name(self.prefix), json.dumps(request).encode(), overwrite=True)
-        return request["id"]
+        return request_id
 
     def cancel_request(self) -> dict[str, Any] | None:
         from azure.core.exceptions import ResourceNotFoundError

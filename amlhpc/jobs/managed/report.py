@@ -25,7 +25,7 @@ def _time(text: str | None) -> str:
 
 def rows(record: Record, now: datetime | None = None) -> list[tuple[str, ...]]:
     now = now or now_utc()
-    out = []
+    out: list[tuple[str, ...]] = []
     for a in record.attempts:
         if a.resumed_version or a.first_step:
             resumed = f"{a.resumed_version or 'checkpoint'}" + (f" (step {a.first_step})" if a.first_step is not None else "")

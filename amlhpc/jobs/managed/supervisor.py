@@ -127,6 +127,7 @@ def open_record(store: RecordStore, run: str, recipe: str, policy: Policy, resum
         record.state, record.reason, record.base_attempt, record.target = "running", None, len(record.attempts), 0
         record.preemptions, record.next_nodes, record.shrink_reason, record.node_lost = 0, None, None, None
     record.policy = policy.to_json()
+    assert etag is not None, "a stored blob always has an ETag"
     store.save(record, etag)
     return record
 
@@ -244,6 +245,7 @@ class Supervisor:
         record, etag = self.store.load()
         if record is None:
             raise RecordConflict(f"no record at {self.store.prefix}: the controller opens it first")
+        assert etag is not None, "a stored blob always has an ETag"
         now = self.clock()
         self._note_controller(record, now)
         if not record.done:
@@ -288,7 +290,7 @@ class Supervisor:
         if current is not None and current.state != "ended":
             if current.state == "running" or self.service.observe(current.job) is not None:
                 self.service.cancel(current.job)
-            self._end(record, current, Verdict("canceled", who), now, "Canceled")
+            self._end(record, current, Verdict(Why.CANCELED, who), now, "Canceled")
         record.cancels_handled.append(request["id"])
         record.finish("canceled", who)
         self.echo(f"run {record.run}: {who}")
@@ -329,7 +331,7 @@ class Supervisor:
                 refused = self.service.refusal(exc)
                 if refused is None:
                     raise  # may pass: the claim stands, the next look creates the job
-                self._end(record, attempt, Verdict("bad_input", refused), now, "NotCreated")
+                self._end(record, attempt, Verdict(Why.BAD_INPUT, refused), now, "NotCreated")
                 return
             faultpoints.reach("controller.submitted", attempt=attempt.number)
             source = f"checkpoint {attempt.resumed_version}" if attempt.resumed_version else "the start (no checkpoint yet)"
@@ -344,7 +346,7 @@ class Supervisor:
     def _watch(self, record: Record, attempt: Attempt, etag: str, now: datetime) -> str:
         observation = self.service.observe(attempt.job)
         if observation is None:
-            self._end(record, attempt, Verdict("unknown", f"job {attempt.job} no longer exists"), now, "Missing")
+            self._end(record, attempt, Verdict(Why.UNKNOWN, f"job {attempt.job} no longer exists"), now, "Missing")
             return etag
         self._follow_status(attempt, observation, now)
         if observation.capacity is not None:
@@ -445,7 +447,8 @@ class Supervisor:
                 self.echo(f"attempt {attempt.number}: Azure ML requeued {attempt.job} (epoch {len(attempt.requeued_at) + 1}): "
                           "its end is classified from what happens from now on")
         attempt.status = observation.status
-        if observation.started_at and (attempt.started_at is None or observation.started_at < parse_time(attempt.started_at)):
+        started = parse_time(attempt.started_at)
+        if observation.started_at and (started is None or observation.started_at < started):
             attempt.started_at = iso(observation.started_at)
         elif observation.running and attempt.started_at is None:
             attempt.started_at = iso(now)
@@ -456,19 +459,19 @@ class Supervisor:
         timeout, a status that stays Paused/Unknown/NotResponding."""
         over = self._over_budget(record, attempt, now)
         if over:
-            return Verdict("budget", over)
+            return Verdict(Why.BUDGET, over)
         policy = self.policy
         queued = parse_time(attempt.queued_since)
         if policy.queue_timeout_s and observation.queued and queued and (now - queued).total_seconds() > policy.queue_timeout_s:
-            return Verdict("queue_timeout", f"queued {(now - queued).total_seconds():.0f}s on "
+            return Verdict(Why.QUEUE_TIMEOUT, f"queued {(now - queued).total_seconds():.0f}s on "
                                             f"{attempt.cluster or 'its cluster'} (managed.queue_timeout_s "
                                             f"{policy.queue_timeout_s:g})")
         short = self._short_of_nodes(record, attempt) if observation.queued else None
         if short:
-            return Verdict("queue_timeout", short)
+            return Verdict(Why.QUEUE_TIMEOUT, short)
         stalled = parse_time(attempt.stalled_since)
         if stalled and (now - stalled).total_seconds() > policy.stall_s:
-            return Verdict("stalled", f"Azure ML reported {observation.status} for {(now - stalled).total_seconds():.0f}s "
+            return Verdict(Why.STALLED, f"Azure ML reported {observation.status} for {(now - stalled).total_seconds():.0f}s "
                                       f"(managed.stall_s {policy.stall_s:g})")
         return None
 

@@ -146,7 +146,7 @@ def _forget_local_data_of_dropped_inputs(merged: dict[str, Any]) -> None:
     with them (a name in `local.data` that is no input is still an error in the file)."""
     profile, inputs = merged.get("local"), merged.get("inputs")
     data = profile.get("data") if isinstance(profile, dict) else None
-    if isinstance(data, dict) and isinstance(inputs, dict):
+    if isinstance(profile, dict) and isinstance(data, dict) and isinstance(inputs, dict):
         profile["data"] = {name: value for name, value in data.items() if name in inputs}
 
 
@@ -165,7 +165,8 @@ def _unknown_named_blocks(reference: str, document: dict[str, Any], overrides: d
         parts = key.split(".")
         if parts[0] not in ("inputs", "outputs") or len(parts) < 2:
             continue
-        block = document.get(parts[0]) if isinstance(document.get(parts[0]), dict) else {}
+        found = document.get(parts[0])
+        block: dict[str, Any] = found if isinstance(found, dict) else {}
         if parts[1] in block:
             continue
         kind = parts[0][:-1]

@@ -222,7 +222,7 @@ class Managed(_Model):
 
     max_restarts: int = Field(3, ge=0, le=100)
     """Attempts after the first; --max-restarts wins."""
-    retry_on: list[str | int] = Field(default_factory=lambda: list(causes.DEFAULT_RETRY_ON))
+    retry_on: list[str | int] = Field(default_factory=lambda: list[str | int](causes.DEFAULT_RETRY_ON))
     """Causes that are retried (see amlhpc/jobs/managed/causes.py), and exit statuses of the training's own
     that mean "try again" (e.g. 75). Default: preempted, node_failure, service_error, health_gate,
     staging, hang, nccl_fallback."""

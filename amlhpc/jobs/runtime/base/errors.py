@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class RuntimeInputError(Exception):
         super().__init__(self.render())
 
     @classmethod
-    def single(cls, reference: str, path: str, message: str, hint: str = "") -> RuntimeInputError:
+    def single(cls, reference: str, path: str, message: str, hint: str = "") -> Self:
         return cls([RuntimeProblem(reference, path, message, hint)])
 
     def render(self) -> str:

@@ -207,10 +207,14 @@ class Reader:
             with self._all_lock:
                 self._all.add(conn)
         if conn.sock is None:
-            conn.connect()
-            conn.sock.settimeout(self.retry.read_timeout_s)
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._open(conn)
         return conn
+
+    def _open(self, conn: http.client.HTTPConnection) -> None:
+        """Connect `conn` with the read timeout, and Nagle off: a request's small writes go out at once."""
+        conn.connect()
+        conn.sock.settimeout(self.retry.read_timeout_s)
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _drop_connection(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -36,9 +36,15 @@ import random
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from amlhpc.jobs.runtime.base.contract import BLOB_CONNECTION_STRING as CONNECTION_STRING_VARIABLE
+
+if TYPE_CHECKING:  # the SDK is imported where a policy is built: a process that never builds one skips it
+    from azure.core.exceptions import AzureError
+    from azure.core.pipeline.transport import HttpRequest, HttpResponse
+    from azure.storage.blob import ExponentialRetry
 
 CLIENT_ID_VARIABLE = "AZURE_CLIENT_ID"
 RESPONSE_READ_BYTES = 1 << 20
@@ -93,29 +99,35 @@ class RetrySettings:
             wait = max(wait, min(retry_after_s, self.max_retry_after_s))
         return wait
 
-    def policy(self):
+    def policy(self) -> ExponentialRetry:
         """The storage SDK retry policy configured from these settings."""
         return _retry_policy_class()(self)
 
 
-def _retry_policy_class():
+def _retry_policy_class() -> Callable[[RetrySettings], ExponentialRetry]:
     from azure.storage.blob import ExponentialRetry
 
     class StagingRetry(ExponentialRetry):
         """The storage SDK's retry (which knows storage's retryable errors) with our backoff curve."""
 
         def __init__(self, settings: RetrySettings):
-            super().__init__(initial_backoff=settings.initial_backoff_s, increment_base=settings.backoff_factor,
+            # The SDK annotates both backoff arguments int; they are only stored, as get_backoff_time
+            # below computes every backoff from `settings`.
+            super().__init__(initial_backoff=settings.initial_backoff_s,  # type: ignore[arg-type]
+                             increment_base=settings.backoff_factor,  # type: ignore[arg-type]
                              random_jitter_range=0, retry_total=settings.total, retry_connect=settings.connect,
                              retry_read=settings.read, retry_status=settings.status)
             self.settings = settings
 
-        def increment(self, settings, request, response=None, error=None) -> bool:
+        # The SDK annotates `request` and `response` as the pipeline's wrappers but its send() passes
+        # the HTTP request and response inside them (azure/storage/blob/_shared/policies.py).
+        def increment(self, settings: dict[str, Any], request: HttpRequest,
+                      response: HttpResponse | None = None, error: AzureError | None = None) -> bool:
             # Remember what a throttled answer asked for; the SDK's sleep() only sees `settings`.
             settings["retry_after"] = parse_retry_after(response.headers.get("Retry-After")) if response is not None else None
             return super().increment(settings, request, response=response, error=error)
 
-        def get_backoff_time(self, settings) -> float:
+        def get_backoff_time(self, settings: dict[str, Any]) -> float:
             return self.settings.backoff_s(settings["count"], retry_after_s=settings.pop("retry_after", None))
 
     return StagingRetry

@@ -47,7 +47,7 @@ import re
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, wait
 from contextlib import closing
 from dataclasses import dataclass
@@ -66,13 +66,9 @@ from amlhpc.jobs.runtime.blob.blobhttp import (
     TransientError,
 )
 
-try:  # isal's inflate is 2-3x zlib's; the image ships it, a bare Python may not.
-    from isal import isal_zlib as _inflate_lib
-
-    INFLATE_LIBRARY = "isal"
-except ImportError:  # pragma: no cover - exercised only where isal is absent
-    _inflate_lib = zlib  # type: ignore[assignment]
-    INFLATE_LIBRARY = "zlib"
+# isal's inflate is 2-3x zlib's; the image ships it, a bare Python may not (gzmembers picks).
+_inflate_lib = gzmembers.zlib_impl
+INFLATE_LIBRARY = gzmembers.INFLATE_LIBRARY
 
 GZIP_WBITS = 16 + zlib.MAX_WBITS
 MAX_PIECE_BYTES = 16 << 20
@@ -226,7 +222,7 @@ class Gunzip:
         self._padding = False
         self.members = 0
 
-    def feed(self, data: bytes):
+    def feed(self, data: bytes | memoryview) -> Iterator[bytes]:
         """Yield decompressed pieces of at most MAX_PIECE_BYTES for `data`."""
         if len(data) > FEED_BYTES:
             # The inflater hands back what it did not consume as a copy: feeding a large buffer
@@ -242,7 +238,7 @@ class Gunzip:
             self._member_has_input = True
             try:
                 piece = self._decoder.decompress(data, MAX_PIECE_BYTES)
-            except (zlib.error, _inflate_lib.error) as exc:
+            except gzmembers.ZLIB_ERRORS as exc:
                 raise IntegrityError(self.blob, f"gzip data is corrupt ({exc})") from None
             if piece:
                 yield piece
@@ -255,7 +251,7 @@ class Gunzip:
             else:
                 data = self._decoder.unconsumed_tail
 
-    def _check_padding(self, data) -> None:
+    def _check_padding(self, data: bytes | memoryview) -> None:
         self._padding = True
         if bytes(data).strip(b"\0"):
             raise IntegrityError(self.blob, "gzip data is followed by bytes that are neither a gzip member nor zero "
@@ -295,6 +291,7 @@ class Checks:
         self.entry = entry
         self.expected_size = entry.expected_size
         md5, stored_sha256 = entry.content_md5, entry.stored_sha256
+        self.expected: str | None
         if stored_sha256 and (sha256_is_faster() or not md5):
             self.kind, self.expected = "sha256", stored_sha256
         elif md5:
@@ -320,13 +317,14 @@ class Checks:
         if expected_size is not None and written != expected_size:
             raise IntegrityError(entry.name, f"size mismatch: got {written} bytes, metadata amlhpc_size says "
                                  f"{expected_size}")
-        if self.stored is not None:
+        if self.stored is not None and self.expected is not None:
             got = self.stored.hexdigest() if self.kind == "sha256" else base64.b64encode(self.stored.digest()).decode()
             if got != self.expected:
                 what = "amlhpc_stored_sha256" if self.kind == "sha256" else "Content-MD5"
                 raise IntegrityError(entry.name, f"{what} mismatch: the stored bytes differ from what was uploaded "
                                      f"(got {got[:16]}..., expected {self.expected[:16]}...)")
-        if self.output is not None and self.output.hexdigest() != self.expected_sha256:
+        if (self.output is not None and self.expected_sha256 is not None
+                and self.output.hexdigest() != self.expected_sha256):
             raise IntegrityError(entry.name, f"checksum mismatch: SHA-256 {self.output.hexdigest()[:16]}... but "
                                  f"metadata amlhpc_sha256 says {self.expected_sha256[:16]}...")
         if not entry.gzip and expected_size is None and written != entry.size:
@@ -443,7 +441,7 @@ class Fetcher:
             clock.sleep(pause)
             self.deadline.check(f"fetching blob {entry.name!r}")
 
-    def _attempt(self, entry: BlobEntry, final_path: Path, partial_path: Path, got: list[int]) -> tuple[int, int, str]:
+    def _attempt(self, entry: BlobEntry, final_path: str | Path, partial_path: str | Path, got: list[int]) -> tuple[int, int, str]:
         if not entry.metadata and entry.gzip and entry.size > self.range_bytes:
             # Listing leaves metadata out (a million blobs list faster without it); a large blob's
             # member index decides how it is fetched, so ask for it first.
@@ -503,7 +501,7 @@ class Fetcher:
                 future.cancel()
 
     # -- one stream, inflated in order
-    def _stream(self, entry: BlobEntry, partial_path: Path, got: list[int]) -> tuple[int, Checks]:
+    def _stream(self, entry: BlobEntry, partial_path: str | Path, got: list[int]) -> tuple[int, Checks]:
         # Nothing known to check the stored bytes with: the service's MD5 of each range (<= 4 MiB).
         range_md5 = not entry.content_md5 and not entry.stored_sha256
         step = min(self.range_bytes, RANGE_MD5_LIMIT) if range_md5 else self.range_bytes
@@ -541,7 +539,7 @@ class Fetcher:
 
     # -- many members, inflated in parallel
     def _members(self, entry: BlobEntry, sizes: list[int], member_bytes: int, total: int, checks: Checks,
-                 partial_path: Path, got: list[int]) -> int:
+                 partial_path: str | Path, got: list[int]) -> int:
         runs = _runs(sizes, member_bytes, total, self.range_bytes)
         workers = getattr(self.inflate_pool, "_max_workers", 2) or 2
         per_run = max(1, len(sizes) // len(runs))

@@ -26,11 +26,30 @@ from __future__ import annotations
 import base64
 import struct
 import zlib
+from collections.abc import Callable
+from typing import Protocol, cast
 
 try:  # isal's deflate and inflate are 2-3x zlib's; the image ships it.
     from isal import isal_zlib as _zlib
+
+    INFLATE_LIBRARY = "isal"
 except ImportError:  # pragma: no cover - only where isal is absent
-    _zlib = zlib  # type: ignore[assignment]
+    # zlib has the API isal_zlib mirrors; mypy only allows one module per name without the annotation
+    # that would turn every use into Any.
+    _zlib = zlib  # type: ignore[misc]
+    INFLATE_LIBRARY = "zlib"
+
+zlib_impl = _zlib
+"""isal_zlib where installed, else zlib: the deflate and inflate every blob module uses."""
+ZLIB_ERRORS: tuple[type[Exception], ...] = (zlib.error, cast("type[Exception]", _zlib.error))
+"""What a corrupt stream raises. isal's stubs declare `error` as an instance, hence the cast."""
+
+
+class Compressor(Protocol):
+    """What zlib's and isal's compressobj() return, as far as a member writer uses it."""
+
+    def compress(self, data: bytes | memoryview, /) -> bytes: ...
+    def flush(self) -> bytes: ...
 
 GZIP_WBITS = 16 + zlib.MAX_WBITS
 DEFAULT_MEMBER_BYTES = 8 << 20
@@ -74,10 +93,11 @@ def decode_index(text: str) -> list[int]:
 class MemberWriter:
     """Compress a stream into members: feed() uncompressed bytes, get compressed bytes back."""
 
-    def __init__(self, level: int, member_bytes: int, compressobj=None):
+    def __init__(self, level: int, member_bytes: int, compressobj: Callable[[], Compressor] | None = None):
         self.member_bytes = member_bytes
-        self._new = compressobj or (lambda: _zlib.compressobj(level, _zlib.DEFLATED, GZIP_WBITS))
-        self._comp = None
+        self._new: Callable[[], Compressor] = compressobj or (
+            lambda: _zlib.compressobj(level, _zlib.DEFLATED, GZIP_WBITS))
+        self._comp: Compressor | None = None
         self._in_member = 0
         self._member_stored = 0
         self.sizes: list[int] = []
@@ -100,6 +120,7 @@ class MemberWriter:
         return b"".join(out)
 
     def _close_member(self) -> bytes:
+        assert self._comp is not None, "a member is open"
         tail = self._comp.flush()
         self.sizes.append(self._member_stored + len(tail))
         self._comp = None
@@ -121,7 +142,7 @@ def inflate_member(data: bytes | memoryview, expected: int, blob: str, index: in
     decoder = _zlib.decompressobj(wbits=GZIP_WBITS)
     try:
         out = decoder.decompress(data, expected + 1)
-    except (zlib.error, _zlib.error) as exc:
+    except ZLIB_ERRORS as exc:
         raise MemberError(f"blob {blob!r}: member {index} is corrupt ({exc})") from None
     if not decoder.eof:
         if len(out) > expected:

@@ -78,7 +78,8 @@ def _text(raw: bytes) -> str:
     return html.unescape(text) if "&" in text else text
 
 
-def _name(encoded: bytes, raw: bytes) -> str:
+def _name(encoded: bytes | bool, raw: bytes) -> str:
+    """`encoded`: the Encoded attribute's match (bytes) or whether it was present."""
     return unquote(raw.decode("utf-8")) if encoded else _text(raw)
 
 
@@ -108,11 +109,11 @@ def parse_page(page: bytes, with_metadata: bool | None = None) -> tuple[list[Blo
     if not lined_up:
         return _parse_page_slowly(body), _marker(page)  # an unexpected layout: element by element
     names = _names(encoded, raw_names)
-    encodings, md5s = _texts(encodings), _texts(md5s)
+    encoding_texts, md5_texts = _texts(encodings), _texts(md5s)
     # tuple.__new__ straight from C: BlobEntry(...) or _make would run a Python call per blob.
     entries = list(map(_new_entry, zip(
-        names, map(int, sizes), _texts(etags), map(_ENCODINGS.get, encodings, encodings),
-        map(_EMPTY_IS_NONE.get, md5s, md5s), metas, strict=True)))
+        names, map(int, sizes), _texts(etags), map(_ENCODINGS.get, encoding_texts, encoding_texts),
+        map(_EMPTY_IS_NONE.get, md5_texts, md5_texts), metas, strict=True)))
     if any(name.endswith("/") for name in names) or any(metas):
         entries = [e for e in entries if not ((e.name.endswith("/") and not e.size) or (e.metadata and _FOLDER in e.metadata))]
     return entries, _marker(page)

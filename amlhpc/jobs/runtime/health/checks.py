@@ -121,7 +121,7 @@ def _gpu_count(sku: SkuFacts | None, pci_count: int | None, cuda_count: int, mea
                                       "(use the aml-hpc image that fits the size)")
         return CheckResult("gpu_count", "node", FAIL, 0.0, "GPUs", float(pci_count),
                            f"{pci_count} {_vendor(sku)} GPU(s) on the PCI bus but CUDA sees none: {measurer.unavailable_reason}")
-    if expected is not None and pci_count is not None and pci_count != expected:
+    if expected is not None and sku is not None and pci_count is not None and pci_count != expected:
         return CheckResult("gpu_count", "node", FAIL, float(pci_count), "GPUs", float(expected),
                            f"{pci_count} GPU(s) on the PCI bus, {sku.name} has {expected} (a GPU fell off the bus?)")
     visible = environ.get("CUDA_VISIBLE_DEVICES")
@@ -199,14 +199,14 @@ def gemm_plan(sku: SkuFacts | None, sizes: Sizes) -> tuple[tuple[int, int, int],
         detail += (f"; the mark (~{mark[0]:g} TFLOP/s) is a {seconds:g}-second sustained rate on every GPU at once, "
                    "which a burst overstates: not graded in a quick run")
         band = None
-    elif band and ubergemm:
+    elif band and ubergemm and mark is not None:
         detail += (f", torch.matmul mark ~{band[0]:g} TFLOP/s (warn below {band[1]:g}, fail below {band[2]:g}); "
                    f"the size's ubergemm mark (~{mark[0]:g}) is graded where the image has DCGM's ubergemm")
     elif band:
         detail += f", measured baseline ~{band[0]:g} TFLOP/s (warn below {band[1]:g}, fail below {band[2]:g})"
     if band and torch_mark_measured_on(sku):
         detail += f"; the mark was measured on {torch_mark_measured_on(sku)}: below it warns, never fails"
-    elif ubergemm:
+    elif ubergemm and mark is not None:
         detail += (f"; the size's mark (~{mark[0]:g} TFLOP/s) is DCGM ubergemm's, which this image lacks: "
                    f"{UBERGEMM_VS_TORCH}; compared with the fleet")
     else:

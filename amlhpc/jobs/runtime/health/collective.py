@@ -169,7 +169,7 @@ def grade_node_allreduce(figure: AllReduceFigure, sku: SkuFacts | None, size_not
     minimum = sku.health.nccl_allreduce_busbw_gbytes_per_s_min if sku else None
     note = f"{figure.ranks} ranks, {size_note}, algbw {fmt(figure.algbw)} GB/s"
     if figure.backend != "nccl" or (sku is not None and figure.ranks != sku.gpus):
-        if minimum is not None and figure.backend == "nccl":
+        if minimum is not None and sku is not None and figure.backend == "nccl":
             note += f"; the pass mark is for {sku.gpus} ranks"
         minimum = None
     return _graded("allreduce_node", "node", figure, grade_minimum(figure.busbw, minimum) if minimum else INFO, minimum, note)

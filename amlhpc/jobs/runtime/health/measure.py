@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -63,6 +63,9 @@ class TorchGpuMeasurer:
     def __init__(self) -> None:
         self.unavailable_reason = ""
         self.software_missing = False
+        # The torch module, or None without PyTorch. Any: mypy skips torch (pyproject.toml), and the
+        # measuring methods run only where unavailable_reason is empty, so torch is there.
+        self.torch: Any
         try:
             import torch
         except ImportError:

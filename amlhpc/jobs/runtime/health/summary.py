@@ -91,8 +91,10 @@ def render(reports: list[NodeReport], stats: list[MetricStats], stream: TextIO |
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        Console = None
-    if Console is not None:
+        have_rich = False
+    else:
+        have_rich = True
+    if have_rich:
         table = Table(title=title, show_lines=False)
         for column in COLUMNS:
             table.add_column(column, overflow="fold")

@@ -85,18 +85,13 @@ _MISSING = re.compile(r"command not found|: not found|executable file not found|
 class Tools:
     """How checks reach the node: commands and files (tests replace both)."""
 
-    run: Callable[[list[str], float], tuple[int, str]] = field(default=None)  # type: ignore[assignment]
-    read: Callable[[Path], str | None] = field(default=None)  # type: ignore[assignment]
-    which: Callable[[str], str | None] = field(default=None)  # type: ignore[assignment]
+    # Factories: the defaults are defined below the class.
+    run: Callable[[list[str], float], tuple[int, str]] = field(default_factory=lambda: _run)
+    read: Callable[[Path], str | None] = field(default_factory=lambda: _read)
+    which: Callable[[str], str | None] = field(default_factory=lambda: shutil.which)
     now: Callable[[], float] = time.time
-    executable: Callable[[Path], bool] = field(default=None)  # type: ignore[assignment]
+    executable: Callable[[Path], bool] = field(default_factory=lambda: _executable)
     """Whether a file is there and may be run (tools installed off PATH, such as DCGM's ubergemm)."""
-
-    def __post_init__(self) -> None:
-        self.run = self.run or _run
-        self.read = self.read or _read
-        self.which = self.which or shutil.which
-        self.executable = self.executable or _executable
 
 
 def _run(command: list[str], timeout: float) -> tuple[int, str]:
@@ -321,11 +316,11 @@ def check_nvlink(tools: Tools, sku: SkuFacts | None) -> list[CheckResult]:
     gpus = parse_nvlink_status(text)
     if not gpus or not any(g["links"] or g["all_inactive"] for g in gpus.values()):
         # Azure's check: empty output is "NVLINK is not enabled" and passes; only inactive links fail.
-        if has_nvlink:
+        if has_nvlink and sku is not None:
             return [CheckResult("nvlink", "node", WARN, 0.0, "links", detail=f"nvidia-smi reports no NVLink, though {sku.name} "
                                 "has NVLink: Azure's check passes this (only inactive links fail); the peer-read check "
                                 "grades the GPU-to-GPU bandwidth")]
-        if not expected:
+        if not expected or sku is None:
             return [CheckResult("nvlink", "node", SKIP, detail="no NVLink on this size")]
         return [CheckResult("nvlink", "node", PASS, 0.0, "links", detail=f"no NVLink on {sku.name} (empty nvidia-smi "
                             "nvlink --status passes, as Azure's check_nvlink_status)")]
@@ -578,7 +573,7 @@ def nvme_namespaces(sysfs: Path) -> list[str]:
 def check_nvme(sysfs: Path, sku: SkuFacts | None) -> list[CheckResult]:
     expected = sku.health.nvme_count if sku else None
     found = nvme_namespaces(sysfs)
-    if expected is None:
+    if expected is None or sku is None:
         return [CheckResult("nvme_count", "node", INFO, float(len(found)), "devices",
                             detail="no published count for this size: " + (", ".join(found) or "none"))]
     status = PASS if len(found) == expected else FAIL

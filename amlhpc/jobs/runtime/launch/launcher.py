@@ -74,9 +74,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from amlhpc.jobs.runtime.base import clock, contract, faultpoints, launchid, progress
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem
@@ -86,6 +88,16 @@ from amlhpc.jobs.runtime.coord.agree import Channel, farewell
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 from amlhpc.jobs.runtime.launch.reap import KILL_WAIT_S, Kills
 from amlhpc.jobs.runtime.launch.standby import STANDBY_START_S
+
+if TYPE_CHECKING:  # imported where used, inside the phases (a launcher without checkpoints never loads them)
+    from amlhpc.jobs.runtime.checkpoint.node import NodeCheckpoints
+    from amlhpc.jobs.runtime.checkpoint.settings import CheckpointSettings
+    from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore
+    from amlhpc.jobs.runtime.health.quick import Baseline
+    from amlhpc.jobs.runtime.launch.standby import Standby
+    from amlhpc.jobs.runtime.launch.watchdog import Guard, WatchdogSettings
+    from amlhpc.jobs.runtime.node.skufacts import SkuFacts
+    from amlhpc.jobs.runtime.staging.stagespec import StageSpec
 
 log = logging.getLogger("amlhpc.launch")
 
@@ -289,7 +301,7 @@ class SignalForwarder:
     def __init__(self, child: subprocess.Popen, grace_s: float, report: LaunchReport, kills: Kills | None = None):
         self.child, self.grace_s, self.report = child, grace_s, report
         self.kills = kills or Kills()
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         self._timer: threading.Timer | None = None
         self.done = False
         self.stopped: str | None = None
@@ -374,7 +386,7 @@ class _Standbys:
         self.command = standby_command(command)
         self.argv = command
         self._lock = threading.Lock()
-        self._standby = None
+        self._standby: Standby | None = None
         self._closed = False
         self._requests: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -402,8 +414,10 @@ class _Standbys:
             with self._lock:
                 if self._closed or self._standby is not None or child.poll() is not None:
                     continue
+                command = standby_command(self.argv, ready_file)
+                assert command is not None, "served only for a command with a standby (prepare_after_first_step)"
                 try:
-                    self._standby = Standby(standby_command(self.argv, ready_file), env, _die_with_parent, ready_file)
+                    self._standby = Standby(command, env, _die_with_parent, ready_file)
                     log.info("warm standby (pid %d) started for the next in-job restart", self._standby.process.pid)
                 except OSError as exc:
                     log.warning("no warm standby for the next restart: %s", exc)
@@ -463,8 +477,11 @@ class Launcher:
         self.ranks = ranks_module.from_env(self.environ)  # RankError is a RuntimeInputError
         # Parse every input up front: bad input stops the job before anything is downloaded.
         problems: list[RuntimeProblem] = []
-        self.sku = self.checkpoint = self.watchdog = self.guard = None
-        self.specs = []
+        self.sku: SkuFacts | None = None
+        self.checkpoint: CheckpointSettings | None = None
+        self.watchdog: WatchdogSettings | None = None
+        self.guard: Guard | None = None
+        self.specs: list[StageSpec] = []
         for load, target in ((lambda: load_sku_facts(self.environ), "sku"),
                              (lambda: settings_from_env(self.environ), "checkpoint"),
                              (lambda: specs_from_env(self.environ), "specs"),
@@ -492,16 +509,16 @@ class Launcher:
         self.child_env: dict[str, str] = {}
         self.report = LaunchReport(socket.gethostname(), self.ranks.rank, self.ranks.node_index)
         self.staged_scratch: str | None = None
-        self.store = None
+        self.store: CheckpointStore | None = None
         self.checkpoint_dir: Path | None = None
-        self.node_checkpoints = None
+        self.node_checkpoints: NodeCheckpoints | None = None
         self._forwarder: SignalForwarder | None = None
         self._standbys = _Standbys(self.options.command if self._standby_wanted() else [])
         self._first_run_s: float | None = None
         """The first run's time to its first step on this node (a restart's deadline derives from it)."""
         self._generation = 0
         """The training run under way, or the last one (0, then 1 after an in-job restart, ...)."""
-        self._baseline = None
+        self._baseline: Baseline | None = None
         """The node as its training started, for the pre-restart health check (local rank 0, with restarts)."""
 
     def _dir(self, what: str) -> Path:
@@ -708,6 +725,7 @@ class Launcher:
         from amlhpc.jobs.runtime.checkpoint.node import NodeCheckpoints
 
         settings = self.checkpoint
+        assert settings is not None, "restore() calls this only with checkpoint settings"
         self.checkpoint_dir = self.options.checkpoint_dir or (
             _checkpoint_base(self.environ, self.staged_scratch) / "amlhpc-checkpoints" / _safe(self.ranks.run_id))
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -798,7 +816,8 @@ class Launcher:
             status, decision = self._run_generation(generation)
             if decision is None or decision.result != "restart":
                 break
-            self._forwarder.restore()
+            if self._forwarder is not None:  # set by every run
+                self._forwarder.restore()
             self.report.restarts.append({"generation": generation + 1, "cause": (decision.failure or {}).get("cause"),
                                          "failed_node": (decision.failure or {}).get("node"),
                                          "source": decision.source, "version": decision.version,
@@ -996,6 +1015,7 @@ class Launcher:
         if self.node_checkpoints is None:
             from amlhpc.jobs.runtime.checkpoint import tier
 
+            assert self.checkpoint_dir is not None, "restarts are allowed only with a checkpoint folder"
             tier.discard_after(self.checkpoint_dir, decision.step if decision.source == "local" else None)
             return decision
         return self.node_checkpoints.apply(decision)
@@ -1010,7 +1030,7 @@ class Launcher:
         if status == 0:
             return 0
         stopped = any(name in self.report.signals for name in (s.name for s in STOPPING_SIGNALS))
-        after = completion.after_completion(returncode, reading, stopped=stopped, hung=bool(self.guard.fired))
+        after = completion.after_completion(returncode, reading, stopped=stopped, hung=bool(self.guard is not None and self.guard.fired))
         if after is None:
             return status
         self.report.exit_after_completion = after.to_json()
@@ -1049,6 +1069,7 @@ class Launcher:
     def _final_upload(self, status: int) -> int:
         started = time.monotonic()
         self._wait_for_local_ranks()
+        assert self.node_checkpoints is not None, "run() uploads only with node checkpoints"
         try:
             errors = self.node_checkpoints.finish(self.options.final_wait_s, generation_failed=self._last_run_failed)
         finally:

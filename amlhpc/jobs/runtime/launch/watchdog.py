@@ -58,6 +58,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -331,7 +332,7 @@ class Guard:
         self.verdict_path = folder / VERDICT_FILE
         self.watch = NodeWatch(settings, node, local_size, self.clock())
         self.fired: dict | None = None
-        self.first_beat = None
+        self.first_beat: datetime | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.host = socket.gethostname()
@@ -389,11 +390,12 @@ class Guard:
             # one at rendezvous, or stuck themselves) cannot tell whose start failed.
             going = sorted(n for n, b in peers.items() if n != self.node and b.state != "ended" and b.step is not None
                            and b.written >= (self.first_beat or written)
-                           and (b.age_at(written) or 0) <= self.settings.hang_s)
+                           and (b.age_at(written) or 0) <= self.settings.hang_s) if written is not None else []
             went = f", while node(s) {', '.join(map(str, going))} reached theirs" if going else ""
             return {"culprit": self.node, "message": mine + went, "kind": kind}
         if mine:
-            others = {n: b.age_at(written) for n, b in peers.items() if n != self.node and b.state != "ended"}
+            others = {n: b.age_at(written) for n, b in peers.items()
+                      if n != self.node and b.state != "ended"} if written is not None else {}
             going = sorted(n for n, age in others.items() if (age or 0) <= self.settings.hang_s)
             if _peers_stopped_with_us(self.watch.all_waiting, [others[n] or 0 for n in going], self.settings):
                 return None
@@ -407,7 +409,7 @@ class Guard:
             if first[0] is not None and (first[1] or 0) > (self.watch.age(now) or 0) + self.settings.interval_s:
                 return {"culprit": first[0], "message": f"{mine}; node {first[0]} stopped first ({first[1]:.0f}s ago)"}
             return {"culprit": self.node, "message": mine}
-        if stalled:
+        if stalled and written is not None and self.first_beat is not None:  # a stalled peer implies both
             beat = peers[stalled[0]]
             silent = (written - max(beat.written, self.first_beat)).total_seconds() > self.settings.hang_s
             # A silent peer's launcher is frozen or gone: it can take part in no restart.

@@ -64,7 +64,7 @@ class NetChoice:
 
     @property
     def rdma(self) -> bool:
-        return bool(self.transport) and self.transport.upper().startswith("IB")
+        return self.transport is not None and self.transport.upper().startswith("IB")
 
 
 def parse_init_log(text: str) -> NetChoice:

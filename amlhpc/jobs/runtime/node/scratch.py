@@ -423,7 +423,7 @@ def pick_scratch(host: Host | None = None, *, required_bytes: int = 0, resume_ma
     nvme = _nvme_scratch(host, notes, mount_point, md_device, lock_timeout_s)
     if nvme and fits(nvme.path, nvme.free_bytes):
         return nvme
-    if nvme:
+    if nvme and nvme.free_bytes is not None:  # unknown free space always fits
         notes.append(f"{nvme.detail} has {nvme.free_bytes / 1e9:.1f} GB free, staging needs {required_bytes / 1e9:.1f} GB")
 
     for candidate in TEMP_DISK_CANDIDATES:
@@ -431,7 +431,7 @@ def pick_scratch(host: Host | None = None, *, required_bytes: int = 0, resume_ma
         if not _usable_dir(directory):
             continue
         free = free_bytes(directory)
-        if not fits(directory / SUBDIR, free):
+        if free is not None and not fits(directory / SUBDIR, free):  # unknown free space always fits
             notes.append(f"temp disk {candidate} has {free / 1e9:.1f} GB free, staging needs {required_bytes / 1e9:.1f} GB")
             continue
         return _scratch_in(host, candidate, "temp-disk", f"temp disk {candidate}", notes)

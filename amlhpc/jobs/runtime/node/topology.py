@@ -62,7 +62,8 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     """A set of CPUs as a compact cpulist ("0-23,48-71")."""
     ordered = sorted(set(cpus))
     ranges: list[str] = []
-    start = prev = None
+    start: int | None = None
+    prev = 0
     for cpu in ordered:
         if start is None:
             start = prev = cpu
@@ -150,7 +151,7 @@ def sysfs_gpus(sysfs: Path, vendor: str | None = None) -> list[GpuLocation] | No
         entries = sorted(os.listdir(bus))
     except OSError:
         return None
-    gpus = []
+    gpus: list[GpuLocation] = []
     for address in entries:
         device = bus / address
         found = GPU_VENDORS.get(_read(device / "vendor") or "")
@@ -170,7 +171,7 @@ def sysfs_hcas(sysfs: Path) -> list[HcaLocation]:
         names = sorted(os.listdir(root))
     except OSError:
         return []
-    hcas = []
+    hcas: list[HcaLocation] = []
     for name in names:
         layers = {_read(port / "link_layer") for port in (root / name / "ports").glob("*")}
         if layers and "InfiniBand" not in layers:
@@ -182,7 +183,7 @@ def sysfs_hcas(sysfs: Path) -> list[HcaLocation]:
 
 
 def _catalog_gpus(sku: SkuFacts) -> list[GpuLocation]:
-    gpus = []
+    gpus: list[GpuLocation] = []
     for domain in sku.numa or ():
         cpus = parse_cpulist(domain.cpulist)
         gpus.extend(GpuLocation(g, None, domain.node, cpus) for g in domain.gpu_ids)
@@ -286,7 +287,7 @@ def plan_pinning(topology: Topology, local_world_size: int, available_cpus: froz
     ranks = []
     for rank in range(local_world_size):
         mine = order[rank * per_rank:(rank + 1) * per_rank]
-        nodes = tuple(sorted({by_index[i].numa_node for i in mine if by_index[i].numa_node is not None}))
+        nodes = tuple(sorted({node for i in mine if (node := by_index[i].numa_node) is not None}))
         cpus = frozenset().union(*(by_index[i].cpus for i in mine)) & available_cpus
         if not cpus:
             notes.append(f"local rank {rank}: none of the CPUs near GPU(s) {mine} are available to this process; affinity left alone")
