@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from amlhpc.jobs.local.azurite import free_port
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError
 from amlhpc.jobs.runtime.checkpoint import CheckpointStore
 from amlhpc.jobs.runtime.launch import launcher as launch
@@ -281,8 +282,10 @@ class TestSimulatedNodes:
         for i in range(6):
             container.upload_blob(f"ds/univ_ics_2019-03_a{i:05d}_000.tfrecord", bytes([i]) * (1000 + i))
         spec = [{"name": "ds", "container": container.container_name, "prefix": "ds", "mode": "local"}]
+        # the nodes agree on the dataset version through node 0's job store, as on Azure ML (MASTER_ADDR)
         env = base_env(tmp_path, AMLHPC_BLOB_CONNECTION_STRING=azurite.connection_string,
-                       AMLHPC_STAGE_JSON=json.dumps(spec))
+                       AMLHPC_STAGE_JSON=json.dumps(spec), MASTER_ADDR="127.0.0.1", MASTER_PORT="1",
+                       AMLHPC_COORD_PORT=str(free_port()))
         procs = [start(rank_env(env, r, 1, 2, tmp_path), "--", sys.executable, str(train_script), str(tmp_path), "0")
                  for r in range(2)]
         results = [finish(p) for p in procs]
