@@ -75,7 +75,7 @@ def test_a_node_cut_off_from_the_store_never_splits_the_job(long):
     from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 
     cut = lost = 0
-    for seed in range(16):
+    for seed in range(12):
         outcome = run("restart-agreement", seed, size=3, keep_trace=False,
                       settings={"cut_node": 1 + seed % 2, "cut_at_s": (seed * 0.7) % 11,
                                 "cut_s": 35.0 + 5 * seed if long else 3.0 + seed, "kill_node": None,
@@ -85,6 +85,6 @@ def test_a_node_cut_off_from_the_store_never_splits_the_job(long):
         assert len(decisions - {"none"}) <= 1, outcome.report(trace=False)
         cut += bool(outcome.metrics["store_cut"])
         lost += outcome.metrics["exit_codes"].get(1 + seed % 2) == ExitCode.NODE_LOST
-    assert cut >= 10, f"the partition cut a node off in only {cut} of 16 runs: the test proves little"
+    assert cut >= 8, f"the partition cut a node off in only {cut} of 12 runs: the test proves little"
     if long:
-        assert lost >= 5, f"the cut-off node took node 0 for lost in only {lost} of 16 runs: the test proves little"
+        assert lost >= 4, f"the cut-off node took node 0 for lost in only {lost} of 12 runs: the test proves little"

@@ -184,6 +184,8 @@ class CheckpointCommit(Scenario):
         self.held: dict[int, float] = {}
         """step -> when every node held it."""
         self._holders: dict[int, set[int]] = {}
+        self._steps: dict[int, int | None] = {}
+        """The training's beat (every save_s) -> the step it completed, None while a node was frozen or gone."""
         self.uploaders: list[VersionUploader] = []
         self.trainers: list = []
         hosts = [world.node(f"node-{k}") for k in range(nodes)]
@@ -205,17 +207,21 @@ class CheckpointCommit(Scenario):
 
         def train() -> None:
             # A synchronous training: the ranks' collectives end every step together (every
-            # `save_s`), and no step completes while a node is frozen or gone; each rank saves
-            # it a little later than the others or earlier (up to `skew_s`), never a step apart
-            # for good (their own clocks drifting apart by whole steps was no training's way).
-            step, boundary = 0, world.now
+            # `save_s`), and no step completes while a node is frozen or gone (decided once per
+            # step, for every rank: a node thawed late does not count the steps it slept through);
+            # each rank saves it a little later than the others or earlier (up to `skew_s`).
+            beat, boundary = 0, world.now
             while boundary + s["save_s"] < self.duration_s:
                 boundary += s["save_s"]
+                beat += 1
                 world.sim.sleep(max(0.0, boundary - world.now))
-                if any(peer.frozen or peer.dead for peer in world.sim.nodes):
+                if beat not in self._steps:
+                    stalled = any(peer.frozen or peer.dead for peer in world.sim.nodes)
+                    self._steps[beat] = None if stalled else 100 * (1 + sum(v is not None for v in self._steps.values()))
+                step = self._steps[beat]
+                if step is None:
                     continue
                 world.sim.sleep(rng.uniform(0.0, s["skew_s"]))
-                step += 100
                 if rank == s.get("short_node") and boundary + s["save_s"] >= self.duration_s:
                     continue  # this node's last save fails (a full disk): it never holds the last version
                 save_version(checkpoint_dir, rank, step, nodes, tag)
