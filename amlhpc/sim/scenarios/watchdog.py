@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from dataclasses import dataclass, field
@@ -129,6 +130,10 @@ class WatchdogClock(Scenario):
         self.reported = s["step_s"] < s["hang_at_s"]
         self.due = s["hang_at_s"] + s["hang_s"] if self.reported else \
             watchdog.first_step_deadline(settings, 0, None).seconds
+        # The last report lands at the last multiple of step_s before the hang: the watchdog may
+        # judge hang_s after it, up to step_s before hang_at + hang_s.
+        self.earliest = s["step_s"] * math.ceil(s["hang_at_s"] / s["step_s"] - 1) + s["hang_s"] if self.reported \
+            else self.due
         self.until = self.due + 4 * settings.interval_s + 10.0
         world.container(CONTAINER)
         for k in range(s["nodes"]):
@@ -167,7 +172,7 @@ class WatchdogClock(Scenario):
                                                       f"training stopped at {s['hang_at_s']:.0f}s (hang_s "
                                                       f"{s['hang_s']:.0f}, clock step {s['clock_step_s']:+.1f}s on "
                                                       f"node-{s['clock_node']} at {s['clock_at_s']:.0f}s){rule}"))
-            elif seen[0] < self.due - 1.0:
+            elif seen[0] < self.earliest - 1.0:
                 found.append(Violation("false-hang", f"{node.name} judged a hang at {seen[0]:.0f}s, before it was due "
                                                      f"at {self.due:.0f}s (the training stopped at "
                                                      f"{s['hang_at_s']:.0f}s){rule}: {seen[1].get('message')}"))
