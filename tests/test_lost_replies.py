@@ -161,6 +161,27 @@ class TestVersionedStream:
         assert uploaders[0].committed == [tier.blob_version(2, "t0"), tier.blob_version(6, "t0")]
         assert uploaders[0].store.pointer()[0]["version"] == tier.blob_version(6, "t0")
 
+    def test_a_follower_that_missed_the_leads_stages_the_versions_it_holds(self, container, tmp_path):
+        """Node 1 saves steps 4 and 6 late (a write of its retried for a minute): node 0 led them,
+        then step 8, which node 1 never holds. Node 1 still stages the newest led version it holds
+        (6), and 6 commits; before, it staged only the version led now (8), and `latest` stayed at
+        2 with no error."""
+        uploaders = self.nodes(container, tmp_path, MemoryStore())
+        self.round(uploaders, 2)
+        for step in (4, 6, 8):
+            held(uploaders[0].checkpoint_dir, step, [0], 2)
+            uploaders[0].lead_round()
+            uploaders[1].follow_round()
+        for step in (4, 6):
+            held(uploaders[1].checkpoint_dir, step, [1], 2)
+        uploaders[1].follow_round()
+        uploaders[0]._try_commit()
+        assert uploaders[0].committed == [tier.blob_version(2, "t0"), tier.blob_version(6, "t0")]
+        assert uploaders[0].store.pointer()[0]["version"] == tier.blob_version(6, "t0")
+        uploaders[1].follow_round()
+        assert tier.blob_version(4, "t0") not in uploaders[1]._staged, "a version older than the commit is settled"
+        assert set(uploaders[1]._led) == {tier.blob_version(8, "t0")}
+
 
 class TestManagedRecord:
     """The managed run's record (amlhpc/jobs/managed/record.py) is created create-only and saved

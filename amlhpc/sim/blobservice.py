@@ -228,6 +228,10 @@ class BlobService:
         self.accounting = Accounting()
         self._etags = 0
         self.trace: Callable[[str, str], None] | None = None
+        self.watchers: list[Callable[[str, str, str], None]] = []
+        """Called with (op, container, blob) after every request the service applied: an oracle
+        sees each write the moment it lands, not at its next look (two commits within one look
+        left the first unseen, and its legitimate pruning read as a committed version deleted)."""
 
     # --- the world ------------------------------------------------------------------------
     @property
@@ -280,6 +284,9 @@ class BlobService:
             acct.egress.take(now, out) if out else None
         if self.trace is not None:
             self.trace(f"{op} {target}", f"{reply.status}{' ' + reply.code if reply.code else ''}")
+        if reply.ok:
+            for watch in self.watchers:
+                watch(op, container, blob)
         return reply
 
     def _throttle(self, acct: Account, container: str, blob: str, cost: int, size_in: int, now: float) -> Reply | None:

@@ -44,15 +44,7 @@ def _lost_reply(blob: str, nth: int, op: str = "put_blob") -> Callable[[], Fault
 
 
 # --- remaining -------------------------------------------------------------------------
-MISSED_LEADS = "a follower that missed node 0's leads never stages the versions every node holds"
-
-CASES: list[Case] = [
-    Case(MISSED_LEADS, "a follower's pending-record write loses its reply and its retry takes a minute while node 0 "
-         "leads version after version; followers stage only the version led now, which that follower does not hold "
-         "yet, so every older version they all hold stays pending and `latest` stops moving, with no error "
-         "(1.2 % of 1,000 seeds). The fix to make: node 0 announces every version it still leads, and a follower "
-         "stages each it holds", "checkpoint-commit", 8, "commits-stuck"),
-]
+CASES: list[Case] = []  # none remains: each defect found so far is fixed (FIXED below)
 
 # --- fixed -----------------------------------------------------------------------------
 LATEST_LOST_REPLY = "lost reply on the latest pointer deletes the manifest it names"
@@ -64,6 +56,8 @@ OVERLAPPING_REVIVALS = "two overlapping revivals start two controllers"
 WALL_CLOCK_WATCHDOG = "a wall-clock step back blinds the watchdog"
 STORE_DROP = "a node whose store connection drops once takes node 0 for lost and ends alone"
 MIXED_LISTING = "nodes list a dataset apart and stage shares of two versions"
+MISSED_LEADS = "a follower that missed node 0's leads never stages the versions every node holds"
+LONG_PARTITION = "a node cut off from node 0's store past the grace ends alone while the others restart"
 
 FIXED: list[Case] = [
     Case(LATEST_LOST_REPLY, "the pointer write applied, its reply lost: the retry's 412 was taken for another "
@@ -105,14 +99,24 @@ FIXED: list[Case] = [
          "staged its share of its own listing, and together they held parts of both versions with files missing; now "
          "an upload writes a new version and commits its manifest last, and the nodes agree on one manifest through "
          "the job's store", "staging", 14, "mixed-dataset"),
+    Case(MISSED_LEADS, "a follower's pending-record write lost its reply and its retry took a minute while node 0 "
+         "led version after version; followers staged only the version led then, and the last one led was one that "
+         "follower never held (its last save failed), so every older version they all held stayed pending and "
+         "`latest` stopped moving, with no error; now node 0 keeps a log of its leads on the job's store (one "
+         "create-only key each) and a follower stages the newest led version it holds, then the older ones, until a "
+         "commit settles them", "checkpoint-commit", 8, "commits-stuck", {"short_node": 3}),
+    Case(LONG_PARTITION, "node 1 reported, then was cut off from node 0's store for 46 s (past kvstore."
+         "RECONNECT_GRACE_S) while node 0 decided a restart: node 1 took node 0 for lost and ended with exit 10, the "
+         "others restarted without it (and would hang at rendezvous); now every node confirms an adopted restart "
+         "(restart.CONFIRM_S), and one that never does ends every node on the next generation's failure and end",
+         "restart-agreement", 6, "split-decision",
+         {"cut_node": 1, "cut_at_s": 10.2, "cut_s": 46.0, "kill_node": None, "apply_fails": None, "report_fails": None,
+          "drop_node": None}),
 ]
 
 
 def cause(outcome: Outcome) -> str | None:
     """The remaining defect behind an outcome's violations, or None (see the module docstring)."""
-    kinds, name = outcome.kinds(), outcome.scenario
-    if not kinds:
-        return None
-    if name == "checkpoint-commit" and kinds <= {"commits-stuck"} and not outcome.metrics.get("errors"):
-        return MISSED_LEADS
+    # One rule per remaining defect goes here (a scenario and the kinds it breaks); none remains.
+    del outcome
     return None

@@ -26,7 +26,11 @@ connection does (DistNetworkError, or a RuntimeError of that name without torch)
 makes one node's nth call fail so while the host lives (a connection reset on one node),
 either before the store applied it (`Drop(n, "request")`: the request was lost) or after
 (`Drop(n, "reply")`: applied, its answer lost, as a reset after the server wrote), which is
-what makes a retried `add` count twice.
+what makes a retried `add` count twice. `partitions` cuts one node off from the store for a
+while, node 0 alive (`Partition(start_s, end_s)`, virtual time): every call the node makes
+meanwhile goes unanswered and fails after `Partition.timeout_s` (the client's connect
+timeout, jobstore.RECONNECT_TIMEOUT_S), never applied; the node's calls after its end are
+served again. Longer than kvstore.RECONNECT_GRACE_S, it makes that node take node 0 for lost.
 """
 
 from __future__ import annotations
@@ -78,6 +82,19 @@ class Drop:
             raise ValueError(f"Drop.lost must be request or reply, got {self.lost!r}")
 
 
+@dataclass(frozen=True)
+class Partition:
+    """One node cut off from the store, node 0 alive (see the module docstring)."""
+
+    start_s: float
+    end_s: float
+    timeout_s: float = 5.0
+    """How long one call waits before it fails (jobstore.RECONNECT_TIMEOUT_S)."""
+
+    def covers(self, now: float) -> bool:
+        return self.start_s <= now < self.end_s
+
+
 @dataclass
 class _Waiter:
     task: Task
@@ -105,6 +122,10 @@ class StoreServer:
     calls: Counter[str] = field(default_factory=Counter)
     dropped: list[str] = field(default_factory=list)
     """The drops that fired ("node-1 call 7: reply lost")."""
+    partitions: dict[str, Partition] = field(default_factory=dict)
+    """Node name -> when it is cut off from the store (node 0 alive)."""
+    cut: Counter[str] = field(default_factory=Counter)
+    """Node name -> its calls that went unanswered in a partition."""
     _losing: set[int] = field(default_factory=set)
     """The tasks whose current call's reply is to be lost."""
 
@@ -125,6 +146,13 @@ class StoreServer:
         if self.down:
             sim.sleep(sim.rng.uniform(*self.latency_s))
             raise _errors()[1](f"Connection reset by peer (the store's host {self.host.name} is gone)")  # type: ignore[union-attr]
+        partition = self.partitions.get(who)
+        if partition is not None and partition.covers(sim.now):
+            self.cut[who] += 1
+            sim.sleep(partition.timeout_s)
+            sim.note(task if task is not None else "world", "fault",
+                     f"{who} is cut off from the store: {op} {keys} went unanswered")
+            raise _errors()[1](f"Connection timed out after {partition.timeout_s:g}s (no route to the store's host)")
         self.calls[who] += 1
         self._losing.discard(id(task))  # a call that raised before its reply takes no drop along
         drop = self.drops.get(who)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from amlhpc.sim import known
+from amlhpc.sim import explore, known
 from amlhpc.sim.__main__ import main
 from amlhpc.sim.explore import run, scenarios
+from amlhpc.sim.scenario import Violation
 
 SEEDS = {  # scenario: (seeds, nodes); small worlds, so that the sweep stays within seconds
     "checkpoint-commit": (16, 2), "folder-upload": (24, None), "prune-race": (20, None),
@@ -57,13 +58,23 @@ def test_a_seed_replays_exactly_with_its_trace():
     assert run("restart-agreement", 20).trace != first.trace
 
 
-def test_the_command_replays_a_seed_and_sweeps_a_range(capsys):
+def test_the_command_replays_a_seed_and_sweeps_a_range(capsys, monkeypatch):
     assert main(["explore", "staging", "--seed", "14"]) == 0  # a fixed defect's run (known.FIXED)
     capsys.readouterr()
-    remaining = next(c for c in known.CASES if not c.settings and c.faults is None)
-    assert main(["explore", remaining.scenario, "--seed", str(remaining.seed)]) == 1
+    # no defect remains to replay, so one run's outcome carries a planted violation: the command
+    # must fail on it and print it with the run's trace
+    real = explore.run
+
+    def planted(*args, **kwargs):
+        outcome = real(*args, **kwargs)
+        outcome.violations.append(Violation("split-decision", "planted by the test"))
+        return outcome
+
+    monkeypatch.setattr(explore, "run", planted)
+    assert main(["explore", "restart-agreement", "--seed", "19"]) == 1
     out = capsys.readouterr().out
-    assert f"VIOLATION {remaining.kind}" in out and "trace:" in out
+    assert "VIOLATION split-decision: planted by the test" in out and "trace:" in out
+    monkeypatch.setattr(explore, "run", real)
     assert main(["explore", "upload-sessions", "--seeds", "0-2"]) == 0
     assert "3 seed(s), 0 broke an invariant" in capsys.readouterr().out
     assert main(["list"]) == 0 and "checkpoint-commit" in capsys.readouterr().out

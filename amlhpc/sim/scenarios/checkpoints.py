@@ -7,7 +7,8 @@
   that node 0 hosts, amlhpc.sim.store) runs its rounds on virtual time, as its `_loop` would. Faults drawn from the seed: lost replies and lost
   requests on every write of the commit path (pending records, parts, the manifest, the
   `latest` pointer), 503 storms on the pointer, slow requests, a node partitioned from
-  storage, frozen or killed at a checkpoint fault point (then only the safety invariants apply).
+  storage, frozen or killed at a checkpoint fault point (then only the safety invariants apply),
+  a follower whose last save fails (it never holds the last version node 0 leads).
 - `folder-upload`: one node's FolderUploader uploads its checkpoint folder as versions
   (store.upload: commit, then prune) while the training rewrites it; the same faults.
 - `prune-race`: a folder uploader and `python -m amlhpc.jobs.runtime.checkpoint prune` by
@@ -102,6 +103,15 @@ class StreamOracle:
         return sequence_of(pointer["version"]) if pointer else -1
 
     def watch(self, every_s: float = 1.0) -> None:
+        """Look every `every_s`, and at once after every write of the pointer (so every version
+        `latest` ever named is in `committed`, however fast the commits follow each other)."""
+        pointer = f"{self.stream}/latest"
+
+        def written(op: str, container: str, blob: str) -> None:
+            if container == CONTAINER and blob == pointer and op in ("put_blob", "put_block_list"):
+                self.look()
+        self.world.blob.watchers.append(written)
+
         def loop() -> None:
             while True:
                 self.look()
@@ -159,7 +169,10 @@ class CheckpointCommit(Scenario):
         nodes = size or rng.randint(2, 4)
         self.settings = {"nodes": nodes, "save_s": rng.choice([6.0, 8.0, 10.0]), "interval_s": rng.choice([3.0, 5.0]),
                          "keep": rng.choice([1, 2, 3]), "skew_s": rng.uniform(0.0, 4.0), "settle_s": SETTLE_S}
-        return _commit_faults(rng, [f"node-{k}" for k in range(nodes)])
+        plan = _commit_faults(rng, [f"node-{k}" for k in range(nodes)])
+        # Drawn after the faults (their draws stay what they were): a follower whose last save fails.
+        self.settings["short_node"] = rng.randrange(1, nodes) if rng.random() < 0.25 else None
+        return plan
 
     def start(self, world: World, root: Path) -> None:
         s = self.settings
@@ -171,6 +184,8 @@ class CheckpointCommit(Scenario):
         self.held: dict[int, float] = {}
         """step -> when every node held it."""
         self._holders: dict[int, set[int]] = {}
+        self._steps: dict[int, int | None] = {}
+        """The training's beat (every save_s) -> the step it completed, None while a node was frozen or gone."""
         self.uploaders: list[VersionUploader] = []
         self.trainers: list = []
         hosts = [world.node(f"node-{k}") for k in range(nodes)]
@@ -191,12 +206,24 @@ class CheckpointCommit(Scenario):
         tag = tier.timeline_tag("run", 0)
 
         def train() -> None:
-            step = 0
-            while world.now + s["save_s"] < self.duration_s:
-                world.sim.sleep(s["save_s"] + rng.uniform(0.0, s["skew_s"]))
-                if any(peer.frozen or peer.dead for peer in world.sim.nodes):
-                    continue  # a synchronous training: no step completes while a node is frozen or gone
-                step += 100
+            # A synchronous training: the ranks' collectives end every step together (every
+            # `save_s`), and no step completes while a node is frozen or gone (decided once per
+            # step, for every rank: a node thawed late does not count the steps it slept through);
+            # each rank saves it a little later than the others or earlier (up to `skew_s`).
+            beat, boundary = 0, world.now
+            while boundary + s["save_s"] < self.duration_s:
+                boundary += s["save_s"]
+                beat += 1
+                world.sim.sleep(max(0.0, boundary - world.now))
+                if beat not in self._steps:
+                    stalled = any(peer.frozen or peer.dead for peer in world.sim.nodes)
+                    self._steps[beat] = None if stalled else 100 * (1 + sum(v is not None for v in self._steps.values()))
+                step = self._steps[beat]
+                if step is None:
+                    continue
+                world.sim.sleep(rng.uniform(0.0, s["skew_s"]))
+                if rank == s.get("short_node") and boundary + s["save_s"] >= self.duration_s:
+                    continue  # this node's last save fails (a full disk): it never holds the last version
                 save_version(checkpoint_dir, rank, step, nodes, tag)
                 done = self._holders.setdefault(step, set())
                 done.add(rank)

@@ -9,7 +9,9 @@
   reports the versions it holds (seeded: some nodes lack the newest); a node's report may be
   slow (a long tier verification, seeded up to 1.5 x agree_s). Faults: a node killed (node 0
   too: the store goes with it), a node's store connection dropped once (the call lost before
-  the store applied it, or applied and its reply lost), a node whose
+  the store applied it, or applied and its reply lost), a node cut off from the store while
+  node 0 lives (a partition, seeded: shorter than kvstore.RECONNECT_GRACE_S, which the node
+  rides out, or longer, which makes it take node 0 for lost and end), a node whose
   verification fails (its coordinator raises) or that cannot follow the adopted restart (its
   restore fails), a slow store.
 - `launch-records`: a node runs one launch of a job that fails (its stop record, its exit
@@ -22,7 +24,10 @@ Invariants:
 - `split-decision`: the live nodes of one generation did not all adopt the same decision
   (restart from the same version, or end), or a node restarts from another decision than the
   one adopted; a node that cannot follow an adopted restart must fail the next generation
-  (its failure and an end stored) so the others stop at once;
+  (its failure and an end stored) so the others stop at once; a node cut off from the store
+  for longer than the grace ends (exit 10), and then no node restarts: the job ends on one
+  decision (the generation's end, or the next generation's failure and end when its restart
+  was adopted but never confirmed by every node);
 - `undecided`: a live node's coordinator did not return (it waits for ever);
 - `restored-missing`: the decision restores a version some node does not hold intact;
 - `stale-record`: a record of the earlier launch stopped a rank of this launch, or released it
@@ -47,7 +52,7 @@ from amlhpc.jobs.runtime.launch.launcher import _node_dir
 from amlhpc.sim.faults import FaultPlan
 from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.scheduler import Node
-from amlhpc.sim.store import Drop
+from amlhpc.sim.store import Drop, Partition
 from amlhpc.sim.world import World
 
 RUN_ID = "job-a1"
@@ -90,6 +95,10 @@ class RestartAgreement(Scenario):
                 self.settings["apply_fails"] = rng.randrange(nodes)
         if self.settings["drop_node"] is not None:  # drawn last: the draws above stay what they were
             self.settings["drop_lost"] = rng.choice(["request", "reply"])
+        self.settings.update(cut_node=None, cut_at_s=0.0, cut_s=0.0)
+        if nodes > 1 and rng.random() < 0.3:  # after the draws above: they stay what they were
+            self.settings.update(cut_node=rng.randrange(1, nodes), cut_at_s=rng.uniform(0.0, 40.0),
+                                 cut_s=rng.choice([rng.uniform(2.0, 25.0), rng.uniform(35.0, 150.0)]))
         return FaultPlan()
 
     def start(self, world: World, root: Path) -> None:
@@ -99,6 +108,8 @@ class RestartAgreement(Scenario):
         self.server = world.jobstore(self.nodes[0], ops_per_s=s["store_ops_per_s"])
         if s["drop_node"] is not None:
             self.server.drops[f"node-{s['drop_node']}"] = Drop(s["drop_call"], s["drop_lost"])
+        if s.get("cut_node") is not None:
+            self.server.partitions[f"node-{s['cut_node']}"] = Partition(s["cut_at_s"], s["cut_at_s"] + s["cut_s"])
         for k, node in enumerate(self.nodes):
             records = restart.NodeRecords(root / node.name / "restart", 0)
             outcome = self.outcomes[k] = NodeOutcome()
@@ -204,7 +215,10 @@ class RestartAgreement(Scenario):
         self.metrics = {"decisions": {k: " ".join(str(p) for p in self._said(self.outcomes[k].decision) if p)
                                       for k in live},
                         "agreed_in_s": round(max(decided) - min(decided), 2) if decided else None,
-                        "store_ops": sum(self.server.ops.values()), "store_drops": list(self.server.dropped)}
+                        "store_ops": sum(self.server.ops.values()), "store_drops": list(self.server.dropped),
+                        "store_cut": dict(self.server.cut),
+                        "exit_codes": {k: d.exit_code for k in live if (d := self.outcomes[k].decision) is not None
+                                       and d.exit_code is not None}}
         adopted = {k: self._said(self.outcomes[k].adopted) for k in live if self.outcomes[k].adopted is not None}
         details = ", ".join(f"node {k}: {' '.join(str(p) for p in v if p is not None)}" for k, v in adopted.items())
         if len(set(adopted.values())) > 1:
@@ -222,8 +236,9 @@ class RestartAgreement(Scenario):
             elif d.result != "restart" and stored is not None and stored.result == "restart" and not node0_lost:
                 ended = self._stored("restart/g1/decision")
                 if not (isinstance(ended, dict) and ended.get("result") == "end" and self._stored("restart/g1/failed")):
+                    cut = " (cut off from the store: it ends alone)" if self.server.cut.get(f"node-{k}") else ""
                     found.append(Violation("split-decision", f"node {k} ends ({d.reason}) while generation 0 restarts, "
-                                                             "and it did not fail generation 1 for the others"))
+                                                             f"and generation 1 was not failed for the others{cut}"))
             elif d.result != "restart" and node0_lost and d.exit_code not in (None, ExitCode.NODE_LOST) and \
                     stored is None:
                 found.append(Violation("split-decision", f"node 0 was lost and node {k} ends with {d.exit_code} "

@@ -15,7 +15,10 @@ modification time is the node's wall clock, as the kernel stamps it.
 
 Invariants:
 - `hang-missed`: a node gave no verdict within hang_s + 3 x check_s of the hang (or of the
-  freeze, for the nodes that still run);
+  freeze, for the nodes that still run). A training that hangs before its first progress
+  report is judged by the watchdog's own rule for that case, at the run's deadline to its
+  first step (watchdog.first_step_deadline: 5 minutes by default), not at hang_s: the verdict
+  is due within 3 x check_s of that deadline, and the run lasts until then;
 - `false-hang`: a verdict came while the training progressed, or named a node that progressed;
 - `heartbeat-missing` (`heartbeats` with `looks` set: N nodes look that many times, nothing
   frozen - the run the tests make at 1,000 nodes): a node's heartbeat is not in Blob with its progress.
@@ -24,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from dataclasses import dataclass, field
@@ -121,7 +125,16 @@ class WatchdogClock(Scenario):
         s = self.settings
         settings = watchdog.WatchdogSettings(hang_s=s["hang_s"])
         self.verdicts = Verdicts()
-        self.until = s["hang_at_s"] + s["hang_s"] + 4 * settings.interval_s + 10.0
+        # The training's first step lands at step_s (_train): one that hangs before it never
+        # reports, and the watchdog judges it at its deadline to a first step.
+        self.reported = s["step_s"] < s["hang_at_s"]
+        self.due = s["hang_at_s"] + s["hang_s"] if self.reported else \
+            watchdog.first_step_deadline(settings, 0, None).seconds
+        # The last report lands at the last multiple of step_s before the hang: the watchdog may
+        # judge hang_s after it, up to step_s before hang_at + hang_s.
+        self.earliest = s["step_s"] * math.ceil(s["hang_at_s"] / s["step_s"] - 1) + s["hang_s"] if self.reported \
+            else self.due
+        self.until = self.due + 4 * settings.interval_s + 10.0
         world.container(CONTAINER)
         for k in range(s["nodes"]):
             node = world.node(f"node-{k}")
@@ -148,21 +161,24 @@ class WatchdogClock(Scenario):
     def check(self, world: World) -> list[Violation]:
         s = self.settings
         found = []
-        late = s["hang_at_s"] + s["hang_s"] + 3 * self.interval + 5.0
-        self.metrics = {"verdicts": {n: round(t, 1) for n, (t, _) in self.verdicts.found.items()}}
+        late = self.due + 3 * self.interval + 5.0
+        rule = "" if self.reported else f" (no first report: judged at the first-step deadline, {self.due:.0f}s)"
+        self.metrics = {"verdicts": {n: round(t, 1) for n, (t, _) in self.verdicts.found.items()},
+                        "due_s": round(self.due, 1)}
         for node in world.sim.nodes:
             seen = self.verdicts.found.get(node.name)
             if seen is None:
                 found.append(Violation("hang-missed", f"{node.name} judged nothing by {world.now:.0f}s although the "
                                                       f"training stopped at {s['hang_at_s']:.0f}s (hang_s "
                                                       f"{s['hang_s']:.0f}, clock step {s['clock_step_s']:+.1f}s on "
-                                                      f"node-{s['clock_node']} at {s['clock_at_s']:.0f}s)"))
-            elif seen[0] < s["hang_at_s"] + s["hang_s"] - 1.0:
-                found.append(Violation("false-hang", f"{node.name} judged a hang at {seen[0]:.0f}s while the training "
-                                                     f"progressed until {s['hang_at_s']:.0f}s: {seen[1].get('message')}"))
+                                                      f"node-{s['clock_node']} at {s['clock_at_s']:.0f}s){rule}"))
+            elif seen[0] < self.earliest - 1.0:
+                found.append(Violation("false-hang", f"{node.name} judged a hang at {seen[0]:.0f}s, before it was due "
+                                                     f"at {self.due:.0f}s (the training stopped at "
+                                                     f"{s['hang_at_s']:.0f}s){rule}: {seen[1].get('message')}"))
             elif seen[0] > late:
                 found.append(Violation("hang-missed", f"{node.name} judged the hang only at {seen[0]:.0f}s (due by "
-                                                      f"{late:.0f}s)"))
+                                                      f"{late:.0f}s){rule}"))
         return found[:2]
 
 

@@ -9,13 +9,20 @@ a storage hiccup must not kill the training.
 `VersionUploader` (versioned checkpoints, tier.py): every node stages its own parts of a version
 into one stream; node 0 leads, and the nodes keep the books of a commit on the job's
 coordination store (amlhpc.jobs.runtime.coord.agree), not in Blob. Every `interval_s` node 0 picks the
-newest version it holds whole and has not committed, announces it (`lead`, and a counter
-`changes` the others poll: one store call per node per poll at any node count) and stages its
-parts; each other node that holds that version stages its parts too and tells node 0 (its
-parts under `<version>/node-<k>`, a counter `<version>/staged`); once every node has, node 0
-reads their parts in one call and commits (store.commit verifies every part from one listing
-per data folder first), then announces `committed`. A version that cannot be committed (a
-part missing, another writer's pointer) is dropped, never retried before the newer ones. In
+newest version it holds whole and has not committed, and announces it: one create-only entry
+in a log of its leads (`leads/<n>`, the n-th version it led, or the n-th it dropped), then `lead`
+(the log's length) and a counter `changes` the others poll: one store call per node per poll at
+any node count, and one more to read the entries a node has not read yet. Node 0 stages its
+parts; each other node keeps every version led and not yet committed or dropped, and stages
+the newest of them it holds and has not staged, one per poll, and tells node 0 (its parts under
+`<version>/node-<k>`, a counter `<version>/staged`). So a node that fell behind (a write whose
+retries took a minute) still stages the versions every node holds, not only the one led now:
+a follower that knew only the current lead never staged the older ones, which then stayed
+uncommitted while `latest` stopped moving, without an error. Once every node staged a version,
+node 0 reads their parts in one call and commits (store.commit verifies every part from one
+listing per data folder first), then announces `committed`; every older version is then
+settled for every node. A version that cannot be committed (a part missing, another writer's
+pointer) is dropped (a `dropped` entry in the log), never retried before the newer ones. In
 between, each node keeps `local_keep` versions on its NVMe (never one being uploaded).
 `cancel()` stops everything at once (an in-job restart): an upload in flight withdraws its
 pending record and commits nothing. The store's keys are scoped per upload session
@@ -56,6 +63,8 @@ log = logging.getLogger("amlhpc.checkpoint")
 COMMITTED_FILE = "committed.json"
 FOLDER_EXCLUDE = frozenset({tier.VERSIONS_DIR})
 """The folder uploader leaves the versioned tier to the version uploader."""
+LEADS_PER_READ = 256
+"""Entries of node 0's log of leads a follower reads in one store call."""
 
 
 class FolderUploader:
@@ -166,7 +175,12 @@ class VersionUploader:
         self._head_version: str | None = None
         self._seen = 0
         """Followers: the count of node 0's announcements last read."""
-        self._lead: dict | None = None
+        self._leads = 0
+        """Node 0: entries in its log of leads; the others: entries of it read."""
+        self._newest_lead: dict | None = None
+        """Node 0: the newest version it led (repeated in `lead` beside the log's length)."""
+        self._led: dict[str, int] = {}
+        """Followers: versions node 0 led and neither committed nor dropped yet (blob -> step)."""
         self.committed: list[str] = []
         self.errors: list[str] = []
 
@@ -206,17 +220,33 @@ class VersionUploader:
         # An over-count (a retried add) only makes the followers read the announcements once more.
         self.channel.count(self.channel.key("changes"))
 
+    def _log_lead(self, blob: str, step: int, dropped: bool = False) -> None:
+        """Node 0: append one entry to the log of its leads (create-only: a retry after a lost
+        reply finds its own entry), then announce the log's new length. Every entry stays, so a
+        node that missed announcements reads the ones it has not read (see the module docstring)."""
+        if self.channel is None:
+            return
+        self._leads += 1
+        self.channel.decide(self.channel.key("leads", self._leads), {"version": blob, "step": step,
+                                                                     **({"dropped": True} if dropped else {})})
+        if not dropped:
+            self._newest_lead = {"version": blob, "step": step}
+        self._announce(lead={**(self._newest_lead or {}), "leads": self._leads})
+
     def _read_head(self) -> int:
         pointer, _ = self.store.pointer()
         self._head = sequence_of(pointer["version"]) if pointer else -1
         self._head_version = pointer["version"] if pointer else None
         return self._head
 
-    def _drop(self, blob: str) -> None:
-        """Node 0: withdraw every node's lease of a version that will not be committed."""
+    def _drop(self, blob: str, announce: bool = False) -> None:
+        """Node 0: withdraw every node's lease of a version that will not be committed; `announce`
+        it for one that is not older than a committed one (the others would stage it otherwise)."""
         self.store.abandon_all(blob, range(self.nodes))
-        self._staged.pop(blob, None)
+        version = self._staged.pop(blob, None)
         self._parts.pop(blob, None)
+        if announce and version is not None:
+            self._log_lead(blob, version.step, dropped=True)
 
     def _ready_parts(self, blob: str) -> dict[int, list[dict]] | None:
         """Every node's parts of `blob` once every node staged it (two store calls), else None."""
@@ -250,7 +280,7 @@ class VersionUploader:
                 # Never retried: a version that cannot commit must not stand before the newer ones.
                 log.warning("checkpoint %s not committed: %s", blob, exc)
                 self.errors.append(f"{type(exc).__name__}: {exc}")
-                self._drop(blob)
+                self._drop(blob, announce=True)
                 continue
             self._staged.pop(blob, None)
             self._parts.pop(blob, None)
@@ -270,7 +300,7 @@ class VersionUploader:
         fresh = [v for v in self._held() if v.step > head and self.blob_id(v) not in known]
         if fresh:
             blob = self.blob_id(fresh[-1])
-            self._announce(lead={"version": blob, "step": fresh[-1].step})
+            self._log_lead(blob, fresh[-1].step)
             self._parts[blob] = self._stage(fresh[-1])
         self._try_commit()
 
@@ -289,38 +319,54 @@ class VersionUploader:
 
     # the other nodes
     def _hear(self) -> None:
-        """Followers: node 0's announcements, one store call per poll (two when something changed)."""
+        """Followers: node 0's announcements, one store call per poll (two when something changed,
+        and one more for the entries of its log of leads not read yet)."""
         assert self.channel is not None
         changes = self.channel.count(self.channel.key("changes"), 0)
         if changes == self._seen:
             return
         self._seen = changes
         lead, committed = self.channel.gather([self.channel.key("lead"), self.channel.key("committed")])
-        self._lead = lead if isinstance(lead, dict) else None
+        logged = lead.get("leads") if isinstance(lead, dict) else None
+        while isinstance(logged, int) and logged > self._leads:
+            # Node 0 writes an entry before the length that counts it: every key read here exists.
+            numbers = range(self._leads + 1, min(logged, self._leads + LEADS_PER_READ) + 1)
+            for entry in self.channel.gather([self.channel.key("leads", n) for n in numbers]):
+                if not isinstance(entry, dict) or not isinstance(entry.get("version"), str):
+                    continue
+                if entry.get("dropped"):
+                    self._led.pop(entry["version"], None)
+                elif isinstance(entry.get("step"), int):
+                    self._led[entry["version"]] = entry["step"]
+            self._leads = numbers[-1]
         if isinstance(committed, dict) and isinstance(committed.get("step"), int) and committed["step"] > self._head:
             self._head, self._head_version = committed["step"], committed.get("version")
             mine = {self.blob_id(v): v for v in self._held()}
             if committed.get("version") in mine:
                 self._note_committed(committed["version"], committed["step"])
+        # Committed, or older than the committed one (node 0 withdrew them): settled.
+        self._led = {blob: step for blob, step in self._led.items() if step > self._head}
 
     def follow_round(self) -> None:
-        """Other nodes: stage this node's parts of what node 0 leads, when this node holds it."""
+        """Other nodes: stage this node's parts of the newest version node 0 leads that this node
+        holds and has not staged (one per poll; the older ones in the next polls, unless a commit
+        settles them first)."""
         self._hear()
-        lead = (self._lead or {}).get("version")
-        for blob in [b for b in self._staged if b != lead]:  # node 0 committed, dropped or moved past it
-            del self._staged[blob]
-        if not lead or lead in self._staged or int((self._lead or {}).get("step", -1)) <= self._head:
-            return
+        for settled in [b for b in self._staged if b not in self._led]:  # committed or dropped
+            del self._staged[settled]
         mine = {self.blob_id(v): v for v in self._held()}
-        if lead in mine:
-            assert self.channel is not None
-            # Its slot in the job's burst (the pending record and its update, a block and a block
-            # list per file; more blocks for a large file: the slot is a floor, not a cap). Waited
-            # here: a slot left to the next poll puts every follower a poll behind node 0's lead.
-            clock.sleep(pacing.stage_offset_s(self.node, 2 * len(mine[lead].files(self.ranks)) + 2))
-            entries = self._stage(mine[lead])
-            self.channel.publish(self.channel.key(lead, f"node-{self.node}"), entries)
-            self.channel.count(self.channel.key(lead, "staged"))
+        todo = sorted((b for b in self._led if b in mine and b not in self._staged), key=lambda b: self._led[b])
+        if not todo:
+            return
+        blob = todo[-1]
+        assert self.channel is not None
+        # Its slot in the job's burst (the pending record and its update, a block and a block
+        # list per file; more blocks for a large file: the slot is a floor, not a cap). Waited
+        # here: a slot left to the next poll puts every follower a poll behind node 0's lead.
+        clock.sleep(pacing.stage_offset_s(self.node, 2 * len(mine[blob].files(self.ranks)) + 2))
+        entries = self._stage(mine[blob])
+        self.channel.publish(self.channel.key(blob, f"node-{self.node}"), entries)
+        self.channel.count(self.channel.key(blob, "staged"))
 
     def prune_local(self) -> list[str]:
         protect = self.protect | {v.name for v in self._staged.values()} | ({self._uploading} if self._uploading else set())

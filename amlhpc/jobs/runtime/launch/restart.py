@@ -23,6 +23,14 @@ none of those needs a new job. So, per training run ("generation" g = 0, 1, ...)
    none) or once `agree_s` has passed (the nodes that did not report are lost: end), and
    stores it as THE decision of the generation (`restart/g<g>/decision`, create-only,
    `compare_set`); every node adopts what the store holds, never a decision of its own.
+   A restart is then confirmed by every node (a barrier, `restart/g<g>/confirmed`) before any
+   node acts on it: a node cut off from node 0's store for longer than kvstore.RECONNECT_GRACE_S
+   takes node 0 for lost and ends (exit 10) without confirming, so after CONFIRM_S the
+   barrier fails, the next generation is failed and ended, and every node ends on that one
+   record (exit 10) instead of restarting without it (a split: the others hung at rendezvous).
+   A node cut off after it confirmed follows the restart it confirmed (the outcome can be a
+   failure only if another node never confirmed: two nodes cut off at different moments, the
+   one case left, which the next generation's own agreement ends).
    Versions newer than the decision's are deleted (the abandoned timeline). Its local ranks
    start their commands again with AMLHPC_RESUME_VERSION, AMLHPC_RESTART_GENERATION g+1 and a
    new timeline tag.
@@ -61,9 +69,9 @@ from typing import Any
 from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import pacing
-from amlhpc.jobs.runtime.coord.agree import Channel
-from amlhpc.jobs.runtime.coord.kvstore import StoreLost
-from amlhpc.jobs.runtime.coord.nodebarrier import write_json_atomic
+from amlhpc.jobs.runtime.coord.agree import Barrier, Channel
+from amlhpc.jobs.runtime.coord.kvstore import RECONNECT_GRACE_S, StoreLost
+from amlhpc.jobs.runtime.coord.nodebarrier import BarrierFailed, BarrierTimeout, write_json_atomic
 from amlhpc.jobs.runtime.launch.watchdog import FIRST_STEP
 
 log = logging.getLogger("amlhpc.restart")
@@ -81,6 +89,10 @@ STORE_POLL_S = 0.5
 """How often it looks at the job's store (scaled with the node count: pacing.store_poll_s)."""
 DECIDE_GRACE_S = 60.0
 """How long past agree_s a node waits for node 0's decision before it proposes an end itself."""
+CONFIRM_S = 2 * RECONNECT_GRACE_S
+"""How long the nodes wait for every node to confirm an adopted restart. Longer than the
+store's grace (a node whose connection resets rides it out and still confirms); a node that
+has not confirmed by then is cut off from node 0 for longer than the grace, and ends."""
 
 
 # --- records ----------------------------------------------------------------------------
@@ -360,12 +372,44 @@ class Coordinator:
         except Exception as exc:  # noqa: BLE001 - nothing more to do: the others end at agree_s
             log.warning("could not tell the other nodes that this node ends: %s", exc)
 
-    def _defect(self, reason: str) -> None:
-        """This node cannot follow the adopted restart: the next generation fails and ends at once."""
+    def _defect(self, reason: str, exit_code: int | None = None) -> Decision:
+        """This node cannot follow the adopted restart: the next generation fails and ends at once
+        (the end stored for it, which every node ends with)."""
         assert self.shared is not None
         following = JobAgreement(self.shared.base, self.generation + 1)
-        following.publish_failure({"node": self.node, "cause": "ended", "status": None, "message": reason})
-        following.propose(Decision("end", f"node {self.node} ended the job ({reason})"))
+        following.publish_failure({"node": self.node, "cause": "ended", "status": exit_code, "message": reason})
+        return following.propose(Decision("end", f"node {self.node} ended the job ({reason})", exit_code=exit_code))
+
+    def _confirm(self, adopted: Decision) -> Decision:
+        """Every node confirms the adopted restart before any acts on it (see the module
+        docstring); a restart not confirmed by every node within CONFIRM_S ends every node."""
+        assert self.shared is not None
+        barrier = Barrier(self.shared.channel, "confirmed", self.nodes, CONFIRM_S)
+        barrier.arrive()
+        try:
+            barrier.wait()
+            return adopted
+        except StoreLost as exc:
+            # Confirmed, then cut off before the outcome came: it can be a failure only if another
+            # node never confirmed, so this node follows the restart it confirmed, as the others do.
+            log.error("generation %d: the store was lost after this node confirmed the restart; it follows the "
+                      "restart (%s)", self.generation, exc)
+            return adopted
+        except BarrierTimeout as exc:
+            # The first node to time out stores the failure; one whose confirmation completed the
+            # barrier meanwhile stored success: the stored outcome is what every node follows.
+            barrier.fail(f"the restart was not confirmed by every node within {CONFIRM_S:.0f}s ({exc}): a node cut "
+                         "off from node 0 for longer than the store's grace ends", kind="lost")
+            try:
+                barrier.wait()
+                return adopted
+            except BarrierFailed as failed:
+                reason = str(failed)
+        except BarrierFailed as failed:
+            reason = str(failed)
+        log.error("generation %d: %s", self.generation, reason)
+        ended = self._defect(reason, exit_code=int(ExitCode.NODE_LOST))
+        return Decision("end", ended.reason, exit_code=ended.exit_code or int(ExitCode.NODE_LOST))
 
     def watch(self) -> Decision:
         """Until every local command has ended: spread a failure. Then the generation's outcome."""
@@ -486,6 +530,8 @@ class Coordinator:
                     exit_code=ExitCode.NODE_LOST))
             if adopted is not None:
                 self.adopted = adopted
+                if adopted.result == "restart" and self.nodes > 1:
+                    return self._confirm(adopted)
                 return adopted
             clock.sleep(self.store_poll_s)
 
