@@ -11,7 +11,10 @@ controller uses. The revival check of revive.py runs every second, as Azure ML's
 would every few minutes, and starts a new controller (a thread here) when none holds the
 record's lease.
 
-Faults, each on one attempt (the first unless said otherwise), each deterministic:
+Faults, each on one attempt (the first unless said otherwise) and, when `gen` is set, in one
+restart generation of its launch; each deterministic (`jobs run --fault SPEC` asks for them:
+amlhpc/jobs/local/faults.py; the ranks' own crash, error and stall are `rank_faults`, armed at
+their fault point `training.fault` and read back from the points' log):
 
 - `preempt` at step N on node K: node K's training stops at step N (a named fault point,
   amlhpc.jobs.runtime.base.faultpoints `training.step`), then its processes get SIGTERM (the launcher
