@@ -180,8 +180,10 @@ class Rehearsals:
             f"command={TRAIN}", "health=off", f"inputs.cosmoflow.path={self.data_prefix}", *sets]))
         return self.build.plan_job(recipe, self.outputs, nodes=2, processes_per_node=2, name=name)
 
-    def run(self, name: str, *sets: str) -> tuple[object, list[tuple[float, int, str]], float, float]:
-        """(result, [(time, rank, line)], start time, end time)."""
+    def run(self, name: str, *sets: str, faults: tuple[str, ...] = ()) -> tuple[object, list[tuple[float, int, str]], float, float]:
+        """(result, [(time, rank, line)], start time, end time); `faults`: --fault SPECs its ranks act out."""
+        from amlhpc.jobs.local import faults as fault_specs
+
         lines: list[tuple[float, int, str]] = []
         lock = threading.Lock()
 
@@ -193,7 +195,7 @@ class Rehearsals:
         result = self.rehearsal.rehearse(self.plan(name, *sets), snapshot=self.snapshot, workdir=self.workdir / name,
                                          procs_per_node=2, blob_endpoint=self.server.blob_endpoint,
                                          connection_string=self.server.connection_string, containers=self.containers,
-                                         sink=sink, timeout_s=900)
+                                         sink=sink, timeout_s=900, extra_env=fault_specs.env_for(*faults))
         return result, lines, started, time.monotonic()
 
 
@@ -217,7 +219,7 @@ def _in_job(rehearsals: Rehearsals, kind: str, fault: str, *sets: str) -> tuple[
     """Seconds from the fault to the first step of the restarted training inside one job, and
     from the fault to the watchdog's verdict (a hang)."""
     marker = f"injected fault: {kind} on rank 3 at step 5"
-    result, lines, _, _ = rehearsals.run(f"{kind}-inside-{uuid.uuid4().hex[:6]}", fault, *sets)
+    result, lines, _, _ = rehearsals.run(f"{kind}-inside-{uuid.uuid4().hex[:6]}", *sets, faults=(fault,))
     assert result.ok, f"the in-job restart of the {kind} failed: {result.exit_codes}"
     at = _first(lines, lambda rank, line: marker in line)
     resumed = _first(lines, lambda rank, line: rank == 0 and line.startswith("resumed from"), at)
@@ -229,15 +231,16 @@ def recovery(args, workdir: Path, server) -> dict:
     rehearsals = Rehearsals(workdir, server)
     found: dict = {}
     for kind in ("crash", "hang"):
-        fault = f"env.AMLHPC_INJECT_FAULT={kind}@5:rank=3"
-        marker = f"injected fault: {kind} on rank 3 at step 5"
+        spec = {"crash": "crash", "hang": "stall"}[kind]  # a hang: the rank stops reporting progress
+        fault = f"{spec}@step=5,rank=3"
+        marker = f"injected fault: {spec} on rank 3 at step 5"
         watch = ("watchdog.hang_s=10",) if kind == "hang" else ()
-        inside, detected = _in_job(rehearsals, kind, fault + ":after_standby=1", "env.AMLHPC_STANDBY=on", *watch)
+        inside, detected = _in_job(rehearsals, kind, fault + ",after-standby=yes", "env.AMLHPC_STANDBY=on", *watch)
         row = {"in_job_s": inside, "in_job_detection_s": detected}
         if kind == "crash":
             row["in_job_cold_s"] = _in_job(rehearsals, kind, fault, "env.AMLHPC_STANDBY=off", *watch)[0]
         name = f"{kind}-resubmit-{uuid.uuid4().hex[:6]}"
-        ended, lines_resubmit, _, end = rehearsals.run(name, fault, "checkpoint.local_restarts=0", *watch)
+        ended, lines_resubmit, _, end = rehearsals.run(name, "checkpoint.local_restarts=0", *watch, faults=(fault,))
         assert not ended.ok, "with in-job restarts off the fault ends the job"
         at = _first(lines_resubmit, lambda rank, line, marker=marker: marker in line)
         again, lines, start, _ = rehearsals.run(name, *watch)  # the new attempt: same name, same checkpoint prefix

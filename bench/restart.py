@@ -39,19 +39,25 @@ LABELS = {"in_job_warm": "in-job, warm standby ready", "in_job_as_it_comes": "in
           "detection": "  of which the watchdog's detection"}
 
 
+def _spec(kind: str) -> str:
+    """The --fault SPEC of a crash or a hang (the rank stops reporting progress: `stall`)."""
+    return f"{'stall' if kind == 'hang' else kind}@step={FAULT_STEP},rank={FAULT_RANK}"
+
+
 def _marker(kind: str) -> str:
-    return f"injected fault: {kind} on rank {FAULT_RANK} at step {FAULT_STEP}"
+    return f"injected fault: {'stall' if kind == 'hang' else kind} on rank {FAULT_RANK} at step {FAULT_STEP}"
 
 
 def in_job(rehearsals: Rehearsals, kind: str, path: str) -> tuple[float, float | None]:
     """Seconds from the fault to the first step of the restarted training inside one job, and
     from the fault to the watchdog's verdict (a hang)."""
-    fault = f"env.AMLHPC_INJECT_FAULT={kind}@{FAULT_STEP}:rank={FAULT_RANK}"
-    sets = {"in_job_warm": (fault + ":after_standby=1", "env.AMLHPC_STANDBY=on"),
-            "in_job_as_it_comes": (fault, "env.AMLHPC_STANDBY=on"),
-            "in_job_cold": (fault, "env.AMLHPC_STANDBY=off")}[path]
+    fault = _spec(kind)
+    fault, *sets = {"in_job_warm": (fault + ",after-standby=yes", "env.AMLHPC_STANDBY=on"),
+                    "in_job_as_it_comes": (fault, "env.AMLHPC_STANDBY=on"),
+                    "in_job_cold": (fault, "env.AMLHPC_STANDBY=off")}[path]
     watch = (f"watchdog.hang_s={HANG_S}",) if kind == "hang" else ()
-    result, lines, _, _ = rehearsals.run(f"{kind}-{path}-{uuid.uuid4().hex[:6]}".replace("_", "-"), *sets, *watch)
+    result, lines, _, _ = rehearsals.run(f"{kind}-{path}-{uuid.uuid4().hex[:6]}".replace("_", "-"), *sets, *watch,
+                                         faults=(fault,))
     assert result.ok, f"the in-job restart of the {kind} ({path}) failed: {result.exit_codes}"
     at = _first(lines, lambda rank, line: _marker(kind) in line)
     resumed = _first(lines, lambda rank, line: rank == 0 and line.startswith("resumed from"), at)
@@ -61,10 +67,10 @@ def in_job(rehearsals: Rehearsals, kind: str, path: str) -> tuple[float, float |
 
 def resubmitted(rehearsals: Rehearsals, kind: str) -> dict[str, float]:
     """The job ending with in-job restarts off, then a new attempt of it from launcher start to its first step."""
-    fault = f"env.AMLHPC_INJECT_FAULT={kind}@{FAULT_STEP}:rank={FAULT_RANK}"
+    fault = _spec(kind)
     watch = (f"watchdog.hang_s={HANG_S}",) if kind == "hang" else ()
     name = f"{kind}-resubmit-{uuid.uuid4().hex[:6]}"
-    ended, lines_ended, _, end = rehearsals.run(name, fault, "checkpoint.local_restarts=0", *watch)
+    ended, lines_ended, _, end = rehearsals.run(name, "checkpoint.local_restarts=0", *watch, faults=(fault,))
     assert not ended.ok, "with in-job restarts off the fault ends the job"
     at = _first(lines_ended, lambda rank, line: _marker(kind) in line)
     again, lines, start, _ = rehearsals.run(name, *watch)  # the new attempt: same name, same checkpoint prefix

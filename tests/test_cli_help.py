@@ -49,6 +49,10 @@ def test_value_options_keep_their_type_and_set_reads_key_value():
     assert "KEY=VALUE" in result.output and "<list[str]>" not in result.output
     run_help = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
     assert "INPUT=DIR" in run_help and "<list[str]>" not in run_help
+    assert "--fault" in run_help and "SPEC" in run_help and "hang@step=6,node=1" in run_help
+    for gone in ("--preempt-at-step", "--hang-at-step", "--kill-host-at-step", "--slow-node", "--kill-controller-at",
+                 "--no-replacement"):  # one way to ask for a fault: --fault SPEC
+        assert gone not in run_help, gone
 
 
 @pytest.mark.parametrize("cli", ["jobs", "infra", "images", "aml-hpc"])

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from amlhpc.jobs.local import faults
+
 pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +59,7 @@ class TestCosmoFlow:
         assert sorted(expected) == list(range(1, 9))
 
         cut = torchrun("amlhpc.jobs.workloads.cosmoflow.train", COSMO, tmp_path,
-                       {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "b"), "AMLHPC_INJECT_FAULT": "crash@5:rank=1"})
+                       {**env, "AMLHPC_CHECKPOINT_DIR": str(tmp_path / "b"), **faults.env_for("crash@step=5,rank=1")})
         assert cut.returncode != 0 and "injected fault: crash on rank 1 at step 5" in cut.stderr
         assert losses(cut.stdout) == {k: expected[k] for k in range(1, 6)}
 

@@ -366,7 +366,7 @@ def test_rehearsal_restarts_a_crashed_rank_in_the_job_and_reports_mfu(whole, tmp
     result = subprocess.run([sys.executable, "-m", "amlhpc.jobs", "run", "llm-pretrain", "--local", "--nodes", "2",
                              "--procs-per-node", "1", "--outputs", str(outputs_file("dev")), "--workdir", str(work),
                              "--name", f"llm-{uuid.uuid4().hex[:6]}", "--set", "health=off",
-                             "--set", "env.AMLHPC_INJECT_FAULT=crash@5:rank=1"],
+                             "--fault", "crash@step=5,rank=1"],
                             cwd=REPO, env=blob_env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "rehearsal succeeded: 2 processes" in result.stdout

@@ -71,7 +71,7 @@ def undisturbed(world):
 
 
 def test_cli_a_preempted_node_resumes_from_the_checkpoint(world, undisturbed, monkeypatch):
-    """`python -m amlhpc.jobs run ... --local --managed --preempt-at-step 12 --preempt-node 1`, in process."""
+    """`python -m amlhpc.jobs run ... --local --managed --fault preempt@step=12,node=1,grace=5`, in process."""
     from typer.testing import CliRunner
 
     from amlhpc.jobs.cli import main as cli
@@ -81,7 +81,7 @@ def test_cli_a_preempted_node_resumes_from_the_checkpoint(world, undisturbed, mo
     name = f"m-cli-{uuid.uuid4().hex[:6]}"
     azurite = world["azurite"]
     result = CliRunner().invoke(cli.app, [
-        "run", "cosmoflow", "--local", "--managed", "--preempt-at-step", "12", "--preempt-node", "1", "--preempt-grace", "5",
+        "run", "cosmoflow", "--local", "--managed", "--fault", "preempt@step=12,node=1,grace=5",
         "--nodes", str(NODES), "--procs-per-node", str(PROCS), "--name", name, "--workdir", str(world["root"] / name),
         "--outputs", str(outputs_file("dev")), "--quiet", "--set", f"command={TRAIN}", "--set", "health=off",
         "--set", "inputs={}"], env={"AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string, "COLUMNS": "250"})
@@ -95,7 +95,8 @@ def test_cli_a_preempted_node_resumes_from_the_checkpoint(world, undisturbed, mo
     assert steps_in(world["root"] / name) == finished.last_step == undisturbed, "as many steps as undisturbed"
     out = result.output
     assert "preempting node 1 of" in out and "at step 12" in out and "preempted (retried)" in out
-    assert "fault injected: preempt on node 1 at step 12" in out and preempted.last_step >= 12
+    assert "fault injected: preempt on node 1 at step 12 (attempt 1) [--fault preempt@step=12,node=1,grace=5]" in out
+    assert preempted.last_step >= 12
     assert f"{finished.resumed_version} (step {finished.first_step})" in out, "the summary shows where it resumed"
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from amlhpc.jobs.local import faults
 from tests.jobs_helpers import outputs_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.azurite]
@@ -105,13 +106,13 @@ def readme_managed_example() -> list[str]:
     import shlex
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    line = re.search(r"`(python -m amlhpc\.jobs run [^`]*--managed --preempt-at-step[^`]*)`", readme).group(1)
+    line = re.search(r"`(python -m amlhpc\.jobs run [^`]*--managed --fault preempt@[^`]*)`", readme).group(1)
     return shlex.split(line)
 
 
 @pytest.mark.timeout(600)  # torch on two simulated nodes, twice: two minutes on a quiet 2-core machine
 def test_the_readmes_managed_example_resumes_from_a_checkpoint(azurite, tmp_path):
-    """README.md's `run cosmoflow --local --managed --preempt-at-step 6 --preempt-node 1`, as written
+    """README.md's `run cosmoflow --local --managed --fault preempt@step=6,node=1`, as written
     (plus where to put it): the preempted attempt's checkpoint reaches Blob and the next attempt
     resumes from it, not from the start."""
     import os
@@ -122,7 +123,7 @@ def test_the_readmes_managed_example_resumes_from_a_checkpoint(azurite, tmp_path
     from amlhpc.jobs.runtime.blob import blobio
 
     argv = readme_managed_example()
-    assert argv[:4] == ["python", "-m", "amlhpc.jobs", "run"] and "--preempt-at-step" in argv
+    assert argv[:4] == ["python", "-m", "amlhpc.jobs", "run"] and "--fault" in argv
     name = f"readme-{uuid.uuid4().hex[:6]}"
     env = {**os.environ, "AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string, "COLUMNS": "250"}
     env.pop("PYTHONPATH", None)
@@ -133,7 +134,7 @@ def test_the_readmes_managed_example_resumes_from_a_checkpoint(azurite, tmp_path
     record, _ = RecordStore(blobio.container_client("supervision", connection_string=azurite.connection_string),
                             f"cosmoflow/{name}").load()
     preempted, finished = record.attempts
-    step = int(argv[argv.index("--preempt-at-step") + 1])
+    step = faults.parse(argv[argv.index("--fault") + 1]).step
     assert preempted.cause == "preempted" and preempted.last_step >= step
     assert finished.resumed_version is not None, "the second attempt resumed from a checkpoint, not from the start"
     assert f"resuming from checkpoint {finished.resumed_version}" in result.stdout

@@ -188,8 +188,8 @@ class TestRecordedRun:
 
 
 class TestManagedRun:
-    """tests/fixtures/runs/cosmoflow-managed: `jobs run cosmoflow --local --managed --preempt-at-step 3
-    --preempt-node 1`, recorded: node 1 preempted in the first attempt (at step 3, before any
+    """tests/fixtures/runs/cosmoflow-managed: `jobs run cosmoflow --local --managed --fault
+    preempt@step=3,node=1`, recorded: node 1 preempted in the first attempt (at step 3, before any
     checkpoint), the second attempt trained from the start to step 8."""
 
     MANAGED = RECORDED.parent / "cosmoflow-managed"

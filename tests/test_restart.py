@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from amlhpc.jobs.local import faults
 from amlhpc.jobs.runtime.base import exit_codes
 from amlhpc.jobs.runtime.launch import restart
 from amlhpc.jobs.runtime.launch.restart import decide
@@ -163,7 +164,7 @@ def steps(tmp_path: Path, rank: int) -> list[dict]:
 class TestInJobRestart:
     def test_a_crashed_rank_restarts_from_the_local_copies(self, tmp_path, train_script, azurite, container):
         codes, outs, reports = run_job(tmp_path, train_script, azurite, container, 8,
-                                       AMLHPC_INJECT_FAULT="crash@5:rank=1")
+                                       **faults.env_for("crash@step=5,rank=1"))
         assert codes == [0, 0], "\n".join(o[-3000:] for o in outs)
         for report in reports:
             (again,) = report["restarts"]
@@ -178,7 +179,7 @@ class TestInJobRestart:
     def test_the_warm_standby_runs_the_restarted_command(self, tmp_path, train_script, azurite, container):
         """With a standby ready (its interpreter up, torch imported), the restart runs in it."""
         codes, outs, reports = run_job(tmp_path, train_script, azurite, container, 8,
-                                       AMLHPC_INJECT_FAULT="crash@5:rank=1:after_standby=1", AMLHPC_STANDBY="on")
+                                       **faults.env_for("crash@step=5,rank=1,after-standby=yes"), AMLHPC_STANDBY="on")
         assert codes == [0, 0], "\n".join(o[-3000:] for o in outs)
         for out in outs:
             assert "warm standby (pid" in out and "runs the command: its interpreter and torch are loaded" in out
@@ -186,7 +187,7 @@ class TestInJobRestart:
 
     def test_a_hang_restarts_from_the_local_copies(self, tmp_path, train_script, azurite, container):
         codes, outs, reports = run_job(tmp_path, train_script, azurite, container, 8,
-                                       AMLHPC_INJECT_FAULT="hang@5:rank=1",
+                                       **faults.env_for("stall@step=5,rank=1"),
                                        AMLHPC_WATCHDOG_JSON='{"hang_s": 3, "check_s": 0.5}')
         assert codes == [0, 0], "\n".join(o[-3000:] for o in outs)
         for report in reports:
@@ -198,7 +199,7 @@ class TestInJobRestart:
         """Rank 1 waits until step 4 is committed in Blob, corrupts its local copies, crashes:
         node 1 offers no intact version, so every node resumes from Blob's."""
         codes, outs, reports = run_job(tmp_path, train_script, azurite, container, 8, {"interval_s": 1},
-                                       AMLHPC_INJECT_FAULT="crash@5:rank=1:after_commit=4:corrupt=1")
+                                       **faults.env_for("crash@step=5,rank=1,after-commit=4,corrupt=yes"))
         assert codes == [0, 0], "\n".join(o[-3000:] for o in outs)
         assert "not intact, not offered for the restart" in outs[1] and "does not match its marker" in outs[1], outs[1]
         for report in reports:
@@ -210,7 +211,7 @@ class TestInJobRestart:
     def test_the_limit_ends_the_job_for_a_new_attempt(self, tmp_path, train_script, azurite, container):
         """local_restarts 1: the second failure ends the job on every node with exit 11."""
         codes, outs, reports = run_job(tmp_path, train_script, azurite, container, 8, {"local_restarts": 1},
-                                       AMLHPC_INJECT_FAULT="crash@3:rank=0;crash@5:rank=0:generation=1")
+                                       **faults.env_for("crash@step=3,rank=0", "crash@step=5,rank=0,gen=1"))
         assert codes == [exit_codes.ExitCode.RESTARTS_EXHAUSTED] * 2, "\n".join(o[-3000:] for o in outs)
         assert [len(r["restarts"]) for r in reports] == [1, 1]
         assert "1 in-job restart(s) spent (checkpoint.local_restarts)" in reports[1]["error"]

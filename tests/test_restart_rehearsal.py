@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from amlhpc.jobs import recipes
-from amlhpc.jobs.local import rehearsal  # noqa: E402
+from amlhpc.jobs.local import faults, rehearsal  # noqa: E402
 from amlhpc.jobs.plan import build  # noqa: E402
 from tests.jobs_helpers import stack_outputs  # noqa: E402
 
@@ -51,13 +51,15 @@ def job(name: str, data_prefix: str, *sets: str):
     return build.plan_job(recipe, stack_outputs("dev"), nodes=NODES, processes_per_node=PROCS, name=name)
 
 
-def run(world, name: str, *sets: str) -> tuple[rehearsal.RehearsalResult, dict[int, list[str]]]:
+def run(world, name: str, *sets: str, fault: str | None = None) -> tuple[rehearsal.RehearsalResult, dict[int, list[str]]]:
+    """Rehearse the job; `fault`: a --fault SPEC its ranks act out (amlhpc/jobs/local/faults.py)."""
     lines: dict[int, list[str]] = {}
     plan = job(name, world["prefix"], *sets)
     result = rehearsal.rehearse(plan, snapshot=world["snapshot"], workdir=world["root"] / name, procs_per_node=PROCS,
                                 blob_endpoint=world["azurite"].blob_endpoint,
                                 connection_string=world["azurite"].connection_string, containers=world["containers"],
-                                sink=lambda proc, line: lines.setdefault(proc.rank, []).append(line), timeout_s=900)
+                                sink=lambda proc, line: lines.setdefault(proc.rank, []).append(line), timeout_s=900,
+                                extra_env=faults.env_for(fault) if fault else None)
     return result, lines
 
 
@@ -92,7 +94,7 @@ def assert_continues(found: list[tuple[int, float]], undisturbed: dict[int, floa
 
 
 def test_a_crashed_rank_restarts_inside_the_job_from_local_copies(world, undisturbed):
-    result, lines = run(world, f"crash-{uuid.uuid4().hex[:6]}", "env.AMLHPC_INJECT_FAULT=crash@5:rank=3")
+    result, lines = run(world, f"crash-{uuid.uuid4().hex[:6]}", fault="crash@step=5,rank=3")
     assert result.ok, "\n".join(lines.get(3, [])[-40:])
     for node_restarts in restarts(result):
         (again,) = node_restarts
@@ -104,8 +106,7 @@ def test_a_crashed_rank_restarts_inside_the_job_from_local_copies(world, undistu
 
 
 def test_a_hang_restarts_inside_the_job_from_local_copies(world, undisturbed):
-    result, lines = run(world, f"hang-{uuid.uuid4().hex[:6]}", "env.AMLHPC_INJECT_FAULT=hang@5:rank=3",
-                        "watchdog.hang_s=10")
+    result, lines = run(world, f"hang-{uuid.uuid4().hex[:6]}", "watchdog.hang_s=10", fault="stall@step=5,rank=3")
     assert result.ok, "\n".join(lines.get(2, [])[-40:])
     assert {again[0]["cause"] for again in restarts(result)} == {"hang"}
     assert {again[0]["version"] for again in restarts(result)} == {"step-000000004"}
@@ -114,7 +115,7 @@ def test_a_hang_restarts_inside_the_job_from_local_copies(world, undisturbed):
 
 def test_a_corrupted_local_copy_falls_back_to_blob(world, undisturbed):
     result, lines = run(world, f"corrupt-{uuid.uuid4().hex[:6]}", "checkpoint.interval_s=10",
-                        "env.AMLHPC_INJECT_FAULT=crash@5:rank=3:after_commit=4:corrupt=1")
+                        fault="crash@step=5,rank=3,after-commit=4,corrupt=yes")
     assert result.ok, "\n".join(lines.get(2, [])[-40:])
     assert any("not intact, not offered for the restart" in line for line in lines[2])
     (again,) = restarts(result)[1]

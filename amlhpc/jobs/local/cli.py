@@ -1,15 +1,19 @@
 """`python -m amlhpc.jobs run RECIPE --local`: rehearse a recipe on this machine (amlhpc/jobs/local/rehearsal.py).
 
     python -m amlhpc.jobs run cosmoflow [--local] [--nodes 2] [--procs-per-node 2] [--stack dev]
-        [--set key=value ...] [--name NAME] [--data INPUT=DIR] [--quiet]
-        [--managed [--resume] [--preempt-at-step N [--preempt-node K]] [--hang-at-step N [--hang-node K]]
-                   [--kill-host-at-step N [--kill-host-node K] [--no-replacement]] [--slow-node K --slow-factor F]
-                   [--kill-controller-at PHASE]]
+        [--set key=value ...] [--name NAME] [--data INPUT=DIR] [--quiet] [--fault SPEC ...]
+        [--managed [--resume] [--max-restarts N]]
 
-With --managed the run is supervised as `submit --managed` would be in Azure, and faults are
-injected into its first attempt at a training step or a controller phase (amlhpc/jobs/local/managed.py);
-a fault that did not happen fails the command (exit 1). A managed run's name in use is
-refused unless --resume (its default name is new each time).
+--fault SPEC (repeatable; amlhpc/jobs/local/faults.py has the grammar) injects a fault at a
+training step, on a node or a rank, in a restart generation (`gen=K`) and attempt
+(`attempt=K`), or at a controller phase: `hang@step=6,node=1`, `preempt@step=4,node=0,grace=30`,
+`kill-host@step=5,node=1,replace=no`, `slow@node=1,factor=3`, `kill-controller@phase=watch`,
+`crash@step=5,rank=3`, `error@step=3,rank=1`, `stall@step=5,rank=3`. Node and controller
+faults need --managed. A fault that did not happen fails the command (exit 1).
+
+With --managed the run is supervised as `submit --managed` would be in Azure
+(amlhpc/jobs/local/managed.py). A managed run's name in use is refused unless --resume (its
+default name is new each time).
 
 In order: the recipe with its local profile (`local:` in the recipe: a model, messages and
 data a 2-core machine without a GPU can run; --set wins over it), then what the profile
@@ -50,6 +54,7 @@ from amlhpc.core import invocation, project
 from amlhpc.core.errors import EXIT_FAILURE, Problem, UserError
 from amlhpc.jobs.cli.options import guard
 from amlhpc.jobs.local import processes
+from amlhpc.jobs.local.faults import FaultSpec, RehearsalFaults
 from amlhpc.jobs.runtime.base import contract
 
 PROJECT_ROOT = project.root()
@@ -150,6 +155,28 @@ def upload_inputs(plan, data: dict[str, Path], connection_string: str, echo, exa
             echo(f"input {name!r} stages exactly the {report.files} file(s) of {folder}")
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """What `jobs run` was asked, checked later in `_start` (the recipe decides the size)."""
+
+    recipe: str
+    stack: str = "dev"
+    outputs_file: Path | None = None
+    nodes: int | None = None
+    procs_per_node: int | None = None
+    sets: tuple[str, ...] = ()
+    name: str | None = None
+    data: tuple[str, ...] = ()
+    workdir: Path | None = None
+    timeout: float = 1800
+    quiet: bool = False
+    managed: bool = False
+    resume: bool = False
+    max_restarts: int | None = None
+    faults: tuple[str, ...] = ()
+    as_json: bool = False
+
+
 def run(
     recipe: Annotated[str, typer.Argument(help="Recipe name (the project's recipes/NAME.yaml, else the built-in one) or path.")],
     local: Annotated[bool, typer.Option("--local", help="Accepted, not needed: rehearsing on this machine is `run`'s only mode (Azure runs use `submit`).")] = False,
@@ -166,17 +193,7 @@ def run(
     managed: Annotated[bool, typer.Option("--managed", help="Rehearse a managed run: the supervision resubmits after a fault, resuming from the checkpoint (amlhpc/jobs/local/managed.py).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run of this name from its latest checkpoint (a finished run trains nothing and says so). Without it a name that holds a run starts a new one, the earlier one set aside as NAME-<when it started>; with --managed a name in use is refused instead.")] = False,
     max_restarts: Annotated[int | None, typer.Option("--max-restarts", help="With --managed: attempts after the first.")] = None,
-    preempt_at_step: Annotated[int | None, typer.Option("--preempt-at-step", help="With --managed: preempt a node when the first attempt's training reaches this step.")] = None,
-    preempt_node: Annotated[int, typer.Option("--preempt-node", help="The simulated node that is preempted.")] = 0,
-    preempt_grace: Annotated[float | None, typer.Option("--preempt-grace", help="Seconds between SIGTERM and SIGKILL on preemption (default 30: the notice Azure gives an evicted Spot/low-priority VM).")] = None,
-    hang_at_step: Annotated[int | None, typer.Option("--hang-at-step", help="With --managed: freeze a node's training at this step of the first attempt.")] = None,
-    hang_node: Annotated[int, typer.Option("--hang-node", help="The simulated node whose training hangs.")] = 0,
-    kill_host_at_step: Annotated[int | None, typer.Option("--kill-host-at-step", help="With --managed: SIGKILL a node's processes (a lost host) at this step of the first attempt.")] = None,
-    kill_host_node: Annotated[int, typer.Option("--kill-host-node", help="The simulated node that is lost.")] = 0,
-    no_replacement: Annotated[bool, typer.Option("--no-replacement", help="With --kill-host-at-step: the cluster gets no node in its place (one node short: a restart shrinks when the recipe sets managed.min_nodes).")] = False,
-    slow_node: Annotated[int | None, typer.Option("--slow-node", help="With --managed: the simulated node whose own work per step is --slow-factor times longer (a straggler).")] = None,
-    slow_factor: Annotated[float | None, typer.Option("--slow-factor", help="How much slower --slow-node is (e.g. 3).")] = None,
-    kill_controller_at: Annotated[str | None, typer.Option("--kill-controller-at", help="With --managed: the controller dies at this phase (claim, claimed, submitted, watch, ended, backoff, record-write); the revival check must replace it.")] = None,
+    fault: Annotated[list[str] | None, typer.Option("--fault", metavar="SPEC", help="Inject a fault (repeatable): KIND@KEY=VALUE,... with KIND preempt, hang, kill-host, slow, kill-controller (these with --managed), crash, error or stall, and gen=K / attempt=K to pick the restart generation and the attempt; e.g. hang@step=6,node=1, preempt@step=4,node=0,grace=30, kill-host@step=5,node=1,replace=no, slow@node=1,factor=3, kill-controller@phase=watch, error@step=3,rank=1. A fault that did not happen fails the command.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (outcome, exit statuses, checkpoint, steps trained; of a managed run its record); the processes' lines go to stderr.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
@@ -184,44 +201,11 @@ def run(
     global out
     if as_json:  # stdout holds the result alone
         out = Console(highlight=False, stderr=True)
-
-    def body() -> None:
-        if (procs_per_node is not None and procs_per_node < 1) or (nodes is not None and nodes < 1):
-            raise UserError([Problem("command line", "--nodes/--procs-per-node", "must be 1 or more", "e.g. --nodes 2 --procs-per-node 2")],
-                            "invalid rehearsal size")
-        from amlhpc.jobs import recipes
-        from amlhpc.jobs.local import datasets, requirements
-        from amlhpc.jobs.local import managed as managed_rehearsal
-
-        overrides = recipes.parse_overrides(sets or [])
-        r = recipes.load(recipe, overrides, local=True)
-        uploads = _parse_data(data or [], r)
-        extra: dict[str, object] = {}
-        if managed and r.watchdog.hang_s is None:  # find a rehearsed hang in seconds, not minutes
-            extra["watchdog.hang_s"] = 10
-        for input_name, folder in uploads.items():  # exactly the folder's files: a prefix of their own
-            extra[f"inputs.{input_name}.path"] = datasets.given_prefix(input_name, folder)
-        if extra:
-            r = recipes.load(recipe, {**overrides, **extra}, local=True)
-        size = nodes or r.local.nodes or DEFAULT_NODES
-        faults = managed_rehearsal.faults_from_flags(
-            size, preempt_at_step=preempt_at_step, preempt_node=preempt_node, preempt_grace=preempt_grace,
-            hang_at_step=hang_at_step, hang_node=hang_node, kill_host_at_step=kill_host_at_step,
-            kill_host_node=kill_host_node, no_replacement=no_replacement, slow_node=slow_node, slow_factor=slow_factor,
-            kill_controller_at=kill_controller_at, managed=managed)
-        if resume and managed and not name:
-            raise UserError([Problem("command line", "--resume", "continues a managed rehearsal by its name",
-                                     "add --name RUN")], "invalid flags")
-        requirements.check(r)  # before the plan, Blob, data or staging: a refusal takes seconds
-        rehearse(r, stack=stack, outputs_file=outputs_file, nodes=size,
-                 procs_per_node=procs_per_node or r.local.processes_per_node or DEFAULT_PROCS_PER_NODE,
-                 name=name, uploads=uploads, workdir=workdir, timeout=timeout, quiet=quiet,
-                 managed=Managed(faults, max_restarts, kill_controller_at, resume) if managed else None,
-                 resume=resume, as_json=as_json)
-
+    options = RunOptions(recipe, stack, outputs_file, nodes, procs_per_node, tuple(sets or ()), name, tuple(data or ()),
+                         workdir, timeout, quiet, managed, resume, max_restarts, tuple(fault or ()), as_json)
     try:
         with processes.supervised():
-            guard(debug, body)
+            guard(debug, lambda: _start(options))
     except processes.Interrupted as stop:
         again = invocation.command("jobs", f"run {recipe} --local" + (f" --name {name}" if name else "") + " --resume")
         out.print(f"[yellow]rehearsal interrupted ({stop}):[/] every process it started was stopped; continue it "
@@ -231,13 +215,43 @@ def run(
         out = STDOUT
 
 
+def _start(o: RunOptions) -> None:
+    """Check what `run` was asked (the recipe, its size, --data, --fault, this machine), then rehearse."""
+    if (o.procs_per_node is not None and o.procs_per_node < 1) or (o.nodes is not None and o.nodes < 1):
+        raise UserError([Problem("command line", "--nodes/--procs-per-node", "must be 1 or more", "e.g. --nodes 2 --procs-per-node 2")],
+                        "invalid rehearsal size")
+    from amlhpc.jobs import recipes
+    from amlhpc.jobs.local import datasets, faults, requirements
+
+    overrides = recipes.parse_overrides(list(o.sets))
+    r = recipes.load(o.recipe, overrides, local=True)
+    uploads = _parse_data(list(o.data), r)
+    extra: dict[str, object] = {}
+    if o.managed and r.watchdog.hang_s is None:  # find a rehearsed hang in seconds, not minutes
+        extra["watchdog.hang_s"] = 10
+    for input_name, folder in uploads.items():  # exactly the folder's files: a prefix of their own
+        extra[f"inputs.{input_name}.path"] = datasets.given_prefix(input_name, folder)
+    if extra:
+        r = recipes.load(o.recipe, {**overrides, **extra}, local=True)
+    size = o.nodes or r.local.nodes or DEFAULT_NODES
+    per_node = o.procs_per_node or r.local.processes_per_node or DEFAULT_PROCS_PER_NODE
+    injected = faults.plan(o.faults, nodes=size, ranks=size * per_node, managed=o.managed)
+    if o.resume and o.managed and not o.name:
+        raise UserError([Problem("command line", "--resume", "continues a managed rehearsal by its name",
+                                 "add --name RUN")], "invalid flags")
+    requirements.check(r)  # before the plan, Blob, data or staging: a refusal takes seconds
+    rehearse(r, stack=o.stack, outputs_file=o.outputs_file, nodes=size, procs_per_node=per_node,
+             name=o.name, uploads=uploads, workdir=o.workdir, timeout=o.timeout, quiet=o.quiet,
+             managed=Managed(injected, o.max_restarts, o.resume) if o.managed else None,
+             resume=o.resume, as_json=o.as_json, faults=injected)
+
+
 @dataclass(frozen=True)
 class Managed:
-    """A rehearsal of a managed run: the faults to inject into its first attempt."""
+    """A rehearsal of a managed run: the faults to inject (amlhpc/jobs/local/faults.py)."""
 
-    faults: list
+    faults: RehearsalFaults
     max_restarts: int | None
-    kill_controller_at: str | None = None
     resume: bool = False
 
 
@@ -263,9 +277,11 @@ def _earlier_run(folder: Path, run_name: str, recipe: str, resume: bool):
 
 def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_node: int, name: str | None,
              uploads: dict[str, Path], workdir: Path | None, timeout: float, quiet: bool,
-             managed: Managed | None = None, resume: bool = False, as_json: bool = False) -> None:
+             managed: Managed | None = None, resume: bool = False, as_json: bool = False,
+             faults: RehearsalFaults | None = None) -> None:
     """Plan the job, start Blob, provide its data, run the simulated nodes (supervised when
-    `managed`), print the summary."""
+    `managed`), print the summary. `faults`: the rank faults of a rehearsal without
+    supervision (a managed one's are in `managed`)."""
     from amlhpc.jobs.local import control, datasets, folders, rehearsal, reruns
     from amlhpc.jobs.plan import build
     from amlhpc.jobs.plan import outputs as outputs_mod
@@ -315,12 +331,16 @@ def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_
         if managed is not None:
             from amlhpc.jobs.local import managed as managed_rehearsal
 
+            controller = managed.faults.controller
             try:
                 done = managed_rehearsal.run_and_report(
                     r, loaded.outputs, plan, console=out, max_restarts=managed.max_restarts, snapshot=snapshot,
                     workdir=folder, procs_per_node=procs_per_node, blob_endpoint=endpoint, connection_string=connection,
-                    containers=containers, sink=sink, faults=managed.faults, timeout_s=timeout,
-                    kill_controller_at=managed.kill_controller_at, resume=managed.resume,
+                    containers=containers, sink=sink, timeout_s=timeout, resume=managed.resume,
+                    faults=[managed_rehearsal.Fault.of(f) for f in managed.faults.on_node()],
+                    rank_faults=managed.faults.in_rank(),
+                    kill_controller_at=controller.phase if controller else None,
+                    kill_controller_attempt=controller.attempt if controller else None,
                     cancel_when=control.watcher(folder))
             except managed_rehearsal.RunNameInUse as exc:
                 raise UserError([Problem("--name", run_name, f"{exc}: a run name in use is not started again",
@@ -334,9 +354,13 @@ def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_
                           highlight=False)
                 raise typer.Exit(1)
             raise typer.Exit(0 if done.record.state == "succeeded" else 1)
+        rank_faults = faults.in_rank() if faults is not None else []
+        fault_log = folder / "faults" / "fired.log"
+        fault_env = rank_fault_env(rank_faults, fault_log)
         result = rehearsal.rehearse(plan, snapshot=snapshot, workdir=folder, procs_per_node=procs_per_node,
                                     blob_endpoint=endpoint, connection_string=connection, containers=containers,
-                                    sink=sink, timeout_s=timeout, stop_when=control.watcher(folder))
+                                    sink=sink, timeout_s=timeout, stop_when=control.watcher(folder), extra_env=fault_env)
+    missing = missing_rank_faults(rank_faults, fault_log)
     trained = reruns.trained_steps(folder, result.run_id)
     if as_json:
         failed = {str(rank): code for rank, code in result.exit_codes.items() if code != 0}
@@ -346,16 +370,42 @@ def rehearse(r, *, stack: str, outputs_file: Path | None, nodes: int, procs_per_
                      "seconds": round(result.seconds, 3), "exitCodes": {str(k): v for k, v in result.exit_codes.items()},
                      "canceled": result.canceled, "checkpoint": result.checkpoint, "resumed": continued is not None,
                      "resumedFrom": trained.resumed_from if trained else None,
-                     "lastStep": trained.last_step if trained else None})
+                     "lastStep": trained.last_step if trained else None, "faultsMissing": missing})
     if result.canceled:
         out.print(f"[yellow]rehearsal {result.plan.name} canceled[/] by {result.canceled.get('by', 'a user')}: every process "
                   f"stopped after {result.seconds:.1f} s; its record says canceled ({folder})", highlight=False,
                   soft_wrap=True)
         raise typer.Exit(EXIT_FAILURE)
     summarize(result, trained if continued is not None else None)
+    for fault in rank_faults:
+        out.print(("[red]fault did not happen:[/] " if fault.text in missing else "fault injected: ") + fault.text,
+                  highlight=False)
+    if missing:
+        out.print(f"[red]rehearsal failed:[/] requested fault(s) did not happen: {'; '.join(missing)}", highlight=False)
+        raise typer.Exit(EXIT_FAILURE)
     if not result.ok:
         first = next(code for _, code in sorted(result.exit_codes.items()) if code != 0)
         raise typer.Exit(first)
+
+
+def rank_fault_env(rank_faults: list[FaultSpec], log: Path) -> dict[str, str]:
+    """The variables arming rank faults in every process, their firings logged to `log` (fresh)."""
+    from amlhpc.jobs.local import faults
+    from amlhpc.jobs.runtime.base import faultpoints
+
+    if not rank_faults:
+        return {}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    return {**faults.points_env(rank_faults), faultpoints.ENV_LOG: str(log)}
+
+
+def missing_rank_faults(rank_faults: list[FaultSpec], log: Path) -> list[str]:
+    """The rank faults the processes did not log as fired."""
+    from amlhpc.jobs.runtime.base import faultpoints
+
+    fired = {str(s.get("spec")) for s in faultpoints.fired_settings(log)} if rank_faults else set()
+    return [f.text for f in rank_faults if f.text not in fired]
 
 
 def _print_json(document: dict) -> None:

@@ -11,7 +11,10 @@ controller uses. The revival check of revive.py runs every second, as Azure ML's
 would every few minutes, and starts a new controller (a thread here) when none holds the
 record's lease.
 
-Faults, each on one attempt (the first unless said otherwise), each deterministic:
+Faults, each on one attempt (the first unless said otherwise) and, when `gen` is set, in one
+restart generation of its launch; each deterministic (`jobs run --fault SPEC` asks for them:
+amlhpc/jobs/local/faults.py; the ranks' own crash, error and stall are `rank_faults`, armed at
+their fault point `training.fault` and read back from the points' log):
 
 - `preempt` at step N on node K: node K's training stops at step N (a named fault point,
   amlhpc.jobs.runtime.base.faultpoints `training.step`), then its processes get SIGTERM (the launcher
@@ -56,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from amlhpc.jobs.local import rehearsal
+from amlhpc.jobs.local.faults import CONTROLLER_PHASES, PREEMPT_GRACE_S, FaultSpec
 from amlhpc.jobs.managed import revive as revival
 from amlhpc.jobs.managed.evidence import Evidence
 from amlhpc.jobs.managed.observation import Observation
@@ -68,19 +72,11 @@ PREEMPTION = ("UserError", "AzureMLCompute job failed. PreemptionError: Nodes of
                            "(rehearsal: node {node} was preempted)")
 """How Azure ML words a preempted job's error (see amlhpc/jobs/managed/classify.py); the rehearsal says the same."""
 STOP_OTHERS_AFTER_S = 3.0
-PREEMPT_GRACE_S = 30.0
-"""Seconds between a preempted node's SIGTERM and its SIGKILL: the notice Azure gives a Spot or
-low-priority VM before evicting it (Scheduled Events, event type Preempt, minimum notice 30
-seconds: https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events, read
-2026-11). Within it the launcher uploads the node's part of the newest checkpoint, so the
-next attempt resumes from it."""
 POLL_S, BACKOFF_S, BACKOFF_MAX_S, LEASE_S, REVIVE_EVERY_S = 1.0, 1.0, 4.0, 15, 1.0
 STEP_FAULTS = ("preempt", "host_loss", "hang")
 FAULT_KINDS = (*STEP_FAULTS, "nccl", "slow", "throttle")
-CONTROLLER_PHASES = {"claim": "controller.claim", "claimed": "controller.claimed", "submitted": "controller.submitted",
-                     "watch": "controller.watch", "ended": "controller.ended", "backoff": "controller.backoff",
-                     "record-write": "controller.record.write"}
-"""--kill-controller-at PHASE -> the fault point where the controller dies."""
+SPEC_KINDS = {"preempt": "preempt", "hang": "hang", "kill-host": "host_loss", "slow": "slow"}
+"""`--fault KIND@...` (amlhpc/jobs/local/faults.py) -> the Fault kind the rehearsal acts out."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +93,23 @@ class Fault:
     """Extra arguments for node K's launcher (`python -m amlhpc.jobs.runtime.launch ARGS -- ...`)."""
     stays_lost: bool = False
     """host_loss: the cluster stays one node short afterwards (no capacity for the full count)."""
+    gen: int | None = None
+    """Only in this restart generation of the attempt's launch (0: its first run; None: the first it reaches)."""
+    spec: str = ""
+    """The --fault SPEC it came from (what the rehearsal prints)."""
+
+    @classmethod
+    def of(cls, spec: FaultSpec) -> Fault:
+        """The node fault a --fault SPEC asks for (preempt, hang, kill-host, slow)."""
+        return cls(SPEC_KINDS[spec.kind], spec.node, spec.step, grace_s=spec.grace_s, factor=spec.factor,
+                   attempt=spec.attempt or 1, stays_lost=not spec.replace, gen=spec.gen, spec=spec.text)
 
     def describe(self) -> str:
         where = f" at step {self.at_step}" if self.at_step is not None else ""
         extra = f" x{self.factor:g}" if self.kind == "slow" else " (no replacement)" if self.stays_lost else ""
-        return f"{self.kind} on node {self.node}{where}{extra} (attempt {self.attempt})"
+        generation = f", generation {self.gen}" if self.gen else ""
+        asked = f" [--fault {self.spec}]" if self.spec else ""
+        return f"{self.kind} on node {self.node}{where}{extra} (attempt {self.attempt}{generation}){asked}"
 
 
 @dataclass
@@ -135,7 +143,11 @@ class LocalJob:
     procs: list[rehearsal.NodeProcess] = field(default_factory=list)
     canceled: bool = False
     faults: list[Fault] = field(default_factory=list)
+    rank_faults: list[FaultSpec] = field(default_factory=list)
+    """Faults its ranks act out at the fault point training.fault (crash, error, stall)."""
     fired: list[Fired] = field(default_factory=list)
+    fired_specs: list[str] = field(default_factory=list)
+    """The rank faults that fired (from the fault points' log)."""
     finished: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
     """Set by a cancel (ends a job still waiting in the queue)."""
@@ -181,11 +193,12 @@ class LocalJobService:
     def __init__(self, plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
                  connection_string: str, containers: list[str], sink: Callable, faults: list[Fault],
                  echo: Callable[[str], None], timeout_s: float = 1800,
-                 blob_override: dict[int, tuple[str, str]] | None = None):
+                 blob_override: dict[int, tuple[str, str]] | None = None, rank_faults: list[FaultSpec] | None = None):
         self.plan, self.snapshot, self.workdir, self.procs_per_node = plan, snapshot, workdir, procs_per_node
         self.blob_endpoint, self.connection_string, self.containers = blob_endpoint, connection_string, containers
         self.sink, self.faults, self.echo, self.timeout_s = sink, faults, echo, timeout_s
         self.blob_override = blob_override or {}
+        self.rank_faults = rank_faults or []
         self.jobs: dict[str, LocalJob] = {}
         self.lost_hosts: set[int] = set()
         """Nodes lost for good (host_loss with stays_lost): the cluster is that many nodes short."""
@@ -195,7 +208,8 @@ class LocalJobService:
     # JobService
     def submit(self, job: str, attempt: int, target: Target, environment: dict[str, str]) -> None:
         local = self.jobs[job] = LocalJob(job, attempt, target.cluster, nodes=target.nodes,
-                                          faults=[f for f in self.faults if f.attempt == attempt])
+                                          faults=[f for f in self.faults if f.attempt == attempt],
+                                          rank_faults=[f for f in self.rank_faults if (f.attempt or 1) == attempt])
         self.max_running = max(self.max_running, sum(not j.finished.is_set() for j in self.jobs.values()))
         threading.Thread(target=self._run, args=(local, environment), name=f"attempt-{attempt}", daemon=True).start()
 
@@ -226,22 +240,40 @@ class LocalJobService:
         return None  # the local service refuses nothing for good
 
     # an attempt
-    def _gate_dir(self, job: LocalJob) -> Path:
-        return self.workdir / "faults" / job.name
+    def _gate_dir(self, job: LocalJob, fault: Fault) -> Path:
+        """Where node K's training says it reached the fault's step, and waits for its release."""
+        return self.workdir / "faults" / job.name / str(job.faults.index(fault))
 
-    def _node_env(self, job: LocalJob) -> dict[int, dict[str, str]]:
+    def _fault_log(self, job: LocalJob) -> Path:
+        return self.workdir / "faults" / job.name / "fired.log"
+
+    def _node_env(self, job: LocalJob, nodes: int) -> dict[int, dict[str, str]]:
+        """Each node's fault points (AMLHPC_FAULTPOINTS): the gates and slow steps of its node
+        faults, every rank fault of the attempt (a rank's own point picks its rank)."""
         envs: dict[int, dict[str, str]] = {}
-        gate = str(self._gate_dir(job))
+        points: dict[int, dict[str, list[dict[str, Any]]]] = {}
         for fault in job.faults:
-            env = envs.setdefault(fault.node, {})
+            env, armed = envs.setdefault(fault.node, {}), points.setdefault(fault.node, {})
+            gate = str(self._gate_dir(job, fault))
+            selector = {"gen": fault.gen} if fault.gen is not None else {}
             if fault.kind in STEP_FAULTS:
-                env.update(faultpoints.env_for({"training.step": {"action": "gate", "at_step": fault.at_step,
-                                                                  "dir": gate}}))
+                armed.setdefault("training.step", []).append({"action": "gate", "at_step": fault.at_step, "dir": gate,
+                                                              **selector})
             elif fault.kind == "slow":
-                env.update(faultpoints.env_for({"training.compute": {"action": "slow", "factor": fault.factor,
-                                                                     "dir": gate}}))
+                armed.setdefault("training.compute", []).append({"action": "slow", "factor": fault.factor, "dir": gate,
+                                                                 **selector})
             elif fault.kind == "nccl":
                 env["NCCL_NET"] = "Socket"
+        for fault in job.rank_faults:
+            name, setting = fault.point()
+            for node in range(nodes):
+                points.setdefault(node, {}).setdefault(name, []).append(setting)
+        for node, armed in points.items():
+            if armed:
+                envs.setdefault(node, {}).update({**faultpoints.env_for(armed),
+                                                  faultpoints.ENV_LOG: str(self._fault_log(job))})
+        if points:
+            self._fault_log(job).parent.mkdir(parents=True, exist_ok=True)
         return envs
 
     def _node_command(self, job: LocalJob) -> dict[int, str]:
@@ -262,12 +294,13 @@ class LocalJobService:
                 plan, snapshot=self.snapshot, workdir=self.workdir, procs_per_node=self.procs_per_node,
                 blob_endpoint=endpoint, connection_string=connection, containers=self.containers,
                 sink=self.sink, timeout_s=self.timeout_s, run_id=job.name, extra_env=environment,
-                node_env=self._node_env(job), node_command=self._node_command(job),
+                node_env=self._node_env(job, plan.instance_count), node_command=self._node_command(job),
                 started=lambda procs: self._started(job, procs),
                 stop_grace_s=STOP_OTHERS_AFTER_S)
             codes = job.result.exit_codes
             failed = {rank: code for rank, code in codes.items() if code != 0}
             job.verdict_at = self._verdict_time(job)
+            job.fired_specs = [str(s.get("spec")) for s in faultpoints.fired_settings(self._fault_log(job))]
             for fault in job.faults:
                 node_codes = [code for rank, code in codes.items() if rank // self.procs_per_node == fault.node]
                 if fault.kind == "nccl" and exit_codes.ExitCode.NCCL_SOCKETS in node_codes:
@@ -325,9 +358,9 @@ class LocalJobService:
                 continue
         return datetime.fromtimestamp(min(times), UTC) if times else None
 
-    def _reached(self, job: LocalJob) -> list[dict]:
+    def _reached(self, job: LocalJob, fault: Fault) -> list[dict]:
         found = []
-        for path in self._gate_dir(job).glob("reached-*.json"):
+        for path in self._gate_dir(job, fault).glob("reached-*.json"):
             try:
                 found.append(json.loads(path.read_text()))
             except (OSError, ValueError):
@@ -336,11 +369,11 @@ class LocalJobService:
 
     def _inject(self, job: LocalJob, fault: Fault) -> None:
         """Wait (on files, not on time) until node K's training reached the fault's step, then act."""
-        while not (reached := self._reached(job)):
+        while not (reached := self._reached(job, fault)):
             if job.finished.wait(0.02):
                 return
         step = reached[0].get("step")
-        gate = self._gate_dir(job)
+        gate = self._gate_dir(job, fault)
         job.fired.append(Fired(fault, now_utc(), step if isinstance(step, int) else None))
         if fault.kind == "preempt":
             self.echo(f"rehearsal: preempting node {fault.node} of {job.name} at step {step} (SIGTERM, SIGKILL after "
@@ -440,16 +473,16 @@ class RunNameInUse(Exception):
     pass
 
 
-def _kill_when(phase: str) -> Callable[..., bool]:
-    """Where in the run the controller dies: at the phase's first hit, except for record
-    writes - the third write of attempt 1, made while it runs (the first two are its claim
-    and its submit, which `claimed` and `submitted` cover)."""
+def _kill_when(phase: str, attempt: int | None = None) -> Callable[..., bool]:
+    """Where in the run the controller dies: at the phase's first hit (in `attempt`, when
+    given), except for record writes - the third write of the attempt (1 unless given), made
+    while it runs (the first two are its claim and its submit, which `claimed` and `submitted` cover)."""
     if phase != "record-write":
-        return lambda **ctx: True
+        return lambda **ctx: attempt is None or ctx.get("attempt") == attempt
     seen = []
 
     def when(**ctx: Any) -> bool:
-        if ctx.get("attempts", 0) >= 1:
+        if ctx.get("attempts", 0) >= (attempt or 1):
             seen.append(ctx)
         return len(seen) == 3
 
@@ -459,12 +492,15 @@ def _kill_when(phase: str) -> Callable[..., bool]:
 def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
                      connection_string: str, containers: list[str], sink: Callable, echo: Callable[[str], None],
                      faults: list[Fault], timeout_s: float = 1800, kill_controller_at: str | None = None,
+                     kill_controller_attempt: int | None = None, rank_faults: list[FaultSpec] | None = None,
                      resume: bool = False, blob_override: dict[int, tuple[str, str]] | None = None,
                      policy_changes: dict[str, Any] | None = None,
                      cancel_when: Callable[[], dict[str, Any] | None] | None = None) -> ManagedRehearsal:
     """Supervise `mplan` (amlhpc.jobs.managed.render.ManagedPlan) on simulated nodes until it is done.
     RunNameInUse when its record exists and `resume` is not set. `cancel_when` is polled: a
-    request it returns (`jobs cancel RUN --local`) goes to the supervision as a user's cancel."""
+    request it returns (`jobs cancel RUN --local`) goes to the supervision as a user's cancel.
+    `faults` the rehearsal acts out on nodes; `rank_faults` the ranks act out at their fault
+    point; the controller dies at `kill_controller_at` (in attempt `kill_controller_attempt`)."""
     from amlhpc.jobs.runtime.blob import blobio
 
     rehearsal.ensure_containers(sorted(containers), connection_string)
@@ -481,7 +517,8 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
                            f"{mplan.record_blob}")
     service = LocalJobService(mplan.training, snapshot=snapshot, workdir=workdir, procs_per_node=procs_per_node,
                               blob_endpoint=blob_endpoint, connection_string=connection_string, containers=containers,
-                              sink=sink, faults=faults, echo=echo, timeout_s=timeout_s, blob_override=blob_override)
+                              sink=sink, faults=faults, echo=echo, timeout_s=timeout_s, blob_override=blob_override,
+                              rank_faults=rank_faults)
 
     def make(name: str, resume_token: Resume | None) -> Supervisor:
         evidence = Evidence(checkpoints, storage["prefix"], storage.get("writers", "rank0"), mplan.secret)
@@ -491,7 +528,7 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
     controllers = LocalControllers(make, mplan.run, mplan.recipe, echo)
     kill = None
     if kill_controller_at is not None:
-        kill = faultpoints.arm(CONTROLLER_PHASES[kill_controller_at], faultpoints.crash, when=_kill_when(kill_controller_at))
+        kill = faultpoints.arm(CONTROLLER_PHASES[kill_controller_at], faultpoints.crash, when=_kill_when(kill_controller_at, kill_controller_attempt))
     stop = threading.Event()
 
     def revive_loop() -> None:
@@ -532,71 +569,17 @@ def rehearse_managed(mplan: Any, *, snapshot: Path, workdir: Path, procs_per_nod
             thread.join(10)
     record, _ = store.load()
     assert record is not None
-    requested = [f.describe() for f in faults]
+    requested = [f.describe() for f in faults] + [f"{f.text} (attempt {f.attempt or 1})" for f in rank_faults or []]
     missing = [f.describe() for f in faults if f.kind != "throttle" and not any(
         fired.fault == f for job in service.jobs.values() for fired in job.fired)]
+    missing += [f"{f.text} (attempt {f.attempt or 1})" for f in rank_faults or [] if not any(
+        f.text in job.fired_specs for job in service.jobs.values() if job.attempt == (f.attempt or 1))]
     if kill is not None:
         requested.append(f"controller killed at {kill_controller_at}")
         if not kill.fired:
             missing.append(f"controller killed at {kill_controller_at}")
     kill_at = next(iter(controllers.crashed_at.values()), None)
     return ManagedRehearsal(record, service, time.monotonic() - started, controllers, requested, missing, kill_at)
-
-
-def faults_from_flags(nodes: int, *, preempt_at_step: int | None, preempt_node: int, preempt_grace: float | None,
-                      hang_at_step: int | None, hang_node: int, kill_host_at_step: int | None, kill_host_node: int,
-                      no_replacement: bool = False,
-                      slow_node: int | None, slow_factor: float | None, kill_controller_at: str | None,
-                      managed: bool) -> list[Fault]:
-    """The faults the flags ask for; UserError for flags that do not fit together."""
-    from amlhpc.core.errors import Problem, UserError
-
-    problems = []
-    steps = [(flag, value) for flag, value in (("--preempt-at-step", preempt_at_step), ("--hang-at-step", hang_at_step),
-                                               ("--kill-host-at-step", kill_host_at_step)) if value is not None]
-    asked = [flag for flag, _ in steps] + (["--slow-node"] if slow_node is not None else []) + \
-        (["--kill-controller-at"] if kill_controller_at else [])
-    if asked and not managed:
-        problems.append(Problem("command line", asked[0], "injects a fault for the supervision to recover from",
-                                "add --managed"))
-    if len(steps) > 1:
-        problems.append(Problem("command line", "/".join(flag for flag, _ in steps), "one step fault per rehearsal",
-                                "rehearse them one after the other (each with its own --name)"))
-    for flag, value in steps:
-        if value < 1:
-            problems.append(Problem("command line", flag, f"step {value}", "a training step >= 1"))
-    for flag, node in (("--preempt-node", preempt_node), ("--hang-node", hang_node), ("--kill-host-node", kill_host_node),
-                       ("--slow-node", slow_node)):
-        if node is not None and not 0 <= node < nodes:
-            problems.append(Problem("command line", flag, f"node {node} does not exist ({nodes} simulated node(s))",
-                                    f"pick 0..{nodes - 1}"))
-    if preempt_grace is not None and not 0 <= preempt_grace <= 3600:
-        problems.append(Problem("command line", "--preempt-grace", f"{preempt_grace:g} s",
-                                "seconds from 0 to 3600 (Azure gives an evicted VM 30)"))
-    if no_replacement and kill_host_at_step is None:
-        problems.append(Problem("command line", "--no-replacement", "says what follows a lost host",
-                                "add --kill-host-at-step N (and --kill-host-node K)"))
-    if (slow_node is None) != (slow_factor is None):
-        problems.append(Problem("command line", "--slow-node/--slow-factor", "go together", "e.g. --slow-node 1 "
-                                "--slow-factor 3"))
-    elif slow_factor is not None and slow_factor <= 1:
-        problems.append(Problem("command line", "--slow-factor", f"{slow_factor:g}", "a factor > 1 (3: three times slower)"))
-    if kill_controller_at and kill_controller_at not in CONTROLLER_PHASES:
-        problems.append(Problem("command line", "--kill-controller-at", f"{kill_controller_at!r} is not a phase",
-                                f"phases: {', '.join(CONTROLLER_PHASES)}"))
-    if problems:
-        raise UserError(problems, "invalid rehearsal flags")
-    faults = []
-    if preempt_at_step is not None:
-        faults.append(Fault("preempt", preempt_node, preempt_at_step,
-                            PREEMPT_GRACE_S if preempt_grace is None else preempt_grace))
-    if hang_at_step is not None:
-        faults.append(Fault("hang", hang_node, hang_at_step))
-    if kill_host_at_step is not None:
-        faults.append(Fault("host_loss", kill_host_node, kill_host_at_step, stays_lost=no_replacement))
-    if slow_node is not None and slow_factor is not None:
-        faults.append(Fault("slow", slow_node, factor=slow_factor))
-    return faults
 
 
 def run_and_report(recipe: Any, outputs: Any, plan: Any, *, console, max_restarts: int | None = None,

@@ -6,7 +6,7 @@ RNG - and the API the workloads call (amlhpc/jobs/workloads/common.py re-exports
     for ...:                          # after each optimizer step:
         state.sampler.step_done()
         if due: save_state(state, step)   # background write into the node's tier (async by default)
-        inject_fault(step)                # the test hook: AMLHPC_INJECT_FAULT
+        inject_fault(step)                # the fault point training.fault (jobs run --fault)
     finish_checkpoints()              # the last write is on disk before the process exits
 
 A checkpoint is a version of the node-local tier (amlhpc/jobs/runtime/checkpoint/tier.py) written with
@@ -39,14 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.base import contract, progress
+from amlhpc.jobs.runtime.base import contract, faultpoints, progress
 
 RESUME_VERSION = contract.RESUME_VERSION
 RESTART_GENERATION = contract.RESTART_GENERATION
 CHECKPOINT_TAG = contract.CHECKPOINT_TAG
-INJECT_FAULT = "AMLHPC_INJECT_FAULT"
-"""Tests and rehearsals: KIND@STEP[:rank=R][:generation=G][:after_commit=K][:after_standby=1][:corrupt=1], several
-separated by ';'; KIND crash | nccl | hang."""
 EXIT_INJECTED_CRASH = 86
 
 _last_saved: Path | None = None
@@ -430,43 +427,9 @@ def load_state(state: TrainState, version: Path | None = None) -> int:
 
 # --- fault injection for tests and rehearsals -----------------------------------------
 
-
-FAULT_OPTIONS = ("rank", "generation", "after_commit", "after_standby", "corrupt")
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    kind: str
-    step: int
-    rank: int = 0
-    generation: int = 0
-    after_commit: int | None = None
-    """First wait until the node's uploader noted a version of at least this step committed in Blob."""
-    corrupt: bool = False
-    """Before failing, flip a byte in each of this rank's files of every local version."""
-    after_standby: bool = False
-    """First wait until the launcher's warm standby for the next restart is ready (AMLHPC_STANDBY_READY)."""
-
-
-def parse_faults(text: str) -> list[FaultSpec]:
-    """Specs separated by ';' (one per generation to fail, say)."""
-    return [parse_fault(part) for part in text.split(";") if part.strip()]
-
-
-def parse_fault(text: str) -> FaultSpec:
-    """KIND@STEP[:rank=R][:generation=G][:after_commit=K][:after_standby=1][:corrupt=1]."""
-    text = text.strip()
-    head, *options = text.split(":")
-    kind, _, step = head.partition("@")
-    fields = dict(option.split("=", 1) for option in options if "=" in option)
-    if (kind not in ("crash", "nccl", "hang") or not step.isdigit() or set(fields) - set(FAULT_OPTIONS)
-            or not all(v.isdigit() for v in fields.values())):
-        raise SystemExit(f"{INJECT_FAULT}={text!r}: expected KIND@STEP[:rank=R][:generation=G][:after_commit=K]"
-                         "[:after_standby=1][:corrupt=1] with KIND crash, nccl or hang")
-    after = fields.get("after_commit")
-    return FaultSpec(kind, int(step), int(fields.get("rank", 0)), int(fields.get("generation", 0)),
-                     int(after) if after is not None else None, fields.get("corrupt") == "1",
-                     fields.get("after_standby") == "1")
+FAULT_POINT = "training.fault"
+"""The named fault point (amlhpc/jobs/runtime/base/faultpoints.py) `inject_fault` reaches after every
+step; `jobs run --fault crash|error|stall@step=N,rank=R,...` arms it (amlhpc/jobs/local/faults.py)."""
 
 
 def _wait_for(what: str, done: Callable[[], bool], step: int, limit_s: float = 300.0) -> None:
@@ -522,30 +485,30 @@ def _corrupt_local_copies(rank: int) -> list[str]:
 
 
 def inject_fault(step: int) -> None:
-    """Fail here when AMLHPC_INJECT_FAULT asks for this step, rank and restart generation (once:
-    a restarted run has another generation). Every rank first finishes its checkpoint writes at
-    that step, so the versions a restart can choose from are the same on every run of a test."""
-    generation = int(os.environ.get(RESTART_GENERATION, "0") or 0)
-    due = [f for f in parse_faults(os.environ.get(INJECT_FAULT, "")) if f.step == step and f.generation == generation]
+    """The fault point `training.fault` after every step: act when a fault is armed there for
+    this step, rank and restart generation (AMLHPC_FAULTPOINTS, once per process: a restarted
+    run is another generation). Every rank first finishes its checkpoint writes at that step,
+    so the versions a restart can choose from are the same on every run of a test; a setting
+    may first wait for every rank's warm standby (`after_standby`, a collective: every rank
+    takes part) or for a commit of a step (`after_commit`), or corrupt this rank's local
+    copies (`corrupt`)."""
+    due = faultpoints.planned(FAULT_POINT, step=step)
     if not due:
         return
-    spec = due[0]
     finish_checkpoints()
-    if spec.after_standby:  # every rank's standby, since the slowest rank's restart is everyone's
+    if any(spec.get("after_standby") for spec in due):  # every rank's, since the slowest rank's restart is everyone's
         ready = Path(os.environ.get("AMLHPC_STANDBY_READY") or "/nonexistent")
         _wait_for("every rank's warm standby", lambda: _all_ranks(ready.exists()), step)
     rank, _ = _dist()
-    if rank != spec.rank:
+    mine = faultpoints.planned(FAULT_POINT, step=step, rank=rank)
+    if not mine:
         return
-    if (after := spec.after_commit) is not None:
-        _wait_for(f"a commit of step {after}", lambda: _committed_at_least(after), step)
-    if spec.corrupt:
+    spec = mine[0]
+    if (after := spec.get("after_commit")) is not None:
+        _wait_for(f"a commit of step {after}", lambda: _committed_at_least(int(after)), step)
+    if spec.get("corrupt"):
         print(f"injected fault: corrupted {', '.join(_corrupt_local_copies(rank)) or 'nothing'}", file=sys.stderr,
               flush=True)
-    print(f"injected fault: {spec.kind} on rank {rank} at step {step}", file=sys.stderr, flush=True)
-    if spec.kind == "crash":
-        os._exit(EXIT_INJECTED_CRASH)
-    if spec.kind == "nccl":
-        raise RuntimeError("NCCL error: unhandled system error (injected by AMLHPC_INJECT_FAULT)")
-    while True:  # hang: no more progress reports; only a signal ends this
-        time.sleep(3600)
+    print(f"injected fault: {spec.get('kind') or spec['action']} on rank {rank} at step {step} ({spec.get('spec')})",
+          file=sys.stderr, flush=True)
+    faultpoints.reach(FAULT_POINT, step=step, rank=rank)

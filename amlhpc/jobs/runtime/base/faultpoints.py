@@ -27,11 +27,19 @@ Arming in a child process, through AMLHPC_FAULTPOINTS (read once), in either for
   exactly that step); `@K` fires at the K-th reach instead of the first. With
   AMLHPC_FAULTPOINTS_LOG=FILE each firing is appended (and flushed) before the action, so
   the test can assert that the fault it asked for happened (`fired_in_log`).
-- a JSON object NAME -> {"action": "gate" | "slow", ...} (`env_for` writes it), for the
-  training steps of a rehearsed attempt: `gate` stops the process at the first reach with
-  `step >= at_step`, writes `<dir>/reached-<pid>.json` and waits for `<dir>/release` (the
-  rehearsal then preempts, freezes or kills it exactly there); `slow` sleeps (factor - 1) x
-  the step's own work (`busy_s`), a node `factor` times slower than its peers.
+- a JSON object NAME -> one settings object or a list of them (`env_for` writes it; `jobs run
+  --fault SPEC`, amlhpc/jobs/local/faults.py, is how a user asks for one), each with an
+  `action` and the selectors that choose its reaches: `step` (that step exactly), `at_step`
+  (the first reach with step >= it), `rank`, and `gen` (the launch's restart generation,
+  AMLHPC_RESTART_GENERATION, read at the reach: the first run is 0; a setting without `gen`
+  acts in every generation). A setting acts once per process, except `slow`. Actions:
+  `gate` stops the process, writes `<dir>/reached-<pid>.json` and waits for `<dir>/release`
+  (the rehearsal then preempts, freezes or kills it exactly there); `slow` sleeps
+  (factor - 1) x the step's own work (`busy_s`), a node `factor` times slower than its peers;
+  `exit` ends the process with `code` at once (a crash: no cleanup runs); `error` raises
+  FaultInjected with `message` (an NCCL error, say); `hang` stops the process's progress for
+  good (only a signal ends it). `planned(NAME, **context)` tells the code at a point what is
+  armed there before it acts (the training finishes its checkpoint writes first).
 
 Standard library only: this module ships into the training image, and is inert there.
 """
@@ -48,6 +56,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from amlhpc.jobs.runtime.base.contract import RESTART_GENERATION
 
 ENV_POINTS = "AMLHPC_FAULTPOINTS"
 ENV_LOG = "AMLHPC_FAULTPOINTS_LOG"
@@ -116,6 +126,8 @@ POINTS: dict[str, str] = {
     "training.step": "a training process reported a completed step (context: step)",
     "training.compute": "a training process finished its own work on a step, before waiting for its peers "
                         "(context: step, busy_s)",
+    "training.fault": "a training process finished a step and its checkpoint writes; the next step has not "
+                      "started (context: step, rank, gen; amlhpc.jobs.workloads.resume.inject_fault)",
 }
 
 
@@ -254,11 +266,46 @@ def fired_in_log(path: str | os.PathLike) -> list[str]:
         return []
 
 
-def env_for(points: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """The child-process variable arming `points` (NAME -> {"action": "gate" | "slow", ...})."""
-    for name in points:
+def fired_settings(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """What a child process logged as fired through the JSON form (AMLHPC_FAULTPOINTS_LOG):
+    each firing's settings and context, in order."""
+    found = []
+    try:
+        with open(path, encoding="utf-8") as log:
+            for line in log.read().splitlines():
+                _, _, details = line.partition("\t")
+                try:
+                    found.append(json.loads(details))
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return found
+
+
+def env_for(points: dict[str, dict[str, Any] | list[dict[str, Any]]]) -> dict[str, str]:
+    """The child-process variable arming `points` (NAME -> settings or a list of them; see the
+    module docstring)."""
+    for name, settings in points.items():
         _check(name)
+        for one in settings if isinstance(settings, list) else [settings]:
+            if one.get("action") not in JSON_ACTIONS:
+                raise ValueError(f"{ENV_POINTS}: {name}: the action must be one of {', '.join(JSON_ACTIONS)}, "
+                                 f"not {one.get('action')!r}")
     return {ENV_POINTS: json.dumps(points, separators=(",", ":"))}
+
+
+def planned(name: str, **context: Any) -> list[dict[str, Any]]:
+    """The settings armed at `name` through AMLHPC_FAULTPOINTS's JSON form whose selectors
+    accept `context` (a selector the context does not name is not checked; `gen` is this
+    process's generation unless given) and that have not acted yet. Only a question: nothing acts."""
+    _check(name)
+    if not _env_loaded:
+        _load_env()
+    with _lock:
+        point = _armed.get(name)
+    found = getattr(point.action, "settings", []) if point is not None else []
+    return [one for one, done in found if not done.is_set() and _selects(one, context, partial=True)]
 
 
 # --- in a child process -------------------------------------------------------------
@@ -276,12 +323,13 @@ def _load_env() -> None:
         spec = os.environ.get(ENV_POINTS, "").strip()
         if not spec:
             return
+        log_path = os.environ.get(ENV_LOG) or None
         if spec.startswith("{"):
             for name, settings in json.loads(spec).items():
                 _check(name)
-                _armed[name] = Armed(name, _step_action(name, settings), times=0)
+                _armed[name] = Armed(name, _json_action(name, settings if isinstance(settings, list) else [settings],
+                                                        log_path), times=0)
             return
-        log_path = os.environ.get(ENV_LOG) or None
         for item in filter(None, (part.strip() for part in spec.split(","))):
             target, _, what = item.partition("=")
             name, _, at = target.partition("@")
@@ -295,10 +343,7 @@ def _env_action(name: str, what: str, log_path: str | None) -> Callable[..., Non
 
     def action(**context: Any) -> None:
         if log_path:
-            with open(log_path, "a", encoding="utf-8") as log:
-                log.write(f"{name}\t{context}\n")
-                log.flush()
-                os.fsync(log.fileno())
+            _log(log_path, name, context)
         if what == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if what == "error":
@@ -310,25 +355,84 @@ def _env_action(name: str, what: str, log_path: str | None) -> Callable[..., Non
     return action
 
 
-def _step_action(name: str, settings: dict[str, Any]) -> Callable[..., None]:
-    """A training step's `gate` (once, at the first step >= at_step) or `slow` (every step)."""
-    kind, gated = settings.get("action"), threading.Event()
-    if kind not in ("gate", "slow"):
-        raise ValueError(f"{ENV_POINTS}: {name}: the action must be gate or slow, not {kind!r}")
+JSON_ACTIONS = ("gate", "slow", "exit", "error", "hang")
+SELECTORS = ("step", "rank", "gen")
+"""Settings keys compared for equality with a reach's context (`at_step` is compared with >=)."""
+
+
+def generation() -> int:
+    """This process's restart generation (0: the launch's first run of the command)."""
+    try:
+        return int(os.environ.get(RESTART_GENERATION) or 0)
+    except ValueError:
+        return 0
+
+
+def _selects(settings: dict[str, Any], context: dict[str, Any], partial: bool = False) -> bool:
+    """Whether a JSON setting acts at a reach with `context` (`partial`: keys the context lacks pass)."""
+    context = {"gen": generation(), **context}
+    for key in SELECTORS:
+        if key in settings and (key in context or not partial) and \
+                (key not in context or int(context[key]) != int(settings[key])):
+            return False
+    at_step = settings.get("at_step")
+    return at_step is None or ("step" not in context and partial) or int(context.get("step", 0)) >= int(at_step)
+
+
+def _json_action(name: str, settings: list[dict[str, Any]], log_path: str | None = None) -> Callable[..., None]:
+    """The JSON settings of one point: each acts at the reaches its selectors accept, once
+    (`slow`: at every one); see the module docstring."""
+    for one in settings:
+        if one.get("action") not in JSON_ACTIONS:
+            raise ValueError(f"{ENV_POINTS}: {name}: the action must be one of {', '.join(JSON_ACTIONS)}, "
+                             f"not {one.get('action')!r}")
+    pairs = [(one, threading.Event()) for one in settings]
 
     def action(**context: Any) -> None:
-        if kind == "slow":
-            factor, busy = float(settings.get("factor", 1.0)), float(context.get("busy_s") or 0.0)
-            if factor > 1 and busy > 0:
-                if settings.get("dir") and not gated.is_set():
-                    gated.set()
-                    _say_reached(Path(settings["dir"]), context)
-                time.sleep((factor - 1) * busy)
-            return
-        if not gated.is_set() and int(context.get("step", 0)) >= int(settings["at_step"]):
-            gated.set()
-            gate(Path(settings["dir"]), context, float(settings.get("timeout_s", HOLD_LIMIT_S)))
+        for one, done in pairs:
+            if (done.is_set() and one["action"] != "slow") or not _selects(one, context):
+                continue
+            _act(name, one, done, {**context, "gen": context.get("gen", generation())}, log_path)
+
+    action.settings = pairs  # type: ignore[attr-defined]  # read by planned()
     return action
+
+
+def _act(name: str, settings: dict[str, Any], done: threading.Event, context: dict[str, Any],
+         log_path: str | None) -> None:
+    kind = settings["action"]
+    logged = {**settings, **{k: v for k, v in context.items() if isinstance(v, int | float | str)}}
+    if kind == "slow":
+        factor, busy = float(settings.get("factor", 1.0)), float(context.get("busy_s") or 0.0)
+        if factor > 1 and busy > 0:
+            if not done.is_set():  # said once: the first step it slows
+                done.set()
+                if log_path:
+                    _log(log_path, name, logged)
+                if settings.get("dir"):
+                    _say_reached(Path(settings["dir"]), context)
+            time.sleep((factor - 1) * busy)
+        return
+    done.set()
+    if log_path:
+        _log(log_path, name, logged)
+    if kind == "gate":
+        gate(Path(settings["dir"]), context, float(settings.get("timeout_s", HOLD_LIMIT_S)))
+    elif kind == "exit":
+        os._exit(int(settings.get("code", 1)))
+    elif kind == "error":
+        raise FaultInjected(str(settings.get("message") or f"injected fault at {name}"))
+    elif kind == "hang":
+        while True:  # no more progress: only a signal ends this (the watchdog's, or the rehearsal's)
+            time.sleep(3600)
+
+
+def _log(path: str, name: str, details: dict[str, Any]) -> None:
+    """Append a firing to AMLHPC_FAULTPOINTS_LOG (flushed to disk before the action, which may kill)."""
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(f"{name}\t{json.dumps(details, default=str)}\n")
+        log.flush()
+        os.fsync(log.fileno())
 
 
 def _say_reached(folder: Path, context: dict[str, Any]) -> None:

@@ -23,8 +23,8 @@
   version the launcher names (AMLHPC_RESUME_VERSION), resharded when the world size changed,
   read without unpickling anything (amlhpc/jobs/runtime/checkpoint/safeload.py); `--global-batch`
   keeps the sequences per step when the job goes on with fewer ranks (gradient accumulation);
-- `common.inject_fault(step)` after every step: where tests and rehearsals inject a crash or a
-  hang (AMLHPC_INJECT_FAULT).
+- `common.inject_fault(step)` after every step: the fault point where tests and rehearsals inject
+  a crash, an NCCL error or a stall (`jobs run --fault crash@step=5,rank=1`).
 
 Exit: 0 done; 2 bad input (unknown model, nothing fits, a checkpoint that cannot be resumed from).
 """
