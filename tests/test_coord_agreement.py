@@ -275,6 +275,18 @@ class TestTheSameNodeAgain:
         assert {k: (d.result, d.exit_code) for k, d in found.items()} == {0: ("end", ExitCode.HANG), 1: ("end", ExitCode.HANG)}
         assert "node 1 stopped again in in-job restart 1 (first-step" in found[1].reason
 
+    def test_the_culprit_counts_not_the_node_that_judged_the_hang(self, tmp_path):
+        """Node 0's watchdog judged node 1's hang in generation 0 (node 0 was left waiting), node 1
+        judged its own in generation 1: the same node stopped twice (the rehearsal
+        `--fault hang@step=6,node=1 --fault hang@step=5,node=1,gen=1` restarted twice before)."""
+        found = self.run_generation_1(tmp_path, {"node": 0, "culprit": 1, "cause": "hang", "status": 143},
+                                      {"node": 1, "culprit": 1, "cause": "hang", "status": 143})
+        assert {d.result for d in found.values()} == {"end"}
+        assert "node 1 stopped again" in found[0].reason
+        waiting = self.run_generation_1(tmp_path / "b", {"node": 0, "culprit": 1, "cause": "hang", "status": 143},
+                                        {"node": 0, "culprit": 0, "cause": "hang", "status": 143})
+        assert {d.result for d in waiting.values()} == {"restart"}
+
     def test_another_node_or_another_cause_restarts(self, tmp_path):
         other = self.run_generation_1(tmp_path / "a", {"node": 0, "cause": "hang", "status": 143},
                                       {"node": 1, "cause": "hang", "status": 143})

@@ -886,8 +886,10 @@ class Launcher:
             if cause in restart.HANG_CAUSES:
                 status, self.report.error = ExitCode.HANG, message
             return status, None
+        fired = self.guard.fired or {}
         records.record_exit(self.ranks.local_rank, status, cause, message,
-                            peer_silent=bool(cause == "hang" and self.guard.fired and self.guard.fired.get("peer_silent")))
+                            peer_silent=bool(cause == "hang" and fired.get("peer_silent")),
+                            culprit=fired.get("culprit") if cause in restart.HANG_CAUSES else None)
         decision = self._outcome(outcome_barrier)
         if decision.result == "restart":
             return status, decision

@@ -83,6 +83,7 @@ HANG_CAUSES = ("hang", FIRST_STEP)
 """The causes a node's watchdog gives (no progress; no first step within the run's deadline,
 amlhpc.jobs.runtime.launch.watchdog.FIRST_STEP)."""
 
+
 POLL_S = 0.1
 """How often the leader looks at its own node's exit records (files)."""
 STORE_POLL_S = 0.5
@@ -117,11 +118,14 @@ class NodeRecords:
     def exit_path(self, local_rank: int) -> Path:
         return self.folder / f"rank-{local_rank}.exit.json"
 
-    def record_exit(self, local_rank: int, status: int, cause: str, message: str = "", peer_silent: bool = False) -> None:
+    def record_exit(self, local_rank: int, status: int, cause: str, message: str = "", peer_silent: bool = False,
+                    culprit: int | None = None) -> None:
         """`peer_silent`: the watchdog stopped the command because another node's launcher went
-        silent (frozen or gone): that node cannot restart, so the job ends."""
+        silent (frozen or gone): that node cannot restart, so the job ends. `culprit`: the node
+        the watchdog found stopped (a node that judges a hang is often the one left waiting)."""
         write_json_atomic(self.exit_path(local_rank), {"status": status, "cause": cause, "message": message,
-                                                       "peer_silent": peer_silent, "written": clock.time()})
+                                                       "peer_silent": peer_silent, "written": clock.time(),
+                                                       **({"culprit": culprit} if culprit is not None else {})})
 
     def exits(self, local_size: int) -> dict[int, dict[str, Any]]:
         found = {r: _read_json(self.exit_path(r)) for r in range(local_size)}
@@ -303,6 +307,12 @@ class Hooks:
     check: Callable[[], dict[str, Any] | None] = lambda: None
     """The node's quick health check before it takes part in a restart (amlhpc.jobs.runtime.health.quick):
     None when healthy, else {"host", "check", "message"} of the first failed check."""
+
+
+def _stopped_node(failure: dict[str, Any]) -> Any:
+    """The node a hang failure blames: the watchdog's culprit, else the node that reported it."""
+    culprit = failure.get("culprit")
+    return culprit if culprit is not None else failure.get("node")
 
 
 class Coordinator:
@@ -546,9 +556,9 @@ class Coordinator:
         now, before = self.shared.failure(), JobAgreement(self.shared.base, self.generation - 1).failure()
         if not now or not before or now.get("cause") not in HANG_CAUSES or before.get("cause") not in HANG_CAUSES:
             return None
-        if now.get("node") != before.get("node"):
+        if _stopped_node(now) != _stopped_node(before):
             return None
-        return Decision("end", f"node {now.get('node')} stopped again in in-job restart {self.generation} "
+        return Decision("end", f"node {_stopped_node(now)} stopped again in in-job restart {self.generation} "
                                f"({now.get('cause')}: {now.get('message', '')}): restarting on the same nodes would meet "
                                "it again; the job ends for a new attempt without that node", exit_code=ExitCode.HANG)
 
