@@ -88,7 +88,8 @@ class TestRoles:
         (dev_admin,) = [r for r in of_type(resources, ROLE) if r.name == "deploy-dev-deploy-role-assignments"]
         condition = dev_admin.inputs["condition"]
         assert dev_admin.inputs["conditionVersion"] == "2.0"
-        listed = set(condition.split("GuidEquals {")[1].split("}")[0].split(", "))
+        # one GuidEquals set per group of principal types, repeated for writes and deletes
+        listed = {guid for part in condition.split("GuidEquals {")[1:] for guid in part.split("}")[0].split(", ")}
         program = {r.role.guid_in(FAKE_SUBSCRIPTION) for r in MODEL.rights if r.granted_by in ("program", "azure-ml")}
         assert listed == program
         owner, uaa = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635", "18d7d88d-d35e-4fb5-a5c3-7773c20a72d9"
