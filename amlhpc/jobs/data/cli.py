@@ -56,6 +56,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgressBar
 from rich.table import Table
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, ProblemCollector, UserError, exit_with
 from amlhpc.jobs.azure import credentials
 from amlhpc.jobs.data import seal as sealer
@@ -284,7 +285,7 @@ def upload_command(
 
 
 def _versions_hint(stack: str, prefix: str) -> str:
-    return f"python -m amlhpc.jobs data versions --stack {stack} --prefix {prefix}"
+    return invocation.command("jobs", f"data versions --stack {stack} --prefix {prefix}")
 
 
 def _register(committed: versions.VersionReport, stack: str, target: Target, outputs_file: Path | None, offline: bool,
