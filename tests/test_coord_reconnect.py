@@ -24,25 +24,10 @@ from amlhpc.jobs.runtime.coord.agree import Barrier, Channel
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.launch import restart
+from tests.virtual_clock import VirtualClock
 
 
-class Virtual:
-    """The runtime's clock, virtual: sleeping advances it at once."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def time(self):
-        return self.now
-
-    def monotonic(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += max(0.0, seconds)
-
-
-class Skipping(Virtual):
+class Skipping(VirtualClock):
     """Real time, with every sleep skipped: what a call waits for in the kernel (a connection
     try) still counts against the grace."""
 
@@ -123,7 +108,7 @@ def test_one_reset_of_a_nodes_connection_is_survived(node0, operation):
         channel = Channel(node1.store, node=1, nodes=2)
         channel.publish("before", {"n": 1})
         proxy.cut()  # node 0 lives; this node's connection is reset
-        with clock.use(Virtual()) as virtual:
+        with clock.use(VirtualClock()) as virtual:
             if operation == "publish":
                 channel.publish("after", {"n": 2})
             elif operation == "count":
@@ -193,7 +178,7 @@ class LosesOneReply:
 
 def test_an_add_counted_twice_after_a_lost_reply_never_passes_a_barrier_early():
     store = MemoryStore()
-    with clock.use(Virtual()):
+    with clock.use(VirtualClock()):
         Barrier(Channel(LosesOneReply(store, "add"), node=0, nodes=3), "b", 3, 5.0).arrive()
         assert int(store.add("b/arrived", 0)) == 2  # node 0's add applied twice: one arrival, counted as two
         Barrier(Channel(store, node=1, nodes=3), "b", 3, 5.0).arrive()  # the count says 3 of 3; node 2 is not here
@@ -204,7 +189,7 @@ def test_an_add_counted_twice_after_a_lost_reply_never_passes_a_barrier_early():
 
 def test_node_0_never_decides_a_restart_on_an_over_counted_report(tmp_path: Path):
     store = MemoryStore()
-    with clock.use(Virtual()):
+    with clock.use(VirtualClock()):
         lossy = restart.JobAgreement(Channel(LosesOneReply(store, "add"), node=1, nodes=3), 0)
         lossy.report(1, {"versions": []})
         node0 = restart.JobAgreement(Channel(store, node=0, nodes=3), 0)
@@ -216,7 +201,7 @@ def test_node_0_never_decides_a_restart_on_an_over_counted_report(tmp_path: Path
 
 def test_a_create_only_decision_retried_after_its_lost_reply_is_still_this_nodes():
     store = MemoryStore()
-    with clock.use(Virtual()):
+    with clock.use(VirtualClock()):
         channel = Channel(LosesOneReply(store, "compare_set"), node=1, nodes=2)
         assert channel.decide("d", {"by": 1}) == ({"by": 1}, True)
         assert Channel(store, node=0, nodes=2).decide("d", {"by": 0}) == ({"by": 1}, False)

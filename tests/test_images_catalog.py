@@ -85,8 +85,10 @@ class TestRefs:
         assert re.fullmatch(pattern, fixture_ref)
         assert re.fullmatch(pattern, catalog.release(catalog.PYTORCH).ref("amlhpcdevacr4abd2.azurecr.io"))
 
-    def test_nccl_topo_path_inside_the_image(self):
-        assert catalog.nccl_topo_path("ndv4-topo.xml") == "/opt/aml-hpc/nccl-topo/ndv4-topo.xml"
+    def test_the_runtime_looks_for_topology_files_where_the_images_install_them(self):
+        from amlhpc.jobs.runtime.node import nccl_env
+
+        assert catalog.NCCL_TOPO_DIR == nccl_env.IMAGE_TOPO_DIR == "/opt/aml-hpc/nccl-topo"
 
 
 class TestContextFiles:

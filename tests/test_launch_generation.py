@@ -16,7 +16,7 @@ import pytest
 from amlhpc.jobs.runtime.coord.nodebarrier import BarrierTimeout, NodeBarrier
 from amlhpc.jobs.runtime.launch import restart
 from amlhpc.jobs.runtime.launch.launcher import Launcher, parse_options
-from tests.test_restart import REPO, node_env
+from tests.launcher_nodes import REPO, node_env
 
 
 def launcher(tmp_path: Path, launch_id: str) -> Launcher:

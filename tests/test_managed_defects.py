@@ -16,41 +16,22 @@ from amlhpc.jobs.managed import render
 from amlhpc.jobs.managed.azureml import observation_from
 from amlhpc.jobs.managed.classify import classify
 from amlhpc.jobs.managed.observation import Observation
-from amlhpc.jobs.managed.policy import Policy, Target
+from amlhpc.jobs.managed.policy import Target
 from amlhpc.jobs.managed.record import iso, now_utc
 from amlhpc.jobs.managed.report import summary_lines
 from amlhpc.jobs.managed.supervisor import Resume
 from amlhpc.jobs.runtime.base import exit_codes
 from amlhpc.jobs.runtime.base.progress import OWN_WORK_WINDOW
+from tests import managed_fixtures
 from tests.aml_fakes import service_error
 from tests.managed_fakes import PREEMPTION, Step, end
-from tests.managed_harness import (
-    Harness,
-    completed,
-    failed,
-    new_managed_plan,
-    running,
-    write_template,
-)
+from tests.managed_harness import Harness, completed, failed, running
+
+managed_plan, template = managed_fixtures.managed_plan, managed_fixtures.template  # the shared fixtures
+policy = managed_fixtures.policy
 
 pytestmark = pytest.mark.azurite
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def managed_plan():
-    return new_managed_plan()
-
-
-@pytest.fixture
-def template(tmp_path, managed_plan):
-    return write_template(tmp_path, managed_plan)
-
-
-def policy(**changes) -> Policy:
-    base = dict(nodes=2, usd_per_node_hour=27.197, expected_hours=12, max_restarts=3, backoff_s=60, backoff_max_s=900,
-                controller_usd_per_hour=0.096, poll_s=30)
-    return Policy(**{**base, **changes})
 
 
 class TestCostLimitDuringAnAttempt:

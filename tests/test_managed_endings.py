@@ -10,26 +10,18 @@ import pytest
 
 from amlhpc.jobs.managed.policy import Policy, Target
 from amlhpc.jobs.runtime.base import faultpoints
+from tests import managed_fixtures
 from tests.managed_fakes import Step
-from tests.managed_harness import Harness, completed, new_managed_plan, running, write_template
+from tests.managed_harness import Harness, completed, running
+
+managed_plan, template = managed_fixtures.managed_plan, managed_fixtures.template  # the shared fixtures
 
 pytestmark = pytest.mark.azurite
 
 
-@pytest.fixture(scope="module")
-def managed_plan():
-    return new_managed_plan()
-
-
-@pytest.fixture
-def template(tmp_path, managed_plan):
-    return write_template(tmp_path, managed_plan)
-
-
 def policy(**changes) -> Policy:
-    base = dict(nodes=2, usd_per_node_hour=27.197, expected_hours=12, max_restarts=3, backoff_s=60, backoff_max_s=900,
-                controller_usd_per_hour=0.096, poll_s=30, silent_node_s=None)
-    return Policy(**{**base, **changes})
+    """The shared policy with the silent-node check off (silent_node_s=None) unless a test turns it on."""
+    return managed_fixtures.policy(**{"silent_node_s": None, **changes})
 
 
 def beating(nodes, steps: int, start: int = 1) -> list[Step]:

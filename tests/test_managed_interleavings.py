@@ -12,23 +12,16 @@ from amlhpc.jobs.managed import client
 from amlhpc.jobs.managed.observation import TERMINAL
 from amlhpc.jobs.managed.record import RecordConflict
 from amlhpc.jobs.runtime.base import faultpoints
+from tests import managed_fixtures
 from tests.managed_fakes import PREEMPTION, Step
-from tests.managed_harness import Harness, completed, new_managed_plan, running, write_template
+from tests.managed_harness import Harness, completed, running
+
+managed_plan, template = managed_fixtures.managed_plan, managed_fixtures.template  # the shared fixtures
 
 pytestmark = pytest.mark.azurite
 
 POINTS = ("controller.claim", "controller.claimed", "controller.submitted", "controller.watch", "controller.ended",
           "controller.backoff", "controller.record.write")
-
-
-@pytest.fixture(scope="module")
-def managed_plan():
-    return new_managed_plan()
-
-
-@pytest.fixture
-def template(tmp_path, managed_plan):
-    return write_template(tmp_path, managed_plan)
 
 
 @pytest.fixture(autouse=True)

@@ -12,19 +12,12 @@ import yaml
 
 from amlhpc.jobs.managed import revive
 from amlhpc.jobs.managed.record import iso
-from tests.managed_harness import Harness, completed, new_managed_plan, running, write_template
+from tests import managed_fixtures
+from tests.managed_harness import Harness, completed, running
+
+managed_plan, template = managed_fixtures.managed_plan, managed_fixtures.template  # the shared fixtures
 
 pytestmark = pytest.mark.azurite
-
-
-@pytest.fixture(scope="module")
-def managed_plan():
-    return new_managed_plan()
-
-
-@pytest.fixture
-def template(tmp_path, managed_plan):
-    return write_template(tmp_path, managed_plan)
 
 
 class Launcher:

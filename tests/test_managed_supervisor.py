@@ -15,27 +15,13 @@ from amlhpc.jobs.managed.record import RecordStore, iso
 from amlhpc.jobs.managed.report import summary_lines
 from amlhpc.jobs.managed.supervisor import Resume
 from amlhpc.jobs.runtime.base import contract
+from tests import managed_fixtures
 from tests.managed_fakes import PREEMPTION, T0, Step, end
-from tests.managed_harness import (
-    Harness,
-    completed,
-    failed,
-    new_managed_plan,
-    running,
-    write_template,
-)
+from tests.managed_harness import Harness, completed, failed, running
+
+managed_plan, template = managed_fixtures.managed_plan, managed_fixtures.template  # the shared fixtures
 
 pytestmark = pytest.mark.azurite
-
-
-@pytest.fixture(scope="module")
-def managed_plan():
-    return new_managed_plan()
-
-
-@pytest.fixture
-def template(tmp_path, managed_plan):
-    return write_template(tmp_path, managed_plan)
 
 
 class TestPreemption:

@@ -21,28 +21,13 @@ import pytest
 from amlhpc.jobs.managed.policy import Policy
 from amlhpc.jobs.managed.record import cancel_name, record_name
 from amlhpc.jobs.runtime.coord import nodestatus
+from tests import managed_fixtures
 from tests.managed_fakes import Step, end
-from tests.managed_harness import (
-    SECRET,
-    Harness,
-    completed,
-    failed,
-    new_managed_plan,
-    running,
-    write_template,
-)
+from tests.managed_harness import SECRET, Harness, completed, failed, running
+
+managed_plan, template = managed_fixtures.managed_plan, managed_fixtures.template  # the shared fixtures
 
 pytestmark = pytest.mark.azurite
-
-
-@pytest.fixture(scope="module")
-def managed_plan():
-    return new_managed_plan()
-
-
-@pytest.fixture
-def template(tmp_path, managed_plan):
-    return write_template(tmp_path, managed_plan)
 
 
 @pytest.fixture

@@ -95,4 +95,3 @@ class TestNodeHelpers:
             r = ranks.validated(rank, rank % local_size, world, local_size)
             assert r.node_index == rank // local_size
             assert rank in r.ranks_on_node(r.node_index)
-            assert r.node_of(rank) == r.node_index

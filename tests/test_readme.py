@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from amlhpc.core.cli_help import exit_status_table_markdown
+from amlhpc.core.cli_help import EXIT_STATUSES
 from amlhpc.core.version import __version__
 from amlhpc.infra import config, config_doc
 
@@ -69,6 +69,14 @@ class TestVersion:
         assert __version__ in [v for v, _ in released], f"amlhpc/core/version.py's {__version__} has no changelog section"
         kinds = set(re.findall(r"^### (\w+)$", text, re.M))
         assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
+
+
+def exit_status_table_markdown() -> str:
+    """EXIT_STATUSES as the Markdown table docs/cli.md holds."""
+    lines = ["| status | meaning | commands |", "|---|---|---|"]
+    lines += [f"| {code} | {meaning} | {where if where == 'all' else f'`{where}`'} |"
+              for code, meaning, where in EXIT_STATUSES]
+    return "\n".join(lines) + "\n"
 
 
 def test_the_exit_status_table_is_the_clis():

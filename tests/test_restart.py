@@ -6,8 +6,6 @@ Faults are injected at steps; the figures the tests rely on do not depend on tim
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -18,8 +16,7 @@ from amlhpc.jobs.local import faults
 from amlhpc.jobs.runtime.base import exit_codes
 from amlhpc.jobs.runtime.launch import restart
 from amlhpc.jobs.runtime.launch.restart import decide
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.launcher_nodes import node_env, start_launchers
 
 
 def v(step: int, tag: str = "t0") -> dict:
@@ -108,47 +105,19 @@ def train_script(tmp_path) -> Path:
     return path
 
 
-def node_env(tmp_path: Path, node: int, run_id: str, prefix: str, azurite, container, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMLHPC_", "RANK", "LOCAL_", "WORLD", "MASTER"))}
-    settings = {"container": container.container_name, "prefix": prefix, "keep": 2, "interval_s": 3600,
-                "local_restarts": 2, "agree_s": 60}
-    env.update({"AMLHPC_RUN_ID": run_id, "AMLHPC_HEALTH": "off", "AMLHPC_PIN": "off",
-                "AMLHPC_SCRATCH": str(tmp_path / f"node{node}" / "scratch"),
-                "AMLHPC_REPORT_DIR": str(tmp_path / f"node{node}" / "reports"),
-                "RANK": str(node), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
-                "PYTHONPATH": str(REPO), "AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string, "AMLHPC_STANDBY": "off",
-                "AMLHPC_CHECKPOINT_JSON": json.dumps(settings)})
-    env.update(extra)
-    return env
-
-
-def coordination(node: int, listener) -> tuple[dict[str, str], tuple[int, ...]]:
-    """The job's coordination store as the rehearsal sets it: the port bound once, node 0 inherits it."""
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "AMLHPC_COORD_PORT": str(listener.getsockname()[1])}
-    if node != 0:
-        return env, ()
-    return {**env, "AMLHPC_COORD_LISTEN_FD": str(listener.fileno())}, (listener.fileno(),)
-
-
 def run_job(tmp_path: Path, train_script: Path, azurite, container, total: int, settings: dict | None = None,
             nodes: int = 2, **extra: str) -> tuple[list[int], list[str], list[dict]]:
-    from amlhpc.jobs.runtime.coord.jobstore import reserve
-
     run_id, prefix = f"r-{uuid.uuid4().hex[:6]}", f"restart/{uuid.uuid4().hex[:6]}"
     shared = tmp_path / "shared"
     shared.mkdir()
-    procs = []
-    listener = reserve(0, "127.0.0.1")
-    for node in range(nodes):
+
+    def env_of(node: int) -> dict[str, str]:
         env = node_env(tmp_path, node, run_id, prefix, azurite, container, WORLD_SIZE=str(nodes), **extra)
         if settings:
             env["AMLHPC_CHECKPOINT_JSON"] = json.dumps({**json.loads(env["AMLHPC_CHECKPOINT_JSON"]), **settings})
-        store_env, inherit = coordination(node, listener)
-        procs.append(subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.runtime.launch", "--term-grace", "2", "--",
-                                       sys.executable, str(train_script), str(shared), str(total)],
-                                      env={**env, **store_env}, cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, pass_fds=inherit))
-    listener.close()
+        return env
+
+    procs = start_launchers(nodes, env_of, [sys.executable, str(train_script), str(shared), str(total)])
     outs = [p.communicate(timeout=240)[0] for p in procs]
     reports = [json.loads((tmp_path / f"node{n}" / "reports" / f"launch-node{n:03d}.json").read_text())
                for n in range(nodes)]

@@ -30,7 +30,9 @@ from amlhpc.jobs.runtime.health.tools import Tools
 from amlhpc.jobs.runtime.launch import reap, restart
 from tests.fake_nvml import FakeGpu, FakeNvml, NVMLError
 from tests.fake_sysfs import ib_port
+from tests.launcher_nodes import node_env, start_launchers
 from tests.managed_fakes import end
+from tests.virtual_clock import VirtualClock
 
 REPO = Path(__file__).resolve().parents[1]
 XID = "[Sat Nov 28 10:00:00 2026] NVRM: Xid (PCI:0000:0b:00): 79, pid=1234, GPU has fallen off the bus."
@@ -182,24 +184,18 @@ def test_a_launcher_that_fails_its_pre_restart_check_ends_the_job_without_a_rest
     """Real launchers of two nodes with in-job restarts on: node 0's training fails, node 1's
     check fails (its fault point, armed in node 1's launcher only): no node runs the command
     again, both end with exit 13, and each one's report names node 1 and the check."""
-    from amlhpc.jobs.runtime.coord.jobstore import reserve
-    from tests.test_restart import coordination, node_env
-
     script, shared = tmp_path / "train.py", tmp_path / "shared"
     script.write_text(TRAIN)
     shared.mkdir()
-    listener = reserve(0, "127.0.0.1")
-    procs = []
-    for node in range(2):
+
+    def env_of(node: int) -> dict[str, str]:
         env = node_env(tmp_path, node, "r-health", "restart/health", azurite, container)
         if node == 1:
             env.update({faultpoints.ENV_POINTS: "restart.health-check=error",
                         faultpoints.ENV_LOG: str(tmp_path / "fired-1")})
-        store_env, inherit = coordination(node, listener)
-        procs.append(subprocess.Popen([sys.executable, "-m", "amlhpc.jobs.runtime.launch", "--term-grace", "2", "--",
-                                       sys.executable, str(script), str(shared)], env={**env, **store_env}, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, pass_fds=inherit))
-    listener.close()
+        return env
+
+    procs = start_launchers(2, env_of, [sys.executable, str(script), str(shared)])
     outs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [ExitCode.RESTART_HEALTH] * 2, "\n".join(o[-3000:] for o in outs)
     assert sorted(p.name for p in shared.iterdir()) == ["ran-rank0-g0", "ran-rank1-g0"], "nobody ran it again"
@@ -227,23 +223,9 @@ class Stuck:
         raise subprocess.TimeoutExpired("train", timeout)
 
 
-class Virtual:
-    def __init__(self):
-        self.now = 1000.0
-
-    def time(self):
-        return self.now
-
-    def monotonic(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += max(0.0, seconds)
-
-
 @pytest.fixture
 def virtual():
-    v = Virtual()
+    v = VirtualClock()
     with clock.use(v):
         yield v
 

@@ -145,7 +145,7 @@ class TestSplitForRanks:
 
     def test_balance_report(self):
         split = split_for_ranks(cosmoflow_items(64, 1000), 3, 2)
-        node_balance = split.node_balance()
+        node_balance = measure(split.per_node)
         assert node_balance.bytes_per_bin == (22000, 21000, 21000)
         assert node_balance.max_bytes == 22000
         assert node_balance.mean_bytes == pytest.approx(64000 / 3)

@@ -118,13 +118,6 @@ def offering(size: str) -> Offering | None:
     return OFFERINGS.get(size)
 
 
-def regions_offering(size: str, today: date) -> list[str]:
-    found = OFFERINGS.get(size)
-    if found is None or (found.retired is not None and today >= found.retired):
-        return []
-    return sorted(found.regions)
-
-
 def partial_note(size: str, region: str) -> str:
     """"" unless the size's recorded list is partial and does not name `region`: then a sentence
     saying so, for warnings (the region is not refused)."""

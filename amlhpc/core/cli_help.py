@@ -47,13 +47,6 @@ EXIT_STATUSES: list[tuple[str, str, str]] = [
 """(status, meaning, commands) for every exit status the command lines use."""
 
 
-def exit_status_table_markdown() -> str:
-    """EXIT_STATUSES as the Markdown table docs/cli.md holds."""
-    lines = ["| status | meaning | commands |", "|---|---|---|"]
-    lines += [f"| {code} | {meaning} | {where if where == 'all' else f'`{where}`'} |"
-              for code, meaning, where in EXIT_STATUSES]
-    return "\n".join(lines) + "\n"
-
 
 def exit_status_epilog() -> str:
     """The same table for the foot of `--help` (typer's rich help keeps the line breaks)."""

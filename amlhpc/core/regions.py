@@ -37,10 +37,6 @@ LIST_READ = "2026-11"
 _PROGRAMMATIC = re.compile(r"^[a-z][a-z0-9]{2,39}$")
 
 
-def is_known(name: str) -> bool:
-    return name in KNOWN
-
-
 def suggest(name: str) -> list[str]:
     """Near matches for a mistyped or display-form region ("East US" -> eastus)."""
     squashed = name.replace(" ", "").lower()

@@ -33,11 +33,6 @@ NOT_HASHED_ARGS = ("GIT_COMMIT", "IMAGE_VERSION")
 """Build args that only feed labels: a new commit with identical content is the same image."""
 
 
-def nccl_topo_path(file_name: str) -> str:
-    """Absolute path inside the image of a topology file named in amlhpc.core.skus (nccl_topo_file)."""
-    return f"{NCCL_TOPO_DIR}/{file_name}"
-
-
 @dataclass(frozen=True)
 class ImageSpec:
     """One training image: how it is built and which hardware it runs on."""

@@ -48,6 +48,7 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    TaskID,
     TaskProgressColumn,
     TextColumn,
     TimeRemainingColumn,
@@ -166,7 +167,7 @@ class RichProgress(uploader.Progress):
                                    DownloadColumn(), TransferSpeedColumn(), TextColumn("{task.fields[stored]}"),
                                    TextColumn("{task.fields[files]}"), TimeRemainingColumn(), console=console,
                                    transient=False)
-        self.task = None
+        self.task: TaskID | None = None  # from start()
         self.stored = 0
         self.done = 0
         self.total_files = 0
@@ -178,11 +179,13 @@ class RichProgress(uploader.Progress):
 
     def advance(self, uncompressed: int, stored: int) -> None:
         self.stored += stored
-        self.bar.update(self.task, advance=uncompressed, stored=f"-> {self.stored / 1e6:,.1f} MB gz")
+        if self.task is not None:
+            self.bar.update(self.task, advance=uncompressed, stored=f"-> {self.stored / 1e6:,.1f} MB gz")
 
     def file_done(self, rel: str, action: str) -> None:
         self.done += 1
-        self.bar.update(self.task, files=f"{self.done}/{self.total_files} files")
+        if self.task is not None:
+            self.bar.update(self.task, files=f"{self.done}/{self.total_files} files")
 
     def stop(self) -> None:
         self.bar.stop()

@@ -264,8 +264,8 @@ class LocalJobService:
                                                                  **selector})
             elif fault.kind == "nccl":
                 env["NCCL_NET"] = "Socket"
-        for fault in job.rank_faults:
-            name, setting = fault.point()
+        for rank_fault in job.rank_faults:
+            name, setting = rank_fault.point()
             for node in range(nodes):
                 points.setdefault(node, {}).setdefault(name, []).append(setting)
         for node, armed in points.items():

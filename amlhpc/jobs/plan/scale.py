@@ -44,16 +44,16 @@ class ScalingRow:
 
 def report(rows: list[ScalingRow]) -> list[ScalingRow]:
     """Fill speedup and efficiency relative to the smallest finished run."""
-    done = sorted((r for r in rows if r.throughput), key=lambda r: r.nodes)
+    done = sorted(((r.nodes, r.throughput) for r in rows if r.throughput), key=lambda pair: pair[0])
     if not done:
         return sorted(rows, key=lambda r: r.nodes)
-    base = done[0]
+    base_nodes, base_throughput = done[0]
     out = []
     for row in sorted(rows, key=lambda r: r.nodes):
         if not row.throughput:
             out.append(row)
             continue
-        speedup = row.throughput / base.throughput
-        ideal = row.nodes / base.nodes
+        speedup = row.throughput / base_throughput
+        ideal = row.nodes / base_nodes
         out.append(ScalingRow(row.nodes, row.job, row.status, row.throughput, row.unit, speedup, speedup / ideal))
     return out

@@ -62,7 +62,7 @@ class Dist:
         return self.rank == 0
 
 
-def _first(*names: str, default: str | None = None) -> str | None:
+def _first(*names: str, default: str) -> str:
     for name in names:
         if os.environ.get(name):
             return os.environ[name]

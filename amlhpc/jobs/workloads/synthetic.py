@@ -28,6 +28,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from amlhpc.jobs.workloads import common
 
@@ -51,7 +52,9 @@ class Lockstep:
     """Rank 0 is the hub; `step()` returns once every rank finished the step."""
 
     def __init__(self, rank: int, world: int):
-        self.rank, self.world, self.peers, self.hub = rank, world, [], None
+        self.rank, self.world = rank, world
+        self.peers: list[TextIO] = []
+        self.hub: TextIO | None = None  # every rank but 0, when the world is larger than one
         if world == 1:
             return
         address = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")))
@@ -89,6 +92,7 @@ class Lockstep:
             except OSError as exc:
                 raise ConnectionError(f"a rank left before step {step} ({exc})") from exc
         else:
+            assert self.hub is not None, "__init__ connects every rank but 0 to the hub"
             try:
                 self.hub.write(f"{step}\n")
                 self.hub.flush()

@@ -51,7 +51,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,7 +283,7 @@ def fired_settings(path: str | os.PathLike) -> list[dict[str, Any]]:
     return found
 
 
-def env_for(points: dict[str, dict[str, Any] | list[dict[str, Any]]]) -> dict[str, str]:
+def env_for(points: Mapping[str, dict[str, Any] | list[dict[str, Any]]]) -> dict[str, str]:
     """The child-process variable arming `points` (NAME -> settings or a list of them; see the
     module docstring)."""
     for name, settings in points.items():

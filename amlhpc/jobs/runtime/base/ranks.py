@@ -82,10 +82,6 @@ class Ranks:
         """Local rank 0: the one process per node that stages while the others wait."""
         return self.local_rank == 0
 
-    def node_of(self, rank: int) -> int:
-        """The node index of any global rank."""
-        return rank // self.local_size
-
     def ranks_on_node(self, node: int) -> range:
         """Global ranks placed on `node`."""
         return range(node * self.local_size, (node + 1) * self.local_size)

@@ -27,17 +27,18 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from amlhpc.jobs.runtime.base.contract import DEFAULT_REPORT_DIR
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
+from amlhpc.jobs.runtime.base.process_env import process_env
 from amlhpc.jobs.runtime.base.ranks import Ranks, from_env
-from amlhpc.jobs.runtime.health.checks import FULL, QUICK, node_checks
+from amlhpc.jobs.runtime.health.checks import FULL, QUICK, Sizes, node_checks
 from amlhpc.jobs.runtime.health.collective import (
     AllReduceFigure,
     Collective,
@@ -54,6 +55,9 @@ from amlhpc.jobs.runtime.health.summary import render, write_summary
 from amlhpc.jobs.runtime.node.multinode import job_topology, sharp_on
 from amlhpc.jobs.runtime.node.nccl_transport import parse_init_log, verdict
 from amlhpc.jobs.runtime.node.nvml import open_nvml
+
+if TYPE_CHECKING:  # imported where it runs: run_health loads it at its start
+    from amlhpc.jobs.runtime.node.skufacts import SkuFacts
 
 MODES = ("gate", "warn", "report")
 
@@ -85,20 +89,11 @@ def _environment(measurer) -> dict:
     return info
 
 
-@contextmanager
-def _without_topology_file():
+def _without_topology_file() -> AbstractContextManager[None]:
     """The node's communicator starts without NCCL_TOPO_FILE, as Azure's single-node NCCL check
     now runs (azure_nccl_allreduce.nhc passes NCCL_TOPO_FILE= since 2025-06-26: the file gave
     false failures on H100/H200); the job-wide one keeps it."""
-    before = os.environ.get("NCCL_TOPO_FILE")
-    os.environ["NCCL_TOPO_FILE"] = ""
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("NCCL_TOPO_FILE", None)
-        else:
-            os.environ["NCCL_TOPO_FILE"] = before
+    return process_env({"NCCL_TOPO_FILE": ""})
 
 
 def nccl_log_settings(report_dir: Path) -> dict[str, str]:
@@ -175,58 +170,24 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
     report = NodeReport(socket.gethostname(), ranks.node_index, sku.name if sku else None, options.mode, options.quick,
                         datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
     job_checks: list[CheckResult] = []
-    job_allreduce: JobAllReduce | None = None
-    collective = None
-    if ranks.world_size > 1:
-        options.report_dir.mkdir(parents=True, exist_ok=True)
-        saved_env = {k: os.environ.get(k) for k in nccl_log_settings(options.report_dir)}
-        os.environ.update(nccl_log_settings(options.report_dir))  # read by NCCL when it starts below
-        try:
-            collective = collective_factory(ranks, environ, options.timeout_s)
-        except CollectiveError as exc:
-            job_checks.append(CheckResult("rendezvous", "job", FAIL, detail=str(exc)))
-    try:
+    with ExitStack() as stack:
+        collective = None
+        if ranks.world_size > 1:
+            options.report_dir.mkdir(parents=True, exist_ok=True)
+            # Read by NCCL from the process environment when the collective starts below.
+            stack.enter_context(process_env(nccl_log_settings(options.report_dir)))
+            try:
+                collective = collective_factory(ranks, environ, options.timeout_s)
+            except CollectiveError as exc:
+                job_checks.append(CheckResult("rendezvous", "job", FAIL, detail=str(exc)))
+            else:
+                stack.callback(collective.close)
         if ranks.is_node_leader:
             measurer = measurer_factory()
             with nvml_factory() as nvml:
                 report.checks.extend(node_checks(sku, measurer, nvml, sizes, options.sysfs, environ))
             report.environment = _environment(measurer)
-        exchanged = False
-        reports = [report] if ranks.is_node_leader else []
-        if collective is not None:
-            try:
-                job_allreduce = _collectives(collective, ranks, sku, sizes, report)
-            except Exception as exc:  # noqa: BLE001 - a broken collective is the finding
-                job_checks.append(CheckResult("allreduce_job", "job", FAIL,
-                                              detail=f"all-reduce failed: {type(exc).__name__}: {exc}"[:400]))
-            else:
-                if ranks.is_node_leader:
-                    report.checks.append(transport_check(options.report_dir, sku, ranks.node_count, environ,
-                                                         options.sysfs, getattr(collective, "backend", "")))
-                report.checks.extend(job_checks)
-                report.seconds = time.time() - started
-                try:
-                    gathered = collective.gather(report.to_json() if ranks.is_node_leader else None)
-                    reports = [NodeReport.from_json(g) for g in gathered if g is not None]
-                    exchanged = True
-                except Exception as exc:  # noqa: BLE001
-                    job_checks.append(CheckResult("exchange", "job", FAIL,
-                                                  detail=f"reports could not be exchanged: {type(exc).__name__}: {exc}"[:400]))
-        if job_allreduce is not None:
-            graded = _grade_job(job_allreduce, sku, ranks, reports if exchanged else [report], environ)
-            job_checks.append(graded)
-            for each in reports if exchanged else []:
-                each.checks.append(graded)
-        if not exchanged:
-            for check in job_checks:
-                if check not in report.checks:
-                    report.checks.append(check)
-            report.seconds = time.time() - started
-    finally:
-        if collective is not None:
-            collective.close()
-        for key, value in (saved_env.items() if ranks.world_size > 1 else ()):
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        reports = _job_phase(collective, ranks, sku, sizes, report, job_checks, options, environ, started)
     stats = apply_fleet(reports)
     mine = next((r for r in reports if r.node == ranks.node_index), report)
     if ranks.is_node_leader:
@@ -238,12 +199,61 @@ def run_health(options: HealthOptions, environ: Mapping[str, str] | None = None,
     failing = [r for r in reports if r.status == FAIL]
     if not ranks.is_node_leader and any(c.status == FAIL for c in job_checks):
         failing = failing or [report]
-    code = ExitCode.HEALTH if failing and options.mode == "gate" else ExitCode.OK
-    if code == ExitCode.HEALTH and any(c.check == "nccl_transport" and c.status == FAIL for r in failing for c in r.checks):
-        code = ExitCode.NCCL_SOCKETS  # the more specific cause: NCCL on TCP between the nodes
+    code = _exit_code(failing, options.mode)
     if failing and (ranks.rank == 0 or (ranks.is_node_leader and mine in failing)):
         _print_verdict(failing, options.mode, stream)
     return HealthOutcome(code, reports, failing)
+
+
+def _job_phase(collective: Collective | None, ranks: Ranks, sku: SkuFacts | None, sizes: Sizes,
+               report: NodeReport, job_checks: list[CheckResult], options: HealthOptions, environ: Mapping[str, str],
+               started: float) -> list[NodeReport]:
+    """The job-wide checks over `collective` (None: a world of one, or no rendezvous), graded and
+    exchanged; the reports this process knows (every node's when exchanged, else its own). The
+    job-wide results are in `job_checks` and in the reports."""
+    job_allreduce: JobAllReduce | None = None
+    exchanged = False
+    reports = [report] if ranks.is_node_leader else []
+    if collective is not None:
+        try:
+            job_allreduce = _collectives(collective, ranks, sku, sizes, report)
+        except Exception as exc:  # noqa: BLE001 - a broken collective is the finding
+            job_checks.append(CheckResult("allreduce_job", "job", FAIL,
+                                          detail=f"all-reduce failed: {type(exc).__name__}: {exc}"[:400]))
+        else:
+            if ranks.is_node_leader:
+                report.checks.append(transport_check(options.report_dir, sku, ranks.node_count, environ,
+                                                     options.sysfs, getattr(collective, "backend", "")))
+            report.checks.extend(job_checks)
+            report.seconds = time.time() - started
+            try:
+                gathered = collective.gather(report.to_json() if ranks.is_node_leader else None)
+                reports = [NodeReport.from_json(g) for g in gathered if g is not None]
+                exchanged = True
+            except Exception as exc:  # noqa: BLE001
+                job_checks.append(CheckResult("exchange", "job", FAIL,
+                                              detail=f"reports could not be exchanged: {type(exc).__name__}: {exc}"[:400]))
+    if job_allreduce is not None:
+        graded = _grade_job(job_allreduce, sku, ranks, reports if exchanged else [report], environ)
+        job_checks.append(graded)
+        for each in reports if exchanged else []:
+            each.checks.append(graded)
+    if not exchanged:
+        for check in job_checks:
+            if check not in report.checks:
+                report.checks.append(check)
+        report.seconds = time.time() - started
+    return reports
+
+
+def _exit_code(failing: list[NodeReport], mode: str) -> ExitCode:
+    """OK unless a node fails in gate mode: HEALTH, or NCCL_SOCKETS when NCCL ran on TCP between
+    the nodes (the more specific cause)."""
+    if not failing or mode != "gate":
+        return ExitCode.OK
+    if any(c.check == "nccl_transport" and c.status == FAIL for r in failing for c in r.checks):
+        return ExitCode.NCCL_SOCKETS
+    return ExitCode.HEALTH
 
 
 def _print_node(report: NodeReport, mode: str, path: Path, stream: TextIO) -> None:

@@ -93,7 +93,9 @@ if TYPE_CHECKING:  # imported where used, inside the phases (a launcher without 
     from amlhpc.jobs.runtime.checkpoint.node import NodeCheckpoints
     from amlhpc.jobs.runtime.checkpoint.settings import CheckpointSettings
     from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore
+    from amlhpc.jobs.runtime.coord.nodebarrier import NodeBarrier
     from amlhpc.jobs.runtime.health.quick import Baseline
+    from amlhpc.jobs.runtime.launch.restart import NodeRecords
     from amlhpc.jobs.runtime.launch.standby import Standby
     from amlhpc.jobs.runtime.launch.watchdog import Guard, WatchdogSettings
     from amlhpc.jobs.runtime.node.skufacts import SkuFacts
@@ -460,6 +462,25 @@ def exit_status(returncode: int) -> int:
 
 
 # --- the launcher ----------------------------------------------------------------------
+
+
+@dataclass
+class _Running:
+    """One generation's running command and what watches it (Launcher._start_generation)."""
+
+    generation: int
+    records: NodeRecords
+    coordinated: bool
+    """Whether a failure (or node 0 lost) stops every node at once and the nodes decide the outcome."""
+    outcome_barrier: NodeBarrier | None
+    """The node barrier behind which the nodes' decision comes (coordinated only)."""
+    started: float
+    """time.monotonic() at the start."""
+    child: subprocess.Popen
+    kills: Kills
+    forwarder: SignalForwarder
+    guard: Guard
+    stopper: _RestartStopper | None
 
 
 class Launcher:
@@ -833,7 +854,33 @@ class Launcher:
 
     def _run_generation(self, generation: int):
         """One run of the training command; returns (status, the node's decision or None)."""
-        from amlhpc.jobs.runtime.launch import reap, restart, watchdog
+        from amlhpc.jobs.runtime.launch import reap
+
+        run = self._start_generation(generation)
+        unreaped: reap.Unreaped | None = None
+        try:
+            returncode = reap.wait(run.child, run.kills, self.options.kill_wait_s)
+        except reap.Unreaped as exc:
+            unreaped, returncode = exc, -signal.SIGKILL
+        finally:
+            run.forwarder.finish()  # signals stay caught until the next run or the end of the final upload
+            run.guard.stop()
+            if run.stopper is not None:
+                run.stopper.stop()
+        if unreaped is not None:
+            return self._lost(unreaped, run.records if run.coordinated else None, run.outcome_barrier)
+        status = self.report.command_status = exit_status(returncode)
+        log.info("training command exited with %d after %.1fs", status, time.monotonic() - run.started)
+        status = self._judge_exit(returncode, status)
+        if generation == 0:
+            self._first_run_s = run.guard.watch.to_first_step_s
+        cause, message = self._cause(run, status)
+        return self._settle(run, status, cause, message)
+
+    def _start_generation(self, generation: int) -> _Running:
+        """The training command started for `generation`, with its signal forwarder, watchdog and
+        (coordinated) restart stopper attached."""
+        from amlhpc.jobs.runtime.launch import restart, watchdog
 
         progress_dir = self._dir("progress" if generation == 0 else f"progress-g{generation}")
         self.child_env[contract.PROGRESS_FILE] = str(watchdog.progress_path(progress_dir, self.ranks.local_rank))
@@ -852,45 +899,42 @@ class Launcher:
                                                     ready_file)
         forwarder = self._forwarder = SignalForwarder(child, self.options.term_grace_s, self.report, kills)
         forwarder.install()
-        self.guard = watchdog.attach(self, child.pid, progress_dir, generation=generation, first_run_s=self._first_run_s,
-                                     kills=kills)
+        guard = self.guard = watchdog.attach(self, child.pid, progress_dir, generation=generation,
+                                             first_run_s=self._first_run_s, kills=kills)
         stopper = _RestartStopper(records, child.pid, kills) if coordinated else None
-        unreaped: reap.Unreaped | None = None
-        try:
-            returncode = reap.wait(child, kills, self.options.kill_wait_s)
-        except reap.Unreaped as exc:
-            unreaped, returncode = exc, -signal.SIGKILL
-        finally:
-            forwarder.finish()  # signals stay caught until the next run or the end of the final upload
-            self.guard.stop()
-            if stopper is not None:
-                stopper.stop()
-        if unreaped is not None:
-            return self._lost(unreaped, records if coordinated else None, outcome_barrier)
-        status = self.report.command_status = exit_status(returncode)
-        log.info("training command exited with %d after %.1fs", status, time.monotonic() - started)
-        status = self._judge_exit(returncode, status)
-        if generation == 0:
-            self._first_run_s = self.guard.watch.to_first_step_s
-        if self.guard.fired and self.guard.fired.get("kind") == watchdog.FIRST_STEP:
-            cause, message = watchdog.FIRST_STEP, f"no first step: {self.guard.fired.get('message')}"
-        elif self.guard.fired:
-            cause, message = "hang", f"hang: {self.guard.fired.get('message')}"
-        elif forwarder.stopped:
-            cause, message = "stopped", f"stopped by {forwarder.stopped}"
-        elif stopper is not None and stopper.killed:
-            cause, message = "restart", "stopped for an in-job restart"
-        else:
-            cause, message = "exit", f"exit {status}"
-        if not coordinated:
+        return _Running(generation, records, coordinated, outcome_barrier, started, child, kills, forwarder, guard,
+                        stopper)
+
+    @staticmethod
+    def _cause(run: _Running, status: int) -> tuple[str, str]:
+        """Why the command ended (watchdog, signal, restart stop, or its own exit) and the message."""
+        from amlhpc.jobs.runtime.launch import watchdog
+
+        fired = run.guard.fired
+        if fired and fired.get("kind") == watchdog.FIRST_STEP:
+            return watchdog.FIRST_STEP, f"no first step: {fired.get('message')}"
+        if fired:
+            return "hang", f"hang: {fired.get('message')}"
+        if run.forwarder.stopped:
+            return "stopped", f"stopped by {run.forwarder.stopped}"
+        if run.stopper is not None and run.stopper.killed:
+            return "restart", "stopped for an in-job restart"
+        return "exit", f"exit {status}"
+
+    def _settle(self, run: _Running, status: int, cause: str, message: str):
+        """The node's status after the command ended: its own (uncoordinated), or the one the
+        nodes' outcome decides; returns (status, the decision or None)."""
+        from amlhpc.jobs.runtime.launch import restart
+
+        if not run.coordinated:
             if cause in restart.HANG_CAUSES:
                 status, self.report.error = ExitCode.HANG, message
             return status, None
-        fired = self.guard.fired or {}
-        records.record_exit(self.ranks.local_rank, status, cause, message,
-                            peer_silent=bool(cause == "hang" and fired.get("peer_silent")),
-                            culprit=fired.get("culprit") if cause in restart.HANG_CAUSES else None)
-        decision = self._outcome(outcome_barrier)
+        fired = run.guard.fired or {}
+        run.records.record_exit(self.ranks.local_rank, status, cause, message,
+                                peer_silent=bool(cause == "hang" and fired.get("peer_silent")),
+                                culprit=fired.get("culprit") if cause in restart.HANG_CAUSES else None)
+        decision = self._outcome(run.outcome_barrier)
         if decision.result == "restart":
             return status, decision
         if decision.exit_code is not None:

@@ -216,9 +216,6 @@ class RankSplit:
     per_node: list[list[Item]]
     per_rank: list[list[Item]]
 
-    def node_balance(self) -> Balance:
-        return measure(self.per_node)
-
 
 def split_for_ranks(items: Sequence[Item], node_count: int, local_size: int) -> RankSplit:
     """Balance over nodes, then each node's share over its local ranks."""

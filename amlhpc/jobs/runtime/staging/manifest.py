@@ -34,6 +34,7 @@ import threading
 import time
 from itertools import repeat
 from pathlib import Path
+from typing import TextIO
 
 from amlhpc.jobs.runtime.blob.fetch import BlobEntry
 
@@ -114,7 +115,7 @@ class Manifest:
         self._lock = threading.Lock()
         self._pending: list[str] = []
         self._last_flush = time.monotonic()
-        self._file = None
+        self._file: TextIO | None = None
         for path in sorted(staging_dir.glob("manifest-node*.jsonl")):
             _load_jsonl(path.read_text(errors="replace"), self.records)
         for path in sorted(staging_dir.glob("manifest-node*.tsv")):

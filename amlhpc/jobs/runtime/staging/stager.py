@@ -189,11 +189,16 @@ class StageOptions:
     """Where the per-node JSON report goes (default AMLHPC_REPORT_DIR or outputs/aml-hpc)."""
     progress_interval_s: float = 10.0
 
-    def resolved(self) -> StageOptions:
+    def worker_counts(self) -> tuple[int, int, int]:
+        """(concurrency, file_workers, inflate_workers): the given counts, else those derived from
+        the CPU count."""
         cpus = os.cpu_count() or 2
-        return replace(self, concurrency=self.concurrency or max(16, min(64, 8 * cpus)),
-                       file_workers=self.file_workers or max(4, min(32, 2 * cpus)),
-                       inflate_workers=self.inflate_workers or cpus)
+        return (self.concurrency or max(16, min(64, 8 * cpus)), self.file_workers or max(4, min(32, 2 * cpus)),
+                self.inflate_workers or cpus)
+
+    def resolved(self) -> StageOptions:
+        concurrency, file_workers, inflate_workers = self.worker_counts()
+        return replace(self, concurrency=concurrency, file_workers=file_workers, inflate_workers=inflate_workers)
 
     def validate(self) -> None:
         """StageConfigError naming every option that cannot work (the command line's names)."""
@@ -673,16 +678,17 @@ def _fetch_all(plan: _Plan, todo: list[int], dirs: _Dirs, manifest: Manifest, ra
     failures: list[str] = []
     data, partial = str(dirs.data), str(dirs.partial)
     tag = f"node{ranks.node_index}-"
-    with workers.pool(options.concurrency, "blob-get") as http, \
-            workers.pool(options.inflate_workers, "inflate") as inflate, \
-            workers.pool(options.file_workers, "blob-file") as files:
+    concurrency, file_workers, inflate_workers = options.worker_counts()
+    with workers.pool(concurrency, "blob-get") as http, \
+            workers.pool(inflate_workers, "inflate") as inflate, \
+            workers.pool(file_workers, "blob-file") as files:
         fetcher = Fetcher(plan.reader, http, inflate, range_bytes=options.range_bytes, window=options.window,
                           throttle=throttle, attempts_transient=options.blob_attempts,
                           retry_pause_s=options.retry.initial_backoff_s, verify_sha256=options.verify_sha256,
                           deadline=deadline, on_bytes=progress.on_bytes)
         queue = iter(todo)
         # A bounded number of files in the pool at once: a listing of 500k files must not become 500k futures.
-        in_flight = 4 * (options.file_workers or 1)
+        in_flight = 4 * file_workers
         pending: dict[Future, int] = {}
         try:
             while True:

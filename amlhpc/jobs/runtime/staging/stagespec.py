@@ -138,7 +138,8 @@ def specs_from_json(text: str, source: str = contract.STAGE_JSON) -> list[StageS
         if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
             bad("version", f"{version!r} is not a dataset version",
                 "a version number `jobs data upload` printed (e.g. 3), or \"latest\" for the newest committed one")
-        if len(problems) == before:
+        # name and container are strings whenever this entry added no problem (the checks above).
+        if len(problems) == before and isinstance(name, str) and isinstance(container, str):
             specs.append(StageSpec(name=name, container=container, account_url=account_url, prefix=prefix,
                                    mode=mode, egress_gbps=float(egress) if egress is not None else None,
                                    inflate=inflate, version=version))

@@ -61,7 +61,10 @@ def read_samples(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for record in tfrecord.read_records(path):
         features = tfrecord.decode_example(record)
-        x = np.frombuffer(features["x"], dtype="<i2")
+        packed = features["x"]
+        if not isinstance(packed, bytes):
+            raise ValueError(f"{path}: x is a list of numbers, not the packed int16 bytes")
+        x = np.frombuffer(packed, dtype="<i2")
         side = round((x.size / CHANNELS) ** (1 / 3))
         if side ** 3 * CHANNELS != x.size:
             raise ValueError(f"{path}: x has {x.size} values, not D^3 x {CHANNELS}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard
 
 try:  # hardware-accelerated when available
     import google_crc32c as _gcrc
@@ -29,8 +29,6 @@ try:  # hardware-accelerated when available
     def crc32c(data: bytes) -> int:
         return _gcrc.value(bytes(data))
 except ImportError:  # pragma: no cover - exercised where google-crc32c is absent
-    _gcrc = None
-
     def _table() -> list[int]:
         table = []
         for i in range(256):
@@ -150,13 +148,17 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, int, memoryview | int]]:
 Feature = bytes | list[float] | list[int]
 
 
+def _all_ints(values: list[float] | list[int]) -> TypeGuard[list[int]]:
+    return all(isinstance(v, int) for v in values)
+
+
 def encode_example(features: dict[str, Feature]) -> bytes:
     """tf.train.Example bytes: bytes values -> BytesList, floats -> FloatList, ints -> Int64List."""
     entries = b""
     for name, value in features.items():
         if isinstance(value, (bytes, bytearray)):
             feature = _field(1, 2, _field(1, 2, bytes(value)))
-        elif value and all(isinstance(v, int) for v in value):
+        elif value and _all_ints(value):
             feature = _field(3, 2, _field(1, 2, b"".join(_varint(v & ((1 << 64) - 1)) for v in value)))
         else:
             feature = _field(2, 2, _field(1, 2, struct.pack(f"<{len(value)}f", *value)))
@@ -169,23 +171,31 @@ def decode_example(data: bytes) -> dict[str, Feature]:
     """Parse a tf.train.Example into {name: bytes | [float] | [int]} (first bytes value)."""
     out: dict[str, Feature] = {}
     for number, wire, features in _fields(memoryview(data)):
-        if number != 1 or wire != 2:
+        if number != 1 or wire != 2 or not isinstance(features, memoryview):
             continue
         for fnum, fwire, entry in _fields(features):  # map entries
-            if fnum != 1 or fwire != 2:
+            if fnum != 1 or fwire != 2 or not isinstance(entry, memoryview):
                 continue
             name, feature = "", memoryview(b"")
             for enum_, _, value in _fields(entry):
                 if enum_ == 1:
                     name = bytes(value).decode()
                 elif enum_ == 2:
-                    feature = value
+                    feature = _payload(value)
             out[name] = _decode_feature(feature)
     return out
 
 
+def _payload(value: memoryview | int) -> memoryview:
+    """A length-delimited field's bytes (a varint where a message belongs: not an Example)."""
+    if isinstance(value, int):
+        raise TFRecordError("a varint where a length-delimited field belongs in Example")
+    return value
+
+
 def _decode_feature(feature: memoryview) -> Feature:
-    for kind, _, payload in _fields(feature):
+    for kind, _, field in _fields(feature):
+        payload = _payload(field) if kind in (1, 2, 3) else memoryview(b"")
         if kind == 1:  # BytesList
             values = [bytes(v) for n, _, v in _fields(payload) if n == 1]
             return values[0] if values else b""
@@ -193,19 +203,19 @@ def _decode_feature(feature: memoryview) -> Feature:
             floats: list[float] = []
             for n, w, v in _fields(payload):
                 if n == 1 and w == 2:
-                    floats.extend(struct.unpack(f"<{len(v) // 4}f", v))
+                    floats.extend(struct.unpack(f"<{len(_payload(v)) // 4}f", _payload(v)))
                 elif n == 1 and w == 5:
-                    floats.append(struct.unpack("<f", v)[0])
+                    floats.append(struct.unpack("<f", _payload(v))[0])
             return floats
         if kind == 3:  # Int64List, packed or not
             ints: list[int] = []
             for n, w, v in _fields(payload):
                 if n == 1 and w == 2:
-                    pos, raw = 0, v
+                    pos, raw = 0, _payload(v)
                     while pos < len(raw):
                         value, pos = _read_varint(raw, pos)
                         ints.append(value - (1 << 64) if value >= 1 << 63 else value)
-                elif n == 1 and w == 0:
+                elif n == 1 and w == 0 and isinstance(v, int):  # wire 0 is always a varint
                     ints.append(v - (1 << 64) if v >= 1 << 63 else v)
             return ints
     return b""
