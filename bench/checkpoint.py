@@ -1,17 +1,20 @@
 """Checkpoints and recovery, measured on this machine: training stall per checkpoint (async vs
 sync), restore time (node tier vs Blob), recovery time (in-job restart vs a resubmitted attempt).
 
-    python -m bench.checkpoint [--state-mib 1024] [--repeats 3] [--skip stall,restore,recovery]
+    python -m bench.checkpoint [--state-mib 256,1024] [--repeats 5] [--skip stall,restore,recovery]
                                [--out bench/out] [--update-results]
 
-1. Stall: how long a training loop is held per checkpoint of a `--state-mib` state (4 float32
-   tensors), synchronous (the DCP write, fsync and marker in the loop: `save_state(...,
+1. Stall: how long a training loop is held per checkpoint of each `--state-mib` state (4
+   float32 tensors), synchronous (the DCP write, fsync and marker in the loop: `save_state(...,
    background=False)`) against asynchronous (the copy to CPU memory in the loop, the write in
-   the background: the default), interleaved, `--repeats` each, medians; the background
-   write's own time beside it. Target: async stalls less than a third of sync.
-2. Restore: that version (2 ranks' parts) from the node's tier (check every file's SHA-256
-   against its marker, load with DCP) against from Blob (Azurite on this machine: download
-   and verify, then the same load); interleaved, medians.
+   the background: the default) and against torch's `dcp.async_save` on the same state (with
+   our stager options, and with staging in torch's thread), interleaved, `--repeats` each;
+   medians with min-max, each run's async/sync ratio; the first save (cold: buffers allocated)
+   apart from later ones (warm); the writers' GB/s. Page cache: nothing dropped, every file
+   fsynced. Target: async stalls at most a tenth of sync.
+2. Restore: the largest version (2 ranks' parts) from the node's tier (the restart's quick
+   check of sizes and mtimes, then the load, which hashes what it reads) against from Blob
+   (Azurite on this machine: download and verify, then the same load); interleaved, medians.
 3. Recovery: the rehearsed cosmoflow job (2 simulated nodes x 2 ranks, gloo, the job's own
    command) with rank 3 crashing at step 5, and with rank 3 hanging at step 5 (watchdog.hang_s
    10): seconds from the fault to the first step logged after it,
