@@ -173,6 +173,9 @@ def stall_at(mib: int, repeats: int, workdir: Path) -> dict:
         single.save(step, state, {"step": step})
         single.wait()
         rows["one_writer"].append(single.last_write_s or 0.0)
+        for folder in ("stall-async", "stall-one-writer", "stall-dcp", "stall-dcp-thread"):  # one version each on disk
+            for old in sorted((workdir / folder).rglob(f"step-*{step - 1}")):
+                shutil.rmtree(old, ignore_errors=True)
         rows["ratio"].append(rows["warm"][-1] / rows["sync"][-1])
         rows["dcp_ratio"].append(rows["dcp"][-1] / rows["sync"][-1])
     for writer in (background, single, torch_same, torch_thread):
