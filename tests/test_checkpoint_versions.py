@@ -205,6 +205,26 @@ class TestBackgroundWriter:
             load_version(version_dir, {k: torch.zeros_like(v) for k, v in state.items()}, 0)
         assert tier.held(tmp_path, [0]) == [] and (version_dir / "rank-0.json.corrupt").is_file()
 
+    def test_a_metadata_file_corrupted_in_place_is_named_not_a_parse_error(self, tmp_path):
+        """`.metadata` is read before the load starts: a flipped byte there is reported as the
+        copy's corruption (and set aside), not as an unreadable checkpoint."""
+        torch = pytest.importorskip("torch")
+        from amlhpc.jobs.runtime.checkpoint.errors import LocalCopyCorrupt
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+
+        state = {"w": torch.ones(1000)}
+        Checkpointer(tmp_path, 0, 1, "t0", background=False).save(1, state, {"step": 1})
+        version_dir = tier.versions_dir(tmp_path) / "step-000000001"
+        victim = tier.rank_dir(version_dir, 0) / ".metadata"
+        st = victim.stat()
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with pytest.raises(LocalCopyCorrupt, match="rank-0/.metadata does not match its marker"):
+            load_version(version_dir, {"w": torch.zeros(1000)}, 0)
+        assert tier.held(tmp_path, [0]) == []
+
     def test_the_verify_setting_is_checked(self):
         from amlhpc.jobs.runtime.checkpoint import CheckpointError
 

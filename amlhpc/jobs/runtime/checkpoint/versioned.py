@@ -271,7 +271,12 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int
     if not markers:
         raise CheckpointError(f"{version_dir} holds no complete rank part (no rank-<r>.json marker)")
     worlds = {m["world"] for m in markers.values()}
-    metadata = safeload.merged_metadata(version_dir, sorted(markers), prefer=rank)
+    try:
+        metadata = safeload.merged_metadata(version_dir, sorted(markers), prefer=rank)
+    except Exception as exc:  # a `.metadata` the medium corrupted fails here, before the load: say so
+        if verify and found:
+            _refuse_corrupt(version_dir, {r: _check_part(found, r) for r in sorted(markers)}, exc)
+        raise
     missing = safeload.uncovered(state, metadata)
     if missing:
         raise CheckpointError(f"{version_dir}: {missing[0]} is only partly there: the ranks present "
@@ -292,12 +297,7 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int
             failed = safeload.unwrap(exc)
         except Exception as exc:  # noqa: BLE001 - a corrupt file may fail the load itself: the check says which
             failed = exc
-        problems = {r: problem for r, check in checks.items() if (problem := check.result())}
-    if problems:
-        for bad in problems:
-            tier.quarantine(version_dir, bad)
-        raise LocalCopyCorrupt(f"{'; '.join(problems.values())}: the part of rank(s) {', '.join(map(str, problems))} "
-                               "is set aside; the next restart agrees on another version (Blob's)") from failed
+        _refuse_corrupt(version_dir, {r: check.result() for r, check in checks.items()}, failed)
     if failed is not None:
         raise failed
     trainer = json.loads((tier.rank_dir(version_dir, source) / TRAINER_FILE).read_text())
@@ -309,3 +309,14 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int
 def _check_part(version: tier.LocalVersion, rank: int) -> str | None:
     """Rank `rank`'s files of the version against its marker, every byte (beside the load)."""
     return version.check_hashes(list(version.markers[rank]["files"]))
+
+
+def _refuse_corrupt(version_dir: Path, checked: dict[int, str | None], cause: BaseException | None) -> None:
+    """LocalCopyCorrupt, the parts that failed their check set aside, when any did."""
+    problems = {r: problem for r, problem in checked.items() if problem}
+    if not problems:
+        return
+    for bad in problems:
+        tier.quarantine(version_dir, bad)
+    raise LocalCopyCorrupt(f"{'; '.join(problems.values())}: the part of rank(s) {', '.join(map(str, problems))} "
+                           "is set aside; the next restart agrees on another version (Blob's)") from cause
