@@ -1,17 +1,20 @@
 """Checkpoints and recovery, measured on this machine: training stall per checkpoint (async vs
 sync), restore time (node tier vs Blob), recovery time (in-job restart vs a resubmitted attempt).
 
-    python -m bench.checkpoint [--state-mib 1024] [--repeats 3] [--skip stall,restore,recovery]
+    python -m bench.checkpoint [--state-mib 256,1024] [--repeats 5] [--skip stall,restore,recovery]
                                [--out bench/out] [--update-results]
 
-1. Stall: how long a training loop is held per checkpoint of a `--state-mib` state (4 float32
-   tensors), synchronous (the DCP write, fsync and marker in the loop: `save_state(...,
+1. Stall: how long a training loop is held per checkpoint of each `--state-mib` state (4
+   float32 tensors), synchronous (the DCP write, fsync and marker in the loop: `save_state(...,
    background=False)`) against asynchronous (the copy to CPU memory in the loop, the write in
-   the background: the default), interleaved, `--repeats` each, medians; the background
-   write's own time beside it. Target: async stalls less than a third of sync.
-2. Restore: that version (2 ranks' parts) from the node's tier (check every file's SHA-256
-   against its marker, load with DCP) against from Blob (Azurite on this machine: download
-   and verify, then the same load); interleaved, medians.
+   the background: the default) and against torch's `dcp.async_save` on the same state (with
+   our stager options, and with staging in torch's thread), interleaved, `--repeats` each;
+   medians with min-max, each run's async/sync ratio; the first save (cold: buffers allocated)
+   apart from later ones (warm); the writers' GB/s. Page cache: nothing dropped, every file
+   fsynced. Target: async stalls at most a tenth of sync.
+2. Restore: the largest version (2 ranks' parts) from the node's tier (the restart's quick
+   check of sizes and mtimes, then the load, which hashes what it reads) against from Blob
+   (Azurite on this machine: download and verify, then the same load); interleaved, medians.
 3. Recovery: the rehearsed cosmoflow job (2 simulated nodes x 2 ranks, gloo, the job's own
    command) with rank 3 crashing at step 5, and with rank 3 hanging at step 5 (watchdog.hang_s
    10): seconds from the fault to the first step logged after it,
@@ -64,38 +67,138 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
-def stall(args, workdir: Path) -> dict:
-    """Sync against background saves of one rank, interleaved; the background writer's first
-    save (cold: torch's stager allocates its buffers) apart from the later ones (warm: the
-    buffers are reused); the writer's GB/s with its default threads and with one."""
+def _commit() -> str:
+    """The commit measured, `+dirty` when the working tree differs from it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+class DcpAsync:
+    """torch's own `dcp.async_save` on the same state: its DefaultStager (the options ours uses,
+    kept across saves, or torch's default of staging in a background thread) and DCP's
+    FileSystemWriter (fsync, the same threads); no marker (it hashes nothing)."""
+
+    def __init__(self, root: Path, writers: int, async_staging: bool):
+        from amlhpc.jobs.runtime.checkpoint.versioned import new_stager
+
+        self.root, self.writers, self.async_staging = root, writers, async_staging
+        if async_staging:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                                       use_async_staging=True, use_non_blocking_copy=False))
+        else:
+            self.stager = new_stager()
+        self.pending = None
+        self.started = 0.0
+        self.last_write_s: float | None = None
+
+    def save(self, step: int, state: dict) -> float:
+        """Seconds the training is held: the call, and with staging in a thread the wait for it
+        (the training may not change its tensors before the copy is done)."""
+        import torch.distributed.checkpoint as dcp
+
+        started = time.perf_counter()
+        self.wait()
+        folder = self.root / f"step-{step}"
+        shutil.rmtree(folder, ignore_errors=True)
+        writer = dcp.FileSystemWriter(str(folder), sync_files=True, thread_count=self.writers)
+        self.started = time.perf_counter()
+        response = dcp.async_save(state, storage_writer=writer, async_stager=self.stager, no_dist=True)
+        if hasattr(response, "staging_completion"):
+            response.staging_completion.result()
+            self.pending = response.upload_completion
+        else:
+            self.pending = response
+        return time.perf_counter() - started
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.last_write_s = time.perf_counter() - self.started
+            self.pending = None
+
+    def close(self) -> None:
+        self.wait()
+        self.stager.close()
+
+
+def stall_at(mib: int, repeats: int, workdir: Path) -> dict:
+    """Sync against background saves of one rank, interleaved, at one state size: ours (the
+    Checkpointer) and torch's dcp.async_save on the same state; the first background save
+    (cold: the stager allocates its buffers) apart from the later ones (warm: reused); the
+    writer's GB/s with its default threads and with one."""
+    import gc
+
     from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
 
-    state, gb = _state(args.state_mib), args.state_mib * MIB / 1e9
-    Checkpointer(workdir / "warm-up", 0, 1, "bench", background=False).save(0, _state(1), {"step": 0})  # imports
+    load_before = loadavg()
+    state, gb = _state(mib), mib * MIB / 1e9
     background = Checkpointer(workdir / "stall-async", 0, 1, "bench")
     single = Checkpointer(workdir / "stall-one-writer", 0, 1, "bench", writers=1)
+    torch_same = DcpAsync(workdir / "stall-dcp", background.writers, async_staging=False)
+    torch_thread = DcpAsync(workdir / "stall-dcp-thread", background.writers, async_staging=True)
     cold = background.save(1, state, {"step": 1})
     background.wait()
-    sync, warm, writes, one_writer = [], [], [background.last_write_s or 0.0], []
-    for step in range(2, args.repeats + 2):
+    dcp_cold = torch_same.save(1, state)
+    torch_same.wait()
+    dcp_thread_cold = torch_thread.save(1, state)
+    torch_thread.wait()
+    rows: dict[str, list[float]] = {k: [] for k in ("sync", "warm", "write", "one_writer", "dcp", "dcp_write",
+                                                    "dcp_thread", "dcp_thread_write", "ratio", "dcp_ratio")}
+    for step in range(2, repeats + 2):
         folder = workdir / "stall-sync"
         shutil.rmtree(folder, ignore_errors=True)
         started = time.perf_counter()
         Checkpointer(folder, 0, 1, "bench", background=False, writers=background.writers).save(step, state, {"step": step})
-        sync.append(time.perf_counter() - started)
-        warm.append(background.save(step, state, {"step": step}))
+        rows["sync"].append(time.perf_counter() - started)
+        rows["warm"].append(background.save(step, state, {"step": step}))
         background.wait()
-        writes.append(background.last_write_s or 0.0)
+        rows["write"].append(background.last_write_s or 0.0)
+        rows["dcp"].append(torch_same.save(step, state))
+        torch_same.wait()
+        rows["dcp_write"].append(torch_same.last_write_s or 0.0)
+        rows["dcp_thread"].append(torch_thread.save(step, state))
+        torch_thread.wait()
+        rows["dcp_thread_write"].append(torch_thread.last_write_s or 0.0)
         single.save(step, state, {"step": step})
         single.wait()
-        one_writer.append(single.last_write_s or 0.0)
-    background.close()
-    single.close()
-    sync_s, warm_s = statistics.median(sync), statistics.median(warm)
-    return {"state_mib": args.state_mib, "writers": background.writers, "sync_s": _spread(sync), "cold_s": cold,
-            "warm_s": _spread(warm), "ratio": warm_s / sync_s,
-            "write_gbps": _spread([gb / s for s in writes[1:]]),
-            "one_writer_gbps": _spread([gb / s for s in one_writer])}
+        rows["one_writer"].append(single.last_write_s or 0.0)
+        for folder in ("stall-async", "stall-one-writer", "stall-dcp", "stall-dcp-thread"):  # one version each on disk
+            for old in sorted((workdir / folder).rglob(f"step-*{step - 1}")):
+                shutil.rmtree(old, ignore_errors=True)
+        rows["ratio"].append(rows["warm"][-1] / rows["sync"][-1])
+        rows["dcp_ratio"].append(rows["dcp"][-1] / rows["sync"][-1])
+    for writer in (background, single, torch_same, torch_thread):
+        writer.close()
+    del state
+    gc.collect()
+    for folder in ("stall-async", "stall-one-writer", "stall-dcp", "stall-dcp-thread", "stall-sync"):
+        shutil.rmtree(workdir / folder, ignore_errors=True)
+    return {"state_mib": mib, "writers": background.writers, "load_before": load_before, "load_after": loadavg(),
+            "sync_s": _spread(rows["sync"]), "cold_s": cold, "warm_s": _spread(rows["warm"]),
+            "ratio": _spread(rows["ratio"]), "write_gbps": _spread([gb / s for s in rows["write"]]),
+            "one_writer_gbps": _spread([gb / s for s in rows["one_writer"]]),
+            "dcp_cold_s": dcp_cold, "dcp_s": _spread(rows["dcp"]), "dcp_ratio": _spread(rows["dcp_ratio"]),
+            "dcp_write_gbps": _spread([gb / s for s in rows["dcp_write"]]),
+            "dcp_thread_cold_s": dcp_thread_cold, "dcp_thread_s": _spread(rows["dcp_thread"]),
+            "dcp_thread_write_gbps": _spread([gb / s for s in rows["dcp_thread_write"]])}
+
+
+def stall(args, workdir: Path) -> list[dict]:
+    from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
+
+    Checkpointer(workdir / "warm-up", 0, 1, "bench", background=False).save(0, _state(1), {"step": 0})  # imports
+    return [stall_at(mib, args.repeats, workdir) for mib in args.sizes]
 
 
 # --- 2. restore -------------------------------------------------------------------------
@@ -110,7 +213,7 @@ def restore(args, workdir: Path, server) -> dict:
     from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
 
     source = workdir / "restore-source"
-    state = _state(args.state_mib)
+    state = _state(max(args.sizes))
     halves = [{"model": {k: v for i, (k, v) in enumerate(state["model"].items()) if i % 2 == r}} for r in (0, 1)]
     for rank in (0, 1):
         Checkpointer(source, rank, 2, "bench", background=False).save(10, halves[rank], {"step": 10})
@@ -144,7 +247,7 @@ def restore(args, workdir: Path, server) -> dict:
         runs["blob"].append(time.perf_counter() - started)
         shutil.rmtree(workdir / f"restore-blob-{repeat}", ignore_errors=True)
     local, blob = statistics.median(runs["local"]), statistics.median(runs["blob"])
-    return {"state_mib": args.state_mib, "runs_s": runs, "local_s": local, "blob_s": blob, "ratio": blob / local}
+    return {"state_mib": max(args.sizes), "runs_s": runs, "local_s": local, "blob_s": blob, "ratio": blob / local}
 
 
 # --- 3. recovery --------------------------------------------------------------------------
@@ -273,32 +376,51 @@ def render(results: dict) -> str:
              f"{machine['python']}; Azurite {machine['azurite']} on the same machine. Load average before/after: "
              f"{results['load_before']} / {machine['load_after']}.", ""]
     if "stall" in results:
-        s = results["stall"]
 
         def cell(spread: dict, fmt: str = ".3f") -> str:
             return (f"{spread['median']:{fmt}} | {spread['min']:{fmt}}-{spread['max']:{fmt}} | "
                     f"{', '.join(f'{x:{fmt}}' for x in spread['runs'])}")
 
+        def gbps(spread: dict) -> str:
+            return f"{spread['median']:.2f} GB/s ({spread['min']:.2f}-{spread['max']:.2f})"
+
         lines += ["## Training stall per checkpoint", "",
-                  f"State of {s['state_mib']} MiB (4 float32 tensors), one rank, saved as `save_state` does "
-                  f"(Checkpointer.save) with {s['writers']} writer threads; {len(s['sync_s']['runs'])} interleaved runs "
-                  "each. Page cache: nothing is dropped between runs (no privilege assumed); every write ends with "
-                  "fsync before the marker, so a write's time includes reaching the disk.", "",
-                  "| mode | training held, median s | spread s | runs (s) |", "|---|---:|---|---|",
-                  f"| synchronous (write + fsync + marker in the loop) | {cell(s['sync_s'])} |",
-                  f"| background, first save (cold: the stager allocates its buffers) | {s['cold_s']:.3f} | - | - |",
-                  f"| background, later saves (warm: the buffers reused) | {cell(s['warm_s'])} |", "",
-                  f"- background (warm) / sync: **{s['ratio']:.2f}** (target <= 0.10): {_met(s['ratio'] <= 0.10)}",
-                  f"- the background writer: {s['write_gbps']['median']:.2f} GB/s median "
-                  f"({s['write_gbps']['min']:.2f}-{s['write_gbps']['max']:.2f}) with {s['writers']} threads, "
-                  f"{s['one_writer_gbps']['median']:.2f} GB/s ({s['one_writer_gbps']['min']:.2f}-"
-                  f"{s['one_writer_gbps']['max']:.2f}) with one (DCP files, fsync, SHA-256 of every file for the "
-                  "marker); the training goes on meanwhile, sharing the CPUs with it", ""]
+                  f"Commit {results.get('commit', 'unknown')}. One rank, a state of 4 float32 tensors, "
+                  "saved as `save_state` does (Checkpointer.save), interleaved with a synchronous save, torch's "
+                  "`dcp.async_save` and a one-thread writer on the same state, each run in turn. Page cache: "
+                  "nothing is dropped between runs (that needs root, and the machine is shared); every file is "
+                  "fsynced before the marker, so a write's time includes reaching the disk; the data written is "
+                  "fresh each run (no read path is measured here). Cold: the first background save (the stager "
+                  "allocates its CPU buffers); warm: later saves into the same buffers. Ratio: each run's "
+                  "background stall over the synchronous save of the same run, then the median and spread.", ""]
+        for s in results["stall"]:
+            lines += [f"### {s['state_mib']} MiB, {s['writers']} writer threads", "",
+                      f"Load average before/after: {s['load_before']} / {s['load_after']}.", "",
+                      "| mode | training held, median s | spread s | runs (s) |", "|---|---:|---|---|",
+                      f"| synchronous (write + fsync + marker in the loop) | {cell(s['sync_s'])} |",
+                      f"| ours, first save (cold) | {s['cold_s']:.3f} | - | - |",
+                      f"| ours, later saves (warm) | {cell(s['warm_s'])} |",
+                      f"| dcp.async_save, our stager options, first save (cold) | {s['dcp_cold_s']:.3f} | - | - |",
+                      f"| dcp.async_save, our stager options (warm) | {cell(s['dcp_s'])} |",
+                      f"| dcp.async_save, staging in torch's thread, first save (cold) | {s['dcp_thread_cold_s']:.3f} "
+                      "| - | - |",
+                      f"| dcp.async_save, staging in torch's thread (warm; held until staged) | {cell(s['dcp_thread_s'])} |",
+                      "",
+                      f"- ours (warm) / sync: **{s['ratio']['median']:.3f}** ({s['ratio']['min']:.3f}-"
+                      f"{s['ratio']['max']:.3f}; target <= 0.10): {_met(s['ratio']['median'] <= 0.10)}; "
+                      f"dcp.async_save (warm) / sync: {s['dcp_ratio']['median']:.3f} ({s['dcp_ratio']['min']:.3f}-"
+                      f"{s['dcp_ratio']['max']:.3f})",
+                      f"- the background writer (ours: DCP files, fsync, SHA-256 while writing, marker): "
+                      f"{gbps(s['write_gbps'])} with {s['writers']} threads, {gbps(s['one_writer_gbps'])} with one; "
+                      f"dcp.async_save's write (no hashes, no marker): {gbps(s['dcp_write_gbps'])}, staging in "
+                      f"torch's thread {gbps(s['dcp_thread_write_gbps'])}. The training goes on meanwhile, sharing "
+                      "the CPUs with it", ""]
     if "restore" in results:
         r = results["restore"]
         lines += ["## Restore: node tier vs Blob", "",
-                  f"A version of {r['state_mib']} MiB in 2 ranks' parts; verified (SHA-256 of every file) and loaded "
-                  f"with DCP; median of {len(r['runs_s']['local'])} interleaved runs each.", "",
+                  f"A version of {r['state_mib']} MiB in 2 ranks' parts; checked as a restart does (sizes and mtimes "
+                  "against the markers) and loaded with DCP, which hashes every file it reads beside the load; median "
+                  f"of {len(r['runs_s']['local'])} interleaved runs each.", "",
                   "| source | median s | runs (s) |", "|---|---:|---|",
                   f"| node tier (NVMe here: the VM's disk) | {r['local_s']:.2f} | "
                   f"{', '.join(f'{x:.2f}' for x in r['runs_s']['local'])} |",
@@ -349,29 +471,38 @@ def write_results(text: str, results: dict, out: Path, update: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.checkpoint", description=__doc__.splitlines()[0])
-    parser.add_argument("--state-mib", type=int, default=1024, help="checkpoint size for the stall and restore figures")
+    parser.add_argument("--state-mib", default="256,1024",
+                        help="checkpoint sizes for the stall figures, comma-separated (the largest for restore)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (at least 5 for a median with a spread)")
     parser.add_argument("--skip", default="", help="comma-separated: stall, restore, recovery")
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--update-results", action="store_true", help="also rewrite this section of bench/RESULTS.md")
     args = parser.parse_args(argv)
+    try:
+        args.sizes = [int(x) for x in args.state_mib.split(",") if x.strip()]
+        if not args.sizes or min(args.sizes) < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--state-mib {args.state_mib!r}: give sizes in MiB, comma-separated, e.g. 256,1024")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1 (5 for a median with a spread)")
     from amlhpc.jobs.local import azurite as azurite_server
 
     results: dict = {"command": "python -m bench.checkpoint " + " ".join(argv if argv is not None else sys.argv[1:]),
-                     "date": time.strftime("%Y-%m-%d %H:%M %Z"), "load_before": loadavg()}
+                     "date": time.strftime("%Y-%m-%d %H:%M %Z", time.gmtime()), "load_before": loadavg(),
+                     "commit": _commit()}
     skip = set(filter(None, args.skip.split(",")))
     workdir = Path(tempfile.mkdtemp(prefix="amlhpc-bench-ckpt-"))
     try:
         if "stall" not in skip:
             print("stall: ...", file=sys.stderr)
             results["stall"] = stall(args, workdir)
-        with azurite_server.start(workdir / "azurite") as server:
-            if "restore" not in skip:
-                print("restore: ...", file=sys.stderr)
-                results["restore"] = restore(args, workdir, server)
-            if "recovery" not in skip:
-                print("recovery: ...", file=sys.stderr)
-                results["recovery"] = recovery(args, workdir, server)
+        blob_parts = [part for part in ("restore", "recovery") if part not in skip]
+        if blob_parts:
+            with azurite_server.start(workdir / "azurite") as server:
+                for part in blob_parts:
+                    print(f"{part}: ...", file=sys.stderr)
+                    results[part] = {"restore": restore, "recovery": recovery}[part](args, workdir, server)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["machine"] = {**describe_machine(), "load_after": loadavg(), "azurite": azurite_version()}

@@ -37,8 +37,13 @@ class TestTier:
         (version,) = tier.held(tmp_path, [0, 1])
         assert version.verify([0, 1]) is None and version.world == 4 and version.tag == "t0"
         shard = tier.rank_dir(version.path, 1) / "shard.bin"
+        mtime = shard.stat().st_mtime_ns
         shard.write_bytes(b"x" + shard.read_bytes()[1:])
+        os.utime(shard, ns=(mtime + 10**9, mtime + 10**9))  # written a second later, as a real rewrite would be
         assert "rank-1/shard.bin does not match its marker (corrupt)" in version.verify([0, 1])
+        os.utime(shard, ns=(mtime, mtime))  # the same bytes with the mtime of the save: only the full check sees it
+        assert version.verify([0, 1]) is None
+        assert "rank-1/shard.bin does not match its marker (corrupt)" in version.verify([0, 1], full=True)
 
     def test_retention_keeps_what_is_in_use(self, tmp_path):
         for step in (2, 4, 6, 8):
@@ -120,12 +125,124 @@ class TestBackgroundWriter:
             1, {f"w{i}": torch.ones(50_000) * i for i in range(8)}, {"step": 1})
         version = tier.read_version(tier.versions_dir(tmp_path) / "step-000000001")
         files = [f["path"] for f in version.markers[0]["files"]]
-        assert len(files) > 2 and version.verify([0], workers=4) is None
+        assert len(files) > 2 and version.verify([0], workers=4, full=True) is None
         victim = version.path / files[len(files) // 2]
         data = bytearray(victim.read_bytes())
         data[len(data) // 2] ^= 0xFF
         victim.write_bytes(bytes(data))
-        assert version.verify([0], workers=4) == f"step-000000001: {files[len(files) // 2]} does not match its marker (corrupt)"
+        assert version.verify([0], workers=4, full=True) == (
+            f"step-000000001: {files[len(files) // 2]} does not match its marker (corrupt)")
+
+    def test_the_marker_holds_the_hashes_taken_while_writing_and_no_file_is_read_back(self, tmp_path, monkeypatch):
+        """Every file's SHA-256 comes from the bytes on their way to the disk: with reading a file
+        back made impossible the save still records each file, and each digest is the file's."""
+        torch = pytest.importorskip("torch")
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
+
+        def no_read_back(*args, **kwargs):
+            raise AssertionError("a checkpoint file was read back to hash it")
+
+        monkeypatch.setattr(tier, "file_sha256", no_read_back)
+        state = {**{f"w{i}": torch.randn(40_000) for i in range(6)}, "lr": 0.5, "name": "adam"}
+        Checkpointer(tmp_path, 0, 1, "t0", writers=3).save(1, state, {"step": 1})  # background; close below
+        Checkpointer(tmp_path, 0, 1, "t0", background=False, writers=3).save(2, state, {"step": 2})
+        monkeypatch.undo()
+        for step in (2,):
+            version = tier.read_version(tier.versions_dir(tmp_path) / tier.version_name(step))
+            entries = version.markers[0]["files"]
+            assert {e["path"] for e in entries} >= {"rank-0/.metadata", "rank-0/trainer.json"} and len(entries) >= 4
+            for entry in entries:
+                path = version.path / entry["path"]
+                assert (entry["sha256"], entry["size"], entry["mtimeNs"]) == (
+                    tier.file_sha256(path), path.stat().st_size, path.stat().st_mtime_ns), entry["path"]
+
+    def test_a_restart_reads_no_data_unless_a_file_changed_or_the_full_check_is_asked(self, tmp_path, monkeypatch):
+        torch = pytest.importorskip("torch")
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
+
+        Checkpointer(tmp_path, 0, 1, "t0", background=False, writers=2).save(
+            1, {f"w{i}": torch.ones(30_000) * i for i in range(4)}, {"step": 1})
+        version = tier.read_version(tier.versions_dir(tmp_path) / "step-000000001")
+        hashed: list[str] = []
+        real = tier.file_sha256
+        monkeypatch.setattr(tier, "file_sha256", lambda path: hashed.append(Path(path).name) or real(path))
+        assert version.verify([0]) is None and hashed == [], "the quick check trusts the marker"
+        assert version.verify([0], full=True) is None and len(hashed) == len(version.markers[0]["files"])
+        hashed.clear()
+        victim = tier.rank_dir(version.path, 0) / "trainer.json"
+        victim.write_text('{"step": 7}')  # the same size, other bytes
+        mtime = victim.stat().st_mtime_ns
+        os.utime(victim, ns=(mtime + 10**9, mtime + 10**9))
+        assert version.verify([0]) == "step-000000001: rank-0/trainer.json does not match its marker (corrupt)"
+        assert hashed == ["trainer.json"], "only the file whose mtime moved is read"
+        # A marker written before mtimes were recorded: every file is hashed.
+        hashed.clear()
+        for entry in version.markers[0]["files"]:
+            entry.pop("mtimeNs")
+        assert version.verify([0]) is not None and len(hashed) == len(version.markers[0]["files"])
+
+    def test_a_copy_corrupted_in_place_fails_the_load_and_is_no_longer_offered(self, tmp_path):
+        """A flipped byte with the size and mtime kept (the medium's corruption, not a writer's)
+        passes the restart's quick check; the load hashes what it reads, refuses the copy, and
+        sets its marker aside, so the node no longer holds the version."""
+        torch = pytest.importorskip("torch")
+        from amlhpc.jobs.runtime.checkpoint.errors import LocalCopyCorrupt
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+
+        state = {f"w{i}": torch.arange(20_000, dtype=torch.float32) + i for i in range(3)}
+        Checkpointer(tmp_path, 0, 1, "t0", background=False, writers=2).save(1, state, {"step": 1})
+        version_dir = tier.versions_dir(tmp_path) / "step-000000001"
+        target = {k: torch.zeros_like(v) for k, v in state.items()}
+        assert load_version(version_dir, target, 0)["step"] == 1 and torch.equal(target["w2"], state["w2"])
+        victim = max(tier.rank_dir(version_dir, 0).glob("*.distcp"), key=lambda p: p.stat().st_size)
+        st = victim.stat()
+        data = bytearray(victim.read_bytes())
+        data[len(data) - 100] ^= 0x01
+        victim.write_bytes(bytes(data))
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert tier.read_version(version_dir).verify([0]) is None, "the quick check cannot see it"
+        with pytest.raises(LocalCopyCorrupt, match=f"rank-0/{victim.name} does not match its marker.*set aside"):
+            load_version(version_dir, {k: torch.zeros_like(v) for k, v in state.items()}, 0)
+        assert tier.held(tmp_path, [0]) == [] and (version_dir / "rank-0.json.corrupt").is_file()
+
+    def test_a_metadata_file_corrupted_in_place_is_named_not_a_parse_error(self, tmp_path):
+        """`.metadata` is read before the load starts: a flipped byte there is reported as the
+        copy's corruption (and set aside), not as an unreadable checkpoint."""
+        torch = pytest.importorskip("torch")
+        from amlhpc.jobs.runtime.checkpoint.errors import LocalCopyCorrupt
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+
+        state = {"w": torch.ones(1000)}
+        Checkpointer(tmp_path, 0, 1, "t0", background=False).save(1, state, {"step": 1})
+        version_dir = tier.versions_dir(tmp_path) / "step-000000001"
+        victim = tier.rank_dir(version_dir, 0) / ".metadata"
+        st = victim.stat()
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with pytest.raises(LocalCopyCorrupt, match="rank-0/.metadata does not match its marker"):
+            load_version(version_dir, {"w": torch.zeros(1000)}, 0)
+        assert tier.held(tmp_path, [0]) == []
+
+    def test_the_verify_setting_is_checked(self):
+        from amlhpc.jobs.runtime.checkpoint import CheckpointError
+
+        assert not tier.full_verify({}) and tier.full_verify({tier.VERIFY_VARIABLE: "full"})
+        with pytest.raises(CheckpointError, match="AMLHPC_CHECKPOINT_VERIFY='all' is not one of quick, full"):
+            tier.full_verify({tier.VERIFY_VARIABLE: "all"})
+
+    def test_the_hashing_writer_refuses_to_seek(self, tmp_path):
+        import io
+
+        from amlhpc.jobs.runtime.checkpoint.versioned import HashingWriter
+
+        with open(tmp_path / "f", "wb") as raw:
+            writer = HashingWriter(raw)
+            writer.write(b"abc")
+            with pytest.raises(io.UnsupportedOperation):
+                writer.seek(0)
+            assert writer.tell() == 3 and writer.size == 3
 
     def test_a_failed_write_is_reported_by_the_next_save(self, tmp_path):
         torch = pytest.importorskip("torch")

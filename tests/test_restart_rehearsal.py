@@ -2,7 +2,8 @@
 ranks, the job's own command (launcher, staging, DDP over gloo, versioned checkpoints), Azurite
 as Blob. A rank crashes, or hangs, at a step; the launchers of both nodes restart the training
 inside the same job from their node-local copies, and every later step logs the loss the
-undisturbed job logged, bit for bit. A corrupted local copy falls back to the one in Blob."""
+undisturbed job logged, bit for bit. A corrupted local copy falls back to the one in Blob: found
+by the restart's check when a write changed it, by the load when the medium did (mtime kept)."""
 
 from __future__ import annotations
 
@@ -120,4 +121,18 @@ def test_a_corrupted_local_copy_falls_back_to_blob(world, undisturbed):
     assert any("not intact, not offered for the restart" in line for line in lines[2])
     (again,) = restarts(result)[1]
     assert again["source"] == "blob" and again["step"] >= 4
+    assert_continues(losses(lines[0]), undisturbed, 5, again["step"])
+
+
+def test_a_copy_corrupted_in_place_fails_its_load_and_falls_back_to_blob(world, undisturbed):
+    """A flipped byte with each file's size and mtime kept passes the restart's quick check (no
+    data read): the restart agrees on the local copy, rank 3's load hashes what it reads, fails
+    naming the file and sets its part aside, and the next restart agrees on Blob's copy."""
+    result, lines = run(world, f"rot-{uuid.uuid4().hex[:6]}", "checkpoint.interval_s=10",
+                        fault="crash@step=5,rank=3,after-commit=4,rot=yes")
+    assert result.ok, "\n".join(lines.get(3, [])[-40:])
+    assert not any("not intact, not offered for the restart" in line for line in lines[2]), "the quick check reads no data"
+    assert any("does not match its marker" in line and "set aside" in line for line in lines[3])
+    first, again = restarts(result)[1]
+    assert first["source"] == "local" and again["source"] == "blob" and again["step"] >= 4
     assert_continues(losses(lines[0]), undisturbed, 5, again["step"])

@@ -16,8 +16,9 @@ Every kind but kill-controller takes `gen=K` (in the launch's restart generation
 the first run; each in-job restart adds one) and every kind `attempt=K` (in the managed run's
 attempt K; default 1, and for kill-controller the phase's first hit in any attempt). crash, error and stall take `after-commit=K` (first wait until a
 checkpoint of step K is committed in Blob), `after-standby=yes` (first wait until every rank's
-warm standby is ready) and `corrupt=yes` (flip a byte in the rank's local checkpoint copies
-first). A bad key or value is one error naming it and the keys or values accepted.
+warm standby is ready), `corrupt=yes` (flip a byte in the rank's local checkpoint copies
+first) and `rot=yes` (the same, keeping each file's mtime: the medium's corruption, which only
+the load's hashes find). A bad key or value is one error naming it and the keys or values accepted.
 
 Every fault goes through a named fault point (amlhpc/jobs/runtime/base/faultpoints.py, armed in
 the processes by AMLHPC_FAULTPOINTS): the node faults through `training.step` (a gate where
@@ -107,8 +108,9 @@ KEYS: dict[str, tuple[Callable[[str], Any], str]] = {
     "after-commit": (_integer(1), "first wait for a committed checkpoint of this step"),
     "after-standby": (_yes_no, "first wait for every rank's warm standby"),
     "corrupt": (_yes_no, "first corrupt the rank's local checkpoint copies"),
+    "rot": (_yes_no, "first corrupt the rank's local checkpoint copies, keeping their size and mtime"),
 }
-_RANK_KEYS = ("step", "rank", "gen", "attempt", "after-commit", "after-standby", "corrupt")
+_RANK_KEYS = ("step", "rank", "gen", "attempt", "after-commit", "after-standby", "corrupt", "rot")
 GRAMMAR: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # kind: (required keys, every accepted key)
     "preempt": (("step",), ("step", "node", "grace", "gen", "attempt")),
@@ -144,6 +146,7 @@ class FaultSpec:
     after_commit: int | None = None
     after_standby: bool = False
     corrupt: bool = False
+    rot: bool = False
 
     @property
     def on_node(self) -> bool:
@@ -167,6 +170,8 @@ class FaultSpec:
             settings["after_standby"] = True
         if self.corrupt:
             settings["corrupt"] = True
+        if self.rot:
+            settings["rot"] = True
         return "training.fault", settings
 
 

@@ -471,15 +471,20 @@ def _committed_at_least(step: int) -> bool:
         return False
 
 
-def _corrupt_local_copies(rank: int) -> list[str]:
+def _corrupt_local_copies(rank: int, keep_mtime: bool = False) -> list[str]:
+    """Flip a byte in the middle of each of the rank's local checkpoint files; `keep_mtime`: put
+    each file's mtime back (the medium's corruption: only hashing the bytes finds it)."""
     from amlhpc.jobs.runtime.checkpoint import tier
 
     corrupted = []
     for version in tier.scan_versions(Path(os.environ.get(contract.CHECKPOINT_DIR) or "outputs/checkpoints")):
         for path in sorted(p for p in tier.rank_dir(version.path, rank).rglob("*") if p.is_file()):
+            before = path.stat()
             data = bytearray(path.read_bytes())
             data[len(data) // 2] ^= 0xFF
             path.write_bytes(bytes(data))
+            if keep_mtime:
+                os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
             corrupted.append(f"{version.name}/{path.name}")
     return corrupted
 
@@ -491,7 +496,7 @@ def inject_fault(step: int) -> None:
     so the versions a restart can choose from are the same on every run of a test; a setting
     may first wait for every rank's warm standby (`after_standby`, a collective: every rank
     takes part) or for a commit of a step (`after_commit`), or corrupt this rank's local
-    copies (`corrupt`)."""
+    copies (`corrupt`; `rot`: keeping their mtimes)."""
     due = faultpoints.planned(FAULT_POINT, step=step)
     if not due:
         return
@@ -506,9 +511,9 @@ def inject_fault(step: int) -> None:
     spec = mine[0]
     if (after := spec.get("after_commit")) is not None:
         _wait_for(f"a commit of step {after}", lambda: _committed_at_least(int(after)), step)
-    if spec.get("corrupt"):
-        print(f"injected fault: corrupted {', '.join(_corrupt_local_copies(rank)) or 'nothing'}", file=sys.stderr,
-              flush=True)
+    if spec.get("corrupt") or spec.get("rot"):
+        corrupted = _corrupt_local_copies(rank, keep_mtime=bool(spec.get("rot")))
+        print(f"injected fault: corrupted {', '.join(corrupted) or 'nothing'}", file=sys.stderr, flush=True)
     print(f"injected fault: {spec.get('kind') or spec['action']} on rank {rank} at step {step} ({spec.get('spec')})",
           file=sys.stderr, flush=True)
     faultpoints.reach(FAULT_POINT, step=step, rank=rank)

@@ -35,3 +35,8 @@ class NotReady(CheckpointError):
 
 class UploadCancelled(CheckpointError):
     """The upload was cancelled (the launcher restarts the training, or stops): nothing committed."""
+
+
+class LocalCopyCorrupt(CheckpointError):
+    """A node's copy of a version does not hash to what its writer recorded: its marker is set
+    aside, and the next restart agrees on another version (Blob's)."""

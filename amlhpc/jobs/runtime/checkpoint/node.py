@@ -10,7 +10,8 @@ source, stream by stream:
   it, every rank's part when it does not (the training then reshards: shrink-and-continue).
 
 For an in-job restart (amlhpc/jobs/runtime/launch/restart.py) the node reports the versions it holds intact
-(every file checked against its rank's marker) and, on node 0, the newest one committed in
+(every file's size and mtime checked against its rank's marker, whose SHA-256 was computed while
+the file was written: no data is read unless a file changed or AMLHPC_CHECKPOINT_VERIFY=full) and, on node 0, the newest one committed in
 Blob; then prepares what all nodes decided: keep the local version and drop newer ones, or
 restore Blob's into the tier (a local copy that failed its check is replaced), or start over.
 
@@ -52,6 +53,8 @@ class NodeCheckpoints:
 
         self.settings, self.node, self.nodes, self.local_size, self.world = settings, node, nodes, local_size, world
         self.checkpoint_dir = Path(checkpoint_dir)
+        self.full_verify = tier.full_verify(environ)
+        """AMLHPC_CHECKPOINT_VERIFY=full: a restart hashes every byte of its copies (default: trusts the markers)."""
         container = container_from_settings(settings, environ)  # BlobConfigError (ValueError) on bad settings
         throttle = Throttle.from_mbits_per_s(settings.cap_mbps)  # one cap for the node's uploads
         self.store = CheckpointStore(container, settings.stream(node), throttle=throttle, node=node)
@@ -248,7 +251,7 @@ class NodeCheckpoints:
         self.cancel_version_uploads()
         intact = []
         for version in reversed(tier.held(self.checkpoint_dir, self.ranks)):
-            problem = version.verify(self.ranks)
+            problem = version.verify(self.ranks, full=self.full_verify)
             if problem:
                 log.warning("local checkpoint not intact, not offered for the restart: %s", problem)
                 continue

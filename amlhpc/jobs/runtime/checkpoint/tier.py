@@ -9,7 +9,14 @@ Layout under the node's checkpoint folder (AMLHPC_CHECKPOINT_DIR):
 
 A rank's part of a version exists when its marker does; a node holds a version when every one
 of its local ranks' markers is there, and holds it intact when every file matches its marker
-(`verify`). The job holds a version when every node holds its part: that is what the launchers
+(`verify`). The marker's SHA-256 of each file is the one computed while the file was written
+(versioned.py hashes every byte on its way to the disk), with the file's size and mtime after
+the write: a restart trusts that record and reads no data (`verify`'s quick check: sizes and
+mtimes; a file whose mtime moved, or a marker without the record, is hashed), unless
+`AMLHPC_CHECKPOINT_VERIFY=full` asks for every byte. Corruption that changes neither (the
+medium's, not a writer's) is found by the load, which hashes the files it reads and, on a
+mismatch, sets the rank's marker aside (`quarantine`): the node no longer holds the version,
+and the next restart agrees on another one (Blob's). The job holds a version when every node holds its part: that is what the launchers
 agree on before an in-job restart (amlhpc/jobs/runtime/launch/restart.py).
 
 `tag` names the timeline that wrote the version (the job run and its restart generation): after
@@ -27,7 +34,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,15 +103,38 @@ def sha256_many(paths: list[Path], workers: int | None = None) -> list[str]:
         return list(pool.map(file_sha256, paths))
 
 
+VERIFY_VARIABLE = "AMLHPC_CHECKPOINT_VERIFY"
+"""How a restart checks the node's copies: "quick" (the default: sizes and mtimes against the
+markers, hashing only a file whose mtime moved) or "full" (the SHA-256 of every byte)."""
+VERIFY_MODES = ("quick", "full")
+
+
+def full_verify(environ: Mapping[str, str]) -> bool:
+    """Whether `AMLHPC_CHECKPOINT_VERIFY` asks for the full check; CheckpointError on another value."""
+    given = environ.get(VERIFY_VARIABLE, "").strip() or "quick"
+    if given not in VERIFY_MODES:
+        raise CheckpointError(f"{VERIFY_VARIABLE}={given!r} is not one of {', '.join(VERIFY_MODES)}: 'quick' trusts the "
+                              "hashes recorded while the checkpoint was written, 'full' re-reads every byte; or unset it")
+    return given == "full"
+
+
 def write_marker(version_dir: Path, rank: int, *, step: int, world: int, tag: str, extra: dict[str, Any] | None = None,
-                 workers: int | None = None) -> Path:
+                 workers: int | None = None, digests: Mapping[str, str] | None = None) -> Path:
     """Record rank `rank`'s part of the version as complete: every file under its rank folder
-    with size and SHA-256 (hashed in parallel, right after the write, while the page cache still
-    holds the bytes), written through a temporary name (the last thing a save does)."""
+    with size, mtime and SHA-256, written through a temporary name (the last thing a save does).
+    `digests` (path relative to the version folder -> SHA-256): what the writer hashed while it
+    wrote (versioned.py); a file without one is read and hashed here, in parallel."""
     folder = rank_dir(version_dir, rank)
+    digests = digests or {}
     paths = sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-    files = [{"path": path.relative_to(version_dir).as_posix(), "size": path.stat().st_size, "sha256": digest}
-             for path, digest in zip(paths, sha256_many(paths, workers), strict=True)]
+    names = [path.relative_to(version_dir).as_posix() for path in paths]
+    unknown = [path for path, name in zip(paths, names, strict=True) if name not in digests]
+    hashed = dict(zip(unknown, sha256_many(unknown, workers), strict=True)) if unknown else {}
+    files = []
+    for path, name in zip(paths, names, strict=True):
+        st = path.stat()
+        files.append({"path": name, "size": st.st_size, "mtimeNs": st.st_mtime_ns,
+                      "sha256": digests[name] if name in digests else hashed[path]})
     document = {"schema": SCHEMA, "version": Path(version_dir).name, "step": step, "rank": rank, "world": world,
                 "tag": tag, "files": files, "written": time.time(), **(extra or {})}
     target = marker_path(version_dir, rank)
@@ -163,22 +193,35 @@ class LocalVersion:
                 out.append(LocalFile(rel, st.st_size, st.st_mtime_ns))
         return out
 
-    def verify(self, ranks: Iterable[int], workers: int | None = None) -> str | None:
-        """None when every file of `ranks` matches its marker, else what does not. Sizes first
-        (no read), then the SHA-256 of every file, `workers` files at a time (an in-job restart
-        waits for this on every node: one thread hashed ~1.5 GB/s, 90 s for 70 GB)."""
+    def verify(self, ranks: Iterable[int], workers: int | None = None, full: bool = False) -> str | None:
+        """None when every file of `ranks` matches its marker, else what does not.
+
+        Quick (the default, what an in-job restart runs on every node): sizes and mtimes against
+        the marker, no data read; the marker's SHA-256 was computed while the file was written,
+        so the record is trusted. A file whose mtime moved (something wrote it after the save),
+        or a marker without mtimes (written before they were recorded), is hashed. `full`: the
+        SHA-256 of every file, `workers` files at a time (one thread hashed ~1.5 GB/s: 90 s for
+        70 GB). Corruption that changes neither size nor mtime is left to the load (`quarantine`)."""
         entries = []
         for rank in sorted(ranks):
             marker = self.markers.get(rank)
             if marker is None:
                 return f"{self.name}: rank {rank} has no marker"
             entries += marker["files"]
+        to_hash = []
         for entry in entries:
             try:
-                if (self.path / entry["path"]).stat().st_size != entry["size"]:
-                    return f"{self.name}: {entry['path']} does not match its marker (corrupt)"
+                st = (self.path / entry["path"]).stat()
             except OSError as exc:
                 return f"{self.name}: {entry['path']}: {exc.strerror or exc}"
+            if st.st_size != entry["size"]:
+                return f"{self.name}: {entry['path']} does not match its marker (corrupt)"
+            if full or entry.get("mtimeNs") != st.st_mtime_ns:
+                to_hash.append(entry)
+        return self.check_hashes(to_hash, workers)
+
+    def check_hashes(self, entries: list[dict[str, Any]], workers: int | None = None) -> str | None:
+        """None when each of the marker `entries` hashes to its recorded SHA-256, else what does not."""
         try:
             digests = sha256_many([self.path / e["path"] for e in entries], workers)
         except OSError as exc:
@@ -187,6 +230,21 @@ class LocalVersion:
             if digest != entry["sha256"]:
                 return f"{self.name}: {entry['path']} does not match its marker (corrupt)"
         return None
+
+
+QUARANTINE_SUFFIX = ".corrupt"
+
+
+def quarantine(version_dir: Path, rank: int) -> Path | None:
+    """Set rank `rank`'s marker of the version aside (`rank-<r>.json.corrupt`, kept for a look):
+    a part found corrupt is no longer held, so no restart offers it. None when it was not there."""
+    marker = marker_path(version_dir, rank)
+    target = marker.with_name(marker.name + QUARANTINE_SUFFIX)
+    try:
+        os.replace(marker, target)
+    except FileNotFoundError:
+        return None
+    return target
 
 
 def read_version(path: Path) -> LocalVersion | None:

@@ -7,28 +7,39 @@ at the first save and reused by every later one, with non-blocking copies); a wr
 then runs DCP's FileSystemWriter into `versions/step-N/rank-<r>/` (tier.py) with `no_dist=True`
 (no collective in the background thread, where it could interleave with the training's own)
 and `AMLHPC_CHECKPOINT_WRITERS` file-writing threads, writes the rank's trainer state (JSON:
-step, sampler, RNG) beside it, and last the rank's marker, with the size and SHA-256 of every
-file (hashed in parallel while the files are still in the page cache). One save is in flight
-per rank: the next one first waits for it (bounded memory; a rank is never more than one
-version behind, which is why two versions kept locally always leave one that every node holds
-whole).
+step, sampler, RNG) beside it, and last the rank's marker. Every byte is hashed on its way to
+the disk (`HashingFileSystem`: the writer threads hash what they write), so the marker records
+the SHA-256 of what was written without reading any file back, and a restart trusts it
+(tier.py `verify`). One save is in flight per rank: the next one first waits for it (bounded
+memory; a rank is never more than one version behind, which is why two versions kept locally
+always leave one that every node holds whole).
 
 Why this thread and not `dcp.async_save`: async_save runs the same `dcp.save` in a one-worker
-thread pool, but refuses a job whose default process group has no CPU backend (NCCL alone, as
-our GPU workloads start) even with `no_dist=True` (torch 2.13,
+thread pool with the same stager (measured against this writer on the same state in
+bench/RESULTS.md, "dcp.async_save against this writer": the same stall and the same write, as
+expected of the same code), but refuses a job whose default process group has no CPU backend
+(NCCL alone, as our GPU workloads start) even with `no_dist=True` (torch 2.13,
 torch/distributed/checkpoint/state_dict_saver.py); a CPU backend beside NCCL would mean a gloo
-full mesh across every rank of the job, which does not scale to thousands of ranks. Its stager
-and writer are used as they are.
+full mesh across every rank of the job, which does not scale to thousands of ranks. And its
+writer is DCP's own, whose files we would have to read back to hash. Its stager and
+FileSystemWriter are used as they are.
 
 Loading (`load_version`): the metadata of the rank folders present is merged (safeload.py,
 no pickled code), and DCP reads into the given state dict: the same world size reads only the
 rank's own folder (its node's files); another world size reshards from every rank's folder.
+Meanwhile threads hash the files of the folders it reads (the same bytes, from the page cache
+the load fills) against their markers: a copy the medium corrupted after the save (size and
+mtime unchanged, so the restart's quick check passed it) fails the load with LocalCopyCorrupt
+and its marker is set aside (tier.quarantine), so the next restart agrees on Blob's copy.
 
 Imports torch: used by the training process (amlhpc/jobs/workloads/common.py), never by the launcher.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import logging
 import os
@@ -36,11 +47,13 @@ import shutil
 import threading
 import time
 import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from amlhpc.jobs.runtime.checkpoint import safeload, tier
-from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
+from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError, LocalCopyCorrupt
 
 log = logging.getLogger("amlhpc.checkpoint")
 TRAINER_FILE = "trainer.json"
@@ -74,6 +87,84 @@ def new_stager():
     accelerator = torch.accelerator.is_available()
     return DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
                                         use_async_staging=False, use_non_blocking_copy=accelerator))
+
+
+class HashingWriter(io.RawIOBase):
+    """A file opened for writing that hashes every byte written to it, in order. DCP writes its
+    files front to back (torch.save streams its zip sequentially; its NoCloseWriter offers no
+    seek), so the digest is the file's; a seek would break that and is refused."""
+
+    def __init__(self, raw: Any):
+        super().__init__()
+        self.raw, self.digest, self.size = raw, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written = self.raw.write(view)
+        if written is None or written < len(view):  # a short write: the rest would go unhashed
+            raise OSError(f"short write to {self.raw.name}: {written} of {len(view)} bytes")
+        self.digest.update(view)  # hashlib releases the GIL on large buffers: the writer threads hash in parallel
+        self.size += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        raise io.UnsupportedOperation("a checkpoint file is hashed as it is written: written front to back only")
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def _file_system_class():
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class HashingFileSystem(FileSystem):
+        """DCP's local file system, recording the SHA-256 and size of every file it writes
+        (`digests`, by final path: a `.metadata.tmp` renamed takes its record along)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.digests: dict[str, tuple[str, int]] = {}
+            self._lock = threading.Lock()
+
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            with Path(path).open("wb") as raw:
+                writer = HashingWriter(raw)
+                yield writer
+                raw.flush()
+            with self._lock:
+                self.digests[str(path)] = (writer.digest.hexdigest(), writer.size)
+
+        def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+            super().rename(path, new_path)
+            with self._lock:
+                if str(path) in self.digests:
+                    self.digests[str(new_path)] = self.digests.pop(str(path))
+
+    return HashingFileSystem
+
+
+def hashing_writer(folder: Path, writers: int):
+    """DCP's FileSystemWriter into `folder` (fsync per file, `writers` threads) whose file system
+    records the SHA-256 of every file as it writes it (`.fs.digests`)."""
+    import torch.distributed.checkpoint as dcp
+
+    writer = dcp.FileSystemWriter(str(folder), sync_files=True, thread_count=writers)
+    writer.fs = _file_system_class()()
+    return writer
 
 
 class Checkpointer:
@@ -144,20 +235,34 @@ class Checkpointer:
         if folder.exists():
             shutil.rmtree(folder)  # an interrupted save, or an abandoned timeline's part
         folder.mkdir(parents=True)
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True, thread_count=self.writers),
-                 no_dist=True)
-        (folder / TRAINER_FILE).write_text(json.dumps(trainer))
-        tier.write_marker(version_dir, self.rank, step=step, world=self.world, tag=self.tag, workers=self.writers)
+        writer = hashing_writer(folder, self.writers)
+        dcp.save(state, storage_writer=writer, no_dist=True)
+        digests = {}
+        for path, (digest, size) in writer.fs.digests.items():
+            relative = Path(path).relative_to(version_dir).as_posix()
+            if Path(path).stat().st_size == size:  # what was hashed is what is there
+                digests[relative] = digest
+        text = json.dumps(trainer).encode()
+        with open(folder / TRAINER_FILE, "wb") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        digests[f"{folder.name}/{TRAINER_FILE}"] = hashlib.sha256(text).hexdigest()
+        tier.write_marker(version_dir, self.rank, step=step, world=self.world, tag=self.tag, workers=self.writers,
+                          digests=digests)
         self.saved.append(step)
         self.last_write_s = time.perf_counter() - started
         log.info("rank %d: checkpoint %s written in %.2fs (%d writer threads)", self.rank, version_dir.name,
                  self.last_write_s, self.writers)
 
 
-def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int | None = None) -> dict[str, Any]:
+def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int | None = None,
+                 verify: bool = True) -> dict[str, Any]:
     """Load the version into `state` in place; returns the trainer state to resume from, with
     "same_world" saying whether it is this rank's own at the world size that saved it (RNG and
-    data position included) or, on another world size (`world`), rank 0's or the lowest's."""
+    data position included) or, on another world size (`world`), rank 0's or the lowest's.
+    `verify`: hash the files of the rank folders read, beside the load, against their markers
+    (LocalCopyCorrupt, and the part set aside, on a mismatch)."""
     import torch.distributed.checkpoint as dcp
 
     version_dir = Path(version_dir)
@@ -166,21 +271,52 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int
     if not markers:
         raise CheckpointError(f"{version_dir} holds no complete rank part (no rank-<r>.json marker)")
     worlds = {m["world"] for m in markers.values()}
-    metadata = safeload.merged_metadata(version_dir, sorted(markers), prefer=rank)
+    try:
+        metadata = safeload.merged_metadata(version_dir, sorted(markers), prefer=rank)
+    except Exception as exc:  # a `.metadata` the medium corrupted fails here, before the load: say so
+        if verify and found:
+            _refuse_corrupt(version_dir, {r: _check_part(found, r) for r in sorted(markers)}, exc)
+        raise
     missing = safeload.uncovered(state, metadata)
     if missing:
         raise CheckpointError(f"{version_dir}: {missing[0]} is only partly there: the ranks present "
                               f"({', '.join(map(str, sorted(markers)))}) hold part of what rank {rank} loads; the "
                               "other ranks' parts are needed (restore the version from Blob)")
-    try:
-        dcp.load(state, storage_reader=safeload.safe_reader(version_dir, metadata), planner=safeload.safe_planner(),
-                 no_dist=True)
-    except dcp.CheckpointException as exc:
-        raise safeload.unwrap(exc) from None
     saved = worlds.pop() if len(worlds) == 1 else None
     same = rank in markers and saved is not None and (world is None or world == saved)
     source = rank if same else min(markers)
+    read = sorted({int(info.relative_path.split("/", 1)[0].removeprefix("rank-"))
+                   for info in metadata.storage_data.values()} | {source})
+    failed: BaseException | None = None
+    with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-verify") as pool:
+        checks = {r: pool.submit(_check_part, found, r) for r in read} if verify and found else {}
+        try:
+            dcp.load(state, storage_reader=safeload.safe_reader(version_dir, metadata),
+                     planner=safeload.safe_planner(), no_dist=True)
+        except dcp.CheckpointException as exc:
+            failed = safeload.unwrap(exc)
+        except Exception as exc:  # noqa: BLE001 - a corrupt file may fail the load itself: the check says which
+            failed = exc
+        _refuse_corrupt(version_dir, {r: check.result() for r, check in checks.items()}, failed)
+    if failed is not None:
+        raise failed
     trainer = json.loads((tier.rank_dir(version_dir, source) / TRAINER_FILE).read_text())
     trainer["same_world"] = same
     trainer["saved_world"] = saved
     return trainer
+
+
+def _check_part(version: tier.LocalVersion, rank: int) -> str | None:
+    """Rank `rank`'s files of the version against its marker, every byte (beside the load)."""
+    return version.check_hashes(list(version.markers[rank]["files"]))
+
+
+def _refuse_corrupt(version_dir: Path, checked: dict[int, str | None], cause: BaseException | None) -> None:
+    """LocalCopyCorrupt, the parts that failed their check set aside, when any did."""
+    problems = {r: problem for r, problem in checked.items() if problem}
+    if not problems:
+        return
+    for bad in problems:
+        tier.quarantine(version_dir, bad)
+    raise LocalCopyCorrupt(f"{'; '.join(problems.values())}: the part of rank(s) {', '.join(map(str, problems))} "
+                           "is set aside; the next restart agrees on another version (Blob's)") from cause

@@ -758,7 +758,7 @@ class Launcher:
                                                     local_size=self.ranks.local_size, world=self.ranks.world_size,
                                                     checkpoint_dir=self.checkpoint_dir, environ=self.environ,
                                                     channel=self.channel)
-        except ValueError as exc:  # blobio.BlobConfigError: never holds a secret
+        except (ValueError, CheckpointError) as exc:  # blobio.BlobConfigError (never holds a secret), a bad setting
             raise LaunchFailed(ExitCode.USAGE, f"checkpoint storage: {exc}") from None
         self.store = self.node_checkpoints.store
         try:
