@@ -117,6 +117,17 @@ class TestEnvironmentPerSku:
         assert (uploading_nodes + 1) * ckpt["cap_mbps"] > 25_000 * 0.9, "the cap uses the share, not a token value"
         assert ckpt["container"] == "checkpoints" and ckpt["prefix"] == f"bert-pretrain/{plan.name}"
 
+    def test_checkpoint_accounts_are_striped_and_share_their_ingress(self, tmp_path):
+        """The stack's checkpointAccounts (in striping order) reach the job; the first holds the
+        manifests, and the per-node cap is the nodes' share of every account's ingress together."""
+        outputs = stack_outputs("dev")
+        object.__setattr__(outputs, "checkpoint_accounts", ["devck1", "devck2", "devck3"])  # the stack output
+        plan = build.plan_job(recipes.load("bert-pretrain", None), outputs)
+        ckpt = json.loads(plan.environment_variables[contract.CHECKPOINT_JSON])
+        assert ckpt["accounts"] == ["devck1", "devck2", "devck3"]
+        assert ckpt["account_url"] == "https://devck1.blob.core.windows.net/"
+        assert plan.instance_count * ckpt["cap_mbps"] <= 3 * 25_000 * 0.9 < (plan.instance_count + 1) * ckpt["cap_mbps"]
+
     def test_resume_uses_earlier_prefix(self, tmp_path):
         _, job = _render(tmp_path, "cosmoflow", "dev", resume="cosmoflow-20260101-000000-abcd")
         assert json.loads(job.environment_variables[contract.CHECKPOINT_JSON])["prefix"] == "cosmoflow/cosmoflow-20260101-000000-abcd"

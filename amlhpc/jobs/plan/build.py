@@ -293,16 +293,24 @@ def _checkpoint_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutput
     # writers that share the account's ingress are nodes, not ranks. Versioned checkpoints
     # (common.save_state) are written by every rank, so every node uploads its parts.
     writers = shape.nodes
-    cap = recipe.checkpoint.cap_mbps or max(1, int(outputs.storage.ingress_gbps * 1000 * CHECKPOINT_INGRESS_SHARE / writers))
+    # Striped over the stack's checkpoint accounts (stack output checkpointAccounts, in order; absent:
+    # the dataset account): each node spreads its parts evenly over them, so its cap is its share of
+    # every account's ingress together.
+    accounts = list(getattr(outputs, "checkpoint_accounts", None) or [])
+    ingress = outputs.storage.ingress_gbps * max(1, len(accounts))
+    cap = recipe.checkpoint.cap_mbps or max(1, int(ingress * 1000 * CHECKPOINT_INGRESS_SHARE / writers))
+    host = outputs.storage.blob_endpoint.split("//", 1)[-1].split("/", 1)[0]
+    account_url = f"https://{accounts[0]}.{host.split('.', 1)[1]}/" if accounts else outputs.storage.blob_endpoint
     env.put(contract.CHECKPOINT_JSON, json.dumps({
-        "account_url": outputs.storage.blob_endpoint, "container": outputs.storage.containers["checkpoints"],
+        "account_url": account_url, "container": outputs.storage.containers["checkpoints"],
+        **({"accounts": accounts} if len(accounts) > 1 else {}),
         "prefix": f"{recipe.name}/{run_key}", "keep": recipe.checkpoint.keep, "cap_mbps": cap,
         "interval_s": recipe.checkpoint.interval_s, "writers": recipe.checkpoint_writers,
         "ingress_gbps": outputs.storage.ingress_gbps, "local_keep": recipe.checkpoint.local_keep,
         "local_restarts": recipe.checkpoint.local_restarts, "agree_s": recipe.checkpoint.agree_s},
         separators=(",", ":")),
         f"checkpoints to Blob: {writers} writer(s) x {cap} Mb/s under {CHECKPOINT_INGRESS_SHARE:.0%} of "
-        f"{outputs.storage.ingress_gbps:g} Gb/s ingress")
+        f"{ingress:g} Gb/s ingress" + (f" ({len(accounts)} accounts striped)" if len(accounts) > 1 else ""))
 
 
 def _deepspeed(env: _EnvBuilder, recipe: Recipe, shape: _Shape, environment: dict[str, str],

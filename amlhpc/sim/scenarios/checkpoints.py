@@ -8,11 +8,13 @@
   requests on every write of the commit path (pending records, parts, the manifest, the
   `latest` pointer), 503 storms on the pointer, slow requests, a node partitioned from
   storage, frozen or killed at a checkpoint fault point (then only the safety invariants apply),
-  a follower whose last save fails (it never holds the last version node 0 leads).
+  a follower whose last save fails (it never holds the last version node 0 leads). The parts
+  are striped over 1 to 3 storage accounts (the job's checkpoint accounts, store.py).
 - `folder-upload`: one node's FolderUploader uploads its checkpoint folder as versions
   (store.upload: commit, then prune) while the training rewrites it; the same faults.
 - `prune-race`: a folder uploader and `python -m amlhpc.jobs.runtime.checkpoint prune` by
-  hand (store.prune on its own process) on one stream, at seeded times, with slow requests.
+  hand (store.prune on its own process) on one stream, at seeded times, with slow requests;
+  the parts striped over 1 to 3 accounts, so retention deletes in each.
 
 Invariants (an oracle reads the service's state every virtual second, never through requests):
 - `pointer-orphan`: `latest` names a manifest that does not exist (a restore fails);
@@ -42,6 +44,8 @@ from amlhpc.sim.world import ACCOUNT, World
 
 CONTAINER = "checkpoints"
 PREFIX = "exp/run"
+STRIPE_ACCOUNTS = (ACCOUNT, "simstripe1", "simstripe2")
+"""The accounts a job's checkpoint parts are striped over (the first `accounts` of them)."""
 SETTLE_S = 400.0
 """After the training's last save: longer than any retry budget (RetrySettings: 8 status retries,
 backoffs up to 30 s) and fault the plans draw, so a version not committed by then never will be."""
@@ -58,8 +62,8 @@ class StreamOracle:
     """Versions `latest` was seen naming, in order."""
     found: dict[str, Violation] = field(default_factory=dict)
 
-    def _blobs(self) -> dict:
-        return self.world.blob.accounts[ACCOUNT].containers[CONTAINER].blobs
+    def _blobs(self, account: str = ACCOUNT) -> dict:
+        return self.world.blob.accounts[account].containers[CONTAINER].blobs
 
     def _json(self, name: str) -> dict | None:
         blob = self._blobs().get(name)
@@ -86,9 +90,8 @@ class StreamOracle:
         if manifest is None:
             self._say("pointer-orphan", f"`latest` names {version}, whose manifest does not exist: every restore fails")
         else:
-            blobs = self._blobs()
             for entry in manifest.get("files", []):
-                blob = blobs.get(entry["blob"])
+                blob = self._blobs(entry.get("account") or ACCOUNT).get(entry["blob"])  # striped: its own account
                 if blob is None or not blob.committed or blob.size != entry["size"] or \
                         blob.metadata.get("amlhpc_sha256") != entry["sha256"]:
                     self._say("part-missing", f"{entry['blob']} of {version} (named by `latest`) is gone or changed")
@@ -117,6 +120,12 @@ class StreamOracle:
                 self.look()
                 self.world.sim.sleep(every_s)
         self.world.spawn(f"oracle-{self.stream}", loop)
+
+
+def striped_store(world: World, stream: str, accounts: int, **kwargs) -> CheckpointStore:
+    """A stream whose parts are striped over the first `accounts` of STRIPE_ACCOUNTS (1: unstriped)."""
+    stripes = [(name, world.container(CONTAINER, account=name)) for name in STRIPE_ACCOUNTS[:accounts]]
+    return CheckpointStore(world.container(CONTAINER), stream, stripes=stripes if accounts > 1 else (), **kwargs)
 
 
 def save_version(checkpoint_dir: Path, rank: int, step: int, world_size: int, tag: str, size: int = 64) -> None:
@@ -172,6 +181,7 @@ class CheckpointCommit(Scenario):
         plan = _commit_faults(rng, [f"node-{k}" for k in range(nodes)])
         # Drawn after the faults (their draws stay what they were): a follower whose last save fails.
         self.settings["short_node"] = rng.randrange(1, nodes) if rng.random() < 0.25 else None
+        self.settings["accounts"] = rng.randint(1, 3)  # drawn last, for the same reason
         return plan
 
     def start(self, world: World, root: Path) -> None:
@@ -192,7 +202,7 @@ class CheckpointCommit(Scenario):
         self.jobstore = world.jobstore(hosts[0])
         for k, node in enumerate(hosts):
             checkpoint_dir = root / node.name
-            store = CheckpointStore(world.container(CONTAINER), stream, node=k, workers=2, blocks_in_flight=2)
+            store = striped_store(world, stream, s["accounts"], node=k, workers=2, blocks_in_flight=2)
             channel = Channel(self.jobstore.client(), node=k, nodes=nodes, rng=random.Random(f"{world.seed}:{k}"))
             uploader = VersionUploader(store, checkpoint_dir, [k], k, nodes, s["interval_s"], s["keep"], local_keep=2,
                                        channel=channel.scoped("ckpt", "u0"))
@@ -351,6 +361,7 @@ class PruneRace(Scenario):
         plan = FaultPlan()
         for _ in range(rng.randint(0, 3)):
             plan.add(RequestFault("delay", node="prune", nth=rng.randint(1, 60), delay_s=rng.uniform(0.2, 4.0)))
+        self.settings["accounts"] = rng.randint(1, 3)
         return plan
 
     def start(self, world: World, root: Path) -> None:
@@ -358,7 +369,7 @@ class PruneRace(Scenario):
         uploader_node, pruner = world.node("node-0"), world.node("prune", principal="operator")
         folder = root / "ckpt"
         folder.mkdir()
-        store = CheckpointStore(world.container(CONTAINER), PREFIX, node=0, workers=2, blocks_in_flight=2)
+        store = striped_store(world, PREFIX, s["accounts"], node=0, workers=2, blocks_in_flight=2)
         self.uploader = FolderUploader(store, folder, s["interval_s"], s["keep"], settle_s=0.0)
         self.oracle = StreamOracle(world, PREFIX, s["keep"])
         self.oracle.watch(every_s=0.25)
@@ -369,11 +380,12 @@ class PruneRace(Scenario):
             while True:
                 step += 1
                 (folder / "model.pt").write_bytes(b"weights-%d" % step * 8)
+                (folder / "optim.pt").write_bytes(b"moments-%d" % step * 6)  # striped: in another account
                 self.uploader.upload_once()
                 world.sim.sleep(s["interval_s"])
 
         def prune() -> None:
-            by_hand = CheckpointStore(world.container(CONTAINER), PREFIX, node=0)
+            by_hand = striped_store(world, PREFIX, s["accounts"], node=0)
             world.sim.sleep(s["prune_start_s"])
             for _ in range(s["prunes"]):
                 try:

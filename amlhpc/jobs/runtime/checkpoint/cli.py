@@ -76,8 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.versions and args.action == "upload":
             raise RuntimeInputError.single("command line", "--versions", "versioned checkpoints are uploaded by the "
                                            "launcher (every node stages its parts)", "upload the folder without --versions")
-        container = blobio.container_client_from_env(settings.container, settings.account_url,
-                                                     retry=blobio.RetrySettings(**CLI_RETRY))
+        urls = settings.account_urls()  # striped: the first account holds the manifests and `latest`
+        retry = blobio.RetrySettings(**CLI_RETRY)
+        container = blobio.container_client_from_env(settings.container, urls[0][1] if urls else settings.account_url,
+                                                     retry=retry)
+        stripes = [(name, container if k == 0 else blobio.container_client_from_env(settings.container, url, retry=retry))
+                   for k, (name, url) in enumerate(urls)] if len(urls) > 1 else []
     except RuntimeInputError as exc:
         print(exc.render(), file=sys.stderr)
         return ExitCode.USAGE
@@ -85,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checkpoint: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     stream = settings.versions_stream if args.versions else settings.stream(args.node)
-    store = CheckpointStore(container, stream, throttle=Throttle.from_mbits_per_s(settings.cap_mbps), node=args.node)
+    store = CheckpointStore(container, stream, throttle=Throttle.from_mbits_per_s(settings.cap_mbps), node=args.node,
+                            stripes=stripes)
     endpoint = blobio.safe_endpoint(settings.account_url, os.environ.get(BLOB_CONNECTION_STRING))
     try:
         if args.action == "upload":

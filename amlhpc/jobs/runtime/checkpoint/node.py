@@ -31,7 +31,11 @@ from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.checkpoint import tier
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
-from amlhpc.jobs.runtime.checkpoint.settings import CheckpointSettings, container_from_settings
+from amlhpc.jobs.runtime.checkpoint.settings import (
+    CheckpointSettings,
+    container_from_settings,
+    stripes_from_settings,
+)
 from amlhpc.jobs.runtime.checkpoint.snapshot import scan
 from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, Manifest
 from amlhpc.jobs.runtime.checkpoint.uploader import FOLDER_EXCLUDE, FolderUploader, VersionUploader
@@ -57,13 +61,17 @@ class NodeCheckpoints:
         """AMLHPC_CHECKPOINT_VERIFY=full: a restart hashes every byte of its copies (default: trusts the markers)."""
         container = container_from_settings(settings, environ)  # BlobConfigError (ValueError) on bad settings
         throttle = Throttle.from_mbits_per_s(settings.cap_mbps)  # one cap for the node's uploads
-        self.store = CheckpointStore(container, settings.stream(node), throttle=throttle, node=node)
-        self.versions = CheckpointStore(container, settings.versions_stream, throttle=throttle, node=node)
+        stripes = stripes_from_settings(settings, container, environ)  # parts over the checkpoint accounts
+        self.store = CheckpointStore(container, settings.stream(node), throttle=throttle, node=node, stripes=stripes)
+        self.versions = CheckpointStore(container, settings.versions_stream, throttle=throttle, node=node,
+                                        stripes=stripes)
         self.folder_uploader: FolderUploader | None = None
         self.version_uploader: VersionUploader | None = None
         self._versions_protect: set[str] | None = None
         """What the last start_uploads protected; set once the versioned uploads ever ran."""
         self.uploaded: list[str] = []
+        self.skipped: list[str] = []
+        """Versions the upload rounds passed over for newer ones (node 0; VersionUploader.skipped)."""
         self.channel = channel
         """The job's coordination store (None: one node, or none could be opened)."""
         self._sessions = 0
@@ -167,6 +175,7 @@ class NodeCheckpoints:
         if self.version_uploader is not None:
             self.version_uploader.cancel()
             self.uploaded += self.version_uploader.committed
+            self.skipped += self.version_uploader.skipped
             self.version_uploader = None
 
     def finish(self, final_wait_s: float, generation_failed: Callable[[], bool] | None = None) -> list[str]:
@@ -198,6 +207,10 @@ class NodeCheckpoints:
             except CheckpointError as exc:
                 errors.append(str(exc))
             self.uploaded += self.version_uploader.committed
+            self.skipped += self.version_uploader.skipped
+        if self.skipped:
+            log.warning("checkpoint uploads skipped %d version(s) for newer ones (%d committed): the upload takes "
+                        "longer than interval_s", len(self.skipped), len(self.uploaded))
         return errors
 
     def _final_session(self, wait_s: float, generation_failed: Callable[[], bool] | None) -> None:

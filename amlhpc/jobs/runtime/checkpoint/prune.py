@@ -49,6 +49,8 @@ class Stream(Protocol):
 
     def data_prefix(self, version: str | None = None) -> str: ...
 
+    def data_containers(self) -> list[Any]: ...
+
     def pendings(self) -> dict[str, dict[int, Pending]]: ...
 
     def is_stale(self, pending: Pending) -> bool: ...
@@ -79,7 +81,10 @@ def _young(store: Stream, written: datetime | None) -> bool:
 def prune(store: Stream, keep: int) -> tuple[list[str], int]:
     """Returns (deleted versions, deleted data blobs)."""
     keep = max(keep, 1)
-    data = [b.name for b in store.container.list_blobs(name_starts_with=store.data_prefix())]
+    # Striped parts lie in several accounts (store.py): each account's data blobs. A blob name a
+    # kept manifest references is kept in every account (a part's name is unique to its version).
+    data = [(container, b.name) for container in store.data_containers()
+            for b in container.list_blobs(name_starts_with=store.data_prefix())]
     faultpoints.reach("checkpoint.prune-listed")
     leases: list[Pending] = []
     live_pending: set[str] = set()
@@ -114,7 +119,8 @@ def prune(store: Stream, keep: int) -> tuple[list[str], int]:
         manifest = store.manifest(version)
         if manifest is not None:
             referenced.update(f["blob"] for f in manifest.files)
-    unreferenced = [name for name in data if name not in referenced and not any(r.leases_blob(name) for r in leases)]
+    unreferenced = [(container, name) for container, name in data
+                    if name not in referenced and not any(r.leases_blob(name) for r in leases)]
     faultpoints.reach("checkpoint.prune-decided")
     now, _ = store.pointer()
     if now is None or now["version"] != pointer["version"]:
@@ -125,7 +131,9 @@ def prune(store: Stream, keep: int) -> tuple[list[str], int]:
     if leftover_leases:
         delete_many(store.container, leftover_leases)
     delete_many(store.container, [store.manifest_name(v) for v in dropped])
-    deleted = delete_many(store.container, unreferenced)
+    deleted = 0
+    for container in store.data_containers():
+        deleted += delete_many(container, [name for c, name in unreferenced if c is container])
     if dropped or deleted:
         log.info("checkpoint retention: %d old version(s) and %d unreferenced blob(s) deleted", len(dropped), deleted)
     return dropped, deleted

@@ -10,7 +10,10 @@
      "ingress_gbps": 25,      # optional: account ingress, to warn when writers x cap exceeds it
      "local_keep": 2,         # optional: complete versions kept on each node's NVMe (versioned checkpoints)
      "local_restarts": 3,     # optional: in-job restarts before the job ends for a new attempt (0: none)
-     "agree_s": 300}          # optional: how long nodes wait for each other to agree on a restart
+     "agree_s": 300,          # optional: how long nodes wait for each other to agree on a restart
+     "accounts": ["ckpt0", "ckpt1"]}  # optional: storage accounts the parts are striped over, in order
+                              #   (the stack output checkpointAccounts); the first holds the records,
+                              #   manifests and `latest`. Absent: every part in account_url's account.
 
 The NDv4 performance article caps each writer so that writers x cap stays under the
 account's ingress (8 x 2300 Mb/s < 20 Gb/s); the job builder derives `cap_mbps` that way,
@@ -32,6 +35,7 @@ from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem, l
 WRITERS = ("rank0", "per_node", "per_rank")
 VERSIONS_STREAM = "versions"
 """The stream of versioned (torch.distributed.checkpoint) checkpoints, under the prefix."""
+_ACCOUNT_NAME = re.compile(r"^[a-z0-9]{3,24}$")
 _CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
 _FIX = "the job builder sets it from the stack's checkpoints container; resubmit, or correct the JSON by hand"
 
@@ -49,6 +53,15 @@ class CheckpointSettings:
     local_keep: int = 2
     local_restarts: int = 3
     agree_s: float = 300.0
+    accounts: tuple[str, ...] = ()
+    """Storage accounts the checkpoint's parts are striped over, in order (empty: account_url's)."""
+
+    def account_urls(self) -> list[tuple[str, str]]:
+        """(account, blob endpoint) per striped account: the endpoint suffix of account_url (a
+        sovereign cloud's too), else the public cloud's."""
+        host = (self.account_url or "").split("//", 1)[-1].split("/", 1)[0]
+        suffix = host.split(".", 1)[1] if host.count(".") >= 2 else "blob.core.windows.net"
+        return [(name, f"https://{name}.{suffix}/") for name in self.accounts]
 
     def stream(self, node_index: int) -> str:
         """The blob prefix this node writes its checkpoint folder to and restores it from."""
@@ -120,6 +133,12 @@ def parse_settings(text: str, reference: str = CHECKPOINT_JSON) -> CheckpointSet
     local_keep = _number(problems, data, "local_keep", 2, integer=True)
     local_restarts = _number(problems, data, "local_restarts", 0, integer=True)
     agree = _number(problems, data, "agree_s", 1)
+    accounts = data.get("accounts") or []
+    if not isinstance(accounts, list) or not all(isinstance(a, str) and _ACCOUNT_NAME.match(a) for a in accounts) \
+            or len(set(accounts)) != len(accounts):
+        problems.append(RuntimeProblem(reference, "accounts", f"must be a list of distinct storage account names, got "
+                                       f"{accounts!r}", "the stack output checkpointAccounts, e.g. [\"ckpt0\", \"ckpt1\"]"))
+        accounts = []
     writers = data.get("writers", "rank0")
     if writers not in WRITERS:
         problems.append(RuntimeProblem(reference, "writers", f"must be one of {', '.join(WRITERS)}, got {writers!r}",
@@ -131,7 +150,7 @@ def parse_settings(text: str, reference: str = CHECKPOINT_JSON) -> CheckpointSet
                               cap or None, float(interval) if interval is not None else 600.0, writers, ingress or None,
                               local_keep if local_keep is not None else 2,
                               local_restarts if local_restarts is not None else 3,
-                              float(agree) if agree is not None else 300.0)
+                              float(agree) if agree is not None else 300.0, tuple(accounts))
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> CheckpointSettings | None:
@@ -142,7 +161,20 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> CheckpointSet
 
 
 def container_from_settings(settings: CheckpointSettings, environ: Mapping[str, str] | None = None):
-    """A ContainerClient: Azurite through AMLHPC_BLOB_CONNECTION_STRING, else managed identity."""
+    """A ContainerClient: Azurite through AMLHPC_BLOB_CONNECTION_STRING, else managed identity.
+    With striped accounts, the first account's (it holds the records, manifests and `latest`)."""
     from amlhpc.jobs.runtime.blob import blobio
 
-    return blobio.container_client_from_env(settings.container, settings.account_url, env=environ)
+    urls = settings.account_urls()
+    return blobio.container_client_from_env(settings.container, urls[0][1] if urls else settings.account_url,
+                                            env=environ)
+
+
+def stripes_from_settings(settings: CheckpointSettings, primary, environ: Mapping[str, str] | None = None):
+    """(account, ContainerClient) per striped account, `primary` for the first; [] unstriped.
+    Under a connection string (Azurite) every account is that one account's container."""
+    from amlhpc.jobs.runtime.blob import blobio
+
+    urls = settings.account_urls()
+    return [(name, primary if k == 0 else blobio.container_client_from_env(settings.container, url, env=environ))
+            for k, (name, url) in enumerate(urls)] if len(urls) > 1 else []

@@ -61,6 +61,7 @@ from typing import Any
 
 from amlhpc.jobs.runtime.base import clock, faultpoints, workers
 from amlhpc.jobs.runtime.base.throttle import UNLIMITED, Throttle
+from amlhpc.jobs.runtime.blob import blocks
 from amlhpc.jobs.runtime.blob.writes import delete_many, read_back
 from amlhpc.jobs.runtime.checkpoint import safepath
 from amlhpc.jobs.runtime.checkpoint.errors import (
@@ -85,6 +86,8 @@ BLOCK_BYTES = 8 << 20
 STALE_PENDING_S = 24 * 3600.0
 """A pending record this old belongs to an uploader that is gone: its lease no longer holds."""
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
+"""A storage account name (3-24 lowercase letters and digits)."""
 
 
 @dataclass
@@ -124,6 +127,9 @@ class Manifest:
                 raise CheckpointError(f"{where}: {path}: size {size!r} is not a byte count")
             if not isinstance(sha, str) or not _SHA256.match(sha):
                 raise CheckpointError(f"{where}: {path}: sha256 {sha!r} is not a SHA-256 digest")
+            account = entry.get("account")
+            if account is not None and (not isinstance(account, str) or not _ACCOUNT.match(account)):
+                raise CheckpointError(f"{where}: {path}: account {account!r} is not a storage account name")
             if path in seen:
                 raise CheckpointError(f"{where}: {path} is listed twice")
             seen.add(path)
@@ -153,8 +159,12 @@ class CheckpointStore:
 
     def __init__(self, container, stream: str, *, throttle: Throttle | None = None, workers: int = 4,
                  blocks_in_flight: int = 4, block_bytes: int = BLOCK_BYTES, node: int = 0,
-                 cancel: threading.Event | None = None, stale_pending_s: float = STALE_PENDING_S):
+                 cancel: threading.Event | None = None, stale_pending_s: float = STALE_PENDING_S,
+                 stripes: Sequence[tuple[str, Any]] = ()):
         self.container = container
+        self.stripes: dict[str, Any] = dict(stripes)
+        """Account name -> its container, in striping order (the first is `container`'s account, which
+        holds the records, manifests and pointer); empty: every part in `container`."""
         self.stream = stream.strip("/")
         self.throttle = throttle or UNLIMITED
         self.workers = workers
@@ -164,6 +174,42 @@ class CheckpointStore:
         self.cancel = cancel or threading.Event()
         self.stale_pending_s = stale_pending_s
         self._lock = threading.Lock()
+
+    # --- accounts ------------------------------------------------------------------------
+    def container_of(self, entry: Mapping[str, Any]) -> Any:
+        """The container that holds a part (its manifest entry's `account`; none: `container`)."""
+        account = entry.get("account")
+        if account is None or (not self.stripes and account == getattr(self.container, "account_name", None)):
+            return self.container
+        found = self.stripes.get(account)
+        if found is None:
+            raise CheckpointError(f"part {entry.get('blob')} lives in storage account {account!r}, which is not among "
+                                  f"this job's checkpoint accounts ({', '.join(self.stripes) or 'one account'}): list "
+                                  "it in the stack's checkpointAccounts (or the job's AMLHPC_CHECKPOINT_JSON "
+                                  "`accounts`) to read this version")
+        return found
+
+    def data_containers(self) -> list[Any]:
+        """Every container that may hold parts: `container` and each striped account's."""
+        found = [self.container]
+        found += [c for c in self.stripes.values() if all(c is not f for f in found)]
+        return found
+
+    def assign(self, files: Sequence[LocalFile]) -> dict[str, str | None]:
+        """path -> the account its part goes to: the largest file first, each to the account with
+        the fewest bytes so far (ties: rotated by node, so the job's nodes start on different
+        accounts). Every account then takes about the same bytes, so a version's upload takes
+        size / (accounts x ingress), not size / ingress."""
+        names = list(self.stripes)
+        if len(names) < 2:
+            return {f.path: (names[0] if names else None) for f in files}
+        load = [0] * len(names)
+        found: dict[str, str | None] = {}
+        for local in sorted(files, key=lambda f: (-f.size, f.path)):
+            index = min(range(len(names)), key=lambda i: (load[i], (i - self.node) % len(names)))
+            load[index] += local.size
+            found[local.path] = names[index]
+        return found
 
     # --- names ----------------------------------------------------------------------------
     @property
@@ -322,8 +368,8 @@ class CheckpointStore:
         if self.cancel.is_set():
             raise UploadCancelled("the checkpoint upload was cancelled; nothing committed")
 
-    def _upload_file(self, folder: Path, entry: LocalFile, blob_name: str, blocks: Executor,
-                     session: str) -> tuple[str, str]:
+    def _upload_file(self, folder: Path, entry: LocalFile, blob_name: str, block_pool: Executor,
+                     session: str, account: str | None = None) -> tuple[str, str]:
         """Stage the file's blocks (capped, several in flight), commit; returns (SHA-256, ETag).
 
         Verified as `jobs data upload` and staging verify (amlhpc.jobs.runtime.blob.fetch): each block goes
@@ -335,8 +381,9 @@ class CheckpointStore:
         from azure.core.exceptions import HttpResponseError
         from azure.storage.blob import ContentSettings
 
-        client = self.container.get_blob_client(blob_name)
+        client = self.container_of({"account": account, "blob": blob_name}).get_blob_client(blob_name)
         path = folder / entry.path
+        block_bytes = blocks.block_bytes_for(entry.size, self.block_bytes)  # 50,000 blocks fit the file
         digest, md5 = hashlib.sha256(), hashlib.md5()
         block_ids: list[str] = []
         pending: deque = deque()
@@ -346,7 +393,7 @@ class CheckpointStore:
                 raise FileChanged(f"{entry.path} changed before it was read")
             while True:
                 self._check_cancel()
-                chunk = handle.read(self.block_bytes)
+                chunk = handle.read(block_bytes)
                 if not chunk:
                     break
                 self.throttle.acquire(len(chunk))
@@ -354,7 +401,7 @@ class CheckpointStore:
                 md5.update(chunk)
                 block_id = f"{session}{len(block_ids):08d}"  # the SDK base64-encodes; ids must share a length
                 block_ids.append(block_id)
-                pending.append(blocks.submit(client.stage_block, block_id, chunk, length=len(chunk),
+                pending.append(block_pool.submit(client.stage_block, block_id, chunk, length=len(chunk),
                                              validate_content=True))
                 while len(pending) >= self.blocks_in_flight:
                     pending.popleft().result()
@@ -393,19 +440,27 @@ class CheckpointStore:
         record = {"schema": SCHEMA, "version": version, "node": self.node, "session": session, "state": "uploading",
                   "blobs": planned, "written": clock.time()}
         self._check_cancel()
+        for local in files:  # before any byte moves: a file no block blob can hold is refused, not retried
+            try:
+                blocks.check_fits(local.path, local.size)
+            except blocks.BlobTooLarge as exc:
+                raise CheckpointError(f"version {version} not uploaded: {exc}") from None
+        accounts = self.assign(files)
         self._write_pending(version, record)
         entries: list[dict[str, Any]] = [dict(e) for e in reused]
         try:
             faultpoints.reach("checkpoint.pending-written")
             with workers.pool(self.workers, "ckpt-file") as file_pool, \
                     workers.pool(self.workers * self.blocks_in_flight, "ckpt-block") as block_pool:
-                futures = {file_pool.submit(self._upload_file, folder, e, blob_of(e.path), block_pool, session): e
+                futures = {file_pool.submit(self._upload_file, folder, e, blob_of(e.path), block_pool, session,
+                                            accounts[e.path]): e
                            for e in sorted(files, key=lambda e: e.path)}
                 try:
                     for future, entry in futures.items():
                         sha, etag = future.result()
                         entries.append({"path": entry.path, "blob": blob_of(entry.path), "size": entry.size,
-                                        "sha256": sha, "mtimeNs": entry.mtime_ns, "etag": etag})
+                                        "sha256": sha, "mtimeNs": entry.mtime_ns, "etag": etag,
+                                        **({"account": accounts[entry.path]} if accounts[entry.path] else {})})
                         log.info("checkpoint %s: uploaded %s (%d bytes)", version, entry.path, entry.size)
                 except BaseException:
                     for future in futures:
@@ -424,24 +479,26 @@ class CheckpointStore:
         return entries
 
     # --- committing -----------------------------------------------------------------------
-    def _listed(self, entries: Collection[dict[str, Any]]) -> dict[str, Any]:
+    def _listed(self, entries: Collection[dict[str, Any]]) -> dict[tuple[int, str], Any]:
         """The parts' blobs as the service lists them (size, ETag, metadata): one listing per data
-        folder the parts lie in (pages of 5,000), never a request per part."""
-        folders: set[str] = set()
+        folder the parts lie in and account (pages of 5,000), never a request per part."""
+        folders: dict[int, tuple[Any, set[str]]] = {}
         data = self.data_prefix()
         for entry in entries:
             name = entry["blob"]
             rest = name[len(data):] if name.startswith(data) else ""
-            folders.add(data + rest.split("/", 1)[0] + "/" if "/" in rest else name)
-        found: dict[str, Any] = {}
-        for folder in sorted(folders):
-            for blob in self.container.list_blobs(name_starts_with=folder, include=["metadata"]):
-                found[blob.name] = blob
+            container = self.container_of(entry)
+            folders.setdefault(id(container), (container, set()))[1].add(
+                data + rest.split("/", 1)[0] + "/" if "/" in rest else name)
+        found: dict[tuple[int, str], Any] = {}
+        for key, (container, names) in folders.items():
+            for folder in sorted(names):
+                for blob in container.list_blobs(name_starts_with=folder, include=["metadata"]):
+                    found[key, blob.name] = blob
         return found
 
-    @staticmethod
-    def _verify(entry: dict[str, Any], listed: Mapping[str, Any]) -> None:
-        props = listed.get(entry["blob"])
+    def _verify(self, entry: dict[str, Any], listed: Mapping[tuple[int, str], Any]) -> None:
+        props = listed.get((id(self.container_of(entry)), entry["blob"]))
         if props is None:
             raise PartMissing(f"part {entry['blob']} of the version is not in Blob (deleted or never finished): not "
                               "committed")
@@ -622,7 +679,7 @@ class CheckpointStore:
         size = 0
         try:
             try:
-                stream = self.container.get_blob_client(entry["blob"]).download_blob()
+                stream = self.container_of(entry).get_blob_client(entry["blob"]).download_blob()
             except ResourceNotFoundError:
                 raise CheckpointError(f"checkpoint blob {entry['blob']} is missing: the version is incomplete") from None
             with open(tmp, "xb") as handle:

@@ -183,6 +183,9 @@ class VersionUploader:
         """Followers: versions node 0 led and neither committed nor dropped yet (blob -> step)."""
         self.committed: list[str] = []
         self.errors: list[str] = []
+        self.skipped: list[str] = []
+        """Node 0: versions every node held that a round passed over for a newer one (each once):
+        their steps were never in Blob, so the recovery point is older than the interval says."""
 
     # what is where
     def _held(self) -> list[tier.LocalVersion]:
@@ -298,6 +301,15 @@ class VersionUploader:
         """Node 0: stage the newest version held whole and not in Blob yet, then try to commit."""
         known, head = set(self.store.versions()) | set(self._staged), self._read_head()
         fresh = [v for v in self._held() if v.step > head and self.blob_id(v) not in known]
+        passed = [self.blob_id(v) for v in fresh[:-1] if self.blob_id(v) not in self.skipped]
+        if passed:
+            # The uploader takes the newest each round: an upload slower than the interval passes
+            # over versions. Said, counted and in the status file, never silent.
+            self.skipped += passed
+            log.warning("checkpoint %s skipped (a newer one is uploaded instead; %d skipped in all): the upload of "
+                        "a version takes longer than interval_s, so fewer steps reach Blob; stripe the checkpoint "
+                        "over more storage accounts or lengthen interval_s", ", ".join(passed), len(self.skipped))
+            self._write_status({"skipped": len(self.skipped), "lastSkipped": passed[-1]})
         if fresh:
             blob = self.blob_id(fresh[-1])
             self._log_lead(blob, fresh[-1].step)
@@ -306,16 +318,22 @@ class VersionUploader:
 
     def _note_committed(self, blob: str, step: int) -> None:
         """`versions/committed.json`: the newest version this node knows is committed (for the
-        training and the tests, which can then act after a commit rather than after a time)."""
+        training and the tests, which can then act after a commit rather than after a time), and
+        on node 0 how many versions the rounds skipped."""
+        self._write_status({"version": blob, "step": step}, newer_step=step)
+
+    def _write_status(self, fields: dict, newer_step: int | None = None) -> None:
+        """Merge `fields` into `versions/committed.json` (only when `newer_step` is newer, if given)."""
         path = tier.versions_dir(self.checkpoint_dir) / COMMITTED_FILE
         try:
-            current = json.loads(path.read_text()).get("step", -1) if path.exists() else -1
-            if step > current:
-                tmp = path.with_name(f".{path.name}.tmp")
-                tmp.write_text(json.dumps({"version": blob, "step": step, "written": clock.time()}))
-                os.replace(tmp, path)
-        except (OSError, ValueError) as exc:
-            log.warning("could not note the committed checkpoint: %s", exc)
+            current = json.loads(path.read_text()) if path.exists() else {}
+            if newer_step is not None and newer_step <= current.get("step", -1):
+                return
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps({**current, **fields, "skipped": len(self.skipped), "written": clock.time()}))
+            os.replace(tmp, path)
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("could not note the checkpoint status: %s", exc)
 
     # the other nodes
     def _hear(self) -> None:
