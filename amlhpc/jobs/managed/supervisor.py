@@ -43,9 +43,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from amlhpc.jobs.managed import stragglers
+from amlhpc.jobs.managed import codeasset, stragglers
 from amlhpc.jobs.managed.causes import Why
 from amlhpc.jobs.managed.classify import Verdict, classify
+from amlhpc.jobs.managed.codeasset import CodeAsset, CodeChanged
 from amlhpc.jobs.managed.evidence import Evidence
 from amlhpc.jobs.managed.observation import Observation
 from amlhpc.jobs.managed.policy import Policy, Target
@@ -103,15 +104,20 @@ class Resume:
     """When it was asked: cancel requests made before are set aside."""
 
 
+def new_record(run: str, recipe: str, policy: Policy, code: CodeAsset | None = None) -> Record:
+    """A run's first record, with its code asset's content hash when the controller has one."""
+    return Record(run=run, recipe=recipe, policy=policy.to_json(), code=codeasset.recorded(code) if code else None)
+
+
 def open_record(store: RecordStore, run: str, recipe: str, policy: Policy, resume: Resume | None = None,
-                echo: Callable[[str], None] = print) -> Record:
-    """The run's record: created on the first start; reopened by an explicit resume (once,
-    counting restarts afresh and setting earlier cancel requests aside); kept as it is
-    otherwise - a finished run stays finished for every other controller."""
+                echo: Callable[[str], None] = print, code: CodeAsset | None = None) -> Record:
+    """The run's record: created on the first start (with `code`'s content hash); reopened by
+    an explicit resume (once, counting restarts afresh and setting earlier cancel requests
+    aside); kept as it is otherwise - a finished run stays finished for every other controller."""
     record, etag = store.load()
     if record is None:
         try:
-            store.create(Record(run=run, recipe=recipe, policy=policy.to_json()))
+            store.create(new_record(run, recipe, policy, code))
         except RecordConflict:
             pass  # another controller created it first: fine, it is the same run
         record, etag = store.load()
@@ -143,6 +149,9 @@ class Supervisor:
     """The controller's own name (its job name in Azure), kept in the record for its cost."""
     resume: Resume | None = None
     echo: Callable[[str], None] = print
+    code: CodeAsset | None = None
+    """The code asset the attempts run (the controller's own): checked against the record's
+    content hash before each attempt is created (None: not checked, for local tools)."""
     clock: Callable[[], datetime] = now_utc
     sleep: Callable[[float], None] = clocks.sleep
     said: set[str] = field(default_factory=set)
@@ -155,12 +164,12 @@ class Supervisor:
         open it (open_record), and act until the run is done."""
         if self.store.load()[0] is None:
             try:
-                self.store.create(Record(run=run, recipe=recipe, policy=self.policy.to_json()))
+                self.store.create(new_record(run, recipe, self.policy, self.code))
             except RecordConflict:
                 pass  # another controller was first
 
         def body() -> Record:
-            open_record(self.store, run, recipe, self.policy, self.resume, self.echo)
+            open_record(self.store, run, recipe, self.policy, self.resume, self.echo, self.code)
             return self._loop()
 
         return self._leased(body)
@@ -325,6 +334,14 @@ class Supervisor:
         if self.service.observe(attempt.job) is None:
             target = replace(self.policy.target(attempt.target), nodes=attempt.nodes)
             environment = {contract.EVIDENCE_KEY: key} if (key := self.evidence.key(attempt.job)) else {}
+            if self.code is not None:
+                try:
+                    codeasset.check(self.code, record.code)
+                except CodeChanged as exc:
+                    self.echo(f"attempt {attempt.number}: not created: {exc}")
+                    self._end(record, attempt, Verdict(Why.BAD_INPUT, str(exc)), now, "NotCreated")
+                    record.finish("failed", str(exc))  # no retry rule runs code nobody submitted
+                    return
             try:
                 self.service.submit(attempt.job, attempt.number, target, environment)
             except Exception as exc:
