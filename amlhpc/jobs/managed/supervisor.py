@@ -61,6 +61,7 @@ from amlhpc.jobs.managed.record import (
 )
 from amlhpc.jobs.runtime.base import clock as clocks
 from amlhpc.jobs.runtime.base import contract, faultpoints
+from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 
 
 class JobService(Protocol):
@@ -314,7 +315,8 @@ class Supervisor:
         attempt = Attempt(number=number, job=attempt_job_name(record.run, number), claimed_at=iso(now),
                           nodes=nodes, full_nodes=target.nodes, cluster=target.cluster, target=record.target,
                           shrunk=record.shrink_reason if nodes < target.nodes else None,
-                          usd_per_hour=nodes * target.usd_per_node_hour, resumed_version=self.evidence.latest_version())
+                          usd_per_hour=nodes * target.usd_per_node_hour,
+                          resumed_version=self.evidence.latest_version(*_pointer_bounds(record)))
         previous = record.current
         if previous is not None and previous.full_nodes and previous.nodes < previous.full_nodes <= nodes:
             self.echo(f"attempt {number} asks for all {nodes} nodes again (attempt {previous.number} ran on "
@@ -384,7 +386,7 @@ class Supervisor:
             return etag
         if attempt.stopping is not None:  # stopped by a controller that died before the cancel went out
             return self._stop(record, attempt, _stopped(attempt.stopping), etag, now)
-        self._note_commit(attempt, now)
+        self._note_commit(record, attempt, now)
         beats, refused = self.evidence.heartbeats(attempt.job)
         self._note_ignored(attempt, refused)
         step = self.evidence.last_step(beats)
@@ -518,10 +520,11 @@ class Supervisor:
                 f"${ahead:,.2f} until the next checkpoint (in {ahead_s:.0f}s) would pass "
                 f"{policy.limit_source or 'the limit'} ${policy.limit_usd:,.2f}")
 
-    def _note_commit(self, attempt: Attempt, now: datetime) -> None:
+    def _note_commit(self, record: Record, attempt: Attempt, now: datetime) -> None:
         """Keep when this controller first saw the latest checkpoint version (its own clock:
-        never compared with another's)."""
-        version = self.evidence.latest_version()
+        never compared with another's); a forged or replayed pointer is noted and ignored."""
+        version, refused = self.evidence.latest(*_pointer_bounds(record))
+        self._note_ignored(attempt, refused)
         if version and (not attempt.commit_seen or attempt.commit_seen[0] != version):
             attempt.commit_seen = [version, iso(now) or ""]
 
@@ -664,6 +667,13 @@ class Supervisor:
         if key not in self.said:
             self.said.add(key)
             self.echo(text)
+
+
+def _pointer_bounds(record: Record) -> tuple[list[str], str | None]:
+    """(the run's attempts, which alone may sign its checkpoint pointer; the newest version
+    the record saw committed, behind which the pointer never moves)."""
+    seen = [v for a in record.attempts for v in (a.resumed_version, a.commit_seen[0] if a.commit_seen else None) if v]
+    return [a.job for a in record.attempts], max(seen, key=sequence_of, default=None)
 
 
 def _node_lost(attempt: Attempt) -> str | None:
