@@ -127,13 +127,18 @@ class FakeAzureML:
                                            **{"step": None, "age_s": 0.0, "first_step": 0, "host": f"node{node}-host",
                                               **beat})
             if step.commit:
-                self._commit(name)
+                self._commit(name, key)
         return job
 
-    def _commit(self, name: str) -> None:
+    def _commit(self, name: str, key: str | None) -> None:
+        """Commit a checkpoint as the attempt's rank 0 does: the pointer signed with its key."""
+        import os
         import tempfile
+        from unittest import mock
 
-        with tempfile.TemporaryDirectory() as folder:
+        job_env = {contract.RUN_ID: name, **({contract.EVIDENCE_KEY: key} if key else {})}
+        with tempfile.TemporaryDirectory() as folder, mock.patch.dict(os.environ, job_env):
+            os.environ.pop("AZUREML_RUN_ID", None)
             (Path(folder) / "ckpt.pt").write_text(f"weights after {name}")
             CheckpointStore(self.container, self.prefix).upload(Path(folder))
 

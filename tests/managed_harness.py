@@ -46,7 +46,7 @@ class Harness:
     the checkpoints container."""
 
     def __init__(self, container, template, managed_plan, scripts, policy: Policy | None = None, controller="ctl-1",
-                 records=None):
+                 records=None, code=None):
         self.run = managed_plan.run
         self.prefix = managed_plan.storage["prefix"]
         self.container = container
@@ -57,7 +57,8 @@ class Harness:
         self.policy = policy or Policy(nodes=2, usd_per_node_hour=27.197, expected_hours=12, max_restarts=3,
                                        backoff_s=60, backoff_max_s=900, controller_usd_per_hour=0.096, poll_s=30)
         self.root = template.parent.parent
-        open_record(self.store(), self.run, "cosmoflow", self.policy)
+        self.code = code
+        open_record(self.store(), self.run, "cosmoflow", self.policy, code=code)
         self.supervisor = self.new_supervisor(controller)
 
     def store(self) -> RecordStore:
@@ -69,7 +70,7 @@ class Harness:
                                   self.run, "cosmoflow", max_nodes={t.cluster: t.max_nodes for t in rules.targets})
         return Supervisor(self.store(), service, Evidence(self.container, self.prefix, secret=SECRET),
                           rules, controller=controller, echo=self.lines.append, clock=self.clock,
-                          sleep=self.clock.sleep, **kwargs)
+                          sleep=self.clock.sleep, **{"code": self.code, **kwargs})
 
     def record(self) -> Record:
         return self.store().load()[0]

@@ -40,6 +40,9 @@ KNOWN_INPUTS = {
     "astral-sh/setup-uv": {"version", "enable-cache", "python-version", "working-directory", "cache-dependency-glob"},
     "actions/setup-node": {"node-version", "cache"},
     "actions/checkout": {"fetch-depth", "ref", "persist-credentials"},
+    "actions/upload-artifact": {"name", "path", "if-no-files-found", "retention-days", "compression-level",
+                                "overwrite", "include-hidden-files"},
+    "actions/download-artifact": {"name", "path", "pattern", "merge-multiple", "github-token", "repository", "run-id"},
 }
 
 
@@ -78,7 +81,7 @@ def test_one_commit_per_action_release():
         for action, sha, tag in re.findall(r"uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40})  # (v[\d.]+)", path.read_text()):
             assert seen.setdefault((action, tag), sha) == sha, (action, tag)
     assert {a for a, _ in seen} == {"actions/checkout", "astral-sh/setup-uv", "actions/setup-node", "azure/login",
-                                    "pulumi/actions"}
+                                    "pulumi/actions", "actions/upload-artifact", "actions/download-artifact"}
 
 
 def test_actionlint_clean():
@@ -287,7 +290,8 @@ class TestDeploy:
         """dev goes up after the tests; prod after dev, in the `prod` GitHub environment (reviewers)."""
         jobs = self.doc["jobs"]
         assert jobs["dev"]["needs"] == "test" and jobs["dev"]["environment"] == "dev"
-        assert jobs["prod"]["needs"] == "dev" and jobs["prod"]["environment"] == "prod"
+        assert jobs["prod-preview"]["needs"] == "dev" and jobs["prod"]["needs"] == "prod-preview"
+        assert jobs["prod"]["environment"] == "prod"
         assert jobs["dev"]["env"]["STACK"] == "dev" and jobs["prod"]["env"]["STACK"] == "prod"
         assert jobs["experiments"]["env"]["STACK"] == "${{ matrix.stack }}"
 
@@ -300,12 +304,38 @@ class TestDeploy:
         (install,) = [s for s in steps_ if s.get("uses", "").startswith("pulumi/actions@")]
         assert set(install["with"]) == {"pulumi-version"}
         (up,) = [s for s in steps_ if "scripts/pulumi-stack.sh up" in s.get("run", "")]
-        assert 'scripts/pulumi-stack.sh up "$STACK" -- --yes --non-interactive' in up["run"]
+        assert re.search(r'scripts/pulumi-stack\.sh up "\$STACK" -- (--plan="\$PLAN" )?--yes --non-interactive', up["run"])
         assert up["shell"] == "bash"  # bash -eo pipefail: the tee keeps the script's status
         assert steps_.index(install) < steps_.index(up)
         login = next(s for s in steps_ if s.get("uses", "").startswith("azure/login@"))
         assert steps_.index(login) < steps_.index(up)  # adoption probes Azure with the az login
         assert self.doc["env"]["STACK_MUST_EXIST"] == "1"
+
+    def test_prod_applies_exactly_the_preview_its_reviewers_saw(self):
+        """Prod is previewed into an update plan (`preview --save-plan`) shown in the run's
+        summary, and the gated `up prod` applies that plan (`up --plan`) and nothing else:
+        both jobs wait for prod's reviewers, the up only after the preview, with its artifact."""
+        jobs = self.doc["jobs"]
+        preview, up = jobs["prod-preview"], jobs["prod"]
+        assert preview["needs"] == "dev" and up["needs"] == "prod-preview"
+        assert preview["environment"] == up["environment"] == "prod"
+        assert preview["env"]["PLAN"] == up["env"]["PLAN"] and preview["env"]["AMLHPC_ENVIRONMENT"] == "prod"
+        (saved,) = [s for s in preview["steps"] if "scripts/pulumi-stack.sh preview" in s.get("run", "")]
+        assert 'scripts/pulumi-stack.sh preview "$STACK" -- --save-plan="$PLAN"' in saved["run"]
+        assert 'test -s "$PLAN"' in saved["run"], "a preview that saved no plan stops here"
+        assert not [s for s in preview["steps"] if "pulumi-stack.sh up" in s.get("run", "")], "the preview changes nothing"
+        (kept,) = [s for s in preview["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
+        assert kept["with"]["path"] == "${{ env.PLAN }}" and kept["with"]["if-no-files-found"] == "error"
+        summary = run_text(self.doc, "prod-preview", "Summary (what the reviewers of `up prod` approve)")
+        assert "preview.log" in summary and "GITHUB_STEP_SUMMARY" in summary
+        (fetched,) = [s for s in up["steps"] if s.get("uses", "").startswith("actions/download-artifact@")]
+        assert fetched["with"]["name"] == kept["with"]["name"]
+        (applied,) = [s for s in up["steps"] if "scripts/pulumi-stack.sh up" in s.get("run", "")]
+        assert 'scripts/pulumi-stack.sh up "$STACK" -- --plan="$PLAN" --yes' in applied["run"]
+        assert up["steps"].index(fetched) < up["steps"].index(applied)
+        ups_of_prod = [name for name, job in jobs.items() if job.get("env", {}).get("STACK") == "prod"
+                       and any("pulumi-stack.sh up" in s.get("run", "") for s in job["steps"])]
+        assert ups_of_prod == ["prod"], "no other job brings prod up without the plan"
 
     def test_experiments_deploy_in_their_environment(self):
         """Live experiments go up in their environment's GitHub environment (prod ones need approval),
@@ -449,4 +479,4 @@ def test_the_passphrase_reaches_only_the_steps_that_run_pulumi(name):
             if "PULUMI_CONFIG_PASSPHRASE" in (step.get("env") or {}):
                 assert "uses" not in step and ("pulumi" in step["run"]), (job_name, step.get("name"))
                 holders.append(job_name)
-    assert sorted(holders) == (["dev", "experiments", "prod"] if name == "deploy.yml" else ["teardown"])
+    assert sorted(holders) == (["dev", "experiments", "prod", "prod-preview"] if name == "deploy.yml" else ["teardown"])

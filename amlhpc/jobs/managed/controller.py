@@ -29,7 +29,7 @@ import signal
 import sys
 from pathlib import Path
 
-from amlhpc.jobs.managed.settings import connect, settings_from_env
+from amlhpc.jobs.managed.settings import code_asset, connect, settings_from_env
 
 log = logging.getLogger("amlhpc.controller")
 
@@ -59,7 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     service = AzureJobService(ml_client, Path("."), own_job.code, settings["run"], settings["experiment"],
                               max_nodes={t.cluster: t.max_nodes for t in policy.targets if t.max_nodes})
     resume = Resume(**settings["resume"]) if settings.get("resume") else None
-    supervisor = Supervisor(store, service, evidence, policy, controller=me, resume=resume, echo=log.info)
+    try:
+        code = code_asset(ml_client, own_job.code)
+        code.digest()
+    except Exception as exc:  # noqa: BLE001 - the identity may not read the storage (an access-key workspace)
+        code = None
+        log.warning("cannot read the code asset %s (%s: %s): attempts run without its content hash checked",
+                    own_job.code, type(exc).__name__, exc)
+    supervisor = Supervisor(store, service, evidence, policy, controller=me, resume=resume, echo=log.info, code=code)
     try:
         revive.ensure_schedule(ml_client, own_job, settings["run"])
     except Exception as exc:  # noqa: BLE001 - supervision goes on; only the revival is missing

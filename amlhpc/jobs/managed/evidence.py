@@ -1,6 +1,8 @@
 """What a run's nodes left in Blob for the supervision: each attempt's end records and
 heartbeats (amlhpc.jobs.runtime.coord.nodestatus) and the latest committed checkpoint
-(amlhpc.jobs.runtime.checkpoint), all under the run's checkpoint prefix.
+(amlhpc.jobs.runtime.checkpoint), all under the run's checkpoint prefix. The checkpoint
+pointer (`latest`) is signed too and believed only when one of the run's attempts signed it
+and it does not move back behind a version the controller already saw (latest()).
 
 Every job can write the checkpoints container, so what is read here is evidence and is
 checked before it is believed: an end record or heartbeat counts only when it verifies
@@ -21,10 +23,11 @@ controller's job definition.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
 from amlhpc.jobs.runtime.checkpoint import CheckpointStore
+from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.settings import VERSIONS_STREAM
 from amlhpc.jobs.runtime.coord import nodestatus
 
@@ -89,15 +92,36 @@ class Evidence:
         steps = [b.step for b in beats.values() if b.step is not None]
         return max(steps) if steps else None
 
-    def latest_version(self) -> str | None:
-        """The committed checkpoint version a new attempt restores (None before the first)."""
+    def latest_version(self, attempts: Collection[str] = (), floor: str | None = None) -> str | None:
+        """The committed checkpoint version a new attempt restores (None before the first, or
+        when the pointer is refused: latest() says why)."""
+        return self.latest(attempts, floor)[0]
+
+    def latest(self, attempts: Collection[str] = (), floor: str | None = None) -> tuple[str | None, list[str]]:
+        """(the committed checkpoint version a new attempt restores, why a pointer was refused).
+
+        With the run's secret the pointer counts only when one of the run's `attempts` signed
+        it (nodestatus.sign_pointer) and it does not name a version older than `floor` (the
+        newest this controller already saw committed: `latest` never moves back, so an older
+        one is a genuine pointer re-uploaded)."""
         # Versioned checkpoints (every rank's parts, <prefix>/versions) first: a launcher
         # restores them before the folder stream when both exist.
         for stream in (f"{self.prefix}/{VERSIONS_STREAM}", self.stream):
             pointer, _ = CheckpointStore(self.container, stream).pointer()
-            if pointer:
-                return pointer.get("version")
-        return None
+            if not pointer:
+                continue
+            version = pointer.get("version")
+            why = None
+            if self.secret:
+                why = nodestatus.check_pointer(lambda job: nodestatus.attempt_key(self.secret or "", job), attempts,
+                                               pointer)
+            if why is None and floor and sequence_of(str(version)) >= 0 and \
+                    sequence_of(str(version)) < sequence_of(floor):
+                why = f"it names {version}, older than {floor} already seen committed (a replayed pointer)"
+            if why:
+                return None, [f"checkpoint pointer {stream}/latest ignored: {why}"]
+            return version, []
+        return None, []
 
 
 

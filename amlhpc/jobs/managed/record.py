@@ -187,6 +187,9 @@ class Record:
     """Ids of cancel requests honoured, or set aside by an explicit resume."""
     resumes: list[str] = field(default_factory=list)
     """Tokens of the explicit resumes applied (each once)."""
+    code: dict[str, str] | None = None
+    """The run's code asset and its content hash when the run was created ({"asset", "sha256"};
+    amlhpc.jobs.managed.codeasset): every attempt and revival is checked against it."""
     schema: int = SCHEMA
 
     @property

@@ -12,7 +12,9 @@ firing looks at the run's record in the supervision container:
 - a controller job runs but its lease lapsed and it has not written the record for three
   lease periods: it hangs - cancel it;
 - otherwise the controller is gone (its node lost, its job canceled, a crash): take the
-  lease for a moment (so two firings never both act), start a copy of the newest
+  lease for a moment (so two firings never both act), check the newest controller job's
+  code asset against the content hash the run's record kept (codeasset.py: a rewritten
+  asset ends the run, `CodeChanged` in the record, and starts nothing), start a copy of the newest
   controller job under a new name (`<run>-c<hex>`, registered beside the record, so
   `status` and `cancel` see it), and let the lease go. The new controller reads the
   record and continues; a copy never reopens a finished or canceled run (only an
@@ -37,6 +39,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
+from amlhpc.jobs.managed import codeasset
+from amlhpc.jobs.managed.codeasset import CodeAsset, CodeChanged
 from amlhpc.jobs.managed.observation import QUEUED, TERMINAL
 from amlhpc.jobs.managed.record import RecordStore, now_utc, parse_time
 from amlhpc.jobs.runtime.base import faultpoints
@@ -95,8 +99,10 @@ def _alive(store: RecordStore, launcher: ControllerLauncher, run: str, echo: Cal
 
 
 def revive(store: RecordStore, launcher: ControllerLauncher, run: str, echo: Callable[[str], None] = log.info,
-           now: Callable[[], datetime] = now_utc) -> str | None:
-    """One look at one run; the name of the controller started, or None.
+           now: Callable[[], datetime] = now_utc, code_of: Callable[[str], CodeAsset] | None = None) -> str | None:
+    """One look at one run; the name of the controller started, or None. `code_of`: the code
+    asset a controller job runs, checked against the record's content hash before a copy of
+    that job starts (None: not checked, for local tools).
 
     The controllers are listed again once the lease is held: two overlapping checks both saw
     none alive, the first took the lease, started one and let the lease go; the second, taking
@@ -116,12 +122,30 @@ def revive(store: RecordStore, launcher: ControllerLauncher, run: str, echo: Cal
         if _alive(store, launcher, run, echo, now, act=False):
             return None  # another check started one between our look and our lease
         names = store.controller_jobs() or [run]
+        if code_of is not None and _code_changed(store, code_of(names[-1]), run, echo):
+            return None
         new = launcher.start(run, names[-1])
         store.add_controller(new, f"revived: no controller held the lease (after {names[-1]})")
         echo(f"run {run}: no controller holds its record's lease: started {new}")
         return new
     finally:
         store.release()
+
+
+def _code_changed(store: RecordStore, code: CodeAsset, run: str, echo: Callable[[str], None]) -> bool:
+    """Whether the code a revived controller would run differs from the run's: the run then
+    ends, failed, with why in its record (the lease is held)."""
+    record, etag = store.load()
+    if record is None or etag is None:
+        return False
+    try:
+        codeasset.check(code, record.code)
+    except CodeChanged as exc:
+        record.finish("failed", str(exc))
+        store.save(record, etag)
+        echo(f"run {run}: no controller started: {exc}")
+        return True
+    return False
 
 
 # --- in Azure ------------------------------------------------------------------------
@@ -203,7 +227,7 @@ def main() -> int:
     """`python -m amlhpc.jobs.managed.revive`: one revival check, as the schedule's job."""
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
-    from amlhpc.jobs.managed.settings import connect, settings_from_env
+    from amlhpc.jobs.managed.settings import code_asset, connect, settings_from_env
 
     try:
         settings = settings_from_env(os.environ)
@@ -215,7 +239,8 @@ def main() -> int:
     if record is not None and record.done:
         remove_schedule(ml_client, settings["run"])
         return 0
-    revive(store, AzureControllerLauncher(ml_client), settings["run"])
+    revive(store, AzureControllerLauncher(ml_client), settings["run"],
+           code_of=lambda job: code_asset(ml_client, ml_client.jobs.get(job).code))
     return 0
 
 

@@ -59,3 +59,13 @@ def connect(settings: dict[str, Any]):
     store = RecordStore(supervision, storage["prefix"], lease_s=policy.lease_s)
     evidence = Evidence(checkpoints, storage["prefix"], storage.get("writers", "rank0"), settings["secret"])
     return ml_client, store, evidence
+
+
+def code_asset(ml_client, code: str):
+    """The code asset a controller job names (its `code`), its files read from the workspace
+    storage as the controller identity (amlhpc.jobs.managed.codeasset)."""
+    from amlhpc.jobs.managed.codeasset import azure_code_asset
+    from amlhpc.jobs.runtime.blob import blobio
+
+    return azure_code_asset(ml_client, code, lambda account_url, container: blobio.container_client_from_env(
+        container, account_url, env=os.environ))

@@ -43,9 +43,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from amlhpc.jobs.managed import stragglers
+from amlhpc.jobs.managed import codeasset, stragglers
 from amlhpc.jobs.managed.causes import Why
 from amlhpc.jobs.managed.classify import Verdict, classify
+from amlhpc.jobs.managed.codeasset import CodeAsset, CodeChanged
 from amlhpc.jobs.managed.evidence import Evidence
 from amlhpc.jobs.managed.observation import Observation
 from amlhpc.jobs.managed.policy import Policy, Target
@@ -60,6 +61,7 @@ from amlhpc.jobs.managed.record import (
 )
 from amlhpc.jobs.runtime.base import clock as clocks
 from amlhpc.jobs.runtime.base import contract, faultpoints
+from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 
 
 class JobService(Protocol):
@@ -103,15 +105,20 @@ class Resume:
     """When it was asked: cancel requests made before are set aside."""
 
 
+def new_record(run: str, recipe: str, policy: Policy, code: CodeAsset | None = None) -> Record:
+    """A run's first record, with its code asset's content hash when the controller has one."""
+    return Record(run=run, recipe=recipe, policy=policy.to_json(), code=codeasset.recorded(code) if code else None)
+
+
 def open_record(store: RecordStore, run: str, recipe: str, policy: Policy, resume: Resume | None = None,
-                echo: Callable[[str], None] = print) -> Record:
-    """The run's record: created on the first start; reopened by an explicit resume (once,
-    counting restarts afresh and setting earlier cancel requests aside); kept as it is
-    otherwise - a finished run stays finished for every other controller."""
+                echo: Callable[[str], None] = print, code: CodeAsset | None = None) -> Record:
+    """The run's record: created on the first start (with `code`'s content hash); reopened by
+    an explicit resume (once, counting restarts afresh and setting earlier cancel requests
+    aside); kept as it is otherwise - a finished run stays finished for every other controller."""
     record, etag = store.load()
     if record is None:
         try:
-            store.create(Record(run=run, recipe=recipe, policy=policy.to_json()))
+            store.create(new_record(run, recipe, policy, code))
         except RecordConflict:
             pass  # another controller created it first: fine, it is the same run
         record, etag = store.load()
@@ -143,6 +150,9 @@ class Supervisor:
     """The controller's own name (its job name in Azure), kept in the record for its cost."""
     resume: Resume | None = None
     echo: Callable[[str], None] = print
+    code: CodeAsset | None = None
+    """The code asset the attempts run (the controller's own): checked against the record's
+    content hash before each attempt is created (None: not checked, for local tools)."""
     clock: Callable[[], datetime] = now_utc
     sleep: Callable[[float], None] = clocks.sleep
     said: set[str] = field(default_factory=set)
@@ -155,12 +165,12 @@ class Supervisor:
         open it (open_record), and act until the run is done."""
         if self.store.load()[0] is None:
             try:
-                self.store.create(Record(run=run, recipe=recipe, policy=self.policy.to_json()))
+                self.store.create(new_record(run, recipe, self.policy, self.code))
             except RecordConflict:
                 pass  # another controller was first
 
         def body() -> Record:
-            open_record(self.store, run, recipe, self.policy, self.resume, self.echo)
+            open_record(self.store, run, recipe, self.policy, self.resume, self.echo, self.code)
             return self._loop()
 
         return self._leased(body)
@@ -305,7 +315,8 @@ class Supervisor:
         attempt = Attempt(number=number, job=attempt_job_name(record.run, number), claimed_at=iso(now),
                           nodes=nodes, full_nodes=target.nodes, cluster=target.cluster, target=record.target,
                           shrunk=record.shrink_reason if nodes < target.nodes else None,
-                          usd_per_hour=nodes * target.usd_per_node_hour, resumed_version=self.evidence.latest_version())
+                          usd_per_hour=nodes * target.usd_per_node_hour,
+                          resumed_version=self.evidence.latest_version(*_pointer_bounds(record)))
         previous = record.current
         if previous is not None and previous.full_nodes and previous.nodes < previous.full_nodes <= nodes:
             self.echo(f"attempt {number} asks for all {nodes} nodes again (attempt {previous.number} ran on "
@@ -325,6 +336,14 @@ class Supervisor:
         if self.service.observe(attempt.job) is None:
             target = replace(self.policy.target(attempt.target), nodes=attempt.nodes)
             environment = {contract.EVIDENCE_KEY: key} if (key := self.evidence.key(attempt.job)) else {}
+            if self.code is not None:
+                try:
+                    codeasset.check(self.code, record.code)
+                except CodeChanged as exc:
+                    self.echo(f"attempt {attempt.number}: not created: {exc}")
+                    self._end(record, attempt, Verdict(Why.BAD_INPUT, str(exc)), now, "NotCreated")
+                    record.finish("failed", str(exc))  # no retry rule runs code nobody submitted
+                    return
             try:
                 self.service.submit(attempt.job, attempt.number, target, environment)
             except Exception as exc:
@@ -367,7 +386,7 @@ class Supervisor:
             return etag
         if attempt.stopping is not None:  # stopped by a controller that died before the cancel went out
             return self._stop(record, attempt, _stopped(attempt.stopping), etag, now)
-        self._note_commit(attempt, now)
+        self._note_commit(record, attempt, now)
         beats, refused = self.evidence.heartbeats(attempt.job)
         self._note_ignored(attempt, refused)
         step = self.evidence.last_step(beats)
@@ -501,10 +520,11 @@ class Supervisor:
                 f"${ahead:,.2f} until the next checkpoint (in {ahead_s:.0f}s) would pass "
                 f"{policy.limit_source or 'the limit'} ${policy.limit_usd:,.2f}")
 
-    def _note_commit(self, attempt: Attempt, now: datetime) -> None:
+    def _note_commit(self, record: Record, attempt: Attempt, now: datetime) -> None:
         """Keep when this controller first saw the latest checkpoint version (its own clock:
-        never compared with another's)."""
-        version = self.evidence.latest_version()
+        never compared with another's); a forged or replayed pointer is noted and ignored."""
+        version, refused = self.evidence.latest(*_pointer_bounds(record))
+        self._note_ignored(attempt, refused)
         if version and (not attempt.commit_seen or attempt.commit_seen[0] != version):
             attempt.commit_seen = [version, iso(now) or ""]
 
@@ -647,6 +667,13 @@ class Supervisor:
         if key not in self.said:
             self.said.add(key)
             self.echo(text)
+
+
+def _pointer_bounds(record: Record) -> tuple[list[str], str | None]:
+    """(the run's attempts, which alone may sign its checkpoint pointer; the newest version
+    the record saw committed, behind which the pointer never moves)."""
+    seen = [v for a in record.attempts for v in (a.resumed_version, a.commit_seen[0] if a.commit_seen else None) if v]
+    return [a.job for a in record.attempts], max(seen, key=sequence_of, default=None)
 
 
 def _node_lost(attempt: Attempt) -> str | None:

@@ -59,7 +59,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.base import clock, faultpoints, workers
+from amlhpc.jobs.runtime.base import clock, contract, faultpoints, jobid, workers
 from amlhpc.jobs.runtime.base.throttle import UNLIMITED, Throttle
 from amlhpc.jobs.runtime.blob import blocks
 from amlhpc.jobs.runtime.blob.writes import delete_many, read_back
@@ -76,6 +76,7 @@ from amlhpc.jobs.runtime.checkpoint.errors import (
 from amlhpc.jobs.runtime.checkpoint.pending import LEASE_ALL, LEASES_MAX_CHARS, Pending
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.snapshot import TMP_SUFFIX, LocalFile, scan, signature
+from amlhpc.jobs.runtime.coord import nodestatus
 
 log = logging.getLogger("amlhpc.checkpoint")
 
@@ -152,6 +153,15 @@ class UploadResult:
     @property
     def mbits_per_s(self) -> float:
         return self.uploaded_bytes * 8 / 1e6 / self.seconds if self.seconds else 0.0
+
+
+def signed_pointer(document: dict[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The pointer signed with the attempt's evidence key when the job has one (a managed
+    run's attempt: AMLHPC_EVIDENCE_KEY, the attempt's job id), so its controller can tell it
+    from one another job wrote (amlhpc.jobs.managed.evidence)."""
+    env = os.environ if environ is None else environ
+    key = (env.get(contract.EVIDENCE_KEY) or "").strip()
+    return nodestatus.sign_pointer(key, jobid.identify(env).job_id, document) if key else document
 
 
 class CheckpointStore:
@@ -608,8 +618,8 @@ class CheckpointStore:
         faultpoints.reach("checkpoint.verified")
         manifest = self._write_manifest(manifest)
         faultpoints.reach("checkpoint.manifest-written")
-        pointer = json.dumps({"schema": SCHEMA, "version": version, "manifest": self.manifest_name(version),
-                              "createdAt": manifest.created_at}).encode()
+        pointer = json.dumps(signed_pointer({"schema": SCHEMA, "version": version, "manifest": self.manifest_name(version),
+                                             "createdAt": manifest.created_at})).encode()
         self._move_pointer(version, pointer, expected_etag)  # type: ignore[arg-type]
         faultpoints.reach("checkpoint.pointer-written")
         self.abandon_all(version, set(nodes) | set(parts))

@@ -20,7 +20,9 @@ HMAC-SHA256, derived from a secret in the controller's job definition, which no 
 identity can read), and each record and heartbeat carries `mac`, an HMAC over its kind,
 the run id, the node index and its content. A reader with the key (`verify=`) drops what
 does not verify - another job's forgery, a record copied from another node or attempt -
-and says why.
+and says why. The checkpoint pointer (`latest`, amlhpc.jobs.runtime.checkpoint.store) is
+signed the same way (sign_pointer: kind `latest`, the attempt that committed it named in
+the pointer), so the controller believes only a pointer one of the run's attempts wrote.
 
 Standard library plus azure-storage-blob: ships in the image.
 """
@@ -31,7 +33,7 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -66,6 +68,31 @@ def _canonical(record: dict[str, Any]) -> bytes:
 def _beat_content(metadata: Mapping[str, str | None]) -> bytes:
     # the service may return an empty metadata value as None, or leave the key out
     return "|".join(metadata.get(k) or "" for k in HEARTBEAT_FIELDS).encode()
+
+
+POINTER_BY = "attempt"
+"""The pointer's field naming the attempt (job) that committed it and signed it."""
+
+
+def sign_pointer(key: str, run_id: str, document: Mapping[str, Any]) -> dict[str, Any]:
+    """The checkpoint pointer, naming `run_id` (the attempt committing it) and signed with its key."""
+    signed = {k: v for k, v in document.items() if k not in (MAC, STORED_AT, ETAG)}
+    signed[POINTER_BY] = run_id
+    signed[MAC] = _mac(key, "latest", run_id, 0, _canonical(signed))
+    return signed
+
+
+def check_pointer(key_of: Callable[[str], str], attempts: Collection[str], document: Mapping[str, Any]) -> str | None:
+    """Why a checkpoint pointer cannot be trusted, or None when an attempt of `attempts`
+    signed it (`key_of`: an attempt's key)."""
+    by, mac = document.get(POINTER_BY), document.get(MAC)
+    if not isinstance(mac, str) or not isinstance(by, str):
+        return "unsigned"
+    if by not in attempts:
+        return f"signed for {by!r}, which is no attempt of this run"
+    if not hmac.compare_digest(mac, _mac(key_of(by), "latest", by, 0, _canonical(dict(document)))):
+        return f"its signature does not verify (not written by {by})"
+    return None
 
 
 def check_end(key: str, run_id: str, node: int, record: dict[str, Any]) -> str | None:
