@@ -135,6 +135,12 @@ class StackOutputs(_Doc):
     controller: ControllerOut | None = None
     """The managed runs' controller cluster; null when the stack declares none (or was
     deployed before it existed)."""
+    checkpoint_accounts: list[str] | None = Field(None, alias="checkpointAccounts")
+    """The accounts checkpoints are striped over, in striping order (each holds a `checkpoints`
+    container); the dataset account alone when the stack declares none; null (absent) from a
+    stack deployed before accounts by role: the dataset account."""
+    coordination_account: str | None = Field(None, alias="coordinationAccount")
+    """The account holding the `supervision` container; null (absent): the dataset account."""
     expires_at: str | None = Field(alias="expiresAt")
     """ISO 8601 UTC on experiment stacks; null on environments."""
     tags: dict[str, str]

@@ -10,6 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from amlhpc.core import pricing, project, skus
+from amlhpc.core.storage_load import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    MAX_CHECKPOINT_ACCOUNTS,
+    checkpoint_accounts_needed,
+)
 from amlhpc.core.values import Gbps, Nodes, Usd, UsdPerHour
 from amlhpc.infra import naming
 
@@ -231,6 +236,44 @@ class StorageConfig(_Model):
     """The account's ingress limit, Gb/s; checkpoint uploads are capped below it."""
     data_contributors: list[PrincipalConfig] = Field(default_factory=list)
     """Who may upload datasets (Storage Blob Data Contributor on `datasets`); shared keys are off."""
+    coordination_account: bool = False
+    """The managed runs' supervision records in a small account of their own (stack output
+    coordinationAccount), never starved by checkpoint bytes. Off: they stay in the dataset
+    account's `supervision` container, where a stack deployed before holds its active runs' records."""
+
+
+class CheckpointAccountsConfig(_Model):
+    """The stack's own checkpoint accounts (stack output checkpointAccounts, in striping order):
+    `count`, or the checkpoint's size (`modelParams` x `bytesPerParam`, or `checkpointGb`) from
+    which the count is derived: size / (intervalS x 90 % x ingressGbps), rounded up."""
+
+    count: int | None = Field(None, ge=1, le=MAX_CHECKPOINT_ACCOUNTS)
+    model_params: float | None = Field(None, gt=0)
+    """Parameters of the model, e.g. 405e9."""
+    bytes_per_param: float = Field(CHECKPOINT_BYTES_PER_PARAM, gt=0)
+    """Checkpoint bytes per parameter: 16 for bf16 weights with fp32 master weights and two Adam moments."""
+    checkpoint_gb: float | None = Field(None, gt=0)
+    """The largest checkpoint, GB (10^9 bytes), instead of modelParams."""
+    interval_s: int = Field(600, ge=60)
+    """The checkpoint interval the upload must fit in."""
+    ingress_gbps: Gbps = skus.STORAGE_ACCOUNT.ingress_gbits_per_s_default
+    """One account's ingress, Gb/s (Azure's per-region target)."""
+    soft_delete_days: int = Field(0, ge=0, le=1)
+    """Blob soft delete on the checkpoint accounts: off, or one day at most."""
+
+    def checkpoint_bytes(self) -> float | None:
+        if self.checkpoint_gb is not None:
+            return self.checkpoint_gb * 1e9
+        return self.model_params * self.bytes_per_param if self.model_params is not None else None
+
+    def accounts(self) -> int:
+        """How many accounts: the given count, else the count the checkpoint's size needs."""
+        if self.count is not None:
+            return self.count
+        size = self.checkpoint_bytes()
+        if size is None:
+            return 1
+        return min(MAX_CHECKPOINT_ACCOUNTS, checkpoint_accounts_needed(size, self.interval_s, self.ingress_gbps))
 
 
 class BudgetConfig(_Model):
@@ -287,6 +330,7 @@ class _RawConfig(_Model):
     environment_stack: str | None = None
     network: NetworkConfig = NetworkConfig()
     storage: StorageConfig = StorageConfig()
+    checkpoint_accounts: CheckpointAccountsConfig | None = None
     clusters: list[ClusterConfig] = Field(default_factory=list)
     budget: BudgetConfig | None = None
     ml_registry: MlRegistryConfig = MlRegistryConfig()
@@ -359,6 +403,8 @@ class StackConfig(_Model):
     managed_network: ManagedNetworkSettings | None = None
     """Set under managed isolation."""
     way_in: WayInSubnets | None = None
+    checkpoint_accounts: CheckpointAccountsConfig | None = None
+    """The stack's own checkpoint accounts; None: checkpoints go where the environment puts them."""
 
     @property
     def is_experiment(self) -> bool:

@@ -1,0 +1,246 @@
+"""Storage accounts by role: a stack's checkpoint accounts (striped, soft delete off, old
+versions deleted) and its coordination account, declared by the Pulumi program (planned here
+with Pulumi's mock runtime), granted by the permission model, exported as `checkpointAccounts`
+and `coordinationAccount`, and loaded account by account in the plan."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pulumi
+import pytest
+import yaml
+
+from amlhpc.core.errors import UserError
+from amlhpc.core.outputs import StackOutputs
+from amlhpc.core.permissions import MODEL
+from amlhpc.core.storage_load import (
+    CHECKPOINT_INGRESS_SHARE,
+    COORDINATION_REQUESTS_PER_NODE_S,
+    ClusterDemand,
+    account_load,
+    checkpoint_accounts_needed,
+)
+from amlhpc.infra import naming
+from amlhpc.infra.config import parse
+from amlhpc.infra.plan import evaluate
+from amlhpc.infra.plan.access import access_view
+from tests.conformance.conformance_stacks import NOW
+
+ACCOUNT = "azure-native:storage:StorageAccount"
+BLOB_SERVICE = "azure-native:storage:BlobServiceProperties"
+LIFECYCLE = "azure-native:storage:ManagementPolicy"
+CONTAINER = "azure-native:storage:BlobContainer"
+ROLE = "azure-native:authorization:RoleAssignment"
+
+ENV = {
+    "azure-native:location": "swedencentral",
+    "aml-hpc:owner": "ml-platform@example.com",
+    "aml-hpc:nameSuffix": "r0les1",
+    "aml-hpc:clusters": [{"name": "nd-h100", "sku": "Standard_ND96isr_H100_v5", "maxNodes": 64}],
+    "aml-hpc:submitters": [{"principalId": "11111111-2222-3333-4444-555555555555", "principalType": "Group"}],
+}
+BY_ROLE = {**ENV, "aml-hpc:checkpointAccounts": {"count": 2}, "aml-hpc:storage": {"coordinationAccount": True}}
+PRIVATE = {"isolation": "private", "addressSpace": "10.40.0.0/16",
+           "wayIn": {"handOff": {"via": "VPN", "addressPrefixes": ["10.0.0.0/12"]}}}
+EXPERIMENT = {
+    "azure-native:location": "swedencentral",
+    "aml-hpc:owner": "researcher@example.com",
+    "aml-hpc:environment": "dev",
+    "aml-hpc:expiresAt": "2026-12-31",
+    "aml-hpc:clusters": [{"name": "big-h100", "sku": "Standard_ND96isr_H100_v5", "maxNodes": 100}],
+    "aml-hpc:checkpointAccounts": {"modelParams": 405e9, "intervalS": 600},
+}
+
+
+def write(root: Path, stack: str, config: dict) -> None:
+    (root / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+
+
+def plan_of(tmp_path: Path, config: dict, stack: str = "dev"):
+    write(tmp_path, stack, config)
+    return evaluate(stack, tmp_path, now=NOW)
+
+
+class TestHowMany:
+    def test_a_405b_checkpoint_needs_four_accounts_in_600_s(self):
+        # 405e9 x 16 bytes = 6.48 TB; one account takes 600 s x 0.9 x 25 Gb/s = 1.6875 TB.
+        assert checkpoint_accounts_needed(405e9 * 16, 600, 25.0) == 4
+        assert checkpoint_accounts_needed(1e9, 600, 25.0) == 1
+        cfg = parse("exp-big", EXPERIMENT, "Pulumi.exp-big.yaml")
+        assert cfg.checkpoint_accounts is not None and cfg.checkpoint_accounts.accounts() == 4
+        assert len(cfg.names.checkpoint_storage) == 4
+
+    def test_a_given_count_wins_and_a_size_in_gb_works_too(self):
+        cfg = parse("dev", {**ENV, "aml-hpc:checkpointAccounts": {"count": 3}}, "Pulumi.dev.yaml")
+        assert len(cfg.names.checkpoint_storage) == 3
+        by_gb = parse("dev", {**ENV, "aml-hpc:checkpointAccounts": {"checkpointGb": 3400, "intervalS": 600}}, "x")
+        assert len(by_gb.names.checkpoint_storage) == math.ceil(3400e9 / (600 * CHECKPOINT_INGRESS_SHARE * 25e9 / 8))
+
+    def test_no_key_means_no_account_of_their_own(self):
+        cfg = parse("dev", ENV, "Pulumi.dev.yaml")
+        assert cfg.checkpoint_accounts is None and cfg.names.checkpoint_storage == ()
+        assert not cfg.storage.coordination_account
+
+    @pytest.mark.parametrize("given, path, words", [
+        ({"count": 2, "modelParams": 405e9}, "aml-hpc:checkpointAccounts.count", "set count to 4 or more"),
+        ({"modelParams": 7e9, "checkpointGb": 100}, "aml-hpc:checkpointAccounts.checkpointGb", "keep one of"),
+        ({"modelParams": 4e12, "intervalS": 60}, "aml-hpc:checkpointAccounts", "raise intervalS"),
+        ({"softDeleteDays": 7}, "aml-hpc:checkpointAccounts.softDeleteDays", ""),
+        ({"count": 17}, "aml-hpc:checkpointAccounts.count", ""),
+    ])
+    def test_bad_values_name_the_key_and_the_fix(self, given, path, words):
+        with pytest.raises(UserError) as raised:
+            parse("dev", {**ENV, "aml-hpc:checkpointAccounts": given}, "Pulumi.dev.yaml")
+        problem = next(p for p in raised.value.problems if p.path == path)
+        assert words in problem.hint
+
+    def test_the_names_are_azures_and_distinct(self):
+        for stack in ("dev", "a-very-long-environment-name", "exp-sweep-1", "exp-sweep-2"):
+            names = naming.StackNames.derive("amlhpcprefix", stack, "eastus", suffix=None, checkpoint_accounts=16)
+            every = [names.dataset_storage, names.workspace_storage, names.coordination_storage, *names.checkpoint_storage]
+            assert len(set(every)) == len(every) and names.problems() == [], stack
+            assert all(len(n) <= 24 for n in every)
+        one = naming.StackNames.derive("amlhpc", "exp-sweep-1", "eastus", checkpoint_accounts=1)
+        two = naming.StackNames.derive("amlhpc", "exp-sweep-2", "eastus", checkpoint_accounts=1)
+        assert one.checkpoint_storage != two.checkpoint_storage  # same stem, different stacks
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    return plan_of(tmp_path_factory.mktemp("byrole"), BY_ROLE)
+
+
+class TestEnvironmentByRole:
+    def test_three_roles_three_kinds_of_account(self, plan):
+        names = plan.config.names
+        accounts = {r.inputs["accountName"]: r for r in plan.of_type(ACCOUNT)}
+        assert {names.dataset_storage, names.coordination_storage, *names.checkpoint_storage} <= set(accounts)
+        for name in (*names.checkpoint_storage, names.coordination_storage):
+            assert accounts[name].retain_on_delete  # kept on teardown like the dataset account
+            assert accounts[name].inputs["allowBlobPublicAccess"] is False
+
+    def test_checkpoint_accounts_keep_no_soft_deleted_copies_and_drop_old_versions(self, plan):
+        services = {r.name: r for r in plan.of_type(BLOB_SERVICE)}
+        for i in (1, 2):
+            service = services[f"checkpoints{i}-blob-service"]
+            assert service.inputs["deleteRetentionPolicy"] == {"enabled": False}
+        assert services["coordination-blob-service"].inputs["deleteRetentionPolicy"]["enabled"] is True
+        assert services["data-blob-service"].inputs["deleteRetentionPolicy"]["days"] == 14  # datasets: as before
+        rules = {r.name: r for r in plan.of_type(LIFECYCLE)}
+        assert set(rules) == {"checkpoints1-lifecycle", "checkpoints2-lifecycle"}
+        (rule,) = rules["checkpoints1-lifecycle"].inputs["policy"]["rules"]
+        actions = rule["definition"]["actions"]
+        assert actions["version"]["delete"]["daysAfterCreationGreaterThan"] == 1
+        assert actions["snapshot"]["delete"]["daysAfterCreationGreaterThan"] == 1
+
+    def test_each_account_holds_its_roles_containers(self, plan):
+        names = plan.config.names
+        where = {(r.inputs["accountName"], r.inputs["containerName"]) for r in plan.of_type(CONTAINER)}
+        assert {(n, "checkpoints") for n in names.checkpoint_storage} <= where
+        assert (names.coordination_storage, "supervision") in where
+        assert (names.dataset_storage, "checkpoints") in where  # a stack deployed before keeps its runs' checkpoints
+
+    def test_outputs_name_the_accounts_in_striping_order(self, plan):
+        names = plan.config.names
+        doc = StackOutputs.model_validate(plan.outputs)
+        assert doc.checkpoint_accounts == list(names.checkpoint_storage)
+        assert doc.coordination_account == names.coordination_storage
+
+    def test_every_identity_holds_on_every_account_what_the_model_gives_it(self, plan):
+        view = access_view(plan)
+        assert view["unexplained"] == []
+        declared = {r.name for r in plan.of_type(ROLE)}
+        # the dataset account's container (a stack deployed before keeps its runs there), then each account's
+        for name, key, count in (("access", "checkpoints-write", 3), ("controller-access", "checkpoints-read", 3),
+                                 ("controller-access", "supervision-write", 2), ("access", "submitter-0-supervision", 2)):
+            assert {f"{name}-{key}", *(f"{name}-{key}-{n}" for n in range(1, count))} <= declared, key
+            assert f"{name}-{key}-{count}" not in declared
+        assert MODEL.right("compute", "checkpoints-write").scope == "container:checkpoints"
+
+    def test_the_plan_loads_each_account_against_azures_targets(self, plan):
+        names = plan.config.names
+        loads = {a.account: a for a in plan.storage_load()}
+        assert loads[names.dataset_storage].roles == ("datasets",)
+        assert loads[names.coordination_storage].roles == ("coordination",)
+        for name in names.checkpoint_storage:
+            load = loads[name]
+            assert load.roles == ("checkpoints",)
+            # one job of 64 nodes, striped over two accounts: 90 % of each account's ingress
+            assert load.ingress_gbps == pytest.approx(25.0 * CHECKPOINT_INGRESS_SHARE)
+            assert load.over() == []
+        assert loads[names.coordination_storage].requests_per_s == pytest.approx(64 * COORDINATION_REQUESTS_PER_NODE_S)
+        doc = plan.to_json()["storageLoad"]
+        assert [a["account"] for a in doc] == [names.dataset_storage, *names.checkpoint_storage, names.coordination_storage]
+
+    def test_a_closed_network_reaches_every_account_through_an_endpoint(self, tmp_path):
+        private = {**BY_ROLE, "aml-hpc:network": PRIVATE}
+        plan = plan_of(tmp_path, private)
+        endpoints = {r.name for r in plan.of_type("azure-native:network:PrivateEndpoint")}
+        assert {"endpoints-checkpoints1-blob", "endpoints-checkpoints2-blob", "endpoints-coordination-blob"} <= endpoints
+        accounts = {r.inputs["accountName"]: r for r in plan.of_type(ACCOUNT)}
+        assert accounts[plan.config.names.coordination_storage].inputs["publicNetworkAccess"] == "Disabled"
+
+
+class TestDefaults:
+    def test_a_stack_without_the_keys_keeps_one_account_for_every_role(self, tmp_path):
+        plan = plan_of(tmp_path, ENV)
+        doc = StackOutputs.model_validate(plan.outputs)
+        dataset = plan.config.names.dataset_storage
+        assert doc.checkpoint_accounts == [dataset] and doc.coordination_account == dataset
+        assert {r.inputs["accountName"] for r in plan.of_type(ACCOUNT)} == {dataset, plan.config.names.workspace_storage}
+        (load,) = plan.storage_load()
+        assert load.roles == ("datasets", "checkpoints", "coordination")
+
+    def test_outputs_of_a_stack_deployed_before_still_load(self, tmp_path):
+        plan = plan_of(tmp_path, ENV)
+        old = {k: v for k, v in plan.outputs.items() if k not in ("checkpointAccounts", "coordinationAccount")}
+        doc = StackOutputs.model_validate(old)
+        assert doc.checkpoint_accounts is None and doc.coordination_account is None
+
+
+class TestExperimentAccounts:
+    def test_an_experiment_gets_its_own_checkpoint_accounts(self, tmp_path):
+        write(tmp_path, "dev", ENV)
+        plan = plan_of(tmp_path, EXPERIMENT, "exp-big")
+        names = plan.config.names.checkpoint_storage
+        assert len(names) == 4
+        accounts = {r.inputs["accountName"]: r for r in plan.of_type(ACCOUNT)}
+        assert set(names) == set(accounts)
+        assert not any(a.retain_on_delete or a.protect for a in accounts.values())  # they go with the experiment
+        assert plan.outputs["checkpointAccounts"] == list(names)
+        assert plan.outputs["coordinationAccount"] == plan.environment.config.names.dataset_storage
+        grants = plan.of_type(ROLE)
+        assert len(grants) == 4 and all(g.name.startswith("checkpoint-access-checkpoints-write") for g in grants)
+        identity = plan.environment.outputs["identity"]["principalId"]
+        assert {g.inputs["principalId"] for g in grants} == {identity}
+        loads = [a for a in plan.storage_load() if a.roles == ("checkpoints",)]
+        assert len(loads) == 4 and all(a.over() == [] for a in loads)
+
+    def test_an_experiment_without_the_key_inherits_the_environments(self, tmp_path):
+        write(tmp_path, "dev", BY_ROLE)
+        plan = plan_of(tmp_path, {k: v for k, v in EXPERIMENT.items() if k != "aml-hpc:checkpointAccounts"}, "exp-big")
+        env = plan.environment.config.names
+        assert plan.outputs["checkpointAccounts"] == list(env.checkpoint_storage)
+        assert plan.outputs["coordinationAccount"] == env.coordination_storage
+        assert plan.of_type(ACCOUNT) == []
+
+    def test_an_experiment_in_a_closed_environment_is_refused(self, tmp_path):
+        write(tmp_path, "dev", {**ENV, "aml-hpc:network": PRIVATE})
+        with pytest.raises(Exception) as raised:
+            plan_of(tmp_path, EXPERIMENT, "exp-big")
+        assert "aml-hpc:checkpointAccounts" in str(raised.value) and "Pulumi.dev.yaml" in str(raised.value)
+        assert isinstance(raised.value, (pulumi.RunError, UserError, RuntimeError))
+
+
+class TestStriping:
+    def test_each_account_takes_an_equal_share_of_a_striped_job(self):
+        one = account_load("a", ("checkpoints",), [ClusterDemand("c", 100, 200.0)], 25.0, 50.0, stripes=1)
+        four = account_load("a", ("checkpoints",), [ClusterDemand("c", 100, 200.0)], 25.0, 50.0, stripes=4)
+        assert one.ingress_gbps == pytest.approx(four.ingress_gbps) == pytest.approx(22.5)
+
+    def test_a_small_job_cannot_fill_many_accounts(self):
+        # 2 nodes x 8 Gb/s NICs: 16 Gb/s at most, spread over 4 accounts
+        load = account_load("a", ("checkpoints",), [ClusterDemand("c", 2, 8.0)], 25.0, 50.0, stripes=4)
+        assert load.ingress_gbps == pytest.approx(4.0)
