@@ -26,6 +26,7 @@ from amlhpc.infra import naming
 from amlhpc.infra.config import parse
 from amlhpc.infra.plan import evaluate
 from amlhpc.infra.plan.access import access_view
+from amlhpc.infra.policy.plan_check import check_plan
 from tests.conformance.conformance_stacks import NOW
 
 ACCOUNT = "azure-native:storage:StorageAccount"
@@ -40,6 +41,7 @@ ENV = {
     "aml-hpc:nameSuffix": "r0les1",
     "aml-hpc:clusters": [{"name": "nd-h100", "sku": "Standard_ND96isr_H100_v5", "maxNodes": 64}],
     "aml-hpc:submitters": [{"principalId": "11111111-2222-3333-4444-555555555555", "principalType": "Group"}],
+    "aml-hpc:budget": {"monthlyAmountUsd": 500000, "alertEmails": ["ml-platform@example.com"]},
 }
 BY_ROLE = {**ENV, "aml-hpc:checkpointAccounts": {"count": 2}, "aml-hpc:storage": {"coordinationAccount": True}}
 PRIVATE = {"isolation": "private", "addressSpace": "10.40.0.0/16",
@@ -155,8 +157,8 @@ class TestEnvironmentByRole:
         # the dataset account's container (a stack deployed before keeps its runs there), then each account's
         for name, key, count in (("access", "checkpoints-write", 3), ("controller-access", "checkpoints-read", 3),
                                  ("controller-access", "supervision-write", 2), ("access", "submitter-0-supervision", 2)):
-            assert {f"{name}-{key}", *(f"{name}-{key}-{n}" for n in range(1, count))} <= declared, key
-            assert f"{name}-{key}-{count}" not in declared
+            assert {f"{name}-{key}", *(f"{name}-acct{n}-{key}" for n in range(1, count))} <= declared, key
+            assert f"{name}-acct{count}-{key}" not in declared
         assert MODEL.right("compute", "checkpoints-write").scope == "container:checkpoints"
 
     def test_the_plan_loads_each_account_against_azures_targets(self, plan):
@@ -208,11 +210,12 @@ class TestExperimentAccounts:
         assert len(names) == 4
         accounts = {r.inputs["accountName"]: r for r in plan.of_type(ACCOUNT)}
         assert set(names) == set(accounts)
-        assert not any(a.retain_on_delete or a.protect for a in accounts.values())  # they go with the experiment
+        # teardown keeps them (a run's checkpoints outlive the experiment); not protected: deleting them is a choice
+        assert all(a.retain_on_delete and not a.protect for a in accounts.values())
         assert plan.outputs["checkpointAccounts"] == list(names)
         assert plan.outputs["coordinationAccount"] == plan.environment.config.names.dataset_storage
         grants = plan.of_type(ROLE)
-        assert len(grants) == 4 and all(g.name.startswith("checkpoint-access-checkpoints-write") for g in grants)
+        assert len(grants) == 4 and all(g.name.startswith("checkpoint-access-") and g.name.endswith("-checkpoints-write") for g in grants)
         identity = plan.environment.outputs["identity"]["principalId"]
         assert {g.inputs["principalId"] for g in grants} == {identity}
         loads = [a for a in plan.storage_load() if a.roles == ("checkpoints",)]
@@ -232,6 +235,27 @@ class TestExperimentAccounts:
             plan_of(tmp_path, EXPERIMENT, "exp-big")
         assert "aml-hpc:checkpointAccounts" in str(raised.value) and "Pulumi.dev.yaml" in str(raised.value)
         assert isinstance(raised.value, (pulumi.RunError, UserError, RuntimeError))
+
+
+class TestPolicy:
+    def test_the_environment_by_role_passes_the_policy(self, plan):
+        assert [v.rule for v in check_plan(plan) if v.level == "mandatory"] == []
+
+    def test_an_experiments_kept_checkpoint_accounts_pass_and_a_deleted_one_does_not(self, tmp_path):
+        write(tmp_path, "dev", ENV)
+        experiment = plan_of(tmp_path, EXPERIMENT, "exp-big")
+        assert [v.rule for v in check_plan(experiment) if v.rule == "experiment-clusters-only"] == []
+        doc = experiment.to_json()
+        account = next(r for r in doc["resources"] if r["type"] == ACCOUNT)
+        account["options"]["retainOnDelete"] = False  # teardown would delete the run's checkpoints
+        assert [v.rule for v in check_plan(doc)].count("experiment-clusters-only") == 1
+
+    def test_a_checkpoint_account_keeping_deleted_blobs_for_days_is_refused(self, plan):
+        doc = plan.to_json()
+        service = next(r for r in doc["resources"] if r["name"] == "checkpoints1-blob-service")
+        service["inputs"]["deleteRetentionPolicy"] = {"enabled": True, "days": 14}
+        (found,) = [v for v in check_plan(doc) if v.rule == "checkpoint-soft-delete"]
+        assert "14 days" in found.message and "softDeleteDays" in found.fix
 
 
 class TestStriping:

@@ -157,14 +157,14 @@ class RoleAccounts:
 def role_accounts(cfg: StackConfig, resource_group_name: pulumi.Input[str], location: pulumi.Input[str],
                   private: pulumi.Input[bool], tags: dict[str, str]) -> RoleAccounts:
     """The checkpoint accounts (aml-hpc:checkpointAccounts) and the coordination account
-    (aml-hpc:storage.coordinationAccount) a stack declares. An environment's are kept on
-    destroy and protected with its data; an experiment's go with the experiment."""
+    (aml-hpc:storage.coordinationAccount) a stack declares, kept on destroy (teardown never
+    deletes checkpoints); an environment's are also protected with its data."""
     environment = not cfg.is_experiment
     ckpt = cfg.checkpoint_accounts
     checkpoints = tuple(RoleStorage(f"checkpoints{i}", RoleStorageArgs(
         resource_group_name=resource_group_name, account_name=name, location=location, role="checkpoints",
         allow_shared_key_access=cfg.storage.allow_shared_key_access, private=private,  # type: ignore[arg-type]
-        soft_delete_days=ckpt.soft_delete_days if ckpt else 0, retain=environment,
+        soft_delete_days=ckpt.soft_delete_days if ckpt else 0, retain=True,
         protect=environment and cfg.protect_data, tags=tags,
     )) for i, name in enumerate(cfg.names.checkpoint_storage, start=1))
     coordination = None

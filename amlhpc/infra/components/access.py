@@ -122,9 +122,11 @@ def grants_for(principal: str, scopes: Mapping[str, pulumi.Input[str] | list[pul
         given = scopes[right.scope]
         # A scope with several resources (container:checkpoints in every checkpoint account):
         # one assignment each; the first keeps the right's own key, so a stack that gains
-        # accounts keeps its existing assignments. Only the first can sit under the dataset lock.
+        # accounts keeps its existing assignments, and the others are prefixed (`acct1-`...),
+        # so every name still ends in its right's key (the policy's role-in-permission-model).
+        # Only the first can sit under the dataset lock.
         for n, scope in enumerate(given if isinstance(given, list) else [given]):
-            key = right.resource_key(index) if n == 0 else f"{right.resource_key(index)}-{n}"
+            key = right.resource_key(index) if n == 0 else f"acct{n}-{right.resource_key(index)}"
             grants.append(Grant(key, right.role.key, scope, principal_id, principal_type,
                                 protect=locked and n == 0 and right.scope in DATASET_SCOPES, condition=right.condition))
     return grants

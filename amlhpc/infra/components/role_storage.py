@@ -15,8 +15,9 @@ checkpoint account's ingress without a single supervision record waiting behind 
 - Coordination: the `supervision` container of the managed runs' records; the same secure
   account settings, soft delete as the stack sets it (records are small).
 
-Environment stacks retain both on `destroy` (and protect them with the data outside dev),
-like the dataset account; an experiment's own checkpoint accounts go with the experiment.
+Every stack retains them on `destroy`, like the dataset account (environments also protect them
+with the data outside dev): an experiment's teardown never deletes a run's checkpoints; its own
+checkpoint accounts stay, tagged with the experiment, until someone deletes them on purpose.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class RoleStorageArgs:
     soft_delete_days: int = 0
     """Blob and container soft delete, days; 0 is off. Checkpoint accounts: at most one day."""
     retain: bool = True
-    """Kept by `pulumi destroy` (environment stacks); an experiment's own accounts are not."""
+    """Kept by `pulumi destroy` and by an experiment's teardown: checkpoints outlive the stack."""
     protect: bool = False
     tags: dict[str, str] = field(default_factory=dict)
 
@@ -78,7 +79,8 @@ class RoleStorage(pulumi.ComponentResource):
                                opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain or None))
         if args.role == "checkpoints":
             old_versions_rule(f"{name}-lifecycle", account, args.resource_group_name,
-                              pulumi.ResourceOptions(parent=self, depends_on=[service]))
+                              pulumi.ResourceOptions(parent=self, depends_on=[service],
+                                                     retain_on_delete=args.retain or None))
         self.container_ids = {}
         for container_name in ROLE_CONTAINERS[args.role]:
             container = storage.BlobContainer(
