@@ -268,3 +268,53 @@ class TestStriping:
         # 2 nodes x 8 Gb/s NICs: 16 Gb/s at most, spread over 4 accounts
         load = account_load("a", ("checkpoints",), [ClusterDemand("c", 2, 8.0)], 25.0, 50.0, stripes=4)
         assert load.ingress_gbps == pytest.approx(4.0)
+
+
+class TestSubmit:
+    def test_a_405b_checkpoint_on_one_account_is_refused_with_the_split(self):
+        from amlhpc.jobs.plan import limits
+
+        problem = limits.checkpoint_fit_problem("j", 405_000_000_000, 600, 1, 25.0, "exp-big")
+        assert problem is not None and problem.path == "checkpoint.interval_s"
+        assert "6.48 TB" in problem.message and "2,304 s" in problem.message  # 6.48e12 x 8 / 22.5e9
+        assert "aml-hpc:checkpointAccounts: {count: 4} in Pulumi.exp-big.yaml" in problem.hint
+        assert "--set checkpoint.interval_s=2304" in problem.hint
+        assert limits.checkpoint_fit_problem("j", 405_000_000_000, 600, 4, 25.0, "exp-big") is None
+
+    def test_the_jobs_settings_give_the_interval_and_the_ingress(self):
+        import json
+
+        from amlhpc.jobs.plan import limits
+        from amlhpc.jobs.runtime.base import contract
+
+        env = {contract.CHECKPOINT_JSON: json.dumps({"interval_s": 600, "ingress_gbps": 25.0})}
+        assert limits.job_checkpoint_fit("j", 70_000_000_000, env, 1, "dev") is None  # 1.12 TB fits one account
+        assert limits.job_checkpoint_fit("j", 405_000_000_000, env, 1, "dev") is not None
+        assert limits.job_checkpoint_fit("j", 405_000_000_000, {}, 1, "dev") is None  # checkpoints off
+
+    def test_submit_refuses_before_anything_is_created(self):
+        import json
+        from types import SimpleNamespace
+
+        from amlhpc.jobs.cli import main
+        from amlhpc.jobs.runtime.base import contract
+
+        env = {contract.CHECKPOINT_JSON: json.dumps({"account_url": "https://a.blob.core.windows.net", "cap_mbps": 100,
+                                                     "interval_s": 600, "ingress_gbps": 25.0})}
+        plan = SimpleNamespace(name="big", instance_count=100, environment_variables=env,
+                               deepspeed=SimpleNamespace(params=405_000_000_000))
+        outputs = SimpleNamespace(stack="dev", workspace="ws", checkpoint_accounts=None,
+                                  storage=SimpleNamespace(ingress_gbps=25.0, account="a"))
+        idle = SimpleNamespace(active_checkpoint_caps=lambda client, url, ws: [])
+        with pytest.raises(UserError) as raised:
+            main._check_checkpoint_budget(idle, None, outputs, plan)  # noqa: SLF001
+        assert "does not fit its interval" in raised.value.title
+        striped = SimpleNamespace(**{**vars(outputs), "checkpoint_accounts": ["c1", "c2", "c3", "c4"]})
+        main._check_checkpoint_budget(idle, None, striped, plan)  # noqa: SLF001
+
+    def test_the_budget_refusal_says_how_many_accounts_of_its_own_would_hold_the_job(self):
+        from amlhpc.jobs.plan import limits
+
+        problem = limits.checkpoint_budget_problem("j", 100, 45.0, [("a", 12.0)], 25.0, "acct")
+        # accounts of its own carry this job alone: 45 Gb/s over 22.5 Gb/s (90 % of 25) each
+        assert problem is not None and "aml-hpc:checkpointAccounts: {count: 2}" in problem.hint

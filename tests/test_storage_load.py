@@ -97,7 +97,7 @@ class TestFleetBudget:
     def test_submit_refuses_over_the_budget(self):
         from amlhpc.jobs.cli import main
 
-        plan = SimpleNamespace(name="new", instance_count=8, environment_variables=self.env(2800))
+        plan = SimpleNamespace(name="new", instance_count=8, environment_variables=self.env(2800), deepspeed=None)
         outputs = SimpleNamespace(workspace="ws", storage=SimpleNamespace(ingress_gbps=25.0, account="acct"))
         busy = SimpleNamespace(active_checkpoint_caps=lambda client, url, ws: [("old", 20.0), ("new", 22.4)])
         with pytest.raises(UserError) as raised:
