@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from unittest.mock import MagicMock
 
 import pulumi
 import pytest
@@ -318,3 +319,54 @@ class TestSubmit:
         problem = limits.checkpoint_budget_problem("j", 100, 45.0, [("a", 12.0)], 25.0, "acct")
         # accounts of its own carry this job alone: 45 Gb/s over 22.5 Gb/s (90 % of 25) each
         assert problem is not None and "aml-hpc:checkpointAccounts: {count: 2}" in problem.hint
+
+
+class TestConsumers:
+    def doc(self, **changes):
+        from tests.jobs_helpers import outputs_doc
+
+        return StackOutputs.model_validate({**outputs_doc("dev"), **changes})
+
+    def test_the_endpoints_follow_the_accounts(self):
+        by_role = self.doc(checkpointAccounts=["devck1x", "devck2x"], coordinationAccount="devcox")
+        assert by_role.coordination_endpoint() == "https://devcox.blob.core.windows.net/"
+        assert by_role.checkpoint_endpoints() == ["https://devck1x.blob.core.windows.net/",
+                                                  "https://devck2x.blob.core.windows.net/"]
+        for before in (self.doc(checkpointAccounts=None, coordinationAccount=None), self.doc()):
+            assert before.coordination_endpoint() == before.storage.blob_endpoint
+            assert before.checkpoint_endpoints() == [before.storage.blob_endpoint]
+
+    def test_the_records_of_managed_runs_go_to_the_coordination_account(self, monkeypatch):
+        import azure.ai.ml
+
+        from amlhpc.jobs.managed import client, settings
+        from amlhpc.jobs.runtime.blob import blobio
+
+        opened = []
+        def opening(name, url, env=None):
+            opened.append((name, url))
+            return MagicMock()
+
+        monkeypatch.setattr(blobio, "container_client_from_env", opening)
+        monkeypatch.setattr(blobio, "container_client", lambda name, account_url: opening(name, account_url))
+        monkeypatch.setattr(blobio, "credential_from_env", lambda env: None)
+        monkeypatch.setattr(azure.ai.ml, "MLClient", lambda *a: None)
+        policy = {"max_restarts": 1}
+        base = {"workspace": {"subscription_id": "s", "resource_group": "g", "name": "w"}, "secret": "0" * 64,
+                "storage": {"account_url": "https://ck/", "container": "checkpoints", "prefix": "r/1",
+                            "supervision": "supervision", "supervision_account_url": "https://co/"}}
+        try:
+            settings.connect({**base, "policy": policy})
+        except Exception:  # noqa: BLE001 - only the containers it opened matter here
+            pass
+        assert ("checkpoints", "https://ck/") in opened and ("supervision", "https://co/") in opened
+        opened.clear()
+        older = {**base, "storage": {k: v for k, v in base["storage"].items() if k != "supervision_account_url"}}
+        try:
+            settings.connect({**older, "policy": policy})
+        except Exception:  # noqa: BLE001
+            pass
+        assert ("supervision", "https://ck/") in opened  # settings written before: one account
+        opened.clear()
+        client.store_for(self.doc(coordinationAccount="devcox"), client.RecordPlace("supervision", "r/1"))
+        assert opened == [("supervision", "https://devcox.blob.core.windows.net/")]

@@ -145,6 +145,20 @@ class StackOutputs(_Doc):
     """ISO 8601 UTC on experiment stacks; null on environments."""
     tags: dict[str, str]
 
+    def account_endpoint(self, account: str) -> str:
+        """The blob endpoint of one of the stack's accounts: the dataset account's endpoint with
+        the account's name in its place (same cloud, same suffix)."""
+        base = self.storage.blob_endpoint
+        return base.replace(f"//{self.storage.account}.", f"//{account}.", 1) if account != self.storage.account else base
+
+    def coordination_endpoint(self) -> str:
+        """Where the managed runs' records live (`supervision`): the coordination account, else the dataset account."""
+        return self.account_endpoint(self.coordination_account or self.storage.account)
+
+    def checkpoint_endpoints(self) -> list[str]:
+        """The checkpoint accounts' blob endpoints, in striping order (the dataset account's without any)."""
+        return [self.account_endpoint(a) for a in (self.checkpoint_accounts or [self.storage.account])]
+
     def stack_prices(self) -> dict[str, Price]:
         return {name: price.to_price() for name, price in self.prices.items()}
 
