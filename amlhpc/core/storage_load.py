@@ -83,12 +83,15 @@ class AccountLoad:
         found = []
         if self.checkpoint_caps_gbps > self.target_ingress_gbps:
             found.append((f"checkpoint caps {self.checkpoint_caps_gbps:,.1f} Gb/s together > ingress {self.target_ingress_gbps:g} Gb/s",
-                          f"give checkpoints accounts of their own (aml-hpc:checkpointAccounts.count: "
-                          f"{self.accounts_for_caps()} or more in the environment's stack file, or in an experiment's "
-                          "for its clusters), or lower checkpoint.cap_mbps so the jobs' caps add up to the ingress"))
+                          f"every job claims {CHECKPOINT_INGRESS_SHARE:.0%} of each account it checkpoints to, so "
+                          "clusters that checkpoint at once need accounts of their own: aml-hpc:checkpointAccounts in "
+                          "an experiment stack per cluster (its jobs then stripe over its own accounts), or lower "
+                          f"checkpoint.cap_mbps so the caps add up to the ingress ({self.accounts_for_caps()} accounts' "
+                          "worth of ingress is claimed here)"))
         if self.ingress_gbps > self.target_ingress_gbps:
             found.append((f"ingress {self.ingress_gbps:,.1f} Gb/s > {self.target_ingress_gbps:g} Gb/s",
-                          "stripe checkpoints over more accounts (aml-hpc:checkpointAccounts.count), or checkpoint less often"))
+                          "the jobs' checkpoint uploads: accounts of their own per cluster, lower caps, or checkpoints "
+                          "less often"))
         if self.egress_gbps > self.target_egress_gbps:
             found.append((f"egress {self.egress_gbps:,.1f} Gb/s > {self.target_egress_gbps:g} Gb/s",
                           "stage with a per-node cap (egress / nodes), or serve datasets from more accounts"))
