@@ -6,17 +6,13 @@ import re
 from datetime import date, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
 from amlhpc.core import pricing, project, skus
-from amlhpc.core.storage_load import (
-    CHECKPOINT_BYTES_PER_PARAM,
-    MAX_CHECKPOINT_ACCOUNTS,
-    checkpoint_accounts_needed,
-)
 from amlhpc.core.values import Gbps, Nodes, Usd, UsdPerHour
 from amlhpc.infra import naming
+from amlhpc.infra.config.base import _Model
+from amlhpc.infra.config.checkpoint_accounts import CheckpointAccountsConfig
 
 PROJECT = "aml-hpc"
 NAMESPACE = f"{PROJECT}:"
@@ -26,12 +22,6 @@ REPO_ROOT = project.root()
 """The project folder: its Pulumi.<stack>.yaml files (amlhpc/core/project.py finds it)."""
 
 StackKind = Literal["environment", "experiment"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
-    )
 
 
 class SshConfig(_Model):
@@ -240,40 +230,6 @@ class StorageConfig(_Model):
     """The managed runs' supervision records in a small account of their own (stack output
     coordinationAccount), never starved by checkpoint bytes. Off: they stay in the dataset
     account's `supervision` container, where a stack deployed before holds its active runs' records."""
-
-
-class CheckpointAccountsConfig(_Model):
-    """The stack's own checkpoint accounts (stack output checkpointAccounts, in striping order):
-    `count`, or the checkpoint's size (`modelParams` x `bytesPerParam`, or `checkpointGb`) from
-    which the count is derived: size / (intervalS x 90 % x ingressGbps), rounded up."""
-
-    count: int | None = Field(None, ge=1, le=MAX_CHECKPOINT_ACCOUNTS)
-    model_params: float | None = Field(None, gt=0)
-    """Parameters of the model, e.g. 405e9."""
-    bytes_per_param: float = Field(CHECKPOINT_BYTES_PER_PARAM, gt=0)
-    """Checkpoint bytes per parameter: 16 for bf16 weights with fp32 master weights and two Adam moments."""
-    checkpoint_gb: float | None = Field(None, gt=0)
-    """The largest checkpoint, GB (10^9 bytes), instead of modelParams."""
-    interval_s: int = Field(600, ge=60)
-    """The checkpoint interval the upload must fit in."""
-    ingress_gbps: Gbps = skus.STORAGE_ACCOUNT.ingress_gbits_per_s_default
-    """One account's ingress, Gb/s (Azure's per-region target)."""
-    soft_delete_days: int = Field(0, ge=0, le=1)
-    """Blob soft delete on the checkpoint accounts: off, or one day at most."""
-
-    def checkpoint_bytes(self) -> float | None:
-        if self.checkpoint_gb is not None:
-            return self.checkpoint_gb * 1e9
-        return self.model_params * self.bytes_per_param if self.model_params is not None else None
-
-    def accounts(self) -> int:
-        """How many accounts: the given count, else the count the checkpoint's size needs."""
-        if self.count is not None:
-            return self.count
-        size = self.checkpoint_bytes()
-        if size is None:
-            return 1
-        return min(MAX_CHECKPOINT_ACCOUNTS, checkpoint_accounts_needed(size, self.interval_s, self.ingress_gbps))
 
 
 class BudgetConfig(_Model):
