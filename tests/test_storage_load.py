@@ -48,7 +48,9 @@ class TestAccountLoad:
         assert load.checkpoint_caps_gbps == pytest.approx(2 * 25.0 * CHECKPOINT_INGRESS_SHARE)
         assert any(k.startswith("checkpoint caps 45.0 Gb/s together > ingress 25") for k in over)
         assert any(k.startswith("egress 10,240.0 Gb/s > 50") for k in over)
-        assert "checkpoint account" in next(v for k, v in over.items() if k.startswith("checkpoint caps"))
+        fix = next(v for k, v in over.items() if k.startswith("checkpoint caps"))
+        assert "aml-hpc:checkpointAccounts in an experiment stack per cluster" in fix
+        assert "(2 accounts' worth of ingress is claimed here)" in fix
 
     def test_requests_follow_the_bytes(self):
         load = account_load("a", ("datasets",), [ClusterDemand("a", 100, 8.0)], ingress_gbps=25.0, egress_gbps=1000.0)
@@ -97,7 +99,7 @@ class TestFleetBudget:
     def test_submit_refuses_over_the_budget(self):
         from amlhpc.jobs.cli import main
 
-        plan = SimpleNamespace(name="new", instance_count=8, environment_variables=self.env(2800))
+        plan = SimpleNamespace(name="new", instance_count=8, environment_variables=self.env(2800), deepspeed=None)
         outputs = SimpleNamespace(workspace="ws", storage=SimpleNamespace(ingress_gbps=25.0, account="acct"))
         busy = SimpleNamespace(active_checkpoint_caps=lambda client, url, ws: [("old", 20.0), ("new", 22.4)])
         with pytest.raises(UserError) as raised:

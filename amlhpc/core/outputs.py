@@ -135,9 +135,29 @@ class StackOutputs(_Doc):
     controller: ControllerOut | None = None
     """The managed runs' controller cluster; null when the stack declares none (or was
     deployed before it existed)."""
+    checkpoint_accounts: list[str] | None = Field(None, alias="checkpointAccounts")
+    """The accounts checkpoints are striped over, in striping order (each holds a `checkpoints`
+    container); the dataset account alone when the stack declares none; null (absent) from a
+    stack deployed before accounts by role: the dataset account."""
+    coordination_account: str | None = Field(None, alias="coordinationAccount")
+    """The account holding the `supervision` container; null (absent): the dataset account."""
     expires_at: str | None = Field(alias="expiresAt")
     """ISO 8601 UTC on experiment stacks; null on environments."""
     tags: dict[str, str]
+
+    def account_endpoint(self, account: str) -> str:
+        """The blob endpoint of one of the stack's accounts: the dataset account's endpoint with
+        the account's name in its place (same cloud, same suffix)."""
+        base = self.storage.blob_endpoint
+        return base.replace(f"//{self.storage.account}.", f"//{account}.", 1) if account != self.storage.account else base
+
+    def coordination_endpoint(self) -> str:
+        """Where the managed runs' records live (`supervision`): the coordination account, else the dataset account."""
+        return self.account_endpoint(self.coordination_account or self.storage.account)
+
+    def checkpoint_endpoints(self) -> list[str]:
+        """The checkpoint accounts' blob endpoints, in striping order (the dataset account's without any)."""
+        return [self.account_endpoint(a) for a in (self.checkpoint_accounts or [self.storage.account])]
 
     def stack_prices(self) -> dict[str, Price]:
         return {name: price.to_price() for name, price in self.prices.items()}

@@ -35,7 +35,11 @@ MEANING = {
     "environmentStack": "experiment stacks: the environment's fully qualified stack (`organization/aml-hpc/dev`)",
     "network": "isolation (`public`, `private`: own VNet, `managed`: Azure ML's managed VNet), address space, "
                "outbound rules and the way in (docs/isolation.md)",
-    "storage": "the dataset account: tier, shared keys (off), soft delete, egress/ingress caps, who may upload",
+    "storage": ("the dataset account: tier, shared keys (off), soft delete, egress/ingress caps, who may upload; "
+                "`coordinationAccount: true` moves the `supervision` container to an account of its own"),
+    "checkpointAccounts": ("checkpoint accounts of the stack's own, striped in order: `count`, or derived from the "
+                           "checkpoint's size (environment or experiment stacks; [docs/deploying.md]"
+                           "(docs/deploying.md#storage-accounts-by-role))"),
     "clusters": "the GPU clusters (amlhpc/core/catalog/skus.toml sizes); minNodes above 0 needs allowIdleNodes, several "
                 "nodes of a size without InfiniBand allowTcpMultiNode",
     "budget": "monthly budget with alert emails and thresholds (percent)",

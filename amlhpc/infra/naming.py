@@ -15,7 +15,7 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 NameKind = Literal[
     "namePrefix",
@@ -126,6 +126,10 @@ class StackNames:
     identity: str
     virtual_network: str
     budget: str
+    coordination_storage: str = ""
+    """The coordination account (aml-hpc:storage.coordinationAccount)."""
+    checkpoint_storage: tuple[str, ...] = ()
+    """The stack's own checkpoint accounts, in striping order (aml-hpc:checkpointAccounts)."""
 
     # stack-file key (aml-hpc:names.<key>) -> (field, kind)
     OVERRIDABLE = {
@@ -140,7 +144,7 @@ class StackNames:
 
     @classmethod
     def derive(cls, prefix: str, stack: str, location: str, overrides: dict[str, str] | None = None,
-               suffix: str | None = None) -> StackNames:
+               suffix: str | None = None, checkpoint_accounts: int = 0) -> StackNames:
         """Names from prefix, stack and location, with `overrides` (stack-file keys) applied.
 
         `suffix` is the stack's random aml-hpc:nameSuffix: every globally unique name ends in
@@ -150,7 +154,7 @@ class StackNames:
         suffix = suffix or uniqueness_suffix(prefix, stack, location)
         stack_slug = _slug(stack)
         short = f"{prefix[:8]}{stack_slug[:7]}"
-        derived = dict(
+        derived: dict[str, Any] = dict(
             resource_group=f"rg-{prefix}-{stack}",
             dataset_storage=f"{short}ds{suffix}"[:24],
             workspace_storage=f"{short}ws{suffix}"[:24],
@@ -163,6 +167,8 @@ class StackNames:
             identity=f"id-{prefix}-{stack}-compute",
             virtual_network=f"vnet-{prefix}-{stack}",
             budget=f"budget-{prefix}-{stack}"[:63],
+            coordination_storage=_account_name(short, "co", suffix),
+            checkpoint_storage=tuple(_account_name(short, f"ck{i}", suffix) for i in range(1, checkpoint_accounts + 1)),
         )
         for key, value in (overrides or {}).items():
             field_name, _ = cls.OVERRIDABLE[key]
@@ -190,7 +196,17 @@ class StackNames:
             message = check(kind, getattr(self, field_name))  # type: ignore[arg-type]
             if message:
                 out.append((field_name, message))
+        for field_name, value in (("coordination_storage", self.coordination_storage),
+                                  *(("checkpoint_storage", name) for name in self.checkpoint_storage)):
+            message = check("storageAccount", value) if value else None
+            if message:
+                out.append((field_name, message))
         return out
+
+
+def _account_name(short: str, role: str, suffix: str) -> str:
+    """A role account's name: the stack's short stem, the role's tag and the suffix, within 24 characters."""
+    return f"{short[: 24 - len(role) - len(suffix)]}{role}{suffix}"
 
 
 def _key_vault_name(prefix: str, stack: str, suffix: str) -> str:

@@ -44,6 +44,7 @@ from amlhpc.infra.components.private_endpoints import (
     PrivateEndpointsArgs,
 )
 from amlhpc.infra.components.resource_group import ResourceGroup, ResourceGroupArgs
+from amlhpc.infra.components.role_storage import RoleStorage, RoleStorageArgs
 from amlhpc.infra.components.way_in import JumpBoxSpec, WayIn, WayInArgs
 from amlhpc.infra.components.workspace import CustomerManagedKeySettings, Workspace, WorkspaceArgs
 from amlhpc.infra.config import ClusterConfig, StackConfig
@@ -139,21 +140,68 @@ def stack_facts(cfg: StackConfig) -> frozenset[str]:
     return frozenset(facts)
 
 
-def grant_scopes(ws: Workspace, data: DatasetStorage) -> dict[str, Any]:
-    """The resource ids of the model's symbolic scopes an environment stack grants at."""
-    return {
+@dataclass(frozen=True)
+class RoleAccounts:
+    """The stack's accounts beside the dataset account: its own checkpoint accounts (striping
+    order) and its coordination account, each absent when the stack declares none."""
+
+    checkpoints: tuple[RoleStorage, ...] = ()
+    coordination: RoleStorage | None = None
+
+    def all(self) -> list[tuple[str, RoleStorage]]:
+        """(short key, account) of every role account, for endpoints and diagnostics."""
+        named = [(f"checkpoints{i}", a) for i, a in enumerate(self.checkpoints, start=1)]
+        return named + ([("coordination", self.coordination)] if self.coordination else [])
+
+
+def role_accounts(cfg: StackConfig, resource_group_name: pulumi.Input[str], location: pulumi.Input[str],
+                  private: pulumi.Input[bool], tags: dict[str, str]) -> RoleAccounts:
+    """The checkpoint accounts (aml-hpc:checkpointAccounts) and the coordination account
+    (aml-hpc:storage.coordinationAccount) a stack declares, kept on destroy (teardown never
+    deletes checkpoints); an environment's are also protected with its data."""
+    environment = not cfg.is_experiment
+    ckpt = cfg.checkpoint_accounts
+    checkpoints = tuple(RoleStorage(f"checkpoints{i}", RoleStorageArgs(
+        resource_group_name=resource_group_name, account_name=name, location=location, role="checkpoints",
+        allow_shared_key_access=cfg.storage.allow_shared_key_access, private=private,  # type: ignore[arg-type]
+        soft_delete_days=ckpt.soft_delete_days if ckpt else 0, retain=True,
+        protect=environment and cfg.protect_data, tags=tags,
+    )) for i, name in enumerate(cfg.names.checkpoint_storage, start=1))
+    coordination = None
+    if environment and cfg.storage.coordination_account:
+        coordination = RoleStorage("coordination", RoleStorageArgs(
+            resource_group_name=resource_group_name, account_name=cfg.names.coordination_storage, location=location,
+            role="coordination", allow_shared_key_access=cfg.storage.allow_shared_key_access,
+            private=private,  # type: ignore[arg-type]
+            soft_delete_days=cfg.storage.soft_delete_days, retain=True, protect=cfg.protect_data, tags=tags))
+    return RoleAccounts(checkpoints, coordination)
+
+
+def grant_scopes(ws: Workspace, data: DatasetStorage, roles: RoleAccounts | None = None) -> dict[str, Any]:
+    """The resource ids of the model's symbolic scopes an environment stack grants at.
+    container:checkpoints and container:supervision name the dataset account's container first
+    (a stack deployed before keeps its runs' checkpoints and records there) and then the role
+    accounts' own."""
+    roles = roles or RoleAccounts()
+    scopes: dict[str, Any] = {
         "workspace": ws.workspace_id,
         "workspace-storage": ws.workspace_storage_id,
         "dataset-account": data.account_id,
         "registry": ws.registry_id,
         **{f"container:{name}": container_id for name, container_id in data.container_ids.items()},
     }
+    for account in (*roles.checkpoints, *([roles.coordination] if roles.coordination else [])):
+        for name, container_id in account.container_ids.items():
+            first = scopes[f"container:{name}"]
+            scopes[f"container:{name}"] = [*(first if isinstance(first, list) else [first]), container_id]
+    return scopes
 
 
-def _data_access(cfg: StackConfig, ws: Workspace, data: DatasetStorage, subscription_id: pulumi.Input[str]) -> Access:
+def _data_access(cfg: StackConfig, ws: Workspace, data: DatasetStorage, roles: RoleAccounts,
+                 subscription_id: pulumi.Input[str]) -> Access:
     """The rights of the GPU clusters' identity, the workspace's identity, the submitters and
     the dataset uploaders (amlhpc/core/catalog/permissions.toml says what each is for)."""
-    facts, scopes, locked = stack_facts(cfg), grant_scopes(ws, data), cfg.lock_dataset_storage
+    facts, scopes, locked = stack_facts(cfg), grant_scopes(ws, data, roles), cfg.lock_dataset_storage
     grants = grants_for("compute", scopes, ws.identity_principal_id, facts, locked=locked)
     grants += grants_for("workspace", scopes, ws.principal_id, facts, locked=locked)
     for i, who in enumerate(cfg.submitters):
@@ -166,10 +214,13 @@ def _data_access(cfg: StackConfig, ws: Workspace, data: DatasetStorage, subscrip
 
 
 def _private_endpoints(cfg: StackConfig, group: ResourceGroup, net: Network, ws: Workspace,
-                       data: DatasetStorage, registry: MlRegistry | None, tags: dict[str, str]) -> PrivateEndpoints:
+                       data: DatasetStorage, roles: RoleAccounts, registry: MlRegistry | None,
+                       tags: dict[str, str]) -> PrivateEndpoints:
     # A private registry is reachable only through endpoints to it, its ACR and its storage.
     extra = [EndpointTarget(f"mlregistry{t.suffix}", t.resource_id, t.group_id)
              for t in (registry.private_link_targets() if registry else [])]
+    # The role accounts have no public network access either: the nodes reach them here.
+    extra += [EndpointTarget(f"{key}-blob", account.account_id, "blob") for key, account in roles.all()]
     return PrivateEndpoints("endpoints", PrivateEndpointsArgs(
         resource_group_name=group.name,
         location=cfg.location,
@@ -205,6 +256,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
                                          cfg.compute_subnet, cfg.endpoint_subnet, tags))
 
     data = _dataset_storage(cfg, group, closed, tags)
+    roles = role_accounts(cfg, group.name, cfg.location, closed, tags)
     # The ML registry exists before the workspace: a managed network's outbound rules name it.
     ml_registry = None
     if cfg.ml_registry.enabled:
@@ -214,13 +266,13 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     ws = Workspace("ml", WorkspaceArgs(group.name, cfg.location, names, client.tenant_id, closed, tags,
                                        storage_auth=cfg.workspace_storage_auth, protect=cfg.protect_data,
                                        storage_soft_delete_days=cfg.storage.soft_delete_days,
-                                       **_workspace_hardening(cfg, client.subscription_id, data, ml_registry)))
+                                       **_workspace_hardening(cfg, client.subscription_id, data, roles, ml_registry)))
     stores = Datastores("datastores", DatastoresArgs(group.name, ws.workspace_name, data.account_name,
                                                        list(DATASTORE_CONTAINERS)))
-    cluster_deps: list[pulumi.Resource] = [_data_access(cfg, ws, data, client.subscription_id)]
+    cluster_deps: list[pulumi.Resource] = [_data_access(cfg, ws, data, roles, client.subscription_id)]
     if net is not None:
         # Nodes without public IPs reach the workspace only through its private endpoint.
-        endpoints = _private_endpoints(cfg, group, net, ws, data, ml_registry, tags)
+        endpoints = _private_endpoints(cfg, group, net, ws, data, roles, ml_registry, tags)
         cluster_deps.append(endpoints)
         # Studio reaches private storage through the workspace's identity: Reader on the endpoints.
         Access("endpoint-access", AccessArgs(client.subscription_id, grants_for(
@@ -232,7 +284,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
                                     tuple(cluster_deps), managed_network=isolation == "managed"), tags)
 
     # The managed runs' controller sits where the GPU clusters do (no subnet in a managed network).
-    controller = _controller(cfg, group, ws, data, client.subscription_id,
+    controller = _controller(cfg, group, ws, data, roles, client.subscription_id,
                              net.compute_subnet_id if net and private else None, not closed, tags, cluster_deps)
 
     # Azure ML environments for our images, registered by image reference (never rebuilt).
@@ -241,10 +293,10 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         login_server=ws.registry_login_server, tags=tags,
     ))
     _budget(cfg, group.id, now)
-    _hardening(cfg, group, net, ws, data, tags, client.subscription_id)
+    _hardening(cfg, group, net, ws, data, roles, tags, client.subscription_id)
 
-    return _environment_outputs(cfg, tags, client.subscription_id, group, ws, stores, data, environments, ml_registry,
-                                net.compute_subnet_id if net and private else None, controller)
+    return _environment_outputs(cfg, tags, client.subscription_id, group, ws, stores, data, roles, environments,
+                                ml_registry, net.compute_subnet_id if net and private else None, controller)
 
 
 def _dataset_storage(cfg: StackConfig, group: ResourceGroup, closed: bool, tags: dict[str, str]) -> DatasetStorage:
@@ -262,7 +314,7 @@ def _dataset_storage(cfg: StackConfig, group: ResourceGroup, closed: bool, tags:
 
 
 def _environment_outputs(cfg: StackConfig, tags: dict[str, str], subscription_id: Any, group: ResourceGroup,
-                         ws: Workspace, stores: Datastores, data: DatasetStorage,
+                         ws: Workspace, stores: Datastores, data: DatasetStorage, roles: RoleAccounts,
                          environments: TrainingEnvironments, ml_registry: MlRegistry | None,
                          compute_subnet_id: Any, controller: dict[str, Any] | None) -> dict[str, Any]:
     """The environment's stack outputs (amlhpc/core/outputs.py's StackOutputs, checked on export)."""
@@ -291,10 +343,19 @@ def _environment_outputs(cfg: StackConfig, tags: dict[str, str], subscription_id
         "identity": {"clientId": ws.identity_client_id, "principalId": ws.identity_principal_id, "id": ws.identity_id},
         "network": {"isolation": cfg.network.isolation, "subnetId": compute_subnet_id},
         "controller": controller,
+        **_account_entries(data.account_name, roles),
     }
 
 
-def _controller(cfg: StackConfig, group: ResourceGroup, ws: Workspace, data: DatasetStorage,
+def _account_entries(dataset_account: pulumi.Input[str], roles: RoleAccounts) -> dict[str, Any]:
+    """checkpointAccounts (striping order) and coordinationAccount: the role accounts, the dataset account without them."""
+    return {
+        "checkpointAccounts": [a.account_name for a in roles.checkpoints] or [dataset_account],
+        "coordinationAccount": roles.coordination.account_name if roles.coordination else dataset_account,
+    }
+
+
+def _controller(cfg: StackConfig, group: ResourceGroup, ws: Workspace, data: DatasetStorage, roles: RoleAccounts,
                 subscription_id: pulumi.Input[str], subnet_id: pulumi.Input[str] | None, node_public_ip: bool,
                 tags: dict[str, str], depends_on: list[pulumi.Resource]) -> dict[str, Any] | None:
     """The managed runs' controller cluster and identity; its outputs entry (None when disabled)."""
@@ -304,7 +365,7 @@ def _controller(cfg: StackConfig, group: ResourceGroup, ws: Workspace, data: Dat
     cluster = ControllerCluster("controller", ControllerClusterArgs(
         resource_group_name=group.name, workspace_name=ws.workspace_name, location=cfg.location,
         subscription_id=subscription_id, cluster_name=ctl.name, sku=ctl.sku,
-        identity_name=controller_identity_name(cfg.name_prefix, cfg.stack), grant_scopes=grant_scopes(ws, data),
+        identity_name=controller_identity_name(cfg.name_prefix, cfg.stack), grant_scopes=grant_scopes(ws, data, roles),
         grant_facts=stack_facts(cfg), max_nodes=ctl.max_nodes, idle_minutes=ctl.idle_minutes, subnet_id=subnet_id,
         node_public_ip=node_public_ip, compute_depends_on=list(depends_on), data_locked=cfg.lock_dataset_storage,
         tags=tags))
@@ -354,7 +415,37 @@ def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
         lambda a: f"/subscriptions/{a[0]}/resourceGroups/{a[1]}")
     # Compute tags never reach cost records: the budget counts the clusters' own cost.
     _budget(cfg, scope, now, resource_ids=[c.cluster_id for c in clusters])
-    return {**passthrough, **_own_entries(cfg, tags)}
+    return {**passthrough, **_own_entries(cfg, tags), **_experiment_accounts(cfg, env, passthrough, network, tags)}
+
+
+def _experiment_accounts(cfg: StackConfig, env: pulumi.StackReference, passthrough: dict[str, Any],
+                         network: pulumi.Output[Any], tags: dict[str, str]) -> dict[str, Any]:
+    """An experiment's checkpoint accounts of its own (aml-hpc:checkpointAccounts), in the
+    environment's resource group, granted to the environment's compute and controller
+    identities as the permission model grants their container:checkpoints; else the
+    environment's accounts (a stack deployed before accounts by role: its dataset account)."""
+    dataset_account = passthrough["storage"].apply(lambda s: s["account"])
+    inherited_checkpoints = pulumi.Output.all(env.get_output("checkpointAccounts"), dataset_account).apply(
+        lambda a: a[0] or [a[1]])
+    coordination = pulumi.Output.all(env.get_output("coordinationAccount"), dataset_account).apply(
+        lambda a: a[0] or a[1])
+    if not cfg.names.checkpoint_storage:
+        return {"checkpointAccounts": inherited_checkpoints, "coordinationAccount": coordination}
+    network.apply(lambda n: _refuse_closed_checkpoint_accounts(cfg, n["isolation"]))
+    roles = role_accounts(cfg, passthrough["resourceGroup"], passthrough["location"], False, tags)
+    scopes: dict[str, Any] = {"container:checkpoints": [c for a in roles.checkpoints for c in a.container_ids.values()]}
+    grants = grants_for("compute", scopes, passthrough["identity"].apply(lambda i: i["principalId"]), only_given=True)
+    Access("checkpoint-access", AccessArgs(passthrough["subscriptionId"], grants))
+    return {"checkpointAccounts": [a.account_name for a in roles.checkpoints], "coordinationAccount": coordination}
+
+
+def _refuse_closed_checkpoint_accounts(cfg: StackConfig, isolation: str) -> None:
+    """An experiment declares no private endpoints: under a closed network its own accounts
+    would be unreachable from the nodes, so they are the environment's to declare."""
+    if isolation != "public":
+        raise pulumi.RunError(f"{cfg.source}: aml-hpc:checkpointAccounts: environment {cfg.environment!r} is "
+                              f"{isolation}, and an experiment's own accounts would have no private endpoint; remove "
+                              f"the key here and set aml-hpc:checkpointAccounts in Pulumi.{cfg.environment}.yaml")
 
 
 def _refuse_taken_cluster_names(cfg: StackConfig, taken: dict[str, Any]) -> None:
@@ -375,7 +466,7 @@ def data_opt_out_tags(cfg: StackConfig) -> dict[str, str]:
 
 
 def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], data: DatasetStorage,
-                         ml_registry: MlRegistry | None) -> dict[str, Any]:
+                         roles: RoleAccounts, ml_registry: MlRegistry | None) -> dict[str, Any]:
     """The WorkspaceArgs the hardening options decide."""
     extra: dict[str, Any] = {"hbi_workspace": cfg.hbi_workspace}
     if cfg.diagnostics:
@@ -390,6 +481,7 @@ def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], d
         # private endpoint is the only way to storage; the workspace's own storage, vault and
         # registry get theirs from Azure.
         endpoints = [PrivateEndpointRule("datasets-blob", data.account_id, "blob")]
+        endpoints += [PrivateEndpointRule(f"{key}-blob", account.account_id, "blob") for key, account in roles.all()]
         if ml_registry is not None:
             # The registry, its ACR and each region's storage: the nodes pull assets from all three.
             endpoints += [PrivateEndpointRule(f"ml-registry{t.suffix}", t.resource_id, t.group_id)
@@ -400,12 +492,14 @@ def _workspace_hardening(cfg: StackConfig, subscription_id: pulumi.Input[str], d
 
 
 def _hardening(cfg: StackConfig, group: ResourceGroup, net: Network | None, ws: Workspace,
-               data: DatasetStorage, tags: dict[str, str], subscription_id: pulumi.Input[str]) -> None:
+               data: DatasetStorage, roles: RoleAccounts, tags: dict[str, str],
+               subscription_id: pulumi.Input[str]) -> None:
     """Diagnostic settings, the dataset account's delete lock and the way in, as configured."""
     if cfg.diagnostics:
         Diagnostics("diagnostics", DiagnosticsArgs(ws.log_analytics_id, platform_targets(
             workspace_id=ws.workspace_id, vault_id=ws.key_vault_id,
-            storage_account_ids={"datasets": data.account_id, "workspace-storage": ws.workspace_storage_id},
+            storage_account_ids={"datasets": data.account_id, "workspace-storage": ws.workspace_storage_id,
+                                 **{key: account.account_id for key, account in roles.all()}},
             storage_reads=cfg.diagnostics.storage_reads,
             locked_accounts=frozenset({"datasets"}) if cfg.lock_dataset_storage else frozenset())))
     if cfg.lock_dataset_storage:

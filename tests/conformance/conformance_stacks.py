@@ -40,8 +40,9 @@ EVERYTHING: dict[str, Any] = {
     "aml-hpc:encryption": {"customerManagedKey": True, "cosmosDbPrincipalId": "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"},
     "aml-hpc:diagnostics": {"retentionDays": 60, "storageReads": True},
     "aml-hpc:hbiWorkspace": True,
+    "aml-hpc:checkpointAccounts": {"count": 2, "softDeleteDays": 1},
     "aml-hpc:storage": {"tier": "PremiumBlockBlob", "softDeleteDays": 30, "egressGbps": 60, "ingressGbps": 30,
-                        "dataContributors": [{"principalId": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+                        "coordinationAccount": True, "dataContributors": [{"principalId": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
                                               "principalType": "User"}]},
     "aml-hpc:clusters": [
         {"name": "nd-h100", "sku": "Standard_ND96isr_H100_v5", "minNodes": 1, "maxNodes": 4, "idleMinutes": 30,

@@ -99,11 +99,14 @@ def role_definition_id(subscription_id: pulumi.Input[str], role: str) -> pulumi.
         lambda sub: quirks.role_definition_id(sub, MODEL.role(role).guid_in(sub)))
 
 
-def grants_for(principal: str, scopes: Mapping[str, pulumi.Input[str]], principal_id: pulumi.Input[str],
-               facts: Iterable[str] = (), *, principal_type: str = "ServicePrincipal", index: int | None = None,
-               locked: bool = False, endpoints: bool = False) -> list[Grant]:
+def grants_for(principal: str, scopes: Mapping[str, pulumi.Input[str] | list[pulumi.Input[str]]],
+               principal_id: pulumi.Input[str], facts: Iterable[str] = (), *, principal_type: str = "ServicePrincipal",
+               index: int | None = None, locked: bool = False, endpoints: bool = False,
+               only_given: bool = False) -> list[Grant]:
     """The principal's program rights that apply to the stack, at the resource ids `scopes`
-    gives for the model's symbolic scopes. `index`: the principal's position in its stack file
+    gives for the model's symbolic scopes (a list: the scope in each of several accounts,
+    the dataset account's first). `only_given`: skip rights at scopes `scopes` does not
+    name (an experiment granting on its own accounts only), instead of refusing them. `index`: the principal's position in its stack file
     list (submitters, dataContributors); `locked`: the dataset account carries a delete lock;
     `endpoints`: the rights on private endpoints only (they exist later in the program), else
     all the others."""
@@ -113,9 +116,19 @@ def grants_for(principal: str, scopes: Mapping[str, pulumi.Input[str]], principa
         if not right.applies(facts) or right.scope.startswith("endpoint:") != endpoints:
             continue
         if right.scope not in scopes:
+            if only_given:
+                continue
             raise KeyError(f"no resource id for scope {right.scope!r} of {principal}'s right {right.key!r}")
-        grants.append(Grant(right.resource_key(index), right.role.key, scopes[right.scope], principal_id, principal_type,
-                            protect=locked and right.scope in DATASET_SCOPES, condition=right.condition))
+        given = scopes[right.scope]
+        # A scope with several resources (container:checkpoints in every checkpoint account):
+        # one assignment each; the first keeps the right's own key, so a stack that gains
+        # accounts keeps its existing assignments, and the others are prefixed (`acct1-`...),
+        # so every name still ends in its right's key (the policy's role-in-permission-model).
+        # Only the first can sit under the dataset lock.
+        for n, scope in enumerate(given if isinstance(given, list) else [given]):
+            key = right.resource_key(index) if n == 0 else f"acct{n}-{right.resource_key(index)}"
+            grants.append(Grant(key, right.role.key, scope, principal_id, principal_type,
+                                protect=locked and n == 0 and right.scope in DATASET_SCOPES, condition=right.condition))
     return grants
 
 

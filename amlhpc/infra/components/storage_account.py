@@ -13,7 +13,7 @@ from pulumi_azure_native import storage
 
 
 def secure_storage_account(resource_name: str, *, account_name: str, resource_group_name: pulumi.Input[str],
-                           location: str, premium: bool = False, allow_shared_key_access: bool = False,
+                           location: pulumi.Input[str], premium: bool = False, allow_shared_key_access: bool = False,
                            private: bool = False, tags: dict[str, str] | None = None,
                            opts: pulumi.ResourceOptions | None = None) -> storage.StorageAccount:
     """premium: BlockBlobStorage on Premium_LRS; otherwise StorageV2 Standard_LRS, hot tier."""
@@ -45,12 +45,14 @@ def blob_service(resource_name: str, *, account: storage.StorageAccount, resourc
                  soft_delete_days: int, versioning: bool = False,
                  opts: pulumi.ResourceOptions | None = None) -> storage.BlobServiceProperties:
     """The account's blob service: soft delete of blobs and containers for `soft_delete_days`
-    (an overwritten blob is kept as a soft-deleted snapshot as well), and blob versioning.
+    (an overwritten blob is kept as a soft-deleted snapshot as well; 0 turns soft delete off),
+    and blob versioning.
 
     A singleton: azure-native "deletes" it by writing Azure's defaults back, which would switch
     soft delete off on an account `destroy` keeps. Callers retain it with its account (never
     protect it: Pulumi would then refuse to destroy the rest of the stack)."""
-    policy = storage.DeleteRetentionPolicyArgs(enabled=True, days=soft_delete_days)
+    policy = (storage.DeleteRetentionPolicyArgs(enabled=True, days=soft_delete_days) if soft_delete_days > 0
+              else storage.DeleteRetentionPolicyArgs(enabled=False))
     return storage.BlobServiceProperties(
         resource_name,
         account_name=account.name,

@@ -6,12 +6,13 @@ import re
 from datetime import date, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
 from amlhpc.core import pricing, project, skus
 from amlhpc.core.values import Gbps, Nodes, Usd, UsdPerHour
 from amlhpc.infra import naming
+from amlhpc.infra.config.base import _Model
+from amlhpc.infra.config.checkpoint_accounts import CheckpointAccountsConfig
 
 PROJECT = "aml-hpc"
 NAMESPACE = f"{PROJECT}:"
@@ -21,12 +22,6 @@ REPO_ROOT = project.root()
 """The project folder: its Pulumi.<stack>.yaml files (amlhpc/core/project.py finds it)."""
 
 StackKind = Literal["environment", "experiment"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
-    )
 
 
 class SshConfig(_Model):
@@ -231,6 +226,10 @@ class StorageConfig(_Model):
     """The account's ingress limit, Gb/s; checkpoint uploads are capped below it."""
     data_contributors: list[PrincipalConfig] = Field(default_factory=list)
     """Who may upload datasets (Storage Blob Data Contributor on `datasets`); shared keys are off."""
+    coordination_account: bool = False
+    """The managed runs' supervision records in a small account of their own (stack output
+    coordinationAccount), never starved by checkpoint bytes. Off: they stay in the dataset
+    account's `supervision` container, where a stack deployed before holds its active runs' records."""
 
 
 class BudgetConfig(_Model):
@@ -287,6 +286,7 @@ class _RawConfig(_Model):
     environment_stack: str | None = None
     network: NetworkConfig = NetworkConfig()
     storage: StorageConfig = StorageConfig()
+    checkpoint_accounts: CheckpointAccountsConfig | None = None
     clusters: list[ClusterConfig] = Field(default_factory=list)
     budget: BudgetConfig | None = None
     ml_registry: MlRegistryConfig = MlRegistryConfig()
@@ -359,6 +359,8 @@ class StackConfig(_Model):
     managed_network: ManagedNetworkSettings | None = None
     """Set under managed isolation."""
     way_in: WayInSubnets | None = None
+    checkpoint_accounts: CheckpointAccountsConfig | None = None
+    """The stack's own checkpoint accounts; None: checkpoints go where the environment puts them."""
 
     @property
     def is_experiment(self) -> bool:

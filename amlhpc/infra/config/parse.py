@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from amlhpc.core import invocation, regions, skus
 from amlhpc.core.errors import ProblemCollector
+from amlhpc.core.storage_load import MAX_CHECKPOINT_ACCOUNTS, checkpoint_accounts_needed
 from amlhpc.infra import naming
 from amlhpc.infra.config.clusters import (
     _check_budget,
@@ -160,6 +161,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
         workspace_storage_auth=raw.workspace_storage_auth or _default_storage_auth(environment),
         submitters=tuple(raw.submitters),
         names=names,
+        checkpoint_accounts=raw.checkpoint_accounts,
         compute_subnet=compute_subnet,
         endpoint_subnet=endpoint_subnet,
         **hardening,
@@ -277,7 +279,8 @@ def _check_names(found: ProblemCollector, stack: str, raw: _RawConfig, location:
     safe_prefix = raw.name_prefix if not prefix_problem else "amlhpc"
     known = {k: v for k, v in raw.names.items() if k in naming.StackNames.OVERRIDABLE}
     suffix = raw.name_suffix if raw.name_suffix and naming.check("nameSuffix", raw.name_suffix) is None else None
-    names = naming.StackNames.derive(safe_prefix, stack, location, known, suffix=suffix)
+    count = raw.checkpoint_accounts.accounts() if raw.checkpoint_accounts else 0
+    names = naming.StackNames.derive(safe_prefix, stack, location, known, suffix=suffix, checkpoint_accounts=count)
     if not prefix_problem:
         for field_name, message in names.problems():
             found.add(f"{NAMESPACE}namePrefix", f"the derived {field_name.replace('_', ' ')} name {message}",
@@ -287,6 +290,26 @@ def _check_names(found: ProblemCollector, stack: str, raw: _RawConfig, location:
 
 def _check_storage(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
     _check_principals(found, raw.storage.data_contributors, f"{NAMESPACE}storage.dataContributors")
+    accounts = raw.checkpoint_accounts
+    if accounts is None:
+        return
+    key = f"{NAMESPACE}checkpointAccounts"
+    if accounts.model_params is not None and accounts.checkpoint_gb is not None:
+        found.add(f"{key}.checkpointGb", "gives the checkpoint's size a second time (modelParams gives it too)",
+                  f"keep one of modelParams and checkpointGb in Pulumi.{stack}.yaml")
+    if accounts.count is not None and accounts.checkpoint_bytes() is not None:
+        needed = accounts.model_copy(update={"count": None}).accounts()
+        if accounts.count < needed:
+            found.add(f"{key}.count", f"{accounts.count} account(s) cannot take the checkpoint within "
+                      f"{accounts.interval_s} s: its size needs {needed} at {accounts.ingress_gbps:g} Gb/s each",
+                      f"set count to {needed} or more, or remove count and let the size decide")
+    size = accounts.checkpoint_bytes()
+    if accounts.count is None and size is not None:
+        needed = checkpoint_accounts_needed(size, accounts.interval_s, accounts.ingress_gbps)
+        if needed > MAX_CHECKPOINT_ACCOUNTS:
+            found.add(key, f"a {size / 1e12:,.2f} TB checkpoint needs {needed} accounts within {accounts.interval_s} s, "
+                      f"more than the {MAX_CHECKPOINT_ACCOUNTS} one stack declares",
+                      "raise intervalS, or split the run's checkpoints over experiment stacks")
 
 
 def _default_storage_auth(environment: str) -> Literal["identity", "accessKey"]:

@@ -26,6 +26,10 @@ SCOPES = {"ml-mlw": "workspace", "ml-storage": "workspace-storage", "data-accoun
           "way-in-jump-box-nic": "jump-box-nic", "way-in-bastion": "bastion"}
 
 
+DATA_CONTAINER_PARENTS = ("data-", "checkpoints", "coordination-")
+"""The containers of the dataset account and of the role accounts (amlhpc/infra/program.py role_accounts):
+each is the model's container:<name> scope in whichever account holds it."""
+
 Holder = tuple[str, str, int | None]
 """(model principal, who, position in its stack file list)"""
 
@@ -48,7 +52,7 @@ def _ids(plan: Plan) -> tuple[dict[str, list[Holder]], dict[str, tuple[str, str]
         name = str(computed.get("name"))
         if r.name in SCOPES:
             scopes[arm_id] = (SCOPES[r.name], name)
-        elif r.type == "azure-native:storage:BlobContainer" and r.name.startswith("data-"):
+        elif r.type == "azure-native:storage:BlobContainer" and r.name.startswith(DATA_CONTAINER_PARENTS):
             scopes[arm_id] = (f"container:{r.inputs['containerName']}", f"{r.inputs['accountName']}/{name}")
         elif r.type == "azure-native:network:PrivateEndpoint" and r.name.startswith("endpoints-"):
             scopes[arm_id] = (f"endpoint:{r.name.removeprefix('endpoints-')}", name)

@@ -28,6 +28,7 @@ from typing import Any
 
 from amlhpc.core import skus
 from amlhpc.core.quota import rdma_cluster_request
+from amlhpc.core.storage_load import AccountLoad, ClusterDemand, account_load
 from amlhpc.infra import quirks
 from amlhpc.infra.config import StackConfig
 
@@ -114,12 +115,24 @@ def checks(cfg: StackConfig, reads_per_pull: int | None = None) -> list[LimitChe
     return out
 
 
-def storage_load(cfg: StackConfig):
-    """The stack's clusters at full scale on its storage account, against Azure's targets
-    (amlhpc/core/storage_load.py). One account holds every role today: datasets, checkpoints and
-    the coordination and supervision records."""
-    from amlhpc.core.storage_load import ClusterDemand, account_load
-
+def storage_load(cfg: StackConfig) -> list[AccountLoad]:
+    """The stack's clusters at full scale on each of its storage accounts, against Azure's
+    targets (amlhpc/core/storage_load.py): the dataset account with every role no account of its
+    own takes, then the checkpoint accounts (each checkpoint striped over all of them), then the
+    coordination account."""
     clusters = [ClusterDemand(c.name, c.max_nodes, skus.get(c.sku).storage_nic_gbits_per_s) for c in cfg.clusters]
-    return [account_load("datasets account", ("datasets", "checkpoints", "coordination"), clusters,
-                         cfg.storage.ingress_gbps, cfg.storage.egress_gbps)]
+    storage, names = cfg.storage, cfg.names
+    checkpoint_accounts = names.checkpoint_storage
+    coordination = storage.coordination_account and not cfg.is_experiment
+    dataset_roles = ["datasets", *([] if checkpoint_accounts else ["checkpoints"]),
+                     *([] if coordination else ["coordination"])]
+    dataset = names.dataset_storage if not cfg.is_experiment else f"{cfg.environment}'s dataset account"
+    loads = [account_load(dataset, dataset_roles, clusters, storage.ingress_gbps, storage.egress_gbps)]
+    ingress = cfg.checkpoint_accounts.ingress_gbps if cfg.checkpoint_accounts else storage.ingress_gbps
+    for name in checkpoint_accounts:
+        loads.append(account_load(name, ("checkpoints",), clusters, ingress, skus.STORAGE_ACCOUNT.egress_gbits_per_s_default,
+                                  stripes=len(checkpoint_accounts)))
+    if coordination:
+        loads.append(account_load(names.coordination_storage, ("coordination",), clusters, storage.ingress_gbps,
+                                  storage.egress_gbps))
+    return loads

@@ -159,7 +159,9 @@ def limit_lines(plan: Plan) -> list[str]:
                       f"{load.checkpoint_caps_gbps:,.1f} Gb/s together ({'OVER' if over else 'ok'})", INDENT, DETAIL)
         for what, fix in over:
             lines += wrap(f"{what}: {fix}", DETAIL)
-        lines += wrap(f"targets: {load.source}; stack file aml-hpc:storage.ingressGbps/egressGbps", DETAIL)
+        keys = ("aml-hpc:checkpointAccounts.ingressGbps" if load.roles == ("checkpoints",)
+                else "aml-hpc:storage.ingressGbps/egressGbps")
+        lines += wrap(f"targets: {load.source}; stack file {keys}", DETAIL)
     return lines
 
 
@@ -168,7 +170,9 @@ def outputs_lines(plan: Plan) -> list[str]:
     environments = ", ".join(sorted((out.get("registry") or {}).get("environments") or {})) or "none"
     text = (f"Outputs: workspace {out.get('workspace')}, clusters "
             f"{', '.join(out.get('clusters') or {}) or 'none'}, storage "
-            f"{(out.get('storage') or {}).get('account')}, environments {environments}")
+            f"{(out.get('storage') or {}).get('account')}, checkpoint accounts "
+            f"{', '.join(str(a) for a in out.get('checkpointAccounts') or []) or 'the dataset account'}, coordination "
+            f"account {out.get('coordinationAccount') or 'the dataset account'}, environments {environments}")
     if plan.secret_outputs:
         text += f"; SECRET outputs: {', '.join(plan.secret_outputs)}"
     return wrap(text, "", INDENT)

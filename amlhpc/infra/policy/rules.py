@@ -103,6 +103,11 @@ TAGGABLE = frozenset({
 # What an experiment stack may own. Everything long-lived (data, workspace, registry,
 # network) belongs to the environment, so destroying an expired experiment never loses data.
 EXPERIMENT_ALLOWED = frozenset({COMPUTE, BUDGET})
+ROLE_STORAGE_COMPONENT = "aml-hpc:data:RoleStorage"
+"""Checkpoint and coordination accounts (amlhpc/infra/components/role_storage.py). An experiment may own
+checkpoint accounts of its own when teardown keeps them (retainOnDelete), with the grants on them."""
+BLOB_SERVICE = "azure-native:storage:BlobServiceProperties"
+CHECKPOINT_SOFT_DELETE_MAX_DAYS = 1
 
 ResourceCheck = Callable[[ResourceView, StackView, Limits], Iterable[Finding]]
 StackCheck = Callable[[Sequence[ResourceView], StackView, Limits], Iterable[Finding]]
@@ -428,6 +433,17 @@ def _dataset_group_retained(resources: Sequence[ResourceView], stack: StackView,
 # Secrets and images
 
 
+def _checkpoint_soft_delete(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
+    if r.type != BLOB_SERVICE or not r.within(ROLE_STORAGE_COMPONENT) or not r.name.startswith("checkpoints"):
+        return
+    policy = r.inputs.get("deleteRetentionPolicy") or {}
+    days = _number(policy.get("days")) or 0
+    if policy.get("enabled") is True and days > CHECKPOINT_SOFT_DELETE_MAX_DAYS:
+        yield Finding(f"checkpoint account blob service {r.name!r} keeps deleted blobs {days:g} days: every pruned "
+                      "checkpoint version is billed as data for that long",
+                      f"aml-hpc:checkpointAccounts.softDeleteDays: 0 (or {CHECKPOINT_SOFT_DELETE_MAX_DAYS})")
+
+
 def _key_vault_purge_protection(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
     if r.type != KEY_VAULT:
         return
@@ -501,6 +517,10 @@ def _required_tags(r: ResourceView, stack: StackView, limits: Limits) -> Iterabl
 def _experiment_clusters_only(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
     if stack.kind != "experiment" or not r.type.startswith("azure-native:") or r.type in EXPERIMENT_ALLOWED:
         return
+    if r.within(ROLE_STORAGE_COMPONENT) and r.retain_on_delete is not False:
+        return  # the experiment's own checkpoint accounts, kept by teardown (None: an adapter that cannot tell)
+    if r.type == ROLE_ASSIGNMENT and r.name.startswith("checkpoint-access-"):
+        return  # the grants on them; an assignment holds no data
     yield Finding(
         f"experiment stack {stack.name!r} owns {r.type}: teardown destroys experiment stacks, so it would be lost",
         "declare long-lived resources (data, workspace, registry, network) in the environment stack; "
@@ -743,6 +763,9 @@ RULES: tuple[Rule, ...] = (
          check_resource=_tcp_multi_node_opted_in),
     Rule("storage-secure", "mandatory", "Storage is HTTPS-only, TLS 1.2+, with no anonymous blob access.",
          check_resource=_storage_secure),
+    Rule("checkpoint-soft-delete", "mandatory",
+         "Checkpoint accounts keep deleted blobs a day at most (pruned versions would be billed as data).",
+         check_resource=_checkpoint_soft_delete),
     Rule("dataset-storage-retained", "mandatory", "Dataset storage survives `pulumi destroy` (retained or protected).",
          check_resource=_dataset_retained),
     Rule("dataset-resource-group-retained", "mandatory",

@@ -301,6 +301,12 @@ def _check_checkpoint_budget(submitter, client, stack_outputs, plan) -> None:
     mine = limits.job_checkpoint_gbps(plan.environment_variables, plan.instance_count)
     if mine is None:
         return
+    if plan.deepspeed is not None:
+        accounts = len(stack_outputs.checkpoint_accounts or [stack_outputs.storage.account])
+        fit = limits.job_checkpoint_fit(plan.name, plan.deepspeed.params, plan.environment_variables, accounts,
+                                        stack_outputs.stack)
+        if fit is not None:
+            raise UserError([fit], "job not submitted: its checkpoint does not fit its interval")
     active = [(name, gbps) for name, gbps in submitter.active_checkpoint_caps(client, mine[0], stack_outputs.workspace)
               if name != plan.name]
     problem = limits.checkpoint_budget_problem(plan.name, plan.instance_count, mine[1], active,

@@ -56,7 +56,7 @@ def place_from_tags(tags: dict[str, str], run: str | None = None) -> RecordPlace
 def store_for(outputs: StackOutputs, place: RecordPlace) -> RecordStore:
     from amlhpc.jobs.runtime.blob import blobio
 
-    container = blobio.container_client(place.container, account_url=outputs.storage.blob_endpoint)
+    container = blobio.container_client(place.container, account_url=outputs.coordination_endpoint())
     return RecordStore(container, place.prefix)
 
 

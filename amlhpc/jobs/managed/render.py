@@ -63,7 +63,8 @@ class ManagedPlan:
     cluster: str
     identity_client_id: str
     storage: dict[str, str]
-    """account_url, container (checkpoints), prefix (the checkpoint prefix), writers, supervision."""
+    """account_url, container (checkpoints), prefix (the checkpoint prefix), writers, supervision,
+    supervision_account_url (the coordination account's endpoint)."""
     workspace: dict[str, str]
     timeout_s: int
     environment: str
@@ -162,7 +163,7 @@ def plan_managed(recipe: Recipe, outputs: StackOutputs, training: build.JobPlan,
         cluster=outputs.controller.cluster, identity_client_id=outputs.controller.identity.client_id,
         storage={"account_url": outputs.storage.blob_endpoint, "container": checkpoint["container"],
                  "prefix": checkpoint["prefix"], "writers": checkpoint.get("writers", "rank0"),
-                 "supervision": supervision},
+                 "supervision": supervision, "supervision_account_url": outputs.coordination_endpoint()},
         workspace={"subscription_id": outputs.subscription_id, "resource_group": outputs.resource_group,
                    "name": outputs.workspace},
         timeout_s=int((policy.max_restarts + 1) * longest + backoffs + 3600),

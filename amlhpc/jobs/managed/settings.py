@@ -54,7 +54,10 @@ def connect(settings: dict[str, Any]):
     ws, storage = settings["workspace"], settings["storage"]
     ml_client = MLClient(credential, ws["subscription_id"], ws["resource_group"], ws["name"])
     checkpoints = blobio.container_client_from_env(storage["container"], storage["account_url"], env=os.environ)
-    supervision = blobio.container_client_from_env(storage["supervision"], storage["account_url"], env=os.environ)
+    # the coordination account (settings written before it existed: the checkpoints' account)
+    supervision = blobio.container_client_from_env(storage["supervision"],
+                                                   storage.get("supervision_account_url") or storage["account_url"],
+                                                   env=os.environ)
     policy = Policy.from_json(settings["policy"])
     store = RecordStore(supervision, storage["prefix"], lease_s=policy.lease_s)
     evidence = Evidence(checkpoints, storage["prefix"], storage.get("writers", "rank0"), settings["secret"])

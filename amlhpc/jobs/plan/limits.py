@@ -10,6 +10,10 @@
 - The fleet's checkpoint budget: this job's checkpoint cap plus the caps of the jobs already
   active on the same account must stay within the account's ingress (amlhpc/core/storage_load.py);
   each job alone caps at 90 % of it, so two at once would claim 1.8x.
+- The checkpoint within its interval: a DeepSpeed recipe gives the model's size, so its
+  checkpoint (CHECKPOINT_BYTES_PER_PARAM per parameter) must upload within checkpoint.interval_s
+  at 90 % of the ingress of the accounts the stack stripes over (stack output checkpointAccounts);
+  otherwise every round skips versions and the recovery point is older than the interval.
 - The managed runs' controller cluster: one node per managed run; a run submitted while every
   node supervises another waits in the queue with nobody watching its training.
 
@@ -25,7 +29,11 @@ from collections.abc import Mapping
 from amlhpc.core import skus
 from amlhpc.core.errors import Problem
 from amlhpc.core.quota import rdma_cluster_request
-from amlhpc.core.storage_load import CHECKPOINT_INGRESS_SHARE
+from amlhpc.core.storage_load import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    CHECKPOINT_INGRESS_SHARE,
+    checkpoint_accounts_needed,
+)
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.runtime.node import telemetry
 
@@ -88,9 +96,42 @@ def checkpoint_budget_problem(job: str, nodes: int, job_gbps: float, active: lis
     lower = (f"--set checkpoint.cap_mbps={int(free * 1000 / nodes)} (what the active jobs leave, per node)"
              if free * 1000 / nodes >= 1 else "nothing: the active jobs take the whole share")
     names = ", ".join(f"{name} ({gbps:,.1f} Gb/s)" for name, gbps in active)
+    split = math.ceil(job_gbps / (ingress_gbps * CHECKPOINT_INGRESS_SHARE))
     return Problem(f"storage account {account}", "checkpoint.cap_mbps",
                    f"job {job}'s checkpoints may upload at {job_gbps:,.1f} Gb/s and the jobs already active on the "
                    f"account at {taken:,.1f} Gb/s ({names}): {job_gbps + taken:,.1f} Gb/s together is over the "
                    f"account's ingress of {ingress_gbps:g} Gb/s ({skus.cite(skus.STORAGE_ACCOUNT.source)})",
-                   f"lower this job's cap: {lower}; or give the experiment a checkpoint account of its own; "
-                   "or wait for an active job to end")
+                   f"lower this job's cap: {lower}; or give the job's clusters checkpoint accounts of their own "
+                   f"(an experiment stack with aml-hpc:checkpointAccounts: {{count: {split}}}, deployed, and the job "
+                   "submitted on it); or wait for an active job to end")
+
+
+def job_checkpoint_fit(job: str, params: int, environment: Mapping[str, str], accounts: int,
+                       stack: str) -> Problem | None:
+    """checkpoint_fit_problem with the interval and the ingress the job's checkpoint settings carry."""
+    try:
+        spec = json.loads(environment.get(contract.CHECKPOINT_JSON) or "")
+        interval_s, ingress_gbps = int(spec["interval_s"]), float(spec["ingress_gbps"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return checkpoint_fit_problem(job, params, interval_s, accounts, ingress_gbps, stack)
+
+
+def checkpoint_fit_problem(job: str, params: int, interval_s: int, accounts: int, ingress_gbps: float,
+                           stack: str) -> Problem | None:
+    """A Problem when a checkpoint of `params` parameters cannot upload within its interval
+    at 90 % of the ingress of the `accounts` it is striped over, else None."""
+    size = params * CHECKPOINT_BYTES_PER_PARAM
+    needed = checkpoint_accounts_needed(size, interval_s, ingress_gbps)
+    if needed <= accounts:
+        return None
+    upload_s = math.ceil(size * 8 / (accounts * CHECKPOINT_INGRESS_SHARE * ingress_gbps * 1e9))
+    where = "its own account" if accounts == 1 else f"{accounts} accounts"
+    return Problem(f"job {job}", "checkpoint.interval_s",
+                   f"a checkpoint of {params:,} parameters x {CHECKPOINT_BYTES_PER_PARAM} bytes ({size / 1e12:,.2f} TB) "
+                   f"takes {upload_s:,} s to upload at {CHECKPOINT_INGRESS_SHARE:.0%} of the ingress of {where} "
+                   f"({ingress_gbps:g} Gb/s each, {skus.cite(skus.STORAGE_ACCOUNT.source)}) and the interval is "
+                   f"{interval_s} s: every round would skip versions and the recovery point would be {upload_s:,} s old",
+                   f"stripe it over {needed} accounts: aml-hpc:checkpointAccounts: {{count: {needed}}} in Pulumi.{stack}.yaml "
+                   f"(an experiment stack of its own if {stack} is an environment), deployed; or "
+                   f"--set checkpoint.interval_s={upload_s}")
