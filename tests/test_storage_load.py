@@ -80,6 +80,11 @@ class TestFleetBudget:
         assert job_limits.job_checkpoint_gbps(self.env(1000), 8) == ("https://acct.blob.core.windows.net", 8.0)
         assert job_limits.job_checkpoint_gbps({}, 8) is None
 
+    def test_a_striped_job_loads_each_account_with_its_share(self):
+        spec = {"account_url": "https://ck1.blob.core.windows.net/", "cap_mbps": 1000, "accounts": ["ck1", "ck2", "ck3", "ck4"]}
+        environment = {contract.CHECKPOINT_JSON: json.dumps(spec)}
+        assert job_limits.job_checkpoint_gbps(environment, 8) == ("https://ck1.blob.core.windows.net/", 2.0)
+
     def test_within_the_ingress_passes_over_it_is_refused_with_the_cap_that_fits(self):
         assert job_limits.checkpoint_budget_problem("j", 8, 10.0, [("a", 10.0)], 25.0, "acct") is None
         problem = job_limits.checkpoint_budget_problem("j", 8, 22.5, [("a", 12.0)], 25.0, "acct")
@@ -100,7 +105,7 @@ class TestFleetBudget:
         from amlhpc.jobs.cli import main
 
         plan = SimpleNamespace(name="new", instance_count=8, environment_variables=self.env(2800), deepspeed=None)
-        outputs = SimpleNamespace(workspace="ws", storage=SimpleNamespace(ingress_gbps=25.0, account="acct"))
+        outputs = SimpleNamespace(workspace="ws", checkpoint_accounts=None, storage=SimpleNamespace(ingress_gbps=25.0, account="acct"))
         busy = SimpleNamespace(active_checkpoint_caps=lambda client, url, ws: [("old", 20.0), ("new", 22.4)])
         with pytest.raises(UserError) as raised:
             main._check_checkpoint_budget(busy, None, outputs, plan)

@@ -310,7 +310,8 @@ def _check_checkpoint_budget(submitter, client, stack_outputs, plan) -> None:
     active = [(name, gbps) for name, gbps in submitter.active_checkpoint_caps(client, mine[0], stack_outputs.workspace)
               if name != plan.name]
     problem = limits.checkpoint_budget_problem(plan.name, plan.instance_count, mine[1], active,
-                                               stack_outputs.storage.ingress_gbps, stack_outputs.storage.account)
+                                               stack_outputs.storage.ingress_gbps,
+                                               (stack_outputs.checkpoint_accounts or [stack_outputs.storage.account])[0])
     if problem is not None:
         raise UserError([problem], "job not submitted: over the account's checkpoint budget")
 

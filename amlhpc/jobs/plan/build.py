@@ -296,7 +296,7 @@ def _checkpoint_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutput
     # Striped over the stack's checkpoint accounts (stack output checkpointAccounts, in order; absent:
     # the dataset account): each node spreads its parts evenly over them, so its cap is its share of
     # every account's ingress together.
-    accounts = list(getattr(outputs, "checkpoint_accounts", None) or [])
+    accounts = list(outputs.checkpoint_accounts or [])
     ingress = outputs.storage.ingress_gbps * max(1, len(accounts))
     cap = recipe.checkpoint.cap_mbps or max(1, int(ingress * 1000 * CHECKPOINT_INGRESS_SHARE / writers))
     host = outputs.storage.blob_endpoint.split("//", 1)[-1].split("/", 1)[0]

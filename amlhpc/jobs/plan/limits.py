@@ -74,13 +74,16 @@ def controller_problem(active_runs: int, max_nodes: int, cluster: str, stack_fil
 
 
 def job_checkpoint_gbps(environment: Mapping[str, str], nodes: int) -> tuple[str, float] | None:
-    """(account URL, Gb/s) a job's checkpoint upload may use together, from its environment, or None."""
+    """(first account's URL, Gb/s on each account) a job's checkpoint upload may use together, from
+    its environment, or None. A job striped over several accounts spreads its parts evenly over
+    them, so each account carries its share of the job's cap."""
     raw = environment.get(contract.CHECKPOINT_JSON)
     if not raw:
         return None
     try:
         spec = json.loads(raw)
-        return str(spec["account_url"]), float(spec["cap_mbps"]) * nodes / 1000
+        stripes = max(1, len(spec.get("accounts") or []))
+        return str(spec["account_url"]), float(spec["cap_mbps"]) * nodes / 1000 / stripes
     except (ValueError, KeyError, TypeError):
         return None
 
