@@ -46,8 +46,11 @@ env-demo:
 demo: env-demo ## the main job, offline: dev plan, cosmoflow rendered, data uploaded, rehearsed on 2 nodes x 2 ranks
 	$(PY) -m amlhpc.jobs.local.demo
 
-test: bootstrap typecheck ## the whole test suite (with the type check and the installed wheel's test)
-	$(PY) -m pytest
+# The suite's files run in parallel worker processes (pytest-xdist; a file stays on one worker, so
+# its module fixtures are built once). Two workers on a 2-core machine; more where there are cores.
+TEST_WORKERS ?= 2
+test: bootstrap typecheck ## the whole test suite (with the type check and the installed wheel's test), TEST_WORKERS=2 in parallel
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 check: bootstrap ## the edit loop: ruff, mypy and the tests of what changed since main (scripts/changed_tests.py)
 	$(PY) -m ruff check .

@@ -3,9 +3,16 @@ MLClient); Blob is always a real Azurite server started here, once per session."
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from amlhpc.jobs.local import azurite as azurite_server
+
+# pytest-xdist's workers export COLUMNS=80 (the controller's width); a plain run has none, and the
+# CLI's tables then size themselves to their content. Tests read the tables the same way in both.
+for _variable in ("COLUMNS", "LINES"):
+    os.environ.pop(_variable, None)
 
 
 @pytest.fixture(scope="session")

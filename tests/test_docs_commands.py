@@ -196,6 +196,7 @@ OFFLINE_DOCS = sorted({b.doc for b in ALL_BLOCKS if b.kind == "offline"})
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # README's blocks rehearse several jobs end to end: minutes on 2 busy cores
 @pytest.mark.parametrize("doc", OFFLINE_DOCS, ids=lambda d: d.name)
 def test_offline_blocks_run_as_written(doc, tmp_path):
     copy = _scratch_copy(tmp_path)
