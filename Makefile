@@ -48,9 +48,11 @@ demo: env-demo ## the main job, offline: dev plan, cosmoflow rendered, data uplo
 
 # The suite's files run in parallel worker processes (pytest-xdist; a file stays on one worker, so
 # its module fixtures are built once). Two workers on a 2-core machine; more where there are cores.
+# Tests marked `alone` measure their own CPU cost: they run afterwards, with no neighbour.
 TEST_WORKERS ?= 2
 test: bootstrap typecheck ## the whole test suite (with the type check and the installed wheel's test), TEST_WORKERS=2 in parallel
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone"
+	$(PY) -m pytest -m alone
 
 check: bootstrap ## the edit loop: ruff, mypy and the tests of what changed since main (scripts/changed_tests.py)
 	$(PY) -m ruff check .

@@ -146,6 +146,7 @@ class TestPaths:
         assert asked == [None, "m5000", "m10000"]
 
 
+@pytest.mark.alone
 def test_a_million_blobs_list_plan_and_resume_in_budget():
     """Listing, assignment and the resume manifest of 1,000,000 blobs: under 10 s of CPU and 1 GB."""
     # CPU, not wall-clock: other processes on a shared machine stretch the wall clock, not our work.

@@ -444,6 +444,7 @@ FORCE_NEW: dict[str, frozenset[str]] = {
     "azure-native:storage:StorageAccount": frozenset({"isHnsEnabled", "location"}),
     "azure-native:storage:BlobContainer": frozenset(),
     "azure-native:storage:BlobServiceProperties": frozenset(),
+    "azure-native:storage:ManagementPolicy": frozenset(),  # not in the map: only its path parameters
     "azure-native:network:PublicIPAddress": frozenset({"location", "publicIPAddressVersion", "publicIPPrefix", "sku"}),
     "azure-native:network:VirtualNetwork": frozenset({"location"}),
     "azure-native:network:Subnet": frozenset(),

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from amlhpc.jobs.runtime.checkpoint import safeload, tier
-from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError, LocalCopyCorrupt
+from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError, LocalCopyCorrupt, UnsafeCheckpoint
 
 log = logging.getLogger("amlhpc.checkpoint")
 TRAINER_FILE = "trainer.json"
@@ -312,11 +312,15 @@ def _check_part(version: tier.LocalVersion, rank: int) -> str | None:
 
 
 def _refuse_corrupt(version_dir: Path, checked: dict[int, str | None], cause: BaseException | None) -> None:
-    """LocalCopyCorrupt, the parts that failed their check set aside, when any did."""
+    """LocalCopyCorrupt, the parts that failed their check set aside, when any did. A part the
+    safe loader refused as forged (UnsafeCheckpoint) is set aside too, and that refusal is what
+    is raised: it names the forgery and says nothing in it ran."""
     problems = {r: problem for r, problem in checked.items() if problem}
     if not problems:
         return
     for bad in problems:
         tier.quarantine(version_dir, bad)
+    if isinstance(cause, UnsafeCheckpoint):
+        raise cause
     raise LocalCopyCorrupt(f"{'; '.join(problems.values())}: the part of rank(s) {', '.join(map(str, problems))} "
                            "is set aside; the next restart agrees on another version (Blob's)") from cause
