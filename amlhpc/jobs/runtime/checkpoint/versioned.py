@@ -53,7 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from amlhpc.jobs.runtime.checkpoint import safeload, tier
-from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError, LocalCopyCorrupt, UnsafeCheckpoint
+from amlhpc.jobs.runtime.checkpoint.errors import (
+    CheckpointError,
+    LocalCopyCorrupt,
+    UnsafeCheckpoint,
+)
 
 log = logging.getLogger("amlhpc.checkpoint")
 TRAINER_FILE = "trainer.json"
