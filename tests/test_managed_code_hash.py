@@ -13,8 +13,9 @@ import pytest
 
 from amlhpc.jobs.managed import codeasset, revive
 from amlhpc.jobs.managed.codeasset import BlobCodeAsset, CodeChanged
+from tests import managed_fixtures
 from tests.managed_fakes import PREEMPTION, Step
-from tests.managed_harness import Harness, completed, new_managed_plan, running, write_template
+from tests.managed_harness import Harness, completed, running
 from tests.test_managed_revive import Launcher
 
 pytestmark = pytest.mark.azurite
@@ -26,14 +27,7 @@ FILES = {"amlhpc/jobs/managed/controller.py": b"print('controller')\n",
          "managed/training.yaml": b"command: python -m amlhpc.jobs.runtime.launch\n"}
 
 
-@pytest.fixture(scope="module")
-def managed_plan():
-    return new_managed_plan()
-
-
-@pytest.fixture
-def template(tmp_path, managed_plan):
-    return write_template(tmp_path, managed_plan)
+managed_plan, template = managed_fixtures.managed_plan, managed_fixtures.template  # the shared fixtures
 
 
 @pytest.fixture
