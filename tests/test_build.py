@@ -13,6 +13,7 @@ from amlhpc.core.errors import UserError
 from amlhpc.jobs import recipes
 from amlhpc.jobs.plan import build
 from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.launch import watchdog
 from tests.jobs_helpers import STACKS, stack_outputs
 
 RECIPES = recipes.available()
@@ -181,6 +182,13 @@ class TestServicesAndSwitches:
     def test_profiling_switch(self, tmp_path):
         _, job = _render(tmp_path, "cosmoflow", "dev", overrides={"profiling.enabled": True})
         assert job.environment_variables["AMLHPC_PROFILE_DIR"] == "outputs/tensorboard/profiler"
+
+    def test_watchdog_look_interval_reaches_the_launcher(self, tmp_path):
+        _, job = _render(tmp_path, "bert-pretrain", "dev", overrides={"watchdog.hang_s": 30, "watchdog.check_s": 2})
+        settings = watchdog.parse_settings(job.environment_variables[contract.WATCHDOG_JSON])
+        assert (settings.hang_s, settings.interval_s) == (30, 2)
+        _, job = _render(tmp_path, "bert-pretrain", "dev", overrides={"watchdog.hang_s": 30})
+        assert watchdog.parse_settings(job.environment_variables[contract.WATCHDOG_JSON]).interval_s == 5, "hang_s / 6"
 
     def test_shm_size_override(self, tmp_path):
         _, job = _render(tmp_path, "cosmoflow", "dev", overrides={"shm_size": "16g"})

@@ -24,8 +24,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.azurite]
 
 LOOKS = 2
 """managed.straggler_looks for these runs (the recipes' 3 needs a window of steps more: minutes of CPU)."""
-STEPS = (LOOKS + 1) * OWN_WORK_WINDOW
-"""Enough for LOOKS windows of steps a window apart after the first heartbeat, and a margin."""
+STEPS = (LOOKS + 2) * OWN_WORK_WINDOW
+"""Enough for LOOKS windows of steps a window apart after the first heartbeat, and a margin
+of two windows: the first heartbeat with an own-work time, and the controller's last look."""
 COMMANDS = {
     "llm-pretrain": f"python -m amlhpc.jobs.workloads.llm.train --model tiny --steps {STEPS} --seq-len 32 "
                     f"--micro-batch 1 --lr 3e-3 --warmup-steps 2 --checkpoint-every {STEPS // 2} --log-every 10",
@@ -39,7 +40,7 @@ COMMANDS = {
 def test_a_slow_node_is_named(recipe_name, azurite, tmp_path):
     name = f"slow-{recipe_name.split('-')[0]}-{uuid.uuid4().hex[:6]}"
     recipe = recipes.load(recipe_name, recipes.parse_overrides(
-        [f"command={COMMANDS[recipe_name]}", "health=off", "inputs={}", "watchdog.hang_s=30",
+        [f"command={COMMANDS[recipe_name]}", "health=off", "inputs={}", "watchdog.hang_s=30", "watchdog.check_s=1",
          f"managed.straggler_looks={LOOKS}"]), local=True)
     outputs = stack_outputs("dev")
     job = build.plan_job(recipe, outputs, nodes=2, processes_per_node=1, name=name)

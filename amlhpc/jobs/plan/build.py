@@ -278,9 +278,10 @@ def _runtime_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutputs, 
         env.put(workload_env.PROFILE_DIR, recipe.profiling.dir, "PyTorch profiler traces for TensorBoard (recipe: profiling)")
     if recipe.watchdog.enabled:
         hang_s = recipe.watchdog.hang_seconds(recipe.checkpoint.interval_s)
-        env.put(contract.WATCHDOG_JSON, json.dumps({"hang_s": hang_s, "startup_s": recipe.watchdog.startup_s},
+        env.put(contract.WATCHDOG_JSON, json.dumps({"hang_s": hang_s, "startup_s": recipe.watchdog.startup_s,
+                                                    **({"check_s": recipe.watchdog.check_s} if recipe.watchdog.check_s else {})},
                                                    separators=(",", ":")),
-                f"hang watchdog: no progress for {hang_s}s stops the job, exit 8 (recipe: watchdog)")
+                f"hang watchdog: no progress for {hang_s}s stops the job, exit 7 (recipe: watchdog)")
 
 
 def _checkpoint_variables(env: _EnvBuilder, recipe: Recipe, outputs: StackOutputs, shape: _Shape, run_key: str,

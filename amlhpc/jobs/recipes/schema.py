@@ -212,6 +212,10 @@ class Watchdog(_Model):
     """Optional: a limit from each run's start (the first, and each in-job restart) to its first
     reported step. Default: 3x hang_s and at least 5 minutes for the first run; for a restart,
     3x the first run's time to its first step, at least hang_s and 30 s."""
+    check_s: int | None = Field(None, ge=1)
+    """Optional: how often each node's launcher looks at its ranks' progress and writes its
+    heartbeat. Default: hang_s / 6, within 1 to 60 s. Stragglers are named from these
+    heartbeats, a window of steps apart: a short job needs a look per window of its steps."""
 
     def hang_seconds(self, checkpoint_interval_s: int) -> int:
         return self.hang_s or max(600, 2 * checkpoint_interval_s)
