@@ -92,11 +92,15 @@ class TestDatasetStorage:
 
 
 class TestWorkspace:
-    def build(self, private):
+    def build(self, private, **kwargs):
         names = StackNames.derive("amlhpc", "dev", "eastus")
         resources, outputs, _ = record(lambda: {"login": Workspace("ml", WorkspaceArgs(
-            "rg", "eastus", names, "tenant", private, TAGS)).registry_login_server})
+            "rg", "eastus", names, "tenant", private, TAGS, **kwargs)).registry_login_server})
         return resources, outputs
+
+    def test_the_registry_tier_the_stack_declares(self):
+        resources, _ = self.build(False, registry_sku="Premium")
+        assert only(resources, "azure-native:containerregistry:Registry").inputs["sku"]["name"] == "Premium"
 
     @pytest.mark.parametrize("private", [False, True])
     def test_dependencies_are_secure(self, private):

@@ -266,6 +266,7 @@ def _environment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     ws = Workspace("ml", WorkspaceArgs(group.name, cfg.location, names, client.tenant_id, closed, tags,
                                        storage_auth=cfg.workspace_storage_auth, protect=cfg.protect_data,
                                        storage_soft_delete_days=cfg.storage.soft_delete_days,
+                                       registry_sku=cfg.container_registry_sku,
                                        **_workspace_hardening(cfg, client.subscription_id, data, roles, ml_registry)))
     stores = Datastores("datastores", DatastoresArgs(group.name, ws.workspace_name, data.account_name,
                                                        list(DATASTORE_CONTAINERS)))

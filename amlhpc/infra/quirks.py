@@ -7,6 +7,7 @@ one-line change here.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal
 
 # AmlCompute accepts updates to these fields and silently ignores them: the only way to
 # change them is a new cluster. Azure ML's update model for an existing cluster
@@ -74,9 +75,12 @@ PRIVATE_DNS_ZONES: dict[str, tuple[str, ...]] = {
     "amlregistry": ("privatelink.api.azureml.ms",),
 }
 
-# Private endpoints on a container registry need the Premium SKU; public registries are
-# fine on Standard (cheaper, same pull throughput for a handful of images).
-ACR_SKU = {"public": "Standard", "private": "Premium"}
+# Private endpoints on a container registry need the Premium SKU; public registries default to
+# Standard (cheaper; its 3,000 reads/min serve a few dozen nodes starting at once, the plan checks
+# the stack's clusters against it and aml-hpc:containerRegistry.sku raises it).
+ACR_SKU: dict[str, Literal["Basic", "Standard", "Premium"]] = {"public": "Standard", "private": "Premium"}
+"""Microsoft Learn, "Azure Container Registry service tiers" (read 2026-11): changing the tier
+is an update in place; private endpoints need Premium."""
 
 # A deleted workspace stays soft-deleted for 14 days and blocks its name: experiment
 # stacks therefore never own a workspace (docs/deploying.md).

@@ -69,6 +69,8 @@ class WorkspaceArgs:
     workspace is created (provisionNetworkNow), so the first cluster does not wait for it."""
     customer_managed_key: CustomerManagedKeySettings | None = None
     hbi_workspace: bool = False
+    registry_sku: str | None = None
+    """The container registry's tier (aml-hpc:containerRegistry.sku); None: the isolation's default."""
     storage_soft_delete_days: int = 14
     """Soft delete (blobs and containers) on the workspace storage, which also keeps every
     blob version: job snapshots, outputs and logs overwritten or deleted stay recoverable."""
@@ -194,13 +196,13 @@ class Workspace(pulumi.ComponentResource):
         )
 
     def _container_registry(self, name: str, args: WorkspaceArgs, kept: pulumi.ResourceOptions) -> containerregistry.Registry:
-        """Admin user and anonymous pull off; Premium under private isolation (private endpoints)."""
+        """Admin user and anonymous pull off; the tier the stack declares (Premium under private isolation)."""
         return containerregistry.Registry(
             f"{name}-acr",
             registry_name=args.names.container_registry,
             resource_group_name=args.resource_group_name,
             location=args.location,
-            sku=containerregistry.SkuArgs(name=quirks.ACR_SKU["private" if args.private else "public"]),
+            sku=containerregistry.SkuArgs(name=args.registry_sku or quirks.ACR_SKU["private" if args.private else "public"]),
             admin_user_enabled=False,
             anonymous_pull_enabled=False,
             public_network_access=_public_access(args),

@@ -11,6 +11,7 @@ before a single resource is registered.
 The package, by concern:
 
 - models.py: the keys' types (pydantic) and the validated StackConfig
+- services.py: the types of the shared services' keys (controller cluster, registries)
 - files.py: reading a stack file or the engine's config
 - parse.py: parse() and the rules about the stack as a whole (kind, expiry, names, storage)
 - clusters.py, network.py, hardening.py: the rules of each concern
@@ -25,9 +26,6 @@ from amlhpc.infra.config.files import (
     stack_file,
 )
 from amlhpc.infra.config.models import (
-    CONTROLLER_PRICE_REGION,
-    CONTROLLER_SKU,
-    CONTROLLER_USD_PER_HOUR,
     DEFAULT_FQDN_RULES,
     EXPERIMENT_PREFIX,
     LOCATION_KEY,
@@ -40,14 +38,12 @@ from amlhpc.infra.config.models import (
     BudgetConfig,
     CiRunnersConfig,
     ClusterConfig,
-    ControllerConfig,
     DiagnosticsConfig,
     EncryptionConfig,
     HandOffConfig,
     JumpBoxConfig,
     LocksConfig,
     ManagedNetworkSettings,
-    MlRegistryConfig,
     NetworkConfig,
     OutboundMode,
     PrincipalConfig,
@@ -61,6 +57,14 @@ from amlhpc.infra.config.models import (
 )
 from amlhpc.infra.config.parse import check_experiment_against_environment, parse, parse_expires_at
 from amlhpc.infra.config.problems import fix_command
+from amlhpc.infra.config.services import (
+    CONTROLLER_PRICE_REGION,
+    CONTROLLER_SKU,
+    CONTROLLER_USD_PER_HOUR,
+    ContainerRegistryConfig,
+    ControllerConfig,
+    MlRegistryConfig,
+)
 
 __all__ = [
     "BastionConfig",
@@ -70,6 +74,7 @@ __all__ = [
     "CONTROLLER_USD_PER_HOUR",
     "CiRunnersConfig",
     "ClusterConfig",
+    "ContainerRegistryConfig",
     "ControllerConfig",
     "DEFAULT_FQDN_RULES",
     "DiagnosticsConfig",

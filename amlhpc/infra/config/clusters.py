@@ -10,7 +10,6 @@ from amlhpc.core import availability, pricing, skus
 from amlhpc.core.errors import ProblemCollector
 from amlhpc.infra import naming
 from amlhpc.infra.config.models import (
-    CONTROLLER_SKU,
     EMAIL_FORMAT,
     NAMESPACE,
     SSH_PUBLIC_KEY_FORMAT,
@@ -18,6 +17,7 @@ from amlhpc.infra.config.models import (
     _RawConfig,
 )
 from amlhpc.infra.config.problems import fix_command
+from amlhpc.infra.config.services import CONTROLLER_SKU
 
 
 def _check_clusters(found: ProblemCollector, stack: str, raw: _RawConfig, index: list[int] | None = None) -> None:

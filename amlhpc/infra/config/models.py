@@ -13,6 +13,12 @@ from amlhpc.core.values import Gbps, Nodes, Usd, UsdPerHour
 from amlhpc.infra import naming
 from amlhpc.infra.config.base import _Model
 from amlhpc.infra.config.checkpoint_accounts import CheckpointAccountsConfig
+from amlhpc.infra.config.services import (
+    ContainerRegistryConfig,
+    ControllerConfig,
+    MlRegistryConfig,
+    RegistrySku,
+)
 
 PROJECT = "aml-hpc"
 NAMESPACE = f"{PROJECT}:"
@@ -238,44 +244,6 @@ class BudgetConfig(_Model):
     thresholds_percent: list[int] = Field(default_factory=lambda: [50, 80, 100])
 
 
-CONTROLLER_SKU = "Standard_D2s_v3"
-CONTROLLER_USD_PER_HOUR = 0.096
-"""Standard_D2s_v3, Linux, pay-as-you-go in eastus: Azure Retail Prices API
-(prices.azure.com, serviceName 'Virtual Machines', type Consumption), as recorded in 2024-06."""
-CONTROLLER_PRICE_REGION = "eastus"
-"""The region of CONTROLLER_USD_PER_HOUR's row."""
-
-
-class ControllerConfig(_Model):
-    """The CPU cluster that managed runs' controller jobs run on (docs/managed-jobs.md).
-    Scales to zero: it costs nothing while no managed run is active."""
-
-    enabled: bool = True
-    name: str = "jobs-controller"
-    """The cluster's name in the workspace (2-16 characters, not one of `clusters`)."""
-    sku: str = CONTROLLER_SKU
-    """A small CPU size: a controller only polls Azure ML and Blob."""
-    max_nodes: int = Field(4, ge=1, le=100)
-    """Managed runs that can be supervised at once (one node each)."""
-    idle_minutes: int = Field(5, ge=2, le=10080)
-    usd_per_hour: UsdPerHour | None = None
-    """Price of one node-hour; required for a size other than the default."""
-
-    @property
-    def price(self) -> float:
-        return self.usd_per_hour or CONTROLLER_USD_PER_HOUR
-
-    def price_source(self, stack_file: str) -> str:
-        return (f"{stack_file}: aml-hpc:controller.usdPerHour" if self.usd_per_hour
-                else f"Azure Retail Prices API, {self.sku} Linux pay-as-you-go, {CONTROLLER_PRICE_REGION}, 2024-06")
-
-
-class MlRegistryConfig(_Model):
-    enabled: bool = False
-    regions: list[str] = Field(default_factory=list)
-    """Extra replication regions; the stack's location is always included."""
-
-
 class _RawConfig(_Model):
     """The `aml-hpc:` keys of a stack file, types only."""
 
@@ -290,6 +258,7 @@ class _RawConfig(_Model):
     clusters: list[ClusterConfig] = Field(default_factory=list)
     budget: BudgetConfig | None = None
     ml_registry: MlRegistryConfig = MlRegistryConfig()
+    container_registry: ContainerRegistryConfig = ContainerRegistryConfig()
     controller: ControllerConfig = ControllerConfig()
     expires_at: str | date | datetime | None = None
     protect_data: bool | None = None
@@ -309,7 +278,7 @@ class _RawConfig(_Model):
 
 
 _TOP_LEVEL_KEYS = {field.alias or name for name, field in _RawConfig.model_fields.items()}
-_ENVIRONMENT_ONLY = {"network", "storage", "mlRegistry", "names", "encryption", "diagnostics", "hbiWorkspace", "locks",
+_ENVIRONMENT_ONLY = {"network", "storage", "mlRegistry", "containerRegistry", "names", "encryption", "diagnostics", "hbiWorkspace", "locks",
                      "nameSuffix", "workspaceStorageAuth", "submitters", "controller"}
 _TEXT_KEYS = {"namePrefix", "owner", "costCenter", "environment", "environmentStack", "expiresAt", "nameSuffix",
               "workspaceStorageAuth"}
@@ -361,6 +330,8 @@ class StackConfig(_Model):
     way_in: WayInSubnets | None = None
     checkpoint_accounts: CheckpointAccountsConfig | None = None
     """The stack's own checkpoint accounts; None: checkpoints go where the environment puts them."""
+    container_registry_sku: RegistrySku = "Standard"
+    """The workspace registry's tier (aml-hpc:containerRegistry.sku, else the isolation's default)."""
 
     @property
     def is_experiment(self) -> bool:

@@ -8,6 +8,7 @@ import re
 from pydantic.alias_generators import to_camel
 
 from amlhpc.core.errors import ProblemCollector
+from amlhpc.infra import quirks
 from amlhpc.infra.config.clusters import _check_ssh
 from amlhpc.infra.config.models import (
     DEFAULT_FQDN_RULES,
@@ -15,6 +16,7 @@ from amlhpc.infra.config.models import (
     UNHELD_PUBLIC_KEY,
     HandOffConfig,
     ManagedNetworkSettings,
+    RegistrySku,
     SshConfig,
     WayInConfig,
     WayInSubnets,
@@ -78,6 +80,19 @@ def _check_network(found: ProblemCollector, stack: str, raw: _RawConfig) -> tupl
 
 _FQDN = re.compile(r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 _STORAGE_SUFFIXES = (".core.windows.net", ".storage.azure.net")
+
+
+def default_registry_sku(raw: _RawConfig) -> RegistrySku:
+    """The workspace registry's tier when aml-hpc:containerRegistry.sku is not set."""
+    return quirks.ACR_SKU["public" if raw.network.isolation == "public" else "private"]
+
+
+def _check_registry(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
+    sku = raw.container_registry.sku
+    if sku and sku != "Premium" and raw.network.isolation != "public":
+        found.add(f"{NAMESPACE}containerRegistry.sku",
+                  f"{sku} under {raw.network.isolation} isolation: the registry's private endpoint needs Premium",
+                  fix_command(stack, f"{NAMESPACE}containerRegistry.sku", "Premium"))
 
 
 def _check_managed_network(found: ProblemCollector, stack: str, raw: _RawConfig) -> ManagedNetworkSettings | None:

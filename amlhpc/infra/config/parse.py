@@ -33,7 +33,12 @@ from amlhpc.infra.config.models import (
     StackKind,
     _RawConfig,
 )
-from amlhpc.infra.config.network import _check_network, _check_seat
+from amlhpc.infra.config.network import (
+    _check_network,
+    _check_registry,
+    _check_seat,
+    default_registry_sku,
+)
 from amlhpc.infra.config.problems import _check_principals, _type_problems, fix_command
 
 
@@ -123,6 +128,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
     expires = _check_expiry(found, stack, kind, raw)
     names = _check_names(found, stack, raw, location)
     compute_subnet, endpoint_subnet = _check_network(found, stack, raw)
+    _check_registry(found, stack, raw)
     hardening = _check_hardening(found, stack, raw, location, compute_subnet, endpoint_subnet, now)
     _check_clusters(found, stack, raw, cluster_index)
     _check_storage(found, stack, raw)
@@ -162,6 +168,7 @@ def parse(stack: str, flat: dict[str, Any], reference: str, now: datetime | None
         submitters=tuple(raw.submitters),
         names=names,
         checkpoint_accounts=raw.checkpoint_accounts,
+        container_registry_sku=raw.container_registry.sku or default_registry_sku(raw),
         compute_subnet=compute_subnet,
         endpoint_subnet=endpoint_subnet,
         **hardening,

@@ -29,8 +29,7 @@ from typing import Any
 from amlhpc.core import skus
 from amlhpc.core.quota import rdma_cluster_request
 from amlhpc.core.storage_load import AccountLoad, ClusterDemand, account_load
-from amlhpc.infra import quirks
-from amlhpc.infra.config import StackConfig
+from amlhpc.infra.config import NAMESPACE, StackConfig
 
 TRAINING_DOCKERFILE = Path(__file__).resolve().parents[2] / "images" / "pytorch" / "Dockerfile"
 """The training image whose own layers count toward a pull's reads."""
@@ -73,7 +72,7 @@ def pull_reads(dockerfile: Path = TRAINING_DOCKERFILE) -> int:
 
 def registry_sku(cfg: StackConfig) -> str:
     """The workspace registry's SKU as the program declares it (amlhpc/infra/components/workspace.py)."""
-    return quirks.ACR_SKU["public" if cfg.network.isolation == "public" else "private"]
+    return cfg.container_registry_sku
 
 
 def checks(cfg: StackConfig, reads_per_pull: int | None = None) -> list[LimitCheck]:
@@ -102,8 +101,8 @@ def checks(cfg: StackConfig, reads_per_pull: int | None = None) -> list[LimitChe
         premium = skus.limit("container_registry", "read_ops_per_minute.Premium")
         needed = gpu_nodes * reads
         if sku_name != "Premium" and needed <= premium.value:
-            fix = (f"the program declares the registry {sku_name} under network.isolation "
-                   f"{cfg.network.isolation!r}: make it Premium ({premium.value:,} reads/min, amlhpc/infra/quirks.py ACR_SKU), "
+            fix = (f"make the registry Premium ({premium.value:,} reads/min; an update in place): "
+                   f"pulumi config set {NAMESPACE}containerRegistry.sku Premium --stack {cfg.stack} and deploy, "
                    "or stagger the clusters' starts")
         else:
             fix = (f"even Premium's {premium.value:,} reads/min is below it: pull through a cache (an Azure ML "
