@@ -216,9 +216,20 @@ class TestExperimentAccounts:
         assert plan.outputs["checkpointAccounts"] == list(names)
         assert plan.outputs["coordinationAccount"] == plan.environment.config.names.dataset_storage
         grants = plan.of_type(ROLE)
-        assert len(grants) == 4 and all(g.name.startswith("checkpoint-access-") and g.name.endswith("-checkpoints-write") for g in grants)
+        writes = [g for g in grants if g.name.startswith("checkpoint-access-")]
+        assert len(writes) == 4 and all(g.name.endswith("-checkpoints-write") for g in writes)
         identity = plan.environment.outputs["identity"]["principalId"]
-        assert {g.inputs["principalId"] for g in grants} == {identity}
+        assert {g.inputs["principalId"] for g in writes} == {identity}
+        # the environment's controller reads its runs' records there, the submitters the pointer (jobs status)
+        reads = {g.name: g.inputs["principalId"] for g in grants if g.name.startswith("checkpoint-readers-")}
+        controller = plan.environment.outputs["controller"]["identity"]["principalId"]
+        submitter = ENV["aml-hpc:submitters"][0]["principalId"]
+        assert sorted(reads) == sorted([f"checkpoint-readers-{p}checkpoints-read" for p in ("", "acct1-", "acct2-", "acct3-")]
+                                       + [f"checkpoint-readers-{p}submitter-0-checkpoints-read"
+                                          for p in ("", "acct1-", "acct2-", "acct3-")])
+        assert {v for k, v in reads.items() if "submitter" in k} == {submitter}
+        assert {v for k, v in reads.items() if "submitter" not in k} == {controller}
+        assert len(grants) == 12, "nothing else"
         loads = [a for a in plan.storage_load() if a.roles == ("checkpoints",)]
         assert len(loads) == 4 and all(a.over() == [] for a in loads)
 

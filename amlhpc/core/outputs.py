@@ -87,6 +87,17 @@ class ControllerOut(_Doc):
     identity: IdentityOut
 
 
+class ReaderOut(_Doc):
+    """A principal that reads the runs' checkpoints besides the GPU clusters' identity."""
+
+    principal: Literal["controller", "submitter"]
+    """Its principal in the permission model (amlhpc/core/catalog/permissions.toml)."""
+    principal_id: str = Field(alias="principalId")
+    principal_type: str = Field(alias="principalType")
+    index: int | None = None
+    """A submitter's position in the environment's aml-hpc:submitters (its grants' names carry it)."""
+
+
 class BudgetOut(_Doc):
     monthly_amount_usd: float = Field(alias="monthlyAmountUsd", gt=0)
     alert_emails: list[str] = Field(alias="alertEmails")
@@ -141,6 +152,9 @@ class StackOutputs(_Doc):
     stack deployed before accounts by role: the dataset account."""
     coordination_account: str | None = Field(None, alias="coordinationAccount")
     """The account holding the `supervision` container; null (absent): the dataset account."""
+    checkpoint_readers: list[ReaderOut] | None = Field(None, alias="checkpointReaders")
+    """Environments: who besides the GPU identity reads checkpoints (the controller's identity, the
+    submitters); an experiment's own checkpoint accounts grant them the same reads."""
     expires_at: str | None = Field(alias="expiresAt")
     """ISO 8601 UTC on experiment stacks; null on environments."""
     tags: dict[str, str]

@@ -344,8 +344,20 @@ def _environment_outputs(cfg: StackConfig, tags: dict[str, str], subscription_id
         "identity": {"clientId": ws.identity_client_id, "principalId": ws.identity_principal_id, "id": ws.identity_id},
         "network": {"isolation": cfg.network.isolation, "subnetId": compute_subnet_id},
         "controller": controller,
+        "checkpointReaders": _checkpoint_readers(cfg, controller),
         **_account_entries(data.account_name, roles),
     }
+
+
+def _checkpoint_readers(cfg: StackConfig, controller: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Who reads checkpoints besides the GPU identity, for experiments' own checkpoint accounts."""
+    readers: list[dict[str, Any]] = []
+    if controller is not None:
+        readers.append({"principal": "controller", "principalId": controller["identity"]["principalId"],
+                        "principalType": "ServicePrincipal", "index": None})
+    readers += [{"principal": "submitter", "principalId": who.principal_id, "principalType": who.principal_type,
+                 "index": i} for i, who in enumerate(cfg.submitters)]
+    return readers
 
 
 def _account_entries(dataset_account: pulumi.Input[str], roles: RoleAccounts) -> dict[str, Any]:
@@ -437,7 +449,24 @@ def _experiment_accounts(cfg: StackConfig, env: pulumi.StackReference, passthrou
     scopes: dict[str, Any] = {"container:checkpoints": [c for a in roles.checkpoints for c in a.container_ids.values()]}
     grants = grants_for("compute", scopes, passthrough["identity"].apply(lambda i: i["principalId"]), only_given=True)
     Access("checkpoint-access", AccessArgs(passthrough["subscriptionId"], grants))
+    # The readers are the environment's (a list only its outputs hold): their grants follow them.
+    env.get_output("checkpointReaders").apply(
+        lambda readers: _checkpoint_reader_access(passthrough["subscriptionId"], scopes, readers or []))
     return {"checkpointAccounts": [a.account_name for a in roles.checkpoints], "coordinationAccount": coordination}
+
+
+def _checkpoint_reader_access(subscription_id: Any, scopes: dict[str, Any], readers: list[dict[str, Any]]) -> None:
+    """The reads the permission model gives the environment's controller and submitters on
+    checkpoints, on an experiment's own checkpoint accounts (a managed run's controller reads its
+    nodes' records there; `jobs status` the pointer)."""
+    grants = []
+    for reader in readers:
+        index = reader.get("index")  # a StackReference hands numbers over as floats: 0.0
+        grants += grants_for(reader["principal"], scopes, reader["principalId"],
+                             principal_type=reader.get("principalType") or "ServicePrincipal",
+                             index=int(index) if index is not None else None, only_given=True)
+    if grants:
+        Access("checkpoint-readers", AccessArgs(subscription_id, grants))
 
 
 def _refuse_closed_checkpoint_accounts(cfg: StackConfig, isolation: str) -> None:

@@ -519,7 +519,7 @@ def _experiment_clusters_only(r: ResourceView, stack: StackView, limits: Limits)
         return
     if r.within(ROLE_STORAGE_COMPONENT) and r.retain_on_delete is not False:
         return  # the experiment's own checkpoint accounts, kept by teardown (None: an adapter that cannot tell)
-    if r.type == ROLE_ASSIGNMENT and r.name.startswith("checkpoint-access-"):
+    if r.type == ROLE_ASSIGNMENT and r.name.startswith(("checkpoint-access-", "checkpoint-readers-")):
         return  # the grants on them; an assignment holds no data
     yield Finding(
         f"experiment stack {stack.name!r} owns {r.type}: teardown destroys experiment stacks, so it would be lost",
