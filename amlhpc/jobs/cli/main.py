@@ -60,15 +60,32 @@ def _callback(version: VersionOption = False) -> None:
 
 
 def _plan(recipe_name: str, stack: str, offline: bool, outputs_file: Path | None, cluster: str | None,
-          nodes: int | None, sets: list[str] | None, allow_tcp: bool, hours: float | None = None, **kwargs):
+          nodes: int | None, sets: list[str] | None, allow_tcp: bool, hours: float | None = None, *,
+          pin: bool = False, **kwargs):
     from amlhpc.jobs import recipes
     from amlhpc.jobs.plan import build
 
     overrides = recipes.parse_overrides(sets or [])
     recipe = recipes.load(recipe_name, overrides)
     stack_outputs = load_outputs(stack, offline, outputs_file)
+    if pin and not offline:
+        recipe = _pin_mounted_inputs(recipe, stack_outputs)
     plan = build.plan_job(recipe, stack_outputs, cluster=cluster, nodes=nodes, allow_tcp=allow_tcp, hours=hours, **kwargs)
     return recipe, stack_outputs, plan
+
+
+def _pin_mounted_inputs(recipe, stack_outputs):
+    """Mounted inputs naming no version: their dataset's latest committed version (amlhpc/jobs/data/pin.py)."""
+    from amlhpc.jobs.data import pin
+
+    if not any(s.mode != "stage" and s.version is None and s.path for s in recipe.inputs.values()):
+        return recipe
+    pinned = pin.pin_mounted_inputs(recipe, pin.stack_lister(stack_outputs))
+    for note in pinned.notes:
+        err.print(f"{note}", highlight=False, soft_wrap=True)
+    for warning in pinned.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    return pinned.recipe
 
 
 def _summary(plan, recipe, stack_outputs) -> None:
@@ -154,7 +171,8 @@ def submit(
             raise UserError([Problem("command line", "--max-restarts", "only applies to a managed run", "add --managed")],
                             "invalid flags")
         _check_out(out_file, dry_run)
-        r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours, resume=resume)
+        r, stack_outputs, plan = _plan(recipe, stack, offline, outputs_file, cluster, nodes, sets, allow_tcp, hours,
+                                       pin=True, resume=resume)
         _summary(plan, r, stack_outputs)
         budget = stack_outputs.budget.monthly_amount_usd if stack_outputs.budget else None
         too_much = cost.over_limits(plan.estimate.usd, r.cost.ceiling_usd, budget)

@@ -94,8 +94,9 @@ class InputSpec(_Model):
     version: int | None = Field(default=None, ge=1)
     """The dataset version to read (`jobs data upload` writes each version under `<path>/v<k>/`).
     For mode stage, unset means the newest committed version when the job stages, and every
-    node stages the same one. For download / ro_mount, Azure ML mounts a folder: set it to
-    read one version (`<path>/v<k>/`); unset, the job sees the folder whole."""
+    node stages the same one. For download / ro_mount, Azure ML mounts a folder, `<path>/v<k>/`:
+    unset, `jobs submit` pins the latest committed version in the job (a folder with no
+    committed version is mounted whole)."""
     mode: InputMode = "stage"
     """stage: Azure ML mounts nothing; the in-job launcher copies the blobs to node-local
     scratch (NVMe RAID0) with transparent gunzip, sharded over nodes - the fast path for
