@@ -125,6 +125,7 @@ def test_a_corrupted_local_copy_falls_back_to_blob(world, undisturbed):
     assert_continues(losses(lines[0]), undisturbed, 5, again["step"])
 
 
+@pytest.mark.alone  # beside a second worker on 2 cores, 1 run in 3 full suites named no set-aside part: not yet explained
 def test_a_copy_corrupted_in_place_fails_its_load_and_falls_back_to_blob(world, undisturbed):
     """A flipped byte with each file's size and mtime kept passes the restart's quick check (no
     data read): the restart agrees on the local copy, rank 3's load hashes what it reads, fails

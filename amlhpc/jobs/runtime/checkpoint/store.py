@@ -48,6 +48,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 import secrets
 import threading
@@ -84,6 +85,12 @@ SCHEMA = 1
 POINTER = "latest"
 BLOCK_BYTES = 8 << 20
 """Staged block size: large enough for throughput, small enough to retry cheaply."""
+BUSY_FIRST_PAUSE_S, BUSY_MAX_PAUSE_S = 1.0, 15.0
+BUSY_LIMIT_S = 1800.0
+"""A block the account keeps refusing as busy (503 ServerBusy: its ingress or request rate is
+over its target) is sent again, after pauses of 1 s doubling to 15 s, for this long beyond the
+client's own retries: a checkpoint's burst on a loaded account is load, not a fault, and must not
+fail the part (every part failed is uploaded again, adding to the load). Past it, it is a fault."""
 STALE_PENDING_S = 24 * 3600.0
 """A pending record this old belongs to an uploader that is gone: its lease no longer holds."""
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -184,6 +191,8 @@ class CheckpointStore:
         self.cancel = cancel or threading.Event()
         self.stale_pending_s = stale_pending_s
         self._lock = threading.Lock()
+        self.busy_retries = 0
+        """Blocks sent again after the account answered busy beyond the client's own retries."""
 
     # --- accounts ------------------------------------------------------------------------
     def container_of(self, entry: Mapping[str, Any]) -> Any:
@@ -344,8 +353,9 @@ class CheckpointStore:
         leases = ",".join(folders)
         if len(leases) > LEASES_MAX_CHARS or any(not b.startswith(self.data_prefix()) for b in document.get("blobs", [])):
             leases = LEASE_ALL
-        self.container.upload_blob(self.pending_name(version), json.dumps(document).encode(), overwrite=True,
-                                   metadata={"amlhpc_state": str(document.get("state")), "amlhpc_leases": leases})
+        name, body = self.pending_name(version), json.dumps(document).encode()
+        self._until_not_busy(f"{name}:{document.get('state')}", lambda: self.container.upload_blob(
+            name, body, overwrite=True, metadata={"amlhpc_state": str(document.get("state")), "amlhpc_leases": leases}))
 
     def _delete_quietly(self, name: str) -> None:
         from azure.core.exceptions import ResourceNotFoundError
@@ -411,8 +421,7 @@ class CheckpointStore:
                 md5.update(chunk)
                 block_id = f"{session}{len(block_ids):08d}"  # the SDK base64-encodes; ids must share a length
                 block_ids.append(block_id)
-                pending.append(block_pool.submit(client.stage_block, block_id, chunk, length=len(chunk),
-                                             validate_content=True))
+                pending.append(block_pool.submit(self._stage_block, client, block_id, chunk))
                 while len(pending) >= self.blocks_in_flight:
                     pending.popleft().result()
                 if len(block_ids) == 1:
@@ -425,10 +434,10 @@ class CheckpointStore:
             raise FileChanged(f"{entry.path} changed while it was uploaded")
         sha = digest.hexdigest()
         try:
-            result = client.commit_block_list(block_ids, metadata={"amlhpc_sha256": sha, "amlhpc_size": str(entry.size),
-                                                                   "amlhpc_stored_sha256": sha},
-                                              content_settings=ContentSettings(content_type="application/octet-stream",
-                                                                               content_md5=bytearray(md5.digest())))
+            result = self._until_not_busy(f"{session}:{blob_name}", lambda: client.commit_block_list(
+                block_ids, metadata={"amlhpc_sha256": sha, "amlhpc_size": str(entry.size), "amlhpc_stored_sha256": sha},
+                content_settings=ContentSettings(content_type="application/octet-stream",
+                                                 content_md5=bytearray(md5.digest()))))
         except HttpResponseError as exc:
             if getattr(exc, "error_code", None) != "InvalidBlockList":
                 raise
@@ -438,6 +447,30 @@ class CheckpointStore:
                                   "writing checkpoints under one prefix; give each its own prefix") from None
         faultpoints.reach("checkpoint.part-committed")
         return sha, result["etag"]
+
+    def _until_not_busy(self, key: str, request: Callable[[], Any]) -> Any:
+        """`request()`, sent again while its account answers busy (BUSY_LIMIT_S); the cancel is
+        heard between tries. `key` seeds the pauses' jitter: per request, and the same in a replay."""
+        from azure.core.exceptions import HttpResponseError
+
+        rng = random.Random(key)
+        waited, pause = 0.0, BUSY_FIRST_PAUSE_S
+        while True:
+            try:
+                return request()
+            except HttpResponseError as exc:
+                if getattr(exc, "status_code", None) != 503 or waited >= BUSY_LIMIT_S:
+                    raise
+            self._check_cancel()
+            with self._lock:
+                self.busy_retries += 1
+            slept = pause * rng.uniform(0.7, 1.3)
+            clock.sleep(slept)
+            waited, pause = waited + slept, min(pause * 2, BUSY_MAX_PAUSE_S)
+
+    def _stage_block(self, client: Any, block_id: str, chunk: bytes) -> None:
+        self._until_not_busy(block_id, lambda: client.stage_block(block_id, chunk, length=len(chunk),
+                                                                    validate_content=True))
 
     def stage(self, folder: Path, files: list[LocalFile], version: str, reused: Sequence[dict[str, Any]] = (),
               blob_of: Callable[[str], str] | None = None) -> list[dict[str, Any]]:

@@ -381,7 +381,10 @@ class VersionUploader:
         # Its slot in the job's burst (the pending record and its update, a block and a block
         # list per file; more blocks for a large file: the slot is a floor, not a cap). Waited
         # here: a slot left to the next poll puts every follower a poll behind node 0's lead.
-        clock.sleep(pacing.stage_offset_s(self.node, 2 * len(mine[blob].files(self.ranks)) + 2))
+        # Its phase in the job's bytes: the first block of every node in the same second would
+        # pass the accounts' ingress however the caps add up (pacing.byte_offset_s).
+        clock.sleep(max(pacing.stage_offset_s(self.node, 2 * len(mine[blob].files(self.ranks)) + 2),
+                        pacing.byte_offset_s(self.node, self.nodes, self.store.block_bytes, self.store.throttle.rate)))
         entries = self._stage(mine[blob])
         self.channel.publish(self.channel.key(blob, f"node-{self.node}"), entries)
         self.channel.count(self.channel.key(blob, "staged"))

@@ -57,6 +57,18 @@ def stage_offset_s(node: int, requests: int) -> float:
     return max(node, 0) * max(requests, 1) / COMMIT_REQUESTS_PER_S
 
 
+def byte_offset_s(node: int, nodes: int, burst_bytes: float, rate_bytes_per_s: float) -> float:
+    """Seconds node `node` waits before a transfer every node starts at once under its own cap
+    (`rate_bytes_per_s`, which sends `burst_bytes` - a block - before the cap holds it): node k
+    goes k/N of one burst's time at the cap after node 0, so the nodes' blocks reach the accounts
+    at evenly spread phases, at the job's average rate, instead of N blocks in the same second (in
+    the simulation of a 405B checkpoint from 1,000 nodes, every node's first block at once kept the
+    four accounts' ingress throttling for minutes, and parts failed)."""
+    if nodes <= 1 or rate_bytes_per_s <= 0 or burst_bytes <= 0:
+        return 0.0
+    return (max(node, 0) % nodes) / nodes * burst_bytes / rate_bytes_per_s
+
+
 def jittered(seconds: float, rng: random.Random | None = None, fraction: float = JITTER) -> float:
     """`seconds` scaled by a random factor in [1 - fraction, 1 + fraction]."""
     return seconds * (rng or random).uniform(1 - fraction, 1 + fraction)
