@@ -146,13 +146,18 @@ class TestPaths:
         assert asked == [None, "m5000", "m10000"]
 
 
+CPU_BUDGET_S = 15.0
+
+
 @pytest.mark.alone
 def test_a_million_blobs_list_plan_and_resume_in_budget():
-    """Listing, assignment and the resume manifest of 1,000,000 blobs: under 10 s of CPU and 1 GB."""
+    """Listing, assignment and the resume manifest of 1,000,000 blobs: under 15 s of CPU and 1 GB."""
     # CPU, not wall-clock: other processes on a shared machine stretch the wall clock, not our work.
     # A neighbour on the same physical core still slows each instruction (a busy 2-core VM has
     # measured this 9.1-12.7 s from run to run), and noise only ever adds: the best of up to three
     # runs is the code's cost, as timeit takes the minimum (docs.python.org/3/library/timeit.html).
+    # The budget was 10 s until the same VM, quiet, gave 11.9-13.0 s for this code and 11.5-13.6 s
+    # for commit a36abe4's (2026-11-28): the machine's speed, not a change.
     runs = []
     for _ in range(3):
         done = subprocess.run([sys.executable, "-m", "bench.listing", "--json"], cwd=ROOT, capture_output=True,
@@ -162,6 +167,6 @@ def test_a_million_blobs_list_plan_and_resume_in_budget():
         assert result["blobs"] == 1_000_000 and result["finished"] == result["node0_files"] > 100_000
         assert result["max_rss_mib"] < 1024, result
         runs.append(result)
-        if result["total_cpu_s"] < 10:
+        if result["total_cpu_s"] < CPU_BUDGET_S:
             break
-    assert min(r["total_cpu_s"] for r in runs) < 10, runs
+    assert min(r["total_cpu_s"] for r in runs) < CPU_BUDGET_S, runs
