@@ -78,9 +78,7 @@ def _pin_mounted_inputs(recipe, stack_outputs):
     """Mounted inputs naming no version: their dataset's latest committed version (amlhpc/jobs/data/pin.py)."""
     from amlhpc.jobs.data import pin
 
-    if not any(s.mode != "stage" and s.version is None and s.path for s in recipe.inputs.values()):
-        return recipe
-    pinned = pin.pin_mounted_inputs(recipe, pin.stack_lister(stack_outputs))
+    pinned = pin.pin_mounted_inputs(recipe, pin.stack_lister(stack_outputs))  # signs in only if an input needs it
     for note in pinned.notes:
         err.print(f"{note}", highlight=False, soft_wrap=True)
     for warning in pinned.warnings:

@@ -16,6 +16,7 @@ and mounts the folder whole too - the submission never fails on it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,11 +71,6 @@ def pin_mounted_inputs(recipe: Recipe, lister: Lister,
 def stack_lister(outputs: StackOutputs) -> Lister:
     """Lists a dataset's versions in the stack's `datasets` container as the signed-in user (the
     permission model's submitter-<i>-datasets-read), as `jobs submit --managed` writes its record."""
-    opened: list = []
-
-    def listing(prefix: str) -> dataversion.Versions:
-        if not opened:
-            opened.append(blobio.container_client_from_env(outputs.storage.containers["datasets"],
-                                                           outputs.storage.blob_endpoint))
-        return dataset_versions.list_versions(opened[0], prefix)
-    return listing
+    container = functools.cache(lambda: blobio.container_client_from_env(outputs.storage.containers["datasets"],
+                                                                          outputs.storage.blob_endpoint))
+    return lambda prefix: dataset_versions.list_versions(container(), prefix)
