@@ -1,10 +1,13 @@
-"""Shared helpers for the plan tests: a throwaway git repository holding this checkout."""
+"""Shared helpers for the plan and config tests: a stack file written from a config, and a
+throwaway git repository holding this checkout."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 from pathlib import Path
+
+import yaml
 
 from amlhpc.infra.config import REPO_ROOT
 
@@ -17,6 +20,13 @@ SWEEP_EXPERIMENT = {
     "aml-hpc:budget": {"monthlyAmountUsd": 500, "alertEmails": ["researcher@example.com"]},
 }
 """An experiment stack on dev (Pulumi.exp-sweep.yaml's config) for the plan tests."""
+
+
+
+def write_stack(root: Path, stack: str, config: dict) -> None:
+    """Pulumi.<stack>.yaml in `root` holding `config` (keys in the order given), as a user writes it."""
+    (root / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+
 
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pulumi
 import pytest
+from pulumi_azure_native import resources as azure_resources
 
 from amlhpc.infra import quirks
+from amlhpc.infra.components import inherited_depends_on
 from amlhpc.infra.components.access import Access, AccessArgs, Grant, grants_for
 from amlhpc.infra.components.budget import Budget, BudgetArgs
 from amlhpc.infra.components.dataset_storage import DatasetStorage, DatasetStorageArgs
@@ -28,6 +30,19 @@ def only(resources, type_token):
     found = [r for r in resources if r.type == type_token]
     assert len(found) == 1, f"expected one {type_token}, got {len(found)}"
     return found[0]
+
+
+def cluster_waiting_for(depends_on):
+    """The cluster's recorded Compute, and the resource group its component is told to wait
+    for as `depends_on(group)` says."""
+    def program():
+        rg = azure_resources.ResourceGroup("rg", resource_group_name="rg-x", location="eastus")
+        args = dict(resource_group_name="rg", workspace_name="ws", location="eastus", cluster_name="nd-a100",
+                    sku="Standard_ND96asr_v4", max_nodes=4, identity_id="/subscriptions/s/uai/id", tags=TAGS)
+        GpuCluster("c", GpuClusterArgs(**args), opts=pulumi.ResourceOptions(depends_on=depends_on(rg)))
+    resources, _, _ = record(program)
+    group = only(resources, "azure-native:resources:ResourceGroup")
+    return only(resources, "azure-native:machinelearningservices:Compute"), group
 
 
 def cluster(**overrides):
@@ -241,3 +256,25 @@ class TestBudget:
     def test_needs_an_email(self):
         with pytest.raises(pulumi.RunError, match="alert email"):
             record(lambda: Budget("b", BudgetArgs("b", "/rg", 10, [])) and None)
+
+
+class TestInheritedDependsOn:
+    """Children do not inherit a component's depends_on: the cluster passes it on."""
+
+    def test_a_list_reaches_the_cluster(self):
+        compute, group = cluster_waiting_for(lambda rg: [rg])
+        assert group.urn in compute.depends_on
+
+    def test_one_resource_reaches_the_cluster(self):
+        # Pulumi accepts a single resource; list(resource) raised TypeError before.
+        compute, group = cluster_waiting_for(lambda rg: rg)
+        assert group.urn in compute.depends_on
+
+    def test_none_and_empty(self):
+        assert inherited_depends_on(None) == []
+        assert inherited_depends_on(pulumi.ResourceOptions()) == []
+        assert inherited_depends_on(pulumi.ResourceOptions(depends_on=[])) == []
+
+    def test_an_output_of_a_list_is_refused_by_name(self):
+        with pytest.raises(TypeError, match="depends_on must be a resource or a list"):
+            inherited_depends_on(pulumi.ResourceOptions(depends_on=pulumi.Output.from_input([])))

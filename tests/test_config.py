@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
-import yaml
 
 from amlhpc.core.errors import UserError
 from amlhpc.infra.config import load_stack_config, parse, read_stack_file
+from tests.plan_helpers import write_stack
 
 GOOD_ENV = {
     "azure-native:location": "eastus",
@@ -27,10 +26,6 @@ GOOD_EXP = {
     "aml-hpc:clusters": [{"name": "sweep", "sku": "Standard_ND96asr_v4", "maxNodes": 2}],
 }
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBHk3Nw2Qz3q8e6tW1zM2xX0f9Yx7m1o5J4nKqLw0bVx user@host"
-
-
-def write(root: Path, stack: str, config: dict) -> None:
-    (root / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}))
 
 
 def mutate(base: dict, path: str, value) -> dict:
@@ -142,7 +137,7 @@ BAD = [
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_config_message(tmp_path, case):
     _, stack, base, path, value, fragments = case
-    write(tmp_path, stack, mutate(base, path, value))
+    write_stack(tmp_path, stack, mutate(base, path, value))
     with pytest.raises(UserError) as info:
         load_stack_config(stack, tmp_path)
     message = info.value.render()
@@ -164,15 +159,15 @@ class TestGoodConfigs:
         config = mutate(GOOD_ENV, "aml-hpc:clusters/0", {
             "name": "nca100", "sku": "Standard_NC24ads_A100_v4", "minNodes": 1, "maxNodes": 4,
             "allowIdleNodes": True, "allowTcpMultiNode": True})
-        write(tmp_path, "dev", config)
+        write_stack(tmp_path, "dev", config)
         assert load_stack_config("dev", tmp_path).clusters[0].min_nodes == 1
 
     def test_sku_spelling_is_canonicalised(self, tmp_path):
-        write(tmp_path, "dev", mutate(GOOD_ENV, "aml-hpc:clusters/0/sku", "standard_nd96asr_v4"))
+        write_stack(tmp_path, "dev", mutate(GOOD_ENV, "aml-hpc:clusters/0/sku", "standard_nd96asr_v4"))
         assert load_stack_config("dev", tmp_path).clusters[0].sku == "Standard_ND96asr_v4"
 
     def test_experiment_tags_carry_expiry(self, tmp_path):
-        write(tmp_path, "exp-test", GOOD_EXP)
+        write_stack(tmp_path, "exp-test", GOOD_EXP)
         cfg = load_stack_config("exp-test", tmp_path)
         assert cfg.is_experiment and cfg.environment == "dev"
         assert cfg.environment_stack == "organization/aml-hpc/dev"
@@ -180,11 +175,11 @@ class TestGoodConfigs:
         assert cfg.tags()["expiresAt"] == "2026-12-31T00:00:00Z"
 
     def test_date_only_expiry_is_midnight_utc(self, tmp_path):
-        write(tmp_path, "exp-test", mutate(GOOD_EXP, "aml-hpc:expiresAt", "2027-01-15"))
+        write_stack(tmp_path, "exp-test", mutate(GOOD_EXP, "aml-hpc:expiresAt", "2027-01-15"))
         assert load_stack_config("exp-test", tmp_path).expires_at == datetime(2027, 1, 15, tzinfo=UTC)
 
     def test_ssh_with_key_is_on(self, tmp_path):
-        write(tmp_path, "dev", mutate(GOOD_ENV, "aml-hpc:clusters/0/ssh", {"publicKey": PUBKEY}))
+        write_stack(tmp_path, "dev", mutate(GOOD_ENV, "aml-hpc:clusters/0/ssh", {"publicKey": PUBKEY}))
         ssh = load_stack_config("dev", tmp_path).clusters[0].ssh
         assert ssh is not None and ssh.on
 
@@ -196,7 +191,7 @@ class TestCollectsEverything:
             {"name": "ok-name", "sku": "Standard_NC24ads_A100_v4", "maxNodes": 3},
         ])
         config["aml-hpc:budget"] = {"monthlyAmountUsd": 10}
-        write(tmp_path, "dev", config)
+        write_stack(tmp_path, "dev", config)
         with pytest.raises(UserError) as info:
             load_stack_config("dev", tmp_path)
         paths = {p.path for p in info.value.problems}
@@ -206,7 +201,7 @@ class TestCollectsEverything:
 
 class TestStackFiles:
     def test_missing_stack_file_lists_known_stacks(self, tmp_path):
-        write(tmp_path, "dev", GOOD_ENV)
+        write_stack(tmp_path, "dev", GOOD_ENV)
         with pytest.raises(UserError) as info:
             read_stack_file("staging", tmp_path)
         assert "Pulumi.staging.yaml" in info.value.render() and "stacks here: dev" in info.value.render()

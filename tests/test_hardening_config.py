@@ -11,7 +11,8 @@ import pytest
 
 from amlhpc.core.errors import UserError
 from amlhpc.infra.config import DEFAULT_FQDN_RULES, load_stack_config
-from tests.test_config import GOOD_ENV, GOOD_EXP, PUBKEY, mutate, write
+from tests.plan_helpers import write_stack
+from tests.test_config import GOOD_ENV, GOOD_EXP, PUBKEY, mutate
 
 NOW = datetime(2026, 11, 23, tzinfo=UTC)
 COSMOS = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -27,7 +28,7 @@ def network(**fields) -> dict:
 
 
 def load(tmp_path, config: dict, stack: str = "stage"):
-    write(tmp_path, stack, config)
+    write_stack(tmp_path, stack, config)
     return load_stack_config(stack, tmp_path, now=NOW)
 
 
@@ -204,10 +205,10 @@ class TestResolved:
 
     def test_a_current_size_passes_and_a_retired_one_does_not(self, tmp_path):
         current = mutate(GOOD_ENV, "aml-hpc:clusters/0", {"name": "nca100", "sku": "Standard_NC24ads_A100_v4", "maxNodes": 1})
-        write(tmp_path, "stage", current)
+        write_stack(tmp_path, "stage", current)
         assert load_stack_config("stage", tmp_path, now=NOW).clusters[0].sku == "Standard_NC24ads_A100_v4"
         config = mutate(mutate(GOOD_ENV, "aml-hpc:clusters/0/sku", "Standard_NC24rs_v3"), "aml-hpc:clusters/0/maxNodes", 2)
-        write(tmp_path, "stage", config)
+        write_stack(tmp_path, "stage", config)
         with pytest.raises(UserError, match="Standard_NC24rs_v3 was retired on 2025-09-30"):
             load_stack_config("stage", tmp_path, now=NOW)
 
@@ -253,7 +254,7 @@ def test_an_experiment_copies_the_opt_in_with_the_cluster(tmp_path):
     from amlhpc.infra.lifecycle import new_experiment
 
     cluster = {"name": "nd-a100", "sku": "Standard_ND96asr_v4", "maxNodes": 2, "allowUnlistedRegion": True}
-    write(tmp_path, "brz", {**GOOD_ENV, "azure-native:location": "brazilsouth", "aml-hpc:clusters": [cluster]})
+    write_stack(tmp_path, "brz", {**GOOD_ENV, "azure-native:location": "brazilsouth", "aml-hpc:clusters": [cluster]})
     path = new_experiment("sweep", "brz", 3, tmp_path, now=NOW)
     experiment = load_stack_config("exp-sweep", tmp_path, now=NOW)
     assert experiment.clusters[0].allow_unlisted_region and "allowUnlistedRegion: true" in path.read_text()

@@ -203,19 +203,25 @@ def cpulist(text: str) -> set[int]:
     return out
 
 
+def topology_files(sku_name: str) -> dict[str, str]:
+    """{variable: file name} of the topology and graph files amlhpc/core/catalog/nccl.toml names
+    for a size: the settings the plan resolves into the job's code snapshot (plan/tuning.py)."""
+    return {s.name: s.value for s in nccl.for_size(sku_name) if s.resolve == "topology"}
+
+
 def topo_file(sku) -> str:
     """The topology file amlhpc/core/catalog/nccl.toml names for a size."""
-    return nccl.topology_files(sku.name)["NCCL_TOPO_FILE"]
+    return topology_files(sku.name)["NCCL_TOPO_FILE"]
 
 
-TOPO_SKUS = [s for s in skus.CATALOG.values() if "NCCL_TOPO_FILE" in nccl.topology_files(s.name)]
+TOPO_SKUS = [s for s in skus.CATALOG.values() if "NCCL_TOPO_FILE" in topology_files(s.name)]
 
 
 class TestNcclTopology:
     def test_every_file_the_catalog_names_is_in_the_images(self):
         assert TOPO_SKUS, "the catalog names no topology file"
         for sku in TOPO_SKUS:
-            for name in nccl.topology_files(sku.name).values():
+            for name in topology_files(sku.name).values():
                 assert (TOPO_DIR / name).is_file(), name
 
     @pytest.mark.parametrize("sku", TOPO_SKUS, ids=lambda s: s.name)

@@ -13,6 +13,7 @@ from amlhpc.core import skus
 from amlhpc.core.errors import UserError
 from amlhpc.infra.config import REPO_ROOT
 from amlhpc.infra.plan import evaluate
+from tests.plan_helpers import write_stack
 
 COMPUTE = "azure-native:machinelearningservices:Compute"
 RUNNABLE = {"h200": "Standard_ND96isr_H200_v5", "nch100a": "Standard_NC40ads_H100_v5",
@@ -26,10 +27,6 @@ def dev_config(clusters: list[dict]) -> dict:
     return config
 
 
-def write(root, stack: str, config: dict) -> None:
-    (root / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}))
-
-
 def test_one_cluster_of_each_new_size_azure_ml_runs_plans_with_quota_and_price(tmp_path):
     """In eastus, the one region amlhpc/core/catalog/availability.toml records for the NC H100 v5 and
     NC48ads sizes so far (the dev stack's swedencentral would be refused for them)."""
@@ -37,7 +34,7 @@ def test_one_cluster_of_each_new_size_azure_ml_runs_plans_with_quota_and_price(t
                 for name, sku in RUNNABLE.items()]
     config = dev_config(clusters)
     config["azure-native:location"] = "eastus"
-    write(tmp_path, "gpus", config)
+    write_stack(tmp_path, "gpus", config)
     plan = evaluate("gpus", tmp_path)
     sizes = {r.inputs["computeName"]: r.inputs["properties"]["properties"]["vmSize"] for r in plan.of_type(COMPUTE)
              if r.inputs["properties"]["computeType"] == "AmlCompute" and r.inputs["computeName"] in RUNNABLE}
@@ -51,7 +48,7 @@ def test_one_cluster_of_each_new_size_azure_ml_runs_plans_with_quota_and_price(t
 
 @pytest.mark.parametrize("sku", NOT_ON_AZURE_ML)
 def test_sizes_azure_ml_cannot_run_are_refused_with_the_reason(tmp_path, sku):
-    write(tmp_path, "gpus", dev_config([{"name": "big", "sku": sku, "maxNodes": 2}]))
+    write_stack(tmp_path, "gpus", dev_config([{"name": "big", "sku": sku, "maxNodes": 2}]))
     with pytest.raises(UserError) as info:
         evaluate("gpus", tmp_path)
     text = info.value.render()

@@ -36,12 +36,6 @@ class TestCpulist:
         assert topology.parse_cpulist("\n") == frozenset()
         assert topology.format_cpulist([]) == ""
 
-    def test_mask_matches_seed_srun_masks(self):
-        """The NDv4 performance article's srun masks: NUMA1 (24-47) is ffffff000000, NUMA0 (0-23) is ffffff."""
-        assert topology.cpu_mask_hex(topology.parse_cpulist("24-47")) == "ffffff000000"
-        assert topology.cpu_mask_hex(topology.parse_cpulist("0-23")) == "ffffff"
-        assert topology.cpu_mask_hex(topology.parse_cpulist("72-95")) == "ffffff" + "0" * 18
-
 
 class TestDiscover:
     def test_sysfs_layout(self, nd96asr):
@@ -118,9 +112,11 @@ class TestPlan:
         plan = topology.plan_pinning(topology.discover(nd96asr, ND96ASR, ALL_CPUS), 8, ALL_CPUS)
         assert plan.cuda_visible_devices == "2,3,0,1,6,7,4,5"
         assert [r.gpu_indices for r in plan.ranks] == [(2,), (3,), (0,), (1,), (6,), (7,), (4,), (5,)]
-        masks = [topology.cpu_mask_hex(r.cpus) for r in plan.ranks]
-        numa0, numa1, numa2, numa3 = "ffffff", "ffffff000000", "ffffff" + "0" * 12, "ffffff" + "0" * 18
-        assert masks == [numa0, numa0, numa1, numa1, numa2, numa2, numa3, numa3]
+        # The NDv4 performance article's srun masks ffffff, ffffff000000, ffffff + 12 and 18 zeros:
+        # NUMA domains 0-3 are CPUs 0-23, 24-47, 48-71 and 72-95.
+        cpus = [topology.format_cpulist(r.cpus) for r in plan.ranks]
+        numa0, numa1, numa2, numa3 = "0-23", "24-47", "48-71", "72-95"
+        assert cpus == [numa0, numa0, numa1, numa1, numa2, numa2, numa3, numa3]
         assert [r.numa_nodes for r in plan.ranks] == [(0,), (0,), (1,), (1,), (2,), (2,), (3,), (3,)]
         assert plan.ranks[0].hcas == ("mlx5_ib2", "mlx5_ib3")
 

@@ -129,9 +129,10 @@ class TestStackConfig:
     def test_non_finite_and_absurd_numbers_are_refused_by_key(self, tmp_path, key, value, fragment):
         from amlhpc.core.errors import UserError
         from amlhpc.infra.config import load_stack_config
-        from tests.test_config import GOOD_ENV, write
+        from tests.plan_helpers import write_stack
+        from tests.test_config import GOOD_ENV
 
-        write(tmp_path, "dev", {**GOOD_ENV, key: value})
+        write_stack(tmp_path, "dev", {**GOOD_ENV, key: value})
         with pytest.raises(UserError) as info:
             load_stack_config("dev", tmp_path)
         message = info.value.render()

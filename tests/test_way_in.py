@@ -23,7 +23,8 @@ from amlhpc.infra.config import (
 )
 from amlhpc.infra.plan import evaluate
 from amlhpc.infra.plan.mocks import FAKE_SUBSCRIPTION, PlanMocks
-from tests.test_config import GOOD_ENV, PUBKEY, write
+from tests.plan_helpers import write_stack
+from tests.test_config import GOOD_ENV, PUBKEY
 
 NOW = datetime(2026, 11, 23, tzinfo=UTC)
 GROUP = "11111111-2222-3333-4444-555555555555"
@@ -37,7 +38,7 @@ def stack(network: dict) -> dict:
 
 
 def problems(tmp_path, config: dict, deploying: bool = False) -> str:
-    write(tmp_path, "stage", config)
+    write_stack(tmp_path, "stage", config)
     with pytest.raises(UserError) as info:
         parse("stage", read_stack_file("stage", tmp_path), "Pulumi.stage.yaml", now=NOW, deploying=deploying)
     return info.value.render()
@@ -65,7 +66,7 @@ class TestEveryClosedStackHasASeat:
     @pytest.mark.parametrize("way_in", [{"bastion": {}, "jumpBox": {"publicKey": PUBKEY}}, {"handOff": HAND_OFF}],
                              ids=["bastion-and-jump-box", "hand-off"])
     def test_a_seat_is_bastion_with_a_jump_box_or_a_hand_off(self, tmp_path, way_in):
-        write(tmp_path, "stage", stack({"isolation": "managed", "wayIn": way_in}))
+        write_stack(tmp_path, "stage", stack({"isolation": "managed", "wayIn": way_in}))
         assert load_stack_config("stage", tmp_path, now=NOW).network.way_in is not None
 
     def test_a_public_stack_needs_none(self):

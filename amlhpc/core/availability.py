@@ -118,16 +118,6 @@ def offering(size: str) -> Offering | None:
     return OFFERINGS.get(size)
 
 
-def partial_note(size: str, region: str) -> str:
-    """"" unless the size's recorded list is partial and does not name `region`: then a sentence
-    saying so, for warnings (the region is not refused)."""
-    found = OFFERINGS.get(size)
-    if found is None or found.complete or region in found.regions:
-        return ""
-    return (f"{size}: only {', '.join(sorted(found.regions)) or 'no region'} is recorded ({SOURCES[found.source].cite()}), "
-            f"a partial list: {region} is not refused; refresh the regions with: {REFRESH_COMMAND}")
-
-
 def low_priority_problem(size: str) -> tuple[str, str] | None:
     """(message, fix) when the size is recorded as not sold at low priority, else None (unknown passes)."""
     found = OFFERINGS.get(size)

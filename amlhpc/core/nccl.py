@@ -111,11 +111,6 @@ def available_opt_ins(sku_name: str) -> set[str]:
     return {s.opt_in for s in SETTINGS if s.opt_in and sku_name in s.sizes}
 
 
-def topology_files(sku_name: str) -> dict[str, str]:
-    """{variable: file name} of the topology/graph files this size uses (NCCL_TOPO_FILE, NCCL_GRAPH_FILE)."""
-    return {s.name: s.value for s in SETTINGS if s.resolve == "topology" and sku_name in s.sizes}
-
-
 def cite(source_id: str) -> str:
     source = SOURCES.get(source_id)
     return source.cite() if source else skus.cite(source_id)

@@ -169,10 +169,6 @@ class StackOutputs(_Doc):
         """Where the managed runs' records live (`supervision`): the coordination account, else the dataset account."""
         return self.account_endpoint(self.coordination_account or self.storage.account)
 
-    def checkpoint_endpoints(self) -> list[str]:
-        """The checkpoint accounts' blob endpoints, in striping order (the dataset account's without any)."""
-        return [self.account_endpoint(a) for a in (self.checkpoint_accounts or [self.storage.account])]
-
     def stack_prices(self) -> dict[str, Price]:
         return {name: price.to_price() for name, price in self.prices.items()}
 

@@ -388,12 +388,6 @@ class ArmReader:
         return out
 
 
-def arm_exists(credential: Any = None) -> Callable[[Retained], bool]:
-    """An existence probe against Azure Resource Manager: GET the id at the provider's API
-    version; 200 is there, 404 is not, anything else stops the deploy (retried by azure-core)."""
-    return ArmReader(credential).exists
-
-
 def plan_import(stack: str, export: dict[str, Any], subscription_id: str, azure: AzureReader,
                 root: Path = REPO_ROOT) -> dict[str, Any]:
     """The import document for `stack`: its offline plan's retained resources, the state

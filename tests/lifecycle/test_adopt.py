@@ -180,7 +180,7 @@ class TestArmProbe:
         real = ARMPipelineClient.__init__
         monkeypatch.setattr(ARMPipelineClient, "__init__",
                             lambda self, *a, **k: real(self, *a, transport=transport, **k))
-        exists = adopt.arm_exists(FakeCredential())
+        exists = adopt.ArmReader(FakeCredential()).exists
 
         def retained(path):
             return adopt.Retained("urn", "t", "n", None, path, "2024-03-01")
@@ -210,7 +210,7 @@ class TestCli:
         state = tmp_path / "state.json"
         state.write_text(json.dumps({"deployment": {"resources": []}}))
         out = tmp_path / "o.json"
-        monkeypatch.setattr(adopt, "arm_exists", lambda: lambda r: pytest.fail("no Azure call for experiments"))
+        monkeypatch.setattr(adopt.ArmReader, "_get", lambda *a: pytest.fail("no Azure call for experiments"))
         result = CliRunner().invoke(adopt.app, ["import-file", "--stack", "exp-x", "--state", str(state),
                                                 "--subscription", SUB, "--out", str(out)])
         assert result.exit_code == 0 and result.output.strip() == "0" and not out.exists()

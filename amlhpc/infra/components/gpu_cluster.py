@@ -15,7 +15,7 @@ from pulumi_azure_native import machinelearningservices as ml
 
 from amlhpc.core import skus
 from amlhpc.infra import quirks
-from amlhpc.infra.components import ComponentError
+from amlhpc.infra.components import ComponentError, inherited_depends_on
 
 
 @dataclass
@@ -109,7 +109,7 @@ class GpuCluster(pulumi.ComponentResource):
                 parent=self,
                 # Children do not inherit a component's depends_on: pass it on, so nodes
                 # start only after their role assignments and endpoints exist.
-                depends_on=list((opts.depends_on if opts else None) or []),
+                depends_on=inherited_depends_on(opts),
                 replace_on_changes=list(quirks.CLUSTER_REPLACE_ON_CHANGES),
                 delete_before_replace=True,
             ),
@@ -126,4 +126,6 @@ def subnet_reference(subnet_id: pulumi.Input[str] | None) -> pulumi.Input[ml.Res
         return None
     if isinstance(subnet_id, str):
         return ml.ResourceIdArgs(id=subnet_id)
-    return pulumi.Output.from_input(subnet_id).apply(lambda s: ml.ResourceIdArgs(id=s) if s else None)
+    # Annotated so mypy infers from_input's type variable from the target (str), not the argument.
+    resolved: pulumi.Output[str] = pulumi.Output.from_input(subnet_id)
+    return resolved.apply(lambda s: ml.ResourceIdArgs(id=s) if s else None)

@@ -33,7 +33,7 @@ from typing import Literal
 import pulumi
 from pulumi_azure_native import compute, network
 
-from amlhpc.infra.components import ComponentError
+from amlhpc.infra.components import ComponentError, inherited_depends_on
 from amlhpc.infra.components.access import Grant, grants_for
 
 BASTION_SUBNET_NAME = "AzureBastionSubnet"  # the only name Azure accepts for Bastion's subnet
@@ -83,7 +83,7 @@ class WayIn(pulumi.ComponentResource):
         self._name, self._args = name, args
         self._child = pulumi.ResourceOptions(parent=self)
         # Children do not inherit a component's depends_on: the first subnet waits for the network.
-        self._previous: list[pulumi.Resource] = list((opts.depends_on if opts else None) or [])
+        self._previous = inherited_depends_on(opts)
         self._nsg = self._nat = None
         if args.jump_box_subnet or args.ci_runner_subnet:
             self._nsg, self._nat = self._inner_guard_and_egress()

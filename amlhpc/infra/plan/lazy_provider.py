@@ -66,7 +66,10 @@ class _ServiceModule:
     def __init__(self, module: types.ModuleType, stock_loader: importlib.abc.Loader):
         self.module = module
         self.stock_loader = stock_loader
-        self.directory = Path(module.__spec__.submodule_search_locations[0])
+        spec = module.__spec__
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError(f"{module.__name__} is not a package: no submodule search location", name=module.__name__)
+        self.directory = Path(spec.submodule_search_locations[0])
         self._index: dict[str, str] | None = None
         self._stock_loaded = False
 
@@ -120,8 +123,9 @@ class _LazyServiceLoader(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         service = _ServiceModule(module, self.stock_loader)
-        module.__getattr__ = service.resolve  # type: ignore[attr-defined]  # PEP 562
-        module.__dir__ = service.names  # type: ignore[attr-defined]
+        # PEP 562: a module's __getattr__ and __dir__ are entries of its namespace.
+        module.__dict__["__getattr__"] = service.resolve
+        module.__dict__["__dir__"] = service.names
 
 
 class _ServiceFinder(importlib.abc.MetaPathFinder):

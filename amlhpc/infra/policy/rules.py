@@ -301,9 +301,12 @@ def _region_problem(r: ResourceView, limits: Limits) -> tuple[str, str, tuple[st
 
 def _size_in_region(r: ResourceView, stack: StackView, limits: Limits) -> Iterable[Finding]:
     found = _region_problem(r, limits)
-    if not found or found[2] is None:
+    if not found:
         return
-    size, _, (message, fix) = found
+    size, _, problem = found
+    if problem is None:
+        return
+    message, fix = problem
     if _opted_in(r, TAG_ALLOW_UNLISTED_REGION) and not availability.retired(size, _today()):
         return
     yield Finding(f"GPU cluster {_cluster_name(r)!r}: {message}", fix)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import gc
 import html
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from urllib.parse import unquote
@@ -193,15 +193,6 @@ def list_all(fetch_page: Callable[[str | None], bytes], with_metadata: bool | No
             entries.extend(page_entries)
             if not marker:
                 return entries
-
-
-def list_pages(pages: Iterable[bytes], with_metadata: bool | None = None) -> list[BlobEntry]:
-    """Every entry of recorded or generated pages (tests, benchmarks)."""
-    entries: list[BlobEntry] = []
-    with _collector_paused():
-        for page in pages:
-            entries.extend(parse_page(page, with_metadata)[0])
-    return entries
 
 
 @contextmanager

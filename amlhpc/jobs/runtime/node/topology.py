@@ -77,14 +77,6 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     return ",".join(ranges)
 
 
-def cpu_mask_hex(cpus: Iterable[int]) -> str:
-    """CPU set as the hex mask srun/taskset use (CPU 0 is the lowest bit)."""
-    mask = 0
-    for cpu in cpus:
-        mask |= 1 << cpu
-    return format(mask, "x")
-
-
 @dataclass(frozen=True)
 class GpuLocation:
     index: int
