@@ -294,7 +294,7 @@ def render(results: dict) -> str:
              f"{results.get('repeats', 1)} run(s) (lowest-highest, n); the scenarios interleaved; the load "
              "average (1, 5, 15 min) at each run in recovery.json.",
              "", f"Machine: {results['machine']}. Load average before/after: {results['load_before']} / "
-             f"{results['load_after']}.", ""]
+             f"{results['load_after']}.{_load_range(results)}", ""]
     if results.get("repeats", MIN_RUNS) < MIN_RUNS:
         lines += [f"**Fewer than {MIN_RUNS} runs per figure: a smoke run, not for publishing.**", ""]
     lines += ["| scenario | outcome | attempts (causes) | detect s | end -> next first step s | steps lost | "
@@ -330,6 +330,22 @@ def render(results: dict) -> str:
     if results.get("rerun"):
         lines += _render_rerun(results["rerun"])
     return "\n".join(lines) + "\n"
+
+
+def _load_range(results: dict) -> str:
+    """` 1-minute load when the runs started: low-high over n runs`, from every run's load."""
+    loads = [r.get("load") for r in results.get("runs") or []]
+    loads += [load for paths in (results.get("restart") or {}).values() for data in paths.values()
+              if not data.get("name", "").startswith("ratio_") for load in data.get("loads") or []]
+    first = []
+    for load in loads:
+        try:
+            first.append(float(str(load).split()[0]))
+        except (ValueError, IndexError):
+            continue
+    if not first:
+        return ""
+    return f" The 1-minute load when the runs started: {min(first):.2f}-{max(first):.2f} ({len(first)} runs)."
 
 
 def _label(path: str) -> str:

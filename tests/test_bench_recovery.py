@@ -61,9 +61,10 @@ def test_each_figure_is_the_median_of_its_runs_with_the_spread():
     detect = summary["series"]["detect_s"]
     assert (detect["low"], detect["high"], detect["loads"]) == (2.0, 10.0, ["1.00 0 0", "2.00 0 0", "3.00 0 0"])
     results = {"command": "c", "date": "d", "price": 1.0, "machine": "m", "load_before": "1", "load_after": "2",
-               "rows": [summary], "checks": [], "model": {}, "repeats": 3, "commit": "abc123"}
+               "rows": [summary], "checks": [], "model": {}, "repeats": 3, "commit": "abc123", "runs": runs}
     table = recovery.render(results)
     assert "| 3.0 (2.0-10.0, n=3) | 8.0 (7.0-9.0, n=3) |" in table and "commit abc123" in table
+    assert "The 1-minute load when the runs started: 1.00-3.00 (3 runs)." in table
     assert "a smoke run, not for publishing" in table, "fewer than 5 runs is said"
 
 
