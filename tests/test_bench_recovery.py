@@ -97,6 +97,7 @@ def test_repeats_and_restart_are_run(monkeypatch, tmp_path):
         return {"crash": {"in_job_warm": Series("in_job_warm", [3.0, 4.0, 5.0])}}
 
     monkeypatch.setattr(restart, "measure", fake_restart)
+    monkeypatch.setattr(recovery.tempfile, "mkdtemp", lambda prefix: str(tmp_path))  # its logs: not left in /tmp
     results = recovery.run(argparse.Namespace(only="baseline,preempt,restart", repeats=3))
     assert order == ["baseline", "preempt"] * 3 and asked == {"repeats": 3}
     assert [r["runs"] for r in results["rows"]] == [3, 3] and results["rows"][1]["detect_s"] == 4.0
