@@ -1,6 +1,7 @@
 """Recovery benchmark: what each failure costs a managed run, measured on the rehearsal.
 
     python -m bench.recovery [--out bench/out] [--update-results] [--only preempt,hang,restart,...] [--repeats N]
+                             [--rerun-of PUBLISHED/recovery.json]
 
 Every scenario is a managed rehearsal (amlhpc.jobs.local.managed) of the synthetic lockstep
 training (amlhpc.jobs.workloads.synthetic: 2 simulated nodes, one rank each) under the real
@@ -32,8 +33,12 @@ Every scenario runs `--repeats` times (at least MIN_RUNS, 5, to publish), the sc
 interleaved (repeat 1 of each, then repeat 2, ...: a drifting load does not favour one); each
 figure is the median of its runs with their spread (lowest-highest), each run with the load
 average when it started, and the git commit is recorded. The checks must hold on every run.
-Results: `--out` (recovery.md, recovery.json); `--update-results` also writes them as the
-last section of bench/RESULTS.md. Run it on a quiet machine: the figures follow the load.
+Results: `--out` (recovery.md, recovery.json); `--update-results` also replaces this
+benchmark's section of bench/RESULTS.md (between its two markers), keeping the rest of the file.
+`--rerun-of` a published run's recovery.json: this run checks it: the section keeps the published
+figures and adds, for each figure both runs have, this run's median and whether it falls inside
+the published spread (bench/spread.py `reproduces`); the exit status is 1 when one does not.
+Run it on a quiet machine: the figures follow the load.
 """
 
 from __future__ import annotations
@@ -50,10 +55,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import azurite_version, describe_machine, loadavg
-from bench.spread import MIN_RUNS, Series, commit, text
+from bench.spread import MIN_RUNS, Series, commit, reproduces, text
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "# Recovery benchmark"
+BEGIN, END = "<!-- bench.recovery: begin -->", "<!-- bench.recovery: end -->"
 STEPS, STEP_S, CHECKPOINT_EVERY, FAULT_STEP = 60, 0.3, 5, 40
 UPLOAD_INTERVAL_S, HANG_S = 10, 10
 TRAIN = f"python -m amlhpc.jobs.workloads.synthetic --steps {STEPS} --step-s {STEP_S} --checkpoint-every {CHECKPOINT_EVERY}"
@@ -66,6 +72,8 @@ SCENARIOS = ("baseline", "preempt", "host-loss", "host-loss-writer", "hang", "nc
 FIGURES = ("detect_s", "restart_s", "steps_lost", "lost_s", "cost_lost_usd", "seconds")
 """A run's figures that become a series over the repeats (median and spread)."""
 PARTS = (*SCENARIOS, "restart")
+COMPARED = {"detect_s": "detect s", "restart_s": "end -> next first step s", "lost_s": "lost s"}
+"""The figures of a scenario that a rerun checks (steps lost and cost follow from them)."""
 
 
 def _seconds(start: datetime | str | None, end: datetime | str | None) -> float | None:
@@ -286,7 +294,7 @@ def render(results: dict) -> str:
              f"{results.get('repeats', 1)} run(s) (lowest-highest, n); the scenarios interleaved; the load "
              "average (1, 5, 15 min) at each run in recovery.json.",
              "", f"Machine: {results['machine']}. Load average before/after: {results['load_before']} / "
-             f"{results['load_after']}.", ""]
+             f"{results['load_after']}.{_load_range(results)}", ""]
     if results.get("repeats", MIN_RUNS) < MIN_RUNS:
         lines += [f"**Fewer than {MIN_RUNS} runs per figure: a smoke run, not for publishing.**", ""]
     lines += ["| scenario | outcome | attempts (causes) | detect s | end -> next first step s | steps lost | "
@@ -318,16 +326,109 @@ def render(results: dict) -> str:
                       "work since its last periodic upload)."]
     restart = results.get("restart")
     if restart:
-        lines += ["", "## In-job restart against a resubmitted attempt (bench/restart.py)", "",
-                  "Seconds from the fault to the first step after it, each path apart: median (lowest-highest, n).", "",
-                  "| fault | path | seconds |", "|---|---|---:|"]
-        from bench.restart import LABELS
-
-        for kind, paths in restart.items():
-            for path, data in paths.items():
-                if data.get("runs"):
-                    lines.append(f"| {kind} | {LABELS.get(path, path)} | {text(Series.from_json(data), 2)} |")
+        lines += _render_restart(restart)
+    if results.get("rerun"):
+        lines += _render_rerun(results["rerun"])
     return "\n".join(lines) + "\n"
+
+
+def _load_range(results: dict) -> str:
+    """` 1-minute load when the runs started: low-high over n runs`, from every run's load."""
+    loads = [r.get("load") for r in results.get("runs") or []]
+    loads += [load for paths in (results.get("restart") or {}).values() for data in paths.values()
+              if not data.get("name", "").startswith("ratio_") for load in data.get("loads") or []]
+    first = []
+    for load in loads:
+        try:
+            first.append(float(str(load).split()[0]))
+        except (ValueError, IndexError):
+            continue
+    if not first:
+        return ""
+    return f" The 1-minute load when the runs started: {min(first):.2f}-{max(first):.2f} ({len(first)} runs)."
+
+
+def _label(path: str) -> str:
+    from bench.restart import LABELS, RATIO
+
+    if path.startswith(RATIO):
+        inside = LABELS.get(path.removeprefix(RATIO), path).removeprefix("in-job, ")
+        return f"resubmitted / in-job ({inside}), x"
+    return LABELS.get(path, path)
+
+
+def _render_restart(restart: dict) -> list[str]:
+    from bench.restart import RATIO
+
+    lines = ["", "## In-job restart against a resubmitted attempt (bench/restart.py)", "",
+             "Seconds from the fault to the first step after it, each path apart, and the ratios (resubmitted over "
+             "each in-job path, taken within a repeat, whose paths ran back to back): median (lowest-highest, n). "
+             "Azure ML's own part of a resubmission (queueing, node allocation, image pull: minutes) is not "
+             "rehearsed, so each ratio is a lower bound.", "",
+             "| fault | path | median (lowest-highest, n) |", "|---|---|---:|"]
+    for kind, paths in restart.items():
+        for path, data in sorted(paths.items(), key=lambda item: item[0].startswith(RATIO)):
+            if data.get("runs"):
+                lines.append(f"| {kind} | {_label(path)} | {text(Series.from_json(data), 2)} |")
+    return lines
+
+
+def figures(results: dict) -> dict[str, dict]:
+    """Every figure of a run that has runs: its name -> its series (as JSON)."""
+    out: dict[str, dict] = {}
+    for r in results.get("rows") or []:
+        for key, label in COMPARED.items():
+            data = (r.get("series") or {}).get(key)
+            if data and data.get("runs"):
+                out[f"{r['scenario']}: {label}"] = data
+    for kind, paths in (results.get("restart") or {}).items():
+        for path, data in paths.items():
+            if data.get("runs"):
+                out[f"restart, {kind}: {_label(path).strip()}"] = data
+    return out
+
+
+def compare(published: dict, rerun: dict) -> list[dict]:
+    """For each figure both runs have: the published series, the rerun's, and whether the rerun's
+    median falls inside the published spread."""
+    again = figures(rerun)
+    rows = []
+    for name, data in figures(published).items():
+        if name not in again:
+            continue
+        first, second = Series.from_json(data), Series.from_json(again[name])
+        assert first.low is not None and first.high is not None and second.median is not None
+        rows.append({"figure": name, "published": first.to_json(), "rerun": second.to_json(),
+                     "inside": reproduces(first.low, first.high, second.median)})
+    return rows
+
+
+def rerun_of(published: dict, results: dict) -> dict:
+    """The published results with this run's check of them (`rerun`), for the section."""
+    return {**published, "rerun": {key: results.get(key) for key in ("command", "date", "commit", "load_before",
+                                                                      "load_after", "machine", "repeats", "model")}
+            | {"figures": compare(published, results)}}
+
+
+def _render_rerun(rerun: dict) -> list[str]:
+    rows = rerun["figures"]
+    held = sum(r["inside"] for r in rows)
+    lines = ["", "## Rerun", "",
+             f"The same benchmark again: `{rerun['command']}`, {rerun['date']}, commit {rerun.get('commit', 'unknown')}, "
+             f"{rerun.get('repeats')} run(s) per figure; load average before/after: {rerun['load_before']} / "
+             f"{rerun['load_after']}. A figure holds when the rerun's median falls inside the published spread: "
+             f"{held} of {len(rows)} hold.", "",
+             "| figure | published median (lowest-highest, n) | rerun median (lowest-highest, n) | inside |",
+             "|---|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['figure']} | {text(Series.from_json(r['published']), 2)} | "
+                     f"{text(Series.from_json(r['rerun']), 2)} | {'yes' if r['inside'] else '**no**'} |")
+    model = rerun.get("model") or {}
+    if model:
+        lines += ["", f"Goodput model on the rerun's medians: recovery {model['recovery_s']} s, predicted loss per "
+                      f"interruption {model['predicted_loss_s']} s, measured {model['measured_loss_s']} s "
+                      f"(ratio {model['ratio']})."]
+    return lines
 
 
 def checks(runs: list[dict]) -> list[tuple[str, bool]]:
@@ -428,16 +529,33 @@ def merge(results: dict, out: Path) -> dict:
     return results
 
 
-def write(results: dict, out: Path, update: bool) -> str:
-    text = render(results)
+def write(results: dict, out: Path, update: bool, shown: dict | None = None) -> str:
+    """recovery.json (this run) and recovery.md (the section: `shown`, this run by default) into
+    `out`; with `update`, the section replaces its own part of bench/RESULTS.md, and only it."""
+    text = render(shown or results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recovery.md").write_text(text)
     (out / "recovery.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     if update:
         previous = RESULTS.read_text() if RESULTS.exists() else ""
-        kept = previous[:previous.index(SECTION)].rstrip() if SECTION in previous else previous.rstrip()
-        RESULTS.write_text((kept + "\n\n" if kept else "") + text)
+        RESULTS.write_text(replace_section(previous, f"{BEGIN}\n{text}{END}\n"))
     return text
+
+
+def replace_section(previous: str, section: str) -> str:
+    """`previous` with this benchmark's section replaced by `section`: between its markers, or
+    (a file from before them) from its heading to the next benchmark's marker or top heading;
+    appended when it has none. What comes before and after is kept as it is."""
+    if BEGIN in previous and END in previous:
+        head, rest = previous.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].removeprefix("\n")
+        return head + section + tail
+    if SECTION in previous:
+        start = previous.index(SECTION)
+        ends = [i + 1 for i in (previous.find("\n<!-- bench.", start), previous.find("\n# ", start + 1)) if i >= 0]
+        stop = min(ends) if ends else len(previous)
+        return previous[:start] + section + ("\n" + previous[stop:] if stop < len(previous) else "")
+    return (previous.rstrip() + "\n\n" if previous.strip() else "") + section
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,17 +564,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update-results", action="store_true", help="also write the table into bench/RESULTS.md")
     parser.add_argument("--only", help=f"comma-separated scenarios (default all: {', '.join(PARTS)})")
     parser.add_argument("--repeats", type=int, default=MIN_RUNS, help=f"runs of each scenario (at least {MIN_RUNS} to publish)")
+    parser.add_argument("--rerun-of", type=Path, metavar="JSON",
+                        help="a published run's recovery.json: check its figures against this run (the section keeps them)")
     args = parser.parse_args(argv)
     unknown = sorted(set((args.only or "").split(",")) - set(PARTS) - {""})
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: at least 1 (at least {MIN_RUNS} to publish)")
+    published = None
+    if args.rerun_of is not None:
+        try:
+            published = json.loads(args.rerun_of.read_text())
+            if not isinstance(published, dict) or "rows" not in published:
+                raise ValueError("it holds no rows")
+        except (OSError, ValueError) as exc:
+            parser.error(f"--rerun-of {args.rerun_of}: not a recovery.json written by this benchmark ({exc}); "
+                         "give the --out folder's recovery.json of the published run")
     results = run(args)
-    if args.only:
+    if args.only and published is None:
         results = merge(results, args.out)
-    print(write(results, args.out, args.update_results))
-    return 0 if all(ok for _, ok in results["checks"]) else 1
+    shown = rerun_of(published, results) if published is not None else None
+    print(write(results, args.out, args.update_results, shown))
+    held = all(r["inside"] for r in shown["rerun"]["figures"]) if shown else True
+    if not held:
+        print("recovery: the rerun does not reproduce every published figure (see the Rerun table)", file=sys.stderr)
+    return 0 if all(ok for _, ok in results["checks"]) and held else 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ an order rotated from repeat to repeat (a machine whose load drifts does not fav
 
 A hang (rank 3 stops reporting at step 5, watchdog.hang_s 10) is measured in-job (warm) and
 resubmitted, with the watchdog's detection apart (the same on both paths).
+
+Ratios (resubmitted / each in-job path) are taken within a repeat, whose paths ran back to
+back under nearly the same load, and published as their median and spread like the seconds:
+the median of ratios, not a ratio of medians, so a load that drifts between repeats moves
+both sides of each ratio together.
 """
 
 from __future__ import annotations
@@ -36,7 +41,10 @@ HANG_PATHS = ("in_job_warm", "resubmitted")
 LABELS = {"in_job_warm": "in-job, warm standby ready", "in_job_as_it_comes": "in-job, standby on, fault as it comes",
           "in_job_cold": "in-job, no standby (cold)", "resubmitted": "resubmitted (job end + new attempt)",
           "job_end": "  of which the job's end", "new_attempt": "  of which the new attempt",
-          "detection": "  of which the watchdog's detection"}
+          "detection": "  of which the watchdog's detection",
+          "in_job_detection": "  in-job: of which the watchdog's detection"}
+RATIO = "ratio_"
+"""The prefix of a ratio's series: `ratio_in_job_warm` is resubmitted / in-job warm, within each repeat."""
 
 
 def _spec(kind: str) -> str:
@@ -110,5 +118,21 @@ def measure(workdir: Path, server, repeats: int, kinds: tuple[str, ...] = ("cras
                         series["in_job_detection"].add(detected, load)
                 say(f"restart: {kind} repeat {repeat + 1}/{repeats} {path}: {series[path].runs[-1]:.2f} s "
                     f"(load {load})")
+        series.update(ratios(series, paths))
         found[kind] = series
     return found
+
+
+def ratios(series: dict[str, Series], paths: tuple[str, ...]) -> dict[str, Series]:
+    """resubmitted / each in-job path, one per repeat (the runs of a repeat ran back to back)."""
+    out = {}
+    resubmitted = series["resubmitted"]
+    for path in paths:
+        if path == "resubmitted":
+            continue
+        ratio = Series(RATIO + path)
+        for again, inside, load in zip(resubmitted.runs, series[path].runs, series[path].loads, strict=False):
+            if inside > 0:
+                ratio.add(again / inside, load)
+        out[ratio.name] = ratio
+    return out

@@ -36,13 +36,21 @@ def test_the_section_replaces_only_itself(tmp_path, monkeypatch):
                "load_before": "1", "load_after": "2", "rows": [row("preempt", detect_s=1.5, restart_s=7.0, steps_lost=0)],
                "checks": [("never two attempts at once", True)], "model": {}}
     target = tmp_path / "RESULTS.md"
-    target.write_text("# Staging benchmark\n\nkept\n\n# Recovery benchmark\n\nold table\n")
+    after = "<!-- bench.checkpoint: begin -->\n# Checkpoints and recovery\n\nkept too\n<!-- bench.checkpoint: end -->\n\n# Scale\n"
+    target.write_text(f"# Staging benchmark\n\nkept\n\n# Recovery benchmark\n\nold table\n\n{after}")
     monkeypatch.setattr(recovery, "RESULTS", target)
     text = recovery.write(results, tmp_path / "out", update=True)
     written = target.read_text()
-    assert written.startswith("# Staging benchmark\n\nkept\n\n# Recovery benchmark") and "old table" not in written
+    assert written.startswith(f"# Staging benchmark\n\nkept\n\n{recovery.BEGIN}\n# Recovery benchmark") and "old table" not in written
+    assert written.endswith(f"{recovery.END}\n\n{after}"), "the sections after it are kept (they were cut off before)"
     assert "| preempt | succeeded | 2 (preempted, completed) | 1.5 | 7.0 | 0 |" in text
     assert "- never two attempts at once: **met**" in text
+    hand = written.replace(f"{recovery.END}\n", f"{recovery.END}\n\nhand-kept notes\n")
+    target.write_text(hand)
+    recovery.write({**results, "date": "tomorrow"}, tmp_path / "out", update=True)
+    again = target.read_text()
+    assert again.count(recovery.BEGIN) == 1 and "tomorrow" in again and "today" not in again
+    assert again.endswith(f"{recovery.END}\n\nhand-kept notes\n\n{after}"), "between its markers only"
 
 
 def test_each_figure_is_the_median_of_its_runs_with_the_spread():
@@ -53,9 +61,10 @@ def test_each_figure_is_the_median_of_its_runs_with_the_spread():
     detect = summary["series"]["detect_s"]
     assert (detect["low"], detect["high"], detect["loads"]) == (2.0, 10.0, ["1.00 0 0", "2.00 0 0", "3.00 0 0"])
     results = {"command": "c", "date": "d", "price": 1.0, "machine": "m", "load_before": "1", "load_after": "2",
-               "rows": [summary], "checks": [], "model": {}, "repeats": 3, "commit": "abc123"}
+               "rows": [summary], "checks": [], "model": {}, "repeats": 3, "commit": "abc123", "runs": runs}
     table = recovery.render(results)
     assert "| 3.0 (2.0-10.0, n=3) | 8.0 (7.0-9.0, n=3) |" in table and "commit abc123" in table
+    assert "The 1-minute load when the runs started: 1.00-3.00 (3 runs)." in table
     assert "a smoke run, not for publishing" in table, "fewer than 5 runs is said"
 
 
@@ -88,6 +97,7 @@ def test_repeats_and_restart_are_run(monkeypatch, tmp_path):
         return {"crash": {"in_job_warm": Series("in_job_warm", [3.0, 4.0, 5.0])}}
 
     monkeypatch.setattr(restart, "measure", fake_restart)
+    monkeypatch.setattr(recovery.tempfile, "mkdtemp", lambda prefix: str(tmp_path))  # its logs: not left in /tmp
     results = recovery.run(argparse.Namespace(only="baseline,preempt,restart", repeats=3))
     assert order == ["baseline", "preempt"] * 3 and asked == {"repeats": 3}
     assert [r["runs"] for r in results["rows"]] == [3, 3] and results["rows"][1]["detect_s"] == 4.0
@@ -101,3 +111,48 @@ def test_repeats_must_be_positive(capsys):
     with pytest.raises(SystemExit) as exit_:
         recovery.main(["--repeats", "0"])
     assert exit_.value.code == 2 and "--repeats 0" in capsys.readouterr().err
+
+
+def test_restart_ratios_are_taken_within_each_repeat():
+    from bench import restart
+    from bench.spread import Series
+
+    series = {"resubmitted": Series("resubmitted", [20.0, 40.0, 36.0], ["1", "2", "3"]),
+              "in_job_warm": Series("in_job_warm", [2.0, 8.0, 3.0], ["1", "2", "3"])}
+    (ratio,) = restart.ratios(series, ("in_job_warm", "resubmitted")).values()
+    assert ratio.name == "ratio_in_job_warm" and ratio.runs == [10.0, 5.0, 12.0] and ratio.median == 10.0
+    assert ratio.median != series["resubmitted"].median / series["in_job_warm"].median, "not a ratio of medians"
+    table = "\n".join(recovery._render_restart({"crash": {k: v.to_json() for k, v in {**series, ratio.name: ratio}.items()}}))
+    assert "| crash | resubmitted / in-job (warm standby ready), x | 10.00 (5.00-12.00, n=3) |" in table
+
+
+def results_with(detect: list[float], warm: list[float], date: str) -> dict:
+    from bench.spread import Series
+
+    runs = [row("preempt", detect_s=d, restart_s=8.0, lost_s=d + 8.0) for d in detect]
+    return {"command": "c", "date": date, "price": 1.0, "machine": "m", "load_before": "1", "load_after": "2",
+            "rows": recovery.summarize(runs), "checks": [], "model": {}, "repeats": len(detect), "commit": "abc",
+            "restart": {"crash": {"in_job_warm": Series("in_job_warm", warm).to_json()}}}
+
+
+def test_a_rerun_is_checked_against_the_published_spread():
+    published = results_with([2.0, 3.0, 4.0, 5.0, 6.0], [3.0, 3.2, 3.4, 3.6, 3.8], "first")
+    rerun = results_with([5.5, 6.0, 6.5, 7.0, 7.5], [3.1, 3.3, 3.5, 3.7, 3.9], "second")
+    figures = {r["figure"]: r["inside"] for r in recovery.compare(published, rerun)}
+    assert figures["preempt: detect s"] is False and figures["preempt: lost s"] is False, "6.5 is outside 2.0-6.0"
+    assert figures["preempt: end -> next first step s"] is True and figures["restart, crash: in-job, warm standby ready"] is True
+    section = recovery.render(recovery.rerun_of(published, rerun))
+    assert "| 4.0 (2.0-6.0, n=5) |" in section, "the published figures stay the table's"
+    assert "| preempt: detect s | 4.00 (2.00-6.00, n=5) | 6.50 (5.50-7.50, n=5) | **no** |" in section
+    assert "2 of 4 hold" in section
+
+
+def test_rerun_of_a_file_that_is_not_a_published_run_is_one_error(tmp_path, capsys):
+    import pytest
+
+    bad = tmp_path / "recovery.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(SystemExit) as exit_:
+        recovery.main(["--rerun-of", str(bad)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--rerun-of {bad}" in err and "Traceback" not in err

@@ -87,6 +87,16 @@ class TestNothingFromTheNodes:
     def test_azures_error_code(self, code, cause):
         assert classify(Observation("Failed", code, "AzureMLCompute job failed." if code else None), {}, nodes=2).cause == cause
 
+    def test_a_job_that_trained_was_run_as_given(self):
+        """Node 0's host lost, node 1 stopped by Azure ML before its store's reconnect grace ran
+        out: no end record at all, a UserError, but the heartbeats showed step 39 (before, bad_input:
+        the managed run failed unretried; bench/recovery.py host-loss-writer)."""
+        gone = Observation("Failed", "UserError", "process of rank 0 exited with status -9")
+        verdict = classify(gone, {}, nodes=2, trained_to=39)
+        assert (verdict.cause, verdict.last_step) == ("node_failure", 39) and "trained to step 39" in verdict.detail
+        assert classify(gone, {}, nodes=2).cause == "bad_input", "never seen training: Azure ML could not run it"
+        assert classify(Observation("Failed", "ServiceError", "x"), {}, nodes=2, trained_to=39).cause == "service_error"
+
 
 def test_retry_entries():
     assert causes.check_retry_entry("hang") is None and causes.check_retry_entry(75) is None

@@ -122,6 +122,18 @@ class TestNodesAndService:
         record = Harness(container, template, managed_plan, scripts).supervisor.run()
         assert record.attempts[0].cause == "node_failure" and record.attempts[0].node_events == ["unusable"]
 
+    def test_no_end_record_after_training_is_a_node_failure(self, container, template, managed_plan):
+        """Every launcher ended without a word after the heartbeats showed training (node 0's host
+        lost): retried as a node failure, not a bad input."""
+        scripts = {1: [running(beats={0: {"step": 39}, 1: {"step": 39}}),
+                       Step("Failed", error=("UserError", "process of rank 0 exited with status -9"), started_h=0,
+                            ended_h=1)],
+                   2: [completed()]}
+        record = Harness(container, template, managed_plan, scripts).supervisor.run()
+        first = record.attempts[0]
+        assert (first.cause, first.retryable, first.last_step) == ("node_failure", True, 39)
+        assert record.state == "succeeded" and len(record.attempts) == 2
+
     @pytest.mark.parametrize("code, cause, retried", [("ServiceError", "service_error", True),
                                                       ("UserError", "bad_input", False)])
     def test_no_node_started(self, container, template, managed_plan, code, cause, retried):

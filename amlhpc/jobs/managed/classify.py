@@ -20,7 +20,10 @@ Evidence, strongest first:
    completed so, the attempt did.
 4. With no end record at all, the job's RootError code: service-side codes are
    `service_error` (retried), UserError/ValidationError mean Azure ML could not run the
-   job as given (image, quota, configuration): `bad_input`.
+   job as given (image, quota, configuration): `bad_input` - unless the nodes' heartbeats
+   showed it training (`trained_to`): a job that trained was run as given, and every
+   launcher ending without a word is the hosts' doing (node 0's host lost, the others
+   stopped by Azure ML before their store's reconnect grace ran out): `node_failure`.
 
 Azure ML may requeue a preempted job itself; the controller then starts a new epoch of the
 attempt, and what it passes here is that epoch's only: the node events seen since the
@@ -108,6 +111,8 @@ class Evidence:
     nodes: int
     node_events: Collection[str] = ()
     tampered: Collection[int] = ()
+    trained_to: int | None = None
+    """The furthest step the nodes' heartbeats reported while the attempt ran (None: no step seen)."""
 
     @property
     def steps(self) -> tuple[int | None, int | None]:
@@ -223,6 +228,11 @@ def _azure_said_why(e: Evidence) -> Verdict | None:
     if e.observation.error_code in SERVICE_ERROR_CODES:
         return e.verdict(Why.SERVICE_ERROR, f"Azure ML: {e.error[:300]}")
     if e.observation.error_code in ("UserError", "ValidationError"):
+        if e.trained_to is not None:
+            return Verdict(Why.NODE_FAILURE, f"no node left an end record, though the job trained to step "
+                                             f"{e.trained_to}: its launchers ended without a word (a host lost, the "
+                                             f"others stopped before they could write); Azure ML: {e.error[:300]}",
+                           last_step=e.trained_to)
         return e.verdict(Why.BAD_INPUT, f"Azure ML could not run the job: {e.error[:300]}")
     return None
 
@@ -233,11 +243,13 @@ RULES: tuple[Rule, ...] = (_completed, _canceled, _preempted, _failed_nodes, _ta
 
 
 def classify(observation: Observation, ends: Mapping[int, Mapping[str, Any]], nodes: int,
-             node_events: Collection[str] = (), tampered: Collection[int] = ()) -> Verdict:
+             node_events: Collection[str] = (), tampered: Collection[int] = (),
+             trained_to: int | None = None) -> Verdict:
     """The verdict for a job that ended (observation.terminal). `tampered`: nodes whose end
     record exists but failed verification (amlhpc.jobs.managed.evidence): their absence is not
-    taken for a vanished host, and a verdict that would rest on it is `unknown`."""
-    evidence = Evidence(observation, ends, nodes, node_events, tampered)
+    taken for a vanished host, and a verdict that would rest on it is `unknown`. `trained_to`:
+    the furthest step the attempt's heartbeats showed (rule 4 of the module docstring)."""
+    evidence = Evidence(observation, ends, nodes, node_events, tampered, trained_to)
     for rule in RULES:
         verdict = rule(evidence)
         if verdict is not None:

@@ -379,7 +379,8 @@ class Supervisor:
         if observation.terminal:
             ends = self.evidence.ends(attempt.job, attempt.nodes, attempt.stale_ends)
             self._note_ignored(attempt, ends.refused)
-            verdict = classify(observation, ends.records, attempt.nodes, attempt.epoch_events, ends.tampered)
+            verdict = classify(observation, ends.records, attempt.nodes, attempt.epoch_events, ends.tampered,
+                               attempt.last_step)
             if attempt.stopping is not None and observation.status == "Canceled":
                 verdict = _stopped(attempt.stopping)  # the controller's own cancel, its record write lost
             self._end(record, attempt, verdict, observation.ended_at or now, observation.status)
