@@ -279,18 +279,18 @@ class TestContainerRegistry:
                "wayIn": {"handOff": {"via": "VPN", "addressPrefixes": ["192.168.0.0/24"]}}}
 
     def test_the_tier_defaults_to_the_isolations(self, tmp_path):
-        write(tmp_path, "dev", GOOD_ENV)
+        write_stack(tmp_path, "dev", GOOD_ENV)
         assert load_stack_config("dev", tmp_path).container_registry_sku == "Standard"
-        write(tmp_path, "dev", mutate(GOOD_ENV, "aml-hpc:network", self.PRIVATE))
+        write_stack(tmp_path, "dev", mutate(GOOD_ENV, "aml-hpc:network", self.PRIVATE))
         assert load_stack_config("dev", tmp_path).container_registry_sku == "Premium", "private endpoints need it"
 
     def test_a_public_stack_can_raise_it(self, tmp_path):
-        write(tmp_path, "dev", mutate(GOOD_ENV, "aml-hpc:containerRegistry", {"sku": "Premium"}))
+        write_stack(tmp_path, "dev", mutate(GOOD_ENV, "aml-hpc:containerRegistry", {"sku": "Premium"}))
         assert load_stack_config("dev", tmp_path).container_registry_sku == "Premium"
 
     def test_a_private_stack_cannot_lower_it(self, tmp_path):
         config = mutate(mutate(GOOD_ENV, "aml-hpc:network", self.PRIVATE), "aml-hpc:containerRegistry", {"sku": "Standard"})
-        write(tmp_path, "dev", config)
+        write_stack(tmp_path, "dev", config)
         with pytest.raises(UserError) as info:
             load_stack_config("dev", tmp_path)
         message = info.value.render()
@@ -298,7 +298,7 @@ class TestContainerRegistry:
         assert "pulumi config set --path 'aml-hpc:containerRegistry.sku' Premium --stack dev" in message
 
     def test_an_experiment_takes_the_environments(self, tmp_path):
-        write(tmp_path, "exp-test", mutate(GOOD_EXP, "aml-hpc:containerRegistry", {"sku": "Premium"}))
+        write_stack(tmp_path, "exp-test", mutate(GOOD_EXP, "aml-hpc:containerRegistry", {"sku": "Premium"}))
         with pytest.raises(UserError) as info:
             load_stack_config("exp-test", tmp_path)
         assert "aml-hpc:containerRegistry" in info.value.render() and "belongs to the environment stack" in info.value.render()
