@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 from amlhpc.jobs.runtime.checkpoint import CheckpointStore
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.settings import VERSIONS_STREAM
+from amlhpc.jobs.runtime.checkpoint.trust import MANIFEST_DIGEST, Pin
 from amlhpc.jobs.runtime.coord import nodestatus
 
 
@@ -39,6 +40,15 @@ class Ends(NamedTuple):
     """Why each other record was not."""
     tampered: frozenset[int]
     """Nodes whose record exists but failed verification (not a vanished host)."""
+
+
+class Checked(NamedTuple):
+    version: str | None
+    """The version a new attempt restores (the stream it resumes from)."""
+    pins: dict[str, Pin]
+    """Stream -> what a new attempt may restore from it (AMLHPC_RESTORE_PIN)."""
+    refused: list[str]
+    """Why each refused pointer was refused."""
 
 
 class Evidence:
@@ -92,37 +102,59 @@ class Evidence:
         steps = [b.step for b in beats.values() if b.step is not None]
         return max(steps) if steps else None
 
-    def latest_version(self, attempts: Collection[str] = (), floor: str | None = None) -> str | None:
+    def latest_version(self, attempts: Collection[str] = (), floor: str | None = None,
+                       digests: Mapping[str, str] | None = None) -> str | None:
         """The committed checkpoint version a new attempt restores (None before the first, or
-        when the pointer is refused: latest() says why)."""
-        return self.latest(attempts, floor)[0]
+        when the pointer is refused and no version was seen before: checked() says why)."""
+        return self.checked(attempts, floor, digests).version
 
-    def latest(self, attempts: Collection[str] = (), floor: str | None = None) -> tuple[str | None, list[str]]:
-        """(the committed checkpoint version a new attempt restores, why a pointer was refused).
+    def latest(self, attempts: Collection[str] = (), floor: str | None = None,
+               digests: Mapping[str, str] | None = None) -> tuple[str | None, list[str]]:
+        """(the committed checkpoint version a new attempt restores, why a pointer was refused)."""
+        found = self.checked(attempts, floor, digests)
+        return found.version, found.refused
 
-        With the run's secret the pointer counts only when one of the run's `attempts` signed
-        it (nodestatus.sign_pointer) and it does not name a version older than `floor` (the
-        newest this controller already saw committed: `latest` never moves back, so an older
-        one is a genuine pointer re-uploaded)."""
+    def checked(self, attempts: Collection[str] = (), floor: str | None = None,
+                digests: Mapping[str, str] | None = None) -> Checked:
+        """Each checkpoint stream's pointer, checked, and what a new attempt may restore from it.
+
+        With the run's secret a pointer counts only when one of the run's `attempts` signed it
+        (nodestatus.sign_pointer) and - for the stream the run resumes from (the versioned one
+        when it has a pointer, else the folder stream) - it does not name a version older than
+        `floor` (the newest this controller already saw committed: `latest` never moves back, so
+        an older one is a genuine pointer uploaded again). A refused pointer pins `floor` when
+        its manifest's digest is known (`digests`: version -> digest, from the pointers seen
+        before), else nothing: the attempt starts that stream fresh."""
+        pins: dict[str, Pin] = {}
+        refused: list[str] = []
+        version: str | None = None
+        primary = True
         # Versioned checkpoints (every rank's parts, <prefix>/versions) first: a launcher
         # restores them before the folder stream when both exist.
         for stream in (f"{self.prefix}/{VERSIONS_STREAM}", self.stream):
             pointer, _ = CheckpointStore(self.container, stream).pointer()
             if not pointer:
+                pins[stream] = Pin(None)
                 continue
-            version = pointer.get("version")
+            named = str(pointer.get("version"))
             why = None
             if self.secret:
                 why = nodestatus.check_pointer(lambda job: nodestatus.attempt_key(self.secret or "", job), attempts,
                                                pointer)
-            if why is None and floor and sequence_of(str(version)) >= 0 and \
-                    sequence_of(str(version)) < sequence_of(floor):
-                why = f"it names {version}, older than {floor} already seen committed (a replayed pointer)"
-            if why:
-                return None, [f"checkpoint pointer {stream}/latest ignored: {why}"]
-            return version, []
-        return None, []
-
+            if why is None and primary and floor and sequence_of(named) >= 0 and sequence_of(named) < sequence_of(floor):
+                why = f"it names {named}, older than {floor} already seen committed (a replayed pointer)"
+            if why is None:
+                digest = pointer.get(MANIFEST_DIGEST)
+                pins[stream] = Pin(named, digest if isinstance(digest, str) else None)
+            else:
+                kept = floor if primary and floor and (digests or {}).get(floor) else None
+                pins[stream] = Pin(kept, (digests or {}).get(kept) if kept else None)
+                refused.append(f"checkpoint pointer {stream}/latest ignored: {why}" +
+                               (f"; {kept}, seen committed before, is restored" if kept else ""))
+            if primary:
+                version = pins[stream].version
+            primary = False
+        return Checked(version, pins, refused)
 
 
 def _mark(record: Mapping[str, Any]) -> str:

@@ -98,6 +98,9 @@ class Attempt:
     exit_code: int | None = None
     resumed_version: str | None = None
     """The checkpoint version that was latest when the attempt was submitted (it restores it)."""
+    restore_pin: dict[str, dict[str, str | None]] | None = None
+    """Stream -> {"version", "manifestSha256"} the controller checked at the claim: what the
+    attempt may restore (AMLHPC_RESTORE_PIN; None: claimed before pins existed)."""
     first_step: int | None = None
     last_step: int | None = None
     nodes: int = 0
@@ -125,7 +128,8 @@ class Attempt:
     requeue began an epoch -> its node: a record carrying one is an earlier epoch's, re-uploaded
     or not (amlhpc.jobs.managed.evidence)."""
     commit_seen: list[str] = field(default_factory=list)
-    """[checkpoint version, when this controller first saw it committed]: the checkpoint rhythm."""
+    """[checkpoint version, when this controller first saw it committed, its manifest's digest
+    when the pointer carried one]: the checkpoint rhythm, and a version to fall back on."""
     queued_since: str | None = None
     stalled_since: str | None = None
     bad_nodes: list[dict[str, Any]] = field(default_factory=list)

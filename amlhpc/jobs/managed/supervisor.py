@@ -38,6 +38,7 @@ rehearsal (amlhpc.jobs.local.managed); both speak observation.py's vocabulary.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -62,6 +63,7 @@ from amlhpc.jobs.managed.record import (
 from amlhpc.jobs.runtime.base import clock as clocks
 from amlhpc.jobs.runtime.base import contract, faultpoints
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
+from amlhpc.jobs.runtime.checkpoint.trust import pins_json
 
 
 class JobService(Protocol):
@@ -315,8 +317,11 @@ class Supervisor:
         attempt = Attempt(number=number, job=attempt_job_name(record.run, number), claimed_at=iso(now),
                           nodes=nodes, full_nodes=target.nodes, cluster=target.cluster, target=record.target,
                           shrunk=record.shrink_reason if nodes < target.nodes else None,
-                          usd_per_hour=nodes * target.usd_per_node_hour,
-                          resumed_version=self.evidence.latest_version(*_pointer_bounds(record)))
+                          usd_per_hour=nodes * target.usd_per_node_hour)
+        checked = self.evidence.checked(*_pointer_bounds(record))
+        attempt.resumed_version = checked.version
+        attempt.restore_pin = json.loads(pins_json(checked.pins))
+        self._note_ignored(attempt, checked.refused)
         previous = record.current
         if previous is not None and previous.full_nodes and previous.nodes < previous.full_nodes <= nodes:
             self.echo(f"attempt {number} asks for all {nodes} nodes again (attempt {previous.number} ran on "
@@ -336,6 +341,8 @@ class Supervisor:
         if self.service.observe(attempt.job) is None:
             target = replace(self.policy.target(attempt.target), nodes=attempt.nodes)
             environment = {contract.EVIDENCE_KEY: key} if (key := self.evidence.key(attempt.job)) else {}
+            if key and attempt.restore_pin is not None:
+                environment[contract.RESTORE_PIN] = json.dumps(attempt.restore_pin, sort_keys=True)
             if self.code is not None:
                 try:
                     codeasset.check(self.code, record.code)
@@ -524,10 +531,12 @@ class Supervisor:
     def _note_commit(self, record: Record, attempt: Attempt, now: datetime) -> None:
         """Keep when this controller first saw the latest checkpoint version (its own clock:
         never compared with another's); a forged or replayed pointer is noted and ignored."""
-        version, refused = self.evidence.latest(*_pointer_bounds(record))
-        self._note_ignored(attempt, refused)
+        checked = self.evidence.checked(*_pointer_bounds(record))
+        self._note_ignored(attempt, checked.refused)
+        version = checked.version
         if version and (not attempt.commit_seen or attempt.commit_seen[0] != version):
-            attempt.commit_seen = [version, iso(now) or ""]
+            digests = [p.manifest_sha256 for p in checked.pins.values() if p.version == version and p.manifest_sha256]
+            attempt.commit_seen = [version, iso(now) or "", *digests[:1]]
 
     def _to_next_checkpoint(self, attempt: Attempt, now: datetime) -> float:
         interval = self.policy.checkpoint_interval_s
@@ -670,11 +679,19 @@ class Supervisor:
             self.echo(text)
 
 
-def _pointer_bounds(record: Record) -> tuple[list[str], str | None]:
+def _pointer_bounds(record: Record) -> tuple[list[str], str | None, dict[str, str]]:
     """(the run's attempts, which alone may sign its checkpoint pointer; the newest version
-    the record saw committed, behind which the pointer never moves)."""
+    the record saw committed, behind which the pointer never moves; version -> manifest digest
+    of the versions seen, from their signed pointers)."""
     seen = [v for a in record.attempts for v in (a.resumed_version, a.commit_seen[0] if a.commit_seen else None) if v]
-    return [a.job for a in record.attempts], max(seen, key=sequence_of, default=None)
+    digests: dict[str, str] = {}
+    for a in record.attempts:
+        for pin in (a.restore_pin or {}).values():
+            if pin.get("version") and pin.get("manifestSha256"):
+                digests[str(pin["version"])] = str(pin["manifestSha256"])
+        if len(a.commit_seen) > 2 and a.commit_seen[2]:
+            digests[a.commit_seen[0]] = a.commit_seen[2]
+    return [a.job for a in record.attempts], max(seen, key=sequence_of, default=None), digests
 
 
 def _node_lost(attempt: Attempt) -> str | None:

@@ -22,6 +22,10 @@ TELEMETRY_INTERVAL_S = "AMLHPC_TELEMETRY_INTERVAL_S"
 EVIDENCE_KEY = "AMLHPC_EVIDENCE_KEY"
 """Set per attempt by a managed run's controller: the key that signs the nodes' end records
 and heartbeats (amlhpc/jobs/runtime/coord/nodestatus.py)."""
+RESTORE_PIN = "AMLHPC_RESTORE_PIN"
+"""Set per attempt by a managed run's controller: the checkpoint version of each stream it
+checked and its manifest's digest, which the attempt restores unless its own newer commit
+(amlhpc/jobs/runtime/checkpoint/trust.py)."""
 
 # Set by whatever starts a node's ranks (a launcher, a wrapper script), fresh for each launch.
 LAUNCH_ID = "AMLHPC_LAUNCH_ID"

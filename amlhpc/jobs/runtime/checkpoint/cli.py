@@ -25,6 +25,7 @@ from amlhpc.jobs.runtime.base.throttle import Throttle
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
 from amlhpc.jobs.runtime.checkpoint.settings import settings_from_env
 from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore
+from amlhpc.jobs.runtime.checkpoint.trust import RestoreTrust
 
 CLI_RETRY = {"connect": 1, "total": 3}
 """By hand, an endpoint that does not answer is reported in seconds, not after minutes of retries."""
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.USAGE
     stream = settings.versions_stream if args.versions else settings.stream(args.node)
     store = CheckpointStore(container, stream, throttle=Throttle.from_mbits_per_s(settings.cap_mbps), node=args.node,
-                            stripes=stripes)
+                            stripes=stripes, trust=RestoreTrust.from_environ(os.environ, stream))
     endpoint = blobio.safe_endpoint(settings.account_url, os.environ.get(BLOB_CONNECTION_STRING))
     try:
         if args.action == "upload":

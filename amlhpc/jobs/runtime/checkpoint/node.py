@@ -38,6 +38,7 @@ from amlhpc.jobs.runtime.checkpoint.settings import (
 )
 from amlhpc.jobs.runtime.checkpoint.snapshot import scan
 from amlhpc.jobs.runtime.checkpoint.store import CheckpointStore, Manifest
+from amlhpc.jobs.runtime.checkpoint.trust import RestoreTrust
 from amlhpc.jobs.runtime.checkpoint.uploader import FOLDER_EXCLUDE, FolderUploader, VersionUploader
 from amlhpc.jobs.runtime.coord.agree import Channel
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost, StoreTimeout
@@ -62,9 +63,11 @@ class NodeCheckpoints:
         container = container_from_settings(settings, environ)  # BlobConfigError (ValueError) on bad settings
         throttle = Throttle.from_mbits_per_s(settings.cap_mbps)  # one cap for the node's uploads
         stripes = stripes_from_settings(settings, container, environ)  # parts over the checkpoint accounts
-        self.store = CheckpointStore(container, settings.stream(node), throttle=throttle, node=node, stripes=stripes)
+        self.store = CheckpointStore(container, settings.stream(node), throttle=throttle, node=node, stripes=stripes,
+                                     trust=RestoreTrust.from_environ(environ, settings.stream(node)))
         self.versions = CheckpointStore(container, settings.versions_stream, throttle=throttle, node=node,
-                                        stripes=stripes)
+                                        stripes=stripes, trust=RestoreTrust.from_environ(environ,
+                                                                                         settings.versions_stream))
         self.folder_uploader: FolderUploader | None = None
         self.version_uploader: VersionUploader | None = None
         self._versions_protect: set[str] | None = None

@@ -77,6 +77,7 @@ from amlhpc.jobs.runtime.checkpoint.errors import (
 from amlhpc.jobs.runtime.checkpoint.pending import LEASE_ALL, LEASES_MAX_CHARS, Pending
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 from amlhpc.jobs.runtime.checkpoint.snapshot import TMP_SUFFIX, LocalFile, scan, signature
+from amlhpc.jobs.runtime.checkpoint.trust import MANIFEST_DIGEST, RestoreTrust
 from amlhpc.jobs.runtime.coord import nodestatus
 
 log = logging.getLogger("amlhpc.checkpoint")
@@ -111,6 +112,12 @@ class Manifest:
     @property
     def bytes(self) -> int:
         return sum(f["size"] for f in self.files)
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the manifest's content (its canonical JSON): the pointer carries it, signed,
+        so a manifest rewritten after the commit is told apart (fields a reader ignores do not count)."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "version": self.version, "sequence": self.sequence, "createdAt": self.created_at,
@@ -177,8 +184,12 @@ class CheckpointStore:
     def __init__(self, container, stream: str, *, throttle: Throttle | None = None, workers: int = 4,
                  blocks_in_flight: int = 4, block_bytes: int = BLOCK_BYTES, node: int = 0,
                  cancel: threading.Event | None = None, stale_pending_s: float = STALE_PENDING_S,
-                 stripes: Sequence[tuple[str, Any]] = ()):
+                 stripes: Sequence[tuple[str, Any]] = (), trust: RestoreTrust | None = None):
         self.container = container
+        self.trust = trust
+        """A managed attempt's rule for which pointer to follow (checkpoint/trust.py); None: as found."""
+        self._digests: dict[str, str] = {}
+        """version -> its manifest's digest, from a pointer followed: manifest(version) checks it."""
         self.stripes: dict[str, Any] = dict(stripes)
         """Account name -> its container, in striping order (the first is `container`'s account, which
         holds the records, manifests and pointer); empty: every part in `container`."""
@@ -276,12 +287,25 @@ class CheckpointStore:
         return document, etag
 
     def latest(self) -> Manifest | None:
-        """The committed latest version's manifest, or None."""
-        return self._manifest_of(self.pointer()[0])
+        """The committed latest version's manifest (in a managed attempt, the one its trust
+        rule follows), or None."""
+        return self._manifest_of(self._followed(self.pointer()[0]))
+
+    def _followed(self, pointer: dict[str, Any] | None) -> dict[str, Any] | None:
+        return self.trust.choose(pointer) if self.trust is not None else pointer
 
     def manifest(self, version: str) -> Manifest | None:
+        """The version's manifest; checked against its digest when a followed pointer gave one."""
         found = self._read_json(self.manifest_name(version))
-        return Manifest.from_json(found[0], self.manifest_name(version), self.data_prefix()) if found else None
+        if not found:
+            return None
+        manifest = Manifest.from_json(found[0], self.manifest_name(version), self.data_prefix())
+        expected = self._digests.get(version)
+        if expected is not None and manifest.digest != expected:
+            raise UnsafeCheckpoint(f"{self.manifest_name(version)} is not the manifest its pointer committed (SHA-256 "
+                                   f"{manifest.digest[:12]}..., the pointer says {expected[:12]}...): rewritten after "
+                                   f"the commit; refused. {safepath.FIX}")
+        return manifest
 
     def _manifest_of(self, pointer: dict[str, Any] | None) -> Manifest | None:
         if pointer is None:
@@ -290,6 +314,9 @@ class CheckpointStore:
         safepath.checked_relative(version, self.pointer_name)
         if "/" in version:
             raise UnsafeCheckpoint(f"{self.pointer_name}: version {version!r} is not a version name; refused. {safepath.FIX}")
+        digest = pointer.get(MANIFEST_DIGEST)
+        if isinstance(digest, str):
+            self._digests[version] = digest
         manifest = self.manifest(version)
         if manifest is None:
             raise CheckpointError(f"{self.pointer_name} names {self.manifest_name(version)}, which does not exist: the "
@@ -652,7 +679,8 @@ class CheckpointStore:
         manifest = self._write_manifest(manifest)
         faultpoints.reach("checkpoint.manifest-written")
         pointer = json.dumps(signed_pointer({"schema": SCHEMA, "version": version, "manifest": self.manifest_name(version),
-                                             "createdAt": manifest.created_at})).encode()
+                                             "createdAt": manifest.created_at,
+                                             MANIFEST_DIGEST: manifest.digest})).encode()
         self._move_pointer(version, pointer, expected_etag)  # type: ignore[arg-type]
         faultpoints.reach("checkpoint.pointer-written")
         self.abandon_all(version, set(nodes) | set(parts))
@@ -675,7 +703,7 @@ class CheckpointStore:
         started = clock.monotonic()
         files = scan(folder, exclude) if files is None else files
         pointer, etag = self.pointer()
-        previous = self._manifest_of(pointer)
+        previous = self._manifest_of(self._followed(pointer))
         if not files:
             return UploadResult(None)
         self.take_over()  # this node's earlier sessions are over: their leases go
