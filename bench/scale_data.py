@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -33,21 +32,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from amlhpc.core.storage_load import CHECKPOINT_INGRESS_SHARE, checkpoint_accounts_needed
 from bench.machine import describe_machine, loadavg
 
 PARAMS = 405e9
 BYTES_PER_PARAM = 16
 """bf16 weights, fp32 master weights and two Adam moments: ~16 bytes per parameter."""
-INGRESS_SHARE = 0.9
-"""The job build caps the nodes at 90 % of the accounts' ingress together (amlhpc.jobs.plan.build)."""
 REQUEST_TARGET = 20_000
 UPLOADER_BLOCK_MIB = 8
 """The checkpoint uploader's block floor (store.BLOCK_BYTES)."""
 
 
-def accounts_needed(size_bytes: float, interval_s: float, ingress_gbps: float) -> int:
-    """size / (interval x 0.9 x ingress), rounded up."""
-    return max(1, math.ceil(size_bytes * 8 / (interval_s * INGRESS_SHARE * ingress_gbps * 1e9)))
+SCALED_PART = "shard.bin"
+"""The one file of a rank's part whose bytes are scaled (save_version); its marker beside it, the
+pending records, the manifest and the pointer keep their real size."""
 
 
 def checkpoint_commit(nodes: int, accounts: int, seed: int, root: Path, *, factor: float, block_mib: int,
@@ -65,10 +63,13 @@ def checkpoint_commit(nodes: int, accounts: int, seed: int, root: Path, *, facto
     from amlhpc.sim.world import ACCOUNT, World
 
     names = [ACCOUNT] + [f"simckpt{i}" for i in range(1, accounts)]
-    limits = BlobLimits(account_ingress_gbit_s=ingress_gbps * factor)
+    # The parts' bytes are scaled by `factor` and so is the ingress; the records beside them keep
+    # their real size, so they are charged at the same scale.
+    limits = BlobLimits(account_ingress_gbit_s=ingress_gbps * factor,
+                        ingress_charge=lambda name, size: size if name.endswith(SCALED_PART) else size * factor)
     per_node = PARAMS * BYTES_PER_PARAM / nodes * factor
     block = max(1, int(block_mib * (1 << 20) * factor))
-    cap_bytes_s = ingress_gbps * 1e9 / 8 * accounts * INGRESS_SHARE / nodes * factor
+    cap_bytes_s = ingress_gbps * 1e9 / 8 * accounts * CHECKPOINT_INGRESS_SHARE / nodes * factor
     with World(seed, limits=limits, trace_limit=1, trace_requests=False, log_level=50) as world:
         containers = [(name, world.container("checkpoints", account=name)) for name in names]
         hosts = [world.node(f"node-{k}") for k in range(nodes)]
@@ -107,8 +108,8 @@ def checkpoint_commit(nodes: int, accounts: int, seed: int, root: Path, *, facto
         seconds = world.now - 1.0
         per_account = {}
         for name in names:
-            stored = sum(b.size for n, b in world.blob.accounts[name].containers["checkpoints"].blobs.items()
-                         if "/data/" in n)
+            stored = sum(b.size if n.endswith(SCALED_PART) else b.size * factor
+                         for n, b in world.blob.accounts[name].containers["checkpoints"].blobs.items() if "/data/" in n)
             peak = world.blob.accounting.accounts.get(name)
             per_account[name] = {"tb": round(stored / factor / 1e12, 3),
                                  "gbps": round(stored / factor * 8 / 1e9 / max(seconds, 1e-9), 1),
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-s", type=float, default=600.0)
     args = parser.parse_args(argv)
     size = PARAMS * BYTES_PER_PARAM
-    needed = accounts_needed(size, args.interval_s, args.ingress_gbps)
+    needed = checkpoint_accounts_needed(size, args.interval_s, args.ingress_gbps)
     counts = [int(a) for a in args.accounts.split(",")] if args.accounts else sorted({1, needed})
     started, load = time.monotonic(), loadavg()
     print(f"405B checkpoint: {size / 1e12:.2f} TB from {args.nodes} nodes, interval {args.interval_s:.0f} s, "

@@ -37,6 +37,11 @@ from amlhpc.core import skus
 CHECKPOINT_INGRESS_SHARE = 0.9
 """Checkpoint writers together stay under 90 % of the account's ingress (the NDv4 performance article: 8 x 2300
 Mb/s = 18.4 of 20 Gb/s)."""
+CHECKPOINT_INTERVAL_SHARE = 0.9
+"""A checkpoint's bytes are planned to upload in 90 % of its interval: the rest is the lead, the
+nodes' phases (each starts up to one block's time at its cap after node 0: coord/pacing.py) and
+the commit. With the whole interval, a 405B state on 4 accounts committed in 605 s of 600
+(`python -m bench.scale_data --accounts 4`: 576 s of bytes, 24 s of phases)."""
 CHECKPOINT_BLOCK_BYTES = 8 << 20
 """One Put Block of a checkpoint upload (amlhpc/jobs/runtime/checkpoint/store.py BLOCK_BYTES)."""
 STAGING_READ_BYTES = 16 << 20
@@ -143,8 +148,9 @@ def account_load(account: str, roles: Iterable[str], clusters: Iterable[ClusterD
 
 
 def checkpoint_accounts_needed(checkpoint_bytes: float, interval_s: float, ingress_gbps: float) -> int:
-    """Accounts a checkpoint is striped over so that it uploads within its interval at
-    CHECKPOINT_INGRESS_SHARE of each account's ingress: size / (interval x 0.9 x ingress), rounded up
-    (a 405B model at 16 bytes per parameter, 600 s, 25 Gb/s: 6.48 TB / 1.69 TB = 4)."""
-    per_account = interval_s * CHECKPOINT_INGRESS_SHARE * ingress_gbps * 1e9 / 8
+    """Accounts a checkpoint is striped over so that it commits within its interval: its bytes
+    in CHECKPOINT_INTERVAL_SHARE of the interval at CHECKPOINT_INGRESS_SHARE of each account's
+    ingress, size / (interval x 0.9 x 0.9 x ingress), rounded up (a 405B model at 16 bytes per
+    parameter, 600 s, 25 Gb/s: 6.48 TB / 1.52 TB = 5)."""
+    per_account = interval_s * CHECKPOINT_INTERVAL_SHARE * CHECKPOINT_INGRESS_SHARE * ingress_gbps * 1e9 / 8
     return max(1, math.ceil(checkpoint_bytes / per_account))

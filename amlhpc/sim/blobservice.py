@@ -293,8 +293,9 @@ class BlobService:
         limits = acct.limits
         if not acct.requests.available(now, cost):
             return self._busy(acct.requests.wait_s(now, cost), "Operations per second is over the account limit.")
-        if size_in and not acct.ingress.available(now, size_in):
-            return self._busy(acct.ingress.wait_s(now, size_in), "Ingress is over the account limit.")
+        charge = limits.ingress_charge(blob, size_in) if size_in and limits.ingress_charge else size_in
+        if charge and not acct.ingress.available(now, charge):
+            return self._busy(acct.ingress.wait_s(now, charge), "Ingress is over the account limit.")
         if not acct.egress.available(now, 1):
             return self._busy(acct.egress.wait_s(now, 1), "Egress is over the account limit.")
         bucket = None
@@ -307,8 +308,8 @@ class BlobService:
             if not bucket.available(now, 1):
                 return self._busy(bucket.wait_s(now, 1), "The server is busy.")
         acct.requests.take(now, cost)
-        if size_in:
-            acct.ingress.take(now, size_in)
+        if charge:
+            acct.ingress.take(now, charge)
         if bucket is not None:
             bucket.take(now, 1)
         return None

@@ -35,6 +35,7 @@ configurable, None to send none) so that clients that honour it can be measured 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MIB = 1 << 20
@@ -63,6 +64,10 @@ class BlobLimits:
     max_blob_name_chars: int = 1_024
     lease_min_s: int = 15
     lease_max_s: int = 60
+    ingress_charge: Callable[[str, int], float] | None = None
+    """What a write of `size` bytes to a blob (its name) takes from the account's ingress
+    (None: its size). A simulation that scales its data down, and the ingress with it, charges
+    its real-sized small records at the same scale, so they take the share they would really take."""
 
     def scaled(self, factor: float) -> BlobLimits:
         """These targets times `factor` (a smaller account for a small simulation)."""

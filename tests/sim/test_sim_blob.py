@@ -136,3 +136,23 @@ def test_resource_manager_throttles_a_principals_writes_and_the_client_honours_r
         got: list[float] = []
         world.call(lambda: [got.append(world.now) for _ in range(3) if client.jobs.get("j")], limit_s=10_000)
         assert got[1] - got[0] >= 99.0 and got[2] - got[1] >= 99.0  # each waited the 429's Retry-After (100 s)
+
+
+@pytest.mark.parametrize("charge, throttled", [(None, True), (lambda name, size: size / 1000, False)],
+                         ids=["every-byte", "charged-at-scale"])
+def test_an_accounts_ingress_throttles_by_what_each_write_is_charged(charge, throttled):
+    """1 KB/s of ingress: twenty 1 KB writes in a second pass it; charged at a thousandth of
+    their size (a scaled simulation's real-sized records), they do not."""
+    limits = BlobLimits(account_ingress_gbit_s=8e-6, ingress_charge=charge)
+    with World(seed=5, limits=limits) as world:
+        container = world.container("c", retry=NO_RETRY)
+        refused: list[int] = []
+
+        def write() -> None:
+            for i in range(20):
+                try:
+                    container.upload_blob(f"r{i}", b"x" * 1000)
+                except HttpResponseError as exc:
+                    refused.append(exc.status_code)
+        world.call(write, node=world.node("n"))
+    assert bool(refused) is throttled and set(refused) <= {503}

@@ -32,6 +32,7 @@ from amlhpc.core.quota import rdma_cluster_request
 from amlhpc.core.storage_load import (
     CHECKPOINT_BYTES_PER_PARAM,
     CHECKPOINT_INGRESS_SHARE,
+    CHECKPOINT_INTERVAL_SHARE,
     checkpoint_accounts_needed,
 )
 from amlhpc.jobs.runtime.base import contract
@@ -122,19 +123,21 @@ def job_checkpoint_fit(job: str, params: int, environment: Mapping[str, str], ac
 
 def checkpoint_fit_problem(job: str, params: int, interval_s: int, accounts: int, ingress_gbps: float,
                            stack: str) -> Problem | None:
-    """A Problem when a checkpoint of `params` parameters cannot upload within its interval
-    at 90 % of the ingress of the `accounts` it is striped over, else None."""
+    """A Problem when a checkpoint of `params` parameters cannot commit within its interval
+    (its bytes in 90 % of it, at 90 % of the ingress of the `accounts` it is striped over), else None."""
     size = params * CHECKPOINT_BYTES_PER_PARAM
     needed = checkpoint_accounts_needed(size, interval_s, ingress_gbps)
     if needed <= accounts:
         return None
     upload_s = math.ceil(size * 8 / (accounts * CHECKPOINT_INGRESS_SHARE * ingress_gbps * 1e9))
+    fits_s = math.ceil(upload_s / CHECKPOINT_INTERVAL_SHARE)
     where = "its own account" if accounts == 1 else f"{accounts} accounts"
     return Problem(f"job {job}", "checkpoint.interval_s",
                    f"a checkpoint of {params:,} parameters x {CHECKPOINT_BYTES_PER_PARAM} bytes ({size / 1e12:,.2f} TB) "
                    f"takes {upload_s:,} s to upload at {CHECKPOINT_INGRESS_SHARE:.0%} of the ingress of {where} "
                    f"({ingress_gbps:g} Gb/s each, {skus.cite(skus.STORAGE_ACCOUNT.source)}) and the interval is "
-                   f"{interval_s} s: every round would skip versions and the recovery point would be {upload_s:,} s old",
+                   f"{interval_s} s, of which {CHECKPOINT_INTERVAL_SHARE:.0%} is for the bytes (the rest: the nodes' "
+                   f"phases and the commit): rounds would skip versions and the recovery point would be ~{fits_s:,} s old",
                    f"stripe it over {needed} accounts: aml-hpc:checkpointAccounts: {{count: {needed}}} in Pulumi.{stack}.yaml "
                    f"(an experiment stack of its own if {stack} is an environment), deployed; or "
-                   f"--set checkpoint.interval_s={upload_s}")
+                   f"--set checkpoint.interval_s={fits_s}")
