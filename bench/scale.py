@@ -19,6 +19,9 @@ buckets), never from a formula. For each node count N and each coordination prot
   of other jobs' traffic on the account (50 jobs of 64 nodes polling as above);
 - listing: the List Blobs pages staging asks for at a job's start (every node lists the whole
   dataset: measured on one node, times N);
+- start: every node resolves a versioned dataset as staging does (one listing page of its
+  `_versions/`, then its manifest in the node's read slot): the manifest blob's peak requests/s
+  and when the last node has it;
 - controllers: 50 managed runs' controllers observing their attempts every poll (jobs.get,
   the run's history, the cluster's nodes) under one identity: Resource Manager calls/s against
   its limits, and 429s;
@@ -264,6 +267,38 @@ def job_store_listing(n: int, seed: int, root: Path, files: int = 20_000) -> dic
     return {"files": len(entries), "pages_per_node": pages, "pages_per_job": pages * n}
 
 
+def job_store_start(n: int, seed: int, root: Path, files: int = 2_000) -> dict[str, Any]:
+    """Every node resolves a versioned dataset as staging does at a job's start (one listing of
+    `<name>/_versions/`, then the manifest in the node's read slot): the manifest blob's peak."""
+    from amlhpc.jobs.runtime.staging import dataversion
+    from amlhpc.jobs.runtime.staging.stager import resolve_source
+    from amlhpc.jobs.runtime.staging.stagespec import StageSpec
+    from amlhpc.sim.world import ACCOUNT
+
+    with _world(seed) as world:
+        world.container("datasets")
+        rows: list[Any] = [[f"ds/v1/{i:07d}.rec", 1, '"0x1"', "", "", {}] for i in range(files)]
+        manifest = dataversion.build_manifest("ds", 1, "ds/v1/", rows, created="2026-11-29T00:00:00Z", session="s")
+        world.blob.call(ACCOUNT, "put_blob", "setup", container="datasets", blob=dataversion.manifest_name("ds", 1),
+                        data=json.dumps(manifest).encode())
+        reader = world.reader("datasets")
+        spec = StageSpec(name="ds", container="datasets", prefix="ds")
+        resolved: dict[int, float] = {}
+        for k in range(n):
+            def resolve(k: int = k) -> None:
+                source = resolve_source(reader, spec, node=k)
+                assert source.version == 1 and len(source.entries) == files
+                resolved[k] = world.now
+            world.spawn(f"stage-{k}", resolve, node=world.node(f"node-{k}"))
+        world.sim.run_until(lambda: len(resolved) == n, limit_s=600.0)
+        peaks = _peaks(world)
+        name = dataversion.manifest_name("ds", 1)
+        target = world.blob.accounting.targets.get((ACCOUNT, f"datasets/{name}"))
+        per_blob = target.peak if target else 0
+        return {**peaks, "manifest_rps": per_blob, "resolved": len(resolved),
+                "start_s": round(max(resolved.values(), default=0.0), 1)}
+
+
 def controllers(seed: int, jobs: int = FLEET_JOBS, minutes: float = 10.0) -> dict[str, Any]:
     from amlhpc.jobs.managed.azureml import AzureJobService
     from amlhpc.jobs.managed.policy import Policy
@@ -294,7 +329,7 @@ def controllers(seed: int, jobs: int = FLEET_JOBS, minutes: float = 10.0) -> dic
 
 PROTOCOLS: dict[str, dict[str, Callable[..., dict[str, Any]]]] = {
     "job-store": {"steady": job_store_steady, "commit": job_store_commit, "restart": job_store_restart,
-                  "listing": job_store_listing},
+                  "listing": job_store_listing, "start": job_store_start},
 }
 """Coordination protocols under test: one function per measurement (a new protocol adds its own)."""
 
@@ -313,7 +348,7 @@ def _median(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 def measure(protocol: str, n: int, seeds: int, root: Path) -> dict[str, Any]:
     fns = PROTOCOLS[protocol]
-    runs: dict[str, list[dict[str, Any]]] = {"steady": [], "commit": [], "restart": [], "restart_busy": [], "listing": []}
+    runs: dict[str, list[dict[str, Any]]] = {"steady": [], "commit": [], "restart": [], "restart_busy": [], "listing": [], "start": []}
     started = time.perf_counter()
     for seed in range(seeds):
         base = root / f"{protocol}-{n}-{seed}"
@@ -325,6 +360,8 @@ def measure(protocol: str, n: int, seeds: int, root: Path) -> dict[str, Any]:
             runs[what].append(row)
             print(f"scale: {protocol} N={n} seed {seed} {what}: {json.dumps(row)}", flush=True)
     runs["listing"].append(fns["listing"](n, 0, root / f"{protocol}-{n}-listing"))
+    runs["start"].append(fns["start"](n, 0, root / f"{protocol}-{n}-start"))
+    print(f"scale: {protocol} N={n} start: {json.dumps(runs['start'][0])}", flush=True)
     summary = {
         "steady_account_rps": _median(runs["steady"], "account_rps"),
         "steady_hot_blob_rps": _median(runs["steady"], "hot_blob_rps"),
@@ -337,6 +374,7 @@ def measure(protocol: str, n: int, seeds: int, root: Path) -> dict[str, Any]:
         "restart_busy_s": _median(runs["restart_busy"], "agree_s"),
         "splits": sum(r["split"] for r in runs["restart"] + runs["restart_busy"]),
         "listing": runs["listing"][0],
+        "start": runs["start"][0],
         "wall_s": round(time.perf_counter() - started, 1),
     }
     return {"protocol": protocol, "nodes": n, "seeds": seeds, "summary": summary, "runs": runs}
@@ -389,8 +427,8 @@ def render(results: dict[str, Any]) -> str:
         lines += [f"## Protocol `{protocol}`", "",
                   "| N | seeds | steady: account req/s | steady: hottest blob req/s | commit: time | commit: account req/s "
                   "| commit: hottest blob req/s | restart agreement (idle) | restart beside 12,800 req/s | split "
-                  "decisions | listing pages per job start | wall s |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "decisions | listing pages per job start | versioned start: manifest req/s (last node) | wall s |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for row in (r for r in results["rows"] if r["protocol"] == protocol):
             s = row["summary"]
             lines.append(
@@ -398,7 +436,8 @@ def render(results: dict[str, Any]) -> str:
                 f"({s['steady_hot_blob']}) | {_f(s['commit_s'], ' s', COMMIT_HORIZON_S)} | {_f(s['commit_account_rps'])} "
                 f"| {_f(s['commit_hot_blob_rps'])} | {_f(s['restart_s'], ' s', RESTART_HORIZON_S)} | "
                 f"{_f(s['restart_busy_s'], ' s', RESTART_HORIZON_S)} | {s['splits']} | {s['listing']['pages_per_job']:,} "
-                f"({s['listing']['pages_per_node']} a node, {s['listing']['files']:,} blobs) | {s['wall_s']:g} |")
+                f"({s['listing']['pages_per_node']} a node, {s['listing']['files']:,} blobs) | "
+                f"{s['start']['manifest_rps']} ({s['start']['start_s']:g} s) | {s['wall_s']:g} |")
         lines.append("")
     fleet = results.get("fleet")
     if fleet:

@@ -39,3 +39,19 @@ def test_a_1000_node_job_stays_within_its_share_of_azures_targets(steady):
     assert big["account_rps"] <= ACCOUNT_BUDGET_RPS, big
     assert big["throttled"] == 0, big
     assert big["hot_blob_rps"] >= 100, big  # the heartbeat listing is measured, not absent
+
+
+def test_a_1000_node_start_reads_a_versioned_datasets_manifest_within_the_blob_budget(tmp_path, monkeypatch):
+    """Every node resolves the dataset's version at the start (a listing of `_versions/`, the
+    manifest): in read slots the manifest blob stays within budget and each node asks the same
+    two requests at any N; all at once (no slots, the baseline in the same run) it passes the
+    blob's 500/s target."""
+    from amlhpc.jobs.runtime.coord import pacing
+
+    paced = scale.job_store_start(1000, 0, tmp_path / "paced", files=200)
+    assert paced["resolved"] == 1000 and paced["requests"] == 2 * 1000 + 1, paced  # + the manifest's upload
+    assert paced["manifest_rps"] <= BLOB_BUDGET_RPS and paced["hot_blob_rps"] <= BLOB_BUDGET_RPS, paced
+    assert paced["account_rps"] <= ACCOUNT_BUDGET_RPS and paced["throttled"] == 0, paced
+    monkeypatch.setattr(pacing, "read_slot_s", lambda node: 0.0)
+    together = scale.job_store_start(1000, 0, tmp_path / "together", files=200)
+    assert together["manifest_rps"] > 500, together

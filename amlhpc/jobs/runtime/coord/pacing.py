@@ -19,6 +19,9 @@ the node count, with jitter, so a job's polling stays under the service's limits
   sharing the stack's account (in the simulation of 1,000 nodes, unpaced followers put 6,000
   requests on the account in one second).
 
+- A blob every node reads once as the job starts (a dataset version's manifest): `read_slot_s`
+  gives node k its own slot at BLOB_READS_PER_S.
+
 `jittered` spreads the nodes' looks over the interval (+-20 %), so a fleet that started
 together does not poll in lock step.
 
@@ -48,6 +51,13 @@ def blob_poll_s(base_s: float, nodes: int) -> float:
 def store_poll_s(base_s: float, nodes: int) -> float:
     """Seconds between one node's polls of a key in the job's store."""
     return max(base_s, max(nodes, 1) / STORE_POLLS_PER_S)
+
+
+def read_slot_s(node: int) -> float:
+    """Seconds node `node` waits before its one read of a blob every node reads once as the job
+    starts (a dataset version's manifest): node k reads k / BLOB_READS_PER_S after node 0, so the
+    blob sees at most that rate whatever the job's size (1,000 nodes read within 5 s)."""
+    return max(node, 0) / BLOB_READS_PER_S
 
 
 def stage_offset_s(node: int, requests: int) -> float:

@@ -105,7 +105,7 @@ from amlhpc.jobs.runtime.blob.fetch import (
     FetchResult,
     IntegrityError,
 )
-from amlhpc.jobs.runtime.coord import jobstore
+from amlhpc.jobs.runtime.coord import jobstore, pacing
 from amlhpc.jobs.runtime.coord.agree import Barrier, Channel, farewell
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
@@ -417,9 +417,11 @@ def _manifest_source(reader, spec: StageSpec, versions: dataversion.Versions, ve
     return _Source(versioned, _usable(versioned, manifest.entries), version, manifest.digest, versions)
 
 
-def resolve_source(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADLINE) -> _Source:
-    """The version to stage (the spec's, or the newest committed) and its files from its manifest;
-    an un-versioned prefix's listing when the prefix holds no versions and none is named."""
+def resolve_source(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADLINE, node: int = 0) -> _Source:
+    """The version to stage (the spec's, or the newest committed) and its files from its manifest,
+    read in node `node`'s slot (pacing.read_slot_s); an un-versioned prefix's listing when the
+    prefix holds no versions and none is named."""
+    clock.sleep(pacing.read_slot_s(node))  # every node reads the same listing and manifest: in slots
     versions = _versions(reader, spec, deadline)
     dataset = spec.prefix.strip("/")
     upload = f"python -m amlhpc.jobs data upload LOCAL_DIR --stack <stack> --prefix {dataset}"
@@ -829,7 +831,7 @@ def _plans(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, reader_factory
             raise StageConfigError.single(f"input {spec.name!r}", "account_url", str(exc),
                                           "set account_url in AMLHPC_STAGE_JSON (the stack's storage.blobEndpoint) or "
                                           f"{contract.BLOB_CONNECTION_STRING} for Azurite") from None
-        source = resolve_source(reader, spec, deadline)
+        source = resolve_source(reader, spec, deadline, ranks.node_index)
         plan = make_plan(source.spec, reader, source.entries, ranks)
         plan.source = source
         plans.append(plan)
