@@ -38,7 +38,7 @@ CHECKPOINT_INGRESS_SHARE = 0.9
 """Checkpoint writers together stay under 90 % of the account's ingress (the NDv4 performance article: 8 x 2300
 Mb/s = 18.4 of 20 Gb/s)."""
 CHECKPOINT_INTERVAL_SHARE = 0.9
-"""A checkpoint's bytes are planned to upload in 90 % of its interval: the rest is the lead, the
+"""A checkpoint's bytes are planned to upload in 90 % of its interval: the rest is node 0 announcing it, the
 nodes' phases (each starts up to one block's time at its cap after node 0: coord/pacing.py) and
 the commit. With the whole interval, a 405B state on 4 accounts committed in 605 s of 600
 (`python -m bench.scale_data --accounts 4`: 576 s of bytes, 24 s of phases)."""
