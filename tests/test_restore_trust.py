@@ -16,7 +16,13 @@ from amlhpc.jobs.managed.evidence import Evidence
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.runtime.checkpoint import CheckpointStore
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError, UnsafeCheckpoint
-from amlhpc.jobs.runtime.checkpoint.trust import Pin, RestoreTrust, parse_pins, pins_json
+from amlhpc.jobs.runtime.checkpoint.trust import (
+    Pin,
+    RestoreTrust,
+    parse_pins,
+    pins_document,
+    pins_json,
+)
 from amlhpc.jobs.runtime.coord import nodestatus
 
 pytestmark = pytest.mark.azurite
@@ -31,7 +37,7 @@ def attempt_env(job: str | None, pins: dict[str, Pin] | None = None) -> dict[str
         return {contract.RUN_ID: "someone-else"}
     env = {contract.RUN_ID: job, contract.EVIDENCE_KEY: nodestatus.attempt_key(SECRET, job)}
     if pins is not None:
-        env[contract.RESTORE_PIN] = pins_json(pins)
+        env[contract.RESTORE_PIN] = pins_json(pins_document(pins))
     return env
 
 

@@ -38,7 +38,6 @@ rehearsal (amlhpc.jobs.local.managed); both speak observation.py's vocabulary.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -63,7 +62,7 @@ from amlhpc.jobs.managed.record import (
 from amlhpc.jobs.runtime.base import clock as clocks
 from amlhpc.jobs.runtime.base import contract, faultpoints
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
-from amlhpc.jobs.runtime.checkpoint.trust import pins_json
+from amlhpc.jobs.runtime.checkpoint.trust import pins_document, pins_json
 
 
 class JobService(Protocol):
@@ -320,7 +319,7 @@ class Supervisor:
                           usd_per_hour=nodes * target.usd_per_node_hour)
         checked = self.evidence.checked(*_pointer_bounds(record))
         attempt.resumed_version = checked.version
-        attempt.restore_pin = json.loads(pins_json(checked.pins))
+        attempt.restore_pin = pins_document(checked.pins)
         self._note_ignored(attempt, checked.refused)
         previous = record.current
         if previous is not None and previous.full_nodes and previous.nodes < previous.full_nodes <= nodes:
@@ -342,7 +341,7 @@ class Supervisor:
             target = replace(self.policy.target(attempt.target), nodes=attempt.nodes)
             environment = {contract.EVIDENCE_KEY: key} if (key := self.evidence.key(attempt.job)) else {}
             if key and attempt.restore_pin is not None:
-                environment[contract.RESTORE_PIN] = json.dumps(attempt.restore_pin, sort_keys=True)
+                environment[contract.RESTORE_PIN] = pins_json(attempt.restore_pin)
             if self.code is not None:
                 try:
                     codeasset.check(self.code, record.code)

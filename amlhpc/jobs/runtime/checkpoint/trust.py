@@ -54,10 +54,14 @@ class Pin:
         return {"version": self.version, **({MANIFEST_DIGEST: self.manifest_sha256} if self.manifest_sha256 else {})}
 
 
-def pins_json(pins: Mapping[str, Pin]) -> str:
-    """The AMLHPC_RESTORE_PIN value: stream -> {"version", "manifestSha256"}."""
-    return json.dumps({stream: {"version": p.version, MANIFEST_DIGEST: p.manifest_sha256}
-                       for stream, p in sorted(pins.items())}, sort_keys=True)
+def pins_document(pins: Mapping[str, Pin]) -> dict[str, dict[str, str | None]]:
+    """The pins as the controller's record keeps them: stream -> {"version", "manifestSha256"}."""
+    return {stream: {"version": p.version, MANIFEST_DIGEST: p.manifest_sha256} for stream, p in sorted(pins.items())}
+
+
+def pins_json(document: Mapping[str, dict[str, str | None]]) -> str:
+    """The AMLHPC_RESTORE_PIN value: a pins_document as JSON."""
+    return json.dumps(document, sort_keys=True)
 
 
 def parse_pins(text: str) -> dict[str, Pin]:
