@@ -5,16 +5,25 @@ untracked files. A changed test file is selected; a changed module under amlhpc/
 every test file that names it (`amlhpc.jobs.runtime.launch.watchdog`, or its package and
 module name imported with `from ... import`). The layer and hygiene tests always run. Prints
 the paths, one per line.
+
+With `--time-box SECONDS --keep-file PATH` (what `make check` runs): collects the selected
+files' tests, writes to PATH the ids that fit the box (tests/time_box.py: the changed test
+files and the layer tests whole, then the cheapest of the rest, by the times earlier runs recorded) and says on
+stderr what it left out.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests import time_box  # noqa: E402 - the repository's root is on the path from here on
+
 ALWAYS = ("tests/test_layers.py", "tests/test_import_direction.py")
 
 
@@ -47,5 +56,47 @@ def selected(changed: set[str]) -> list[str]:
     return sorted(chosen | set(ALWAYS))
 
 
+def collected(files: list[str], marks: str) -> list[str]:
+    """The test ids pytest collects from `files` (deselecting by `marks`)."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-m", marks, *files], cwd=REPO, capture_output=True, text=True)
+    if done.returncode not in (0, 5):  # 5: nothing collected
+        sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
+        raise SystemExit(f"changed_tests: collecting {len(files)} test file(s) failed (exit {done.returncode})")
+    return [line.strip() for line in done.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def box(files: list[str], changed: set[str], seconds: float, workers: int, keep_file: Path, marks: str) -> None:
+    ids = collected(files, marks)
+    edited = [f for f in files if f in changed or f in ALWAYS]
+    boxed = time_box.choose(ids, time_box.read_record(REPO), edited, seconds * workers)
+    keep_file.parent.mkdir(parents=True, exist_ok=True)
+    keep_file.write_text("\n".join(boxed.kept) + "\n")
+    line = (f"make check: {len(boxed.kept)} of {len(ids)} selected tests, about {boxed.kept_s / workers:.0f}s in "
+            f"{workers} workers")
+    if boxed.left:
+        per_file: dict[str, int] = {}
+        for i in boxed.left:
+            per_file[time_box.file_of(i)] = per_file.get(time_box.file_of(i), 0) + 1
+        named = ", ".join(f"{f} ({n})" for f, n in sorted(per_file.items(), key=lambda kv: -kv[1])[:4])
+        line += (f"; left out {len(boxed.left)} (about {boxed.left_s / workers:.0f}s more) from {len(per_file)} file(s): "
+                 f"{named}{', ...' if len(per_file) > 4 else ''}. `make check-all` runs them, `make test` everything")
+    sys.stderr.write(line + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-box", type=float, default=None, metavar="SECONDS")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--keep-file", type=Path, default=REPO / ".pytest_cache" / "check-keep.txt")
+    parser.add_argument("-m", dest="marks", default="not alone", help="pytest -m expression the run uses")
+    args = parser.parse_args(argv)
+    changed = changed_files()
+    files = selected(changed)
+    if args.time_box is not None:
+        box(files, changed, args.time_box, max(1, args.workers), args.keep_file, args.marks)
+    sys.stdout.write("\n".join(files) + "\n")
+
+
 if __name__ == "__main__":
-    sys.stdout.write("\n".join(selected(changed_files())) + "\n")
+    main()

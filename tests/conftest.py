@@ -8,11 +8,45 @@ import os
 import pytest
 
 from amlhpc.jobs.local import azurite as azurite_server
+from tests import time_box
 
 # pytest-xdist's workers export COLUMNS=80 (the controller's width); a plain run has none, and the
 # CLI's tables then size themselves to their content. Tests read the tables the same way in both.
 for _variable in ("COLUMNS", "LINES"):
     os.environ.pop(_variable, None)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--keep-file", default=None,
+                     help="run only the test ids listed in this file (make check's time box, tests/time_box.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    path = config.getoption("--keep-file")
+    if not path:
+        return
+    keep = set(open(path).read().split("\n"))
+    left = [item for item in items if item.nodeid not in keep]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = [item for item in items if item.nodeid in keep]
+
+
+_times: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each test's setup and run time, kept for make check's time box (in the process that
+    reports: the xdist controller, or the one process)."""
+    times = _times.setdefault(report.nodeid, [0.0, 0.0])
+    times[0 if report.when == "setup" else 1] += report.duration
+
+
+def pytest_sessionfinish(session):
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _times:
+        return
+    cache.set(time_box.RECORD_KEY, time_box.merged(cache.get(time_box.RECORD_KEY, {}), _times))
 
 
 @pytest.fixture(scope="session")

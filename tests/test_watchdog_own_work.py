@@ -58,3 +58,16 @@ def test_a_peer_just_under_the_limit_while_this_node_waits_is_judged_at_the_next
     assert watchdog._peers_stopped_with_us(False, [55.0], settings) is False, "this node's ranks are working: its own hang"
     assert watchdog._peers_stopped_with_us(None, [55.0], settings) is False, "the training does not say it waits"
     assert watchdog._peers_stopped_with_us(True, [], settings) is False, "no peer goes on: judged now"
+
+
+def test_a_peer_past_the_limit_while_this_node_nearly_is_judged_at_the_next_look():
+    """The frozen node's own watchdog reads its waiting peer's age from one-second service
+    times: the peer shows 10.4 s against a 10 s limit while this node's own is 9.6 s. Naming
+    the peer now blamed the node that waits (the managed hang rehearsal, 3 runs of 6); the
+    next look judges both past the limit and names the node not waiting."""
+    settings = watchdog.WatchdogSettings(hang_s=10)
+    assert round(settings.interval_s, 2) == 1.67
+    assert watchdog._stopping_with_peer(9.6, False, settings) is True
+    assert watchdog._stopping_with_peer(2.0, False, settings) is False, "this node goes on: the peer alone stopped"
+    assert watchdog._stopping_with_peer(None, False, settings) is False, "before this node's first step"
+    assert watchdog._stopping_with_peer(9.6, True, settings) is False, "a silent peer is named at once"

@@ -290,6 +290,18 @@ def _peers_stopped_with_us(all_waiting: bool | None, going_ages: list[float], se
         age > settings.hang_s - 2 * settings.interval_s for age in going_ages)
 
 
+def _stopping_with_peer(own_age: float | None, peer_silent: bool, settings: WatchdogSettings) -> bool:
+    """Whether to judge at the next look instead of naming a peer that made no progress.
+
+    This node made no progress for nearly as long (within two looks of the limit): both
+    stopped at about the same moment, and the peer's age, measured from the service's
+    one-second write times, came out past the limit first. Its own verdict follows within
+    two looks, and then every node's evidence decides (the node not waiting for its peers
+    is where the hang started), never which node looked first. A silent peer is named at
+    once: its launcher is frozen or gone."""
+    return not peer_silent and own_age is not None and own_age > settings.hang_s - 2 * settings.interval_s
+
+
 def _stopped_in_own_work(me: int, mine_waiting: bool | None, beats: Mapping[int, nodestatus.Heartbeat]) -> tuple[int, str] | None:
     """When every node stopped: the node whose ranks are not waiting for their peers while
     the others wait for it (where a synchronous job's hang started), or None when the
@@ -412,6 +424,8 @@ class Guard:
         if stalled and written is not None and self.first_beat is not None:  # a stalled peer implies both
             beat = peers[stalled[0]]
             silent = (written - max(beat.written, self.first_beat)).total_seconds() > self.settings.hang_s
+            if _stopping_with_peer(self.watch.age(now), silent, self.settings):
+                return None
             # A silent peer's launcher is frozen or gone: it can take part in no restart.
             return {"culprit": stalled[0], "message": stalled[1], "peer_silent": silent}
         return None

@@ -1,0 +1,47 @@
+"""make check's time box (tests/time_box.py): the edited test files whole, then the cheapest of
+the rest that fit, a file's shared setup charged once, and what was left out counted."""
+
+from __future__ import annotations
+
+import json
+
+from tests import time_box
+
+
+def test_edited_files_run_whole_and_the_cheapest_others_fill_the_box():
+    ids = ["tests/test_a.py::slow", "tests/test_a.py::quick", "tests/test_b.py::one", "tests/test_b.py::two",
+           "tests/test_edit.py::long"]
+    record = {"tests/test_a.py::slow": [0.0, 50.0], "tests/test_a.py::quick": [0.0, 1.0],
+              "tests/test_b.py::one": [0.0, 3.0], "tests/test_b.py::two": [0.0, 4.0],
+              "tests/test_edit.py::long": [0.0, 30.0]}
+    boxed = time_box.choose(ids, record, ["tests/test_edit.py"], box_s=36)
+    assert boxed.kept == ["tests/test_a.py::quick", "tests/test_b.py::one", "tests/test_edit.py::long"]
+    assert boxed.kept_s == 34.0
+    assert boxed.left == ["tests/test_b.py::two", "tests/test_a.py::slow"] and boxed.left_s == 54.0
+    whole = time_box.choose(ids, record, [], box_s=1000)
+    assert whole.kept == ids and not whole.left, "everything fits a large box, in collection order"
+
+
+def test_a_files_shared_setup_is_charged_once_whichever_test_runs_first():
+    """A module fixture (a server) was paid by the first test of the file last time; a box that
+    keeps only a later test pays it there."""
+    ids = ["tests/test_s.py::first", "tests/test_s.py::second", "tests/test_s.py::third"]
+    record = {"tests/test_s.py::first": [20.0, 5.0], "tests/test_s.py::second": [0.1, 1.0],
+              "tests/test_s.py::third": [0.1, 1.0]}
+    boxed = time_box.choose(ids, record, [], box_s=23)
+    assert boxed.kept == ["tests/test_s.py::second", "tests/test_s.py::third"]
+    assert round(boxed.kept_s, 1) == 22.2, "20 s of shared setup once, plus each test's own"
+    assert boxed.left == ["tests/test_s.py::first"] and boxed.left_s == 5.0
+
+
+def test_a_test_never_run_is_costed_at_the_unknown_estimate(tmp_path):
+    boxed = time_box.choose(["tests/test_new.py::t"], {}, [], box_s=time_box.UNKNOWN_S - 0.5)
+    assert boxed.left == ["tests/test_new.py::t"] and boxed.left_s == time_box.UNKNOWN_S
+    path = time_box.record_path(tmp_path)
+    assert time_box.read_record(tmp_path) == {}, "no record yet"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"tests/test_x.py::t": [0.5, 2], "broken": "x"}))
+    assert time_box.read_record(tmp_path) == {"tests/test_x.py::t": [0.5, 2.0]}
+    path.write_text("{not json")
+    assert time_box.read_record(tmp_path) == {}
+    assert time_box.merged({"a": [1.0, 1.0], "b": [2.0, 2.0]}, {"b": [3.0, 3.0]}) == {"a": [1.0, 1.0], "b": [3.0, 3.0]}
