@@ -1,4 +1,4 @@
-"""Seeded exploration over every scenario: 224 seeds in all, each run's invariants checked. A
+"""Seeded exploration over every scenario: 264 seeds in all, each run's invariants checked. A
 violation passes only when amlhpc.sim.known names its defect (the defects the code has
 today, each with its own expected-failure test in test_sim_defects.py); one it cannot name
 is a new finding and fails here with the seed that replays it. Then one run at 1,000 nodes,
@@ -16,7 +16,7 @@ from amlhpc.sim.scenario import Violation
 SEEDS = {  # scenario: (seeds, nodes); small worlds, so that the sweep stays within seconds
     "checkpoint-commit": (16, 2), "folder-upload": (24, None), "prune-race": (20, None),
     "restart-agreement": (40, None), "launch-records": (20, None), "watchdog-clock": (30, None),
-    "heartbeats": (16, 4), "revival": (30, None), "staging": (8, 2), "upload-sessions": (20, None),
+    "heartbeats": (16, 4), "hang-culprit": (40, None), "revival": (30, None), "staging": (8, 2), "upload-sessions": (20, None),
 }
 
 
@@ -40,6 +40,18 @@ def test_every_violation_a_sweep_finds_is_a_known_defect(scenario):
             found.add(defect)
     assert not unknown, (f"new finding(s) in {scenario}; replay with `python -m amlhpc.sim explore {scenario} "
                          f"--seed N{f' --nodes {nodes}' if nodes else ''}`:\n" + "\n".join(unknown))
+
+
+def test_the_hang_culprit_sweep_finds_a_waiting_node_named_without_the_next_look_rule(monkeypatch):
+    """The sweep above passes because of watchdog._stopping_with_peer: without it, a node names a
+    waiting peer whose age, read from whole-second service times, passed the limit first (the
+    managed hang rehearsal's failure, "node 0 (vm) made no progress for 10s")."""
+    from amlhpc.jobs.runtime.launch import watchdog
+
+    monkeypatch.setattr(watchdog, "_stopping_with_peer", lambda *args, **kwargs: False)
+    wrong = [seed for seed in range(SEEDS["hang-culprit"][0])
+             if any(v.kind == "wrong-culprit" for v in run("hang-culprit", seed, keep_trace=False).violations)]
+    assert len(wrong) >= 3, wrong
 
 
 def test_1000_nodes_look_at_each_others_heartbeats_through_blob():

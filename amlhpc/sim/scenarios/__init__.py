@@ -8,8 +8,8 @@ from amlhpc.sim.scenarios.checkpoints import CheckpointCommit, FolderUpload, Pru
 from amlhpc.sim.scenarios.data import Staging, UploadSessions
 from amlhpc.sim.scenarios.managed import Revival
 from amlhpc.sim.scenarios.restart import LaunchRecords, RestartAgreement
-from amlhpc.sim.scenarios.watchdog import Heartbeats, WatchdogClock
+from amlhpc.sim.scenarios.watchdog import HangCulprit, Heartbeats, WatchdogClock
 
 SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (CheckpointCommit, FolderUpload, PruneRace,
                                                              RestartAgreement, LaunchRecords, WatchdogClock,
-                                                             Heartbeats, Revival, Staging, UploadSessions)}
+                                                             Heartbeats, HangCulprit, Revival, Staging, UploadSessions)}

@@ -12,6 +12,13 @@ modification time is the node's wall clock, as the kernel stamps it.
 - `heartbeats`: N nodes train; one node freezes (its launcher and training stop, its clock
   runs on) at a seeded moment, and the others' steps wait for it; every other node must
   judge the hang (the metrics say how many named the frozen node).
+- `hang-culprit`: N nodes train in lock step, each rank saying when its own work on a step
+  is done and it waits for its peers (amlhpc.jobs.runtime.base.progress.compute_done); one
+  node's training stops in its own work at a seeded step while its launcher runs on (the
+  managed rehearsal's `hang` fault), and the others wait for it in the collective. Every
+  node's watchdog, looking at a seeded phase, must name the stopped node: the end records
+  name where the hang started (amlhpc.jobs.managed.classify), and one wrong name blames a
+  waiting node.
 
 Invariants:
 - `hang-missed`: a node gave no verdict within hang_s + 3 x check_s of the hang (or of the
@@ -20,6 +27,7 @@ Invariants:
   first step (watchdog.first_step_deadline: 5 minutes by default), not at hang_s: the verdict
   is due within 3 x check_s of that deadline, and the run lasts until then;
 - `false-hang`: a verdict came while the training progressed, or named a node that progressed;
+- `wrong-culprit` (`hang-culprit`): a verdict named a node other than the one whose training stopped;
 - `heartbeat-missing` (`heartbeats` with `looks` set: N nodes look that many times, nothing
   frozen - the run the tests make at 1,000 nodes): a node's heartbeat is not in Blob with its progress.
 """
@@ -34,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.coord import nodestatus
+from amlhpc.jobs.runtime.coord import nodestatus, pacing
 from amlhpc.jobs.runtime.launch import watchdog
 from amlhpc.sim.faults import FaultPlan
 from amlhpc.sim.scenario import Scenario, Violation
@@ -46,11 +54,14 @@ PREFIX = "exp/run"
 RUN_ID = "job-w1"
 
 
-def write_progress(path: Path, step: int, beats: int, first_step: int, wall: float) -> None:
-    """A progress report as amlhpc.jobs.runtime.base.progress writes it, stamped with the node's wall clock."""
+def write_progress(path: Path, step: int, beats: int, first_step: int, wall: float, *, waiting: int | None = None,
+                   busy: tuple[int, float] | None = None) -> None:
+    """A progress report as amlhpc.jobs.runtime.base.progress writes it, stamped with the node's wall
+    clock; `waiting`: the step whose own work is done (compute_done), `busy`: (step, own-work s)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps({"step": step, "beats": beats, "first_step": first_step, "resumed_from": None,
-                               "waiting": None, "busy_s": None, "pid": 1}))
+                               "waiting": waiting, "busy_s": busy[1] if busy else None,
+                               "busy_step": busy[0] if busy else None, "pid": 1}))
     os.replace(tmp, path)
     os.utime(path, (wall, wall))
 
@@ -68,15 +79,18 @@ def _guard(world: World, node: Node, index: int, folder: Path, local_size: int, 
                           shared=(world.container(CONTAINER), PREFIX, RUN_ID) if shared else None)
 
 
-def _watch(world: World, node: Node, make: Any, verdicts: Verdicts, until: float, progress: Path | None = None):
+def _watch(world: World, node: Node, make: Any, verdicts: Verdicts, until: float, progress: Path | None = None,
+           jitter: random.Random | None = None):
     """The watchdog's looks; with `progress`, the node's one rank reports a step before each look
-    (the training and its watchdog in one task: a run of many nodes with half the threads)."""
+    (the training and its watchdog in one task: a run of many nodes with half the threads);
+    with `jitter`, each look's wait is jittered as the launcher's (pacing.jittered), from that rng."""
     def loop() -> None:
         guard: watchdog.Guard = make()  # made in the node's task: it reads the node's clocks
         assert guard.settings is not None
         step = 0
         while world.now < until:
-            world.sim.sleep(guard.settings.interval_s)
+            interval = guard.settings.interval_s
+            world.sim.sleep(pacing.jittered(interval, jitter) if jitter is not None else interval)
             if progress is not None:
                 step += 1
                 write_progress(progress, step, step, 1, node.clock.time())
@@ -263,4 +277,93 @@ class Heartbeats(Scenario):
                 named += 1
         self.metrics = {"named": named, "of": s["nodes"] - 1,
                         "latest_verdict_s": round(max((t for t, _ in self.verdicts.found.values()), default=0.0), 1)}
+        return found[:3]
+
+
+class HangCulprit(Scenario):
+    name = "hang-culprit"
+    summary = "one node's training stops in its own work while its peers wait for it; every watchdog must name it"
+    duration_s = 120.0
+
+    def plan(self, rng: random.Random, size: int | None) -> FaultPlan:
+        nodes = size or rng.choice([2, 2, 3, 4])
+        hang = rng.choice([10.0, 20.0])
+        self.settings = {"nodes": nodes, "hang_s": hang, "own_s": rng.choice([0.05, 0.2, 1.0]),
+                         "collective_s": rng.choice([0.01, 0.1]), "stopped": rng.randrange(nodes),
+                         "stop_after_s": rng.uniform(4.0, 15.0),
+                         "phases": [rng.uniform(0.0, hang / 6) for _ in range(nodes)]}
+        self.jitter = random.Random(rng.random())
+        return FaultPlan()
+
+    def start(self, world: World, root: Path) -> None:
+        s = self.settings
+        settings = watchdog.WatchdogSettings(hang_s=s["hang_s"])
+        self.interval = settings.interval_s
+        self.verdicts = Verdicts()
+        self.stopped_at: float | None = None
+        self.until = s["stop_after_s"] + s["own_s"] + s["collective_s"] + s["hang_s"] + 4 * self.interval + 10.0
+        self.arrived: dict[int, set[int]] = {}
+        self.parked: dict[int, list[Any]] = {}
+        world.container(CONTAINER)
+        for k in range(s["nodes"]):
+            node = world.node(f"node-{k}")
+            folder = root / node.name
+            folder.mkdir(parents=True)
+            make = lambda node=node, k=k, folder=folder: _guard(world, node, k, folder, 1, settings, shared=True)  # noqa: E731
+            world.spawn(f"train-{k}", self._train(world, node, k, watchdog.progress_path(folder, 0)), node=node)
+            world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until, jitter=self.jitter),
+                        node=node, delay_s=s["phases"][k])
+
+    def _train(self, world: World, node: Node, k: int, path: Path):
+        """One rank per node: own work, compute_done (waiting), the collective with every node, report;
+        the stopped node's training stops in the own work of its first step after `stop_after_s`."""
+        s = self.settings
+
+        def loop() -> None:
+            beats = 0
+            for step in range(1, 10_000):
+                world.sim.sleep(s["own_s"])
+                if k == s["stopped"] and world.now >= s["stop_after_s"]:
+                    self.stopped_at = world.now
+                    world.sim.note(node.name, "fault", f"training stopped in its own work on step {step}")
+                    return
+                beats += 1
+                write_progress(path, step - 1, beats, 0, node.clock.time(), waiting=step, busy=(step, s["own_s"]))
+                here = self.arrived.setdefault(step, set())
+                here.add(k)
+                if len(here) < s["nodes"]:
+                    self.parked.setdefault(step, []).append(world.sim.current())
+                    while len(self.arrived[step]) < s["nodes"] and world.now < self.until:
+                        world.sim.park(self.until - world.now)
+                    if len(self.arrived[step]) < s["nodes"]:
+                        return
+                else:
+                    for task in self.parked.pop(step, []):
+                        world.sim.wake(task)
+                world.sim.sleep(s["collective_s"])
+                beats += 1
+                write_progress(path, step, beats, 0, node.clock.time(), busy=(step, s["own_s"]))
+        return loop
+
+    def finish(self, world: World) -> None:
+        world.run(self.until + 1.0)
+
+    def check(self, world: World) -> list[Violation]:
+        s = self.settings
+        late = self.until - 5.0
+        found = []
+        for node in world.sim.nodes:
+            seen = self.verdicts.found.get(node.name)
+            if seen is None or seen[0] > late:
+                found.append(Violation("hang-missed", f"{node.name} judged nothing by {late:.0f}s after node-"
+                                                      f"{s['stopped']}'s training stopped at {self.stopped_at}s"))
+            elif self.stopped_at is None or seen[0] < self.stopped_at:
+                found.append(Violation("false-hang", f"{node.name} judged a hang at {seen[0]:.0f}s, before anything "
+                                                     f"stopped: {seen[1].get('message')}"))
+            elif seen[1].get("culprit") != s["stopped"]:
+                found.append(Violation("wrong-culprit", f"{node.name} named node {seen[1].get('culprit')}, not node "
+                                                        f"{s['stopped']} whose training stopped in its own work: "
+                                                        f"{seen[1].get('message')}"))
+        self.metrics = {"verdicts": {n: [round(t, 1), v.get("culprit")] for n, (t, v) in self.verdicts.found.items()},
+                        "stopped_at_s": None if self.stopped_at is None else round(self.stopped_at, 1)}
         return found[:3]
