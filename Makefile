@@ -56,9 +56,9 @@ test: bootstrap typecheck ## the whole test suite (with the type check and the i
 
 # `make check` runs in a time box: the tests that name a changed module, cheapest first by the
 # times earlier runs recorded, within CHECK_BOX seconds (tests/time_box.py); it names what it left out.
-CHECK_BOX ?= 80
+CHECK_BOX ?= 60
 CHECK_KEEP = .pytest_cache/check-keep.txt
-check: bootstrap ## the edit loop, about 2 minutes: ruff, mypy and the tests of what changed since main that fit CHECK_BOX=80 s
+check: bootstrap ## the edit loop, about 2 minutes: ruff, mypy and the tests of what changed since main that fit CHECK_BOX=60 s
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile -m "not alone" --keep-file $(CHECK_KEEP) \
