@@ -4,6 +4,7 @@ MLClient); Blob is always a real Azurite server started here, once per session."
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
     path = config.getoption("--keep-file")
     if not path or not os.path.exists(path):
         return
-    keep = set(open(path).read().split("\n"))
+    keep = set(Path(path).read_text().split("\n"))
     left = [item for item in items if item.nodeid not in keep]
     if left:
         config.hook.pytest_deselected(items=left)
