@@ -18,6 +18,7 @@ import argparse
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,10 +79,8 @@ def box(files: list[str], changed: set[str], seconds: float, workers: int, keep_
     line = (f"make check: {len(boxed.kept)} of {len(ids)} selected tests, about {boxed.kept_s / workers:.0f}s in "
             f"{workers} workers")
     if boxed.left:
-        per_file: dict[str, int] = {}
-        for i in boxed.left:
-            per_file[time_box.file_of(i)] = per_file.get(time_box.file_of(i), 0) + 1
-        named = ", ".join(f"{f} ({n})" for f, n in sorted(per_file.items(), key=lambda kv: -kv[1])[:4])
+        per_file = Counter(time_box.file_of(i) for i in boxed.left)
+        named = ", ".join(f"{f} ({n})" for f, n in per_file.most_common(4))
         line += (f"; left out {len(boxed.left)} (about {boxed.left_s / workers:.0f}s more) from {len(per_file)} file(s): "
                  f"{named}{', ...' if len(per_file) > 4 else ''}. `make check-all` runs them, `make test` everything")
     sys.stderr.write(line + "\n")

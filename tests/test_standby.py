@@ -100,27 +100,28 @@ def test_a_live_standby_takes_the_run_and_says_so(tmp_path):
     assert child is not None and standby.took_it(within_s=30) and child.wait(timeout=60) == 0
 
 
-def _slow_import(folder: Path, seconds: float) -> str:
-    """A module whose import keeps the CPU busy for `seconds` (a standby's torch import, shorter)."""
+def _handed_while_importing(folder: Path, seconds: float):
+    """A standby whose preload keeps the CPU busy for `seconds` (a torch import, shorter), handed
+    the run at once: (the standby, its process now the command's), before it is ready."""
     (folder / "slowpreload.py").write_text(f"import time\nend = time.process_time() + {seconds!r}\n"
                                            "while time.process_time() < end:\n    pass\n")
-    return "slowpreload"
+    script = folder / "train.py"
+    script.write_text("pass\n")
+    ready = folder / "ready"
+    command = [sys.executable, "-m", "amlhpc.jobs.runtime.launch.standby", "--preload", "slowpreload", "--ready-file",
+               str(ready), "--", str(script)]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{folder}"}
+    standby = Standby(command, env, ready_file=ready)
+    child = standby.activate(env)
+    assert child is not None and not ready.exists(), "handed the run before it was ready"
+    return standby, child
 
 
 def test_a_standby_handed_the_run_while_it_still_imports_is_waited_for_while_it_works(tmp_path):
     """A fault soon after the start hands the run to a standby still importing: it is ahead of a
     cold start, so the launcher waits while its CPU time advances, past the handover limit
     (0.5 s here, against 2 s of imports)."""
-    script = tmp_path / "train.py"
-    script.write_text("pass\n")
-    ready = tmp_path / "ready"
-    module = _slow_import(tmp_path, 2.0)
-    command = [sys.executable, "-m", "amlhpc.jobs.runtime.launch.standby", "--preload", module, "--ready-file",
-               str(ready), "--", str(script)]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
-    standby = Standby(command, env, ready_file=ready)
-    child = standby.activate(env)
-    assert child is not None and not ready.exists(), "handed the run before it was ready"
+    standby, child = _handed_while_importing(tmp_path, 2.0)
     assert standby.took_it(within_s=0.5, preload_wait_s=60), "taken after its imports, not given up at 0.5 s"
     assert child.wait(timeout=60) == 0
 
@@ -131,16 +132,7 @@ def test_a_standby_that_stops_while_it_imports_is_given_up(tmp_path):
     import signal
     import time
 
-    script = tmp_path / "train.py"
-    script.write_text("pass\n")
-    ready = tmp_path / "ready"
-    module = _slow_import(tmp_path, 30.0)
-    command = [sys.executable, "-m", "amlhpc.jobs.runtime.launch.standby", "--preload", module, "--ready-file",
-               str(ready), "--", str(script)]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
-    standby = Standby(command, env, ready_file=ready)
-    child = standby.activate(env)
-    assert child is not None
+    standby, child = _handed_while_importing(tmp_path, 30.0)
     os.killpg(child.pid, signal.SIGSTOP)
     began = time.monotonic()
     assert not standby.took_it(within_s=0.5, preload_wait_s=60)

@@ -69,18 +69,21 @@ def choose(nodeids: Iterable[str], record: Mapping[str, list[float]], keep_files
 
     boxed, opened = Boxed(), set()
 
-    def take(i: str) -> None:
+    def cost(i: str) -> float:  # with the file's shared setup when none of its tests is kept yet
+        return own(i) + (shared[file_of(i)] if file_of(i) not in opened else 0.0)
+
+    def take(i: str, seconds: float) -> None:
         boxed.kept.append(i)
-        boxed.kept_s += own(i) + (shared[file_of(i)] if file_of(i) not in opened else 0.0)
+        boxed.kept_s += seconds
         opened.add(file_of(i))
 
     for i in ids:
         if file_of(i) in keep:
-            take(i)
+            take(i, cost(i))
     for i in sorted((i for i in ids if file_of(i) not in keep), key=lambda i: (own(i), i)):
-        extra = own(i) + (shared[file_of(i)] if file_of(i) not in opened else 0.0)
+        extra = cost(i)
         if boxed.kept_s + extra <= box_s:
-            take(i)
+            take(i, extra)
         else:
             boxed.left.append(i)
             boxed.left_s += extra

@@ -79,6 +79,14 @@ def _guard(world: World, node: Node, index: int, folder: Path, local_size: int, 
                           shared=(world.container(CONTAINER), PREFIX, RUN_ID) if shared else None)
 
 
+def _watched_node(world: World, root: Path, k: int, settings: watchdog.WatchdogSettings) -> tuple[Node, Path, Any]:
+    """Node k with one rank: the node, its progress folder, and the maker of its watchdog (through Blob)."""
+    node = world.node(f"node-{k}")
+    folder = root / node.name
+    folder.mkdir(parents=True)
+    return node, folder, lambda: _guard(world, node, k, folder, 1, settings, shared=True)
+
+
 def _watch(world: World, node: Node, make: Any, verdicts: Verdicts, until: float, progress: Path | None = None,
            jitter: random.Random | None = None):
     """The watchdog's looks; with `progress`, the node's one rank reports a step before each look
@@ -218,10 +226,7 @@ class Heartbeats(Scenario):
             self.until = s["looks"] * self.interval + 1.0
         world.container(CONTAINER)
         for k in range(s["nodes"]):
-            node = world.node(f"node-{k}")
-            folder = root / node.name
-            folder.mkdir(parents=True)
-            make = lambda node=node, k=k, folder=folder: _guard(world, node, k, folder, 1, settings, shared=True)  # noqa: E731
+            node, folder, make = _watched_node(world, root, k, settings)
             if s["looks"]:
                 world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until,
                                                     watchdog.progress_path(folder, 0)), node=node)
@@ -306,10 +311,7 @@ class HangCulprit(Scenario):
         self.parked: dict[int, list[Any]] = {}
         world.container(CONTAINER)
         for k in range(s["nodes"]):
-            node = world.node(f"node-{k}")
-            folder = root / node.name
-            folder.mkdir(parents=True)
-            make = lambda node=node, k=k, folder=folder: _guard(world, node, k, folder, 1, settings, shared=True)  # noqa: E731
+            node, folder, make = _watched_node(world, root, k, settings)
             world.spawn(f"train-{k}", self._train(world, node, k, watchdog.progress_path(folder, 0)), node=node)
             world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until, jitter=self.jitter),
                         node=node, delay_s=s["phases"][k])

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from amlhpc.jobs.runtime.base import contract, jobid
+from amlhpc.jobs.runtime.base import contract, jobid, procstat
 
 _ATTEMPT = re.compile(r"^(?P<attempt>.+/attempt_\d+)/\d+/error\.json$")
 
@@ -62,11 +62,8 @@ def _read(path: str) -> str:
 
 def _first_process_start() -> str:
     """Field 22 of /proc/1/stat: when pid 1 of this process tree started (clock ticks since boot)."""
-    text = _read("/proc/1/stat")
-    try:
-        return text.rsplit(") ", 1)[1].split()[19]
-    except IndexError:
-        return ""
+    found = procstat.fields(1)
+    return found[procstat.START_TIME] if found and len(found) > procstat.START_TIME else ""
 
 
 def torchrun_attempt(env: Mapping[str, str]) -> str | None:

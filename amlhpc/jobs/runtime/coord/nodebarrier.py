@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from amlhpc.jobs.runtime.base import clock as clock_seam
-from amlhpc.jobs.runtime.base import faultpoints
+from amlhpc.jobs.runtime.base import faultpoints, procstat
 
 POLL_S = 0.2
 FAILURE_KINDS = ("failed", "usage", "timeout")
@@ -82,11 +82,8 @@ def _read_json(path: Path) -> Any | None:
 
 def process_start(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(") ", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    found = procstat.fields(pid)
+    return found[procstat.START_TIME] if found and len(found) > procstat.START_TIME else None
 
 
 def _alive(pid: int, start: str | None = None) -> bool:
@@ -96,14 +93,12 @@ def _alive(pid: int, start: str | None = None) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(") ", 1)[1].split()
-    except (OSError, IndexError):
+    fields = procstat.fields(pid)
+    if not fields:
         return True
-    if fields[0] == "Z":  # a zombie (exited, not yet reaped) still answers kill(0)
+    if fields[procstat.STATE] == "Z":  # a zombie (exited, not yet reaped) still answers kill(0)
         return False
-    return start is None or fields[19] == start
+    return start is None or fields[procstat.START_TIME] == start
 
 
 def fallback_root() -> Path:

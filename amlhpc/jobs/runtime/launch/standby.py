@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from amlhpc.jobs.runtime.base import procstat
+
 PRELOAD = ("torch", "torch.nn", "torch.optim", "torch._dynamo", "torch.utils.data", "torch.distributed",
            "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict", "torch.distributed.fsdp",
            "numpy")
@@ -60,10 +62,10 @@ _WORK_SAMPLE_S = 0.5
 
 def cpu_seconds(pid: int) -> float | None:
     """The process's CPU time so far (user and system, /proc/PID/stat); None where it cannot be read."""
+    fields = procstat.fields(pid)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+        return (int(fields[procstat.UTIME]) + int(fields[procstat.STIME])) / os.sysconf("SC_CLK_TCK") if fields else None
+    except (IndexError, ValueError):
         return None
 
 
