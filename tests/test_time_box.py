@@ -45,3 +45,24 @@ def test_a_test_never_run_is_costed_at_the_unknown_estimate(tmp_path):
     path.write_text("{not json")
     assert time_box.read_record(tmp_path) == {}
     assert time_box.merged({"a": [1.0, 1.0], "b": [2.0, 2.0]}, {"b": [3.0, 3.0]}) == {"a": [1.0, 1.0], "b": [3.0, 3.0]}
+
+
+def test_a_test_file_that_does_not_import_gets_no_box_and_its_error_is_shown(tmp_path, capsys):
+    """scripts/changed_tests.py: collecting fails, so the keep file of an earlier run is removed
+    (pytest then runs every selected file and reports the error) and the reason is said."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "changed_tests.py"
+    spec = importlib.util.spec_from_file_location("changed_tests", script)
+    assert spec is not None and spec.loader is not None
+    changed_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(changed_tests)
+    broken = tmp_path / "test_broken.py"
+    broken.write_text("from amlhpc.jobs.runtime.base import contract\n\nassert contract.NO_SUCH_NAME\n\n\n"
+                      "def test_x():\n    pass\n")
+    keep = tmp_path / "keep.txt"
+    keep.write_text("tests/test_old.py::test_from_an_earlier_run\n")
+    changed_tests.box([str(broken)], {str(broken)}, 60, 2, keep, "not alone")
+    assert not keep.exists(), "a stale keep file would run an earlier selection"
+    assert "collecting the selected tests failed" in capsys.readouterr().err
