@@ -28,7 +28,9 @@ sync), restore time (node tier vs Blob), recovery time (in-job restart vs a resu
 
 Results go to `--out` (checkpoint.md and .json, git-ignored); `--update-results` also
 replaces this benchmark's section of bench/RESULTS.md (between its two markers), keeping the
-rest of the file.
+rest of the file. `--rerun-of` an earlier run's checkpoint.json checks its figures against this
+run (bench/spread.py: inside the published spread, how many would miss it with nothing changed,
+an exact rank test of each move); the exit status is 1 when a figure moved beyond chance.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import uuid
 from pathlib import Path
 
 from bench.machine import azurite_version, describe_machine, loadavg
+from bench.spread import check_rerun, rerun_summary, rerun_table
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 BEGIN, END = "<!-- bench.checkpoint: begin -->", "<!-- bench.checkpoint: end -->"
@@ -456,6 +459,30 @@ def render(results: dict) -> str:
     return "\n".join([*lines, END])
 
 
+def figures(results: dict) -> dict[str, list[float]]:
+    """Every figure of a run with its runs, by name: the stall's per state size, the restore's
+    two paths and their ratio taken within each repeat."""
+    out: dict[str, list[float]] = {}
+    for s in results.get("stall") or []:
+        for key, value in s.items():
+            if isinstance(value, dict) and value.get("runs"):
+                out[f"stall {s['state_mib']} MiB: {key}"] = list(value["runs"])
+    runs = (results.get("restore") or {}).get("runs_s") or {}
+    if runs.get("local") and runs.get("blob"):
+        out["restore: node tier s"], out["restore: Blob s"] = list(runs["local"]), list(runs["blob"])
+        out["restore: Blob / node tier, x"] = [b / t for b, t in zip(runs["blob"], runs["local"], strict=True)]
+    return out
+
+
+def render_rerun(published: dict, results: dict) -> tuple[str, bool]:
+    """The check of an earlier run's figures by this one, and whether none moved beyond chance."""
+    rows = check_rerun(figures(published), figures(results))
+    text = "\n".join(["## Rerun", "",
+                      f"This run again checks `{published.get('command')}` of {published.get('date')} (commit "
+                      f"{published.get('commit', 'unknown')}): {rerun_summary(rows)}", "", *rerun_table(rows, 3), ""])
+    return text, not any(r["moved"] for r in rows)
+
+
 def write_results(text: str, results: dict, out: Path, update: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "checkpoint.md").write_text(text + "\n")
@@ -477,7 +504,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated: stall, restore, recovery")
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--update-results", action="store_true", help="also rewrite this section of bench/RESULTS.md")
+    parser.add_argument("--rerun-of", type=Path, metavar="JSON",
+                        help="an earlier run's checkpoint.json: check its figures against this run")
     args = parser.parse_args(argv)
+    published = None
+    if args.rerun_of is not None:
+        try:
+            published = json.loads(args.rerun_of.read_text())
+            if not isinstance(published, dict) or not figures(published):
+                raise ValueError("it holds no figure with runs")
+        except (OSError, ValueError) as exc:
+            parser.error(f"--rerun-of {args.rerun_of}: not a checkpoint.json written by this benchmark ({exc}); "
+                         "give the --out folder's checkpoint.json of the earlier run")
     try:
         args.sizes = [int(x) for x in args.state_mib.split(",") if x.strip()]
         if not args.sizes or min(args.sizes) < 1:
@@ -507,9 +545,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     results["machine"] = {**describe_machine(), "load_after": loadavg(), "azurite": azurite_version()}
     text = render(results)
+    held = True
+    if published is not None:
+        rerun, held = render_rerun(published, results)
+        text = text.replace(END, rerun + END)
     write_results(text, results, args.out, args.update_results)
     print(text)
-    return 0
+    if not held:
+        print("checkpoint: a figure moved beyond chance since the earlier run (see the Rerun table)", file=sys.stderr)
+    return 0 if held else 1
 
 
 if __name__ == "__main__":

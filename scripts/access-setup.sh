@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up who may do what, from the permission model (amlhpc/core/catalog/permissions.toml): the CI
-# identities with their GitHub federated credentials and roles, the custom roles, one Pulumi
-# state container per environment and the environments' resource groups (the access
-# program, amlhpc/infra/access), then the GitHub environments that use them.
+# identities with their GitHub federated credentials and roles, the custom roles, two Pulumi
+# state containers per environment (state-<env> for its stack, state-<env>-experiments for its
+# experiments') and the environments' resource groups (the access program, amlhpc/infra/access),
+# then the GitHub environments that use them.
 #
 #   scripts/access-setup.sh preview|up [-- extra pulumi arguments]
 #   scripts/access-setup.sh github [--apply] -- --repository OWNER/NAME --reviewers team:SLUG [--passphrases DIR]
@@ -12,8 +13,9 @@
 # own state lives in ACCESS_BACKEND_URL (default: a file backend in .pulumi-state/access),
 # under the stack `access` (config: amlhpc/infra/access/Pulumi.access.yaml; docs/deploying.md says
 # which keys). `github` prints the gh commands (environments limited to main, prod's
-# reviewers, the environment-level variables and, with --passphrases, each environment's
-# passphrase secret); --apply runs them with the gh CLI.
+# reviewers, the environment-level variables and, with --passphrases DIR, the passphrase
+# secrets: DIR/<env>.txt and DIR/<env>-experiments.txt to the <env> environment, only
+# DIR/<env>-experiments.txt to teardown-<env>); --apply runs them with the gh CLI.
 #
 # Exit status: 0 done, 2 bad usage or input, 127 a CLI is missing, else pulumi's or gh's.
 set -euo pipefail

@@ -11,14 +11,22 @@
 #   AMLHPC_TOOL (set by the installed command: `aml-hpc infra`) makes the hints name its
 #   commands instead of make targets.
 #
-# - One state container and one passphrase per environment: an experiment's state lives with
-#   its environment's (aml-hpc:environment). State: PULUMI_BACKEND_URL as given; else, with
-#   AMLHPC_STATE_ACCOUNT, the environment's container azblob://state-<env>?storage_account=...
-#   (the access program creates them: scripts/access-setup.sh); else a file backend in
-#   .pulumi-state/ (solo work). A backend whose container is another environment's is refused.
+# - Two state containers and two passphrases per environment: the environment stack's, and
+#   its experiments' (aml-hpc:environment), so whoever tears experiments down never holds the
+#   environment's passphrase nor reaches its state. State: PULUMI_BACKEND_URL as given; else,
+#   with AMLHPC_STATE_ACCOUNT, azblob://state-<env>?storage_account=... for the environment
+#   and azblob://state-<env>-experiments?... for its experiments (the access program creates
+#   them: scripts/access-setup.sh); else a file backend in .pulumi-state/ (solo work). A
+#   backend container that is not the stack's is refused.
+# - An environment's up publishes its outputs (never a secret) beside its state:
+#   published/outputs.json in state-<env> (a file backend: published/<env>.json in its
+#   folder; AMLHPC_PUBLISHED_DIR overrides both); its down removes them. An experiment's
+#   preview and up fetch that document and give it to the program (AMLHPC_ENVIRONMENT_OUTPUTS,
+#   amlhpc/infra/published.py): no StackReference, which would need the environment's passphrase.
+#   Blob reads and writes go through `az storage blob --auth-mode login` (Entra ID, no key).
 # - Secrets: the passphrase provider; set PULUMI_CONFIG_PASSPHRASE (or
-#   PULUMI_CONFIG_PASSPHRASE_FILE, or AMLHPC_PASSPHRASE_DIR holding <env>.txt per environment).
-#   Losing it loses the stack's secrets.
+#   PULUMI_CONFIG_PASSPHRASE_FILE, or AMLHPC_PASSPHRASE_DIR holding <env>.txt per environment
+#   and <env>-experiments.txt for its experiments). Losing it loses the stack's secrets.
 # - AMLHPC_ENVIRONMENT (set by the workflows to the GitHub environment's aml-hpc environment):
 #   a stack of another environment is refused, so a job holding dev's identity and passphrase
 #   never touches prod's stacks, whatever a stack file claims.
@@ -118,25 +126,39 @@ stack_environment() {  # the environment a stack belongs to: itself, or an exper
   printf '%s' "$found"
 }
 
-if [[ -n ${AMLHPC_ENVIRONMENT:-} || -n ${AMLHPC_STATE_ACCOUNT:-} || -n ${AMLHPC_PASSPHRASE_DIR:-} \
-      || ${PULUMI_BACKEND_URL:-} == azblob://state-* ]]; then
+describe_container() {  # CONTAINER: whose state a state-* container holds, in words
+  local env=${1#state-}
+  if [[ $env == *-experiments ]]; then
+    printf "the experiments of environment '%s'" "${env%-experiments}"
+  else
+    printf "environment '%s'" "$env"
+  fi
+}
+
+# An experiment always needs its environment (its outputs are fetched); an environment is itself.
+environment=$stack
+if [[ $kind == experiment ]]; then
   environment=$(stack_environment)
-  if [[ -n ${AMLHPC_ENVIRONMENT:-} && $AMLHPC_ENVIRONMENT != "$environment" ]]; then
-    die "refusing $action of '$stack': it belongs to environment '$environment', and this job runs as environment '$AMLHPC_ENVIRONMENT' (its identity, reviewers and passphrase)" \
-        "run it in the '$environment' GitHub environment (the workflows pick it from aml-hpc:environment)"
-  fi
-  if [[ -z ${PULUMI_BACKEND_URL:-} && -n ${AMLHPC_STATE_ACCOUNT:-} ]]; then
-    export PULUMI_BACKEND_URL="azblob://state-$environment?storage_account=$AMLHPC_STATE_ACCOUNT"
-  fi
-  if [[ ${PULUMI_BACKEND_URL:-} =~ ^azblob://state-([a-z0-9-]+)([?/]|$) && ${BASH_REMATCH[1]} != "$environment" ]]; then
-    die "refusing $action of '$stack': the backend ${PULUMI_BACKEND_URL%%\?*} holds environment '${BASH_REMATCH[1]}'s state, and '$stack' belongs to '$environment'" \
-        "use environment '$environment's backend (azblob://state-$environment?storage_account=...), or unset PULUMI_BACKEND_URL and set AMLHPC_STATE_ACCOUNT"
-  fi
-  if [[ -z ${PULUMI_CONFIG_PASSPHRASE+set} && -z ${PULUMI_CONFIG_PASSPHRASE_FILE:-} && -n ${AMLHPC_PASSPHRASE_DIR:-} ]]; then
-    [[ -f $AMLHPC_PASSPHRASE_DIR/$environment.txt ]] || die "no passphrase file $AMLHPC_PASSPHRASE_DIR/$environment.txt for environment '$environment'" \
-      "put environment '$environment's passphrase there (one file per environment), or export PULUMI_CONFIG_PASSPHRASE"
-    export PULUMI_CONFIG_PASSPHRASE_FILE=$AMLHPC_PASSPHRASE_DIR/$environment.txt
-  fi
+fi
+# The stack's state container and passphrase file: the environment's own, or its experiments'.
+container=state-$environment
+[[ $kind == experiment ]] && container=state-$environment-experiments
+if [[ -n ${AMLHPC_ENVIRONMENT:-} && $AMLHPC_ENVIRONMENT != "$environment" ]]; then
+  die "refusing $action of '$stack': it belongs to environment '$environment', and this job runs as environment '$AMLHPC_ENVIRONMENT' (its identity, reviewers and passphrase)" \
+      "run it in the '$environment' GitHub environment (the workflows pick it from aml-hpc:environment)"
+fi
+if [[ -z ${PULUMI_BACKEND_URL:-} && -n ${AMLHPC_STATE_ACCOUNT:-} ]]; then
+  export PULUMI_BACKEND_URL="azblob://$container?storage_account=$AMLHPC_STATE_ACCOUNT"
+fi
+if [[ ${PULUMI_BACKEND_URL:-} =~ ^azblob://(state-[a-z0-9-]+)([?/]|$) && ${BASH_REMATCH[1]} != "$container" ]]; then
+  die "refusing $action of '$stack': the backend ${PULUMI_BACKEND_URL%%\?*} holds the state of $(describe_container "${BASH_REMATCH[1]}"), and '$stack' belongs in $container" \
+      "use azblob://$container?storage_account=..., or unset PULUMI_BACKEND_URL and set AMLHPC_STATE_ACCOUNT"
+fi
+if [[ -z ${PULUMI_CONFIG_PASSPHRASE+set} && -z ${PULUMI_CONFIG_PASSPHRASE_FILE:-} && -n ${AMLHPC_PASSPHRASE_DIR:-} ]]; then
+  passfile=$AMLHPC_PASSPHRASE_DIR/${container#state-}.txt
+  [[ -f $passfile ]] || die "no passphrase file $passfile for ${container#state-} stacks" \
+    "put that passphrase there (<env>.txt for an environment, <env>-experiments.txt for its experiments), or export PULUMI_CONFIG_PASSPHRASE"
+  export PULUMI_CONFIG_PASSPHRASE_FILE=$passfile
 fi
 
 if ! command -v pulumi >/dev/null 2>&1; then
@@ -166,6 +188,91 @@ if [[ $PULUMI_BACKEND_URL == file://* ]]; then
   mkdir -p "${PULUMI_BACKEND_URL#file://}"
 fi
 printf 'pulumi-stack: %s %s (%s stack) on %s\n' "$action" "$stack" "$kind" "${PULUMI_BACKEND_URL%%\?*}" >&2
+
+# --- the environment's published outputs (amlhpc/infra/published.py) -------------------------
+published_place() {  # file PATH, or blob ACCOUNT CONTAINER NAME (tab-separated): where the document lives
+  if [[ -n ${AMLHPC_PUBLISHED_DIR:-} ]]; then
+    printf 'file\t%s/%s.json' "$AMLHPC_PUBLISHED_DIR" "$environment"
+  elif [[ $PULUMI_BACKEND_URL == file://* ]]; then
+    printf 'file\t%s/published/%s.json' "${PULUMI_BACKEND_URL#file://}" "$environment"
+  elif [[ $PULUMI_BACKEND_URL =~ ^azblob://([a-z0-9-]+)\?(.*&)?storage_account=([a-z0-9]+) ]]; then
+    local own=${BASH_REMATCH[1]} account=${BASH_REMATCH[3]}
+    if [[ $own == "state-$environment" || $own == "state-$environment-experiments" ]]; then
+      printf 'blob\t%s\tstate-%s\tpublished/outputs.json' "$account" "$environment"
+    else  # one container for every stack (a team's own layout)
+      printf 'blob\t%s\t%s\tpublished/%s.json' "$account" "$own" "$environment"
+    fi
+  else
+    die "cannot tell where environment '$environment' publishes its outputs on the backend ${PULUMI_BACKEND_URL%%\?*}" \
+        "set AMLHPC_PUBLISHED_DIR to a folder shared by whoever deploys '$environment' and its experiments"
+  fi
+}
+
+need_az() {
+  command -v az >/dev/null 2>&1 || die "the Azure CLI is not installed (no 'az' on PATH): it moves environment '$environment's published outputs" \
+    "install it (https://learn.microsoft.com/cli/azure/install-azure-cli), then az login"
+}
+
+publish_outputs() {  # after an environment's up: its outputs, for its experiments
+  local work
+  work=$(mktemp -d)
+  pulumi stack output --json --stack "$stack" > "$work/outputs.json"
+  if ! "$PYTHON" -m amlhpc.infra.published write --environment "$environment" --outputs "$work/outputs.json" \
+      --out "$work/published.json"; then
+    rm -rf "$work"
+    die "up $stack succeeded, but its outputs were not published: its experiments cannot read them" "$(hint up "$stack") again"
+  fi
+  if [[ ${place[0]} == file ]]; then
+    mkdir -p "$(dirname "${place[1]}")"
+    cp "$work/published.json" "${place[1]}"
+  else
+    need_az
+    az storage blob upload --auth-mode login --only-show-errors --overwrite --account-name "${place[1]}" \
+      --container-name "${place[2]}" --name "${place[3]}" --file "$work/published.json" >/dev/null \
+      || { rm -rf "$work"; die "up $stack succeeded, but its outputs were not published to ${place[2]}/${place[3]}" "$(hint up "$stack") again"; }
+  fi
+  rm -rf "$work"
+  printf 'pulumi-stack: published %s'"'"'s outputs for its experiments (%s)\n' "$stack" "${place[*]:1}" >&2
+}
+
+unpublish_outputs() {  # after an environment's down: its experiments must not act on what is gone
+  if [[ ${place[0]} == file ]]; then
+    rm -f "${place[1]}"
+  elif command -v az >/dev/null 2>&1; then
+    az storage blob delete --auth-mode login --only-show-errors --account-name "${place[1]}" \
+      --container-name "${place[2]}" --name "${place[3]}" >/dev/null 2>&1 \
+      || printf 'pulumi-stack: %s/%s was not removed (already gone?)\n' "${place[2]}" "${place[3]}" >&2
+  fi
+}
+
+fetch_outputs() {  # before an experiment's preview or up: its environment's, for the program
+  local file=$1 err
+  if [[ ${place[0]} == file ]]; then
+    [[ -f ${place[1]} ]] || die "environment '$environment' has published no outputs (${place[1]}): experiment '$stack' cannot be planned" \
+      "bring the environment up first: $(hint up "$environment")"
+    cp "${place[1]}" "$file"
+  else
+    need_az
+    if ! err=$(az storage blob download --auth-mode login --only-show-errors --account-name "${place[1]}" \
+        --container-name "${place[2]}" --name "${place[3]}" --file "$file" 2>&1 >/dev/null); then
+      die "cannot read environment '$environment's published outputs (${place[2]}/${place[3]} in ${place[1]}): ${err##*$'\n'}" \
+        "bring the environment up first ($(hint up "$environment")), and sign in as an identity that may read ${place[2]}"
+    fi
+  fi
+  "$PYTHON" -m amlhpc.infra.published check --environment "$environment" --file "$file" >&2 || exit 2
+  export AMLHPC_ENVIRONMENT_OUTPUTS=$file
+}
+
+place=()
+if [[ $kind == experiment && $action != down ]] || [[ $kind == environment && $action != preview ]]; then
+  IFS=$'\t' read -r -a place <<<"$(published_place)"
+  (( ${#place[@]} )) || exit 2  # published_place said why
+fi
+if [[ $kind == experiment && $action != down ]]; then
+  fetched=$(mktemp -d)
+  trap 'rm -rf "$fetched"' EXIT
+  fetch_outputs "$fetched/environment.json"
+fi
 
 find_subscription() {  # the subscription id, or nothing
   local sub=${ARM_SUBSCRIPTION_ID:-${AZURE_SUBSCRIPTION_ID:-}}
@@ -278,6 +385,9 @@ case $action in
     fi
     if [[ $action == up ]]; then
       up_with_rbac_retries "$@"
+      if [[ $kind == environment ]]; then
+        publish_outputs
+      fi
     elif [[ $kind == environment ]]; then
       preview_with_adoption "$@"
     else
@@ -303,6 +413,7 @@ case $action in
       # stack; retained ones (data, workspace, Key Vault, registries) stay in Azure and are
       # adopted again by the next `up`.
       pulumi destroy --stack "$stack" --refresh --yes --non-interactive --exclude-protected "$@"
+      unpublish_outputs
       printf 'pulumi-stack: destroyed %s except protected and retained resources; the stack stays on the backend; %s adopts them again\n' "$stack" "$(hint up "$stack")" >&2
     fi
     ;;

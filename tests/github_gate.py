@@ -13,11 +13,16 @@ GitHub's documented behaviour this follows:
   deployment": deployment branches and tags, environment secrets).
 - A pull request from the same repository runs the workflow file of its own merge commit:
   the pull request decides the job's `environment` and `permissions` itself.
+
+Which secret holds which value: what `gh secret set NAME --env E < FILE` lines (the access
+setup's commands, amlhpc/infra/access/github.py) stored, read back by `stored_secrets`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from amlhpc.core.permissions import MODEL
 
@@ -29,6 +34,8 @@ class JobAccess:
     secrets: tuple[str, ...]
     refused: str | None = None
     """Why GitHub does not run the job at all (an environment's protection rule)."""
+    values: dict[str, str] = field(default_factory=dict)
+    """Secret -> its value, when the job is given what the setup commands stored (`stored`)."""
 
 
 def github_environments(environments: list[str]) -> dict[str, tuple[str, ...]]:
@@ -41,13 +48,25 @@ def github_environments(environments: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def environment_secrets(environments: list[str]) -> dict[str, tuple[str, ...]]:
-    return {gh.name_for(env): gh.secrets for env in environments for gh in MODEL.github_environments.values()}
+    return {gh.name_for(env): tuple(gh.secrets) for env in environments for gh in MODEL.github_environments.values()}
+
+
+def stored_secrets(commands: list[str]) -> dict[str, dict[str, str]]:
+    """GitHub environment -> secret -> value, as the `gh secret set` lines among `commands`
+    leave them (each value the text of the file the line redirects from)."""
+    out: dict[str, dict[str, str]] = {}
+    for line in (c for c in commands if c.startswith("gh secret set ")):
+        words = shlex.split(line)
+        environment, file = words[words.index("--env") + 1], words[words.index("<") + 1]
+        out.setdefault(environment, {})[words[3]] = Path(file).read_text()
+    return out
 
 
 def job_access(job: dict, *, repository: str, event: str, ref: str, environments: list[str],
-               repository_secrets: tuple[str, ...] = ()) -> JobAccess:
+               repository_secrets: tuple[str, ...] = (), stored: dict[str, dict[str, str]] | None = None) -> JobAccess:
     """What GitHub gives `job` (a job mapping of a workflow file); `environment` expressions
-    must already be resolved to a name."""
+    must already be resolved to a name. `stored` (from `stored_secrets`): the environments'
+    secrets with their values; without it, the names the model declares."""
     environment = job.get("environment")
     if isinstance(environment, dict):
         environment = environment.get("name")
@@ -61,5 +80,8 @@ def job_access(job: dict, *, repository: str, event: str, ref: str, environments
         if branch not in branches:
             return JobAccess(None, (), f"environment {environment!r} admits deployments from {', '.join(branches)} "
                                        f"only, and this run is on {ref}")
-    secrets = tuple(repository_secrets) + environment_secrets(environments).get(environment, ())
-    return JobAccess(f"repo:{repository}:environment:{environment}" if wants_token else None, secrets)
+    subject = f"repo:{repository}:environment:{environment}" if wants_token else None
+    if stored is not None:
+        values = stored.get(environment, {})
+        return JobAccess(subject, tuple(repository_secrets) + tuple(values), values=dict(values))
+    return JobAccess(subject, tuple(repository_secrets) + environment_secrets(environments).get(environment, ()))

@@ -4,6 +4,7 @@ permission model and against what the environment stacks assign."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from amlhpc.core.errors import UserError
 from amlhpc.core.permissions import MODEL
 from amlhpc.infra.access.config import parse
 from amlhpc.infra.access.github import commands
-from amlhpc.infra.access.program import build
+from amlhpc.infra.access.program import backend_url, build, experiments_backend_url
 from amlhpc.infra.plan import evaluate, record
 from amlhpc.infra.plan.mocks import FAKE_SUBSCRIPTION
 from amlhpc.infra.policy import run_rules
@@ -78,10 +79,39 @@ class TestRoles:
             right = MODEL.right(principal, r.name.split("-", 2)[2])
             assert r.inputs["principalId"] == identity_principal(resources, f"id-amlhpc-{env}-{principal}")
             assert r.inputs["roleDefinitionId"].endswith(right.role.guid_in(FAKE_SUBSCRIPTION))
-            if right.scope == "resource-group":
-                assert r.inputs["scope"].endswith(f"/resourceGroups/rg-amlhpc-{env}")
-            else:
-                assert r.inputs["scope"].endswith(f"/containers/state-{env}")
+            expected_scope = {"resource-group": f"/resourceGroups/rg-amlhpc-{env}",
+                              "state-container": f"/containers/state-{env}",
+                              "experiments-state-container": f"/containers/state-{env}-experiments"}[right.scope]
+            assert r.inputs["scope"].endswith(expected_scope), r.name
+
+    def test_teardown_holds_nothing_on_the_environments_state(self, access):
+        """Its only container is its experiments': no condition to get wrong, nothing else there."""
+        resources, _ = access
+        held: dict[tuple[str, str], list[str]] = {}
+        for r in of_type(resources, ROLE):
+            principal, env = r.name.split("-")[:2]
+            if "/containers/" in r.inputs["scope"]:
+                held.setdefault((principal, env), []).append(r.inputs["scope"].rsplit("/", 1)[-1])
+                assert r.inputs.get("condition") is None, r.name
+        for env in ("dev", "prod"):
+            assert held[("teardown", env)] == [f"state-{env}-experiments"]
+            assert sorted(held[("deploy", env)]) == [f"state-{env}", f"state-{env}-experiments"]
+
+    def test_the_policy_refuses_teardown_state_on_the_environments_container(self, access):
+        """The policy pack tells the two containers apart: teardown's right moved back onto
+        state-prod (or the deploy's environment right onto state-prod-experiments) is refused."""
+        resources, _ = access
+        plan = copy.deepcopy({"stack": "access", "resources": [r.to_json() for r in resources]})
+        for name, old, new in (("teardown-prod-teardown-state", "/state-prod-experiments", "/state-prod"),
+                               ("deploy-prod-deploy-state", "/state-prod", "/state-prod-experiments")):
+            (entry,) = [e for e in plan["resources"] if e.get("name") == name]
+            entry["inputs"]["scope"] = entry["inputs"]["scope"].replace(old, new)
+        views, _ = views_from_plan(plan)
+        found = sorted(v.message for v in run_rules(views, StackView("access", "environment"))
+                       if v.rule == "role-in-permission-model")
+        assert len(found) == 2
+        assert "not the model's state-container" in found[0] and "deploy-prod-deploy-state" in found[0]
+        assert "not the model's experiments-state-container" in found[1] and "teardown-prod-teardown-state" in found[1]
 
     def test_role_assignments_are_constrained_to_what_the_program_assigns(self, access):
         resources, _ = access
@@ -147,16 +177,34 @@ class TestCustomRoles:
 
 
 class TestState:
-    def test_one_container_per_environment_on_a_keyless_versioned_account(self, access):
+    def test_two_protected_containers_per_environment_on_a_keyless_versioned_account(self, access):
         resources, outputs = access
-        containers = sorted(r.inputs["containerName"] for r in of_type(resources, "azure-native:storage:BlobContainer"))
-        assert containers == ["state-dev", "state-prod"]
+        containers = {r.inputs["containerName"]: r for r in of_type(resources, "azure-native:storage:BlobContainer")}
+        assert sorted(containers) == ["state-dev", "state-dev-experiments", "state-prod", "state-prod-experiments"]
+        # the environment's container keeps its resource name: an existing access stack does not replace it
+        assert all(c.name == name and c.protect for name, c in containers.items())
         (account,) = of_type(resources, "azure-native:storage:StorageAccount")
         assert account.inputs["allowSharedKeyAccess"] is False and account.inputs["allowBlobPublicAccess"] is False
         (service,) = of_type(resources, "azure-native:storage:BlobServiceProperties")
         assert service.inputs["isVersioningEnabled"] is True
-        assert outputs["github"]["prod"]["PULUMI_BACKEND_URL"] == "azblob://state-prod?storage_account=amlhpcstate1"
-        assert outputs["github"]["teardown-prod"]["PULUMI_BACKEND_URL"].startswith("azblob://state-prod?")
+
+    def test_the_workflows_get_the_account_and_derive_each_container(self, access):
+        _, outputs = access
+        for name in ("dev", "prod", "teardown-dev", "teardown-prod"):
+            assert outputs["github"][name]["AMLHPC_STATE_ACCOUNT"] == "amlhpcstate1"
+            assert "PULUMI_BACKEND_URL" not in outputs["github"][name]
+        assert backend_url("amlhpcstate1", "prod") == "azblob://state-prod?storage_account=amlhpcstate1"
+        assert experiments_backend_url("amlhpcstate1", "prod") == \
+            "azblob://state-prod-experiments?storage_account=amlhpcstate1"
+
+    def test_an_environment_named_like_experiments_is_refused(self):
+        from dataclasses import replace
+
+        cfg = parse(CONFIG, "test")
+        sneaky = replace(cfg, environments=(*cfg.environments, cfg.environments[0].model_copy(update={"stack": "dev-experiments"})))
+        with pytest.raises(UserError) as info:
+            build(sneaky)
+        assert "environment 'dev-experiments' ends in '-experiments'" in info.value.render()
 
     def test_environment_groups_exist_before_their_first_deployment(self, access):
         resources, _ = access
@@ -193,12 +241,41 @@ class TestGitHubEnvironments:
         assert len(variables) == 16 and all(" --env " in line for line in variables)  # never repository-wide
 
     def test_passphrases_go_to_their_environments_only(self, access, tmp_path):
+        """An environment's own passphrase goes to its deploy job only; teardown-<env> gets its
+        experiments' passphrase, as its only secret."""
         _, outputs = access
+        for env in ("dev", "prod"):
+            (tmp_path / f"{env}.txt").write_text("x")
+            (tmp_path / f"{env}-experiments.txt").write_text("y")
         lines = commands(outputs["github"], "my-org/aml-hpc", ["team:ml-platform"], tmp_path)
         secrets = sorted(line for line in lines if line.startswith("gh secret set"))
-        assert secrets == [f"gh secret set PULUMI_CONFIG_PASSPHRASE --repo my-org/aml-hpc --env {gh} < {tmp_path}/{env}.txt"
-                           for gh, env in (("dev", "dev"), ("prod", "prod"), ("teardown-dev", "dev"),
-                                           ("teardown-prod", "prod"))]
+        base = "gh secret set {} --repo my-org/aml-hpc --env {} < " + str(tmp_path) + "/{}"
+        assert secrets == sorted([
+            base.format("PULUMI_CONFIG_PASSPHRASE", "dev", "dev.txt"),
+            base.format("PULUMI_EXPERIMENTS_PASSPHRASE", "dev", "dev-experiments.txt"),
+            base.format("PULUMI_CONFIG_PASSPHRASE", "prod", "prod.txt"),
+            base.format("PULUMI_EXPERIMENTS_PASSPHRASE", "prod", "prod-experiments.txt"),
+            base.format("PULUMI_CONFIG_PASSPHRASE", "teardown-dev", "dev-experiments.txt"),
+            base.format("PULUMI_CONFIG_PASSPHRASE", "teardown-prod", "prod-experiments.txt")])
+        assert not any(line.endswith(("/prod.txt", "/dev.txt")) for line in secrets if "--env teardown-" in line)
+
+    def test_a_missing_passphrase_file_is_named_before_anything_runs(self, access, tmp_path):
+        _, outputs = access
+        for env in ("dev", "prod"):
+            (tmp_path / f"{env}.txt").write_text("x")
+        with pytest.raises(UserError) as info:
+            commands(outputs["github"], "my-org/aml-hpc", ["team:ml-platform"], tmp_path)
+        text = info.value.render()
+        assert f"{tmp_path}/dev-experiments.txt" in text and "openssl rand -base64 32" in text
+
+    def test_outputs_of_an_older_access_program_are_refused(self, access):
+        _, outputs = access
+        old = {name: {k: v for k, v in entry.items() if k not in ("AMLHPC_STATE_ACCOUNT", "secrets")}
+               for name, entry in outputs["github"].items()}
+        with pytest.raises(UserError) as info:
+            commands(old, "my-org/aml-hpc", ["team:ml-platform"])
+        assert "has no AMLHPC_STATE_ACCOUNT, secrets" in info.value.render()
+        assert "scripts/access-setup.sh up" in info.value.render()
 
     def test_prod_without_reviewers_is_refused(self, access):
         _, outputs = access

@@ -143,8 +143,21 @@ def test_a_rerun_is_checked_against_the_published_spread():
     assert figures["preempt: end -> next first step s"] is True and figures["restart, crash: in-job, warm standby ready"] is True
     section = recovery.render(recovery.rerun_of(published, rerun))
     assert "| 4.0 (2.0-6.0, n=5) |" in section, "the published figures stay the table's"
-    assert "| preempt: detect s | 4.00 (2.00-6.00, n=5) | 6.50 (5.50-7.50, n=5) | **no** |" in section
-    assert "2 of 4 hold" in section
+    # outside the spread, but the two runs overlap (a tie at 6.0): not a move chance cannot give
+    assert "| preempt: detect s | 4.00 (2.00-6.00, n=5) | 6.50 (5.50-7.50, n=5) | **no** | 0.024 |" in section
+    assert "2 of 4 hold; with nothing changed, 0.7 would fall outside by chance alone" in section
+    assert "Moved beyond chance (exact rank test, p < 0.01): 0." in section
+
+
+def test_a_figure_that_moved_is_named_and_fails_the_rerun():
+    published = results_with([2.0, 2.1, 2.2, 2.3, 2.4], [3.0, 3.2, 3.4, 3.6, 3.8], "first")
+    rerun = results_with([5.0, 5.1, 5.2, 5.3, 5.4], [3.1, 3.3, 3.5, 3.7, 3.9], "second")
+    rows = {r["figure"]: r for r in recovery.compare(published, rerun)}
+    assert rows["preempt: detect s"]["moved"] and rows["preempt: detect s"]["shift_p"] == round(2 / 252, 4)
+    assert not rows["restart, crash: in-job, warm standby ready"]["moved"]
+    section = recovery.render(recovery.rerun_of(published, rerun))
+    assert "Moved beyond chance (exact rank test, p < 0.01): 2: preempt: detect s, preempt: lost s." in section
+    assert "| preempt: detect s | 2.20 (2.00-2.40, n=5) | 5.20 (5.00-5.40, n=5) | **no** | **0.008** |" in section
 
 
 def test_rerun_of_a_file_that_is_not_a_published_run_is_one_error(tmp_path, capsys):

@@ -30,9 +30,32 @@ if [[ " $* " == *" import-file "* ]]; then
   if [[ -n ${FAKE_IMPORT:-} ]]; then printf '%s' "$FAKE_IMPORT" > "$out"; echo 2; else echo 0; fi
   exit "${FAKE_PYTHON_STATUS:-0}"
 fi
+if [[ " $* " == *" amlhpc.infra.published write "* ]]; then  # writes a stand-in document to --out
+  out=""; prev=""
+  for arg in "$@"; do [[ $prev == --out ]] && out=$arg; prev=$arg; done
+  printf '{"kind": "aml-hpc/environment-outputs", "from": "%s"}\n' "$FAKE_PULUMI_LOG" > "$out"
+  exit "${FAKE_PUBLISH_STATUS:-0}"
+fi
+if [[ " $* " == *" amlhpc.infra.published check "* ]]; then  # the real check is tested in test_published.py
+  if [[ -n ${FAKE_CHECK_FAILS:-} ]]; then echo "published.json: environment: published by another environment" >&2; exit 2; fi
+  exit 0
+fi
 if [[ " $* " == *" propagation "* ]]; then  # amlhpc.infra.adopt propagation --log FILE
   grep -o ForbiddenByRbac "${*: -1}" | head -1 | grep . || exit 1
   exit 0
+fi
+exit 0
+"""
+
+FAKE_AZ = r"""#!/usr/bin/env bash
+# az storage blob upload|download|delete: records the call; download writes a document to --file
+# unless FAKE_AZ_MISSING (the blob is not there).
+printf '%s\n' "$*" >> "$FAKE_PULUMI_LOG.az"
+if [[ $3 == download ]]; then
+  [[ -n ${FAKE_AZ_MISSING:-} ]] && { echo "ERROR: The specified blob does not exist. ErrorCode:BlobNotFound" >&2; exit 3; }
+  file=""; prev=""
+  for arg in "$@"; do [[ $prev == --file ]] && file=$arg; prev=$arg; done
+  printf '{}\n' > "$file"
 fi
 exit 0
 """
@@ -78,8 +101,11 @@ class Run:
 def repo(tmp_path: Path) -> Path:
     (tmp_path / "scripts").mkdir()
     shutil.copy(SCRIPT, tmp_path / "scripts" / "pulumi-stack.sh")
-    for stack in ("dev", "prod", "exp-demo"):
+    for stack in ("dev", "prod"):
         (tmp_path / f"Pulumi.{stack}.yaml").write_text("config: {}\n")
+    (tmp_path / "Pulumi.exp-demo.yaml").write_text("config:\n  aml-hpc:environment: dev\n")
+    for environment in ("dev", "prod"):  # what their ups published (the file backend's place)
+        publish(tmp_path, environment)
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").write_text(FAKE_PYTHON)
     (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
@@ -87,7 +113,16 @@ def repo(tmp_path: Path) -> Path:
     fake_bin.mkdir()
     (fake_bin / "pulumi").write_text(FAKE_PULUMI)
     (fake_bin / "pulumi").chmod(0o755)
+    (fake_bin / "az").write_text(FAKE_AZ)
+    (fake_bin / "az").chmod(0o755)
     return tmp_path
+
+
+def publish(repo: Path, environment: str) -> Path:
+    place = repo / ".pulumi-state" / "published" / f"{environment}.json"
+    place.parent.mkdir(parents=True, exist_ok=True)
+    place.write_text('{"kind": "aml-hpc/environment-outputs"}\n')
+    return place
 
 
 def run(repo: Path, *args: str, with_pulumi: bool = True, **env: str) -> Run:
@@ -128,7 +163,7 @@ class TestPreviewAndUp:
         url = "azblob://pulumi-state?storage_account=amlhpcstate"
         result = run(repo, "up", "exp-demo", PULUMI_BACKEND_URL=url)
         assert result.status == 0 and set(result.backends) == {url}
-        assert not (repo / ".pulumi-state").exists()
+        assert sorted(p.name for p in (repo / ".pulumi-state").iterdir()) == ["published"]  # the fixture's
         # The log names the backend without its query (where credentials could be).
         assert "on azblob://pulumi-state" in result.stderr and "storage_account" not in result.stderr
 
@@ -149,12 +184,13 @@ class TestPreviewAndUp:
         result = run(repo, "up", "dev", FAKE_IMPORT='{"resources": [{"type": "t", "name": "n", "id": "i"}]}')
         assert result.status == 0, result.stderr
         verbs = [c[:2] for c in result.calls]
-        assert verbs == [["stack", "select"], ["stack", "export"], ["import", "--stack"], ["up", "--stack"]]
+        assert verbs == [["stack", "select"], ["stack", "export"], ["import", "--stack"], ["up", "--stack"],
+                         ["stack", "output"]]
         export, imported = result.calls[1], result.calls[2]
         state = export[export.index("--file") + 1]
         assert imported[:4] == ["import", "--stack", "dev", "--file"]
         assert imported[5:] == ["--protect=false", "--generate-code=false", "--yes"]
-        adopt = python_calls(repo)[-1]
+        (adopt,) = [c for c in python_calls(repo) if " import-file " in c]
         assert f"--state {state}" in adopt and f"--subscription {SUBSCRIPTION}" in adopt
         assert "adopting 2 retained resource(s)" in result.stderr
         assert not Path(state).exists()  # the temporary files are gone
@@ -162,12 +198,13 @@ class TestPreviewAndUp:
     def test_nothing_to_adopt_goes_straight_to_up(self, repo):
         result = run(repo, "up", "dev")
         assert result.status == 0, result.stderr
-        assert [c[:2] for c in result.calls] == [["stack", "select"], ["stack", "export"], ["up", "--stack"]]
+        assert [c[:2] for c in result.calls] == [["stack", "select"], ["stack", "export"], ["up", "--stack"],
+                                                 ["stack", "output"]]
 
     def test_experiments_retain_nothing_and_skip_adoption(self, repo):
         result = run(repo, "up", "exp-demo")
         assert [c[:2] for c in result.calls] == [["stack", "select"], ["up", "--stack"]]
-        assert python_calls(repo) == []
+        assert [c.split()[:4] for c in python_calls(repo)] == [["-m", "amlhpc.infra.published", "check", "--environment"]]
 
     def test_ci_mode_uses_the_existing_stack_and_still_adopts(self, repo):
         """STACK_MUST_EXIST=1 (the deploy workflow): no --create, no suffix written; adoption
@@ -176,8 +213,9 @@ class TestPreviewAndUp:
                      FAKE_IMPORT='{"resources": [{"type": "t", "name": "n", "id": "i"}]}')
         assert result.status == 0, result.stderr
         assert result.calls[0] == ["stack", "select", "dev"]
-        assert [c[:2] for c in result.calls[1:]] == [["stack", "export"], ["import", "--stack"], ["up", "--stack"]]
-        assert result.calls[-1][-1] == "--yes"
+        assert [c[:2] for c in result.calls[1:]] == [["stack", "export"], ["import", "--stack"], ["up", "--stack"],
+                                                     ["stack", "output"]]
+        assert result.calls[-2][-1] == "--yes"
         assert not any("suffix" in c for c in python_calls(repo))
 
     @pytest.mark.parametrize("action", ["preview", "up"])
@@ -280,7 +318,7 @@ class TestInstalled:
     def test_the_project_the_interpreter_and_the_pack_come_from_the_variables(self, repo, installed):
         result = run(repo, "up", "dev", **installed)
         assert result.status == 0, result.stderr
-        assert result.calls[-1][:6] == ["up", "--stack", "dev", "--refresh", "--policy-pack", "/site/amlhpc/infra/policy/pack"]
+        assert result.calls[-2][:6] == ["up", "--stack", "dev", "--refresh", "--policy-pack", "/site/amlhpc/infra/policy/pack"]
         assert python_calls(repo)[0] == "-m amlhpc.infra.adopt suffix --stack dev"  # the tool's python ran it
         commands = set((repo / "pulumi.log.python-cmd").read_text().splitlines())
         assert commands == {f"{installed['AMLHPC_PYTHON']} {repo}"}  # Pulumi's interpreter, in the project
@@ -432,27 +470,105 @@ class TestOneEnvironmentPerJob:
         result = run(prod_experiment, "preview", "exp-demo", AMLHPC_ENVIRONMENT="prod")
         assert result.status == 0, result.stderr
 
-    def test_state_goes_to_the_environments_own_container(self, prod_experiment):
+    def test_state_goes_to_the_experiments_own_container(self, prod_experiment):
+        """An experiment's state: state-<env>-experiments, never its environment's container."""
         result = run(prod_experiment, "preview", "exp-demo", AMLHPC_STATE_ACCOUNT="amlhpcstate")
-        assert set(result.backends) == {"azblob://state-prod?storage_account=amlhpcstate"}
+        assert result.status == 0, result.stderr
+        assert set(result.backends) == {"azblob://state-prod-experiments?storage_account=amlhpcstate"}
+        env = run(prod_experiment, "preview", "prod", AMLHPC_STATE_ACCOUNT="amlhpcstate")
+        assert set(env.backends[len(result.backends):]) == {"azblob://state-prod?storage_account=amlhpcstate"}
 
-    def test_another_environments_backend_is_refused(self, prod_experiment):
-        result = run(prod_experiment, "up", "exp-demo", PULUMI_BACKEND_URL="azblob://state-dev?storage_account=a")
+    @pytest.mark.parametrize("stack, url, holder", [
+        ("exp-demo", "azblob://state-dev-experiments?storage_account=a", "the experiments of environment 'dev'"),
+        ("exp-demo", "azblob://state-prod?storage_account=a", "environment 'prod'"),
+        ("prod", "azblob://state-prod-experiments?storage_account=a", "the experiments of environment 'prod'"),
+    ])
+    def test_a_backend_that_is_not_the_stacks_is_refused(self, prod_experiment, stack, url, holder):
+        """Another environment's, an experiment in its environment's own container (whose
+        passphrase teardown must not hold), an environment among its experiments."""
+        result = run(prod_experiment, "up", stack, PULUMI_BACKEND_URL=url)
         assert result.status == 2 and result.calls == []
-        assert "holds environment 'dev's state, and 'exp-demo' belongs to 'prod'" in result.stderr
+        assert f"holds the state of {holder}, and '{stack}' belongs in" in result.stderr
 
-    def test_each_environment_reads_its_own_passphrase(self, prod_experiment, tmp_path):
+    def test_experiments_and_their_environment_read_their_own_passphrases(self, prod_experiment, tmp_path):
         secrets = tmp_path / "passphrases"
         secrets.mkdir()
-        (secrets / "dev.txt").write_text("dev-only")
+        (secrets / "prod.txt").write_text("prod-only")
         missing = run(prod_experiment, "preview", "exp-demo", PULUMI_CONFIG_PASSPHRASE=None,
                       AMLHPC_PASSPHRASE_DIR=str(secrets))
-        assert missing.status == 2 and f"no passphrase file {secrets}/prod.txt" in missing.stderr
-        (secrets / "prod.txt").write_text("prod-only")
+        assert missing.status == 2 and f"no passphrase file {secrets}/prod-experiments.txt" in missing.stderr
+        (secrets / "prod-experiments.txt").write_text("prod-experiments-only")
         found = run(prod_experiment, "preview", "exp-demo", PULUMI_CONFIG_PASSPHRASE=None,
                     AMLHPC_PASSPHRASE_DIR=str(secrets))
         assert found.status == 0, found.stderr
+        env = run(prod_experiment, "preview", "prod", PULUMI_CONFIG_PASSPHRASE=None, AMLHPC_PASSPHRASE_DIR=str(secrets))
+        assert env.status == 0, env.stderr
 
-    def test_an_experiment_without_an_environment_is_refused_when_it_matters(self, repo):
-        result = run(repo, "up", "exp-demo", AMLHPC_ENVIRONMENT="dev")  # its file says config: {}
-        assert result.status == 2 and "has no aml-hpc:environment" in result.stderr
+    def test_an_experiment_without_an_environment_is_refused(self, repo):
+        (repo / "Pulumi.exp-demo.yaml").write_text("config: {}\n")
+        result = run(repo, "up", "exp-demo")
+        assert result.status == 2 and "has no aml-hpc:environment" in result.stderr and result.calls == []
+
+
+class TestPublishedOutputs:
+    """An environment's up publishes its outputs beside its state; an experiment's preview and
+    up fetch them for the program (AMLHPC_ENVIRONMENT_OUTPUTS); the environment's down removes them."""
+
+    def test_an_environments_up_publishes_to_the_file_backend(self, repo):
+        (repo / ".pulumi-state" / "published" / "dev.json").unlink()
+        result = run(repo, "up", "dev")
+        assert result.status == 0, result.stderr
+        assert result.calls[-1] == ["stack", "output", "--json", "--stack", "dev"]
+        assert "-m amlhpc.infra.published write --environment dev --outputs" in python_calls(repo)[-1]
+        assert "aml-hpc/environment-outputs" in (repo / ".pulumi-state" / "published" / "dev.json").read_text()
+
+    def test_an_environments_up_publishes_into_its_own_state_container(self, repo):
+        result = run(repo, "up", "prod", AMLHPC_STATE_ACCOUNT="amlhpcstate")
+        assert result.status == 0, result.stderr
+        (upload,) = az_calls(repo)
+        assert upload.startswith("storage blob upload --auth-mode login")
+        assert "--account-name amlhpcstate --container-name state-prod --name published/outputs.json" in upload
+
+    def test_a_failed_publication_fails_the_up_and_says_so(self, repo):
+        result = run(repo, "up", "dev", FAKE_PUBLISH_STATUS="2")
+        assert result.status == 2 and "up dev succeeded, but its outputs were not published" in result.stderr
+
+    def test_an_experiment_fetches_its_environments_document(self, repo):
+        """From the environment's container (not the experiments'), for the program."""
+        result = run(repo, "up", "exp-demo", AMLHPC_STATE_ACCOUNT="amlhpcstate")
+        assert result.status == 0, result.stderr
+        (download,) = az_calls(repo)
+        assert "download --auth-mode login" in download
+        assert "--account-name amlhpcstate --container-name state-dev --name published/outputs.json" in download
+        check = python_calls(repo)[-1]
+        assert check.startswith("-m amlhpc.infra.published check --environment dev --file ")
+
+    def test_an_environment_that_published_nothing_stops_the_experiment(self, repo):
+        (repo / ".pulumi-state" / "published" / "dev.json").unlink()
+        result = run(repo, "preview", "exp-demo")
+        assert result.status == 2 and result.calls == []
+        assert "environment 'dev' has published no outputs" in result.stderr and "make up STACK=dev" in result.stderr
+        blob = run(repo, "preview", "exp-demo", AMLHPC_STATE_ACCOUNT="a", FAKE_AZ_MISSING="1")
+        assert blob.status == 2 and blob.calls == []
+        assert "cannot read environment 'dev's published outputs" in blob.stderr and "BlobNotFound" in blob.stderr
+
+    def test_a_document_that_fails_its_check_stops_the_experiment(self, repo):
+        result = run(repo, "up", "exp-demo", FAKE_CHECK_FAILS="1")
+        assert result.status == 2 and result.calls == []
+        assert "published by another environment" in result.stderr
+
+    def test_an_environments_down_removes_its_document(self, repo):
+        result = run(repo, "down", "dev", CONFIRM="dev")
+        assert result.status == 0, result.stderr
+        assert not (repo / ".pulumi-state" / "published" / "dev.json").exists()
+        assert (repo / ".pulumi-state" / "published" / "prod.json").exists()
+
+    def test_teardown_of_an_experiment_needs_no_environment_document(self, repo):
+        (repo / ".pulumi-state" / "published" / "dev.json").unlink()
+        result = run(repo, "down", "exp-demo")
+        assert result.status == 0, result.stderr and az_calls(repo) == []
+
+
+def az_calls(repo: Path) -> list[str]:
+    log = repo / "pulumi.log.az"
+    return log.read_text().splitlines() if log.exists() else []

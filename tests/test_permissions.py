@@ -52,6 +52,16 @@ class TestModel:
         assert role.guid_in("sub-a") == role.guid_in("SUB-A") != role.guid_in("sub-b")
         assert re.fullmatch(r"[0-9a-f-]{36}", role.guid_in("sub-a"))
 
+    def test_the_teardown_identity_never_reaches_the_environments_state_or_passphrase(self):
+        """teardown-<env> runs without reviewers: no right on the environment stack's state
+        container, and no secret read from the environment's own passphrase file."""
+        assert {r.scope for r in MODEL.rights_of("teardown")} == {"resource-group", "experiments-state-container"}
+        teardown, deploy = MODEL.github_environment_of("teardown"), MODEL.github_environment_of("deploy")
+        assert teardown is not None and deploy is not None
+        assert teardown.secret_files("prod") == {"PULUMI_CONFIG_PASSPHRASE": "prod-experiments.txt"}
+        assert deploy.secret_files("prod") == {"PULUMI_CONFIG_PASSPHRASE": "prod.txt",
+                                               "PULUMI_EXPERIMENTS_PASSPHRASE": "prod-experiments.txt"}
+
     def test_privileged_roles_never_granted_without_a_condition(self):
         for right in MODEL.rights:
             if right.role.privileged:
@@ -68,6 +78,8 @@ class TestModel:
         (lambda d: d["roles"]["controller"].update(guid="00000000-0000-0000-0000-000000000000"), "no guid"),
         (lambda d: d["roles"]["reader"].pop("source"), "needs its guid and source"),
         (lambda d: d["principals"]["compute"].update(colour="blue"), "unknown key(s) colour"),
+        (lambda d: d["github_environments"]["teardown"].update(secrets=["PULUMI_CONFIG_PASSPHRASE"]),
+         "github_environments.teardown.secrets: not a table of SECRET ="),
     ])
     def test_malformed_entries_are_refused_by_name(self, mutate, fragment):
         doc = copy.deepcopy(document())

@@ -82,6 +82,18 @@ class TestCommand:
         assert "NOT IN THE PERMISSION MODEL" not in text
         assert max(len(line) for line in text.splitlines()) <= 80
 
+    def test_prods_view_keeps_teardown_off_the_environments_state(self, stacks):
+        """plan --access names each CI identity's state containers: teardown-prod's is its
+        experiments' only; prod's deploy identity holds both."""
+        view = access_view(stacks["prod"])
+
+        def containers(principal: str) -> list[str]:
+            (rights,) = [p["rights"] for p in view["principals"] if p["principal"] == principal]
+            return sorted(e["resource"] for e in rights if e["scope"].endswith("state-container"))
+
+        assert containers("teardown") == ["state-prod-experiments"]
+        assert containers("deploy") == ["state-prod", "state-prod-experiments"]
+
     def test_the_command_prints_the_view_as_json(self):
         from typer.testing import CliRunner
 

@@ -89,7 +89,7 @@ def test_grouped_by_component(plans):
 
 def test_experiment_names_its_environment(plans):
     text = render(plans["exp-sweep"])
-    assert "Reads the deployed outputs of stack organization/aml-hpc/dev (StackReference)." in text
+    assert "Reads environment dev's published outputs (published/outputs.json beside its" in text
 
 
 def test_same_text_whatever_the_terminal(plans, monkeypatch):

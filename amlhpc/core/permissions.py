@@ -36,9 +36,9 @@ When = Literal["identity-storage", "closed-network", "customer-managed-key", "da
 GRANTED_BY: tuple[str, ...] = ("program", "access-setup", "azure-ml")
 WHEN: tuple[str, ...] = ("identity-storage", "closed-network", "customer-managed-key", "dataset-lock", "bastion")
 FIXED_SCOPES = ("subscription", "resource-group", "workspace", "workspace-storage", "dataset-account", "registry",
-                "cmk-key", "state-container", "jump-box", "jump-box-nic", "bastion")
+                "cmk-key", "state-container", "experiments-state-container", "jump-box", "jump-box-nic", "bastion")
 SCOPE_PREFIXES = ("container:", "endpoint:")
-CONDITIONS = ("constrain-roles", "job-writes-only", "experiment-state-only")
+CONDITIONS = ("constrain-roles", "job-writes-only")
 ENVIRONMENT_PLACEHOLDER = "{environment}"
 
 CUSTOM_ROLE_NAMESPACE = uuid.UUID("0b6f6c2e-5a7d-4e59-9d41-7f3c2a8e61d4")
@@ -126,11 +126,16 @@ class GitHubEnvironment:
     principal: str
     branches: tuple[str, ...]
     reviewers: Literal["outside-dev", "never", "always"]
-    secrets: tuple[str, ...]
+    secrets: Mapping[str, str]
+    """Secret name -> the passphrase file its value is read from (template, e.g. {environment}.txt)."""
     variables: tuple[str, ...]
 
     def name_for(self, environment: str) -> str:
         return self.name.replace(ENVIRONMENT_PLACEHOLDER, environment)
+
+    def secret_files(self, environment: str) -> dict[str, str]:
+        """Secret name -> its passphrase file's name for one environment (prod: prod.txt...)."""
+        return {secret: file.replace(ENVIRONMENT_PLACEHOLDER, environment) for secret, file in self.secrets.items()}
 
     def needs_reviewers(self, environment: str) -> bool:
         return self.reviewers == "always" or (self.reviewers == "outside-dev" and environment != "dev")
@@ -214,8 +219,6 @@ class PermissionModel:
             return self.constrain_roles_condition(subscription_id)
         if name == "job-writes-only":
             return job_writes_condition()
-        if name == "experiment-state-only":
-            return experiment_state_condition()
         raise KeyError(f"unknown condition {name!r}")
 
 
@@ -337,8 +340,12 @@ def parse(document: Mapping[str, Any]) -> PermissionModel:
         _unknown(f"github_environments.{key}", raw, _GITHUB_KEYS)
         if raw["principal"] not in principals:
             raise CatalogError(f"{PERMISSIONS_FILE.name}: github_environments.{key}: unknown principal {raw['principal']!r}")
+        secrets = raw.get("secrets", {})
+        if not isinstance(secrets, dict) or not all(isinstance(f, str) and f.endswith(".txt") for f in secrets.values()):
+            raise CatalogError(f"{PERMISSIONS_FILE.name}: github_environments.{key}.secrets: not a table of "
+                               'SECRET = "<passphrase file>.txt" (e.g. PULUMI_CONFIG_PASSPHRASE = "{environment}.txt")')
         github[key] = GitHubEnvironment(key, raw["name"], raw["principal"], tuple(raw["branches"]), raw["reviewers"],
-                                        tuple(raw.get("secrets", ())), tuple(raw.get("variables", ())))
+                                        dict(secrets), tuple(raw.get("variables", ())))
     rights = []
     for i, raw in enumerate(document.get("rights", [])):
         where = f"rights[{i}] ({raw.get('principal')}/{raw.get('key')})"
@@ -366,31 +373,3 @@ def load(path: Path = PERMISSIONS_FILE) -> PermissionModel:
 
 
 MODEL = load()
-
-
-PULUMI_PROJECT = "aml-hpc"
-"""The Pulumi project (Pulumi.yaml `name`): the state backend keeps each stack's files under it."""
-
-EXPERIMENT_STATE_PATHS: tuple[str, ...] = (f".pulumi/*/{PULUMI_PROJECT}/exp-*",)
-"""An experiment stack's files in a DIY state backend: `.pulumi/stacks/<project>/<stack>.json`,
-and its `history/`, `backups/` and `locks/` under `<project>/<stack>/` (Pulumi docs, "State
-and backends", project-scoped stacks). Environment stacks' files never match."""
-
-STATE_META = ".pulumi/meta.yaml"
-"""The backend's version file, read by every `pulumi login` to the backend."""
-
-
-def experiment_state_condition() -> str:
-    """The condition on a teardown identity's Storage Blob Data Contributor on its state
-    container: it reads (listing aside), writes and deletes only experiment stacks' files, so
-    it can neither read nor rewrite the environment stack's state (prod's included). Listing
-    (`pulumi stack ls`, suboperation Blob.List) stays open: it reveals names, not state.
-    Syntax: Microsoft Learn, "Example Azure role assignment conditions for Blob Storage"
-    ("Read or write blobs in named container with a path", the `AND NOT
-    SubOperationMatches{'Blob.List'}` form, 2024-04-01)."""
-    read = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read"
-    places = " OR ".join(f"{_BLOB_PATH} StringLike '{p}'" for p in EXPERIMENT_STATE_PATHS)
-    writes = " AND ".join(f"!(ActionMatches{{'{a}'}})" for a in JOB_WRITE_ACTIONS)
-    return (f"((!(ActionMatches{{'{read}'}} AND NOT SubOperationMatches{{'Blob.List'}})) OR "
-            f"({places} OR {_BLOB_PATH} StringEquals '{STATE_META}')) AND "
-            f"(({writes}) OR ({places}))")

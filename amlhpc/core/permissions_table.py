@@ -33,7 +33,7 @@ def tables(model: PermissionModel = MODEL) -> str:
         if not rights:
             lines.append(f"| {principal.title} | none | - | - | - | {_cell(principal.note)} |")
         for r in rights:
-            role = r.role.name + (" (with the constrain-roles condition)" if r.condition else "")
+            role = r.role.name + (f" (with the {r.condition} condition)" if r.condition else "")
             lines.append(f"| {principal.title} | {role} | `{r.scope}` | {_WHEN.get(r.when or '', 'always')} | "
                          f"{_BY[r.granted_by]} | {_cell(r.why)} |")
     lines += ["", "| GitHub environment | identity | branches | required reviewers | secrets | variables |",
@@ -41,7 +41,8 @@ def tables(model: PermissionModel = MODEL) -> str:
     for env in model.github_environments.values():
         reviewers = {"outside-dev": "outside dev", "never": "none", "always": "always"}[env.reviewers]
         lines.append(f"| `{env.name}` | {model.principals[env.principal].title} | {', '.join(env.branches)} | "
-                     f"{reviewers} | {', '.join(env.secrets)} | {', '.join(env.variables)} |")
+                     f"{reviewers} | {', '.join(f'{name} (`{file}`)' for name, file in env.secrets.items())} | "
+                     f"{', '.join(env.variables)} |")
     return "\n".join(lines)
 
 

@@ -20,5 +20,5 @@ def run() -> None:
     except UserError as exc:
         # RunError prints the message without a Python traceback.
         raise pulumi.RunError(exc.render()) from None
-    # Experiments read their environment's deployed outputs (StackReference), not its file.
+    # Experiments read their environment's published outputs (AMLHPC_ENVIRONMENT_OUTPUTS), not its file.
     outputs.export(program.build(cfg))

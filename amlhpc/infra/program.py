@@ -2,9 +2,9 @@
 
 `build(cfg)` is called by the Pulumi engine (amlhpc/infra/__main__.py) and by the offline plan
 (amlhpc/infra/plan), so both see exactly the same resources. Environment stacks own the long-lived
-resources; experiment stacks (exp-*) add clusters to an environment's workspace through a
-StackReference (the environment's deployed outputs decide isolation and which cluster
-names are taken) and are torn down after `expiresAt`.
+resources; experiment stacks (exp-*) add clusters to an environment's workspace through the
+environment's published outputs (amlhpc/infra/published.py: they decide isolation and which
+cluster names are taken) and are torn down after `expiresAt`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pulumi
 from pulumi_azure_native import authorization
 
-from amlhpc.infra import outputs
+from amlhpc.infra import outputs, published
 from amlhpc.infra.components.access import Access, AccessArgs, grants_for
 from amlhpc.infra.components.budget import Budget, BudgetArgs
 from amlhpc.infra.components.controller import (
@@ -51,10 +51,13 @@ from amlhpc.infra.config import ClusterConfig, StackConfig
 from amlhpc.infra.policy.rules import TAG_ALLOW_UNLISTED_REGION, TAG_ALLOW_UNLOCKED
 
 
-def build(cfg: StackConfig, now: datetime | None = None) -> dict[str, Any]:
-    """Declare the stack's resources; return the outputs document (values may be Outputs)."""
+def build(cfg: StackConfig, now: datetime | None = None,
+          environment: published.EnvironmentOutputs | None = None) -> dict[str, Any]:
+    """Declare the stack's resources; return the outputs document (values may be Outputs).
+    An experiment reads `environment`, its environment's published outputs (default: the file
+    AMLHPC_ENVIRONMENT_OUTPUTS names)."""
     if cfg.is_experiment:
-        return _experiment(cfg, now)
+        return _experiment(cfg, now, environment or published.from_environ(cfg.environment))
     return _environment(cfg, now)
 
 
@@ -406,8 +409,7 @@ PASSTHROUGH = ("subscriptionId", "resourceGroup", "location", "workspace", "work
 """Entries an experiment stack re-exports from its environment's deployed outputs."""
 
 
-def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
-    env = pulumi.StackReference("environment", stack_name=cfg.environment_stack)
+def _experiment(cfg: StackConfig, now: datetime | None, env: published.EnvironmentOutputs) -> dict[str, Any]:
     tags = cfg.tags()
     passthrough: dict[str, Any] = {key: env.require_output(key).apply(partial(outputs.inherited, key))
                                    for key in PASSTHROUGH}
@@ -431,7 +433,7 @@ def _experiment(cfg: StackConfig, now: datetime | None) -> dict[str, Any]:
     return {**passthrough, **_own_entries(cfg, tags), **_experiment_accounts(cfg, env, passthrough, network, tags)}
 
 
-def _experiment_accounts(cfg: StackConfig, env: pulumi.StackReference, passthrough: dict[str, Any],
+def _experiment_accounts(cfg: StackConfig, env: published.EnvironmentOutputs, passthrough: dict[str, Any],
                          network: pulumi.Output[Any], tags: dict[str, str]) -> dict[str, Any]:
     """An experiment's checkpoint accounts of its own (aml-hpc:checkpointAccounts), in the
     environment's resource group, granted to the environment's compute and controller

@@ -58,6 +58,9 @@ STORE_DROP = "a node whose store connection drops once takes node 0 for lost and
 MIXED_LISTING = "nodes list a dataset apart and stage shares of two versions"
 MISSED_LEADS = "a follower that missed node 0's leads never stages the versions every node holds"
 LONG_PARTITION = "a node cut off from node 0's store past the grace ends alone while the others restart"
+REWRITTEN_BLOCKS_COMMITS = "a manifest another job rewrote stops every later commit of the run"
+REWRITTEN_BLOCKS_PRUNE = "a kept manifest another job rewrote fails retention after every commit"
+CONFLICT_WITHDRAWS_SEEN = "a pointer conflict after a lost reply withdraws a version the controller pinned"
 
 FIXED: list[Case] = [
     Case(LATEST_LOST_REPLY, "the pointer write applied, its reply lost: the retry's 412 was taken for another "
@@ -112,6 +115,17 @@ FIXED: list[Case] = [
          "restart-agreement", 6, "split-decision",
          {"cut_node": 1, "cut_at_s": 10.2, "cut_s": 46.0, "kill_node": None, "apply_fails": None, "report_fails": None,
           "drop_node": None}),
+    Case(REWRITTEN_BLOCKS_COMMITS, "another job rewrote the manifest `latest` named; each later upload read that "
+         "version through its checked pointer to reuse its unchanged files, was refused (UnsafeCheckpoint) and "
+         "committed nothing, in this attempt and the next; now an unusable previous version is uploaded past whole",
+         "restore-pin", 4, "commit-refused"),
+    Case(REWRITTEN_BLOCKS_PRUNE, "retention read every kept manifest through its checked digest and raised on the "
+         "rewritten one, after the commit: every upload reported a failure for a version it had committed; now "
+         "retention deletes no data blob while such a version is kept", "restore-pin", 49, "commit-refused"),
+    Case(CONFLICT_WITHDRAWS_SEEN, "the run's pointer write applied, its reply lost, and another job moved the pointer "
+         "before the retry: the retry's conflict withdrew the version's manifest, though the controller had seen it "
+         "committed and pinned it for the next attempt, which then restored nothing; now a conflict keeps the manifest",
+         "restore-pin", 45, "seen-deleted"),
 ]
 
 

@@ -140,9 +140,8 @@ def _path(value: Any, path: str) -> Any:
 class Provider(PlanMocks):
     """azure-native's create/update/delete/read as it treats existence, against FakeAzure."""
 
-    def __init__(self, azure: FakeAzure, subscription_id: str, stack_outputs: dict[str, dict[str, Any]],
-                 dry_run: bool = False):
-        super().__init__(subscription_id, stack_outputs)
+    def __init__(self, azure: FakeAzure, subscription_id: str, dry_run: bool = False):
+        super().__init__(subscription_id)
         self.azure = azure
         self.dry_run = dry_run
         """A preview: nothing is written to Azure; what would be created has no answer yet."""
@@ -243,7 +242,6 @@ class Engine:
         self.subscription_id = subscription_id
         self.dry_run = dry_run
         self.stacks: dict[str, Stack] = {}
-        self.project_outputs: dict[str, dict[str, Any]] = {}
         self.last_steps: list[tuple[str, str]] = []
         """(create|update|replace|delete, URN) of the last `up`: empty means no diff."""
 
@@ -257,7 +255,6 @@ class Engine:
         if stack and any(r.custom for r in stack.resources.values()):
             raise DeploymentFailed(f"stack {name} still has resources; refusing to remove it")
         self.stacks.pop(name, None)
-        self.project_outputs.pop(f"organization/{PROJECT}/{name}", None)
 
     # --- up --------------------------------------------------------------------------
     def up(self, name: str, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -265,7 +262,7 @@ class Engine:
         stack = self.select(name)
         self.refresh(stack)
         self.last_steps = []
-        provider = Provider(self.azure, self.subscription_id, self.project_outputs, self.dry_run)
+        provider = Provider(self.azure, self.subscription_id, self.dry_run)
         monitor = EmulatorMonitor(self, stack, provider)
         try:
             outputs = _run(monitor, build, name)
@@ -276,7 +273,6 @@ class Engine:
         self.last_steps += [("delete", r.urn) for r in gone if r.custom]
         self._delete(stack, gone)
         stack.outputs = outputs
-        self.project_outputs[f"organization/{PROJECT}/{name}"] = outputs
         return outputs
 
     def preview(self, name: str, build: Callable[[], dict[str, Any]],
@@ -286,7 +282,6 @@ class Engine:
         stacks are untouched."""
         scratch = Engine(self.azure, self.subscription_id, dry_run=True)
         scratch.stacks = copy.deepcopy(self.stacks)
-        scratch.project_outputs = copy.deepcopy(self.project_outputs)
         steps = []
         if imports and imports.get("resources"):
             steps = [("import", urn) for urn in scratch.import_file(name, imports, protect=False)
@@ -347,7 +342,7 @@ class Engine:
         protected = [r.urn for r in resources if r.protect]
         if protected:
             raise DeploymentFailed("resource(s) cannot be deleted because they are protected: " + ", ".join(protected))
-        provider = Provider(self.azure, self.subscription_id, self.project_outputs, self.dry_run)
+        provider = Provider(self.azure, self.subscription_id, self.dry_run)
         for r in reversed(resources):
             if r.custom and not r.retain_on_delete:
                 try:
@@ -366,7 +361,7 @@ class Engine:
             targets = [r for r in targets if r.urn not in keep]
         self._delete(stack, targets)
         if not stack.resources:
-            self.project_outputs.pop(f"organization/{PROJECT}/{name}", None)
+            stack.outputs = {}
 
     def refresh(self, stack: Stack) -> None:
         """Read every resource back: what Azure no longer has leaves the state (404); for
@@ -387,7 +382,7 @@ class Engine:
         state as Azure has it. Returns the imported URNs."""
         stack = self.select(name)
         table = dict(document.get("nameTable") or {})
-        provider = Provider(self.azure, self.subscription_id, self.project_outputs, self.dry_run)
+        provider = Provider(self.azure, self.subscription_id, self.dry_run)
         staged: dict[str, StateResource] = {}
         errors = []
         for entry in document.get("resources", []):

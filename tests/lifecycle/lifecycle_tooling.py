@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from amlhpc.infra import adopt, quirks
+from amlhpc.infra import adopt, published, quirks
 from amlhpc.infra.config import EXPERIMENT_PREFIX, REPO_ROOT, parse, read_stack_file, stack_file
 from tests.lifecycle.lifecycle_cloud import ROLE, FakeAzure
 from tests.lifecycle.lifecycle_engine import DeploymentFailed, Engine
@@ -95,6 +95,9 @@ class Adopter:
     """What the script's wait between attempts is worth on the emulated cloud's clock."""
     retries: int = 0
     """Ups the tooling ran again after an RBAC propagation failure."""
+    published: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Environment -> the outputs document its last up published (scripts/pulumi-stack.sh:
+    `published/outputs.json` in its state container); an environment's down removes it."""
 
     def __post_init__(self) -> None:
         self.engine = Engine(self.azure, self.subscription_id)
@@ -117,9 +120,13 @@ class Adopter:
             if document["resources"]:
                 self.adopted = self.engine.import_file(stack, document, protect=False)
         cfg = self.config(stack)
+        environment = self.environment_outputs(cfg)
         for attempt in range(1, quirks.RBAC_PROPAGATION_ATTEMPTS + 1):
             try:
-                return self.engine.up(stack, lambda: program.build(cfg, now=self.azure.now))
+                outputs = self.engine.up(stack, lambda: program.build(cfg, now=self.azure.now, environment=environment))
+                if not experiment:  # the script publishes an environment's outputs after its up
+                    self.published[stack] = published.publish(outputs, stack, now=self.azure.now)
+                return outputs
             except DeploymentFailed as failure:
                 # scripts/pulumi-stack.sh: a fresh grant not in effect yet -> wait, then up again
                 if attempt == quirks.RBAC_PROPAGATION_ATTEMPTS or not adopt.rbac_propagation_failure(str(failure)):
@@ -139,7 +146,18 @@ class Adopter:
         document = None if experiment else adopt.plan_import(
             stack, self.engine.select(stack).export(), self.subscription_id, EmulatedArm(self.azure), root=self.root)
         cfg = self.config(stack)
-        return self.engine.preview(stack, lambda: program.build(cfg, now=self.azure.now), document)
+        environment = self.environment_outputs(cfg)
+        return self.engine.preview(stack, lambda: program.build(cfg, now=self.azure.now, environment=environment),
+                                   document)
+
+    def environment_outputs(self, cfg) -> published.EnvironmentOutputs | None:
+        """An experiment's environment outputs, as the script fetches them: the published
+        document (refused, as the script refuses, when the environment published none)."""
+        if not cfg.is_experiment:
+            return None
+        if cfg.environment not in self.published:
+            raise DeploymentFailed(f"environment {cfg.environment!r} has published no outputs: bring it up first")
+        return published.from_document(self.published[cfg.environment], cfg.environment, f"published/{cfg.environment}")
 
     def make_down(self, stack: str) -> None:
         if stack.startswith(EXPERIMENT_PREFIX):
@@ -148,6 +166,7 @@ class Adopter:
             stack_file(stack, self.root).unlink(missing_ok=True)  # `pulumi stack rm` deletes it
         else:
             self.engine.destroy(stack, exclude_protected=True)
+            self.published.pop(stack, None)
 
     def state(self, stack: str):
         return self.engine.select(stack).resources

@@ -199,7 +199,7 @@ class TestDeleteLock:
 
         build = program.build
 
-        def unprotected(cfg, now=None):
+        def unprotected(cfg, now=None, environment=None):
             def strip(args):
                 if args.type_ in (ROLE, DIAGNOSTIC_SETTING, PRIVATE_ENDPOINT):
                     return pulumi.ResourceTransformationResult(
@@ -207,7 +207,7 @@ class TestDeleteLock:
                 return None
 
             pulumi.runtime.register_stack_transformation(strip)
-            return build(cfg, now=now)
+            return build(cfg, now=now, environment=environment)
 
         monkeypatch.setattr(program, "build", unprotected)
         adopter.make_up("prod")

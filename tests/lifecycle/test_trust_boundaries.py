@@ -10,16 +10,18 @@ do, so a test cannot pass because nothing is allowed at all.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 
 import pytest
 import yaml
 
 from amlhpc.infra.access.config import parse as access_config
+from amlhpc.infra.access.github import commands as github_commands
 from amlhpc.infra.access.program import build as access_build
 from amlhpc.infra.config import REPO_ROOT
 from amlhpc.infra.lifecycle import new_experiment
-from tests.github_gate import job_access
+from tests.github_gate import JobAccess, job_access, stored_secrets
 from tests.lifecycle.lifecycle_cloud import FakeAzure
 from tests.lifecycle.lifecycle_rbac import Authorizer
 from tests.lifecycle.lifecycle_tooling import Adopter, clone
@@ -30,6 +32,8 @@ SUBMITTERS = "11111111-2222-3333-4444-555555555555"
 ML = "Microsoft.MachineLearningServices/workspaces"
 BLOB_WRITE = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write"
 BLOB_READ = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read"
+BLOB_DELETE = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete"
+BLOB_ACTIONS = (BLOB_READ, BLOB_WRITE, BLOB_DELETE)
 ROLE_WRITE = "Microsoft.Authorization/roleAssignments/write"
 OWNER = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635"
 CONTRIBUTOR = "b24988ac-6180-42a0-ab88-20f7382dd24c"
@@ -74,8 +78,16 @@ class Cloud:
                 f"/blobServices/default/containers/{name}")
 
     def state(self, environment: str) -> str:
+        """The environment stack's state container."""
         return (f"/subscriptions/{SUB}/resourceGroups/rg-amlhpc-access/providers/Microsoft.Storage/storageAccounts/"
                 f"amlhpcstate1/blobServices/default/containers/state-{environment}")
+
+    def experiments_state(self, environment: str) -> str:
+        """Its experiments' state container."""
+        return f"{self.state(environment)}-experiments"
+
+    def ci_identities(self) -> list[str]:
+        return [self.ci(e, p) for e in ("dev", "prod") for p in ("deploy", "teardown")]
 
 
 @pytest.fixture(scope="module")
@@ -120,15 +132,16 @@ class TestPullRequest:
         assert subjects == {f"repo:{REPOSITORY}:environment:{e}" for e in ("dev", "prod", "teardown-dev", "teardown-prod")}
 
     def test_state_is_written_only_by_its_environments_identities(self, cloud):
+        """An environment's state: its deploy identity only. Its experiments' state: its deploy
+        and teardown identities. No CI identity of one environment reaches another's."""
         for environment in ("dev", "prod"):
-            writers = [pid for pid in (cloud.ci(e, p) for e in ("dev", "prod") for p in ("deploy", "teardown"))
-                       if cloud.rbac.check(pid, BLOB_WRITE, f"{cloud.state(environment)}/{EXPERIMENT_STATE}",
-                                           data=True).allowed]
-            assert writers == [cloud.ci(environment, "deploy"), cloud.ci(environment, "teardown")]
-            writers = [pid for pid in (cloud.ci(e, p) for e in ("dev", "prod") for p in ("deploy", "teardown"))
-                       if cloud.rbac.check(pid, BLOB_WRITE, f"{cloud.state(environment)}/.pulumi/stacks/aml-hpc/"
-                                           f"{environment}.json", data=True).allowed]
-            assert writers == [cloud.ci(environment, "deploy")]
+            for container, blob, expected in (
+                    (cloud.state(environment), f".pulumi/stacks/aml-hpc/{environment}.json", ["deploy"]),
+                    (cloud.state(environment), EXPERIMENT_STATE, ["deploy"]),
+                    (cloud.experiments_state(environment), EXPERIMENT_STATE, ["deploy", "teardown"])):
+                writers = [pid for pid in cloud.ci_identities()
+                           if cloud.rbac.check(pid, BLOB_WRITE, f"{container}/{blob}", data=True).allowed]
+                assert writers == [cloud.ci(environment, p) for p in expected], (container, blob)
 
 
 class TestDevIdentity:
@@ -144,11 +157,15 @@ class TestDevIdentity:
         refused(cloud.rbac.check(dev, "Microsoft.Storage/storageAccounts/delete",
                                  cloud.container(cloud.prod, "datasets").split("/blobServices")[0]), "does not cover")
 
-    def test_dev_cannot_read_or_write_prods_state(self, cloud):
-        dev = cloud.ci("dev", "deploy")
-        for action in (BLOB_READ, BLOB_WRITE):
-            refused(cloud.rbac.check(dev, action, f"{cloud.state('prod')}/.pulumi/stacks/aml-hpc/prod.json", data=True),
-                    "state-dev does not cover")
+    @pytest.mark.parametrize("principal", ["deploy", "teardown"])
+    @pytest.mark.parametrize("action", BLOB_ACTIONS)
+    def test_dev_cannot_touch_either_of_prods_state_containers(self, cloud, principal, action):
+        dev = cloud.ci("dev", principal)
+        for blob in (f"{cloud.state('prod')}/.pulumi/stacks/aml-hpc/prod.json",
+                     f"{cloud.experiments_state('prod')}/{EXPERIMENT_STATE}"):
+            refused(cloud.rbac.check(dev, action, blob, data=True), "state-dev-experiments does not cover")
+        # ...while it does reach its own environment's experiments (the refusal is about prod)
+        assert cloud.rbac.check(dev, action, f"{cloud.experiments_state('dev')}/{EXPERIMENT_STATE}", data=True).allowed
 
     def test_dev_cannot_make_itself_owner(self, cloud):
         """Its RBAC Administrator assigns only the program's roles: Owner and Contributor are refused."""
@@ -198,30 +215,88 @@ class TestTeardown:
 
     @pytest.mark.parametrize("blob", [".pulumi/stacks/aml-hpc/prod.json", ".pulumi/stacks/aml-hpc/prod.json.bak",
                                       ".pulumi/history/aml-hpc/prod/prod-1.history.json",
-                                      ".pulumi/locks/aml-hpc/prod/forged.json", ".pulumi/meta.yaml"])
-    @pytest.mark.parametrize("action", [BLOB_WRITE, "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete"])
-    def test_prods_teardown_cannot_rewrite_prods_environment_state(self, cloud, blob, action):
+                                      ".pulumi/locks/aml-hpc/prod/forged.json", ".pulumi/meta.yaml",
+                                      "published/outputs.json", EXPERIMENT_STATE])
+    @pytest.mark.parametrize("action", BLOB_ACTIONS)
+    def test_prods_teardown_cannot_touch_prods_environment_state(self, cloud, blob, action):
         """teardown-prod has no reviewers: were it to write the prod stack's state, the next
-        reviewed `up` would act on what it wrote. It may write exp-* stacks' files only."""
+        reviewed `up` would act on what it wrote; were it to read it, it would hold prod's
+        outputs and encrypted config. It holds nothing on state-prod, not even on a blob named
+        like an experiment's: experiments live in state-prod-experiments."""
         refused(cloud.rbac.check(cloud.ci("prod", "teardown"), action, f"{cloud.state('prod')}/{blob}", data=True),
-                f"its condition does not allow {action} on state-prod/{blob}")
+                f"Storage Blob Data Contributor at {cloud.experiments_state('prod')} does not cover "
+                f"{cloud.state('prod')}/{blob}")
 
-    def test_prods_teardown_cannot_read_prods_environment_state(self, cloud):
-        refused(cloud.rbac.check(cloud.ci("prod", "teardown"), BLOB_READ,
-                                 f"{cloud.state('prod')}/.pulumi/stacks/aml-hpc/prod.json", data=True),
-                "its condition does not allow")
+    def test_prods_teardown_cannot_delete_prods_state_container(self, cloud):
+        action = "Microsoft.Storage/storageAccounts/blobServices/containers/delete"
+        refused(cloud.rbac.check(cloud.ci("prod", "teardown"), action, cloud.state("prod")), "does not cover")
+        assert cloud.rbac.check(cloud.ci("prod", "deploy"), action, cloud.state("prod")).allowed
 
     @pytest.mark.parametrize("blob", [EXPERIMENT_STATE, ".pulumi/locks/aml-hpc/exp-sweep-7/lock.json",
-                                      ".pulumi/history/aml-hpc/exp-sweep-7/h.json"])
-    def test_prods_teardown_still_destroys_experiments(self, cloud, blob):
-        teardown = cloud.ci("prod", "teardown")
-        for action in (BLOB_READ, BLOB_WRITE, "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/delete"):
-            assert cloud.rbac.check(teardown, action, f"{cloud.state('prod')}/{blob}", data=True).allowed, action
-        assert cloud.rbac.check(teardown, BLOB_READ, f"{cloud.state('prod')}/.pulumi/meta.yaml", data=True).allowed
+                                      ".pulumi/history/aml-hpc/exp-sweep-7/h.json", ".pulumi/meta.yaml"])
+    @pytest.mark.parametrize("action", BLOB_ACTIONS)
+    def test_prods_teardown_still_destroys_experiments(self, cloud, blob, action):
+        """Its job, in the experiments' own container: no condition, nothing else lives there."""
+        assert cloud.rbac.check(cloud.ci("prod", "teardown"), action, f"{cloud.experiments_state('prod')}/{blob}",
+                                data=True).allowed
+
+    @pytest.mark.parametrize("container", ["state", "experiments_state"])
+    @pytest.mark.parametrize("action", BLOB_ACTIONS)
+    def test_prods_deploy_reaches_both_containers(self, cloud, container, action):
+        """It deploys the environment (and publishes its outputs beside its state) and its experiments."""
+        for blob in (".pulumi/stacks/aml-hpc/prod.json", "published/outputs.json", EXPERIMENT_STATE):
+            target = f"{getattr(cloud, container)('prod')}/{blob}"
+            assert cloud.rbac.check(cloud.ci("prod", "deploy"), action, target, data=True).allowed, target
 
     def test_dev_teardown_cannot_reach_prod(self, cloud):
         refused(cloud.rbac.check(cloud.ci("dev", "teardown"), f"{ML}/computes/delete",
                                  f"{cloud.workspace(cloud.prod)}/computes/nd-h100"), "does not cover")
+
+
+@pytest.fixture(scope="module")
+def passphrases(cloud, tmp_path_factory):
+    """The access setup's gh commands for the emulated access stack, with a passphrase folder
+    whose files say what they are; and what those commands store in each GitHub environment."""
+    folder = tmp_path_factory.mktemp("passphrases")
+    for environment in ("dev", "prod"):
+        (folder / f"{environment}.txt").write_text(f"{environment} environment passphrase")
+        (folder / f"{environment}-experiments.txt").write_text(f"{environment} experiments passphrase")
+    lines = github_commands(cloud.access["github"], REPOSITORY, ["team:ml-platform"], folder)
+    return folder, lines, stored_secrets(lines)
+
+
+class TestPassphrases:
+    """Each GitHub environment holds what the access setup's `gh secret set` commands store in
+    it (tests/github_gate.py reads them back): prod's environment passphrase reaches prod's
+    reviewed deploy job, never teardown-prod's, which runs without reviewers."""
+
+    def job(self, environment: str, stored: dict) -> JobAccess:
+        return job_access({"environment": environment, "permissions": {"id-token": "write"}}, repository=REPOSITORY,
+                          event="schedule", ref="refs/heads/main", environments=["dev", "prod"], stored=stored)
+
+    def test_teardown_prod_reads_only_the_experiments_passphrase_file(self, passphrases):
+        folder, lines, _ = passphrases
+        reads = [shlex.split(line)[-1] for line in lines
+                 if line.startswith("gh secret set ") and " --env teardown-prod " in line]
+        assert reads == [str(folder / "prod-experiments.txt")]
+
+    def test_the_teardown_prod_job_never_gets_prods_environment_passphrase(self, passphrases):
+        _, _, stored = passphrases
+        access = self.job("teardown-prod", stored)
+        assert access.subject == f"repo:{REPOSITORY}:environment:teardown-prod"
+        assert "prod environment passphrase" not in access.values.values()
+        assert access.values == {"PULUMI_CONFIG_PASSPHRASE": "prod experiments passphrase"}
+
+    def test_the_prod_job_gets_both_of_prods_passphrases(self, passphrases):
+        _, _, stored = passphrases
+        assert self.job("prod", stored).values == {"PULUMI_CONFIG_PASSPHRASE": "prod environment passphrase",
+                                                   "PULUMI_EXPERIMENTS_PASSPHRASE": "prod experiments passphrase"}
+
+    def test_no_dev_job_gets_a_prod_passphrase(self, passphrases):
+        _, _, stored = passphrases
+        for environment in ("dev", "teardown-dev"):
+            values = self.job(environment, stored).values
+            assert values and not any(v.startswith("prod ") for v in values.values()), environment
 
 
 class TestExperimentTarget:

@@ -1,4 +1,4 @@
-"""Seeded exploration over every scenario: 264 seeds in all, each run's invariants checked. A
+"""Seeded exploration over every scenario: 324 seeds in all, each run's invariants checked. A
 violation passes only when amlhpc.sim.known names its defect (the defects the code has
 today, each with its own expected-failure test in test_sim_defects.py); one it cannot name
 is a new finding and fails here with the seed that replays it. Then one run at 1,000 nodes,
@@ -17,6 +17,7 @@ SEEDS = {  # scenario: (seeds, nodes); small worlds, so that the sweep stays wit
     "checkpoint-commit": (16, 2), "folder-upload": (24, None), "prune-race": (20, None),
     "restart-agreement": (40, None), "launch-records": (20, None), "watchdog-clock": (30, None),
     "heartbeats": (16, 4), "hang-culprit": (40, None), "revival": (30, None), "staging": (8, 2), "upload-sessions": (20, None),
+    "restore-pin": (60, None),
 }
 
 
@@ -52,6 +53,18 @@ def test_the_hang_culprit_sweep_finds_a_waiting_node_named_without_the_next_look
     wrong = [seed for seed in range(SEEDS["hang-culprit"][0])
              if any(v.kind == "wrong-culprit" for v in run("hang-culprit", seed, keep_trace=False).violations)]
     assert len(wrong) >= 3, wrong
+
+
+def test_the_restore_pin_sweep_finds_foreign_and_replayed_pointers_without_the_trust_rule(monkeypatch):
+    """The restore-pin sweep passes because of checkpoint/trust.py: an attempt that followed `latest`
+    as found would restore another job's version, or a replayed older one."""
+    from amlhpc.jobs.runtime.checkpoint import trust
+
+    monkeypatch.setattr(trust.RestoreTrust, "choose", lambda self, pointer: dict(pointer) if pointer else
+                        self.pin.pointer())
+    kinds = [v.kind for seed in range(SEEDS["restore-pin"][0])
+             for v in run("restore-pin", seed, keep_trace=False).violations]
+    assert kinds.count("restored-foreign") >= 3 and "restored-stale" in kinds, kinds
 
 
 def test_1000_nodes_look_at_each_others_heartbeats_through_blob():

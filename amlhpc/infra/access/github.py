@@ -9,8 +9,11 @@ For every GitHub environment the model names ({environment} and teardown-{enviro
 environment with deployment limited to the model's branches (main), required reviewers where
 the model says so (prod's deploy), and the variables the workflows read - as *environment*
 variables, never repository ones, so a job that runs in no environment (a pull request's)
-sees none. The passphrase is a secret per environment (`gh secret set ... --env`), which
-nobody but its holder types: the commands read it from a file only when given one.
+sees none. Passphrases are secrets per GitHub environment (`gh secret set ... --env`), which
+nobody but their holder types: the commands read them from files in `--passphrases DIR`, only
+when given one, each secret from the file the model names for it: <env>.txt (the environment
+stack's) reaches only the environment's own deploy job; teardown-<env> gets
+<env>-experiments.txt (its experiments') and nothing else.
 
 Environments with reviewers also get `prevent_self_review` (whoever pushed cannot approve
 their own deployment). `main` gets branch protection: a pull request with an approving
@@ -32,6 +35,7 @@ from typing import Annotated
 import typer
 
 from amlhpc.core.errors import Problem, UserError, exit_on_bad_input
+from amlhpc.core.permissions import MODEL
 
 
 def _reviewer(spec: str) -> tuple[str, str]:
@@ -54,6 +58,8 @@ BRANCH_PROTECTION = {
 """main's protection: review required, admins included, no force push, no deletion."""
 
 PROTECTED_BRANCH = "main"
+VARIABLES = tuple(dict.fromkeys(v for gh in MODEL.github_environments.values() for v in gh.variables))
+"""Every variable the model's GitHub environments hold (the access outputs carry their values)."""
 
 _PROTECTION_HOLDS = ("[.enforce_admins.enabled == true, (.allow_force_pushes.enabled // false) == false, "
                      "(.allow_deletions.enabled // false) == false, "
@@ -89,6 +95,7 @@ def commands(outputs: dict, repository: str, reviewers: list[str], passphrases: 
     q = shlex.quote
     for name in sorted(outputs):
         entry = outputs[name]
+        _check_entry(name, entry, passphrases)
         base = f"repos/{repository}/environments/{name}"
         # gh api's nested fields (the gh manual, `gh api`: key[subkey]=value, arrays key[][subkey]=value).
         fields = ["-F deployment_branch_policy[protected_branches]=false",
@@ -106,13 +113,29 @@ def commands(outputs: dict, repository: str, reviewers: list[str], passphrases: 
         out.append(f"gh api -X PUT {base} {' '.join(fields)}")
         for branch in entry["branches"]:
             out.append(f"gh api -X POST {base}/deployment-branch-policies -f name={q(branch)} -f type=branch")
-        for variable in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_SUBSCRIPTION_ID", "PULUMI_BACKEND_URL"):
+        for variable in VARIABLES:
             out.append(f"gh variable set {variable} --repo {q(repository)} --env {q(name)} --body {q(str(entry[variable]))}")
-        environment = name.removeprefix("teardown-")
         if passphrases is not None:
-            out.append(f"gh secret set PULUMI_CONFIG_PASSPHRASE --repo {q(repository)} --env {q(name)} "
-                       f"< {q(str(passphrases / f'{environment}.txt'))}")
+            for secret, file in sorted(entry["secrets"].items()):
+                out.append(f"gh secret set {secret} --repo {q(repository)} --env {q(name)} < {q(str(passphrases / file))}")
     return out + check_commands(outputs, repository)
+
+
+def _check_entry(name: str, entry: dict, passphrases: Path | None) -> None:
+    """Outputs of an older access program, or a passphrase file not written yet, named with the fix."""
+    missing = [key for key in (*VARIABLES, "secrets") if key not in entry]
+    if missing:
+        raise UserError([Problem("--outputs", f"github.{name}", f"has no {', '.join(missing)}",
+                                 "run scripts/access-setup.sh up first (these outputs are an older access program's)")],
+                        "outdated access outputs")
+    if passphrases is None:
+        return
+    absent = [Problem("--passphrases", str(passphrases / file), f"is missing ({secret} of GitHub environment {name!r})",
+                      "put the passphrase its stacks are encrypted with there (none yet: a new one, "
+                      f"openssl rand -base64 32 > {passphrases / file})")
+              for secret, file in sorted(entry["secrets"].items()) if not (passphrases / file).is_file()]
+    if absent:
+        raise UserError(absent, "missing passphrase files")
 
 
 app = typer.Typer(add_completion=False, help="gh commands for the GitHub environments of the access outputs.")
@@ -124,7 +147,8 @@ def main(
     repository: Annotated[str, typer.Option("--repository", help="GitHub owner/name.")],
     reviewers: Annotated[list[str], typer.Option("--reviewers", help="team:<slug> or user:<login>, repeatable.")] = [],  # noqa: B006
     passphrases: Annotated[Path | None, typer.Option(
-        "--passphrases", help="Folder with <environment>.txt holding each environment's passphrase.")] = None,
+        "--passphrases", help="Folder with each environment's passphrases: <environment>.txt (its stack's) "
+                              "and <environment>-experiments.txt (its experiments').")] = None,
     debug: Annotated[bool, typer.Option("--debug")] = False,
 ) -> None:
     with exit_on_bad_input(debug):

@@ -1,7 +1,9 @@
 """What the access program declares, from the permission model (amlhpc/core/catalog/permissions.toml).
 
 Per subscription: a resource group for the CI identities and the state account; the state
-account (Entra ID only, versioning and soft delete) with one container per environment; the
+account (Entra ID only, versioning and soft delete) with two containers per environment, one
+for the environment stack (state-<env>) and one for its experiments (state-<env>-experiments),
+so the teardown identity, which destroys experiments, never reaches the environment's state; the
 custom roles (authorization.RoleDefinition, assignable in the environments' resource groups);
 each environment's resource group, created here so its identities can be scoped to it
 before its first deployment (the environment stack adopts it: it is retained).
@@ -19,6 +21,7 @@ from typing import Any
 import pulumi
 from pulumi_azure_native import authorization, managedidentity, resources, storage
 
+from amlhpc.core.errors import Problem, UserError
 from amlhpc.core.permissions import MODEL, Right
 from amlhpc.infra.access.config import AccessConfig
 from amlhpc.infra.components.access import role_assignment
@@ -32,15 +35,28 @@ GITHUB_AUDIENCE = "api://AzureADTokenExchange"
 """GitHub's OIDC issuer, and the audience azure/login asks Entra ID for (Azure/login README, OIDC)."""
 STATE_SOFT_DELETE_DAYS = 30
 CI_PRINCIPALS = tuple(p.key for p in MODEL.principals.values() if p.kind == "ci" and p.per_environment)
+EXPERIMENTS_SUFFIX = "-experiments"
 
 
 def state_container(environment: str) -> str:
+    """The environment stack's state (and its published outputs)."""
     return f"state-{environment}"
 
 
+def experiments_state_container(environment: str) -> str:
+    """The state of the environment's experiment stacks, under their own passphrase."""
+    return f"state-{environment}{EXPERIMENTS_SUFFIX}"
+
+
 def backend_url(account: str, environment: str) -> str:
-    """The environment's Pulumi backend: its own container, signed in with Entra ID (no key)."""
+    """The environment stack's Pulumi backend, signed in with Entra ID (no key); scripts/pulumi-stack.sh
+    derives the same from AMLHPC_STATE_ACCOUNT."""
     return f"azblob://{state_container(environment)}?storage_account={account}"
+
+
+def experiments_backend_url(account: str, environment: str) -> str:
+    """The Pulumi backend of the environment's experiment stacks."""
+    return f"azblob://{experiments_state_container(environment)}?storage_account={account}"
 
 
 def identity_name(prefix: str, environment: str, principal: str) -> str:
@@ -48,6 +64,7 @@ def identity_name(prefix: str, environment: str, principal: str) -> str:
 
 
 def build(cfg: AccessConfig) -> dict[str, Any]:
+    _refuse_ambiguous_containers(cfg)
     client = authorization.get_client_config_output()
     subscription = client.subscription_id
     tags = {"managed-by": "pulumi-aml-hpc-access", "environment": "access", "owner": "platform"}
@@ -63,10 +80,12 @@ def build(cfg: AccessConfig) -> dict[str, Any]:
     roles = {role.key: _custom_role(role.key, subscription, list(groups.values())) for role in MODEL.custom_roles()}
     github: dict[str, Any] = {}
     for env in cfg.environments:
-        container = storage.BlobContainer(f"state-{env.stack}", account_name=account.name, resource_group_name=group.name,
-                                          container_name=state_container(env.stack), public_access="None",
-                                          opts=pulumi.ResourceOptions(protect=True))
-        scopes = {"resource-group": groups[env.stack].id, "state-container": container.id}
+        containers = {scope: storage.BlobContainer(name, account_name=account.name, resource_group_name=group.name,
+                                                   container_name=name, public_access="None",
+                                                   opts=pulumi.ResourceOptions(protect=True))
+                      for scope, name in (("state-container", state_container(env.stack)),
+                                          ("experiments-state-container", experiments_state_container(env.stack)))}
+        scopes = {"resource-group": groups[env.stack].id, **{scope: c.id for scope, c in containers.items()}}
         for principal in CI_PRINCIPALS:
             identity = _ci_identity(cfg, group, env.stack, principal)
             for right in MODEL.rights_of(principal, "access-setup"):
@@ -74,12 +93,26 @@ def build(cfg: AccessConfig) -> dict[str, Any]:
                     _assign(right, env.stack, scopes, identity, subscription, roles)
             gh = MODEL.github_environment_of(principal)
             assert gh is not None, f"the model names no GitHub environment for {principal}"
+            values = {"AZURE_CLIENT_ID": identity.client_id, "AZURE_TENANT_ID": client.tenant_id,
+                      "AZURE_SUBSCRIPTION_ID": subscription, "AMLHPC_STATE_ACCOUNT": cfg.state_account}
             github[gh.name_for(env.stack)] = {
-                "AZURE_CLIENT_ID": identity.client_id, "AZURE_TENANT_ID": client.tenant_id,
-                "AZURE_SUBSCRIPTION_ID": subscription, "PULUMI_BACKEND_URL": backend_url(cfg.state_account, env.stack),
-                "reviewers": gh.needs_reviewers(env.stack), "branches": list(gh.branches)}
+                **{name: values[name] for name in gh.variables},
+                "reviewers": gh.needs_reviewers(env.stack), "branches": list(gh.branches),
+                "secrets": gh.secret_files(env.stack)}
     return {"github": github, "stateAccount": account.name,
             "customRoles": {key: role.role_name for key, role in roles.items()}}
+
+
+def _refuse_ambiguous_containers(cfg: AccessConfig) -> None:
+    """state-x-experiments holds x's experiments: no environment may be named x-experiments."""
+    problems = [Problem(f"Pulumi.{env.stack}.yaml", "aml-hpc-access:environments",
+                        f"environment {env.stack!r} ends in {EXPERIMENTS_SUFFIX!r}: its state container "
+                        f"{state_container(env.stack)!r} is named like the container of environment "
+                        f"{env.stack.removesuffix(EXPERIMENTS_SUFFIX)!r}'s experiments",
+                        "rename the environment stack, or leave it out of aml-hpc-access:environments")
+                for env in cfg.environments if env.stack.endswith(EXPERIMENTS_SUFFIX)]
+    if problems:
+        raise UserError(problems, "invalid access configuration")
 
 
 def _environment_group(env: StackConfig) -> resources.ResourceGroup:

@@ -234,8 +234,9 @@ def _check_kind(found: ProblemCollector, stack: str, kind: StackKind, ours: dict
 
 def _check_environment_stack(found: ProblemCollector, stack: str, raw: _RawConfig) -> None:
     """An experiment's target is one fact, `environment`: the GitHub environment it deploys in
-    (reviewers, identity, state) follows it, so a StackReference to another environment's
-    stack under a `dev` label would put clusters into prod's workspace with dev's reviewers.
+    (reviewers, identity, state, published outputs) follows it, so reading another
+    environment's outputs under a `dev` label would put clusters into prod's workspace with
+    dev's reviewers.
     `environmentStack` may only spell the same stack fully qualified."""
     given, environment = raw.environment_stack, raw.environment
     if not given or not environment:

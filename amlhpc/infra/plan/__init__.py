@@ -33,6 +33,7 @@ from amlhpc.infra.plan import lazy_provider
 lazy_provider.install()  # before anything imports pulumi_azure_native
 
 from amlhpc.core.quota import Need  # noqa: E402
+from amlhpc.infra import published  # noqa: E402
 from amlhpc.infra.config import (  # noqa: E402
     REPO_ROOT,
     StackConfig,
@@ -142,8 +143,6 @@ def by_component(resources: list[RecordedResource]) -> list[tuple[str, RecordedR
     urns = {r.urn for r in resources}
     groups: dict[str, tuple[RecordedResource | None, list[RecordedResource]]] = {}
     for r in canonical_order(resources):
-        if r.type == STACK_REFERENCE:
-            continue
         name = component[r.urn]
         head, members = groups.setdefault(name, (None, []))
         if r.custom:
@@ -153,25 +152,22 @@ def by_component(resources: list[RecordedResource]) -> list[tuple[str, RecordedR
     return [(name, head, members) for name, (head, members) in groups.items()]
 
 
-STACK_REFERENCE = "pulumi:pulumi:StackReference"
-
-
 def evaluate(stack: str, root: Path = REPO_ROOT, now: datetime | None = None,
              subscription_id: str = FAKE_SUBSCRIPTION) -> Plan:
     """Plan `stack` from `root/Pulumi.<stack>.yaml`. Raises UserError on bad config."""
     cfg = load_stack_config(stack, root, now=now)
     env_plan = None
-    stack_outputs: dict[str, dict[str, Any]] = {}
+    environment = None
     if cfg.is_experiment:
         env_plan = evaluate(cfg.environment, root, now, subscription_id)
         check_experiment_against_environment(cfg, env_plan.config)
-        assert cfg.environment_stack is not None
-        stack_outputs[cfg.environment_stack] = env_plan.outputs
+        # what the environment's up would publish (amlhpc/infra/published.py)
+        environment = published.offline(env_plan.outputs, cfg.environment)
 
     from amlhpc.infra import program
 
-    resources, outputs, secrets = record(lambda: program.build(cfg, now=now), cfg.stack,
-                                         stack_outputs, subscription_id)
+    resources, outputs, secrets = record(lambda: program.build(cfg, now=now, environment=environment), cfg.stack,
+                                         subscription_id=subscription_id)
     return Plan(cfg, resources, outputs, secrets, cost(cfg), quota(cfg), env_plan, subscription_id)
 
 
@@ -181,7 +177,6 @@ def offline_outputs(stack: str, root: Path = REPO_ROOT) -> dict[str, Any]:
 
 
 def record(build: Callable[[], dict[str, Any] | None], stack: str = "test",
-           stack_outputs: dict[str, dict[str, Any]] | None = None,
            subscription_id: str = FAKE_SUBSCRIPTION) -> tuple[list[RecordedResource], dict[str, Any], list[str]]:
     """Run `build` under the recording mock runtime on a fresh thread.
 
@@ -193,7 +188,7 @@ def record(build: Callable[[], dict[str, Any] | None], stack: str = "test",
 
     def run() -> None:
         try:
-            result["value"] = _run(build, stack, stack_outputs or {}, subscription_id)
+            result["value"] = _run(build, stack, subscription_id)
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
             result["error"] = exc
 
@@ -241,8 +236,7 @@ def _drop_provider_version_aliases(args):
     return pulumi.ResourceTransformationResult(args.props, opts)
 
 
-def _run(build: Callable[[], dict[str, Any] | None], stack: str, stack_outputs: dict[str, dict[str, Any]],
-         subscription_id: str):
+def _run(build: Callable[[], dict[str, Any] | None], stack: str, subscription_id: str):
     """One program run under the mock runtime, through the SDK's public testing API
     (`set_mocks`, `pulumi.runtime.test`). Runs on a fresh thread: Pulumi keeps its root
     resource in a context variable, which a new thread starts without."""
@@ -259,7 +253,7 @@ def _run(build: Callable[[], dict[str, Any] | None], stack: str, stack_outputs: 
                 secret_keys.append(key)
 
     with private_event_loop():
-        monitor = RecordingMonitor(PlanMocks(subscription_id, stack_outputs))
+        monitor = RecordingMonitor(PlanMocks(subscription_id))
         pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
         pulumi.runtime.register_stack_transformation(_drop_provider_version_aliases)
         # `test` clears the runtime's pending work, runs the program, waits for every

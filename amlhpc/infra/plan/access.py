@@ -111,13 +111,16 @@ def access_view(plan: Plan) -> dict[str, Any]:
                                 "roleDefinitionId": r.inputs.get("roleDefinitionId")})
             continue
         rights.setdefault(principal, []).append({**_entry(right, resource, subscription, r.name, index), "who": who})
+    from amlhpc.infra.access.program import experiments_state_container, state_container
+
     environment = plan.config.environment
     for principal in ("deploy", "teardown"):
         gh = MODEL.github_environment_of(principal)
         for right in MODEL.rights_of(principal, "access-setup"):
             if right.applies(_facts(plan)):
                 resource = {"resource-group": plan.config.names.resource_group,
-                            "state-container": f"state-{environment}"}[right.scope]
+                            "state-container": state_container(environment),
+                            "experiments-state-container": experiments_state_container(environment)}[right.scope]
                 rights.setdefault(principal, []).append(
                     {**_entry(right, resource, subscription, None),
                      "who": f"GitHub environment {gh.name_for(environment) if gh else '?'}"})

@@ -123,7 +123,7 @@ class RecordingMonitor(mocks.MockMonitor):
         return response
 
     def ReadResource(self, request):  # noqa: N802 - gRPC method name
-        """Reads of existing resources (StackReference): recorded with custom=False inputs."""
+        """Reads of existing resources (`Resource.get`): recorded with custom=False inputs."""
         response = super().ReadResource(request)
         self.recorded.append(RecordedResource(
             urn=response.urn, type=request.type, name=request.name, parent=request.parent or None,
@@ -236,10 +236,8 @@ def physical_name(type_token: str, inputs: dict[str, Any], logical: str) -> str:
 class PlanMocks(mocks.Mocks):
     """Synthetic, Azure-shaped answers for the program's resources and invokes."""
 
-    def __init__(self, subscription_id: str = FAKE_SUBSCRIPTION, stack_outputs: dict[str, dict[str, Any]] | None = None):
+    def __init__(self, subscription_id: str = FAKE_SUBSCRIPTION):
         self.subscription_id = subscription_id
-        self.stack_outputs = stack_outputs or {}
-        """StackReference name -> outputs document it returns."""
 
     def call(self, args: mocks.MockCallArgs):
         if args.token == "azure-native:authorization:getClientConfig":
@@ -249,11 +247,6 @@ class PlanMocks(mocks.Mocks):
 
     def new_resource(self, args: mocks.MockResourceArgs):
         inputs = dict(args.inputs)
-        if args.typ == "pulumi:pulumi:StackReference":
-            name = inputs.get("name", args.name)
-            if name not in self.stack_outputs:
-                raise KeyError(f"no outputs known for stack reference {name!r}")
-            return f"{name}", {"name": name, "outputs": self.stack_outputs[name], "secretOutputNames": []}
         if not args.custom:
             return f"{args.name}-id", inputs
         return self._arm_id(args.typ, inputs, args.name), {**inputs, **self._computed(args.typ, inputs, args.name)}

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from amlhpc.infra.plan import STACK_REFERENCE, Plan
+from amlhpc.infra import published
+from amlhpc.infra.plan import Plan
 from amlhpc.infra.plan.details import details
 from amlhpc.infra.plan.mocks import RecordedResource, qualified_name
 from amlhpc.infra.plan.render_reachability import reachability_lines
@@ -62,8 +63,9 @@ def render(plan: Plan) -> str:
     cfg = plan.config
     lines = wrap(f"aml-hpc plan: stack {cfg.stack} ({cfg.kind}) from {cfg.source}, location {cfg.location}")
     lines += wrap("Offline: the desired state under Pulumi mocks, not Azure's answer; ids are synthetic.")
-    for ref in plan.of_type(STACK_REFERENCE):
-        lines += wrap(f"Reads the deployed outputs of stack {ref.inputs.get('name')} (StackReference).")
+    if cfg.is_experiment:
+        lines += wrap(f"Reads environment {cfg.environment}'s published outputs ({published.BLOB} beside its "
+                      "state, written by its up; here its offline plan's).")
     groups = plan.by_component()
     custom = plan.custom_resources()
     lines += ["", f"Resources: {len(custom)} in Azure, in {len([g for g in groups if g[2]])} components", ""]

@@ -230,7 +230,10 @@ _SCOPE_SHAPES = {
     "dataset-account": r"/providers/microsoft\.storage/storageaccounts/[^/]+$",
     "registry": r"/providers/microsoft\.containerregistry/registries/[^/]+$", "cmk-key": r"/keys/[^/]+$",
     "jump-box": r"/virtualmachines/[^/]+$", "jump-box-nic": r"/networkinterfaces/[^/]+$",
-    "bastion": r"/bastionhosts/[^/]+$", "state-container": r"/containers/state-[^/]+$",
+    "bastion": r"/bastionhosts/[^/]+$",
+    # state-<env> and state-<env>-experiments: neither shape takes the other's container.
+    "state-container": r"/containers/state-(?![^/]*-experiments$)[^/]+$",
+    "experiments-state-container": r"/containers/state-[^/]+-experiments$",
 }
 """What the resource id at each symbolic scope of the model looks like (lower case)."""
 

@@ -8,8 +8,10 @@ from amlhpc.sim.scenarios.checkpoints import CheckpointCommit, FolderUpload, Pru
 from amlhpc.sim.scenarios.data import Staging, UploadSessions
 from amlhpc.sim.scenarios.managed import Revival
 from amlhpc.sim.scenarios.restart import LaunchRecords, RestartAgreement
+from amlhpc.sim.scenarios.restore import RestorePin
 from amlhpc.sim.scenarios.watchdog import HangCulprit, Heartbeats, WatchdogClock
 
 SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (CheckpointCommit, FolderUpload, PruneRace,
                                                              RestartAgreement, LaunchRecords, WatchdogClock,
-                                                             Heartbeats, HangCulprit, Revival, Staging, UploadSessions)}
+                                                             Heartbeats, HangCulprit, Revival, Staging, UploadSessions,
+                                                             RestorePin)}

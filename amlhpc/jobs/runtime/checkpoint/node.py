@@ -64,10 +64,10 @@ class NodeCheckpoints:
         throttle = Throttle.from_mbits_per_s(settings.cap_mbps)  # one cap for the node's uploads
         stripes = stripes_from_settings(settings, container, environ)  # parts over the checkpoint accounts
         self.store = CheckpointStore(container, settings.stream(node), throttle=throttle, node=node, stripes=stripes,
-                                     trust=RestoreTrust.from_environ(environ, settings.stream(node)))
+                                     trust=RestoreTrust.from_environ(environ, settings.stream(node)), environ=environ)
         self.versions = CheckpointStore(container, settings.versions_stream, throttle=throttle, node=node,
-                                        stripes=stripes, trust=RestoreTrust.from_environ(environ,
-                                                                                         settings.versions_stream))
+                                        stripes=stripes, environ=environ,
+                                        trust=RestoreTrust.from_environ(environ, settings.versions_stream))
         self.folder_uploader: FolderUploader | None = None
         self.version_uploader: VersionUploader | None = None
         self._versions_protect: set[str] | None = None

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from amlhpc.jobs.runtime.base import clock, faultpoints
 from amlhpc.jobs.runtime.blob.writes import delete_many
+from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
 from amlhpc.jobs.runtime.checkpoint.pending import Pending
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
 
@@ -115,12 +116,23 @@ def prune(store: Stream, keep: int) -> tuple[list[str], int]:
     kept = set(committed[-keep:]) | {pointer["version"]} | set(in_progress)
     dropped = [v for v in versions if v not in kept]
     referenced: set[str] = set()
+    untrusted: list[str] = []
     for version in kept:
-        manifest = store.manifest(version)
+        try:
+            manifest = store.manifest(version)
+        except CheckpointError as exc:
+            untrusted.append(f"{version} ({exc})")
+            continue
         if manifest is not None:
             referenced.update(f["blob"] for f in manifest.files)
-    unreferenced = [(container, name) for container, name in data
-                    if name not in referenced and not any(r.leases_blob(name) for r in leases)]
+    if untrusted:
+        # A kept version's manifest was rewritten by another writer: which blobs its genuine
+        # manifest referenced is unknown (its own folder, or parts reused from older versions),
+        # so no data blob is deleted while it is kept; retention resumes once it is dropped.
+        log.warning("checkpoint retention: kept version %s cannot be read as committed; no data blob deleted "
+                    "this time", "; ".join(untrusted))
+    unreferenced = [] if untrusted else [(container, name) for container, name in data
+                                         if name not in referenced and not any(r.leases_blob(name) for r in leases)]
     faultpoints.reach("checkpoint.prune-decided")
     now, _ = store.pointer()
     if now is None or now["version"] != pointer["version"]:

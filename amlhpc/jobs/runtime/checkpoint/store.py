@@ -184,8 +184,11 @@ class CheckpointStore:
     def __init__(self, container, stream: str, *, throttle: Throttle | None = None, workers: int = 4,
                  blocks_in_flight: int = 4, block_bytes: int = BLOCK_BYTES, node: int = 0,
                  cancel: threading.Event | None = None, stale_pending_s: float = STALE_PENDING_S,
-                 stripes: Sequence[tuple[str, Any]] = (), trust: RestoreTrust | None = None):
+                 stripes: Sequence[tuple[str, Any]] = (), trust: RestoreTrust | None = None,
+                 environ: Mapping[str, str] | None = None):
         self.container = container
+        self.environ = environ
+        """The attempt's environment, whose evidence key signs `latest` (None: the process's)."""
         self.trust = trust
         """A managed attempt's rule for which pointer to follow (checkpoint/trust.py); None: as found."""
         self._digests: dict[str, str] = {}
@@ -605,10 +608,27 @@ class CheckpointStore:
         raise PointerConflict(f"{name} already exists: another writer committed this version name; give each job "
                               "its own prefix")
 
+    def _withdraw_if_unrestorable(self, manifest: Manifest) -> None:
+        """After a pointer conflict the version's manifest stays (see _move_pointer), unless its
+        parts are already gone (another writer's retention took them): a manifest that cannot
+        be restored is withdrawn, so every manifest left names parts that exist."""
+        listed = self._listed(manifest.files)
+        try:
+            for entry in manifest.files:
+                self._verify(entry, listed)
+        except PartMissing as exc:
+            log.info("checkpoint %s: withdrawn after the conflict (%s)", manifest.version, exc)
+            self._delete_quietly(self.manifest_name(manifest.version))
+
     def _move_pointer(self, version: str, payload: bytes, expected_etag: str | None) -> None:
         """Point `latest` at `version`. After a 409/412 the pointer is read back: naming this
         version, it is our write (its first reply was lost). Otherwise PointerConflict, and the
-        manifest is withdrawn only while the pointer names another version."""
+        version's manifest stays (commit withdraws it only when its parts are gone): the first
+        try may have moved the pointer (its reply lost) before another writer moved it on, and a
+        managed run's controller may have seen the version committed in that window and pinned
+        it for the next attempt (withdrawing the manifest lost that version). A manifest `latest`
+        does not name misleads nobody: restores follow the pointer, and retention treats it like
+        any other version."""
         from azure.core import MatchConditions
         from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
 
@@ -631,8 +651,6 @@ class CheckpointStore:
         if named == version:
             log.info("checkpoint %s: `latest` already names it (the reply to the pointer's write was lost)", version)
             return
-        if named is not None:  # never withdraw a manifest the pointer names
-            self._delete_quietly(self.manifest_name(version))  # never committed: no manifest may claim it was
         raise PointerConflict(f"{self.pointer_name} was moved by another writer (to {named}) while {version} uploaded: "
                               "two jobs are writing checkpoints under one prefix; give each its own prefix")
 
@@ -680,8 +698,12 @@ class CheckpointStore:
         faultpoints.reach("checkpoint.manifest-written")
         pointer = json.dumps(signed_pointer({"schema": SCHEMA, "version": version, "manifest": self.manifest_name(version),
                                              "createdAt": manifest.created_at,
-                                             MANIFEST_DIGEST: manifest.digest})).encode()
-        self._move_pointer(version, pointer, expected_etag)  # type: ignore[arg-type]
+                                             MANIFEST_DIGEST: manifest.digest}, self.environ)).encode()
+        try:
+            self._move_pointer(version, pointer, expected_etag)  # type: ignore[arg-type]
+        except PointerConflict:
+            self._withdraw_if_unrestorable(manifest)
+            raise
         faultpoints.reach("checkpoint.pointer-written")
         self.abandon_all(version, set(nodes) | set(parts))
         log.info("checkpoint %s committed: %d file(s), %d bytes", version, len(manifest.files), manifest.bytes)
@@ -703,7 +725,14 @@ class CheckpointStore:
         started = clock.monotonic()
         files = scan(folder, exclude) if files is None else files
         pointer, etag = self.pointer()
-        previous = self._manifest_of(self._followed(pointer))
+        try:
+            previous = self._manifest_of(self._followed(pointer))
+        except CheckpointError as exc:
+            # A previous version this job cannot use (its manifest rewritten or deleted by another
+            # writer) must not stop every later commit: this one reuses nothing from it.
+            log.warning("checkpoint %s: the previous version is not usable (%s); this version is uploaded whole",
+                        self.stream, exc)
+            previous = None
         if not files:
             return UploadResult(None)
         self.take_over()  # this node's earlier sessions are over: their leases go
