@@ -82,7 +82,7 @@ class TestRefused:
         _refused(lambda: published.read(tmp_path / "none.json", "dev"), "cannot be read", "make up STACK=dev")
 
     def test_the_program_without_the_variable_says_how_to_run_it(self):
-        _refused(lambda: published.from_environ("dev", {}), published.VARIABLE, "make preview|up STACK=<experiment>")
+        _refused(lambda: published.from_environ("dev", {}), published.VARIABLE, "make preview STACK=<experiment> (or up)")
 
     def test_an_output_the_document_lacks(self, dev_outputs):
         found = published.EnvironmentOutputs("dev", {}, "p.json")

@@ -19,6 +19,8 @@ from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError, UnsafeCheckpo
 from amlhpc.jobs.runtime.checkpoint.trust import (
     Pin,
     RestoreTrust,
+    keys_json,
+    parse_keys,
     parse_pins,
     pins_document,
     pins_json,
@@ -31,13 +33,15 @@ SECRET = "7c" * 32
 PREFIX = "runs/llm"
 
 
-def attempt_env(job: str | None, pins: dict[str, Pin] | None = None) -> dict[str, str]:
-    """The environment a managed attempt's launcher gets (None: a job outside the run, unsigned)."""
+def attempt_env(job: str | None, pins: dict[str, Pin] | None = None, earlier: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment a managed attempt's launcher gets (None: a job outside the run, unsigned;
+    `earlier`: the run's earlier attempts, whose keys the controller hands over)."""
     if job is None:
         return {contract.RUN_ID: "someone-else"}
     env = {contract.RUN_ID: job, contract.EVIDENCE_KEY: nodestatus.attempt_key(SECRET, job)}
     if pins is not None:
         env[contract.RESTORE_PIN] = pins_json(pins_document(pins))
+        env[contract.EARLIER_KEYS] = keys_json({a: nodestatus.attempt_key(SECRET, a) for a in earlier})
     return env
 
 
@@ -51,9 +55,10 @@ def commit(container, tmp_path: Path, job: str | None, step: int, stream: str = 
         return CheckpointStore(container, stream).upload(folder).version
 
 
-def store_in(container, job: str | None, pins: dict[str, Pin] | None, stream: str = PREFIX) -> CheckpointStore:
+def store_in(container, job: str | None, pins: dict[str, Pin] | None, stream: str = PREFIX,
+             earlier: tuple[str, ...] = ()) -> CheckpointStore:
     """The store as a launcher of `job` builds it (node.py: trust from its environment)."""
-    with mock.patch.dict(os.environ, attempt_env(job, pins)):
+    with mock.patch.dict(os.environ, attempt_env(job, pins, earlier)):
         os.environ.pop("AZUREML_RUN_ID", None)
         trust = RestoreTrust.from_environ(os.environ, stream)
     return CheckpointStore(container, stream, trust=trust)
@@ -132,11 +137,28 @@ class TestAManagedAttemptRestoresWhatItsControllerChecked:
         assert store_in(container, "llm-a1", {PREFIX: Pin(None)}).latest() is None
         assert "starting fresh" in caplog.text
 
-    def test_a_stream_the_pin_does_not_name_and_a_job_without_a_pin_take_the_pointer_as_found(
-            self, container, tmp_path):
+    def test_a_job_without_a_pin_takes_the_pointer_as_found(self, container, tmp_path):
         version = commit(container, tmp_path, None, 4)
-        assert store_in(container, "llm-a1", {f"{PREFIX}/versions": Pin(None)}).latest().version == version
         assert store_in(container, "llm-a1", None).latest().version == version
+
+    def test_a_stream_the_pin_does_not_name_follows_only_the_runs_own_signatures(self, container, tmp_path, caplog):
+        """A `per_node` writer's node-k stream: not pinned (the controller does not read them),
+        followed only when an attempt of the run signed it (failed before: taken as found)."""
+        node1 = f"{PREFIX}/node-1"
+        pins = {f"{PREFIX}/node-0": Pin(None)}
+        commit(container, tmp_path, None, 4, stream=node1)  # unsigned: another job's
+        assert store_in(container, "llm-a2", pins, node1, earlier=("llm-a1",)).latest() is None
+        assert "passed over: unsigned" in caplog.text and "starts fresh" in caplog.text
+        commit(container, tmp_path, "other-run-a1", 5, stream=node1)  # signed, by another run's attempt
+        assert store_in(container, "llm-a2", pins, node1, earlier=("llm-a1",)).latest() is None
+        earlier = commit(container, tmp_path, "llm-a1", 6, stream=node1)  # the run's first attempt
+        assert store_in(container, "llm-a2", pins, node1, earlier=("llm-a1",)).latest().version == earlier
+        own = commit(container, tmp_path, "llm-a2", 7, stream=node1)  # this attempt, before a restart
+        assert store_in(container, "llm-a2", pins, node1, earlier=("llm-a1",)).latest().version == own
+
+    def test_edited_earlier_keys_are_refused_naming_the_variable(self):
+        with pytest.raises(CheckpointError, match=contract.EARLIER_KEYS):
+            parse_keys('{"llm-a1": 7}')
 
     def test_an_edited_pin_is_refused_naming_the_variable(self):
         with pytest.raises(CheckpointError, match=contract.RESTORE_PIN):
@@ -196,6 +218,8 @@ class TestTheControllerPinsWhatItChecked:
         attempts = h.record().attempts
         assert len(attempts) == 2, [a.cause for a in attempts]
         env2 = h.azure.created[1].environment_variables
+        assert json.loads(env2[contract.EARLIER_KEYS]) == {first_job: env1[contract.EVIDENCE_KEY]}
+        assert json.loads(env1[contract.EARLIER_KEYS]) == {}, "the first attempt knows no other"
         pinned = json.loads(env2[contract.RESTORE_PIN])[h.prefix]
         assert pinned["version"] == version and attempts[1].resumed_version == version
         assert pinned["manifestSha256"] == CheckpointStore(container, h.prefix).manifest(version).digest

@@ -27,6 +27,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError, exit_on_bad_input
 from amlhpc.core.outputs import StackOutputs
 
@@ -41,8 +42,7 @@ MASKED = "[secret]"
 
 
 def _republish_fix(environment: str) -> str:
-    return (f"bring environment {environment!r} up again (make up STACK={environment}, or "
-            f"aml-hpc infra up {environment}): its up publishes the document")
+    return f"bring environment {environment!r} up again ({invocation.deploy('up', environment)}): its up publishes the document"
 
 
 def _restored(outputs: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def from_environ(environment: str, environ: dict[str, str] | None = None) -> Env
     if not given:
         raise UserError([Problem(VARIABLE, "", f"is not set: an experiment stack reads environment {environment!r}'s "
                                  "published outputs, which scripts/pulumi-stack.sh fetches",
-                                 "run it through make preview|up STACK=<experiment> (aml-hpc infra preview|up), or "
+                                 f"run it through {invocation.deploy('preview', '<experiment>')} (or up), or "
                                  f"set {VARIABLE} to a copy of the environment's {BLOB}")], "no environment outputs")
     return read(Path(given), environment)
 

@@ -62,7 +62,7 @@ from amlhpc.jobs.managed.record import (
 from amlhpc.jobs.runtime.base import clock as clocks
 from amlhpc.jobs.runtime.base import contract, faultpoints
 from amlhpc.jobs.runtime.checkpoint.sequence import sequence_of
-from amlhpc.jobs.runtime.checkpoint.trust import pins_document, pins_json
+from amlhpc.jobs.runtime.checkpoint.trust import keys_json, pins_document, pins_json
 
 
 class JobService(Protocol):
@@ -342,6 +342,8 @@ class Supervisor:
             environment = {contract.EVIDENCE_KEY: key} if (key := self.evidence.key(attempt.job)) else {}
             if key and attempt.restore_pin is not None:
                 environment[contract.RESTORE_PIN] = pins_json(attempt.restore_pin)
+                environment[contract.EARLIER_KEYS] = keys_json(
+                    {a.job: k for a in record.attempts if a.job != attempt.job and (k := self.evidence.key(a.job))})
             if self.code is not None:
                 try:
                     codeasset.check(self.code, record.code)

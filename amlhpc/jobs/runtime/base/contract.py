@@ -22,6 +22,12 @@ TELEMETRY_INTERVAL_S = "AMLHPC_TELEMETRY_INTERVAL_S"
 EVIDENCE_KEY = "AMLHPC_EVIDENCE_KEY"
 """Set per attempt by a managed run's controller: the key that signs the nodes' end records
 and heartbeats (amlhpc/jobs/runtime/coord/nodestatus.py)."""
+EARLIER_KEYS = "AMLHPC_EARLIER_EVIDENCE_KEYS"
+"""Set per attempt by a managed run's controller: the evidence keys of the run's earlier
+attempts ({job: key}, JSON), so the launcher can tell a checkpoint pointer one of them signed
+on a stream the restore pin does not name (amlhpc/jobs/runtime/checkpoint/trust.py). Each key is
+already in its own attempt's job definition; the run's secret, which derives them all (future
+attempts' included), never leaves the controller."""
 RESTORE_PIN = "AMLHPC_RESTORE_PIN"
 """Set per attempt by a managed run's controller: the checkpoint version of each stream it
 checked and its manifest's digest, which the attempt restores unless its own newer commit

@@ -13,9 +13,12 @@ the version and the SHA-256 of its manifest, taken from the signed pointer
 
 and nothing else: a pointer another job wrote, or an older one uploaded again, is named in
 the log and passed over; with nothing pinned the attempt starts fresh. A stream the pin does
-not name (a `per_node` writer's node-k folder stream, which the controller does not read) is
-taken as found. Outside managed runs (no evidence key, or no pin) every pointer is taken as
-found, its manifest still checked against the digest the pointer carries.
+not name (a `per_node` writer's node-k folder stream, which the controller does not read: at
+1,000 nodes its pins would not fit a job's environment) is followed only when this attempt or
+one of the run's earlier attempts signed its pointer (their keys: AMLHPC_EARLIER_EVIDENCE_KEYS),
+else that stream starts fresh; a replay of the run's own older pointer is not told apart there.
+Outside managed runs (no evidence key, or no pin) every pointer is taken as found, its manifest
+still checked against the digest the pointer carries.
 
 Standard library only: ships in the image.
 """
@@ -64,6 +67,25 @@ def pins_json(document: Mapping[str, dict[str, str | None]]) -> str:
     return json.dumps(document, sort_keys=True)
 
 
+def keys_json(keys: Mapping[str, str]) -> str:
+    """The AMLHPC_EARLIER_EVIDENCE_KEYS value: job -> evidence key, as JSON."""
+    return json.dumps(dict(keys), sort_keys=True)
+
+
+def parse_keys(text: str) -> dict[str, str]:
+    """AMLHPC_EARLIER_EVIDENCE_KEYS read back (empty: none); CheckpointError naming the variable."""
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+            raise ValueError("not an object of job -> key")
+        return data
+    except ValueError as exc:
+        raise CheckpointError(f"{contract.EARLIER_KEYS} is not the controller's list of keys ({exc}): the job "
+                              "definition was edited; submit the run again") from None
+
+
 def parse_pins(text: str) -> dict[str, Pin]:
     """AMLHPC_RESTORE_PIN read back; CheckpointError naming the variable when it is not what
     pins_json writes (the controller wrote it, so a bad value is a bug or an edited job)."""
@@ -93,6 +115,9 @@ class RestoreTrust:
     """This attempt's job id: the only signer whose pointers it follows beyond the pin."""
     key: str
     """This attempt's evidence key (hex)."""
+    earlier: Mapping[str, str] | None = None
+    """A stream the pin does not name: the run's earlier attempts' keys (job -> key), whose
+    pointers are followed there besides this attempt's own; None: the stream is pinned."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], stream: str) -> RestoreTrust | None:
@@ -101,18 +126,35 @@ class RestoreTrust:
         text = (environ.get(contract.RESTORE_PIN) or "").strip()
         if not key or not text:
             return None
+        job = jobid.identify(environ).job_id
         pin = parse_pins(text).get(stream.strip("/"))
         if pin is None:
-            return None
-        return cls(stream.strip("/"), pin, jobid.identify(environ).job_id, key)
+            return cls(stream.strip("/"), Pin(None), job, key, parse_keys(environ.get(contract.EARLIER_KEYS) or ""))
+        return cls(stream.strip("/"), pin, job, key)
 
     def own(self, pointer: Mapping[str, Any]) -> str | None:
         """Why `pointer` is not this attempt's own, or None when this attempt signed it."""
         return nodestatus.check_pointer(lambda _job: self.key, (self.attempt,), pointer)
 
+    def _of_the_run(self, pointer: Mapping[str, Any]) -> str | None:
+        """Why `pointer` was signed by no attempt of the run that this attempt knows, or None."""
+        keys = {**(self.earlier or {}), self.attempt: self.key}
+        return nodestatus.check_pointer(keys.__getitem__, keys, pointer)
+
     def choose(self, pointer: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """The pointer to follow: `pointer` itself when this attempt signed it and it is not
-        older than the pin, else the pin's (None: start fresh); what is passed over is logged."""
+        older than the pin, else the pin's (None: start fresh); on a stream the pin does not
+        name, `pointer` when an attempt of the run signed it, else none. What is passed over
+        is logged."""
+        if self.earlier is not None:
+            if pointer is None:
+                return None
+            why = self._of_the_run(pointer)
+            if why is None:
+                return dict(pointer)
+            log.warning("checkpoint pointer %s/latest (%s) passed over: %s; the controller does not pin this stream: "
+                        "it starts fresh", self.stream, pointer.get("version"), why)
+            return None
         pinned = self.pin.pointer()
         if pointer is None:
             return pinned

@@ -16,8 +16,11 @@ none, which is itself evidence for the supervision (amlhpc.jobs.managed.classify
 
 Every job can write the checkpoints container, so these blobs are evidence, never orders,
 and they are signed: the controller gives each attempt its own key (AMLHPC_EVIDENCE_KEY,
-HMAC-SHA256, derived from a secret in the controller's job definition, which no job's
-identity can read), and each record and heartbeat carries `mac`, an HMAC over its kind,
+HMAC-SHA256, derived from a secret in the controller's job definition, which the GPU
+clusters' identity cannot read: it holds no right on the workspace; the submitters and the
+controller's identity can, and so can a submitter's job on the controller cluster, which runs
+as that identity: the keys tell the run's attempts from other GPU jobs, not from the
+workspace's submitters, who may submit and cancel any run anyway), and each record and heartbeat carries `mac`, an HMAC over its kind,
 the run id, the node index and its content. A reader with the key (`verify=`) drops what
 does not verify - another job's forgery, a record copied from another node or attempt -
 and says why. The checkpoint pointer (`latest`, amlhpc.jobs.runtime.checkpoint.store) is
