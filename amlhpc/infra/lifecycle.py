@@ -469,4 +469,5 @@ def new_experiment_command(
           f"  preview:        {invocation.deploy('preview', stack)}\n"
           f"  deploy:         {invocation.deploy('up', stack)}\n"
           f"  tear down:      {invocation.deploy('down', stack)}   (or let the teardown workflow do it after expiry)\n"
+          f"Preview and deploy read the outputs {env}'s up publishes: {invocation.deploy('up', env)} first.\n"
           f"Commit {path.name} so teardown can find it.")
