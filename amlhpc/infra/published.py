@@ -51,8 +51,14 @@ def _restored(outputs: dict[str, Any]) -> dict[str, Any]:
     return {key: inherited(key, value) for key, value in outputs.items()}
 
 
+def _check(outputs: Any, environment: str, where: str, title: str) -> None:
+    """UserError `title`, listing what makes `outputs` unusable as environment `environment`'s outputs."""
+    problems = _problems(outputs, environment, where)
+    if problems:
+        raise UserError(problems, title)
+
+
 def _problems(outputs: Any, environment: str, where: str) -> list[Problem]:
-    """What makes `outputs` unusable as environment `environment`'s outputs."""
     fix = _republish_fix(environment)
     if not isinstance(outputs, dict):
         return [Problem(where, "outputs", "is not a JSON object of stack outputs", fix)]
@@ -72,9 +78,7 @@ def _problems(outputs: Any, environment: str, where: str) -> list[Problem]:
 
 def publish(outputs: Any, environment: str, now: datetime | None = None) -> dict[str, Any]:
     """The document an environment's up publishes, from its `pulumi stack output --json`."""
-    problems = _problems(outputs, environment, "pulumi stack output --json")
-    if problems:
-        raise UserError(problems, "environment outputs not published")
+    _check(outputs, environment, "pulumi stack output --json", "environment outputs not published")
     return {"kind": KIND, "version": VERSION, "environment": environment,
             "publishedAt": (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"), "outputs": outputs}
 
@@ -106,8 +110,9 @@ class EnvironmentOutputs:
 
 def offline(outputs: dict[str, Any], environment: str) -> EnvironmentOutputs:
     """The environment plan's outputs, handed over as its up would publish them."""
-    publish(outputs, environment)  # the same checks
-    return EnvironmentOutputs(environment, outputs, f"offline plan of Pulumi.{environment}.yaml")
+    source = f"offline plan of Pulumi.{environment}.yaml"
+    _check(outputs, environment, source, "environment outputs not published")  # what its up would refuse
+    return EnvironmentOutputs(environment, outputs, source)
 
 
 def read(path: Path, environment: str) -> EnvironmentOutputs:
@@ -134,9 +139,7 @@ def from_document(document: Any, environment: str, where: str) -> EnvironmentOut
         raise UserError([Problem(where, "environment", f"{document.get('environment')!r}: published by another "
                                  f"environment than {environment!r}, whose experiment this is",
                                  f"fetch environment {environment!r}'s document")], "wrong environment outputs")
-    problems = _problems(document.get("outputs"), environment, where)
-    if problems:
-        raise UserError(problems, "invalid environment outputs")
+    _check(document.get("outputs"), environment, where, "invalid environment outputs")
     return EnvironmentOutputs(environment, document["outputs"], where, document.get("publishedAt"))
 
 

@@ -48,17 +48,6 @@ def experiments_state_container(environment: str) -> str:
     return f"state-{environment}{EXPERIMENTS_SUFFIX}"
 
 
-def backend_url(account: str, environment: str) -> str:
-    """The environment stack's Pulumi backend, signed in with Entra ID (no key); scripts/pulumi-stack.sh
-    derives the same from AMLHPC_STATE_ACCOUNT."""
-    return f"azblob://{state_container(environment)}?storage_account={account}"
-
-
-def experiments_backend_url(account: str, environment: str) -> str:
-    """The Pulumi backend of the environment's experiment stacks."""
-    return f"azblob://{experiments_state_container(environment)}?storage_account={account}"
-
-
 def identity_name(prefix: str, environment: str, principal: str) -> str:
     return f"id-{prefix}-{environment}-{principal}"
 

@@ -72,37 +72,44 @@ def keys_json(keys: Mapping[str, str]) -> str:
     return json.dumps(dict(keys), sort_keys=True)
 
 
-def parse_keys(text: str) -> dict[str, str]:
-    """AMLHPC_EARLIER_EVIDENCE_KEYS read back (empty: none); CheckpointError naming the variable."""
-    if not text.strip():
-        return {}
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-            raise ValueError("not an object of job -> key")
-        return data
-    except ValueError as exc:
-        raise CheckpointError(f"{contract.EARLIER_KEYS} is not the controller's list of keys ({exc}): the job "
-                              "definition was edited; submit the run again") from None
-
-
-def parse_pins(text: str) -> dict[str, Pin]:
-    """AMLHPC_RESTORE_PIN read back; CheckpointError naming the variable when it is not what
-    pins_json writes (the controller wrote it, so a bad value is a bug or an edited job)."""
+def _controller_object(variable: str, what: str, text: str) -> dict[str, Any]:
+    """A JSON object the controller wrote into a variable; CheckpointError naming the variable
+    when it is not one (the controller wrote it, so a bad value is a bug or an edited job)."""
     try:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("not an object")
-        pins = {}
-        for stream, pin in data.items():
-            version, digest = pin.get("version"), pin.get(MANIFEST_DIGEST)
-            if not isinstance(stream, str) or not all(v is None or isinstance(v, str) for v in (version, digest)):
-                raise ValueError(f"stream {stream!r}: version and digest must be strings or null")
-            pins[stream.strip("/")] = Pin(version, digest)
-        return pins
-    except (ValueError, AttributeError) as exc:
-        raise CheckpointError(f"{contract.RESTORE_PIN} is not the controller's restore pin ({exc}): the job "
-                              "definition was edited; submit the run again") from None
+        return data
+    except ValueError as exc:
+        raise _edited(variable, what, exc) from None
+
+
+def _edited(variable: str, what: str, why: object) -> CheckpointError:
+    return CheckpointError(f"{variable} is not the controller's {what} ({why}): the job definition was edited; "
+                           "submit the run again")
+
+
+def parse_keys(text: str) -> dict[str, str]:
+    """AMLHPC_EARLIER_EVIDENCE_KEYS read back (empty: none); CheckpointError naming the variable."""
+    if not text.strip():
+        return {}
+    data = _controller_object(contract.EARLIER_KEYS, "list of keys", text)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise _edited(contract.EARLIER_KEYS, "list of keys", "not an object of job -> key")
+    return data
+
+
+def parse_pins(text: str) -> dict[str, Pin]:
+    """AMLHPC_RESTORE_PIN read back; CheckpointError naming the variable when it is not what
+    pins_json writes."""
+    pins = {}
+    for stream, pin in _controller_object(contract.RESTORE_PIN, "restore pin", text).items():
+        fields = (pin.get("version"), pin.get(MANIFEST_DIGEST)) if isinstance(pin, dict) else None
+        if fields is None or not all(v is None or isinstance(v, str) for v in fields):
+            raise _edited(contract.RESTORE_PIN, "restore pin", f"stream {stream!r}: version and digest must be strings "
+                                                               "or null")
+        pins[stream.strip("/")] = Pin(*fields)
+    return pins
 
 
 @dataclass(frozen=True)
