@@ -25,13 +25,17 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     path = config.getoption("--keep-file")
-    if not path or not os.path.exists(path):
-        return
-    keep = set(Path(path).read_text().split("\n"))
-    left = [item for item in items if item.nodeid not in keep]
-    if left:
-        config.hook.pytest_deselected(items=left)
-        items[:] = [item for item in items if item.nodeid in keep]
+    if path and os.path.exists(path):
+        keep = set(Path(path).read_text().split("\n"))
+        left = [item for item in items if item.nodeid not in keep]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = [item for item in items if item.nodeid in keep]
+    if hasattr(config, "workerinput"):
+        # An xdist worker: the files longest first, so that none starts last and runs alone
+        # (with --no-loadscope-reorder, the workers take the files in this order).
+        by_id = {item.nodeid: item for item in items}
+        items[:] = [by_id[i] for i in time_box.longest_first(by_id, time_box.weights(Path(config.rootpath)))]
 
 
 _times: dict[str, list[float]] = {}

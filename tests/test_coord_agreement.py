@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
-from amlhpc.jobs.runtime.coord.agree import Barrier, Channel
+from amlhpc.jobs.runtime.coord.agree import Barrier, Channel, farewell, greet
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.launch import restart
 
@@ -130,6 +130,61 @@ class TestOneDecision:
         following = restart.JobAgreement(Channel(store, node=0, nodes=2), 1)
         assert following.failure()["cause"] == "ended"
         assert following.decision().result == "end"
+
+
+class TestGoodbye:
+    """Node 0 hosts the store and keeps it up at its end until every node said goodbye; when it
+    ends in failure, until every node that used the store did (not for one that never reached it)."""
+
+    @staticmethod
+    def hosting(store, nodes: int, wait_s: float, failing: bool) -> threading.Thread:
+        host = Channel(store, node=0, nodes=nodes, base_poll_s=0.01)
+        greet(host, "bye")
+        thread = threading.Thread(target=farewell, args=(host, "bye"),
+                                  kwargs={"hosting": True, "wait_s": wait_s, "failing": failing})
+        thread.start()
+        return thread
+
+    def test_a_succeeding_host_waits_for_a_node_that_has_not_connected_yet(self):
+        store = MemoryStore()
+        host = self.hosting(store, 2, wait_s=30, failing=False)
+        host.join(0.5)
+        assert host.is_alive(), "node 1 may still connect and read what node 0 decided"
+        late = Channel(store, node=1, nodes=2, base_poll_s=0.01)
+        greet(late, "bye")
+        farewell(late, "bye", hosting=False, wait_s=30)
+        host.join(5)
+        assert not host.is_alive()
+
+    def test_a_failing_host_does_not_wait_for_a_node_that_never_greeted(self):
+        store = MemoryStore()
+        started = time.monotonic()
+        host = self.hosting(store, 3, wait_s=30, failing=True)
+        host.join(10)
+        assert not host.is_alive() and time.monotonic() - started < 5
+
+    def test_a_failing_host_waits_for_a_node_that_greeted_until_its_goodbye(self):
+        store = MemoryStore()
+        late = Channel(store, node=2, nodes=3, base_poll_s=0.01)
+        greet(late, "bye")
+        host = self.hosting(store, 3, wait_s=30, failing=True)
+        host.join(0.5)
+        assert host.is_alive()
+        farewell(late, "bye", hosting=False, wait_s=30)
+        host.join(5)
+        assert not host.is_alive()
+
+    def test_a_goodbye_counted_twice_does_not_release_the_failing_host(self):
+        """A retried add counts twice: the counter says every greeted node left, node 1's own key
+        says it did not."""
+        store = MemoryStore()
+        greet(Channel(store, node=1, nodes=3), "bye")
+        Channel(store, node=2, nodes=3).count("bye/arrived")
+        host = self.hosting(store, 3, wait_s=1.0, failing=True)
+        host.join(0.5)
+        assert host.is_alive()
+        host.join(5)
+        assert not host.is_alive()
 
 
 N_VALUES = (8, 64, 512, 1000)

@@ -18,7 +18,7 @@ import pytest
 
 from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError
-from amlhpc.jobs.runtime.coord import jobstore
+from amlhpc.jobs.runtime.coord import jobstore, kvstore
 from amlhpc.jobs.runtime.coord.agree import Barrier, Channel
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost, StoreTimeout
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
@@ -203,8 +203,22 @@ class TestEndpoint:
         assert jobstore.endpoint({"AZ_BATCH_MASTER_NODE": "10.0.0.5:6105", "AMLHPC_COORD_PORT": "7000"}).port == 7000
         assert jobstore.endpoint({}) is None
 
+    def test_the_grace_is_the_jobs_setting_and_travels_with_the_connection(self):
+        assert jobstore.endpoint({"MASTER_ADDR": "h"}).grace_s == kvstore.RECONNECT_GRACE_S
+        assert jobstore.endpoint({"MASTER_ADDR": "h", "AMLHPC_COORD_GRACE_S": "7"}).grace_s == 7.0
+        listener = jobstore.reserve(0, "127.0.0.1")
+        where = jobstore.Endpoint("127.0.0.1", listener.getsockname()[1], backend="stdlib", grace_s=7.0)
+        host = jobstore.serve(where, listener)
+        try:
+            node = jobstore.connect(where, connect_timeout_s=10)
+            assert node.store.grace_s == 7.0
+            node.close()
+        finally:
+            host.close()
+
     @pytest.mark.parametrize("name, value", [("AMLHPC_COORD_PORT", "70000"), ("AMLHPC_COORD_PORT", "x"),
-                                             ("AMLHPC_COORD_STORE", "redis"), ("AMLHPC_COORD_LISTEN_FD", "-1")])
+                                             ("AMLHPC_COORD_STORE", "redis"), ("AMLHPC_COORD_LISTEN_FD", "-1"),
+                                             ("AMLHPC_COORD_GRACE_S", "0"), ("AMLHPC_COORD_GRACE_S", "ten")])
     def test_bad_settings_are_named(self, name, value):
         with pytest.raises(RuntimeInputError, match=name):
             jobstore.endpoint({"MASTER_ADDR": "h", name: value})

@@ -503,7 +503,7 @@ def test_a_rerun_in_shared_mode_never_trusts_the_earlier_jobs_node_markers(azuri
     assert [p.communicate(timeout=180) and p.returncode for p in job1] == [0, 0]
     generate(source, files_per_universe=10, file_bytes=8 << 10, seed=8, first_universe=30000)
     upload.upload_directory(container, source, "shared-grow", workers=2)
-    alone = node(0, "25", reserve(0, "127.0.0.1"))
+    alone = node(0, "12", reserve(0, "127.0.0.1"))
     out, err = alone.communicate(timeout=120)
     assert alone.returncode == ExitCode.STAGING_TIMEOUT, (out, err)
     assert "node(s) 1" in err

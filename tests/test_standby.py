@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from amlhpc.jobs.runtime.launch.standby import Standby, standby_command
+from amlhpc.jobs.runtime.launch.standby import Standby, standby_command, worth_keeping
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,6 +22,25 @@ class TestWhichCommands:
     def test_anything_else_starts_cold(self):
         for command in (["bash", "run.sh"], ["python", "-c", "print(1)"], ["python", "-m"], ["python"], []):
             assert standby_command(command) is None, command
+
+
+class TestWhereAStandbyIsKept:
+    """`auto` keeps one only with 2 CPUs for each rank the machine runs: a node's local ranks on
+    Azure; every simulated node's in a local rehearsal, which share one machine."""
+
+    def test_the_rule_counts_the_ranks_on_the_machine(self):
+        assert worth_keeping(96, 8) and worth_keeping(2, 1)
+        assert not worth_keeping(2, 2) and not worth_keeping(None, 1)
+
+    def test_a_rehearsal_of_two_one_rank_nodes_on_two_cpus_keeps_none(self, monkeypatch):
+        from amlhpc.jobs.local import rehearsal
+
+        monkeypatch.setattr(os, "cpu_count", lambda: 2)
+        monkeypatch.delenv("AMLHPC_STANDBY", raising=False)
+        assert rehearsal.rehearsal_environment({}, 2)["AMLHPC_STANDBY"] == "off"
+        assert rehearsal.rehearsal_environment({"AMLHPC_STANDBY": "on"}, 2)["AMLHPC_STANDBY"] == "on", "asked for"
+        monkeypatch.setattr(os, "cpu_count", lambda: 16)
+        assert "AMLHPC_STANDBY" not in rehearsal.rehearsal_environment({}, 4), "the launcher's auto decides"
 
 
 def test_a_standby_becomes_the_command(tmp_path):

@@ -66,3 +66,30 @@ def test_a_test_file_that_does_not_import_gets_no_box_and_its_error_is_shown(tmp
     changed_tests.box([str(broken)], {str(broken)}, 60, 2, keep, "not alone")
     assert not keep.exists(), "a stale keep file would run an earlier selection"
     assert "collecting the selected tests failed" in capsys.readouterr().err
+
+
+def test_the_workers_take_the_files_longest_first_each_files_tests_in_order():
+    """A long file started last runs alone at the end of `make test`: files go longest first,
+    one never timed costs UNKNOWN_S per test."""
+    record = {"tests/test_short.py::a": [0.0, 1.0], "tests/test_short.py::b": [0.0, 1.0],
+              "tests/test_long.py::only": [10.0, 30.0]}
+    seconds = time_box.file_seconds(record)
+    assert seconds == {"tests/test_long.py": 40.0, "tests/test_short.py": 2.0}
+    ids = ["tests/test_short.py::a", "tests/test_new.py::x", "tests/test_new.py::y", "tests/test_short.py::b",
+           "tests/test_long.py::only"]
+    assert time_box.longest_first(ids, seconds) == [
+        "tests/test_long.py::only", "tests/test_new.py::x", "tests/test_new.py::y", "tests/test_short.py::a",
+        "tests/test_short.py::b"]
+
+
+def test_a_fresh_clone_orders_by_the_committed_times(tmp_path):
+    """No local record (a fresh clone, CI): the committed file's times, which name real test files."""
+    committed = time_box.weights(tmp_path)
+    assert committed == json.loads(time_box.FILE_SECONDS.read_text())
+    repo = time_box.FILE_SECONDS.parent.parent
+    still_there = [name for name in committed if (repo / name).is_file()]
+    assert len(still_there) >= 0.9 * len(committed), "refresh it: python -m tests.time_box --write"
+    path = time_box.record_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"tests/test_x.py::t": [1.0, 2.0]}))
+    assert time_box.weights(tmp_path) == {"tests/test_x.py": 3.0}, "a local record wins"

@@ -9,6 +9,11 @@ selected test. A test with no record is costed at UNKNOWN_S.
 
 Costs are per test, with a file's largest setup (a module-scoped fixture: a server, a
 rehearsal world) charged once for the file, whichever of its tests goes first.
+
+`make test` hands the parallel workers the files longest first (`longest_first`): a long file
+started last leaves one worker running alone at the end. The order comes from the local record
+where there is one, else from FILE_SECONDS, the files' times committed with the suite (a fresh
+clone has no record); `python -m tests.time_box --write` refreshes it from the local record.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ RECORD_KEY = "amlhpc/durations"
 """pytest cache key of the recorded times: nodeid -> [setup s, run and teardown s]."""
 UNKNOWN_S = 2.0
 """A test never run here: about the suite's mean (3,800 tests in ~60 min of CPU)."""
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+"""Each test file's seconds in a whole run (`file_seconds`), committed: the order of a fresh clone's run."""
 
 
 def record_path(root: Path) -> Path:
@@ -95,3 +102,52 @@ def choose(nodeids: Iterable[str], record: Mapping[str, list[float]], keep_files
 def merged(old: Mapping[str, list[float]], new: Mapping[str, list[float]]) -> dict[str, list[float]]:
     """The record after a run: this run's times replace the old ones of the tests it ran."""
     return {**old, **new}
+
+
+def file_seconds(record: Mapping[str, list[float]]) -> dict[str, float]:
+    """Each file's time: its largest setup (charged once, as `choose` does) and every test's run."""
+    setup: dict[str, float] = {}
+    run: dict[str, float] = {}
+    for nodeid, (set_up, ran) in record.items():
+        name = file_of(nodeid)
+        setup[name] = max(setup.get(name, 0.0), set_up)
+        run[name] = run.get(name, 0.0) + ran
+    return {name: round(setup[name] + run[name], 1) for name in sorted(run)}
+
+
+def weights(root: Path) -> dict[str, float]:
+    """The files' times from the local record, else the committed FILE_SECONDS."""
+    record = read_record(root)
+    if record:
+        return file_seconds(record)
+    try:
+        data = json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def longest_first(nodeids: Iterable[str], seconds: Mapping[str, float]) -> list[str]:
+    """The test ids with their files in descending time (a file never seen: UNKNOWN_S per test),
+    each file's tests in their own order."""
+    ids = list(nodeids)
+    counts: dict[str, int] = {}
+    for i in ids:
+        counts[file_of(i)] = counts.get(file_of(i), 0) + 1
+    position = {i: n for n, i in enumerate(ids)}
+
+    def weight(name: str) -> float:
+        return seconds.get(name, UNKNOWN_S * counts[name])
+    return sorted(ids, key=lambda i: (-weight(file_of(i)), position[i]))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m tests.time_box --write   (tests/file_seconds.json from .pytest_cache's record)")
+    found = read_record(Path.cwd())
+    if not found:
+        sys.exit(f"no record at {record_path(Path.cwd())}: run the suite first (make test)")
+    FILE_SECONDS.write_text(json.dumps(file_seconds(found), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {FILE_SECONDS} ({len(file_seconds(found))} files)")

@@ -38,6 +38,8 @@ from amlhpc.core import invocation
 from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.local import processes
 from amlhpc.jobs.runtime.base import contract
+from amlhpc.jobs.runtime.launch import standby
+from amlhpc.jobs.runtime.launch.launcher import STANDBY
 
 # Variables that only make sense on an Azure node (identity) or would point the rehearsal
 # at real Azure; the seam replaces them.
@@ -198,6 +200,8 @@ def prepare_nodes(snapshot: Path, workdir: Path, nodes: int) -> list[Path]:
 
 REHEARSAL_TELEMETRY_INTERVAL_S = "1"
 """AMLHPC_TELEMETRY_INTERVAL_S for a rehearsal, unless the caller's environment sets one."""
+REHEARSAL_COORD_GRACE_S = "10"
+"""AMLHPC_COORD_GRACE_S for a rehearsal, unless the caller's environment sets one."""
 
 LOG_DIR = "user_logs"
 """Each process's output, as Azure ML keeps it: node<K>/user_logs/std_log_process_<rank>.txt
@@ -423,6 +427,27 @@ def check_dataset(plan: Any, connection_string: str) -> None:
         raise UserError(problems, "rehearsal cannot start: its dataset is missing")
 
 
+def rehearsal_environment(env: dict[str, str], ranks_on_machine: int) -> dict[str, str]:
+    """The environment every simulated node's processes start from: this one's, the job's `env`
+    on top, and what a rehearsal on one machine changes (each default yields to the caller's)."""
+    base = {**os.environ, **env}
+    # `python` in the job's command is this interpreter, as the image's python is in Azure.
+    base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
+    base.pop("PYTHONPATH", None)  # the node's code folder is the job's import root
+    base["PYTHONUNBUFFERED"] = "1"
+    # A rehearsal trains for seconds, not hours: sample the nodes every second (the job's 30 s
+    # default would leave its report's utilisation and memory plots a point or two).
+    base.setdefault(contract.TELEMETRY_INTERVAL_S, REHEARSAL_TELEMETRY_INTERVAL_S)
+    # The nodes are processes of one machine: no network flap to ride out, so a lost node 0 ends
+    # the others in seconds (a job's default grace is kvstore.RECONNECT_GRACE_S).
+    base.setdefault(contract.COORD_GRACE_S, REHEARSAL_COORD_GRACE_S)
+    # The simulated nodes share this machine's CPUs: the launcher's `auto` counts one node's
+    # ranks, so a standby importing torch beside every rank would slow the training it waits on.
+    if not standby.worth_keeping(os.cpu_count(), ranks_on_machine):
+        base.setdefault(STANDBY, "off")
+    return base
+
+
 def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
              connection_string: str, containers: list[str], sink: Callable[[NodeProcess, str], None],
              timeout_s: float = 1800, run_id: str | None = None, extra_env: dict[str, str] | None = None,
@@ -438,14 +463,7 @@ def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, b
     check_dataset(plan, connection_string)
     folders = prepare_nodes(snapshot, workdir, plan.instance_count)
     env = redirect_blob({**plan.environment_variables, **(extra_env or {})}, blob_endpoint, connection_string)
-    base = {**os.environ, **env}
-    # `python` in the job's command is this interpreter, as the image's python is in Azure.
-    base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
-    base.pop("PYTHONPATH", None)  # the node's code folder is the job's import root
-    base["PYTHONUNBUFFERED"] = "1"
-    # A rehearsal trains for seconds, not hours: sample the nodes every second (the job's 30 s
-    # default would leave its report's utilisation and memory plots a point or two).
-    base.setdefault(contract.TELEMETRY_INTERVAL_S, REHEARSAL_TELEMETRY_INTERVAL_S)
+    base = rehearsal_environment(env, plan.instance_count * procs_per_node)
     # Each attempt is a new job run, as AZUREML_RUN_ID is in Azure: node-local markers of an
     # earlier attempt in the same folders must not be taken for this one's.
     base[contract.RUN_ID] = run_id or f"{plan.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"

@@ -46,6 +46,10 @@ inherited from whatever started the ranks (the local rehearsal), served instead 
 COORD_STORE = "AMLHPC_COORD_STORE"
 """torch | stdlib | auto (default): torch's TCPStore, this project's server and client speaking
 its protocol, or torch's where it can be imported."""
+COORD_GRACE_S = "AMLHPC_COORD_GRACE_S"
+"""Optional, whole seconds: how long a node rides out an unreachable store before it takes node 0
+for lost and ends (default kvstore.RECONNECT_GRACE_S). Lower ends a job that lost node 0 sooner;
+higher rides out longer network flaps."""
 
 # Set by amlhpc.jobs.runtime.launch.launcher for the training command.
 DATA_DIR_PREFIX = "AMLHPC_DATA_DIR_"

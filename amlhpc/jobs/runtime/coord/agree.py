@@ -16,8 +16,9 @@ kvstore.Store: the job's TCPStore, torch's HashStore, MemoryStore, a simulation'
 
 `Barrier` of N parties: each arrives once (a counter); the party that completes it, or the
 first that fails, decides the barrier's outcome (`decide`), which every waiter reads. A
-waiter's poll is one `check`, whatever N is. `farewell`: a barrier at the end, for the node
-that hosts the store to keep it up until every node is done with it (bounded).
+waiter's poll is one `check`, whatever N is. `greet` and `farewell`: a barrier at the end, for
+the node that hosts the store to keep it up until every node is done with it (bounded; a
+failing host waits only for the nodes that greeted).
 
 Polls are `pacing.store_poll_s(base, nodes)` apart, jittered; time comes from
 amlhpc.jobs.runtime.base.clock (a simulation runs it on virtual time). Every operation goes through kvstore.call:
@@ -37,6 +38,7 @@ from typing import Any, TypeVar
 from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.coord import pacing
 from amlhpc.jobs.runtime.coord.kvstore import (
+    RECONNECT_GRACE_S,
     Store,
     StoreLost,
     StoreTimeout,
@@ -74,7 +76,8 @@ class Channel:
         if self._lost:
             raise StoreLost(self._lost[0])
         try:
-            return call(what, operation, rng=self.rng)
+            # A connection to node 0 carries its grace (jobstore.Reconnecting; contract.COORD_GRACE_S).
+            return call(what, operation, rng=self.rng, grace_s=getattr(self.store, "grace_s", RECONNECT_GRACE_S))
         except StoreLost as exc:
             self._lost.append(str(exc))
             raise
@@ -215,15 +218,43 @@ class Barrier:
         return f"node(s) {', '.join(map(str, missing)) or '?'} did not arrive"
 
 
-def farewell(channel: Channel, name: str, *, hosting: bool, wait_s: float) -> None:
+def greet(channel: Channel, name: str) -> None:
+    """This node uses the store from now on (one publish and one add): a failing host's
+    `farewell` of the same `name` waits for the goodbye of every node that greeted."""
+    channel.publish(channel.key(name, "joined", f"node-{channel.node}"), {"node": channel.node})
+    channel.count(channel.key(name, "joined", "count"))
+
+
+def farewell(channel: Channel, name: str, *, hosting: bool, wait_s: float, failing: bool = False) -> None:
     """This node is done with the store (a barrier of every node, `name`); the node that hosts
     it (`hosting`) then waits, at most `wait_s`, until every node is, so that none loses the
-    store while it still reads its last answers. A node that never says goodbye keeps the host
-    waiting `wait_s`, no longer."""
+    store while it still reads its last answers (a node that has not connected yet among them).
+    A host that is `failing` ends the job anyway (Azure ML ends every node's process when one
+    fails): it waits only for the nodes that `greet`ed, which may be reading its failure, not
+    for one that never reached the store. A node that never says goodbye keeps the host waiting
+    `wait_s`, no longer."""
     bye = Barrier(channel, name, channel.nodes, wait_s)
     bye.arrive()
-    if hosting and channel.nodes > 1:
+    if not hosting or channel.nodes <= 1:
+        return
+    if not failing:
         try:
             bye.wait()
         except BarrierTimeout:
             pass
+        return
+    deadline = clock.monotonic() + wait_s
+    while clock.monotonic() < deadline:
+        if channel.has(bye._key("outcome")) or _greeted_said_bye(channel, name, bye):
+            return
+        channel.pause()
+
+
+def _greeted_said_bye(channel: Channel, name: str, bye: Barrier) -> bool:
+    """Whether every node that greeted has arrived at `bye`. The counters (one call each) are a
+    hint, as a retried add counts twice; only when they say so are the nodes' own keys read."""
+    joined = channel.count(channel.key(name, "joined", "count"), 0)
+    if channel.count(bye._key("arrived"), 0) < joined:
+        return False
+    greeted = [k for k in range(channel.nodes) if channel.has(channel.key(name, "joined", f"node-{k}"))]
+    return channel.all_present([bye._key(f"node-{k}") for k in greeted])

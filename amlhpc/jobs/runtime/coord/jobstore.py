@@ -47,7 +47,7 @@ from typing import Any
 
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError
-from amlhpc.jobs.runtime.coord.kvstore import Store, guarded, is_store_failure
+from amlhpc.jobs.runtime.coord.kvstore import RECONNECT_GRACE_S, Store, guarded, is_store_failure
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.coord.storewire import StoreClient, StoreServer
 
@@ -92,6 +92,8 @@ class Endpoint:
     listen_fd: int | None = None
     """An inherited listening socket (node 0's local rank 0 only)."""
     backend: str = "auto"
+    grace_s: float = RECONNECT_GRACE_S
+    """How long a node rides out the store unreachable (contract.COORD_GRACE_S)."""
 
 
 def _number(environ: Mapping[str, str], name: str, low: int, high: int) -> int | None:
@@ -118,6 +120,7 @@ def endpoint(environ: Mapping[str, str]) -> Endpoint | None:
                                        "unset it (auto: torch's TCPStore where torch is installed)")
     port = _number(environ, contract.COORD_PORT, 1, 65535)
     listen_fd = _number(environ, contract.COORD_LISTEN_FD, 0, 1 << 20)
+    grace_s = _number(environ, contract.COORD_GRACE_S, 1, 3600)
     if address is None:
         return None
     if port is None:
@@ -125,7 +128,7 @@ def endpoint(environ: Mapping[str, str]) -> Endpoint | None:
         if port > 65535:
             raise RuntimeInputError.single(contract.COORD_PORT, "", f"MASTER_PORT {address[1]} leaves no port above it",
                                            f"set {contract.COORD_PORT} to a free port")
-    return Endpoint(address[0], port, listen_fd, backend)
+    return Endpoint(address[0], port, listen_fd, backend, RECONNECT_GRACE_S if grace_s is None else float(grace_s))
 
 
 def reserve(port: int = 0, host: str = "") -> socket.socket:
@@ -244,8 +247,10 @@ class Reconnecting:
     connection first (`open`, bounded by RECONNECT_TIMEOUT_S). Thread-safe: the launcher's
     threads share it; a connection is replaced once, whichever thread saw it break."""
 
-    def __init__(self, first: Any, open_client: Callable[[], Any]):
+    def __init__(self, first: Any, open_client: Callable[[], Any], grace_s: float = RECONNECT_GRACE_S):
         self._current: Any | None = first
+        self.grace_s = grace_s
+        """How long the callers (agree.Channel) try again before taking node 0 for lost."""
         self._open = open_client
         self._lock = threading.Lock()
         self.reconnects = 0
@@ -310,7 +315,7 @@ def connect(where: Endpoint, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Jo
     connects again after a broken connection (`Reconnecting`)."""
     with guarded(f"connecting to node 0's coordination store at {where.host}:{where.port}"):
         first = _client(where, connect_timeout_s)
-    store = Reconnecting(first, lambda: _client(where, RECONNECT_TIMEOUT_S))
+    store = Reconnecting(first, lambda: _client(where, RECONNECT_TIMEOUT_S), grace_s=where.grace_s)
     return JobStore(store, where, False, "torch" if not isinstance(first, StoreClient) else "stdlib", [store])
 
 

@@ -84,10 +84,10 @@ from amlhpc.jobs.runtime.base import clock, contract, faultpoints, launchid, pro
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
 from amlhpc.jobs.runtime.coord import jobstore
-from amlhpc.jobs.runtime.coord.agree import Channel, farewell
+from amlhpc.jobs.runtime.coord.agree import Channel, farewell, greet
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 from amlhpc.jobs.runtime.launch.reap import KILL_WAIT_S, Kills
-from amlhpc.jobs.runtime.launch.standby import STANDBY_START_S
+from amlhpc.jobs.runtime.launch.standby import STANDBY_START_S, worth_keeping
 
 if TYPE_CHECKING:  # imported where used, inside the phases (a launcher without checkpoints never loads them)
     from amlhpc.jobs.runtime.checkpoint.node import NodeCheckpoints
@@ -106,6 +106,7 @@ log = logging.getLogger("amlhpc.launch")
 
 BYE_WAIT_S = 120.0
 """How long node 0 keeps the store up at its end for the other nodes to finish with it."""
+BYE = "launch/bye"
 RESTORE_WAIT_S = 3 * 3600.0
 """How long a node's other ranks wait for local rank 0's restore (it notices a dead leader sooner)."""
 HEALTH_MODES = ("gate", "warn", "off")
@@ -118,8 +119,9 @@ STANDBY_READY = "AMLHPC_STANDBY_READY"
 """For the training: the file the warm standby for the next restart writes once it is ready."""
 STANDBY = "AMLHPC_STANDBY"
 """on | off | auto (default): keep a warm standby of a Python training command for in-job
-restarts. auto: when the node has at least 2 CPUs per local rank, so that a standby importing
-torch never slows the running training (a rehearsal of several nodes on one small machine)."""
+restarts. auto: when the node has standby.CPUS_PER_RANK CPUs per local rank, so that a standby
+importing torch never slows the running training (a local rehearsal counts every simulated
+node's ranks: amlhpc/jobs/local/rehearsal.py)."""
 STANDBY_MODES = ("on", "off", "auto")
 
 
@@ -555,22 +557,24 @@ class Launcher:
         try:
             self.jobstore = jobstore.open_for_node(self.environ, self.ranks.node_index, self.ranks.node_count,
                                                    self.ranks.world_size)
+            if self.jobstore is not None:
+                self.channel = Channel(self.jobstore.store, node=self.ranks.node_index, nodes=self.ranks.node_count)
+                greet(self.channel, BYE)
         except jobstore.CoordinationUnavailable as exc:
             raise LaunchFailed(ExitCode.USAGE, f"coordination store: {exc}") from None
         except StoreLost as exc:
             raise LaunchFailed(ExitCode.NODE_LOST, f"coordination store: {exc}") from None
         if self.jobstore is not None:
-            self.channel = Channel(self.jobstore.store, node=self.ranks.node_index, nodes=self.ranks.node_count)
             log.info("coordination store: %s %s at %s", "serving" if self.jobstore.serving else "connected to",
                      self.jobstore.backend, self.jobstore.where)
 
-    def close_coordination(self) -> None:
+    def close_coordination(self, failing: bool = False) -> None:
         """Local rank 0 says goodbye; node 0 keeps serving until every node has (bounded), so no
         node loses the store while it still reads its last answers (the final commit)."""
         if self.jobstore is None or self.channel is None:
             return
         try:
-            farewell(self.channel, "launch/bye", hosting=self.jobstore.serving, wait_s=BYE_WAIT_S)
+            farewell(self.channel, BYE, hosting=self.jobstore.serving, wait_s=BYE_WAIT_S, failing=failing)
         except StoreLost:
             pass
         finally:
@@ -978,7 +982,7 @@ class Launcher:
         if mode not in STANDBY_MODES:
             log.warning("%s=%r is not one of %s: auto", STANDBY, mode, ", ".join(STANDBY_MODES))
             mode = "auto"
-        return mode == "on" or (mode == "auto" and (os.cpu_count() or 1) >= 2 * self.ranks.local_size)
+        return mode == "on" or (mode == "auto" and worth_keeping(os.cpu_count(), self.ranks.local_size))
 
     def _spawn(self) -> subprocess.Popen:
         """The training command: the warm standby made it (after an in-job restart), or a cold start."""
@@ -1172,7 +1176,7 @@ class Launcher:
         from amlhpc.jobs.runtime.launch.watchdog import record_end
 
         record_end(self, code)
-        self.close_coordination()
+        self.close_coordination(failing=code != ExitCode.OK)
         return code
 
 

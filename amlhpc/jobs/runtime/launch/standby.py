@@ -51,6 +51,17 @@ PRELOAD = ("torch", "torch.nn", "torch.optim", "torch._dynamo", "torch.utils.dat
 """Imported by the standby before it waits (each only when it is installed): torch and the parts a
 training resuming from a torch.distributed.checkpoint imports (5 s here), and torch._dynamo, which
 the first optimizer imports (3 s here)."""
+CPUS_PER_RANK = 2
+"""A standby is kept by default (AMLHPC_STANDBY=auto) only where the machine has this many CPUs
+for each training process it runs, so that its imports never slow a running training."""
+
+
+def worth_keeping(cpus: int | None, ranks_on_machine: int) -> bool:
+    """Whether `auto` keeps a standby: CPUS_PER_RANK for each rank the machine runs (a node's
+    local ranks; in a local rehearsal, every simulated node's, as they share one machine)."""
+    return (cpus or 1) >= CPUS_PER_RANK * max(ranks_on_machine, 1)
+
+
 _PYTHON_FLAGS = ("-u", "-B", "-O", "-OO")
 STANDBY_START_S = 10.0
 """How long a launcher waits for a live standby to say it took the run (it answers in

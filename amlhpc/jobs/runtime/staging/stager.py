@@ -106,7 +106,7 @@ from amlhpc.jobs.runtime.blob.fetch import (
     IntegrityError,
 )
 from amlhpc.jobs.runtime.coord import jobstore, pacing
-from amlhpc.jobs.runtime.coord.agree import Barrier, Channel, farewell
+from amlhpc.jobs.runtime.coord.agree import Barrier, Channel, farewell, greet
 from amlhpc.jobs.runtime.coord.kvstore import StoreLost
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.coord.nodebarrier import (
@@ -967,22 +967,26 @@ def _job_channel(channel: Channel | None, ranks: ranks_module.Ranks, env: Mappin
             "nodes agree on the dataset version there), "
             "and no rendezvous host is known", "set MASTER_ADDR (Azure ML sets it for distribution: pytorch and mpi)")
     _opened.append(opened)
-    return Channel(opened.store, node=ranks.node_index, nodes=ranks.node_count)
+    channel = Channel(opened.store, node=ranks.node_index, nodes=ranks.node_count)
+    greet(channel, BYE)
+    return channel
 
 
 _opened: list[jobstore.JobStore] = []
 """Stores the staging command opened for itself (closed when it ends)."""
 BYE_WAIT_S = 60.0
+BYE = "staging/bye"
 
 
-def close_opened(node_index: int, node_count: int) -> None:
+def close_opened(node_index: int, node_count: int, failing: bool = False) -> None:
     """Close the stores this process opened; node 0 first waits (bounded) until every node has
-    said goodbye, so none loses the store before it read the barrier's outcome."""
+    said goodbye (when `failing`, every node that reached the store: agree.farewell), so none
+    loses the store before it read the barrier's outcome."""
     while _opened:
         opened = _opened.pop()
         channel = Channel(opened.store, node=node_index, nodes=node_count)
         try:
-            farewell(channel, "staging/bye", hosting=opened.serving, wait_s=BYE_WAIT_S)
+            farewell(channel, BYE, hosting=opened.serving, wait_s=BYE_WAIT_S, failing=failing)
         except StoreLost:
             pass
         opened.close()
@@ -1187,12 +1191,14 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
                         format=f"[staging node {ranks.node_index} rank {ranks.rank}] %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
+    staged = False
     try:
         options = _options_from_args(args, env)
         specs = _specs_from_args(args, env)
         if args.timeout_s is not None:
             env = {**env, TIMEOUT_VARIABLE: str(args.timeout_s)}
         result = stage_inputs(specs, ranks, args.scratch, shared_dir=args.shared_dir, options=options, env=env)
+        staged = True
     except (StageConfigError, scratch_module.ScratchError, blobio.BlobConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
@@ -1203,7 +1209,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.STAGING
     finally:
-        close_opened(ranks.node_index, ranks.node_count)
+        close_opened(ranks.node_index, ranks.node_count, failing=not staged)
     if args.json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     if args.print_env:
