@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
-from amlhpc.jobs.runtime.coord.agree import Barrier, Channel, farewell, greet
+from amlhpc.jobs.runtime.coord.agree import Barrier, Channel, _greeted_said_bye, farewell, greet
 from amlhpc.jobs.runtime.coord.memstore import MemoryStore
 from amlhpc.jobs.runtime.launch import restart
 
@@ -199,6 +199,7 @@ def test_store_calls_per_node_per_poll_do_not_grow_with_n(nodes, tmp_path, capsy
     for k in range(1, nodes):
         agreement.report(k, {"versions": [version(2)]})
         Barrier(Channel(shared, node=k, nodes=nodes), "staging/x", nodes + 1, 1).arrive()
+        greet(Channel(shared, node=k, nodes=nodes), "bye")
     counted: dict[str, int] = {}
 
     def per_poll(name: str, node: int, act) -> None:
@@ -216,6 +217,9 @@ def test_store_calls_per_node_per_poll_do_not_grow_with_n(nodes, tmp_path, capsy
                                             shared=restart.JobAgreement(ch, 0), limit=2, agree_s=600,
                                             hooks=restart.Hooks(lambda: {}, lambda d: d))._decide(float("inf")))
     per_poll("barrier: wait", 1, lambda ch: ch.has(ch.key("staging/x", "outcome")))
+    # a failing node 0 at its end, every other node greeted and none gone yet: the outcome and two counters
+    per_poll("goodbye: a failing node 0 waits", 0,
+             lambda ch: ch.has(ch.key("bye", "outcome")) or _greeted_said_bye(ch, "bye", Barrier(ch, "bye", nodes, 1)))
 
     from amlhpc.jobs.runtime.checkpoint.uploader import VersionUploader
 
@@ -238,7 +242,7 @@ def test_store_calls_per_node_per_poll_do_not_grow_with_n(nodes, tmp_path, capsy
     with capsys.disabled():
         print(f"\nN={nodes}: " + "; ".join(f"{name}: {calls}" for name, calls in counted.items()))
     assert counted == {"restart: watch for a failure": 1, "restart: wait for the decision (a node)": 1,
-                       "restart: decide (node 0, reports missing)": 1, "barrier: wait": 1,
+                       "restart: decide (node 0, reports missing)": 1, "barrier: wait": 1, "goodbye: a failing node 0 waits": 3,
                        "checkpoint: a node hears node 0 (nothing new)": 1, "checkpoint: node 0 waits for the parts": 1}
 
 
