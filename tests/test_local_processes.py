@@ -162,9 +162,13 @@ def test_a_failing_rank_stops_the_others(tmp_path, monkeypatch):
 def test_descendants_follow_parent_links_across_sessions():
     parent = subprocess.Popen(["bash", "-c", "setsid sleep 30 & wait"], start_new_session=True)
     try:
-        wait_for(lambda: len(processes.descendants(parent.pid)) == 1, 10, "the grandchild")
+        def in_its_own_session() -> bool:
+            # bash forks first and the child calls setsid after: until then it is in bash's session
+            found = processes.descendants(parent.pid)
+            return len(found) == 1 and os.getsid(found[0]) != os.getsid(parent.pid)
+
+        wait_for(in_its_own_session, 10, "the grandchild in its own session")
         (grandchild,) = processes.descendants(parent.pid)
-        assert os.getsid(grandchild) != os.getsid(parent.pid)
         assert grandchild in processes.descendants()
     finally:
         for pid in processes.descendants(parent.pid):
