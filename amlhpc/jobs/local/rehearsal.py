@@ -39,7 +39,6 @@ from amlhpc.core.errors import Problem, UserError
 from amlhpc.jobs.local import processes
 from amlhpc.jobs.runtime.base import contract
 from amlhpc.jobs.runtime.launch import standby
-from amlhpc.jobs.runtime.launch.launcher import STANDBY
 
 # Variables that only make sense on an Azure node (identity) or would point the rehearsal
 # at real Azure; the seam replaces them.
@@ -444,7 +443,7 @@ def rehearsal_environment(env: dict[str, str], ranks_on_machine: int) -> dict[st
     # The simulated nodes share this machine's CPUs: the launcher's `auto` counts one node's
     # ranks, so a standby importing torch beside every rank would slow the training it waits on.
     if not standby.worth_keeping(os.cpu_count(), ranks_on_machine):
-        base.setdefault(STANDBY, "off")
+        base.setdefault(contract.STANDBY, "off")
     return base
 
 

@@ -46,6 +46,11 @@ inherited from whatever started the ranks (the local rehearsal), served instead 
 COORD_STORE = "AMLHPC_COORD_STORE"
 """torch | stdlib | auto (default): torch's TCPStore, this project's server and client speaking
 its protocol, or torch's where it can be imported."""
+STANDBY = "AMLHPC_STANDBY"
+"""on | off | auto (default): keep a warm standby of a Python training command for in-job
+restarts (amlhpc/jobs/runtime/launch/standby.py). auto: when the node has standby.CPUS_PER_RANK
+CPUs per local rank, so that a standby importing torch never slows the running training (a
+local rehearsal counts every simulated node's ranks: amlhpc/jobs/local/rehearsal.py)."""
 COORD_GRACE_S = "AMLHPC_COORD_GRACE_S"
 """Optional, whole seconds: how long a node rides out an unreachable store before it takes node 0
 for lost and ends (default kvstore.RECONNECT_GRACE_S). Lower ends a job that lost node 0 sooner;

@@ -117,11 +117,6 @@ SECRET_VARIABLES = (contract.BLOB_CONNECTION_STRING,)
 """Never passed to the training command; nor is AMLHPC_COORD_LISTEN_FD (a socket only the launcher holds)."""
 STANDBY_READY = "AMLHPC_STANDBY_READY"
 """For the training: the file the warm standby for the next restart writes once it is ready."""
-STANDBY = "AMLHPC_STANDBY"
-"""on | off | auto (default): keep a warm standby of a Python training command for in-job
-restarts. auto: when the node has standby.CPUS_PER_RANK CPUs per local rank, so that a standby
-importing torch never slows the running training (a local rehearsal counts every simulated
-node's ranks: amlhpc/jobs/local/rehearsal.py)."""
 STANDBY_MODES = ("on", "off", "auto")
 
 
@@ -978,9 +973,9 @@ class Launcher:
         return self.coord_endpoint is not None
 
     def _standby_wanted(self) -> bool:
-        mode = self.environ.get(STANDBY, "").strip() or "auto"
+        mode = self.environ.get(contract.STANDBY, "").strip() or "auto"
         if mode not in STANDBY_MODES:
-            log.warning("%s=%r is not one of %s: auto", STANDBY, mode, ", ".join(STANDBY_MODES))
+            log.warning("%s=%r is not one of %s: auto", contract.STANDBY, mode, ", ".join(STANDBY_MODES))
             mode = "auto"
         return mode == "on" or (mode == "auto" and worth_keeping(os.cpu_count(), self.ranks.local_size))
 
