@@ -84,6 +84,9 @@ def ensure_suffix(stack: str, root: Path = REPO_ROOT, make: Callable[[], str] = 
     existing = config.get(NAME_SUFFIX_KEY)
     if existing is not None:
         problem = naming.check("nameSuffix", str(existing))
+        if not isinstance(existing, str):  # `012345` reads as 5349 (octal): names would drift
+            problem = (f"reads as {type(existing).__name__} {existing!r} in YAML, not the text written; "
+                       f"quote it: {NAME_SUFFIX_KEY}: \"<the six characters>\"")
         if problem:
             raise UserError([Problem(f"Pulumi.{stack}.yaml", NAME_SUFFIX_KEY, problem,
                                      f"delete the line; the next `{invocation.deploy('preview', stack)}` writes a new one")], "invalid stack file")
@@ -97,7 +100,7 @@ def ensure_suffix(stack: str, root: Path = REPO_ROOT, make: Callable[[], str] = 
         updated = text[:match.end()] + line + text[match.end():]
     else:  # `config: {}` or no config block: rewrite it (comments cannot survive this shape)
         updated = yaml.safe_dump({"config": {**config, NAME_SUFFIX_KEY: suffix}}, sort_keys=False)
-    if read_yaml_config(updated).get(NAME_SUFFIX_KEY) != suffix:  # pragma: no cover - defensive
+    if read_yaml_config(updated).get(NAME_SUFFIX_KEY) != suffix:  # a `make` that YAML reads as a number
         raise AssertionError(f"could not write {NAME_SUFFIX_KEY} into {path.name}")
     path.write_text(updated)
     return suffix

@@ -94,15 +94,20 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
-SUFFIX_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+SUFFIX_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+SUFFIX_ALPHABET = SUFFIX_LETTERS + "0123456789"
 SUFFIX_LENGTH = 6
-"""36**6 (about 2.2e9) suffixes: two deployments of this repository pick the same one with
-odds of about 1 in 2 billion."""
+"""26 x 36**5 (about 1.6e9) suffixes: two deployments of this repository pick the same one
+with odds of about 1 in 1.6 billion."""
 
 
 def random_suffix() -> str:
-    """A fresh per-stack name suffix (generated once, then kept in the stack file)."""
-    return "".join(secrets.choice(SUFFIX_ALPHABET) for _ in range(SUFFIX_LENGTH))
+    """A fresh per-stack name suffix (generated once, then kept in the stack file).
+
+    It starts with a letter: YAML reads `123456` or `0x1f2e` as a number, and the stack file
+    and Pulumi's config are YAML."""
+    rest = "".join(secrets.choice(SUFFIX_ALPHABET) for _ in range(SUFFIX_LENGTH - 1))
+    return secrets.choice(SUFFIX_LETTERS) + rest
 
 
 def uniqueness_suffix(*parts: str, length: int = 5) -> str:

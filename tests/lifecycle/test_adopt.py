@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from amlhpc.core.errors import UserError
-from amlhpc.infra import adopt
+from amlhpc.infra import adopt, naming
 from amlhpc.infra.config import NAME_SUFFIX_KEY, REPO_ROOT, load_stack_config
 from amlhpc.infra.plan import evaluate
 from tests.lifecycle.lifecycle_tooling import clone
@@ -34,6 +34,21 @@ class TestSuffix:
         root = clone(tmp_path)
         suffixes = {adopt.ensure_suffix(s, root) for s in ("dev", "prod")}
         assert len(suffixes) == 2 and all(re.fullmatch(r"[a-z0-9]{6}", s) for s in suffixes)
+
+    def test_a_random_suffix_always_reads_back_from_yaml_as_written(self):
+        """All digits (`012345` is octal 5349) or `0x1f2e` would read as numbers: a letter leads."""
+        for _ in range(20_000):
+            suffix = naming.random_suffix()
+            assert suffix[0].isalpha() and yaml.safe_load(f"k: {suffix}")["k"] == suffix
+        assert yaml.safe_load("k: 012345")["k"] == 5349  # why: the rule this test holds
+
+    def test_a_suffix_yaml_reads_as_a_number_is_refused_with_the_fix(self, tmp_path):
+        (tmp_path / "Pulumi.lab.yaml").write_text(f"config:\n  {NAME_SUFFIX_KEY}: 012345\n")
+        with pytest.raises(UserError) as info:
+            adopt.ensure_suffix("lab", tmp_path)
+        assert "5349" in info.value.render() and "quote it" in info.value.render()
+        (tmp_path / "Pulumi.lab.yaml").write_text(f'config:\n  {NAME_SUFFIX_KEY}: "012345"\n')
+        assert adopt.ensure_suffix("lab", tmp_path) == "012345"
 
     def test_experiments_own_no_global_names(self, tmp_path):
         root = clone(tmp_path)
