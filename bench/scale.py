@@ -267,36 +267,50 @@ def job_store_listing(n: int, seed: int, root: Path, files: int = 20_000) -> dic
     return {"files": len(entries), "pages_per_node": pages, "pages_per_job": pages * n}
 
 
-def job_store_start(n: int, seed: int, root: Path, files: int = 2_000) -> dict[str, Any]:
-    """Every node resolves a versioned dataset as staging does at a job's start (one listing of
-    `<name>/_versions/`, then the manifest in the node's read slot): the manifest blob's peak."""
+def job_store_start(n: int, seed: int, root: Path, files: int = 2_000, part_rows: int | None = None) -> dict[str, Any]:
+    """Every node resolves a versioned dataset and plans its share as staging does at a job's
+    start (one listing of `<name>/_versions/`, then the manifest in the node's read slot, and
+    with `part_rows` set below `files`, the manifest's parts that hold its share): the manifest
+    blobs' peak, and the bytes each node read."""
+    from amlhpc.jobs.runtime.base.ranks import validated
+    from amlhpc.jobs.runtime.blob import blobhttp
     from amlhpc.jobs.runtime.staging import dataversion
-    from amlhpc.jobs.runtime.staging.stager import resolve_source
+    from amlhpc.jobs.runtime.staging.stager import plan_source, resolve_source
     from amlhpc.jobs.runtime.staging.stagespec import StageSpec
     from amlhpc.sim.world import ACCOUNT
 
     with _world(seed) as world:
         world.container("datasets")
-        rows: list[Any] = [[f"ds/v1/{i:07d}.rec", 1, '"0x1"', "", "", {}] for i in range(files)]
-        manifest = dataversion.build_manifest("ds", 1, "ds/v1/", rows, created="2026-11-29T00:00:00Z", session="s")
-        world.blob.call(ACCOUNT, "put_blob", "setup", container="datasets", blob=dataversion.manifest_name("ds", 1),
-                        data=json.dumps(manifest).encode())
+        rows: list[Any] = [[f"ds/v1/{i:07d}.rec", 1000 + i % 7, '"0x1"', "", "", {}] for i in range(files)]
+        manifest, parts = dataversion.build_version("ds", 1, "ds/v1/", rows, created="2026-11-29T00:00:00Z",
+                                                    session="s", part_rows=part_rows or files)
+        for name, body in [*parts, (dataversion.manifest_name("ds", 1), json.dumps(manifest).encode())]:
+            world.blob.call(ACCOUNT, "put_blob", "setup", container="datasets", blob=name, data=body)
         reader = world.reader("datasets")
         spec = StageSpec(name="ds", container="datasets", prefix="ds")
         resolved: dict[int, float] = {}
+        held: dict[int, int] = {}
+        written = len(parts)  # each part blob's one setup write, counted apart from the nodes' reads
         for k in range(n):
             def resolve(k: int = k) -> None:
                 source = resolve_source(reader, spec, node=k)
-                assert source.version == 1 and len(source.entries) == files
+                plan = plan_source(source, reader, validated(k, 0, n, 1), blobhttp.NO_DEADLINE)
+                assert source.version == 1 and plan.files_total == files
+                held[k] = len(plan.node_idx)
                 resolved[k] = world.now
             world.spawn(f"stage-{k}", resolve, node=world.node(f"node-{k}"))
         world.sim.run_until(lambda: len(resolved) == n, limit_s=600.0)
         peaks = _peaks(world)
-        name = dataversion.manifest_name("ds", 1)
-        target = world.blob.accounting.targets.get((ACCOUNT, f"datasets/{name}"))
-        per_blob = target.peak if target else 0
-        return {**peaks, "manifest_rps": per_blob, "resolved": len(resolved),
-                "start_s": round(max(resolved.values(), default=0.0), 1)}
+        accounting = world.blob.accounting
+        index = accounting.targets[(ACCOUNT, f"datasets/{dataversion.manifest_name('ds', 1)}")]
+        part_blobs = [peak for (acct, name), peak in accounting.targets.items()
+                      if acct == ACCOUNT and name.startswith("datasets/ds/_parts/")]
+        assert sum(held.values()) == files, "every file is in exactly one node's share"
+        return {**peaks, "manifest_rps": max([index.peak, *(peak.peak for peak in part_blobs)]),
+                "part_reads_max": max((peak.total - 1 for peak in part_blobs), default=0),
+                "parts_read_per_node": round((sum(peak.total for peak in part_blobs) - written) / n, 2),
+                "parts": len(parts), "bytes_read_per_node": round(accounting.bytes_out / n),
+                "resolved": len(resolved), "start_s": round(max(resolved.values(), default=0.0), 1)}
 
 
 def controllers(seed: int, jobs: int = FLEET_JOBS, minutes: float = 10.0) -> dict[str, Any]:

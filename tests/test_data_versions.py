@@ -111,22 +111,7 @@ class TestStagingFromTheManifest:
     def test_staging_reads_the_manifest_and_lists_no_data(self, azurite, container, tmp_path):
         versions.upload_version(container, folder(tmp_path, "v1", NAMES), "ds", workers=2)
         listed: list[str] = []
-
-        def counting(spec):
-            from amlhpc.jobs.runtime.blob import blobhttp, blobio
-
-            url, auth = blobhttp.auth_from_env(spec.container, spec.account_url,
-                                               {contract.BLOB_CONNECTION_STRING: azurite.connection_string})
-            reader = blobhttp.Reader(url, auth, blobio.RetrySettings.fast())
-            real = reader.list_page
-
-            def list_page(prefix, *args, **kwargs):
-                listed.append(prefix)
-                return real(prefix, *args, **kwargs)
-            reader.list_page = list_page  # type: ignore[method-assign]
-            return reader
-
-        result = stage(azurite, container, tmp_path, reader_factory=counting)
+        result = stage(azurite, container, tmp_path, reader_factory=counting_reader(azurite, listed, "list_page"))
         assert listed == ["ds/_versions/"]  # one page of versions; the files come from the manifest
         assert result.inputs[0].files_total == 4 and result.inputs[0].version == 1
 
@@ -196,6 +181,93 @@ class TestStagingFromTheManifest:
         versions.upload_version(container, folder(tmp_path, "v1", NAMES), "ds", workers=2)
         with pytest.raises(staging.StageConfigError, match="needs the job's coordination store"):
             stage(azurite, container, tmp_path, node=0, nodes=2)
+
+
+def counting_reader(azurite, seen: list[str], method: str = "get"):
+    """A reader factory whose readers note the blob (or prefix) of every call of `method`."""
+    def make(spec):
+        from amlhpc.jobs.runtime.blob import blobhttp, blobio
+
+        url, auth = blobhttp.auth_from_env(spec.container, spec.account_url,
+                                           {contract.BLOB_CONNECTION_STRING: azurite.connection_string})
+        reader = blobhttp.Reader(url, auth, blobio.RetrySettings.fast())
+        real = getattr(reader, method)
+
+        def noting(name, *args, **kwargs):
+            seen.append(name)
+            return real(name, *args, **kwargs)
+        setattr(reader, method, noting)
+        return reader
+    return make
+
+
+MANY = [f"f{i:02d}.bin" for i in range(13)]
+
+
+class TestManifestInParts:
+    """Above PART_ROWS files (3 here: 13 files make 5 parts) the manifest is an index of parts,
+    and a node reads only the parts that hold its share."""
+
+    @pytest.fixture(autouse=True)
+    def small_parts(self, monkeypatch):
+        monkeypatch.setattr(dataversion, "PART_ROWS", 3)
+
+    def test_the_upload_writes_the_parts_then_the_index_outside_the_versions_listing(self, container, tmp_path):
+        report = versions.upload_version(container, folder(tmp_path, "v1", MANY), "ds", workers=2)
+        index = json.loads(container.download_blob("ds/_versions/1.json").readall())
+        assert index["format"] == dataversion.INDEX_FORMAT and index["files"] == 13 and len(index["parts"]) == 5
+        assert report.digest == index["digest"] and report.files == 13
+        rows = [row for ref in index["parts"] for row in json.loads(container.download_blob(ref[0]).readall())["files"]]
+        assert [row[0] for row in rows] == [f"ds/v1/{n}.gz" for n in MANY]  # in name order, each once
+        assert [b.name for b in container.list_blobs(name_starts_with="ds/_versions/")] == ["ds/_versions/1.json"]
+
+    def test_each_node_reads_the_parts_of_its_share_and_the_nodes_stage_every_file_once(self, azurite, container,
+                                                                                          tmp_path):
+        source = folder(tmp_path, "v1", MANY)
+        versions.upload_version(container, source, "ds", workers=2)
+        store, staged, parts_read = MemoryStore(), {}, {}
+        for node in range(4):
+            gets: list[str] = []
+            result = stage(azurite, container, tmp_path, node=node, nodes=4, channel=Channel(store, node=node, nodes=4),
+                           reader_factory=counting_reader(azurite, gets))
+            staged[node] = data_files(Path(result.inputs[0].data_dir))
+            parts_read[node] = [g for g in gets if "/_parts/" in g]
+            assert result.inputs[0].balance["rule"] == "contiguous" and result.inputs[0].files_total == 13
+        assert sum(map(len, staged.values())) == 13  # no file staged by two nodes
+        assert {k: v for files in staged.values() for k, v in files.items()} == source_files(source)
+        assert all(1 <= len(read) <= 3 for read in parts_read.values()), parts_read  # of 5 parts
+        assert all(staged.values())  # 13 files over 4 nodes: each has some
+
+    def test_replica_nodes_read_every_part_and_hold_everything(self, azurite, container, tmp_path):
+        source = folder(tmp_path, "v1", MANY)
+        versions.upload_version(container, source, "ds", workers=2)
+        store = MemoryStore()
+        for node in range(2):
+            result = stage(azurite, container, tmp_path, node=node, nodes=2, channel=Channel(store, node=node, nodes=2),
+                           mode="replica")
+            assert data_files(Path(result.inputs[0].data_dir)) == source_files(source)
+
+    def test_a_changed_part_is_refused(self, azurite, container, tmp_path):
+        versions.upload_version(container, folder(tmp_path, "v1", MANY), "ds", workers=2)
+        ref = json.loads(container.download_blob("ds/_versions/1.json").readall())["parts"][2]
+        body = container.download_blob(ref[0]).readall()
+        at = body.index(b'"amlhpc_sha256":"') + len(b'"amlhpc_sha256":"')
+        forged = body[:at] + (b"1" if body[at:at + 1] == b"0" else b"0") + body[at + 1:]  # one digest, one digit
+        assert len(forged) == len(body) and forged != body
+        container.upload_blob(ref[0], forged, overwrite=True)
+        with pytest.raises(staging.StagingError, match=f"{ref[0]}: its files do not match the index"):
+            stage(azurite, container, tmp_path)
+
+    def test_an_upload_stopped_after_its_parts_is_finished_by_a_resume(self, azurite, container, tmp_path):
+        """The parts are in, the index is not: the version is not committed; a resume writes the
+        same parts again (each meets its own bytes: a lost reply's retry does the same) and commits."""
+        source = folder(tmp_path, "v1", MANY)
+        with faultpoints.injected("dataset.parts-written", faultpoints.raising("killed")), \
+                pytest.raises(faultpoints.FaultInjected):
+            versions.upload_version(container, source, "ds", workers=2)
+        assert versions.list_versions(container, "ds").writing == {1: "ds/_versions/1.uploading"}
+        assert versions.upload_version(container, source, "ds", resume=1, workers=2).version == 1
+        assert data_files(Path(stage(azurite, container, tmp_path).inputs[0].data_dir)) == source_files(source)
 
 
 @pytest.mark.parametrize(("value", "parsed"), [("latest", None), (3, 3), ("12", 12)])

@@ -11,6 +11,8 @@ from amlhpc.jobs.runtime.staging.assign import (
     Item,
     balance,
     balance_indices,
+    contiguous_bin,
+    contiguous_parts,
     measure,
     split_for_ranks,
 )
@@ -150,3 +152,38 @@ class TestSplitForRanks:
         assert node_balance.max_bytes == 22000
         assert node_balance.mean_bytes == pytest.approx(64000 / 3)
         assert node_balance.to_json()["imbalance"] == pytest.approx(22000 / (64000 / 3), rel=1e-3)
+
+
+class TestContiguous:
+    """The split of a manifest in parts: a node reads only the parts that hold its share."""
+
+    @pytest.mark.parametrize("seed", range(12))
+    def test_a_node_finds_every_file_of_its_share_in_the_parts_it_reads(self, seed):
+        rng = random.Random(seed)
+        sizes = [rng.choice([0, 1, rng.randrange(1, 10**6), rng.randrange(1, 10**9)]) for _ in range(rng.randrange(1, 400))]
+        cuts = sorted(rng.sample(range(1, len(sizes)), min(len(sizes) - 1, rng.randrange(0, 40))))
+        groups = [list(range(a, b)) for a, b in zip([0, *cuts], [*cuts, len(sizes)], strict=True)]
+        bins = rng.choice([1, 2, 3, 8, 64, 1000])
+        total = sum(sizes)
+        start, owner = 0, []
+        for size in sizes:
+            owner.append(contiguous_bin(start, size, total, bins))
+            start += size
+        assert owner == sorted(owner) and all(0 <= b < bins for b in owner)  # contiguous ranges, in name order
+        weights = [sum(sizes[k] for k in g) for g in groups]
+        for b in range(bins):
+            needed = {g for g, members in enumerate(groups) if any(owner[k] == b for k in members)}
+            read = contiguous_parts(weights, bins, b)
+            assert needed <= set(read), (b, needed, read)
+            assert len(read) <= len(needed) + 2  # at most the parts at its two edges beside its own
+            held = sum(size for size, o in zip(sizes, owner, strict=True) if o == b)
+            assert held <= total / bins + max(sizes)  # the bound staging reports
+
+    def test_each_node_reads_a_few_parts_and_each_part_a_few_nodes_at_any_scale(self):
+        weights = [4_000 * 150_000_000] * 250  # 1 M files of 150 MB in 250 parts
+        for nodes in (8, 64, 512, 1000):
+            reads = [contiguous_parts(weights, nodes, n) for n in range(nodes)]
+            per_node = max(map(len, reads))
+            per_part = max(sum(p in r for r in reads) for p in range(len(weights)))
+            assert per_node <= -(-len(weights) // nodes) + 1, (nodes, per_node)
+            assert per_part <= -(-nodes // len(weights)) + 1, (nodes, per_part)

@@ -8,7 +8,8 @@
 
 Determinism: while a World is open, `secrets.token_hex` / `token_bytes` / `token_urlsafe`
 (upload sessions, version names, lease ids) draw from a generator seeded by the world's
-seed, and every request's latency, every tie between events and every retry's jitter
+seed, so does the `random` module's own (the pacing's jitter draws from it: unseeded, a
+watchdog's looks fell at other virtual times on each run of one seed), and every request's latency, every tie between events and every retry's jitter
 from the scheduler's: a seed replays the same run, names included. One world is open at
 a time in a process (the patch and the fault points are process-wide).
 
@@ -80,6 +81,7 @@ class World:
         self._logger_state: tuple[int, bool] | None = None
         self._handler = _TraceHandler(self.sim)
         self._patched: dict[str, Any] = {}
+        self._random_state: Any = None
         self._armed: list[str] = []
         self.closed = False
 
@@ -101,6 +103,8 @@ class World:
         secrets.token_hex = lambda n=32: names.randbytes(n if n is not None else 32).hex()  # type: ignore[assignment]
         secrets.token_bytes = lambda n=32: names.randbytes(n if n is not None else 32)  # type: ignore[assignment]
         secrets.token_urlsafe = lambda n=32: names.randbytes(n if n is not None else 32).hex()  # type: ignore[assignment]
+        self._random_state = random.getstate()
+        random.seed(self._names.getrandbits(64))
         logger = logging.getLogger("amlhpc")
         self._logger_state = (logger.level, logger.propagate)
         logger.setLevel(self.log_level)
@@ -126,6 +130,8 @@ class World:
                 logger.propagate = self._logger_state[1]
             for attr, original in self._patched.items():
                 setattr(secrets, attr, original)
+            if self._random_state is not None:
+                random.setstate(self._random_state)
             if self in _open:
                 _open.remove(self)
 

@@ -55,3 +55,26 @@ def test_a_1000_node_start_reads_a_versioned_datasets_manifest_within_the_blob_b
     monkeypatch.setattr(pacing, "read_slot_s", lambda node: 0.0)
     together = scale.job_store_start(1000, 0, tmp_path / "together", files=200)
     assert together["manifest_rps"] > 500, together
+
+
+def test_each_node_reads_the_manifest_parts_of_its_share_whatever_the_node_count(tmp_path):
+    """A version of 20,000 files in 80 parts (250 rows each here; PART_ROWS in a real upload):
+    the bytes a node reads at the start fall as the node count grows, each part blob is read by
+    about N / parts + 1 nodes, and every file is in one node's share (bench.scale asserts it).
+    The baseline in the same run, the same files in one inline manifest, costs every node the
+    whole listing at any N."""
+    inline = scale.job_store_start(8, 0, tmp_path / "inline", files=20_000)
+    runs = {n: scale.job_store_start(n, 0, tmp_path / str(n), files=20_000, part_rows=250) for n in (8, 64, 512, 1000)}
+    assert all(run["parts"] == 80 and run["resolved"] == n for n, run in runs.items()), runs
+    for n, run in runs.items():
+        assert run["bytes_read_per_node"] <= runs[8]["bytes_read_per_node"], (n, run)
+        assert run["parts_read_per_node"] <= 80 / n + 2, (n, run)
+        assert run["part_reads_max"] <= n / 80 + 2, (n, run)
+        assert run["manifest_rps"] <= BLOB_BUDGET_RPS and run["account_rps"] <= ACCOUNT_BUDGET_RPS, (n, run)
+    assert runs[1000]["bytes_read_per_node"] * 20 < inline["bytes_read_per_node"], (runs[1000], inline)
+
+
+def test_a_seed_replays_the_same_figures(steady, tmp_path):
+    """The pacing's jitter draws from the `random` module: the world seeds it, so a rerun of one
+    seed is the same run (unseeded, one node's looks moved and the rates with them)."""
+    assert scale.job_store_steady(8, 0, tmp_path, window_s=4.0, check_s=2.0, warmup_s=1.0) == steady[8]

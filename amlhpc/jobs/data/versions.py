@@ -9,8 +9,9 @@ An upload of dataset NAME:
 2. uploads the files under `NAME/v<k>/` (amlhpc.jobs.data.upload: gzip, checksums, conditional
    commits);
 3. lists `NAME/v<k>/` once and writes the manifest `NAME/_versions/<k>.json` create-only (its
-   files with sizes, etags, Content-MD5 and checksums, and their digest): the version is
-   committed from this write on, and only then;
+   files with sizes, etags, Content-MD5 and checksums, and their digest; above
+   dataversion.PART_ROWS files, an index of parts under `NAME/_parts/<k>/`, each written
+   create-only before it): the version is committed from this write on, and only then;
 4. deletes the marker.
 
 A failed or interrupted upload leaves its marker and no manifest: staging never sees the
@@ -191,7 +192,15 @@ def upload_version(container, local_dir: Path, dataset: str, *, resume: int | No
     blobs = remote.list_remote(container, prefix)
     rows = [[b.name, b.size, b.etag, b.content_encoding, b.content_md5,
              {k: v for k, v in b.metadata.items() if k in MANIFEST_METADATA}] for b in blobs.values()]
-    manifest = dataversion.build_manifest(dataset, version, f"{prefix}/", rows, created=_utc(), session=session)
+    manifest, parts = dataversion.build_version(dataset, version, f"{prefix}/", rows, created=_utc(), session=session)
+    for part, part_body in parts:  # before the manifest: a committed index names only parts that exist
+        # Another upload of this version with the same files wrote the same bytes: the part is shared.
+        if not _create_or_own(container, part, part_body, part_body.__eq__):
+            raise UploadError(f"version {version} of {dataset}: {part} holds other rows than this upload's (the "
+                              "name carries the listing's digest, so another writer put it there): upload again as "
+                              "a new version")
+    if parts:
+        faultpoints.reach("dataset.parts-written", dataset=dataset, version=version)
     name = dataversion.manifest_name(dataset, version)
     body = json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8", "surrogatepass")
     if not _create_or_own(container, name, body, lambda data: json.loads(data).get("digest") == manifest["digest"]):

@@ -78,6 +78,7 @@ POINTS: dict[str, str] = {
     # amlhpc.jobs.data.versions: one versioned upload of a dataset
     "dataset.marker-written": "the version's in-progress marker is in; none of its files is uploaded",
     "dataset.files-uploaded": "every file of the version is committed; its manifest is not written",
+    "dataset.parts-written": "a large version's manifest parts are in; its index (the commit) is not written",
     "dataset.manifest-written": "the manifest is in (the version is committed); the marker is not deleted yet",
     # amlhpc.jobs.runtime.coord.nodebarrier: local rank 0 and its node's other ranks
     "barrier.after-lead": "local rank 0 recorded itself as leader; staging has not started",

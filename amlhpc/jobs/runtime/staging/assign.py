@@ -23,6 +23,11 @@ Rules (deterministic: every process computes the same answer from the same listi
   the tolerance (with equal sizes: under 20,000 files a bin) is placed by LPT alone; equal
   sizes are all placed or all dealt, and a deal, too, gives counts within one.
 - Each bin's items are returned sorted by name, so file lists read naturally.
+- A listing too large for every node to read whole (a manifest in parts) is split by
+  `contiguous`: items in name order, weighed as above, each goes to the bin its weight's
+  midpoint falls in when the total is cut into `bins` equal ranges. A node then needs only
+  the parts that overlap its range (`contiguous_parts`), and its bytes stay within its mean
+  plus the largest item. LPT balances better, but it needs every item on every node.
 - `split_for_ranks(items, node_count, local_size)` balances over nodes first (the node is
   the unit that downloads), then each node's share over its local ranks: rank r on node
   n = r // local_size gets part (r % local_size) of node n's share. In `local` staging
@@ -237,3 +242,23 @@ def node_and_ranks(sizes: Sequence[int], node_count: int, local_size: int, node:
     share = per_node[node]
     per_rank = [[share[k] for k in group] for group in balance_indices([sizes[k] for k in share], local_size)]
     return per_node, per_rank
+
+
+def contiguous_bin(start: int, weight: int, total: int, bins: int) -> int:
+    """The bin of an item whose weight runs from `start` to `start + weight` of `total` (its midpoint's range)."""
+    if total <= 0:
+        return 0
+    return min(bins - 1, (2 * start + weight) * bins // (2 * total))
+
+
+def contiguous_parts(weights: Sequence[int], bins: int, bin_index: int) -> list[int]:
+    """The groups of consecutive items (weighed in order by `weights`) that may hold an item of
+    bin `bin_index` under `contiguous_bin`: each group's items have midpoints inside it."""
+    total, start, found = sum(weights), 0, []
+    for k, weight in enumerate(weights):
+        lowest = contiguous_bin(start, 0, total, bins)
+        highest = contiguous_bin(start + weight, 0, total, bins)
+        if lowest <= bin_index <= highest:
+            found.append(k)
+        start += weight
+    return found

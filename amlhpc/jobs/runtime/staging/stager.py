@@ -116,7 +116,15 @@ from amlhpc.jobs.runtime.coord.nodebarrier import (
     write_json_atomic,
 )
 from amlhpc.jobs.runtime.node import scratch as scratch_module
-from amlhpc.jobs.runtime.staging import assign, budget, datadir, dataversion, filelist, repair
+from amlhpc.jobs.runtime.staging import (
+    assign,
+    budget,
+    datadir,
+    dataversion,
+    filelist,
+    repair,
+    shares,
+)
 from amlhpc.jobs.runtime.staging.manifest import Manifest, adoptable
 from amlhpc.jobs.runtime.staging.stagelock import InputLock, StagingLocked
 from amlhpc.jobs.runtime.staging.stagespec import (  # re-exported: launch and tests use staging's names
@@ -390,6 +398,8 @@ class _Source:
     """None: an un-versioned prefix (listed)."""
     digest: str
     versions: dataversion.Versions
+    manifest: dataversion.Manifest | None = None
+    """The version's manifest; when it is in parts, `entries` is empty and each node reads its parts."""
 
 
 def _versions(reader, spec: StageSpec, deadline: Deadline) -> dataversion.Versions:
@@ -409,12 +419,13 @@ def _manifest_source(reader, spec: StageSpec, versions: dataversion.Versions, ve
     except dataversion.VersionError as exc:
         raise StagingError(f"input {spec.name!r}: {exc}") from None
     versioned = replace(spec, prefix=dataversion.data_prefix(spec.prefix, version))
-    if not manifest.entries:
+    if not manifest.files:
         raise StageConfigError.single(f"input {spec.name!r}", "version", f"version {version} holds no files",
                                       "upload the dataset again as a new version")
-    log.info("input %s: version %d of %s (manifest %s: %d files, %.1f MB stored; one GET, no listing)", spec.name,
-             version, spec.prefix.strip("/"), manifest.digest, len(manifest.entries), manifest.bytes / 1e6)
-    return _Source(versioned, _usable(versioned, manifest.entries), version, manifest.digest, versions)
+    how = f"in {len(manifest.parts)} parts; this node reads those of its share" if manifest.parts else "one GET"
+    log.info("input %s: version %d of %s (manifest %s: %d files, %.1f MB stored; %s, no listing)", spec.name,
+             version, spec.prefix.strip("/"), manifest.digest, manifest.files, manifest.bytes / 1e6, how)
+    return _Source(versioned, _usable(versioned, manifest.entries), version, manifest.digest, versions, manifest)
 
 
 def resolve_source(reader, spec: StageSpec, deadline: Deadline = blobhttp.NO_DEADLINE, node: int = 0) -> _Source:
@@ -476,21 +487,78 @@ class _Plan:
     files_per_node: list[int]
     source: _Source | None = None
     """The version (or listing) planned from; None only for plans made by hand."""
+    share: dict[str, Any] | None = None
+    """A plan from a manifest in parts (shares.read_share): what the node read and the bound on
+    every node's bytes; the other nodes' exact shares are in parts this node did not read."""
+
+    @property
+    def files_total(self) -> int:
+        return int(self.share["files"]) if self.share else len(self.entries)
+
+    @property
+    def max_node_bytes(self) -> int:
+        return int(self.share["max_bytes_per_node"]) if self.share else max(self.bytes_per_node)
 
     def balance(self) -> dict[str, Any]:
+        if self.share:
+            return dict(self.share)
         mean = sum(self.bytes_per_node) / len(self.bytes_per_node)
         return {"max_bytes_per_node": max(self.bytes_per_node), "mean_bytes_per_node": round(mean, 1),
                 "imbalance": round(max(self.bytes_per_node) / mean, 4) if mean else 1.0,
                 "bytes_per_node": self.bytes_per_node, "files_per_node": self.files_per_node}
 
 
-def make_plan(spec: StageSpec, reader, entries: list[BlobEntry], ranks: ranks_module.Ranks) -> _Plan:
-    """Paths and this node's share (and its ranks' files in local mode)."""
+def _local_paths(spec: StageSpec, entries: list[BlobEntry]) -> list[str]:
     try:
-        rels = datadir.local_paths(spec.normalized_prefix, entries)
+        return datadir.local_paths(spec.normalized_prefix, entries)
     except datadir.PathProblems as exc:
         raise StageConfigError([RuntimeProblem(f"input {spec.name!r}", "blobs", p) for p in exc.problems],
                                f"input {spec.name!r} cannot be staged as files") from None
+
+
+def plan_source(source: _Source, reader, ranks: ranks_module.Ranks, deadline: Deadline) -> _Plan:
+    """The node's plan from what it resolved: the whole listing (inline manifests, listings), or
+    the parts of a manifest in parts that hold the node's share."""
+    manifest = source.manifest
+    plan = (_plan_from_parts(source.spec, reader, manifest, ranks, deadline) if manifest and manifest.parts
+            else make_plan(source.spec, reader, source.entries, ranks))
+    plan.source = source
+    return plan
+
+
+def _plan_from_parts(spec: StageSpec, reader, manifest: dataversion.Manifest, ranks: ranks_module.Ranks,
+                     deadline: Deadline) -> _Plan:
+    def get(part: dataversion.PartRef) -> bytes:
+        try:
+            return reader.get(part.blob, 0, part.size, deadline=deadline)[0]
+        except BlobReadError as exc:
+            raise StagingError(f"input {spec.name!r}: reading {part.blob}, a part of version {manifest.version}'s "
+                               f"manifest, failed: {exc}") from None
+    try:
+        share = shares.read_share(manifest, get, spec.mode, ranks.node_index, ranks.node_count)
+    except dataversion.VersionError as exc:
+        raise StagingError(f"input {spec.name!r}: {exc}") from None
+    entries = _usable(spec, share.entries)
+    rels = _local_paths(spec, entries)
+    node_idx = [k for k, e in enumerate(entries) if e.name in share.mine]
+    per_rank: dict[int, list[int]] = {}
+    if spec.mode == "local":
+        local = assign.balance_indices([entries[k].size for k in node_idx], ranks.local_size)
+        per_rank = dict(zip(ranks.ranks_on_node(ranks.node_index), ([node_idx[k] for k in g] for g in local),
+                            strict=True))
+    node_bytes = sum(entries[k].size for k in node_idx)
+    summary = {"rule": "contiguous", "files": manifest.files, "parts": len(manifest.parts),
+               "parts_read": share.parts_read, "node_bytes": node_bytes, "node_files": len(node_idx),
+               "mean_bytes_per_node": round(manifest.bytes / ranks.node_count, 1),
+               "max_bytes_per_node": share.max_node_bytes}
+    log.info("input %s: %d of the manifest's %d parts read for this node's share (%d files, %.1f MB)", spec.name,
+             share.parts_read, len(manifest.parts), len(node_idx), node_bytes / 1e6)
+    return _Plan(spec, reader, entries, rels, node_idx, per_rank, [], [], share=summary)
+
+
+def make_plan(spec: StageSpec, reader, entries: list[BlobEntry], ranks: ranks_module.Ranks) -> _Plan:
+    """Paths and this node's share (and its ranks' files in local mode)."""
+    rels = _local_paths(spec, entries)
     sizes = [e.size for e in entries]
     per_rank: dict[int, list[int]] = {}
     if spec.mode == "replica":
@@ -754,7 +822,7 @@ def _stage_input(plan: _Plan, root: Path, ranks: ranks_module.Ranks, options: St
     dirs = _Dirs.make(root, spec.name)
     started = clock.monotonic()
     renamed, example = _renamed(plan)
-    result = InputResult(spec.name, spec.mode, str(dirs.data), str(dirs.staging), len(plan.entries),
+    result = InputResult(spec.name, spec.mode, str(dirs.data), str(dirs.staging), plan.files_total,
                          len(plan.node_idx), balance=plan.balance(), renamed=renamed)
     if renamed:
         log.info("input %s: %d blob(s) are staged under another name: gzip-encoded ones are inflated and lose their "
@@ -765,7 +833,7 @@ def _stage_input(plan: _Plan, root: Path, ranks: ranks_module.Ranks, options: St
             todo, manifest = _prepare(plan, dirs, ranks, options, clean_all, result)
             log.info("input %s (%s): node %d/%d has %d of %d files (%.1f MB stored); %d already staged, %d to fetch "
                      "into %s", spec.name, spec.mode, ranks.node_index, ranks.node_count, len(plan.node_idx),
-                     len(plan.entries), sum(plan.entries[k].size for k in plan.node_idx) / 1e6, result.files_skipped,
+                     plan.files_total, sum(plan.entries[k].size for k in plan.node_idx) / 1e6, result.files_skipped,
                      len(todo), dirs.data)
             corrupt: list[BlobEntry] = []
             try:
@@ -831,10 +899,7 @@ def _plans(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, reader_factory
             raise StageConfigError.single(f"input {spec.name!r}", "account_url", str(exc),
                                           "set account_url in AMLHPC_STAGE_JSON (the stack's storage.blobEndpoint) or "
                                           f"{contract.BLOB_CONNECTION_STRING} for Azurite") from None
-        source = resolve_source(reader, spec, deadline, ranks.node_index)
-        plan = make_plan(source.spec, reader, source.entries, ranks)
-        plan.source = source
-        plans.append(plan)
+        plans.append(plan_source(resolve_source(reader, spec, deadline, ranks.node_index), reader, ranks, deadline))
     return plans
 
 
@@ -863,9 +928,7 @@ def _agree(plan: _Plan, ranks: ranks_module.Ranks, channel: Channel, key: str, d
                      "version %s", plan.spec.name, agreed.get("node"), other, source.version, other)
             adopted = _manifest_source(plan.reader, requested, versions, other, deadline)
             if adopted.digest == agreed.get("digest"):
-                again = make_plan(adopted.spec, plan.reader, adopted.entries, ranks)
-                again.source = adopted
-                return again
+                return plan_source(adopted, plan.reader, ranks, deadline)
     theirs = f"version {other}" if other is not None else "a listing"
     ours = f"version {source.version}" if source.version is not None else "a listing"
     raise StagingError(
@@ -913,7 +976,7 @@ def _lead(specs: Sequence[StageSpec], ranks: ranks_module.Ranks, scratch: Path |
         plans = [p if p.spec.mode == "shared" else _agree(p, ranks, _job_channel(channel, ranks, env), key, deadline)
                  for p in plans]
     node_gbits = options.node_gbits_per_s if options.node_gbits_per_s is not None else node_gbits_from_env(env)
-    planned = budget.derive([budget.InputLoad(p.spec.name, p.spec.mode, p.spec.egress_gbps, max(p.bytes_per_node))
+    planned = budget.derive([budget.InputLoad(p.spec.name, p.spec.mode, p.spec.egress_gbps, p.max_node_bytes)
                              for p in plans], ranks.node_count, node_gbits=node_gbits, cap_mbps=options.cap_mbps,
                             timeout_s=options.timeout_s, timeout_given=options.timeout_given)
     if planned.refusals:
