@@ -145,11 +145,13 @@ def _same_as_latest(container, local_dir: Path, dataset: str, upload_options: di
 
 
 def upload_version(container, local_dir: Path, dataset: str, *, resume: int | None = None,
-                   session: str | None = None, allow_skips: bool = True, **upload_options: Any) -> VersionReport:
+                   session: str | None = None, allow_skips: bool = True, part_rows: int | None = None,
+                   **upload_options: Any) -> VersionReport:
     """Upload `local_dir` as a new version of `dataset` (or finish version `resume`); raises
     UploadError naming the version and how to finish it. A folder that is the latest committed
     version already makes no new version (the report says `unchanged`). With `allow_skips`
-    False, entries the walk could not upload leave the version uncommitted."""
+    False, entries the walk could not upload leave the version uncommitted. `part_rows`: files
+    a manifest part holds (default dataversion.PART_ROWS)."""
     dataset = remote.normalize_prefix(dataset)
     session = session or new_session()
     files = upload_options.get("files")
@@ -192,7 +194,8 @@ def upload_version(container, local_dir: Path, dataset: str, *, resume: int | No
     blobs = remote.list_remote(container, prefix)
     rows = [[b.name, b.size, b.etag, b.content_encoding, b.content_md5,
              {k: v for k, v in b.metadata.items() if k in MANIFEST_METADATA}] for b in blobs.values()]
-    manifest, parts = dataversion.build_version(dataset, version, f"{prefix}/", rows, created=_utc(), session=session)
+    manifest, parts = dataversion.build_version(dataset, version, f"{prefix}/", rows, created=_utc(), session=session,
+                                                 part_rows=part_rows)
     for part, part_body in parts:  # before the manifest: a committed index names only parts that exist
         # Another upload of this version with the same files wrote the same bytes: the part is shared.
         if not _create_or_own(container, part, part_body, part_body.__eq__):

@@ -5,8 +5,9 @@
   its latest committed version in `local` mode (amlhpc.jobs.runtime.staging.stager.stage_inputs
   on staging's stdlib reader, each node its share by the byte-balanced assignment, agreeing on
   the manifest through the job's store) while a new version is uploaded at a seeded moment
-  (every file changed, one added, one dropped). Faults: slow requests, 503 storms, lost
-  replies on the readers' GETs.
+  (every file changed, one added, one dropped); the manifest inline or in parts of 2 or 5
+  files. Faults: slow requests, 503 storms, lost replies on the readers' GETs and on one
+  write of a manifest or a part.
 - `upload-sessions`: two uploads of different local folders to one prefix overlap (two
   people, two machines), with lost replies and lost requests on their commits.
 
@@ -89,6 +90,12 @@ class Staging(Scenario):
                                       duration_s=rng.uniform(1.0, 20.0)))
             else:
                 plan.add(RequestFault("lost-reply", op="get_blob", node=node, nth=rng.randint(1, 20), reset_s=0.05))
+        # Drawn last, so the seeds drawn before keep their runs: the manifest in parts of 2 or 5
+        # files (each node reads its share's), the reply to one write of a part or a manifest lost.
+        self.settings["part_rows"] = rng.choice([None, 2, 5])
+        if self.settings["part_rows"] and rng.random() < 0.5:
+            plan.add(RequestFault("lost-reply", op="put_blob", blob=f"{DATASETS}/{PREFIX}/_[pv]*/*.json",
+                                  node="uploader", nth=rng.randint(1, 6), reset_s=0.05))
         return plan
 
     def start(self, world: World, root: Path) -> None:
@@ -98,7 +105,7 @@ class Staging(Scenario):
         _write_folder(first, self.first)
         _write_folder(second, self.second)
         uploader = world.node("uploader", principal="data-contributor")
-        world.call(lambda: upload_version(container, first, PREFIX, workers=2), node=uploader)
+        world.call(lambda: upload_version(container, first, PREFIX, workers=2, part_rows=s["part_rows"]), node=uploader)
         self.results: dict[int, object] = {}
         spec = StageSpec(name="cosmo", container=DATASETS, prefix=PREFIX)
         options = StageOptions(concurrency=4, file_workers=2, inflate_workers=1, timeout_s=3600.0,
@@ -125,7 +132,7 @@ class Staging(Scenario):
             def update() -> None:
                 world.sim.sleep(s["update_at_s"])
                 try:
-                    upload_version(world.container(DATASETS), second, PREFIX, workers=2)
+                    upload_version(world.container(DATASETS), second, PREFIX, workers=2, part_rows=s["part_rows"])
                 except UploadError:
                     pass
             world.spawn("update", update, node=uploader)
