@@ -25,6 +25,7 @@ CALLED_BY_FRAMEWORKS = {
     "create_module", "exec_module",  # importlib loaders (amlhpc/infra/plan/lazy_provider.py)
     "get_token", "get_token_info",   # azure-core's credential protocols
     "find_class", "persistent_load",  # pickle.Unpickler's hooks (amlhpc/jobs/runtime/checkpoint/safeload.py)
+    "readinto",                      # io.RawIOBase: io.BufferedReader reads through it (checkpoint/ranged.py)
 }
 
 

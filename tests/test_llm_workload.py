@@ -216,7 +216,7 @@ def test_two_ranks_fsdp_log_mfu_every_step_and_write_versions(whole):
     assert sorted(p.name for p in versions.iterdir()) == ["step-000000004", "step-000000008"]
     assert {p.name for p in (versions / "step-000000008").iterdir()} == {"rank-0", "rank-1", "rank-0.json", "rank-1.json"}
     assert {p.name for p in (versions / "step-000000008" / "rank-1").iterdir()} == {".metadata", "__0_0.distcp",
-                                                                                   "trainer.json"}
+                                                                                   "trainer.json", "blocks.json"}
     trainer = json.loads((versions / "step-000000004" / "rank-1" / "trainer.json").read_text())
     assert trainer["step"] == 4 and trainer["sampler"] == {"consumed": 16, "per_step": 4} and "torch" in trainer["rng"]
     completed = json.loads((whole["root"] / "progress.json").read_text())["completed"]

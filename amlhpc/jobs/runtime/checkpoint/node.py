@@ -7,7 +7,8 @@ source, stream by stream:
   version into the node's checkpoint folder;
 - the versioned stream (`<prefix>/versions`): the newest committed version into
   `versions/step-N/`: this node's ranks' parts when the job runs at the world size that saved
-  it, every rank's part when it does not (the training then reshards: shrink-and-continue).
+  it; when it does not (the training then reshards: shrink-and-continue), every rank's small
+  files and `remote.json`, and the ranks read the data they need from Blob by range (ranged.py).
 
 For an in-job restart (amlhpc/jobs/runtime/launch/restart.py) the node reports the versions it holds intact
 (every file's size and mtime checked against its rank's marker, whose SHA-256 was computed while
@@ -29,7 +30,7 @@ from typing import Any
 
 from amlhpc.jobs.runtime.base import clock
 from amlhpc.jobs.runtime.base.exit_codes import ExitCode
-from amlhpc.jobs.runtime.checkpoint import tier
+from amlhpc.jobs.runtime.checkpoint import blocks, ranged, tier
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
 from amlhpc.jobs.runtime.checkpoint.settings import (
     CheckpointSettings,
@@ -134,7 +135,10 @@ class NodeCheckpoints:
         same_world = meta.get("world") == self.world
         target = tier.versions_dir(self.checkpoint_dir) / str(local)
         started = time.monotonic()
-        self.versions.restore(target, manifest, select=self._own_parts if same_world else None)
+        if same_world:
+            self.versions.restore(target, manifest, select=self._own_parts)
+        else:
+            self._restore_for_reshard(target, manifest)
         found = tier.read_version(target)
         needed = self.ranks if same_world else range(int(meta.get("world") or 0))
         if found is None or not found.holds(needed):
@@ -142,8 +146,26 @@ class NodeCheckpoints:
                                   f"{sorted(set(needed) - set(found.markers if found else ()))}")
         log.info("versioned checkpoint %s (step %s, saved by %s ranks) restored from Blob into %s in %.1fs%s",
                  manifest.version, meta.get("step"), meta.get("world"), target, time.monotonic() - started,
-                 "" if same_world else f": every part, to reshard for {self.world} ranks")
+                 "" if same_world else f": every part's small files, to reshard for {self.world} ranks (the ranks "
+                 "read the data by range)")
         return target
+
+    def _restore_for_reshard(self, target: Path, manifest: Manifest) -> None:
+        """Another world size: every part's small files (metadata, markers, trainer state) into
+        the tier, and `remote.json` naming where the data files are (ranged.py: the ranks read
+        the ranges their load needs). A part saved without block digests is restored whole."""
+        listed = {e["path"].split("/", 1)[0] for e in manifest.files if e["path"].endswith(f"/{blocks.BLOCKS_FILE}")}
+
+        def remote(path: str) -> bool:
+            folder = path.split("/", 1)[0]
+            return folder in listed and (path.endswith(blocks.DATA_SUFFIX) or path == f"{folder}/{blocks.BLOCKS_FILE}")
+        self.versions.restore(target, manifest, select=lambda path: not remote(path))
+        urls = dict(self.settings.account_urls())
+        remotes = [ranged.Remote(e["path"], e["blob"], e["size"], e.get("etag"),
+                                 urls.get(e.get("account") or "", self.settings.account_url))
+                   for e in manifest.files if remote(e["path"])]
+        if remotes:
+            ranged.write_remote(target, self.settings.container, remotes)
 
     # --- while training ---------------------------------------------------------------------
     def start_uploads(self, protect: set[str] | None = None) -> None:

@@ -175,6 +175,11 @@ class LocalVersion:
         return all(r in self.markers for r in ranks)
 
     @property
+    def ranged(self) -> bool:
+        """Restored for a reshard: the markers and small files are here, the data files in Blob (ranged.py)."""
+        return (self.path / REMOTE_FILE).exists()
+
+    @property
     def world(self) -> int | None:
         worlds = {m["world"] for m in self.markers.values()}
         return worlds.pop() if len(worlds) == 1 else None
@@ -202,6 +207,8 @@ class LocalVersion:
         or a marker without mtimes (written before they were recorded), is hashed. `full`: the
         SHA-256 of every file, `workers` files at a time (one thread hashed ~1.5 GB/s: 90 s for
         70 GB). Corruption that changes neither size nor mtime is left to the load (`quarantine`)."""
+        if self.ranged:
+            return f"{self.name}: restored for a reshard, its data files read from Blob (not held here)"
         entries = []
         for rank in sorted(ranks):
             marker = self.markers.get(rank)
@@ -233,6 +240,8 @@ class LocalVersion:
 
 
 QUARANTINE_SUFFIX = ".corrupt"
+REMOTE_FILE = "remote.json"
+"""In a version folder restored for a reshard: where its data files are in Blob (ranged.py)."""
 
 
 def quarantine(version_dir: Path, rank: int) -> Path | None:

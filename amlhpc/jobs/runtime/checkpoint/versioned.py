@@ -26,7 +26,9 @@ FileSystemWriter are used as they are.
 
 Loading (`load_version`): the metadata of the rank folders present is merged (safeload.py,
 no pickled code), and DCP reads into the given state dict: the same world size reads only the
-rank's own folder (its node's files); another world size reshards from every rank's folder.
+rank's own folder (its node's files); another world size reshards from every rank's folder,
+whose data files a reshard restore left in Blob: DCP's reader then fetches the blocks its plan
+needs, checked against the part's block digests (ranged.py; blocks.json written beside the files).
 Meanwhile threads hash the files of the folders it reads (the same bytes, from the page cache
 the load fills) against their markers: a copy the medium corrupted after the save (size and
 mtime unchanged, so the restart's quick check passed it) fails the load with LocalCopyCorrupt
@@ -52,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.checkpoint import safeload, tier
+from amlhpc.jobs.runtime.checkpoint import blocks, ranged, safeload, tier
 from amlhpc.jobs.runtime.checkpoint.errors import (
     CheckpointError,
     LocalCopyCorrupt,
@@ -98,9 +100,10 @@ class HashingWriter(io.RawIOBase):
     files front to back (torch.save streams its zip sequentially; its NoCloseWriter offers no
     seek), so the digest is the file's; a seek would break that and is refused."""
 
-    def __init__(self, raw: Any):
+    def __init__(self, raw: Any, block: int = blocks.DEFAULT_KIB * 1024):
         super().__init__()
         self.raw, self.digest, self.size = raw, hashlib.sha256(), 0
+        self.blocks = blocks.BlockHasher(block)
 
     def writable(self) -> bool:
         return True
@@ -111,6 +114,7 @@ class HashingWriter(io.RawIOBase):
         if written is None or written < len(view):  # a short write: the rest would go unhashed
             raise OSError(f"short write to {self.raw.name}: {written} of {len(view)} bytes")
         self.digest.update(view)  # hashlib releases the GIL on large buffers: the writer threads hash in parallel
+        self.blocks.update(view)
         self.size += len(view)
         return len(view)
 
@@ -131,12 +135,13 @@ def _file_system_class():
     from torch.distributed.checkpoint.filesystem import FileSystem
 
     class HashingFileSystem(FileSystem):
-        """DCP's local file system, recording the SHA-256 and size of every file it writes
-        (`digests`, by final path: a `.metadata.tmp` renamed takes its record along)."""
+        """DCP's local file system, recording the SHA-256, size and block digests of every file
+        it writes (`digests`, by final path: a `.metadata.tmp` renamed takes its record along)."""
 
-        def __init__(self) -> None:
+        def __init__(self, block: int) -> None:
             super().__init__()
-            self.digests: dict[str, tuple[str, int]] = {}
+            self.block = block
+            self.digests: dict[str, tuple[str, int, list[str]]] = {}
             self._lock = threading.Lock()
 
         @contextlib.contextmanager
@@ -146,11 +151,11 @@ def _file_system_class():
                     yield stream
                 return
             with Path(path).open("wb") as raw:
-                writer = HashingWriter(raw)
+                writer = HashingWriter(raw, self.block)
                 yield writer
                 raw.flush()
             with self._lock:
-                self.digests[str(path)] = (writer.digest.hexdigest(), writer.size)
+                self.digests[str(path)] = (writer.digest.hexdigest(), writer.size, writer.blocks.finish())
 
         def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
             super().rename(path, new_path)
@@ -161,13 +166,13 @@ def _file_system_class():
     return HashingFileSystem
 
 
-def hashing_writer(folder: Path, writers: int):
+def hashing_writer(folder: Path, writers: int, block: int | None = None):
     """DCP's FileSystemWriter into `folder` (fsync per file, `writers` threads) whose file system
-    records the SHA-256 of every file as it writes it (`.fs.digests`)."""
+    records the SHA-256 and block digests of every file as it writes it (`.fs.digests`)."""
     import torch.distributed.checkpoint as dcp
 
     writer = dcp.FileSystemWriter(str(folder), sync_files=True, thread_count=writers)
-    writer.fs = _file_system_class()()
+    writer.fs = _file_system_class()(block or blocks.block_bytes())
     return writer
 
 
@@ -179,6 +184,7 @@ class Checkpointer:
         self.checkpoint_dir, self.rank, self.world, self.tag, self.background = (
             Path(checkpoint_dir), rank, world, tag, background)
         self.writers = writers or default_writers()
+        self.block = blocks.block_bytes()  # read once, at the start: a bad value stops the training there
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stager: Any = None
@@ -239,13 +245,17 @@ class Checkpointer:
         if folder.exists():
             shutil.rmtree(folder)  # an interrupted save, or an abandoned timeline's part
         folder.mkdir(parents=True)
-        writer = hashing_writer(folder, self.writers)
+        writer = hashing_writer(folder, self.writers, self.block)
         dcp.save(state, storage_writer=writer, no_dist=True)
-        digests = {}
-        for path, (digest, size) in writer.fs.digests.items():
+        digests, block_digests = {}, {}
+        for path, (digest, size, by_block) in writer.fs.digests.items():
             relative = Path(path).relative_to(version_dir).as_posix()
             if Path(path).stat().st_size == size:  # what was hashed is what is there
                 digests[relative] = digest
+                if relative.endswith(blocks.DATA_SUFFIX):
+                    block_digests[Path(path).name] = by_block
+        listed = blocks.write(folder, self.block, block_digests)
+        digests[f"{folder.name}/{blocks.BLOCKS_FILE}"] = hashlib.sha256(listed).hexdigest()
         text = json.dumps(trainer).encode()
         with open(folder / TRAINER_FILE, "wb") as handle:
             handle.write(text)
@@ -291,12 +301,15 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int
     source = rank if same else min(markers)
     read = sorted({int(info.relative_path.split("/", 1)[0].removeprefix("rank-"))
                    for info in metadata.storage_data.values()} | {source})
+    reader = safeload.safe_reader(version_dir, metadata)
+    remote = ranged.RemoteFiles(version_dir, markers) if found and found.ranged else None
+    if remote is not None:
+        reader.fs = ranged.file_system(remote)  # the data by range from Blob, each block checked
     failed: BaseException | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-verify") as pool:
-        checks = {r: pool.submit(_check_part, found, r) for r in read} if verify and found else {}
+        checks = ({r: pool.submit(_check_part, found, r, remote) for r in read} if verify and found else {})
         try:
-            dcp.load(state, storage_reader=safeload.safe_reader(version_dir, metadata),
-                     planner=safeload.safe_planner(), no_dist=True)
+            dcp.load(state, storage_reader=reader, planner=safeload.safe_planner(), no_dist=True)
         except dcp.CheckpointException as exc:
             failed = safeload.unwrap(exc)
         except Exception as exc:  # noqa: BLE001 - a corrupt file may fail the load itself: the check says which
@@ -307,12 +320,17 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int
     trainer = json.loads((tier.rank_dir(version_dir, source) / TRAINER_FILE).read_text())
     trainer["same_world"] = same
     trainer["saved_world"] = saved
+    if remote is not None:
+        log.info("rank %d: %s resharded from Blob by range: %d bytes fetched by this rank", rank, version_dir.name,
+                 remote.fetched)
+        trainer["fetched_bytes"] = remote.fetched
     return trainer
 
 
-def _check_part(version: tier.LocalVersion, rank: int) -> str | None:
-    """Rank `rank`'s files of the version against its marker, every byte (beside the load)."""
-    return version.check_hashes(list(version.markers[rank]["files"]))
+def _check_part(version: tier.LocalVersion, rank: int, remote: ranged.RemoteFiles | None = None) -> str | None:
+    """Rank `rank`'s files of the version against its marker, every byte (beside the load); the
+    files read from Blob by range are checked block by block as they arrive instead."""
+    return version.check_hashes([e for e in version.markers[rank]["files"] if remote is None or e["path"] not in remote])
 
 
 def _refuse_corrupt(version_dir: Path, checked: dict[int, str | None], cause: BaseException | None) -> None:
