@@ -149,6 +149,8 @@ class TestRunAndCheckpoint:
         assert "--max-clocks: no GPU clocks changed (NVML unavailable or no GPU)" in out
         seen = json.loads((tmp_path / "seen-0.json").read_text())
         assert "AMLHPC_BLOB_CONNECTION_STRING" not in seen and azurite.key not in json.dumps(seen)
+        sas = dict(part.split("=", 1) for part in seen["AMLHPC_BLOB_READ_SAS"].split("&"))
+        assert sas["sp"] == "rl" and sas["sr"] == "c", "read and list, the container only: never a write"
         assert seen["AMLHPC_CHECKPOINT_DIR"].startswith(str(tmp_path / "scratch"))
         assert "AMLHPC_RESUME_DIR" not in seen and seen["resumed"] is None
         assert azurite.key not in out

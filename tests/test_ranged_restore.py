@@ -91,7 +91,12 @@ class TestReshardFromBlob:
         assert (version / "rank-1" / ".metadata").exists() and tier.read_version(version).ranged
         assert "not held here" in tier.read_version(version).verify([0])  # an in-job restart will not trust it
 
-        monkeypatch.setenv("AMLHPC_BLOB_CONNECTION_STRING", azurite.connection_string)
+        from amlhpc.jobs.runtime.blob.blobhttp import read_sas
+
+        # as the launcher runs the training: the read-only SAS, never the connection string's key
+        monkeypatch.delenv("AMLHPC_BLOB_CONNECTION_STRING", raising=False)
+        monkeypatch.setenv("AMLHPC_BLOB_READ_SAS", read_sas({"AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string},
+                                                             container.container_name))
         state = {"w": torch.zeros(20_000), "b": torch.zeros(300)}
         trainer = load_version(version, state, 0, 1)
         assert torch.equal(state["w"], torch.arange(20_000.0)) and torch.equal(state["b"], torch.ones(300))

@@ -103,6 +103,9 @@ def test_runs_here(recipe, tmp_path, blob_env):
                          "--resume")
         assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
         assert "resumed from" in again.stdout
+        # a version of 2 ranks resumed on 1: the small files restored, the data read by range by the rank
+        assert "every part's small files, to reshard for 1 ranks (the ranks read the data by range)" in again.stdout
+        assert list(work.glob("node0/scratch/amlhpc-checkpoints/*/versions/step-*/.ranged/*.have"))
         assert {entry["epoch"] for entry in _loss_lines(again.stdout)} == {2}, "only the third epoch is left"
         assert re.search(r"latest\s+version\s+(\S+)", again.stdout).group(1) != first_version
     elif recipe == "bert-pretrain":

@@ -63,13 +63,15 @@ def test_each_node_reads_the_manifest_parts_of_its_share_whatever_the_node_count
     about N / parts + 1 nodes, and every file is in one node's share (bench.scale asserts it).
     The baseline in the same run, the same files in one inline manifest, costs every node the
     whole listing at any N."""
-    inline = scale.job_store_start(8, 0, tmp_path / "inline", files=20_000)
-    runs = {n: scale.job_store_start(n, 0, tmp_path / str(n), files=20_000, part_rows=250) for n in (8, 64, 512, 1000)}
-    assert all(run["parts"] == 80 and run["resolved"] == n for n, run in runs.items()), runs
+    parts = scale.PARTS_FILES // scale.PARTS_ROWS
+    inline = scale.job_store_start(8, 0, tmp_path / "inline", files=scale.PARTS_FILES)
+    runs = {n: scale.job_store_start(n, 0, tmp_path / str(n), files=scale.PARTS_FILES, part_rows=scale.PARTS_ROWS)
+            for n in (8, 64, 512, 1000)}
+    assert all(run["parts"] == parts == 80 and run["resolved"] == n for n, run in runs.items()), runs
     for n, run in runs.items():
         assert run["bytes_read_per_node"] <= runs[8]["bytes_read_per_node"], (n, run)
-        assert run["parts_read_per_node"] <= 80 / n + 2, (n, run)
-        assert run["part_reads_max"] <= n / 80 + 2, (n, run)
+        assert run["parts_read_per_node"] <= parts / n + 2, (n, run)
+        assert run["part_reads_max"] <= n / parts + 2, (n, run)
         assert run["manifest_rps"] <= BLOB_BUDGET_RPS and run["account_rps"] <= ACCOUNT_BUDGET_RPS, (n, run)
     assert runs[1000]["bytes_read_per_node"] * 20 < inline["bytes_read_per_node"], (runs[1000], inline)
 

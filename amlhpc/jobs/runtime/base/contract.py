@@ -68,6 +68,10 @@ RESTART_GENERATION = "AMLHPC_RESTART_GENERATION"
 """0 for the job's first training run, n after n in-job restarts."""
 CHECKPOINT_TAG = "AMLHPC_CHECKPOINT_TAG"
 """The timeline the run's versioned checkpoints belong to (job run and restart generation)."""
+BLOB_READ_SAS = "AMLHPC_BLOB_READ_SAS"
+"""Only under a connection string (Azurite), which the training never gets: a read-only SAS of the
+checkpoint container, valid a day, so a reshard load reads its ranges (checkpoint/ranged.py). On
+Azure the training reads with the node's managed identity and this is not set."""
 
 DEFAULT_REPORT_DIR = "outputs/aml-hpc"
 

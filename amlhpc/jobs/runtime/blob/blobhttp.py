@@ -37,6 +37,7 @@ from email.utils import formatdate
 from urllib.parse import quote, urlencode, urlsplit
 
 from amlhpc.jobs.runtime.base import clock
+from amlhpc.jobs.runtime.base.contract import BLOB_READ_SAS as READ_SAS_VARIABLE
 from amlhpc.jobs.runtime.blob import blobio
 
 API_VERSION = "2025-11-05"
@@ -107,17 +108,43 @@ class SasAuth:
         """Add headers, return the query string to append (without '?')."""
         with self._lock:
             if time.time() >= self._renew_at:
-                from datetime import UTC, datetime, timedelta
-
-                from azure.storage.blob import ContainerSasPermissions, generate_container_sas
-
-                now = datetime.now(UTC)
-                self._query = generate_container_sas(
-                    self._account, self._container, account_key=self._key,
-                    permission=ContainerSasPermissions(read=True, list=True),
-                    start=now - timedelta(minutes=5), expiry=now + timedelta(seconds=self.VALID_S))
+                self._query = _container_read_sas(self._account, self._key, self._container, self.VALID_S)
                 self._renew_at = time.time() + self.VALID_S / 2
             return self._query
+
+
+def _container_read_sas(account: str, key: str, container: str, valid_s: float) -> str:
+    """A read+list SAS of `container`, valid from 5 minutes ago for `valid_s` seconds."""
+    from datetime import UTC, datetime, timedelta
+
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    now = datetime.now(UTC)
+    return generate_container_sas(account, container, account_key=key,
+                                  permission=ContainerSasPermissions(read=True, list=True),
+                                  start=now - timedelta(minutes=5), expiry=now + timedelta(seconds=valid_s))
+
+
+class StaticSasAuth:
+    """A SAS given whole (contract.BLOB_READ_SAS: the launcher's, read-only, for the training)."""
+
+    def __init__(self, query: str):
+        self._query = query.lstrip("?")
+
+    def apply(self, headers: dict[str, str]) -> str:
+        return self._query
+
+
+def read_sas(environ, container: str, valid_s: float = 24 * 3600.0) -> str | None:
+    """A read+list SAS of `container` signed with the connection string's key, None without one:
+    what the launcher gives the training in place of the key (contract.BLOB_READ_SAS)."""
+    connection_string = environ.get(blobio.CONNECTION_STRING_VARIABLE) or None
+    if not connection_string:
+        return None
+    parts = blobio.parse_connection_string(connection_string)
+    if not parts.account_name or not parts.account_key:
+        return None
+    return _container_read_sas(parts.account_name, parts.account_key, container, valid_s)
 
 
 class BearerAuth:
@@ -140,8 +167,9 @@ class BearerAuth:
         return ""
 
 
-def auth_from_env(container: str, account_url: str | None, env) -> tuple[str, SasAuth | BearerAuth]:
-    """(container URL, auth): Azurite through the connection-string variable, else Azure with the credential."""
+def auth_from_env(container: str, account_url: str | None, env) -> tuple[str, SasAuth | StaticSasAuth | BearerAuth]:
+    """(container URL, auth): Azurite through the connection-string variable (or the read-only SAS
+    the launcher gives the training instead), else Azure with the credential."""
     connection_string = env.get(blobio.CONNECTION_STRING_VARIABLE) or None
     if connection_string:
         parts = blobio.parse_connection_string(connection_string)
@@ -149,6 +177,9 @@ def auth_from_env(container: str, account_url: str | None, env) -> tuple[str, Sa
             raise blobio.BlobConfigError("the Blob connection string has no AccountName/AccountKey; staging reads "
                                          "with a SAS made from the key")
         return f"{parts.blob_endpoint}/{container}", SasAuth(parts.account_name, parts.account_key, container)
+    given = env.get(READ_SAS_VARIABLE) or None
+    if given and account_url:  # the training under Azurite: the launcher's read-only SAS, never the key
+        return f"{blobio.safe_endpoint(account_url)}/{container}", StaticSasAuth(given)
     if not account_url:
         raise blobio.BlobConfigError(
             f"no Blob endpoint for container {container!r}: give the account URL (the stack output "

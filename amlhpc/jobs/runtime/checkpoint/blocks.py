@@ -27,9 +27,11 @@ DATA_SUFFIX = ".distcp"
 """DCP's data files (tensors and values): the files with block digests; `.metadata` and the rest are small."""
 BLOCK_VARIABLE = "AMLHPC_CHECKPOINT_BLOCK_KIB"
 """KiB per hashed block of a checkpoint file (default DEFAULT_KIB): the unit a reshard restore fetches and checks."""
-DEFAULT_KIB = 1024
-"""1 MiB: at 64 hex digits a block, a 405B model's 6.5 TB of state carries 416 MB of block digests in
-all, ~52 KB per rank at 8,000 ranks, and a reshard restore reads at most two blocks beyond each item."""
+DEFAULT_KIB = 256
+"""256 KiB: a reshard restore reads at most a block beyond each end of each run of items it needs
+in a file (a 405B model's smallest shards are bytes, its largest ~436 KB at 8,000 ranks), and at
+64 hex digits a block a 405B model's 6.5 TB of state carries 1.6 GB of block digests in all, ~200
+KB in each of 8,000 ranks' `blocks.json`, read only by the ranks that read that part."""
 LIMITS_KIB = (4, 65_536)
 
 

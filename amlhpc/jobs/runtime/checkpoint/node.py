@@ -58,6 +58,7 @@ class NodeCheckpoints:
         from amlhpc.jobs.runtime.base.throttle import Throttle
 
         self.settings, self.node, self.nodes, self.local_size, self.world = settings, node, nodes, local_size, world
+        self.environ = environ
         self.checkpoint_dir = Path(checkpoint_dir)
         self.full_verify = tier.full_verify(environ)
         """AMLHPC_CHECKPOINT_VERIFY=full: a restart hashes every byte of its copies (default: trusts the markers)."""
@@ -161,11 +162,19 @@ class NodeCheckpoints:
             return folder in listed and (path.endswith(blocks.DATA_SUFFIX) or path == f"{folder}/{blocks.BLOCKS_FILE}")
         self.versions.restore(target, manifest, select=lambda path: not remote(path))
         urls = dict(self.settings.account_urls())
+        primary = self.settings.account_url or self._connection_endpoint()
         remotes = [ranged.Remote(e["path"], e["blob"], e["size"], e.get("etag"),
-                                 urls.get(e.get("account") or "", self.settings.account_url))
+                                 urls.get(e.get("account") or "", primary))
                    for e in manifest.files if remote(e["path"])]
         if remotes:
             ranged.write_remote(target, self.settings.container, remotes)
+
+    def _connection_endpoint(self) -> str | None:
+        """The blob endpoint of the connection string (Azurite) the node reads with, if any (not a secret)."""
+        from amlhpc.jobs.runtime.blob import blobio
+
+        given = self.environ.get(blobio.CONNECTION_STRING_VARIABLE)
+        return blobio.parse_connection_string(given).blob_endpoint if given else None
 
     # --- while training ---------------------------------------------------------------------
     def start_uploads(self, protect: set[str] | None = None) -> None:

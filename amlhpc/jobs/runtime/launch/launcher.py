@@ -54,7 +54,9 @@ signal after it reported a completed training (amlhpc.jobs.runtime.launch.comple
     126 the command is not executable, 127 it was not found
 
 The connection string AMLHPC_BLOB_CONNECTION_STRING (Azurite) is removed from the
-command's environment: the training never needs the account key.
+command's environment: the training never needs the account key. It gets a read-only SAS of
+the checkpoint container instead (AMLHPC_BLOB_READ_SAS, valid a day), for a reshard load's
+ranged reads; on Azure the training reads with the node's managed identity.
 
 Standard library plus azure-storage-blob / azure-identity (through the modules above):
 ships in the image, imports nothing from the repository outside amlhpc.jobs.runtime.
@@ -788,6 +790,12 @@ class Launcher:
     def command_env(self) -> dict[str, str]:
         env = {k: v for k, v in self.environ.items() if k not in SECRET_VARIABLES + (contract.COORD_LISTEN_FD,)}
         env.update(self.child_env)
+        if self.checkpoint is not None:  # Azurite: a read-only SAS for a reshard load's ranges, never the key
+            from amlhpc.jobs.runtime.blob.blobhttp import read_sas
+
+            sas = read_sas(self.environ, self.checkpoint.container)
+            if sas:
+                env[contract.BLOB_READ_SAS] = sas
         return env
 
     def train(self) -> int:
