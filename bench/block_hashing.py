@@ -2,7 +2,7 @@
 file's SHA-256 and its blocks' (amlhpc/jobs/runtime/checkpoint/blocks.py) over the same bytes,
 as one writer thread does while it writes. Median (min-max) of `--repeats` runs.
 
-    python -m bench.block_hashing [--mib 256] [--block-kib 256] [--repeats 5]
+    python -m bench.block_hashing [--mib 256] [--block-kib 16] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def rates(mib: int, block: int, repeats: int) -> tuple[list[float], list[float]]
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
-    parser.add_argument("--block-kib", type=int, default=256)
+    parser.add_argument("--block-kib", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     alone, both = rates(args.mib, args.block_kib << 10, args.repeats)

@@ -14,7 +14,10 @@ reads either whole files (each rank file any of its items is in), or whole items
 overlaps), or byte ranges of the items cut to `--leaf` KiB (what a per-leaf hash could verify).
 Printed: bytes read across all nodes as a multiple of the checkpoint.
 
-    python -m bench.shrink_reads [--old 1000] [--new 999,990,900,750,500] [--leaf 64]
+    python -m bench.shrink_reads [--old 1000] [--new 999,990,900,750,500] [--leaf 64] [--block 16]
+
+The last column is what checkpoint/ranged.py does (`built`): whole items, each node once, rounded
+out to the hashed blocks at both ends of each run of consecutive items it reads in one file.
 """
 
 from __future__ import annotations
@@ -90,20 +93,68 @@ def shrink(old_nodes: int, new_nodes: int, leaf: int) -> Reads:
     return reads
 
 
+def llama3_405b_in_order() -> list[tuple[int, int]]:
+    """(rows, bytes per row) of every tensor of the state in the order a rank's file holds them:
+    the parameters (embedding, the layers, the final norm, the output), then the same shapes again
+    for each of the three other state tensors (as a state dict lists model, then optimizer state)."""
+    dim, layers, heads, kv_heads, ffn, vocab = 16384, 126, 128, 8, 53248, 128256
+    kv = kv_heads * (dim // heads)
+    per_layer = [(dim, dim), (kv, dim), (kv, dim), (dim, dim), (ffn, dim), (ffn, dim), (dim, ffn), (dim, 1), (dim, 1)]
+    params = [(vocab, dim)] + per_layer * layers + [(dim, 1), (vocab, dim)]
+    return [(rows, cols * BYTES) for rows, cols in params] * STATE_TENSORS
+
+
+def built(old_nodes: int, new_nodes: int, block: int) -> tuple[int, int]:
+    """(checkpoint bytes, bytes the built restore reads, checkpoint/ranged.py): each node reads the
+    stored items its ranks' rows overlap, once per node, rounded out to `block` at both ends of
+    each run of consecutive items it reads in one old rank's file."""
+    import numpy as np
+
+    shapes = llama3_405b_in_order()
+    rows = np.array([r for r, _ in shapes], dtype=np.int64)
+    row_bytes = np.array([b for _, b in shapes], dtype=np.int64)
+    old_world, new_world = old_nodes * RANKS_PER_NODE, new_nodes * RANKS_PER_NODE
+    old_chunk, new_chunk = -(-rows // old_world), -(-rows // new_world)
+    total = int((rows * row_bytes).sum())
+    read = 0
+    for node in range(new_nodes):
+        first = np.minimum(node * RANKS_PER_NODE * new_chunk, rows)
+        last = np.minimum((node + 1) * RANKS_PER_NODE * new_chunk, rows)
+        wanted = last > first
+        low = np.where(wanted, first // old_chunk, old_world)
+        high = np.where(wanted, (last - 1) // old_chunk, -1)
+        for rank in range(int(low.min()), int(high.max()) + 1):
+            start = np.minimum(rank * old_chunk, rows)
+            sizes = (np.minimum((rank + 1) * old_chunk, rows) - start) * row_bytes
+            offsets = np.concatenate(([0], np.cumsum(sizes)))
+            take = (low <= rank) & (rank <= high) & (sizes > 0)
+            if not take.any():
+                continue
+            edges = np.diff(np.concatenate(([0], take.astype(np.int8), [0])))
+            begins, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+            run_start = offsets[begins] // block * block
+            run_end = np.minimum(-(-offsets[ends] // block) * block, offsets[-1])
+            read += int((run_end - run_start).sum())
+    return total, read
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", type=int, default=1000, help="nodes that saved the checkpoint")
     parser.add_argument("--new", default="999,990,900,750,500", help="comma-separated node counts restoring it")
     parser.add_argument("--leaf", type=int, default=64, help="KiB a byte-range read is cut to")
+    parser.add_argument("--block", type=int, default=16, help="KiB per hashed block of the built restore")
     args = parser.parse_args(argv)
     print(f"Llama 3 405B state, saved by {args.old} nodes x {RANKS_PER_NODE} ranks (FSDP2 dim-0 chunks); bytes read "
           f"across all nodes / checkpoint bytes\n")
-    print(f"| nodes restoring | whole files | whole items | item ranges cut to {args.leaf} KiB |")
-    print("|---:|---:|---:|---:|")
+    print(f"| nodes restoring | whole files | whole items | item ranges cut to {args.leaf} KiB | built: items in "
+          f"{args.block} KiB blocks |")
+    print("|---:|---:|---:|---:|---:|")
     for new in (int(n) for n in args.new.split(",")):
         reads = shrink(args.old, new, args.leaf << 10)
+        total, read = built(args.old, new, args.block << 10)
         print(f"| {new} | {reads.whole_files / reads.checkpoint:.3f}x | {reads.whole_items / reads.checkpoint:.3f}x | "
-              f"{reads.leaves / reads.checkpoint:.3f}x |")
+              f"{reads.leaves / reads.checkpoint:.3f}x | {read / total:.3f}x |")
     print(f"\n(checkpoint {reads.checkpoint / 1e12:.2f} TB)")
 
 

@@ -23,3 +23,14 @@ def test_a_shrink_by_items_stays_within_a_tenth_at_1000_nodes_and_by_files_does_
 def test_on_100_nodes_whole_items_pass_a_tenth_and_ranges_do_not():
     reads = shrink_reads.shrink(100, 90, 64 << 10)
     assert reads.whole_items > 1.1 * reads.checkpoint > reads.leaves
+
+
+def test_the_built_restore_reads_whole_items_plus_the_blocks_at_the_ends_of_their_runs():
+    """What checkpoint/ranged.py reads: never less than whole items, the same world each byte
+    once, and the smaller the block the closer to whole items (fewer bytes past a run's ends)."""
+    assert shrink_reads.built(16, 16, 16 << 10) == (shrink_reads.shrink(16, 16, 64 << 10).checkpoint,) * 2
+    items = shrink_reads.shrink(100, 90, 64 << 10)
+    by_block = {kib: shrink_reads.built(100, 90, kib << 10) for kib in (4, 16, 256)}
+    assert all(total == items.checkpoint for total, _ in by_block.values())
+    assert items.whole_items <= by_block[4][1] <= by_block[16][1] < by_block[256][1]
+    assert by_block[16][1] <= 1.005 * items.whole_items  # 16 KiB blocks add half a percent here

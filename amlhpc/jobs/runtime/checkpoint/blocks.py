@@ -27,11 +27,13 @@ DATA_SUFFIX = ".distcp"
 """DCP's data files (tensors and values): the files with block digests; `.metadata` and the rest are small."""
 BLOCK_VARIABLE = "AMLHPC_CHECKPOINT_BLOCK_KIB"
 """KiB per hashed block of a checkpoint file (default DEFAULT_KIB): the unit a reshard restore fetches and checks."""
-DEFAULT_KIB = 256
-"""256 KiB: a reshard restore reads at most a block beyond each end of each run of items it needs
-in a file (a 405B model's smallest shards are bytes, its largest ~436 KB at 8,000 ranks), and at
-64 hex digits a block a 405B model's 6.5 TB of state carries 1.6 GB of block digests in all, ~200
-KB in each of 8,000 ranks' `blocks.json`, read only by the ranks that read that part."""
+DEFAULT_KIB = 16
+"""16 KiB: a reshard restore reads the stored items its ranks need, rounded out to a block at both
+ends of each run of items it reads in a file; a 405B model has items of a few bytes (its norms'
+shards at 8,000 ranks) beside ones of ~436 KB, so runs break often. Modelled for Llama 3 405B from
+1,000 nodes (bench/shrink_reads.py `built`): 1.072x the checkpoint on 900 nodes at 16 KiB, 1.133x
+at 64, 1.423x at 256. The price: ~26 GB of hex digests for its 6.5 TB, ~3.3 MB in each of 8,000
+ranks' `blocks.json`, which only the nodes that read that part read (0.5-1 % of a node's share)."""
 LIMITS_KIB = (4, 65_536)
 
 

@@ -20,8 +20,8 @@ so an in-job restart restores from Blob again rather than trusting it.
 
 DCP reads whole items (a tensor chunk as saved by one rank), so a node reads the saved chunks
 its ranks' new shards overlap: 1.5x the state for FSDP shards of 4 ranks loaded on 3 nodes
-(tests/test_ranged_restore.py), 1.05x modelled for Llama 3 405B from 1,000 nodes to 900
-(bench/shrink_reads.py), against N times the state when every node read every part.
+(tests/test_ranged_restore.py), 1.072x modelled for Llama 3 405B from 1,000 nodes to 900
+(bench/shrink_reads.py `built`, 16 KiB blocks), against N times the state when every node read every part.
 
 Standard library plus azure-storage-blob (the SAS) / azure-identity (the token), as blobhttp.
 """
