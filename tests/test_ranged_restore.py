@@ -107,6 +107,27 @@ class TestReshardFromBlob:
         again = load_version(version, {"w": torch.zeros(20_000), "b": torch.zeros(300)}, 0, 1)
         assert again["fetched_bytes"] == 0  # the node's other ranks read the blocks already fetched
 
+    def test_ranks_loading_at_once_fetch_each_block_once_for_the_node(self, azurite, container, tmp_path, monkeypatch):
+        """Four ranks of one node load together (threads; each opens its own lock): every block
+        is fetched by one of them, under the file's lock, and all get the saved values."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from amlhpc.jobs.runtime.checkpoint.versioned import load_version
+
+        saved = save(tmp_path / "saved", 2, lambda r: {"w": torch.arange(200_000.0)}, monkeypatch)
+        commit(container, saved, 2)
+        _, version = node(azurite, container, tmp_path / "new", 1).restore_at_start()
+        monkeypatch.setenv("AMLHPC_BLOB_CONNECTION_STRING", azurite.connection_string)
+        states = [{"w": torch.zeros(200_000)} for _ in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            trainers = list(pool.map(lambda state: load_version(version, state, 0, 1), states))
+        assert all(torch.equal(state["w"], torch.arange(200_000.0)) for state in states)
+        rank0 = sum(p.stat().st_size for p in saved.glob("rank-0/*" + blocks.DATA_SUFFIX))
+        fetched, data = sum(t["fetched_bytes"] for t in trainers), ranged.fetched_by_node(version)
+        listed = (saved / "rank-0" / blocks.BLOCKS_FILE).stat().st_size
+        assert rank0 - 2 * 4096 <= data <= rank0, (data, rank0)  # each data block once for the node
+        assert data < fetched <= data + 4 * listed  # beside them, each rank may fetch the digests before one kept them
+
     def test_a_block_changed_in_blob_fails_the_load_naming_it(self, azurite, container, tmp_path, monkeypatch):
         from amlhpc.jobs.runtime.checkpoint.versioned import load_version
 

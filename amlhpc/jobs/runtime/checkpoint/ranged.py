@@ -34,6 +34,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,7 @@ class RemoteFiles:
                 raise LocalCopyCorrupt(f"{listed} of {self.version_dir.name} does not match its marker")
             self._blocks[folder] = blocks.parse(data, listed)
             if fetched:  # checked: kept for the node's other ranks (through a temporary name: they may race)
-                tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp")
+                tmp = local.with_name(f".{local.name}.{os.getpid()}.{threading.get_ident()}.tmp")
                 tmp.write_bytes(data)
                 os.replace(tmp, local)
         block, files = self._blocks[folder]
@@ -246,7 +247,8 @@ def file_system(remote: RemoteFiles):
     class RangedFileSystem(FileSystem):
         @contextlib.contextmanager
         def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
-            relative = Path(path).relative_to(remote.version_dir).as_posix() if mode == "rb" else ""
+            inside = mode == "rb" and Path(path).is_relative_to(remote.version_dir)
+            relative = Path(path).relative_to(remote.version_dir).as_posix() if inside else ""
             if relative in remote:
                 with remote.open(relative) as stream:
                     yield stream
