@@ -107,6 +107,34 @@ class TestReshardFromBlob:
         again = load_version(version, {"w": torch.zeros(20_000), "b": torch.zeros(300)}, 0, 1)
         assert again["fetched_bytes"] == 0  # the node's other ranks read the blocks already fetched
 
+    def test_a_striped_version_under_azurite_reads_every_stripe_from_its_one_account(self, azurite, container,
+                                                                                       tmp_path, monkeypatch):
+        """Under a connection string every striped account is Azurite's one account (as the stores
+        use it): the ranks read there, with the launcher's read-only SAS, not at the stripes'
+        cloud endpoints."""
+        from amlhpc.jobs.runtime.blob.blobhttp import read_sas
+        from amlhpc.jobs.runtime.checkpoint.versioned import load_version
+
+        saved = save(tmp_path / "saved", 2, lambda r: {"w": torch.arange(20_000.0) + r}, monkeypatch)
+        store = CheckpointStore(container, "job/versions", node=0, stripes=[("ck0", container), ("ck1", container)])
+        store.stage(saved, tier.read_version(saved).files(range(2)), NAME)
+        manifest = store.commit(NAME, STEP, [0], {"layout": "versions", "step": STEP, "world": 2, "tag": "t0",
+                                                  "local": saved.name, "nodes": 1})
+        assert {e.get("account") for e in manifest.files} == {"ck0", "ck1"}
+        settings = parse_settings(json.dumps({"container": container.container_name, "prefix": "job",
+                                              "accounts": ["ck0", "ck1"]}))
+        environ = {"AMLHPC_BLOB_CONNECTION_STRING": azurite.connection_string}
+        checkpoints = NodeCheckpoints(settings, node=0, nodes=1, local_size=1, world=1, environ=environ,
+                                      checkpoint_dir=tmp_path / "new")
+        _, version = checkpoints.restore_at_start()
+        urls = {f["url"] for f in json.loads((version / "remote.json").read_text())["files"].values()}
+        assert urls == {azurite.blob_endpoint}, urls
+        monkeypatch.delenv("AMLHPC_BLOB_CONNECTION_STRING", raising=False)
+        monkeypatch.setenv("AMLHPC_BLOB_READ_SAS", read_sas(environ, container.container_name))
+        state = {"w": torch.zeros(20_000)}
+        load_version(version, state, 0, 1)
+        assert torch.equal(state["w"], torch.arange(20_000.0))
+
     def test_ranks_loading_at_once_fetch_each_block_once_for_the_node(self, azurite, container, tmp_path, monkeypatch):
         """Four ranks of one node load together (threads; each opens its own lock): every block
         is fetched by one of them, under the file's lock, and all get the saved values."""

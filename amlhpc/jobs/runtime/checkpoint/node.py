@@ -162,9 +162,9 @@ class NodeCheckpoints:
             return folder in listed and (path.endswith(blocks.DATA_SUFFIX) or path == f"{folder}/{blocks.BLOCKS_FILE}")
         self.versions.restore(target, manifest, select=lambda path: not remote(path))
         urls = dict(self.settings.account_urls())
-        primary = self.settings.account_url or self._connection_endpoint()
+        local = self._connection_endpoint()  # Azurite: every striped account is its one account (settings.py)
         remotes = [ranged.Remote(e["path"], e["blob"], e["size"], e.get("etag"),
-                                 urls.get(e.get("account") or "", primary))
+                                 local or urls.get(e.get("account") or "", self.settings.account_url))
                    for e in manifest.files if remote(e["path"])]
         if remotes:
             ranged.write_remote(target, self.settings.container, remotes)
