@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError
@@ -79,14 +78,9 @@ class BlockHasher:
         self._current, self._filled = hashlib.sha256(), 0
 
 
-def write(folder: Path, block: int, files: Mapping[str, list[str]]) -> bytes:
-    """Write `blocks.json` into the rank's folder (names relative to it); returns its bytes."""
-    text = json.dumps({"blockBytes": block, "files": dict(sorted(files.items()))}, separators=(",", ":")).encode()
-    with open(folder / BLOCKS_FILE, "wb") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return text
+def document(block: int, files: Mapping[str, list[str]]) -> bytes:
+    """The bytes of a rank's `blocks.json` (file names relative to its folder)."""
+    return json.dumps({"blockBytes": block, "files": dict(sorted(files.items()))}, separators=(",", ":")).encode()
 
 
 def parse(data: bytes, where: str) -> tuple[int, dict[str, list[str]]]:

@@ -34,7 +34,6 @@ import hashlib
 import io
 import json
 import os
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from amlhpc.jobs.runtime.blob import blobhttp, blobio
 from amlhpc.jobs.runtime.checkpoint import blocks
 from amlhpc.jobs.runtime.checkpoint.errors import CheckpointError, LocalCopyCorrupt
 from amlhpc.jobs.runtime.checkpoint.tier import REMOTE_FILE
+from amlhpc.jobs.runtime.coord.nodebarrier import write_bytes_atomic, write_json_atomic
 
 CACHE_DIR = ".ranged"
 
@@ -63,12 +63,9 @@ class Remote:
 
 def write_remote(version_dir: Path, container: str, remotes: list[Remote]) -> None:
     """Record which of the version's files stay in Blob (node.py, after the small files are restored)."""
-    document = {"container": container, "files": {r.path: {"blob": r.blob, "size": r.size, "etag": r.etag, "url": r.url}
-                                                  for r in remotes}}
-    target = Path(version_dir) / REMOTE_FILE
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document))
-    os.replace(tmp, target)
+    write_json_atomic(Path(version_dir) / REMOTE_FILE, {
+        "container": container,
+        "files": {r.path: {"blob": r.blob, "size": r.size, "etag": r.etag, "url": r.url} for r in remotes}})
 
 
 def read_remote(version_dir: Path) -> tuple[str, dict[str, Remote]] | None:
@@ -134,10 +131,8 @@ class RemoteFiles:
             if hashlib.sha256(data).hexdigest() != self.sha256.get(listed):
                 raise LocalCopyCorrupt(f"{listed} of {self.version_dir.name} does not match its marker")
             self._blocks[folder] = blocks.parse(data, listed)
-            if fetched:  # checked: kept for the node's other ranks (through a temporary name: they may race)
-                tmp = local.with_name(f".{local.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, local)
+            if fetched:  # checked: kept for the node's other ranks (which may race to keep it too)
+                write_bytes_atomic(local, data)
         block, files = self._blocks[folder]
         digests = files.get(name)
         if digests is None or not blocks.covers(digests, block, self.files[path].size):

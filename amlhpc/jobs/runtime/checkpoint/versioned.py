@@ -254,14 +254,13 @@ class Checkpointer:
                 digests[relative] = digest
                 if relative.endswith(blocks.DATA_SUFFIX):
                     block_digests[Path(path).name] = by_block
-        listed = blocks.write(folder, self.block, block_digests)
-        digests[f"{folder.name}/{blocks.BLOCKS_FILE}"] = hashlib.sha256(listed).hexdigest()
-        text = json.dumps(trainer).encode()
-        with open(folder / TRAINER_FILE, "wb") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        digests[f"{folder.name}/{TRAINER_FILE}"] = hashlib.sha256(text).hexdigest()
+        for name, data in ((blocks.BLOCKS_FILE, blocks.document(self.block, block_digests)),
+                           (TRAINER_FILE, json.dumps(trainer).encode())):
+            with open(folder / name, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            digests[f"{folder.name}/{name}"] = hashlib.sha256(data).hexdigest()
         tier.write_marker(version_dir, self.rank, step=step, world=self.world, tag=self.tag, workers=self.writers,
                           digests=digests)
         self.saved.append(step)

@@ -41,6 +41,7 @@ import os
 import secrets
 import socket
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,9 +67,15 @@ class BarrierTimeout(TimeoutError):
 
 def write_json_atomic(path: Path, document: Any) -> None:
     """Write `document` to `path` through a temporary name in the same directory."""
+    write_bytes_atomic(path, json.dumps(document, indent=2, sort_keys=True).encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary name in the same directory, one per process and
+    thread (two threads of one process writing the same file must not share a temporary)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=True))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
 
 

@@ -239,9 +239,12 @@ def node_and_ranks(sizes: Sequence[int], node_count: int, local_size: int, node:
     if local_size < 1:
         raise ValueError(f"need at least one rank per node, got {local_size}")
     per_node = balance_indices(sizes, node_count)
-    share = per_node[node]
-    per_rank = [[share[k] for k in group] for group in balance_indices([sizes[k] for k in share], local_size)]
-    return per_node, per_rank
+    return per_node, split_share(sizes, per_node[node], local_size)
+
+
+def split_share(sizes: Sequence[int], share: Sequence[int], local_size: int) -> list[list[int]]:
+    """A node's `share` (indices into `sizes`) balanced over its `local_size` ranks: the indices each gets."""
+    return [[share[k] for k in group] for group in balance_indices([sizes[k] for k in share], local_size)]
 
 
 def contiguous_bin(start: int, weight: int, total: int, bins: int) -> int:

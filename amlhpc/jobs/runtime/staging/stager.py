@@ -543,9 +543,8 @@ def _plan_from_parts(spec: StageSpec, reader, manifest: dataversion.Manifest, ra
     node_idx = [k for k, e in enumerate(entries) if e.name in share.mine]
     per_rank: dict[int, list[int]] = {}
     if spec.mode == "local":
-        local = assign.balance_indices([entries[k].size for k in node_idx], ranks.local_size)
-        per_rank = dict(zip(ranks.ranks_on_node(ranks.node_index), ([node_idx[k] for k in g] for g in local),
-                            strict=True))
+        local = assign.split_share([e.size for e in entries], node_idx, ranks.local_size)
+        per_rank = dict(zip(ranks.ranks_on_node(ranks.node_index), local, strict=True))
     node_bytes = sum(entries[k].size for k in node_idx)
     summary = {"rule": "contiguous", "files": manifest.files, "parts": len(manifest.parts),
                "parts_read": share.parts_read, "node_bytes": node_bytes, "node_files": len(node_idx),
