@@ -257,3 +257,21 @@ def test_fsdp_shards_of_four_ranks_load_on_three_nodes_reading_about_half_of_wha
     print(f"reshard 4 -> 3 nodes: fetched {fetched} of {total} bytes ({fetched / total:.2f}x; every part on every node: 3.00x)")
     assert fetched <= 1.6 * total, (fetched, total)  # 1.5x: the two middle chunks twice each, plus block edges
     assert fetched >= total  # every byte is some node's: nothing skipped
+
+
+def test_an_atomic_write_that_fails_leaves_no_temporary_and_the_old_file(tmp_path, monkeypatch):
+    """The helper remote.json and the kept digests go through (coord.nodebarrier): a write that
+    fails half way (a full disk) keeps the file as it was and leaves nothing beside it."""
+    from amlhpc.jobs.runtime.coord import nodebarrier
+
+    target = tmp_path / "remote.json"
+    nodebarrier.write_bytes_atomic(target, b"old")
+
+    def full(self, data):
+        self.open("wb").write(data[:1])
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(OSError, match="No space"):
+        nodebarrier.write_bytes_atomic(target, b"new")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["remote.json"]

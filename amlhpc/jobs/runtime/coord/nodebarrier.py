@@ -75,8 +75,11 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     thread (two threads of one process writing the same file must not share a temporary)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a write that failed (a full disk) leaves no temporary behind
 
 
 def _read_json(path: Path) -> Any | None:
