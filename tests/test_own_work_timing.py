@@ -6,6 +6,7 @@ and read, not CUDA), a `slow` fault's hold added either way, and the step each t
 from __future__ import annotations
 
 import ast
+import statistics
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,38 @@ def progress_file(tmp_path, monkeypatch):
                         ("_reported_at", None)):
         monkeypatch.setattr(progress, name, value)
     monkeypatch.setattr(progress, "_injected", {})
+    monkeypatch.setattr(progress, "_busy_window", progress.deque())
     return path
+
+
+def test_the_report_carries_the_median_of_the_latest_window_of_steps(progress_file):
+    """Every step counts into the median, however seldom the launcher reads the file: a watchdog
+    that looks once in 30 steps still gets the median of the latest OWN_WORK_WINDOW steps."""
+    window = progress.OWN_WORK_WINDOW
+    for step in range(1, window):
+        progress.compute_done(step, busy_s=9.0)
+    warming = progress.read(progress_file)
+    assert (warming.busy_median_s, warming.busy_steps) == (None, window - 1), "a warm-up's few steps are no median"
+    early = watchdog.NodeWatch(watchdog.WatchdogSettings(hang_s=60), node=0, local_size=1, started=0.0)
+    early.observe(0, warming, now=1.0)
+    assert early.busy_s is None, "not the latest step's time either"
+    for step in range(window, 3 * window + 1):
+        progress.compute_done(step, busy_s=1.0 if step <= 2 * window else 3.0 + step / 1000)
+        progress.report(step)
+    seen = progress.read(progress_file)
+    latest = [3.0 + s / 1000 for s in range(2 * window + 1, 3 * window + 1)]
+    assert seen.busy_median_s == pytest.approx(statistics.median(latest), abs=1e-6), "only the latest window"
+    w = watchdog.NodeWatch(watchdog.WatchdogSettings(hang_s=60), node=0, local_size=1, started=0.0)
+    w.observe(0, seen, now=1.0)  # the one report this watch saw
+    assert w.busy_s == pytest.approx(statistics.median(latest), abs=1e-6)
+
+
+def test_a_step_measured_twice_counts_once(progress_file):
+    progress.compute_done(1, device_time_follows=True)
+    progress.own_work(1, 0.5)
+    progress.compute_done(2, busy_s=0.1)
+    progress.compute_done(2, busy_s=0.2)
+    assert [(step, round(seconds, 2)) for step, seconds in progress._busy_window] == [(1, 0.5), (2, 0.2)]
 
 
 def test_on_cpu_the_step_is_timed_from_start_to_done(progress_file, monkeypatch):

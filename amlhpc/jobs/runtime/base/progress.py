@@ -31,7 +31,12 @@ sync point (no extra stall), as `compute_done(step, device_time_follows=True)` t
 `own_work(step, seconds)`. Without a measure,
 `compute_done` takes the wall time since the last `report` (right on CPU; on a GPU that is the
 host's enqueue time, not the device's work). The file then also says which step the time
-belongs to: `"busy_step"`. A `slow` fault armed at `training.compute`
+belongs to: `"busy_step"`, and the median of the own-work times of its latest
+OWN_WORK_WINDOW steps: `"busy_median_s"`, written once the process measured that many
+(`"busy_steps"`: how many it has; the median of a warm-up's first few steps says nothing;
+every step counts, however seldom the launcher
+looks: a watchdog that sampled the latest step once a look had a window of 20 looks, 20
+minutes at its production cadence, not 20 steps). A `slow` fault armed at `training.compute`
 (amlhpc.jobs.runtime.base.faultpoints) sleeps there; the time it held the process is added
 to the step's own work, as a node that much slower would show.
 
@@ -51,8 +56,10 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +77,8 @@ _reported_at: float | None = None
 """Monotonic time of the last `report`: where the next step's own work starts."""
 _busy_s: float | None = None
 _busy_step: int | None = None
+_busy_window: deque[tuple[int, float]] = deque()
+"""(step, own-work seconds) of the latest OWN_WORK_WINDOW steps this process measured."""
 _waiting: int | None = None
 _injected: dict[int, float] = {}
 """Step -> seconds a `slow` fault held it at training.compute, until its own-work time is known."""
@@ -94,6 +103,11 @@ class Progress:
     """The final checkpoint it named with that, if it wrote one."""
     busy_step: int | None = None
     """The step `busy_s` measured (None in files of an older runtime: the waiting step, else `step`)."""
+    busy_median_s: float | None = None
+    """The median own-work time of the process's latest OWN_WORK_WINDOW steps (None before it
+    measured that many, and in files of an older runtime)."""
+    busy_steps: int | None = None
+    """How many steps that window holds (None in files of an older runtime)."""
 
     @property
     def marker(self) -> tuple[int, int]:
@@ -187,6 +201,11 @@ def own_work(step: int, seconds: float, environ: Mapping[str, str] | None = None
 def _record_busy(step: int, seconds: float) -> None:
     global _busy_s, _busy_step
     _busy_s, _busy_step = seconds, step
+    if _busy_window and _busy_window[-1][0] == step:
+        _busy_window.pop()  # the step measured again (its device time after its host time)
+    _busy_window.append((step, seconds))
+    while len(_busy_window) > OWN_WORK_WINDOW:
+        _busy_window.popleft()
     for old in [s for s in _injected if s < step]:
         del _injected[old]  # a step whose device time never came (the events were not ready)
 
@@ -194,7 +213,10 @@ def _record_busy(step: int, seconds: float) -> None:
 def _write(path: Path, step: int) -> bool:
     document = {"step": step, "beats": _beats, "first_step": _first_step, "resumed_from": _resumed_from,
                 "waiting": _waiting, "busy_s": None if _busy_s is None else round(_busy_s, 6),
-                "busy_step": _busy_step, "pid": os.getpid(),
+                "busy_step": _busy_step,
+                "busy_median_s": round(statistics.median(s for _, s in _busy_window), 6)
+                if len(_busy_window) >= OWN_WORK_WINDOW else None, "busy_steps": len(_busy_window),
+                "pid": os.getpid(),
                 **({"completed": _completed} if _completed else {})}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -210,14 +232,16 @@ def read(path: Path) -> Progress | None:
     """The latest report in `path`, or None when there is none (yet) or it is unreadable."""
     try:
         data = json.loads(path.read_text())
-        first, resumed, waiting, busy, busy_step = (data.get(k) for k in ("first_step", "resumed_from", "waiting",
-                                                                          "busy_s", "busy_step"))
+        first, resumed, waiting, busy, busy_step, median, counted = (
+            data.get(k) for k in ("first_step", "resumed_from", "waiting", "busy_s", "busy_step", "busy_median_s",
+                                  "busy_steps"))
         completed = data.get("completed") or {}
         done, checkpoint = completed.get("step"), completed.get("checkpoint")
         return Progress(int(data["step"]), int(data.get("beats", 0)), int(first) if first is not None else None,
                         int(resumed) if resumed is not None else None, int(waiting) if waiting is not None else None,
                         float(busy) if busy is not None else None, int(done) if done is not None else None,
-                        str(checkpoint) if checkpoint else None, int(busy_step) if busy_step is not None else None)
+                        str(checkpoint) if checkpoint else None, int(busy_step) if busy_step is not None else None,
+                        float(median) if median is not None else None, int(counted) if counted is not None else None)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -38,7 +38,8 @@ waiting for their peers (they stopped in their own work: amlhpc.jobs.runtime.bas
 while the others wait for it; without that signal, the node that stopped first.
 
 Heartbeats also carry the node's time per step in its own work (`busy`: the slowest of its
-ranks, median of their latest STEP_WINDOW steps), from which the managed run's controller
+ranks, median of their latest STEP_WINDOW steps, as each rank's training measured them:
+amlhpc.jobs.runtime.base.progress), from which the managed run's controller
 names a node persistently slower than its peers (amlhpc.jobs.managed.stragglers). With a managed
 run's key (AMLHPC_EVIDENCE_KEY) heartbeats and the end record are signed, and heartbeats
 that do not verify are not taken for a peer's.
@@ -179,7 +180,11 @@ class NodeWatch:
     waiting: dict[int, bool] = field(default_factory=dict)
     """Local rank -> whether it waits for its peers (ranks that report it)."""
     busy: dict[int, deque] = field(default_factory=dict)
-    """Local rank -> (step, own-work seconds) of its latest steps."""
+    """Local rank -> (step, own-work seconds) of the steps its reports showed this watch (for a
+    training whose reports carry no median of their own)."""
+    medians: dict[int, float | None] = field(default_factory=dict)
+    """Local rank -> the median own-work time of its latest STEP_WINDOW steps, as it reported
+    (None: it has not measured that many yet)."""
     first_report_at: float | None = None
     """Monotonic time of the node's first progress report."""
 
@@ -201,6 +206,8 @@ class NodeWatch:
             window = self.busy.setdefault(local_rank, deque(maxlen=STEP_WINDOW))
             if not window or window[-1][0] != step:
                 window.append((step, report.busy_s))
+        if report.busy_steps is not None:  # None until the window is full (a restart's new process too)
+            self.medians[local_rank] = report.busy_median_s
 
     @property
     def to_first_step_s(self) -> float | None:
@@ -217,7 +224,13 @@ class NodeWatch:
 
     @property
     def busy_s(self) -> float | None:
-        """The node's own-work time per step: its slowest rank's median over the window."""
+        """The node's own-work time per step: its slowest rank's median over its latest
+        STEP_WINDOW steps, as the rank measured them (every step). None until every rank that
+        measures has a full window: a warm-up's first steps are no evidence. A training that
+        reports no median (a runtime before it did): the median of the steps seen here."""
+        if self.medians:
+            known = [m for m in self.medians.values() if m is not None]
+            return max(known) if known and len(known) == len(self.medians) else None
         medians = [statistics.median(b for _, b in window) for window in self.busy.values() if window]
         return max(medians) if medians else None
 
