@@ -47,10 +47,10 @@ def test_the_report_carries_the_median_of_the_latest_window_of_steps(progress_fi
         progress.report(step)
     seen = progress.read(progress_file)
     latest = [3.0 + s / 1000 for s in range(2 * window + 1, 3 * window + 1)]
-    assert seen.busy_median_s == pytest.approx(statistics.median(latest), abs=1e-6), "only the latest window"
+    assert seen.busy_median_s == pytest.approx(statistics.median(latest), abs=1e-4), "only the latest window"
     w = watchdog.NodeWatch(watchdog.WatchdogSettings(hang_s=60), node=0, local_size=1, started=0.0)
     w.observe(0, seen, now=1.0)  # the one report this watch saw
-    assert w.busy_s == pytest.approx(statistics.median(latest), abs=1e-6)
+    assert w.busy_s == pytest.approx(statistics.median(latest), abs=1e-4)
 
 
 def test_a_step_measured_twice_counts_once(progress_file):
