@@ -65,6 +65,9 @@ BEGIN, END = "<!-- bench.recovery: begin -->", "<!-- bench.recovery: end -->"
 STEPS, STEP_S, CHECKPOINT_EVERY, FAULT_STEP = 60, 0.3, 5, 40
 UPLOAD_INTERVAL_S, HANG_S = 10, 10
 TRAIN = f"python -m amlhpc.jobs.workloads.synthetic --steps {STEPS} --step-s {STEP_S} --checkpoint-every {CHECKPOINT_EVERY}"
+STRAGGLER_STEPS = 100
+"""The straggler's run: the rule counts a node's heartbeats a window of 20 steps apart once it has
+a full window, 3 in a row, so it names a slow node from step ~60; 60 steps ended before that."""
 NODES = 2
 LIMIT_USD = 30.0
 """The budget scenario: $1 per node-second on 2 nodes; the run needs 20 s of training alone, so it cannot finish within it."""
@@ -114,10 +117,11 @@ class Bench:
         from amlhpc.jobs.plan import build
 
         run = f"bench-{name}-{uuid.uuid4().hex[:6]}"
-        plan = build.plan_job(self.recipe, self.outputs, nodes=NODES, processes_per_node=1, name=run)
+        recipe = self.recipe.model_copy(update={"command": kwargs.pop("command")}) if "command" in kwargs else self.recipe
+        plan = build.plan_job(recipe, self.outputs, nodes=NODES, processes_per_node=1, name=run)
         lines: list[str] = []
         done = managed.rehearse_managed(
-            render.plan_managed(self.recipe, self.outputs, plan), snapshot=self.snapshot, workdir=self.root / run,
+            render.plan_managed(recipe, self.outputs, plan), snapshot=self.snapshot, workdir=self.root / run,
             procs_per_node=1, blob_endpoint=kwargs.pop("blob_endpoint", self.server.blob_endpoint),
             connection_string=self.server.connection_string, containers=self.containers,
             sink=lambda proc, line: lines.append(f"n{proc.node}: {line}"), echo=lambda line: lines.append(line),
@@ -203,7 +207,8 @@ def scenario(name: str, bench: Bench):
         gpu_node = build_nd96asr_sysfs(bench.root / f"sysfs-{uuid.uuid4().hex[:6]}", hcas=0)  # GPUs, no InfiniBand
         return bench.rehearse(name, [fault("nccl", 1, launcher_args=("--sysfs", str(gpu_node)))])
     if name == "straggler":
-        return bench.rehearse(name, [fault("slow", 1, factor=3)])
+        return bench.rehearse(name, [fault("slow", 1, factor=3)],
+                              command=TRAIN.replace(f"--steps {STEPS}", f"--steps {STRAGGLER_STEPS}"))
     if name == "throttle":
         from tests.faultproxy import FaultProxy
 
@@ -288,7 +293,8 @@ def render(results: dict) -> str:
     lines = [SECTION, "",
              f"Command: `{results['command']}` (`make bench`), {results['date']}, commit {results.get('commit', 'unknown')}. "
              f"Written by bench/recovery.py. "
-             f"Each run is one managed rehearsal: {NODES} simulated nodes x 1 rank of `{TRAIN}`, checkpoints "
+             f"Each run is one managed rehearsal: {NODES} simulated nodes x 1 rank of `{TRAIN}` (the straggler's: "
+             f"{STRAGGLER_STEPS} steps), checkpoints "
              f"uploaded every {UPLOAD_INTERVAL_S} s and on every exit, watchdog.hang_s {HANG_S}, the supervision "
              "polling every second with a 15 s lease and the revival check every second; faults at step "
              f"{FAULT_STEP} on node 1 (node 0 for host-loss-writer). Costs at the recipe's Azure price (${results['price']:,.3f} per node-hour, "

@@ -22,6 +22,9 @@ buckets), never from a formula. For each node count N and each coordination prot
 - start: every node resolves a versioned dataset as staging does (one listing page of its
   `_versions/`, then its manifest in the node's read slot): the manifest blob's peak requests/s
   and when the last node has it;
+- end: every launcher's goodbye on the job's store (the nodes finishing over 30 s): how long
+  node 0, which hosts the store, stays after the last node's goodbye, and when it fails with a
+  node that never reached the store, that it waits only for those that did;
 - controllers: 50 managed runs' controllers observing their attempts every poll (jobs.get,
   the run's history, the cluster's nodes) under one identity: Resource Manager calls/s against
   its limits, and 429s;
@@ -313,6 +316,52 @@ def job_store_start(n: int, seed: int, root: Path, files: int = 2_000, part_rows
                 "resolved": len(resolved), "start_s": round(max(resolved.values(), default=0.0), 1)}
 
 
+END_SPREAD_S = 30.0
+"""The nodes of a job finish their last upload over this long (the slowest stripe's last part)."""
+
+
+def job_store_end(n: int, seed: int, root: Path, failing: bool = False) -> dict[str, Any]:
+    """The launchers' goodbye on the job's store at the job's end (agree.greet at the start,
+    agree.farewell at the end): every node finishes at a seeded moment within END_SPREAD_S; node
+    0, which hosts the store, must keep it up until the last node said goodbye, and not much
+    longer. `failing`: node 0 fails and one node never reached the store (it never greeted): the
+    host waits for the nodes that greeted, not its full BYE_WAIT_S for the one that did not."""
+    import random
+
+    from amlhpc.jobs.runtime.coord.agree import farewell, greet
+    from amlhpc.jobs.runtime.launch.launcher import BYE, BYE_WAIT_S
+
+    del root
+    rng = random.Random(f"end:{seed}:{n}")
+    ends = {k: rng.uniform(0.0, END_SPREAD_S) for k in range(n)}
+    absent = n - 1 if failing else None
+    with _world(seed) as world:
+        nodes = [world.node(f"node-{k}") for k in range(n)]
+        server = world.jobstore(nodes[0])
+        arrived: dict[int, float] = {}
+        returned: dict[int, float] = {}
+        for k, node in enumerate(nodes):
+            if k == absent:
+                continue
+            def run(k: int = k) -> None:
+                channel = _channel(world, server, k, n)
+                greet(channel, BYE)
+                world.sim.sleep(ends[k])
+                arrived[k] = world.now
+                farewell(channel, BYE, hosting=k == 0, wait_s=BYE_WAIT_S, failing=failing)
+                returned[k] = world.now
+            world.spawn(f"launcher-{k}", run, node=node)
+        expected = n - (1 if absent is not None else 0)
+        world.sim.run_until(lambda: len(returned) == expected, limit_s=BYE_WAIT_S * 3)
+        last = max(arrived.values(), default=0.0)
+        host = returned.get(0)
+        return {**_store_rates(server, max(world.now, 1.0), n),
+                "store_ops_per_node": round(server.served.total / n, 2),
+                "host_after_last_s": None if host is None else round(host - last, 2),
+                "host_returned_s": None if host is None else round(host, 1),
+                "returned": len(returned), "expected": expected, "wait_s": BYE_WAIT_S}
+
+
 def controllers(seed: int, jobs: int = FLEET_JOBS, minutes: float = 10.0) -> dict[str, Any]:
     from amlhpc.jobs.managed.azureml import AzureJobService
     from amlhpc.jobs.managed.policy import Policy
@@ -346,7 +395,7 @@ PARTS_FILES, PARTS_ROWS = 20_000, 250
 
 PROTOCOLS: dict[str, dict[str, Callable[..., dict[str, Any]]]] = {
     "job-store": {"steady": job_store_steady, "commit": job_store_commit, "restart": job_store_restart,
-                  "listing": job_store_listing, "start": job_store_start},
+                  "listing": job_store_listing, "start": job_store_start, "end": job_store_end},
 }
 """Coordination protocols under test: one function per measurement (a new protocol adds its own)."""
 
@@ -383,6 +432,9 @@ def measure(protocol: str, n: int, seeds: int, root: Path) -> dict[str, Any]:
     runs["start_parts"] = [fns["start"](n, 0, root / f"{protocol}-{n}-start-parts", files=PARTS_FILES,
                                         part_rows=PARTS_ROWS)]
     print(f"scale: {protocol} N={n} start, manifest in parts: {json.dumps(runs['start_parts'][0])}", flush=True)
+    runs["end"] = [fns["end"](n, seed, root / f"{protocol}-{n}-end", failing=failing)
+                   for seed in range(seeds) for failing in (False, True)]
+    print(f"scale: {protocol} N={n} end: {json.dumps(runs['end'])}", flush=True)
     summary = {
         "steady_account_rps": _median(runs["steady"], "account_rps"),
         "steady_hot_blob_rps": _median(runs["steady"], "hot_blob_rps"),
@@ -397,6 +449,9 @@ def measure(protocol: str, n: int, seeds: int, root: Path) -> dict[str, Any]:
         "listing": runs["listing"][0],
         "start": runs["start"][0],
         "start_parts": runs["start_parts"][0],
+        "end_host_after_last_s": _median([r for r in runs["end"] if r["expected"] == n], "host_after_last_s"),
+        "end_failing_host_after_last_s": _median([r for r in runs["end"] if r["expected"] < n], "host_after_last_s"),
+        "end_store_ops_per_node": _median(runs["end"], "store_ops_per_node"),
         "wall_s": round(time.perf_counter() - started, 1),
     }
     return {"protocol": protocol, "nodes": n, "seeds": seeds, "summary": summary, "runs": runs}
@@ -449,8 +504,9 @@ def render(results: dict[str, Any]) -> str:
         lines += [f"## Protocol `{protocol}`", "",
                   "| N | seeds | steady: account req/s | steady: hottest blob req/s | commit: time | commit: account req/s "
                   "| commit: hottest blob req/s | restart agreement (idle) | restart beside 12,800 req/s | split "
-                  "decisions | listing pages per job start | versioned start: manifest req/s (last node) | wall s |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "decisions | listing pages per job start | versioned start: manifest req/s (last node) | end: host "
+                  "stays after the last goodbye (failing, a node absent) | end: store ops a node | wall s |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for row in (r for r in results["rows"] if r["protocol"] == protocol):
             s = row["summary"]
             lines.append(
@@ -459,7 +515,9 @@ def render(results: dict[str, Any]) -> str:
                 f"| {_f(s['commit_hot_blob_rps'])} | {_f(s['restart_s'], ' s', RESTART_HORIZON_S)} | "
                 f"{_f(s['restart_busy_s'], ' s', RESTART_HORIZON_S)} | {s['splits']} | {s['listing']['pages_per_job']:,} "
                 f"({s['listing']['pages_per_node']} a node, {s['listing']['files']:,} blobs) | "
-                f"{s['start']['manifest_rps']} ({s['start']['start_s']:g} s) | {s['wall_s']:g} |")
+                f"{s['start']['manifest_rps']} ({s['start']['start_s']:g} s) | "
+                f"{_f(s.get('end_host_after_last_s'), ' s')} ({_f(s.get('end_failing_host_after_last_s'), ' s')}) | "
+                f"{_f(s.get('end_store_ops_per_node'))} | {s['wall_s']:g} |")
         lines.append("")
     fleet = results.get("fleet")
     if fleet:

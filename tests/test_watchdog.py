@@ -200,6 +200,96 @@ class TestPeers:
         assert watchdog.stalled_peer(0, beats, self.now, hang_s=20) is None
 
 
+class ThrottledBlob:
+    """A container whose heartbeat writes take `write_s` of this node's clock (503s retried), its
+    peer's heartbeat last landed at `peer_written`; service time runs with the node's clock."""
+
+    def __init__(self, clock: list[float], start: datetime, peer_written: datetime):
+        self.clock, self.start, self.peer_written, self.write_s = clock, start, peer_written, 0.0
+        self.mine: dict | None = None
+
+    def service_now(self) -> datetime:
+        return self.start + timedelta(seconds=self.clock[0])
+
+    def get_blob_client(self, name):
+        blob = self
+
+        class Client:
+            def upload_blob(self, data, overwrite, metadata):
+                blob.clock[0] += blob.write_s
+                blob.mine = dict(metadata)
+                return {"last_modified": blob.service_now()}
+        return Client()
+
+    def list_blobs(self, name_starts_with, include):
+        from types import SimpleNamespace
+
+        meta = {"step": "7", "age_ms": "500", "first_step": "0", "host": "host1", "state": "training",
+                "busy_ms": "", "waiting": ""}
+        return [SimpleNamespace(name=f"{name_starts_with}0", metadata=self.mine, last_modified=self.service_now()),
+                SimpleNamespace(name=f"{name_starts_with}1", metadata=meta, last_modified=self.peer_written)]
+
+
+class TestSlowBlob:
+    """A peer's heartbeat that is late because Blob is slow is not a frozen launcher: the 503
+    storm of the recovery benchmark's `throttle` scenario made node 0's heartbeats 11 s late
+    against a 10 s hang_s, and node 1 ended a healthy job. Silence is judged past twice this
+    node's own latest Blob time."""
+
+    def guard(self, clock: list[float], blob: ThrottledBlob) -> watchdog.Guard:
+        guard = watchdog.Guard(settings=watchdog.WatchdogSettings(hang_s=10, check_s=1), node=0, local_rank=0,
+                               local_size=1, folder=Path("/nonexistent"), child_pid=0, term_grace_s=1,
+                               shared=(blob, "exp", "run-1"), clock=lambda: clock[0], nodes=2)
+        guard.watch.observe(0, progress.Progress(7, 1, 0), now=clock[0])  # this node progresses
+        return guard
+
+    @staticmethod
+    def look_until_a_verdict(guard: watchdog.Guard, clock: list[float], looks: int = 20) -> dict | None:
+        """Look once a second (this node progressing) until a verdict, at most `looks` times."""
+        for _ in range(looks):
+            clock[0] += 1.0
+            guard.watch.observe(0, progress.Progress(int(clock[0]), 1, 0), now=clock[0])
+            verdict = guard.check()
+            if verdict:
+                return verdict
+        return None
+
+    def test_a_peer_late_in_a_slow_blob_is_not_taken_for_frozen(self):
+        start = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
+        clock = [100.0]
+        blob = ThrottledBlob(clock, start - timedelta(seconds=100), start - timedelta(seconds=1))
+        guard = self.guard(clock, blob)
+        assert guard.check() is None  # the first look: the peer wrote a second ago
+        blob.write_s = 4.0  # this node's writes are retried through a 503 storm: 4 s each
+        for _ in range(3):
+            clock[0] += 1.0
+            guard.watch.observe(0, progress.Progress(int(clock[0]), 1, 0), now=clock[0])
+            assert guard.check() is None, "the peer's silence is within what a slow Blob explains"
+        assert guard.blob_lag_s == 8.0
+        assert (blob.service_now() - max(blob.peer_written, guard.first_beat)).total_seconds() > 10, \
+            "past hang_s: judged frozen before"
+
+    def test_a_peer_silent_past_the_slow_blobs_lag_is_still_named(self):
+        start = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
+        clock = [100.0]
+        blob = ThrottledBlob(clock, start - timedelta(seconds=100), start - timedelta(seconds=1))
+        guard = self.guard(clock, blob)
+        blob.write_s = 2.0
+        verdict = self.look_until_a_verdict(guard, clock)
+        assert verdict and verdict["culprit"] == 1 and "wrote no heartbeat" in verdict["message"], verdict
+        silent = (blob.service_now() - max(blob.peer_written, guard.first_beat)).total_seconds()
+        assert 10 + 4.0 < silent <= 10 + 4.0 + 3.0, silent  # hang_s + the lag, within one look (3 s here)
+
+    def test_a_healthy_blob_adds_nothing(self):
+        start = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
+        clock = [100.0]
+        blob = ThrottledBlob(clock, start - timedelta(seconds=100), start - timedelta(seconds=1))
+        guard = self.guard(clock, blob)
+        verdict = self.look_until_a_verdict(guard, clock)
+        assert guard.blob_lag_s == 0.0 and verdict and verdict["culprit"] == 1
+        assert (blob.service_now() - max(blob.peer_written, guard.first_beat)).total_seconds() == 11.0, "hang_s + 1 look"
+
+
 class TestLauncher:
     """A training command that stops making progress, on one node."""
 

@@ -80,3 +80,22 @@ def test_a_seed_replays_the_same_figures(steady, tmp_path):
     """The pacing's jitter draws from the `random` module: the world seeds it, so a rerun of one
     seed is the same run (unseeded, one node's looks moved and the rates with them)."""
     assert scale.job_store_steady(8, 0, tmp_path, window_s=4.0, check_s=2.0, warmup_s=1.0) == steady[8]
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["ends", "host-fails-a-node-absent"])
+def test_the_store_host_stays_until_the_last_goodbye_and_not_longer_at_any_size(failing, tmp_path):
+    """The launchers' goodbye at a job's end (agree.greet, agree.farewell), every node finishing
+    within 30 s: node 0, which hosts the job's store, returns within two of its polls after the
+    last node's goodbye (never before it: a node still reading its last answers would lose the
+    store), whatever the size; failing, with one node that never reached the store, it waits for
+    the nodes that did, not its whole BYE_WAIT_S; and what each node asks of the store does not
+    grow with the node count."""
+    from amlhpc.jobs.runtime.coord import agree, pacing
+
+    runs = {n: scale.job_store_end(n, 0, tmp_path, failing=failing) for n in (8, 64, 1000)}
+    for n, run in runs.items():
+        assert run["returned"] == run["expected"], (n, run)
+        two_polls = 2 * pacing.store_poll_s(agree.BASE_POLL_S, n) * (1 + pacing.JITTER)
+        assert 0 <= run["host_after_last_s"] <= two_polls, (n, run, two_polls)
+        assert run["host_after_last_s"] < run["wait_s"] / 10, (n, run)
+    assert runs[1000]["store_ops_per_node"] <= 1.1 * runs[8]["store_ops_per_node"], runs

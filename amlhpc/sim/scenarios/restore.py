@@ -11,7 +11,13 @@ as an in-job restart does. Meanwhile another job, which like every job may write
 container, at seeded times: points `latest` at a version of its own (unsigned, or signed with
 its own attempt's key), writes back a pointer attempt 1 committed earlier (a replay), or
 rewrites the manifest `latest` names. Faults: lost replies and delays on the run's pointer and
-manifest writes, a 503 storm on the pointer.
+manifest writes, a 503 storm on the pointer; and at a named step of an attempt's commit
+(amlhpc.jobs.runtime.base.faultpoints, `checkpoint.*`): its process killed there (a host lost,
+or a cancel's SIGKILL: to Blob the two are the same, the commit stops at that step), frozen
+there for a while (a cancel's grace, a stopped process), or its wall clock stepped (back or
+forward, as an NTP correction does). Attempt 1 killed ends it (the controller then claims
+attempt 2); attempt 2 killed is restarted in the job (its launcher restores again, as an in-job
+restart does), and its restart's restore is the one the invariants judge.
 
 Invariants (checked on what each restore returned and wrote, and on the commits):
 - `restored-foreign`: a restore took a version no attempt of the run uploaded;
@@ -26,7 +32,10 @@ Invariants (checked on what each restore returned and wrote, and on the commits)
   job may delete a run's checkpoints outright: docs/security.md). What is promised is that
   nothing the run did not write is restored;
 - `restart-went-back`: attempt 2's restart restored a version older than its own last commit,
-  or nothing though nobody rewrote that commit's manifest;
+  or nothing though nobody rewrote that commit's manifest, unless the other job wrote the
+  pointer after that commit (the same availability caveat as `restore-lost`: the restart
+  follows only a pointer its attempt signed, else the pin, so a foreign or replayed pointer
+  hides the attempt's later commits; it restores the pin, the run's own, never the other's);
 - `seen-deleted`: a version the controller saw committed is deleted while fewer than `keep`
   newer versions are left (only retention may drop it, and only then; the other job's
   versions count, as retention counts them);
@@ -59,7 +68,7 @@ from amlhpc.jobs.runtime.checkpoint.trust import (
     pins_json,
 )
 from amlhpc.jobs.runtime.coord import nodestatus
-from amlhpc.sim.faults import FaultPlan, RequestFault
+from amlhpc.sim.faults import FaultPlan, PointFault, RequestFault
 from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.world import ACCOUNT, World
 
@@ -73,6 +82,10 @@ OTHER_SECRET = "7a" * 32
 ATTACKS = ("foreign-unsigned", "foreign-signed", "replay", "rewrite-manifest")
 KEEP = 3
 """Versions the run's uploads keep (retention)."""
+COMMIT_STEPS = ("checkpoint.pending-written", "checkpoint.block-staged", "checkpoint.part-committed",
+                "checkpoint.verified", "checkpoint.manifest-written", "checkpoint.pointer-written",
+                "checkpoint.prune-decided")
+"""The steps of one versioned upload where an attempt's process is killed, frozen or its clock stepped."""
 
 
 def _attempt(number: int) -> str:
@@ -124,6 +137,20 @@ class RestorePin(Scenario):
             else:
                 plan.add(RequestFault(kind, op="put_blob", blob=f"{CONTAINER}/{PREFIX}/{target}",
                                       nth=rng.randint(1, 4), reset_s=rng.choice([None, 0.05])))
+        # Drawn last, from a generator of their own, so a seed's earlier draws (and the runs
+        # amlhpc.sim.known keeps) stay what they were.
+        process = random.Random(rng.random())
+        for _ in range(process.choice([0, 0, 1, 1, 2])):
+            kind, node = process.choice(["kill", "kill", "freeze", "clock-step"]), process.choice(["attempt-1", "attempt-2"])
+            versions = s["versions"] if node == "attempt-1" else s["own_versions"]
+            point, nth = process.choice(COMMIT_STEPS), process.randint(1, versions)
+            if kind == "kill":
+                plan.add(PointFault("kill", point, node=node, nth=nth))
+            elif kind == "freeze":
+                plan.add(PointFault("freeze", point, node=node, nth=nth, duration_s=process.uniform(1.0, 40.0)))
+            else:
+                plan.add(PointFault("clock-step", point, node=node, nth=nth,
+                                    step_s=process.choice([-3600.0, -30.0, -1.0, 1.0, 30.0, 86_400.0])))
         return plan
 
     # --- the actors ---------------------------------------------------------------------
@@ -153,6 +180,13 @@ class RestorePin(Scenario):
         """Commits refused with no write of the other job since the attempt's previous one."""
         self.last_try: dict[str, float] = {}
         self.attacked_at: list[float] = []
+        self.in_flight: str | None = None
+        """The other job's attack under way: its writes may have landed, answered or not."""
+        self.pointer_written_at: list[float] = []
+        """When each of the other job's pointer writes had ended (its write may land until then)."""
+        self.own_last_at = 0.0
+        self.killed: list[str] = []
+        """The attempts whose process a fault killed."""
         self.record = Record(run=RUN, recipe="recipe.yaml", policy={})
         self.evidence = Evidence(self.container, PREFIX, secret=SECRET)
         self.supervisor = Supervisor(store=None, service=None, evidence=self.evidence, policy=None,  # type: ignore[arg-type]
@@ -243,6 +277,8 @@ class RestorePin(Scenario):
             while not self.attempt1.finished:
                 world.sim.sleep(s["look_s"])
                 look()
+            if self.attempt1.state == "killed":
+                self.killed.append("attempt-1")
             world.sim.sleep(s["claim_after_s"])
             look()
             _, self.seen_at_claim, _ = _pointer_bounds(self.record)
@@ -252,7 +288,18 @@ class RestorePin(Scenario):
             second = Attempt(number=2, job=_attempt(2), claimed_at="", nodes=1, resumed_version=checked.version,
                              restore_pin=pins)
             self.record.attempts.append(second)
-            world.spawn("attempt-2", self._attempt2(world, pins), node=world.node("attempt-2"))
+            second_task = world.spawn("attempt-2", self._attempt2(world, pins), node=world.node("attempt-2"))
+            world.spawn("launcher-2", self._launcher2(world, pins, second_task), node=world.node("launcher-2"))
+        return run
+
+    def _launcher2(self, world: World, pins: dict[str, Any], training):
+        """Attempt 2's launcher: when its training process was killed, it restarts it in the job,
+        and the restart restores (the attempt's environment, pins included, unchanged)."""
+        def run() -> None:
+            world.sim.join(training)
+            if training.state == "killed":
+                self.killed.append("attempt-2")
+                self._restore(world, _environ(_attempt(2), pins), "attempt-2-restart")
         return run
 
     def _restore(self, world: World, env: dict[str, str], label: str) -> str | None:
@@ -278,7 +325,10 @@ class RestorePin(Scenario):
             store = self._store(env, RestoreTrust.from_environ(env, PREFIX))
             for k in range(self.settings["own_versions"]):
                 world.sim.sleep(self.settings["interval_s"])
-                self.own_last = self._commit(world, store, folder, f"a2-{k}") or self.own_last
+                started = world.now  # its pointer is written during the upload, before retention
+                committed = self._commit(world, store, folder, f"a2-{k}")
+                if committed:
+                    self.own_last, self.own_last_at = committed, started
             self._restore(world, env, "attempt-2-restart")
         return run
 
@@ -287,13 +337,17 @@ class RestorePin(Scenario):
             for kind, at in self.settings["attacks"]:
                 world.sim.sleep(max(0.0, at - world.now))
                 self.attacked_at.append(world.now)  # from its start: its writes land while it runs
+                self.in_flight = kind  # until it returns (a lost reply's wait may outlast the run)
                 try:
                     done = self._attacks()[kind](world) is not False
                 except Exception as exc:  # noqa: BLE001 - its write may still have landed (a lost reply)
                     world.sim.note(world.sim.current(), "other-job", f"{kind}: {type(exc).__name__}: {exc}")
                     done = True
+                self.in_flight = None
                 if done:
                     self.attacks_done.append(kind)
+                    if kind != "rewrite-manifest":
+                        self.pointer_written_at.append(world.now)
                 else:
                     self.attacked_at.pop()  # it found nothing to write
         return run
@@ -351,8 +405,8 @@ class RestorePin(Scenario):
             if entry.get("path") == "model.bin":
                 entry.update(blob=blob, size=len(evil), sha256=hashlib.sha256(evil).hexdigest())
                 entry.pop("account", None)
+        self.rewritten.add(str(pointer["version"]))  # before the write: it may land with its reply lost
         self.container.upload_blob(name, json.dumps(document).encode(), overwrite=True)
-        self.rewritten.add(str(pointer["version"]))
         world.sim.note(world.sim.current(), "other-job", f"rewrote {name}")
         return True
 
@@ -376,12 +430,15 @@ class RestorePin(Scenario):
         if seen and first is not None and sequence_of(first) < sequence_of(seen):
             found.append(Violation("restored-stale", f"attempt 2 restored {first}, though its controller had seen "
                                                      f"{seen} committed before the claim"))
-        pointer_written = any(kind != "rewrite-manifest" for kind in self.attacks_done)
+        pointer_kinds = [*self.attacks_done, *([self.in_flight] if self.in_flight else [])]
+        pointer_written = any(kind != "rewrite-manifest" for kind in pointer_kinds)
         if seen and first is None and seen not in self.rewritten and not pointer_written:
             found.append(Violation("restore-lost", f"attempt 2 restored nothing, though its controller had seen {seen} "
                                                    "committed and nobody rewrote it"))
         again = next((v for label, v, _ in self.restores if label == "attempt-2-restart"), None)
-        if self.own_last and ((again is None and self.own_last not in self.rewritten)
+        hidden = any(at >= self.own_last_at for at in self.pointer_written_at) or \
+            self.in_flight not in (None, "rewrite-manifest")
+        if self.own_last and not hidden and ((again is None and self.own_last not in self.rewritten)
                               or (again is not None and sequence_of(again) < sequence_of(self.own_last))):
             found.append(Violation("restart-went-back", f"attempt 2's restart restored {again or 'nothing'}, not its "
                                                         f"own last commit {self.own_last}"))
@@ -390,6 +447,6 @@ class RestorePin(Scenario):
         found += self.deleted_early[:1]
         self.metrics = {"committed": len(self.committed), "restores": [v for _, v, _ in self.restores],
                         "seen_at_claim": self.seen_at_claim, "refused": len(self.refusals),
-                        "attacks": ",".join(self.attacks_done) or "none"}
+                        "attacks": ",".join(self.attacks_done) or "none", "killed": ",".join(self.killed) or "none"}
         return found
 

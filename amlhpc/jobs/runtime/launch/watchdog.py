@@ -74,6 +74,8 @@ log = logging.getLogger("amlhpc.watchdog")
 
 VERDICT_FILE = "verdict.json"
 POLL_VERDICT_S = 0.5
+BLOB_LOOKS = 6
+"""This node's latest looks whose Blob time says how late a live peer's heartbeat may be (Guard.blob_lag_s)."""
 STEP_WINDOW = progress.OWN_WORK_WINDOW
 """Latest steps per rank whose own-work time make the node's step time (a median: one slow step is not a straggler)."""
 _FIX = "the job builder sets it from the recipe's `watchdog` block; resubmit, or correct the JSON by hand"
@@ -269,15 +271,17 @@ class NodeWatch:
 
 
 def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now, hang_s: float,
-                 since=None) -> tuple[int, str] | None:
+                 since=None, blob_lag_s: float = 0.0) -> tuple[int, str] | None:
     """The first other node that made no progress, or went silent, for `hang_s` (service time).
     `since`: when this node's watch began (its first heartbeat); a peer is judged from then at
-    the earliest, so the time every node spent restarting the training is nobody's hang."""
+    the earliest, so the time every node spent restarting the training is nobody's hang.
+    `blob_lag_s`: how late a live peer's heartbeat may land when Blob is slow (Guard.blob_lag_s):
+    silence counts from past it."""
     for node, beat in sorted(beats.items()):
         if node == me or beat.state == "ended":
             continue
         silent = (service_now - (max(beat.written, since) if since else beat.written)).total_seconds()
-        if silent > hang_s:
+        if silent > hang_s + blob_lag_s:
             return node, (f"node {node} ({beat.host or 'unknown host'}) wrote no heartbeat for {silent:.0f}s: its "
                           "launcher is frozen or gone")
         age = beat.age_at(service_now) if not since or beat.written >= since else None
@@ -358,6 +362,8 @@ class Guard:
         self.watch = NodeWatch(settings, node, local_size, self.clock())
         self.fired: dict | None = None
         self.first_beat: datetime | None = None
+        self._blob_s: deque[float] = deque(maxlen=BLOB_LOOKS)
+        """Seconds this node's latest looks spent in Blob (its heartbeat's write and the listing)."""
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.host = socket.gethostname()
@@ -399,6 +405,7 @@ class Guard:
         if self.shared is None:
             return {"culprit": self.node, "message": mine, "kind": kind} if mine else None
         container, prefix, run_id = self.shared
+        started = self.clock()
         try:
             written = nodestatus.write_heartbeat(container, prefix, run_id, self.node, step=self.watch.step,
                                                  age_s=self.watch.age(now), first_step=self.watch.first_step,
@@ -408,8 +415,11 @@ class Guard:
         except Exception as exc:  # noqa: BLE001 - storage trouble must not stop training: judge locally
             log.warning("watchdog heartbeat failed (judging this node alone): %s: %s", type(exc).__name__, exc)
             return {"culprit": self.node, "message": mine, "kind": kind} if mine else None
+        finally:
+            self._blob_s.append(self.clock() - started)
         self.first_beat = self.first_beat or written
-        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat) if written else None
+        lag = self.blob_lag_s
+        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat, lag) if written else None
         if mine and kind == FIRST_STEP:
             # Every node judges its own start; peers stuck before theirs too (waiting for this
             # one at rendezvous, or stuck themselves) cannot tell whose start failed.
@@ -436,12 +446,22 @@ class Guard:
             return {"culprit": self.node, "message": mine}
         if stalled and written is not None and self.first_beat is not None:  # a stalled peer implies both
             beat = peers[stalled[0]]
-            silent = (written - max(beat.written, self.first_beat)).total_seconds() > self.settings.hang_s
+            silent = (written - max(beat.written, self.first_beat)).total_seconds() > self.settings.hang_s + lag
             if _stopping_with_peer(self.watch.age(now), silent, self.settings):
                 return None
             # A silent peer's launcher is frozen or gone: it can take part in no restart.
             return {"culprit": stalled[0], "message": stalled[1], "peer_silent": silent}
         return None
+
+    @property
+    def blob_lag_s(self) -> float:
+        """How late a live peer's heartbeat may land: twice the longest Blob time of this node's
+        latest looks. Blob slow for this node (throttled: each write retried after 503s) is slow
+        for its peers on the same account, their heartbeats late by as much as their own look
+        and this listing by as much again; a peer silent only that long is not taken for frozen
+        (a 503 storm made one node's heartbeats 11 s late against a 10 s hang_s, and its healthy
+        peer ended the job). Next to a healthy Blob (tens of milliseconds) it changes nothing."""
+        return 2 * max(self._blob_s, default=0.0)
 
     @property
     def look_s(self) -> float:
