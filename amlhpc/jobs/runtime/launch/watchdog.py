@@ -460,7 +460,9 @@ class Guard:
         for its peers on the same account, their heartbeats late by as much as their own look
         and this listing by as much again; a peer silent only that long is not taken for frozen
         (a 503 storm made one node's heartbeats 11 s late against a 10 s hang_s, and its healthy
-        peer ended the job). Next to a healthy Blob (tens of milliseconds) it changes nothing."""
+        peer ended the job). It narrows that, not closes it: a peer throttled far more than this
+        node is still judged at hang_s plus this. Next to a healthy Blob (tens of milliseconds) it
+        changes nothing."""
         return 2 * max(self._blob_s, default=0.0)
 
     @property
