@@ -176,14 +176,14 @@ class TestPeers:
 
     def test_a_silent_node_is_named(self):
         beats = {0: beat(0, self.now), 1: beat(1, self.now - timedelta(seconds=30))}
-        culprit, message = watchdog.stalled_peer(0, beats, self.now, hang_s=20)
-        assert culprit == 1 and "wrote no heartbeat for 30s" in message
+        culprit, message, silent = watchdog.stalled_peer(0, beats, self.now, hang_s=20)
+        assert culprit == 1 and "wrote no heartbeat for 30s" in message and silent
 
     def test_a_node_without_progress_is_named_in_service_time(self):
         # written 5 s ago with an age of 18 s: 23 s without progress by now
         beats = {1: beat(1, self.now - timedelta(seconds=5), age_s=18.0)}
-        culprit, message = watchdog.stalled_peer(0, beats, self.now, hang_s=20)
-        assert culprit == 1 and "made no progress for 23s (step 7)" in message
+        culprit, message, silent = watchdog.stalled_peer(0, beats, self.now, hang_s=20)
+        assert culprit == 1 and "made no progress for 23s (step 7)" in message and not silent
 
     def test_a_peer_gone_quiet_is_judged_by_its_silence_not_its_last_progress(self):
         """A launcher frozen 0.5 s after its last step: by its last report the peer made no
@@ -192,8 +192,8 @@ class TestPeers:
         limit, it is named silent."""
         frozen = beat(1, self.now - timedelta(seconds=3), age_s=0.5)
         assert watchdog.stalled_peer(0, {1: frozen}, self.now, hang_s=3) is None
-        culprit, message = watchdog.stalled_peer(0, {1: frozen}, self.now + timedelta(seconds=0.5), hang_s=3)
-        assert culprit == 1 and "wrote no heartbeat" in message
+        culprit, message, silent = watchdog.stalled_peer(0, {1: frozen}, self.now + timedelta(seconds=0.5), hang_s=3)
+        assert culprit == 1 and "wrote no heartbeat" in message and silent
 
     def test_healthy_and_ended_nodes_pass(self):
         beats = {1: beat(1, self.now, age_s=2.0), 2: beat(2, self.now - timedelta(hours=1), state="ended")}

@@ -61,7 +61,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from amlhpc.jobs.runtime.base import clock as clock_seam
 from amlhpc.jobs.runtime.base import progress
@@ -270,8 +270,17 @@ class NodeWatch:
         return None
 
 
+class Stall(NamedTuple):
+    """A peer judged stalled (stalled_peer)."""
+
+    node: int
+    message: str
+    silent: bool
+    """It wrote no heartbeat (its launcher frozen or gone), rather than heartbeats without progress."""
+
+
 def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now, hang_s: float,
-                 since=None, blob_lag_s: float = 0.0) -> tuple[int, str] | None:
+                 since=None, blob_lag_s: float = 0.0) -> Stall | None:
     """The first other node that made no progress, or went silent, for `hang_s` (service time).
     `since`: when this node's watch began (its first heartbeat); a peer is judged from then at
     the earliest, so the time every node spent restarting the training is nobody's hang.
@@ -282,8 +291,8 @@ def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now
             continue
         silent = (service_now - (max(beat.written, since) if since else beat.written)).total_seconds()
         if silent > hang_s + blob_lag_s:
-            return node, (f"node {node} ({beat.host or 'unknown host'}) wrote no heartbeat for {silent:.0f}s: its "
-                          "launcher is frozen or gone")
+            return Stall(node, f"node {node} ({beat.host or 'unknown host'}) wrote no heartbeat for {silent:.0f}s: "
+                               "its launcher is frozen or gone", True)
         age = beat.age_at(service_now) if not since or beat.written >= since else None
         if age is not None and age > hang_s:
             if (service_now - beat.written).total_seconds() > (beat.age_s or 0.0):
@@ -291,7 +300,8 @@ def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now
                 # look): its launcher froze or went. Judged as silence once that passes hang_s,
                 # at most age_s later: a silent peer can take part in no in-job restart.
                 continue
-            return node, f"node {node} ({beat.host or 'unknown host'}) made no progress for {age:.0f}s (step {beat.step})"
+            return Stall(node, f"node {node} ({beat.host or 'unknown host'}) made no progress for {age:.0f}s "
+                               f"(step {beat.step})", False)
     return None
 
 
@@ -418,8 +428,8 @@ class Guard:
         finally:
             self._blob_s.append(self.clock() - started)
         self.first_beat = self.first_beat or written
-        lag = self.blob_lag_s
-        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat, lag) if written else None
+        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat,
+                               self.blob_lag_s) if written else None
         if mine and kind == FIRST_STEP:
             # Every node judges its own start; peers stuck before theirs too (waiting for this
             # one at rendezvous, or stuck themselves) cannot tell whose start failed.
@@ -444,13 +454,11 @@ class Guard:
             if first[0] is not None and (first[1] or 0) > (self.watch.age(now) or 0) + self.settings.interval_s:
                 return {"culprit": first[0], "message": f"{mine}; node {first[0]} stopped first ({first[1]:.0f}s ago)"}
             return {"culprit": self.node, "message": mine}
-        if stalled and written is not None and self.first_beat is not None:  # a stalled peer implies both
-            beat = peers[stalled[0]]
-            silent = (written - max(beat.written, self.first_beat)).total_seconds() > self.settings.hang_s + lag
-            if _stopping_with_peer(self.watch.age(now), silent, self.settings):
+        if stalled is not None:
+            if _stopping_with_peer(self.watch.age(now), stalled.silent, self.settings):
                 return None
             # A silent peer's launcher is frozen or gone: it can take part in no restart.
-            return {"culprit": stalled[0], "message": stalled[1], "peer_silent": silent}
+            return {"culprit": stalled.node, "message": stalled.message, "peer_silent": stalled.silent}
         return None
 
     @property
