@@ -44,7 +44,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from bench.machine import azurite_version, describe_machine, loadavg
 from bench.spread import check_rerun, rerun_summary, rerun_table
@@ -59,11 +61,11 @@ MIB = 1 << 20
 # --- 1. stall ---------------------------------------------------------------------------
 
 
-def _state(mib: int):
+def _state(mib: int, device: str = "cpu"):
     import torch
 
     per = mib * MIB // 4 // 4
-    return {"model": {f"layer{i}.weight": torch.randn(per) for i in range(4)}}
+    return {"model": {f"layer{i}.weight": torch.randn(per, device=device) for i in range(4)}}
 
 
 def _spread(values: list[float]) -> dict:
@@ -86,21 +88,19 @@ def _commit() -> str:
 
 
 class DcpAsync:
-    """torch's own `dcp.async_save` on the same state: its DefaultStager (the options ours uses,
-    kept across saves, or torch's default of staging in a background thread) and DCP's
+    """torch's own `dcp.async_save` on the same state: its DefaultStager (page-locked buffers and
+    non-blocking copies on a GPU as ours, kept across saves, or torch's default of staging in a
+    background thread; torch 2.11's drops its buffers after each save, pytorch/pytorch#183413) and DCP's
     FileSystemWriter (fsync, the same threads); no marker (it hashes nothing)."""
 
     def __init__(self, root: Path, writers: int, async_staging: bool):
-        from amlhpc.jobs.runtime.checkpoint.versioned import new_stager
+        import torch
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         self.root, self.writers, self.async_staging = root, writers, async_staging
-        if async_staging:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                                       use_async_staging=True, use_non_blocking_copy=False))
-        else:
-            self.stager = new_stager()
+        accelerator = torch.accelerator.is_available() and not async_staging
+        self.stager = DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
+                                                   use_async_staging=async_staging, use_non_blocking_copy=accelerator))
         self.pending = None
         self.started = 0.0
         self.last_write_s: float | None = None
@@ -135,29 +135,33 @@ class DcpAsync:
         self.stager.close()
 
 
-def stall_at(mib: int, repeats: int, workdir: Path) -> dict:
+def stall_at(mib: int, repeats: int, workdir: Path, device: str = "cpu", baselines: bool = True) -> dict:
     """Sync against background saves of one rank, interleaved, at one state size: ours (the
-    Checkpointer) and torch's dcp.async_save on the same state; the first background save
-    (cold: the stager allocates its buffers) apart from the later ones (warm: reused); the
-    writer's GB/s with its default threads and with one."""
+    Checkpointer) and, with `baselines`, torch's dcp.async_save on the same state and our writer
+    with one thread; the first background save (cold: the stager allocates its buffers) apart
+    from the later ones (warm: reused); the writer's GB/s. `device`: where the state lives (on
+    a GPU the copy out of it is what the training is held for)."""
     import gc
 
     from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
 
     load_before = loadavg()
-    state, gb = _state(mib), mib * MIB / 1e9
+    state, gb = _state(mib, device), mib * MIB / 1e9
     background = Checkpointer(workdir / "stall-async", 0, 1, "bench")
-    single = Checkpointer(workdir / "stall-one-writer", 0, 1, "bench", writers=1)
-    torch_same = DcpAsync(workdir / "stall-dcp", background.writers, async_staging=False)
-    torch_thread = DcpAsync(workdir / "stall-dcp-thread", background.writers, async_staging=True)
     cold = background.save(1, state, {"step": 1})
     background.wait()
-    dcp_cold = torch_same.save(1, state)
-    torch_same.wait()
-    dcp_thread_cold = torch_thread.save(1, state)
-    torch_thread.wait()
-    rows: dict[str, list[float]] = {k: [] for k in ("sync", "warm", "write", "one_writer", "dcp", "dcp_write",
-                                                    "dcp_thread", "dcp_thread_write", "ratio", "dcp_ratio")}
+    cold_write = background.last_write_s or 0.0
+    others: dict[str, Any] = {}
+    if baselines:
+        others = {"one_writer": Checkpointer(workdir / "stall-one-writer", 0, 1, "bench", writers=1),
+                  "dcp": DcpAsync(workdir / "stall-dcp", background.writers, async_staging=False),
+                  "dcp_thread": DcpAsync(workdir / "stall-dcp-thread", background.writers, async_staging=True)}
+    colds = {}
+    for name in ("dcp", "dcp_thread"):
+        if name in others:
+            colds[name] = others[name].save(1, state)
+            others[name].wait()
+    rows: dict[str, list[float]] = defaultdict(list)
     for step in range(2, repeats + 2):
         folder = workdir / "stall-sync"
         shutil.rmtree(folder, ignore_errors=True)
@@ -167,41 +171,45 @@ def stall_at(mib: int, repeats: int, workdir: Path) -> dict:
         rows["warm"].append(background.save(step, state, {"step": step}))
         background.wait()
         rows["write"].append(background.last_write_s or 0.0)
-        rows["dcp"].append(torch_same.save(step, state))
-        torch_same.wait()
-        rows["dcp_write"].append(torch_same.last_write_s or 0.0)
-        rows["dcp_thread"].append(torch_thread.save(step, state))
-        torch_thread.wait()
-        rows["dcp_thread_write"].append(torch_thread.last_write_s or 0.0)
-        single.save(step, state, {"step": step})
-        single.wait()
-        rows["one_writer"].append(single.last_write_s or 0.0)
+        for name in ("dcp", "dcp_thread"):
+            if name in others:
+                rows[name].append(others[name].save(step, state))
+                others[name].wait()
+                rows[f"{name}_write"].append(others[name].last_write_s or 0.0)
+        if "one_writer" in others:
+            others["one_writer"].save(step, state, {"step": step})
+            others["one_writer"].wait()
+            rows["one_writer"].append(others["one_writer"].last_write_s or 0.0)
         for folder in ("stall-async", "stall-one-writer", "stall-dcp", "stall-dcp-thread"):  # one version each on disk
             for old in sorted((workdir / folder).rglob(f"step-*{step - 1}")):
                 shutil.rmtree(old, ignore_errors=True)
         rows["ratio"].append(rows["warm"][-1] / rows["sync"][-1])
-        rows["dcp_ratio"].append(rows["dcp"][-1] / rows["sync"][-1])
-    for writer in (background, single, torch_same, torch_thread):
+        if "dcp" in others:
+            rows["dcp_ratio"].append(rows["dcp"][-1] / rows["sync"][-1])
+    for writer in (background, *others.values()):
         writer.close()
     del state
     gc.collect()
     for folder in ("stall-async", "stall-one-writer", "stall-dcp", "stall-dcp-thread", "stall-sync"):
         shutil.rmtree(workdir / folder, ignore_errors=True)
-    return {"state_mib": mib, "writers": background.writers, "load_before": load_before, "load_after": loadavg(),
-            "sync_s": _spread(rows["sync"]), "cold_s": cold, "warm_s": _spread(rows["warm"]),
-            "ratio": _spread(rows["ratio"]), "write_gbps": _spread([gb / s for s in rows["write"]]),
-            "one_writer_gbps": _spread([gb / s for s in rows["one_writer"]]),
-            "dcp_cold_s": dcp_cold, "dcp_s": _spread(rows["dcp"]), "dcp_ratio": _spread(rows["dcp_ratio"]),
-            "dcp_write_gbps": _spread([gb / s for s in rows["dcp_write"]]),
-            "dcp_thread_cold_s": dcp_thread_cold, "dcp_thread_s": _spread(rows["dcp_thread"]),
-            "dcp_thread_write_gbps": _spread([gb / s for s in rows["dcp_thread_write"]])}
+    result = {"state_mib": mib, "device": device, "writers": background.writers, "load_before": load_before,
+              "load_after": loadavg(), "sync_s": _spread(rows["sync"]), "cold_s": cold,
+              "cold_write_gbps": gb / cold_write if cold_write else None, "warm_s": _spread(rows["warm"]),
+              "ratio": _spread(rows["ratio"]), "write_gbps": _spread([gb / s for s in rows["write"]])}
+    if baselines:
+        result |= {"one_writer_gbps": _spread([gb / s for s in rows["one_writer"]]),
+                   "dcp_cold_s": colds["dcp"], "dcp_s": _spread(rows["dcp"]), "dcp_ratio": _spread(rows["dcp_ratio"]),
+                   "dcp_write_gbps": _spread([gb / s for s in rows["dcp_write"]]),
+                   "dcp_thread_cold_s": colds["dcp_thread"], "dcp_thread_s": _spread(rows["dcp_thread"]),
+                   "dcp_thread_write_gbps": _spread([gb / s for s in rows["dcp_thread_write"]])}
+    return result
 
 
 def stall(args, workdir: Path) -> list[dict]:
     from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer
 
     Checkpointer(workdir / "warm-up", 0, 1, "bench", background=False).save(0, _state(1), {"step": 0})  # imports
-    return [stall_at(mib, args.repeats, workdir) for mib in args.sizes]
+    return [stall_at(mib, args.repeats, workdir, args.device, not args.no_baselines) for mib in args.sizes]
 
 
 # --- 2. restore -------------------------------------------------------------------------
@@ -397,27 +405,31 @@ def render(results: dict) -> str:
                   "allocates its CPU buffers); warm: later saves into the same buffers. Ratio: each run's "
                   "background stall over the synchronous save of the same run, then the median and spread.", ""]
         for s in results["stall"]:
-            lines += [f"### {s['state_mib']} MiB, {s['writers']} writer threads", "",
+            baselines = "dcp_s" in s
+            rows = [f"| synchronous (write + fsync + marker in the loop) | {cell(s['sync_s'])} |",
+                    f"| ours, first save (cold) | {s['cold_s']:.3f} | - | - |",
+                    f"| ours, later saves (warm) | {cell(s['warm_s'])} |"]
+            ratios = (f"- ours (warm) / sync: **{s['ratio']['median']:.3f}** ({s['ratio']['min']:.3f}-"
+                      f"{s['ratio']['max']:.3f}; target <= 0.10): {_met(s['ratio']['median'] <= 0.10)}")
+            writer = (f"- the background writer (ours: DCP files, fsync, SHA-256 while writing, marker): "
+                      f"{gbps(s['write_gbps'])} with {s['writers']} threads")
+            if baselines:
+                rows += [f"| dcp.async_save, our stager options, first save (cold) | {s['dcp_cold_s']:.3f} | - | - |",
+                         f"| dcp.async_save, our stager options (warm) | {cell(s['dcp_s'])} |",
+                         f"| dcp.async_save, staging in torch's thread, first save (cold) | "
+                         f"{s['dcp_thread_cold_s']:.3f} | - | - |",
+                         f"| dcp.async_save, staging in torch's thread (warm; held until staged) | "
+                         f"{cell(s['dcp_thread_s'])} |"]
+                ratios += (f"; dcp.async_save (warm) / sync: {s['dcp_ratio']['median']:.3f} "
+                           f"({s['dcp_ratio']['min']:.3f}-{s['dcp_ratio']['max']:.3f})")
+                writer += (f", {gbps(s['one_writer_gbps'])} with one; dcp.async_save's write (no hashes, no marker): "
+                           f"{gbps(s['dcp_write_gbps'])}, staging in torch's thread {gbps(s['dcp_thread_write_gbps'])}")
+            else:
+                ratios += "; torch's dcp.async_save and the one-thread writer not run (`--no-baselines`)"
+            lines += [f"### {s['state_mib']} MiB on {s.get('device', 'cpu')}, {s['writers']} writer threads", "",
                       f"Load average before/after: {s['load_before']} / {s['load_after']}.", "",
-                      "| mode | training held, median s | spread s | runs (s) |", "|---|---:|---|---|",
-                      f"| synchronous (write + fsync + marker in the loop) | {cell(s['sync_s'])} |",
-                      f"| ours, first save (cold) | {s['cold_s']:.3f} | - | - |",
-                      f"| ours, later saves (warm) | {cell(s['warm_s'])} |",
-                      f"| dcp.async_save, our stager options, first save (cold) | {s['dcp_cold_s']:.3f} | - | - |",
-                      f"| dcp.async_save, our stager options (warm) | {cell(s['dcp_s'])} |",
-                      f"| dcp.async_save, staging in torch's thread, first save (cold) | {s['dcp_thread_cold_s']:.3f} "
-                      "| - | - |",
-                      f"| dcp.async_save, staging in torch's thread (warm; held until staged) | {cell(s['dcp_thread_s'])} |",
-                      "",
-                      f"- ours (warm) / sync: **{s['ratio']['median']:.3f}** ({s['ratio']['min']:.3f}-"
-                      f"{s['ratio']['max']:.3f}; target <= 0.10): {_met(s['ratio']['median'] <= 0.10)}; "
-                      f"dcp.async_save (warm) / sync: {s['dcp_ratio']['median']:.3f} ({s['dcp_ratio']['min']:.3f}-"
-                      f"{s['dcp_ratio']['max']:.3f})",
-                      f"- the background writer (ours: DCP files, fsync, SHA-256 while writing, marker): "
-                      f"{gbps(s['write_gbps'])} with {s['writers']} threads, {gbps(s['one_writer_gbps'])} with one; "
-                      f"dcp.async_save's write (no hashes, no marker): {gbps(s['dcp_write_gbps'])}, staging in "
-                      f"torch's thread {gbps(s['dcp_thread_write_gbps'])}. The training goes on meanwhile, sharing "
-                      "the CPUs with it", ""]
+                      "| mode | training held, median s | spread s | runs (s) |", "|---|---:|---|---|", *rows, "",
+                      ratios, writer + ". The training goes on meanwhile, sharing the CPUs with it", ""]
     if "restore" in results:
         r = results["restore"]
         lines += ["## Restore: node tier vs Blob", "",
@@ -502,6 +514,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkpoint sizes for the stall figures, comma-separated (the largest for restore)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (at least 5 for a median with a spread)")
     parser.add_argument("--skip", default="", help="comma-separated: stall, restore, recovery")
+    parser.add_argument("--device", default="cpu",
+                        help="where the stall's state lives: cpu, or cuda (on a GPU: the copy out of it is the stall)")
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="stall: skip torch's dcp.async_save and the one-thread writer (memory: each keeps its "
+                             "own staging buffers and version on disk)")
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--update-results", action="store_true", help="also rewrite this section of bench/RESULTS.md")
     parser.add_argument("--rerun-of", type=Path, metavar="JSON",
@@ -524,8 +541,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--state-mib {args.state_mib!r}: give sizes in MiB, comma-separated, e.g. 256,1024")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1 (5 for a median with a spread)")
-    from amlhpc.jobs.local import azurite as azurite_server
-
     results: dict = {"command": "python -m bench.checkpoint " + " ".join(argv if argv is not None else sys.argv[1:]),
                      "date": time.strftime("%Y-%m-%d %H:%M %Z", time.gmtime()), "load_before": loadavg(),
                      "commit": _commit()}
@@ -537,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             results["stall"] = stall(args, workdir)
         blob_parts = [part for part in ("restore", "recovery") if part not in skip]
         if blob_parts:
+            from amlhpc.jobs.local import azurite as azurite_server
+
             with azurite_server.start(workdir / "azurite") as server:
                 for part in blob_parts:
                     print(f"{part}: ...", file=sys.stderr)

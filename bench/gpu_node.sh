@@ -29,7 +29,7 @@ case "$name" in
   *) sku=Standard_ND96isr_H100_v5 ;;
 esac
 sku_json=${SKU_JSON_DIR:-.gpu}/$sku.json
-[ -f "$sku_json" ] || "$py" -c "import dataclasses, json, sys; from core import skus
+[ -f "$sku_json" ] || "$py" -c "import dataclasses, json, sys; from amlhpc.core import skus
 json.dump(dataclasses.asdict(skus.get('$sku')), sys.stdout)" > "$sku_json" || exit 2
 export AMLHPC_SKU_JSON="$(cat "$sku_json")"
 echo "size $sku (GPU: ${name:-none})" >> "$out/gpu.txt"

@@ -106,6 +106,31 @@ class TestBackgroundWriter:
             load_version(tier.versions_dir(tmp_path) / tier.version_name(step), target, 0)
             assert torch.equal(target["w"], torch.full((100_000,), value)), step
 
+    def test_saves_reuse_their_buffers_without_torchs_default_stager(self, tmp_path, monkeypatch):
+        """torch 2.8 has no DefaultStager, and 2.11's drops its buffers after each stage and fails
+        the next (pytorch/pytorch#183413): the background save does without it. With DefaultStager
+        gone, three saves still copy into one set of buffers and each version keeps its values."""
+        torch = pytest.importorskip("torch")
+        from torch.distributed.checkpoint import staging
+
+        from amlhpc.jobs.runtime.checkpoint.versioned import Checkpointer, load_version
+
+        monkeypatch.delattr(staging, "DefaultStager")
+        monkeypatch.delattr(staging, "StagingOptions")
+        weight, bias = torch.ones(50_000), torch.zeros(10)
+        writer = Checkpointer(tmp_path, 0, 1, "t0", writers=2)
+        pointers = []
+        for step in (1, 2, 3):
+            writer.save(step, {"w": weight, "b": bias}, {"step": step})
+            pointers.append(writer._stager._stager._cached_storage_mapping[weight.untyped_storage()].data_ptr())
+            weight.add_(1)
+        writer.close()
+        assert len(set(pointers)) == 1, "one CPU buffer for the weight across the three saves"
+        for step in (1, 2, 3):
+            target = {"w": torch.zeros(50_000), "b": torch.ones(10)}
+            load_version(tier.versions_dir(tmp_path) / tier.version_name(step), target, 0)
+            assert torch.equal(target["w"], torch.full((50_000,), float(step))) and not target["b"].any(), step
+
     def test_writer_threads_come_from_the_environment_and_bad_values_are_refused(self):
         from amlhpc.jobs.runtime.checkpoint import CheckpointError
         from amlhpc.jobs.runtime.checkpoint.versioned import WRITERS_VARIABLE, default_writers

@@ -2,7 +2,7 @@
 written in the background into the node-local tier, loaded safely into any world size.
 
 Saving (`Checkpointer.save`): the training waits only while the state is staged, copied into
-CPU memory by torch's own stager (`DefaultStager`: page-locked buffers on a GPU node, allocated
+CPU memory (stager.py: torch's `StateDictStager`, page-locked buffers on a GPU node, allocated
 at the first save and reused by every later one, with non-blocking copies); a writer thread
 then runs DCP's FileSystemWriter into `versions/step-N/rank-<r>/` (tier.py) with `no_dist=True`
 (no collective in the background thread, where it could interleave with the training's own)
@@ -21,8 +21,8 @@ expected of the same code), but refuses a job whose default process group has no
 (NCCL alone, as our GPU workloads start) even with `no_dist=True` (torch 2.13,
 torch/distributed/checkpoint/state_dict_saver.py); a CPU backend beside NCCL would mean a gloo
 full mesh across every rank of the job, which does not scale to thousands of ranks. And its
-writer is DCP's own, whose files we would have to read back to hash. Its stager and
-FileSystemWriter are used as they are.
+writer is DCP's own, whose files we would have to read back to hash. DCP's FileSystemWriter is
+used as it is; its `DefaultStager` is not (stager.py says why).
 
 Loading (`load_version`): the metadata of the rank folders present is merged (safeload.py,
 no pickled code), and DCP reads into the given state dict: the same world size reads only the
@@ -60,6 +60,7 @@ from amlhpc.jobs.runtime.checkpoint.errors import (
     LocalCopyCorrupt,
     UnsafeCheckpoint,
 )
+from amlhpc.jobs.runtime.checkpoint.stager import KeptBuffersStager
 
 log = logging.getLogger("amlhpc.checkpoint")
 TRAINER_FILE = "trainer.json"
@@ -81,18 +82,6 @@ def default_writers(environ: dict[str, str] | None = None) -> int:
         return int(given)
     local = max(1, int(environ.get("LOCAL_WORLD_SIZE") or 1))
     return max(1, min(8, (os.cpu_count() or 1) // local))
-
-
-def new_stager():
-    """torch's stager for this process: page-locked, reused buffers and non-blocking copies where
-    an accelerator is, plain reused CPU buffers elsewhere; staging in the caller's thread (the
-    training must not change its tensors before the copy is done)."""
-    import torch
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-    accelerator = torch.accelerator.is_available()
-    return DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
-                                        use_async_staging=False, use_non_blocking_copy=accelerator))
 
 
 class HashingWriter(io.RawIOBase):
@@ -188,7 +177,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stager: Any = None
-        """torch's DefaultStager, made at the first background save and kept: its CPU buffers are
+        """The stager (stager.py), made at the first background save and kept: its CPU buffers are
         the next save's (the caller must know the last write is done with them: `wait`)."""
         self.saved: list[int] = []
         """Steps whose part this rank finished writing."""
@@ -205,7 +194,7 @@ class Checkpointer:
             self._write(version_dir, step, state, trainer)
             return time.perf_counter() - started
         if self._stager is None:
-            self._stager = new_stager()
+            self._stager = KeptBuffersStager()
         staged = self._stager.stage(state)
         self._thread = threading.Thread(target=self._write_guarded, args=(version_dir, step, staged, trainer),
                                         name=f"checkpoint-rank{self.rank}", daemon=True)
