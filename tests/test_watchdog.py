@@ -290,6 +290,129 @@ class TestSlowBlob:
         assert (blob.service_now() - max(blob.peer_written, guard.first_beat)).total_seconds() == 11.0, "hang_s + 1 look"
 
 
+class TestStorePulse:
+    """The job's store tells a peer late in Blob from a frozen one (liveness.py): a peer whose
+    Blob heartbeat is silent past the limit but whose launcher still beats on the store is not
+    named; one that beats on neither is named exactly when it was without the store."""
+
+    @staticmethod
+    def liveness(store, node: int, clock):
+        from amlhpc.jobs.runtime.coord.agree import Channel
+        from amlhpc.jobs.runtime.launch.liveness import StoreLiveness
+
+        return StoreLiveness(Channel(store, node=node, nodes=2), node, 10 / 2, clock)
+
+    def guard(self, clock: list[float], blob: ThrottledBlob, store) -> watchdog.Guard:
+        guard = TestSlowBlob().guard(clock, blob)
+        guard.liveness = self.liveness(store, 0, lambda: clock[0])
+        return guard
+
+    @staticmethod
+    def look(guard: watchdog.Guard, clock: list[float], peer=None) -> dict | None:
+        """One second on: the peer's pulse (when it lives), this node's pulse, then its look."""
+        clock[0] += 1.0
+        guard.watch.observe(0, progress.Progress(int(clock[0]), 1, 0), now=clock[0])
+        if peer is not None:
+            peer.pulse()
+        guard.pulse()
+        return guard.check()
+
+    @staticmethod
+    def silence(guard: watchdog.Guard, blob: ThrottledBlob) -> float:
+        return (blob.service_now() - max(blob.peer_written, guard.first_beat)).total_seconds()
+
+    def test_a_peer_silent_in_blob_but_beating_on_the_store_is_not_named_until_it_stops(self):
+        from amlhpc.jobs.runtime.coord.memstore import MemoryStore
+
+        start = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+        clock, store = [100.0], MemoryStore()
+        blob = ThrottledBlob(clock, start - timedelta(seconds=100), start - timedelta(seconds=1))
+        guard, peer = self.guard(clock, blob, store), self.liveness(store, 1, lambda: clock[0])
+        assert guard.check() is None
+        for _ in range(40):  # 40 s: the peer's heartbeat never lands in Blob, its pulse goes on
+            assert self.look(guard, clock, peer) is None
+        silent = self.silence(guard, blob)
+        assert silent >= 40, "far past hang_s: named at once without the store"
+        verdict = None
+        for _ in range(20):  # the peer's launcher freezes: no pulse either
+            verdict = self.look(guard, clock)
+            if verdict:
+                break
+        assert verdict and verdict["culprit"] == 1 and verdict["peer_silent"], verdict
+        assert 5 <= self.silence(guard, blob) - silent <= 6, "named once no change was seen for hang_s / 2"
+
+    def test_a_frozen_peer_is_named_exactly_when_it_was_without_the_store(self):
+        from amlhpc.jobs.runtime.coord.memstore import MemoryStore
+
+        start = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+        clock, store = [100.0], MemoryStore()
+        blob = ThrottledBlob(clock, start - timedelta(seconds=100), start - timedelta(seconds=1))
+        self.liveness(store, 1, lambda: clock[0]).pulse()  # it beat once, then froze with its heartbeat
+        guard = self.guard(clock, blob, store)
+        verdict = None
+        for _ in range(20):
+            verdict = self.look(guard, clock)
+            if verdict:
+                break
+        assert verdict and verdict["culprit"] == 1 and "wrote no heartbeat" in verdict["message"], verdict
+        assert self.silence(guard, blob) == 11.0, "hang_s + 1 look, as TestSlowBlob.test_a_healthy_blob_adds_nothing"
+
+    def test_a_store_that_stops_answering_leaves_the_blob_verdict(self):
+        from amlhpc.jobs.runtime.coord.kvstore import StoreLost
+        from amlhpc.jobs.runtime.coord.memstore import MemoryStore
+
+        class Gone(MemoryStore):
+            def add(self, key, amount):
+                raise StoreLost("node 0 is gone")
+
+        start = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+        clock = [100.0]
+        blob = ThrottledBlob(clock, start - timedelta(seconds=100), start - timedelta(seconds=1))
+        guard = self.guard(clock, blob, Gone())
+        verdict = None
+        for _ in range(20):
+            verdict = self.look(guard, clock)
+            if verdict:
+                break
+        assert verdict and verdict["culprit"] == 1 and guard.liveness.failed
+        assert self.silence(guard, blob) == 11.0
+
+    def test_a_healthy_job_reads_no_peers_pulse(self):
+        """Scale: on a job whose heartbeats land, each node's pulse is one `add` per look, no reading."""
+        from amlhpc.jobs.runtime.coord.memstore import MemoryStore
+
+        calls = []
+
+        class Counting(MemoryStore):
+            def add(self, key, amount):
+                calls.append((key, amount))
+                return super().add(key, amount)
+
+        start = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+        clock = [100.0]
+        blob = ThrottledBlob(clock, start - timedelta(seconds=100), start - timedelta(seconds=1))
+        guard = self.guard(clock, blob, Counting())
+        for _ in range(3):  # the peer's heartbeat is at most 4 s old: under half of hang_s
+            assert self.look(guard, clock) is None
+        assert calls == [("watchdog/alive/0", 1)] * 3
+
+    def test_the_pulse_beats_while_a_look_is_held_in_blob_and_stops_when_looks_stop(self):
+        from amlhpc.jobs.runtime.coord.memstore import MemoryStore
+
+        start = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+        clock, store = [100.0], MemoryStore()
+        guard = self.guard(clock, ThrottledBlob(clock, start, start), store)
+        assert guard.turning()  # just made: within hang_s of its start
+        guard._look_began = clock[0]
+        clock[0] += 60  # a look held a minute in Blob's retries
+        guard.pulse()
+        assert guard.turning() and store.peek("watchdog/alive/0") == b"1"
+        guard._look_began, guard._look_ended = None, clock[0]
+        clock[0] += 10.5  # no look for longer than hang_s: the look thread stopped
+        guard.pulse()
+        assert not guard.turning() and store.peek("watchdog/alive/0") == b"1", "no beat without looks"
+
+
 class TestLauncher:
     """A training command that stops making progress, on one node."""
 

@@ -1,4 +1,4 @@
-"""Seeded exploration over every scenario: 324 seeds in all, each run's invariants checked. A
+"""Seeded exploration over every scenario: 336 seeds in all, each run's invariants checked. A
 violation passes only when amlhpc.sim.known names its defect (the defects the code has
 today, each with its own expected-failure test in test_sim_defects.py); one it cannot name
 is a new finding and fails here with the seed that replays it. Then one run at 1,000 nodes,
@@ -17,7 +17,7 @@ SEEDS = {  # scenario: (seeds, nodes); small worlds, so that the sweep stays wit
     "checkpoint-commit": (16, 2), "folder-upload": (24, None), "prune-race": (20, None),
     "restart-agreement": (40, None), "launch-records": (20, None), "watchdog-clock": (30, None),
     "heartbeats": (16, 4), "hang-culprit": (40, None), "revival": (30, None), "staging": (8, 2), "upload-sessions": (20, None),
-    "restore-pin": (60, None),
+    "restore-pin": (60, None), "heartbeats-throttled": (12, None),
 }
 
 
@@ -55,6 +55,23 @@ def test_the_hang_culprit_sweep_finds_a_waiting_node_named_without_the_next_look
     assert len(wrong) >= 3, wrong
 
 
+def test_the_throttled_heartbeats_sweep_ends_healthy_jobs_without_the_store_pulse(monkeypatch):
+    """The sweep above passes because a peer silent in Blob is asked about on the job's store
+    (amlhpc.jobs.runtime.launch.liveness): without that, the 503 storm ends healthy jobs as a hang
+    (the recovery benchmark's `throttle` scenario did, 4 runs of 10), and the storm is long enough
+    to: the slow node's heartbeat stays silent in the service past hang_s in every seed."""
+    from amlhpc.jobs.runtime.launch import liveness
+
+    seeds = range(SEEDS["heartbeats-throttled"][0])
+    for seed in seeds[:3]:
+        metrics = run("heartbeats-throttled", seed, keep_trace=False).metrics
+        assert metrics["verdicts"] == 0 and metrics["max_heartbeat_silence_s"] > 1.5 * metrics["hang_s"], metrics
+    monkeypatch.setattr(liveness.StoreLiveness, "alive", lambda self, node: False)
+    ended = [seed for seed in seeds
+             if any(v.kind == "false-hang" for v in run("heartbeats-throttled", seed, keep_trace=False).violations)]
+    assert len(ended) >= len(seeds) // 2, ended
+
+
 def test_the_restore_pin_sweep_finds_foreign_and_replayed_pointers_without_the_trust_rule(monkeypatch):
     """The restore-pin sweep passes because of checkpoint/trust.py: an attempt that followed `latest`
     as found would restore another job's version, or a replayed older one."""
@@ -74,6 +91,8 @@ def test_1000_nodes_look_at_each_others_heartbeats_through_blob():
     assert outcome.metrics["heartbeats"] == 1000
     assert outcome.requests == 2000  # one look of 1,000 nodes: a heartbeat and one listing each
     assert outcome.metrics["peak_account_rps"] >= 1000  # the look's 2,000 requests land within a second
+    # the store pulse beside it (liveness.py): one `add` per node per look, no peer's pulse read
+    assert outcome.metrics["store_calls_per_node_max"] == 1, outcome.metrics
 
 
 def test_a_seed_replays_exactly_with_its_trace():

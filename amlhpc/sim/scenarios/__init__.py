@@ -9,9 +9,9 @@ from amlhpc.sim.scenarios.data import Staging, UploadSessions
 from amlhpc.sim.scenarios.managed import Revival
 from amlhpc.sim.scenarios.restart import LaunchRecords, RestartAgreement
 from amlhpc.sim.scenarios.restore import RestorePin
-from amlhpc.sim.scenarios.watchdog import HangCulprit, Heartbeats, WatchdogClock
+from amlhpc.sim.scenarios.watchdog import HangCulprit, Heartbeats, SlowHeartbeats, WatchdogClock
 
 SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (CheckpointCommit, FolderUpload, PruneRace,
                                                              RestartAgreement, LaunchRecords, WatchdogClock,
-                                                             Heartbeats, HangCulprit, Revival, Staging, UploadSessions,
+                                                             Heartbeats, SlowHeartbeats, HangCulprit, Revival, Staging, UploadSessions,
                                                              RestorePin)}

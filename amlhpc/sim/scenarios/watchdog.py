@@ -11,7 +11,14 @@ modification time is the node's wall clock, as the kernel stamps it.
   one node's wall clock steps (back or forward, seeded) at a seeded moment;
 - `heartbeats`: N nodes train; one node freezes (its launcher and training stop, its clock
   runs on) at a seeded moment, and the others' steps wait for it; every other node must
-  judge the hang (the metrics say how many named the frozen node).
+  judge the hang (the metrics say how many named the frozen node). Each watchdog also beats
+  on the job's store (amlhpc.jobs.runtime.launch.liveness), as the launcher attaches it: the
+  frozen node's pulse stops with it, and it must still be named in time; the metrics say how
+  many store calls the busiest node made and the store's peak calls per second.
+- `heartbeats-throttled`: N nodes train, none freezes; one node's heartbeat writes meet a 503
+  storm (from its nth write, for 1.5-3x `hang_s`) and land late, or not at all, for longer
+  than `hang_s`, while its launcher and its pulse on the job's store go on. No node may
+  judge a hang (the metrics say how long its heartbeat was silent in the service);
 - `hang-culprit`: N nodes train in lock step, each rank saying when its own work on a step
   is done and it waits for its peers (amlhpc.jobs.runtime.base.progress.compute_done); one
   node's training stops in its own work at a seeded step while its launcher runs on (the
@@ -43,8 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from amlhpc.jobs.runtime.coord import nodestatus, pacing
+from amlhpc.jobs.runtime.coord.agree import Channel
 from amlhpc.jobs.runtime.launch import watchdog
-from amlhpc.sim.faults import FaultPlan
+from amlhpc.jobs.runtime.launch.liveness import StoreLiveness
+from amlhpc.sim.faults import FaultPlan, RequestFault
 from amlhpc.sim.scenario import Scenario, Violation
 from amlhpc.sim.scheduler import Node
 from amlhpc.sim.world import ACCOUNT, World
@@ -79,12 +88,41 @@ def _guard(world: World, node: Node, index: int, folder: Path, local_size: int, 
                           shared=(world.container(CONTAINER), PREFIX, RUN_ID) if shared else None)
 
 
-def _watched_node(world: World, root: Path, k: int, settings: watchdog.WatchdogSettings) -> tuple[Node, Path, Any]:
-    """Node k with one rank: the node, its progress folder, and the maker of its watchdog (through Blob)."""
+def _watched_node(world: World, root: Path, k: int, settings: watchdog.WatchdogSettings,
+                  pulses: Pulses | None = None) -> tuple[Node, Path, Any]:
+    """Node k with one rank: the node, its progress folder, and the maker of its watchdog (through
+    Blob; with `pulses`, also beating on the job's store, as the launcher attaches it)."""
     node = world.node(f"node-{k}")
     folder = root / node.name
     folder.mkdir(parents=True)
-    return node, folder, lambda: _guard(world, node, k, folder, 1, settings, shared=True)
+
+    def make() -> watchdog.Guard:
+        guard = _guard(world, node, k, folder, 1, settings, shared=True)
+        if pulses is not None:
+            channel = Channel(pulses.server.client(), node=k, nodes=pulses.nodes)
+            guard.liveness = StoreLiveness(channel, k, settings.hang_s / 2, guard.clock)
+            pulses.guards[k] = guard
+        return guard
+    return node, folder, make
+
+
+@dataclass
+class Pulses:
+    """The job's store the watchdogs beat on, and each node's guard once made (its pulse task
+    plays the launcher's pulse thread: watchdog.Guard.pulse every look interval)."""
+
+    server: Any
+    nodes: int
+    guards: dict[int, watchdog.Guard] = field(default_factory=dict)
+
+    def task(self, world: World, k: int, interval_s: float, until: float):
+        def loop() -> None:
+            while world.now < until:
+                world.sim.sleep(interval_s)
+                guard = self.guards.get(k)
+                if guard is not None:
+                    guard.pulse()
+        return loop
 
 
 def _watch(world: World, node: Node, make: Any, verdicts: Verdicts, until: float, progress: Path | None = None,
@@ -225,8 +263,10 @@ class Heartbeats(Scenario):
         if s["looks"]:  # a few looks of every node, nothing frozen: no verdict, every heartbeat in Blob
             self.until = s["looks"] * self.interval + 1.0
         world.container(CONTAINER)
+        self.pulses = Pulses(world.jobstore(), s["nodes"])
         for k in range(s["nodes"]):
-            node, folder, make = _watched_node(world, root, k, settings)
+            node, folder, make = _watched_node(world, root, k, settings, self.pulses)
+            world.spawn(f"pulse-{k}", self.pulses.task(world, k, settings.interval_s, self.until), node=node)
             if s["looks"]:
                 world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until,
                                                     watchdog.progress_path(folder, 0)), node=node)
@@ -251,8 +291,11 @@ class Heartbeats(Scenario):
         missing = [k for k in range(self.settings["nodes"])
                    if (blob := blobs.get(nodestatus.heartbeat_name(PREFIX, RUN_ID, k))) is None
                    or blob.metadata.get("state") != "training" or not blob.metadata.get("step")]
+        calls = self.pulses.server.calls
         self.metrics = {"verdicts": len(self.verdicts.found), "heartbeats": self.settings["nodes"] - len(missing),
-                        "peak_account_rps": world.blob.accounting.accounts[ACCOUNT].peak}
+                        "peak_account_rps": world.blob.accounting.accounts[ACCOUNT].peak,
+                        "store_calls_per_node_max": max(calls.values(), default=0),
+                        "store_peak_ops_per_s": self.pulses.server.served.peak}
         found = [Violation("false-hang", f"{node} judged a hang while every node trained: {verdict.get('message')}")
                  for node, (_, verdict) in list(self.verdicts.found.items())[:1]]
         if missing:
@@ -283,6 +326,55 @@ class Heartbeats(Scenario):
         self.metrics = {"named": named, "of": s["nodes"] - 1,
                         "latest_verdict_s": round(max((t for t, _ in self.verdicts.found.values()), default=0.0), 1)}
         return found[:3]
+
+
+class SlowHeartbeats(Heartbeats):
+    name = "heartbeats-throttled"
+    summary = "N nodes train; one node's heartbeat writes meet a 503 storm longer than hang_s: no node may judge a hang"
+
+    def plan(self, rng: random.Random, size: int | None) -> FaultPlan:
+        nodes = size or rng.choice([3, 4, 8])
+        hang_s = rng.choice([20.0, 30.0])
+        slow = rng.randrange(nodes)
+        self.settings = {"nodes": nodes, "hang_s": hang_s, "step_s": rng.choice([2.0, 5.0]), "slow": slow,
+                         "storm_after": rng.randint(2, 6), "storm_s": round(rng.uniform(1.5, 3.0) * hang_s, 1),
+                         "looks": None, "check_s": None}
+        # the storm starts at the slow node's nth heartbeat write, a step, never a time
+        return FaultPlan().add(RequestFault("busy", op="put_blob", node=f"node-{slow}",
+                                            blob=f"{CONTAINER}/{nodestatus.heartbeat_name(PREFIX, RUN_ID, slow)}",
+                                            nth=self.settings["storm_after"], duration_s=self.settings["storm_s"]))
+
+    def start(self, world: World, root: Path) -> None:
+        s = self.settings
+        settings = watchdog.WatchdogSettings(hang_s=s["hang_s"], check_s=s["hang_s"] / 4)
+        self.interval = settings.interval_s
+        self.verdicts = Verdicts()
+        self.until = (s["storm_after"] + 1) * self.interval + s["storm_s"] + s["hang_s"] + 20.0
+        world.container(CONTAINER)
+        self.pulses = Pulses(world.jobstore(), s["nodes"])
+        for k in range(s["nodes"]):
+            node, folder, make = _watched_node(world, root, k, settings, self.pulses)
+            world.spawn(f"pulse-{k}", self.pulses.task(world, k, settings.interval_s, self.until), node=node)
+            world.spawn(f"train-{k}", _train(world, node, folder, 1, s["step_s"], self.until), node=node)
+            world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until), node=node)
+        self.silence = 0.0
+        name = nodestatus.heartbeat_name(PREFIX, RUN_ID, s["slow"])
+
+        def measure() -> None:  # the slow node's heartbeat age in the service, each second (no request)
+            blobs = world.blob.accounts[ACCOUNT].containers[CONTAINER].blobs
+            while world.now < self.until:
+                world.sim.sleep(1.0)
+                if name in blobs:
+                    self.silence = max(self.silence, world.now - blobs[name].modified)
+        world.spawn("measure", measure)
+
+    def check(self, world: World) -> list[Violation]:
+        self.metrics = {"verdicts": len(self.verdicts.found), "max_heartbeat_silence_s": round(self.silence, 1),
+                        "hang_s": self.settings["hang_s"]}
+        return [Violation("false-hang", f"{node} judged a hang while every node trained (node "
+                                        f"{self.settings['slow']}'s heartbeats held in a 503 storm): "
+                                        f"{verdict.get('message')}")
+                for node, (_, verdict) in list(self.verdicts.found.items())[:1]]
 
 
 class HangCulprit(Scenario):

@@ -24,7 +24,8 @@ How it decides, on every node (the launcher's local rank 0 looks, every local ra
   no progress for `hang_s`, or that stopped writing heartbeats for `hang_s` (its launcher is
   frozen or gone, so it cannot stop itself), is named and the job is stopped from the
   nodes that still run. Ages are compared in the storage service's time, never across
-  node clocks.
+  node clocks. A peer silent in Blob whose launcher still beats on the job's store is late
+  (Blob throttled), not frozen (amlhpc.jobs.runtime.launch.liveness).
 
 Blob is the shared signal rather than the rendezvous (MASTER_ADDR): it needs no port
 beyond the job's own, keeps working when the training's collectives are the thing that
@@ -57,7 +58,7 @@ import socket
 import statistics
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -69,6 +70,7 @@ from amlhpc.jobs.runtime.base.contract import EVIDENCE_KEY, WATCHDOG_JSON
 from amlhpc.jobs.runtime.base.errors import RuntimeInputError, RuntimeProblem, load_json_object
 from amlhpc.jobs.runtime.coord import nodestatus, pacing
 from amlhpc.jobs.runtime.coord.nodebarrier import write_json_atomic
+from amlhpc.jobs.runtime.launch.liveness import StoreLiveness
 
 log = logging.getLogger("amlhpc.watchdog")
 
@@ -279,17 +281,27 @@ class Stall(NamedTuple):
     """It wrote no heartbeat (its launcher frozen or gone), rather than heartbeats without progress."""
 
 
+def silence_s(beat: nodestatus.Heartbeat, service_now, since=None) -> float:
+    """Seconds since a peer's heartbeat was written (service time), counted from `since` at the earliest."""
+    return (service_now - (max(beat.written, since) if since else beat.written)).total_seconds()
+
+
 def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now, hang_s: float,
-                 since=None, blob_lag_s: float = 0.0) -> Stall | None:
+                 since=None, blob_lag_s: float = 0.0, alive: Callable[[int], bool] | None = None) -> Stall | None:
     """The first other node that made no progress, or went silent, for `hang_s` (service time).
     `since`: when this node's watch began (its first heartbeat); a peer is judged from then at
     the earliest, so the time every node spent restarting the training is nobody's hang.
     `blob_lag_s`: how late a live peer's heartbeat may land when Blob is slow (Guard.blob_lag_s):
-    silence counts from past it."""
+    silence counts from past it. `alive(node)`: whether the peer's launcher still beats on the
+    job's store (liveness.py): a silent peer that does is late in Blob, not frozen."""
     for node, beat in sorted(beats.items()):
         if node == me or beat.state == "ended":
             continue
-        silent = (service_now - (max(beat.written, since) if since else beat.written)).total_seconds()
+        silent = silence_s(beat, service_now, since)
+        if silent > hang_s + blob_lag_s and alive is not None and alive(node):
+            log.info("watchdog: node %d's heartbeat is %.0fs old in Blob but its launcher beats on the job's store: "
+                     "late, not frozen", node, silent)
+            continue
         if silent > hang_s + blob_lag_s:
             return Stall(node, f"node {node} ({beat.host or 'unknown host'}) wrote no heartbeat for {silent:.0f}s: "
                                "its launcher is frozen or gone", True)
@@ -374,6 +386,10 @@ class Guard:
         self.first_beat: datetime | None = None
         self._blob_s: deque[float] = deque(maxlen=BLOB_LOOKS)
         """Seconds this node's latest looks spent in Blob (its heartbeat's write and the listing)."""
+        self.liveness: StoreLiveness | None = None
+        """This node's pulse on the job's store and its peers' (liveness.py), on a job of several nodes."""
+        self._look_began: float | None = None
+        self._look_ended = self.clock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.host = socket.gethostname()
@@ -385,6 +401,8 @@ class Guard:
             return self
         if self.local_rank == 0:
             self._threads.append(threading.Thread(target=self._watch_loop, name="watchdog", daemon=True))
+            if self.liveness is not None and self.shared is not None:
+                self._threads.append(threading.Thread(target=self._pulse_loop, name="watchdog-pulse", daemon=True))
         self._threads.append(threading.Thread(target=self._verdict_loop, name="watchdog-verdict", daemon=True))
         for thread in self._threads:
             thread.start()
@@ -407,6 +425,37 @@ class Guard:
 
     def check(self) -> dict | None:
         """One look: the verdict document, or None while the node and its peers progress."""
+        self._look_began = self.clock()
+        try:
+            return self._look()
+        finally:
+            self._look_began, self._look_ended = None, self.clock()
+
+    def turning(self) -> bool:
+        """Whether the look loop turns: a look under way (held in Blob's retries too), or one
+        that ended less than hang_s ago."""
+        assert self.settings is not None
+        return self._look_began is not None or self.clock() - self._look_ended < self.settings.hang_s
+
+    def pulse(self) -> None:
+        """One beat on the job's store while the looks turn, and one reading of each peer whose
+        Blob heartbeat is half-silent (liveness.py); the pulse thread's body."""
+        assert self.liveness is not None
+        if self.turning():
+            self.liveness.pulse()
+
+    def _pulse_loop(self) -> None:
+        assert self.settings is not None and self.liveness is not None
+        while not self._stop.wait(self.settings.interval_s) and not self.liveness.failed:
+            self.pulse()
+
+    def _suspect_quiet_peers(self, peers: Mapping[int, nodestatus.Heartbeat], written) -> None:
+        """Name the peers whose Blob heartbeat is half-silent to the pulse thread (none on a healthy job)."""
+        assert self.settings is not None and self.liveness is not None
+        self.liveness.suspect({node for node, beat in peers.items() if node != self.node and beat.state != "ended"
+                               and silence_s(beat, written, self.first_beat) > self.settings.hang_s / 2})
+
+    def _look(self) -> dict | None:
         assert self.settings is not None
         self._read_local()
         now = self.clock()
@@ -428,8 +477,10 @@ class Guard:
         finally:
             self._blob_s.append(self.clock() - started)
         self.first_beat = self.first_beat or written
-        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat,
-                               self.blob_lag_s) if written else None
+        if written and self.liveness is not None:
+            self._suspect_quiet_peers(peers, written)
+        stalled = stalled_peer(self.node, peers, written, self.settings.hang_s, self.first_beat, self.blob_lag_s,
+                               self.liveness.alive if self.liveness is not None else None) if written else None
         if mine and kind == FIRST_STEP:
             # Every node judges its own start; peers stuck before theirs too (waiting for this
             # one at rendezvous, or stuck themselves) cannot tell whose start failed.
@@ -553,6 +604,10 @@ def attach(launcher, child_pid: int, folder: Path, *, generation: int = 0, first
                   term_grace_s=launcher.options.term_grace_s, shared=shared, nodes=launcher.ranks.node_count)
     guard.key = launcher.environ.get(EVIDENCE_KEY) or None
     guard.kills = kills
+    if shared is not None and launcher.channel is not None and launcher.watchdog is not None \
+            and launcher.ranks.node_count > 1:
+        guard.liveness = StoreLiveness(launcher.channel, launcher.ranks.node_index, launcher.watchdog.hang_s / 2,
+                                       guard.clock)
     guard.watch.generation = generation
     if launcher.watchdog is not None:
         guard.watch.deadline = first_step_deadline(launcher.watchdog, generation, first_run_s)
