@@ -252,6 +252,33 @@ class TestPorts:
                 jobstore.serve(jobstore.Endpoint("127.0.0.1", port, backend="stdlib"))
         target.close()
 
+    def test_by_default_another_node_reaches_torchs_server_without_importing_torch(self):
+        """auto: node 0 serves with torch's TCPStore; node 1's launcher connects with our client
+        (the same protocol) and never imports torch."""
+        listener = jobstore.reserve(0, "127.0.0.1")
+        port = listener.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+               "AMLHPC_COORD_PORT": str(port), "AMLHPC_COORD_LISTEN_FD": str(listener.fileno()),
+               "AMLHPC_COORD_STORE": "auto"}
+        serve = ("from amlhpc.jobs.runtime.coord import jobstore\n"
+                 "js = jobstore.open_for_node(__import__('os').environ, 0, 2, 2)\n"
+                 "print(js.backend, flush=True)\n"
+                 "js.store.wait(['done'])\nprint('served', js.store.get('from-node-1').decode(), flush=True)\n")
+        node0 = subprocess.Popen([sys.executable, "-c", serve], env=env, pass_fds=[listener.fileno()],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        listener.close()
+        connect = ("import sys\nfrom amlhpc.jobs.runtime.coord import jobstore\n"
+                   "js = jobstore.open_for_node(__import__('os').environ, 1, 2, 2)\n"
+                   "js.store.set('from-node-1', b'hello')\nassert js.store.add('n', 2) == 2\n"
+                   "js.store.set('done', b'1')\nprint(js.backend, 'torch' in sys.modules, flush=True)\n")
+        client_env = {k: v for k, v in env.items() if k != "AMLHPC_COORD_LISTEN_FD"}
+        node1 = subprocess.run([sys.executable, "-c", connect], env=client_env, capture_output=True, text=True,
+                               timeout=60)
+        out = node0.communicate(timeout=60)[0]
+        assert node1.returncode == 0, node1.stderr
+        assert node1.stdout.split() == ["stdlib", "False"], node1.stdout
+        assert node0.returncode == 0 and out.split()[:1] == ["torch"] and "served hello" in out, out
+
     @pytest.mark.parametrize("backend", ["torch", "stdlib"])
     def test_node_0_serves_on_a_socket_handed_down_and_another_process_connects(self, backend, tmp_path):
         """The rehearsal's way: the socket is bound before any rank starts and inherited by

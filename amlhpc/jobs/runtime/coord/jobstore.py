@@ -11,8 +11,9 @@ The server is torch.distributed's `TCPStore` with its libuv backend (PyTorch's d
 2.4, written for jobs of more than 1,024 ranks: PyTorch tutorial "Introduction to Libuv
 TCPStore Backend", read 2026-11-28), where torch can be imported; in an image without torch
 (amlhpc/images/tensorflow) it is this project's server speaking the same protocol
-(amlhpc.jobs.runtime.coord.storewire). AMLHPC_COORD_STORE=torch|stdlib|auto chooses (auto: torch when
-importable).
+(amlhpc.jobs.runtime.coord.storewire). AMLHPC_COORD_STORE=torch|stdlib|auto chooses the server
+(auto: torch's when importable). The other nodes connect with this project's client whatever
+the server (the same protocol), unless AMLHPC_COORD_STORE=torch: their launchers need no torch.
 
 The port is reserved, never probed: node 0's launcher binds it once, as the first thing it
 does (before staging opens a single outgoing connection), and hands the bound socket to the
@@ -230,8 +231,11 @@ RECONNECT_TIMEOUT_S = 5.0
 
 
 def _client(where: Endpoint, connect_timeout_s: float) -> Any:
-    """One connection to node 0's store (torch's TCPStore client, or ours)."""
-    if _use_torch(where.backend):
+    """One connection to node 0's store: ours, whichever server node 0 runs (the same protocol:
+    tests/test_coord_store.py runs one script through each client against each server), so a
+    launcher on another node never imports torch (seconds and memory on every node); torch's
+    client only when AMLHPC_COORD_STORE=torch asks for it."""
+    if where.backend == "torch" and _use_torch(where.backend):
         import torch.distributed as dist
 
         client = dist.TCPStore(where.host, where.port, None, False, timeout=timedelta(seconds=connect_timeout_s))
