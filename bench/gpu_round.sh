@@ -13,7 +13,9 @@
 #    fp32 weights and Adam's two moments, 1.236 B parameters x 12 bytes) on the device, saved
 #    synchronously against in the background, REPEATS (default 5) warm saves each, interleaved,
 #    files in /dev/shm (the fastest disk a node has: the synchronous save at its cheapest, the
-#    ratio at its hardest), then the same command again as its rerun (--rerun-of the first).
+#    ratio at its hardest), then the same command again as its rerun (--rerun-of the first);
+# 5. bench.writer_beside with 8 writer threads and a 4 GiB state (staged in page-locked memory
+#    here): does the background write slow a host-bound loop in its process, and a forked one?
 #
 # Needs python3 with torch (CUDA) and the NVML bindings; no Azure, no network. Each step has
 # its own timeout, so a slow one leaves the others their time.
@@ -79,4 +81,8 @@ for pass in 1 2; do
   say "checkpoint pass $pass: exit $? in $(( $(date +%s) - start )) s"
   grep -h "ours\|writer" "$out/ckpt$pass/checkpoint.md" 2>/dev/null | tee -a "$out/gpu.txt"
 done
+# 5. The host beside the writer (llm-pretrain's steps ran 3.4x slower during a write on 2026-11-29).
+start=$(date +%s)
+timeout 150 "$py" -m bench.writer_beside --mib 4096 --writers 8 --repeats 3 > "$out/writer_beside.txt" 2>&1
+say "writer beside: exit $? in $(( $(date +%s) - start )) s: $(tail -2 "$out/writer_beside.txt" | tr '\n' ' ')"
 cat "$out/gpu.txt"
