@@ -18,9 +18,9 @@ counter is there too): only a change does, so a frozen launcher is named exactly
 without the store. The look thread only asks what the pulse thread saw, so a store that stops
 answering (node 0 frozen) never holds a look.
 
-Scale: one `add` per node per look interval on node 0's store (`hang_s` / 6: at 1,000 nodes
-and a 10 s `hang_s`, 600 a second; at a 20-minute `hang_s`, 5), and reads only of peers already
-half-silent in Blob: none on a healthy job, at any node count. A store that fails is no
+Scale: one `add` per node per look interval on node 0's store (`hang_s` / 6, 1-60 s: at 1,000
+nodes and a 10 s `hang_s`, 600 a second; at a 20-minute `hang_s`, 17), and reads only of peers
+already half-silent in Blob: none on a healthy job, at any node count. A store that fails is no
 evidence (node 0 lost ends the job by its own rule): the Blob verdict stands.
 
 Standard library: ships in the image.
