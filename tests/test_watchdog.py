@@ -317,6 +317,15 @@ class TestStorePulse:
         guard.pulse()
         return guard.check()
 
+    @classmethod
+    def looks_until_a_verdict(cls, guard: watchdog.Guard, clock: list[float], looks: int = 20) -> dict | None:
+        """Look once a second, the peer not pulsing, until a verdict, at most `looks` times."""
+        for _ in range(looks):
+            verdict = cls.look(guard, clock)
+            if verdict:
+                return verdict
+        return None
+
     @staticmethod
     def silence(guard: watchdog.Guard, blob: ThrottledBlob) -> float:
         return (blob.service_now() - max(blob.peer_written, guard.first_beat)).total_seconds()
@@ -333,11 +342,7 @@ class TestStorePulse:
             assert self.look(guard, clock, peer) is None
         silent = self.silence(guard, blob)
         assert silent >= 40, "far past hang_s: named at once without the store"
-        verdict = None
-        for _ in range(20):  # the peer's launcher freezes: no pulse either
-            verdict = self.look(guard, clock)
-            if verdict:
-                break
+        verdict = self.looks_until_a_verdict(guard, clock)  # the peer's launcher freezes: no pulse either
         assert verdict and verdict["culprit"] == 1 and verdict["peer_silent"], verdict
         assert 5 <= self.silence(guard, blob) - silent <= 6, "named once no change was seen for hang_s / 2"
 
@@ -349,11 +354,7 @@ class TestStorePulse:
         blob = ThrottledBlob(clock, start - timedelta(seconds=100), start - timedelta(seconds=1))
         self.liveness(store, 1, lambda: clock[0]).pulse()  # it beat once, then froze with its heartbeat
         guard = self.guard(clock, blob, store)
-        verdict = None
-        for _ in range(20):
-            verdict = self.look(guard, clock)
-            if verdict:
-                break
+        verdict = self.looks_until_a_verdict(guard, clock)
         assert verdict and verdict["culprit"] == 1 and "wrote no heartbeat" in verdict["message"], verdict
         assert self.silence(guard, blob) == 11.0, "hang_s + 1 look, as TestSlowBlob.test_a_healthy_blob_adds_nothing"
 
@@ -369,11 +370,7 @@ class TestStorePulse:
         clock = [100.0]
         blob = ThrottledBlob(clock, start - timedelta(seconds=100), start - timedelta(seconds=1))
         guard = self.guard(clock, blob, Gone())
-        verdict = None
-        for _ in range(20):
-            verdict = self.look(guard, clock)
-            if verdict:
-                break
+        verdict = self.looks_until_a_verdict(guard, clock)
         assert verdict and verdict["culprit"] == 1 and guard.liveness.failed
         assert self.silence(guard, blob) == 11.0
 

@@ -254,14 +254,21 @@ class Heartbeats(Scenario):
                          "check_s": None}
         return FaultPlan()
 
-    def start(self, world: World, root: Path) -> None:
+    def _lasts_s(self) -> float:
+        """How long the run goes on after its start (the watch interval known)."""
+        s = self.settings
+        if s["looks"]:  # a few looks of every node, nothing frozen: no verdict, every heartbeat in Blob
+            return s["looks"] * self.interval + 1.0
+        return s["freeze_at_s"] + s["hang_s"] + 4 * self.interval + 10.0
+
+    def _start_nodes(self, world: World, root: Path) -> None:
+        """Every node's pulse on the job's store, its training and its watchdog (in the `looks` run
+        the watchdog reports its node's step itself, before each look)."""
         s = self.settings
         settings = watchdog.WatchdogSettings(hang_s=s["hang_s"], check_s=s["check_s"] or s["hang_s"] / 4)
         self.interval = settings.interval_s
         self.verdicts = Verdicts()
-        self.until = s["freeze_at_s"] + s["hang_s"] + 4 * self.interval + 10.0
-        if s["looks"]:  # a few looks of every node, nothing frozen: no verdict, every heartbeat in Blob
-            self.until = s["looks"] * self.interval + 1.0
+        self.until = self._lasts_s()
         world.container(CONTAINER)
         self.pulses = Pulses(world.jobstore(), s["nodes"])
         for k in range(s["nodes"]):
@@ -273,6 +280,10 @@ class Heartbeats(Scenario):
                 continue
             world.spawn(f"train-{k}", _train(world, node, folder, 1, s["step_s"], self.until), node=node)
             world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until), node=node)
+
+    def start(self, world: World, root: Path) -> None:
+        s = self.settings
+        self._start_nodes(world, root)
         if s["looks"]:
             return
         frozen = world.sim.nodes[s["frozen"]]
@@ -344,19 +355,13 @@ class SlowHeartbeats(Heartbeats):
                                             blob=f"{CONTAINER}/{nodestatus.heartbeat_name(PREFIX, RUN_ID, slow)}",
                                             nth=self.settings["storm_after"], duration_s=self.settings["storm_s"]))
 
+    def _lasts_s(self) -> float:
+        s = self.settings
+        return (s["storm_after"] + 1) * self.interval + s["storm_s"] + s["hang_s"] + 20.0
+
     def start(self, world: World, root: Path) -> None:
         s = self.settings
-        settings = watchdog.WatchdogSettings(hang_s=s["hang_s"], check_s=s["hang_s"] / 4)
-        self.interval = settings.interval_s
-        self.verdicts = Verdicts()
-        self.until = (s["storm_after"] + 1) * self.interval + s["storm_s"] + s["hang_s"] + 20.0
-        world.container(CONTAINER)
-        self.pulses = Pulses(world.jobstore(), s["nodes"])
-        for k in range(s["nodes"]):
-            node, folder, make = _watched_node(world, root, k, settings, self.pulses)
-            world.spawn(f"pulse-{k}", self.pulses.task(world, k, settings.interval_s, self.until), node=node)
-            world.spawn(f"train-{k}", _train(world, node, folder, 1, s["step_s"], self.until), node=node)
-            world.spawn(f"watchdog-{k}", _watch(world, node, make, self.verdicts, self.until), node=node)
+        self._start_nodes(world, root)
         self.silence = 0.0
         name = nodestatus.heartbeat_name(PREFIX, RUN_ID, s["slow"])
 

@@ -298,11 +298,11 @@ def stalled_peer(me: int, beats: Mapping[int, nodestatus.Heartbeat], service_now
         if node == me or beat.state == "ended":
             continue
         silent = silence_s(beat, service_now, since)
-        if silent > hang_s + blob_lag_s and alive is not None and alive(node):
-            log.info("watchdog: node %d's heartbeat is %.0fs old in Blob but its launcher beats on the job's store: "
-                     "late, not frozen", node, silent)
-            continue
         if silent > hang_s + blob_lag_s:
+            if alive is not None and alive(node):
+                log.info("watchdog: node %d's heartbeat is %.0fs old in Blob but its launcher beats on the job's "
+                         "store: late, not frozen", node, silent)
+                continue
             return Stall(node, f"node {node} ({beat.host or 'unknown host'}) wrote no heartbeat for {silent:.0f}s: "
                                "its launcher is frozen or gone", True)
         age = beat.age_at(service_now) if not since or beat.written >= since else None
