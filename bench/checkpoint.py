@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkpoint sizes for the stall figures, comma-separated (the largest for restore)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (at least 5 for a median with a spread)")
     parser.add_argument("--skip", default="", help="comma-separated: stall, restore, recovery")
-    parser.add_argument("--device", default="cpu",
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the stall's state lives: cpu, or cuda (on a GPU: the copy out of it is the stall)")
     parser.add_argument("--no-baselines", action="store_true",
                         help="stall: skip torch's dcp.async_save and the one-thread writer (memory: each keeps its "
@@ -541,6 +541,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--state-mib {args.state_mib!r}: give sizes in MiB, comma-separated, e.g. 256,1024")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1 (5 for a median with a spread)")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA GPU here; run on a GPU node, or leave --device at cpu")
     results: dict = {"command": "python -m bench.checkpoint " + " ".join(argv if argv is not None else sys.argv[1:]),
                      "date": time.strftime("%Y-%m-%d %H:%M %Z", time.gmtime()), "load_before": loadavg(),
                      "commit": _commit()}

@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=1, help="the writer's file-writing threads")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    for name in ("mib", "writers", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)}: give a whole number of at least 1")
     import torch
 
     torch.set_num_threads(1)
