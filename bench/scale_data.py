@@ -18,7 +18,9 @@ request counts are those of a real upload with blocks of that size: the uploader
 8 MiB, 32x the requests of 256 MiB blocks; both are printed against the account's target.
 
 Figures per run: the commit time (from node 0's lead to `latest` naming the version), per
-account its bytes, average Gb/s over the commit, and peak requests/s.
+account its bytes, average Gb/s over the commit, and peak requests/s. Then what a shrink restore
+of that checkpoint reads (`--shrink-to` nodes, 90 % by default): modelled by bench.shrink_reads,
+no bytes move.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from amlhpc.core.storage_load import CHECKPOINT_INGRESS_SHARE, checkpoint_accounts_needed
+from amlhpc.jobs.runtime.checkpoint import blocks
+from bench import shrink_reads
 from bench.machine import describe_machine, loadavg
 
 PARAMS = 405e9
@@ -40,6 +44,8 @@ BYTES_PER_PARAM = 16
 """bf16 weights, fp32 master weights and two Adam moments: ~16 bytes per parameter."""
 REQUEST_TARGET = 20_000
 UPLOADER_BLOCK_MIB = 8
+SHRINK_BOUND = 1.1
+"""What a shrink restore may read across all nodes, as a multiple of the checkpoint."""
 """The checkpoint uploader's block floor (store.BLOCK_BYTES)."""
 
 
@@ -134,7 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-mib", type=int, default=256)
     parser.add_argument("--ingress-gbps", type=float, default=25.0)
     parser.add_argument("--interval-s", type=float, default=600.0)
+    parser.add_argument("--shrink-to", type=int, default=0,
+                        help="nodes a shrink restore of the checkpoint resumes on (default: 90 %% of --nodes)")
     args = parser.parse_args(argv)
+    for name in ("nodes", "seeds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if not 0 <= args.shrink_to <= args.nodes:
+        parser.error(f"--shrink-to {args.shrink_to} must be from 1 to --nodes ({args.nodes}), or 0 for 90 % of them")
     size = PARAMS * BYTES_PER_PARAM
     needed = checkpoint_accounts_needed(size, args.interval_s, args.ingress_gbps)
     counts = [int(a) for a in args.accounts.split(",")] if args.accounts else sorted({1, needed})
@@ -158,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         scale = args.block_mib / UPLOADER_BLOCK_MIB
         print(f"| {count} | {commit} | {min(gbps):.1f}-{max(gbps):.1f} of {args.ingress_gbps:g} | "
               f"{max(rps):.0f}; ~{max(rps) * scale:.0f} | {REQUEST_TARGET:,} |")
+    shrink_to = args.shrink_to or max(1, args.nodes * 9 // 10)
+    total, read = shrink_reads.built(args.nodes, shrink_to, blocks.DEFAULT_KIB << 10)
+    print(f"\nShrink restore from {args.nodes} to {shrink_to} nodes: {read / total:.3f}x the checkpoint read across "
+          f"all nodes (at most {SHRINK_BOUND}x; the rows each node needs, bench.shrink_reads `built`, "
+          f"{blocks.DEFAULT_KIB} KiB blocks; every part on every node: {shrink_to}x)")
     print(f"\n{describe_machine()}; load {load}; {time.monotonic() - started:.0f} s; command: python -m bench.scale_data "
           + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0

@@ -16,8 +16,9 @@ Printed: bytes read across all nodes as a multiple of the checkpoint.
 
     python -m bench.shrink_reads [--old 1000] [--new 999,990,900,750,500] [--leaf 64] [--block 16]
 
-The last column is what checkpoint/ranged.py does (`built`): whole items, each node once, rounded
-out to the hashed blocks at both ends of each run of consecutive items it reads in one file.
+The last column is what checkpoint/rows.py and ranged.py do (`built`): of each item a node's
+ranks overlap, the whole item when they need every row, else its first 4 KiB (where its rows
+start) and the rows they need; each node once, in whole hashed blocks.
 """
 
 from __future__ import annotations
@@ -104,37 +105,53 @@ def llama3_405b_in_order() -> list[tuple[int, int]]:
     return [(rows, cols * BYTES) for rows, cols in params] * STATE_TENSORS
 
 
-def built(old_nodes: int, new_nodes: int, block: int) -> tuple[int, int]:
-    """(checkpoint bytes, bytes the built restore reads, checkpoint/ranged.py): each node reads the
-    stored items its ranks' rows overlap, once per node, rounded out to `block` at both ends of
-    each run of consecutive items it reads in one old rank's file."""
+HEAD_BYTES = 4096
+"""What the built restore reads of an item's start to find its rows (checkpoint/rows.py HEAD_BYTES)."""
+
+
+def built(old_nodes: int, new_nodes: int, block: int, shapes: list[tuple[int, int]] | None = None,
+          ranks_per_node: int = RANKS_PER_NODE) -> tuple[int, int]:
+    """(checkpoint bytes, bytes the built restore reads: checkpoint/rows.py and ranged.py): each
+    node reads, of each stored item its ranks' rows overlap, the whole item when it needs every
+    row, else the item's first HEAD_BYTES (where its rows start) and the bytes of the rows it
+    needs; each node once, in `block`-sized blocks (a block read for one item serves the next).
+    `shapes`: (rows, bytes per row) of each tensor in a rank file's order (Llama 3 405B's state
+    by default)."""
     import numpy as np
 
-    shapes = llama3_405b_in_order()
+    shapes = shapes or llama3_405b_in_order()
     rows = np.array([r for r, _ in shapes], dtype=np.int64)
     row_bytes = np.array([b for _, b in shapes], dtype=np.int64)
-    old_world, new_world = old_nodes * RANKS_PER_NODE, new_nodes * RANKS_PER_NODE
+    old_world, new_world = old_nodes * ranks_per_node, new_nodes * ranks_per_node
     old_chunk, new_chunk = -(-rows // old_world), -(-rows // new_world)
     total = int((rows * row_bytes).sum())
     read = 0
     for node in range(new_nodes):
-        first = np.minimum(node * RANKS_PER_NODE * new_chunk, rows)
-        last = np.minimum((node + 1) * RANKS_PER_NODE * new_chunk, rows)
+        first = np.minimum(node * ranks_per_node * new_chunk, rows)
+        last = np.minimum((node + 1) * ranks_per_node * new_chunk, rows)
         wanted = last > first
-        low = np.where(wanted, first // old_chunk, old_world)
-        high = np.where(wanted, (last - 1) // old_chunk, -1)
-        for rank in range(int(low.min()), int(high.max()) + 1):
-            start = np.minimum(rank * old_chunk, rows)
-            sizes = (np.minimum((rank + 1) * old_chunk, rows) - start) * row_bytes
+        low_rank = np.where(wanted, first // old_chunk, old_world)
+        high_rank = np.where(wanted, (last - 1) // old_chunk, -1)
+        for rank in range(int(low_rank.min()), int(high_rank.max()) + 1):
+            item_start = np.minimum(rank * old_chunk, rows)
+            item_end = np.minimum((rank + 1) * old_chunk, rows)
+            sizes = (item_end - item_start) * row_bytes
             offsets = np.concatenate(([0], np.cumsum(sizes)))
-            take = (low <= rank) & (rank <= high) & (sizes > 0)
+            take = (low_rank <= rank) & (rank <= high_rank) & (sizes > 0)
             if not take.any():
                 continue
-            edges = np.diff(np.concatenate(([0], take.astype(np.int8), [0])))
-            begins, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-            run_start = offsets[begins] // block * block
-            run_end = np.minimum(-(-offsets[ends] // block) * block, offsets[-1])
-            read += int((run_end - run_start).sum())
+            low, high = np.maximum(first, item_start)[take], np.minimum(last, item_end)[take]
+            start, end, rb, off = item_start[take], item_end[take], row_bytes[take], offsets[:-1][take]
+            whole = (low == start) & (high == end)
+            head_end = np.where(whole, off, off + np.minimum(HEAD_BYTES, sizes[take]))
+            begin, stop = off + (low - start) * rb, off + (high - start) * rb
+            # each item: its head (empty when read whole), then its rows; in file order
+            starts = np.stack([off, begin], axis=1).ravel() // block * block
+            ends = np.minimum(-(-np.stack([head_end, stop], axis=1).ravel() // block) * block, offsets[-1])
+            keep = np.stack([head_end > off, stop > begin], axis=1).ravel()
+            starts, ends = starts[keep], ends[keep]
+            reached = np.maximum.accumulate(np.concatenate(([0], ends)))[:-1]
+            read += int(np.maximum(0, ends - np.maximum(starts, reached)).sum())
     return total, read
 
 
@@ -147,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     print(f"Llama 3 405B state, saved by {args.old} nodes x {RANKS_PER_NODE} ranks (FSDP2 dim-0 chunks); bytes read "
           f"across all nodes / checkpoint bytes\n")
-    print(f"| nodes restoring | whole files | whole items | item ranges cut to {args.leaf} KiB | built: items in "
+    print(f"| nodes restoring | whole files | whole items | item ranges cut to {args.leaf} KiB | built: rows in "
           f"{args.block} KiB blocks |")
     print("|---:|---:|---:|---:|---:|")
     for new in (int(n) for n in args.new.split(",")):

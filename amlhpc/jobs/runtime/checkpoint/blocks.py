@@ -27,11 +27,11 @@ DATA_SUFFIX = ".distcp"
 BLOCK_VARIABLE = "AMLHPC_CHECKPOINT_BLOCK_KIB"
 """KiB per hashed block of a checkpoint file (default DEFAULT_KIB): the unit a reshard restore fetches and checks."""
 DEFAULT_KIB = 16
-"""16 KiB: a reshard restore reads the stored items its ranks need, rounded out to a block at both
-ends of each run of items it reads in a file; a 405B model has items of a few bytes (its norms'
-shards at 8,000 ranks) beside ones of ~436 KB, so runs break often. Modelled for Llama 3 405B from
-1,000 nodes (bench/shrink_reads.py `built`): 1.072x the checkpoint on 900 nodes at 16 KiB, 1.133x
-at 64, 1.423x at 256. The price: ~26 GB of hex digests for its 6.5 TB, ~3.3 MB in each of 8,000
+"""16 KiB: a reshard restore reads the rows its ranks need of each stored item, and the first
+block of an item it reads in part (rows.py), rounded out to whole blocks; a 405B model has items
+of a few bytes (its norms' shards at 8,000 ranks) beside ones of ~436 KB, so runs break often.
+Modelled for Llama 3 405B from 1,000 nodes (bench/shrink_reads.py `built`): 1.017x the
+checkpoint on 900 nodes at 16 KiB, 1.005x at 4, 1.068x at 64, 1.269x at 256. The price: ~26 GB of hex digests for its 6.5 TB, ~3.3 MB in each of 8,000
 ranks' `blocks.json`, which only the nodes that read that part read (0.5-1 % of a node's share)."""
 LIMITS_KIB = (4, 65_536)
 

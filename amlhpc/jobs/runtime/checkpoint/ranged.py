@@ -18,10 +18,11 @@ it (a replicated tensor every rank loads). The copy is never taken for the file 
 version folder keeps `remote.json`, and tier.LocalVersion.verify reports it as not held whole,
 so an in-job restart restores from Blob again rather than trusting it.
 
-DCP reads whole items (a tensor chunk as saved by one rank), so a node reads the saved chunks
-its ranks' new shards overlap: 1.5x the state for FSDP shards of 4 ranks loaded on 3 nodes
-(tests/test_ranged_restore.py), 1.072x modelled for Llama 3 405B from 1,000 nodes to 900
-(bench/shrink_reads.py `built`, 16 KiB blocks), against N times the state when every node read every part.
+DCP reads whole items (a tensor chunk as saved by one rank); rows.py serves a load plan's tensor
+reads by the rows they need first, through these readers: 1.11x the state for FSDP shards of 4
+ranks loaded on 3 nodes (tests/test_ranged_restore.py), 1.017x modelled for Llama 3 405B from
+1,000 nodes to 900 (bench/shrink_reads.py `built`, 16 KiB blocks), against N times the state when
+every node read every part.
 
 Standard library plus azure-storage-blob (the SAS) / azure-identity (the token), as blobhttp.
 """

@@ -27,8 +27,9 @@ used as it is; its `DefaultStager` is not (stager.py says why).
 Loading (`load_version`): the metadata of the rank folders present is merged (safeload.py,
 no pickled code), and DCP reads into the given state dict: the same world size reads only the
 rank's own folder (its node's files); another world size reshards from every rank's folder,
-whose data files a reshard restore left in Blob: DCP's reader then fetches the blocks its plan
-needs, checked against the part's block digests (ranged.py; blocks.json written beside the files).
+whose data files a reshard restore left in Blob: the reader then fetches the rows of each saved
+chunk its plan needs (rows.py), in blocks checked against the part's block digests (ranged.py;
+blocks.json written beside the files).
 Meanwhile threads hash the files of the folders it reads (the same bytes, from the page cache
 the load fills) against their markers: a copy the medium corrupted after the save (size and
 mtime unchanged, so the restart's quick check passed it) fails the load with LocalCopyCorrupt
@@ -54,7 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from amlhpc.jobs.runtime.checkpoint import blocks, ranged, safeload, tier
+from amlhpc.jobs.runtime.checkpoint import blocks, ranged, rows, safeload, tier
 from amlhpc.jobs.runtime.checkpoint.errors import (
     CheckpointError,
     LocalCopyCorrupt,
@@ -293,6 +294,7 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int
     remote = ranged.RemoteFiles(version_dir, markers) if found and found.ranged else None
     if remote is not None:
         reader.fs = ranged.file_system(remote)  # the data by range from Blob, each block checked
+        by_rows = rows.read_by_rows(reader, metadata, remote)  # of a saved chunk, only the rows the load needs
     failed: BaseException | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-verify") as pool:
         checks = ({r: pool.submit(_check_part, found, r, remote) for r in read} if verify and found else {})
@@ -309,9 +311,10 @@ def load_version(version_dir: Path, state: dict[str, Any], rank: int, world: int
     trainer["same_world"] = same
     trainer["saved_world"] = saved
     if remote is not None:
-        log.info("rank %d: %s resharded from Blob by range: %d bytes fetched by this rank", rank, version_dir.name,
-                 remote.fetched)
+        log.info("rank %d: %s resharded from Blob by range: %d bytes fetched by this rank, %d saved chunks read by "
+                 "rows", rank, version_dir.name, remote.fetched, by_rows.by_rows)
         trainer["fetched_bytes"] = remote.fetched
+        trainer["read_by_rows"] = by_rows.by_rows
     return trainer
 
 
