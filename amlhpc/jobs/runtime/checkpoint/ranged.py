@@ -19,7 +19,7 @@ version folder keeps `remote.json`, and tier.LocalVersion.verify reports it as n
 so an in-job restart restores from Blob again rather than trusting it.
 
 DCP reads whole items (a tensor chunk as saved by one rank); rows.py serves a load plan's tensor
-reads by the rows they need first, through these readers: 1.11x the state for FSDP shards of 4
+reads by the rows they need first, through these readers: 1.007x the state for FSDP shards of 4
 ranks loaded on 3 nodes (tests/test_ranged_restore.py), 1.017x modelled for Llama 3 405B from
 1,000 nodes to 900 (bench/shrink_reads.py `built`, 16 KiB blocks), against N times the state when
 every node read every part.

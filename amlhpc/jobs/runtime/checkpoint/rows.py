@@ -6,7 +6,7 @@ then narrows it to what the load plan asks. When the version's data files stay i
 3, 1.11x for Llama 3 405B from 100 nodes to 90 (bench/shrink_reads.py). Here a load plan's
 tensor reads are served first, by the rows they need: FSDP2 shards on dim 0, so a new shard
 needs a run of rows of each saved chunk it overlaps, and in a stored chunk those are one run of
-bytes (1.11x and 1.003x instead).
+bytes (1.007x and 1.003x instead: tests/test_ranged_restore.py, bench/shrink_reads.py).
 
 Where those bytes are comes from the item's first block: a stored item is `torch.save`'s zip
 archive, streamed, so its pickle (`data.pkl`: the tensor's storage, offset, shape and strides)
