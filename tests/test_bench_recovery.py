@@ -74,7 +74,8 @@ def test_a_check_holds_only_when_it_holds_on_every_run():
 
 
 def test_repeats_and_restart_are_run(monkeypatch, tmp_path):
-    """`--repeats N` runs each scenario N times, interleaved; `--only restart` runs bench/restart.py."""
+    """`--repeats N` runs each scenario N times, interleaved, each round on a new Azurite with the
+    stack planned again; `--only restart` runs bench/restart.py."""
     import argparse
     import contextlib
     from types import SimpleNamespace
@@ -85,8 +86,11 @@ def test_repeats_and_restart_are_run(monkeypatch, tmp_path):
 
     order: list[str] = []
     record = SimpleNamespace(attempts=[], total_usd=lambda _: 0.0)
-    monkeypatch.setattr(azurite, "start", lambda _: contextlib.nullcontext(SimpleNamespace()))
-    monkeypatch.setattr(recovery, "Bench", lambda server, root: SimpleNamespace(price=1.0))
+    started: list[str] = []
+    monkeypatch.setattr(azurite, "start", lambda path: started.append(path.name) or contextlib.nullcontext(
+        SimpleNamespace(name=path.name)))
+    worlds: list[str] = []
+    monkeypatch.setattr(recovery, "Bench", lambda server, root: worlds.append(server.name) or SimpleNamespace(price=1.0))
     monkeypatch.setattr(recovery, "scenario", lambda name, bench: (order.append(name) or
                                                                    (SimpleNamespace(record=record, seconds=1.0), [])))
     monkeypatch.setattr(recovery, "measure", lambda name, done, bench, base: row(name, detect_s=float(len(order))))
@@ -100,6 +104,8 @@ def test_repeats_and_restart_are_run(monkeypatch, tmp_path):
     monkeypatch.setattr(recovery.tempfile, "mkdtemp", lambda prefix: str(tmp_path))  # its logs: not left in /tmp
     results = recovery.run(argparse.Namespace(only="baseline,preempt,restart", repeats=3))
     assert order == ["baseline", "preempt"] * 3 and asked == {"repeats": 3}
+    # each round in a world of its own, as a rerun would be; the in-job restarts in one more
+    assert worlds == ["azurite-1", "azurite-2", "azurite-3"] and started == [*worlds, "azurite-restart"]
     assert [r["runs"] for r in results["rows"]] == [3, 3] and results["rows"][1]["detect_s"] == 4.0
     assert results["restart"]["crash"]["in_job_warm"]["median"] == 4.0 and results["commit"]
     assert "| crash | in-job, warm standby ready | 4.00 (3.00-5.00, n=3) |" in recovery.render(results)
