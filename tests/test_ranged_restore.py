@@ -117,6 +117,17 @@ class TestRowsOfAStoredChunk:
         item = stored(tensor)
         assert rows.layout(item[:rows.HEAD_BYTES], 100 if case == "short" else len(item), shape, dtype) is None
 
+    @pytest.mark.parametrize("forged", [{"storage": 5}, {"size": ("3", "4")}, {"stride": (4.0, 1.0)},
+                                        {"storage": ("storage", "FloatStorage", "0", "cpu")}])
+    def test_a_pickle_that_is_not_a_tensors_goes_to_dcp_without_an_error(self, forged):
+        """What the restricted unpickler returns is checked before it is used (a forged or
+        unknown `data.pkl` parses, but is no plain tensor's)."""
+        plain = {"storage": ("storage", "FloatStorage", "0", "cpu", 12), "storage_offset": 0, "size": (3, 4),
+                 "stride": (4, 1)}
+        assert rows._plain(rows._Rebuilt(plain), True, 64, 1000, (3, 4), torch.float32) == rows.Layout(
+            64, (3, 4), torch.float32)  # the fields of a plain tensor's pickle
+        assert rows._plain(rows._Rebuilt({**plain, **forged}), True, 64, 1000, (3, 4), torch.float32) is None
+
     def test_a_damaged_head_goes_to_dcp(self):
         item = bytearray(stored(torch.arange(12.0).reshape(3, 4)))
         pickled = item.index(b"storage")

@@ -47,6 +47,14 @@ log = logging.getLogger("amlhpc.checkpoint")
 LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 """A zip local file header's fixed 30 bytes (APPNOTE.TXT 4.3.7); then the name and the extra field."""
 LOCAL_SIGNATURE = 0x04034B50
+HEAD_BYTES = 4096
+"""What is read of an item's start to find its elements: `torch.save` puts the pickle and three
+small records (~700 bytes) before them; a block is fetched whole anyway."""
+DESCRIPTOR = struct.Struct("<IIII")
+"""A data descriptor (signature, CRC-32, sizes), after a record written without its sizes (flag bit 3)."""
+DESCRIPTOR64 = struct.Struct("<IIQQ")
+DESCRIPTOR_SIGNATURE = 0x08074B50
+DESCRIPTOR_MARK = struct.pack("<I", DESCRIPTOR_SIGNATURE)
 
 
 @dataclass(frozen=True)
@@ -94,16 +102,6 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= size
     return tuple(reversed(strides))
-
-
-HEAD_BYTES = 4096
-"""What is read of an item's start to find its elements: `torch.save` puts the pickle and three
-small records (~700 bytes) before them; a block is fetched whole anyway."""
-DESCRIPTOR = struct.Struct("<IIII")
-"""A data descriptor (signature, CRC-32, sizes), after a record written without its sizes (flag bit 3)."""
-DESCRIPTOR64 = struct.Struct("<IIQQ")
-DESCRIPTOR_SIGNATURE = 0x08074B50
-DESCRIPTOR_MARK = struct.pack("<I", DESCRIPTOR_SIGNATURE)
 
 
 def layout(head: bytes, length: int, expected_shape: tuple[int, ...], expected_dtype: Any) -> Layout | None:
@@ -183,8 +181,10 @@ def _plain(pickled: _Rebuilt | None, little: bool, start: int, length: int, expe
 
     if pickled is None or not little or sys.byteorder != "little":
         return None
-    storage = pickled["storage"]
-    if len(storage) != 5 or storage[0] != "storage" or storage[2] != "0" or not isinstance(storage[1], str):
+    storage, geometry = pickled["storage"], (*pickled["size"], *pickled["stride"], pickled["storage_offset"])
+    if not all(type(n) is int for n in geometry) or not isinstance(storage, tuple) or len(storage) != 5:
+        return None  # a pickle that is not a tensor's, however it parsed
+    if storage[0] != "storage" or storage[2] != "0" or not isinstance(storage[1], str):
         return None
     shape, numel = pickled["size"], math.prod(pickled["size"])
     with warnings.catch_warnings():  # the typed storage classes' deprecation: their dtype is all we ask
