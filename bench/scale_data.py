@@ -44,9 +44,9 @@ BYTES_PER_PARAM = 16
 """bf16 weights, fp32 master weights and two Adam moments: ~16 bytes per parameter."""
 REQUEST_TARGET = 20_000
 UPLOADER_BLOCK_MIB = 8
+"""The checkpoint uploader's block floor (store.BLOCK_BYTES)."""
 SHRINK_BOUND = 1.1
 """What a shrink restore may read across all nodes, as a multiple of the checkpoint."""
-"""The checkpoint uploader's block floor (store.BLOCK_BYTES)."""
 
 
 SCALED_PART = "shard.bin"
