@@ -128,6 +128,16 @@ class TestRowsOfAStoredChunk:
             64, (3, 4), torch.float32)  # the fields of a plain tensor's pickle
         assert rows._plain(rows._Rebuilt({**plain, **forged}), True, 64, 1000, (3, 4), torch.float32) is None
 
+    def test_a_forged_pickle_sets_nothing_on_what_the_reader_shares(self):
+        """BUILD on an allowed global (GLOBAL, a dict of attributes, BUILD): it reaches a function
+        made for that read; the module's function and OrderedDict are untouched."""
+        import collections
+
+        for found in (b"torch._utils\n_rebuild_tensor_v2\n", b"collections\nOrderedDict\n"):
+            forged = b"\x80\x02c" + found + b"}X\x04\x00\x00\x00evilK\x01sb."
+            assert rows._unpickle(forged) == (None, len(forged))
+        assert not hasattr(rows._rebuild_tensor_v2, "evil") and not hasattr(collections.OrderedDict, "evil")
+
     def test_a_damaged_head_goes_to_dcp(self):
         item = bytearray(stored(torch.arange(12.0).reshape(3, 4)))
         pickled = item.index(b"storage")

@@ -81,13 +81,16 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, *_ignored) -> _Reb
 
 class _Probe(pickle.Unpickler):
     """Reads `data.pkl` without building anything: the storage's persistent id and the tensor's
-    geometry; any class but the few a plain tensor's pickle names is refused."""
+    geometry; any class but the few a plain tensor's pickle names is refused. Each allowed name
+    is answered with a function made for this read: pickle's BUILD sets attributes on whatever
+    is on its stack (metapickle.py says why that matters), so a forged pickle reaches only
+    objects that die with the read, never this module's function or the OrderedDict class."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-            return _rebuild_tensor_v2
+            return lambda *args: _rebuild_tensor_v2(*args)
         if (module, name) == ("collections", "OrderedDict"):
-            return collections.OrderedDict
+            return lambda *args: collections.OrderedDict(*args)
         if module == "torch" and name.endswith("Storage"):
             return name
         raise pickle.UnpicklingError(f"{module}.{name}")
