@@ -43,6 +43,22 @@ class TestWhereAStandbyIsKept:
         assert "AMLHPC_STANDBY" not in rehearsal.rehearsal_environment({}, 4), "the launcher's auto decides"
 
 
+def test_a_rehearsals_ranks_share_the_machines_cpus_between_their_threads(monkeypatch):
+    """torch starts an intra-op thread per CPU in every process; the simulated nodes' ranks
+    share one machine, so each gets its share (at least one), unless the caller chose."""
+    from amlhpc.jobs.local import rehearsal
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert rehearsal.rehearsal_environment({}, 2)["OMP_NUM_THREADS"] == "1"
+    assert rehearsal.rehearsal_environment({}, 4)["OMP_NUM_THREADS"] == "1", "never none"
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert rehearsal.rehearsal_environment({}, 4)["OMP_NUM_THREADS"] == "4"
+    assert rehearsal.rehearsal_environment({"OMP_NUM_THREADS": "3"}, 4)["OMP_NUM_THREADS"] == "3", "the job's own"
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    assert rehearsal.rehearsal_environment({}, 4)["OMP_NUM_THREADS"] == "6", "the user's own"
+
+
 def test_a_standby_becomes_the_command(tmp_path):
     """It waits until activated, then runs the script with the new environment only, the command's
     argv, and exits with the script's status."""

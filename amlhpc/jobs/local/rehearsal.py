@@ -444,7 +444,17 @@ def rehearsal_environment(env: dict[str, str], ranks_on_machine: int) -> dict[st
     # ranks, so a standby importing torch beside every rank would slow the training it waits on.
     if not standby.worth_keeping(os.cpu_count(), ranks_on_machine):
         base.setdefault(contract.STANDBY, "off")
+    # ... and each rank's intra-op threads are its share of them: torch starts a thread per CPU
+    # in every process, so 2 simulated nodes of one rank on 2 CPUs ran 4 threads on 2, and a
+    # thread waiting for a CPU held its step (3 rehearsals side by side: 52.9 s of the ranks'
+    # CPU with torch's default, 32.5 s with one thread each; bench/RESULTS.md, "The suite's wall time").
+    base.setdefault("OMP_NUM_THREADS", str(threads_per_rank(os.cpu_count(), ranks_on_machine)))
     return base
+
+
+def threads_per_rank(cpus: int | None, ranks_on_machine: int) -> int:
+    """Each rank's share of the machine's CPUs, at least one."""
+    return max(1, (cpus or 1) // max(ranks_on_machine, 1))
 
 
 def rehearse(plan: Any, *, snapshot: Path, workdir: Path, procs_per_node: int, blob_endpoint: str,
