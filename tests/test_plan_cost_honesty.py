@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import UNPRICED_SIZE as UNPRICED  # stripped of its price by the unpriced_size fixture
 
 from amlhpc.infra.config import REPO_ROOT
 from amlhpc.infra.plan import evaluate
 from amlhpc.infra.plan.diff import diff
 from amlhpc.infra.plan.render import render
 from amlhpc.infra.plan.render_diff import headline, render_markdown, render_text
+
+# UNPRICED: the size the unpriced_size fixture strips of its price
+from tests.conftest import UNPRICED_SIZE as UNPRICED
 
 
 def config(stack: str) -> dict:
