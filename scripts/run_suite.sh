@@ -33,7 +33,9 @@ typed=$?
 echo "--- mypy (run beside the parallel part) ---"
 cat "$typed_log"
 
-"$PY" -m pytest -m alone "$@"
+# Only the files that mark a test `alone` are collected (the whole suite's collection costs 8 s).
+mapfile -t alone_files < <(grep -rlE "mark\.alone" tests --include='test_*.py' | sort)
+"$PY" -m pytest -m alone "${alone_files[@]}" "$@"
 alone=$?
 
 for status in "$typed" "$parallel" "$alone"; do

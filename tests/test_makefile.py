@@ -76,7 +76,9 @@ def test_the_type_check_runs_beside_the_parallel_part_and_its_error_fails_the_ru
     assert "-n 3 --dist loadfile" in parallel
     assert calls.index("mypy start") < calls.index("mypy end") and calls.index(parallel) < calls.index("mypy end"), \
         f"mypy and the workers overlap: {calls}"
-    assert calls.index("alone start -m pytest -m alone") > calls.index("mypy end"), "the alone part has no neighbour"
+    alone = next(c for c in calls if c.startswith("alone start -m pytest -m alone"))
+    assert calls.index(alone) > calls.index("mypy end"), "the alone part has no neighbour"
+    assert "tests/test_listing.py" in alone, "the files that mark a test alone, collected alone"
 
 
 def test_a_failing_parallel_part_fails_the_run_with_its_status(tmp_path):
