@@ -163,6 +163,9 @@ class TestProcessGroup:
             "from amlhpc.jobs.workloads import common\n"
             "d = common.init_distributed()\n"
             "assert dist.is_initialized() and d.world == 2\n"
+            # both ends of the mesh up before either exits: a rank that left while its peer was
+            # still connecting failed the peer's init (3 workers on 2 busy CPUs, 2026-11-30)
+            "dist.barrier()\n"
         )
         full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
