@@ -16,7 +16,6 @@ and skipped: this only makes later runs faster.
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -110,60 +109,41 @@ def _test_collection() -> None:
         raise RuntimeError(f"pytest's collection exited {code}: {listing.getvalue().strip().splitlines()[-1:]}")
 
 
-def run_steps(steps: list[tuple[str, Callable[[], object]]], label: str, out=sys.stderr) -> list[str]:
-    """Run each step, saying which one and how long it took as each ends (the whole takes a
-    minute on 2 cores: nobody should wonder whether it hangs; a whole line each, as two processes
-    share the output). Returns the skipped ones."""
+def run_steps(steps: list[tuple[str, Callable[[], object]]], out=sys.stderr) -> list[str]:
+    """Run each step, saying which one and how long it took as it goes (the whole takes
+    minutes on 2 cores: nobody should wonder whether it hangs). Returns the skipped ones."""
     skipped = []
     for i, (name, step) in enumerate(steps, 1):
         began = time.monotonic()
+        print(f"  [{i}/{len(steps)}] {name}", end="", file=out, flush=True)
         try:
             step()
-            print(f"  [{label} {i}/{len(steps)}] {name} ({time.monotonic() - began:.1f} s)", file=out, flush=True)
+            print(f" ({time.monotonic() - began:.1f} s)", file=out, flush=True)
         except Exception as exc:  # an optional module missing, or a step failing: not fatal here
             skipped.append(f"{name} ({type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''})")
-            print(f"  [{label} {i}/{len(steps)}] {name} (skipped)", file=out, flush=True)
+            print(" (skipped)", file=out, flush=True)
     return skipped
 
 
-def _torch_side(name: str) -> bool:
-    return name.split(".")[0] in ("torch", "transformers") or name.startswith("amlhpc.jobs.workloads.")
-
-
-def steps_of(profile: str, group: str) -> list[tuple[str, Callable[[], object]]]:
-    """The steps of one of two groups, run by two processes at once (each compiles what it
-    imports; on 2 CPUs the two take about as long as the longer one): `torch` (torch,
-    transformers, the workloads and the training steps) and `rest` (the command lines, the Azure
-    SDKs, the offline plan, pytest and the test modules)."""
-    modules = DEMO_MODULES + (TEST_MODULES if profile == "test" else [])
-    steps: list[tuple[str, Callable[[], object]]] = [
-        (name, partial(importlib.import_module, name)) for name in modules if _torch_side(name) == (group == "torch")]
-    if group == "torch":
-        steps.append(("training steps", lambda: _train_steps(bert=profile == "test")))
-    else:
-        steps.append(("offline plan and job YAML", _plan_and_render))
-        if profile == "test":
-            steps.append(("the test modules, collected by pytest", _test_collection))
-    return steps
-
-
-def main(profile: str, group: str = "both") -> int:
-    if profile not in ("demo", "test") or group not in ("both", "torch", "rest"):
-        print("usage: warm_bytecode.py demo|test [torch|rest]", file=sys.stderr)
+def main(profile: str) -> int:
+    if profile not in ("demo", "test"):
+        print("usage: warm_bytecode.py demo|test", file=sys.stderr)
         return 2
     started = time.monotonic()
-    # The torch side in a second process, the rest here: the module imports of each are single-threaded.
-    other = subprocess.Popen([sys.executable, __file__, profile, "torch"]) if group == "both" else None
-    skipped = run_steps(steps_of(profile, "rest" if group == "both" else group), "rest" if group == "both" else group)
-    if other is not None and other.wait() != 0:
-        skipped.append(f"the torch side (exit {other.returncode})")
+    steps: list[tuple[str, Callable[[], object]]] = [(name, partial(importlib.import_module, name))
+                                                     for name in DEMO_MODULES]
+    steps.append(("offline plan and job YAML", _plan_and_render))
+    if profile == "test":
+        steps += [(name, partial(importlib.import_module, name)) for name in TEST_MODULES]
+        steps.append(("the test modules, collected by pytest", _test_collection))
+    steps.append(("training steps", lambda: _train_steps(bert=profile == "test")))
+    skipped = run_steps(steps)
     site = next((p for p in sys.path if p.endswith("site-packages")), "")
     compiled = sum(1 for m in list(sys.modules.values()) if (getattr(m, "__file__", "") or "").startswith(site))
-    print(f"bytecode for the {profile}'s imports, {group}: {compiled} installed modules in this process "
-          f"({time.monotonic() - started:.0f} s)" + (f"; skipped: {'; '.join(skipped)}" if skipped else ""),
-          file=sys.stderr)
+    print(f"bytecode for the {compiled} installed modules the {profile} imports ({time.monotonic() - started:.0f} s)"
+          + (f"; skipped: {'; '.join(skipped)}" if skipped else ""), file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]) if len(sys.argv) > 1 else main(""))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else ""))
